@@ -1,0 +1,1 @@
+//! Placeholder while the macro crate is written.

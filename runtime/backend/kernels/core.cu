@@ -1,0 +1,71 @@
+// Core kernels of the graphed runtime: fills, axpy, and the graph-safe Philox RNG.
+// Compiled once per context by NVRTC; every kernel is extern "C" so its name is stable.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+extern "C" __global__ void fill_f32(float* y, float v, u32 n) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i < n; i += gridDim.x * blockDim.x) y[i] = v;
+}
+
+// y = a * x + y
+extern "C" __global__ void axpy_f32(float* y, const float* x, float a, u32 n) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i < n; i += gridDim.x * blockDim.x) y[i] = fmaf(a, x[i], y[i]);
+}
+
+// Philox4x32-10, the counter-based generator of Salmon et al. (SC'11), as cuRAND and
+// PyTorch use it. The host backend implements the same function bit for bit.
+__device__ __forceinline__ void philox_round(u32& c0, u32& c1, u32& c2, u32& c3, u32 k0, u32 k1) {
+    u64 p0 = (u64)0xD2511F53u * c0;
+    u64 p1 = (u64)0xCD9E8D57u * c2;
+    u32 hi0 = (u32)(p0 >> 32), lo0 = (u32)p0;
+    u32 hi1 = (u32)(p1 >> 32), lo1 = (u32)p1;
+    u32 n0 = hi1 ^ c1 ^ k0;
+    u32 n2 = hi0 ^ c3 ^ k1;
+    c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
+}
+
+__device__ __forceinline__ u32 philox_u32(u64 seed, u64 counter) {
+    u32 c0 = (u32)counter, c1 = (u32)(counter >> 32), c2 = 0, c3 = 0;
+    u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
+    for (int r = 0; r < 10; ++r) {
+        philox_round(c0, c1, c2, c3, k0, k1);
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return c0;
+}
+
+// Uniform in [0, 1) with 24 random bits: exact in float on every backend.
+__device__ __forceinline__ float philox_uniform(u64 seed, u64 counter) {
+    return (float)(philox_u32(seed, counter) >> 8) * (1.0f / 16777216.0f);
+}
+
+// The generator state lives in device memory as 4 words: seed lo, seed hi, offset lo, offset hi.
+__device__ __forceinline__ void rng_load(const u32* state, u64& seed, u64& offset) {
+    seed = (u64)state[0] | ((u64)state[1] << 32);
+    offset = (u64)state[2] | ((u64)state[3] << 32);
+}
+
+extern "C" __global__ void rng_uniform_f32(float* y, const u32* state, u32 n) {
+    u64 seed, offset;
+    rng_load(state, seed, offset);
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i < n; i += gridDim.x * blockDim.x) y[i] = philox_uniform(seed, offset + i);
+}
+
+// Advances the offset by n: launched after every draw, so a replayed graph draws fresh numbers.
+extern "C" __global__ void rng_advance(u32* state, u64 n) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        u64 offset = ((u64)state[2] | ((u64)state[3] << 32)) + n;
+        state[2] = (u32)offset;
+        state[3] = (u32)(offset >> 32);
+    }
+}
+
+extern "C" __global__ void scale_f32(float* y, float a, u32 n) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i < n; i += gridDim.x * blockDim.x) y[i] *= a;
+}

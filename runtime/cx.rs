@@ -1,0 +1,85 @@
+//! `Cx`, the per-call context: the device, the mode and the tensors a forward saves for its
+//! backward.
+
+use crate::{Device, Error, Result, Tensor};
+
+/// The context of one forward/backward pair (one microbatch of one module).
+///
+/// A forward saves what its backward needs with [`Cx::save`]; the backward reads it back with
+/// [`Cx::saved`]. Keeping saved tensors here rather than in the module lets several microbatches
+/// of one module be in flight at once: each has its own `Cx`.
+///
+/// ```
+/// use graphed::{Cx, Device, Tensor};
+/// let dev = Device::host();
+/// let mut cx = Cx::new(&dev);
+/// let x = Tensor::from_slice(&dev, &[1.0, 2.0], &[2])?;
+/// cx.save(&x);
+/// assert_eq!(cx.saved(0)?.to_vec()?, vec![1.0, 2.0]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Cx {
+    device: Device,
+    training: bool,
+    saved: Vec<Tensor>,
+    needs_input_grad: Vec<bool>,
+}
+
+impl Cx {
+    /// A context on `device`, in training mode, with nothing saved.
+    pub fn new(device: &Device) -> Cx {
+        Cx { device: device.clone(), training: true, saved: Vec::new(), needs_input_grad: Vec::new() }
+    }
+
+    /// The device the module runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Whether the module runs in training mode (dropout active, backward expected).
+    pub fn training(&self) -> bool {
+        self.training
+    }
+
+    /// Sets training mode.
+    pub fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+
+    /// Saves a tensor for the backward pass.
+    pub fn save(&mut self, tensor: &Tensor) {
+        self.saved.push(tensor.clone());
+    }
+
+    /// The `index`-th saved tensor.
+    pub fn saved(&self, index: usize) -> Result<Tensor> {
+        self.saved.get(index).cloned().ok_or_else(|| {
+            Error::msg(format!(
+                "Cx::saved({index}): only {} tensors were saved by the forward of this context",
+                self.saved.len()
+            ))
+        })
+    }
+
+    /// Everything saved, in order.
+    pub fn saved_tensors(&self) -> Vec<Tensor> {
+        self.saved.clone()
+    }
+
+    /// Removes and returns everything saved.
+    pub fn take_saved(&mut self) -> Vec<Tensor> {
+        std::mem::take(&mut self.saved)
+    }
+
+    /// Whether the backward must produce a grad for forward input `index`. A backward may
+    /// skip computing grads that are not needed and return `None` for them.
+    pub fn needs_input_grad(&self, index: usize) -> bool {
+        self.needs_input_grad.get(index).copied().unwrap_or(true)
+    }
+
+    /// Declares which forward inputs need grads.
+    pub fn set_needs_input_grad(&mut self, needs: Vec<bool>) {
+        self.needs_input_grad = needs;
+    }
+}

@@ -1,0 +1,178 @@
+//! `Device`: where tensors live and ops run (a CUDA GPU or the host backend).
+
+use std::sync::{Arc, Mutex};
+
+use crate::backend::{Backend, BackendKind, CudaBackend, HostBackend};
+use crate::{Generator, GraphPool, Result};
+
+struct DeviceInner {
+    backend: Arc<Backend>,
+    default_pool: GraphPool,
+    /// Pools that allocations go to instead of the default one, innermost last.
+    pool_stack: Mutex<Vec<GraphPool>>,
+    rng: Mutex<Option<Generator>>,
+}
+
+/// A device: the CUDA GPU of an ordinal, or the host backend.
+///
+/// A `Device` is a cheap handle (clone it freely). Each device has one stream: everything on a
+/// device is ordered, and graphs capture that stream. Drive one device from one thread at a
+/// time.
+///
+/// ```
+/// use graphed::Device;
+/// let dev = Device::default_device(); // the GPU when one is usable, else the host
+/// println!("running on {}", dev.name());
+/// assert!(Device::host().is_host());
+/// ```
+#[derive(Clone)]
+pub struct Device(Arc<DeviceInner>);
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+static CUDA_DEVICES: Mutex<Vec<(usize, Device)>> = Mutex::new(Vec::new());
+
+impl Device {
+    fn from_backend(kind: BackendKind) -> Device {
+        let backend = Arc::new(Backend::new(kind));
+        Device(Arc::new(DeviceInner {
+            default_pool: GraphPool::new(backend.clone()),
+            backend,
+            pool_stack: Mutex::new(Vec::new()),
+            rng: Mutex::new(None),
+        }))
+    }
+
+    /// A new host-backend device. Each call makes an independent device with its own stream,
+    /// so tests on separate host devices never see each other's captures.
+    pub fn host() -> Device {
+        Device::from_backend(BackendKind::Host(HostBackend::default()))
+    }
+
+    /// The CUDA GPU `ordinal`, or [`crate::Error::CudaUnavailable`] when there is none or the
+    /// CUDA libraries cannot be loaded. The first call per ordinal creates the context, the
+    /// stream, compiles the kernels (NVRTC) and creates the cuBLAS handle; later calls return
+    /// the same device.
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        let mut devices = CUDA_DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, d)) = devices.iter().find(|(o, _)| *o == ordinal) {
+            return Ok(d.clone());
+        }
+        let backend = CudaBackend::new(ordinal)?;
+        let dev = Device::from_backend(BackendKind::Cuda(Box::new(backend)));
+        devices.push((ordinal, dev.clone()));
+        Ok(dev)
+    }
+
+    /// GPU 0 when it is usable, the host backend otherwise; never panics.
+    /// Set `GRAPHED_DEVICE=host` to force the host backend.
+    pub fn default_device() -> Device {
+        if std::env::var("GRAPHED_DEVICE").is_ok_and(|v| v == "host") {
+            return Device::host();
+        }
+        Device::cuda(0).unwrap_or_else(|_| Device::host())
+    }
+
+    /// Whether this is the host backend.
+    pub fn is_host(&self) -> bool {
+        matches!(self.0.backend.kind, BackendKind::Host(_))
+    }
+
+    /// Whether this is a CUDA GPU.
+    pub fn is_cuda(&self) -> bool {
+        !self.is_host()
+    }
+
+    /// A human-readable name: `cuda:0 (NVIDIA H200)` or `host`.
+    pub fn name(&self) -> String {
+        match &self.0.backend.kind {
+            BackendKind::Host(_) => "host".into(),
+            BackendKind::Cuda(c) => format!("cuda:{} ({})", c.ordinal(), c.name()),
+        }
+    }
+
+    /// Waits until all work queued on the device is done. Illegal while capturing.
+    pub fn synchronize(&self) -> Result<()> {
+        self.0.backend.synchronize()
+    }
+
+    /// Whether this device's stream is capturing a graph.
+    pub fn is_capturing(&self) -> bool {
+        self.0.backend.is_capturing()
+    }
+
+    /// A new, empty pool on this device.
+    pub fn new_pool(&self) -> GraphPool {
+        GraphPool::new(self.0.backend.clone())
+    }
+
+    /// The pool eager allocations come from (a caching allocator, like PyTorch's).
+    pub fn default_pool(&self) -> GraphPool {
+        self.0.default_pool.clone()
+    }
+
+    /// The pool new tensors are allocated from now.
+    pub fn current_pool(&self) -> GraphPool {
+        let stack = self.0.pool_stack.lock().unwrap_or_else(|e| e.into_inner());
+        stack.last().cloned().unwrap_or_else(|| self.0.default_pool.clone())
+    }
+
+    /// Runs `f` with new allocations on this device coming from `pool`.
+    pub fn with_pool<R>(&self, pool: &GraphPool, f: impl FnOnce() -> R) -> R {
+        self.push_pool(pool);
+        struct Pop<'a>(&'a Device);
+        impl Drop for Pop<'_> {
+            fn drop(&mut self) {
+                self.0.pop_pool();
+            }
+        }
+        let _pop = Pop(self);
+        f()
+    }
+
+    /// The device's default random generator (seed 0 until [`Generator::manual_seed`]).
+    pub fn rng(&self) -> Result<Generator> {
+        let mut slot = self.0.rng.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = slot.as_ref() {
+            return Ok(g.clone());
+        }
+        let g = self.with_pool(&self.0.default_pool, || Generator::new(self, 0))?;
+        *slot = Some(g.clone());
+        Ok(g)
+    }
+
+    /// Runs `f` and returns the device time its work took, in milliseconds (CUDA events on a
+    /// GPU; wall time on the host backend).
+    pub fn time_ms(&self, mut f: impl FnMut() -> Result<()>) -> Result<f32> {
+        match &self.0.backend.kind {
+            BackendKind::Cuda(c) => c.time_ms(&mut f),
+            BackendKind::Host(_) => {
+                let t = std::time::Instant::now();
+                f()?;
+                Ok(t.elapsed().as_secs_f32() * 1e3)
+            }
+        }
+    }
+
+    pub(crate) fn push_pool(&self, pool: &GraphPool) {
+        self.0.pool_stack.lock().unwrap_or_else(|e| e.into_inner()).push(pool.clone());
+    }
+
+    pub(crate) fn pop_pool(&self) {
+        self.0.pool_stack.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    }
+
+    pub(crate) fn backend(&self) -> &Arc<Backend> {
+        &self.0.backend
+    }
+}

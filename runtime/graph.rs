@@ -1,0 +1,339 @@
+//! `Graph`, the counterpart of `torch.cuda.CUDAGraph`: capture a stream's work once, replay it.
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::backend::{BackendKind, Recorded};
+use crate::{Device, Error, GraphPool, Result};
+
+static NEXT_GRAPH_ID: AtomicU64 = AtomicU64::new(1);
+
+/// How strictly CUDA guards a capture against unsafe calls from other threads
+/// (`cudaStreamCaptureMode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CaptureMode {
+    /// Unsafe calls (`cuMemAlloc`, synchronizing calls) from any thread are refused while any
+    /// thread captures. PyTorch's default.
+    #[default]
+    Global,
+    /// Only this thread's unsafe calls are refused.
+    ThreadLocal,
+    /// Nothing is refused; the pool may grow with `cuMemAlloc` during capture.
+    Relaxed,
+}
+
+/// The kind of a graph node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeKind {
+    /// A kernel launch (on the host backend: a recorded op).
+    Kernel,
+    /// A memory copy.
+    Memcpy,
+    /// A memset.
+    Memset,
+    /// An empty node.
+    Empty,
+    /// A graph memory allocation.
+    MemAlloc,
+    /// A graph memory free.
+    MemFree,
+    /// Anything else.
+    Other,
+}
+
+/// One node of a captured graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GraphNode {
+    /// Position in the node list.
+    pub index: usize,
+    /// What the node does.
+    pub kind: NodeKind,
+    /// The kernel's name, for kernel nodes.
+    pub kernel: Option<String>,
+    /// Indices of the nodes this one waits for.
+    pub dependencies: Vec<usize>,
+}
+
+enum Captured {
+    None,
+    Host(Vec<crate::backend::host::HostOp>),
+    Cuda(crate::backend::RawGraph),
+}
+
+/// A captured graph of device work.
+///
+/// Capture with [`Graph::capture`] (scoped: the capture always ends, on error and on panic,
+/// and leaves the stream usable) or with [`Graph::capture_begin`]/[`Graph::capture_end`];
+/// replay with [`Graph::replay`]. Memory allocated during capture comes from the graph's pool,
+/// which several graphs may share ([`Graph::with_pool`]); graphs sharing a pool must replay in
+/// capture order, and a divergence is an [`Error::ReplayOrder`].
+///
+/// ```
+/// use graphed::{ops, CaptureMode, Device, Graph, Tensor};
+/// let dev = Device::host();
+/// let x = Tensor::from_slice(&dev, &[1.0, 2.0], &[2])?;
+/// let y = Tensor::zeros(&dev, &[2])?;
+/// let mut g = Graph::new(&dev);
+/// g.capture(CaptureMode::Global, || ops::axpy_(&y, 2.0, &x))?;
+/// assert_eq!(y.to_vec()?, vec![0.0, 0.0]); // capturing records, it does not run
+/// g.replay()?;
+/// g.replay()?;
+/// assert_eq!(y.to_vec()?, vec![4.0, 8.0]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub struct Graph {
+    id: u64,
+    label: String,
+    device: Device,
+    pool: GraphPool,
+    keep_graph: bool,
+    captured: Captured,
+    capturing: bool,
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Graph({} on {}, pool {})", self.label, self.device.name(), self.pool.id())
+    }
+}
+
+impl Graph {
+    /// An empty graph with a private pool.
+    pub fn new(device: &Device) -> Graph {
+        Graph::with_pool(device, &device.new_pool())
+    }
+
+    /// An empty graph that allocates from `pool` (shared with other graphs).
+    pub fn with_pool(device: &Device, pool: &GraphPool) -> Graph {
+        let id = NEXT_GRAPH_ID.fetch_add(1, Ordering::Relaxed);
+        Graph {
+            id,
+            label: format!("graph#{id}"),
+            device: device.clone(),
+            pool: pool.clone(),
+            keep_graph: false,
+            captured: Captured::None,
+            capturing: false,
+        }
+    }
+
+    /// Names the graph in messages and dumps.
+    pub fn set_label(&mut self, label: impl Into<String>) {
+        self.label = label.into();
+    }
+
+    /// The graph's label.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Keep the captured graph un-instantiated until [`Graph::instantiate`] (or the first
+    /// replay), like PyTorch's `keep_graph=True`: nodes can be inspected first.
+    pub fn set_keep_graph(&mut self, keep: bool) {
+        self.keep_graph = keep;
+    }
+
+    /// The pool the graph allocates from.
+    pub fn pool(&self) -> &GraphPool {
+        &self.pool
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Whether a capture has completed (and not been reset).
+    pub fn is_captured(&self) -> bool {
+        !matches!(self.captured, Captured::None)
+    }
+
+    /// Starts capturing the device's stream. Allocations go to the graph's pool until
+    /// [`Graph::capture_end`].
+    pub fn capture_begin(&mut self, mode: CaptureMode) -> Result<()> {
+        if self.capturing {
+            return Err(Error::GraphState(format!("{}: capture_begin while already capturing", self.label)));
+        }
+        if self.is_captured() {
+            return Err(Error::GraphState(format!("{}: already captured; reset() it before capturing again", self.label)));
+        }
+        // Work queued before the capture must not be captured and must be done before the
+        // capture can reuse memory.
+        self.device.synchronize()?;
+        self.device.backend().begin_capture(mode)?;
+        self.device.push_pool(&self.pool);
+        self.capturing = true;
+        Ok(())
+    }
+
+    /// Ends the capture. On error (the capture was invalidated) the graph stays empty and the
+    /// stream is usable again.
+    pub fn capture_end(&mut self) -> Result<()> {
+        if !self.capturing {
+            return Err(Error::GraphState(format!("{}: capture_end without capture_begin", self.label)));
+        }
+        self.capturing = false;
+        self.device.pop_pool();
+        let recorded = self.device.backend().end_capture()?;
+        self.captured = match recorded {
+            Recorded::Host(ops) => Captured::Host(ops),
+            Recorded::Cuda(mut raw) => {
+                if !self.keep_graph {
+                    if let BackendKind::Cuda(c) = &self.device.backend().kind {
+                        if let Err(e) = c.instantiate(&mut raw) {
+                            c.destroy_graph(&mut raw);
+                            return Err(e);
+                        }
+                    }
+                }
+                Captured::Cuda(raw)
+            }
+        };
+        self.pool.register_capture(self.id, &self.label);
+        Ok(())
+    }
+
+    /// Captures what `f` queues on the device. The capture always ends: when `f` fails or
+    /// panics, the partial graph is discarded, the stream is usable, and the error (or panic)
+    /// is passed on. When the pool must grow during a global or thread-local capture, the
+    /// capture is discarded, the pool grows outside it, and `f` runs again (so `f` must be
+    /// safe to run more than once; it only queues work).
+    pub fn capture<R>(&mut self, mode: CaptureMode, mut f: impl FnMut() -> Result<R>) -> Result<R> {
+        const ATTEMPTS: usize = 16;
+        for _ in 0..ATTEMPTS {
+            self.capture_begin(mode)?;
+            let outcome = catch_unwind(AssertUnwindSafe(&mut f));
+            let ended = self.capture_end();
+            match outcome {
+                Err(panic) => {
+                    self.reset();
+                    resume_unwind(panic);
+                }
+                Ok(Err(e)) => {
+                    self.reset();
+                    if let Error::PoolGrowthDuringCapture { bytes } = e.root() {
+                        self.pool.reserve(*bytes)?;
+                        continue;
+                    }
+                    return Err(e);
+                }
+                Ok(Ok(v)) => {
+                    ended?;
+                    return Ok(v);
+                }
+            }
+        }
+        Err(Error::GraphState(format!("{}: the pool kept growing over {ATTEMPTS} capture attempts", self.label)))
+    }
+
+    /// Instantiates a graph captured with `keep_graph` (a no-op otherwise).
+    pub fn instantiate(&mut self) -> Result<()> {
+        if let (Captured::Cuda(raw), BackendKind::Cuda(c)) = (&mut self.captured, &self.device.backend().kind) {
+            c.instantiate(raw)?;
+        }
+        Ok(())
+    }
+
+    /// Replays the captured work on the device stream.
+    pub fn replay(&mut self) -> Result<()> {
+        self.replay_checked().map(|_| ())
+    }
+
+    /// Replays; returns whether the pool's replay order restarted in the middle of a cycle.
+    pub(crate) fn replay_checked(&mut self) -> Result<bool> {
+        if self.device.is_capturing() {
+            return Err(Error::IllegalDuringCapture { op: "graph replay" });
+        }
+        let restarted = match &self.captured {
+            Captured::None => return Err(Error::GraphState(format!("{}: replay before a capture", self.label))),
+            _ => self.pool.check_replay(self.id)?,
+        };
+        match &mut self.captured {
+            Captured::Host(ops) => {
+                for op in ops.iter() {
+                    (op.run)()?;
+                }
+            }
+            Captured::Cuda(raw) => {
+                if let BackendKind::Cuda(c) = &self.device.backend().kind {
+                    if !raw.is_instantiated() {
+                        c.instantiate(raw)?;
+                    }
+                    c.launch_graph(raw)?;
+                }
+            }
+            Captured::None => {}
+        }
+        Ok(restarted)
+    }
+
+    /// Drops the captured graph (its pool stays); the graph can capture again.
+    pub fn reset(&mut self) {
+        if let (Captured::Cuda(raw), BackendKind::Cuda(c)) = (&mut self.captured, &self.device.backend().kind) {
+            let _ = c.synchronize();
+            c.destroy_graph(raw);
+        }
+        if self.is_captured() {
+            self.pool.unregister_capture(self.id);
+        }
+        self.captured = Captured::None;
+    }
+
+    /// The nodes: kind, kernel name and dependencies (on the host backend, recorded ops in
+    /// order, each depending on the one before).
+    pub fn nodes(&self) -> Result<Vec<GraphNode>> {
+        match &self.captured {
+            Captured::None => Err(Error::GraphState(format!("{}: nothing captured", self.label))),
+            Captured::Host(ops) => Ok(ops
+                .iter()
+                .enumerate()
+                .map(|(i, op)| GraphNode {
+                    index: i,
+                    kind: NodeKind::Kernel,
+                    kernel: Some(op.name.to_string()),
+                    dependencies: if i == 0 { vec![] } else { vec![i - 1] },
+                })
+                .collect()),
+            Captured::Cuda(raw) => match &self.device.backend().kind {
+                BackendKind::Cuda(c) => c.nodes(raw),
+                BackendKind::Host(_) => unreachable!("a CUDA graph on a host device"),
+            },
+        }
+    }
+
+    /// The graph in Graphviz DOT: one node per graph node, labelled with kind and kernel.
+    pub fn to_dot(&self) -> Result<String> {
+        let mut s = format!("digraph \"{}\" {{\n", self.label);
+        for n in self.nodes()? {
+            let label = match &n.kernel {
+                Some(k) => format!("{:?}: {k}", n.kind),
+                None => format!("{:?}", n.kind),
+            };
+            s.push_str(&format!("  n{} [label=\"{}\"];\n", n.index, label.replace('"', "'")));
+            for d in &n.dependencies {
+                s.push_str(&format!("  n{d} -> n{};\n", n.index));
+            }
+        }
+        s.push_str("}\n");
+        Ok(s)
+    }
+
+    /// Writes a DOT dump to `path`: CUDA's own verbose dump on a GPU, [`Graph::to_dot`] on the
+    /// host backend.
+    pub fn debug_dump(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        match (&self.captured, &self.device.backend().kind) {
+            (Captured::Cuda(raw), BackendKind::Cuda(c)) => c.debug_dot(raw, path.as_ref()),
+            _ => std::fs::write(path.as_ref(), self.to_dot()?)
+                .map_err(|e| Error::msg(format!("debug_dump: writing {}: {e}", path.as_ref().display()))),
+        }
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        if self.capturing {
+            let _ = self.capture_end();
+        }
+        self.reset();
+    }
+}

@@ -1,0 +1,53 @@
+//! # graphed
+//!
+//! Capture GPU modules into CUDA graphs, declared through procedural macros: the Rust
+//! counterpart of PyTorch's `make_graphed_callables` and Transformer Engine's version of it.
+//!
+//! Two backends run the same ops with the same graph semantics: `cuda` (cudarc, NVRTC
+//! kernels, cuBLAS) and `host` (a real CPU execution that records ops during capture and runs
+//! the record on replay). [`Device::default_device`] picks the GPU when one is usable.
+//!
+//! ```
+//! use graphed::{ops, CaptureMode, Device, Graph, Tensor};
+//! let dev = Device::default_device();
+//! let y = Tensor::zeros(&dev, &[4])?;
+//! let x = Tensor::full(&dev, &[4], 1.0)?;
+//! let mut g = Graph::new(&dev);
+//! g.capture(CaptureMode::Global, || ops::axpy_(&y, 0.5, &x))?;
+//! for _ in 0..4 { g.replay()?; }
+//! assert_eq!(y.to_vec()?, vec![2.0; 4]);
+//! # Ok::<(), graphed::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod backend;
+mod cx;
+mod device;
+mod dtype;
+mod error;
+mod graph;
+mod graphed;
+mod hooks;
+mod module;
+pub mod ops;
+mod param;
+mod pool;
+mod rng;
+mod shape;
+mod tensor;
+
+pub use backend::is_capturing;
+pub use cx::Cx;
+pub use device::Device;
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
+pub use graphed::{make_graphed, GraphOptions, GraphedModules};
+pub use hooks::{HookHandle, HookRegistry};
+pub use module::{HookKind, Module};
+pub use param::Param;
+pub use pool::{GraphPool, PoolStats};
+pub use rng::{Generator, RngState};
+pub use shape::Shape;
+pub use tensor::Tensor;

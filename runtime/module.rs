@@ -1,0 +1,61 @@
+//! The type-erased module interface that `#[graphed]` implements and `make_graphed` drives.
+
+use crate::{Cx, Result, Tensor};
+
+/// The four points of an iteration at which capture-time hooks run.
+///
+/// Per module and iteration the order is: `PreForward`, [forward captured], `Forward`,
+/// `PreBackward`, [backward captured], `Backward`. Hooks always run outside any capture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HookKind {
+    /// Before the forward is run or captured.
+    PreForward,
+    /// After the forward is run or captured.
+    Forward,
+    /// Before the backward is run or captured.
+    PreBackward,
+    /// After the backward is run or captured.
+    Backward,
+}
+
+impl HookKind {
+    /// All kinds, in the order they run within one iteration.
+    pub const ALL: [HookKind; 4] =
+        [HookKind::PreForward, HookKind::Forward, HookKind::PreBackward, HookKind::Backward];
+
+    /// The name used in `#[capture_time_hook(...)]`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HookKind::PreForward => "pre_forward",
+            HookKind::Forward => "forward",
+            HookKind::PreBackward => "pre_backward",
+            HookKind::Backward => "backward",
+        }
+    }
+}
+
+/// A module whose forward and backward can be run eagerly or captured into graphs.
+///
+/// `#[graphed]` implements this for you from a typed `forward`/`backward` pair; implement it by
+/// hand only for modules the macro cannot see. Inputs, outputs and grads are positional, with
+/// `None` for an absent optional tensor.
+pub trait Module: std::any::Any {
+    /// A short name for messages and graph labels.
+    fn name(&self) -> &'static str;
+
+    /// Number of tensor inputs `forward` takes.
+    fn num_inputs(&self) -> usize;
+
+    /// Runs the forward pass; saves what backward needs in `cx`.
+    fn forward(&self, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>>;
+
+    /// Runs the backward pass for one forward (the one `cx` saved for): accumulates parameter
+    /// grads and returns one grad per forward input (`None` where none is needed).
+    fn backward(&mut self, cx: &mut Cx, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>>;
+
+    /// Runs the hooks of one kind that the module declares with `#[capture_time_hook]`.
+    fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
+        let _ = kind;
+        Ok(())
+    }
+}

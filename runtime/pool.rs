@@ -1,0 +1,308 @@
+//! `GraphPool`: a caching allocator over slabs, shared by the graphs of one `make_graphed` call.
+//!
+//! Slabs are allocated outside the stream order (`cuMemAlloc`) and carved into blocks; a freed
+//! block goes back to its slab's free list and is handed to the next request that fits. During
+//! a capture, blocks freed by an earlier capture are reused by later ones, exactly as PyTorch's
+//! private graph pools do; that is only safe if replays follow capture order, which the pool
+//! checks (see [`GraphPool::check_replay`]). Why slabs and not CUDA graph memory nodes is in
+//! docs/DESIGN-DECISIONS.md.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::backend::{Backend, HostPtr, Ptr};
+use crate::graph::CaptureMode;
+use crate::{Error, Result};
+
+/// Every block is a multiple of this many bytes (and so aligned to it).
+const ALIGN: usize = 256;
+/// The smallest slab the pool asks the driver for.
+const MIN_SLAB: usize = 256 << 10;
+
+static NEXT_POOL_ID: AtomicUsize = AtomicUsize::new(1);
+
+/// Byte counts of a pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Bytes obtained from the driver (the sum of the slabs).
+    pub reserved: usize,
+    /// Bytes in blocks handed out and not yet freed.
+    pub in_use: usize,
+    /// The most bytes in use at once since the pool was made.
+    pub peak_in_use: usize,
+    /// Number of slabs.
+    pub slabs: usize,
+}
+
+struct Slab {
+    mem: Ptr,
+    /// Free ranges: offset -> length, coalesced.
+    free: BTreeMap<usize, usize>,
+}
+
+#[derive(Default)]
+struct ReplayOrder {
+    /// Graph ids and labels in capture order.
+    captured: Vec<(u64, String)>,
+    /// Index into `captured` of the graph expected next.
+    next: usize,
+}
+
+struct PoolState {
+    slabs: Vec<Slab>,
+    stats: PoolStats,
+    order: ReplayOrder,
+    /// While tracking: the epoch, and the ranges of blocks allocated and freed within it.
+    tracking: Option<(u64, Vec<MemRange>)>,
+    epoch: u64,
+}
+
+/// A range of pool memory: (slab, offset, bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MemRange {
+    pub(crate) slab: usize,
+    pub(crate) offset: usize,
+    pub(crate) bytes: usize,
+}
+
+impl MemRange {
+    pub(crate) fn overlaps(&self, other: &MemRange) -> bool {
+        self.slab == other.slab && self.offset < other.offset + other.bytes && other.offset < self.offset + self.bytes
+    }
+}
+
+pub(crate) struct PoolInner {
+    id: usize,
+    backend: Arc<Backend>,
+    state: Mutex<PoolState>,
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        for slab in &state.slabs {
+            self.backend.free_slab(&slab.mem);
+        }
+    }
+}
+
+/// A memory pool that several graphs share. Cloning gives another handle to the same pool.
+///
+/// ```
+/// use graphed::{Device, Tensor};
+/// let dev = Device::host();
+/// let pool = dev.new_pool();
+/// let t = dev.with_pool(&pool, || Tensor::zeros(&dev, &[1024]))?;
+/// assert!(pool.stats().in_use >= 4096);
+/// drop(t);
+/// assert_eq!(pool.stats().in_use, 0);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct GraphPool(pub(crate) Arc<PoolInner>);
+
+impl std::fmt::Debug for GraphPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GraphPool#{}({:?})", self.0.id, self.stats())
+    }
+}
+
+impl PartialEq for GraphPool {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// A block handed out by a pool; returns to the pool when dropped.
+pub(crate) struct Block {
+    pool: Arc<PoolInner>,
+    slab: usize,
+    offset: usize,
+    bytes: usize,
+    epoch: u64,
+    pub(crate) ptr: Ptr,
+}
+
+impl Block {
+    pub(crate) fn range(&self) -> MemRange {
+        MemRange { slab: self.slab, offset: self.offset, bytes: self.bytes }
+    }
+
+    pub(crate) fn pool_id(&self) -> usize {
+        self.pool.id
+    }
+}
+
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Block(pool {}, slab {}, +{}, {} B)", self.pool.id, self.slab, self.offset, self.bytes)
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        let mut st = self.pool.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.stats.in_use -= self.bytes;
+        if let Some((epoch, ranges)) = st.tracking.as_mut() {
+            if *epoch == self.epoch {
+                ranges.push(MemRange { slab: self.slab, offset: self.offset, bytes: self.bytes });
+            }
+        }
+        let free = &mut st.slabs[self.slab].free;
+        let (mut off, mut len) = (self.offset, self.bytes);
+        // Coalesce with the following and the preceding free range.
+        if let Some(next_len) = free.remove(&(off + len)) {
+            len += next_len;
+        }
+        if let Some((&prev_off, &prev_len)) = free.range(..off).next_back() {
+            if prev_off + prev_len == off {
+                free.remove(&prev_off);
+                off = prev_off;
+                len += prev_len;
+            }
+        }
+        free.insert(off, len);
+    }
+}
+
+impl GraphPool {
+    pub(crate) fn new(backend: Arc<Backend>) -> GraphPool {
+        GraphPool(Arc::new(PoolInner {
+            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+            backend,
+            state: Mutex::new(PoolState {
+                slabs: Vec::new(),
+                stats: PoolStats::default(),
+                order: ReplayOrder::default(),
+                tracking: None,
+                epoch: 0,
+            }),
+        }))
+    }
+
+    /// The pool's byte counts.
+    pub fn stats(&self) -> PoolStats {
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner()).stats
+    }
+
+    /// A number that identifies the pool in messages.
+    pub fn id(&self) -> usize {
+        self.0.id
+    }
+
+    /// Allocates `bytes` (rounded up to 256). Grows the pool by a slab when nothing free fits;
+    /// growing is refused while a global or thread-local capture is in progress (a synchronous
+    /// `cuMemAlloc` would invalidate it), with [`Error::PoolGrowthDuringCapture`].
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<Block> {
+        let bytes = bytes.max(1).div_ceil(ALIGN) * ALIGN;
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        let found = best_fit(&st.slabs, bytes);
+        let (slab, offset) = match found {
+            Some(hit) => hit,
+            None => {
+                if matches!(self.0.backend.capture_mode(), Some(CaptureMode::Global | CaptureMode::ThreadLocal)) {
+                    return Err(Error::PoolGrowthDuringCapture { bytes });
+                }
+                let slab_bytes = bytes.max(MIN_SLAB).div_ceil(ALIGN) * ALIGN;
+                let mem = self.0.backend.alloc_slab(slab_bytes)?;
+                let mut free = BTreeMap::new();
+                free.insert(0, slab_bytes);
+                st.slabs.push(Slab { mem, free });
+                st.stats.reserved += slab_bytes;
+                st.stats.slabs += 1;
+                (st.slabs.len() - 1, 0)
+            }
+        };
+        let s = &mut st.slabs[slab];
+        let len = s.free.remove(&offset).unwrap_or(bytes);
+        if len > bytes {
+            s.free.insert(offset + bytes, len - bytes);
+        }
+        let ptr = match &s.mem {
+            Ptr::Host(h) => Ptr::Host(HostPtr { slab: h.slab.clone(), offset: offset / 4, len: bytes / 4 }),
+            Ptr::Cuda(base) => Ptr::Cuda(base + offset as u64),
+        };
+        st.stats.in_use += bytes;
+        st.stats.peak_in_use = st.stats.peak_in_use.max(st.stats.in_use);
+        let epoch = st.tracking.as_ref().map_or(0, |(e, _)| *e);
+        Ok(Block { pool: self.0.clone(), slab, offset, bytes, epoch, ptr })
+    }
+
+    /// Makes sure a block of `bytes` can be handed out without growing (used before a capture
+    /// is retried after [`Error::PoolGrowthDuringCapture`]).
+    pub(crate) fn reserve(&self, bytes: usize) -> Result<()> {
+        let b = self.alloc(bytes)?;
+        drop(b);
+        Ok(())
+    }
+
+    /// Starts recording the blocks that are allocated and freed again (a graph's temporaries).
+    pub(crate) fn begin_tracking(&self) {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.epoch += 1;
+        st.tracking = Some((st.epoch, Vec::new()));
+    }
+
+    /// Stops recording; the temporaries' ranges.
+    pub(crate) fn end_tracking(&self) -> Vec<MemRange> {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.tracking.take().map(|(_, r)| r).unwrap_or_default()
+    }
+
+    /// Records that graph `id` was captured into this pool, after all earlier ones.
+    pub(crate) fn register_capture(&self, id: u64, label: &str) {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.order.captured.push((id, label.to_string()));
+        st.order.next = 0;
+    }
+
+    /// Forgets graph `id` (it was reset).
+    pub(crate) fn unregister_capture(&self, id: u64) {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.order.captured.retain(|(g, _)| *g != id);
+        st.order.next = 0;
+    }
+
+    /// Checks that replaying graph `id` now follows capture order, and advances the order.
+    ///
+    /// Replays must go around the capture order as a cycle. Starting again at the first graph
+    /// is always allowed (an iteration abandoned half-way); the caller invalidates handles to
+    /// the abandoned iteration's outputs. Returns whether this replay restarted the cycle
+    /// in the middle.
+    pub(crate) fn check_replay(&self, id: u64) -> Result<bool> {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        let order = &mut st.order;
+        let n = order.captured.len();
+        if n <= 1 {
+            return Ok(false);
+        }
+        let expected = order.next;
+        if order.captured[expected].0 == id {
+            order.next = (expected + 1) % n;
+            return Ok(false);
+        }
+        if order.captured[0].0 == id {
+            order.next = 1 % n;
+            return Ok(true);
+        }
+        let got = order.captured.iter().find(|(g, _)| *g == id).map(|(_, l)| l.clone()).unwrap_or_else(|| format!("graph #{id}"));
+        Err(Error::ReplayOrder {
+            got,
+            expected: order.captured[expected].1.clone(),
+            order: order.captured.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join(" -> "),
+        })
+    }
+}
+
+fn best_fit(slabs: &[Slab], bytes: usize) -> Option<(usize, usize)> {
+    let mut best: Option<(usize, usize, usize)> = None;
+    for (i, s) in slabs.iter().enumerate() {
+        for (&off, &len) in &s.free {
+            if len >= bytes && best.is_none_or(|(_, _, l)| len < l) {
+                best = Some((i, off, len));
+            }
+        }
+    }
+    best.map(|(i, off, _)| (i, off))
+}

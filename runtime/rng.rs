@@ -1,0 +1,147 @@
+//! Graph-safe Philox random numbers: the generator's seed and offset live in device memory.
+//!
+//! Kernels read the state through a pointer and a tiny kernel advances the offset after each
+//! draw, so a captured draw takes fresh numbers on every replay. Saving and restoring the state
+//! are device-side copies, so they work inside a capture too (recomputation restores the
+//! forward's state to redraw the same dropout mask). The host backend computes the same
+//! Philox4x32-10 function, so both backends draw identical numbers for a seed and offset.
+
+use crate::backend::KArg;
+use crate::ops::{exec, Exec};
+use crate::{Device, Error, Result, Tensor};
+
+/// A counter-based random generator whose state is device memory.
+///
+/// ```
+/// use graphed::{Device, Generator, Tensor};
+/// let dev = Device::host();
+/// let g = Generator::new(&dev, 42)?;
+/// let a = Tensor::empty(&dev, &[4])?;
+/// let saved = g.save()?;
+/// g.uniform_(&a)?;
+/// g.restore(&saved)?;
+/// let b = Tensor::empty(&dev, &[4])?;
+/// g.uniform_(&b)?;
+/// assert_eq!(a.to_vec()?, b.to_vec()?); // the same state draws the same numbers
+/// # Ok::<(), graphed::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Generator {
+    state: Tensor,
+}
+
+/// A saved generator state (device memory; restore it with [`Generator::restore`]).
+#[derive(Clone, Debug)]
+pub struct RngState(Tensor);
+
+fn words(seed: u64, offset: u64) -> [f32; 4] {
+    [seed as u32, (seed >> 32) as u32, offset as u32, (offset >> 32) as u32].map(f32::from_bits)
+}
+
+impl Generator {
+    /// A generator on `device` seeded with `seed`, offset 0.
+    pub fn new(device: &Device, seed: u64) -> Result<Generator> {
+        let state = Tensor::from_slice(device, &words(seed, 0), &[4])?;
+        Ok(Generator { state })
+    }
+
+    /// Resets to `seed` and offset 0. Illegal during capture (a host write).
+    pub fn manual_seed(&self, seed: u64) -> Result<()> {
+        self.state.copy_from_slice(&words(seed, 0))
+    }
+
+    /// Reads (seed, offset) back to the host. Illegal during capture.
+    pub fn seed_and_offset(&self) -> Result<(u64, u64)> {
+        let w: Vec<u64> = self.state.to_vec()?.into_iter().map(|v| v.to_bits() as u64).collect();
+        Ok((w[0] | (w[1] << 32), w[2] | (w[3] << 32)))
+    }
+
+    /// Copies the state into new device memory. Capturable.
+    pub fn save(&self) -> Result<RngState> {
+        Ok(RngState(self.state.deep_clone()?))
+    }
+
+    /// Copies a saved state back. Capturable.
+    pub fn restore(&self, saved: &RngState) -> Result<()> {
+        self.state.copy_(&saved.0)
+    }
+
+    /// Copies a saved state into an existing state buffer (reusing its memory). Capturable.
+    pub fn save_into(&self, saved: &RngState) -> Result<()> {
+        saved.0.copy_(&self.state)
+    }
+
+    /// Fills `out` with uniform numbers in [0, 1) and advances the offset by its length.
+    pub fn uniform_(&self, out: &Tensor) -> Result<()> {
+        let n = out.numel();
+        self.draw(out, "rng_uniform_f32", n, |u, _| u)
+    }
+
+    /// The device the state lives on.
+    pub fn device(&self) -> &Device {
+        self.state.device()
+    }
+
+    /// Runs `kernel` (CUDA) or `f(uniform, index)` (host) over `out`'s `n` elements with the
+    /// current state, then advances the offset by `n`. Used by dropout and `uniform_`.
+    pub(crate) fn draw(&self, out: &Tensor, kernel: &'static str, n: usize, f: fn(f32, usize) -> f32) -> Result<()> {
+        if out.device() != self.device() {
+            return Err(Error::DeviceMismatch { op: "rng", a: out.device().name(), b: self.device().name() });
+        }
+        match exec(out.device()) {
+            Exec::Host(h) => {
+                let (y, st) = (out.host_ptr()?, self.state.host_ptr()?);
+                h.run(kernel, move || {
+                    let w = st.read_u32();
+                    let (seed, offset) = (w[0] as u64 | ((w[1] as u64) << 32), w[2] as u64 | ((w[3] as u64) << 32));
+                    let v: Vec<f32> = (0..n).map(|i| f(philox_uniform(seed, offset + i as u64), i)).collect();
+                    y.write(&v);
+                    Ok(())
+                })?;
+                let st = self.state.host_ptr()?;
+                h.run("rng_advance", move || {
+                    let mut w = st.read_u32();
+                    let off = (w[2] as u64 | ((w[3] as u64) << 32)) + n as u64;
+                    w[2] = off as u32;
+                    w[3] = (off >> 32) as u32;
+                    st.write_u32(&w);
+                    Ok(())
+                })
+            }
+            Exec::Cuda(c) => {
+                let st = self.state.cuda_ptr()?;
+                c.launch(
+                    kernel,
+                    crate::backend::LaunchDims::elementwise(n),
+                    &[KArg::Ptr(out.cuda_ptr()?), KArg::Ptr(st), KArg::U32(n as u32)],
+                )?;
+                c.launch("rng_advance", crate::backend::LaunchDims::rows(1, 32), &[KArg::Ptr(st), KArg::U64(n as u64)])
+            }
+        }
+    }
+
+    /// The state buffer (for kernels that take it directly).
+    pub(crate) fn state(&self) -> &Tensor {
+        &self.state
+    }
+}
+
+/// Philox4x32-10: 10 rounds over a 128-bit counter with a 64-bit key; returns the first word.
+pub(crate) fn philox_u32(seed: u64, counter: u64) -> u32 {
+    let (mut c0, mut c1, mut c2, mut c3) = (counter as u32, (counter >> 32) as u32, 0u32, 0u32);
+    let (mut k0, mut k1) = (seed as u32, (seed >> 32) as u32);
+    for _ in 0..10 {
+        let p0 = 0xD251_1F53u64 * c0 as u64;
+        let p1 = 0xCD9E_8D57u64 * c2 as u64;
+        let (hi0, lo0, hi1, lo1) = ((p0 >> 32) as u32, p0 as u32, (p1 >> 32) as u32, p1 as u32);
+        (c0, c1, c2, c3) = (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0);
+        k0 = k0.wrapping_add(0x9E37_79B9);
+        k1 = k1.wrapping_add(0xBB67_AE85);
+    }
+    c0
+}
+
+/// A uniform float in [0, 1) with 24 random bits (exact on every backend).
+pub(crate) fn philox_uniform(seed: u64, counter: u64) -> f32 {
+    (philox_u32(seed, counter) >> 8) as f32 * (1.0 / 16_777_216.0)
+}

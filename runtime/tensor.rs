@@ -1,0 +1,247 @@
+//! `Tensor`: a shaped handle to a block of device (or host-backend) memory.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::backend::{BackendKind, HostPtr, Ptr};
+use crate::pool::Block;
+use crate::{DType, Device, Error, Result, Shape};
+
+pub(crate) struct Buffer {
+    device: Device,
+    block: Block,
+    /// Bumped each time a graph replay overwrites this buffer as a static output.
+    generation: AtomicU64,
+    /// The graph surface this buffer belongs to, for stale-handle messages.
+    owner: OnceLock<String>,
+}
+
+/// A tensor: shape, dtype and a reference-counted buffer on one device.
+///
+/// Cloning a `Tensor` gives another handle to the same memory (like PyTorch). Ops take
+/// `&Tensor` and return new tensors; the few in-place ops (`*_` suffix) write through a shared
+/// handle, which is how optimizers update parameters that captured graphs read.
+///
+/// A tensor handed out by a graphed module is a handle to a static buffer: the next replay
+/// overwrites it, and from then on every use of the old handle is an
+/// [`Error::StaleTensor`], never a silent read of new data. Keep a copy with
+/// [`Tensor::deep_clone`].
+///
+/// ```
+/// use graphed::{Device, Tensor};
+/// let dev = Device::host();
+/// let t = Tensor::from_slice(&dev, &[1.0, 2.0, 3.0, 4.0], &[2, 2])?;
+/// assert_eq!(t.dims(), &[2, 2]);
+/// assert_eq!(t.to_vec()?, vec![1.0, 2.0, 3.0, 4.0]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Tensor {
+    buf: Arc<Buffer>,
+    shape: Shape,
+    dtype: DType,
+    generation: u64,
+    requires_grad: bool,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({:?}, {:?}, {}, {:?})", self.shape, self.dtype, self.buf.device.name(), self.buf.block)
+    }
+}
+
+impl Tensor {
+    /// An uninitialised tensor (its contents are whatever the pool block held; on the host
+    /// backend fresh memory is NaN). Allocated from the device's current pool.
+    pub fn empty(device: &Device, dims: &[usize]) -> Result<Tensor> {
+        let shape = Shape::new(dims).ok_or_else(|| Error::shape("Tensor::empty", format!("{dims:?} has more than 6 dimensions")))?;
+        let bytes = shape.numel() * DType::F32.size();
+        let block = device.current_pool().alloc(bytes)?;
+        Ok(Tensor {
+            buf: Arc::new(Buffer { device: device.clone(), block, generation: AtomicU64::new(0), owner: OnceLock::new() }),
+            shape,
+            dtype: DType::F32,
+            generation: 0,
+            requires_grad: false,
+        })
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(device: &Device, dims: &[usize]) -> Result<Tensor> {
+        Tensor::full(device, dims, 0.0)
+    }
+
+    /// A tensor filled with `value`.
+    pub fn full(device: &Device, dims: &[usize], value: f32) -> Result<Tensor> {
+        let t = Tensor::empty(device, dims)?;
+        crate::ops::fill_(&t, value)?;
+        Ok(t)
+    }
+
+    /// A tensor with the shape of `like`, uninitialised.
+    pub fn empty_like(like: &Tensor) -> Result<Tensor> {
+        Tensor::empty(like.device(), like.dims())
+    }
+
+    /// A tensor holding `data` (row-major). Illegal during capture (a pageable copy).
+    pub fn from_slice(device: &Device, data: &[f32], dims: &[usize]) -> Result<Tensor> {
+        let t = Tensor::empty(device, dims)?;
+        if t.numel() != data.len() {
+            return Err(Error::shape("Tensor::from_slice", format!("{} values for shape {dims:?}", data.len())));
+        }
+        t.copy_from_slice(data)?;
+        Ok(t)
+    }
+
+    /// Overwrites the contents from host memory. Illegal during capture.
+    pub fn copy_from_slice(&self, data: &[f32]) -> Result<()> {
+        let backend = self.device().backend();
+        backend.forbid_during_capture("copy from host memory")?;
+        if data.len() != self.numel() {
+            return Err(Error::shape("copy_from_slice", format!("{} values into {:?}", data.len(), self.shape)));
+        }
+        match (&backend.kind, self.ptr()?) {
+            (BackendKind::Cuda(c), Ptr::Cuda(p)) => c.copy_to_device(p, data),
+            (_, Ptr::Host(_)) => {
+                self.host_ptr()?.write(data);
+                Ok(())
+            }
+            _ => unreachable!("a buffer's pointer matches its device's backend"),
+        }
+    }
+
+    /// Copies the contents to a `Vec` (waits for the device). Illegal during capture.
+    pub fn to_vec(&self) -> Result<Vec<f32>> {
+        let backend = self.device().backend();
+        backend.forbid_during_capture("copy to host memory")?;
+        match (&backend.kind, self.ptr()?) {
+            (BackendKind::Cuda(c), Ptr::Cuda(p)) => {
+                let mut out = vec![0.0; self.numel()];
+                c.copy_to_host(&mut out, p)?;
+                Ok(out)
+            }
+            (_, Ptr::Host(_)) => Ok(self.host_ptr()?.read()),
+            _ => unreachable!("a buffer's pointer matches its device's backend"),
+        }
+    }
+
+    /// A copy in new memory (not a static buffer, so no later replay touches it).
+    pub fn deep_clone(&self) -> Result<Tensor> {
+        let t = Tensor::empty(self.device(), self.dims())?;
+        t.copy_(self)?;
+        Ok(t.with_requires_grad(self.requires_grad))
+    }
+
+    /// Copies `src` into this tensor on the device stream (captured as a copy node).
+    pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        crate::ops::copy_(self, src)
+    }
+
+    /// The same memory seen with another shape of the same number of elements.
+    pub fn reshape(&self, dims: &[usize]) -> Result<Tensor> {
+        let shape = Shape::new(dims).ok_or_else(|| Error::shape("reshape", format!("{dims:?} has more than 6 dimensions")))?;
+        if shape.numel() != self.numel() {
+            return Err(Error::shape("reshape", format!("{:?} ({} elements) to {dims:?}", self.shape, self.numel())));
+        }
+        Ok(Tensor { shape, ..self.clone() })
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        self.shape.dims()
+    }
+
+    /// The number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.numel()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device the memory is on.
+    pub fn device(&self) -> &Device {
+        &self.buf.device
+    }
+
+    /// Whether a grad is wanted for this tensor when it is a module input.
+    pub fn requires_grad(&self) -> bool {
+        self.requires_grad
+    }
+
+    /// This handle with `requires_grad` set.
+    pub fn with_requires_grad(mut self, requires_grad: bool) -> Tensor {
+        self.requires_grad = requires_grad;
+        self
+    }
+
+    /// Whether two handles share one buffer.
+    pub fn same_buffer(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.buf, &other.buf)
+    }
+
+    /// Whether this handle is still valid (no replay overwrote its static buffer since).
+    pub fn is_fresh(&self) -> bool {
+        self.buf.generation.load(Ordering::Acquire) == self.generation
+    }
+
+    /// The memory address, after checking that the handle is not stale.
+    pub(crate) fn ptr(&self) -> Result<Ptr> {
+        let current = self.buf.generation.load(Ordering::Acquire);
+        if current != self.generation {
+            return Err(Error::StaleTensor {
+                owner: self.buf.owner.get().cloned().unwrap_or_else(|| "a graphed module".into()),
+                held: self.generation,
+                current,
+            });
+        }
+        Ok(self.buf.block.ptr.clone())
+    }
+
+    /// The device pointer (CUDA backend).
+    pub(crate) fn cuda_ptr(&self) -> Result<u64> {
+        match self.ptr()? {
+            Ptr::Cuda(p) => Ok(p),
+            Ptr::Host(_) => Err(Error::invalid("cuda_ptr", "a host tensor on a CUDA op")),
+        }
+    }
+
+    /// The host address (host backend).
+    pub(crate) fn host_ptr(&self) -> Result<HostPtr> {
+        match self.ptr()? {
+            Ptr::Host(mut h) => {
+                h.len = self.numel();
+                Ok(h)
+            }
+            Ptr::Cuda(_) => Err(Error::invalid("host_ptr", "a CUDA tensor on a host op")),
+        }
+    }
+
+    /// The pool memory the buffer occupies: (pool id, range).
+    pub(crate) fn mem_range(&self) -> (usize, crate::pool::MemRange) {
+        (self.buf.block.pool_id(), self.buf.block.range())
+    }
+
+    /// Marks the buffer as a static surface of `owner` (for messages).
+    pub(crate) fn set_owner(&self, owner: impl Into<String>) {
+        let _ = self.buf.owner.set(owner.into());
+    }
+
+    /// Invalidates every handle to this buffer issued so far; returns a fresh one.
+    pub(crate) fn bump_generation(&self) -> Tensor {
+        let g = self.buf.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        Tensor { generation: g, ..self.clone() }
+    }
+
+    /// A valid handle to the buffer as it is now (for the runtime's own static handles).
+    pub(crate) fn refreshed(&self) -> Tensor {
+        Tensor { generation: self.buf.generation.load(Ordering::Acquire), ..self.clone() }
+    }
+}

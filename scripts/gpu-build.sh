@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds the test binaries and examples in release mode and puts them in gpu-bin/ (git-ignored),
+# ready to travel to the GPU machine (which has CUDA but no cargo). Then run there:
+#   bash scripts/gpu-run.sh            (device tool: carry ["gpu-bin"])
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf gpu-bin && mkdir -p gpu-bin/tests gpu-bin/examples
+cargo test --release --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] != ["proc-macro"] and m.get("profile", {}).get("test"):
+        name = m["target"]["name"]
+        if name in ("ui",):   # trybuild needs cargo; it runs on the development machine
+            continue
+        dst = os.path.join("gpu-bin/tests", name if m["target"]["kind"] != ["lib"] else "lib-" + name)
+        shutil.copy(m["executable"], dst)
+        print("test binary:", dst)
+'
+cargo build --release --examples
+for f in examples/*.rs; do
+  n=$(basename "$f" .rs)
+  cp "target/release/examples/$n" gpu-bin/examples/ && echo "example: gpu-bin/examples/$n"
+done
+[ -d bench ] && cp -r bench gpu-bin/
+du -sh gpu-bin

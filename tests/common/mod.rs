@@ -1,0 +1,64 @@
+//! Shared test helpers: the backends to run each behaviour on, and deterministic data.
+#![allow(dead_code)]
+
+use std::sync::{Mutex, MutexGuard};
+
+use graphed::{Device, Result, Tensor};
+
+/// CUDA tests share one device and one stream: run them one at a time.
+static CUDA_LOCK: Mutex<()> = Mutex::new(());
+
+/// A backend under test; holds the CUDA lock while alive.
+pub struct Backend {
+    pub device: Device,
+    _guard: Option<MutexGuard<'static, ()>>,
+}
+
+/// Runs `f` on every available backend: the host always, CUDA when a GPU is usable.
+/// Set `GRAPHED_REQUIRE_CUDA=1` to fail instead of skipping when no GPU is usable.
+pub fn on_each_backend(mut f: impl FnMut(&Device) -> Result<()>) {
+    for b in backends() {
+        if let Err(e) = f(&b.device) {
+            panic!("on {}: {e}", b.device.name());
+        }
+    }
+}
+
+pub fn backends() -> Vec<Backend> {
+    let mut v = vec![Backend { device: Device::host(), _guard: None }];
+    let guard = CUDA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    match Device::cuda(0) {
+        Ok(device) => v.push(Backend { device, _guard: Some(guard) }),
+        Err(e) => {
+            if std::env::var("GRAPHED_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                panic!("GRAPHED_REQUIRE_CUDA=1 but CUDA is unusable: {e}");
+            }
+        }
+    }
+    v
+}
+
+/// Deterministic pseudo-random values in [-1, 1) (xorshift), so tests never run on zeros.
+pub fn random_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+pub fn random(dev: &Device, dims: &[usize], seed: u64) -> Result<Tensor> {
+    Tensor::from_slice(dev, &random_vec(dims.iter().product(), seed), dims)
+}
+
+/// ‖a − b‖ / ‖b‖ in f64.
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((*x as f64) - (*y as f64)).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
