@@ -24,12 +24,13 @@ pub struct Cx {
     training: bool,
     saved: Vec<Tensor>,
     needs_input_grad: Vec<bool>,
+    children: Vec<Cx>,
 }
 
 impl Cx {
     /// A context on `device`, in training mode, with nothing saved.
     pub fn new(device: &Device) -> Cx {
-        Cx { device: device.clone(), training: true, saved: Vec::new(), needs_input_grad: Vec::new() }
+        Cx { device: device.clone(), training: true, saved: Vec::new(), needs_input_grad: Vec::new(), children: Vec::new() }
     }
 
     /// The device the module runs on.
@@ -67,9 +68,30 @@ impl Cx {
         self.saved.clone()
     }
 
-    /// Removes and returns everything saved.
+    /// Everything saved here and in child contexts.
+    pub(crate) fn all_saved(&self) -> Vec<Tensor> {
+        let mut v = self.saved.clone();
+        for c in &self.children {
+            v.extend(c.all_saved());
+        }
+        v
+    }
+
+    /// Removes and returns everything saved (children's saved tensors are dropped too).
     pub fn take_saved(&mut self) -> Vec<Tensor> {
+        self.children.clear();
         std::mem::take(&mut self.saved)
+    }
+
+    /// The context of sub-module `index` (created on first use, in the same mode), so a
+    /// composite module can give each of its parts its own saved tensors.
+    pub fn child(&mut self, index: usize) -> &mut Cx {
+        while self.children.len() <= index {
+            let mut c = Cx::new(&self.device);
+            c.training = self.training;
+            self.children.push(c);
+        }
+        &mut self.children[index]
     }
 
     /// Whether the backward must produce a grad for forward input `index`. A backward may

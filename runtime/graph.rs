@@ -199,7 +199,7 @@ impl Graph {
     /// capture is discarded, the pool grows outside it, and `f` runs again (so `f` must be
     /// safe to run more than once; it only queues work).
     pub fn capture<R>(&mut self, mode: CaptureMode, mut f: impl FnMut() -> Result<R>) -> Result<R> {
-        const ATTEMPTS: usize = 16;
+        const ATTEMPTS: usize = 64;
         for _ in 0..ATTEMPTS {
             self.capture_begin(mode)?;
             let outcome = catch_unwind(AssertUnwindSafe(&mut f));
@@ -212,7 +212,7 @@ impl Graph {
                 Ok(Err(e)) => {
                     self.reset();
                     if let Error::PoolGrowthDuringCapture { bytes } = e.root() {
-                        self.pool.reserve(*bytes)?;
+                        self.pool.grow(*bytes)?;
                         continue;
                     }
                     return Err(e);

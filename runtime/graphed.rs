@@ -703,7 +703,7 @@ impl GraphedModules {
     pub fn live_bytes(&self) -> usize {
         let mut seen: Vec<Tensor> = Vec::new();
         for s in self.surfaces.iter().flatten() {
-            let saved = s.saved.as_ref().map(|c| c.saved_tensors()).unwrap_or_default();
+            let saved = s.saved.as_ref().map(Cx::all_saved).unwrap_or_default();
             for t in s.inputs.iter().chain(&s.outputs).chain(&s.grad_outputs).chain(&s.grad_inputs).flatten().chain(saved.iter()) {
                 let (pid, _) = t.mem_range();
                 if pid == self.pool.id() && !seen.iter().any(|x| x.same_buffer(t)) {

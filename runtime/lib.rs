@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod checkpoint;
 mod cx;
 mod device;
 mod dtype;
@@ -31,6 +32,7 @@ mod graphed;
 mod hooks;
 mod module;
 pub mod ops;
+pub mod optim;
 mod param;
 mod pool;
 mod rng;
@@ -38,6 +40,7 @@ mod shape;
 mod tensor;
 
 pub use backend::is_capturing;
+pub use checkpoint::Checkpoint;
 pub use cx::Cx;
 pub use device::Device;
 pub use dtype::DType;

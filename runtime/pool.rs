@@ -204,13 +204,9 @@ impl GraphPool {
                 if matches!(self.0.backend.capture_mode(), Some(CaptureMode::Global | CaptureMode::ThreadLocal)) {
                     return Err(Error::PoolGrowthDuringCapture { bytes });
                 }
-                let slab_bytes = bytes.max(MIN_SLAB).div_ceil(ALIGN) * ALIGN;
-                let mem = self.0.backend.alloc_slab(slab_bytes)?;
-                let mut free = BTreeMap::new();
-                free.insert(0, slab_bytes);
-                st.slabs.push(Slab { mem, free });
-                st.stats.reserved += slab_bytes;
-                st.stats.slabs += 1;
+                drop(st);
+                self.grow(bytes)?;
+                st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
                 (st.slabs.len() - 1, 0)
             }
         };
@@ -229,11 +225,17 @@ impl GraphPool {
         Ok(Block { pool: self.0.clone(), slab, offset, bytes, epoch, ptr })
     }
 
-    /// Makes sure a block of `bytes` can be handed out without growing (used before a capture
-    /// is retried after [`Error::PoolGrowthDuringCapture`]).
-    pub(crate) fn reserve(&self, bytes: usize) -> Result<()> {
-        let b = self.alloc(bytes)?;
-        drop(b);
+    /// Adds a free slab of at least `bytes` (used before a capture is retried after
+    /// [`Error::PoolGrowthDuringCapture`]; the retry then finds room one allocation further).
+    pub(crate) fn grow(&self, bytes: usize) -> Result<()> {
+        let slab_bytes = bytes.max(MIN_SLAB).div_ceil(ALIGN) * ALIGN;
+        let mem = self.0.backend.alloc_slab(slab_bytes)?;
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut free = BTreeMap::new();
+        free.insert(0, slab_bytes);
+        st.slabs.push(Slab { mem, free });
+        st.stats.reserved += slab_bytes;
+        st.stats.slabs += 1;
         Ok(())
     }
 

@@ -34,6 +34,17 @@ pub struct Generator {
 #[derive(Clone, Debug)]
 pub struct RngState(Tensor);
 
+impl RngState {
+    /// The device buffer holding the state.
+    pub(crate) fn tensor(&self) -> &Tensor {
+        &self.0
+    }
+
+    pub(crate) fn from_tensor(t: Tensor) -> RngState {
+        RngState(t)
+    }
+}
+
 fn words(seed: u64, offset: u64) -> [f32; 4] {
     [seed as u32, (seed >> 32) as u32, offset as u32, (offset >> 32) as u32].map(f32::from_bits)
 }
@@ -116,6 +127,27 @@ impl Generator {
                     &[KArg::Ptr(out.cuda_ptr()?), KArg::Ptr(st), KArg::U32(n as u32)],
                 )?;
                 c.launch("rng_advance", crate::backend::LaunchDims::rows(1, 32), &[KArg::Ptr(st), KArg::U64(n as u64)])
+            }
+        }
+    }
+
+    /// Advances the offset by `n` on the device stream (capturable): what an op that read the
+    /// state directly in its own kernel queues after it, like [`Generator::draw`] does.
+    pub(crate) fn advance(&self, n: u64) -> Result<()> {
+        match exec(self.device()) {
+            Exec::Host(h) => {
+                let st = self.state.host_ptr()?;
+                h.run("rng_advance", move || {
+                    let mut w = st.read_u32();
+                    let off = (w[2] as u64 | ((w[3] as u64) << 32)) + n;
+                    w[2] = off as u32;
+                    w[3] = (off >> 32) as u32;
+                    st.write_u32(&w);
+                    Ok(())
+                })
+            }
+            Exec::Cuda(c) => {
+                c.launch("rng_advance", crate::backend::LaunchDims::rows(1, 32), &[KArg::Ptr(self.state.cuda_ptr()?), KArg::U64(n)])
             }
         }
     }

@@ -425,7 +425,8 @@ impl CudaBackend {
                 _ => (NodeKind::Other, None),
             };
             let mut ndeps = 0usize;
-            // SAFETY: sizing call then fill, as above.
+            // SAFETY: sizing call, then a fill into buffers of that size (skipped when empty:
+            // the driver rejects a non-null buffer with a zero count).
             unsafe {
                 check(
                     "cuGraphNodeGetDependencies",
@@ -433,12 +434,15 @@ impl CudaBackend {
                 )?
             };
             let mut deps = vec![std::ptr::null_mut(); ndeps];
-            unsafe {
-                check(
-                    "cuGraphNodeGetDependencies",
-                    sys::cuGraphNodeGetDependencies_v2(node, deps.as_mut_ptr(), std::ptr::null_mut(), &mut ndeps),
-                )?
-            };
+            if ndeps > 0 {
+                let mut edges: Vec<sys::CUgraphEdgeData> = vec![unsafe { std::mem::zeroed() }; ndeps];
+                unsafe {
+                    check(
+                        "cuGraphNodeGetDependencies",
+                        sys::cuGraphNodeGetDependencies_v2(node, deps.as_mut_ptr(), edges.as_mut_ptr(), &mut ndeps),
+                    )?
+                };
+            }
             let dependencies = deps.iter().filter_map(|d| index.get(&(*d as usize)).copied()).collect();
             out.push(GraphNode { index: i, kind, kernel, dependencies });
         }

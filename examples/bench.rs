@@ -1,0 +1,251 @@
+//! The benchmark: L blocks of Linear(H, H) + GELU, batch B, f32 (no TF32); a step is forward
+//! through all blocks, `sum()`, backward. For each shape it measures, as medians over many steps
+//! after warm-up, each step timed with CUDA events: our eager step, one graph per block, one graph
+//! for the whole stack, the full step as a single graph (the floor), plus capture time, pool
+//! bytes (and the bytes that must be live), and the CPU time to issue one graphed call.
+//!
+//! `cargo run --release --example bench -- [--shapes 8x256x32,...] [--steps N] [--warmup N] [--out ours.json]`
+//! scripts/bench.sh runs it next to PyTorch on the GPU machine and draws the chart.
+
+#[path = "common/model.rs"]
+mod model;
+
+use std::time::Instant;
+
+use graphed::{make_graphed, ops, CaptureMode, Cx, Device, Graph, GraphOptions, Module, Result, Tensor};
+use model::{random, Stack};
+
+struct Args {
+    shapes: Vec<(usize, usize, usize)>,
+    steps: usize,
+    warmup: usize,
+    out: Option<String>,
+}
+
+fn parse_args() -> std::result::Result<Args, String> {
+    let mut a = Args {
+        shapes: vec![(8, 256, 32), (32, 256, 32), (16, 1024, 128), (8, 4096, 512)],
+        steps: 200,
+        warmup: 20,
+        out: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let val = it.next().ok_or(format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--shapes" => {
+                a.shapes = val
+                    .split(',')
+                    .map(|s| {
+                        let v: Vec<usize> = s.split('x').filter_map(|n| n.parse().ok()).collect();
+                        if v.len() == 3 {
+                            Ok((v[0], v[1], v[2]))
+                        } else {
+                            Err(format!("bad shape {s}, want LxHxB"))
+                        }
+                    })
+                    .collect::<std::result::Result<_, _>>()?
+            }
+            "--steps" => a.steps = val.parse().map_err(|e| format!("--steps: {e}"))?,
+            "--warmup" => a.warmup = val.parse().map_err(|e| format!("--warmup: {e}"))?,
+            "--out" => a.out = Some(val),
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    Ok(a)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median device time of `step` in microseconds, after `warmup` untimed steps.
+fn time_steps(dev: &Device, warmup: usize, steps: usize, mut step: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..warmup {
+        step()?;
+    }
+    dev.synchronize()?;
+    let mut v = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        v.push(dev.time_ms(&mut step)? as f64 * 1e3);
+    }
+    Ok(median(v))
+}
+
+struct Row {
+    l: usize,
+    h: usize,
+    b: usize,
+    eager: f64,
+    per_block: f64,
+    whole: f64,
+    floor: f64,
+    capture_ms: f64,
+    whole_capture_ms: f64,
+    pool_mb: f64,
+    live_mb: f64,
+    whole_pool_mb: f64,
+    issue_us: f64,
+}
+
+fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> Result<Row> {
+    let x = random(dev, &[b, h], 7, 1.0)?;
+    let dy = Tensor::zeros(dev, &[b, h])?;
+    let progress = |what: &str| eprintln!("[bench {l}x{h}, batch {b}] {what}");
+
+    // Eager.
+    progress("eager");
+    let mut stack = Stack::new(dev, l, h, 1)?;
+    let eager = time_steps(dev, args.warmup, args.steps, || {
+        let mut cx = Cx::new(dev);
+        cx.set_needs_input_grad(vec![false]);
+        let y = stack.forward(&mut cx, &x)?;
+        let _loss = ops::sum(&y)?;
+        ops::fill_(&dy, 1.0)?;
+        stack.backward(&mut cx, &dy)?;
+        Ok(())
+    })?;
+
+    // One graph per block, chained: block i+1 reads block i's static output in place.
+    progress("one graph per block");
+    let blocks: Vec<Box<dyn Module>> =
+        Stack::new(dev, l, h, 1)?.blocks.into_iter().map(|blk| Box::new(blk) as Box<dyn Module>).collect();
+    let hidden = Tensor::zeros(dev, &[b, h])?.with_requires_grad(true);
+    let mut samples = vec![vec![vec![Some(x.clone())]]];
+    samples.extend((1..l).map(|_| vec![vec![Some(hidden.clone())]]));
+    let t0 = Instant::now();
+    let mut per = make_graphed(blocks, samples, GraphOptions::new().warmup(3).chained(true))?;
+    let capture_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let (pool_mb, live_mb) = (per.pool().stats().reserved as f64 / 1e6, per.live_bytes() as f64 / 1e6);
+    let per_block = time_steps(dev, args.warmup, args.steps, || {
+        let mut cx = Cx::new(dev);
+        let mut hcur = x.clone();
+        for i in 0..l {
+            hcur = per.forward(i, &mut cx, &[Some(hcur)])?.remove(0).expect("block output");
+        }
+        let _loss = ops::sum(&hcur)?;
+        ops::fill_(&dy, 1.0)?;
+        let mut g = dy.clone();
+        for i in (0..l).rev() {
+            match per.backward(i, &mut cx, &[Some(g.clone())])?.remove(0) {
+                Some(d) => g = d,
+                None => break,
+            }
+        }
+        Ok(())
+    })?;
+    drop(per);
+
+    // One graph for the whole stack.
+    progress("one graph for the stack");
+    let t0 = Instant::now();
+    let mut whole = Stack::new(dev, l, h, 1)?.make_graphed(&x)?;
+    let whole_capture_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let whole_pool_mb = whole.inner().pool().stats().reserved as f64 / 1e6;
+    let whole_us = time_steps(dev, args.warmup, args.steps, || {
+        let mut cx = Cx::new(dev);
+        let y = whole.forward(&mut cx, &x)?;
+        let _loss = ops::sum(&y)?;
+        ops::fill_(&dy, 1.0)?;
+        whole.backward(&mut cx, &dy)?;
+        Ok(())
+    })?;
+    // CPU time to issue one graphed call (forward of the whole stack), backward untimed.
+    let mut issue = Vec::with_capacity(200);
+    for _ in 0..200 {
+        let mut cx = Cx::new(dev);
+        let t = Instant::now();
+        let y = whole.forward(&mut cx, &x)?;
+        issue.push(t.elapsed().as_secs_f64() * 1e6);
+        drop(y);
+        whole.backward(&mut cx, &dy)?;
+        dev.synchronize()?;
+    }
+    let issue_us = median(issue);
+    drop(whole);
+
+    // The floor: the full step captured as one graph.
+    progress("full step as one graph (floor)");
+    let mut stack = Stack::new(dev, l, h, 1)?;
+    let mut step = |stack: &mut Stack| -> Result<()> {
+        let mut cx = Cx::new(dev);
+        cx.set_needs_input_grad(vec![false]);
+        let y = stack.forward(&mut cx, &x)?;
+        let _loss = ops::sum(&y)?;
+        ops::fill_(&dy, 1.0)?;
+        stack.backward(&mut cx, &dy)?;
+        Ok(())
+    };
+    let pool = dev.new_pool();
+    for _ in 0..3 {
+        dev.with_pool(&pool, || step(&mut stack))?;
+    }
+    let mut g = Graph::with_pool(dev, &pool);
+    g.capture(CaptureMode::Global, || step(&mut stack))?;
+    let floor = time_steps(dev, args.warmup, args.steps, || g.replay())?;
+
+    Ok(Row {
+        l,
+        h,
+        b,
+        eager,
+        per_block,
+        whole: whole_us,
+        floor,
+        capture_ms,
+        whole_capture_ms,
+        pool_mb,
+        live_mb,
+        whole_pool_mb,
+        issue_us,
+    })
+}
+
+fn main() -> Result<()> {
+    let args = parse_args().map_err(graphed::Error::msg)?;
+    let dev = Device::default_device();
+    eprintln!("[bench] device {}; {} steps after {} warm-up steps per variant", dev.name(), args.steps, args.warmup);
+    let mut rows = Vec::new();
+    for &shape in &args.shapes {
+        rows.push(bench_shape(&dev, shape, &args)?);
+    }
+    println!(
+        "{:>14} {:>10} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9} {:>9}",
+        "L x H, B", "eager us", "per-block", "whole", "floor", "capture ms", "pool MB", "live MB", "issue us"
+    );
+    for r in &rows {
+        println!(
+            "{:>14} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>11.2} {:>9.2} {:>9.2} {:>9.2}",
+            format!("{}x{}, {}", r.l, r.h, r.b),
+            r.eager,
+            r.per_block,
+            r.whole,
+            r.floor,
+            r.capture_ms,
+            r.pool_mb,
+            r.live_mb,
+            r.issue_us
+        );
+    }
+    if let Some(path) = &args.out {
+        let results: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"L\":{},\"H\":{},\"B\":{},\"eager_us\":{:.2},\"per_block_us\":{:.2},\"whole_us\":{:.2},\"floor_us\":{:.2},\"capture_ms\":{:.3},\"whole_capture_ms\":{:.3},\"pool_mb\":{:.4},\"live_mb\":{:.4},\"whole_pool_mb\":{:.4},\"issue_us\":{:.3}}}",
+                    r.l, r.h, r.b, r.eager, r.per_block, r.whole, r.floor, r.capture_ms, r.whole_capture_ms, r.pool_mb, r.live_mb, r.whole_pool_mb, r.issue_us
+                )
+            })
+            .collect();
+        let json = format!(
+            "{{\"device\":\"{}\",\"versions\":\"graphed {} (cudarc 0.19.10)\",\"results\":[{}]}}\n",
+            dev.name(),
+            env!("CARGO_PKG_VERSION"),
+            results.join(",")
+        );
+        std::fs::write(path, json).map_err(|e| graphed::Error::msg(format!("writing {path}: {e}")))?;
+        eprintln!("[bench] wrote {path}");
+    }
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! The model the examples and the benchmark share: blocks of `Linear(H, H)` + GELU, and a
+//! stack of them, each a `#[graphed]` module.
+#![allow(dead_code)]
+
+use graphed::ops::{self, Gelu};
+use graphed::{graphed, Cx, Device, Param, Result, Tensor};
+
+/// Deterministic values in [-scale, scale) (xorshift), for weights and synthetic data.
+pub fn random_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// A tensor of `random_vec` values.
+pub fn random(dev: &Device, dims: &[usize], seed: u64, scale: f32) -> Result<Tensor> {
+    Tensor::from_slice(dev, &random_vec(dims.iter().product(), seed, scale), dims)
+}
+
+/// `y = GELU(x W^T + b)`, W of shape [out, in] as in PyTorch.
+pub struct Block {
+    /// Weight [out, in].
+    pub w: Param,
+    /// Bias [out].
+    pub b: Param,
+}
+
+impl Block {
+    /// PyTorch's default init range, U(-1/sqrt(in), 1/sqrt(in)), from a seed.
+    pub fn new(dev: &Device, din: usize, dout: usize, seed: u64) -> Result<Block> {
+        let k = 1.0 / (din as f32).sqrt();
+        Ok(Block {
+            w: Param::new(random(dev, &[dout, din], seed, k)?)?,
+            b: Param::new(random(dev, &[dout], seed ^ 0xB1A5, k)?)?,
+        })
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> Vec<Param> {
+        vec![self.w.clone(), self.b.clone()]
+    }
+}
+
+#[graphed(warmup = 3)]
+impl Block {
+    fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        let h = ops::linear(x, &self.w.value, Some(&self.b.value))?;
+        let y = ops::gelu(&h, Gelu::Erf)?;
+        cx.save(x);
+        cx.save(&h);
+        Ok(y)
+    }
+
+    fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        let (x, h) = (cx.saved(0)?, cx.saved(1)?);
+        let dh = ops::gelu_backward(dy, &h, Gelu::Erf)?;
+        ops::linear_backward(&dh, &x, &self.w.value, &self.w.grad, Some(&self.b.grad), cx.needs_input_grad(0))
+    }
+}
+
+/// L blocks applied in sequence, graphed as one module.
+pub struct Stack {
+    /// The blocks, first to last.
+    pub blocks: Vec<Block>,
+}
+
+impl Stack {
+    /// `layers` blocks of width `width`, seeded from `seed`.
+    pub fn new(dev: &Device, layers: usize, width: usize, seed: u64) -> Result<Stack> {
+        let blocks = (0..layers).map(|i| Block::new(dev, width, width, seed + i as u64)).collect::<Result<_>>()?;
+        Ok(Stack { blocks })
+    }
+
+    /// All parameters.
+    pub fn params(&self) -> Vec<Param> {
+        self.blocks.iter().flat_map(Block::params).collect()
+    }
+}
+
+#[graphed(warmup = 3)]
+impl Stack {
+    fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        let needs_dx = cx.needs_input_grad(0);
+        cx.child(0).set_needs_input_grad(vec![needs_dx]);
+        let mut h = x.clone();
+        for (i, b) in self.blocks.iter().enumerate() {
+            h = b.forward(cx.child(i), &h)?;
+        }
+        Ok(h)
+    }
+
+    fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        let mut g = dy.clone();
+        for (i, b) in self.blocks.iter_mut().enumerate().rev() {
+            match b.backward(cx.child(i), &g)? {
+                Some(d) => g = d,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(g))
+    }
+}

@@ -1,0 +1,117 @@
+//! Activation checkpointing: keep a module's inputs in forward and recompute the rest inside
+//! backward, with the forward's random numbers reproduced exactly.
+
+use crate::{Cx, HookKind, Module, Result, RngState, Tensor};
+
+/// Wraps a module so that its forward saves only its inputs (and the device RNG state) and its
+/// backward recomputes the forward before back-propagating.
+///
+/// Under graphs, the recompute is captured into the backward graph. The RNG state is saved by a
+/// device-side copy inside the forward graph and restored inside the backward graph, so a
+/// recomputed dropout mask equals the forward's bit for bit while every replay still draws
+/// fresh masks. Backward accumulates into parameter grads as usual, which is what makes the
+/// recompute work under graphs (Transformer Engine moved from `autograd.grad` to
+/// `autograd.backward` for this reason).
+///
+/// ```
+/// use graphed::{Checkpoint, Cx, Device, Module, Result, Tensor, ops};
+/// struct Double;
+/// impl Module for Double {
+///     fn name(&self) -> &'static str { "Double" }
+///     fn num_inputs(&self) -> usize { 1 }
+///     fn forward(&self, _cx: &mut Cx, x: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+///         let y = x[0].as_ref().unwrap().deep_clone()?;
+///         ops::scale_(&y, 2.0)?;
+///         Ok(vec![Some(y)])
+///     }
+///     fn backward(&mut self, _cx: &mut Cx, dy: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+///         let dx = dy[0].as_ref().unwrap().deep_clone()?;
+///         ops::scale_(&dx, 2.0)?;
+///         Ok(vec![Some(dx)])
+///     }
+/// }
+/// let dev = Device::host();
+/// let mut m = Checkpoint::new(Double);
+/// let mut cx = Cx::new(&dev);
+/// let x = Tensor::full(&dev, &[3], 1.0)?;
+/// let y = m.forward(&mut cx, &[Some(x)])?;
+/// let dx = m.backward(&mut cx, &[Some(Tensor::full(&dev, &[3], 1.0)?)])?;
+/// assert_eq!(dx[0].as_ref().unwrap().to_vec()?, vec![2.0; 3]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub struct Checkpoint<M> {
+    inner: M,
+}
+
+impl<M: Module> Checkpoint<M> {
+    /// Checkpoints `inner`.
+    pub fn new(inner: M) -> Checkpoint<M> {
+        Checkpoint { inner }
+    }
+
+    /// The wrapped module.
+    pub fn inner(&self) -> &M {
+        &self.inner
+    }
+
+    /// The wrapped module, mutably.
+    pub fn inner_mut(&mut self) -> &mut M {
+        &mut self.inner
+    }
+}
+
+impl<M: Module> Module for Checkpoint<M> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn num_inputs(&self) -> usize {
+        self.inner.num_inputs()
+    }
+
+    fn forward(&self, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let rng = cx.device().rng()?;
+        let state = rng.save()?;
+        let mut inner_cx = cx.clone();
+        inner_cx.take_saved();
+        let outputs = self.inner.forward(&mut inner_cx, inputs)?;
+        // Only the inputs and the RNG state survive the forward; the inner activations are
+        // dropped here, so their memory returns to the pool.
+        let mut saved = cx.clone();
+        saved.take_saved();
+        for t in inputs.iter() {
+            match t {
+                Some(t) => saved.save(t),
+                None => saved.save(&state.tensor().clone()), // placeholder keeps positions
+            }
+        }
+        saved.save(state.tensor());
+        *cx = saved;
+        Ok(outputs)
+    }
+
+    fn backward(&mut self, cx: &mut Cx, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let n = self.inner.num_inputs();
+        let saved = cx.saved_tensors();
+        let state = RngState::from_tensor(saved.get(n).cloned().ok_or_else(|| {
+            crate::Error::msg("Checkpoint::backward: the forward of this context did not run under Checkpoint")
+        })?);
+        let inputs: Vec<Option<Tensor>> = (0..n).map(|i| saved.get(i).cloned()).collect();
+        // Absent optional inputs were saved as placeholders of the state's shape.
+        let inputs: Vec<Option<Tensor>> =
+            inputs.into_iter().map(|t| t.filter(|t| !t.same_buffer(state.tensor()))).collect();
+        let rng = cx.device().rng()?;
+        let current = rng.save()?;
+        rng.restore(&state)?;
+        let mut inner_cx = cx.clone();
+        inner_cx.take_saved();
+        self.inner.forward(&mut inner_cx, &inputs)?;
+        // The recompute must not consume random numbers the next forward would draw.
+        rng.restore(&current)?;
+        self.inner.backward(&mut inner_cx, grad_outputs)
+    }
+
+    fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
+        self.inner.run_hooks(kind)
+    }
+}

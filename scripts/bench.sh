@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine after scripts/gpu-build.sh (carry gpu-bin): our benchmark and
+# PyTorch's on the same GPU in the same call, then the side-by-side table and the chart.
+#   bash scripts/bench.sh [steps]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+out=${OUT:-/tmp/graphed-out}; mkdir -p "$out"
+steps=${1:-200}
+gpu-bin/examples/bench --steps "$steps" --out "$out/ours.json"
+PYTHONUNBUFFERED=1 python3 gpu-bin/bench/pytorch_bench.py --steps "$steps" --out "$out/torch.json"
+python3 gpu-bin/bench/compare.py --ours "$out/ours.json" --torch "$out/torch.json" --chart "$out/bench.png" --markdown "$out/bench.md"
