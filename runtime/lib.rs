@@ -21,6 +21,9 @@
 
 #![warn(missing_docs)]
 
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
 mod backend;
 mod checkpoint;
 mod cx;
@@ -40,6 +43,7 @@ mod shape;
 mod tensor;
 
 pub use backend::is_capturing;
+pub use graphed_macros::{capture_time_hook, graphed};
 pub use checkpoint::Checkpoint;
 pub use cx::Cx;
 pub use device::Device;

@@ -49,7 +49,7 @@ impl Block {
 
 #[graphed(warmup = 3)]
 impl Block {
-    fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
         let h = ops::linear(x, &self.w.value, Some(&self.b.value))?;
         let y = ops::gelu(&h, Gelu::Erf)?;
         cx.save(x);
@@ -57,7 +57,7 @@ impl Block {
         Ok(y)
     }
 
-    fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
         let (x, h) = (cx.saved(0)?, cx.saved(1)?);
         let dh = ops::gelu_backward(dy, &h, Gelu::Erf)?;
         ops::linear_backward(&dh, &x, &self.w.value, &self.w.grad, Some(&self.b.grad), cx.needs_input_grad(0))
@@ -85,7 +85,7 @@ impl Stack {
 
 #[graphed(warmup = 3)]
 impl Stack {
-    fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
         let needs_dx = cx.needs_input_grad(0);
         cx.child(0).set_needs_input_grad(vec![needs_dx]);
         let mut h = x.clone();
@@ -95,7 +95,7 @@ impl Stack {
         Ok(h)
     }
 
-    fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
         let mut g = dy.clone();
         for (i, b) in self.blocks.iter_mut().enumerate().rev() {
             match b.backward(cx.child(i), &g)? {

@@ -24,7 +24,6 @@ pub(crate) enum KArg {
     /// A device pointer.
     Ptr(u64),
     F32(f32),
-    I32(i32),
     U32(u32),
     U64(u64),
 }
@@ -200,7 +199,6 @@ impl CudaBackend {
             values[i] = match *a {
                 KArg::Ptr(p) | KArg::U64(p) => p,
                 KArg::F32(v) => v.to_bits() as u64,
-                KArg::I32(v) => v as u32 as u64,
                 KArg::U32(v) => v as u64,
             };
         }
@@ -343,15 +341,6 @@ impl CudaBackend {
             return Err(Error::GraphState("the capture was invalidated by an illegal operation".into()));
         }
         Ok(RawGraph { graph: g, exec: std::ptr::null_mut() })
-    }
-
-    /// Whether the device stream is capturing, as the driver sees it.
-    pub(crate) fn stream_capturing(&self) -> bool {
-        matches!(
-            self.stream.capture_status(),
-            Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
-                | Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED)
-        )
     }
 
     pub(crate) fn instantiate(&self, g: &mut RawGraph) -> Result<()> {

@@ -1,0 +1,270 @@
+//! make_graphed edge semantics on each backend: None outputs, forward-only capture, the
+//! train/eval fallback, unused inputs, inputs without grad, grad accumulation, stale handles,
+//! replay order, warm-up leaving RNG results unchanged, and bad run-time input.
+
+mod common;
+#[path = "../examples/common/model.rs"]
+mod model;
+
+use common::{on_each_backend, random};
+use graphed::{graphed, make_graphed, ops, Cx, Error, GraphOptions, Module, Param, Result, Tensor};
+use model::{Block, BlockInputs, GraphedBlock};
+
+/// Two outputs, the second always `None`; two inputs, the second optional.
+pub struct TwoHeads {
+    lin: Block,
+}
+
+#[graphed(warmup = 2)]
+impl TwoHeads {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor, extra: Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)> {
+        let y = self.lin.forward(cx, x)?;
+        let y = match extra {
+            Some(e) => ops::add(&y, e)?,
+            None => y,
+        };
+        Ok((y, None))
+    }
+    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor, dnone: Option<&Tensor>) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        assert!(dnone.is_none(), "a None output gets no grad");
+        let dx = self.lin.backward(cx, dy)?;
+        Ok((dx, Some(dy.deep_clone()?)))
+    }
+}
+
+#[test]
+fn none_outputs_stay_none_and_get_no_grad() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[3, 8], 1)?.with_requires_grad(true);
+        let e = random(dev, &[3, 8], 2)?.with_requires_grad(true);
+        let mut g = TwoHeads { lin: Block::new(dev, 8, 8, 3)? }.make_graphed(&x, Some(&e))?;
+        let mut eager = TwoHeads { lin: Block::new(dev, 8, 8, 3)? };
+        let mut cx = Cx::new(dev);
+        for _ in 0..2 {
+            let (y, none) = g.forward(&mut cx, &x, Some(&e))?;
+            assert!(none.is_none());
+            let (y_e, _) = eager.forward(&mut cx, &x, Some(&e))?;
+            assert_eq!(y.to_vec()?, y_e.to_vec()?);
+            let dy = random(dev, &[3, 8], 4)?;
+            let (dx, de) = g.backward(&mut cx, &dy, None)?;
+            let (dx_e, _) = eager.backward(&mut cx, &dy, None)?;
+            assert_eq!(dx.expect("dx").to_vec()?, dx_e.expect("dx").to_vec()?);
+            assert_eq!(de.expect("de").to_vec()?, dy.to_vec()?);
+        }
+        // An optional input captured as Some must be given as Some.
+        let err = g.forward(&mut cx, &x, None).unwrap_err();
+        assert!(err.to_string().contains("captured with a tensor"), "{err}");
+        Ok(())
+    });
+}
+
+#[test]
+fn forward_only_capture_for_inference() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[4, 8], 5)?;
+        let mut g = GraphedBlock::new(Block::new(dev, 8, 8, 9)?, BlockInputs { x: x.clone() }, GraphedBlock::options().inference())?;
+        assert_eq!(g.inner().graphs().len(), 1, "only the forward graph");
+        let eager = Block::new(dev, 8, 8, 9)?;
+        let mut cx = Cx::new(dev);
+        for seed in 0..3 {
+            let xi = random(dev, &[4, 8], 50 + seed)?;
+            let y = g.forward(&mut cx, &xi)?;
+            assert_eq!(y.to_vec()?, eager.forward(&mut Cx::new(dev), &xi)?.to_vec()?);
+        }
+        let err = g.backward(&mut cx, &x).unwrap_err();
+        assert!(err.to_string().contains("backward without an outstanding forward"), "{err}");
+        Ok(())
+    });
+}
+
+#[test]
+fn a_call_in_the_other_mode_runs_the_eager_forward() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[4, 8], 6)?;
+        let mut g = Block::new(dev, 8, 8, 11)?.make_graphed(&x)?;
+        let mut cx = Cx::new(dev);
+        let graphed_y = g.forward(&mut cx, &x)?;
+        g.backward(&mut cx, &x)?;
+        g.eval();
+        let eager_y = g.forward(&mut cx, &x)?;
+        assert!(!eager_y.same_buffer(&graphed_y), "eval mode must not replay the training graph");
+        assert_eq!(eager_y.to_vec()?, g.module().forward(&mut Cx::new(dev), &x)?.to_vec()?);
+        assert!(graphed_y.is_fresh(), "the eager call does not touch the graph's buffers");
+        g.train();
+        g.forward(&mut cx, &x)?;
+        g.backward(&mut cx, &x)?;
+        Ok(())
+    });
+}
+
+/// Backward returns no grad for its second input.
+pub struct IgnoresSecond {
+    lin: Block,
+}
+
+#[graphed(warmup = 1)]
+impl IgnoresSecond {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor, _unused: &Tensor) -> Result<Tensor> {
+        self.lin.forward(cx, x)
+    }
+    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((self.lin.backward(cx, dy)?, None))
+    }
+}
+
+#[graphed(warmup = 1, allow_unused_input)]
+impl AllowsUnused {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor, _unused: &Tensor) -> Result<Tensor> {
+        self.0.forward(cx, x, _unused)
+    }
+    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        self.0.backward(cx, dy)
+    }
+}
+
+/// `IgnoresSecond` declared with `allow_unused_input`.
+pub struct AllowsUnused(IgnoresSecond);
+
+#[test]
+fn allow_unused_input_both_ways() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[2, 8], 7)?.with_requires_grad(true);
+        let u = random(dev, &[2, 8], 8)?.with_requires_grad(true);
+        let Err(err) = IgnoresSecond { lin: Block::new(dev, 8, 8, 1)? }.make_graphed(&x, &u) else {
+            panic!("an input that needs a grad and gets none must be an error")
+        };
+        assert!(err.to_string().contains("allow_unused_input"), "{err}");
+        assert!(!dev.is_capturing());
+        let mut g = AllowsUnused(IgnoresSecond { lin: Block::new(dev, 8, 8, 1)? }).make_graphed(&x, &u)?;
+        let mut cx = Cx::new(dev);
+        g.forward(&mut cx, &x, &u)?;
+        let (dx, du) = g.backward(&mut cx, &x)?;
+        assert!(dx.is_some() && du.is_none());
+        Ok(())
+    });
+}
+
+#[test]
+fn an_input_that_needs_no_grad_gets_none() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[2, 8], 9)?; // requires_grad false
+        let mut g = Block::new(dev, 8, 8, 2)?.make_graphed(&x)?;
+        let mut cx = Cx::new(dev);
+        g.forward(&mut cx, &x)?;
+        assert!(g.backward(&mut cx, &x)?.is_none());
+        Ok(())
+    });
+}
+
+#[test]
+fn grads_accumulate_across_two_backwards() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[2, 8], 10)?;
+        let dy = random(dev, &[2, 8], 11)?;
+        let mut g = Block::new(dev, 8, 8, 3)?.make_graphed(&x)?;
+        let w: Param = g.module().w.clone();
+        assert!(w.grad.to_vec()?.iter().all(|v| *v == 0.0), "warm-up must leave grads unchanged");
+        let mut cx = Cx::new(dev);
+        g.forward(&mut cx, &x)?;
+        g.backward(&mut cx, &dy)?;
+        let once = w.grad.to_vec()?;
+        g.forward(&mut cx, &x)?;
+        g.backward(&mut cx, &dy)?;
+        let twice = w.grad.to_vec()?;
+        for (a, b) in once.iter().zip(&twice) {
+            assert_eq!(*b, a + a);
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn a_handle_overwritten_by_a_later_replay_is_an_error_not_stale_data() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[2, 8], 12)?.with_requires_grad(true);
+        let mut g = Block::new(dev, 8, 8, 4)?.make_graphed(&x)?;
+        let mut cx = Cx::new(dev);
+        let y1 = g.forward(&mut cx, &x)?;
+        let kept = y1.deep_clone()?;
+        let dx1 = g.backward(&mut cx, &y1)?.expect("dx");
+        let y2 = g.forward(&mut cx, &random(dev, &[2, 8], 13)?)?;
+        assert!(!y1.is_fresh());
+        let err = y1.to_vec().unwrap_err();
+        assert!(matches!(err, Error::StaleTensor { .. }), "{err}");
+        assert!(matches!(ops::add(&y1, &y2), Err(Error::StaleTensor { .. })));
+        assert_eq!(kept.to_vec()?.len(), 16, "a deep clone stays valid");
+        g.backward(&mut cx, &y2)?;
+        assert!(matches!(dx1.to_vec(), Err(Error::StaleTensor { .. })), "grad inputs go stale too");
+        Ok(())
+    });
+}
+
+#[test]
+fn out_of_order_replay_is_an_error() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[2, 8], 14)?;
+        let h = Tensor::zeros(dev, &[2, 8])?.with_requires_grad(true);
+        let mods: Vec<Box<dyn Module>> = vec![Box::new(Block::new(dev, 8, 8, 1)?), Box::new(Block::new(dev, 8, 8, 2)?)];
+        let mut g = make_graphed(mods, vec![vec![vec![Some(x.clone())]], vec![vec![Some(h)]]], GraphOptions::new())?;
+        let mut cx = Cx::new(dev);
+        let y = g.forward(0, &mut cx, &[Some(x.clone())])?;
+        let z = g.forward(1, &mut cx, &y)?;
+        let err = g.backward(0, &mut cx, &z).unwrap_err();
+        assert!(matches!(err, Error::ReplayOrder { .. }), "{err}");
+        Ok(())
+    });
+}
+
+/// Dropout after a linear layer, to see RNG effects.
+pub struct Noisy {
+    lin: Block,
+}
+
+#[graphed(warmup = 3)]
+impl Noisy {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        let y = self.lin.forward(cx, x)?;
+        let (y, mask) = ops::dropout(&y, 0.5, &cx.device().rng()?, cx.training())?;
+        if let Some(m) = mask {
+            cx.save(&m);
+        }
+        Ok(y)
+    }
+    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        let mask = cx.saved(2)?;
+        let d = ops::dropout_backward(dy, &mask)?;
+        self.lin.backward(cx, &d)
+    }
+}
+
+#[test]
+fn warm_up_and_capture_do_not_change_rng_dependent_results() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[4, 8], 15)?;
+        let rng = dev.rng()?;
+        rng.manual_seed(7)?;
+        let eager = Noisy { lin: Block::new(dev, 8, 8, 5)? };
+        let want: Vec<Vec<f32>> =
+            (0..2).map(|_| eager.forward(&mut Cx::new(dev), &x)?.to_vec()).collect::<Result<_>>()?;
+        assert_ne!(want[0], want[1], "each call draws a fresh mask");
+        rng.manual_seed(7)?;
+        let mut g = Noisy { lin: Block::new(dev, 8, 8, 5)? }.make_graphed(&x)?;
+        let mut cx = Cx::new(dev);
+        for w in &want {
+            assert_eq!(&g.forward(&mut cx, &x)?.to_vec()?, w);
+            g.backward(&mut cx, &x)?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn a_run_time_input_of_another_shape_is_a_typed_error() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[4, 8], 16)?;
+        let mut g = Block::new(dev, 8, 8, 6)?.make_graphed(&x)?;
+        let err = g.forward(&mut Cx::new(dev), &random(dev, &[5, 8], 17)?).unwrap_err();
+        assert!(matches!(err, Error::Graphed { .. }) && err.to_string().contains("shape"), "{err}");
+        Ok(())
+    });
+}
