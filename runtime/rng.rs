@@ -146,9 +146,11 @@ impl Generator {
                     Ok(())
                 })
             }
-            Exec::Cuda(c) => {
-                c.launch("rng_advance", crate::backend::LaunchDims::rows(1, 32), &[KArg::Ptr(self.state.cuda_ptr()?), KArg::U64(n)])
-            }
+            Exec::Cuda(c) => c.launch(
+                "rng_advance",
+                crate::backend::LaunchDims::rows(1, 32),
+                &[KArg::Ptr(self.state.cuda_ptr()?), KArg::U64(n)],
+            ),
         }
     }
 

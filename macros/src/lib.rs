@@ -1,1 +1,48 @@
-//! Placeholder while the macro crate is written.
+//! Procedural macros of [`graphed`](https://docs.rs/graphed): `#[graphed]` and
+//! `#[capture_time_hook]`.
+//!
+//! This crate is an implementation detail: depend on `graphed`, which re-exports both macros
+//! and is versioned in lockstep with this crate. The macros work in three stages, each in its
+//! own module: [`parse`] reads the attributes into typed arguments, [`validate`] judges them and
+//! the annotated item and builds a model, [`expand`] turns the model into code. Every stage
+//! collects its errors in a [`ctxt::Ctxt`] so one build reports all of them, and on error the
+//! user's item is emitted unchanged next to the errors ([`fallback`]).
+
+mod ctxt;
+mod expand;
+mod fallback;
+mod parse;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use proc_macro::TokenStream;
+
+/// Captures a module's forward and backward into CUDA graphs, or a struct of modules into one
+/// pipeline schedule. See the `graphed` crate's documentation for the full DSL.
+///
+/// On an inherent impl (`#[graphed(warmup = 3)] impl Block { fn forward ... fn backward ... }`)
+/// it implements `graphed::Module` for the type and generates the static surfaces
+/// (`BlockInputs`, `BlockOutputs`, `BlockGradOutputs`, `BlockGradInputs`), the typed wrapper
+/// `GraphedBlock` and `Block::make_graphed`. On a struct with named fields
+/// (`#[graphed(warmup = 3, order = [1, 2, -2, -1])] struct TwoStage { first: Block, second: Block }`)
+/// each field is a chunk and it generates `GraphedTwoStage` and `TwoStage::make_graphed`.
+///
+/// Keys: `warmup = N` (a positive integer, default 3), `order = [..]` (structs only),
+/// `allow_unused_input` (a flag, or `= bool`), `crate = "path"` (where the runtime is, default
+/// `::graphed`).
+#[proc_macro_attribute]
+pub fn graphed(args: TokenStream, input: TokenStream) -> TokenStream {
+    expand::graphed(args.into(), input.into()).into()
+}
+
+/// Marks a method of a `#[graphed]` impl as a capture-time hook: `#[capture_time_hook(kind)]`
+/// or `#[capture_time_hook(kind, prepend)]` with kind one of `pre_forward`, `forward`,
+/// `pre_backward`, `backward`, on `fn name(&mut self)` returning `()` or `Result<()>`.
+///
+/// `#[graphed]` consumes these attributes; used anywhere else this macro only reports an error.
+#[proc_macro_attribute]
+pub fn capture_time_hook(args: TokenStream, input: TokenStream) -> TokenStream {
+    expand::standalone_hook(args.into(), input.into()).into()
+}

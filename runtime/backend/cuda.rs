@@ -448,8 +448,10 @@ impl CudaBackend {
 
     /// Creates a timing event pair and returns elapsed ms of `f`'s stream work.
     pub(crate) fn time_ms(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<f32> {
-        let start = self.ctx.new_event(None).map_err(driver_err("cuEventCreate"))?;
-        let end = self.ctx.new_event(None).map_err(driver_err("cuEventCreate"))?;
+        // cudarc's default flags disable timing; elapsed time needs CU_EVENT_DEFAULT.
+        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.ctx.new_event(timed).map_err(driver_err("cuEventCreate"))?;
+        let end = self.ctx.new_event(timed).map_err(driver_err("cuEventCreate"))?;
         start.record(&self.stream).map_err(driver_err("cuEventRecord"))?;
         f()?;
         end.record(&self.stream).map_err(driver_err("cuEventRecord"))?;

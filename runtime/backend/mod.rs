@@ -6,7 +6,7 @@
 pub(crate) mod cuda;
 pub(crate) mod host;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::Cell;
 use std::sync::Mutex;
 
 use crate::graph::CaptureMode;
@@ -15,10 +15,13 @@ use crate::{Error, Result};
 pub(crate) use cuda::{CudaBackend, KArg, LaunchDims, RawGraph};
 pub(crate) use host::{HostBackend, HostPtr, HostSlab};
 
-/// Number of captures in progress in this process, on any device.
-static CAPTURES: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    /// Number of captures this thread has in progress, on any device.
+    static CAPTURES: Cell<usize> = const { Cell::new(0) };
+}
 
-/// Whether any stream of this process is capturing a graph right now.
+/// Whether this thread is capturing a graph right now (on any device), like PyTorch's
+/// `torch.cuda.is_current_stream_capturing()`.
 ///
 /// Capture-time hooks always see `false`: they run outside captures.
 ///
@@ -26,7 +29,7 @@ static CAPTURES: AtomicUsize = AtomicUsize::new(0);
 /// assert!(!graphed::is_capturing());
 /// ```
 pub fn is_capturing() -> bool {
-    CAPTURES.load(Ordering::Acquire) > 0
+    CAPTURES.with(|c| c.get() > 0)
 }
 
 /// Which machine runs the ops.
@@ -83,7 +86,7 @@ impl Backend {
             BackendKind::Cuda(c) => c.begin_capture(mode)?,
         }
         *cap = Some(mode);
-        CAPTURES.fetch_add(1, Ordering::AcqRel);
+        CAPTURES.with(|c| c.set(c.get() + 1));
         Ok(())
     }
 
@@ -93,7 +96,7 @@ impl Backend {
         if cap.take().is_none() {
             return Err(Error::GraphState("end_capture without a capture in progress".into()));
         }
-        CAPTURES.fetch_sub(1, Ordering::AcqRel);
+        CAPTURES.with(|c| c.set(c.get().saturating_sub(1)));
         match &self.kind {
             BackendKind::Host(h) => Ok(Recorded::Host(h.end_capture())),
             BackendKind::Cuda(c) => c.end_capture().map(Recorded::Cuda),

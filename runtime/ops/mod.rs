@@ -4,11 +4,24 @@
 //! typed error naming the op; only then does it queue work. Results are new tensors from the
 //! device's current pool, except for the in-place ops, whose names end in `_`.
 
+mod activation;
 mod basic;
+pub mod cpu;
+mod dropout;
+mod elementwise;
+mod linear;
+mod loss;
+mod norm;
 
+pub use activation::{gelu, gelu_backward, relu, relu_backward, Gelu};
 pub use basic::{axpy_, copy_, fill_, scale_};
+pub use dropout::{dropout, dropout_backward};
+pub use elementwise::{add, mean, mul, scale, sum};
+pub use linear::{bias_add, linear, linear_backward};
+pub use loss::{mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels};
+pub use norm::{layer_norm, layer_norm_backward};
 
-use crate::backend::{BackendKind, CudaBackend, HostBackend};
+use crate::backend::{BackendKind, CudaBackend, HostBackend, KArg, LaunchDims};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// The backend an op runs on, borrowed from the device.
@@ -49,4 +62,76 @@ pub(crate) fn check_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()
 /// The element count as a kernel argument; errors past u32 range.
 pub(crate) fn n32(op: &'static str, n: usize) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::invalid(op, format!("{n} elements exceed the 2^32 kernels support")))
+}
+
+/// Threads of a one-block-per-row kernel for rows of `d` elements: a multiple of 32, at most 512.
+pub(crate) fn row_threads(d: usize) -> u32 {
+    (d.div_ceil(32) * 32).clamp(32, 512) as u32
+}
+
+/// One block per row, capped at the grid limit the row kernels stride over.
+pub(crate) fn row_dims(rows: usize, d: usize) -> LaunchDims {
+    LaunchDims::rows(rows.min(1 << 20), row_threads(d))
+}
+
+/// Blocks of (32, 16) threads, one per 32 columns (the column-reduction kernels).
+pub(crate) fn col_dims(cols: usize) -> LaunchDims {
+    let blocks = cols.div_ceil(32).clamp(1, 1 << 20) as u32;
+    LaunchDims { grid: (blocks, 1, 1), block: (32, 16, 1), shared: 0 }
+}
+
+/// Blocks of the first pass of a full reduction over `n` elements: depends on `n` only, so the
+/// summation order (and the result's bits) is the same on every run.
+pub(crate) fn reduce_blocks(n: usize) -> u32 {
+    n.div_ceil(2048).clamp(1, 1024) as u32
+}
+
+/// A deterministic two-pass reduction on CUDA: `partial_kernel(partial, inputs.., n)` writes one
+/// partial sum per block, then `sum_final_f32` writes `scale * sum(partials)` to `out[0]`.
+pub(crate) fn cuda_reduce(
+    c: &CudaBackend,
+    device: &Device,
+    partial_kernel: &str,
+    inputs: &[KArg],
+    n: u32,
+    out: u64,
+    scale: f32,
+) -> Result<()> {
+    let blocks = reduce_blocks(n as usize);
+    let partial = Tensor::empty(device, &[blocks as usize])?;
+    let pp = partial.cuda_ptr()?;
+    let mut args = Vec::with_capacity(inputs.len() + 2);
+    args.push(KArg::Ptr(pp));
+    args.extend_from_slice(inputs);
+    args.push(KArg::U32(n));
+    c.launch(partial_kernel, LaunchDims { grid: (blocks, 1, 1), block: (256, 1, 1), shared: 0 }, &args)?;
+    c.launch(
+        "sum_final_f32",
+        LaunchDims { grid: (1, 1, 1), block: (256, 1, 1), shared: 0 },
+        &[KArg::Ptr(out), KArg::Ptr(pp), KArg::U32(blocks), KArg::F32(scale)],
+    )
+    // `partial` goes back to the pool here; later work on the stream is ordered after the
+    // kernels above, so reusing its memory is safe.
+}
+
+/// `(rows, last)` of a tensor of rank >= 1 seen as a matrix of rows of its last dimension.
+pub(crate) fn as_rows(t: &Tensor) -> (usize, usize) {
+    let s = t.shape();
+    (s.rows(), s.last())
+}
+
+/// Requires `t` to have rank at least 1.
+pub(crate) fn check_rank1(op: &'static str, name: &str, t: &Tensor) -> Result<()> {
+    if t.dims().is_empty() {
+        return Err(Error::shape(op, format!("{name} must have at least one dimension, got a scalar {:?}", t.dims())));
+    }
+    Ok(())
+}
+
+/// Requires `t` to be the vector `[len]`.
+pub(crate) fn check_vector(op: &'static str, name: &str, t: &Tensor, len: usize) -> Result<()> {
+    if t.dims() != [len] {
+        return Err(Error::shape(op, format!("{name} must be [{len}], got {:?}", t.dims())));
+    }
+    Ok(())
 }

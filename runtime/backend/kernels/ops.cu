@@ -1,1 +1,367 @@
-// Op kernels (see runtime/ops).
+// Op kernels (see runtime/ops and runtime/optim.rs). NVRTC compiles this file after core.cu,
+// in one program: philox_uniform and rng_load come from there.
+//
+// Conventions: f32 only; element counts are u32 (checked by the ops) but loop indices are u64,
+// so grid-stride loops never wrap; every reduction adds in a fixed order that depends only on
+// the launch shape (which depends only on the sizes), never on timing, and no kernel uses
+// atomics, so a replayed graph is bitwise equal to the eager run.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// Rows of the column-reduction blocks (blockDim.y); the ops launch (32, GR_COL_Y) blocks.
+#define GR_COL_Y 16
+
+__device__ __forceinline__ u64 gr_tid() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ u64 gr_stride() { return (u64)gridDim.x * blockDim.x; }
+__device__ __forceinline__ float gr_nan() { return __int_as_float(0x7fc00000); }
+__device__ __forceinline__ float gr_neg_inf() { return -__int_as_float(0x7f800000); }
+
+// Butterfly sums: every lane ends with the same bits (a + b == b + a).
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block; every thread gets the same total. blockDim.x is a multiple of 32 and at
+// most 1024; `sh` is a 32-float shared array. Safe to call repeatedly with the same `sh`.
+__device__ float block_sum(float v, float* sh) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = (lane < nwarps) ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ float block_max(float v, float* sh) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = (lane < nwarps) ? sh[lane] : gr_neg_inf();
+    return warp_max(v);
+}
+
+// ---------------------------------------------------------------- elementwise
+
+extern "C" __global__ void add_f32(float* y, const float* a, const float* b, u32 n) {
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = a[i] + b[i];
+}
+
+extern "C" __global__ void mul_f32(float* y, const float* a, const float* b, u32 n) {
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = a[i] * b[i];
+}
+
+extern "C" __global__ void scale_out_f32(float* y, const float* x, float a, u32 n) {
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = x[i] * a;
+}
+
+// y[r, j] = x[r, j] + b[j] over n = rows * d elements; y may be x (in place).
+extern "C" __global__ void bias_add_f32(float* y, const float* x, const float* b, u32 n, u32 d) {
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = x[i] + b[i % d];
+}
+
+extern "C" __global__ void relu_f32(float* y, const float* x, u32 n) {
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        float v = x[i];
+        y[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+extern "C" __global__ void relu_bwd_f32(float* dx, const float* dy, const float* x, u32 n) {
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+#define GR_SQRT_2_OVER_PI 0.7978845608028654f
+#define GR_GELU_C 0.044715f
+#define GR_INV_SQRT_2 0.7071067811865476f
+#define GR_INV_SQRT_2PI 0.3989422804014327f
+
+// approx: 0 = exact (erf), 1 = tanh approximation.
+__device__ __forceinline__ float gelu_value(float x, u32 approx) {
+    if (approx != 0u) {
+        float u = GR_SQRT_2_OVER_PI * (x + GR_GELU_C * x * x * x);
+        return 0.5f * x * (1.0f + tanhf(u));
+    }
+    return 0.5f * x * (1.0f + erff(x * GR_INV_SQRT_2));
+}
+
+__device__ __forceinline__ float gelu_grad(float x, u32 approx) {
+    if (approx != 0u) {
+        float x2 = x * x;
+        float t = tanhf(GR_SQRT_2_OVER_PI * (x + GR_GELU_C * x2 * x));
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GR_SQRT_2_OVER_PI * (1.0f + 3.0f * GR_GELU_C * x2);
+    }
+    float cdf = 0.5f * (1.0f + erff(x * GR_INV_SQRT_2));
+    float pdf = expf(-0.5f * x * x) * GR_INV_SQRT_2PI;
+    return cdf + x * pdf;
+}
+
+extern "C" __global__ void gelu_f32(float* y, const float* x, u32 n, u32 approx) {
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = gelu_value(x[i], approx);
+}
+
+extern "C" __global__ void gelu_bwd_f32(float* dx, const float* dy, const float* x, u32 n, u32 approx) {
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) dx[i] = dy[i] * gelu_grad(x[i], approx);
+}
+
+// Dropout with the generator state read through a pointer (graph-safe): element i keeps its
+// value, times `scale` = 1 / (1 - p), when uniform(seed, offset + i) >= p. The op launches
+// rng_advance(state, n) right after.
+extern "C" __global__ void dropout_f32(float* y, float* mask, const float* x, const u32* state, float p, float scale, u32 n) {
+    u64 seed, offset;
+    rng_load(state, seed, offset);
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        float m = philox_uniform(seed, offset + i) >= p ? scale : 0.0f;
+        mask[i] = m;
+        y[i] = x[i] * m;
+    }
+}
+
+// ---------------------------------------------------------------- reductions
+
+// Per-block partial sums over a grid-stride range; sum_final_f32 adds the partials.
+extern "C" __global__ void sum_partial_f32(float* partial, const float* x, u32 n) {
+    __shared__ float sh[32];
+    float s = 0.0f;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) s += x[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// Per-block partial sums of (a - b)^2.
+extern "C" __global__ void sqdiff_partial_f32(float* partial, const float* a, const float* b, u32 n) {
+    __shared__ float sh[32];
+    float s = 0.0f;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        float d = a[i] - b[i];
+        s += d * d;
+    }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// out[0] = scale * sum(partial[0..m]); launched with one block.
+extern "C" __global__ void sum_final_f32(float* out, const float* partial, u32 m, float scale) {
+    __shared__ float sh[32];
+    float s = 0.0f;
+    for (u32 i = threadIdx.x; i < m; i += blockDim.x) s += partial[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) out[0] = s * scale;
+}
+
+// out[c] += sum over rows of a[r, c]. Blocks of (32, GR_COL_Y) threads: x picks the column,
+// y a stripe of rows; the stripes are added in order of y.
+extern "C" __global__ void col_sum_acc_f32(float* out, const float* a, u32 rows, u32 cols) {
+    __shared__ float sh[GR_COL_Y][33];
+    for (u64 c0 = (u64)blockIdx.x * 32; c0 < cols; c0 += (u64)gridDim.x * 32) {
+        u64 c = c0 + threadIdx.x;
+        float s = 0.0f;
+        if (c < cols) {
+            for (u64 r = threadIdx.y; r < rows; r += GR_COL_Y) s += a[r * cols + c];
+        }
+        sh[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < cols) {
+            float t = 0.0f;
+            for (int k = 0; k < GR_COL_Y; ++k) t += sh[k][threadIdx.x];
+            out[c] += t;
+        }
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------- layer norm
+
+// One block per row (grid-stride over rows). mean and rstd are saved for the backward.
+extern "C" __global__ void layer_norm_f32(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma, const float* beta, u32 rows, u32 d, float eps) {
+    __shared__ float sh[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * d;
+        float* yr = y + r * d;
+        float s = 0.0f;
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) s += xr[j];
+        const float mean = block_sum(s, sh) / (float)d;
+        float v = 0.0f;
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+            float c = xr[j] - mean;
+            v += c * c;
+        }
+        const float var = block_sum(v, sh) / (float)d;
+        const float rstd = 1.0f / sqrtf(var + eps);
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) yr[j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+        if (threadIdx.x == 0) {
+            mean_out[r] = mean;
+            rstd_out[r] = rstd;
+        }
+    }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma, one block per row.
+extern "C" __global__ void layer_norm_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, u32 rows, u32 d) {
+    __shared__ float sh[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * d;
+        const float* dyr = dy + r * d;
+        float* dxr = dx + r * d;
+        const float mu = mean[r];
+        const float rs = rstd[r];
+        float a = 0.0f;
+        float b = 0.0f;
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+            float g = dyr[j] * gamma[j];
+            float xh = (xr[j] - mu) * rs;
+            a += g;
+            b += g * xh;
+        }
+        const float ma = block_sum(a, sh) / (float)d;
+        const float mb = block_sum(b, sh) / (float)d;
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+            float g = dyr[j] * gamma[j];
+            float xh = (xr[j] - mu) * rs;
+            dxr[j] = rs * (g - ma - xh * mb);
+        }
+    }
+}
+
+// dgamma[j] += sum_r dy[r, j] * xhat[r, j]; dbeta[j] += sum_r dy[r, j]. Column blocks as in
+// col_sum_acc_f32.
+extern "C" __global__ void layer_norm_bwd_params_f32(float* dgamma, float* dbeta, const float* dy, const float* x, const float* mean, const float* rstd, u32 rows, u32 d) {
+    __shared__ float shg[GR_COL_Y][33];
+    __shared__ float shb[GR_COL_Y][33];
+    for (u64 c0 = (u64)blockIdx.x * 32; c0 < d; c0 += (u64)gridDim.x * 32) {
+        u64 c = c0 + threadIdx.x;
+        float sg = 0.0f;
+        float sb = 0.0f;
+        if (c < d) {
+            for (u64 r = threadIdx.y; r < rows; r += GR_COL_Y) {
+                float g = dy[r * d + c];
+                float xh = (x[r * d + c] - mean[r]) * rstd[r];
+                sg += g * xh;
+                sb += g;
+            }
+        }
+        shg[threadIdx.y][threadIdx.x] = sg;
+        shb[threadIdx.y][threadIdx.x] = sb;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < d) {
+            float tg = 0.0f;
+            float tb = 0.0f;
+            for (int k = 0; k < GR_COL_Y; ++k) {
+                tg += shg[k][threadIdx.x];
+                tb += shb[k][threadIdx.x];
+            }
+            dgamma[c] += tg;
+            dbeta[c] += tb;
+        }
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------- losses
+
+// A label is valid when it is an integer in [0, c); NaN fails every comparison.
+__device__ __forceinline__ bool label_ok(float l, u32 c) {
+    return l >= 0.0f && l < (float)c && l == floorf(l);
+}
+
+// One block per row: probs = softmax(logits), row_loss = logsumexp - logit[label], or NaN for a
+// label that is not a class id (never an out-of-bounds read).
+extern "C" __global__ void softmax_xent_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) {
+    __shared__ float sh[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = logits + r * c;
+        float* pr = probs + r * c;
+        float m = gr_neg_inf();
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, xr[j]);
+        m = block_max(m, sh);
+        float s = 0.0f;
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) s += expf(xr[j] - m);
+        s = block_sum(s, sh);
+        const float inv = 1.0f / s;
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) pr[j] = expf(xr[j] - m) * inv;
+        if (threadIdx.x == 0) {
+            const float l = labels[r];
+            row_loss[r] = label_ok(l, c) ? (m + logf(s)) - xr[(u32)l] : gr_nan();
+        }
+    }
+}
+
+// dlogits = (probs - onehot(label)) * scale, scale = dloss / rows; NaN rows for bad labels.
+extern "C" __global__ void softmax_xent_bwd_f32(float* dlogits, const float* probs, const float* labels, float scale, u32 rows, u32 c) {
+    const u64 n = (u64)rows * c;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const u64 r = i / c;
+        const u32 j = (u32)(i - r * c);
+        const float l = labels[r];
+        if (label_ok(l, c)) {
+            const float hot = (j == (u32)l) ? 1.0f : 0.0f;
+            dlogits[i] = (probs[i] - hot) * scale;
+        } else {
+            dlogits[i] = gr_nan();
+        }
+    }
+}
+
+// dpred = (pred - target) * scale, scale = 2 * dloss / n.
+extern "C" __global__ void mse_bwd_f32(float* dp, const float* p, const float* t, float scale, u32 n) {
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) dp[i] = (p[i] - t[i]) * scale;
+}
+
+// ---------------------------------------------------------------- optimizers
+
+// SGD (PyTorch semantics, dampening 0): g += wd * p; buf = momentum * buf + g; p -= lr * buf.
+// lr is read from device memory so a captured step follows a changing schedule. buf is unused
+// (may be null) when use_momentum is 0.
+extern "C" __global__ void sgd_step_f32(float* p, const float* g, float* buf, const float* lr, float momentum, float wd, u32 use_momentum, u32 n) {
+    const float rate = lr[0];
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        float gi = g[i] + wd * p[i];
+        if (use_momentum != 0u) {
+            gi = momentum * buf[i] + gi;
+            buf[i] = gi;
+        }
+        p[i] = p[i] - rate * gi;
+    }
+}
+
+// AdamW's per-step scalars: st[0] holds the step count as u32 bits; increments it and stores
+// the bias corrections st[1] = 1 - beta1^t and st[2] = 1 - beta2^t.
+extern "C" __global__ void adamw_prepare_f32(float* st, float beta1, float beta2) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        const u32 t = __float_as_uint(st[0]) + 1u;
+        st[0] = __uint_as_float(t);
+        st[1] = 1.0f - powf(beta1, (float)t);
+        st[2] = 1.0f - powf(beta2, (float)t);
+    }
+}
+
+// AdamW (PyTorch semantics): p *= 1 - lr * wd; m, v moments; p -= lr / bc1 * m / (sqrt(v) /
+// sqrt(bc2) + eps).
+extern "C" __global__ void adamw_step_f32(float* p, const float* g, float* m, float* v, const float* lr, const float* st, float beta1, float beta2, float eps, float wd, u32 n) {
+    const float rate = lr[0];
+    const float step_size = rate / st[1];
+    const float bc2_sqrt = sqrtf(st[2]);
+    const float decay = 1.0f - rate * wd;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const float gi = g[i];
+        const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+        const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        const float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = p[i] * decay - step_size * (mi / denom);
+    }
+}

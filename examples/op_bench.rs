@@ -1,0 +1,181 @@
+//! Per-op GPU time against the device-memory bandwidth floor.
+//!
+//! For each op at one realistic size, captures a graph of `LAUNCHES` launches of the op,
+//! replays it many times under `Device::time_ms`, and reports the time per op next to the
+//! bytes the op's kernels must move and the time those bytes take at the measured
+//! device-to-device copy bandwidth (the floor). A ratio near 1 means the op runs at copy speed;
+//! GEMMs are compute-bound, so their ratio is large and their TFLOP/s are printed instead.
+//!
+//! Run: `cargo run --release --example op_bench` (on the host backend it uses small sizes;
+//! `GRAPHED_DEVICE=host` forces it).
+
+use graphed::ops::{self, Gelu};
+use graphed::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
+use graphed::{CaptureMode, Device, Generator, Graph, Param, Result, Tensor};
+
+/// Launches of the op per captured graph.
+const LAUNCHES: usize = 20;
+
+type OpFn<'a> = Box<dyn FnMut() -> Result<()> + 'a>;
+
+struct Case<'a> {
+    name: &'static str,
+    size: String,
+    /// Bytes the op's kernels read and write at the least (each tensor once per kernel).
+    bytes: f64,
+    /// Floating-point operations, for GEMMs.
+    flops: f64,
+    run: OpFn<'a>,
+}
+
+/// A memory-bound case moving `bytes`.
+fn elementwise<'a>(name: &'static str, size: &str, bytes: f64, run: OpFn<'a>) -> Case<'a> {
+    Case { name, size: size.to_string(), bytes, flops: 0.0, run }
+}
+
+/// Device time per launch in microseconds: a graph of `LAUNCHES` launches, replayed `reps`
+/// times after one warm-up replay.
+fn time_per_launch(dev: &Device, reps: usize, f: &mut OpFn<'_>) -> Result<f64> {
+    let mut g = Graph::new(dev);
+    g.capture(CaptureMode::Global, || {
+        for _ in 0..LAUNCHES {
+            f()?;
+        }
+        Ok(())
+    })?;
+    g.replay()?;
+    dev.synchronize()?;
+    let ms = dev.time_ms(|| {
+        for _ in 0..reps {
+            g.replay()?;
+        }
+        Ok(())
+    })?;
+    Ok(ms as f64 * 1e3 / (reps * LAUNCHES) as f64)
+}
+
+fn main() -> Result<()> {
+    let dev = Device::default_device();
+    let gpu = dev.is_cuda();
+    println!("op_bench on {}", dev.name());
+    let (rows, cols) = if gpu { (4096usize, 4096usize) } else { (256, 256) };
+    let lin = if gpu { 4096usize } else { 128 };
+    let reps = if gpu { 20 } else { 2 };
+    let n = rows * cols;
+    let nb = (n * 4) as f64;
+    let size = format!("{rows}x{cols}");
+
+    // Device-to-device copy bandwidth, measured the same way.
+    println!("measuring copy bandwidth ({} MiB copies)...", (n * 4) >> 20);
+    let (src, dst) = (Tensor::zeros(&dev, &[n])?, Tensor::zeros(&dev, &[n])?);
+    let mut copy: OpFn = Box::new(|| ops::copy_(&dst, &src));
+    let copy_us = time_per_launch(&dev, reps, &mut copy)?;
+    let bandwidth = 2.0 * nb / (copy_us * 1e-6);
+    println!("copy: {copy_us:.1} us per {size} copy = {:.0} GB/s (read + write)", bandwidth / 1e9);
+
+    println!("preparing inputs...");
+    let rand = |dims: &[usize], seed: u64| -> Result<Tensor> {
+        let len: usize = dims.iter().product();
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let v: Vec<f32> = (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        Tensor::from_slice(&dev, &v, dims)
+    };
+    let (a, b, dy) = (rand(&[rows, cols], 1)?, rand(&[rows, cols], 2)?, rand(&[rows, cols], 3)?);
+    let (gamma, beta) = (rand(&[cols], 4)?, rand(&[cols], 5)?);
+    let labels = Tensor::from_slice(&dev, &(0..rows).map(|i| (i % cols) as f32).collect::<Vec<_>>(), &[rows])?;
+    let gen = Generator::new(&dev, 0)?;
+    let (_, mask) = ops::dropout(&a, 0.1, &gen, true)?;
+    let mask = mask.expect("training dropout has a mask");
+    let (_, mean, rstd) = ops::layer_norm(&a, &gamma, &beta, 1e-5)?;
+    let (_, probs) = ops::softmax_cross_entropy(&a, &labels)?;
+    let (dgamma, dbeta) = (Tensor::zeros(&dev, &[cols])?, Tensor::zeros(&dev, &[cols])?);
+    let (x, w, bias, ly) = (rand(&[lin, lin], 6)?, rand(&[lin, lin], 7)?, rand(&[lin], 8)?, rand(&[lin, lin], 9)?);
+    let (dw, db) = (Tensor::zeros(&dev, &[lin, lin])?, Tensor::zeros(&dev, &[lin])?);
+    let sgd_p = Param::new(rand(&[rows, cols], 10)?)?;
+    let adam_p = Param::new(rand(&[rows, cols], 11)?)?;
+    ops::fill_(&sgd_p.grad, 1e-3)?;
+    ops::fill_(&adam_p.grad, 1e-3)?;
+    let sgd = Sgd::new(&[sgd_p], SgdConfig { lr: 1e-3, momentum: 0.9, weight_decay: 0.0 })?;
+    let adam = AdamW::new(&[adam_p], AdamWConfig::default())?;
+
+    let gemm_bytes = 3.0 * (lin * lin * 4) as f64;
+    let gemm_flops = 2.0 * (lin as f64).powi(3);
+    let ew = |name: &'static str, tensors: f64, run| elementwise(name, &size, tensors * nb, run);
+    let mut cases: Vec<Case> = vec![
+        ew("add", 3.0, Box::new(|| ops::add(&a, &b).map(drop))),
+        ew("mul", 3.0, Box::new(|| ops::mul(&a, &b).map(drop))),
+        ew("scale", 2.0, Box::new(|| ops::scale(&a, 0.5).map(drop))),
+        ew("bias_add", 2.0, Box::new(|| ops::bias_add(&a, &gamma).map(drop))),
+        ew("relu", 2.0, Box::new(|| ops::relu(&a).map(drop))),
+        ew("relu_backward", 3.0, Box::new(|| ops::relu_backward(&dy, &a).map(drop))),
+        ew("gelu (erf)", 2.0, Box::new(|| ops::gelu(&a, Gelu::Erf).map(drop))),
+        ew("gelu (tanh)", 2.0, Box::new(|| ops::gelu(&a, Gelu::Tanh).map(drop))),
+        ew("gelu_backward (erf)", 3.0, Box::new(|| ops::gelu_backward(&dy, &a, Gelu::Erf).map(drop))),
+        ew("dropout", 3.0, Box::new(|| ops::dropout(&a, 0.1, &gen, true).map(drop))),
+        ew("dropout_backward", 3.0, Box::new(|| ops::dropout_backward(&dy, &mask).map(drop))),
+        ew("sum", 1.0, Box::new(|| ops::sum(&a).map(drop))),
+        ew("mean", 1.0, Box::new(|| ops::mean(&a).map(drop))),
+        ew("layer_norm", 2.0, Box::new(|| ops::layer_norm(&a, &gamma, &beta, 1e-5).map(drop))),
+        // dx kernel reads dy, x and writes dx; the dgamma/dbeta kernel reads dy, x again.
+        ew(
+            "layer_norm_backward",
+            5.0,
+            Box::new(|| ops::layer_norm_backward(&dy, &a, &gamma, &mean, &rstd, &dgamma, &dbeta).map(drop)),
+        ),
+        ew("softmax_cross_entropy", 2.0, Box::new(|| ops::softmax_cross_entropy(&a, &labels).map(drop))),
+        ew(
+            "softmax_xent_backward",
+            2.0,
+            Box::new(|| ops::softmax_cross_entropy_backward(&probs, &labels, 1.0).map(drop)),
+        ),
+        ew("mse_loss", 2.0, Box::new(|| ops::mse_loss(&a, &b).map(drop))),
+        ew("mse_backward", 3.0, Box::new(|| ops::mse_backward(&a, &b, 1.0).map(drop))),
+        // p, g, buf read; p, buf written.
+        ew("sgd step (momentum)", 5.0, Box::new(|| sgd.step())),
+        // p, g, m, v read; p, m, v written.
+        ew("adamw step", 7.0, Box::new(|| adam.step())),
+        Case {
+            name: "linear (+bias)",
+            size: format!("{lin}x{lin}x{lin}"),
+            bytes: gemm_bytes,
+            flops: gemm_flops,
+            run: Box::new(|| ops::linear(&x, &w, Some(&bias)).map(drop)),
+        },
+        Case {
+            name: "linear_backward",
+            size: format!("{lin}x{lin}x{lin}"),
+            bytes: 2.0 * gemm_bytes,
+            flops: 2.0 * gemm_flops,
+            run: Box::new(|| ops::linear_backward(&ly, &x, &w, &dw, Some(&db), true).map(drop)),
+        },
+    ];
+
+    let mut rows_out = Vec::new();
+    let total = cases.len();
+    for (i, c) in cases.iter_mut().enumerate() {
+        println!("[{}/{total}] {} {}...", i + 1, c.name, c.size);
+        let us = time_per_launch(&dev, reps, &mut c.run)?;
+        rows_out.push((c.name, c.size.clone(), us, c.bytes, c.flops));
+    }
+
+    println!();
+    println!("{LAUNCHES} launches per graph, {reps} replays; copy bandwidth {:.0} GB/s", bandwidth / 1e9);
+    println!("{:<24} {:>16} {:>12} {:>12} {:>12} {:>8}  note", "op", "size", "us/op", "MB moved", "floor us", "ratio");
+    for (name, size, us, bytes, flops) in rows_out {
+        let floor = bytes / bandwidth * 1e6;
+        let note = if flops > 0.0 {
+            format!("{:.1} TFLOP/s (f32, no TF32)", flops / (us * 1e-6) / 1e12)
+        } else {
+            String::new()
+        };
+        println!("{name:<24} {size:>16} {us:>12.1} {:>12.1} {floor:>12.1} {:>8.2}  {note}", bytes / 1e6, us / floor);
+    }
+    Ok(())
+}

@@ -1,0 +1,237 @@
+//! Snapshot tests of the expansion: each case's expansion pretty-printed (as `cargo expand`
+//! shows it) and compared with `macros/tests/snapshots/<case>.rs`. Refresh with
+//! `UPDATE_EXPECT=1 cargo test -p graphed-macros`.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+use crate::expand;
+
+/// Pretty-prints an expansion; tokens that do not parse as a file are shown raw.
+fn pretty(tokens: TokenStream) -> String {
+    match syn::parse2::<syn::File>(tokens.clone()) {
+        Ok(file) => prettyplease::unparse(&file),
+        Err(error) => format!("// does not parse as a file: {error}\n{tokens}\n"),
+    }
+}
+
+fn snapshot(args: TokenStream, item: TokenStream) -> String {
+    let input = pretty(quote!(#[graphed(#args)] #item));
+    let input: String = input.lines().map(|line| format!("// {line}\n")).collect();
+    format!("// Input:\n//\n{input}\n// Expansion:\n\n{}", pretty(expand::graphed(args, item)))
+}
+
+#[test]
+fn block_with_hooks() {
+    let expansion = snapshot(
+        quote!(warmup = 3),
+        quote! {
+            impl Block {
+                pub fn forward(&self, cx: &mut Cx, x: &Tensor, mask: Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)> {
+                    todo!()
+                }
+                pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor, dz: Option<&Tensor>) -> Result<(Option<Tensor>, Option<Tensor>)> {
+                    todo!()
+                }
+                #[capture_time_hook(pre_forward)]
+                fn unshard(&mut self) -> Result<()> {
+                    Ok(())
+                }
+                #[capture_time_hook(backward)]
+                fn reshard(&mut self) {}
+                #[capture_time_hook(backward, prepend)]
+                fn flush(&mut self) {}
+            }
+        },
+    );
+    expect_test::expect_file!["../tests/snapshots/block_with_hooks.rs"].assert_eq(&expansion);
+}
+
+#[test]
+fn linear_single_tensor() {
+    let expansion = snapshot(
+        quote!(warmup = 2, allow_unused_input),
+        quote! {
+            impl Linear {
+                fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+                    todo!()
+                }
+                fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+                    todo!()
+                }
+            }
+        },
+    );
+    expect_test::expect_file!["../tests/snapshots/linear_single_tensor.rs"].assert_eq(&expansion);
+}
+
+#[test]
+fn renamed_crate() {
+    let expansion = snapshot(
+        quote!(crate = "renamed"),
+        quote! {
+            impl Scale {
+                pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+                    todo!()
+                }
+                pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+                    todo!()
+                }
+            }
+        },
+    );
+    expect_test::expect_file!["../tests/snapshots/renamed_crate.rs"].assert_eq(&expansion);
+    let code = expansion.split("// Expansion:").nth(1).unwrap_or_default();
+    assert!(!code.contains("::graphed"), "the override reaches every path:\n{code}");
+    assert!(code.contains("renamed::__private::Module"));
+}
+
+#[test]
+fn two_stage_schedule() {
+    let expansion = snapshot(
+        quote!(warmup = 3, order = [1, 2, -2, 1, -1, 2, -2, -1]),
+        quote! {
+            pub struct TwoStage {
+                first: Block,
+                second: Block,
+            }
+        },
+    );
+    expect_test::expect_file!["../tests/snapshots/two_stage_schedule.rs"].assert_eq(&expansion);
+}
+
+#[test]
+fn errors_keep_the_item() {
+    let expansion = snapshot(
+        quote!(warmup = 0, bogus = 1),
+        quote! {
+            impl Block {
+                fn forward(&self, cx: &mut Cx, x: &Tensor, n: usize) -> Result<Tensor> {
+                    todo!()
+                }
+                fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+                    todo!()
+                }
+                #[capture_time_hook(pre_forwrd)]
+                fn unshard(&self) -> usize {
+                    0
+                }
+            }
+        },
+    );
+    expect_test::expect_file!["../tests/snapshots/errors_keep_the_item.rs"].assert_eq(&expansion);
+}
+
+/// The messages of the errors an expansion carries, in order.
+fn errors(args: TokenStream, item: TokenStream) -> Vec<String> {
+    let tokens = expand::graphed(args, item);
+    let mut messages = Vec::new();
+    let mut iter = tokens.into_iter().peekable();
+    while let Some(token) = iter.next() {
+        if let proc_macro2::TokenTree::Ident(ident) = &token {
+            if ident == "compile_error" {
+                // `compile_error ! { "message" }` (syn may emit `:: core :: compile_error`).
+                iter.next();
+                if let Some(proc_macro2::TokenTree::Group(group)) = iter.next() {
+                    if let Ok(lit) = syn::parse2::<syn::LitStr>(group.stream()) {
+                        messages.push(lit.value());
+                    }
+                }
+            }
+        }
+    }
+    messages
+}
+
+const OK_IMPL: &str = "impl Block {
+    fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> { todo!() }
+    fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> { todo!() }
+}";
+
+fn ok_impl() -> TokenStream {
+    OK_IMPL.parse().unwrap_or_default()
+}
+
+fn order_errors(order: TokenStream) -> Vec<String> {
+    errors(
+        quote!(order = #order),
+        quote!(
+            struct S {
+                a: A,
+                b: B,
+            }
+        ),
+    )
+}
+
+#[test]
+fn valid_items_have_no_errors() {
+    assert_eq!(errors(quote!(warmup = 3), ok_impl()), Vec::<String>::new());
+    assert_eq!(order_errors(quote!([1, 2, -2, -1])), Vec::<String>::new());
+    assert_eq!(order_errors(quote!([1, -1, 2, -2, 1, 2, -1, -2])), Vec::<String>::new());
+}
+
+#[test]
+fn all_errors_are_reported_at_once() {
+    let messages = errors(quote!(warmup = 0, bogus, warmup = 2), ok_impl());
+    assert_eq!(messages.len(), 3, "{messages:#?}");
+    assert!(messages[0].starts_with("unknown #[graphed] key `bogus`"), "{messages:#?}");
+    assert!(messages[1].starts_with("duplicate `warmup`"), "{messages:#?}");
+    assert!(messages[2].contains("not 0"), "{messages:#?}");
+}
+
+#[test]
+fn order_checks() {
+    let one = |order: TokenStream| {
+        let messages = order_errors(order);
+        assert_eq!(messages.len(), 1, "{messages:#?}");
+        messages.into_iter().next().unwrap_or_default()
+    };
+    assert!(one(quote!([1, 2, 0, -2, -1])).contains("0 is not a chunk"));
+    assert!(one(quote!([1, 2, 3, -2, -1])).starts_with("chunk 3 is out of range"));
+    assert!(one(quote!([1, -2, 2, -1])).starts_with("backward of chunk 2"));
+    assert!(one(quote!([1, 2, -2])).starts_with("`order` has 3 entries"));
+    assert!(one(quote!([])).starts_with("`order` has 0 entries"));
+    assert!(one(quote!([1, 2, -2, -1, 1, 2, -2, 1])).contains("chunk 1 (`a`) has 3 forwards and 1 backward"));
+    assert!(one(quote!([1, x, -1, 2, -2])).starts_with("an `order` entry is a chunk number"));
+}
+
+#[test]
+fn hook_checks() {
+    let hook = |attr: TokenStream, sig: TokenStream| {
+        let mut item = ok_impl();
+        item = {
+            let impl_item: syn::ItemImpl = match syn::parse2(item) {
+                Ok(item) => item,
+                Err(error) => return vec![error.to_string()],
+            };
+            let items = &impl_item.items;
+            quote!(impl Block { #(#items)* #[capture_time_hook #attr] #sig {} })
+        };
+        errors(quote!(), item)
+    };
+    assert_eq!(hook(quote!((forward)), quote!(fn h(&mut self))), Vec::<String>::new());
+    assert_eq!(hook(quote!((forward, prepend)), quote!(fn h(&mut self) -> Result<()>)), Vec::<String>::new());
+    let first = |messages: Vec<String>| messages.into_iter().next().unwrap_or_default();
+    assert!(first(hook(quote!((forwards)), quote!(fn h(&mut self)))).starts_with("unknown capture-time hook kind"));
+    assert!(first(hook(quote!(), quote!(fn h(&mut self)))).contains("needs a kind"));
+    assert!(first(hook(quote!((prepend)), quote!(fn h(&mut self)))).contains("needs a kind"));
+    assert!(first(hook(quote!((forward, backward)), quote!(fn h(&mut self)))).starts_with("a hook has one kind"));
+    assert!(first(hook(quote!((forward)), quote!(fn h(&self)))).contains("`&mut self`"));
+    assert!(first(hook(quote!((forward)), quote!(fn h(&mut self, n: usize)))).contains("no arguments"));
+    assert!(first(hook(quote!((forward)), quote!(fn h(&mut self) -> usize))).contains("not a value"));
+    assert!(first(hook(quote!((forward)), quote!(fn h(&mut self) -> Result<usize>))).contains("not a value"));
+}
+
+#[test]
+fn standalone_hook_is_an_error() {
+    let tokens = expand::standalone_hook(
+        quote!(forward),
+        quote!(
+            fn h(&mut self) {}
+        ),
+    );
+    let text = tokens.to_string();
+    assert!(text.contains("only allowed on methods inside a #[graphed] impl"), "{text}");
+    assert!(text.contains("fn h"), "{text}");
+}

@@ -1,0 +1,396 @@
+//! The CPU references of the ops, on plain slices.
+//!
+//! The host backend runs exactly these functions, and the tests compare the CUDA kernels with
+//! them. Sums accumulate in `f64` (so the references are more accurate than any f32 kernel);
+//! elementwise formulas that the kernels compute in f32 are computed the same way here.
+//! Matrices are row-major; `rows x cols` sizes are passed explicitly.
+
+use crate::ops::Gelu;
+use crate::rng::philox_uniform;
+use crate::{Error, Result};
+
+/// `y[n, out] = x[n, in] · w[out, in]ᵀ + b[out]`.
+pub fn linear(x: &[f32], w: &[f32], b: Option<&[f32]>, n: usize, input: usize, out: usize) -> Vec<f32> {
+    let mut y = vec![0.0f32; n * out];
+    for r in 0..n {
+        let xr = &x[r * input..(r + 1) * input];
+        for o in 0..out {
+            let wr = &w[o * input..(o + 1) * input];
+            let s: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+            y[r * out + o] = s as f32;
+        }
+    }
+    if let Some(b) = b {
+        y = bias_add(&y, b, out);
+    }
+    y
+}
+
+/// `y[r, j] = x[r, j] + b[j]` for rows of `d` elements.
+pub fn bias_add(x: &[f32], b: &[f32], d: usize) -> Vec<f32> {
+    x.iter().enumerate().map(|(i, v)| v + b[i % d]).collect()
+}
+
+/// Adds the column sums of `a` (`rows x cols`) to `out`.
+pub fn col_sum_acc(out: &mut [f32], a: &[f32], rows: usize, cols: usize) {
+    let mut acc = vec![0.0f64; cols];
+    for r in 0..rows {
+        for (s, v) in acc.iter_mut().zip(&a[r * cols..(r + 1) * cols]) {
+            *s += *v as f64;
+        }
+    }
+    for (o, s) in out.iter_mut().zip(acc) {
+        *o += s as f32;
+    }
+}
+
+/// The backward of [`linear`]: `dw += dyᵀ · x`, `db += Σ_rows dy`, and `dx = dy · w` when
+/// `need_dx`.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward(
+    dy: &[f32],
+    x: &[f32],
+    w: &[f32],
+    n: usize,
+    input: usize,
+    out: usize,
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+    need_dx: bool,
+) -> Option<Vec<f32>> {
+    let mut acc = vec![0.0f64; out * input];
+    for r in 0..n {
+        let xr = &x[r * input..(r + 1) * input];
+        for o in 0..out {
+            let d = dy[r * out + o] as f64;
+            for (a, xv) in acc[o * input..(o + 1) * input].iter_mut().zip(xr) {
+                *a += d * *xv as f64;
+            }
+        }
+    }
+    for (g, a) in dw.iter_mut().zip(acc) {
+        *g += a as f32;
+    }
+    if let Some(db) = db {
+        col_sum_acc(db, dy, n, out);
+    }
+    need_dx.then(|| {
+        let mut dx = vec![0.0f32; n * input];
+        let mut row = vec![0.0f64; input];
+        for r in 0..n {
+            row.iter_mut().for_each(|v| *v = 0.0);
+            for o in 0..out {
+                let d = dy[r * out + o] as f64;
+                for (a, wv) in row.iter_mut().zip(&w[o * input..(o + 1) * input]) {
+                    *a += d * *wv as f64;
+                }
+            }
+            for (dst, v) in dx[r * input..(r + 1) * input].iter_mut().zip(&row) {
+                *dst = *v as f32;
+            }
+        }
+        dx
+    })
+}
+
+/// `max(x, 0)`.
+pub fn relu(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|v| if *v > 0.0 { *v } else { 0.0 }).collect()
+}
+
+/// `dy` where `x > 0`, else 0.
+pub fn relu_backward(dy: &[f32], x: &[f32]) -> Vec<f32> {
+    dy.iter().zip(x).map(|(d, v)| if *v > 0.0 { *d } else { 0.0 }).collect()
+}
+
+/// The error function in f64 (|error| < 1e-15): the everywhere-positive series
+/// `erf(x) = 2/√π · e^{-x²} · Σ 2ⁿ x^{2n+1} / (1·3·…·(2n+1))`, and ±1 past |x| = 6.
+pub fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return f64::NAN;
+    }
+    let a = x.abs();
+    if a >= 6.0 {
+        return 1.0f64.copysign(x);
+    }
+    let (mut term, mut sum, mut k) = (a, a, 0u32);
+    loop {
+        k += 1;
+        term *= 2.0 * a * a / (2 * k + 1) as f64;
+        sum += term;
+        if term <= sum * 1e-17 || k > 500 {
+            break;
+        }
+    }
+    let r = 2.0 / std::f64::consts::PI.sqrt() * (-a * a).exp() * sum;
+    r.min(1.0).copysign(x)
+}
+
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+const GELU_C: f64 = 0.044715;
+
+fn gelu_value(x: f64, approx: Gelu) -> f64 {
+    match approx {
+        Gelu::Tanh => 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + GELU_C * x * x * x)).tanh()),
+        Gelu::Erf => 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2)),
+    }
+}
+
+fn gelu_grad(x: f64, approx: Gelu) -> f64 {
+    match approx {
+        Gelu::Tanh => {
+            let t = (SQRT_2_OVER_PI * (x + GELU_C * x * x * x)).tanh();
+            0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x)
+        }
+        Gelu::Erf => {
+            let cdf = 0.5 * (1.0 + erf(x / std::f64::consts::SQRT_2));
+            let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            cdf + x * pdf
+        }
+    }
+}
+
+/// GELU, computed in f64 and rounded.
+pub fn gelu(x: &[f32], approx: Gelu) -> Vec<f32> {
+    x.iter().map(|v| gelu_value(*v as f64, approx) as f32).collect()
+}
+
+/// `dy · gelu'(x)`, computed in f64 and rounded.
+pub fn gelu_backward(dy: &[f32], x: &[f32], approx: Gelu) -> Vec<f32> {
+    dy.iter().zip(x).map(|(d, v)| (*d as f64 * gelu_grad(*v as f64, approx)) as f32).collect()
+}
+
+/// The dropout mask of `n` elements for a generator at (`seed`, `offset`): `1 / (1 - p)` where
+/// `uniform(seed, offset + i) >= p`, else 0 (the CUDA kernel draws the same numbers).
+pub fn dropout_mask(seed: u64, offset: u64, n: usize, p: f32) -> Vec<f32> {
+    let scale = dropout_scale(p);
+    (0..n).map(|i| if philox_uniform(seed, offset + i as u64) >= p { scale } else { 0.0 }).collect()
+}
+
+/// `1 / (1 - p)` in f32, the value kept elements are multiplied by.
+pub fn dropout_scale(p: f32) -> f32 {
+    1.0 / (1.0 - p)
+}
+
+/// `a * b` elementwise.
+pub fn mul(a: &[f32], b: &[f32]) -> Vec<f32> {
+    a.iter().zip(b).map(|(x, y)| x * y).collect()
+}
+
+/// `a + b` elementwise.
+pub fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
+    a.iter().zip(b).map(|(x, y)| x + y).collect()
+}
+
+/// `x * a` elementwise.
+pub fn scale(x: &[f32], a: f32) -> Vec<f32> {
+    x.iter().map(|v| v * a).collect()
+}
+
+/// The sum, accumulated in f64.
+pub fn sum(x: &[f32]) -> f32 {
+    x.iter().map(|v| *v as f64).sum::<f64>() as f32
+}
+
+/// The mean, accumulated in f64 (NaN for no elements).
+pub fn mean(x: &[f32]) -> f32 {
+    (x.iter().map(|v| *v as f64).sum::<f64>() / x.len() as f64) as f32
+}
+
+/// Layer norm over rows of `d`: `(y, mean, rstd)` with `rstd = 1 / sqrt(var + eps)` and the
+/// biased variance, as PyTorch.
+pub fn layer_norm(x: &[f32], gamma: &[f32], beta: &[f32], d: usize, eps: f32) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let rows = x.len().checked_div(d).unwrap_or(0);
+    let (mut y, mut means, mut rstds) = (vec![0.0f32; x.len()], vec![0.0f32; rows], vec![0.0f32; rows]);
+    for r in 0..rows {
+        let xr = &x[r * d..(r + 1) * d];
+        let mean = xr.iter().map(|v| *v as f64).sum::<f64>() / d as f64;
+        let var = xr.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / d as f64;
+        let rstd = 1.0 / (var + eps as f64).sqrt();
+        for j in 0..d {
+            y[r * d + j] = ((xr[j] as f64 - mean) * rstd * gamma[j] as f64 + beta[j] as f64) as f32;
+        }
+        means[r] = mean as f32;
+        rstds[r] = rstd as f32;
+    }
+    (y, means, rstds)
+}
+
+/// The backward of [`layer_norm`] from the saved `mean` and `rstd`: returns `dx` and adds
+/// `Σ_rows dy·x̂` to `dgamma` and `Σ_rows dy` to `dbeta`.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm_backward(
+    dy: &[f32],
+    x: &[f32],
+    gamma: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    d: usize,
+    dgamma: &mut [f32],
+    dbeta: &mut [f32],
+) -> Vec<f32> {
+    let rows = x.len().checked_div(d).unwrap_or(0);
+    let mut dx = vec![0.0f32; x.len()];
+    let (mut accg, mut accb) = (vec![0.0f64; d], vec![0.0f64; d]);
+    for r in 0..rows {
+        let (mu, rs) = (mean[r] as f64, rstd[r] as f64);
+        let xhat: Vec<f64> = x[r * d..(r + 1) * d].iter().map(|v| (*v as f64 - mu) * rs).collect();
+        let dyr = &dy[r * d..(r + 1) * d];
+        let g: Vec<f64> = dyr.iter().zip(gamma).map(|(a, b)| *a as f64 * *b as f64).collect();
+        let ma = g.iter().sum::<f64>() / d as f64;
+        let mb = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / d as f64;
+        for j in 0..d {
+            dx[r * d + j] = (rs * (g[j] - ma - xhat[j] * mb)) as f32;
+            accg[j] += dyr[j] as f64 * xhat[j];
+            accb[j] += dyr[j] as f64;
+        }
+    }
+    for j in 0..d {
+        dgamma[j] += accg[j] as f32;
+        dbeta[j] += accb[j] as f32;
+    }
+    dx
+}
+
+/// The class id a label value stands for, when it is an integer in `0..classes`.
+pub fn label_index(label: f32, classes: usize) -> Option<usize> {
+    (label >= 0.0 && label < classes as f32 && label == label.floor()).then_some(label as usize)
+}
+
+fn labels_checked(op: &'static str, labels: &[f32], classes: usize) -> Result<Vec<usize>> {
+    labels
+        .iter()
+        .enumerate()
+        .map(|(r, l)| {
+            label_index(*l, classes)
+                .ok_or_else(|| Error::invalid(op, format!("label {l} of row {r} is not a class id in 0..{classes}")))
+        })
+        .collect()
+}
+
+/// Softmax cross-entropy over rows of `classes` logits: `(mean loss, probs)`; a label that is
+/// not an integer in `0..classes` is an [`Error::InvalidArgument`].
+pub fn softmax_cross_entropy(logits: &[f32], labels: &[f32], classes: usize) -> Result<(f32, Vec<f32>)> {
+    let ids = labels_checked("softmax_cross_entropy", labels, classes)?;
+    let rows = labels.len();
+    let mut probs = vec![0.0f32; logits.len()];
+    let mut total = 0.0f64;
+    for (r, id) in ids.iter().enumerate() {
+        let xr = &logits[r * classes..(r + 1) * classes];
+        let m = xr.iter().fold(f64::NEG_INFINITY, |m, v| m.max(*v as f64));
+        let s: f64 = xr.iter().map(|v| (*v as f64 - m).exp()).sum();
+        for j in 0..classes {
+            probs[r * classes + j] = ((xr[j] as f64 - m).exp() / s) as f32;
+        }
+        total += m + s.ln() - xr[*id] as f64;
+    }
+    Ok(((total / rows as f64) as f32, probs))
+}
+
+/// `(probs - onehot(labels)) * (dloss_scale / rows)`, in f32 exactly as the kernel computes it.
+pub fn softmax_cross_entropy_backward(
+    probs: &[f32],
+    labels: &[f32],
+    classes: usize,
+    dloss_scale: f32,
+) -> Result<Vec<f32>> {
+    let ids = labels_checked("softmax_cross_entropy_backward", labels, classes)?;
+    let scale = dloss_scale / labels.len() as f32;
+    let mut d = vec![0.0f32; probs.len()];
+    for (r, id) in ids.iter().enumerate() {
+        for j in 0..classes {
+            let hot = if j == *id { 1.0 } else { 0.0 };
+            d[r * classes + j] = (probs[r * classes + j] - hot) * scale;
+        }
+    }
+    Ok(d)
+}
+
+/// The mean of `(pred - target)²`, accumulated in f64.
+pub fn mse_loss(pred: &[f32], target: &[f32]) -> f32 {
+    let s: f64 = pred.iter().zip(target).map(|(p, t)| (*p as f64 - *t as f64).powi(2)).sum();
+    (s / pred.len() as f64) as f32
+}
+
+/// `(pred - target) * (2 * dloss_scale / n)`, in f32 exactly as the kernel computes it.
+pub fn mse_backward(pred: &[f32], target: &[f32], dloss_scale: f32) -> Vec<f32> {
+    let scale = mse_grad_scale(dloss_scale, pred.len());
+    pred.iter().zip(target).map(|(p, t)| (p - t) * scale).collect()
+}
+
+/// `2 * dloss_scale / n` in f32.
+pub fn mse_grad_scale(dloss_scale: f32, n: usize) -> f32 {
+    2.0 * dloss_scale / n as f32
+}
+
+/// One SGD step in place (PyTorch semantics, dampening 0): `g += wd·p`, `buf = momentum·buf + g`
+/// (when `buf` is given), `p -= lr·buf`.
+pub fn sgd_step(p: &mut [f32], g: &[f32], buf: Option<&mut [f32]>, lr: f32, momentum: f32, weight_decay: f32) {
+    match buf {
+        Some(buf) => {
+            for ((pv, gv), bv) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
+                let gi = momentum * *bv + (gv + weight_decay * *pv);
+                *bv = gi;
+                *pv -= lr * gi;
+            }
+        }
+        None => {
+            for (pv, gv) in p.iter_mut().zip(g) {
+                *pv -= lr * (gv + weight_decay * *pv);
+            }
+        }
+    }
+}
+
+/// AdamW's bias corrections for step `t` (1-based): `(1 - beta1^t, 1 - beta2^t)`.
+pub fn adamw_bias_corrections(t: u32, beta1: f32, beta2: f32) -> (f32, f32) {
+    (1.0 - beta1.powf(t as f32), 1.0 - beta2.powf(t as f32))
+}
+
+/// One AdamW step in place at step `t` (1-based), PyTorch semantics: `p *= 1 - lr·wd`, the
+/// moments `m`, `v`, then `p -= lr / bc1 · m / (sqrt(v) / sqrt(bc2) + eps)`.
+#[allow(clippy::too_many_arguments)]
+pub fn adamw_step(
+    p: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    lr: f32,
+    t: u32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+) {
+    let (bc1, bc2) = adamw_bias_corrections(t, beta1, beta2);
+    adamw_update(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay);
+}
+
+/// The update of [`adamw_step`] with given bias corrections (what the kernel computes).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn adamw_update(
+    p: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    lr: f32,
+    bc1: f32,
+    bc2: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+) {
+    let step_size = lr / bc1;
+    let bc2_sqrt = bc2.sqrt();
+    let decay = 1.0 - lr * weight_decay;
+    for i in 0..p.len() {
+        let gi = g[i];
+        let mi = beta1 * m[i] + (1.0 - beta1) * gi;
+        let vi = beta2 * v[i] + (1.0 - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        let denom = vi.sqrt() / bc2_sqrt + eps;
+        p[i] = p[i] * decay - step_size * (mi / denom);
+    }
+}

@@ -1,0 +1,94 @@
+//! Dropout with a graph-safe mask from the Philox generator.
+
+use crate::backend::{KArg, LaunchDims};
+use crate::ops::activation::binary;
+use crate::ops::{check_same, cpu, exec, n32, Exec};
+use crate::{Error, Generator, Result, Tensor};
+
+/// Dropout: in training, zeroes each element with probability `p` and scales the rest by
+/// `1 / (1 - p)`; returns `(y, Some(mask))` with the mask as f32 values `0` or `1 / (1 - p)`,
+/// so `y = x · mask`. Out of training it returns `(copy of x, None)` and draws nothing.
+///
+/// The mask comes from `gen`: the kernel reads the generator's seed and offset through a
+/// pointer and the offset is advanced on the device by `x.numel()` afterwards, so a captured
+/// dropout draws a fresh mask on every replay, and restoring a saved state
+/// ([`Generator::save`]/[`Generator::restore`], capturable) redraws the same mask (what
+/// activation recomputation needs). The host backend draws the identical numbers.
+///
+/// `p` outside `[0, 1)` is an [`Error::InvalidArgument`].
+///
+/// ```
+/// # use graphed::{ops, Device, Generator, Tensor};
+/// let dev = Device::host();
+/// let gen = Generator::new(&dev, 7)?;
+/// let x = Tensor::full(&dev, &[1000], 1.0)?;
+/// let saved = gen.save()?;
+/// let (y, mask) = ops::dropout(&x, 0.25, &gen, true)?;
+/// let y = y.to_vec()?;
+/// assert!(y.iter().all(|v| *v == 0.0 || *v == 1.0 / 0.75));
+/// gen.restore(&saved)?;
+/// let (y2, _) = ops::dropout(&x, 0.25, &gen, true)?;
+/// assert_eq!(y, y2.to_vec()?); // same state, same mask
+/// let (e, none) = ops::dropout(&x, 0.25, &gen, false)?;
+/// assert!(none.is_none() && e.to_vec()? == vec![1.0; 1000]);
+/// # drop(mask);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(Tensor, Option<Tensor>)> {
+    const OP: &str = "dropout";
+    check_same(OP, &[x])?;
+    if !(0.0..1.0).contains(&p) {
+        return Err(Error::invalid(OP, format!("p = {p} must be in [0, 1)")));
+    }
+    if gen.device() != x.device() {
+        return Err(Error::DeviceMismatch { op: OP, a: x.device().name(), b: gen.device().name() });
+    }
+    if !training {
+        return Ok((x.deep_clone()?, None));
+    }
+    let n = n32(OP, x.numel())?;
+    let scale = cpu::dropout_scale(p);
+    let (y, mask) = (Tensor::empty_like(x)?, Tensor::empty_like(x)?);
+    match exec(x.device()) {
+        Exec::Host(h) => {
+            let (xp, yp, mp, st) = (x.host_ptr()?, y.host_ptr()?, mask.host_ptr()?, gen.state().host_ptr()?);
+            h.run("dropout_f32", move || {
+                let w = st.read_u32();
+                let (seed, offset) = (w[0] as u64 | ((w[1] as u64) << 32), w[2] as u64 | ((w[3] as u64) << 32));
+                let m = cpu::dropout_mask(seed, offset, n as usize, p);
+                yp.write(&cpu::mul(&xp.read(), &m));
+                mp.write(&m);
+                Ok(())
+            })?;
+        }
+        Exec::Cuda(c) => c.launch(
+            "dropout_f32",
+            LaunchDims::elementwise(n as usize),
+            &[
+                KArg::Ptr(y.cuda_ptr()?),
+                KArg::Ptr(mask.cuda_ptr()?),
+                KArg::Ptr(x.cuda_ptr()?),
+                KArg::Ptr(gen.state().cuda_ptr()?),
+                KArg::F32(p),
+                KArg::F32(scale),
+                KArg::U32(n),
+            ],
+        )?,
+    }
+    gen.advance(n as u64)?;
+    Ok((y, Some(mask)))
+}
+
+/// The backward of [`dropout`]: `dy · mask`.
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let dy = Tensor::from_slice(&dev, &[1.0, 1.0], &[2])?;
+/// let mask = Tensor::from_slice(&dev, &[0.0, 2.0], &[2])?;
+/// assert_eq!(ops::dropout_backward(&dy, &mask)?.to_vec()?, vec![0.0, 2.0]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn dropout_backward(dy: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    binary("dropout_backward", "mul_f32", dy, mask, &[], cpu::mul)
+}

@@ -1,0 +1,238 @@
+//! Losses: softmax cross-entropy and mean squared error.
+
+use crate::backend::{KArg, LaunchDims};
+use crate::ops::{check_same, check_shape, cpu, cuda_reduce, exec, n32, row_dims, Exec};
+use crate::{Error, Result, Tensor};
+
+/// Checks `logits` `[N, C]` against `labels` `[N]`; returns `(N, C)`.
+fn check_xent(op: &'static str, logits: &Tensor, labels: &Tensor) -> Result<(usize, usize)> {
+    check_same(op, &[logits, labels])?;
+    let &[rows, classes] = logits.dims() else {
+        return Err(Error::shape(op, format!("logits must be [N, C], got {:?}", logits.dims())));
+    };
+    if classes == 0 {
+        return Err(Error::shape(op, format!("logits {:?} must have at least one class", logits.dims())));
+    }
+    if labels.dims() != [rows] {
+        return Err(Error::shape(
+            op,
+            format!("labels must be [{rows}] for logits {:?}, got {:?}", logits.dims(), labels.dims()),
+        ));
+    }
+    n32(op, logits.numel())?;
+    Ok((rows, classes))
+}
+
+/// Checks that every label is an integer class id in `0..classes`, reading the labels back to
+/// the host: [`Error::InvalidArgument`] naming the first bad one.
+///
+/// This synchronizes with the device, so it is illegal during a capture
+/// ([`Error::IllegalDuringCapture`]): call it on the data before copying it into a graph's
+/// static input. The CUDA kernels never read out of bounds for a bad label — they produce NaN
+/// for its row — while the host backend returns the typed error from the op itself.
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let labels = Tensor::from_slice(&dev, &[0.0, 2.0], &[2])?;
+/// assert!(ops::validate_labels(&labels, 3).is_ok());
+/// assert!(ops::validate_labels(&labels, 2).is_err());
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn validate_labels(labels: &Tensor, classes: usize) -> Result<()> {
+    check_same("validate_labels", &[labels])?;
+    for (r, l) in labels.to_vec()?.into_iter().enumerate() {
+        if cpu::label_index(l, classes).is_none() {
+            return Err(Error::invalid(
+                "validate_labels",
+                format!("label {l} of row {r} is not a class id in 0..{classes}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Softmax cross-entropy: `loss = mean_rows(logsumexp(logits) - logits[label])` as a `[1]`
+/// tensor, and `probs = softmax(logits)` (`[N, C]`), which the backward takes.
+///
+/// `labels` is `[N]` holding integer class ids as f32. A label that is not an integer in
+/// `0..C` is an [`Error::InvalidArgument`] on the host backend (raised when the op runs: at
+/// the call, or at the replay of a graph that captured it). On CUDA the kernel makes that
+/// row's loss NaN instead of reading out of bounds; check labels with [`validate_labels`]
+/// before they enter a graph. The mean is a deterministic reduction (no atomics).
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let logits = Tensor::from_slice(&dev, &[0.0, 0.0, 5.0, 5.0], &[2, 2])?;
+/// let labels = Tensor::from_slice(&dev, &[0.0, 1.0], &[2])?;
+/// let (loss, probs) = ops::softmax_cross_entropy(&logits, &labels)?;
+/// assert!((loss.to_vec()?[0] - std::f32::consts::LN_2).abs() < 1e-6);
+/// assert_eq!(probs.to_vec()?, vec![0.5; 4]);
+/// let bad = Tensor::from_slice(&dev, &[0.0, 2.0], &[2])?;
+/// assert!(matches!(ops::softmax_cross_entropy(&logits, &bad), Err(graphed::Error::InvalidArgument { .. })));
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "softmax_cross_entropy";
+    let (rows, classes) = check_xent(OP, logits, labels)?;
+    let loss = Tensor::empty(logits.device(), &[1])?;
+    let probs = Tensor::empty_like(logits)?;
+    match exec(logits.device()) {
+        Exec::Host(h) => {
+            let (xp, lp, lossp, pp) = (logits.host_ptr()?, labels.host_ptr()?, loss.host_ptr()?, probs.host_ptr()?);
+            h.run("softmax_xent_f32", move || {
+                let (l, p) = cpu::softmax_cross_entropy(&xp.read(), &lp.read(), classes)?;
+                lossp.write(&[l]);
+                pp.write(&p);
+                Ok(())
+            })?;
+        }
+        Exec::Cuda(c) => {
+            let row_loss = Tensor::empty(logits.device(), &[rows])?;
+            c.launch(
+                "softmax_xent_f32",
+                row_dims(rows, classes),
+                &[
+                    KArg::Ptr(probs.cuda_ptr()?),
+                    KArg::Ptr(row_loss.cuda_ptr()?),
+                    KArg::Ptr(logits.cuda_ptr()?),
+                    KArg::Ptr(labels.cuda_ptr()?),
+                    KArg::U32(rows as u32),
+                    KArg::U32(classes as u32),
+                ],
+            )?;
+            let rows32 = rows as u32;
+            cuda_reduce(
+                c,
+                logits.device(),
+                "sum_partial_f32",
+                &[KArg::Ptr(row_loss.cuda_ptr()?)],
+                rows32,
+                loss.cuda_ptr()?,
+                1.0 / rows as f32,
+            )?;
+        }
+    }
+    Ok((loss, probs))
+}
+
+/// The backward of [`softmax_cross_entropy`]: `dlogits = (probs - onehot(labels)) ·
+/// dloss_scale / N`, where `dloss_scale` is the grad of the (mean) loss, usually `1.0`.
+/// Bad labels: the typed error on the host backend, NaN rows on CUDA, as in the forward.
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let probs = Tensor::from_slice(&dev, &[0.5, 0.5], &[1, 2])?;
+/// let labels = Tensor::from_slice(&dev, &[1.0], &[1])?;
+/// let d = ops::softmax_cross_entropy_backward(&probs, &labels, 1.0)?;
+/// assert_eq!(d.to_vec()?, vec![0.5, -0.5]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn softmax_cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss_scale: f32) -> Result<Tensor> {
+    const OP: &str = "softmax_cross_entropy_backward";
+    let (rows, classes) = check_xent(OP, probs, labels)?;
+    let scale = dloss_scale / rows as f32;
+    let d = Tensor::empty_like(probs)?;
+    match exec(probs.device()) {
+        Exec::Host(h) => {
+            let (pp, lp, dp) = (probs.host_ptr()?, labels.host_ptr()?, d.host_ptr()?);
+            h.run("softmax_xent_bwd_f32", move || {
+                dp.write(&cpu::softmax_cross_entropy_backward(&pp.read(), &lp.read(), classes, dloss_scale)?);
+                Ok(())
+            })?;
+        }
+        Exec::Cuda(c) => c.launch(
+            "softmax_xent_bwd_f32",
+            LaunchDims::elementwise(rows * classes),
+            &[
+                KArg::Ptr(d.cuda_ptr()?),
+                KArg::Ptr(probs.cuda_ptr()?),
+                KArg::Ptr(labels.cuda_ptr()?),
+                KArg::F32(scale),
+                KArg::U32(rows as u32),
+                KArg::U32(classes as u32),
+            ],
+        )?,
+    }
+    Ok(d)
+}
+
+/// Mean squared error `mean((pred - target)²)` as a `[1]` tensor (same shapes; a
+/// deterministic reduction on CUDA).
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let p = Tensor::from_slice(&dev, &[1.0, 2.0], &[2])?;
+/// let t = Tensor::from_slice(&dev, &[0.0, 0.0], &[2])?;
+/// assert_eq!(ops::mse_loss(&p, &t)?.to_vec()?, vec![2.5]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
+    const OP: &str = "mse_loss";
+    check_same(OP, &[pred, target])?;
+    check_shape(OP, pred, target)?;
+    let n = n32(OP, pred.numel())?;
+    let loss = Tensor::empty(pred.device(), &[1])?;
+    match exec(pred.device()) {
+        Exec::Host(h) => {
+            let (pp, tp, lp) = (pred.host_ptr()?, target.host_ptr()?, loss.host_ptr()?);
+            h.run("mse_f32", move || {
+                lp.write(&[cpu::mse_loss(&pp.read(), &tp.read())]);
+                Ok(())
+            })?;
+        }
+        Exec::Cuda(c) => cuda_reduce(
+            c,
+            pred.device(),
+            "sqdiff_partial_f32",
+            &[KArg::Ptr(pred.cuda_ptr()?), KArg::Ptr(target.cuda_ptr()?)],
+            n,
+            loss.cuda_ptr()?,
+            1.0 / n as f32,
+        )?,
+    }
+    Ok(loss)
+}
+
+/// The backward of [`mse_loss`]: `dpred = 2·(pred - target)·dloss_scale / n`.
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let p = Tensor::from_slice(&dev, &[1.0, 2.0], &[2])?;
+/// let t = Tensor::from_slice(&dev, &[0.0, 0.0], &[2])?;
+/// assert_eq!(ops::mse_backward(&p, &t, 1.0)?.to_vec()?, vec![1.0, 2.0]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn mse_backward(pred: &Tensor, target: &Tensor, dloss_scale: f32) -> Result<Tensor> {
+    const OP: &str = "mse_backward";
+    check_same(OP, &[pred, target])?;
+    check_shape(OP, pred, target)?;
+    let n = n32(OP, pred.numel())?;
+    let scale = cpu::mse_grad_scale(dloss_scale, n as usize);
+    let d = Tensor::empty_like(pred)?;
+    match exec(pred.device()) {
+        Exec::Host(h) => {
+            let (pp, tp, dp) = (pred.host_ptr()?, target.host_ptr()?, d.host_ptr()?);
+            h.run("mse_bwd_f32", move || {
+                dp.write(&cpu::mse_backward(&pp.read(), &tp.read(), dloss_scale));
+                Ok(())
+            })?;
+        }
+        Exec::Cuda(c) => c.launch(
+            "mse_bwd_f32",
+            LaunchDims::elementwise(n as usize),
+            &[
+                KArg::Ptr(d.cuda_ptr()?),
+                KArg::Ptr(pred.cuda_ptr()?),
+                KArg::Ptr(target.cuda_ptr()?),
+                KArg::F32(scale),
+                KArg::U32(n),
+            ],
+        )?,
+    }
+    Ok(d)
+}

@@ -1,0 +1,364 @@
+//! Capturable optimizers: SGD (momentum, weight decay) and AdamW.
+//!
+//! The learning rate (and AdamW's step count and bias corrections) live in device memory and
+//! the update kernels read them through pointers, so one captured `step()` replays every
+//! iteration under a changing schedule: call [`Sgd::set_lr`] / [`AdamW::set_lr`] between
+//! replays (outside the capture), and AdamW's step counter advances on the device with each
+//! replay. Optimizer state is allocated from the device's default pool, never a graph pool.
+//!
+//! ```
+//! use graphed::optim::{Sgd, SgdConfig};
+//! use graphed::{ops, CaptureMode, Device, Graph, Param, Tensor};
+//! let dev = Device::host();
+//! let p = Param::new(Tensor::full(&dev, &[2], 1.0)?)?;
+//! ops::fill_(&p.grad, 1.0)?;
+//! let opt = Sgd::new(&[p.clone()], SgdConfig { lr: 0.5, ..Default::default() })?;
+//! let mut g = Graph::new(&dev);
+//! g.capture(CaptureMode::Global, || opt.step())?;
+//! g.replay()?; // 1 - 0.5
+//! opt.set_lr(0.25)?;
+//! g.replay()?; // 0.5 - 0.25: the captured step reads the new rate
+//! assert_eq!(p.value.to_vec()?, vec![0.25, 0.25]);
+//! # Ok::<(), graphed::Error>(())
+//! ```
+
+use crate::backend::{KArg, LaunchDims};
+use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
+use crate::{Device, Error, Param, Result, Tensor};
+
+/// Hyper-parameters of [`Sgd`]; the defaults are PyTorch's (with `lr = 0.01`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdConfig {
+    /// The initial learning rate (change it later with [`Sgd::set_lr`]).
+    pub lr: f32,
+    /// Momentum factor (0 = plain SGD; dampening is 0, as PyTorch's default).
+    pub momentum: f32,
+    /// L2 penalty added to the grad (`g + weight_decay·p`), as PyTorch's SGD.
+    pub weight_decay: f32,
+}
+
+impl Default for SgdConfig {
+    fn default() -> SgdConfig {
+        SgdConfig { lr: 0.01, momentum: 0.0, weight_decay: 0.0 }
+    }
+}
+
+/// Hyper-parameters of [`AdamW`]; the defaults are PyTorch's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWConfig {
+    /// The initial learning rate (change it later with [`AdamW::set_lr`]). Default `1e-3`.
+    pub lr: f32,
+    /// Decay of the first moment. Default `0.9`.
+    pub beta1: f32,
+    /// Decay of the second moment. Default `0.999`.
+    pub beta2: f32,
+    /// Added to the denominator. Default `1e-8`.
+    pub eps: f32,
+    /// Decoupled weight decay (`p *= 1 - lr·weight_decay`). Default `1e-2`.
+    pub weight_decay: f32,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> AdamWConfig {
+        AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 1e-2 }
+    }
+}
+
+fn check_hyper(op: &'static str, name: &str, v: f32, max: Option<f32>) -> Result<()> {
+    let ok = v.is_finite() && v >= 0.0 && max.is_none_or(|m| v < m);
+    if !ok {
+        let range = max.map_or("finite and >= 0".to_string(), |m| format!("in [0, {m})"));
+        return Err(Error::invalid(op, format!("{name} = {v} must be {range}")));
+    }
+    Ok(())
+}
+
+/// Checks the params (non-empty, f32, one device, grads shaped like values); their device.
+fn check_params(op: &'static str, params: &[Param]) -> Result<Device> {
+    let Some(first) = params.first() else {
+        return Err(Error::invalid(op, "no parameters to optimize"));
+    };
+    for p in params {
+        check_same(op, &[&first.value, &p.value, &p.grad])?;
+        check_shape(op, &p.value, &p.grad)?;
+        n32(op, p.value.numel())?;
+    }
+    Ok(first.value.device().clone())
+}
+
+/// Zeros of `dims` in the default pool (optimizer state outlives every graph).
+fn state_zeros(device: &Device, dims: &[usize]) -> Result<Tensor> {
+    device.with_pool(&device.default_pool(), || Tensor::zeros(device, dims))
+}
+
+fn state_from(device: &Device, data: &[f32]) -> Result<Tensor> {
+    device.with_pool(&device.default_pool(), || Tensor::from_slice(device, data, &[data.len()]))
+}
+
+fn read_scalar(t: &Tensor) -> Result<f32> {
+    Ok(t.to_vec()?[0])
+}
+
+/// Stochastic gradient descent with momentum and weight decay (PyTorch's `torch.optim.SGD`
+/// with dampening 0, not Nesterov), capturable.
+///
+/// Per element: `g = grad + weight_decay·p`; with momentum `buf = momentum·buf + g` (the
+/// buffer starts at zero, which equals PyTorch's first-step `buf = g`) and `g = buf`; then
+/// `p -= lr·g`, where `lr` is read from device memory.
+#[derive(Debug)]
+pub struct Sgd {
+    params: Vec<Param>,
+    config: SgdConfig,
+    lr: Tensor,
+    bufs: Vec<Option<Tensor>>,
+}
+
+impl Sgd {
+    /// An optimizer over `params` (handles: it updates their values in place).
+    /// [`Error::InvalidArgument`] for no params or negative/non-finite hyper-parameters.
+    pub fn new(params: &[Param], config: SgdConfig) -> Result<Sgd> {
+        const OP: &str = "Sgd::new";
+        let device = check_params(OP, params)?;
+        check_hyper(OP, "lr", config.lr, None)?;
+        check_hyper(OP, "momentum", config.momentum, None)?;
+        check_hyper(OP, "weight_decay", config.weight_decay, None)?;
+        let bufs = params
+            .iter()
+            .map(|p| if config.momentum != 0.0 { state_zeros(&device, p.value.dims()).map(Some) } else { Ok(None) })
+            .collect::<Result<_>>()?;
+        Ok(Sgd { params: params.to_vec(), config, lr: state_from(&device, &[config.lr])?, bufs })
+    }
+
+    /// Sets the learning rate that the next `step()` — eager or a replay of a captured one —
+    /// uses. A host-to-device write: illegal during a capture.
+    pub fn set_lr(&self, lr: f32) -> Result<()> {
+        check_hyper("Sgd::set_lr", "lr", lr, None)?;
+        self.lr.copy_from_slice(&[lr])
+    }
+
+    /// The current learning rate, read back from the device (illegal during a capture).
+    pub fn lr(&self) -> Result<f32> {
+        read_scalar(&self.lr)
+    }
+
+    /// The hyper-parameters it was built with (`lr` is the initial rate).
+    pub fn config(&self) -> SgdConfig {
+        self.config
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &[Param] {
+        &self.params
+    }
+
+    /// One update of every parameter from its grad: one kernel per parameter. Capturable.
+    pub fn step(&self) -> Result<()> {
+        let SgdConfig { momentum, weight_decay, .. } = self.config;
+        for (p, buf) in self.params.iter().zip(&self.bufs) {
+            let n = n32("Sgd::step", p.value.numel())?;
+            match exec(p.value.device()) {
+                Exec::Host(h) => {
+                    let (pp, gp, lp) = (p.value.host_ptr()?, p.grad.host_ptr()?, self.lr.host_ptr()?);
+                    let bp = buf.as_ref().map(|b| b.host_ptr()).transpose()?;
+                    h.run("sgd_step_f32", move || {
+                        let lr = lp.read()[0];
+                        let mut pv = pp.read();
+                        let mut bv = bp.as_ref().map(|b| b.read());
+                        cpu::sgd_step(&mut pv, &gp.read(), bv.as_deref_mut(), lr, momentum, weight_decay);
+                        pp.write(&pv);
+                        if let (Some(b), Some(v)) = (&bp, &bv) {
+                            b.write(v);
+                        }
+                        Ok(())
+                    })?;
+                }
+                Exec::Cuda(c) => {
+                    let bp = match buf {
+                        Some(b) => b.cuda_ptr()?,
+                        None => 0,
+                    };
+                    c.launch(
+                        "sgd_step_f32",
+                        LaunchDims::elementwise(n as usize),
+                        &[
+                            KArg::Ptr(p.value.cuda_ptr()?),
+                            KArg::Ptr(p.grad.cuda_ptr()?),
+                            KArg::Ptr(bp),
+                            KArg::Ptr(self.lr.cuda_ptr()?),
+                            KArg::F32(momentum),
+                            KArg::F32(weight_decay),
+                            KArg::U32(buf.is_some() as u32),
+                            KArg::U32(n),
+                        ],
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets every parameter's grad to zero (capturable).
+    pub fn zero_grad(&self) -> Result<()> {
+        self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0))
+    }
+}
+
+/// AdamW (PyTorch's `torch.optim.AdamW`, not amsgrad), capturable.
+///
+/// Each `step()` first runs a one-thread kernel that increments the step count `t` held in
+/// device memory and computes the bias corrections `1 - beta1^t` and `1 - beta2^t` from it,
+/// then one update kernel per parameter: `p *= 1 - lr·weight_decay`,
+/// `m = beta1·m + (1 - beta1)·g`, `v = beta2·v + (1 - beta2)·g²`,
+/// `p -= lr / (1 - beta1^t) · m / (sqrt(v) / sqrt(1 - beta2^t) + eps)`. So a captured step,
+/// replayed, counts its own steps, and follows [`AdamW::set_lr`].
+///
+/// ```
+/// use graphed::optim::{AdamW, AdamWConfig};
+/// use graphed::{ops, Device, Param, Tensor};
+/// let dev = Device::host();
+/// let p = Param::new(Tensor::full(&dev, &[3], 1.0)?)?;
+/// ops::fill_(&p.grad, 0.5)?;
+/// let opt = AdamW::new(&[p.clone()], AdamWConfig { weight_decay: 0.0, ..Default::default() })?;
+/// opt.step()?;
+/// assert_eq!(opt.step_count()?, 1);
+/// // The first Adam step moves each weight by about lr against the grad's sign.
+/// assert!(p.value.to_vec()?.iter().all(|v| (v - (1.0 - 1e-3)).abs() < 1e-6));
+/// # Ok::<(), graphed::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct AdamW {
+    params: Vec<Param>,
+    config: AdamWConfig,
+    lr: Tensor,
+    /// `[t as u32 bits, 1 - beta1^t, 1 - beta2^t]`.
+    state: Tensor,
+    m: Vec<Tensor>,
+    v: Vec<Tensor>,
+}
+
+impl AdamW {
+    /// An optimizer over `params`, with zero moments and step count 0.
+    /// [`Error::InvalidArgument`] for no params or hyper-parameters out of range (betas in
+    /// `[0, 1)`, the rest finite and >= 0).
+    pub fn new(params: &[Param], config: AdamWConfig) -> Result<AdamW> {
+        const OP: &str = "AdamW::new";
+        let device = check_params(OP, params)?;
+        check_hyper(OP, "lr", config.lr, None)?;
+        check_hyper(OP, "beta1", config.beta1, Some(1.0))?;
+        check_hyper(OP, "beta2", config.beta2, Some(1.0))?;
+        check_hyper(OP, "eps", config.eps, None)?;
+        check_hyper(OP, "weight_decay", config.weight_decay, None)?;
+        let m = params.iter().map(|p| state_zeros(&device, p.value.dims())).collect::<Result<_>>()?;
+        let v = params.iter().map(|p| state_zeros(&device, p.value.dims())).collect::<Result<_>>()?;
+        Ok(AdamW {
+            params: params.to_vec(),
+            config,
+            lr: state_from(&device, &[config.lr])?,
+            state: state_from(&device, &[f32::from_bits(0), 0.0, 0.0])?,
+            m,
+            v,
+        })
+    }
+
+    /// Sets the learning rate that the next `step()` — eager or replayed — uses. Illegal
+    /// during a capture.
+    pub fn set_lr(&self, lr: f32) -> Result<()> {
+        check_hyper("AdamW::set_lr", "lr", lr, None)?;
+        self.lr.copy_from_slice(&[lr])
+    }
+
+    /// The current learning rate, read back from the device (illegal during a capture).
+    pub fn lr(&self) -> Result<f32> {
+        read_scalar(&self.lr)
+    }
+
+    /// How many steps have run (eager and replayed), read back from the device.
+    pub fn step_count(&self) -> Result<u64> {
+        Ok(read_scalar(&self.state)?.to_bits() as u64)
+    }
+
+    /// The hyper-parameters it was built with (`lr` is the initial rate).
+    pub fn config(&self) -> AdamWConfig {
+        self.config
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &[Param] {
+        &self.params
+    }
+
+    /// One update of every parameter: the step-count kernel, then one kernel per parameter.
+    /// Capturable.
+    pub fn step(&self) -> Result<()> {
+        let AdamWConfig { beta1, beta2, eps, weight_decay, .. } = self.config;
+        match exec(self.state.device()) {
+            Exec::Host(h) => {
+                let st = self.state.host_ptr()?;
+                h.run("adamw_prepare_f32", move || {
+                    let t = st.read()[0].to_bits().wrapping_add(1);
+                    let (bc1, bc2) = cpu::adamw_bias_corrections(t, beta1, beta2);
+                    st.write(&[f32::from_bits(t), bc1, bc2]);
+                    Ok(())
+                })?;
+            }
+            Exec::Cuda(c) => c.launch(
+                "adamw_prepare_f32",
+                LaunchDims::rows(1, 32),
+                &[KArg::Ptr(self.state.cuda_ptr()?), KArg::F32(beta1), KArg::F32(beta2)],
+            )?,
+        }
+        for ((p, m), v) in self.params.iter().zip(&self.m).zip(&self.v) {
+            let n = n32("AdamW::step", p.value.numel())?;
+            match exec(p.value.device()) {
+                Exec::Host(h) => {
+                    let (pp, gp, mp, vp) = (p.value.host_ptr()?, p.grad.host_ptr()?, m.host_ptr()?, v.host_ptr()?);
+                    let (lp, st) = (self.lr.host_ptr()?, self.state.host_ptr()?);
+                    h.run("adamw_step_f32", move || {
+                        let (lr, s) = (lp.read()[0], st.read());
+                        let (mut pv, mut mv, mut vv) = (pp.read(), mp.read(), vp.read());
+                        cpu::adamw_update(
+                            &mut pv,
+                            &gp.read(),
+                            &mut mv,
+                            &mut vv,
+                            lr,
+                            s[1],
+                            s[2],
+                            beta1,
+                            beta2,
+                            eps,
+                            weight_decay,
+                        );
+                        pp.write(&pv);
+                        mp.write(&mv);
+                        vp.write(&vv);
+                        Ok(())
+                    })?;
+                }
+                Exec::Cuda(c) => c.launch(
+                    "adamw_step_f32",
+                    LaunchDims::elementwise(n as usize),
+                    &[
+                        KArg::Ptr(p.value.cuda_ptr()?),
+                        KArg::Ptr(p.grad.cuda_ptr()?),
+                        KArg::Ptr(m.cuda_ptr()?),
+                        KArg::Ptr(v.cuda_ptr()?),
+                        KArg::Ptr(self.lr.cuda_ptr()?),
+                        KArg::Ptr(self.state.cuda_ptr()?),
+                        KArg::F32(beta1),
+                        KArg::F32(beta2),
+                        KArg::F32(eps),
+                        KArg::F32(weight_decay),
+                        KArg::U32(n),
+                    ],
+                )?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets every parameter's grad to zero (capturable).
+    pub fn zero_grad(&self) -> Result<()> {
+        self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0))
+    }
+}

@@ -1,0 +1,171 @@
+//! softmax_cross_entropy, mse_loss and their backwards: CPU reference, finite differences,
+//! graph replay, bad labels and shapes.
+
+mod common;
+mod ops_support;
+
+use common::{on_each_backend, random, random_vec};
+use graphed::ops::{self, cpu};
+use graphed::{CaptureMode, Device, Error, Graph, Result, Tensor};
+use ops_support::*;
+
+/// (rows, classes), including non-multiples of 32 and 256.
+const SHAPES: &[(usize, usize)] = &[(1, 1), (1, 2), (4, 10), (33, 257), (64, 1000), (300, 3)];
+
+/// Labels `0..classes` spread over the rows, as f32.
+fn labels(rows: usize, classes: usize, seed: u64) -> Vec<f32> {
+    random_vec(rows, seed)
+        .into_iter()
+        .map(|v| (((v + 1.0) * 0.5 * classes as f32) as usize).min(classes - 1) as f32)
+        .collect()
+}
+
+fn logits(dev: &Device, rows: usize, classes: usize, seed: u64) -> Result<Tensor> {
+    let v: Vec<f32> = random_vec(rows * classes, seed).into_iter().map(|x| 5.0 * x).collect();
+    Tensor::from_slice(dev, &v, &[rows, classes])
+}
+
+#[test]
+fn softmax_cross_entropy_matches_reference() {
+    on_each_backend(|dev| {
+        for (i, &(n, c)) in SHAPES.iter().enumerate() {
+            let seed = 10 * i as u64;
+            let x = logits(dev, n, c, seed)?;
+            let lv = labels(n, c, seed + 1);
+            let l = Tensor::from_slice(dev, &lv, &[n])?;
+            let (loss, probs) = ops::softmax_cross_entropy(&x, &l)?;
+            assert_eq!((loss.dims(), probs.dims()), (&[1][..], &[n, c][..]));
+            let (rloss, rprobs) = cpu::softmax_cross_entropy(&x.to_vec()?, &lv, c)?;
+            let what = format!("softmax_cross_entropy {n}x{c}");
+            check_ref(dev, &what, &loss.to_vec()?, &[rloss], TOL)?;
+            check_ref(dev, &format!("{what} probs"), &probs.to_vec()?, &rprobs, TOL)?;
+            for scale in [1.0f32, 0.25] {
+                let d = ops::softmax_cross_entropy_backward(&probs, &l, scale)?;
+                let rd = cpu::softmax_cross_entropy_backward(&probs.to_vec()?, &lv, c, scale)?;
+                check_ref(dev, &format!("{what} backward x{scale}"), &d.to_vec()?, &rd, TOL)?;
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn softmax_cross_entropy_backward_matches_finite_differences() {
+    on_each_backend(|dev| {
+        let (n, c) = (5, 7);
+        let xv = random_vec(n * c, 3);
+        let lv = labels(n, c, 4);
+        let (x, l) = (Tensor::from_slice(dev, &xv, &[n, c])?, Tensor::from_slice(dev, &lv, &[n])?);
+        let (_, probs) = ops::softmax_cross_entropy(&x, &l)?;
+        let scale = 0.5f32;
+        let d = ops::softmax_cross_entropy_backward(&probs, &l, scale)?;
+        let fd = fd_grad(&xv, |x| scale as f64 * cpu::softmax_cross_entropy(x, &lv, c).unwrap().0 as f64);
+        check_fd("dlogits", &d.to_vec()?, &fd)
+    });
+}
+
+#[test]
+fn mse_matches_reference_and_finite_differences() {
+    on_each_backend(|dev| {
+        for &n in &[1usize, 7, 257, 1000, 100_003] {
+            let (p, t) = (random(dev, &[n], n as u64)?, random(dev, &[n], n as u64 + 1)?);
+            let (pv, tv) = (p.to_vec()?, t.to_vec()?);
+            check_ref(
+                dev,
+                &format!("mse_loss {n}"),
+                &ops::mse_loss(&p, &t)?.to_vec()?,
+                &[cpu::mse_loss(&pv, &tv)],
+                TOL,
+            )?;
+            let d = ops::mse_backward(&p, &t, 3.0)?;
+            check_ref(dev, &format!("mse_backward {n}"), &d.to_vec()?, &cpu::mse_backward(&pv, &tv, 3.0), TOL)?;
+        }
+        let (pv, tv) = (random_vec(40, 1), random_vec(40, 2));
+        let (p, t) = (Tensor::from_slice(dev, &pv, &[8, 5])?, Tensor::from_slice(dev, &tv, &[8, 5])?);
+        let fd = fd_grad(&pv, |p| 2.0 * cpu::mse_loss(p, &tv) as f64);
+        check_fd("dpred", &ops::mse_backward(&p, &t, 2.0)?.to_vec()?, &fd)
+    });
+}
+
+#[test]
+fn losses_replay_bitwise_equal_to_eager() {
+    on_each_backend(|dev| {
+        let (n, c) = (129, 1001);
+        let x = logits(dev, n, c, 1)?;
+        let l = Tensor::from_slice(dev, &labels(n, c, 2), &[n])?;
+        let (p, t) = (random(dev, &[300, 301], 3)?, random(dev, &[300, 301], 4)?);
+        eager_vs_replay(dev, || {
+            let (loss, probs) = ops::softmax_cross_entropy(&x, &l)?;
+            let d = ops::softmax_cross_entropy_backward(&probs, &l, 1.0)?;
+            Ok(vec![loss, probs, d, ops::mse_loss(&p, &t)?, ops::mse_backward(&p, &t, 0.5)?])
+        })
+    });
+}
+
+#[test]
+fn bad_labels_are_typed_errors_on_host_and_nan_on_cuda() {
+    on_each_backend(|dev| {
+        let x = logits(dev, 3, 4, 1)?;
+        let probs = ops::softmax_cross_entropy(&x, &Tensor::from_slice(dev, &[0.0, 1.0, 3.0], &[3])?)?.1;
+        for bad in [4.0f32, -1.0, 1.5, f32::NAN, 1e9] {
+            let l = Tensor::from_slice(dev, &[0.0, bad, 2.0], &[3])?;
+            expect_err(&format!("validate_labels {bad}"), ops::validate_labels(&l, 4), is_invalid)?;
+            if dev.is_host() {
+                expect_err(&format!("forward label {bad}"), ops::softmax_cross_entropy(&x, &l), is_invalid)?;
+                expect_err(
+                    &format!("backward label {bad}"),
+                    ops::softmax_cross_entropy_backward(&probs, &l, 1.0),
+                    is_invalid,
+                )?;
+            } else {
+                // The kernel never reads out of bounds: the bad row's loss (so the mean) is NaN
+                // and so is its grad row; the other rows are untouched.
+                let (loss, _) = ops::softmax_cross_entropy(&x, &l)?;
+                assert!(loss.to_vec()?[0].is_nan(), "label {bad}: loss should be NaN");
+                let d = ops::softmax_cross_entropy_backward(&probs, &l, 1.0)?.to_vec()?;
+                assert!(d[4..8].iter().all(|v| v.is_nan()) && d[..4].iter().chain(&d[8..]).all(|v| v.is_finite()));
+            }
+        }
+        // A graph that captured the op reports the bad label when it replays on the host.
+        let l = Tensor::from_slice(dev, &[0.0, 1.0, 2.0], &[3])?;
+        let mut g = Graph::new(dev);
+        let (loss, _) = g.capture(CaptureMode::Global, || {
+            // Reading labels back is illegal during a capture.
+            expect_err("validate_labels in capture", ops::validate_labels(&l, 4), |e| {
+                matches!(e, Error::IllegalDuringCapture { .. })
+            })?;
+            ops::softmax_cross_entropy(&x, &l)
+        })?;
+        g.replay()?;
+        assert!(loss.to_vec()?[0].is_finite());
+        l.copy_from_slice(&[0.0, 9.0, 2.0])?;
+        if dev.is_host() {
+            expect_err("replay with a bad label", g.replay(), is_invalid)?;
+        } else {
+            g.replay()?;
+            assert!(loss.to_vec()?[0].is_nan());
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn losses_reject_bad_shapes() {
+    on_each_backend(|dev| {
+        let x = logits(dev, 3, 4, 1)?;
+        let l = Tensor::from_slice(dev, &[0.0, 1.0, 2.0], &[3])?;
+        expect_err("labels length", ops::softmax_cross_entropy(&x, &Tensor::zeros(dev, &[2])?), is_shape)?;
+        expect_err("labels rank", ops::softmax_cross_entropy(&x, &Tensor::zeros(dev, &[3, 1])?), is_shape)?;
+        expect_err("logits rank", ops::softmax_cross_entropy(&Tensor::zeros(dev, &[12])?, &l), is_shape)?;
+        expect_err("no classes", ops::softmax_cross_entropy(&Tensor::zeros(dev, &[3, 0])?, &l), is_shape)?;
+        expect_err(
+            "backward labels",
+            ops::softmax_cross_entropy_backward(&x, &Tensor::zeros(dev, &[4])?, 1.0),
+            is_shape,
+        )?;
+        let (p, t) = (random(dev, &[4, 5], 1)?, random(dev, &[5, 4], 2)?);
+        expect_err("mse shapes", ops::mse_loss(&p, &t), is_shape)?;
+        expect_err("mse_backward shapes", ops::mse_backward(&p, &t, 1.0), is_shape)?;
+        Ok(())
+    });
+}

@@ -1,0 +1,17 @@
+use graphed::{graphed, Cx, Result, Tensor};
+
+struct Block;
+
+#[graphed(warmup = 3)]
+impl Block {
+    fn forward(&self, _cx: &mut Cx, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let _ = mask;
+        Ok(x.clone())
+    }
+
+    fn backward(&mut self, _cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(dy.clone()))
+    }
+}
+
+fn main() {}

@@ -1,0 +1,65 @@
+//! The expansions compile without a warning under strict lints, in a crate whose public items
+//! must all be documented.
+#![deny(warnings, unused_qualifications, missing_docs, unused_imports, unreachable_pub)]
+#![deny(clippy::all, clippy::pedantic)]
+
+/// Public modules: every generated public item needs its doc comment.
+pub mod layers {
+    use graphed::{capture_time_hook, graphed, Cx, Result, Tensor};
+
+    /// A documented public module.
+    pub struct Block;
+
+    #[graphed(warmup = 2)]
+    impl Block {
+        /// The forward.
+        pub fn forward(&self, _cx: &mut Cx, x: &Tensor, mask: Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)> {
+            Ok((x.clone(), mask.cloned()))
+        }
+
+        /// The backward.
+        pub fn backward(
+            &mut self,
+            _cx: &mut Cx,
+            dy: &Tensor,
+            dz: Option<&Tensor>,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            Ok((Some(dy.clone()), dz.cloned()))
+        }
+
+        #[capture_time_hook(pre_forward)]
+        fn unshard(&mut self) {}
+
+        #[capture_time_hook(backward, prepend)]
+        fn reshard(&mut self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A private module: its generated items stay private and unused without warnings.
+    struct Hidden;
+
+    #[graphed]
+    impl Hidden {
+        fn forward(&self, _cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+            Ok(x.clone())
+        }
+
+        fn backward(&mut self, _cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+            Ok(Some(dy.clone()))
+        }
+    }
+
+    /// Two chunks.
+    #[graphed(warmup = 3, order = [1, 2, -2, -1])]
+    pub struct TwoStage {
+        /// The first chunk.
+        pub first: Block,
+        /// The second chunk.
+        pub second: Block,
+    }
+}
+
+fn main() {
+    let _ = layers::TwoStage { first: layers::Block, second: layers::Block };
+}
