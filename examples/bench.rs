@@ -168,7 +168,7 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
     // The floor: the full step captured as one graph.
     progress("full step as one graph (floor)");
     let mut stack = Stack::new(dev, l, h, 1)?;
-    let mut step = |stack: &mut Stack| -> Result<()> {
+    let step = |stack: &mut Stack| -> Result<()> {
         let mut cx = Cx::new(dev);
         cx.set_needs_input_grad(vec![false]);
         let y = stack.forward(&mut cx, &x)?;

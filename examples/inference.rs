@@ -17,7 +17,11 @@ fn main() -> Result<()> {
     println!("inference on {}: {layers} x Linear({width}, {width}) + GELU, batch {batch}", dev.name());
     let x = random(&dev, &[batch, width], 1, 1.0)?;
     let eager = Stack::new(&dev, layers, width, 3)?;
-    let mut g = GraphedStack::new(Stack::new(&dev, layers, width, 3)?, StackInputs { x: x.clone() }, GraphedStack::options().inference())?;
+    let mut g = GraphedStack::new(
+        Stack::new(&dev, layers, width, 3)?,
+        StackInputs { x: x.clone() },
+        GraphedStack::options().inference(),
+    )?;
     println!("graphs captured: {} (forward only)", g.inner().graphs().len());
 
     let mut cx = Cx::new(&dev);

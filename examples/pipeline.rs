@@ -68,6 +68,9 @@ fn main() -> Result<()> {
         println!("iteration {iteration}: microbatch means {losses:?}");
     }
     let w = &g.module_first().w.grad;
-    println!("grad of chunk 1's weight accumulated over 3 iterations x 3 microbatches: |g|_1 = {:.6}", w.to_vec()?.iter().map(|v| v.abs()).sum::<f32>());
+    println!(
+        "grad of chunk 1's weight accumulated over 3 iterations x 3 microbatches: |g|_1 = {:.6}",
+        w.to_vec()?.iter().map(|v| v.abs()).sum::<f32>()
+    );
     Ok(())
 }

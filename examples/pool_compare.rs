@@ -84,13 +84,19 @@ fn main() -> graphed::Result<()> {
         let t0 = Instant::now();
         let mut execs = Vec::new();
         for (i, out) in outs.iter().enumerate() {
-            cu(result::stream::begin_capture(stream.cu_stream(), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL))?;
-            let tmp = result::malloc_async(stream.cu_stream(), bytes).map_err(|e| graphed::Error::msg(format!("{e:?}")))?;
+            cu(result::stream::begin_capture(
+                stream.cu_stream(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            ))?;
+            let tmp =
+                result::malloc_async(stream.cu_stream(), bytes).map_err(|e| graphed::Error::msg(format!("{e:?}")))?;
             cu(sys::cuMemsetD32Async(tmp, (i as f32).to_bits(), ELEMS, stream.cu_stream()).result())?;
             cu(result::memcpy_dtod_async(*out, tmp, bytes, stream.cu_stream()))?;
             cu(result::free_async(tmp, stream.cu_stream()))?;
-            let g = result::stream::end_capture(stream.cu_stream()).map_err(|e| graphed::Error::msg(format!("{e:?}")))?;
-            let exec = result::graph::instantiate(g, sys::CUgraphInstantiate_flags(0)).map_err(|e| graphed::Error::msg(format!("{e:?}")))?;
+            let g =
+                result::stream::end_capture(stream.cu_stream()).map_err(|e| graphed::Error::msg(format!("{e:?}")))?;
+            let exec = result::graph::instantiate(g, sys::CUgraphInstantiate_flags(0))
+                .map_err(|e| graphed::Error::msg(format!("{e:?}")))?;
             cu(result::graph::upload(exec, stream.cu_stream()))?;
             execs.push((g, exec));
         }

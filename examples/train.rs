@@ -92,7 +92,10 @@ fn main() -> Result<()> {
         .map(|s| s.parse().map_err(|e| graphed::Error::msg(format!("--steps: {e}"))))
         .transpose()?
         .unwrap_or(default_steps);
-    println!("graphed main job on {}: {LAYERS} x Linear({WIDTH}, {WIDTH}) + GELU, batch {BATCH}, AdamW, {steps} steps", dev.name());
+    println!(
+        "graphed main job on {}: {LAYERS} x Linear({WIDTH}, {WIDTH}) + GELU, batch {BATCH}, AdamW, {steps} steps",
+        dev.name()
+    );
 
     // The fixed random function to regress: a frozen 2-block network, graphed forward-only.
     let teacher = Stack::new(&dev, 2, WIDTH, 7)?;
@@ -113,7 +116,11 @@ fn main() -> Result<()> {
     println!("  device                  {}", dev.name());
     println!("  loss                    {first:.6} -> {last:.6} ({:.1}x lower)", first / last.max(1e-30));
     println!("  eager step              {:.3} ms", eager.ms_per_step);
-    println!("  graphed step            {:.3} ms ({:.2}x faster)", graphed.ms_per_step, eager.ms_per_step / graphed.ms_per_step);
+    println!(
+        "  graphed step            {:.3} ms ({:.2}x faster)",
+        graphed.ms_per_step,
+        eager.ms_per_step / graphed.ms_per_step
+    );
     println!("  capture (warm-up 3)     {:.1} ms", graphed.capture_ms);
     println!("  graph pool              {:.2} MB", graphed.pool_bytes as f64 / 1e6);
     println!("  eager == graphed losses {}", if identical { "yes, bit for bit" } else { "NO" });

@@ -30,7 +30,13 @@ pub struct Cx {
 impl Cx {
     /// A context on `device`, in training mode, with nothing saved.
     pub fn new(device: &Device) -> Cx {
-        Cx { device: device.clone(), training: true, saved: Vec::new(), needs_input_grad: Vec::new(), children: Vec::new() }
+        Cx {
+            device: device.clone(),
+            training: true,
+            saved: Vec::new(),
+            needs_input_grad: Vec::new(),
+            children: Vec::new(),
+        }
     }
 
     /// The device the module runs on.

@@ -9,7 +9,9 @@ use std::fmt;
 #[non_exhaustive]
 pub enum Error {
     /// CUDA was asked for explicitly but is not usable here.
-    #[error("CUDA is not available: {reason}. Use Device::host(), or Device::default_device() to fall back automatically")]
+    #[error(
+        "CUDA is not available: {reason}. Use Device::host(), or Device::default_device() to fall back automatically"
+    )]
     CudaUnavailable {
         /// Why CUDA could not be used.
         reason: String,

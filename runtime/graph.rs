@@ -155,7 +155,10 @@ impl Graph {
             return Err(Error::GraphState(format!("{}: capture_begin while already capturing", self.label)));
         }
         if self.is_captured() {
-            return Err(Error::GraphState(format!("{}: already captured; reset() it before capturing again", self.label)));
+            return Err(Error::GraphState(format!(
+                "{}: already captured; reset() it before capturing again",
+                self.label
+            )));
         }
         // Work queued before the capture must not be captured and must be done before the
         // capture can reuse memory.

@@ -131,7 +131,9 @@ fn schedule(order: Option<&[i32]>, chunks: usize, training: bool) -> Result<(Vec
         }
     }
     if fwd.iter().chain(&bwd).any(|&n| n != m) {
-        return Err(bad(format!("each chunk needs {m} forwards and {m} backwards (forwards {fwd:?}, backwards {bwd:?})")));
+        return Err(bad(format!(
+            "each chunk needs {m} forwards and {m} backwards (forwards {fwd:?}, backwards {bwd:?})"
+        )));
     }
     Ok((steps, m))
 }
@@ -212,11 +214,15 @@ pub fn make_graphed(
     if samples.len() != chunks {
         return Err(Error::invalid("make_graphed", format!("{} sample lists for {chunks} modules", samples.len())));
     }
-    let device = first_device(&samples).ok_or_else(|| Error::invalid("make_graphed", "no sample tensor to take the device from"))?;
+    let device = first_device(&samples)
+        .ok_or_else(|| Error::invalid("make_graphed", "no sample tensor to take the device from"))?;
     let (steps, microbatches) = schedule(options.order.as_deref(), chunks, options.training)?;
     for (c, (m, s)) in modules.iter().zip(&samples).enumerate() {
         if s.len() != 1 && s.len() != microbatches {
-            return Err(Error::invalid("make_graphed", format!("chunk {}: {} sample sets for {microbatches} microbatches", c + 1, s.len())));
+            return Err(Error::invalid(
+                "make_graphed",
+                format!("chunk {}: {} sample sets for {microbatches} microbatches", c + 1, s.len()),
+            ));
         }
         for set in s {
             if set.len() != m.num_inputs() {
@@ -313,7 +319,8 @@ impl GraphedModules {
 
     /// One eager iteration following the schedule, with zero grad outputs.
     fn warm_up(&mut self, steps: &[Step]) -> Result<()> {
-        let mut queues: Vec<VecDeque<(Cx, Vec<Option<Tensor>>)>> = (0..self.modules.len()).map(|_| VecDeque::new()).collect();
+        let mut queues: Vec<VecDeque<(Cx, Vec<Option<Tensor>>)>> =
+            (0..self.modules.len()).map(|_| VecDeque::new()).collect();
         let mut next = vec![0usize; self.modules.len()];
         let mut outputs: Vec<Vec<Option<Vec<Option<Tensor>>>>> =
             self.surfaces.iter().map(|r| r.iter().map(|_| None).collect()).collect();
@@ -333,7 +340,9 @@ impl GraphedModules {
                     queues[c].push_back((cx, outs));
                 }
                 Step::Backward(c) => {
-                    let (mut cx, outs) = queues[c].pop_front().ok_or_else(|| Error::invalid("make_graphed", "backward without forward"))?;
+                    let (mut cx, outs) = queues[c]
+                        .pop_front()
+                        .ok_or_else(|| Error::invalid("make_graphed", "backward without forward"))?;
                     self.run_hooks(c, HookKind::PreBackward)?;
                     let grads = outs
                         .iter()
@@ -349,11 +358,19 @@ impl GraphedModules {
 
     /// The inputs of (chunk, microbatch): its static inputs, with a chained first input taken
     /// from the previous chunk's outputs.
-    fn chained_inputs(&self, c: usize, m: usize, outputs: &[Vec<Option<Vec<Option<Tensor>>>>]) -> Result<Vec<Option<Tensor>>> {
+    fn chained_inputs(
+        &self,
+        c: usize,
+        m: usize,
+        outputs: &[Vec<Option<Vec<Option<Tensor>>>>],
+    ) -> Result<Vec<Option<Tensor>>> {
         let mut inputs = self.surfaces[c][m].inputs.clone();
         if self.options.chained && c > 0 {
             let prev = outputs[c - 1][m].as_ref().and_then(|o| o.first().cloned().flatten()).ok_or_else(|| {
-                Error::invalid("make_graphed", format!("chained: chunk {} microbatch {m} runs before chunk {} produced its output", c + 1, c))
+                Error::invalid(
+                    "make_graphed",
+                    format!("chained: chunk {} microbatch {m} runs before chunk {} produced its output", c + 1, c),
+                )
             })?;
             if let Some(first) = inputs.first_mut() {
                 *first = Some(prev.with_requires_grad(true));
@@ -375,7 +392,11 @@ impl GraphedModules {
                     let outputs: Vec<Vec<Option<Vec<Option<Tensor>>>>> = self
                         .surfaces
                         .iter()
-                        .map(|r| r.iter().map(|s| if s.outputs.is_empty() { None } else { Some(s.outputs.clone()) }).collect())
+                        .map(|r| {
+                            r.iter()
+                                .map(|s| if s.outputs.is_empty() { None } else { Some(s.outputs.clone()) })
+                                .collect()
+                        })
                         .collect();
                     let inputs = self.chained_inputs(c, m, &outputs)?;
                     self.surfaces[c][m].inputs = inputs.clone();
@@ -393,7 +414,8 @@ impl GraphedModules {
                         Ok((cx, outs))
                     });
                     s.forward_temps = self.pool.end_tracking();
-                    let (cx, outs) = captured.map_err(|e| e.context(format!("capturing the forward of {}", s.label)))?;
+                    let (cx, outs) =
+                        captured.map_err(|e| e.context(format!("capturing the forward of {}", s.label)))?;
                     for (i, o) in outs.iter().enumerate() {
                         if let Some(o) = o {
                             o.set_owner(format!("{} output {i}", s.label));
@@ -405,10 +427,15 @@ impl GraphedModules {
                     queues[c].push_back(m);
                 }
                 Step::Backward(c) => {
-                    let m = queues[c].pop_front().ok_or_else(|| Error::invalid("make_graphed", "backward without forward"))?;
+                    let m = queues[c]
+                        .pop_front()
+                        .ok_or_else(|| Error::invalid("make_graphed", "backward without forward"))?;
                     self.run_hooks(c, HookKind::PreBackward)?;
                     let grad_outputs = self.static_grad_outputs(c, m)?;
-                    let cx_template = self.surfaces[c][m].saved.clone().ok_or_else(|| Error::GraphState("no saved forward".into()))?;
+                    let cx_template = self.surfaces[c][m]
+                        .saved
+                        .clone()
+                        .ok_or_else(|| Error::GraphState("no saved forward".into()))?;
                     self.pool.begin_tracking();
                     let allow_unused = self.options.allow_unused_input;
                     let device = self.device.clone();
@@ -472,7 +499,11 @@ impl GraphedModules {
                         None => {
                             return Err(Error::invalid(
                                 "make_graphed",
-                                format!("chained: the backward of chunk {} microbatch {m} must come before chunk {}'s", c + 2, c + 1),
+                                format!(
+                                    "chained: the backward of chunk {} microbatch {m} must come before chunk {}'s",
+                                    c + 2,
+                                    c + 1
+                                ),
                             ))
                         }
                     }
@@ -551,7 +582,12 @@ impl GraphedModules {
     /// Runs the backward of `chunk` for its oldest outstanding microbatch: copies the grad
     /// outputs in (skipping `None` outputs), replays, and returns the grads of the inputs
     /// (`None` for inputs that need none). Parameter grads accumulate.
-    pub fn backward(&mut self, chunk: usize, cx: &mut Cx, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+    pub fn backward(
+        &mut self,
+        chunk: usize,
+        cx: &mut Cx,
+        grad_outputs: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
         let _ = cx;
         self.check_chunk(chunk)?;
         let pending = self.pending[chunk].pop_front().ok_or_else(|| Error::Graphed {
@@ -615,7 +651,12 @@ impl GraphedModules {
         Ok(outs)
     }
 
-    fn eager_backward(&mut self, chunk: usize, cx: &mut Cx, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+    fn eager_backward(
+        &mut self,
+        chunk: usize,
+        cx: &mut Cx,
+        grad_outputs: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
         self.run_hooks(chunk, HookKind::PreBackward)?;
         let grads = self.modules[chunk].backward(cx, grad_outputs)?;
         self.run_hooks(chunk, HookKind::Backward)?;
@@ -704,7 +745,15 @@ impl GraphedModules {
         let mut seen: Vec<Tensor> = Vec::new();
         for s in self.surfaces.iter().flatten() {
             let saved = s.saved.as_ref().map(Cx::all_saved).unwrap_or_default();
-            for t in s.inputs.iter().chain(&s.outputs).chain(&s.grad_outputs).chain(&s.grad_inputs).flatten().chain(saved.iter()) {
+            for t in s
+                .inputs
+                .iter()
+                .chain(&s.outputs)
+                .chain(&s.grad_outputs)
+                .chain(&s.grad_inputs)
+                .flatten()
+                .chain(saved.iter())
+            {
                 let (pid, _) = t.mem_range();
                 if pid == self.pool.id() && !seen.iter().any(|x| x.same_buffer(t)) {
                     seen.push(t.clone());
@@ -739,7 +788,13 @@ fn copy_in(label: &str, what: &str, i: usize, given: Option<&Tensor>, st: Option
             st.refreshed().copy_(x)
         }
         (None, None) => Ok(()),
-        (None, Some(_)) => Err(Error::Graphed { module: label.into(), detail: format!("{what} {i} is None but was captured with a tensor") }),
-        (Some(_), None) => Err(Error::Graphed { module: label.into(), detail: format!("{what} {i} is a tensor but was captured as None") }),
+        (None, Some(_)) => Err(Error::Graphed {
+            module: label.into(),
+            detail: format!("{what} {i} is None but was captured with a tensor"),
+        }),
+        (Some(_), None) => Err(Error::Graphed {
+            module: label.into(),
+            detail: format!("{what} {i} is a tensor but was captured as None"),
+        }),
     }
 }

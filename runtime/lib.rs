@@ -43,7 +43,6 @@ mod shape;
 mod tensor;
 
 pub use backend::is_capturing;
-pub use graphed_macros::{capture_time_hook, graphed};
 pub use checkpoint::Checkpoint;
 pub use cx::Cx;
 pub use device::Device;
@@ -51,6 +50,7 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{make_graphed, GraphOptions, GraphedModules};
+pub use graphed_macros::{capture_time_hook, graphed};
 pub use hooks::{HookHandle, HookRegistry};
 pub use module::{HookKind, Module};
 pub use param::Param;

@@ -20,8 +20,7 @@ pub enum HookKind {
 
 impl HookKind {
     /// All kinds, in the order they run within one iteration.
-    pub const ALL: [HookKind; 4] =
-        [HookKind::PreForward, HookKind::Forward, HookKind::PreBackward, HookKind::Backward];
+    pub const ALL: [HookKind; 4] = [HookKind::PreForward, HookKind::Forward, HookKind::PreBackward, HookKind::Backward];
 
     /// The name used in `#[capture_time_hook(...)]`.
     pub fn name(self) -> &'static str {

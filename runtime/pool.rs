@@ -288,7 +288,12 @@ impl GraphPool {
             order.next = 1 % n;
             return Ok(true);
         }
-        let got = order.captured.iter().find(|(g, _)| *g == id).map(|(_, l)| l.clone()).unwrap_or_else(|| format!("graph #{id}"));
+        let got = order
+            .captured
+            .iter()
+            .find(|(g, _)| *g == id)
+            .map(|(_, l)| l.clone())
+            .unwrap_or_else(|| format!("graph #{id}"));
         Err(Error::ReplayOrder {
             got,
             expected: order.captured[expected].1.clone(),

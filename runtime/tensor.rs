@@ -54,11 +54,17 @@ impl Tensor {
     /// An uninitialised tensor (its contents are whatever the pool block held; on the host
     /// backend fresh memory is NaN). Allocated from the device's current pool.
     pub fn empty(device: &Device, dims: &[usize]) -> Result<Tensor> {
-        let shape = Shape::new(dims).ok_or_else(|| Error::shape("Tensor::empty", format!("{dims:?} has more than 6 dimensions")))?;
+        let shape = Shape::new(dims)
+            .ok_or_else(|| Error::shape("Tensor::empty", format!("{dims:?} has more than 6 dimensions")))?;
         let bytes = shape.numel() * DType::F32.size();
         let block = device.current_pool().alloc(bytes)?;
         Ok(Tensor {
-            buf: Arc::new(Buffer { device: device.clone(), block, generation: AtomicU64::new(0), owner: OnceLock::new() }),
+            buf: Arc::new(Buffer {
+                device: device.clone(),
+                block,
+                generation: AtomicU64::new(0),
+                owner: OnceLock::new(),
+            }),
             shape,
             dtype: DType::F32,
             generation: 0,
@@ -139,7 +145,8 @@ impl Tensor {
 
     /// The same memory seen with another shape of the same number of elements.
     pub fn reshape(&self, dims: &[usize]) -> Result<Tensor> {
-        let shape = Shape::new(dims).ok_or_else(|| Error::shape("reshape", format!("{dims:?} has more than 6 dimensions")))?;
+        let shape =
+            Shape::new(dims).ok_or_else(|| Error::shape("reshape", format!("{dims:?} has more than 6 dimensions")))?;
         if shape.numel() != self.numel() {
             return Err(Error::shape("reshape", format!("{:?} ({} elements) to {dims:?}", self.shape, self.numel())));
         }

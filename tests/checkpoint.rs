@@ -7,7 +7,9 @@ mod model;
 
 use common::{on_each_backend, random};
 use graphed::optim::{Sgd, SgdConfig};
-use graphed::{graphed, make_graphed, ops, Checkpoint, Cx, Device, GraphOptions, GraphedModules, Module, Param, Result, Tensor};
+use graphed::{
+    graphed, make_graphed, ops, Checkpoint, Cx, Device, GraphOptions, GraphedModules, Module, Param, Result, Tensor,
+};
 use model::Block;
 
 /// Linear + GELU + dropout(p).
@@ -38,7 +40,10 @@ impl DropBlock {
     }
 }
 
-fn blocks(dev: &Device, n: usize, width: usize, checkpointed: bool) -> Result<(Vec<Box<dyn Module>>, Vec<Param>)> {
+/// Boxed modules and their parameters.
+type Modules = (Vec<Box<dyn Module>>, Vec<Param>);
+
+fn blocks(dev: &Device, n: usize, width: usize, checkpointed: bool) -> Result<Modules> {
     let mut mods: Vec<Box<dyn Module>> = Vec::new();
     let mut params = Vec::new();
     for i in 0..n {
@@ -163,17 +168,16 @@ fn a_checkpointed_block_inside_an_ordered_pipeline() {
             let first = Checkpoint::new(DropBlock::new(dev, 16, 30)?);
             let second = DropBlock::new(dev, 16, 31)?;
             let params: Vec<Param> = first.inner().lin.params().into_iter().chain(second.lin.params()).collect();
-            let mut mods: Vec<Box<dyn Module>> = vec![Box::new(first), Box::new(second)];
-            let mut g = None;
+            let (mut mods, mut g): (Vec<Box<dyn Module>>, _) = (Vec::new(), None);
             if graphed {
                 let h = Tensor::zeros(dev, &[4, 16])?.with_requires_grad(true);
                 let samples = vec![xs.iter().map(|x| vec![Some(x.clone())]).collect(), vec![vec![Some(h)]]];
-                let [first, second]: [Box<dyn Module>; 2] = std::mem::take(&mut mods).try_into().ok().expect("two");
-                let first = *(first as Box<dyn std::any::Any>).downcast::<Checkpoint<DropBlock>>().ok().expect("type");
-                let second = *(second as Box<dyn std::any::Any>).downcast::<DropBlock>().ok().expect("type");
                 g = Some(CheckpointedPipe { first, second }.make_graphed(samples)?);
+            } else {
+                mods = vec![Box::new(first), Box::new(second)];
             }
-            let (mut out, mut acts, mut grads) = (Vec::new(), std::collections::VecDeque::new(), std::collections::VecDeque::new());
+            let (mut out, mut acts, mut grads) =
+                (Vec::new(), std::collections::VecDeque::new(), std::collections::VecDeque::new());
             let (mut cx1, mut cx2) = (std::collections::VecDeque::new(), std::collections::VecDeque::new());
             let mut f1 = 0;
             for &e in &ORDER {
@@ -184,14 +188,18 @@ fn a_checkpointed_block_inside_an_ordered_pipeline() {
                         acts.push_back(mods[0].forward(&mut cx, &[Some(xs[f1].clone())])?.remove(0));
                         cx1.push_back(cx);
                     }
-                    (2, Some(g)) => out.push(g.forward_second(&mut cx, &[acts.pop_front().flatten()])?.remove(0).expect("y").to_vec()?),
+                    (2, Some(g)) => out.push(
+                        g.forward_second(&mut cx, &[acts.pop_front().flatten()])?.remove(0).expect("y").to_vec()?,
+                    ),
                     (2, None) => {
                         let h = acts.pop_front().flatten().map(|t| t.with_requires_grad(true));
                         out.push(mods[1].forward(&mut cx, &[h])?.remove(0).expect("y").to_vec()?);
                         cx2.push_back(cx);
                     }
                     (-2, Some(g)) => grads.push_back(g.backward_second(&mut cx, &[Some(dy.clone())])?.remove(0)),
-                    (-2, None) => grads.push_back(mods[1].backward(&mut cx2.pop_front().expect("fifo"), &[Some(dy.clone())])?.remove(0)),
+                    (-2, None) => grads.push_back(
+                        mods[1].backward(&mut cx2.pop_front().expect("fifo"), &[Some(dy.clone())])?.remove(0),
+                    ),
                     (_, Some(g)) => {
                         g.backward_first(&mut cx, &[grads.pop_front().flatten()])?;
                     }

@@ -25,7 +25,12 @@ impl TwoHeads {
         };
         Ok((y, None))
     }
-    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor, dnone: Option<&Tensor>) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    pub fn backward(
+        &mut self,
+        cx: &mut Cx,
+        dy: &Tensor,
+        dnone: Option<&Tensor>,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         assert!(dnone.is_none(), "a None output gets no grad");
         let dx = self.lin.backward(cx, dy)?;
         Ok((dx, Some(dy.deep_clone()?)))
@@ -62,7 +67,11 @@ fn none_outputs_stay_none_and_get_no_grad() {
 fn forward_only_capture_for_inference() {
     on_each_backend(|dev| {
         let x = random(dev, &[4, 8], 5)?;
-        let mut g = GraphedBlock::new(Block::new(dev, 8, 8, 9)?, BlockInputs { x: x.clone() }, GraphedBlock::options().inference())?;
+        let mut g = GraphedBlock::new(
+            Block::new(dev, 8, 8, 9)?,
+            BlockInputs { x: x.clone() },
+            GraphedBlock::options().inference(),
+        )?;
         assert_eq!(g.inner().graphs().len(), 1, "only the forward graph");
         let eager = Block::new(dev, 8, 8, 9)?;
         let mut cx = Cx::new(dev);

@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex};
 
 use common::{on_each_backend, random};
 use graphed::optim::{Sgd, SgdConfig};
-use graphed::{capture_time_hook, graphed, make_graphed, ops, Cx, Device, Error, GraphOptions, HookKind, HookRegistry, Module, Param, Result, Tensor};
+use graphed::{
+    capture_time_hook, graphed, make_graphed, ops, Cx, Device, Error, GraphOptions, HookKind, HookRegistry, Module,
+    Param, Result, Tensor,
+};
 use model::{Block, GraphedStack, Stack};
 
 type Log = Arc<Mutex<Vec<(usize, &'static str, bool)>>>;
@@ -27,7 +30,13 @@ pub struct Logged {
 
 impl Logged {
     fn new(dev: &Device, id: usize, log: &Log) -> Result<Logged> {
-        Ok(Logged { id, lin: Block::new(dev, 8, 8, 10 + id as u64)?, log: log.clone(), fail_pre_backward_at: None, calls: 0 })
+        Ok(Logged {
+            id,
+            lin: Block::new(dev, 8, 8, 10 + id as u64)?,
+            log: log.clone(),
+            fail_pre_backward_at: None,
+            calls: 0,
+        })
     }
     fn record(&mut self, kind: &'static str) {
         self.log.lock().unwrap().push((self.id, kind, graphed::is_capturing()));
@@ -72,10 +81,19 @@ struct TwoLoggedOrdered {
 }
 
 fn one_iteration() -> Vec<(usize, &'static str, bool)> {
-    [(0, "pre_forward"), (0, "forward"), (1, "pre_forward"), (1, "forward"), (1, "pre_backward"), (1, "backward"), (0, "pre_backward"), (0, "backward")]
-        .into_iter()
-        .map(|(i, k)| (i, k, false))
-        .collect()
+    [
+        (0, "pre_forward"),
+        (0, "forward"),
+        (1, "pre_forward"),
+        (1, "forward"),
+        (1, "pre_backward"),
+        (1, "backward"),
+        (0, "pre_backward"),
+        (0, "backward"),
+    ]
+    .into_iter()
+    .map(|(i, k)| (i, k, false))
+    .collect()
 }
 
 fn hook_run(dev: &Device, ordered: bool) -> Result<()> {
@@ -87,8 +105,13 @@ fn hook_run(dev: &Device, ordered: bool) -> Result<()> {
             .make_graphed(vec![vec![vec![Some(x.clone())]], vec![vec![Some(h.clone())]]])?
             .into_inner()
     } else {
-        let mods: Vec<Box<dyn Module>> = vec![Box::new(Logged::new(dev, 0, &log)?), Box::new(Logged::new(dev, 1, &log)?)];
-        make_graphed(mods, vec![vec![vec![Some(x.clone())]], vec![vec![Some(h.clone())]]], GraphOptions::new().warmup(2))?
+        let mods: Vec<Box<dyn Module>> =
+            vec![Box::new(Logged::new(dev, 0, &log)?), Box::new(Logged::new(dev, 1, &log)?)];
+        make_graphed(
+            mods,
+            vec![vec![vec![Some(x.clone())]], vec![vec![Some(h.clone())]]],
+            GraphOptions::new().warmup(2),
+        )?
     };
     let want: Vec<_> = (0..3).flat_map(|_| one_iteration()).collect();
     assert_eq!(*log.lock().unwrap(), want, "2 warm-up iterations + 1 capture, never inside a capture");
@@ -237,9 +260,11 @@ fn parity_eager_whole_and_per_layer_are_bitwise_equal_over_sgd_steps() {
                 0 => Flavour::Eager(stack),
                 1 => Flavour::Whole(stack.make_graphed(&xs[0])?),
                 _ => {
-                    let mods: Vec<Box<dyn Module>> = stack.blocks.into_iter().map(|b| Box::new(b) as Box<dyn Module>).collect();
+                    let mods: Vec<Box<dyn Module>> =
+                        stack.blocks.into_iter().map(|b| Box::new(b) as Box<dyn Module>).collect();
                     let h = Tensor::zeros(dev, &[5, 16])?.with_requires_grad(true);
-                    let samples = vec![vec![vec![Some(xs[0].clone())]], vec![vec![Some(h.clone())]], vec![vec![Some(h)]]];
+                    let samples =
+                        vec![vec![vec![Some(xs[0].clone())]], vec![vec![Some(h.clone())]], vec![vec![Some(h)]]];
                     Flavour::PerLayer(make_graphed(mods, samples, GraphOptions::new().warmup(3))?)
                 }
             };
@@ -269,6 +294,7 @@ struct Interleaved {
 }
 
 /// The two-chunk pipeline, graphed or run eagerly by hand with a FIFO of contexts per chunk.
+#[allow(clippy::large_enum_variant)] // test code: one value per run
 enum Pipe {
     Graphed(GraphedInterleaved),
     Eager { first: Block, second: Block, cx1: VecDeque<Cx>, cx2: VecDeque<Cx> },

@@ -190,7 +190,8 @@ fn nodes_dot_and_keep_graph() {
         g.set_keep_graph(true);
         g.capture(CaptureMode::Global, || work(&y, &x))?;
         let nodes = g.nodes()?;
-        let kernels: Vec<_> = nodes.iter().filter(|n| n.kind == NodeKind::Kernel).filter_map(|n| n.kernel.clone()).collect();
+        let kernels: Vec<_> =
+            nodes.iter().filter(|n| n.kind == NodeKind::Kernel).filter_map(|n| n.kernel.clone()).collect();
         assert_eq!(kernels, vec!["axpy_f32".to_string(), "scale_f32".to_string()]);
         let scale = nodes.iter().find(|n| n.kernel.as_deref() == Some("scale_f32")).expect("scale node");
         let axpy = nodes.iter().find(|n| n.kernel.as_deref() == Some("axpy_f32")).expect("axpy node");
@@ -279,7 +280,8 @@ fn default_device_never_panics_and_cuda_errors_cleanly_without_gpu() {
 fn pool_reports_bytes_and_reuses_blocks() {
     on_each_backend(|dev| {
         let pool = dev.new_pool();
-        let (a, b) = dev.with_pool(&pool, || -> Result<_> { Ok((Tensor::zeros(dev, &[1000])?, Tensor::zeros(dev, &[10])?)) })?;
+        let (a, b) =
+            dev.with_pool(&pool, || -> Result<_> { Ok((Tensor::zeros(dev, &[1000])?, Tensor::zeros(dev, &[10])?)) })?;
         let st = pool.stats();
         assert_eq!(st.in_use, 4096 + 256);
         assert!(st.reserved >= st.in_use);

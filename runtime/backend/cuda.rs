@@ -65,13 +65,8 @@ fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
 /// panics on a missing one.
 fn probe_libraries() -> Result<()> {
     // SAFETY: these only try to dlopen the libraries by name.
-    let (driver, nvrtc, cublas) = unsafe {
-        (
-            sys::is_culib_present(),
-            cudarc::nvrtc::sys::is_culib_present(),
-            cublas_sys::is_culib_present(),
-        )
-    };
+    let (driver, nvrtc, cublas) =
+        unsafe { (sys::is_culib_present(), cudarc::nvrtc::sys::is_culib_present(), cublas_sys::is_culib_present()) };
     let missing: Vec<&str> = [(driver, "libcuda"), (nvrtc, "libnvrtc"), (cublas, "libcublas")]
         .iter()
         .filter(|(ok, _)| !ok)
@@ -336,7 +331,8 @@ impl CudaBackend {
     pub(crate) fn end_capture(&self) -> Result<RawGraph> {
         self.bind()?;
         // SAFETY: the stream is ours; a null graph means the capture was invalidated.
-        let g = unsafe { result::stream::end_capture(self.stream.cu_stream()) }.map_err(driver_err("cuStreamEndCapture"))?;
+        let g = unsafe { result::stream::end_capture(self.stream.cu_stream()) }
+            .map_err(driver_err("cuStreamEndCapture"))?;
         if g.is_null() {
             return Err(Error::GraphState("the capture was invalidated by an illegal operation".into()));
         }

@@ -25,7 +25,11 @@ pub fn fill_(y: &Tensor, value: f32) -> Result<()> {
                 Ok(())
             })
         }
-        Exec::Cuda(c) => c.launch("fill_f32", LaunchDims::elementwise(n as usize), &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(value), KArg::U32(n)]),
+        Exec::Cuda(c) => c.launch(
+            "fill_f32",
+            LaunchDims::elementwise(n as usize),
+            &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(value), KArg::U32(n)],
+        ),
     }
 }
 
@@ -83,6 +87,10 @@ pub fn scale_(y: &Tensor, a: f32) -> Result<()> {
                 Ok(())
             })
         }
-        Exec::Cuda(c) => c.launch("scale_f32", LaunchDims::elementwise(n as usize), &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(a), KArg::U32(n)]),
+        Exec::Cuda(c) => c.launch(
+            "scale_f32",
+            LaunchDims::elementwise(n as usize),
+            &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
+        ),
     }
 }
