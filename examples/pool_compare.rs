@@ -102,8 +102,10 @@ fn main() -> graphed::Result<()> {
         }
         cu(stream.synchronize())?;
         let node_capture_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let start = ctx.new_event(None).map_err(|e| graphed::Error::msg(format!("{e:?}")))?;
-        let end = ctx.new_event(None).map_err(|e| graphed::Error::msg(format!("{e:?}")))?;
+        // Timing needs events created with CU_EVENT_DEFAULT (cudarc's default disables timing).
+        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = ctx.new_event(timed).map_err(|e| graphed::Error::msg(format!("{e:?}")))?;
+        let end = ctx.new_event(timed).map_err(|e| graphed::Error::msg(format!("{e:?}")))?;
         start.record(&stream).map_err(|e| graphed::Error::msg(format!("{e:?}")))?;
         for _ in 0..REPLAYS {
             for (_, exec) in &execs {

@@ -18,7 +18,7 @@ use crate::{Error, Result};
 /// Every block is a multiple of this many bytes (and so aligned to it).
 const ALIGN: usize = 256;
 /// The smallest slab the pool asks the driver for.
-const MIN_SLAB: usize = 256 << 10;
+const MIN_SLAB: usize = 64 << 10;
 
 static NEXT_POOL_ID: AtomicUsize = AtomicUsize::new(1);
 
