@@ -73,6 +73,17 @@ fn time_steps(dev: &Device, warmup: usize, steps: usize, mut step: impl FnMut() 
     Ok(median(v))
 }
 
+/// One eager training step of the benchmark: forward, `sum()`, backward (dy = ones).
+fn eager_step(dev: &Device, stack: &mut Stack, x: &Tensor, dy: &Tensor) -> Result<()> {
+    let mut cx = Cx::new(dev);
+    cx.set_needs_input_grad(vec![false]);
+    let y = stack.forward(&mut cx, x)?;
+    let _loss = ops::sum(&y)?;
+    ops::fill_(dy, 1.0)?;
+    stack.backward(&mut cx, dy)?;
+    Ok(())
+}
+
 struct Row {
     l: usize,
     h: usize,
@@ -97,15 +108,7 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
     // Eager.
     progress("eager");
     let mut stack = Stack::new(dev, l, h, 1)?;
-    let eager = time_steps(dev, args.warmup, args.steps, || {
-        let mut cx = Cx::new(dev);
-        cx.set_needs_input_grad(vec![false]);
-        let y = stack.forward(&mut cx, &x)?;
-        let _loss = ops::sum(&y)?;
-        ops::fill_(&dy, 1.0)?;
-        stack.backward(&mut cx, &dy)?;
-        Ok(())
-    })?;
+    let eager = time_steps(dev, args.warmup, args.steps, || eager_step(dev, &mut stack, &x, &dy))?;
 
     // One graph per block, chained: block i+1 reads block i's static output in place.
     progress("one graph per block");
@@ -168,21 +171,12 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
     // The floor: the full step captured as one graph.
     progress("full step as one graph (floor)");
     let mut stack = Stack::new(dev, l, h, 1)?;
-    let step = |stack: &mut Stack| -> Result<()> {
-        let mut cx = Cx::new(dev);
-        cx.set_needs_input_grad(vec![false]);
-        let y = stack.forward(&mut cx, &x)?;
-        let _loss = ops::sum(&y)?;
-        ops::fill_(&dy, 1.0)?;
-        stack.backward(&mut cx, &dy)?;
-        Ok(())
-    };
     let pool = dev.new_pool();
     for _ in 0..3 {
-        dev.with_pool(&pool, || step(&mut stack))?;
+        dev.with_pool(&pool, || eager_step(dev, &mut stack, &x, &dy))?;
     }
     let mut g = Graph::with_pool(dev, &pool);
-    g.capture(CaptureMode::Global, || step(&mut stack))?;
+    g.capture(CaptureMode::Global, || eager_step(dev, &mut stack, &x, &dy))?;
     let floor = time_steps(dev, args.warmup, args.steps, || g.replay())?;
 
     Ok(Row {

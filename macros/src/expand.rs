@@ -424,6 +424,7 @@ fn expand_impl(item: &ItemImpl, model: &ModuleModel) -> TokenStream {
         }
     };
 
+    let common_accessors = common_accessors(&private);
     let wrapper_impl = quote! {
         #[automatically_derived]
         impl #self_ty {
@@ -494,30 +495,7 @@ fn expand_impl(item: &ItemImpl, model: &ModuleModel) -> TokenStream {
                 #private::expect_module(self.__modules.module_mut::<#self_ty>(0), #module)
             }
 
-            /// The type-erased graphs (pool, run-time hooks, ...).
-            pub fn inner(&self) -> &#private::GraphedModules {
-                &self.__modules
-            }
-
-            /// The type-erased graphs, mutably.
-            pub fn inner_mut(&mut self) -> &mut #private::GraphedModules {
-                &mut self.__modules
-            }
-
-            /// Unwraps the type-erased graphs.
-            pub fn into_inner(self) -> #private::GraphedModules {
-                self.__modules
-            }
-
-            /// Switches to training mode: calls replay the graphs if they were captured in it.
-            pub fn train(&mut self) {
-                self.__modules.train();
-            }
-
-            /// Switches to eval mode: calls replay the graphs if they were captured in it.
-            pub fn eval(&mut self) {
-                self.__modules.eval();
-            }
+            #common_accessors
         }
     };
 
@@ -695,6 +673,7 @@ fn expand_struct(item: &ItemStruct, model: &StructModel) -> TokenStream {
         options_text(&model.options)
     ));
     let options_doc = doc(format!("The options `#[graphed(...)]` gives `{name}`, the schedule included."));
+    let common_accessors = common_accessors(&private);
 
     quote! {
         #item
@@ -750,31 +729,40 @@ fn expand_struct(item: &ItemStruct, model: &StructModel) -> TokenStream {
 
                 #(#chunk_methods)*
 
-                /// The type-erased graphs (pool, run-time hooks, ...).
-                pub fn inner(&self) -> &#private::GraphedModules {
-                    &self.__modules
-                }
-
-                /// The type-erased graphs, mutably.
-                pub fn inner_mut(&mut self) -> &mut #private::GraphedModules {
-                    &mut self.__modules
-                }
-
-                /// Unwraps the type-erased graphs.
-                pub fn into_inner(self) -> #private::GraphedModules {
-                    self.__modules
-                }
-
-                /// Switches to training mode.
-                pub fn train(&mut self) {
-                    self.__modules.train();
-                }
-
-                /// Switches to eval mode.
-                pub fn eval(&mut self) {
-                    self.__modules.eval();
-                }
+                #common_accessors
             }
         };
+    }
+}
+
+/// The accessors every graphed wrapper has, over its `__modules` field.
+fn common_accessors(private: &TokenStream) -> TokenStream {
+    quote! {
+        /// The type-erased graphs (pool, run-time hooks, ...).
+        pub fn inner(&self) -> &#private::GraphedModules {
+            &self.__modules
+        }
+
+        /// The type-erased graphs, mutably.
+        pub fn inner_mut(&mut self) -> &mut #private::GraphedModules {
+            &mut self.__modules
+        }
+
+        /// Unwraps the type-erased graphs.
+        pub fn into_inner(self) -> #private::GraphedModules {
+            self.__modules
+        }
+
+        /// Switches to training mode: calls replay the graphs if they were captured in it, and
+        /// run the eager forward otherwise.
+        pub fn train(&mut self) {
+            self.__modules.train();
+        }
+
+        /// Switches to eval mode: calls replay the graphs if they were captured in it, and run
+        /// the eager forward otherwise.
+        pub fn eval(&mut self) {
+            self.__modules.eval();
+        }
     }
 }

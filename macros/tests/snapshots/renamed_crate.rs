@@ -382,11 +382,13 @@ const _: () = {
         pub fn into_inner(self) -> renamed::__private::GraphedModules {
             self.__modules
         }
-        /// Switches to training mode: calls replay the graphs if they were captured in it.
+        /// Switches to training mode: calls replay the graphs if they were captured in it, and
+        /// run the eager forward otherwise.
         pub fn train(&mut self) {
             self.__modules.train();
         }
-        /// Switches to eval mode: calls replay the graphs if they were captured in it.
+        /// Switches to eval mode: calls replay the graphs if they were captured in it, and run
+        /// the eager forward otherwise.
         pub fn eval(&mut self) {
             self.__modules.eval();
         }
