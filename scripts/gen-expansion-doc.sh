@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Regenerates docs/EXPANSION.md from the expansion snapshots (tests/docs.rs checks it is current).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+{
+  cat scripts/expansion-doc-head.md
+  cat macros/tests/snapshots/linear_single_tensor.rs
+  echo '```'
+  echo
+  echo 'And the struct form with a schedule, from `macros/tests/snapshots/two_stage_schedule.rs`:'
+  echo
+  echo '```rust'
+  cat macros/tests/snapshots/two_stage_schedule.rs
+  echo '```'
+} > docs/EXPANSION.md
