@@ -547,6 +547,9 @@ impl GraphedModules {
     /// Runs the forward of `chunk` for its next microbatch: copies each input into its static
     /// input (unless it already is that buffer), replays, and returns the static outputs.
     /// In the mode other than the one captured, runs the module eagerly.
+    ///
+    /// `cx` is taken for symmetry with the eager module; graphed modules keep the contexts of
+    /// their microbatches themselves.
     pub fn forward(&mut self, chunk: usize, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let _ = cx;
         self.check_chunk(chunk)?;
@@ -565,10 +568,14 @@ impl GraphedModules {
             copy_in(&s.label, "input", i, given.as_ref(), st.as_ref())?;
         }
         let restarted = s.forward.replay_checked()?;
-        self.next_forward[chunk] = (m + 1) % self.surfaces[chunk].len();
         if restarted {
+            // An iteration was abandoned half-way: its handles go stale and its microbatches
+            // can no longer run backward.
             self.invalidate_all();
+            self.pending.iter_mut().for_each(VecDeque::clear);
+            self.next_forward.fill(0);
         }
+        self.next_forward[chunk] = (m + 1) % self.surfaces[chunk].len();
         let s = &self.surfaces[chunk][m];
         for t in &s.forward_clobbers {
             t.bump_generation();
@@ -579,7 +586,8 @@ impl GraphedModules {
         Ok(s.outputs.iter().map(|o| o.as_ref().map(Tensor::refreshed)).collect())
     }
 
-    /// Runs the backward of `chunk` for its oldest outstanding microbatch: copies the grad
+    /// Runs the backward of `chunk` for its oldest outstanding microbatch (`cx` as in
+    /// [`GraphedModules::forward`]): copies the grad
     /// outputs in (skipping `None` outputs), replays, and returns the grads of the inputs
     /// (`None` for inputs that need none). Parameter grads accumulate.
     pub fn backward(
@@ -612,6 +620,7 @@ impl GraphedModules {
         }
         let graph = s.backward.as_mut().ok_or_else(|| Error::GraphState(format!("{}: no backward graph", s.label)))?;
         if graph.replay_checked()? {
+            // Only a forward graph can start a cycle, so this does not happen; stay safe anyway.
             self.invalidate_all();
         }
         let s = &self.surfaces[chunk][m];
@@ -635,7 +644,6 @@ impl GraphedModules {
                 t.bump_generation();
             }
         }
-        // Microbatches of the abandoned cycle can no longer run backward.
     }
 
     fn eager_forward(&mut self, chunk: usize, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {

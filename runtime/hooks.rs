@@ -18,6 +18,8 @@ struct Entry {
 struct Inner {
     next_id: u64,
     entries: Vec<Entry>,
+    /// Ids removed while their entries were taken out to run.
+    removed: Vec<u64>,
 }
 
 /// Hooks registered at run time, shared between the caller and the graphed modules.
@@ -55,7 +57,12 @@ pub struct HookHandle {
 impl HookHandle {
     /// Unregisters the hook.
     pub fn remove(self) {
-        self.registry.lock().entries.retain(|e| e.id != self.id);
+        let mut inner = self.registry.lock();
+        let before = inner.entries.len();
+        inner.entries.retain(|e| e.id != self.id);
+        if inner.entries.len() == before {
+            inner.removed.push(self.id);
+        }
     }
 }
 
@@ -102,14 +109,26 @@ impl HookRegistry {
     /// Runs the hooks of `kind` for `chunk`: prepended ones, then `declared` (the module's
     /// own), then appended ones.
     pub(crate) fn run(&self, chunk: usize, kind: HookKind, declared: impl FnOnce() -> Result<()>) -> Result<()> {
+        // The hooks run without the lock held, so a hook may register or remove hooks; those
+        // changes take effect from the next run.
+        let mut taken = std::mem::take(&mut self.lock().entries);
+        let mut run = || -> Result<()> {
+            for e in taken.iter_mut().filter(|e| e.prepend && e.chunk == chunk && e.kind == kind) {
+                (e.f)()?;
+            }
+            declared()?;
+            for e in taken.iter_mut().filter(|e| !e.prepend && e.chunk == chunk && e.kind == kind) {
+                (e.f)()?;
+            }
+            Ok(())
+        };
+        let result = run();
         let mut inner = self.lock();
-        for e in inner.entries.iter_mut().filter(|e| e.prepend && e.chunk == chunk && e.kind == kind) {
-            (e.f)()?;
-        }
-        declared()?;
-        for e in inner.entries.iter_mut().filter(|e| !e.prepend && e.chunk == chunk && e.kind == kind) {
-            (e.f)()?;
-        }
-        Ok(())
+        let added = std::mem::take(&mut inner.entries);
+        let removed = std::mem::take(&mut inner.removed);
+        taken.retain(|e| !removed.contains(&e.id));
+        let (front, back): (Vec<Entry>, Vec<Entry>) = added.into_iter().partition(|e| e.prepend);
+        inner.entries = front.into_iter().chain(taken).chain(back).collect();
+        result
     }
 }

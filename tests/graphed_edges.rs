@@ -277,3 +277,53 @@ fn a_run_time_input_of_another_shape_is_a_typed_error() {
         Ok(())
     });
 }
+
+#[test]
+fn a_hook_may_register_and_remove_hooks() {
+    on_each_backend(|dev| {
+        let hooks = graphed::HookRegistry::new();
+        let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (inner_hooks, c) = (hooks.clone(), calls.clone());
+        let mut handle = None;
+        let first = hooks.register(0, graphed::HookKind::PreForward, false, move || {
+            c.lock().unwrap().push("outer");
+            if handle.is_none() {
+                let c2 = c.clone();
+                handle = Some(inner_hooks.register(0, graphed::HookKind::Forward, false, move || {
+                    c2.lock().unwrap().push("added by a hook");
+                    Ok(())
+                }));
+            }
+            Ok(())
+        });
+        let x = random(dev, &[2, 8], 18)?;
+        let _g = GraphedBlock::new(
+            Block::new(dev, 8, 8, 7)?,
+            BlockInputs { x },
+            GraphedBlock::options().warmup(2).hooks(&hooks),
+        )?;
+        assert_eq!(
+            *calls.lock().unwrap(),
+            ["outer", "added by a hook", "outer", "added by a hook", "outer", "added by a hook"]
+        );
+        first.remove();
+        assert_eq!(hooks.len(), 1);
+        Ok(())
+    });
+}
+
+#[test]
+fn an_abandoned_iteration_can_start_over() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[2, 8], 19)?;
+        let mut g = Block::new(dev, 8, 8, 8)?.make_graphed(&x)?;
+        let mut cx = Cx::new(dev);
+        let abandoned = g.forward(&mut cx, &x)?; // no backward: e.g. the step hit an error
+        let y = g.forward(&mut cx, &x)?; // starting the cycle over is allowed
+        assert!(matches!(abandoned.to_vec(), Err(Error::StaleTensor { .. })));
+        assert!(g.backward(&mut cx, &y)?.is_none());
+        let err = g.backward(&mut cx, &y).unwrap_err();
+        assert!(err.to_string().contains("backward without an outstanding forward"), "{err}");
+        Ok(())
+    });
+}
