@@ -112,7 +112,7 @@ impl HookRegistry {
         // The hooks run without the lock held, so a hook may register or remove hooks; those
         // changes take effect from the next run.
         let mut taken = std::mem::take(&mut self.lock().entries);
-        let mut run = || -> Result<()> {
+        let run = || -> Result<()> {
             for e in taken.iter_mut().filter(|e| e.prepend && e.chunk == chunk && e.kind == kind) {
                 (e.f)()?;
             }
