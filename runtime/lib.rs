@@ -56,5 +56,5 @@ pub use module::{HookKind, Module};
 pub use param::Param;
 pub use pool::{GraphPool, PoolStats};
 pub use rng::{Generator, RngState};
-pub use shape::Shape;
+pub use shape::{Shape, MAX_RANK};
 pub use tensor::Tensor;

@@ -3,10 +3,10 @@
 //!
 //! This crate is an implementation detail: depend on `graphed`, which re-exports both macros
 //! and is versioned in lockstep with this crate. The macros work in three stages, each in its
-//! own module: [`parse`] reads the attributes into typed arguments, [`validate`] judges them and
-//! the annotated item and builds a model, [`expand`] turns the model into code. Every stage
-//! collects its errors in a [`ctxt::Ctxt`] so one build reports all of them, and on error the
-//! user's item is emitted unchanged next to the errors ([`fallback`]).
+//! own module: `parse` reads the attributes into typed arguments, `validate` judges them and
+//! the annotated item and builds a model, `expand` turns the model into code. Every stage
+//! collects its errors in a `ctxt::Ctxt` so one build reports all of them, and on error the
+//! user's item is emitted unchanged next to the errors (`fallback`).
 
 mod ctxt;
 mod expand;
