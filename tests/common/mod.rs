@@ -33,6 +33,8 @@ pub fn backends() -> Vec<Backend> {
             if std::env::var("GRAPHED_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
                 panic!("GRAPHED_REQUIRE_CUDA=1 but CUDA is unusable: {e}");
             }
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| eprintln!("note: the CUDA half of these tests is skipped: {e}"));
         }
     }
     v
