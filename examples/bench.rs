@@ -98,6 +98,7 @@ struct Row {
     live_mb: f64,
     whole_pool_mb: f64,
     issue_us: f64,
+    per_block_cpu_us: f64,
 }
 
 fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> Result<Row> {
@@ -121,7 +122,7 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
     let mut per = make_graphed(blocks, samples, GraphOptions::new().warmup(3).chained(true))?;
     let capture_ms = t0.elapsed().as_secs_f64() * 1e3;
     let (pool_mb, live_mb) = (per.pool().stats().reserved as f64 / 1e6, per.live_bytes() as f64 / 1e6);
-    let per_block = time_steps(dev, args.warmup, args.steps, || {
+    let mut per_block_step = || -> Result<()> {
         let mut cx = Cx::new(dev);
         let mut hcur = x.clone();
         for i in 0..l {
@@ -137,7 +138,18 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
             }
         }
         Ok(())
-    })?;
+    };
+    let per_block = time_steps(dev, args.warmup, args.steps, &mut per_block_step)?;
+    // CPU time to issue one per-block step (no synchronisation inside): if it is below the
+    // step's GPU time, the GPU never waits for the CPU.
+    let mut cpu = Vec::with_capacity(args.steps);
+    for _ in 0..args.steps {
+        dev.synchronize()?;
+        let t = Instant::now();
+        per_block_step()?;
+        cpu.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let per_block_cpu_us = median(cpu);
     drop(per);
 
     // One graph for the whole stack.
@@ -193,6 +205,7 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
         live_mb,
         whole_pool_mb,
         issue_us,
+        per_block_cpu_us,
     })
 }
 
@@ -205,12 +218,12 @@ fn main() -> Result<()> {
         rows.push(bench_shape(&dev, shape, &args)?);
     }
     println!(
-        "{:>14} {:>10} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9} {:>9}",
-        "L x H, B", "eager us", "per-block", "whole", "floor", "capture ms", "pool MB", "live MB", "issue us"
+        "{:>14} {:>10} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9} {:>9} {:>13}",
+        "L x H, B", "eager us", "per-block", "whole", "floor", "capture ms", "pool MB", "live MB", "issue us", "per-block CPU"
     );
     for r in &rows {
         println!(
-            "{:>14} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>11.2} {:>9.2} {:>9.2} {:>9.2}",
+            "{:>14} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>11.2} {:>9.2} {:>9.2} {:>9.2} {:>13.1}",
             format!("{}x{}, {}", r.l, r.h, r.b),
             r.eager,
             r.per_block,
@@ -219,7 +232,8 @@ fn main() -> Result<()> {
             r.capture_ms,
             r.pool_mb,
             r.live_mb,
-            r.issue_us
+            r.issue_us,
+            r.per_block_cpu_us
         );
     }
     if let Some(path) = &args.out {
@@ -227,8 +241,8 @@ fn main() -> Result<()> {
             .iter()
             .map(|r| {
                 format!(
-                    "{{\"L\":{},\"H\":{},\"B\":{},\"eager_us\":{:.2},\"per_block_us\":{:.2},\"whole_us\":{:.2},\"floor_us\":{:.2},\"capture_ms\":{:.3},\"whole_capture_ms\":{:.3},\"pool_mb\":{:.4},\"live_mb\":{:.4},\"whole_pool_mb\":{:.4},\"issue_us\":{:.3}}}",
-                    r.l, r.h, r.b, r.eager, r.per_block, r.whole, r.floor, r.capture_ms, r.whole_capture_ms, r.pool_mb, r.live_mb, r.whole_pool_mb, r.issue_us
+                    "{{\"L\":{},\"H\":{},\"B\":{},\"eager_us\":{:.2},\"per_block_us\":{:.2},\"whole_us\":{:.2},\"floor_us\":{:.2},\"capture_ms\":{:.3},\"whole_capture_ms\":{:.3},\"pool_mb\":{:.4},\"live_mb\":{:.4},\"whole_pool_mb\":{:.4},\"issue_us\":{:.3},\"per_block_cpu_us\":{:.2}}}",
+                    r.l, r.h, r.b, r.eager, r.per_block, r.whole, r.floor, r.capture_ms, r.whole_capture_ms, r.pool_mb, r.live_mb, r.whole_pool_mb, r.issue_us, r.per_block_cpu_us
                 )
             })
             .collect();
