@@ -219,7 +219,16 @@ fn main() -> Result<()> {
     }
     println!(
         "{:>14} {:>10} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9} {:>9} {:>13}",
-        "L x H, B", "eager us", "per-block", "whole", "floor", "capture ms", "pool MB", "live MB", "issue us", "per-block CPU"
+        "L x H, B",
+        "eager us",
+        "per-block",
+        "whole",
+        "floor",
+        "capture ms",
+        "pool MB",
+        "live MB",
+        "issue us",
+        "per-block CPU"
     );
     for r in &rows {
         println!(
