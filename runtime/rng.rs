@@ -45,8 +45,19 @@ impl RngState {
     }
 }
 
+/// The four state words: seed lo, seed hi, offset lo, offset hi.
+fn words_u32(seed: u64, offset: u64) -> [u32; 4] {
+    [seed as u32, (seed >> 32) as u32, offset as u32, (offset >> 32) as u32]
+}
+
+/// The state words as the f32 bit patterns the state tensor holds.
 fn words(seed: u64, offset: u64) -> [f32; 4] {
-    [seed as u32, (seed >> 32) as u32, offset as u32, (offset >> 32) as u32].map(f32::from_bits)
+    words_u32(seed, offset).map(f32::from_bits)
+}
+
+/// (seed, offset) from the four state words.
+pub(crate) fn decode_state(w: &[u32]) -> (u64, u64) {
+    (w[0] as u64 | ((w[1] as u64) << 32), w[2] as u64 | ((w[3] as u64) << 32))
 }
 
 impl Generator {
@@ -63,8 +74,8 @@ impl Generator {
 
     /// Reads (seed, offset) back to the host. Illegal during capture.
     pub fn seed_and_offset(&self) -> Result<(u64, u64)> {
-        let w: Vec<u64> = self.state.to_vec()?.into_iter().map(|v| v.to_bits() as u64).collect();
-        Ok((w[0] | (w[1] << 32), w[2] | (w[3] << 32)))
+        let w: Vec<u32> = self.state.to_vec()?.into_iter().map(f32::to_bits).collect();
+        Ok(decode_state(&w))
     }
 
     /// Copies the state into new device memory. Capturable.
@@ -85,7 +96,7 @@ impl Generator {
     /// Fills `out` with uniform numbers in [0, 1) and advances the offset by its length.
     pub fn uniform_(&self, out: &Tensor) -> Result<()> {
         let n = out.numel();
-        self.draw(out, "rng_uniform_f32", n, |u, _| u)
+        self.draw(out, "rng_uniform_f32", n)
     }
 
     /// The device the state lives on.
@@ -93,9 +104,9 @@ impl Generator {
         self.state.device()
     }
 
-    /// Runs `kernel` (CUDA) or `f(uniform, index)` (host) over `out`'s `n` elements with the
-    /// current state, then advances the offset by `n`. Used by dropout and `uniform_`.
-    pub(crate) fn draw(&self, out: &Tensor, kernel: &'static str, n: usize, f: fn(f32, usize) -> f32) -> Result<()> {
+    /// Fills `out`'s `n` elements with uniforms from the current state (`kernel` on CUDA, the
+    /// same Philox function on the host), then advances the offset by `n`.
+    pub(crate) fn draw(&self, out: &Tensor, kernel: &'static str, n: usize) -> Result<()> {
         if out.device() != self.device() {
             return Err(Error::DeviceMismatch { op: "rng", a: out.device().name(), b: self.device().name() });
         }
@@ -103,21 +114,11 @@ impl Generator {
             Exec::Host(h) => {
                 let (y, st) = (out.host_ptr()?, self.state.host_ptr()?);
                 h.run(kernel, move || {
-                    let w = st.read_u32();
-                    let (seed, offset) = (w[0] as u64 | ((w[1] as u64) << 32), w[2] as u64 | ((w[3] as u64) << 32));
-                    let v: Vec<f32> = (0..n).map(|i| f(philox_uniform(seed, offset + i as u64), i)).collect();
+                    let (seed, offset) = decode_state(&st.read_u32());
+                    let v: Vec<f32> = (0..n).map(|i| philox_uniform(seed, offset + i as u64)).collect();
                     y.write(&v);
                     Ok(())
                 })?;
-                let st = self.state.host_ptr()?;
-                h.run("rng_advance", move || {
-                    let mut w = st.read_u32();
-                    let off = (w[2] as u64 | ((w[3] as u64) << 32)) + n as u64;
-                    w[2] = off as u32;
-                    w[3] = (off >> 32) as u32;
-                    st.write_u32(&w);
-                    Ok(())
-                })
             }
             Exec::Cuda(c) => {
                 let st = self.state.cuda_ptr()?;
@@ -126,9 +127,9 @@ impl Generator {
                     crate::backend::LaunchDims::elementwise(n),
                     &[KArg::Ptr(out.cuda_ptr()?), KArg::Ptr(st), KArg::U32(n as u32)],
                 )?;
-                c.launch("rng_advance", crate::backend::LaunchDims::rows(1, 32), &[KArg::Ptr(st), KArg::U64(n as u64)])
             }
         }
+        self.advance(n as u64)
     }
 
     /// Advances the offset by `n` on the device stream (capturable): what an op that read the
@@ -138,11 +139,8 @@ impl Generator {
             Exec::Host(h) => {
                 let st = self.state.host_ptr()?;
                 h.run("rng_advance", move || {
-                    let mut w = st.read_u32();
-                    let off = (w[2] as u64 | ((w[3] as u64) << 32)) + n;
-                    w[2] = off as u32;
-                    w[3] = (off >> 32) as u32;
-                    st.write_u32(&w);
+                    let (seed, offset) = decode_state(&st.read_u32());
+                    st.write_u32(&words_u32(seed, offset + n));
                     Ok(())
                 })
             }

@@ -53,8 +53,7 @@ pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(T
         Exec::Host(h) => {
             let (xp, yp, mp, st) = (x.host_ptr()?, y.host_ptr()?, mask.host_ptr()?, gen.state().host_ptr()?);
             h.run("dropout_f32", move || {
-                let w = st.read_u32();
-                let (seed, offset) = (w[0] as u64 | ((w[1] as u64) << 32), w[2] as u64 | ((w[3] as u64) << 32));
+                let (seed, offset) = crate::rng::decode_state(&st.read_u32());
                 let m = cpu::dropout_mask(seed, offset, n as usize, p);
                 yp.write(&cpu::mul(&xp.read(), &m));
                 mp.write(&m);
