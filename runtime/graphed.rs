@@ -322,21 +322,22 @@ impl GraphedModules {
         let mut queues: Vec<VecDeque<(Cx, Vec<Option<Tensor>>)>> =
             (0..self.modules.len()).map(|_| VecDeque::new()).collect();
         let mut next = vec![0usize; self.modules.len()];
-        let mut outputs: Vec<Vec<Option<Vec<Option<Tensor>>>>> =
-            self.surfaces.iter().map(|r| r.iter().map(|_| None).collect()).collect();
+        // First output of each (chunk, microbatch) this iteration, for chaining.
+        let mut first_outputs: Vec<Vec<Option<Tensor>>> = self.surfaces.iter().map(|r| vec![None; r.len()]).collect();
         for &step in steps {
             match step {
                 Step::Forward(c) => {
                     let m = next[c];
                     next[c] += 1;
-                    let inputs = self.chained_inputs(c, m, &outputs)?;
+                    let prev = if c > 0 { first_outputs[c - 1][m].clone() } else { None };
+                    let inputs = self.chained_inputs(c, m, prev)?;
                     self.run_hooks(c, HookKind::PreForward)?;
                     let mut cx = Cx::new(&self.device);
                     cx.set_training(self.captured_training);
                     cx.set_needs_input_grad(Self::needs_input_grad(&inputs));
                     let outs = self.modules[c].forward(&mut cx, &inputs)?;
                     self.run_hooks(c, HookKind::Forward)?;
-                    outputs[c][m] = Some(outs.clone());
+                    first_outputs[c][m] = outs.first().cloned().flatten();
                     queues[c].push_back((cx, outs));
                 }
                 Step::Backward(c) => {
@@ -358,15 +359,11 @@ impl GraphedModules {
 
     /// The inputs of (chunk, microbatch): its static inputs, with a chained first input taken
     /// from the previous chunk's outputs.
-    fn chained_inputs(
-        &self,
-        c: usize,
-        m: usize,
-        outputs: &[Vec<Option<Vec<Option<Tensor>>>>],
-    ) -> Result<Vec<Option<Tensor>>> {
+    /// `prev` is the previous chunk's first output for this microbatch, if it ran yet.
+    fn chained_inputs(&self, c: usize, m: usize, prev: Option<Tensor>) -> Result<Vec<Option<Tensor>>> {
         let mut inputs = self.surfaces[c][m].inputs.clone();
         if self.options.chained && c > 0 {
-            let prev = outputs[c - 1][m].as_ref().and_then(|o| o.first().cloned().flatten()).ok_or_else(|| {
+            let prev = prev.ok_or_else(|| {
                 Error::invalid(
                     "make_graphed",
                     format!("chained: chunk {} microbatch {m} runs before chunk {} produced its output", c + 1, c),
@@ -389,16 +386,8 @@ impl GraphedModules {
                 Step::Forward(c) => {
                     let m = next[c];
                     next[c] += 1;
-                    let outputs: Vec<Vec<Option<Vec<Option<Tensor>>>>> = self
-                        .surfaces
-                        .iter()
-                        .map(|r| {
-                            r.iter()
-                                .map(|s| if s.outputs.is_empty() { None } else { Some(s.outputs.clone()) })
-                                .collect()
-                        })
-                        .collect();
-                    let inputs = self.chained_inputs(c, m, &outputs)?;
+                    let prev = if c > 0 { self.surfaces[c - 1][m].outputs.first().cloned().flatten() } else { None };
+                    let inputs = self.chained_inputs(c, m, prev)?;
                     self.surfaces[c][m].inputs = inputs.clone();
                     self.run_hooks(c, HookKind::PreForward)?;
                     let mut cx_template = Cx::new(&self.device);

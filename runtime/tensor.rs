@@ -106,13 +106,12 @@ impl Tensor {
         if data.len() != self.numel() {
             return Err(Error::shape("copy_from_slice", format!("{} values into {:?}", data.len(), self.shape)));
         }
-        match (&backend.kind, self.ptr()?) {
-            (BackendKind::Cuda(c), Ptr::Cuda(p)) => c.copy_to_device(p, data),
-            (_, Ptr::Host(_)) => {
+        match &backend.kind {
+            BackendKind::Cuda(c) => c.copy_to_device(self.cuda_ptr()?, data),
+            BackendKind::Host(_) => {
                 self.host_ptr()?.write(data);
                 Ok(())
             }
-            _ => unreachable!("a buffer's pointer matches its device's backend"),
         }
     }
 
@@ -120,14 +119,13 @@ impl Tensor {
     pub fn to_vec(&self) -> Result<Vec<f32>> {
         let backend = self.device().backend();
         backend.forbid_during_capture("copy to host memory")?;
-        match (&backend.kind, self.ptr()?) {
-            (BackendKind::Cuda(c), Ptr::Cuda(p)) => {
+        match &backend.kind {
+            BackendKind::Cuda(c) => {
                 let mut out = vec![0.0; self.numel()];
-                c.copy_to_host(&mut out, p)?;
+                c.copy_to_host(&mut out, self.cuda_ptr()?)?;
                 Ok(out)
             }
-            (_, Ptr::Host(_)) => Ok(self.host_ptr()?.read()),
-            _ => unreachable!("a buffer's pointer matches its device's backend"),
+            BackendKind::Host(_) => Ok(self.host_ptr()?.read()),
         }
     }
 

@@ -2,15 +2,13 @@
 //! masks in the recompute, every replay draws fresh masks, and the pool shrinks.
 
 mod common;
-#[path = "../examples/common/model.rs"]
-mod model;
 
+use common::model::Block;
 use common::{on_each_backend, random};
 use graphed::optim::{Sgd, SgdConfig};
 use graphed::{
     graphed, make_graphed, ops, Checkpoint, Cx, Device, GraphOptions, GraphedModules, Module, Param, Result, Tensor,
 };
-use model::Block;
 
 /// Linear + GELU + dropout(p).
 pub struct DropBlock {

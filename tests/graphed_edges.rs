@@ -3,12 +3,10 @@
 //! replay order, warm-up leaving RNG results unchanged, and bad run-time input.
 
 mod common;
-#[path = "../examples/common/model.rs"]
-mod model;
 
+use common::model::{Block, BlockInputs, GraphedBlock};
 use common::{on_each_backend, random};
 use graphed::{graphed, make_graphed, ops, Cx, Error, GraphOptions, Module, Param, Result, Tensor};
-use model::{Block, BlockInputs, GraphedBlock};
 
 /// Two outputs, the second always `None`; two inputs, the second optional.
 pub struct TwoHeads {
@@ -371,6 +369,44 @@ fn an_output_placed_in_an_earlier_graphs_temporary_goes_stale_when_that_graph_re
         // (the pool reused the block): the handle must report itself stale, not change.
         g.forward(0, &mut cx, &[Some(x.clone())])?;
         assert!(matches!(y_b.to_vec(), Err(Error::StaleTensor { .. })), "B's output must be stale after A replays");
+        Ok(())
+    });
+}
+
+#[test]
+fn chained_modules_match_eager() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[4, 8], 21)?;
+        let dy = random(dev, &[4, 8], 22)?;
+        let h = Tensor::zeros(dev, &[4, 8])?.with_requires_grad(true);
+        let mods: Vec<Box<dyn Module>> =
+            (0..3).map(|i| Ok(Box::new(Block::new(dev, 8, 8, 30 + i)?) as Box<dyn Module>)).collect::<Result<_>>()?;
+        let samples = vec![vec![vec![Some(x.clone())]], vec![vec![Some(h.clone())]], vec![vec![Some(h)]]];
+        let mut g = make_graphed(mods, samples, GraphOptions::new().chained(true))?;
+        let mut eager: Vec<Block> = (0..3).map(|i| Block::new(dev, 8, 8, 30 + i)).collect::<Result<_>>()?;
+        let mut cx = Cx::new(dev);
+        for _ in 0..2 {
+            let mut y = vec![Some(x.clone())];
+            let mut ye = x.clone();
+            let mut cxs: Vec<Cx> = (0..3).map(|_| Cx::new(dev)).collect();
+            for i in 0..3 {
+                y = g.forward(i, &mut cx, &y)?;
+                ye = eager[i].forward(&mut cxs[i], &ye.with_requires_grad(true))?;
+            }
+            let yg = y[0].clone().expect("output");
+            assert_eq!(yg.to_vec()?, ye.to_vec()?);
+            let mut d = vec![Some(dy.clone())];
+            let mut de = dy.clone();
+            for i in (0..3).rev() {
+                d = g.backward(i, &mut cx, &d)?;
+                de = eager[i].backward(&mut cxs[i], &de)?.unwrap_or_else(|| dy.clone());
+            }
+            assert!(d[0].is_none(), "x needs no grad");
+        }
+        for (i, b) in eager.iter().enumerate() {
+            let gb = g.module::<Block>(i).expect("block");
+            assert_eq!(gb.w.grad.to_vec()?, b.w.grad.to_vec()?, "block {i} weight grad");
+        }
         Ok(())
     });
 }

@@ -3,19 +3,17 @@
 //! unused inputs, grad accumulation, stale handles, replay order, warm-up and RNG.
 
 mod common;
-#[path = "../examples/common/model.rs"]
-mod model;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+use common::model::{Block, GraphedStack, Stack};
 use common::{on_each_backend, random};
 use graphed::optim::{Sgd, SgdConfig};
 use graphed::{
     capture_time_hook, graphed, make_graphed, ops, Cx, Device, Error, GraphOptions, HookKind, HookRegistry, Module,
     Param, Result, Tensor,
 };
-use model::{Block, GraphedStack, Stack};
 
 type Log = Arc<Mutex<Vec<(usize, &'static str, bool)>>>;
 

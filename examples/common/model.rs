@@ -5,23 +5,9 @@
 use graphed::ops::{self, Gelu};
 use graphed::{graphed, Cx, Device, Param, Result, Tensor};
 
-/// Deterministic values in [-scale, scale) (xorshift), for weights and synthetic data.
-pub fn random_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
-
-/// A tensor of `random_vec` values.
-pub fn random(dev: &Device, dims: &[usize], seed: u64, scale: f32) -> Result<Tensor> {
-    Tensor::from_slice(dev, &random_vec(dims.iter().product(), seed, scale), dims)
-}
+#[path = "data.rs"]
+pub mod data;
+pub use data::random;
 
 /// `y = GELU(x W^T + b)`, W of shape [out, in] as in PyTorch.
 pub struct Block {

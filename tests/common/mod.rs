@@ -40,17 +40,13 @@ pub fn backends() -> Vec<Backend> {
     v
 }
 
-/// Deterministic pseudo-random values in [-1, 1) (xorshift), so tests never run on zeros.
+/// The examples' model and synthetic data, shared with the tests.
+#[path = "../../examples/common/model.rs"]
+pub mod model;
+
+/// Deterministic pseudo-random values in [-1, 1), so tests never run on zeros.
 pub fn random_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    model::data::random_vec(n, seed, 1.0)
 }
 
 pub fn random(dev: &Device, dims: &[usize], seed: u64) -> Result<Tensor> {
