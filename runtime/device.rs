@@ -2,22 +2,26 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{Backend, BackendKind, CudaBackend, HostBackend};
-use crate::{Generator, GraphPool, Result};
+use std::thread::ThreadId;
+
+use crate::backend::{Backend, BackendKind};
+use crate::{Error, Generator, GraphPool, Result};
 
 struct DeviceInner {
     backend: Arc<Backend>,
     default_pool: GraphPool,
-    /// Pools that allocations go to instead of the default one, innermost last.
-    pool_stack: Mutex<Vec<GraphPool>>,
+    /// Per thread, the pools that its allocations go to instead of the default one, innermost
+    /// last (a capture on one thread must not capture another thread's allocations).
+    pool_stack: Mutex<Vec<(ThreadId, GraphPool)>>,
     rng: Mutex<Option<Generator>>,
 }
 
 /// A device: the CUDA GPU of an ordinal, or the host backend.
 ///
-/// A `Device` is a cheap handle (clone it freely). Each device has one stream: everything on a
-/// device is ordered, and graphs capture that stream. Drive one device from one thread at a
-/// time.
+/// A `Device` is a cheap handle (clone it freely, send it to other threads). Each device has
+/// one stream: everything on a device is ordered, and graphs capture that stream. Several
+/// threads may drive one device at once; while one of them captures, the others' work waits
+/// until the capture ends, so it never lands in the graph.
 ///
 /// ```
 /// use graphed::Device;
@@ -43,8 +47,8 @@ impl PartialEq for Device {
 static CUDA_DEVICES: Mutex<Vec<(usize, Device)>> = Mutex::new(Vec::new());
 
 impl Device {
-    fn from_backend(kind: BackendKind) -> Device {
-        let backend = Arc::new(Backend::new(kind));
+    fn from_backend(backend: Backend) -> Device {
+        let backend = Arc::new(backend);
         Device(Arc::new(DeviceInner {
             default_pool: GraphPool::new(backend.clone()),
             backend,
@@ -56,7 +60,7 @@ impl Device {
     /// A new host-backend device. Each call makes an independent device with its own stream,
     /// so tests on separate host devices never see each other's captures.
     pub fn host() -> Device {
-        Device::from_backend(BackendKind::Host(HostBackend::default()))
+        Device::from_backend(Backend::host())
     }
 
     /// The CUDA GPU `ordinal`, or [`crate::Error::CudaUnavailable`] when there is none or the
@@ -68,8 +72,7 @@ impl Device {
         if let Some((_, d)) = devices.iter().find(|(o, _)| *o == ordinal) {
             return Ok(d.clone());
         }
-        let backend = CudaBackend::new(ordinal)?;
-        let dev = Device::from_backend(BackendKind::Cuda(Box::new(backend)));
+        let dev = Device::from_backend(Backend::cuda(ordinal)?);
         devices.push((ordinal, dev.clone()));
         Ok(dev)
     }
@@ -106,9 +109,22 @@ impl Device {
         self.0.backend.synchronize()
     }
 
-    /// Whether this device's stream is capturing a graph.
+    /// Whether the calling thread is capturing a graph on this device's stream.
     pub fn is_capturing(&self) -> bool {
         self.0.backend.is_capturing()
+    }
+
+    /// Bytes the device holds for all its pools (the default pool and every graph pool), as
+    /// obtained from the driver. A failed `make_graphed` gives back what it took.
+    pub fn reserved_bytes(&self) -> usize {
+        self.0.backend.reserved_bytes()
+    }
+
+    /// Errors that happened where they could not be returned (freeing a slab or destroying a
+    /// graph while dropping it), oldest first; each was also printed to stderr once. Reading
+    /// them clears the list.
+    pub fn take_drop_errors(&self) -> Vec<Error> {
+        self.0.backend.drop_errors.take()
     }
 
     /// A new, empty pool on this device.
@@ -123,8 +139,10 @@ impl Device {
 
     /// The pool new tensors are allocated from now.
     pub fn current_pool(&self) -> GraphPool {
+        let me = std::thread::current().id();
         let stack = self.0.pool_stack.lock().unwrap_or_else(|e| e.into_inner());
-        stack.last().cloned().unwrap_or_else(|| self.0.default_pool.clone())
+        let mine = stack.iter().rev().find(|(t, _)| *t == me);
+        mine.map(|(_, p)| p.clone()).unwrap_or_else(|| self.0.default_pool.clone())
     }
 
     /// Runs `f` with new allocations on this device coming from `pool`.
@@ -165,11 +183,17 @@ impl Device {
     }
 
     pub(crate) fn push_pool(&self, pool: &GraphPool) {
-        self.0.pool_stack.lock().unwrap_or_else(|e| e.into_inner()).push(pool.clone());
+        let me = std::thread::current().id();
+        self.0.pool_stack.lock().unwrap_or_else(|e| e.into_inner()).push((me, pool.clone()));
     }
 
+    /// Pops the calling thread's innermost pool.
     pub(crate) fn pop_pool(&self) {
-        self.0.pool_stack.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let me = std::thread::current().id();
+        let mut stack = self.0.pool_stack.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = stack.iter().rposition(|(t, _)| *t == me) {
+            stack.remove(i);
+        }
     }
 
     pub(crate) fn backend(&self) -> &Arc<Backend> {

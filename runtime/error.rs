@@ -86,15 +86,162 @@ pub enum Error {
         /// The full capture order.
         order: String,
     },
-    /// A graph operation in the wrong state (replay before capture, a second begin, ...).
-    #[error("graph: {0}")]
-    GraphState(String),
+    /// A replay, node listing or instantiation of a graph that holds no capture (never
+    /// captured, or reset since).
+    #[error("graph `{graph}` holds no capture (never captured, or reset since); capture it first")]
+    NotCaptured {
+        /// The graph's label.
+        graph: String,
+    },
+    /// A capture into a graph that already holds one.
+    #[error("graph `{graph}` is already captured; reset() it before capturing again")]
+    AlreadyCaptured {
+        /// The graph's label.
+        graph: String,
+    },
+    /// A capture begun while this thread is already capturing the stream.
+    #[error("`{graph}` is already capturing; end that capture first")]
+    AlreadyCapturing {
+        /// The graph (or stream) that is capturing.
+        graph: String,
+    },
+    /// `capture_end` without a capture in progress on this thread.
+    #[error("`{graph}` is not capturing; call capture_begin first")]
+    NotCapturing {
+        /// The graph (or stream).
+        graph: String,
+    },
+    /// The driver invalidated a capture (an illegal call reached the stream while capturing).
+    #[error("the capture was invalidated: {detail}")]
+    CaptureInvalidated {
+        /// What invalidated it.
+        detail: String,
+    },
+    /// Another thread's capture on this device did not end in time.
+    #[error("waited {waited:?} for {waiting} on this device; a capture on another thread never ended")]
+    DeviceBusy {
+        /// What the call was waiting for.
+        waiting: &'static str,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
     /// A capture-time hook or user code returned an error; the capture was ended cleanly.
     #[error("{context}: {source}")]
     Context {
         /// Where it happened.
         context: String,
         /// The underlying error.
+        #[source]
+        source: Box<Error>,
+    },
+    /// A graphed call with the wrong number of inputs or grad outputs.
+    #[error("graphed module `{module}`: {got} {kind}s given, the capture takes {expected}")]
+    Arity {
+        /// The (chunk, microbatch) surface called.
+        module: String,
+        /// Inputs or grad outputs.
+        kind: SlotKind,
+        /// How many the capture takes.
+        expected: usize,
+        /// How many were given.
+        got: usize,
+    },
+    /// A tensor of another shape than the one captured.
+    #[error("graphed module `{module}`: {slot} has shape {got:?} but was captured with {expected:?}; capture again for a new shape")]
+    SlotShape {
+        /// The (chunk, microbatch) surface called.
+        module: String,
+        /// Which argument.
+        slot: Slot,
+        /// The captured shape.
+        expected: Vec<usize>,
+        /// The given shape.
+        got: Vec<usize>,
+    },
+    /// A tensor of another dtype than the one captured.
+    #[error("graphed module `{module}`: {slot} is {got:?} but was captured as {expected:?}")]
+    SlotDType {
+        /// The (chunk, microbatch) surface called.
+        module: String,
+        /// Which argument.
+        slot: Slot,
+        /// The captured dtype.
+        expected: crate::DType,
+        /// The given dtype.
+        got: crate::DType,
+    },
+    /// A tensor on another device than the captured graphs.
+    #[error("graphed module `{module}`: {slot} lives on {got} but the graphs run on {expected}; copy it there first")]
+    SlotDevice {
+        /// The (chunk, microbatch) surface called.
+        module: String,
+        /// Which argument.
+        slot: Slot,
+        /// The graphs' device.
+        expected: String,
+        /// The tensor's device.
+        got: String,
+    },
+    /// `None` where a tensor was captured, or a tensor where `None` was.
+    #[error("graphed module `{module}`: {slot} is {} but was captured {}", if *.captured_some { "None" } else { "a tensor" }, if *.captured_some { "with a tensor" } else { "as None" })]
+    SlotPresence {
+        /// The (chunk, microbatch) surface called.
+        module: String,
+        /// Which argument.
+        slot: Slot,
+        /// Whether the capture had a tensor there.
+        captured_some: bool,
+    },
+    /// An input that requires a grad, where the capture computed none.
+    #[error("graphed module `{module}`: {slot} requires a grad, but the graphs were captured with a sample that does not; capture with `requires_grad` samples")]
+    SlotRequiresGrad {
+        /// The (chunk, microbatch) surface called.
+        module: String,
+        /// Which input.
+        slot: Slot,
+    },
+    /// A backward with no forward outstanding for the chunk.
+    #[error("graphed module `{module}`: backward without an outstanding forward")]
+    NoPendingForward {
+        /// The module.
+        module: String,
+    },
+    /// A backward on graphs captured for inference (forward only).
+    #[error("graphed module `{module}`: the graphs were captured forward-only (inference, or nothing needed a grad), so there is no backward to replay")]
+    ForwardOnly {
+        /// The module.
+        module: String,
+    },
+    /// An input that needs a grad got none from backward.
+    #[error("graphed module `{module}`: input {input} needs a grad but backward returned none; pass allow_unused_input to allow it")]
+    UnusedInput {
+        /// The module.
+        module: String,
+        /// The input's position.
+        input: usize,
+    },
+    /// A chunk index past the graphed modules.
+    #[error("chunk {chunk} does not exist: there are {chunks} chunks (0-indexed here)")]
+    ChunkOutOfRange {
+        /// The index given.
+        chunk: usize,
+        /// The number of chunks.
+        chunks: usize,
+    },
+    /// A pipeline schedule (`order`) that cannot run.
+    #[error("order: {detail}")]
+    InvalidOrder {
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A capture-time hook failed (during warm-up, capture or an eager call).
+    #[error("{kind} hook of `{module}` failed: {source}")]
+    Hook {
+        /// The module.
+        module: String,
+        /// The hook kind's name.
+        kind: &'static str,
+        /// The hook's error.
         #[source]
         source: Box<Error>,
     },
@@ -142,6 +289,39 @@ impl Error {
             Error::Context { source, .. } => source.root(),
             other => other,
         }
+    }
+}
+
+/// Which kind of argument of a graphed call a [`Slot`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotKind {
+    /// A forward input.
+    Input,
+    /// A grad output (an argument of backward).
+    GradOutput,
+}
+
+impl fmt::Display for SlotKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SlotKind::Input => "input",
+            SlotKind::GradOutput => "grad output",
+        })
+    }
+}
+
+/// One argument position of a graphed call, named in errors: `input 1`, `grad output 0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// Input or grad output.
+    pub kind: SlotKind,
+    /// The position, from 0.
+    pub index: usize,
+}
+
+impl fmt::Display for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.kind, self.index)
     }
 }
 

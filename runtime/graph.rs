@@ -3,7 +3,8 @@
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backend::{BackendKind, Recorded};
+use crate::backend::Recorded;
+use crate::pool::ReplayTicket;
 use crate::{Device, Error, GraphPool, Result};
 
 static NEXT_GRAPH_ID: AtomicU64 = AtomicU64::new(1);
@@ -54,12 +55,6 @@ pub struct GraphNode {
     pub dependencies: Vec<usize>,
 }
 
-enum Captured {
-    None,
-    Host(Vec<crate::backend::host::HostOp>),
-    Cuda(crate::backend::RawGraph),
-}
-
 /// A captured graph of device work.
 ///
 /// Capture with [`Graph::capture`] (scoped: the capture always ends, on error and on panic,
@@ -87,7 +82,7 @@ pub struct Graph {
     device: Device,
     pool: GraphPool,
     keep_graph: bool,
-    captured: Captured,
+    captured: Option<Recorded>,
     capturing: bool,
 }
 
@@ -112,7 +107,7 @@ impl Graph {
             device: device.clone(),
             pool: pool.clone(),
             keep_graph: false,
-            captured: Captured::None,
+            captured: None,
             capturing: false,
         }
     }
@@ -145,20 +140,18 @@ impl Graph {
 
     /// Whether a capture has completed (and not been reset).
     pub fn is_captured(&self) -> bool {
-        !matches!(self.captured, Captured::None)
+        self.captured.is_some()
     }
 
     /// Starts capturing the device's stream. Allocations go to the graph's pool until
-    /// [`Graph::capture_end`].
+    /// [`Graph::capture_end`]. Refused, with nothing changed, when this graph is capturing or
+    /// holds a capture already.
     pub fn capture_begin(&mut self, mode: CaptureMode) -> Result<()> {
         if self.capturing {
-            return Err(Error::GraphState(format!("{}: capture_begin while already capturing", self.label)));
+            return Err(Error::AlreadyCapturing { graph: self.label.clone() });
         }
         if self.is_captured() {
-            return Err(Error::GraphState(format!(
-                "{}: already captured; reset() it before capturing again",
-                self.label
-            )));
+            return Err(Error::AlreadyCaptured { graph: self.label.clone() });
         }
         // Work queued before the capture must not be captured and must be done before the
         // capture can reuse memory.
@@ -173,25 +166,15 @@ impl Graph {
     /// stream is usable again.
     pub fn capture_end(&mut self) -> Result<()> {
         if !self.capturing {
-            return Err(Error::GraphState(format!("{}: capture_end without capture_begin", self.label)));
+            return Err(Error::NotCapturing { graph: self.label.clone() });
         }
         self.capturing = false;
         self.device.pop_pool();
-        let recorded = self.device.backend().end_capture()?;
-        self.captured = match recorded {
-            Recorded::Host(ops) => Captured::Host(ops),
-            Recorded::Cuda(mut raw) => {
-                if !self.keep_graph {
-                    if let BackendKind::Cuda(c) = &self.device.backend().kind {
-                        if let Err(e) = c.instantiate(&mut raw) {
-                            c.destroy_graph(&mut raw);
-                            return Err(e);
-                        }
-                    }
-                }
-                Captured::Cuda(raw)
-            }
-        };
+        let mut recorded = self.device.backend().end_capture()?;
+        if !self.keep_graph {
+            recorded.instantiate(self.device.backend())?;
+        }
+        self.captured = Some(recorded);
         self.pool.register_capture(self.id, &self.label);
         Ok(())
     }
@@ -209,11 +192,13 @@ impl Graph {
             let ended = self.capture_end();
             match outcome {
                 Err(panic) => {
-                    self.reset();
+                    let _ = self.reset();
                     resume_unwind(panic);
                 }
                 Ok(Err(e)) => {
-                    self.reset();
+                    // The capture failed; the error that says why matters more than a second
+                    // one from draining the stream.
+                    let _ = self.reset();
                     if let Error::PoolGrowthDuringCapture { bytes } = e.root() {
                         self.pool.grow(*bytes)?;
                         continue;
@@ -226,81 +211,63 @@ impl Graph {
                 }
             }
         }
-        Err(Error::GraphState(format!("{}: the pool kept growing over {ATTEMPTS} capture attempts", self.label)))
+        Err(Error::CaptureInvalidated {
+            detail: format!("{}: the pool kept growing over {ATTEMPTS} capture attempts", self.label),
+        })
     }
 
     /// Instantiates a graph captured with `keep_graph` (a no-op otherwise).
     pub fn instantiate(&mut self) -> Result<()> {
-        if let (Captured::Cuda(raw), BackendKind::Cuda(c)) = (&mut self.captured, &self.device.backend().kind) {
-            c.instantiate(raw)?;
+        match &mut self.captured {
+            Some(recorded) => recorded.instantiate(self.device.backend()),
+            None => Err(Error::NotCaptured { graph: self.label.clone() }),
         }
-        Ok(())
     }
 
-    /// Replays the captured work on the device stream.
+    /// Replays the captured work on the device stream. Everything is checked first (this
+    /// thread is not capturing, a capture exists, the pool's replay order allows this graph
+    /// now); a refused replay changes nothing.
     pub fn replay(&mut self) -> Result<()> {
-        self.replay_checked().map(|_| ())
+        let ticket = self.check_replay()?;
+        self.launch(ticket).map(|_| ())
     }
 
-    /// Replays; returns whether the pool's replay order restarted in the middle of a cycle.
-    pub(crate) fn replay_checked(&mut self) -> Result<bool> {
+    /// The checks of [`Graph::replay`], without side effects: the ticket to launch with.
+    pub(crate) fn check_replay(&self) -> Result<ReplayTicket> {
         if self.device.is_capturing() {
             return Err(Error::IllegalDuringCapture { op: "graph replay" });
         }
-        let restarted = match &self.captured {
-            Captured::None => return Err(Error::GraphState(format!("{}: replay before a capture", self.label))),
-            _ => self.pool.check_replay(self.id)?,
-        };
-        match &mut self.captured {
-            Captured::Host(ops) => {
-                for op in ops.iter() {
-                    (op.run)()?;
-                }
-            }
-            Captured::Cuda(raw) => {
-                if let BackendKind::Cuda(c) = &self.device.backend().kind {
-                    if !raw.is_instantiated() {
-                        c.instantiate(raw)?;
-                    }
-                    c.launch_graph(raw)?;
-                }
-            }
-            Captured::None => {}
+        if self.captured.is_none() {
+            return Err(Error::NotCaptured { graph: self.label.clone() });
         }
-        Ok(restarted)
+        self.pool.check_replay(self.id)
     }
 
-    /// Drops the captured graph (its pool stays); the graph can capture again.
-    pub fn reset(&mut self) {
-        if let (Captured::Cuda(raw), BackendKind::Cuda(c)) = (&mut self.captured, &self.device.backend().kind) {
-            let _ = c.synchronize();
-            c.destroy_graph(raw);
-        }
-        if self.is_captured() {
+    /// Launches after [`Graph::check_replay`] and advances the pool's replay order; returns
+    /// whether this replay restarted the order in the middle of a cycle.
+    pub(crate) fn launch(&mut self, ticket: ReplayTicket) -> Result<bool> {
+        let recorded = self.captured.as_mut().ok_or_else(|| Error::NotCaptured { graph: self.label.clone() })?;
+        recorded.launch(self.device.backend())?;
+        Ok(self.pool.advance_replay(ticket))
+    }
+
+    /// Drops the captured graph (its pool stays); the graph can capture again. The stream is
+    /// drained first, so no replay in flight uses memory a new capture may reuse; a device
+    /// error on the way is returned, and the graph is reset all the same.
+    pub fn reset(&mut self) -> Result<()> {
+        let drained = if self.captured.is_some() && !self.capturing { self.device.synchronize() } else { Ok(()) };
+        if self.captured.take().is_some() {
             self.pool.unregister_capture(self.id);
         }
-        self.captured = Captured::None;
+        drained
     }
 
     /// The nodes: kind, kernel name and dependencies (on the host backend, recorded ops in
     /// order, each depending on the one before).
     pub fn nodes(&self) -> Result<Vec<GraphNode>> {
         match &self.captured {
-            Captured::None => Err(Error::GraphState(format!("{}: nothing captured", self.label))),
-            Captured::Host(ops) => Ok(ops
-                .iter()
-                .enumerate()
-                .map(|(i, op)| GraphNode {
-                    index: i,
-                    kind: NodeKind::Kernel,
-                    kernel: Some(op.name.to_string()),
-                    dependencies: if i == 0 { vec![] } else { vec![i - 1] },
-                })
-                .collect()),
-            Captured::Cuda(raw) => match &self.device.backend().kind {
-                BackendKind::Cuda(c) => c.nodes(raw),
-                BackendKind::Host(_) => unreachable!("a CUDA graph on a host device"),
-            },
+            Some(recorded) => recorded.nodes(self.device.backend()),
+            None => Err(Error::NotCaptured { graph: self.label.clone() }),
         }
     }
 
@@ -324,19 +291,21 @@ impl Graph {
     /// Writes a DOT dump to `path`: CUDA's own verbose dump on a GPU, [`Graph::to_dot`] on the
     /// host backend.
     pub fn debug_dump(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        match (&self.captured, &self.device.backend().kind) {
-            (Captured::Cuda(raw), BackendKind::Cuda(c)) => c.debug_dot(raw, path.as_ref()),
-            _ => std::fs::write(path.as_ref(), self.to_dot()?)
-                .map_err(|e| Error::msg(format!("debug_dump: writing {}: {e}", path.as_ref().display()))),
+        let path = path.as_ref();
+        let recorded = self.captured.as_ref().ok_or_else(|| Error::NotCaptured { graph: self.label.clone() })?;
+        if recorded.debug_dot(self.device.backend(), path)? {
+            return Ok(());
         }
+        std::fs::write(path, self.to_dot()?)
+            .map_err(|e| Error::msg(format!("debug_dump: writing {}: {e}", path.display())))
     }
 }
 
 impl Drop for Graph {
     fn drop(&mut self) {
-        if self.capturing {
-            let _ = self.capture_end();
+        let ended = if self.capturing { self.capture_end() } else { Ok(()) };
+        if let Err(e) = ended.and(self.reset()) {
+            self.device.backend().drop_errors.report(e.context(format!("dropping graph {}", self.label)));
         }
-        self.reset();
     }
 }

@@ -37,6 +37,7 @@ pub struct PoolStats {
 
 struct Slab {
     mem: Ptr,
+    bytes: usize,
     /// Free ranges: offset -> length, coalesced.
     free: BTreeMap<usize, usize>,
 }
@@ -47,6 +48,8 @@ struct ReplayOrder {
     captured: Vec<(u64, String)>,
     /// Index into `captured` of the graph expected next.
     next: usize,
+    /// Bumped whenever `captured` changes, so an old ticket cannot move `next`.
+    serial: u64,
 }
 
 struct PoolState {
@@ -82,7 +85,7 @@ impl Drop for PoolInner {
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         for slab in &state.slabs {
-            self.backend.free_slab(&slab.mem);
+            self.backend.free_slab(&slab.mem, slab.bytes);
         }
     }
 }
@@ -201,6 +204,8 @@ impl GraphPool {
         let (slab, offset) = match found {
             Some(hit) => hit,
             None => {
+                // Only this thread's capture matters: another thread's allocation waits at the
+                // gate until that capture ends.
                 if matches!(self.0.backend.capture_mode(), Some(CaptureMode::Global | CaptureMode::ThreadLocal)) {
                     return Err(Error::PoolGrowthDuringCapture { bytes });
                 }
@@ -233,7 +238,7 @@ impl GraphPool {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut free = BTreeMap::new();
         free.insert(0, slab_bytes);
-        st.slabs.push(Slab { mem, free });
+        st.slabs.push(Slab { mem, bytes: slab_bytes, free });
         st.stats.reserved += slab_bytes;
         st.stats.slabs += 1;
         Ok(())
@@ -257,6 +262,7 @@ impl GraphPool {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         st.order.captured.push((id, label.to_string()));
         st.order.next = 0;
+        st.order.serial += 1;
     }
 
     /// Forgets graph `id` (it was reset).
@@ -264,29 +270,29 @@ impl GraphPool {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         st.order.captured.retain(|(g, _)| *g != id);
         st.order.next = 0;
+        st.order.serial += 1;
     }
 
-    /// Checks that replaying graph `id` now follows capture order, and advances the order.
+    /// Checks that replaying graph `id` now follows capture order, without changing anything:
+    /// the returned ticket advances the order once the replay has launched
+    /// ([`GraphPool::advance_replay`]).
     ///
     /// Replays must go around the capture order as a cycle. Starting again at the first graph
     /// is always allowed (an iteration abandoned half-way); the caller invalidates handles to
-    /// the abandoned iteration's outputs. Returns whether this replay restarted the cycle
-    /// in the middle.
-    pub(crate) fn check_replay(&self, id: u64) -> Result<bool> {
-        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        let order = &mut st.order;
+    /// the abandoned iteration's outputs.
+    pub(crate) fn check_replay(&self, id: u64) -> Result<ReplayTicket> {
+        let st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        let order = &st.order;
         let n = order.captured.len();
         if n <= 1 {
-            return Ok(false);
+            return Ok(ReplayTicket { next: 0, restarted: false, serial: order.serial });
         }
         let expected = order.next;
         if order.captured[expected].0 == id {
-            order.next = (expected + 1) % n;
-            return Ok(false);
+            return Ok(ReplayTicket { next: (expected + 1) % n, restarted: false, serial: order.serial });
         }
         if order.captured[0].0 == id {
-            order.next = 1 % n;
-            return Ok(true);
+            return Ok(ReplayTicket { next: 1 % n, restarted: true, serial: order.serial });
         }
         let got = order
             .captured
@@ -300,6 +306,26 @@ impl GraphPool {
             order: order.captured.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join(" -> "),
         })
     }
+
+    /// Advances the replay order as `ticket` says; returns whether the replay restarted the
+    /// cycle in the middle. A ticket from before a capture or reset changed the order is
+    /// ignored (the order restarted anyway).
+    pub(crate) fn advance_replay(&self, ticket: ReplayTicket) -> bool {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.order.serial == ticket.serial {
+            st.order.next = ticket.next;
+        }
+        ticket.restarted
+    }
+}
+
+/// Permission to replay one graph now, from [`GraphPool::check_replay`].
+#[derive(Clone, Copy, Debug)]
+#[must_use]
+pub(crate) struct ReplayTicket {
+    next: usize,
+    restarted: bool,
+    serial: u64,
 }
 
 fn best_fit(slabs: &[Slab], bytes: usize) -> Option<(usize, usize)> {

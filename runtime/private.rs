@@ -5,7 +5,12 @@
 //! Not public API: no semver guarantee. Generated code reaches it as
 //! `::graphed::__private::...`, or through the path given with `#[graphed(crate = "...")]`.
 
-pub use crate::{make_graphed, Cx, Error, GraphOptions, GraphedModules, HookKind, Module, Result, Tensor};
+pub use crate::{
+    make_graphed, CaptureError, Cx, Error, GraphOptions, GraphedModules, HookKind, Module, Result, Tensor,
+};
+
+/// What a generated `make_graphed`/`new` returns: the wrapper, or the error with the module.
+pub type CaptureResult<T, M> = Result<T, CaptureError<M>>;
 pub use std::boxed::Box;
 pub use std::option::Option::{self, None, Some};
 pub use std::result::Result::{Err, Ok};
@@ -129,6 +134,16 @@ pub fn hook(result: impl HookResult, name: &'static str) -> Result<()> {
 /// implement `Module` is reported there.
 pub fn boxed<M: Module>(module: M) -> Box<dyn Module> {
     Box::new(module)
+}
+
+/// The module a typed wrapper boxed itself, handed back by a failed capture: it is always there,
+/// with its type.
+pub fn unbox<T: Module>(module: Option<Box<dyn Module>>, name: &'static str) -> T {
+    let any: Option<Box<dyn std::any::Any>> = module.map(|m| -> Box<dyn std::any::Any> { m });
+    match any.map(|m| m.downcast::<T>()) {
+        Some(Ok(module)) => *module,
+        _ => unreachable!("graphed wrapper: module `{name}` did not come back with its type"),
+    }
 }
 
 /// The module a typed wrapper put at a chunk index itself, so it is always there with its type.

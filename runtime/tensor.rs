@@ -197,6 +197,11 @@ impl Tensor {
         self.buf.generation.load(Ordering::Acquire) == self.generation
     }
 
+    /// `Err(Error::StaleTensor)` when a replay overwrote the buffer since this handle was issued.
+    pub(crate) fn check_fresh(&self) -> Result<()> {
+        self.ptr().map(|_| ())
+    }
+
     /// The memory address, after checking that the handle is not stale.
     pub(crate) fn ptr(&self) -> Result<Ptr> {
         let current = self.buf.generation.load(Ordering::Acquire);

@@ -79,7 +79,7 @@ fn forward_only_capture_for_inference() {
             assert_eq!(y.to_vec()?, eager.forward(&mut Cx::new(dev), &xi)?.to_vec()?);
         }
         let err = g.backward(&mut cx, &x).unwrap_err();
-        assert!(err.to_string().contains("backward without an outstanding forward"), "{err}");
+        assert!(matches!(err, Error::ForwardOnly { .. }), "{err}");
         Ok(())
     });
 }
@@ -271,7 +271,10 @@ fn a_run_time_input_of_another_shape_is_a_typed_error() {
         let x = random(dev, &[4, 8], 16)?;
         let mut g = Block::new(dev, 8, 8, 6)?.make_graphed(&x)?;
         let err = g.forward(&mut Cx::new(dev), &random(dev, &[5, 8], 17)?).unwrap_err();
-        assert!(matches!(err, Error::Graphed { .. }) && err.to_string().contains("shape"), "{err}");
+        assert!(
+            matches!(err, Error::SlotShape { ref expected, ref got, .. } if expected == &[4, 8] && got == &[5, 8]),
+            "{err}"
+        );
         Ok(())
     });
 }

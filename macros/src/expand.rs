@@ -429,7 +429,7 @@ fn expand_impl(item: &ItemImpl, model: &ModuleModel) -> TokenStream {
         #[automatically_derived]
         impl #self_ty {
             #make_graphed_doc
-            #vis fn make_graphed(self, #(#input_names: #input_tys),*) -> #private::Result<#wrapper> {
+            #vis fn make_graphed(self, #(#input_names: #input_tys),*) -> #private::CaptureResult<#wrapper, #self_ty> {
                 #wrapper::new(
                     self,
                     #inputs_ty {
@@ -448,18 +448,23 @@ fn expand_impl(item: &ItemImpl, model: &ModuleModel) -> TokenStream {
             }
 
             /// Warms up and captures `module` on `sample` with `options` (see [`Self::options`]
-            /// for the ones the attribute gives).
+            /// for the ones the attribute gives). On failure the error hands `module` back.
             pub fn new(
                 module: #self_ty,
                 sample: #inputs_ty,
                 options: #private::GraphOptions,
-            ) -> #private::Result<Self> {
-                let __modules = #private::make_graphed(
+            ) -> #private::CaptureResult<Self, #self_ty> {
+                match #private::make_graphed(
                     #private::vec![#private::boxed(module)],
                     #private::vec![#private::vec![sample.into_slots()]],
                     options,
-                )?;
-                #private::Ok(Self { __modules })
+                ) {
+                    #private::Ok(__modules) => #private::Ok(Self { __modules }),
+                    #private::Err(__error) => #private::Err(__error.map(|__modules| {
+                        let mut __modules = __modules.into_iter();
+                        #private::unbox::<#self_ty>(__modules.next(), #module)
+                    })),
+                }
             }
 
             /// Replays the forward graph on these inputs and returns its static outputs.
@@ -610,6 +615,8 @@ fn expand_struct(item: &ItemStruct, model: &StructModel) -> TokenStream {
     };
 
     let fields: Vec<&Ident> = model.chunks.iter().map(|chunk| &chunk.name).collect();
+    let field_tys: Vec<_> = model.chunks.iter().map(|chunk| &chunk.ty).collect();
+    let field_names: Vec<String> = model.chunks.iter().map(|chunk| chunk.name.to_string()).collect();
     let boxed = model.chunks.iter().map(|chunk| {
         let (field, ty) = (&chunk.name, &chunk.ty);
         quote_spanned!(ty.span()=> #private::boxed::<#ty>(#field))
@@ -692,7 +699,7 @@ fn expand_struct(item: &ItemStruct, model: &StructModel) -> TokenStream {
                 #vis fn make_graphed(
                     self,
                     samples: #private::Vec<#private::Vec<#private::Vec<#private::Option<#private::Tensor>>>>,
-                ) -> #private::Result<#wrapper> {
+                ) -> #private::CaptureResult<#wrapper, #ident> {
                     #wrapper::new(self, samples, #wrapper::options())
                 }
             }
@@ -712,19 +719,25 @@ fn expand_struct(item: &ItemStruct, model: &StructModel) -> TokenStream {
                     #options
                 }
 
-                /// Warms up and captures the chunks of `module` with `options`.
+                /// Warms up and captures the chunks of `module` with `options`. On failure the
+                /// error hands `module` back, chunks and all.
                 pub fn new(
                     module: #ident,
                     samples: #private::Vec<#private::Vec<#private::Vec<#private::Option<#private::Tensor>>>>,
                     options: #private::GraphOptions,
-                ) -> #private::Result<Self> {
+                ) -> #private::CaptureResult<Self, #ident> {
                     let #ident { #(#fields),* } = module;
-                    let __modules = #private::make_graphed(
+                    match #private::make_graphed(
                         #private::Vec::from([#(#boxed),*]),
                         samples,
                         options,
-                    )?;
-                    #private::Ok(Self { __modules })
+                    ) {
+                        #private::Ok(__modules) => #private::Ok(Self { __modules }),
+                        #private::Err(__error) => #private::Err(__error.map(|__modules| {
+                            let mut __modules = __modules.into_iter();
+                            #ident { #(#fields: #private::unbox::<#field_tys>(__modules.next(), #field_names),)* }
+                        })),
+                    }
                 }
 
                 #(#chunk_methods)*

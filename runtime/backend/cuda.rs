@@ -2,14 +2,14 @@
 //! cuBLAS handle per device. Every `unsafe` block of the crate that talks to CUDA lives here.
 
 use std::collections::HashMap;
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::cublas::{result as cublas_result, sys as cublas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
-use crate::graph::{CaptureMode, GraphNode, NodeKind};
+use super::{DropErrors, StreamGate};
 use crate::{Error, Result};
 
 /// The CUDA C sources compiled once per context. Kernel names are `extern "C"`.
@@ -53,7 +53,7 @@ pub(crate) fn driver_err(call: &'static str) -> impl Fn(result::DriverError) -> 
     move |e| Error::Cuda { call, message: format!("{e:?}") }
 }
 
-fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
+pub(crate) fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
     if r == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
@@ -84,23 +84,26 @@ fn probe_libraries() -> Result<()> {
     }
 }
 
-/// One device's CUDA state.
+/// A cuBLAS handle. Calls on one handle must not run concurrently, so it lives in a `Mutex`.
+struct CublasHandle(cublas_sys::cublasHandle_t);
+
+// SAFETY: a cuBLAS handle may be used from any thread (each call binds the context first);
+// only concurrent calls on one handle are forbidden, and the `Mutex` around it prevents them.
+unsafe impl Send for CublasHandle {}
+
+/// One device's CUDA state. Shared between threads: the driver's stream and launch calls are
+/// thread-safe, the cuBLAS handle is behind a lock, and the gate keeps other threads' work out
+/// of a capture.
 pub(crate) struct CudaBackend {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
     functions: HashMap<String, CudaFunction>,
-    cublas: cublas_sys::cublasHandle_t,
+    cublas: std::sync::Mutex<CublasHandle>,
     cublas_workspace: sys::CUdeviceptr,
     name: String,
+    pub(crate) gate: Arc<StreamGate>,
+    pub(crate) drop_errors: Arc<DropErrors>,
 }
-
-// SAFETY: the cuBLAS handle is only used from calls that bind the context first, and cuBLAS
-// handles may be used from any thread as long as calls on one handle are not concurrent; the
-// device serialises work on its one stream through `&self` methods that take no locks but the
-// public API is used from one thread at a time (documented on `Device`).
-unsafe impl Send for CudaBackend {}
-// SAFETY: as above.
-unsafe impl Sync for CudaBackend {}
 
 impl std::fmt::Debug for CudaBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -110,7 +113,7 @@ impl std::fmt::Debug for CudaBackend {
 
 impl CudaBackend {
     /// Opens device `ordinal`: context, stream, kernels and cuBLAS, or a clean error.
-    pub(crate) fn new(ordinal: usize) -> Result<CudaBackend> {
+    pub(crate) fn new(ordinal: usize, gate: Arc<StreamGate>, drop_errors: Arc<DropErrors>) -> Result<CudaBackend> {
         probe_libraries()?;
         let count = CudaContext::device_count().map_err(|e| Error::CudaUnavailable { reason: format!("{e:?}") })?;
         if ordinal as i32 >= count {
@@ -163,7 +166,16 @@ impl CudaBackend {
                 cublas_sys::cublasSetMathMode(cublas, cublas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH),
             )?;
         }
-        Ok(CudaBackend { ctx, stream, functions, cublas, cublas_workspace, name })
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            functions,
+            cublas: std::sync::Mutex::new(CublasHandle(cublas)),
+            cublas_workspace,
+            name,
+            gate,
+            drop_errors,
+        })
     }
 
     pub(crate) fn name(&self) -> &str {
@@ -174,7 +186,7 @@ impl CudaBackend {
         self.ctx.ordinal()
     }
 
-    fn bind(&self) -> Result<()> {
+    pub(crate) fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(driver_err("cuCtxSetCurrent"))
     }
 
@@ -184,6 +196,7 @@ impl CudaBackend {
             .functions
             .get(name)
             .ok_or_else(|| Error::Cuda { call: "cuModuleGetFunction", message: format!("no kernel named {name}") })?;
+        let _entered = self.gate.enter()?;
         self.bind()?;
         let mut values = [0u64; 16];
         let mut ptrs = [std::ptr::null_mut::<c_void>(); 16];
@@ -235,6 +248,8 @@ impl CudaBackend {
         c: u64,
         ldc: usize,
     ) -> Result<()> {
+        let _entered = self.gate.enter()?;
+        let handle = self.cublas.lock().unwrap_or_else(|e| e.into_inner());
         self.bind()?;
         let op = |t: bool| {
             if t {
@@ -249,7 +264,7 @@ impl CudaBackend {
             cublas_check(
                 "cublasSgemm",
                 cublas_sys::cublasSgemm_v2(
-                    self.cublas,
+                    handle.0,
                     op(trans_a),
                     op(trans_b),
                     m as i32,
@@ -270,22 +285,24 @@ impl CudaBackend {
 
     /// Allocates `bytes` of device memory outside the stream order (a pool slab).
     pub(crate) fn malloc(&self, bytes: usize) -> Result<u64> {
+        let _entered = self.gate.enter()?;
         self.bind()?;
         // SAFETY: plain allocation; freed by `free`.
         unsafe { result::malloc_sync(bytes) }.map_err(driver_err("cuMemAlloc"))
     }
 
     /// Frees a slab from `malloc`.
-    pub(crate) fn free(&self, ptr: u64) {
-        if self.bind().is_ok() {
-            // SAFETY: `ptr` came from `malloc` and the pool frees each slab once, after the
-            // stream finished all work (`Drop` synchronizes first).
-            let _ = unsafe { result::free_sync(ptr) };
-        }
+    pub(crate) fn free(&self, ptr: u64) -> Result<()> {
+        let _entered = self.gate.enter()?;
+        self.bind()?;
+        // SAFETY: `ptr` came from `malloc` and the pool frees each slab once, after the stream
+        // finished all work (the caller synchronizes first).
+        unsafe { result::free_sync(ptr) }.map_err(driver_err("cuMemFree"))
     }
 
     /// Stream-ordered host-to-device copy.
     pub(crate) fn copy_to_device(&self, dst: u64, src: &[f32]) -> Result<()> {
+        let _entered = self.gate.enter()?;
         self.bind()?;
         // SAFETY: `dst` holds `src.len()` floats (checked by the caller); the synchronous copy
         // does not outlive `src`.
@@ -297,6 +314,7 @@ impl CudaBackend {
 
     /// Device-to-host copy; waits for the stream.
     pub(crate) fn copy_to_host(&self, dst: &mut [f32], src: u64) -> Result<()> {
+        let _entered = self.gate.enter()?;
         self.bind()?;
         // SAFETY: `src` holds `dst.len()` floats (checked by the caller); we synchronize before
         // `dst` can be read.
@@ -308,138 +326,17 @@ impl CudaBackend {
 
     /// Stream-ordered device-to-device copy (captures as a memcpy node).
     pub(crate) fn copy_device(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        let _entered = self.gate.enter()?;
         self.bind()?;
         // SAFETY: both ranges are live blocks of at least `bytes` (checked by the caller).
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(driver_err("cuMemcpyDtoDAsync"))
     }
 
+    /// Waits for the stream (after another thread's capture, if one is in progress).
     pub(crate) fn synchronize(&self) -> Result<()> {
+        let _entered = self.gate.enter()?;
         self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))
-    }
-
-    pub(crate) fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
-        let mode = match mode {
-            CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-            CaptureMode::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-        };
-        self.stream.begin_capture(mode).map_err(driver_err("cuStreamBeginCapture"))
-    }
-
-    /// Ends the capture; the graph, or the error that invalidated the capture.
-    pub(crate) fn end_capture(&self) -> Result<RawGraph> {
-        self.bind()?;
-        // SAFETY: the stream is ours; a null graph means the capture was invalidated.
-        let g = unsafe { result::stream::end_capture(self.stream.cu_stream()) }
-            .map_err(driver_err("cuStreamEndCapture"))?;
-        if g.is_null() {
-            return Err(Error::GraphState("the capture was invalidated by an illegal operation".into()));
-        }
-        Ok(RawGraph { graph: g, exec: std::ptr::null_mut() })
-    }
-
-    pub(crate) fn instantiate(&self, g: &mut RawGraph) -> Result<()> {
-        if !g.exec.is_null() {
-            return Ok(());
-        }
-        self.bind()?;
-        // SAFETY: `g.graph` is a valid graph we own.
-        g.exec = unsafe { result::graph::instantiate(g.graph, sys::CUgraphInstantiate_flags(0)) }
-            .map_err(driver_err("cuGraphInstantiate"))?;
-        // SAFETY: the exec was just created on this context.
-        unsafe { result::graph::upload(g.exec, self.stream.cu_stream()) }.map_err(driver_err("cuGraphUpload"))?;
-        Ok(())
-    }
-
-    pub(crate) fn launch_graph(&self, g: &RawGraph) -> Result<()> {
-        self.bind()?;
-        // SAFETY: the exec is valid (instantiated before any replay).
-        unsafe { result::graph::launch(g.exec, self.stream.cu_stream()) }.map_err(driver_err("cuGraphLaunch"))
-    }
-
-    pub(crate) fn destroy_graph(&self, g: &mut RawGraph) {
-        let _ = self.bind();
-        // SAFETY: each handle is destroyed once and nulled.
-        unsafe {
-            if !g.exec.is_null() {
-                let _ = result::graph::exec_destroy(g.exec);
-                g.exec = std::ptr::null_mut();
-            }
-            if !g.graph.is_null() {
-                let _ = result::graph::destroy(g.graph);
-                g.graph = std::ptr::null_mut();
-            }
-        }
-    }
-
-    /// The graph's nodes with their kinds, kernel names and dependencies.
-    pub(crate) fn nodes(&self, g: &RawGraph) -> Result<Vec<GraphNode>> {
-        self.bind()?;
-        let mut count = 0usize;
-        // SAFETY: first call sizes, second fills a buffer of that size.
-        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(g.graph, std::ptr::null_mut(), &mut count))? };
-        let mut nodes = vec![std::ptr::null_mut(); count];
-        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(g.graph, nodes.as_mut_ptr(), &mut count))? };
-        let index: HashMap<usize, usize> = nodes.iter().enumerate().map(|(i, n)| (*n as usize, i)).collect();
-        let mut out = Vec::with_capacity(count);
-        for (i, &node) in nodes.iter().enumerate() {
-            let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-            // SAFETY: `node` belongs to `g.graph`.
-            unsafe { check("cuGraphNodeGetType", sys::cuGraphNodeGetType(node, &mut ty))? };
-            let (kind, kernel) = match ty {
-                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => {
-                    // SAFETY: a kernel node's params; we only read the function handle.
-                    let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-                    let name = unsafe {
-                        check("cuGraphKernelNodeGetParams", sys::cuGraphKernelNodeGetParams_v2(node, &mut p))?;
-                        let mut cname: *const std::ffi::c_char = std::ptr::null();
-                        if sys::cuFuncGetName(&mut cname, p.func) == sys::CUresult::CUDA_SUCCESS && !cname.is_null() {
-                            CStr::from_ptr(cname).to_string_lossy().into_owned()
-                        } else {
-                            "?".into()
-                        }
-                    };
-                    (NodeKind::Kernel, Some(name))
-                }
-                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY => (NodeKind::Memcpy, None),
-                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET => (NodeKind::Memset, None),
-                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY => (NodeKind::Empty, None),
-                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => (NodeKind::MemAlloc, None),
-                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => (NodeKind::MemFree, None),
-                _ => (NodeKind::Other, None),
-            };
-            let mut ndeps = 0usize;
-            // SAFETY: sizing call, then a fill into buffers of that size (skipped when empty:
-            // the driver rejects a non-null buffer with a zero count).
-            unsafe {
-                check(
-                    "cuGraphNodeGetDependencies",
-                    sys::cuGraphNodeGetDependencies_v2(node, std::ptr::null_mut(), std::ptr::null_mut(), &mut ndeps),
-                )?
-            };
-            let mut deps = vec![std::ptr::null_mut(); ndeps];
-            if ndeps > 0 {
-                let mut edges: Vec<sys::CUgraphEdgeData> = vec![unsafe { std::mem::zeroed() }; ndeps];
-                unsafe {
-                    check(
-                        "cuGraphNodeGetDependencies",
-                        sys::cuGraphNodeGetDependencies_v2(node, deps.as_mut_ptr(), edges.as_mut_ptr(), &mut ndeps),
-                    )?
-                };
-            }
-            let dependencies = deps.iter().filter_map(|d| index.get(&(*d as usize)).copied()).collect();
-            out.push(GraphNode { index: i, kind, kernel, dependencies });
-        }
-        Ok(out)
-    }
-
-    /// Writes CUDA's own DOT dump of the graph to `path`.
-    pub(crate) fn debug_dot(&self, g: &RawGraph, path: &std::path::Path) -> Result<()> {
-        let c = std::ffi::CString::new(path.to_string_lossy().as_bytes())
-            .map_err(|_| Error::invalid("debug_dump", "path contains a NUL byte"))?;
-        // SAFETY: valid graph and NUL-terminated path.
-        unsafe { check("cuGraphDebugDotPrint", sys::cuGraphDebugDotPrint(g.graph, c.as_ptr(), 1)) }
     }
 
     /// Creates a timing event pair and returns elapsed ms of `f`'s stream work.
@@ -458,12 +355,16 @@ impl CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        let _ = self.synchronize();
-        // SAFETY: created in `new`, destroyed once.
-        unsafe {
-            let _ = cublas_result::destroy_handle(self.cublas);
+        let handle = self.cublas.get_mut().unwrap_or_else(|e| e.into_inner()).0;
+        // SAFETY: created in `new`, destroyed once, after the stream drained.
+        let destroyed = self.synchronize().and_then(|()| {
+            unsafe { cublas_result::destroy_handle(handle) }
+                .map_err(|e| Error::Cuda { call: "cublasDestroy", message: format!("{e:?}") })
+        });
+        if let Err(e) = destroyed.and_then(|()| self.free(self.cublas_workspace)) {
+            // The device is going away: nobody is left to read a deferred error.
+            eprintln!("graphed: error while closing {}: {e}", self.name);
         }
-        self.free(self.cublas_workspace);
     }
 }
 
@@ -472,24 +373,6 @@ fn cublas_check(call: &'static str, s: cublas_sys::cublasStatus_t) -> Result<()>
         Ok(())
     } else {
         Err(Error::Cuda { call, message: format!("{s:?}") })
-    }
-}
-
-/// A captured CUDA graph and, once instantiated, its executable.
-#[derive(Debug)]
-pub(crate) struct RawGraph {
-    graph: sys::CUgraph,
-    exec: sys::CUgraphExec,
-}
-
-// SAFETY: graph handles are plain driver handles; `Graph` serialises access through `&mut`.
-unsafe impl Send for RawGraph {}
-// SAFETY: as above.
-unsafe impl Sync for RawGraph {}
-
-impl RawGraph {
-    pub(crate) fn is_instantiated(&self) -> bool {
-        !self.exec.is_null()
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::StreamGate;
 use crate::{Error, Result};
 
 /// One host allocation that pool blocks are carved from.
@@ -68,14 +69,21 @@ impl std::fmt::Debug for HostOp {
 }
 
 /// The host backend's stream: runs ops now, or records them while capturing.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct HostBackend {
     recording: Mutex<Option<Vec<HostOp>>>,
+    pub(crate) gate: Arc<StreamGate>,
 }
 
 impl HostBackend {
-    /// Runs `op` now, or appends it to the capture in progress.
+    pub(crate) fn new(gate: Arc<StreamGate>) -> HostBackend {
+        HostBackend { recording: Mutex::new(None), gate }
+    }
+
+    /// Runs `op` now, or appends it to the capture in progress (only the capturing thread gets
+    /// here while a capture is in progress; others wait at the gate).
     pub(crate) fn run(&self, name: &'static str, op: impl Fn() -> Result<()> + Send + Sync + 'static) -> Result<()> {
+        let _entered = self.gate.enter()?;
         let mut rec = self.recording.lock().unwrap_or_else(|e| e.into_inner());
         match rec.as_mut() {
             Some(ops) => {
@@ -92,7 +100,7 @@ impl HostBackend {
     pub(crate) fn begin_capture(&self) -> Result<()> {
         let mut rec = self.recording.lock().unwrap_or_else(|e| e.into_inner());
         if rec.is_some() {
-            return Err(Error::GraphState("the host stream is already capturing".into()));
+            return Err(Error::AlreadyCapturing { graph: "the host stream".into() });
         }
         *rec = Some(Vec::new());
         Ok(())

@@ -1,36 +1,25 @@
 //! The two backends behind one small internal interface.
 //!
 //! Ops match on [`BackendKind`] once: the host arm runs (or records) the CPU reference, the cuda
-//! arm launches the kernel. User code never becomes generic over a backend.
+//! arm launches the kernel. User code never becomes generic over a backend. Both backends share
+//! one capture-state type, [`StreamGate`], which every stream primitive passes.
 
+mod capture;
 pub(crate) mod cuda;
+mod cuda_graph;
 pub(crate) mod host;
 
-use std::cell::Cell;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use crate::graph::CaptureMode;
+use crate::graph::{CaptureMode, GraphNode, NodeKind};
 use crate::{Error, Result};
 
-pub(crate) use cuda::{CudaBackend, KArg, LaunchDims, RawGraph};
+pub use capture::is_capturing;
+pub(crate) use capture::StreamGate;
+pub(crate) use cuda::{CudaBackend, KArg, LaunchDims};
+pub(crate) use cuda_graph::RawGraph;
 pub(crate) use host::{HostBackend, HostPtr, HostSlab};
-
-thread_local! {
-    /// Number of captures this thread has in progress, on any device.
-    static CAPTURES: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Whether this thread is capturing a graph right now (on any device), like PyTorch's
-/// `torch.cuda.is_current_stream_capturing()`.
-///
-/// Capture-time hooks always see `false`: they run outside captures.
-///
-/// ```
-/// assert!(!graphed::is_capturing());
-/// ```
-pub fn is_capturing() -> bool {
-    CAPTURES.with(|c| c.get() > 0)
-}
 
 /// Which machine runs the ops.
 #[derive(Debug)]
@@ -39,11 +28,31 @@ pub(crate) enum BackendKind {
     Cuda(Box<CudaBackend>),
 }
 
+/// Errors from drop paths (freeing a slab, destroying a graph), which cannot be returned where
+/// they happen; each is also printed once to stderr. [`crate::Device::take_drop_errors`] reads
+/// them.
+#[derive(Debug, Default)]
+pub(crate) struct DropErrors(Mutex<Vec<Error>>);
+
+impl DropErrors {
+    pub(crate) fn report(&self, error: Error) {
+        eprintln!("graphed: error in a drop path: {error}");
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(error);
+    }
+
+    pub(crate) fn take(&self) -> Vec<Error> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
 /// A backend plus the capture state of its stream.
 #[derive(Debug)]
 pub(crate) struct Backend {
     pub(crate) kind: BackendKind,
-    capture: Mutex<Option<CaptureMode>>,
+    pub(crate) gate: Arc<StreamGate>,
+    pub(crate) drop_errors: Arc<DropErrors>,
+    /// Bytes of all slabs of all pools on this device.
+    reserved: AtomicUsize,
 }
 
 /// An address in device (or host-backend) memory.
@@ -54,20 +63,37 @@ pub(crate) enum Ptr {
 }
 
 impl Backend {
-    pub(crate) fn new(kind: BackendKind) -> Backend {
-        Backend { kind, capture: Mutex::new(None) }
+    /// The host backend.
+    pub(crate) fn host() -> Backend {
+        let gate = Arc::new(StreamGate::default());
+        Backend {
+            kind: BackendKind::Host(HostBackend::new(gate.clone())),
+            gate,
+            drop_errors: Arc::new(DropErrors::default()),
+            reserved: AtomicUsize::new(0),
+        }
     }
 
-    /// The capture mode in progress on this backend's stream, if any.
+    /// The CUDA backend of GPU `ordinal`.
+    pub(crate) fn cuda(ordinal: usize) -> Result<Backend> {
+        let gate = Arc::new(StreamGate::default());
+        let drop_errors = Arc::new(DropErrors::default());
+        let cuda = CudaBackend::new(ordinal, gate.clone(), drop_errors.clone())?;
+        Ok(Backend { kind: BackendKind::Cuda(Box::new(cuda)), gate, drop_errors, reserved: AtomicUsize::new(0) })
+    }
+
+    /// The capture mode in progress on this backend's stream, if the calling thread is the one
+    /// capturing (other threads' work waits at the gate until the capture ends).
     pub(crate) fn capture_mode(&self) -> Option<CaptureMode> {
-        *self.capture.lock().unwrap_or_else(|e| e.into_inner())
+        self.gate.my_capture()
     }
 
+    /// Whether the calling thread is capturing this backend's stream.
     pub(crate) fn is_capturing(&self) -> bool {
         self.capture_mode().is_some()
     }
 
-    /// Fails with a typed error when `op` would be illegal during a capture.
+    /// Fails with a typed error when `op` would be illegal during this thread's capture.
     pub(crate) fn forbid_during_capture(&self, op: &'static str) -> Result<()> {
         if self.is_capturing() {
             Err(Error::IllegalDuringCapture { op })
@@ -77,44 +103,46 @@ impl Backend {
     }
 
     pub(crate) fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
-        let mut cap = self.capture.lock().unwrap_or_else(|e| e.into_inner());
-        if cap.is_some() {
-            return Err(Error::GraphState("this device's stream is already capturing; end that capture first".into()));
-        }
-        match &self.kind {
-            BackendKind::Host(h) => h.begin_capture()?,
-            BackendKind::Cuda(c) => c.begin_capture(mode)?,
-        }
-        *cap = Some(mode);
-        CAPTURES.with(|c| c.set(c.get() + 1));
-        Ok(())
+        self.gate.begin(mode, || match &self.kind {
+            BackendKind::Host(h) => h.begin_capture(),
+            BackendKind::Cuda(c) => c.begin_capture(mode),
+        })
     }
 
     /// Ends the capture in progress; always leaves the stream out of capture mode.
     pub(crate) fn end_capture(&self) -> Result<Recorded> {
-        let mut cap = self.capture.lock().unwrap_or_else(|e| e.into_inner());
-        if cap.take().is_none() {
-            return Err(Error::GraphState("end_capture without a capture in progress".into()));
-        }
-        CAPTURES.with(|c| c.set(c.get().saturating_sub(1)));
-        match &self.kind {
+        self.gate.end(|| match &self.kind {
             BackendKind::Host(h) => Ok(Recorded::Host(h.end_capture())),
             BackendKind::Cuda(c) => c.end_capture().map(Recorded::Cuda),
-        }
+        })
     }
 
     /// Allocates a slab of at least `bytes`.
     pub(crate) fn alloc_slab(&self, bytes: usize) -> Result<Ptr> {
-        match &self.kind {
-            BackendKind::Host(_) => Ok(Ptr::Host(HostPtr { slab: HostSlab::new(bytes), offset: 0, len: bytes / 4 })),
-            BackendKind::Cuda(c) => c.malloc(bytes).map(Ptr::Cuda),
-        }
+        let ptr = match &self.kind {
+            BackendKind::Host(h) => {
+                let _entered = h.gate.enter()?;
+                Ptr::Host(HostPtr { slab: HostSlab::new(bytes), offset: 0, len: bytes / 4 })
+            }
+            BackendKind::Cuda(c) => Ptr::Cuda(c.malloc(bytes)?),
+        };
+        self.reserved.fetch_add(bytes, Ordering::Relaxed);
+        Ok(ptr)
     }
 
-    pub(crate) fn free_slab(&self, ptr: &Ptr) {
+    /// Bytes of all slabs of all pools on this device.
+    pub(crate) fn reserved_bytes(&self) -> usize {
+        self.reserved.load(Ordering::Relaxed)
+    }
+
+    /// Frees a slab of `bytes` (the stream is drained first); a driver error is reported, not
+    /// lost.
+    pub(crate) fn free_slab(&self, ptr: &Ptr, bytes: usize) {
+        self.reserved.fetch_sub(bytes, Ordering::Relaxed);
         if let (BackendKind::Cuda(c), Ptr::Cuda(p)) = (&self.kind, ptr) {
-            let _ = c.synchronize();
-            c.free(*p);
+            if let Err(e) = c.synchronize().and_then(|()| c.free(*p)) {
+                self.drop_errors.report(e.context("freeing a pool slab"));
+            }
         }
     }
 
@@ -127,9 +155,64 @@ impl Backend {
     }
 }
 
-/// What a capture recorded.
+/// What a capture recorded: the host backend's op list or a CUDA graph.
 #[derive(Debug)]
 pub(crate) enum Recorded {
     Host(Vec<host::HostOp>),
     Cuda(RawGraph),
+}
+
+impl Recorded {
+    /// Instantiates a CUDA graph (a no-op on the host, or when already instantiated).
+    pub(crate) fn instantiate(&mut self, backend: &Backend) -> Result<()> {
+        match (self, &backend.kind) {
+            (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.instantiate(raw),
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs the recording on the stream: the host ops in order, or one graph launch.
+    pub(crate) fn launch(&mut self, backend: &Backend) -> Result<()> {
+        match (self, &backend.kind) {
+            (Recorded::Host(ops), _) => {
+                let _entered = backend.gate.enter()?;
+                ops.iter().try_for_each(|op| (op.run)())
+            }
+            (Recorded::Cuda(raw), BackendKind::Cuda(c)) => {
+                c.instantiate(raw)?;
+                c.launch_graph(raw)
+            }
+            (Recorded::Cuda(_), BackendKind::Host(_)) => {
+                Err(Error::invalid("graph replay", "a CUDA graph on a host device"))
+            }
+        }
+    }
+
+    /// The nodes (on the host: the recorded ops in order, each depending on the one before).
+    pub(crate) fn nodes(&self, backend: &Backend) -> Result<Vec<GraphNode>> {
+        match (self, &backend.kind) {
+            (Recorded::Host(ops), _) => Ok(ops
+                .iter()
+                .enumerate()
+                .map(|(i, op)| GraphNode {
+                    index: i,
+                    kind: NodeKind::Kernel,
+                    kernel: Some(op.name.to_string()),
+                    dependencies: if i == 0 { vec![] } else { vec![i - 1] },
+                })
+                .collect()),
+            (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.nodes(raw),
+            (Recorded::Cuda(_), BackendKind::Host(_)) => {
+                Err(Error::invalid("graph nodes", "a CUDA graph on a host device"))
+            }
+        }
+    }
+
+    /// Writes the backend's own DOT dump; `false` when the backend has none (the host).
+    pub(crate) fn debug_dot(&self, backend: &Backend, path: &std::path::Path) -> Result<bool> {
+        match (self, &backend.kind) {
+            (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.debug_dot(raw, path).map(|()| true),
+            _ => Ok(false),
+        }
+    }
 }

@@ -400,7 +400,7 @@ const _: () = {
             self,
             x: &Tensor,
             mask: Option<&Tensor>,
-        ) -> ::graphed::__private::Result<GraphedBlock> {
+        ) -> ::graphed::__private::CaptureResult<GraphedBlock, Block> {
             GraphedBlock::new(
                 self,
                 BlockInputs {
@@ -418,20 +418,34 @@ const _: () = {
             ::graphed::__private::GraphOptions::new().warmup(3).allow_unused_input(false)
         }
         /// Warms up and captures `module` on `sample` with `options` (see [`Self::options`]
-        /// for the ones the attribute gives).
+        /// for the ones the attribute gives). On failure the error hands `module` back.
         pub fn new(
             module: Block,
             sample: BlockInputs,
             options: ::graphed::__private::GraphOptions,
-        ) -> ::graphed::__private::Result<Self> {
-            let __modules = ::graphed::__private::make_graphed(
+        ) -> ::graphed::__private::CaptureResult<Self, Block> {
+            match ::graphed::__private::make_graphed(
                 ::graphed::__private::vec![::graphed::__private::boxed(module)],
                 ::graphed::__private::vec![
                     ::graphed::__private::vec![sample.into_slots()]
                 ],
                 options,
-            )?;
-            ::graphed::__private::Ok(Self { __modules })
+            ) {
+                ::graphed::__private::Ok(__modules) => {
+                    ::graphed::__private::Ok(Self { __modules })
+                }
+                ::graphed::__private::Err(__error) => {
+                    ::graphed::__private::Err(
+                        __error
+                            .map(|__modules| {
+                                let mut __modules = __modules.into_iter();
+                                ::graphed::__private::unbox::<
+                                    Block,
+                                >(__modules.next(), "Block")
+                            }),
+                    )
+                }
+            }
         }
         /// Replays the forward graph on these inputs and returns its static outputs.
         pub fn forward(

@@ -300,7 +300,7 @@ const _: () = {
         fn make_graphed(
             self,
             x: &Tensor,
-        ) -> ::graphed::__private::Result<GraphedLinear> {
+        ) -> ::graphed::__private::CaptureResult<GraphedLinear, Linear> {
             GraphedLinear::new(
                 self,
                 LinearInputs {
@@ -317,20 +317,34 @@ const _: () = {
             ::graphed::__private::GraphOptions::new().warmup(2).allow_unused_input(true)
         }
         /// Warms up and captures `module` on `sample` with `options` (see [`Self::options`]
-        /// for the ones the attribute gives).
+        /// for the ones the attribute gives). On failure the error hands `module` back.
         pub fn new(
             module: Linear,
             sample: LinearInputs,
             options: ::graphed::__private::GraphOptions,
-        ) -> ::graphed::__private::Result<Self> {
-            let __modules = ::graphed::__private::make_graphed(
+        ) -> ::graphed::__private::CaptureResult<Self, Linear> {
+            match ::graphed::__private::make_graphed(
                 ::graphed::__private::vec![::graphed::__private::boxed(module)],
                 ::graphed::__private::vec![
                     ::graphed::__private::vec![sample.into_slots()]
                 ],
                 options,
-            )?;
-            ::graphed::__private::Ok(Self { __modules })
+            ) {
+                ::graphed::__private::Ok(__modules) => {
+                    ::graphed::__private::Ok(Self { __modules })
+                }
+                ::graphed::__private::Err(__error) => {
+                    ::graphed::__private::Err(
+                        __error
+                            .map(|__modules| {
+                                let mut __modules = __modules.into_iter();
+                                ::graphed::__private::unbox::<
+                                    Linear,
+                                >(__modules.next(), "Linear")
+                            }),
+                    )
+                }
+            }
         }
         /// Replays the forward graph on these inputs and returns its static outputs.
         pub fn forward(

@@ -292,7 +292,7 @@ const _: () = {
         pub fn make_graphed(
             self,
             x: &Tensor,
-        ) -> renamed::__private::Result<GraphedScale> {
+        ) -> renamed::__private::CaptureResult<GraphedScale, Scale> {
             GraphedScale::new(
                 self,
                 ScaleInputs {
@@ -309,18 +309,32 @@ const _: () = {
             renamed::__private::GraphOptions::new().warmup(3).allow_unused_input(false)
         }
         /// Warms up and captures `module` on `sample` with `options` (see [`Self::options`]
-        /// for the ones the attribute gives).
+        /// for the ones the attribute gives). On failure the error hands `module` back.
         pub fn new(
             module: Scale,
             sample: ScaleInputs,
             options: renamed::__private::GraphOptions,
-        ) -> renamed::__private::Result<Self> {
-            let __modules = renamed::__private::make_graphed(
+        ) -> renamed::__private::CaptureResult<Self, Scale> {
+            match renamed::__private::make_graphed(
                 renamed::__private::vec![renamed::__private::boxed(module)],
                 renamed::__private::vec![renamed::__private::vec![sample.into_slots()]],
                 options,
-            )?;
-            renamed::__private::Ok(Self { __modules })
+            ) {
+                renamed::__private::Ok(__modules) => {
+                    renamed::__private::Ok(Self { __modules })
+                }
+                renamed::__private::Err(__error) => {
+                    renamed::__private::Err(
+                        __error
+                            .map(|__modules| {
+                                let mut __modules = __modules.into_iter();
+                                renamed::__private::unbox::<
+                                    Scale,
+                                >(__modules.next(), "Scale")
+                            }),
+                    )
+                }
+            }
         }
         /// Replays the forward graph on these inputs and returns its static outputs.
         pub fn forward(

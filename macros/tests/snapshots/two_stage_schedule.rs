@@ -47,7 +47,7 @@ const _: () = {
                     >,
                 >,
             >,
-        ) -> ::graphed::__private::Result<GraphedTwoStage> {
+        ) -> ::graphed::__private::CaptureResult<GraphedTwoStage, TwoStage> {
             GraphedTwoStage::new(self, samples, GraphedTwoStage::options())
         }
     }
@@ -77,7 +77,8 @@ const _: () = {
                 .order(::graphed::__private::Vec::from(Self::ORDER))
                 .allow_unused_input(false)
         }
-        /// Warms up and captures the chunks of `module` with `options`.
+        /// Warms up and captures the chunks of `module` with `options`. On failure the
+        /// error hands `module` back, chunks and all.
         pub fn new(
             module: TwoStage,
             samples: ::graphed::__private::Vec<
@@ -88,17 +89,36 @@ const _: () = {
                 >,
             >,
             options: ::graphed::__private::GraphOptions,
-        ) -> ::graphed::__private::Result<Self> {
+        ) -> ::graphed::__private::CaptureResult<Self, TwoStage> {
             let TwoStage { first, second } = module;
-            let __modules = ::graphed::__private::make_graphed(
+            match ::graphed::__private::make_graphed(
                 ::graphed::__private::Vec::from([
                     ::graphed::__private::boxed::<Block>(first),
                     ::graphed::__private::boxed::<Block>(second),
                 ]),
                 samples,
                 options,
-            )?;
-            ::graphed::__private::Ok(Self { __modules })
+            ) {
+                ::graphed::__private::Ok(__modules) => {
+                    ::graphed::__private::Ok(Self { __modules })
+                }
+                ::graphed::__private::Err(__error) => {
+                    ::graphed::__private::Err(
+                        __error
+                            .map(|__modules| {
+                                let mut __modules = __modules.into_iter();
+                                TwoStage {
+                                    first: ::graphed::__private::unbox::<
+                                        Block,
+                                    >(__modules.next(), "first"),
+                                    second: ::graphed::__private::unbox::<
+                                        Block,
+                                    >(__modules.next(), "second"),
+                                }
+                            }),
+                    )
+                }
+            }
         }
         /// Replays the forward of chunk 1 (`first`) for its next microbatch.
         pub fn forward_first(

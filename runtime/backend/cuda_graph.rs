@@ -1,0 +1,187 @@
+//! CUDA graphs: stream capture, instantiation, launch, and reading a graph's nodes. A
+//! [`RawGraph`] owns its driver handles and destroys them when dropped.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext};
+
+use super::cuda::{check, driver_err, CudaBackend};
+use super::DropErrors;
+use crate::graph::{CaptureMode, GraphNode, NodeKind};
+use crate::{Error, Result};
+
+/// A captured CUDA graph and, once instantiated, its executable. Owns both handles.
+pub(crate) struct RawGraph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    ctx: Arc<CudaContext>,
+    drop_errors: Arc<DropErrors>,
+}
+
+impl std::fmt::Debug for RawGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RawGraph({:?}, instantiated: {})", self.graph, self.is_instantiated())
+    }
+}
+
+// SAFETY: the handles are plain driver handles owned by this value; they may be used and
+// destroyed from any thread that binds the context (every method here does). Graph objects are
+// not internally synchronised, so `RawGraph` is deliberately not `Sync`: `&mut` or a single owner
+// serialises every use.
+unsafe impl Send for RawGraph {}
+
+impl RawGraph {
+    pub(crate) fn is_instantiated(&self) -> bool {
+        !self.exec.is_null()
+    }
+
+    /// Destroys the executable and the graph, reporting the first driver error.
+    fn destroy(&mut self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(driver_err("cuCtxSetCurrent"))?;
+        let mut first = Ok(());
+        // SAFETY: each handle was created by us, is destroyed once and nulled. An executable
+        // still running is freed by the driver when it completes.
+        unsafe {
+            if !self.exec.is_null() {
+                first = first.and(result::graph::exec_destroy(self.exec).map_err(driver_err("cuGraphExecDestroy")));
+                self.exec = std::ptr::null_mut();
+            }
+            if !self.graph.is_null() {
+                first = first.and(result::graph::destroy(self.graph).map_err(driver_err("cuGraphDestroy")));
+                self.graph = std::ptr::null_mut();
+            }
+        }
+        first
+    }
+}
+
+impl Drop for RawGraph {
+    fn drop(&mut self) {
+        if let Err(e) = self.destroy() {
+            self.drop_errors.report(e.context("destroying a CUDA graph"));
+        }
+    }
+}
+
+impl CudaBackend {
+    pub(crate) fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
+        let mode = match mode {
+            CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        };
+        self.bind()?;
+        self.stream.begin_capture(mode).map_err(driver_err("cuStreamBeginCapture"))
+    }
+
+    /// Ends the capture; the graph, or the error that invalidated the capture.
+    pub(crate) fn end_capture(&self) -> Result<RawGraph> {
+        self.bind()?;
+        // SAFETY: the stream is ours; a null graph means the capture was invalidated.
+        let g = unsafe { result::stream::end_capture(self.stream.cu_stream()) }
+            .map_err(driver_err("cuStreamEndCapture"))?;
+        if g.is_null() {
+            return Err(Error::CaptureInvalidated {
+                detail: "an operation illegal during capture ran on the stream".into(),
+            });
+        }
+        Ok(RawGraph {
+            graph: g,
+            exec: std::ptr::null_mut(),
+            ctx: self.ctx.clone(),
+            drop_errors: self.drop_errors.clone(),
+        })
+    }
+
+    pub(crate) fn instantiate(&self, g: &mut RawGraph) -> Result<()> {
+        if !g.exec.is_null() {
+            return Ok(());
+        }
+        let _entered = self.gate.enter()?;
+        self.bind()?;
+        // SAFETY: `g.graph` is a valid graph we own.
+        g.exec = unsafe { result::graph::instantiate(g.graph, sys::CUgraphInstantiate_flags(0)) }
+            .map_err(driver_err("cuGraphInstantiate"))?;
+        // SAFETY: the exec was just created on this context.
+        unsafe { result::graph::upload(g.exec, self.stream.cu_stream()) }.map_err(driver_err("cuGraphUpload"))?;
+        Ok(())
+    }
+
+    pub(crate) fn launch_graph(&self, g: &RawGraph) -> Result<()> {
+        let _entered = self.gate.enter()?;
+        self.bind()?;
+        // SAFETY: the exec is valid (instantiated before any replay).
+        unsafe { result::graph::launch(g.exec, self.stream.cu_stream()) }.map_err(driver_err("cuGraphLaunch"))
+    }
+
+    /// The graph's nodes with their kinds, kernel names and dependencies.
+    pub(crate) fn nodes(&self, g: &RawGraph) -> Result<Vec<GraphNode>> {
+        self.bind()?;
+        let mut count = 0usize;
+        // SAFETY: first call sizes, second fills a buffer of that size.
+        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(g.graph, std::ptr::null_mut(), &mut count))? };
+        let mut nodes = vec![std::ptr::null_mut(); count];
+        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(g.graph, nodes.as_mut_ptr(), &mut count))? };
+        let index: HashMap<usize, usize> = nodes.iter().enumerate().map(|(i, n)| (*n as usize, i)).collect();
+        let mut out = Vec::with_capacity(count);
+        for (i, &node) in nodes.iter().enumerate() {
+            let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: `node` belongs to `g.graph`.
+            unsafe { check("cuGraphNodeGetType", sys::cuGraphNodeGetType(node, &mut ty))? };
+            let (kind, kernel) = match ty {
+                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => {
+                    // SAFETY: a kernel node's params; we only read the function handle.
+                    let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                    let name = unsafe {
+                        check("cuGraphKernelNodeGetParams", sys::cuGraphKernelNodeGetParams_v2(node, &mut p))?;
+                        let mut cname: *const std::ffi::c_char = std::ptr::null();
+                        if sys::cuFuncGetName(&mut cname, p.func) == sys::CUresult::CUDA_SUCCESS && !cname.is_null() {
+                            CStr::from_ptr(cname).to_string_lossy().into_owned()
+                        } else {
+                            "?".into()
+                        }
+                    };
+                    (NodeKind::Kernel, Some(name))
+                }
+                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY => (NodeKind::Memcpy, None),
+                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET => (NodeKind::Memset, None),
+                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY => (NodeKind::Empty, None),
+                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => (NodeKind::MemAlloc, None),
+                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => (NodeKind::MemFree, None),
+                _ => (NodeKind::Other, None),
+            };
+            let mut ndeps = 0usize;
+            // SAFETY: sizing call, then a fill into buffers of that size (skipped when empty:
+            // the driver rejects a non-null buffer with a zero count).
+            unsafe {
+                check(
+                    "cuGraphNodeGetDependencies",
+                    sys::cuGraphNodeGetDependencies_v2(node, std::ptr::null_mut(), std::ptr::null_mut(), &mut ndeps),
+                )?
+            };
+            let mut deps = vec![std::ptr::null_mut(); ndeps];
+            if ndeps > 0 {
+                let mut edges: Vec<sys::CUgraphEdgeData> = vec![unsafe { std::mem::zeroed() }; ndeps];
+                unsafe {
+                    check(
+                        "cuGraphNodeGetDependencies",
+                        sys::cuGraphNodeGetDependencies_v2(node, deps.as_mut_ptr(), edges.as_mut_ptr(), &mut ndeps),
+                    )?
+                };
+            }
+            let dependencies = deps.iter().filter_map(|d| index.get(&(*d as usize)).copied()).collect();
+            out.push(GraphNode { index: i, kind, kernel, dependencies });
+        }
+        Ok(out)
+    }
+
+    /// Writes CUDA's own DOT dump of the graph to `path`.
+    pub(crate) fn debug_dot(&self, g: &RawGraph, path: &std::path::Path) -> Result<()> {
+        let c = std::ffi::CString::new(path.to_string_lossy().as_bytes())
+            .map_err(|_| Error::invalid("debug_dump", "path contains a NUL byte"))?;
+        // SAFETY: valid graph and NUL-terminated path.
+        unsafe { check("cuGraphDebugDotPrint", sys::cuGraphDebugDotPrint(g.graph, c.as_ptr(), 1)) }
+    }
+}

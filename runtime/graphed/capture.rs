@@ -1,0 +1,446 @@
+//! `make_graphed`: validation, static surfaces, warm-up and capture, in that order. A failure
+//! at any point restores the RNG state, frees the graphs' pool and hands the modules back.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::schedule::{Pass, Step};
+use super::{GraphOptions, GraphedModules, Schedule, Surface};
+use crate::pool::MemRange;
+use crate::{Cx, Device, Error, Graph, HookKind, Module, Result, Tensor};
+
+/// A failed capture: the error, and the modules, handed back unchanged so the caller can fix
+/// the cause and capture again (like [`std::sync::PoisonError::into_inner`]).
+///
+/// Converts into [`Error`] with `?` (dropping the modules).
+///
+/// ```
+/// use graphed::{make_graphed, CaptureError, Device, GraphOptions, Module};
+/// let dev = Device::host();
+/// let modules: Vec<Box<dyn Module>> = Vec::new();
+/// let err: CaptureError<_> = make_graphed(modules, vec![], GraphOptions::new()).unwrap_err();
+/// assert!(matches!(err.error(), graphed::Error::InvalidArgument { .. }));
+/// let modules = err.into_inner(); // nothing is lost
+/// assert!(modules.is_empty());
+/// ```
+pub struct CaptureError<M> {
+    error: Error,
+    modules: M,
+}
+
+impl<M> CaptureError<M> {
+    /// An error with the modules it hands back.
+    pub fn new(error: Error, modules: M) -> CaptureError<M> {
+        CaptureError { error, modules }
+    }
+
+    /// What went wrong.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// The modules, unchanged.
+    pub fn into_inner(self) -> M {
+        self.modules
+    }
+
+    /// The error and the modules.
+    pub fn into_parts(self) -> (Error, M) {
+        (self.error, self.modules)
+    }
+
+    /// The same error with the modules turned into another form (a typed wrapper's module).
+    pub fn map<N>(self, f: impl FnOnce(M) -> N) -> CaptureError<N> {
+        CaptureError { error: self.error, modules: f(self.modules) }
+    }
+}
+
+impl<M> std::fmt::Debug for CaptureError<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaptureError").field("error", &self.error).finish_non_exhaustive()
+    }
+}
+
+impl<M> std::fmt::Display for CaptureError<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "capture failed (the modules are handed back): {}", self.error)
+    }
+}
+
+impl<M> std::error::Error for CaptureError<M> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<M> From<CaptureError<M>> for Error {
+    fn from(e: CaptureError<M>) -> Error {
+        e.error
+    }
+}
+
+/// The modules as `make_graphed` hands them back on failure.
+pub type Modules = Vec<Box<dyn Module>>;
+
+/// Sample inputs: `[chunk][microbatch][input]`.
+type Samples = Vec<Vec<Vec<Option<Tensor>>>>;
+
+/// Warms up and captures `modules` into graphs sharing one pool.
+///
+/// `samples[chunk][microbatch][input]` are example inputs (their shapes, and `requires_grad`
+/// for whether a grad is wanted); one microbatch entry per chunk stands for all. Without
+/// `order`, forwards are captured in module order and backwards in reverse (PyTorch's tuple
+/// form). With `order`, capture follows the schedule exactly and each (chunk, microbatch) gets
+/// its own graphs and static surfaces (Transformer Engine's form).
+///
+/// Warm-up runs `warmup` eager iterations in the graphs' pool, with zero grad outputs so
+/// parameter grads do not change; the device RNG state is restored after capture, so neither
+/// warm-up nor capture changes the numbers a run draws.
+///
+/// Everything about the arguments is checked before anything runs. If warm-up or capture then
+/// fails (a hook, a module, the driver, memory), the RNG state is restored, the pool's memory
+/// is freed, and the modules come back inside the [`CaptureError`].
+pub fn make_graphed(
+    modules: Modules,
+    samples: Samples,
+    options: GraphOptions,
+) -> std::result::Result<GraphedModules, CaptureError<Modules>> {
+    let (device, schedule) = match validate(&modules, &samples, &options) {
+        Ok(v) => v,
+        Err(e) => return Err(CaptureError::new(e, modules)),
+    };
+    let rng_state = match device.rng().and_then(|g| g.save()) {
+        Ok(s) => s,
+        Err(e) => return Err(CaptureError::new(e, modules)),
+    };
+    let started = Instant::now();
+    let pool = device.new_pool();
+    let chunks = modules.len();
+    let mut g = GraphedModules {
+        device: device.clone(),
+        pool: pool.clone(),
+        surfaces: Vec::new(),
+        next_forward: vec![0; chunks],
+        pending: (0..chunks).map(|_| VecDeque::new()).collect(),
+        captured_training: options.training,
+        training: options.training,
+        capture_time: Duration::ZERO,
+        modules,
+        options,
+    };
+    let captured = device.with_pool(&pool, || -> Result<()> {
+        g.make_surfaces(&samples, schedule.microbatches())?;
+        for _ in 0..g.options.warmup {
+            g.iterate(&schedule, Phase::WarmUp)?;
+        }
+        g.iterate(&schedule, Phase::Capture)
+    });
+    // Warm-up and capture drew numbers: put the state back either way.
+    let restored = device.rng().and_then(|r| r.restore(&rng_state)).and_then(|()| device.synchronize());
+    match captured.and(restored) {
+        Ok(()) => {
+            g.compute_clobbers();
+            g.capture_time = started.elapsed();
+            Ok(g)
+        }
+        Err(e) => {
+            drop(pool);
+            Err(CaptureError::new(e, g.into_modules()))
+        }
+    }
+}
+
+/// Everything `make_graphed` can check before it runs anything: the device and the schedule.
+fn validate(modules: &Modules, samples: &Samples, options: &GraphOptions) -> Result<(Device, Schedule)> {
+    let chunks = modules.len();
+    if chunks == 0 {
+        return Err(Error::invalid("make_graphed", "no modules"));
+    }
+    if options.warmup == 0 {
+        return Err(Error::invalid("make_graphed", "warmup must be at least 1 (kernels must load before capture)"));
+    }
+    if samples.len() != chunks {
+        return Err(Error::invalid("make_graphed", format!("{} sample lists for {chunks} modules", samples.len())));
+    }
+    let mut tensors = samples.iter().flatten().flatten().flatten();
+    let device = tensors
+        .next()
+        .map(|t| t.device().clone())
+        .ok_or_else(|| Error::invalid("make_graphed", "no sample tensor to take the device from"))?;
+    for t in samples.iter().flatten().flatten().flatten() {
+        if t.device() != &device {
+            return Err(Error::DeviceMismatch { op: "make_graphed samples", a: device.name(), b: t.device().name() });
+        }
+        t.check_fresh()?;
+    }
+    if device.is_capturing() {
+        return Err(Error::IllegalDuringCapture { op: "make_graphed" });
+    }
+    let schedule = Schedule::new(options.order.as_deref(), chunks, options.training)?;
+    for (c, (m, s)) in modules.iter().zip(samples).enumerate() {
+        if s.is_empty() || (s.len() != 1 && s.len() != schedule.microbatches()) {
+            return Err(Error::invalid(
+                "make_graphed",
+                format!("chunk {}: {} sample sets for {} microbatches", c + 1, s.len(), schedule.microbatches()),
+            ));
+        }
+        for set in s {
+            if set.len() != m.num_inputs() {
+                return Err(Error::Graphed {
+                    module: m.name().into(),
+                    detail: format!("{} sample inputs for a forward of {} tensor arguments", set.len(), m.num_inputs()),
+                });
+            }
+        }
+    }
+    Ok((device, schedule))
+}
+
+/// Which pass over the schedule: an eager warm-up iteration or the capture.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    WarmUp,
+    Capture,
+}
+
+impl GraphedModules {
+    /// Static inputs for every (chunk, microbatch): copies of the samples, in the pool.
+    fn make_surfaces(&mut self, samples: &Samples, microbatches: usize) -> Result<()> {
+        for (c, s) in samples.iter().enumerate() {
+            let mut row = Vec::with_capacity(microbatches);
+            for m in 0..microbatches {
+                let set = &s[m.min(s.len() - 1)];
+                let label = format!("{}[chunk {}, microbatch {}]", self.modules[c].name(), c + 1, m);
+                let mut inputs = Vec::with_capacity(set.len());
+                for (i, t) in set.iter().enumerate() {
+                    let chained = self.options.chained && c > 0 && i == 0;
+                    inputs.push(match t {
+                        Some(t) if !chained => {
+                            let st = t.deep_clone()?;
+                            st.set_owner(format!("{label} input {i}"));
+                            Some(st)
+                        }
+                        _ => None, // absent optional input, or filled in by chaining at capture
+                    });
+                }
+                let mut forward = Graph::with_pool(&self.device, &self.pool);
+                forward.set_label(format!("{label} forward"));
+                row.push(Surface {
+                    forward,
+                    backward: None,
+                    inputs,
+                    outputs: Vec::new(),
+                    grad_outputs: Vec::new(),
+                    grad_inputs: Vec::new(),
+                    saved: None,
+                    forward_clobbers: Vec::new(),
+                    backward_clobbers: Vec::new(),
+                    forward_temps: Vec::new(),
+                    backward_temps: Vec::new(),
+                    label,
+                });
+            }
+            self.surfaces.push(row);
+        }
+        Ok(())
+    }
+
+    /// One pass over the schedule: eager with zero grad outputs (warm-up), or each step
+    /// captured into its own graph. Hooks run around every step, outside any capture.
+    fn iterate(&mut self, schedule: &Schedule, phase: Phase) -> Result<()> {
+        // Per (chunk, microbatch): what the forward saved and returned this iteration.
+        let mut done: Vec<Vec<Option<(Cx, Vec<Option<Tensor>>)>>> =
+            self.surfaces.iter().map(|r| r.iter().map(|_| None).collect()).collect();
+        // Per (chunk, microbatch): the first output, which a chained next chunk reads.
+        let mut firsts: Vec<Vec<Option<Tensor>>> = self.surfaces.iter().map(|r| vec![None; r.len()]).collect();
+        for &Step { pass, chunk: c, microbatch: m } in schedule.steps() {
+            match pass {
+                Pass::Forward => {
+                    let prev = if c > 0 { firsts[c - 1][m].clone() } else { None };
+                    let inputs = self.chained_inputs(c, m, prev)?;
+                    self.run_hooks(c, HookKind::PreForward)?;
+                    let cx = self.new_cx(self.captured_training, &inputs);
+                    let outs = match phase {
+                        Phase::WarmUp => {
+                            let mut cx = cx.clone();
+                            let outs = self.modules[c].forward(&mut cx, &inputs)?;
+                            done[c][m] = Some((cx, outs.clone()));
+                            outs
+                        }
+                        Phase::Capture => {
+                            let (cx, outs) = self.capture_forward(c, m, inputs, cx)?;
+                            done[c][m] = Some((cx, outs.clone()));
+                            outs
+                        }
+                    };
+                    firsts[c][m] = outs.into_iter().next().flatten();
+                    self.run_hooks(c, HookKind::Forward)?;
+                }
+                Pass::Backward => {
+                    let (cx, outs) = done[c][m].take().ok_or_else(|| Error::InvalidOrder {
+                        detail: format!("backward of chunk {} before its forward", c + 1),
+                    })?;
+                    self.run_hooks(c, HookKind::PreBackward)?;
+                    match phase {
+                        Phase::WarmUp => {
+                            let grads = outs
+                                .iter()
+                                .map(|o| o.as_ref().map(|o| Tensor::zeros(&self.device, o.dims())).transpose())
+                                .collect::<Result<Vec<_>>>()?;
+                            self.modules[c].backward(&mut cx.clone(), &grads)?;
+                        }
+                        Phase::Capture => self.capture_backward(c, m, cx)?,
+                    }
+                    self.run_hooks(c, HookKind::Backward)?;
+                }
+            }
+        }
+        if phase == Phase::WarmUp {
+            self.device.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// The inputs of (chunk, microbatch): its static inputs, with a chained first input taken
+    /// from `prev`, the previous chunk's first output for this microbatch.
+    fn chained_inputs(&self, c: usize, m: usize, prev: Option<Tensor>) -> Result<Vec<Option<Tensor>>> {
+        let mut inputs = self.surfaces[c][m].inputs.clone();
+        if self.options.chained && c > 0 {
+            let prev = prev.ok_or_else(|| Error::InvalidOrder {
+                detail: format!("chained: chunk {} microbatch {m} runs before chunk {} produced its output", c + 1, c),
+            })?;
+            if let Some(first) = inputs.first_mut() {
+                *first = Some(prev.with_requires_grad(true));
+            }
+        }
+        Ok(inputs)
+    }
+
+    /// Captures the forward of (chunk, microbatch) into its graph; the context it saved and
+    /// its static outputs.
+    fn capture_forward(
+        &mut self,
+        c: usize,
+        m: usize,
+        inputs: Vec<Option<Tensor>>,
+        cx_template: Cx,
+    ) -> Result<(Cx, Vec<Option<Tensor>>)> {
+        let mode = self.options.capture_mode;
+        self.surfaces[c][m].inputs = inputs.clone();
+        self.pool.begin_tracking();
+        let module = &self.modules[c];
+        let s = &mut self.surfaces[c][m];
+        let captured = s.forward.capture(mode, || {
+            let mut cx = cx_template.clone();
+            let outs = module.forward(&mut cx, &inputs)?;
+            Ok((cx, outs))
+        });
+        s.forward_temps = self.pool.end_tracking();
+        let (cx, outs) = captured.map_err(|e| e.context(format!("capturing the forward of {}", s.label)))?;
+        for (i, o) in outs.iter().enumerate() {
+            if let Some(o) = o {
+                o.set_owner(format!("{} output {i}", s.label));
+            }
+        }
+        s.outputs = outs.clone();
+        s.saved = Some(cx.clone());
+        Ok((cx, outs))
+    }
+
+    /// Captures the backward of (chunk, microbatch) into its graph and checks its grads.
+    fn capture_backward(&mut self, c: usize, m: usize, cx_template: Cx) -> Result<()> {
+        let mode = self.options.capture_mode;
+        let grad_outputs = self.static_grad_outputs(c, m)?;
+        let allow_unused = self.options.allow_unused_input;
+        self.pool.begin_tracking();
+        let mut graph = Graph::with_pool(&self.device, &self.pool);
+        let module = &mut self.modules[c];
+        let name = module.name();
+        let s = &mut self.surfaces[c][m];
+        graph.set_label(format!("{} backward", s.label));
+        let captured = graph.capture(mode, || {
+            let mut cx = cx_template.clone();
+            module.backward(&mut cx, &grad_outputs)
+        });
+        s.backward_temps = self.pool.end_tracking();
+        let grads = captured.map_err(|e| e.context(format!("capturing the backward of {}", s.label)))?;
+        if grads.len() != s.inputs.len() {
+            return Err(Error::Graphed {
+                module: name.into(),
+                detail: format!("backward returned {} grads for {} inputs", grads.len(), s.inputs.len()),
+            });
+        }
+        let mut grad_inputs = Vec::with_capacity(grads.len());
+        for (i, (g, x)) in grads.into_iter().zip(&s.inputs).enumerate() {
+            let wanted = x.as_ref().is_some_and(|x| x.requires_grad());
+            match (wanted, g) {
+                (true, Some(g)) => {
+                    g.set_owner(format!("{} grad input {i}", s.label));
+                    grad_inputs.push(Some(g));
+                }
+                (true, None) if !allow_unused => return Err(Error::UnusedInput { module: name.into(), input: i }),
+                _ => grad_inputs.push(None),
+            }
+        }
+        s.grad_outputs = grad_outputs;
+        s.grad_inputs = grad_inputs;
+        s.backward = Some(graph);
+        Ok(())
+    }
+
+    /// Grad-output buffers for (chunk, microbatch): one per `Some` output, none for `None`
+    /// outputs; with chaining, the next chunk's grad input is reused.
+    fn static_grad_outputs(&self, c: usize, m: usize) -> Result<Vec<Option<Tensor>>> {
+        let s = &self.surfaces[c][m];
+        let mut grads = Vec::with_capacity(s.outputs.len());
+        for (i, o) in s.outputs.iter().enumerate() {
+            let chained = self.options.chained && i == 0 && c + 1 < self.surfaces.len();
+            let g = match o {
+                None => None,
+                Some(_) if chained => {
+                    let next = &self.surfaces[c + 1][m];
+                    let g = next.grad_inputs.first().cloned().flatten().ok_or_else(|| Error::InvalidOrder {
+                        detail: format!(
+                            "chained: the backward of chunk {} microbatch {m} must come before chunk {}'s",
+                            c + 2,
+                            c + 1
+                        ),
+                    })?;
+                    Some(g)
+                }
+                Some(o) => {
+                    let g = Tensor::zeros(&self.device, o.dims())?;
+                    g.set_owner(format!("{} grad output {i}", s.label));
+                    Some(g)
+                }
+            };
+            grads.push(g);
+        }
+        Ok(grads)
+    }
+
+    /// For each graph, the handed-out buffers its replay overwrites: its own outputs (or grad
+    /// inputs) and any other surface's buffers that lie in memory it uses as temporaries.
+    fn compute_clobbers(&mut self) {
+        let mut handed: Vec<Tensor> = Vec::new();
+        for s in self.surfaces.iter().flatten() {
+            handed.extend(s.outputs.iter().flatten().cloned());
+            handed.extend(s.grad_inputs.iter().flatten().cloned());
+        }
+        let pool_id = self.pool.id();
+        let hits = |temps: &[MemRange], own: &[Option<Tensor>]| -> Vec<Tensor> {
+            let mut v: Vec<Tensor> = own.iter().flatten().cloned().collect();
+            for t in &handed {
+                let (pid, r) = t.mem_range();
+                if pid == pool_id && temps.iter().any(|x| x.overlaps(&r)) && !v.iter().any(|o| o.same_buffer(t)) {
+                    v.push(t.clone());
+                }
+            }
+            v
+        };
+        for s in self.surfaces.iter_mut().flatten() {
+            s.forward_clobbers = hits(&s.forward_temps, &s.outputs);
+            s.backward_clobbers = hits(&s.backward_temps, &s.grad_inputs);
+        }
+    }
+}

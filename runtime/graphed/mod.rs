@@ -1,0 +1,207 @@
+//! `make_graphed`: warm up, capture and replay modules, the counterpart of PyTorch's
+//! `make_graphed_callables` and Transformer Engine's extension of it.
+//!
+//! - [`options`]: `GraphOptions`.
+//! - [`schedule`]: the iteration's steps, validated once.
+//! - [`capture`]: `make_graphed` itself: validation, static surfaces, warm-up, capture; a failed
+//!   capture restores the RNG, frees its pool and hands the modules back.
+//! - [`replay`]: graphed forward and backward calls, each checked completely before it copies,
+//!   queues or launches anything.
+
+mod capture;
+mod options;
+mod replay;
+mod schedule;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::pool::MemRange;
+use crate::{Cx, Device, Error, Graph, GraphPool, HookKind, Module, Result, Tensor};
+
+pub use capture::{make_graphed, CaptureError};
+pub use options::GraphOptions;
+pub(crate) use schedule::Schedule;
+
+/// The static surfaces and graphs of one (chunk, microbatch).
+struct Surface {
+    label: String,
+    forward: Graph,
+    /// `None` when the capture was forward-only.
+    backward: Option<Graph>,
+    inputs: Vec<Option<Tensor>>,
+    outputs: Vec<Option<Tensor>>,
+    grad_outputs: Vec<Option<Tensor>>,
+    grad_inputs: Vec<Option<Tensor>>,
+    /// What the captured forward saved for the captured backward (kept alive).
+    saved: Option<Cx>,
+    /// Buffers each replay overwrites (its own outputs, and other surfaces' buffers that lie in
+    /// its temporaries): handles to them go stale on replay.
+    forward_clobbers: Vec<Tensor>,
+    backward_clobbers: Vec<Tensor>,
+    forward_temps: Vec<MemRange>,
+    backward_temps: Vec<MemRange>,
+}
+
+/// A microbatch whose backward has not run yet.
+enum Pending {
+    Graphed(usize),
+    Eager(Cx),
+}
+
+/// Modules captured into graphs that share one pool; see [`make_graphed`].
+pub struct GraphedModules {
+    device: Device,
+    modules: Vec<Box<dyn Module>>,
+    pool: GraphPool,
+    surfaces: Vec<Vec<Surface>>,
+    next_forward: Vec<usize>,
+    pending: Vec<VecDeque<Pending>>,
+    captured_training: bool,
+    training: bool,
+    options: GraphOptions,
+    capture_time: Duration,
+}
+
+impl std::fmt::Debug for GraphedModules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<_> = self.modules.iter().map(|m| m.name()).collect();
+        write!(f, "GraphedModules({names:?}, {} microbatches, {:?})", self.microbatches(), self.pool)
+    }
+}
+
+impl GraphedModules {
+    /// Runs the hooks of `kind` for `chunk`: the registry's around the module's own.
+    fn run_hooks(&mut self, chunk: usize, kind: HookKind) -> Result<()> {
+        let module = &mut self.modules[chunk];
+        let name = module.name();
+        self.options.hooks.run(chunk, kind, || module.run_hooks(kind)).map_err(|e| Error::Hook {
+            module: name.into(),
+            kind: kind.name(),
+            source: Box::new(e),
+        })
+    }
+
+    /// Which inputs need a grad.
+    fn needs_input_grad(inputs: &[Option<Tensor>]) -> Vec<bool> {
+        inputs.iter().map(|t| t.as_ref().is_some_and(|t| t.requires_grad())).collect()
+    }
+
+    /// A fresh context for one forward of `chunk`.
+    fn new_cx(&self, training: bool, inputs: &[Option<Tensor>]) -> Cx {
+        let mut cx = Cx::new(&self.device);
+        cx.set_training(training);
+        cx.set_needs_input_grad(Self::needs_input_grad(inputs));
+        cx
+    }
+
+    /// Switches to training mode (graphs captured for training replay; otherwise eager).
+    pub fn train(&mut self) {
+        self.training = true;
+    }
+
+    /// Switches to eval mode (graphs captured for inference replay; otherwise eager).
+    pub fn eval(&mut self) {
+        self.training = false;
+    }
+
+    /// Whether in training mode.
+    pub fn is_training(&self) -> bool {
+        self.training
+    }
+
+    /// Whether backward graphs were captured (false for a forward-only capture).
+    pub fn has_backward(&self) -> bool {
+        self.captured_training
+    }
+
+    /// The module of `chunk`, if it is a `T`.
+    pub fn module<T: Module>(&self, chunk: usize) -> Option<&T> {
+        let m: &dyn std::any::Any = self.modules.get(chunk)?.as_ref();
+        m.downcast_ref::<T>()
+    }
+
+    /// The module of `chunk`, mutably, if it is a `T`.
+    pub fn module_mut<T: Module>(&mut self, chunk: usize) -> Option<&mut T> {
+        let m: &mut dyn std::any::Any = self.modules.get_mut(chunk)?.as_mut();
+        m.downcast_mut::<T>()
+    }
+
+    /// The pool all graphs share.
+    pub fn pool(&self) -> &GraphPool {
+        &self.pool
+    }
+
+    /// Registers a capture-time hook for `chunk` (it runs on eager calls from now on; it ran
+    /// during capture only if registered through [`GraphOptions::hooks`] before).
+    pub fn register_hook(
+        &self,
+        chunk: usize,
+        kind: HookKind,
+        prepend: bool,
+        f: impl FnMut() -> Result<()> + Send + 'static,
+    ) -> crate::HookHandle {
+        self.options.hooks.register(chunk, kind, prepend, f)
+    }
+
+    /// Wall time of warm-up plus capture.
+    pub fn capture_time(&self) -> Duration {
+        self.capture_time
+    }
+
+    /// Microbatches per chunk.
+    pub fn microbatches(&self) -> usize {
+        self.surfaces.first().map_or(0, Vec::len)
+    }
+
+    /// Number of chunks (modules).
+    pub fn chunks(&self) -> usize {
+        self.modules.len()
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The graphs in capture order: (label, graph).
+    pub fn graphs(&self) -> Vec<(&str, &Graph)> {
+        let mut v = Vec::new();
+        for s in self.surfaces.iter().flatten() {
+            v.push((s.forward.label(), &s.forward));
+            if let Some(b) = &s.backward {
+                v.push((b.label(), b));
+            }
+        }
+        v
+    }
+
+    /// Gives the modules back, dropping the graphs and their pool.
+    pub fn into_modules(self) -> Vec<Box<dyn Module>> {
+        self.modules
+    }
+
+    /// Bytes of the static surfaces and saved activations that must stay live, for comparing
+    /// with the pool's reserved bytes.
+    pub fn live_bytes(&self) -> usize {
+        let mut seen: Vec<Tensor> = Vec::new();
+        for s in self.surfaces.iter().flatten() {
+            let saved = s.saved.as_ref().map(Cx::all_saved).unwrap_or_default();
+            for t in s
+                .inputs
+                .iter()
+                .chain(&s.outputs)
+                .chain(&s.grad_outputs)
+                .chain(&s.grad_inputs)
+                .flatten()
+                .chain(saved.iter())
+            {
+                let (pid, _) = t.mem_range();
+                if pid == self.pool.id() && !seen.iter().any(|x| x.same_buffer(t)) {
+                    seen.push(t.clone());
+                }
+            }
+        }
+        seen.iter().map(|t| t.mem_range().1.bytes).sum()
+    }
+}

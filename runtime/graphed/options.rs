@@ -1,0 +1,84 @@
+//! `GraphOptions`: how `make_graphed` warms up and captures.
+
+use crate::{CaptureMode, HookRegistry};
+
+/// How `make_graphed` warms up and captures.
+///
+/// ```
+/// use graphed::GraphOptions;
+/// let opts = GraphOptions::new().warmup(2).order(vec![1, 2, -2, -1]);
+/// assert_eq!(opts.warmup_iters(), 2);
+/// ```
+#[derive(Clone, Debug)]
+pub struct GraphOptions {
+    pub(crate) warmup: usize,
+    pub(crate) order: Option<Vec<i32>>,
+    pub(crate) allow_unused_input: bool,
+    pub(crate) capture_mode: CaptureMode,
+    pub(crate) training: bool,
+    pub(crate) chained: bool,
+    pub(crate) hooks: HookRegistry,
+}
+
+impl Default for GraphOptions {
+    fn default() -> Self {
+        GraphOptions {
+            warmup: 3,
+            order: None,
+            allow_unused_input: false,
+            capture_mode: CaptureMode::Global,
+            training: true,
+            chained: false,
+            hooks: HookRegistry::new(),
+        }
+    }
+}
+
+impl GraphOptions {
+    /// Defaults: 3 warm-up iterations, module order, training, global capture mode.
+    pub fn new() -> GraphOptions {
+        GraphOptions::default()
+    }
+    /// Eager warm-up iterations before capture (at least 1).
+    pub fn warmup(mut self, n: usize) -> Self {
+        self.warmup = n;
+        self
+    }
+    /// The number of warm-up iterations.
+    pub fn warmup_iters(&self) -> usize {
+        self.warmup
+    }
+    /// A pipeline schedule: `+c` the forward of chunk `c` (1-indexed) for its next
+    /// microbatch, `-c` the backward of its oldest outstanding one.
+    pub fn order(mut self, order: Vec<i32>) -> Self {
+        self.order = Some(order);
+        self
+    }
+    /// Allow inputs that need a grad to get none from backward.
+    pub fn allow_unused_input(mut self, allow: bool) -> Self {
+        self.allow_unused_input = allow;
+        self
+    }
+    /// The CUDA capture mode.
+    pub fn capture_mode(mut self, mode: CaptureMode) -> Self {
+        self.capture_mode = mode;
+        self
+    }
+    /// Capture for inference: forward graphs only, modules in eval mode.
+    pub fn inference(mut self) -> Self {
+        self.training = false;
+        self
+    }
+    /// Chain the chunks: chunk `c + 1`'s first input *is* chunk `c`'s first output buffer (and
+    /// chunk `c`'s grad output is chunk `c + 1`'s grad input), so passing outputs along costs
+    /// no copies. Samples for chained inputs are only used for their shape.
+    pub fn chained(mut self, chained: bool) -> Self {
+        self.chained = chained;
+        self
+    }
+    /// Hooks registered at run time (see [`HookRegistry`]).
+    pub fn hooks(mut self, hooks: &HookRegistry) -> Self {
+        self.hooks = hooks.clone();
+        self
+    }
+}

@@ -1,0 +1,219 @@
+//! Graphed calls: forward and backward of one chunk.
+//!
+//! Every call is checked completely first (chunk, arity, each tensor's presence, device,
+//! dtype, shape, staleness and requires-grad, the pending queue, the pool's replay order) and
+//! only then acts (copies inputs in, launches, advances the order, invalidates handles, changes
+//! the queue). A refused call changes nothing, so the step can continue with correct calls.
+
+use std::collections::VecDeque;
+
+use super::{GraphedModules, Pending};
+use crate::pool::ReplayTicket;
+use crate::{Cx, Error, HookKind, Result, Slot, SlotKind, Tensor};
+
+/// A checked call, ready to act: the copies into static buffers and the launch permission.
+struct Plan {
+    copies: Vec<(Tensor, Tensor)>,
+    ticket: ReplayTicket,
+}
+
+impl Plan {
+    fn copy_in(&self) -> Result<()> {
+        self.copies.iter().try_for_each(|(dst, src)| dst.copy_(src))
+    }
+}
+
+/// Checks `given` against the static buffers of a surface; the copies a replay needs.
+fn check_slots(
+    module: &str,
+    kind: SlotKind,
+    given: &[Option<Tensor>],
+    captured: &[Option<Tensor>],
+    check_requires_grad: bool,
+) -> Result<Vec<(Tensor, Tensor)>> {
+    if given.len() != captured.len() {
+        return Err(Error::Arity { module: module.into(), kind, expected: captured.len(), got: given.len() });
+    }
+    let mut copies = Vec::new();
+    for (index, (x, st)) in given.iter().zip(captured).enumerate() {
+        let slot = Slot { kind, index };
+        let (x, st) = match (x, st) {
+            (Some(x), Some(st)) => (x, st),
+            (None, None) => continue,
+            // A grad for an output captured as None is ignored (semantics 6).
+            (Some(_), None) if kind == SlotKind::GradOutput => continue,
+            (x, st) => {
+                let _ = x;
+                return Err(Error::SlotPresence { module: module.into(), slot, captured_some: st.is_some() });
+            }
+        };
+        if x.device() != st.device() {
+            return Err(Error::SlotDevice {
+                module: module.into(),
+                slot,
+                expected: st.device().name(),
+                got: x.device().name(),
+            });
+        }
+        if x.dtype() != st.dtype() {
+            return Err(Error::SlotDType { module: module.into(), slot, expected: st.dtype(), got: x.dtype() });
+        }
+        if x.dims() != st.dims() {
+            return Err(Error::SlotShape {
+                module: module.into(),
+                slot,
+                expected: st.dims().to_vec(),
+                got: x.dims().to_vec(),
+            });
+        }
+        x.check_fresh()?;
+        // An input may require a grad only where the capture's sample did (the graphs compute
+        // no grad for it otherwise).
+        if check_requires_grad && x.requires_grad() && !st.requires_grad() {
+            return Err(Error::SlotRequiresGrad { module: module.into(), slot });
+        }
+        if !x.same_buffer(st) {
+            copies.push((st.refreshed(), x.clone()));
+        }
+    }
+    Ok(copies)
+}
+
+impl GraphedModules {
+    fn check_chunk(&self, chunk: usize) -> Result<()> {
+        if chunk >= self.modules.len() {
+            return Err(Error::ChunkOutOfRange { chunk, chunks: self.modules.len() });
+        }
+        Ok(())
+    }
+
+    /// Runs the forward of `chunk` for its next microbatch: copies each input into its static
+    /// input (unless it already is that buffer), replays, and returns the static outputs.
+    /// In the mode other than the one captured, runs the module eagerly.
+    ///
+    /// Refused calls (wrong arity, shape, dtype, device, a stale handle, an input that needs a
+    /// grad the capture does not compute, out of replay order) change nothing.
+    ///
+    /// `cx` is taken for symmetry with the eager module; graphed modules keep the contexts of
+    /// their microbatches themselves.
+    pub fn forward(&mut self, chunk: usize, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let _ = cx;
+        self.check_chunk(chunk)?;
+        if self.training != self.captured_training {
+            return self.eager_forward(chunk, inputs);
+        }
+        let m = self.next_forward[chunk];
+        let plan = self.check_forward(chunk, m, inputs)?;
+        // Act.
+        plan.copy_in()?;
+        let s = &mut self.surfaces[chunk][m];
+        let restarted = s.forward.launch(plan.ticket)?;
+        if restarted {
+            // An iteration was abandoned half-way: its handles go stale and its microbatches
+            // can no longer run backward.
+            self.invalidate_all();
+            self.pending.iter_mut().for_each(VecDeque::clear);
+            self.next_forward.fill(0);
+        }
+        self.next_forward[chunk] = (m + 1) % self.surfaces[chunk].len();
+        let s = &self.surfaces[chunk][m];
+        for t in &s.forward_clobbers {
+            t.bump_generation();
+        }
+        if self.captured_training {
+            self.pending[chunk].push_back(Pending::Graphed(m));
+        }
+        Ok(s.outputs.iter().map(|o| o.as_ref().map(Tensor::refreshed)).collect())
+    }
+
+    fn check_forward(&self, chunk: usize, m: usize, inputs: &[Option<Tensor>]) -> Result<Plan> {
+        let s = &self.surfaces[chunk][m];
+        let copies = check_slots(&s.label, SlotKind::Input, inputs, &s.inputs, self.captured_training)?;
+        let ticket = s.forward.check_replay()?;
+        Ok(Plan { copies, ticket })
+    }
+
+    /// Runs the backward of `chunk` for its oldest outstanding microbatch (`cx` as in
+    /// [`GraphedModules::forward`]): copies the grad outputs in (skipping `None` outputs),
+    /// replays, and returns the grads of the inputs (`None` for inputs that need none).
+    /// Parameter grads accumulate. A refused call changes nothing: the microbatch stays
+    /// outstanding.
+    pub fn backward(
+        &mut self,
+        chunk: usize,
+        cx: &mut Cx,
+        grad_outputs: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let _ = cx;
+        self.check_chunk(chunk)?;
+        let m = match self.pending[chunk].front() {
+            None if !self.captured_training && self.training == self.captured_training => {
+                return Err(Error::ForwardOnly { module: self.modules[chunk].name().into() })
+            }
+            None => return Err(Error::NoPendingForward { module: self.modules[chunk].name().into() }),
+            Some(Pending::Eager(cx)) => {
+                let mut cx = cx.clone();
+                let grads = self.eager_backward(chunk, &mut cx, grad_outputs)?;
+                self.pending[chunk].pop_front();
+                return Ok(grads);
+            }
+            Some(Pending::Graphed(m)) => *m,
+        };
+        let s = &self.surfaces[chunk][m];
+        let graph = s.backward.as_ref().ok_or_else(|| Error::ForwardOnly { module: s.label.clone() })?;
+        let copies = check_slots(&s.label, SlotKind::GradOutput, grad_outputs, &s.grad_outputs, false)?;
+        let plan = Plan { copies, ticket: graph.check_replay()? };
+        // Act.
+        plan.copy_in()?;
+        let s = &mut self.surfaces[chunk][m];
+        let graph = s.backward.as_mut().ok_or_else(|| Error::ForwardOnly { module: s.label.clone() })?;
+        if graph.launch(plan.ticket)? {
+            // Only a forward graph can start a cycle, so this does not happen; stay safe anyway.
+            self.invalidate_all();
+        }
+        self.pending[chunk].pop_front();
+        let s = &self.surfaces[chunk][m];
+        for t in &s.backward_clobbers {
+            t.bump_generation();
+        }
+        Ok(s.grad_inputs.iter().map(|g| g.as_ref().map(Tensor::refreshed)).collect())
+    }
+
+    /// An abandoned cycle: every handed-out buffer may be overwritten out of turn.
+    fn invalidate_all(&self) {
+        for s in self.surfaces.iter().flatten() {
+            for t in s.outputs.iter().chain(&s.grad_inputs).flatten() {
+                t.bump_generation();
+            }
+        }
+    }
+
+    /// The module's own forward, with its hooks, for a call in the mode not captured.
+    fn eager_forward(&mut self, chunk: usize, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let module = &self.modules[chunk];
+        if inputs.len() != module.num_inputs() {
+            let (expected, got) = (module.num_inputs(), inputs.len());
+            return Err(Error::Arity { module: module.name().into(), kind: SlotKind::Input, expected, got });
+        }
+        self.run_hooks(chunk, HookKind::PreForward)?;
+        let mut cx = self.new_cx(self.training, inputs);
+        let outs = self.modules[chunk].forward(&mut cx, inputs)?;
+        self.run_hooks(chunk, HookKind::Forward)?;
+        if self.training {
+            self.pending[chunk].push_back(Pending::Eager(cx));
+        }
+        Ok(outs)
+    }
+
+    fn eager_backward(
+        &mut self,
+        chunk: usize,
+        cx: &mut Cx,
+        grad_outputs: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        self.run_hooks(chunk, HookKind::PreBackward)?;
+        let grads = self.modules[chunk].backward(cx, grad_outputs)?;
+        self.run_hooks(chunk, HookKind::Backward)?;
+        Ok(grads)
+    }
+}
