@@ -425,6 +425,7 @@ fn expand_impl(item: &ItemImpl, model: &ModuleModel) -> TokenStream {
     };
 
     let common_accessors = common_accessors(&private);
+    let debug_impl = debug_impl(&wrapper, &private);
     let wrapper_impl = quote! {
         #[automatically_derived]
         impl #self_ty {
@@ -502,6 +503,8 @@ fn expand_impl(item: &ItemImpl, model: &ModuleModel) -> TokenStream {
 
             #common_accessors
         }
+
+        #debug_impl
     };
 
     quote! {
@@ -681,6 +684,7 @@ fn expand_struct(item: &ItemStruct, model: &StructModel) -> TokenStream {
     ));
     let options_doc = doc(format!("The options `#[graphed(...)]` gives `{name}`, the schedule included."));
     let common_accessors = common_accessors(&private);
+    let debug_impl = debug_impl(&wrapper, &private);
 
     quote! {
         #item
@@ -744,7 +748,21 @@ fn expand_struct(item: &ItemStruct, model: &StructModel) -> TokenStream {
 
                 #common_accessors
             }
+
+            #debug_impl
         };
+    }
+}
+
+/// `Debug` for a wrapper: its graphs, as `GraphedModules` prints them.
+fn debug_impl(wrapper: &Ident, private: &TokenStream) -> TokenStream {
+    quote! {
+        #[automatically_derived]
+        impl #private::fmt::Debug for #wrapper {
+            fn fmt(&self, f: &mut #private::fmt::Formatter<'_>) -> #private::fmt::Result {
+                #private::fmt::Debug::fmt(&self.__modules, f)
+            }
+        }
     }
 }
 

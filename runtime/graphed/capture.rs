@@ -196,6 +196,9 @@ fn validate(modules: &Modules, samples: &Samples, options: &GraphOptions) -> Res
     Ok((device, schedule))
 }
 
+/// What one forward of an iteration left for its backward: its context and outputs.
+type ForwardDone = (Cx, Vec<Option<Tensor>>);
+
 /// Which pass over the schedule: an eager warm-up iteration or the capture.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -249,7 +252,7 @@ impl GraphedModules {
     /// captured into its own graph. Hooks run around every step, outside any capture.
     fn iterate(&mut self, schedule: &Schedule, phase: Phase) -> Result<()> {
         // Per (chunk, microbatch): what the forward saved and returned this iteration.
-        let mut done: Vec<Vec<Option<(Cx, Vec<Option<Tensor>>)>>> =
+        let mut done: Vec<Vec<Option<ForwardDone>>> =
             self.surfaces.iter().map(|r| r.iter().map(|_| None).collect()).collect();
         // Per (chunk, microbatch): the first output, which a chained next chunk reads.
         let mut firsts: Vec<Vec<Option<Tensor>>> = self.surfaces.iter().map(|r| vec![None; r.len()]).collect();

@@ -1,11 +1,11 @@
 //! `make_graphed`: warm up, capture and replay modules, the counterpart of PyTorch's
 //! `make_graphed_callables` and Transformer Engine's extension of it.
 //!
-//! - [`options`]: `GraphOptions`.
-//! - [`schedule`]: the iteration's steps, validated once.
-//! - [`capture`]: `make_graphed` itself: validation, static surfaces, warm-up, capture; a failed
+//! - `options`: `GraphOptions`.
+//! - `schedule`: the iteration's steps, validated once.
+//! - `capture`: `make_graphed` itself: validation, static surfaces, warm-up, capture; a failed
 //!   capture restores the RNG, frees its pool and hands the modules back.
-//! - [`replay`]: graphed forward and backward calls, each checked completely before it copies,
+//! - `replay`: graphed forward and backward calls, each checked completely before it copies,
 //!   queues or launches anything.
 
 mod capture;

@@ -1,0 +1,693 @@
+//! The misuse catalogue: every refused call changes nothing.
+//!
+//! Each case makes one wrong call at one point of a training step and asserts the error
+//! variant; then the pool's bytes are checked unchanged, the same step continues with the
+//! correct calls, and its results (outputs, input grads, parameter grads) must equal an eager
+//! run of the same step bit for bit. Cases cover the type-erased `make_graphed` pipeline, the
+//! raw `Graph`, the `#[graphed]` impl form and the struct form, on each backend.
+
+mod common;
+
+use common::model::{Block, GraphedBlock};
+use common::{on_each_backend, random};
+use graphed::{
+    graphed, make_graphed, ops, CaptureMode, Cx, Device, Error, Graph, GraphOptions, GraphedModules, HookKind,
+    HookRegistry, Module, Param, PoolStats, Result, Slot, SlotKind, Tensor,
+};
+
+const B: usize = 4;
+const D: usize = 8;
+
+/// Chunk 1 of the pipeline: two inputs, `gelu(linear(x)) + y`; `y` needs no grad.
+pub struct TwoIn {
+    lin: Block,
+}
+
+#[graphed(warmup = 2)]
+impl TwoIn {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+        let h = self.lin.forward(cx, x)?;
+        ops::add(&h, y)
+    }
+    pub fn backward(&mut self, cx: &mut Cx, dz: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((self.lin.backward(cx, dz)?, None))
+    }
+}
+
+/// The pipeline's schedule: 2 chunks, 2 microbatches.
+const ORDER: [i32; 8] = [1, 2, 1, 2, -2, -1, -2, -1];
+
+/// One action of a step, in `ORDER`.
+#[derive(Clone, Copy, Debug)]
+enum Act {
+    F(usize),
+    B(usize),
+}
+
+const ACTS: [Act; 8] = [Act::F(0), Act::F(1), Act::F(0), Act::F(1), Act::B(1), Act::B(0), Act::B(1), Act::B(0)];
+
+/// The data of one step.
+struct Data {
+    x: [Tensor; 2],
+    y: [Tensor; 2],
+    dz: [Tensor; 2],
+}
+
+fn data(dev: &Device, seed: u64) -> Result<Data> {
+    let t = |s: u64| random(dev, &[B, D], seed * 100 + s);
+    Ok(Data {
+        x: [t(1)?.with_requires_grad(true), t(2)?.with_requires_grad(true)],
+        y: [t(3)?, t(4)?],
+        dz: [t(5)?, t(6)?],
+    })
+}
+
+fn modules(dev: &Device) -> Result<(TwoIn, Block)> {
+    Ok((TwoIn { lin: Block::new(dev, D, D, 1)? }, Block::new(dev, D, D, 2)?))
+}
+
+fn params(a: &TwoIn, b: &Block) -> Vec<Param> {
+    a.lin.params().into_iter().chain(b.params()).collect()
+}
+
+/// Everything a step produces, read back to the host.
+#[derive(Debug, PartialEq)]
+struct Results {
+    outputs: Vec<Vec<f32>>,
+    dx: Vec<Vec<f32>>,
+    grads: Vec<Vec<f32>>,
+}
+
+/// The graphed pipeline and its state within a step.
+struct Rig {
+    dev: Device,
+    g: GraphedModules,
+    data: Data,
+    /// The first chunk's output per microbatch (input of the second chunk).
+    mid: [Option<Tensor>; 2],
+    /// The second chunk's input grad per microbatch (grad output of the first chunk).
+    dmid: [Option<Tensor>; 2],
+    next_f: [usize; 2],
+    next_b: [usize; 2],
+    results: Results,
+    /// A handle to a static output from an earlier step: stale now.
+    stale: Tensor,
+}
+
+impl Rig {
+    fn new(dev: &Device) -> Result<Rig> {
+        let (a, b) = modules(dev)?;
+        let d = data(dev, 1)?;
+        let samples = vec![vec![vec![Some(d.x[0].clone()), Some(d.y[0].clone())]], vec![vec![Some(d.x[0].clone())]]];
+        let opts = GraphOptions::new().warmup(2).order(ORDER.to_vec());
+        let g = make_graphed(vec![Box::new(a), Box::new(b)], samples, opts)?;
+        let mut rig = Rig {
+            dev: dev.clone(),
+            g,
+            data: d,
+            mid: [None, None],
+            dmid: [None, None],
+            next_f: [0; 2],
+            next_b: [0; 2],
+            results: Results { outputs: vec![], dx: vec![], grads: vec![] },
+            stale: Tensor::zeros(dev, &[1])?,
+        };
+        // Two full steps; a handle from the first is stale after the second.
+        for seed in [0, 1] {
+            rig.start_step(seed)?;
+            for act in ACTS {
+                rig.act(act)?;
+            }
+            if seed == 0 {
+                rig.stale = rig.mid[0].clone().expect("mid");
+            }
+        }
+        assert!(!rig.stale.is_fresh());
+        rig.start_step(2)?;
+        Ok(rig)
+    }
+
+    fn start_step(&mut self, seed: u64) -> Result<()> {
+        self.data = data(&self.dev, seed)?;
+        self.mid = [None, None];
+        self.dmid = [None, None];
+        self.next_f = [0; 2];
+        self.next_b = [0; 2];
+        self.results = Results { outputs: vec![], dx: vec![], grads: vec![] };
+        Ok(())
+    }
+
+    fn act(&mut self, act: Act) -> Result<()> {
+        let mut cx = Cx::new(&self.dev);
+        match act {
+            Act::F(0) => {
+                let m = self.next_f[0];
+                let out = self.g.forward(0, &mut cx, &[Some(self.data.x[m].clone()), Some(self.data.y[m].clone())])?;
+                self.mid[m] = out[0].clone();
+                self.next_f[0] += 1;
+            }
+            Act::F(_) => {
+                let m = self.next_f[1];
+                let out = self.g.forward(1, &mut cx, &[self.mid[m].clone()])?;
+                self.results.outputs.push(out[0].as_ref().expect("output").to_vec()?);
+                self.next_f[1] += 1;
+            }
+            Act::B(1) => {
+                let m = self.next_b[1];
+                let dx = self.g.backward(1, &mut cx, &[Some(self.data.dz[m].clone())])?;
+                self.dmid[m] = dx[0].clone();
+                self.next_b[1] += 1;
+            }
+            Act::B(_) => {
+                let m = self.next_b[0];
+                let dx = self.g.backward(0, &mut cx, &[self.dmid[m].clone()])?;
+                self.results.dx.push(dx[0].as_ref().expect("dx").to_vec()?);
+                assert!(dx[1].is_none(), "y needs no grad");
+                self.next_b[0] += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<Results> {
+        let a = self.g.module::<TwoIn>(0).expect("chunk 1");
+        let b = self.g.module::<Block>(1).expect("chunk 2");
+        let grads = params(a, b).iter().map(|p| p.grad.to_vec()).collect::<Result<_>>()?;
+        Ok(Results {
+            grads,
+            ..std::mem::replace(&mut self.results, Results { outputs: vec![], dx: vec![], grads: vec![] })
+        })
+    }
+
+    fn pool(&self) -> (PoolStats, usize) {
+        (self.g.pool().stats(), self.dev.reserved_bytes())
+    }
+}
+
+/// The same steps run eagerly from the same initial parameters: `warm_steps` first (the rig's
+/// full steps, whose grads the tested step accumulates onto), then `seed`'s, whose outputs and
+/// input grads are returned with the final parameter grads.
+fn eager_step(dev: &Device, warm_steps: &[u64], seed: u64) -> Result<Results> {
+    let (mut a, mut b) = modules(dev)?;
+    let mut results = Results { outputs: vec![], dx: vec![], grads: vec![] };
+    for (i, &s) in warm_steps.iter().chain([&seed]).enumerate() {
+        let d = data(dev, s)?;
+        let mut cxa = [Cx::new(dev), Cx::new(dev)];
+        let mut cxb = [Cx::new(dev), Cx::new(dev)];
+        let mut mid = Vec::new();
+        let mut outs = Vec::new();
+        for m in 0..2 {
+            cxa[m].set_needs_input_grad(vec![true, false]);
+            let h = a.forward(&mut cxa[m], &d.x[m], &d.y[m])?;
+            cxb[m].set_needs_input_grad(vec![true]);
+            outs.push(b.forward(&mut cxb[m], &h)?.to_vec()?);
+            mid.push(h);
+        }
+        let mut dxs = Vec::new();
+        for m in 0..2 {
+            let dh = b.backward(&mut cxb[m], &d.dz[m])?.expect("dh");
+            dxs.push(a.backward(&mut cxa[m], &dh)?.0.expect("dx").to_vec()?);
+        }
+        if i == warm_steps.len() {
+            results.outputs = outs;
+            results.dx = dxs;
+        }
+    }
+    results.grads = params(&a, &b).iter().map(|p| p.grad.to_vec()).collect::<Result<_>>()?;
+    Ok(results)
+}
+
+type Misuse = fn(&mut Rig) -> Error;
+type Expect = fn(&Error) -> bool;
+type Samples = Vec<Vec<Vec<Option<Tensor>>>>;
+/// Parameter values and grads, and the RNG's (seed, offset).
+type Snapshot = (Vec<Vec<f32>>, (u64, u64));
+
+/// Runs the correct step with `misuse` made before action `at`; checks the variant, the pool
+/// and the results against eager.
+fn case(dev: &Device, name: &str, at: usize, misuse: Misuse, expect: Expect) -> Result<()> {
+    let mut rig = Rig::new(dev)?;
+    for (i, act) in ACTS.into_iter().enumerate() {
+        if i == at {
+            let before = rig.pool();
+            let err = misuse(&mut rig);
+            assert!(expect(&err), "{name}: unexpected error {err:?}");
+            assert_eq!(rig.pool(), before, "{name}: the refused call changed the pool");
+        }
+        rig.act(act).map_err(|e| e.context(format!("{name}: the correct call after the misuse")))?;
+    }
+    if at == ACTS.len() {
+        let err = misuse(&mut rig);
+        assert!(expect(&err), "{name}: unexpected error {err:?}");
+    }
+    let got = rig.finish()?;
+    let want = eager_step(dev, &[0, 1], 2)?;
+    assert_eq!(got, want, "{name}: the step after the refused call differs from eager");
+    Ok(())
+}
+
+fn xs(rig: &Rig, m: usize) -> Vec<Option<Tensor>> {
+    vec![Some(rig.data.x[m].clone()), Some(rig.data.y[m].clone())]
+}
+
+fn err<T: std::fmt::Debug>(r: Result<T>) -> Error {
+    r.expect_err("the misuse must be refused")
+}
+
+#[test]
+fn refused_graphed_calls_change_nothing() {
+    let cases: Vec<(&str, usize, Misuse, Expect)> = vec![
+        (
+            "forward of chunk 2 before chunk 1",
+            0,
+            |r| err(r.g.forward(1, &mut Cx::new(&r.dev), &[Some(r.data.x[0].clone())])),
+            |e| matches!(e, Error::ReplayOrder { .. }),
+        ),
+        (
+            "forward of chunk 1 twice in a row",
+            1,
+            |r| {
+                let x = xs(r, 1);
+                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+            },
+            |e| matches!(e, Error::ReplayOrder { .. }),
+        ),
+        (
+            "forward with one input of two",
+            0,
+            |r| err(r.g.forward(0, &mut Cx::new(&r.dev), &[Some(r.data.x[0].clone())])),
+            |e| matches!(e, Error::Arity { kind: SlotKind::Input, expected: 2, got: 1, .. }),
+        ),
+        (
+            "forward with three inputs",
+            0,
+            |r| {
+                let mut x = xs(r, 0);
+                x.push(None);
+                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+            },
+            |e| matches!(e, Error::Arity { expected: 2, got: 3, .. }),
+        ),
+        (
+            "wrong shape at input 0",
+            0,
+            |r| {
+                let mut x = xs(r, 0);
+                x[0] = Some(random(&r.dev, &[B + 1, D], 9).unwrap());
+                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+            },
+            |e| matches!(e, Error::SlotShape { slot: Slot { kind: SlotKind::Input, index: 0 }, .. }),
+        ),
+        (
+            "wrong shape at input 1 (input 0 fine)",
+            2,
+            |r| {
+                let mut x = xs(r, 1);
+                x[1] = Some(random(&r.dev, &[B, D + 1], 9).unwrap());
+                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+            },
+            |e| matches!(e, Error::SlotShape { slot: Slot { kind: SlotKind::Input, index: 1 }, .. }),
+        ),
+        (
+            "None for a captured input",
+            0,
+            |r| {
+                let mut x = xs(r, 0);
+                x[1] = None;
+                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+            },
+            |e| matches!(e, Error::SlotPresence { captured_some: true, .. }),
+        ),
+        (
+            "a stale handle as input",
+            0,
+            |r| {
+                let mut x = xs(r, 0);
+                x[1] = Some(r.stale.clone());
+                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+            },
+            |e| matches!(e, Error::StaleTensor { .. }),
+        ),
+        (
+            "an input from another device",
+            0,
+            |r| {
+                let mut x = xs(r, 0);
+                x[1] = Some(random(&Device::host(), &[B, D], 9).unwrap());
+                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+            },
+            |e| matches!(e, Error::SlotDevice { .. }),
+        ),
+        (
+            "an input that requires a grad the capture does not compute",
+            0,
+            |r| {
+                let mut x = xs(r, 0);
+                x[1] = Some(r.data.y[0].clone().with_requires_grad(true));
+                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+            },
+            |e| matches!(e, Error::SlotRequiresGrad { .. }),
+        ),
+        // Each chunk's next forward is microbatch 0 again, whose backward is still pending: a
+        // refused call must not touch its static inputs. (Chunk 1's forward at that point
+        // restarts the cycle, abandoning the step, unless its inputs are refused first.)
+        (
+            "forward of chunk 2 before the step's backwards, new input",
+            4,
+            |r| {
+                let x = vec![Some(random(&r.dev, &[B, D], 77).unwrap().with_requires_grad(true))];
+                err(r.g.forward(1, &mut Cx::new(&r.dev), &x))
+            },
+            |e| matches!(e, Error::ReplayOrder { .. }),
+        ),
+        (
+            "bad input 1 on a pending microbatch's surface",
+            4,
+            |r| {
+                let x = vec![
+                    Some(random(&r.dev, &[B, D], 77).unwrap().with_requires_grad(true)),
+                    Some(random(&r.dev, &[B, 1], 78).unwrap()),
+                ];
+                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+            },
+            |e| matches!(e, Error::SlotShape { slot: Slot { index: 1, .. }, .. }),
+        ),
+        (
+            "forward of a chunk that does not exist",
+            0,
+            |r| err(r.g.forward(2, &mut Cx::new(&r.dev), &[])),
+            |e| matches!(e, Error::ChunkOutOfRange { chunk: 2, chunks: 2 }),
+        ),
+        (
+            "backward before any forward",
+            0,
+            |r| err(r.g.backward(0, &mut Cx::new(&r.dev), &[Some(r.data.dz[0].clone())])),
+            |e| matches!(e, Error::NoPendingForward { .. }),
+        ),
+        (
+            "backward of chunk 1 before chunk 2's",
+            4,
+            |r| err(r.g.backward(0, &mut Cx::new(&r.dev), &[Some(r.data.dz[0].clone())])),
+            |e| matches!(e, Error::ReplayOrder { .. }),
+        ),
+        (
+            "backward with a grad of the wrong shape",
+            4,
+            |r| err(r.g.backward(1, &mut Cx::new(&r.dev), &[Some(random(&r.dev, &[B, D + 2], 9).unwrap())])),
+            |e| matches!(e, Error::SlotShape { slot: Slot { kind: SlotKind::GradOutput, index: 0 }, .. }),
+        ),
+        (
+            "backward with two grads for one output",
+            4,
+            |r| err(r.g.backward(1, &mut Cx::new(&r.dev), &[Some(r.data.dz[0].clone()), None])),
+            |e| matches!(e, Error::Arity { kind: SlotKind::GradOutput, .. }),
+        ),
+        (
+            "backward with None for a tensor output",
+            4,
+            |r| err(r.g.backward(1, &mut Cx::new(&r.dev), &[None])),
+            |e| matches!(e, Error::SlotPresence { .. }),
+        ),
+        (
+            "backward with a stale grad",
+            4,
+            |r| {
+                let s = r.stale.clone();
+                err(r.g.backward(1, &mut Cx::new(&r.dev), &[Some(s)]))
+            },
+            |e| matches!(e, Error::StaleTensor { .. }),
+        ),
+        (
+            "backward with a grad from another device",
+            4,
+            |r| err(r.g.backward(1, &mut Cx::new(&r.dev), &[Some(random(&Device::host(), &[B, D], 9).unwrap())])),
+            |e| matches!(e, Error::SlotDevice { .. }),
+        ),
+        (
+            "backward of a chunk that does not exist",
+            4,
+            |r| err(r.g.backward(7, &mut Cx::new(&r.dev), &[])),
+            |e| matches!(e, Error::ChunkOutOfRange { chunk: 7, .. }),
+        ),
+        (
+            "a second backward of the step",
+            ACTS.len(),
+            |r| err(r.g.backward(0, &mut Cx::new(&r.dev), &[Some(r.data.dz[0].clone())])),
+            |e| matches!(e, Error::NoPendingForward { .. }),
+        ),
+    ];
+    on_each_backend(|dev| {
+        for (name, at, misuse, expect) in &cases {
+            case(dev, name, *at, *misuse, *expect)?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn a_mode_switch_mid_step_runs_eagerly_and_the_step_still_matches() {
+    on_each_backend(|dev| {
+        let mut rig = Rig::new(dev)?;
+        for (i, act) in ACTS.into_iter().enumerate() {
+            if i == 2 {
+                rig.g.eval();
+                let x = xs(&rig, 0);
+                let eager = rig.g.forward(0, &mut Cx::new(dev), &x)?;
+                assert!(!eager[0].as_ref().expect("out").same_buffer(rig.mid[0].as_ref().expect("mid")));
+                rig.g.train();
+            }
+            rig.act(act)?;
+        }
+        assert_eq!(rig.finish()?, eager_step(dev, &[0, 1], 2)?);
+        Ok(())
+    });
+}
+
+#[test]
+fn refused_raw_graph_calls_change_nothing() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[16], 1)?;
+        let y = Tensor::zeros(dev, &[16])?;
+        let pool = dev.new_pool();
+        let mut a = Graph::with_pool(dev, &pool);
+        let mut b = Graph::with_pool(dev, &pool);
+        assert!(matches!(a.replay(), Err(Error::NotCaptured { .. })), "replay before capture");
+        assert!(matches!(a.capture_end(), Err(Error::NotCapturing { .. })), "capture_end without begin");
+        a.capture(CaptureMode::Global, || ops::axpy_(&y, 1.0, &x))?;
+        b.capture(CaptureMode::Global, || ops::axpy_(&y, 2.0, &x))?;
+        let stats = pool.stats();
+        assert!(matches!(a.capture(CaptureMode::Global, || Ok(())), Err(Error::AlreadyCaptured { .. })));
+        assert!(matches!(b.replay(), Err(Error::ReplayOrder { .. })), "b before a");
+        // Replay during another graph's capture, and synchronize inside a capture.
+        let late: Vec<Box<dyn Module>> = vec![Box::new(Block::new(dev, 16, 16, 1)?)];
+        let late_sample = vec![vec![vec![Some(x.reshape(&[1, 16])?)]]];
+        let mut c = Graph::new(dev);
+        c.capture_begin(CaptureMode::Global)?;
+        assert!(matches!(a.replay(), Err(Error::IllegalDuringCapture { .. })));
+        assert!(matches!(dev.synchronize(), Err(Error::IllegalDuringCapture { .. })));
+        assert!(matches!(c.capture_begin(CaptureMode::Global), Err(Error::AlreadyCapturing { .. })));
+        assert!(matches!(
+            make_graphed(late, late_sample, GraphOptions::new()),
+            Err(e) if matches!(e.error(), Error::IllegalDuringCapture { .. })
+        ));
+        ops::scale_(&y, 1.0)?;
+        c.capture_end()?;
+        assert_eq!(pool.stats(), stats, "refused calls left the pool alone");
+        // None of the refused replays ran: the correct order gives exactly 3 x per cycle.
+        a.replay()?;
+        b.replay()?;
+        a.replay()?;
+        b.replay()?;
+        let want: Vec<f32> = x.to_vec()?.iter().map(|v| 0.0 + v + 2.0 * v + v + 2.0 * v).collect();
+        assert_eq!(y.to_vec()?, want);
+        a.reset()?;
+        assert!(matches!(a.replay(), Err(Error::NotCaptured { .. })), "reset then replay");
+        b.replay()?; // alone in the pool's order now
+        Ok(())
+    });
+}
+
+/// Fails its `pre_backward` hook while `fail` is set.
+pub struct Flaky {
+    lin: Block,
+    fail: bool,
+    p: f32,
+}
+
+#[graphed(warmup = 2)]
+impl Flaky {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        let h = self.lin.forward(cx, x)?;
+        let (y, mask) = ops::dropout(&h, self.p, &cx.device().rng()?, cx.training())?;
+        cx.save(&mask.expect("training"));
+        Ok(y)
+    }
+    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        let mask = cx.saved(2)?;
+        let dh = ops::dropout_backward(dy, &mask)?;
+        self.lin.backward(cx, &dh)
+    }
+    #[capture_time_hook(pre_backward)]
+    fn maybe_fail(&mut self) -> Result<()> {
+        if self.fail {
+            return Err(Error::msg("pre_backward failed on purpose"));
+        }
+        Ok(())
+    }
+}
+
+use graphed::capture_time_hook;
+
+fn snapshot(dev: &Device, lin: &Block) -> Result<Snapshot> {
+    let v = lin.params().iter().flat_map(|p| [p.value.to_vec(), p.grad.to_vec()]).collect::<Result<_>>()?;
+    Ok((v, dev.rng()?.seed_and_offset()?))
+}
+
+#[test]
+fn a_failed_capture_hands_the_module_back_and_leaves_no_trace() {
+    on_each_backend(|dev| {
+        dev.rng()?.manual_seed(7)?;
+        let x = random(dev, &[B, D], 3)?.with_requires_grad(true);
+        let flaky = Flaky { lin: Block::new(dev, D, D, 4)?, fail: true, p: 0.25 };
+        let before = snapshot(dev, &flaky.lin)?;
+        let reserved = dev.reserved_bytes();
+        let err = flaky.make_graphed(&x).expect_err("the hook fails");
+        assert!(matches!(err.error(), Error::Hook { kind: "pre_backward", .. }), "{:?}", err.error());
+        let mut flaky = err.into_inner();
+        assert_eq!(snapshot(dev, &flaky.lin)?, before, "params, grads and the RNG are untouched");
+        assert_eq!(dev.reserved_bytes(), reserved, "the pool's memory was given back");
+        // Fix the cause and capture again: the run matches eager from the same seed.
+        flaky.fail = false;
+        let mut g = flaky.make_graphed(&x)?;
+        let mut eager = Flaky { lin: Block::new(dev, D, D, 4)?, fail: false, p: 0.25 };
+        let (mut cx_g, mut cx_e) = (Cx::new(dev), Cx::new(dev));
+        let seed_state = dev.rng()?.save()?;
+        let y = g.forward(&mut cx_g, &x)?.to_vec()?;
+        g.backward(&mut cx_g, &x)?;
+        dev.rng()?.restore(&seed_state)?;
+        cx_e.set_needs_input_grad(vec![true]);
+        assert_eq!(y, eager.forward(&mut cx_e, &x)?.to_vec()?);
+        eager.backward(&mut cx_e, &x)?;
+        assert_eq!(g.module().lin.w.grad.to_vec()?, eager.lin.w.grad.to_vec()?);
+        Ok(())
+    });
+}
+
+#[test]
+fn refused_make_graphed_arguments_hand_the_modules_back() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[B, D], 3)?;
+        let boxed = || -> Result<Vec<Box<dyn Module>>> { Ok(vec![Box::new(Block::new(dev, D, D, 1)?)]) };
+        let sample = || vec![vec![vec![Some(x.clone())]]];
+        let cases: Vec<(&str, Samples, GraphOptions, Expect)> = vec![
+            ("warmup 0", sample(), GraphOptions::new().warmup(0), |e| matches!(e, Error::InvalidArgument { .. })),
+            ("order of the wrong length", sample(), GraphOptions::new().order(vec![1, -1, 1]), |e| {
+                matches!(e, Error::InvalidOrder { .. })
+            }),
+            ("order with a chunk out of range", sample(), GraphOptions::new().order(vec![2, -2]), |e| {
+                matches!(e, Error::InvalidOrder { .. })
+            }),
+            ("order with a backward first", sample(), GraphOptions::new().order(vec![-1, 1]), |e| {
+                matches!(e, Error::InvalidOrder { .. })
+            }),
+            ("no samples", vec![], GraphOptions::new(), |e| matches!(e, Error::InvalidArgument { .. })),
+            (
+                "two inputs for a one-input forward",
+                vec![vec![vec![Some(x.clone()), Some(x.clone())]]],
+                GraphOptions::new(),
+                |e| matches!(e, Error::Graphed { .. }),
+            ),
+            (
+                "samples on two devices",
+                vec![vec![vec![Some(x.clone())], vec![Some(random(&Device::host(), &[B, D], 1).unwrap())]]],
+                GraphOptions::new().order(vec![1, 1, -1, -1]),
+                |e| matches!(e, Error::DeviceMismatch { .. }),
+            ),
+        ];
+        for (name, samples, opts, expect) in cases {
+            let reserved = dev.reserved_bytes();
+            let err = make_graphed(boxed()?, samples, opts).expect_err(name);
+            assert!(expect(err.error()), "{name}: {:?}", err.error());
+            assert_eq!(err.into_inner().len(), 1, "{name}: the module comes back");
+            assert_eq!(dev.reserved_bytes(), reserved, "{name}: no memory kept");
+        }
+        // A registered hook that fails in warm-up: the struct comes back whole.
+        let hooks = HookRegistry::new();
+        let h = hooks.register(0, HookKind::Forward, false, || Err(Error::msg("no")));
+        let err = GraphedBlock::new(
+            Block::new(dev, D, D, 1)?,
+            common::model::BlockInputs { x: x.clone() },
+            GraphedBlock::options().hooks(&hooks),
+        )
+        .expect_err("hook fails");
+        assert!(matches!(err.error(), Error::Hook { kind: "forward", .. }));
+        h.remove();
+        let block = err.into_inner();
+        let mut g = block.make_graphed(&x)?;
+        g.forward(&mut Cx::new(dev), &x)?;
+        Ok(())
+    });
+}
+
+/// The struct form: two chunks with a schedule.
+#[graphed(warmup = 1, order = [1, 2, -2, -1])]
+pub struct TwoStage {
+    first: Block,
+    second: Block,
+}
+
+#[test]
+fn refused_struct_form_calls_change_nothing() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[B, D], 5)?.with_requires_grad(true);
+        let dy = random(dev, &[B, D], 6)?;
+        let two = TwoStage { first: Block::new(dev, D, D, 1)?, second: Block::new(dev, D, D, 2)? };
+        let mut g = two.make_graphed(vec![vec![vec![Some(x.clone())]], vec![vec![Some(x.clone())]]])?;
+        let mut cx = Cx::new(dev);
+        let stats = g.inner().pool().stats();
+        assert!(matches!(g.forward_second(&mut cx, &[Some(x.clone())]), Err(Error::ReplayOrder { .. })));
+        assert!(matches!(g.backward_first(&mut cx, &[Some(dy.clone())]), Err(Error::NoPendingForward { .. })));
+        let h = g.forward_first(&mut cx, &[Some(x.clone())])?[0].clone();
+        assert!(matches!(g.backward_second(&mut cx, &[Some(dy.clone())]), Err(Error::NoPendingForward { .. })));
+        let y = g.forward_second(&mut cx, &[h])?[0].as_ref().expect("y").to_vec()?;
+        assert!(matches!(g.backward_first(&mut cx, &[Some(dy.clone())]), Err(Error::ReplayOrder { .. })));
+        let dh = g.backward_second(&mut cx, &[Some(dy.clone())])?[0].clone();
+        let dx = g.backward_first(&mut cx, &[dh])?[0].as_ref().expect("dx").to_vec()?;
+        assert_eq!(g.inner().pool().stats(), stats);
+        // Eager.
+        let (mut a, mut b) = (Block::new(dev, D, D, 1)?, Block::new(dev, D, D, 2)?);
+        let (mut ca, mut cb) = (Cx::new(dev), Cx::new(dev));
+        let h = a.forward(&mut ca, &x)?;
+        assert_eq!(y, b.forward(&mut cb, &h)?.to_vec()?);
+        let dh = b.backward(&mut cb, &dy)?.expect("dh");
+        assert_eq!(dx, a.backward(&mut ca, &dh)?.expect("dx").to_vec()?);
+        assert_eq!(g.module_first().w.grad.to_vec()?, a.w.grad.to_vec()?);
+        assert_eq!(g.module_second().w.grad.to_vec()?, b.w.grad.to_vec()?);
+        Ok(())
+    });
+}
+
+#[test]
+fn refused_impl_form_calls_change_nothing() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[B, D], 5)?.with_requires_grad(true);
+        let dy = random(dev, &[B, D], 6)?;
+        let mut g = Block::new(dev, D, D, 3)?.make_graphed(&x)?;
+        let mut cx = Cx::new(dev);
+        let stats = g.inner().pool().stats();
+        assert!(matches!(g.backward(&mut cx, &dy), Err(Error::NoPendingForward { .. })));
+        assert!(matches!(g.forward(&mut cx, &random(dev, &[B, D + 1], 1)?), Err(Error::SlotShape { .. })));
+        let y = g.forward(&mut cx, &x)?;
+        assert!(matches!(g.backward(&mut cx, &random(dev, &[1, D], 1)?), Err(Error::SlotShape { .. })));
+        let yv = y.to_vec()?;
+        let dx = g.backward(&mut cx, &dy)?.expect("dx").to_vec()?;
+        assert!(matches!(g.backward(&mut cx, &dy), Err(Error::NoPendingForward { .. })), "double backward");
+        assert_eq!(g.inner().pool().stats(), stats);
+        let mut e = Block::new(dev, D, D, 3)?;
+        let mut ce = Cx::new(dev);
+        assert_eq!(yv, e.forward(&mut ce, &x)?.to_vec()?);
+        assert_eq!(dx, e.backward(&mut ce, &dy)?.expect("dx").to_vec()?);
+        assert_eq!(g.module().w.grad.to_vec()?, e.w.grad.to_vec()?);
+        Ok(())
+    });
+}
