@@ -24,6 +24,16 @@ pub enum Error {
         /// The driver's description of the error.
         message: String,
     },
+    /// A kernel launched with an argument list that does not match its parameters.
+    #[error("kernel `{kernel}`: arguments {got} do not match its parameters {expected}")]
+    KernelArgs {
+        /// The kernel.
+        kernel: String,
+        /// The parameter kinds it takes.
+        expected: String,
+        /// The argument kinds it was given.
+        got: String,
+    },
     /// An operation that is illegal while a stream is being captured.
     #[error("`{op}` is illegal while the stream is capturing a graph; do it before capture begins or after it ends")]
     IllegalDuringCapture {

@@ -22,7 +22,7 @@
 //! # Ok::<(), graphed::Error>(())
 //! ```
 
-use crate::backend::{KArg, LaunchDims};
+use crate::backend::{KArg, Kernel, LaunchDims};
 use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
 use crate::{Device, Error, Param, Result, Tensor};
 
@@ -160,7 +160,7 @@ impl Sgd {
                 Exec::Host(h) => {
                     let (pp, gp, lp) = (p.value.host_ptr()?, p.grad.host_ptr()?, self.lr.host_ptr()?);
                     let bp = buf.as_ref().map(|b| b.host_ptr()).transpose()?;
-                    h.run("sgd_step_f32", move || {
+                    h.run(Kernel::SgdStepF32, move || {
                         let lr = lp.read()[0];
                         let mut pv = pp.read();
                         let mut bv = bp.as_ref().map(|b| b.read());
@@ -178,7 +178,7 @@ impl Sgd {
                         None => 0,
                     };
                     c.launch(
-                        "sgd_step_f32",
+                        Kernel::SgdStepF32,
                         LaunchDims::elementwise(n as usize),
                         &[
                             KArg::Ptr(p.value.cuda_ptr()?),
@@ -294,7 +294,7 @@ impl AdamW {
         match exec(self.state.device()) {
             Exec::Host(h) => {
                 let st = self.state.host_ptr()?;
-                h.run("adamw_prepare_f32", move || {
+                h.run(Kernel::AdamwPrepareF32, move || {
                     let t = st.read()[0].to_bits().wrapping_add(1);
                     let (bc1, bc2) = cpu::adamw_bias_corrections(t, beta1, beta2);
                     st.write(&[f32::from_bits(t), bc1, bc2]);
@@ -302,7 +302,7 @@ impl AdamW {
                 })?;
             }
             Exec::Cuda(c) => c.launch(
-                "adamw_prepare_f32",
+                Kernel::AdamwPrepareF32,
                 LaunchDims::rows(1, 32),
                 &[KArg::Ptr(self.state.cuda_ptr()?), KArg::F32(beta1), KArg::F32(beta2)],
             )?,
@@ -313,7 +313,7 @@ impl AdamW {
                 Exec::Host(h) => {
                     let (pp, gp, mp, vp) = (p.value.host_ptr()?, p.grad.host_ptr()?, m.host_ptr()?, v.host_ptr()?);
                     let (lp, st) = (self.lr.host_ptr()?, self.state.host_ptr()?);
-                    h.run("adamw_step_f32", move || {
+                    h.run(Kernel::AdamwStepF32, move || {
                         let (lr, s) = (lp.read()[0], st.read());
                         let (mut pv, mut mv, mut vv) = (pp.read(), mp.read(), vp.read());
                         cpu::adamw_update(
@@ -336,7 +336,7 @@ impl AdamW {
                     })?;
                 }
                 Exec::Cuda(c) => c.launch(
-                    "adamw_step_f32",
+                    Kernel::AdamwStepF32,
                     LaunchDims::elementwise(n as usize),
                     &[
                         KArg::Ptr(p.value.cuda_ptr()?),

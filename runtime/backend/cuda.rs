@@ -1,7 +1,6 @@
 //! The CUDA backend: one context, one capture-capable stream, the NVRTC-compiled kernels and a
 //! cuBLAS handle per device. Every `unsafe` block of the crate that talks to CUDA lives here.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -9,24 +8,15 @@ use cudarc::cublas::{result as cublas_result, sys as cublas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
+use super::kernels::{KArg, Kernel};
 use super::{DropErrors, StreamGate};
 use crate::{Error, Result};
 
 /// The CUDA C sources compiled once per context. Kernel names are `extern "C"`.
-const KERNEL_SOURCES: &[&str] = &[include_str!("kernels/core.cu"), include_str!("kernels/ops.cu")];
+pub(crate) const KERNEL_SOURCES: &[&str] = &[include_str!("kernels/core.cu"), include_str!("kernels/ops.cu")];
 
 /// Bytes of the explicit cuBLAS workspace; with it set, GEMMs never allocate, so they capture.
 const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
-
-/// A kernel argument, passed by value.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum KArg {
-    /// A device pointer.
-    Ptr(u64),
-    F32(f32),
-    U32(u32),
-    U64(u64),
-}
 
 /// Grid and block of one launch.
 #[derive(Clone, Copy, Debug)]
@@ -97,7 +87,8 @@ unsafe impl Send for CublasHandle {}
 pub(crate) struct CudaBackend {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
-    functions: HashMap<String, CudaFunction>,
+    /// The loaded kernels, in `Kernel::ALL` order.
+    functions: Vec<CudaFunction>,
     cublas: std::sync::Mutex<CublasHandle>,
     cublas_workspace: sys::CUdeviceptr,
     name: String,
@@ -141,11 +132,10 @@ impl CudaBackend {
         let ptx = compile_ptx_with_opts(&src, opts)
             .map_err(|e| Error::Cuda { call: "nvrtcCompileProgram", message: format!("{e:?}") })?;
         let module = ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
-        let mut functions = HashMap::new();
-        for name in kernel_names(&src) {
-            let f = module.load_function(&name).map_err(driver_err("cuModuleGetFunction"))?;
-            functions.insert(name, f);
-        }
+        let functions = Kernel::ALL
+            .iter()
+            .map(|k| module.load_function(k.name()).map_err(driver_err("cuModuleGetFunction")))
+            .collect::<Result<Vec<_>>>()?;
 
         let cublas = cublas_result::create_handle()
             .map_err(|e| Error::Cuda { call: "cublasCreate", message: format!("{e:?}") })?;
@@ -190,12 +180,11 @@ impl CudaBackend {
         self.ctx.bind_to_thread().map_err(driver_err("cuCtxSetCurrent"))
     }
 
-    /// Launches kernel `name` on the device stream.
-    pub(crate) fn launch(&self, name: &str, dims: LaunchDims, args: &[KArg]) -> Result<()> {
-        let f = self
-            .functions
-            .get(name)
-            .ok_or_else(|| Error::Cuda { call: "cuModuleGetFunction", message: format!("no kernel named {name}") })?;
+    /// Launches `kernel` on the device stream, after checking the arguments against its
+    /// parameters.
+    pub(crate) fn launch(&self, kernel: Kernel, dims: LaunchDims, args: &[KArg]) -> Result<()> {
+        kernel.check_args(args)?;
+        let f = &self.functions[kernel as usize];
         let _entered = self.gate.enter()?;
         self.bind()?;
         let mut values = [0u64; 16];
@@ -374,12 +363,4 @@ fn cublas_check(call: &'static str, s: cublas_sys::cublasStatus_t) -> Result<()>
     } else {
         Err(Error::Cuda { call, message: format!("{s:?}") })
     }
-}
-
-/// The `extern "C" __global__` kernel names in a CUDA source.
-fn kernel_names(src: &str) -> Vec<String> {
-    src.split("extern \"C\" __global__ void ")
-        .skip(1)
-        .filter_map(|rest| rest.split('(').next().map(|n| n.trim().to_string()))
-        .collect()
 }

@@ -82,7 +82,12 @@ impl HostBackend {
 
     /// Runs `op` now, or appends it to the capture in progress (only the capturing thread gets
     /// here while a capture is in progress; others wait at the gate).
-    pub(crate) fn run(&self, name: &'static str, op: impl Fn() -> Result<()> + Send + Sync + 'static) -> Result<()> {
+    pub(crate) fn run(
+        &self,
+        name: impl Into<&'static str>,
+        op: impl Fn() -> Result<()> + Send + Sync + 'static,
+    ) -> Result<()> {
+        let name = name.into();
         let _entered = self.gate.enter()?;
         let mut rec = self.recording.lock().unwrap_or_else(|e| e.into_inner());
         match rec.as_mut() {

@@ -8,6 +8,7 @@ mod capture;
 pub(crate) mod cuda;
 mod cuda_graph;
 pub(crate) mod host;
+mod kernels;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,9 +18,10 @@ use crate::{Error, Result};
 
 pub use capture::is_capturing;
 pub(crate) use capture::StreamGate;
-pub(crate) use cuda::{CudaBackend, KArg, LaunchDims};
+pub(crate) use cuda::{CudaBackend, LaunchDims};
 pub(crate) use cuda_graph::RawGraph;
 pub(crate) use host::{HostBackend, HostPtr, HostSlab};
+pub(crate) use kernels::{KArg, Kernel};
 
 /// Which machine runs the ops.
 #[derive(Debug)]

@@ -1,0 +1,177 @@
+//! The kernels of `kernels/*.cu`, typed: each has a name and the kinds of its arguments, so a
+//! launch with a wrong argument list is an error naming the kernel on any machine, and a unit
+//! test (run in CI, without a GPU) checks the table against the CUDA sources.
+
+use crate::{Error, Result};
+
+/// The kind of one kernel argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ArgKind {
+    /// A device pointer (`float*`, `const u32*`, ...).
+    Ptr,
+    /// `float`.
+    F32,
+    /// `u32` (unsigned int).
+    U32,
+    /// `u64` (unsigned long long).
+    U64,
+}
+
+/// A kernel argument, passed by value.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum KArg {
+    /// A device pointer.
+    Ptr(u64),
+    F32(f32),
+    U32(u32),
+    U64(u64),
+}
+
+impl KArg {
+    pub(crate) fn kind(self) -> ArgKind {
+        match self {
+            KArg::Ptr(_) => ArgKind::Ptr,
+            KArg::F32(_) => ArgKind::F32,
+            KArg::U32(_) => ArgKind::U32,
+            KArg::U64(_) => ArgKind::U64,
+        }
+    }
+}
+
+macro_rules! kernels {
+    ($($variant:ident = $name:literal ($($kind:ident),*);)*) => {
+        /// A kernel of `kernels/*.cu`.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub(crate) enum Kernel {
+            $($variant,)*
+        }
+
+        impl Kernel {
+            /// Every kernel, in table order (the order the CUDA backend loads them in).
+            pub(crate) const ALL: &'static [Kernel] = &[$(Kernel::$variant,)*];
+
+            /// The `extern "C"` name in the CUDA source.
+            pub(crate) fn name(self) -> &'static str {
+                match self {
+                    $(Kernel::$variant => $name,)*
+                }
+            }
+
+            /// The kinds of the kernel's parameters, in order.
+            pub(crate) fn params(self) -> &'static [ArgKind] {
+                match self {
+                    $(Kernel::$variant => &[$(ArgKind::$kind),*],)*
+                }
+            }
+        }
+    };
+}
+
+kernels! {
+    FillF32 = "fill_f32" (Ptr, F32, U32);
+    AxpyF32 = "axpy_f32" (Ptr, Ptr, F32, U32);
+    RngUniformF32 = "rng_uniform_f32" (Ptr, Ptr, U32);
+    RngAdvance = "rng_advance" (Ptr, U64);
+    ScaleF32 = "scale_f32" (Ptr, F32, U32);
+    AddF32 = "add_f32" (Ptr, Ptr, Ptr, U32);
+    MulF32 = "mul_f32" (Ptr, Ptr, Ptr, U32);
+    ScaleOutF32 = "scale_out_f32" (Ptr, Ptr, F32, U32);
+    BiasAddF32 = "bias_add_f32" (Ptr, Ptr, Ptr, U32, U32);
+    ReluF32 = "relu_f32" (Ptr, Ptr, U32);
+    ReluBwdF32 = "relu_bwd_f32" (Ptr, Ptr, Ptr, U32);
+    GeluF32 = "gelu_f32" (Ptr, Ptr, U32, U32);
+    GeluBwdF32 = "gelu_bwd_f32" (Ptr, Ptr, Ptr, U32, U32);
+    DropoutF32 = "dropout_f32" (Ptr, Ptr, Ptr, Ptr, F32, F32, U32);
+    SumPartialF32 = "sum_partial_f32" (Ptr, Ptr, U32);
+    SqdiffPartialF32 = "sqdiff_partial_f32" (Ptr, Ptr, Ptr, U32);
+    SumFinalF32 = "sum_final_f32" (Ptr, Ptr, U32, F32);
+    ColSumAccF32 = "col_sum_acc_f32" (Ptr, Ptr, U32, U32);
+    LayerNormF32 = "layer_norm_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    LayerNormBwdF32 = "layer_norm_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    LayerNormBwdParamsF32 = "layer_norm_bwd_params_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SoftmaxXentF32 = "softmax_xent_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SoftmaxXentBwdF32 = "softmax_xent_bwd_f32" (Ptr, Ptr, Ptr, F32, U32, U32);
+    MseBwdF32 = "mse_bwd_f32" (Ptr, Ptr, Ptr, F32, U32);
+    SgdStepF32 = "sgd_step_f32" (Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
+    AdamwPrepareF32 = "adamw_prepare_f32" (Ptr, F32, F32);
+    AdamwStepF32 = "adamw_step_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
+}
+
+impl From<Kernel> for &'static str {
+    fn from(k: Kernel) -> &'static str {
+        k.name()
+    }
+}
+
+impl Kernel {
+    /// Checks an argument list against the kernel's parameters.
+    pub(crate) fn check_args(self, args: &[KArg]) -> Result<()> {
+        let params = self.params();
+        let kinds = args.iter().map(|a| a.kind());
+        if args.len() != params.len() || !kinds.clone().eq(params.iter().copied()) {
+            return Err(Error::KernelArgs {
+                kernel: self.name().to_string(),
+                expected: format!("{params:?}"),
+                got: format!("{:?}", kinds.collect::<Vec<_>>()),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (name, parameter kinds) of every `extern "C" __global__` function in a CUDA source.
+    fn parse(src: &str) -> Vec<(String, Vec<ArgKind>)> {
+        src.split("extern \"C\" __global__ void ")
+            .skip(1)
+            .map(|rest| {
+                let (name, rest) = rest.split_once('(').expect("a parameter list");
+                let params = rest.split_once(')').expect("a closing parenthesis").0;
+                let kinds = params
+                    .split(',')
+                    .map(|p| {
+                        let p = p.trim();
+                        if p.contains('*') {
+                            ArgKind::Ptr
+                        } else {
+                            match p.split_whitespace().next() {
+                                Some("float") => ArgKind::F32,
+                                Some("u32") => ArgKind::U32,
+                                Some("u64") => ArgKind::U64,
+                                other => panic!("{name}: unknown parameter type {other:?}"),
+                            }
+                        }
+                    })
+                    .collect();
+                (name.trim().to_string(), kinds)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_table_matches_the_cuda_sources() {
+        let found: Vec<_> = super::super::cuda::KERNEL_SOURCES.iter().flat_map(|s| parse(s)).collect();
+        for (name, kinds) in &found {
+            let k =
+                Kernel::ALL.iter().find(|k| k.name() == name).unwrap_or_else(|| panic!("{name} is not in the table"));
+            assert_eq!(k.params(), kinds.as_slice(), "{name}: parameter kinds");
+        }
+        for k in Kernel::ALL {
+            assert!(found.iter().any(|(n, _)| n == k.name()), "{} is not in the CUDA sources", k.name());
+        }
+        assert_eq!(found.len(), Kernel::ALL.len());
+    }
+
+    #[test]
+    fn a_wrong_argument_list_is_a_typed_error() {
+        assert!(Kernel::FillF32.check_args(&[KArg::Ptr(0), KArg::F32(1.0), KArg::U32(3)]).is_ok());
+        assert!(matches!(Kernel::FillF32.check_args(&[KArg::Ptr(0), KArg::U32(3)]), Err(Error::KernelArgs { .. })));
+        assert!(matches!(
+            Kernel::FillF32.check_args(&[KArg::Ptr(0), KArg::U32(1), KArg::U32(3)]),
+            Err(Error::KernelArgs { .. })
+        ));
+    }
+}
