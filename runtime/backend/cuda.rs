@@ -86,8 +86,8 @@ fn probe_libraries() -> Result<()> {
 
 /// One device's CUDA state.
 pub(crate) struct CudaBackend {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
     functions: HashMap<String, CudaFunction>,
     cublas: cublas_sys::cublasHandle_t,
     cublas_workspace: sys::CUdeviceptr,

@@ -4,6 +4,7 @@
 //! arm launches the kernel. User code never becomes generic over a backend.
 
 pub(crate) mod cuda;
+mod cuda_user;
 pub(crate) mod host;
 
 use std::cell::Cell;
