@@ -382,7 +382,7 @@ impl Kernel {
         if source.contains('\0') {
             return Err(bad("the source contains a NUL byte"));
         }
-        if !source.contains(entry) {
+        if !mentions_identifier(source, entry) {
             return Err(bad("the source does not mention the entry name"));
         }
         if !signature.iter().any(|a| a.is_tensor()) {
@@ -570,6 +570,14 @@ impl Kernel {
     pub(crate) fn run_host_on(&self, args: HostArgs) -> Result<Vec<(usize, Vec<f32>)>> {
         run_host(&*self.0.host, self.0.entry, args)
     }
+}
+
+/// Whether `name` occurs in `source` as a whole identifier.
+fn mentions_identifier(source: &str, name: &str) -> bool {
+    let ident = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+    source
+        .match_indices(name)
+        .any(|(at, _)| !ident(source[..at].chars().next_back()) && !ident(source[at + name.len()..].chars().next()))
 }
 
 /// Calls a host implementation, turning a panic into [`Error::KernelHostPanic`]; the output
