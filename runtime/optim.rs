@@ -24,7 +24,7 @@
 
 use crate::backend::{KArg, LaunchDims};
 use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
-use crate::{Device, Error, Param, Result, Tensor};
+use crate::{Device, Error, Param, Parameters, Result, Tensor};
 
 /// Hyper-parameters of [`Sgd`]; the defaults are PyTorch's (with `lr = 0.01`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -127,6 +127,12 @@ impl Sgd {
             .map(|p| if config.momentum != 0.0 { state_zeros(&device, p.value.dims()).map(Some) } else { Ok(None) })
             .collect::<Result<_>>()?;
         Ok(Sgd { params: params.to_vec(), config, lr: state_from(&device, &[config.lr])?, bufs })
+    }
+
+    /// An optimizer over the module's trainable parameters ([`Parameters::trainable_params`]:
+    /// frozen ones are left out).
+    pub fn from_module<M: Parameters + ?Sized>(module: &M, config: SgdConfig) -> Result<Sgd> {
+        Sgd::new(&module.trainable_params(), config)
     }
 
     /// Sets the learning rate that the next `step()` — eager or a replay of a captured one —
@@ -258,6 +264,24 @@ impl AdamW {
             m,
             v,
         })
+    }
+
+    /// An optimizer over the module's trainable parameters ([`Parameters::trainable_params`]:
+    /// frozen ones are left out).
+    ///
+    /// ```
+    /// use graphed::optim::{AdamW, AdamWConfig};
+    /// use graphed::{Device, Param, Parameters, Tensor};
+    /// #[derive(Parameters)]
+    /// struct Net { w: Param, embedding: Param }
+    /// let dev = Device::host();
+    /// let net = Net { w: Param::new(Tensor::zeros(&dev, &[4])?)?, embedding: Param::frozen(Tensor::zeros(&dev, &[8])?)? };
+    /// let opt = AdamW::from_module(&net, AdamWConfig::default())?;
+    /// assert_eq!(opt.params().len(), 1);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn from_module<M: Parameters + ?Sized>(module: &M, config: AdamWConfig) -> Result<AdamW> {
+        AdamW::new(&module.trainable_params(), config)
     }
 
     /// Sets the learning rate that the next `step()` — eager or replayed — uses. Illegal

@@ -5,10 +5,13 @@
 //! Not public API: no semver guarantee. Generated code reaches it as
 //! `::graphed::__private::...`, or through the path given with `#[graphed(crate = "...")]`.
 
+pub use crate::params::{param_path, ParamsProbe, ParamsViaNothing, ParamsViaTrait};
 pub use crate::{make_graphed, Cx, Error, GraphOptions, GraphedModules, HookKind, Module, Result, Tensor};
+pub use crate::{Param, Parameters};
 pub use std::boxed::Box;
 pub use std::option::Option::{self, None, Some};
 pub use std::result::Result::{Err, Ok};
+pub use std::string::String;
 pub use std::vec;
 pub use std::vec::Vec;
 
