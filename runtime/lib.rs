@@ -33,6 +33,7 @@ mod error;
 mod graph;
 mod graphed;
 mod hooks;
+pub mod interop;
 mod kernel;
 mod kernel_check;
 mod module;
