@@ -229,8 +229,8 @@ fn safetensors_round_trip_is_bitwise() {
         load_safetensors(&loaded, &path)?;
         assert_eq!(all_bits(&loaded)?, all_bits(&saved)?);
         // The file holds exactly the parameter names.
-        let bytes = std::fs::read(&path).map_err(|e| Error::msg(e))?;
-        let file = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::msg(e))?;
+        let bytes = std::fs::read(&path).map_err(Error::msg)?;
+        let file = safetensors::SafeTensors::deserialize(&bytes).map_err(Error::msg)?;
         let mut stored: Vec<&str> = file.names();
         stored.sort_unstable();
         let mut want = NET_NAMES.to_vec();
@@ -274,9 +274,8 @@ fn a_refused_load_names_the_tensor_and_changes_nothing() {
 
         // A tensor of another dtype.
         let data = [0u8; 16];
-        let view =
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F64, vec![2], &data).map_err(|e| Error::msg(e))?;
-        safetensors::serialize_to_file([("gain", view)], None, &path).map_err(|e| Error::msg(e))?;
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F64, vec![2], &data).map_err(Error::msg)?;
+        safetensors::serialize_to_file([("gain", view)], None, &path).map_err(Error::msg)?;
         let single = Wrapper { inner: None::<Param>, gain: param(dev, &[2], 3)? };
         let before = all_bits(&single)?;
         let e = load_safetensors(&single, &path).unwrap_err();
@@ -284,7 +283,7 @@ fn a_refused_load_names_the_tensor_and_changes_nothing() {
         assert_eq!(all_bits(&single)?, before);
 
         // Not a safetensors file at all.
-        std::fs::write(&path, b"not a safetensors file").map_err(|e| Error::msg(e))?;
+        std::fs::write(&path, b"not a safetensors file").map_err(Error::msg)?;
         let e = load_safetensors(&single, &path).unwrap_err();
         assert!(matches!(&e, Error::CheckpointIo { .. }), "{e}");
         std::fs::remove_file(&path).ok();

@@ -121,6 +121,14 @@ fn visited_fields<'a>(cx: &mut Ctxt, fields: &'a Fields, generics: &HashSet<Iden
     out
 }
 
+/// Consumes the `= value` of a key that is reported, so parsing goes on to the next key.
+fn skip_value(meta: &syn::meta::ParseNestedMeta) -> syn::Result<()> {
+    if meta.input.peek(syn::Token![=]) {
+        meta.value()?.parse::<syn::Expr>()?;
+    }
+    Ok(())
+}
+
 /// Reads the `#[param(...)]` attributes of a field, reporting unknown and duplicate keys.
 fn field_attrs(cx: &mut Ctxt, attrs: &[Attribute]) -> FieldAttrs {
     let mut out = FieldAttrs::default();
@@ -148,11 +156,17 @@ fn field_attrs(cx: &mut Ctxt, attrs: &[Attribute]) -> FieldAttrs {
                     duplicate(cx, out.rename.is_some());
                     out.rename = Some(value);
                 }
-                "crate" => cx.error_spanned_by(&key, "`crate` goes on the struct's #[param(...)], not on a field"),
-                _ => cx.error_spanned_by(
-                    &key,
-                    format_args!("unknown key `{key}` in #[param(...)]; expected one of {}", list(FIELD_KEYS)),
-                ),
+                "crate" => {
+                    cx.error_spanned_by(&key, "`crate` goes on the struct's #[param(...)], not on a field");
+                    skip_value(&meta)?;
+                }
+                _ => {
+                    cx.error_spanned_by(
+                        &key,
+                        format_args!("unknown key `{key}` in #[param(...)]; expected one of {}", list(FIELD_KEYS)),
+                    );
+                    skip_value(&meta)?;
+                }
             }
             Ok(())
         });
@@ -179,14 +193,13 @@ fn container_attrs(cx: &mut Ctxt, attrs: &[Attribute]) -> syn::Path {
                 }
             } else if FIELD_KEYS.iter().any(|k| meta.path.is_ident(k)) {
                 cx.error_spanned_by(&meta.path, "this key goes on a field's #[param(...)], not on the struct");
-                if meta.input.peek(syn::Token![=]) {
-                    meta.value()?.parse::<syn::Expr>()?;
-                }
+                skip_value(&meta)?;
             } else {
                 cx.error_spanned_by(
                     &meta.path,
                     format_args!("unknown key in the struct's #[param(...)]; expected {}", list(CONTAINER_KEYS)),
                 );
+                skip_value(&meta)?;
             }
             Ok(())
         });

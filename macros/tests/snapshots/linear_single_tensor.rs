@@ -167,6 +167,11 @@ const _: () = {
                 ],
             )
         }
+        fn visit_params(&self, __f: &mut dyn FnMut(&str, &::graphed::__private::Param)) {
+            #[allow(unused_imports)]
+            use ::graphed::__private::{ParamsViaNothing as _, ParamsViaTrait as _};
+            (&&::graphed::__private::ParamsProbe(self)).__graphed_visit_params("", __f)
+        }
     }
     #[automatically_derived]
     impl LinearInputs {

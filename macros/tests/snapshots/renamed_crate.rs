@@ -163,6 +163,11 @@ const _: () = {
                 ],
             )
         }
+        fn visit_params(&self, __f: &mut dyn FnMut(&str, &renamed::__private::Param)) {
+            #[allow(unused_imports)]
+            use renamed::__private::{ParamsViaNothing as _, ParamsViaTrait as _};
+            (&&renamed::__private::ParamsProbe(self)).__graphed_visit_params("", __f)
+        }
     }
     #[automatically_derived]
     impl ScaleInputs {
