@@ -317,7 +317,11 @@ impl Kernel {
     fn lookup<R>(&self, device: &Device, f: impl FnOnce(Option<&CudaFunction>) -> R) -> Option<R> {
         let prepared = self.0.prepared.lock().unwrap_or_else(|e| e.into_inner());
         let target = Arc::as_ptr(device.backend());
-        prepared.iter().find(|p| std::ptr::eq(p.backend.as_ptr(), target)).map(|p| f(p.function.as_ref()))
+        // A dead entry may share the address of a newer backend: only live ones count.
+        prepared
+            .iter()
+            .find(|p| std::ptr::eq(p.backend.as_ptr(), target) && p.backend.strong_count() > 0)
+            .map(|p| f(p.function.as_ref()))
     }
 
     /// Launches the kernel on the device of its tensor arguments: checks every argument

@@ -316,3 +316,22 @@ fn bad_declarations_are_refused() {
     let e = Kernel::new("g", "extern \"C\" __global__ void f(float* y) {}", &[Arg::TensorOut], ok).unwrap_err();
     assert!(matches!(&e, Error::KernelDefinition { detail, .. } if detail.contains("mention")), "{e}");
 }
+
+#[test]
+fn a_stale_tensor_argument_is_refused() {
+    on_each_backend(|dev| {
+        let module = SqScale { w: Param::new(random(dev, &[N], 1)?)? };
+        let mut g = module.make_graphed(&Tensor::zeros(dev, &[N])?.with_requires_grad(true))?;
+        let mut cx = Cx::new(dev);
+        let x = random(dev, &[N], 2)?.with_requires_grad(true);
+        let y0 = g.forward(&mut cx, &x)?;
+        g.backward(&mut cx, &random(dev, &[N], 3)?)?;
+        let mut cx = Cx::new(dev);
+        let _y1 = g.forward(&mut cx, &x)?; // overwrites y0's static buffer
+        let (w, out) = (random(dev, &[N], 4)?, Tensor::full(dev, &[N], 7.0)?);
+        let e = FWD.launch(LaunchConfig::for_elements(N), &[Out(&out), In(&y0), In(&w), U32(N as u32)]).unwrap_err();
+        assert!(matches!(&e, Error::StaleTensor { .. }), "{e}");
+        assert_eq!(out.to_vec()?, vec![7.0; N]);
+        Ok(())
+    });
+}
