@@ -9,7 +9,7 @@ use std::sync::Arc;
 use common::{on_each_backend, random};
 use graphed::interop::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use graphed::interop::cudarc::nvrtc::compile_ptx;
-use graphed::{graphed, Cx, Device, Error, Result, Tensor};
+use graphed::{graphed, ops, CaptureMode, Cx, Device, Error, Graph, Result, Tensor};
 
 const SOURCE: &str = r#"
 extern "C" __global__ void shift_scale(float* y, const float* x, const float* b, float a, unsigned n) {
@@ -144,10 +144,36 @@ fn context_stream_and_pointers_exist_exactly_on_cuda() {
             let wrapped = Tensor::from_cuda_slice(dev, slice, &[2, 3])?;
             assert_eq!(wrapped.to_vec()?, common::random_vec(6, 2));
             // Graphed ops work on it like on any tensor.
-            let doubled = graphed::ops::scale(&wrapped, 2.0)?;
+            let doubled = ops::scale(&wrapped, 2.0)?;
             let want: Vec<f32> = common::random_vec(6, 2).iter().map(|v| v * 2.0).collect();
             assert_eq!(doubled.to_vec()?, want);
         }
+        Ok(())
+    });
+}
+
+#[test]
+fn a_wrapped_slice_dropped_during_a_capture_does_not_break_it() {
+    on_each_backend(|dev| {
+        let Some(stream) = dev.cuda_stream() else {
+            eprintln!("note: cudarc interop needs a CUDA device; skipped on the host");
+            return Ok(());
+        };
+        let slice = stream.clone_htod(&common::random_vec(6, 2)).map_err(|e| Error::msg(format!("{e:?}")))?;
+        let mut held = Some(Tensor::from_cuda_slice(dev, slice, &[6])?);
+        let y = Tensor::zeros(dev, &[6])?;
+        let mut g = Graph::new(dev);
+        // Freeing the slice here would invalidate the capture: it is parked instead.
+        g.capture(CaptureMode::Global, || {
+            drop(held.take());
+            ops::fill_(&y, 1.5)
+        })?;
+        g.replay()?;
+        assert_eq!(y.to_vec()?, vec![1.5; 6]);
+        // The parked slice is freed at the next chance, outside the capture.
+        let slice = stream.clone_htod(&common::random_vec(6, 3)).map_err(|e| Error::msg(format!("{e:?}")))?;
+        drop(Tensor::from_cuda_slice(dev, slice, &[6])?);
+        dev.synchronize()?;
         Ok(())
     });
 }
