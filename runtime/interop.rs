@@ -158,6 +158,17 @@ impl Tensor {
     ///
     /// [`Error::Interop`] when `device` is not a CUDA device or the slice belongs to another
     /// context, [`Error::Shape`] when `dims` does not hold `slice.len()` elements.
+    ///
+    /// ```
+    /// # use graphed::{Device, Tensor};
+    /// let dev = Device::default_device();
+    /// if let Some(stream) = dev.cuda_stream() {
+    ///     let slice = stream.alloc_zeros::<f32>(6).expect("alloc");
+    ///     let t = Tensor::from_cuda_slice(&dev, slice, &[2, 3])?;
+    ///     assert_eq!(t.to_vec()?, vec![0.0; 6]);
+    /// }
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
     pub fn from_cuda_slice(device: &Device, slice: CudaSlice<f32>, dims: &[usize]) -> Result<Tensor> {
         const OP: &str = "Tensor::from_cuda_slice";
         let BackendKind::Cuda(c) = &device.backend().kind else {

@@ -13,6 +13,13 @@ use crate::ops::{exec, Exec};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// The kind of one kernel parameter, as declared in a kernel's signature.
+///
+/// ```
+/// use graphed::Arg;
+/// // __global__ void k(float* y, const float* x, float a, unsigned n)
+/// let signature = [Arg::TensorOut, Arg::TensorIn, Arg::F32, Arg::U32];
+/// assert!(signature[0].is_output() && signature[1].is_tensor() && !signature[2].is_tensor());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Arg {
     /// A tensor the kernel only reads (`const float*`).
@@ -327,6 +334,30 @@ impl Kernel {
     /// Launches the kernel on the device of its tensor arguments: checks every argument
     /// against the signature, compiles on first use (outside captures only), then queues the
     /// kernel (or runs/records the host implementation). Capturable once compiled.
+    ///
+    /// Errors, all before anything runs: [`Error::KernelArgCount`], [`Error::KernelArgKind`],
+    /// [`Error::KernelDeviceMismatch`], [`Error::DType`], [`Error::StaleTensor`],
+    /// [`Error::InvalidArgument`] for a zero launch dimension, [`Error::KernelNotCompiled`] for a
+    /// first use inside a capture, [`Error::KernelCompile`]; on the host backend also the host
+    /// implementation's own error or [`Error::KernelHostPanic`].
+    ///
+    /// ```
+    /// use graphed::KernelArg::{In, Out, U32};
+    /// use graphed::{Arg, Device, Error, Kernel, LaunchConfig, Tensor};
+    /// let src = "extern \"C\" __global__ void copy(float* y, const float* x, unsigned n) {
+    ///     unsigned i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = x[i]; }";
+    /// let copy = Kernel::new("copy", src, &[Arg::TensorOut, Arg::TensorIn, Arg::U32], |a| {
+    ///     a.output(0)?.copy_from_slice(&a.input(1)?);
+    ///     Ok(())
+    /// })?;
+    /// let dev = Device::default_device();
+    /// let (x, y) = (Tensor::full(&dev, &[4], 2.0)?, Tensor::zeros(&dev, &[4])?);
+    /// copy.launch(LaunchConfig::for_elements(4), &[Out(&y), In(&x), U32(4)])?;
+    /// assert_eq!(y.to_vec()?, vec![2.0; 4]);
+    /// let wrong = copy.launch(LaunchConfig::for_elements(4), &[In(&y), In(&x), U32(4)]);
+    /// assert!(matches!(wrong, Err(Error::KernelArgKind { position: 0, .. })));
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
     pub fn launch(&self, config: LaunchConfig, args: &[KernelArg<'_>]) -> Result<()> {
         let device = self.check_args(args)?;
         config.check(self.0.entry)?;

@@ -31,7 +31,19 @@ pub struct OutputCheck {
     pub rel_err: f64,
 }
 
-/// What [`check_kernel_against_host`] found.
+/// What [`check_kernel_against_host`] found; `Display` prints one line per kernel.
+///
+/// ```
+/// use graphed::{KernelCheckReport, OutputCheck};
+/// let report = KernelCheckReport {
+///     kernel: "k".into(),
+///     device: "host".into(),
+///     tolerance: 1e-6,
+///     outputs: vec![OutputCheck { position: 0, max_abs_diff: 0.0, rel_err: 0.0 }],
+/// };
+/// assert!(report.passed());
+/// assert!(report.to_string().starts_with("kernel `k` on host vs host: ok"));
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelCheckReport {
     /// The kernel's entry name.

@@ -12,6 +12,20 @@ use crate::{Arg, Error, LaunchConfig, Result};
 /// [`HostArgs::output`] (initialised with the tensor's contents); the outputs are written back
 /// to the tensors only when the implementation returns `Ok`. Asking for a position of another
 /// kind is [`Error::KernelArgKind`].
+///
+/// ```
+/// use graphed::{HostArgs, Result};
+/// // The host side of `__global__ void axpy(float* y, const float* x, float a, unsigned n)`.
+/// fn axpy_host(args: &HostArgs) -> Result<()> {
+///     let (x, a) = (args.input(1)?, args.f32(2)?);
+///     let mut y = args.output(0)?;
+///     for i in 0..args.u32(3)? as usize {
+///         y[i] += a * x[i];
+///     }
+///     Ok(())
+/// }
+/// # let _ = axpy_host;
+/// ```
 pub struct HostArgs {
     kernel: &'static str,
     slots: Vec<HostSlot>,
@@ -143,6 +157,12 @@ fn busy(i: usize) -> Error {
 }
 
 /// A host implementation: computes the outputs from the inputs of one launch.
+///
+/// ```
+/// use std::sync::Arc;
+/// let noop: Arc<graphed::HostFn> = Arc::new(|_args| Ok(()));
+/// # let _ = noop;
+/// ```
 pub type HostFn = dyn Fn(&HostArgs) -> Result<()> + Send + Sync;
 
 /// Calls a host implementation, turning a panic into [`Error::KernelHostPanic`]; the output

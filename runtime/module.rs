@@ -54,7 +54,8 @@ pub trait Module: std::any::Any {
 
     /// Calls `f` with each of the module's parameters and its name. `#[graphed]` forwards this
     /// to the type's [`crate::Parameters`] impl when it has one (`#[derive(Parameters)]`);
-    /// otherwise, and by default, a module reports no parameters.
+    /// otherwise, and by default, a module reports no parameters. (With `Parameters` in scope
+    /// too, call it as `Module::visit_params(&m, f)`: both traits have a `visit_params`.)
     fn visit_params(&self, f: &mut dyn FnMut(&str, &Param)) {
         let _ = f;
     }

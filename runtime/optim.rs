@@ -131,6 +131,17 @@ impl Sgd {
 
     /// An optimizer over the module's trainable parameters ([`Parameters::trainable_params`]:
     /// frozen ones are left out).
+    ///
+    /// ```
+    /// use graphed::optim::{Sgd, SgdConfig};
+    /// use graphed::{Device, Param, Parameters, Tensor};
+    /// #[derive(Parameters)]
+    /// struct Net { layers: Vec<Param> }
+    /// let dev = Device::host();
+    /// let net = Net { layers: vec![Param::new(Tensor::zeros(&dev, &[2])?)?, Param::new(Tensor::zeros(&dev, &[2])?)?] };
+    /// assert_eq!(Sgd::from_module(&net, SgdConfig::default())?.params().len(), 2);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
     pub fn from_module<M: Parameters + ?Sized>(module: &M, config: SgdConfig) -> Result<Sgd> {
         Sgd::new(&module.trainable_params(), config)
     }

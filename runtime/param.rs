@@ -56,6 +56,14 @@ impl Param {
     }
 
     /// Freezes (`false`) or unfreezes (`true`) this handle of the parameter.
+    ///
+    /// ```
+    /// # use graphed::{Device, Param, Tensor};
+    /// let mut p = Param::new(Tensor::zeros(&Device::host(), &[2])?)?;
+    /// p.set_requires_grad(false);
+    /// assert!(!p.requires_grad());
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
     pub fn set_requires_grad(&mut self, requires_grad: bool) {
         self.value = self.value.clone().with_requires_grad(requires_grad);
     }

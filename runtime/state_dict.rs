@@ -69,6 +69,21 @@ pub fn save_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
 /// ([`Error::CheckpointUnexpectedTensor`]) or a tensor of another dtype or shape
 /// ([`Error::CheckpointTensorMismatch`]) refuses the load and leaves the module unchanged.
 /// Parameters are handles, so `&module` suffices. Illegal during a capture.
+///
+/// ```
+/// use graphed::{load_safetensors, save_safetensors, Device, Error, Param, Parameters, Tensor};
+/// #[derive(Parameters)]
+/// struct One { w: Param }
+/// let dev = Device::host();
+/// let path = std::env::temp_dir().join(format!("graphed-doc-load-{}.safetensors", std::process::id()));
+/// save_safetensors(&One { w: Param::new(Tensor::zeros(&dev, &[3])?)? }, &path)?;
+/// let other = One { w: Param::new(Tensor::full(&dev, &[4], 1.0)?)? };
+/// let refused = load_safetensors(&other, &path);
+/// assert!(matches!(refused, Err(Error::CheckpointTensorMismatch { ref tensor, .. }) if tensor == "w"));
+/// assert_eq!(other.w.value.to_vec()?, vec![1.0; 4]); // unchanged
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), graphed::Error>(())
+/// ```
 pub fn load_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Path>) -> Result<()> {
     let path = path.as_ref();
     let params = named_params(module)?;
