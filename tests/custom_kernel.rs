@@ -335,3 +335,34 @@ fn a_stale_tensor_argument_is_refused() {
         Ok(())
     });
 }
+
+#[test]
+fn host_argument_misuse_is_an_error_not_a_panic() {
+    on_each_backend(|dev| {
+        let sig = [Arg::TensorOut, Arg::TensorIn, Arg::TensorIn, Arg::U32];
+        let dims = [N];
+        let t = CheckArg::Tensor(&dims);
+        let args = [t, t, t, CheckArg::U32(N as u32)];
+        let cfg = LaunchConfig::for_elements(N);
+        let twice = Kernel::new("sqscale_fwd", SOURCE, &sig, |a| {
+            let _first = a.output(0)?;
+            let _second = a.output(0)?; // a second mutable borrow of the same output
+            Ok(())
+        })?;
+        let e = check_kernel_against_host(&twice, dev, cfg, &args, 1, 1e-6).unwrap_err();
+        assert!(
+            matches!(e.root(), Error::InvalidArgument { detail, .. } if detail.contains("already borrowed")),
+            "{e}"
+        );
+        let out_of_range = Kernel::new("sqscale_fwd", SOURCE, &sig, |a| a.input(9).map(drop))?;
+        let e = check_kernel_against_host(&out_of_range, dev, cfg, &args, 1, 1e-6).unwrap_err();
+        assert!(matches!(e.root(), Error::InvalidArgument { detail, .. } if detail.contains("out of range")), "{e}");
+        let write_input = Kernel::new("sqscale_fwd", SOURCE, &sig, |a| a.output(1).map(drop))?;
+        let e = check_kernel_against_host(&write_input, dev, cfg, &args, 1, 1e-6).unwrap_err();
+        assert!(
+            matches!(e.root(), Error::KernelArgKind { position: 1, expected: Arg::TensorOut, got: Arg::TensorIn, .. }),
+            "{e}"
+        );
+        Ok(())
+    });
+}
