@@ -272,6 +272,128 @@ pub enum Error {
     /// A user-defined failure (from a hook or a module body).
     #[error("{0}")]
     Msg(String),
+    // Custom kernels, interop, parameters (#11).
+    /// A custom kernel's declaration is unusable (bad entry name, source or signature).
+    #[error("kernel `{kernel}`: {detail}; fix the Kernel::new arguments")]
+    KernelDefinition {
+        /// The kernel's entry name.
+        kernel: String,
+        /// What is wrong with the declaration.
+        detail: String,
+    },
+    /// NVRTC rejected a custom kernel's source.
+    #[error("kernel `{kernel}` failed to compile for {device}; fix the CUDA source. NVRTC log:\n{log}")]
+    KernelCompile {
+        /// The kernel's entry name.
+        kernel: String,
+        /// The device it was compiled for.
+        device: String,
+        /// NVRTC's log (or the loader's message when the module did not load).
+        log: String,
+    },
+    /// A custom kernel's first use on a device came while the device was capturing.
+    #[error("kernel `{kernel}` is used for the first time on {device} inside a graph capture, where it cannot be compiled; warm up first: call kernel.compile(&device) or run it eagerly once before capturing")]
+    KernelNotCompiled {
+        /// The kernel's entry name.
+        kernel: String,
+        /// The capturing device.
+        device: String,
+    },
+    /// A launch passed a different number of arguments than the kernel declares.
+    #[error("kernel `{kernel}`: launched with {got} arguments but its signature declares {expected}; pass one argument per declared Arg")]
+    KernelArgCount {
+        /// The kernel's entry name.
+        kernel: String,
+        /// Arguments declared.
+        expected: usize,
+        /// Arguments passed.
+        got: usize,
+    },
+    /// A launch argument of the wrong kind for its position.
+    #[error("kernel `{kernel}`: argument {position} is {got:?} but the signature declares {expected:?}; pass the declared kind")]
+    KernelArgKind {
+        /// The kernel's entry name.
+        kernel: String,
+        /// The argument's position (0-based).
+        position: usize,
+        /// The declared kind.
+        expected: crate::Arg,
+        /// The kind passed.
+        got: crate::Arg,
+    },
+    /// A tensor argument on another device than the launch's (the first tensor's).
+    #[error("kernel `{kernel}`: argument {position} lives on {got} but the launch runs on {expected}; copy it to {expected} first")]
+    KernelDeviceMismatch {
+        /// The kernel's entry name.
+        kernel: String,
+        /// The argument's position (0-based).
+        position: usize,
+        /// The launch's device.
+        expected: String,
+        /// The argument's device.
+        got: String,
+    },
+    /// A custom kernel's host implementation panicked; its outputs were left unchanged.
+    #[error("kernel `{kernel}`: the host implementation panicked: {message}; its output tensors were left unchanged")]
+    KernelHostPanic {
+        /// The kernel's entry name.
+        kernel: String,
+        /// The panic's message.
+        message: String,
+    },
+    /// A cudarc interop call on a device or tensor that is not on a CUDA GPU, or with a
+    /// foreign object from another context.
+    #[error("{op}: {detail}")]
+    Interop {
+        /// The interop call.
+        op: &'static str,
+        /// What is wrong, and what to do.
+        detail: String,
+    },
+    /// Two parameters of a module got the same name.
+    #[error(
+        "two parameters are both named `{name}`; rename a field (#[param(rename = \"...\")]) so every name is unique"
+    )]
+    DuplicateParamName {
+        /// The repeated name.
+        name: String,
+    },
+    /// A safetensors file could not be read or written.
+    #[error("safetensors file {path}: {detail}")]
+    CheckpointIo {
+        /// The file.
+        path: String,
+        /// The I/O or format error.
+        detail: String,
+    },
+    /// A module parameter has no tensor in the file; nothing was loaded.
+    #[error("safetensors file {path} has no tensor `{tensor}`, which the module needs; nothing was loaded (was the file saved from this module?)")]
+    CheckpointMissingTensor {
+        /// The file.
+        path: String,
+        /// The parameter name.
+        tensor: String,
+    },
+    /// The file has a tensor the module has no parameter for; nothing was loaded.
+    #[error("safetensors file {path} has a tensor `{tensor}` that the module has no parameter for; nothing was loaded (was the file saved from this module?)")]
+    CheckpointUnexpectedTensor {
+        /// The file.
+        path: String,
+        /// The tensor name.
+        tensor: String,
+    },
+    /// A tensor in the file has another shape or dtype than the parameter; nothing was loaded.
+    #[error("safetensors file {path}: tensor `{tensor}` is {got} but the module's parameter is {expected}; nothing was loaded")]
+    CheckpointTensorMismatch {
+        /// The file.
+        path: String,
+        /// The tensor name.
+        tensor: String,
+        /// The parameter's dtype and shape.
+        expected: String,
+        /// The file's dtype and shape.
+        got: String,
+    },
 }
 
 impl Error {

@@ -1,6 +1,6 @@
 //! The type-erased module interface that `#[graphed]` implements and `make_graphed` drives.
 
-use crate::{Cx, Result, Tensor};
+use crate::{Cx, Param, Result, Tensor};
 
 /// The four points of an iteration at which capture-time hooks run.
 ///
@@ -51,6 +51,14 @@ pub trait Module: std::any::Any {
     /// Runs the backward pass for one forward (the one `cx` saved for): accumulates parameter
     /// grads and returns one grad per forward input (`None` where none is needed).
     fn backward(&mut self, cx: &mut Cx, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>>;
+
+    /// Calls `f` with each of the module's parameters and its name. `#[graphed]` forwards this
+    /// to the type's [`crate::Parameters`] impl when it has one (`#[derive(Parameters)]`);
+    /// otherwise, and by default, a module reports no parameters. (With `Parameters` in scope
+    /// too, call it as `Module::visit_params(&m, f)`: both traits have a `visit_params`.)
+    fn visit_params(&self, f: &mut dyn FnMut(&str, &Param)) {
+        let _ = f;
+    }
 
     /// Runs the hooks of one kind that the module declares with `#[capture_time_hook]`.
     fn run_hooks(&mut self, kind: HookKind) -> Result<()> {

@@ -22,9 +22,9 @@
 //! # Ok::<(), graphed::Error>(())
 //! ```
 
-use crate::backend::{KArg, Kernel, LaunchDims};
+use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
-use crate::{Device, Error, Param, Result, Tensor};
+use crate::{Device, Error, Param, Parameters, Result, Tensor};
 
 /// Hyper-parameters of [`Sgd`]; the defaults are PyTorch's (with `lr = 0.01`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -129,6 +129,23 @@ impl Sgd {
         Ok(Sgd { params: params.to_vec(), config, lr: state_from(&device, &[config.lr])?, bufs })
     }
 
+    /// An optimizer over the module's trainable parameters ([`Parameters::trainable_params`]:
+    /// frozen ones are left out).
+    ///
+    /// ```
+    /// use graphed::optim::{Sgd, SgdConfig};
+    /// use graphed::{Device, Param, Parameters, Tensor};
+    /// #[derive(Parameters)]
+    /// struct Net { layers: Vec<Param> }
+    /// let dev = Device::host();
+    /// let net = Net { layers: vec![Param::new(Tensor::zeros(&dev, &[2])?)?, Param::new(Tensor::zeros(&dev, &[2])?)?] };
+    /// assert_eq!(Sgd::from_module(&net, SgdConfig::default())?.params().len(), 2);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn from_module<M: Parameters + ?Sized>(module: &M, config: SgdConfig) -> Result<Sgd> {
+        Sgd::new(&module.trainable_params(), config)
+    }
+
     /// Sets the learning rate that the next `step()` — eager or a replay of a captured one —
     /// uses. A host-to-device write: illegal during a capture.
     pub fn set_lr(&self, lr: f32) -> Result<()> {
@@ -160,7 +177,7 @@ impl Sgd {
                 Exec::Host(h) => {
                     let (pp, gp, lp) = (p.value.host_ptr()?, p.grad.host_ptr()?, self.lr.host_ptr()?);
                     let bp = buf.as_ref().map(|b| b.host_ptr()).transpose()?;
-                    h.run(Kernel::SgdStepF32, move || {
+                    h.run(BuiltinKernel::SgdStepF32, move || {
                         let lr = lp.read()[0];
                         let mut pv = pp.read();
                         let mut bv = bp.as_ref().map(|b| b.read());
@@ -178,7 +195,7 @@ impl Sgd {
                         None => 0,
                     };
                     c.launch(
-                        Kernel::SgdStepF32,
+                        BuiltinKernel::SgdStepF32,
                         LaunchDims::elementwise(n as usize),
                         &[
                             KArg::Ptr(p.value.cuda_ptr()?),
@@ -260,6 +277,24 @@ impl AdamW {
         })
     }
 
+    /// An optimizer over the module's trainable parameters ([`Parameters::trainable_params`]:
+    /// frozen ones are left out).
+    ///
+    /// ```
+    /// use graphed::optim::{AdamW, AdamWConfig};
+    /// use graphed::{Device, Param, Parameters, Tensor};
+    /// #[derive(Parameters)]
+    /// struct Net { w: Param, embedding: Param }
+    /// let dev = Device::host();
+    /// let net = Net { w: Param::new(Tensor::zeros(&dev, &[4])?)?, embedding: Param::frozen(Tensor::zeros(&dev, &[8])?)? };
+    /// let opt = AdamW::from_module(&net, AdamWConfig::default())?;
+    /// assert_eq!(opt.params().len(), 1);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn from_module<M: Parameters + ?Sized>(module: &M, config: AdamWConfig) -> Result<AdamW> {
+        AdamW::new(&module.trainable_params(), config)
+    }
+
     /// Sets the learning rate that the next `step()` — eager or replayed — uses. Illegal
     /// during a capture.
     pub fn set_lr(&self, lr: f32) -> Result<()> {
@@ -294,7 +329,7 @@ impl AdamW {
         match exec(self.state.device()) {
             Exec::Host(h) => {
                 let st = self.state.host_ptr()?;
-                h.run(Kernel::AdamwPrepareF32, move || {
+                h.run(BuiltinKernel::AdamwPrepareF32, move || {
                     let t = st.read()[0].to_bits().wrapping_add(1);
                     let (bc1, bc2) = cpu::adamw_bias_corrections(t, beta1, beta2);
                     st.write(&[f32::from_bits(t), bc1, bc2]);
@@ -302,7 +337,7 @@ impl AdamW {
                 })?;
             }
             Exec::Cuda(c) => c.launch(
-                Kernel::AdamwPrepareF32,
+                BuiltinKernel::AdamwPrepareF32,
                 LaunchDims::rows(1, 32),
                 &[KArg::Ptr(self.state.cuda_ptr()?), KArg::F32(beta1), KArg::F32(beta2)],
             )?,
@@ -313,7 +348,7 @@ impl AdamW {
                 Exec::Host(h) => {
                     let (pp, gp, mp, vp) = (p.value.host_ptr()?, p.grad.host_ptr()?, m.host_ptr()?, v.host_ptr()?);
                     let (lp, st) = (self.lr.host_ptr()?, self.state.host_ptr()?);
-                    h.run(Kernel::AdamwStepF32, move || {
+                    h.run(BuiltinKernel::AdamwStepF32, move || {
                         let (lr, s) = (lp.read()[0], st.read());
                         let (mut pv, mut mv, mut vv) = (pp.read(), mp.read(), vp.read());
                         cpu::adamw_update(
@@ -336,7 +371,7 @@ impl AdamW {
                     })?;
                 }
                 Exec::Cuda(c) => c.launch(
-                    Kernel::AdamwStepF32,
+                    BuiltinKernel::AdamwStepF32,
                     LaunchDims::elementwise(n as usize),
                     &[
                         KArg::Ptr(p.value.cuda_ptr()?),

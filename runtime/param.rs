@@ -25,10 +25,47 @@ pub struct Param {
 impl Param {
     /// A parameter with a zero grad, allocated from the device's default pool (parameters
     /// outlive every graph, so they never live in a graph pool).
+    /// It needs a grad: `value.requires_grad()` is set.
     pub fn new(value: Tensor) -> Result<Param> {
         let dev = value.device().clone();
         let grad = dev.with_pool(&dev.default_pool(), || Tensor::zeros(&dev, value.dims()))?;
-        Ok(Param { value, grad })
+        Ok(Param { value: value.with_requires_grad(true), grad })
+    }
+
+    /// A frozen parameter: it needs no grad (`requires_grad()` is false), so optimizers built
+    /// with `from_module` leave it alone, and a module whose inputs and parameters need no grad
+    /// can be captured forward-only. It still has a zero grad tensor, so backward code that
+    /// accumulates into it stays valid.
+    ///
+    /// ```
+    /// # use graphed::{Device, Param, Tensor};
+    /// let dev = Device::host();
+    /// assert!(!Param::frozen(Tensor::zeros(&dev, &[2])?)?.requires_grad());
+    /// assert!(Param::new(Tensor::zeros(&dev, &[2])?)?.requires_grad());
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn frozen(value: Tensor) -> Result<Param> {
+        let p = Param::new(value)?;
+        Ok(Param { value: p.value.with_requires_grad(false), grad: p.grad })
+    }
+
+    /// Whether the parameter needs a grad: the flag of its value tensor, as in PyTorch
+    /// (set by [`Param::new`], cleared by [`Param::frozen`] or [`Param::set_requires_grad`]).
+    pub fn requires_grad(&self) -> bool {
+        self.value.requires_grad()
+    }
+
+    /// Freezes (`false`) or unfreezes (`true`) this handle of the parameter.
+    ///
+    /// ```
+    /// # use graphed::{Device, Param, Tensor};
+    /// let mut p = Param::new(Tensor::zeros(&Device::host(), &[2])?)?;
+    /// p.set_requires_grad(false);
+    /// assert!(!p.requires_grad());
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn set_requires_grad(&mut self, requires_grad: bool) {
+        self.value = self.value.clone().with_requires_grad(requires_grad);
     }
 
     /// Sets the grad to zero (in place, capturable).

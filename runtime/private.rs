@@ -11,10 +11,13 @@ pub use crate::{
 
 /// What a generated `make_graphed`/`new` returns: the wrapper, or the error with the module.
 pub type CaptureResult<T, M> = Result<T, CaptureError<M>>;
+pub use crate::params::{param_path, ParamsProbe, ParamsViaNothing, ParamsViaTrait};
+pub use crate::{Param, Parameters};
 pub use std::boxed::Box;
 pub use std::fmt;
 pub use std::option::Option::{self, None, Some};
 pub use std::result::Result::{Err, Ok};
+pub use std::string::String;
 pub use std::vec;
 pub use std::vec::Vec;
 

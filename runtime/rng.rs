@@ -6,7 +6,7 @@
 //! forward's state to redraw the same dropout mask). The host backend computes the same
 //! Philox4x32-10 function, so both backends draw identical numbers for a seed and offset.
 
-use crate::backend::{KArg, Kernel};
+use crate::backend::{BuiltinKernel, KArg};
 use crate::ops::{exec, Exec};
 use crate::{Device, Error, Result, Tensor};
 
@@ -96,7 +96,7 @@ impl Generator {
     /// Fills `out` with uniform numbers in [0, 1) and advances the offset by its length.
     pub fn uniform_(&self, out: &Tensor) -> Result<()> {
         let n = out.numel();
-        self.draw(out, Kernel::RngUniformF32, n)
+        self.draw(out, BuiltinKernel::RngUniformF32, n)
     }
 
     /// The device the state lives on.
@@ -106,7 +106,7 @@ impl Generator {
 
     /// Fills `out`'s `n` elements with uniforms from the current state (`kernel` on CUDA, the
     /// same Philox function on the host), then advances the offset by `n`.
-    pub(crate) fn draw(&self, out: &Tensor, kernel: Kernel, n: usize) -> Result<()> {
+    pub(crate) fn draw(&self, out: &Tensor, kernel: BuiltinKernel, n: usize) -> Result<()> {
         if out.device() != self.device() {
             return Err(Error::DeviceMismatch { op: "rng", a: out.device().name(), b: self.device().name() });
         }
@@ -138,14 +138,14 @@ impl Generator {
         match exec(self.device()) {
             Exec::Host(h) => {
                 let st = self.state.host_ptr()?;
-                h.run(Kernel::RngAdvance, move || {
+                h.run(BuiltinKernel::RngAdvance, move || {
                     let (seed, offset) = decode_state(&st.read_u32());
                     st.write_u32(&words_u32(seed, offset + n));
                     Ok(())
                 })
             }
             Exec::Cuda(c) => c.launch(
-                Kernel::RngAdvance,
+                BuiltinKernel::RngAdvance,
                 crate::backend::LaunchDims::rows(1, 32),
                 &[KArg::Ptr(self.state.cuda_ptr()?), KArg::U64(n)],
             ),

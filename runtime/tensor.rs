@@ -9,11 +9,46 @@ use crate::{DType, Device, Error, Result, Shape};
 
 pub(crate) struct Buffer {
     device: Device,
-    block: Block,
+    block: Storage,
     /// Bumped each time a graph replay overwrites this buffer as a static output.
     generation: AtomicU64,
     /// The graph surface this buffer belongs to, for stale-handle messages.
     owner: OnceLock<String>,
+}
+
+/// What owns a buffer's memory: a pool block, or a CUDA slice handed over by the user
+/// ([`Tensor::from_cuda_slice`]).
+pub(crate) enum Storage {
+    Pool(Block),
+    Cuda(crate::interop::ForeignSlice),
+}
+
+impl Storage {
+    fn ptr(&self) -> Ptr {
+        match self {
+            Storage::Pool(b) => b.ptr.clone(),
+            Storage::Cuda(s) => Ptr::Cuda(s.ptr()),
+        }
+    }
+
+    /// (pool id, range); a foreign slice is in no pool (id 0, which no pool has).
+    fn mem_range(&self) -> (usize, crate::pool::MemRange) {
+        match self {
+            Storage::Pool(b) => (b.pool_id(), b.range()),
+            Storage::Cuda(s) => {
+                (0, crate::pool::MemRange { slab: usize::MAX, offset: s.ptr() as usize, bytes: s.bytes() })
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Storage::Pool(b) => b.fmt(f),
+            Storage::Cuda(s) => write!(f, "CudaSlice({:#x}, {} B)", s.ptr(), s.bytes()),
+        }
+    }
 }
 
 /// A tensor: shape, dtype and a reference-counted buffer on one device.
@@ -58,7 +93,11 @@ impl Tensor {
             .ok_or_else(|| Error::shape("Tensor::empty", format!("{dims:?} has more than 6 dimensions")))?;
         let bytes = shape.numel() * DType::F32.size();
         let block = device.current_pool().alloc(bytes)?;
-        Ok(Tensor {
+        Ok(Tensor::from_storage(device, Storage::Pool(block), shape))
+    }
+
+    pub(crate) fn from_storage(device: &Device, block: Storage, shape: Shape) -> Tensor {
+        Tensor {
             buf: Arc::new(Buffer {
                 device: device.clone(),
                 block,
@@ -69,7 +108,7 @@ impl Tensor {
             dtype: DType::F32,
             generation: 0,
             requires_grad: false,
-        })
+        }
     }
 
     /// A tensor of zeros.
@@ -212,7 +251,7 @@ impl Tensor {
                 current,
             });
         }
-        Ok(self.buf.block.ptr.clone())
+        Ok(self.buf.block.ptr())
     }
 
     /// The device pointer (CUDA backend).
@@ -236,7 +275,7 @@ impl Tensor {
 
     /// The pool memory the buffer occupies: (pool id, range).
     pub(crate) fn mem_range(&self) -> (usize, crate::pool::MemRange) {
-        (self.buf.block.pool_id(), self.buf.block.range())
+        self.buf.block.mem_range()
     }
 
     /// Marks the buffer as a static surface of `owner` (for messages).

@@ -53,3 +53,22 @@ fn renamed_crate_round_trips() -> Result<()> {
     assert_eq!(triple.forward(&mut cx, &x)?.to_vec()?, vec![3.0, 6.0]);
     Ok(())
 }
+
+/// `#[derive(Parameters)]` with the runtime at another path.
+#[derive(renamed::Parameters)]
+#[param(crate = "renamed")]
+struct Weights {
+    w: renamed::Param,
+    more: Vec<renamed::Param>,
+}
+
+#[test]
+fn renamed_crate_derive_parameters() -> Result<()> {
+    use renamed::Parameters as _;
+    let dev = Device::host();
+    let p = || renamed::Param::new(Tensor::zeros(&dev, &[1])?);
+    let weights = Weights { w: p()?, more: vec![p()?, p()?] };
+    let names: Vec<String> = weights.parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["w", "more.0", "more.1"]);
+    Ok(())
+}

@@ -391,6 +391,13 @@ fn expand_impl(item: &ItemImpl, model: &ModuleModel) -> TokenStream {
             }
 
             #run_hooks
+
+            fn visit_params(&self, __f: &mut dyn FnMut(&str, &#private::Param)) {
+                // Forwards to `Parameters` when the type implements it (autoref dispatch).
+                #[allow(unused_imports)]
+                use #private::{ParamsViaNothing as _, ParamsViaTrait as _};
+                (&&#private::ParamsProbe(self)).__graphed_visit_params("", __f)
+            }
         }
     };
 

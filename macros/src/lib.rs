@@ -11,6 +11,7 @@
 mod ctxt;
 mod expand;
 mod fallback;
+mod params;
 mod parse;
 mod validate;
 
@@ -45,4 +46,14 @@ pub fn graphed(args: TokenStream, input: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn capture_time_hook(args: TokenStream, input: TokenStream) -> TokenStream {
     expand::standalone_hook(args.into(), input.into()).into()
+}
+
+/// Implements `graphed::Parameters` for a struct: visits each field whose type implements
+/// `Parameters` (`Param`, `Vec<Param>`, `Option<Param>`, `[Param; N]`, nested deriving
+/// structs, ...) under its field path (`layers.0.w`). Field attributes: `#[param(skip)]`,
+/// `#[param(rename = "name")]`, `#[param(nested)]` (require the impl); struct attribute:
+/// `#[param(crate = "path")]`. See `graphed::Parameters`.
+#[proc_macro_derive(Parameters, attributes(param))]
+pub fn derive_parameters(input: TokenStream) -> TokenStream {
+    params::derive(input.into()).into()
 }

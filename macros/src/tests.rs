@@ -235,3 +235,72 @@ fn standalone_hook_is_an_error() {
     assert!(text.contains("only allowed on methods inside a #[graphed] impl"), "{text}");
     assert!(text.contains("fn h"), "{text}");
 }
+
+/// The `compile_error!` messages of a `#[derive(Parameters)]` expansion.
+fn derive_errors(item: TokenStream) -> Vec<String> {
+    let mut messages = Vec::new();
+    let mut iter = crate::params::derive(item).into_iter();
+    while let Some(token) = iter.next() {
+        if matches!(&token, proc_macro2::TokenTree::Ident(ident) if ident == "compile_error") {
+            iter.next();
+            if let Some(proc_macro2::TokenTree::Group(group)) = iter.next() {
+                if let Ok(lit) = syn::parse2::<syn::LitStr>(group.stream()) {
+                    messages.push(lit.value());
+                }
+            }
+        }
+    }
+    messages
+}
+
+#[test]
+fn derive_parameters() {
+    let item = quote! {
+        struct Net<T> {
+            layers: Vec<Layer>,
+            #[param(nested)]
+            mlp: Mlp,
+            #[param(rename = "head")]
+            out: Param,
+            #[param(skip)]
+            cache: Param,
+            inner: T,
+        }
+    };
+    let input = pretty(quote!(#[derive(Parameters)] #item));
+    let input: String = input.lines().map(|line| format!("// {line}\n")).collect();
+    let expansion = format!("// Input:\n//\n{input}\n// Expansion:\n\n{}", pretty(crate::params::derive(item)));
+    expect_test::expect_file!["../tests/snapshots/derive_parameters.rs"].assert_eq(&expansion);
+}
+
+#[test]
+fn derive_parameters_errors_are_all_reported() {
+    let messages = derive_errors(quote! {
+        #[param(krate = "x")]
+        struct Net {
+            #[param(skip, rename = "a")]
+            a: Param,
+            #[param(nested, nested)]
+            b: Param,
+            #[param(frozen)]
+            c: Param,
+            #[param(rename = "d.e")]
+            d: Param,
+            #[param(rename = "b")]
+            e: Param,
+        }
+    });
+    assert_eq!(messages.len(), 6, "{messages:#?}");
+    assert!(messages[0].starts_with("unknown key in the struct's #[param(...)]"), "{messages:#?}");
+    assert!(messages[1].starts_with("`skip` cannot be combined"), "{messages:#?}");
+    assert!(messages[2].starts_with("duplicate `nested`"), "{messages:#?}");
+    assert!(messages[3].contains("expected one of `skip`, `nested`, `rename`"), "{messages:#?}");
+    assert!(messages[4].contains("no `.`"), "{messages:#?}");
+    assert!(messages[5].contains("a second field is named `b`"), "{messages:#?}");
+    let messages = derive_errors(quote!(
+        enum E {
+            A(Param),
+        }
+    ));
+    assert!(messages.len() == 1 && messages[0].contains("goes on a struct"), "{messages:#?}");
+}

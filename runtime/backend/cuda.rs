@@ -8,11 +8,11 @@ use cudarc::cublas::{result as cublas_result, sys as cublas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
-use super::kernels::{KArg, Kernel};
+use super::kernels::{BuiltinKernel, KArg};
 use super::{DropErrors, StreamGate};
 use crate::{Error, Result};
 
-/// The CUDA C sources compiled once per context. Kernel names are `extern "C"`.
+/// The CUDA C sources compiled once per context. BuiltinKernel names are `extern "C"`.
 pub(crate) const KERNEL_SOURCES: &[&str] = &[include_str!("kernels/core.cu"), include_str!("kernels/ops.cu")];
 
 /// Bytes of the explicit cuBLAS workspace; with it set, GEMMs never allocate, so they capture.
@@ -87,7 +87,7 @@ unsafe impl Send for CublasHandle {}
 pub(crate) struct CudaBackend {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
-    /// The loaded kernels, in `Kernel::ALL` order.
+    /// The loaded kernels, in `BuiltinKernel::ALL` order.
     functions: Vec<CudaFunction>,
     cublas: std::sync::Mutex<CublasHandle>,
     cublas_workspace: sys::CUdeviceptr,
@@ -132,7 +132,7 @@ impl CudaBackend {
         let ptx = compile_ptx_with_opts(&src, opts)
             .map_err(|e| Error::Cuda { call: "nvrtcCompileProgram", message: format!("{e:?}") })?;
         let module = ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
-        let functions = Kernel::ALL
+        let functions = BuiltinKernel::ALL
             .iter()
             .map(|k| module.load_function(k.name()).map_err(driver_err("cuModuleGetFunction")))
             .collect::<Result<Vec<_>>>()?;
@@ -182,9 +182,14 @@ impl CudaBackend {
 
     /// Launches `kernel` on the device stream, after checking the arguments against its
     /// parameters.
-    pub(crate) fn launch(&self, kernel: Kernel, dims: LaunchDims, args: &[KArg]) -> Result<()> {
+    pub(crate) fn launch(&self, kernel: BuiltinKernel, dims: LaunchDims, args: &[KArg]) -> Result<()> {
         kernel.check_args(args)?;
-        let f = &self.functions[kernel as usize];
+        self.launch_function(&self.functions[kernel as usize], dims, args)
+    }
+
+    /// Launches a loaded function (a built-in or a user kernel) on the device stream; the
+    /// caller checked `args` against its parameters.
+    pub(crate) fn launch_function(&self, f: &CudaFunction, dims: LaunchDims, args: &[KArg]) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
         let mut values = [0u64; 16];
@@ -203,9 +208,9 @@ impl CudaBackend {
             // Little-endian: a 4-byte argument reads the low half of its 8-byte slot.
             ptrs[i] = (&mut values[i]) as *mut u64 as *mut c_void;
         }
-        // SAFETY: the function comes from our module, the argument slots live until the call
-        // returns (cuLaunchKernel copies them), and every pointer argument was produced by our
-        // allocator for a live block of the right size (checked by the op before launching).
+        // SAFETY: the function was loaded on this context, the argument slots live until the
+        // call returns (cuLaunchKernel copies them), and every pointer argument belongs to a live
+        // block of the right size (checked by the op before launching).
         unsafe {
             result::launch_kernel(
                 f.cu_function(),

@@ -42,25 +42,25 @@ macro_rules! kernels {
     ($($variant:ident = $name:literal ($($kind:ident),*);)*) => {
         /// A kernel of `kernels/*.cu`.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        pub(crate) enum Kernel {
+        pub(crate) enum BuiltinKernel {
             $($variant,)*
         }
 
-        impl Kernel {
+        impl BuiltinKernel {
             /// Every kernel, in table order (the order the CUDA backend loads them in).
-            pub(crate) const ALL: &'static [Kernel] = &[$(Kernel::$variant,)*];
+            pub(crate) const ALL: &'static [BuiltinKernel] = &[$(BuiltinKernel::$variant,)*];
 
             /// The `extern "C"` name in the CUDA source.
             pub(crate) fn name(self) -> &'static str {
                 match self {
-                    $(Kernel::$variant => $name,)*
+                    $(BuiltinKernel::$variant => $name,)*
                 }
             }
 
             /// The kinds of the kernel's parameters, in order.
             pub(crate) fn params(self) -> &'static [ArgKind] {
                 match self {
-                    $(Kernel::$variant => &[$(ArgKind::$kind),*],)*
+                    $(BuiltinKernel::$variant => &[$(ArgKind::$kind),*],)*
                 }
             }
         }
@@ -97,13 +97,13 @@ kernels! {
     AdamwStepF32 = "adamw_step_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
 }
 
-impl From<Kernel> for &'static str {
-    fn from(k: Kernel) -> &'static str {
+impl From<BuiltinKernel> for &'static str {
+    fn from(k: BuiltinKernel) -> &'static str {
         k.name()
     }
 }
 
-impl Kernel {
+impl BuiltinKernel {
     /// Checks an argument list against the kernel's parameters.
     pub(crate) fn check_args(self, args: &[KArg]) -> Result<()> {
         let params = self.params();
@@ -155,22 +155,27 @@ mod tests {
     fn the_table_matches_the_cuda_sources() {
         let found: Vec<_> = super::super::cuda::KERNEL_SOURCES.iter().flat_map(|s| parse(s)).collect();
         for (name, kinds) in &found {
-            let k =
-                Kernel::ALL.iter().find(|k| k.name() == name).unwrap_or_else(|| panic!("{name} is not in the table"));
+            let k = BuiltinKernel::ALL
+                .iter()
+                .find(|k| k.name() == name)
+                .unwrap_or_else(|| panic!("{name} is not in the table"));
             assert_eq!(k.params(), kinds.as_slice(), "{name}: parameter kinds");
         }
-        for k in Kernel::ALL {
+        for k in BuiltinKernel::ALL {
             assert!(found.iter().any(|(n, _)| n == k.name()), "{} is not in the CUDA sources", k.name());
         }
-        assert_eq!(found.len(), Kernel::ALL.len());
+        assert_eq!(found.len(), BuiltinKernel::ALL.len());
     }
 
     #[test]
     fn a_wrong_argument_list_is_a_typed_error() {
-        assert!(Kernel::FillF32.check_args(&[KArg::Ptr(0), KArg::F32(1.0), KArg::U32(3)]).is_ok());
-        assert!(matches!(Kernel::FillF32.check_args(&[KArg::Ptr(0), KArg::U32(3)]), Err(Error::KernelArgs { .. })));
+        assert!(BuiltinKernel::FillF32.check_args(&[KArg::Ptr(0), KArg::F32(1.0), KArg::U32(3)]).is_ok());
         assert!(matches!(
-            Kernel::FillF32.check_args(&[KArg::Ptr(0), KArg::U32(1), KArg::U32(3)]),
+            BuiltinKernel::FillF32.check_args(&[KArg::Ptr(0), KArg::U32(3)]),
+            Err(Error::KernelArgs { .. })
+        ));
+        assert!(matches!(
+            BuiltinKernel::FillF32.check_args(&[KArg::Ptr(0), KArg::U32(1), KArg::U32(3)]),
             Err(Error::KernelArgs { .. })
         ));
     }

@@ -7,6 +7,7 @@
 mod capture;
 pub(crate) mod cuda;
 mod cuda_graph;
+mod cuda_user;
 pub(crate) mod host;
 mod kernels;
 
@@ -21,7 +22,7 @@ pub(crate) use capture::StreamGate;
 pub(crate) use cuda::{CudaBackend, LaunchDims};
 pub(crate) use cuda_graph::RawGraph;
 pub(crate) use host::{HostBackend, HostPtr, HostSlab};
-pub(crate) use kernels::{KArg, Kernel};
+pub(crate) use kernels::{BuiltinKernel, KArg};
 
 /// Which machine runs the ops.
 #[derive(Debug)]

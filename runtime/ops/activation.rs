@@ -1,6 +1,6 @@
 //! ReLU and GELU with their backwards.
 
-use crate::backend::{KArg, Kernel, LaunchDims};
+use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{check_same, check_shape, cpu, exec, n32, Exec};
 use crate::{Result, Tensor};
 
@@ -31,7 +31,7 @@ impl Gelu {
 /// Runs an elementwise unary kernel `kernel(y, x, n, extra..)` or its CPU reference.
 fn unary(
     op: &'static str,
-    kernel: Kernel,
+    kernel: BuiltinKernel,
     x: &Tensor,
     extra: &[KArg],
     f: impl Fn(&[f32]) -> Vec<f32> + Send + Sync + 'static,
@@ -59,7 +59,7 @@ fn unary(
 /// Runs an elementwise backward kernel `kernel(dx, dy, x, n, extra..)` or its CPU reference.
 pub(crate) fn binary(
     op: &'static str,
-    kernel: Kernel,
+    kernel: BuiltinKernel,
     a: &Tensor,
     b: &Tensor,
     extra: &[KArg],
@@ -97,7 +97,7 @@ pub(crate) fn binary(
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn relu(x: &Tensor) -> Result<Tensor> {
-    unary("relu", Kernel::ReluF32, x, &[], cpu::relu)
+    unary("relu", BuiltinKernel::ReluF32, x, &[], cpu::relu)
 }
 
 /// The backward of [`relu`]: `dy` where `x > 0`, else 0 (the grad at 0 is 0, as PyTorch).
@@ -111,7 +111,7 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn relu_backward(dy: &Tensor, x: &Tensor) -> Result<Tensor> {
-    binary("relu_backward", Kernel::ReluBwdF32, dy, x, &[], cpu::relu_backward)
+    binary("relu_backward", BuiltinKernel::ReluBwdF32, dy, x, &[], cpu::relu_backward)
 }
 
 /// GELU, elementwise: exact ([`Gelu::Erf`], the default) or the tanh approximation.
@@ -127,7 +127,7 @@ pub fn relu_backward(dy: &Tensor, x: &Tensor) -> Result<Tensor> {
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn gelu(x: &Tensor, approx: Gelu) -> Result<Tensor> {
-    unary("gelu", Kernel::GeluF32, x, &[KArg::U32(approx.flag())], move |v| cpu::gelu(v, approx))
+    unary("gelu", BuiltinKernel::GeluF32, x, &[KArg::U32(approx.flag())], move |v| cpu::gelu(v, approx))
 }
 
 /// The backward of [`gelu`]: `dy · gelu'(x)` for the same `approx`.
@@ -141,7 +141,7 @@ pub fn gelu(x: &Tensor, approx: Gelu) -> Result<Tensor> {
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn gelu_backward(dy: &Tensor, x: &Tensor, approx: Gelu) -> Result<Tensor> {
-    binary("gelu_backward", Kernel::GeluBwdF32, dy, x, &[KArg::U32(approx.flag())], move |d, v| {
+    binary("gelu_backward", BuiltinKernel::GeluBwdF32, dy, x, &[KArg::U32(approx.flag())], move |d, v| {
         cpu::gelu_backward(d, v, approx)
     })
 }

@@ -1,6 +1,6 @@
 //! Fill, copy, axpy and scale: the ops the runtime itself needs.
 
-use crate::backend::{KArg, Kernel, LaunchDims};
+use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{check_same, check_shape, exec, n32, Exec};
 use crate::{Result, Tensor};
 
@@ -20,13 +20,13 @@ pub fn fill_(y: &Tensor, value: f32) -> Result<()> {
     match exec(y.device()) {
         Exec::Host(h) => {
             let yp = y.host_ptr()?;
-            h.run(Kernel::FillF32, move || {
+            h.run(BuiltinKernel::FillF32, move || {
                 yp.write(&vec![value; yp.len]);
                 Ok(())
             })
         }
         Exec::Cuda(c) => c.launch(
-            Kernel::FillF32,
+            BuiltinKernel::FillF32,
             LaunchDims::elementwise(n as usize),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(value), KArg::U32(n)],
         ),
@@ -57,7 +57,7 @@ pub fn axpy_(y: &Tensor, a: f32, x: &Tensor) -> Result<()> {
     match exec(y.device()) {
         Exec::Host(h) => {
             let (yp, xp) = (y.host_ptr()?, x.host_ptr()?);
-            h.run(Kernel::AxpyF32, move || {
+            h.run(BuiltinKernel::AxpyF32, move || {
                 let (xs, mut ys) = (xp.read(), yp.read());
                 for (yv, xv) in ys.iter_mut().zip(&xs) {
                     *yv = a.mul_add(*xv, *yv);
@@ -67,7 +67,7 @@ pub fn axpy_(y: &Tensor, a: f32, x: &Tensor) -> Result<()> {
             })
         }
         Exec::Cuda(c) => c.launch(
-            Kernel::AxpyF32,
+            BuiltinKernel::AxpyF32,
             LaunchDims::elementwise(n as usize),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
         ),
@@ -81,14 +81,14 @@ pub fn scale_(y: &Tensor, a: f32) -> Result<()> {
     match exec(y.device()) {
         Exec::Host(h) => {
             let yp = y.host_ptr()?;
-            h.run(Kernel::ScaleF32, move || {
+            h.run(BuiltinKernel::ScaleF32, move || {
                 let v: Vec<f32> = yp.read().into_iter().map(|v| v * a).collect();
                 yp.write(&v);
                 Ok(())
             })
         }
         Exec::Cuda(c) => c.launch(
-            Kernel::ScaleF32,
+            BuiltinKernel::ScaleF32,
             LaunchDims::elementwise(n as usize),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
         ),

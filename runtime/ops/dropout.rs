@@ -1,6 +1,6 @@
 //! Dropout with a graph-safe mask from the Philox generator.
 
-use crate::backend::{KArg, Kernel, LaunchDims};
+use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::activation::binary;
 use crate::ops::{check_same, cpu, exec, n32, Exec};
 use crate::{Error, Generator, Result, Tensor};
@@ -52,7 +52,7 @@ pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(T
     match exec(x.device()) {
         Exec::Host(h) => {
             let (xp, yp, mp, st) = (x.host_ptr()?, y.host_ptr()?, mask.host_ptr()?, gen.state().host_ptr()?);
-            h.run(Kernel::DropoutF32, move || {
+            h.run(BuiltinKernel::DropoutF32, move || {
                 let (seed, offset) = crate::rng::decode_state(&st.read_u32());
                 let m = cpu::dropout_mask(seed, offset, n as usize, p);
                 yp.write(&cpu::mul(&xp.read(), &m));
@@ -61,7 +61,7 @@ pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(T
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            Kernel::DropoutF32,
+            BuiltinKernel::DropoutF32,
             LaunchDims::elementwise(n as usize),
             &[
                 KArg::Ptr(y.cuda_ptr()?),
@@ -89,5 +89,5 @@ pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(T
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn dropout_backward(dy: &Tensor, mask: &Tensor) -> Result<Tensor> {
-    binary("dropout_backward", Kernel::MulF32, dy, mask, &[], cpu::mul)
+    binary("dropout_backward", BuiltinKernel::MulF32, dy, mask, &[], cpu::mul)
 }

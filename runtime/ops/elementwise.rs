@@ -1,7 +1,7 @@
 //! Out-of-place arithmetic and deterministic full reductions.
 
 use crate::backend::LaunchDims;
-use crate::backend::{KArg, Kernel};
+use crate::backend::{BuiltinKernel, KArg};
 use crate::ops::activation::binary;
 use crate::ops::{check_same, cpu, cuda_reduce, exec, n32, Exec};
 use crate::{Result, Tensor};
@@ -17,7 +17,7 @@ use crate::{Result, Tensor};
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary("add", Kernel::AddF32, a, b, &[], cpu::add)
+    binary("add", BuiltinKernel::AddF32, a, b, &[], cpu::add)
 }
 
 /// `a * b`, elementwise (same shapes; no broadcasting).
@@ -31,7 +31,7 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary("mul", Kernel::MulF32, a, b, &[], cpu::mul)
+    binary("mul", BuiltinKernel::MulF32, a, b, &[], cpu::mul)
 }
 
 /// `x * a` into a new tensor (see [`crate::ops::scale_`] for the in-place version).
@@ -50,13 +50,13 @@ pub fn scale(x: &Tensor, a: f32) -> Result<Tensor> {
     match exec(x.device()) {
         Exec::Host(h) => {
             let (xp, yp) = (x.host_ptr()?, y.host_ptr()?);
-            h.run(Kernel::ScaleOutF32, move || {
+            h.run(BuiltinKernel::ScaleOutF32, move || {
                 yp.write(&cpu::scale(&xp.read(), a));
                 Ok(())
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            Kernel::ScaleOutF32,
+            BuiltinKernel::ScaleOutF32,
             LaunchDims::elementwise(n as usize),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
         )?,
@@ -79,7 +79,15 @@ fn reduce(op: &'static str, x: &Tensor, mean: bool) -> Result<Tensor> {
         }
         Exec::Cuda(c) => {
             let scale = if mean { 1.0 / n as f32 } else { 1.0 };
-            cuda_reduce(c, x.device(), Kernel::SumPartialF32, &[KArg::Ptr(x.cuda_ptr()?)], n, y.cuda_ptr()?, scale)?;
+            cuda_reduce(
+                c,
+                x.device(),
+                BuiltinKernel::SumPartialF32,
+                &[KArg::Ptr(x.cuda_ptr()?)],
+                n,
+                y.cuda_ptr()?,
+                scale,
+            )?;
         }
     }
     Ok(y)

@@ -1,6 +1,6 @@
 //! Linear layers through cuBLAS, and the bias add and bias grad around them.
 
-use crate::backend::{KArg, Kernel, LaunchDims};
+use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{as_rows, check_rank1, check_same, check_shape, check_vector, col_dims, cpu, exec, n32, Exec};
 use crate::{Error, Result, Tensor};
 
@@ -89,7 +89,7 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
             c.sgemm(true, false, out, rows, input, 1.0, w.cuda_ptr()?, input, x.cuda_ptr()?, input, 0.0, yp, out)?;
             if let Some(b) = b {
                 c.launch(
-                    Kernel::BiasAddF32,
+                    BuiltinKernel::BiasAddF32,
                     LaunchDims::elementwise(n as usize),
                     &[KArg::Ptr(yp), KArg::Ptr(yp), KArg::Ptr(b.cuda_ptr()?), KArg::U32(n), KArg::U32(out as u32)],
                 )?;
@@ -179,7 +179,7 @@ pub fn linear_backward(
             c.sgemm(false, true, input, out, rows, 1.0, xp, input, dyp, out, 1.0, dw.cuda_ptr()?, input)?;
             if let Some(db) = db {
                 c.launch(
-                    Kernel::ColSumAccF32,
+                    BuiltinKernel::ColSumAccF32,
                     col_dims(out),
                     &[KArg::Ptr(db.cuda_ptr()?), KArg::Ptr(dyp), KArg::U32(rows as u32), KArg::U32(out as u32)],
                 )?;
@@ -215,13 +215,13 @@ pub fn bias_add(x: &Tensor, b: &Tensor) -> Result<Tensor> {
     match exec(x.device()) {
         Exec::Host(h) => {
             let (xp, bp, yp) = (x.host_ptr()?, b.host_ptr()?, y.host_ptr()?);
-            h.run(Kernel::BiasAddF32, move || {
+            h.run(BuiltinKernel::BiasAddF32, move || {
                 yp.write(&cpu::bias_add(&xp.read(), &bp.read(), d));
                 Ok(())
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            Kernel::BiasAddF32,
+            BuiltinKernel::BiasAddF32,
             LaunchDims::elementwise(n as usize),
             &[
                 KArg::Ptr(y.cuda_ptr()?),

@@ -1,6 +1,6 @@
 //! Losses: softmax cross-entropy and mean squared error.
 
-use crate::backend::{KArg, Kernel, LaunchDims};
+use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{check_same, check_shape, cpu, cuda_reduce, exec, n32, row_dims, Exec};
 use crate::{Error, Result, Tensor};
 
@@ -81,7 +81,7 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
     match exec(logits.device()) {
         Exec::Host(h) => {
             let (xp, lp, lossp, pp) = (logits.host_ptr()?, labels.host_ptr()?, loss.host_ptr()?, probs.host_ptr()?);
-            h.run(Kernel::SoftmaxXentF32, move || {
+            h.run(BuiltinKernel::SoftmaxXentF32, move || {
                 let (l, p) = cpu::softmax_cross_entropy(&xp.read(), &lp.read(), classes)?;
                 lossp.write(&[l]);
                 pp.write(&p);
@@ -91,7 +91,7 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
         Exec::Cuda(c) => {
             let row_loss = Tensor::empty(logits.device(), &[rows])?;
             c.launch(
-                Kernel::SoftmaxXentF32,
+                BuiltinKernel::SoftmaxXentF32,
                 row_dims(rows, classes),
                 &[
                     KArg::Ptr(probs.cuda_ptr()?),
@@ -106,7 +106,7 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
             cuda_reduce(
                 c,
                 logits.device(),
-                Kernel::SumPartialF32,
+                BuiltinKernel::SumPartialF32,
                 &[KArg::Ptr(row_loss.cuda_ptr()?)],
                 rows32,
                 loss.cuda_ptr()?,
@@ -138,13 +138,13 @@ pub fn softmax_cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss_sca
     match exec(probs.device()) {
         Exec::Host(h) => {
             let (pp, lp, dp) = (probs.host_ptr()?, labels.host_ptr()?, d.host_ptr()?);
-            h.run(Kernel::SoftmaxXentBwdF32, move || {
+            h.run(BuiltinKernel::SoftmaxXentBwdF32, move || {
                 dp.write(&cpu::softmax_cross_entropy_backward(&pp.read(), &lp.read(), classes, dloss_scale)?);
                 Ok(())
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            Kernel::SoftmaxXentBwdF32,
+            BuiltinKernel::SoftmaxXentBwdF32,
             LaunchDims::elementwise(rows * classes),
             &[
                 KArg::Ptr(d.cuda_ptr()?),
@@ -187,7 +187,7 @@ pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
         Exec::Cuda(c) => cuda_reduce(
             c,
             pred.device(),
-            Kernel::SqdiffPartialF32,
+            BuiltinKernel::SqdiffPartialF32,
             &[KArg::Ptr(pred.cuda_ptr()?), KArg::Ptr(target.cuda_ptr()?)],
             n,
             loss.cuda_ptr()?,
@@ -217,13 +217,13 @@ pub fn mse_backward(pred: &Tensor, target: &Tensor, dloss_scale: f32) -> Result<
     match exec(pred.device()) {
         Exec::Host(h) => {
             let (pp, tp, dp) = (pred.host_ptr()?, target.host_ptr()?, d.host_ptr()?);
-            h.run(Kernel::MseBwdF32, move || {
+            h.run(BuiltinKernel::MseBwdF32, move || {
                 dp.write(&cpu::mse_backward(&pp.read(), &tp.read(), dloss_scale));
                 Ok(())
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            Kernel::MseBwdF32,
+            BuiltinKernel::MseBwdF32,
             LaunchDims::elementwise(n as usize),
             &[
                 KArg::Ptr(d.cuda_ptr()?),

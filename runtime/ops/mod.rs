@@ -21,7 +21,7 @@ pub use linear::{bias_add, linear, linear_backward};
 pub use loss::{mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels};
 pub use norm::{layer_norm, layer_norm_backward};
 
-use crate::backend::{BackendKind, CudaBackend, HostBackend, KArg, Kernel, LaunchDims};
+use crate::backend::{BackendKind, BuiltinKernel, CudaBackend, HostBackend, KArg, LaunchDims};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// The backend an op runs on, borrowed from the device.
@@ -91,7 +91,7 @@ pub(crate) fn reduce_blocks(n: usize) -> u32 {
 pub(crate) fn cuda_reduce(
     c: &CudaBackend,
     device: &Device,
-    partial_kernel: Kernel,
+    partial_kernel: BuiltinKernel,
     inputs: &[KArg],
     n: u32,
     out: u64,
@@ -106,7 +106,7 @@ pub(crate) fn cuda_reduce(
     args.push(KArg::U32(n));
     c.launch(partial_kernel, LaunchDims { grid: (blocks, 1, 1), block: (256, 1, 1), shared: 0 }, &args)?;
     c.launch(
-        Kernel::SumFinalF32,
+        BuiltinKernel::SumFinalF32,
         LaunchDims { grid: (1, 1, 1), block: (256, 1, 1), shared: 0 },
         &[KArg::Ptr(out), KArg::Ptr(pp), KArg::U32(blocks), KArg::F32(scale)],
     )

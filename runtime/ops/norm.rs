@@ -1,6 +1,6 @@
 //! Layer normalization over the last dimension.
 
-use crate::backend::{KArg, Kernel};
+use crate::backend::{BuiltinKernel, KArg};
 use crate::ops::{
     as_rows, check_rank1, check_same, check_shape, check_vector, col_dims, cpu, exec, n32, row_dims, Exec,
 };
@@ -44,7 +44,7 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
         Exec::Host(h) => {
             let (xp, gp, bp) = (x.host_ptr()?, gamma.host_ptr()?, beta.host_ptr()?);
             let (yp, mp, rp) = (y.host_ptr()?, mean.host_ptr()?, rstd.host_ptr()?);
-            h.run(Kernel::LayerNormF32, move || {
+            h.run(BuiltinKernel::LayerNormF32, move || {
                 let (yv, mv, rv) = cpu::layer_norm(&xp.read(), &gp.read(), &bp.read(), d, eps);
                 yp.write(&yv);
                 mp.write(&mv);
@@ -53,7 +53,7 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            Kernel::LayerNormF32,
+            BuiltinKernel::LayerNormF32,
             row_dims(rows, d),
             &[
                 KArg::Ptr(y.cuda_ptr()?),
@@ -116,7 +116,7 @@ pub fn layer_norm_backward(
             let (dyp, xp, gp, mp, rp) =
                 (dy.host_ptr()?, x.host_ptr()?, gamma.host_ptr()?, mean.host_ptr()?, rstd.host_ptr()?);
             let (dgp, dbp, dxp) = (dgamma.host_ptr()?, dbeta.host_ptr()?, dx.host_ptr()?);
-            h.run(Kernel::LayerNormBwdF32, move || {
+            h.run(BuiltinKernel::LayerNormBwdF32, move || {
                 let (mut dg, mut db) = (dgp.read(), dbp.read());
                 let v = cpu::layer_norm_backward(
                     &dyp.read(),
@@ -137,7 +137,7 @@ pub fn layer_norm_backward(
         Exec::Cuda(c) => {
             let (dyp, xp, mp, rp) = (dy.cuda_ptr()?, x.cuda_ptr()?, mean.cuda_ptr()?, rstd.cuda_ptr()?);
             c.launch(
-                Kernel::LayerNormBwdF32,
+                BuiltinKernel::LayerNormBwdF32,
                 row_dims(rows, d),
                 &[
                     KArg::Ptr(dx.cuda_ptr()?),
@@ -151,7 +151,7 @@ pub fn layer_norm_backward(
                 ],
             )?;
             c.launch(
-                Kernel::LayerNormBwdParamsF32,
+                BuiltinKernel::LayerNormBwdParamsF32,
                 col_dims(d),
                 &[
                     KArg::Ptr(dgamma.cuda_ptr()?),

@@ -50,6 +50,27 @@ pub mod layers {
         }
     }
 
+    /// A module with parameters, nested, optional, repeated, generic and skipped.
+    #[derive(graphed::Parameters)]
+    pub struct Weights<T> {
+        /// A weight.
+        pub w: graphed::Param,
+        /// Layers.
+        pub layers: Vec<[graphed::Param; 2]>,
+        /// A bias.
+        pub b: Option<graphed::Param>,
+        /// Generic parameters.
+        pub extra: T,
+        /// Not a parameter.
+        pub scale: f32,
+        /// Renamed.
+        #[param(rename = "gain")]
+        pub g: graphed::Param,
+        /// Skipped.
+        #[param(skip)]
+        pub cache: graphed::Param,
+    }
+
     /// Two chunks.
     #[graphed(warmup = 3, order = [1, 2, -2, -1])]
     pub struct TwoStage {

@@ -240,6 +240,11 @@ const _: () = {
             }
             ::graphed::__private::Ok(())
         }
+        fn visit_params(&self, __f: &mut dyn FnMut(&str, &::graphed::__private::Param)) {
+            #[allow(unused_imports)]
+            use ::graphed::__private::{ParamsViaNothing as _, ParamsViaTrait as _};
+            (&&::graphed::__private::ParamsProbe(self)).__graphed_visit_params("", __f)
+        }
     }
     #[automatically_derived]
     impl BlockInputs {
@@ -549,6 +554,15 @@ const _: () = {
         /// the eager forward otherwise.
         pub fn eval(&mut self) {
             self.__modules.eval();
+        }
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::fmt::Debug for GraphedBlock {
+        fn fmt(
+            &self,
+            f: &mut ::graphed::__private::fmt::Formatter<'_>,
+        ) -> ::graphed::__private::fmt::Result {
+            ::graphed::__private::fmt::Debug::fmt(&self.__modules, f)
         }
     }
 };

@@ -167,6 +167,11 @@ const _: () = {
                 ],
             )
         }
+        fn visit_params(&self, __f: &mut dyn FnMut(&str, &::graphed::__private::Param)) {
+            #[allow(unused_imports)]
+            use ::graphed::__private::{ParamsViaNothing as _, ParamsViaTrait as _};
+            (&&::graphed::__private::ParamsProbe(self)).__graphed_visit_params("", __f)
+        }
     }
     #[automatically_derived]
     impl LinearInputs {
@@ -422,6 +427,15 @@ const _: () = {
         /// the eager forward otherwise.
         pub fn eval(&mut self) {
             self.__modules.eval();
+        }
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::fmt::Debug for GraphedLinear {
+        fn fmt(
+            &self,
+            f: &mut ::graphed::__private::fmt::Formatter<'_>,
+        ) -> ::graphed::__private::fmt::Result {
+            ::graphed::__private::fmt::Debug::fmt(&self.__modules, f)
         }
     }
 };

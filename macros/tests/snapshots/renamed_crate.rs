@@ -163,6 +163,11 @@ const _: () = {
                 ],
             )
         }
+        fn visit_params(&self, __f: &mut dyn FnMut(&str, &renamed::__private::Param)) {
+            #[allow(unused_imports)]
+            use renamed::__private::{ParamsViaNothing as _, ParamsViaTrait as _};
+            (&&renamed::__private::ParamsProbe(self)).__graphed_visit_params("", __f)
+        }
     }
     #[automatically_derived]
     impl ScaleInputs {
@@ -405,6 +410,15 @@ const _: () = {
         /// the eager forward otherwise.
         pub fn eval(&mut self) {
             self.__modules.eval();
+        }
+    }
+    #[automatically_derived]
+    impl renamed::__private::fmt::Debug for GraphedScale {
+        fn fmt(
+            &self,
+            f: &mut renamed::__private::fmt::Formatter<'_>,
+        ) -> renamed::__private::fmt::Result {
+            renamed::__private::fmt::Debug::fmt(&self.__modules, f)
         }
     }
 };

@@ -219,4 +219,13 @@ const _: () = {
             self.__modules.eval();
         }
     }
+    #[automatically_derived]
+    impl ::graphed::__private::fmt::Debug for GraphedTwoStage {
+        fn fmt(
+            &self,
+            f: &mut ::graphed::__private::fmt::Formatter<'_>,
+        ) -> ::graphed::__private::fmt::Result {
+            ::graphed::__private::fmt::Debug::fmt(&self.__modules, f)
+        }
+    }
 };

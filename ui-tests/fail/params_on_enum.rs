@@ -1,0 +1,8 @@
+use graphed::{Param, Parameters};
+
+#[derive(Parameters)]
+enum Net {
+    A(Param),
+}
+
+fn main() {}
