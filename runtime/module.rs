@@ -60,6 +60,13 @@ pub trait Module: std::any::Any {
         let _ = f;
     }
 
+    /// Whether [`Module::visit_params`] sees the module's parameters (the type derives
+    /// [`crate::Parameters`]). When it does not, `make_graphed` cannot tell whether a parameter
+    /// needs a grad, so a training-mode capture always captures backward.
+    fn exposes_params(&self) -> bool {
+        false
+    }
+
     /// Runs the hooks of one kind that the module declares with `#[capture_time_hook]`.
     fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
         let _ = kind;

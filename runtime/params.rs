@@ -147,11 +147,15 @@ pub struct ParamsProbe<'a, T: ?Sized>(pub &'a T);
 #[doc(hidden)]
 pub trait ParamsViaTrait {
     fn __graphed_visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param));
+    fn __graphed_has_params(&self) -> bool;
 }
 
 impl<T: Parameters + ?Sized> ParamsViaTrait for &ParamsProbe<'_, T> {
     fn __graphed_visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
         self.0.visit_params(prefix, f);
+    }
+    fn __graphed_has_params(&self) -> bool {
+        true
     }
 }
 
@@ -159,6 +163,9 @@ impl<T: Parameters + ?Sized> ParamsViaTrait for &ParamsProbe<'_, T> {
 pub trait ParamsViaNothing {
     fn __graphed_visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
         let _ = (prefix, f);
+    }
+    fn __graphed_has_params(&self) -> bool {
+        false
     }
 }
 

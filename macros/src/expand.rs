@@ -398,6 +398,12 @@ fn expand_impl(item: &ItemImpl, model: &ModuleModel) -> TokenStream {
                 use #private::{ParamsViaNothing as _, ParamsViaTrait as _};
                 (&&#private::ParamsProbe(self)).__graphed_visit_params("", __f)
             }
+
+            fn exposes_params(&self) -> bool {
+                #[allow(unused_imports)]
+                use #private::{ParamsViaNothing as _, ParamsViaTrait as _};
+                (&&#private::ParamsProbe(self)).__graphed_has_params()
+            }
         }
     };
 

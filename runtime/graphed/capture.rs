@@ -105,11 +105,14 @@ pub fn make_graphed(
     samples: Samples,
     options: GraphOptions,
 ) -> std::result::Result<GraphedModules, CaptureError<Modules>> {
-    let (device, schedule) = match validate(&modules, &samples, &options) {
+    let has_backward = options.training && needs_backward(&modules, &samples);
+    let (device, schedule) = match validate(&modules, &samples, &options, has_backward) {
         Ok(v) => v,
         Err(e) => return Err(CaptureError::new(e, modules)),
     };
-    let rng_state = match device.rng().and_then(|g| g.save()) {
+    // Warm-up and capture draw random numbers and run backwards: save what they would change.
+    let saved = device.rng().and_then(|g| g.save()).and_then(|rng| Ok((rng, GradSnapshot::take(&modules)?)));
+    let (rng_state, grads) = match saved {
         Ok(s) => s,
         Err(e) => return Err(CaptureError::new(e, modules)),
     };
@@ -123,6 +126,7 @@ pub fn make_graphed(
         next_forward: vec![0; chunks],
         pending: (0..chunks).map(|_| VecDeque::new()).collect(),
         captured_training: options.training,
+        has_backward,
         training: options.training,
         capture_time: Duration::ZERO,
         modules,
@@ -135,8 +139,12 @@ pub fn make_graphed(
         }
         g.iterate(&schedule, Phase::Capture)
     });
-    // Warm-up and capture drew numbers: put the state back either way.
-    let restored = device.rng().and_then(|r| r.restore(&rng_state)).and_then(|()| device.synchronize());
+    // Put the RNG state and the parameter grads back, whether the capture worked or not.
+    let restored = device
+        .rng()
+        .and_then(|r| r.restore(&rng_state))
+        .and_then(|()| grads.restore())
+        .and_then(|()| device.synchronize());
     match captured.and(restored) {
         Ok(()) => {
             g.compute_clobbers();
@@ -150,8 +158,45 @@ pub fn make_graphed(
     }
 }
 
+/// Whether a training-mode capture needs backward graphs: some sample input requires a grad,
+/// or some parameter does, or a module does not expose its parameters (so nobody can tell).
+/// Otherwise only forwards are captured (PyTorch #124582) and backward is `Error::ForwardOnly`.
+fn needs_backward(modules: &Modules, samples: &Samples) -> bool {
+    let input_needs = samples.iter().flatten().flatten().flatten().any(Tensor::requires_grad);
+    let param_needs = modules.iter().any(|m| {
+        let mut any = !m.exposes_params();
+        m.visit_params(&mut |_, p| any |= p.requires_grad());
+        any
+    });
+    input_needs || param_needs
+}
+
+/// Copies of every exposed parameter grad, taken before warm-up (whose backwards run on zero
+/// grad outputs, but a module's backward may do anything) and written back after capture.
+struct GradSnapshot(Vec<(Tensor, Tensor)>);
+
+impl GradSnapshot {
+    fn take(modules: &Modules) -> Result<GradSnapshot> {
+        let mut grads = Vec::new();
+        for m in modules {
+            m.visit_params(&mut |_, p| grads.push(p.grad.clone()));
+        }
+        let copies = grads.into_iter().map(|g| Ok((g.deep_clone()?, g))).collect::<Result<_>>()?;
+        Ok(GradSnapshot(copies))
+    }
+
+    fn restore(&self) -> Result<()> {
+        self.0.iter().try_for_each(|(copy, grad)| grad.copy_(copy))
+    }
+}
+
 /// Everything `make_graphed` can check before it runs anything: the device and the schedule.
-fn validate(modules: &Modules, samples: &Samples, options: &GraphOptions) -> Result<(Device, Schedule)> {
+fn validate(
+    modules: &Modules,
+    samples: &Samples,
+    options: &GraphOptions,
+    has_backward: bool,
+) -> Result<(Device, Schedule)> {
     let chunks = modules.len();
     if chunks == 0 {
         return Err(Error::invalid("make_graphed", "no modules"));
@@ -176,7 +221,7 @@ fn validate(modules: &Modules, samples: &Samples, options: &GraphOptions) -> Res
     if device.is_capturing() {
         return Err(Error::IllegalDuringCapture { op: "make_graphed" });
     }
-    let schedule = Schedule::new(options.order.as_deref(), chunks, options.training)?;
+    let schedule = Schedule::new(options.order.as_deref(), chunks, has_backward)?;
     for (c, (m, s)) in modules.iter().zip(samples).enumerate() {
         if s.is_empty() || (s.len() != 1 && s.len() != schedule.microbatches()) {
             return Err(Error::invalid(

@@ -57,7 +57,11 @@ pub struct GraphedModules {
     surfaces: Vec<Vec<Surface>>,
     next_forward: Vec<usize>,
     pending: Vec<VecDeque<Pending>>,
+    /// The mode the graphs were captured in (dropout on or off).
     captured_training: bool,
+    /// Whether backward graphs were captured: false for inference, and for training-mode
+    /// captures where neither an input nor a parameter needs a grad.
+    has_backward: bool,
     training: bool,
     options: GraphOptions,
     capture_time: Duration,
@@ -110,9 +114,10 @@ impl GraphedModules {
         self.training
     }
 
-    /// Whether backward graphs were captured (false for a forward-only capture).
+    /// Whether backward graphs were captured (false for a forward-only capture: inference, or
+    /// nothing needed a grad).
     pub fn has_backward(&self) -> bool {
-        self.captured_training
+        self.has_backward
     }
 
     /// The module of `chunk`, if it is a `T`.

@@ -120,7 +120,7 @@ impl GraphedModules {
         for t in &s.forward_clobbers {
             t.bump_generation();
         }
-        if self.captured_training {
+        if self.has_backward {
             self.pending[chunk].push_back(Pending::Graphed(m));
         }
         Ok(s.outputs.iter().map(|o| o.as_ref().map(Tensor::refreshed)).collect())
@@ -147,7 +147,7 @@ impl GraphedModules {
         let _ = cx;
         self.check_chunk(chunk)?;
         let m = match self.pending[chunk].front() {
-            None if !self.captured_training && self.training == self.captured_training => {
+            None if !self.has_backward && self.training == self.captured_training => {
                 return Err(Error::ForwardOnly { module: self.modules[chunk].name().into() })
             }
             None => return Err(Error::NoPendingForward { module: self.modules[chunk].name().into() }),

@@ -172,6 +172,11 @@ const _: () = {
             use ::graphed::__private::{ParamsViaNothing as _, ParamsViaTrait as _};
             (&&::graphed::__private::ParamsProbe(self)).__graphed_visit_params("", __f)
         }
+        fn exposes_params(&self) -> bool {
+            #[allow(unused_imports)]
+            use ::graphed::__private::{ParamsViaNothing as _, ParamsViaTrait as _};
+            (&&::graphed::__private::ParamsProbe(self)).__graphed_has_params()
+        }
     }
     #[automatically_derived]
     impl LinearInputs {

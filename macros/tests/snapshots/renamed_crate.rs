@@ -168,6 +168,11 @@ const _: () = {
             use renamed::__private::{ParamsViaNothing as _, ParamsViaTrait as _};
             (&&renamed::__private::ParamsProbe(self)).__graphed_visit_params("", __f)
         }
+        fn exposes_params(&self) -> bool {
+            #[allow(unused_imports)]
+            use renamed::__private::{ParamsViaNothing as _, ParamsViaTrait as _};
+            (&&renamed::__private::ParamsProbe(self)).__graphed_has_params()
+        }
     }
     #[automatically_derived]
     impl ScaleInputs {
