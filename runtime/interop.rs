@@ -12,15 +12,19 @@
 //! on anything that would need the work to have happened. While [`Device::is_capturing`]:
 //!
 //! - Legal: launching kernels on `cuda_stream()` (through `launch_builder` or the driver
-//!   API), `cuMemcpyAsync`/`cuMemsetAsync` between device buffers on that stream, reading
+//!   API; a [`crate::Kernel`] once compiled for the device), `cuMemcpyAsync`/`cuMemsetAsync` between device buffers on that stream, reading
 //!   [`Tensor::cuda_device_ptr`] and wrapping an existing slice with
 //!   [`Tensor::from_cuda_slice`] (neither touches the stream).
-//! - Illegal: synchronous allocation or free (`cuMemAlloc`, `alloc_zeros`, `clone_htod`, or
-//!   dropping a `CudaSlice`, which frees; graphed parks slices dropped during a capture and
-//!   frees them after it), copies from or to pageable host memory (`memcpy_htod` from a
-//!   `Vec`, `memcpy_dtov`), `synchronize()` on the stream, the context or an event, event
-//!   queries, and work on another stream that does not join the capture through events.
-//!   Allocate, upload and compile before capturing (the warm-up is the place).
+//! - Illegal: synchronous allocation or free (`cuMemAlloc`, `cuMemFree`), copies from or to
+//!   pageable host memory (`clone_htod`/`memcpy_htod` from a `Vec` or slice, `memcpy_dtov`),
+//!   `synchronize()` on the stream, the context or an event, event queries, and work on another
+//!   stream that does not join the capture through events. Dropping a `CudaSlice` frees it:
+//!   graphed parks slices whose tensor is dropped during a capture and frees them afterwards,
+//!   but a bare `CudaSlice` of yours must not be dropped inside one.
+//! - Avoid even where CUDA allows it: stream-ordered allocations (`cuMemAllocAsync`, which
+//!   cudarc's `alloc_zeros` uses when the device supports it) become memory nodes owned by the
+//!   graph, outside graphed's pool and its replay-order checks. Allocate, upload and compile
+//!   before capturing (the warm-up is the place).
 //! - A capture records addresses: a buffer a graph reads must outlive the graph and stay at
 //!   its address. Pass inputs through the module's arguments (they are copied into static
 //!   buffers) rather than capturing pointers of short-lived slices.

@@ -140,6 +140,8 @@ pub fn check_kernel_against_host(
                 Arg::TensorInOut => KernelArg::InOut(t),
                 _ => KernelArg::In(t),
             },
+            // Every tensor entry has its tensor; were one missing, the launch's kind check
+            // would refuse this stand-in.
             (CheckArg::Tensor(_), None) => KernelArg::F32(f32::NAN),
         })
         .collect();

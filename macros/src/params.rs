@@ -9,7 +9,7 @@
 
 use std::collections::HashSet;
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{Attribute, Data, DeriveInput, Fields, Ident, LitStr};
@@ -85,7 +85,7 @@ fn mentions_generic(ty: &syn::Type, params: &HashSet<Ident>) -> bool {
 
 fn visited_fields<'a>(cx: &mut Ctxt, fields: &'a Fields, generics: &HashSet<Ident>) -> Vec<Visited<'a>> {
     let mut out = Vec::new();
-    let mut names: Vec<(String, Span)> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
     for (index, field) in fields.iter().enumerate() {
         let attrs = field_attrs(cx, &field.attrs);
         if let Some(skip) = &attrs.skip {
@@ -111,10 +111,10 @@ fn visited_fields<'a>(cx: &mut Ctxt, fields: &'a Fields, generics: &HashSet<Iden
                 span,
                 format_args!("parameter name `{name}` must be non-empty and have no `.` (dots separate path segments)"),
             );
-        } else if names.iter().any(|(n, _)| *n == name) {
+        } else if names.contains(&name) {
             cx.error_at(span, format_args!("a second field is named `{name}`; every parameter path must be unique"));
         }
-        names.push((name.clone(), span));
+        names.push(name.clone());
         let generic = mentions_generic(&field.ty, generics);
         out.push(Visited { member, name, ty: &field.ty, direct: attrs.nested.is_some() || generic, generic });
     }
