@@ -7,8 +7,10 @@
 //! While a thread captures, only that thread passes; the others wait until the capture ends
 //! (with a deadline, so a capture that never ends is an error, not a hang). A capture begins
 //! only once no other thread is inside a primitive, so none of their work is half-captured.
+//! Without a capture, passing the gate costs two atomic operations.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -40,34 +42,39 @@ pub fn is_capturing() -> bool {
 struct GateState {
     /// The capture in progress: its mode and the thread that owns it.
     capture: Option<(CaptureMode, ThreadId)>,
-    /// Threads inside a primitive right now, with how many nested entries each.
-    inside: Vec<(ThreadId, usize)>,
+    /// A thread waiting for the stream to drain before its capture begins.
+    beginning: Option<ThreadId>,
 }
 
 /// The capture state of one stream and the gate every stream primitive passes.
+///
+/// The common case, no capture anywhere, costs two atomic operations per primitive: `inside`
+/// counts the primitives in progress and `capturing` says whether a capture is in progress or
+/// about to begin. Both are sequentially consistent, so either a primitive sees `capturing`
+/// (and takes the slow path under the lock) or the beginning capture sees it inside (and waits
+/// for it to leave).
 #[derive(Debug, Default)]
 pub(crate) struct StreamGate {
+    inside: AtomicUsize,
+    capturing: AtomicBool,
     state: Mutex<GateState>,
     changed: Condvar,
 }
 
 /// Held while a primitive runs; leaving wakes a thread waiting to begin a capture.
 pub(crate) struct Entered<'a> {
-    gate: &'a StreamGate,
-    thread: ThreadId,
+    /// `None` for the capturing thread's own primitives, which nobody waits for.
+    gate: Option<&'a StreamGate>,
 }
 
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
-        let mut st = self.gate.lock();
-        if let Some(i) = st.inside.iter().position(|(t, _)| *t == self.thread) {
-            st.inside[i].1 -= 1;
-            if st.inside[i].1 == 0 {
-                st.inside.swap_remove(i);
+        if let Some(gate) = self.gate {
+            let left = gate.inside.fetch_sub(1, Ordering::SeqCst) - 1;
+            if left == 0 && gate.capturing.load(Ordering::SeqCst) {
+                gate.notify();
             }
         }
-        drop(st);
-        self.gate.changed.notify_all();
     }
 }
 
@@ -76,15 +83,20 @@ impl StreamGate {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn notify(&self) {
+        drop(self.lock());
+        self.changed.notify_all();
+    }
+
     /// Waits until `ready` holds for the state, or the deadline passes.
     fn wait_until<'a>(
         &'a self,
         mut st: MutexGuard<'a, GateState>,
         what: &'static str,
-        ready: impl Fn(&GateState) -> bool,
+        ready: impl Fn(&StreamGate, &GateState) -> bool,
     ) -> Result<MutexGuard<'a, GateState>> {
         let deadline = Instant::now() + WAIT_FOR_CAPTURE;
-        while !ready(&st) {
+        while !ready(self, &st) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(Error::DeviceBusy { waiting: what, waited: WAIT_FOR_CAPTURE });
@@ -97,19 +109,29 @@ impl StreamGate {
     /// Enters a primitive: passes at once on the capturing thread or when nothing captures,
     /// otherwise waits for the other thread's capture to end.
     pub(crate) fn enter(&self) -> Result<Entered<'_>> {
-        let me = std::thread::current().id();
-        let st = self.lock();
-        let mut st =
-            self.wait_until(st, "another thread's capture to end", |s| s.capture.is_none_or(|(_, owner)| owner == me))?;
-        match st.inside.iter_mut().find(|(t, _)| *t == me) {
-            Some(entry) => entry.1 += 1,
-            None => st.inside.push((me, 1)),
+        loop {
+            self.inside.fetch_add(1, Ordering::SeqCst);
+            if !self.capturing.load(Ordering::SeqCst) {
+                return Ok(Entered { gate: Some(self) });
+            }
+            // A capture is in progress or beginning: step back out and look under the lock.
+            drop(Entered { gate: Some(self) });
+            let me = std::thread::current().id();
+            let st = self.lock();
+            if st.capture.is_some_and(|(_, owner)| owner == me) {
+                return Ok(Entered { gate: None });
+            }
+            let _st = self.wait_until(st, "another thread's capture to end", |_, s| {
+                s.capture.is_none() && s.beginning.is_none()
+            })?;
         }
-        Ok(Entered { gate: self, thread: me })
     }
 
     /// The capture mode in progress, if the calling thread is the one capturing.
     pub(crate) fn my_capture(&self) -> Option<CaptureMode> {
+        if !self.capturing.load(Ordering::SeqCst) {
+            return None;
+        }
         let me = std::thread::current().id();
         self.lock().capture.filter(|(_, owner)| *owner == me).map(|(mode, _)| mode)
     }
@@ -122,13 +144,37 @@ impl StreamGate {
         if st.capture.is_some_and(|(_, owner)| owner == me) {
             return Err(Error::AlreadyCapturing { graph: "this device's stream".into() });
         }
-        let mut st = self.wait_until(st, "other threads' work to leave the stream", |s| {
-            s.capture.is_none() && s.inside.iter().all(|(t, _)| *t == me)
-        })?;
-        start()?;
+        let mut st = self
+            .wait_until(st, "another thread's capture to end", |_, s| s.capture.is_none() && s.beginning.is_none())?;
+        st.beginning = Some(me);
+        self.capturing.store(true, Ordering::SeqCst);
+        let drained =
+            self.wait_until(st, "other threads' work to leave the stream", |g, _| g.inside.load(Ordering::SeqCst) == 0);
+        let mut st = match drained {
+            Ok(st) => st,
+            Err(e) => {
+                self.abandon_begin();
+                return Err(e);
+            }
+        };
+        st.beginning = None;
+        if let Err(e) = start() {
+            self.capturing.store(false, Ordering::SeqCst);
+            drop(st);
+            self.changed.notify_all();
+            return Err(e);
+        }
         st.capture = Some((mode, me));
         CAPTURES.with(|c| c.set(c.get() + 1));
         Ok(())
+    }
+
+    fn abandon_begin(&self) {
+        let mut st = self.lock();
+        st.beginning = None;
+        self.capturing.store(st.capture.is_some(), Ordering::SeqCst);
+        drop(st);
+        self.changed.notify_all();
     }
 
     /// Ends this thread's capture; `finish` ends the backend's capture while the gate is held.
@@ -141,6 +187,7 @@ impl StreamGate {
         }
         let out = finish();
         st.capture = None;
+        self.capturing.store(false, Ordering::SeqCst);
         CAPTURES.with(|c| c.set(c.get().saturating_sub(1)));
         drop(st);
         self.changed.notify_all();
