@@ -10,7 +10,7 @@ mod model;
 use std::collections::VecDeque;
 
 use graphed::{graphed, ops, Cx, Device, Result, Tensor};
-use model::{random, Block};
+use model::{random, Block, BlockGradOutputs, BlockInputs};
 
 /// Chunk 1 then chunk 2; forward `+c`, backward `-c`, first in first out per chunk.
 #[graphed(warmup = 2, order = [1, 2, 1, 2, -2, -1, 1, 2, -2, -1, -2, -1])]
@@ -46,22 +46,22 @@ fn main() -> Result<()> {
         for &step in &ORDER {
             match step {
                 1 => {
-                    let y = g.forward_first(&mut cx, &[Some(xs[next_x].clone())])?.remove(0);
+                    let y = g.forward_first(&mut cx, BlockInputs { x: xs[next_x].clone() })?.output_0;
                     acts.push_back(y);
                     next_x += 1;
                 }
                 2 => {
-                    let z = g.forward_second(&mut cx, &[acts.pop_front().flatten()])?.remove(0).expect("output");
+                    let z = g.forward_second(&mut cx, BlockInputs { x: acts.pop_front().expect("act") })?.output_0;
                     losses.push(ops::mean(&z)?.to_vec()?[0]);
                     // d(mean)/dz, a constant grad for this demo.
                     next_loss.push_back(Tensor::full(&dev, z.dims(), 1.0 / z.numel() as f32)?);
                 }
                 -2 => {
                     let dz = next_loss.pop_front().expect("forward ran");
-                    grads.push_back(g.backward_second(&mut cx, &[Some(dz)])?.remove(0));
+                    grads.push_back(g.backward_second(&mut cx, BlockGradOutputs { dy: dz })?.x.expect("grad"));
                 }
                 _ => {
-                    g.backward_first(&mut cx, &[grads.pop_front().flatten()])?;
+                    g.backward_first(&mut cx, BlockGradOutputs { dy: grads.pop_front().expect("grad") })?;
                 }
             }
         }

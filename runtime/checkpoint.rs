@@ -69,6 +69,14 @@ impl<M: Module> Module for Checkpoint<M> {
         self.inner.num_inputs()
     }
 
+    fn visit_params(&self, f: &mut dyn FnMut(&str, &crate::Param)) {
+        self.inner.visit_params(f);
+    }
+
+    fn exposes_params(&self) -> bool {
+        self.inner.exposes_params()
+    }
+
     fn forward(&self, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let rng = cx.device().rng()?;
         let state = rng.save()?;
@@ -114,4 +122,12 @@ impl<M: Module> Module for Checkpoint<M> {
     fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
         self.inner.run_hooks(kind)
     }
+}
+
+/// A checkpointed module takes and returns what the module does.
+impl<M: crate::TypedModule> crate::TypedModule for Checkpoint<M> {
+    type Inputs = M::Inputs;
+    type Outputs = M::Outputs;
+    type GradOutputs = M::GradOutputs;
+    type GradInputs = M::GradInputs;
 }

@@ -73,3 +73,28 @@ pub trait Module: std::any::Any {
         Ok(())
     }
 }
+
+/// A typed surface: a struct of tensors that converts to and from the positional slots of
+/// [`Module`] (`None` for an absent optional tensor). `#[graphed]` implements it for the
+/// surfaces it generates (`XInputs`, `XOutputs`, `XGradOutputs`, `XGradInputs`).
+pub trait Slots: Sized {
+    /// The slots, in field order.
+    fn into_slots(self) -> Vec<Option<Tensor>>;
+    /// Reads slots; errors when their number differs or a required tensor is missing.
+    fn from_slots(slots: Vec<Option<Tensor>>) -> Result<Self>;
+}
+
+/// A module with typed surfaces: what its forward takes and returns and what its backward
+/// takes and returns, as structs. `#[graphed]` on an impl implements it; a struct of chunks
+/// uses it to type its per-chunk methods (`forward_first(cx, BlockInputs { x })` returns
+/// `BlockOutputs`).
+pub trait TypedModule: Module {
+    /// The forward's tensor arguments.
+    type Inputs: Slots;
+    /// What the forward returns.
+    type Outputs: Slots;
+    /// The backward's arguments: one grad per output.
+    type GradOutputs: Slots;
+    /// What the backward returns: one grad per input.
+    type GradInputs: Slots;
+}

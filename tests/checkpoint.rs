@@ -181,25 +181,34 @@ fn a_checkpointed_block_inside_an_ordered_pipeline() {
             for &e in &ORDER {
                 let mut cx = Cx::new(dev);
                 match (e, &mut g) {
-                    (1, Some(g)) => acts.push_back(g.forward_first(&mut cx, &[Some(xs[f1].clone())])?.remove(0)),
+                    (1, Some(g)) => {
+                        acts.push_back(Some(g.forward_first(&mut cx, DropBlockInputs { x: xs[f1].clone() })?.output_0))
+                    }
                     (1, None) => {
                         acts.push_back(mods[0].forward(&mut cx, &[Some(xs[f1].clone())])?.remove(0));
                         cx1.push_back(cx);
                     }
                     (2, Some(g)) => out.push(
-                        g.forward_second(&mut cx, &[acts.pop_front().flatten()])?.remove(0).expect("y").to_vec()?,
+                        g.forward_second(&mut cx, DropBlockInputs { x: acts.pop_front().flatten().expect("act") })?
+                            .output_0
+                            .to_vec()?,
                     ),
                     (2, None) => {
                         let h = acts.pop_front().flatten().map(|t| t.with_requires_grad(true));
                         out.push(mods[1].forward(&mut cx, &[h])?.remove(0).expect("y").to_vec()?);
                         cx2.push_back(cx);
                     }
-                    (-2, Some(g)) => grads.push_back(g.backward_second(&mut cx, &[Some(dy.clone())])?.remove(0)),
+                    (-2, Some(g)) => {
+                        grads.push_back(g.backward_second(&mut cx, DropBlockGradOutputs { dy: dy.clone() })?.x)
+                    }
                     (-2, None) => grads.push_back(
                         mods[1].backward(&mut cx2.pop_front().expect("fifo"), &[Some(dy.clone())])?.remove(0),
                     ),
                     (_, Some(g)) => {
-                        g.backward_first(&mut cx, &[grads.pop_front().flatten()])?;
+                        g.backward_first(
+                            &mut cx,
+                            DropBlockGradOutputs { dy: grads.pop_front().flatten().expect("grad") },
+                        )?;
                     }
                     (_, None) => {
                         mods[0].backward(&mut cx1.pop_front().expect("fifo"), &[grads.pop_front().flatten()])?;

@@ -7,7 +7,7 @@ mod common;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use common::model::{Block, GraphedStack, Stack};
+use common::model::{Block, BlockGradOutputs, BlockInputs, GraphedStack, Stack};
 use common::{on_each_backend, random};
 use graphed::optim::{Sgd, SgdConfig};
 use graphed::{
@@ -302,8 +302,8 @@ impl Pipe {
     fn forward(&mut self, dev: &Device, chunk: i32, x: &Tensor) -> Result<Tensor> {
         let mut cx = Cx::new(dev);
         match (self, chunk) {
-            (Pipe::Graphed(g), 1) => Ok(g.forward_first(&mut cx, &[Some(x.clone())])?.remove(0).expect("output")),
-            (Pipe::Graphed(g), _) => Ok(g.forward_second(&mut cx, &[Some(x.clone())])?.remove(0).expect("output")),
+            (Pipe::Graphed(g), 1) => Ok(g.forward_first(&mut cx, BlockInputs { x: x.clone() })?.output_0),
+            (Pipe::Graphed(g), _) => Ok(g.forward_second(&mut cx, BlockInputs { x: x.clone() })?.output_0),
             (Pipe::Eager { first, cx1, .. }, 1) => {
                 let y = first.forward(&mut cx, x)?;
                 cx1.push_back(cx);
@@ -320,8 +320,8 @@ impl Pipe {
     fn backward(&mut self, dev: &Device, chunk: i32, dy: &Tensor) -> Result<Option<Tensor>> {
         let mut cx = Cx::new(dev);
         match (self, chunk) {
-            (Pipe::Graphed(g), 1) => Ok(g.backward_first(&mut cx, &[Some(dy.clone())])?.remove(0)),
-            (Pipe::Graphed(g), _) => Ok(g.backward_second(&mut cx, &[Some(dy.clone())])?.remove(0)),
+            (Pipe::Graphed(g), 1) => Ok(g.backward_first(&mut cx, BlockGradOutputs { dy: dy.clone() })?.x),
+            (Pipe::Graphed(g), _) => Ok(g.backward_second(&mut cx, BlockGradOutputs { dy: dy.clone() })?.x),
             (Pipe::Eager { first, cx1, .. }, 1) => first.backward(&mut cx1.pop_front().expect("fifo"), dy),
             (Pipe::Eager { second, cx2, .. }, _) => second.backward(&mut cx2.pop_front().expect("fifo"), dy),
         }

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::model::{Block, GraphedBlock};
+use common::model::{Block, BlockGradOutputs, BlockInputs, GraphedBlock};
 use common::{on_each_backend, random};
 use graphed::{
     graphed, make_graphed, ops, CaptureMode, Cx, Device, Error, Graph, GraphOptions, GraphedModules, HookKind,
@@ -645,14 +645,16 @@ fn refused_struct_form_calls_change_nothing() {
         let mut g = two.make_graphed(vec![vec![vec![Some(x.clone())]], vec![vec![Some(x.clone())]]])?;
         let mut cx = Cx::new(dev);
         let stats = g.inner().pool().stats();
-        assert!(matches!(g.forward_second(&mut cx, &[Some(x.clone())]), Err(Error::ReplayOrder { .. })));
-        assert!(matches!(g.backward_first(&mut cx, &[Some(dy.clone())]), Err(Error::NoPendingForward { .. })));
-        let h = g.forward_first(&mut cx, &[Some(x.clone())])?[0].clone();
-        assert!(matches!(g.backward_second(&mut cx, &[Some(dy.clone())]), Err(Error::NoPendingForward { .. })));
-        let y = g.forward_second(&mut cx, &[h])?[0].as_ref().expect("y").to_vec()?;
-        assert!(matches!(g.backward_first(&mut cx, &[Some(dy.clone())]), Err(Error::ReplayOrder { .. })));
-        let dh = g.backward_second(&mut cx, &[Some(dy.clone())])?[0].clone();
-        let dx = g.backward_first(&mut cx, &[dh])?[0].as_ref().expect("dx").to_vec()?;
+        let xin = || BlockInputs { x: x.clone() };
+        let dyin = || BlockGradOutputs { dy: dy.clone() };
+        assert!(matches!(g.forward_second(&mut cx, xin()), Err(Error::ReplayOrder { .. })));
+        assert!(matches!(g.backward_first(&mut cx, dyin()), Err(Error::NoPendingForward { .. })));
+        let h = g.forward_first(&mut cx, xin())?.output_0;
+        assert!(matches!(g.backward_second(&mut cx, dyin()), Err(Error::NoPendingForward { .. })));
+        let y = g.forward_second(&mut cx, BlockInputs { x: h })?.output_0.to_vec()?;
+        assert!(matches!(g.backward_first(&mut cx, dyin()), Err(Error::ReplayOrder { .. })));
+        let dh = g.backward_second(&mut cx, dyin())?.x.expect("dh");
+        let dx = g.backward_first(&mut cx, BlockGradOutputs { dy: dh })?.x.expect("dx").to_vec()?;
         assert_eq!(g.inner().pool().stats(), stats);
         // Eager.
         let (mut a, mut b) = (Block::new(dev, D, D, 1)?, Block::new(dev, D, D, 2)?);

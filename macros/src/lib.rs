@@ -11,6 +11,7 @@
 mod ctxt;
 mod expand;
 mod fallback;
+mod model;
 mod params;
 mod parse;
 mod validate;

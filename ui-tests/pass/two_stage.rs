@@ -41,10 +41,12 @@ fn main() -> Result<()> {
     let samples = vec![vec![sample.clone()], vec![sample.clone()]];
     let mut graphed: GraphedTwoStage = TwoStage { first: Block, second: Block }.make_graphed(samples)?;
     let mut cx = Cx::new(&dev);
-    let h = graphed.forward_first(&mut cx, &sample)?;
-    let y = graphed.forward_second(&mut cx, &h)?;
-    let dh = graphed.backward_second(&mut cx, &y)?;
-    let _dx = graphed.backward_first(&mut cx, &dh)?;
+    // Per-chunk calls take and return each chunk's own surfaces.
+    let x = Tensor::zeros(&dev, &[1])?.with_requires_grad(true);
+    let h: BlockOutputs = graphed.forward_first(&mut cx, BlockInputs { x })?;
+    let y = graphed.forward_second(&mut cx, BlockInputs { x: h.output_0 })?;
+    let dh: BlockGradInputs = graphed.backward_second(&mut cx, BlockGradOutputs { dy: y.output_0 })?;
+    let _dx = graphed.backward_first(&mut cx, BlockGradOutputs { dy: dh.x.expect("a grad") })?;
     let _: &Block = graphed.module_first();
     let _: &mut Block = graphed.module_second_mut();
     let _ = Interleaved { a: Block, b: Block };

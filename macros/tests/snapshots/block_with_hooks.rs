@@ -404,8 +404,83 @@ const _: () = {
         }
     }
     #[automatically_derived]
+    impl ::graphed::__private::Slots for BlockInputs {
+        fn into_slots(
+            self,
+        ) -> ::graphed::__private::Vec<
+            ::graphed::__private::Option<::graphed::__private::Tensor>,
+        > {
+            BlockInputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: ::graphed::__private::Vec<
+                ::graphed::__private::Option<::graphed::__private::Tensor>,
+            >,
+        ) -> ::graphed::__private::Result<Self> {
+            BlockInputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::Slots for BlockOutputs {
+        fn into_slots(
+            self,
+        ) -> ::graphed::__private::Vec<
+            ::graphed::__private::Option<::graphed::__private::Tensor>,
+        > {
+            BlockOutputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: ::graphed::__private::Vec<
+                ::graphed::__private::Option<::graphed::__private::Tensor>,
+            >,
+        ) -> ::graphed::__private::Result<Self> {
+            BlockOutputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::Slots for BlockGradOutputs {
+        fn into_slots(
+            self,
+        ) -> ::graphed::__private::Vec<
+            ::graphed::__private::Option<::graphed::__private::Tensor>,
+        > {
+            BlockGradOutputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: ::graphed::__private::Vec<
+                ::graphed::__private::Option<::graphed::__private::Tensor>,
+            >,
+        ) -> ::graphed::__private::Result<Self> {
+            BlockGradOutputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::Slots for BlockGradInputs {
+        fn into_slots(
+            self,
+        ) -> ::graphed::__private::Vec<
+            ::graphed::__private::Option<::graphed::__private::Tensor>,
+        > {
+            BlockGradInputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: ::graphed::__private::Vec<
+                ::graphed::__private::Option<::graphed::__private::Tensor>,
+            >,
+        ) -> ::graphed::__private::Result<Self> {
+            BlockGradInputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::TypedModule for Block {
+        type Inputs = BlockInputs;
+        type Outputs = BlockOutputs;
+        type GradOutputs = BlockGradOutputs;
+        type GradInputs = BlockGradInputs;
+    }
+    #[automatically_derived]
     impl Block {
-        /// Warms up and captures this module with the given tensors as samples (`warmup = 3`), and returns the typed graphed wrapper. The samples fix the shapes of the static input surface, [`BlockInputs`].
+        /// Warms up and captures this module with the given tensors as samples (`warmup = 3`), and returns the typed graphed wrapper. The samples fix the shapes of the static input surface, [`BlockInputs`]. On failure the error hands the module back.
         pub fn make_graphed(
             self,
             x: &Tensor,

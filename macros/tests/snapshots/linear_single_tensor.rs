@@ -31,7 +31,7 @@ impl Linear {
     clippy::nursery,
 )]
 #[derive(Clone, Debug)]
-struct LinearInputs {
+pub struct LinearInputs {
     /// The `x` argument of `Linear::forward`.
     pub x: ::graphed::__private::Tensor,
 }
@@ -46,7 +46,7 @@ struct LinearInputs {
     clippy::nursery,
 )]
 #[derive(Clone, Debug)]
-struct LinearOutputs {
+pub struct LinearOutputs {
     /// Output 0 of `Linear::forward`.
     pub output_0: ::graphed::__private::Tensor,
 }
@@ -61,7 +61,7 @@ struct LinearOutputs {
     clippy::nursery,
 )]
 #[derive(Clone, Debug)]
-struct LinearGradOutputs {
+pub struct LinearGradOutputs {
     /// The `dy` argument of `Linear::backward`.
     pub dy: ::graphed::__private::Tensor,
 }
@@ -76,7 +76,7 @@ struct LinearGradOutputs {
     clippy::nursery,
 )]
 #[derive(Clone, Debug)]
-struct LinearGradInputs {
+pub struct LinearGradInputs {
     /// The grad of input `x`; `None` when that input needs no grad.
     pub x: ::graphed::__private::Option<::graphed::__private::Tensor>,
 }
@@ -305,8 +305,83 @@ const _: () = {
         }
     }
     #[automatically_derived]
+    impl ::graphed::__private::Slots for LinearInputs {
+        fn into_slots(
+            self,
+        ) -> ::graphed::__private::Vec<
+            ::graphed::__private::Option<::graphed::__private::Tensor>,
+        > {
+            LinearInputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: ::graphed::__private::Vec<
+                ::graphed::__private::Option<::graphed::__private::Tensor>,
+            >,
+        ) -> ::graphed::__private::Result<Self> {
+            LinearInputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::Slots for LinearOutputs {
+        fn into_slots(
+            self,
+        ) -> ::graphed::__private::Vec<
+            ::graphed::__private::Option<::graphed::__private::Tensor>,
+        > {
+            LinearOutputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: ::graphed::__private::Vec<
+                ::graphed::__private::Option<::graphed::__private::Tensor>,
+            >,
+        ) -> ::graphed::__private::Result<Self> {
+            LinearOutputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::Slots for LinearGradOutputs {
+        fn into_slots(
+            self,
+        ) -> ::graphed::__private::Vec<
+            ::graphed::__private::Option<::graphed::__private::Tensor>,
+        > {
+            LinearGradOutputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: ::graphed::__private::Vec<
+                ::graphed::__private::Option<::graphed::__private::Tensor>,
+            >,
+        ) -> ::graphed::__private::Result<Self> {
+            LinearGradOutputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::Slots for LinearGradInputs {
+        fn into_slots(
+            self,
+        ) -> ::graphed::__private::Vec<
+            ::graphed::__private::Option<::graphed::__private::Tensor>,
+        > {
+            LinearGradInputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: ::graphed::__private::Vec<
+                ::graphed::__private::Option<::graphed::__private::Tensor>,
+            >,
+        ) -> ::graphed::__private::Result<Self> {
+            LinearGradInputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::TypedModule for Linear {
+        type Inputs = LinearInputs;
+        type Outputs = LinearOutputs;
+        type GradOutputs = LinearGradOutputs;
+        type GradInputs = LinearGradInputs;
+    }
+    #[automatically_derived]
     impl Linear {
-        /// Warms up and captures this module with the given tensors as samples (`warmup = 2`, `allow_unused_input`), and returns the typed graphed wrapper. The samples fix the shapes of the static input surface, [`LinearInputs`].
+        /// Warms up and captures this module with the given tensors as samples (`warmup = 2`, `allow_unused_input`), and returns the typed graphed wrapper. The samples fix the shapes of the static input surface, [`LinearInputs`]. On failure the error hands the module back.
         fn make_graphed(
             self,
             x: &Tensor,

@@ -297,8 +297,83 @@ const _: () = {
         }
     }
     #[automatically_derived]
+    impl renamed::__private::Slots for ScaleInputs {
+        fn into_slots(
+            self,
+        ) -> renamed::__private::Vec<
+            renamed::__private::Option<renamed::__private::Tensor>,
+        > {
+            ScaleInputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: renamed::__private::Vec<
+                renamed::__private::Option<renamed::__private::Tensor>,
+            >,
+        ) -> renamed::__private::Result<Self> {
+            ScaleInputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
+    impl renamed::__private::Slots for ScaleOutputs {
+        fn into_slots(
+            self,
+        ) -> renamed::__private::Vec<
+            renamed::__private::Option<renamed::__private::Tensor>,
+        > {
+            ScaleOutputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: renamed::__private::Vec<
+                renamed::__private::Option<renamed::__private::Tensor>,
+            >,
+        ) -> renamed::__private::Result<Self> {
+            ScaleOutputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
+    impl renamed::__private::Slots for ScaleGradOutputs {
+        fn into_slots(
+            self,
+        ) -> renamed::__private::Vec<
+            renamed::__private::Option<renamed::__private::Tensor>,
+        > {
+            ScaleGradOutputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: renamed::__private::Vec<
+                renamed::__private::Option<renamed::__private::Tensor>,
+            >,
+        ) -> renamed::__private::Result<Self> {
+            ScaleGradOutputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
+    impl renamed::__private::Slots for ScaleGradInputs {
+        fn into_slots(
+            self,
+        ) -> renamed::__private::Vec<
+            renamed::__private::Option<renamed::__private::Tensor>,
+        > {
+            ScaleGradInputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: renamed::__private::Vec<
+                renamed::__private::Option<renamed::__private::Tensor>,
+            >,
+        ) -> renamed::__private::Result<Self> {
+            ScaleGradInputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
+    impl renamed::__private::TypedModule for Scale {
+        type Inputs = ScaleInputs;
+        type Outputs = ScaleOutputs;
+        type GradOutputs = ScaleGradOutputs;
+        type GradInputs = ScaleGradInputs;
+    }
+    #[automatically_derived]
     impl Scale {
-        /// Warms up and captures this module with the given tensors as samples (`warmup = 3`), and returns the typed graphed wrapper. The samples fix the shapes of the static input surface, [`ScaleInputs`].
+        /// Warms up and captures this module with the given tensors as samples (`warmup = 3`), and returns the typed graphed wrapper. The samples fix the shapes of the static input surface, [`ScaleInputs`]. On failure the error hands the module back.
         pub fn make_graphed(
             self,
             x: &Tensor,

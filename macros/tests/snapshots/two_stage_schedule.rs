@@ -120,29 +120,35 @@ const _: () = {
                 }
             }
         }
-        /// Replays the forward of chunk 1 (`first`) for its next microbatch.
+        /// Replays the forward of chunk 1 (`first`) for its next microbatch: the chunk's own inputs in, its outputs out.
         pub fn forward_first(
             &mut self,
             cx: &mut ::graphed::__private::Cx,
-            inputs: &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            inputs: <Block as ::graphed::__private::TypedModule>::Inputs,
         ) -> ::graphed::__private::Result<
-            ::graphed::__private::Vec<
-                ::graphed::__private::Option<::graphed::__private::Tensor>,
-            >,
+            <Block as ::graphed::__private::TypedModule>::Outputs,
         > {
-            self.__modules.forward(0, cx, inputs)
+            let __outputs = self
+                .__modules
+                .forward(0, cx, &::graphed::__private::Slots::into_slots(inputs))?;
+            ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of chunk 1 (`first`) for its oldest outstanding microbatch.
         pub fn backward_first(
             &mut self,
             cx: &mut ::graphed::__private::Cx,
-            grad_outputs: &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            grad_outputs: <Block as ::graphed::__private::TypedModule>::GradOutputs,
         ) -> ::graphed::__private::Result<
-            ::graphed::__private::Vec<
-                ::graphed::__private::Option<::graphed::__private::Tensor>,
-            >,
+            <Block as ::graphed::__private::TypedModule>::GradInputs,
         > {
-            self.__modules.backward(0, cx, grad_outputs)
+            let __grads = self
+                .__modules
+                .backward(
+                    0,
+                    cx,
+                    &::graphed::__private::Slots::into_slots(grad_outputs),
+                )?;
+            ::graphed::__private::Slots::from_slots(__grads)
         }
         /// The module of chunk 1 (`first`).
         pub fn module_first(&self) -> &Block {
@@ -158,29 +164,35 @@ const _: () = {
                 "first",
             )
         }
-        /// Replays the forward of chunk 2 (`second`) for its next microbatch.
+        /// Replays the forward of chunk 2 (`second`) for its next microbatch: the chunk's own inputs in, its outputs out.
         pub fn forward_second(
             &mut self,
             cx: &mut ::graphed::__private::Cx,
-            inputs: &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            inputs: <Block as ::graphed::__private::TypedModule>::Inputs,
         ) -> ::graphed::__private::Result<
-            ::graphed::__private::Vec<
-                ::graphed::__private::Option<::graphed::__private::Tensor>,
-            >,
+            <Block as ::graphed::__private::TypedModule>::Outputs,
         > {
-            self.__modules.forward(1, cx, inputs)
+            let __outputs = self
+                .__modules
+                .forward(1, cx, &::graphed::__private::Slots::into_slots(inputs))?;
+            ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of chunk 2 (`second`) for its oldest outstanding microbatch.
         pub fn backward_second(
             &mut self,
             cx: &mut ::graphed::__private::Cx,
-            grad_outputs: &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            grad_outputs: <Block as ::graphed::__private::TypedModule>::GradOutputs,
         ) -> ::graphed::__private::Result<
-            ::graphed::__private::Vec<
-                ::graphed::__private::Option<::graphed::__private::Tensor>,
-            >,
+            <Block as ::graphed::__private::TypedModule>::GradInputs,
         > {
-            self.__modules.backward(1, cx, grad_outputs)
+            let __grads = self
+                .__modules
+                .backward(
+                    1,
+                    cx,
+                    &::graphed::__private::Slots::into_slots(grad_outputs),
+                )?;
+            ::graphed::__private::Slots::from_slots(__grads)
         }
         /// The module of chunk 2 (`second`).
         pub fn module_second(&self) -> &Block {
