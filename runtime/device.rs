@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use std::thread::ThreadId;
 
-use crate::backend::{Backend, BackendKind};
+use crate::backend::Backend;
 use crate::{Error, Generator, GraphPool, Result};
 
 struct DeviceInner {
@@ -72,7 +72,7 @@ impl Device {
         if let Some((_, d)) = devices.iter().find(|(o, _)| *o == ordinal) {
             return Ok(d.clone());
         }
-        let dev = Device::from_backend(Backend::cuda(ordinal)?);
+        let dev = Device::from_backend(Backend::open_cuda(ordinal)?);
         devices.push((ordinal, dev.clone()));
         Ok(dev)
     }
@@ -88,7 +88,7 @@ impl Device {
 
     /// Whether this is the host backend.
     pub fn is_host(&self) -> bool {
-        matches!(self.0.backend.kind, BackendKind::Host(_))
+        self.0.backend.is_host()
     }
 
     /// Whether this is a CUDA GPU.
@@ -98,10 +98,7 @@ impl Device {
 
     /// A human-readable name: `cuda:0 (NVIDIA H200)` or `host`.
     pub fn name(&self) -> String {
-        match &self.0.backend.kind {
-            BackendKind::Host(_) => "host".into(),
-            BackendKind::Cuda(c) => format!("cuda:{} ({})", c.ordinal(), c.name()),
-        }
+        self.0.backend.name()
     }
 
     /// Waits until all work queued on the device is done. Illegal while capturing.
@@ -172,14 +169,7 @@ impl Device {
     /// Runs `f` and returns the device time its work took, in milliseconds (CUDA events on a
     /// GPU; wall time on the host backend).
     pub fn time_ms(&self, mut f: impl FnMut() -> Result<()>) -> Result<f32> {
-        match &self.0.backend.kind {
-            BackendKind::Cuda(c) => c.time_ms(&mut f),
-            BackendKind::Host(_) => {
-                let t = std::time::Instant::now();
-                f()?;
-                Ok(t.elapsed().as_secs_f32() * 1e3)
-            }
-        }
+        self.0.backend.time_ms(&mut f)
     }
 
     pub(crate) fn push_pool(&self, pool: &GraphPool) {

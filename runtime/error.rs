@@ -16,13 +16,14 @@ pub enum Error {
         /// Why CUDA could not be used.
         reason: String,
     },
-    /// A CUDA driver, NVRTC or cuBLAS call failed.
-    #[error("CUDA call `{call}` failed: {message}")]
+    /// A CUDA driver, NVRTC or cuBLAS call failed; the library's own error is the source.
+    #[error("CUDA call `{call}` failed: {source}")]
     Cuda {
         /// The call that failed.
         call: &'static str,
-        /// The driver's description of the error.
-        message: String,
+        /// The library's error.
+        #[source]
+        source: CudaFailure,
     },
     /// A kernel launched with an argument list that does not match its parameters.
     #[error("kernel `{kernel}`: arguments {got} do not match its parameters {expected}")]
@@ -397,6 +398,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// A failed CUDA library call.
+    pub(crate) fn cuda(call: &'static str, source: impl Into<CudaFailure>) -> Error {
+        Error::Cuda { call, source: source.into() }
+    }
+
     /// Wraps this error with a line of context.
     pub fn context(self, context: impl fmt::Display) -> Error {
         Error::Context { context: context.to_string(), source: Box::new(self) }
@@ -422,6 +428,21 @@ impl Error {
             other => other,
         }
     }
+}
+
+/// The error a CUDA library returned, kept as it came (its code can be matched).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaFailure {
+    /// The driver API.
+    #[error(transparent)]
+    Driver(#[from] cudarc::driver::DriverError),
+    /// cuBLAS.
+    #[error(transparent)]
+    Cublas(#[from] cudarc::cublas::result::CublasError),
+    /// NVRTC compiling a program.
+    #[error(transparent)]
+    Nvrtc(#[from] cudarc::nvrtc::CompileError),
 }
 
 /// Which kind of argument of a graphed call a [`Slot`] is.

@@ -48,7 +48,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 /// The cudarc crate graphed is built with (0.19), so your types match the device's.
 pub use cudarc;
 
-use crate::backend::{Backend, BackendKind, Ptr};
+use crate::backend::{Backend, Ptr};
 use crate::tensor::Storage;
 use crate::{Device, Error, Result, Shape, Tensor};
 
@@ -109,10 +109,7 @@ impl Device {
     /// assert_eq!(dev.cuda_context().is_some(), dev.is_cuda());
     /// ```
     pub fn cuda_context(&self) -> Option<Arc<CudaContext>> {
-        match &self.backend().kind {
-            BackendKind::Cuda(c) => Some(c.ctx.clone()),
-            BackendKind::Host(_) => None,
-        }
+        self.backend().cuda().map(|c| c.ctx.clone())
     }
 
     /// The device's one stream: graphed queues all its work there and graphs capture it, so
@@ -127,10 +124,7 @@ impl Device {
     /// assert_eq!(dev.cuda_stream().is_some(), dev.is_cuda());
     /// ```
     pub fn cuda_stream(&self) -> Option<Arc<CudaStream>> {
-        match &self.backend().kind {
-            BackendKind::Cuda(c) => Some(c.stream.clone()),
-            BackendKind::Host(_) => None,
-        }
+        self.backend().cuda().map(|c| c.stream.clone())
     }
 }
 
@@ -175,7 +169,7 @@ impl Tensor {
     /// ```
     pub fn from_cuda_slice(device: &Device, slice: CudaSlice<f32>, dims: &[usize]) -> Result<Tensor> {
         const OP: &str = "Tensor::from_cuda_slice";
-        let BackendKind::Cuda(c) = &device.backend().kind else {
+        let Some(c) = device.backend().cuda() else {
             return Err(Error::Interop {
                 op: OP,
                 detail: "the host backend cannot own a CudaSlice; use a CUDA device".into(),

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::CudaFunction;
 
-use crate::backend::{Backend, BackendKind, HostBackend, HostPtr, KArg, LaunchDims};
+use crate::backend::{Backend, HostBackend, HostPtr, KArg, LaunchDims};
 use crate::kernel_host::{run_host, HostArgs, HostFn, HostSlot};
 use crate::ops::{exec, Exec};
 use crate::{DType, Device, Error, Result, Tensor};
@@ -310,9 +310,9 @@ impl Kernel {
         if device.is_capturing() {
             return Err(Error::KernelNotCompiled { kernel: self.0.entry.to_string(), device: device.name() });
         }
-        let function = match &device.backend().kind {
-            BackendKind::Host(_) => None,
-            BackendKind::Cuda(c) => Some(c.compile_user_kernel(self.0.entry, &self.0.source, &device.name())?),
+        let function = match device.backend().cuda() {
+            None => None,
+            Some(c) => Some(c.compile_user_kernel(self.0.entry, &self.0.source, &device.name())?),
         };
         let mut prepared = self.0.prepared.lock().unwrap_or_else(|e| e.into_inner());
         prepared.retain(|p| p.backend.strong_count() > 0);

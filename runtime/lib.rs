@@ -53,7 +53,7 @@ pub use checkpoint::Checkpoint;
 pub use cx::Cx;
 pub use device::Device;
 pub use dtype::DType;
-pub use error::{Error, Result, Slot, SlotKind};
+pub use error::{CudaFailure, Error, Result, Slot, SlotKind};
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{make_graphed, CaptureError, GraphOptions, GraphedModules};
 pub use graphed_macros::{capture_time_hook, graphed, Parameters};

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::backend::{BackendKind, HostPtr, Ptr};
+use crate::backend::{HostPtr, Ptr};
 use crate::pool::Block;
 use crate::{DType, Device, Error, Result, Shape};
 
@@ -119,7 +119,10 @@ impl Tensor {
     /// A tensor filled with `value`.
     pub fn full(device: &Device, dims: &[usize], value: f32) -> Result<Tensor> {
         let t = Tensor::empty(device, dims)?;
-        crate::ops::fill_(&t, value)?;
+        let n = u32::try_from(t.numel()).map_err(|_| {
+            Error::invalid("Tensor::full", format!("{} elements exceed the 2^32 kernels support", t.numel()))
+        })?;
+        device.backend().fill_f32(&t.ptr()?, n, value)?;
         Ok(t)
     }
 
@@ -140,32 +143,16 @@ impl Tensor {
 
     /// Overwrites the contents from host memory. Illegal during capture.
     pub fn copy_from_slice(&self, data: &[f32]) -> Result<()> {
-        let backend = self.device().backend();
-        backend.forbid_during_capture("copy from host memory")?;
+        self.device().backend().forbid_during_capture("copy from host memory")?;
         if data.len() != self.numel() {
             return Err(Error::shape("copy_from_slice", format!("{} values into {:?}", data.len(), self.shape)));
         }
-        match &backend.kind {
-            BackendKind::Cuda(c) => c.copy_to_device(self.cuda_ptr()?, data),
-            BackendKind::Host(_) => {
-                self.host_ptr()?.write(data);
-                Ok(())
-            }
-        }
+        self.device().backend().write_f32(&self.ptr()?, data)
     }
 
     /// Copies the contents to a `Vec` (waits for the device). Illegal during capture.
     pub fn to_vec(&self) -> Result<Vec<f32>> {
-        let backend = self.device().backend();
-        backend.forbid_during_capture("copy to host memory")?;
-        match &backend.kind {
-            BackendKind::Cuda(c) => {
-                let mut out = vec![0.0; self.numel()];
-                c.copy_to_host(&mut out, self.cuda_ptr()?)?;
-                Ok(out)
-            }
-            BackendKind::Host(_) => Ok(self.host_ptr()?.read()),
-        }
+        self.device().backend().read_f32(&self.ptr()?, self.numel())
     }
 
     /// A copy in new memory (not a static buffer, so no later replay touches it).
@@ -177,7 +164,17 @@ impl Tensor {
 
     /// Copies `src` into this tensor on the device stream (captured as a copy node).
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
-        crate::ops::copy_(self, src)
+        const OP: &str = "copy_";
+        if self.device() != src.device() {
+            return Err(Error::DeviceMismatch { op: OP, a: self.device().name(), b: src.device().name() });
+        }
+        if self.dtype() != src.dtype() {
+            return Err(Error::DType { op: OP, got: src.dtype(), expected: self.dtype() });
+        }
+        if self.dims() != src.dims() {
+            return Err(Error::shape(OP, format!("{:?} and {:?} must match", self.dims(), src.dims())));
+        }
+        self.device().backend().copy_f32(&self.ptr()?, &src.ptr()?, self.numel())
     }
 
     /// The same memory seen with another shape of the same number of elements.

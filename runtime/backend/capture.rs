@@ -15,7 +15,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use crate::graph::CaptureMode;
+use super::CaptureMode;
 use crate::{Error, Result};
 
 /// How long a thread waits for another thread's capture to end before giving up.

@@ -40,14 +40,14 @@ impl LaunchDims {
 }
 
 pub(crate) fn driver_err(call: &'static str) -> impl Fn(result::DriverError) -> Error {
-    move |e| Error::Cuda { call, message: format!("{e:?}") }
+    move |e| Error::cuda(call, e)
 }
 
 pub(crate) fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
     if r == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
-        Err(Error::Cuda { call, message: format!("{r:?}") })
+        Err(Error::cuda(call, result::DriverError(r)))
     }
 }
 
@@ -129,23 +129,21 @@ impl CudaBackend {
             options: vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()],
             ..Default::default()
         };
-        let ptx = compile_ptx_with_opts(&src, opts)
-            .map_err(|e| Error::Cuda { call: "nvrtcCompileProgram", message: format!("{e:?}") })?;
+        let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
         let module = ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
         let functions = BuiltinKernel::ALL
             .iter()
             .map(|k| module.load_function(k.name()).map_err(driver_err("cuModuleGetFunction")))
             .collect::<Result<Vec<_>>>()?;
 
-        let cublas = cublas_result::create_handle()
-            .map_err(|e| Error::Cuda { call: "cublasCreate", message: format!("{e:?}") })?;
+        let cublas = cublas_result::create_handle().map_err(|e| Error::cuda("cublasCreate", e))?;
         // SAFETY: plain allocation outside any capture; freed in Drop.
         let cublas_workspace =
             unsafe { result::malloc_sync(CUBLAS_WORKSPACE_BYTES) }.map_err(driver_err("cuMemAlloc"))?;
         // SAFETY: handle and stream are valid; the workspace outlives the handle (Drop order).
         unsafe {
             cublas_result::set_stream(cublas, stream.cu_stream() as _)
-                .map_err(|e| Error::Cuda { call: "cublasSetStream", message: format!("{e:?}") })?;
+                .map_err(|e| Error::cuda("cublasSetStream", e))?;
             cublas_check(
                 "cublasSetWorkspace",
                 cublas_sys::cublasSetWorkspace_v2(cublas, cublas_workspace as *mut c_void, CUBLAS_WORKSPACE_BYTES),
@@ -352,8 +350,7 @@ impl Drop for CudaBackend {
         let handle = self.cublas.get_mut().unwrap_or_else(|e| e.into_inner()).0;
         // SAFETY: created in `new`, destroyed once, after the stream drained.
         let destroyed = self.synchronize().and_then(|()| {
-            unsafe { cublas_result::destroy_handle(handle) }
-                .map_err(|e| Error::Cuda { call: "cublasDestroy", message: format!("{e:?}") })
+            unsafe { cublas_result::destroy_handle(handle) }.map_err(|e| Error::cuda("cublasDestroy", e))
         });
         if let Err(e) = destroyed.and_then(|()| self.free(self.cublas_workspace)) {
             // The device is going away: nobody is left to read a deferred error.
@@ -366,6 +363,6 @@ fn cublas_check(call: &'static str, s: cublas_sys::cublasStatus_t) -> Result<()>
     if s == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         Ok(())
     } else {
-        Err(Error::Cuda { call, message: format!("{s:?}") })
+        Err(Error::cuda(call, cublas_result::CublasError(s)))
     }
 }

@@ -9,7 +9,7 @@ use cudarc::driver::{result, sys, CudaContext};
 
 use super::cuda::{check, driver_err, CudaBackend};
 use super::DropErrors;
-use crate::graph::{CaptureMode, GraphNode, NodeKind};
+use super::{CaptureMode, GraphNode, NodeKind};
 use crate::{Error, Result};
 
 /// A captured CUDA graph and, once instantiated, its executable. Owns both handles.

@@ -10,12 +10,13 @@ mod cuda_graph;
 mod cuda_user;
 pub(crate) mod host;
 mod kernels;
+mod nodes;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::graph::{CaptureMode, GraphNode, NodeKind};
 use crate::{Error, Result};
+pub use nodes::{CaptureMode, GraphNode, NodeKind};
 
 pub use capture::is_capturing;
 pub(crate) use capture::StreamGate;
@@ -58,6 +59,13 @@ pub(crate) struct Backend {
     reserved: AtomicUsize,
 }
 
+/// The backend an op runs on: ops match on this once, running (or recording) the CPU
+/// reference on the host and launching the kernel on CUDA.
+pub(crate) enum Exec<'a> {
+    Host(&'a HostBackend),
+    Cuda(&'a CudaBackend),
+}
+
 /// An address in device (or host-backend) memory.
 #[derive(Clone, Debug)]
 pub(crate) enum Ptr {
@@ -78,11 +86,118 @@ impl Backend {
     }
 
     /// The CUDA backend of GPU `ordinal`.
-    pub(crate) fn cuda(ordinal: usize) -> Result<Backend> {
+    pub(crate) fn open_cuda(ordinal: usize) -> Result<Backend> {
         let gate = Arc::new(StreamGate::default());
         let drop_errors = Arc::new(DropErrors::default());
         let cuda = CudaBackend::new(ordinal, gate.clone(), drop_errors.clone())?;
         Ok(Backend { kind: BackendKind::Cuda(Box::new(cuda)), gate, drop_errors, reserved: AtomicUsize::new(0) })
+    }
+
+    /// A human-readable name: `cuda:0 (NVIDIA H200)` or `host`.
+    pub(crate) fn name(&self) -> String {
+        match &self.kind {
+            BackendKind::Host(_) => "host".into(),
+            BackendKind::Cuda(c) => format!("cuda:{} ({})", c.ordinal(), c.name()),
+        }
+    }
+
+    pub(crate) fn is_host(&self) -> bool {
+        matches!(self.kind, BackendKind::Host(_))
+    }
+
+    /// The CUDA state, on a GPU.
+    pub(crate) fn cuda(&self) -> Option<&CudaBackend> {
+        match &self.kind {
+            BackendKind::Cuda(c) => Some(c),
+            BackendKind::Host(_) => None,
+        }
+    }
+
+    /// The backend ops dispatch on.
+    pub(crate) fn exec(&self) -> Exec<'_> {
+        match &self.kind {
+            BackendKind::Host(h) => Exec::Host(h),
+            BackendKind::Cuda(c) => Exec::Cuda(c),
+        }
+    }
+
+    /// Device time of `f`'s stream work in ms (CUDA events), or wall time on the host.
+    pub(crate) fn time_ms(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<f32> {
+        match &self.kind {
+            BackendKind::Cuda(c) => c.time_ms(f),
+            BackendKind::Host(_) => {
+                let t = std::time::Instant::now();
+                f()?;
+                Ok(t.elapsed().as_secs_f32() * 1e3)
+            }
+        }
+    }
+
+    /// Sets `n` floats at `ptr` to `value`, on the stream (recorded while capturing). The
+    /// primitive under `Tensor::full` and `ops::fill_`.
+    pub(crate) fn fill_f32(&self, ptr: &Ptr, n: u32, value: f32) -> Result<()> {
+        match (ptr, &self.kind) {
+            (Ptr::Host(h), BackendKind::Host(host)) => {
+                let h = HostPtr { len: n as usize, ..h.clone() };
+                host.run(BuiltinKernel::FillF32, move || {
+                    h.write(&vec![value; h.len]);
+                    Ok(())
+                })
+            }
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) => c.launch(
+                BuiltinKernel::FillF32,
+                LaunchDims::elementwise(n as usize),
+                &[KArg::Ptr(*p), KArg::F32(value), KArg::U32(n)],
+            ),
+            _ => Err(Error::invalid("fill_", "a pointer of another backend")),
+        }
+    }
+
+    /// Copies `n` floats from `src` to `dst` on the stream (a memcpy node while capturing).
+    /// The primitive under `Tensor::copy_` and `ops::copy_`.
+    pub(crate) fn copy_f32(&self, dst: &Ptr, src: &Ptr, n: usize) -> Result<()> {
+        match (dst, src, &self.kind) {
+            (Ptr::Host(d), Ptr::Host(s), BackendKind::Host(host)) => {
+                let (d, s) = (HostPtr { len: n, ..d.clone() }, HostPtr { len: n, ..s.clone() });
+                host.run("copy_f32", move || {
+                    d.write(&s.read());
+                    Ok(())
+                })
+            }
+            (Ptr::Cuda(d), Ptr::Cuda(s), BackendKind::Cuda(c)) => c.copy_device(*d, *s, n * 4),
+            _ => Err(Error::invalid("copy_", "pointers of another backend")),
+        }
+    }
+
+    /// Copies `data` into the memory at `ptr` (which holds `data.len()` floats) and waits.
+    pub(crate) fn write_f32(&self, ptr: &Ptr, data: &[f32]) -> Result<()> {
+        self.forbid_during_capture("copy from host memory")?;
+        match (ptr, &self.kind) {
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) => c.copy_to_device(*p, data),
+            (Ptr::Host(h), BackendKind::Host(_)) => {
+                h.write(data);
+                Ok(())
+            }
+            _ => Err(Error::invalid("copy from host memory", "a pointer of another backend")),
+        }
+    }
+
+    /// Reads `len` floats at `ptr` back to the host (waits for the stream).
+    pub(crate) fn read_f32(&self, ptr: &Ptr, len: usize) -> Result<Vec<f32>> {
+        self.forbid_during_capture("copy to host memory")?;
+        match (ptr, &self.kind) {
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) => {
+                let mut out = vec![0.0; len];
+                c.copy_to_host(&mut out, *p)?;
+                Ok(out)
+            }
+            (Ptr::Host(h), BackendKind::Host(_)) => {
+                let mut v = h.read();
+                v.truncate(len);
+                Ok(v)
+            }
+            _ => Err(Error::invalid("copy to host memory", "a pointer of another backend")),
+        }
     }
 
     /// The capture mode in progress on this backend's stream, if the calling thread is the one

@@ -17,36 +17,12 @@ use crate::{Result, Tensor};
 pub fn fill_(y: &Tensor, value: f32) -> Result<()> {
     check_same("fill_", &[y])?;
     let n = n32("fill_", y.numel())?;
-    match exec(y.device()) {
-        Exec::Host(h) => {
-            let yp = y.host_ptr()?;
-            h.run(BuiltinKernel::FillF32, move || {
-                yp.write(&vec![value; yp.len]);
-                Ok(())
-            })
-        }
-        Exec::Cuda(c) => c.launch(
-            BuiltinKernel::FillF32,
-            LaunchDims::elementwise(n as usize),
-            &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(value), KArg::U32(n)],
-        ),
-    }
+    y.device().backend().fill_f32(&y.ptr()?, n, value)
 }
 
 /// Copies `src` into `dst` (same shape), in place. Captured as a copy node on a GPU.
 pub fn copy_(dst: &Tensor, src: &Tensor) -> Result<()> {
-    check_same("copy_", &[dst, src])?;
-    check_shape("copy_", dst, src)?;
-    match exec(dst.device()) {
-        Exec::Host(h) => {
-            let (d, s) = (dst.host_ptr()?, src.host_ptr()?);
-            h.run("copy_f32", move || {
-                d.write(&s.read());
-                Ok(())
-            })
-        }
-        Exec::Cuda(c) => c.copy_device(dst.cuda_ptr()?, src.cuda_ptr()?, dst.numel() * 4),
-    }
+    dst.copy_(src)
 }
 
 /// `y += a * x`, in place.

@@ -21,20 +21,14 @@ pub use linear::{bias_add, linear, linear_backward};
 pub use loss::{mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels};
 pub use norm::{layer_norm, layer_norm_backward};
 
-use crate::backend::{BackendKind, BuiltinKernel, CudaBackend, HostBackend, KArg, LaunchDims};
+use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims};
 use crate::{DType, Device, Error, Result, Tensor};
 
-/// The backend an op runs on, borrowed from the device.
-pub(crate) enum Exec<'a> {
-    Host(&'a HostBackend),
-    Cuda(&'a CudaBackend),
-}
+pub(crate) use crate::backend::Exec;
 
+/// The backend an op runs on, borrowed from the device.
 pub(crate) fn exec(device: &Device) -> Exec<'_> {
-    match &device.backend().kind {
-        BackendKind::Host(h) => Exec::Host(h),
-        BackendKind::Cuda(c) => Exec::Cuda(c),
-    }
+    device.backend().exec()
 }
 
 /// Checks that all tensors are f32 and on the device of the first.
