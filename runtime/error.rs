@@ -256,6 +256,28 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    /// `step()` before `fuse()`.
+    #[error("graphed modules `{module}`: no fused step yet; call fuse() once after capture")]
+    NotFused {
+        /// The modules.
+        module: String,
+    },
+    /// `step()` in the mode the graphs were not captured for.
+    #[error("graphed modules `{module}`: step() replays the graphs captured in {} mode; switch back with {}", if *.captured_training { "training" } else { "eval" }, if *.captured_training { "train()" } else { "eval()" })]
+    StepMode {
+        /// The modules.
+        module: String,
+        /// The mode captured.
+        captured_training: bool,
+    },
+    /// `step()` while per-call replays are half-way through an iteration.
+    #[error("graphed modules `{module}`: step() replays a whole iteration, but per-call replays are half-way through one ({pending} microbatches await their backward); finish it first")]
+    StepMidIteration {
+        /// The modules.
+        module: String,
+        /// Microbatches whose backward has not run.
+        pending: usize,
+    },
     /// A graphed module was called in a way its capture does not allow.
     #[error("graphed module `{module}`: {detail}")]
     Graphed {

@@ -206,6 +206,32 @@ impl Graph {
         Ok(self.pool.advance_replay(ticket))
     }
 
+    /// A graph that runs `parts` in order with one launch (CUDA child-graph nodes; on the host,
+    /// their ops in sequence). It is not part of the pool's capture order: the caller checks
+    /// and advances that order for the parts it stands for.
+    pub(crate) fn fuse(device: &Device, pool: &GraphPool, label: String, parts: &[&Graph]) -> Result<Graph> {
+        let mut recorded = Vec::with_capacity(parts.len());
+        for part in parts {
+            recorded.push(part.captured.as_ref().ok_or_else(|| Error::NotCaptured { graph: part.label.clone() })?);
+        }
+        let fused = Recorded::fuse(device.backend(), &recorded)?;
+        let mut graph = Graph::with_pool(device, pool);
+        graph.label = label;
+        graph.captured = Some(fused);
+        Ok(graph)
+    }
+
+    /// Launches a fused graph (no pool-order bookkeeping: see [`Graph::fuse`]).
+    pub(crate) fn launch_fused(&mut self) -> Result<()> {
+        let recorded = self.captured.as_mut().ok_or_else(|| Error::NotCaptured { graph: self.label.clone() })?;
+        recorded.launch(self.device.backend())
+    }
+
+    /// The graph's id in its pool's capture order.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Drops the captured graph (its pool stays); the graph can capture again. The stream is
     /// drained first, so no replay in flight uses memory a new capture may reuse; a device
     /// error on the way is returned, and the graph is reset all the same.

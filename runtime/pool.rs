@@ -319,6 +319,21 @@ impl GraphPool {
     }
 }
 
+impl GraphPool {
+    /// After a fused launch that stood for a run of graphs ending with `last`: the order
+    /// continues after `last`. Returns whether the run restarted the cycle (`ticket`).
+    pub(crate) fn advance_replay_past(&self, ticket: ReplayTicket, last: u64) -> bool {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.order.serial == ticket.serial {
+            let n = st.order.captured.len().max(1);
+            if let Some(i) = st.order.captured.iter().position(|(g, _)| *g == last) {
+                st.order.next = (i + 1) % n;
+            }
+        }
+        ticket.restarted
+    }
+}
+
 /// Permission to replay one graph now, from [`GraphPool::check_replay`].
 #[derive(Clone, Copy, Debug)]
 #[must_use]

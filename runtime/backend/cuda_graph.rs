@@ -109,6 +109,36 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// A new graph whose nodes are `parts` as child graphs, chained in order, instantiated.
+    pub(crate) fn fuse_graphs(&self, parts: &[&RawGraph]) -> Result<RawGraph> {
+        self.bind()?;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: creates an empty graph we own from here on (the RawGraph below destroys it).
+        unsafe { check("cuGraphCreate", sys::cuGraphCreate(&mut graph, 0))? };
+        let mut fused = RawGraph {
+            graph,
+            exec: std::ptr::null_mut(),
+            ctx: self.ctx.clone(),
+            drop_errors: self.drop_errors.clone(),
+        };
+        let mut prev: Option<sys::CUgraphNode> = None;
+        for part in parts {
+            let mut node: sys::CUgraphNode = std::ptr::null_mut();
+            let deps: Vec<sys::CUgraphNode> = prev.into_iter().collect();
+            // SAFETY: `fused.graph` and `part.graph` are valid graphs; the child is cloned into
+            // the parent, so `part` stays independent; `deps` outlives the call.
+            unsafe {
+                check(
+                    "cuGraphAddChildGraphNode",
+                    sys::cuGraphAddChildGraphNode(&mut node, fused.graph, deps.as_ptr(), deps.len(), part.graph),
+                )?
+            };
+            prev = Some(node);
+        }
+        self.instantiate(&mut fused)?;
+        Ok(fused)
+    }
+
     pub(crate) fn launch_graph(&self, g: &RawGraph) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;

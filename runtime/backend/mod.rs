@@ -230,7 +230,7 @@ impl Backend {
     /// Ends the capture in progress; always leaves the stream out of capture mode.
     pub(crate) fn end_capture(&self) -> Result<Recorded> {
         self.gate.end(|| match &self.kind {
-            BackendKind::Host(h) => Ok(Recorded::Host(h.end_capture())),
+            BackendKind::Host(h) => Ok(Recorded::Host(h.end_capture().into_iter().map(Arc::new).collect())),
             BackendKind::Cuda(c) => c.end_capture().map(Recorded::Cuda),
         })
     }
@@ -276,11 +276,39 @@ impl Backend {
 /// What a capture recorded: the host backend's op list or a CUDA graph.
 #[derive(Debug)]
 pub(crate) enum Recorded {
-    Host(Vec<host::HostOp>),
+    /// Shared ops, so a fused recording can hold the same ops as the graphs it was made of.
+    Host(Vec<Arc<host::HostOp>>),
     Cuda(RawGraph),
 }
 
 impl Recorded {
+    /// One recording that runs `parts` in order, each after the one before: on CUDA a new graph
+    /// of child-graph nodes (one launch replays them all), on the host the ops concatenated.
+    pub(crate) fn fuse(backend: &Backend, parts: &[&Recorded]) -> Result<Recorded> {
+        match &backend.kind {
+            BackendKind::Host(_) => {
+                let mut ops = Vec::new();
+                for part in parts {
+                    match part {
+                        Recorded::Host(part_ops) => ops.extend(part_ops.iter().cloned()),
+                        Recorded::Cuda(_) => return Err(Error::invalid("fuse", "a CUDA graph on a host device")),
+                    }
+                }
+                Ok(Recorded::Host(ops))
+            }
+            BackendKind::Cuda(c) => {
+                let mut raws = Vec::with_capacity(parts.len());
+                for part in parts {
+                    match part {
+                        Recorded::Cuda(raw) => raws.push(raw),
+                        Recorded::Host(_) => return Err(Error::invalid("fuse", "host ops on a CUDA device")),
+                    }
+                }
+                c.fuse_graphs(&raws).map(Recorded::Cuda)
+            }
+        }
+    }
+
     /// Instantiates a CUDA graph (a no-op on the host, or when already instantiated).
     pub(crate) fn instantiate(&mut self, backend: &Backend) -> Result<()> {
         match (self, &backend.kind) {

@@ -131,6 +131,8 @@ pub fn make_graphed(
         capture_time: Duration::ZERO,
         modules,
         options,
+        schedule: schedule.clone(),
+        fused: None,
     };
     let captured = device.with_pool(&pool, || -> Result<()> {
         g.make_surfaces(&samples, schedule.microbatches())?;
@@ -398,7 +400,7 @@ impl GraphedModules {
     /// Captures the backward of (chunk, microbatch) into its graph and checks its grads.
     fn capture_backward(&mut self, c: usize, m: usize, cx_template: Cx) -> Result<()> {
         let mode = self.options.capture_mode;
-        let grad_outputs = self.static_grad_outputs(c, m)?;
+        let grad_outputs = self.new_grad_outputs(c, m)?;
         let allow_unused = self.options.allow_unused_input;
         self.pool.begin_tracking();
         let mut graph = Graph::with_pool(&self.device, &self.pool);
@@ -438,7 +440,7 @@ impl GraphedModules {
 
     /// Grad-output buffers for (chunk, microbatch): one per `Some` output, none for `None`
     /// outputs; with chaining, the next chunk's grad input is reused.
-    fn static_grad_outputs(&self, c: usize, m: usize) -> Result<Vec<Option<Tensor>>> {
+    fn new_grad_outputs(&self, c: usize, m: usize) -> Result<Vec<Option<Tensor>>> {
         let s = &self.surfaces[c][m];
         let mut grads = Vec::with_capacity(s.outputs.len());
         for (i, o) in s.outputs.iter().enumerate() {

@@ -7,8 +7,10 @@
 //!   capture restores the RNG, frees its pool and hands the modules back.
 //! - `replay`: graphed forward and backward calls, each checked completely before it copies,
 //!   queues or launches anything.
+//! - `fused`: the whole schedule as one launch (`fuse`, `step`) on bound static buffers.
 
 mod capture;
+mod fused;
 mod options;
 mod replay;
 mod schedule;
@@ -24,7 +26,7 @@ pub use options::GraphOptions;
 pub(crate) use schedule::Schedule;
 
 /// The static surfaces and graphs of one (chunk, microbatch).
-struct Surface {
+pub(super) struct Surface {
     label: String,
     forward: Graph,
     /// `None` when the capture was forward-only.
@@ -65,6 +67,10 @@ pub struct GraphedModules {
     training: bool,
     options: GraphOptions,
     capture_time: Duration,
+    /// The iteration the graphs were captured for.
+    schedule: Schedule,
+    /// The one-launch step, once built (see `fused`).
+    fused: Option<Graph>,
 }
 
 impl std::fmt::Debug for GraphedModules {

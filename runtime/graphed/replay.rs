@@ -180,7 +180,7 @@ impl GraphedModules {
     }
 
     /// An abandoned cycle: every handed-out buffer may be overwritten out of turn.
-    fn invalidate_all(&self) {
+    pub(super) fn invalidate_all(&self) {
         for s in self.surfaces.iter().flatten() {
             for t in s.outputs.iter().chain(&s.grad_inputs).flatten() {
                 t.bump_generation();

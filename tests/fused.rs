@@ -1,0 +1,165 @@
+//! One launch per step: the fused schedule equals per-call replays and eager bit for bit, on
+//! each backend; refused steps change nothing; handles from before a step go stale.
+
+mod common;
+
+use common::model::{Block, Stack};
+use common::{on_each_backend, random};
+use graphed::optim::{Sgd, SgdConfig};
+use graphed::{make_graphed, Cx, Device, Error, GraphOptions, GraphedModules, Module, Param, Result, Tensor};
+
+const L: usize = 4;
+const B: usize = 4;
+const H: usize = 8;
+
+/// A chained stack of `L` blocks, one graph per block, as the per-block benchmark builds it.
+fn chained(dev: &Device, x: &Tensor) -> Result<(GraphedModules, Vec<Param>)> {
+    let stack = Stack::new(dev, L, H, 1)?;
+    let params = stack.params();
+    let blocks: Vec<Box<dyn Module>> = stack.blocks.into_iter().map(|b| Box::new(b) as Box<dyn Module>).collect();
+    let hidden = Tensor::zeros(dev, &[B, H])?.with_requires_grad(true);
+    let mut samples = vec![vec![vec![Some(x.clone())]]];
+    samples.extend((1..L).map(|_| vec![vec![Some(hidden.clone())]]));
+    Ok((make_graphed(blocks, samples, GraphOptions::new().warmup(2).chained(true))?, params))
+}
+
+/// Three SGD steps; returns every output, input grad, and the final parameters.
+fn train(dev: &Device, mode: &str) -> Result<Vec<Vec<f32>>> {
+    let xs: Vec<Tensor> =
+        (0..3).map(|i| Ok(random(dev, &[B, H], 10 + i)?.with_requires_grad(true))).collect::<Result<_>>()?;
+    let dys: Vec<Tensor> = (0..3).map(|i| random(dev, &[B, H], 20 + i)).collect::<Result<_>>()?;
+    let mut out = Vec::new();
+    if mode == "eager" {
+        let mut stack = Stack::new(dev, L, H, 1)?;
+        let sgd = Sgd::new(&stack.params(), SgdConfig { lr: 0.1, ..Default::default() })?;
+        for (x, dy) in xs.iter().zip(&dys) {
+            let mut cx = Cx::new(dev);
+            out.push(stack.forward(&mut cx, x)?.to_vec()?);
+            out.push(stack.backward(&mut cx, dy)?.expect("dx").to_vec()?);
+            sgd.step()?;
+        }
+        out.extend(stack.params().iter().map(|p| p.value.to_vec()).collect::<Result<Vec<_>>>()?);
+        return Ok(out);
+    }
+    let (mut g, params) = chained(dev, &xs[0])?;
+    let sgd = Sgd::new(&params, SgdConfig { lr: 0.1, ..Default::default() })?;
+    g.fuse()?;
+    for (x, dy) in xs.iter().zip(&dys) {
+        if mode == "fused" {
+            g.static_inputs(0, 0)?[0].as_ref().expect("input").copy_(x)?;
+            g.static_grad_outputs(L - 1, 0)?[0].as_ref().expect("grad output").copy_(dy)?;
+            g.step()?;
+            out.push(g.outputs(L - 1, 0)?[0].as_ref().expect("y").to_vec()?);
+            out.push(g.grad_inputs(0, 0)?[0].as_ref().expect("dx").to_vec()?);
+        } else {
+            let mut cx = Cx::new(dev);
+            let mut h = x.clone();
+            for i in 0..L {
+                h = g.forward(i, &mut cx, &[Some(h)])?.remove(0).expect("output");
+            }
+            out.push(h.to_vec()?);
+            let mut d = dy.clone();
+            for i in (0..L).rev() {
+                d = g.backward(i, &mut cx, &[Some(d)])?.remove(0).expect("grad");
+            }
+            out.push(d.to_vec()?);
+        }
+        sgd.step()?;
+    }
+    out.extend(params.iter().map(|p| p.value.to_vec()).collect::<Result<Vec<_>>>()?);
+    Ok(out)
+}
+
+#[test]
+fn fused_equals_per_call_equals_eager() {
+    on_each_backend(|dev| {
+        let eager = train(dev, "eager")?;
+        assert_eq!(train(dev, "per-call")?, eager, "per-call replays differ from eager");
+        assert_eq!(train(dev, "fused")?, eager, "the fused step differs from eager");
+        Ok(())
+    });
+}
+
+#[test]
+fn refused_steps_change_nothing_and_old_handles_go_stale() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[B, H], 1)?.with_requires_grad(true);
+        let (mut g, _) = chained(dev, &x)?;
+        let stats = g.pool().stats();
+        assert!(matches!(g.step(), Err(Error::NotFused { .. })));
+        g.fuse()?;
+        // Half-way through per-call replays, a step is refused.
+        let y = g.forward(0, &mut Cx::new(dev), &[Some(x.clone())])?.remove(0).expect("y");
+        assert!(matches!(g.step(), Err(Error::StepMidIteration { pending: 1, .. })));
+        for i in 1..L {
+            let prev = g.outputs(i - 1, 0)?.remove(0);
+            g.forward(i, &mut Cx::new(dev), &[prev])?;
+        }
+        let mut d = g.static_grad_outputs(L - 1, 0)?.remove(0).expect("grad output");
+        for i in (0..L).rev() {
+            d = g.backward(i, &mut Cx::new(dev), &[Some(d)])?.remove(0).expect("grad");
+        }
+        g.eval();
+        assert!(matches!(g.step(), Err(Error::StepMode { captured_training: true, .. })));
+        g.train();
+        assert_eq!(g.pool().stats(), stats, "refused steps left the pool alone");
+        assert!(y.is_fresh() && d.is_fresh());
+        g.step()?;
+        assert!(matches!(y.to_vec(), Err(Error::StaleTensor { .. })), "the step overwrote the output");
+        assert!(matches!(d.to_vec(), Err(Error::StaleTensor { .. })), "and the input grad");
+        // After a step, per-call replays continue from the start of the schedule.
+        g.forward(0, &mut Cx::new(dev), &[Some(x.clone())])?;
+        Ok(())
+    });
+}
+
+#[test]
+fn a_pipeline_schedule_fuses_too() {
+    on_each_backend(|dev| {
+        let order = vec![1, 2, 1, 2, -2, -1, -2, -1];
+        let xs: Vec<Tensor> =
+            (0..2).map(|i| Ok(random(dev, &[B, H], 30 + i)?.with_requires_grad(true))).collect::<Result<_>>()?;
+        let dys: Vec<Tensor> = (0..2).map(|i| random(dev, &[B, H], 40 + i)).collect::<Result<_>>()?;
+        let run = |fused: bool| -> Result<Vec<Vec<f32>>> {
+            let mods: Vec<Box<dyn Module>> =
+                vec![Box::new(Block::new(dev, H, H, 1)?), Box::new(Block::new(dev, H, H, 2)?)];
+            let h = Tensor::zeros(dev, &[B, H])?.with_requires_grad(true);
+            let samples = vec![vec![vec![Some(xs[0].clone())]], vec![vec![Some(h)]]];
+            let mut g = make_graphed(mods, samples, GraphOptions::new().warmup(2).order(order.clone()).chained(true))?;
+            for m in 0..2 {
+                g.static_inputs(0, m)?[0].as_ref().expect("x").copy_(&xs[m])?;
+                g.static_grad_outputs(1, m)?[0].as_ref().expect("dy").copy_(&dys[m])?;
+            }
+            if fused {
+                g.fuse()?;
+                g.step()?;
+            } else {
+                let mut cx = Cx::new(dev);
+                let (mut f, mut b) = ([0usize; 2], [0usize; 2]);
+                for &e in &order {
+                    let c = e.unsigned_abs() as usize - 1;
+                    if e > 0 {
+                        let inputs = g.static_inputs(c, f[c])?;
+                        let inputs = if c == 0 { inputs } else { g.outputs(0, f[c])? };
+                        g.forward(c, &mut cx, &inputs)?;
+                        f[c] += 1;
+                    } else {
+                        let grads = if c == 1 { g.static_grad_outputs(1, b[c])? } else { g.grad_inputs(1, b[c])? };
+                        g.backward(c, &mut cx, &grads)?;
+                        b[c] += 1;
+                    }
+                }
+            }
+            let mut out = Vec::new();
+            for m in 0..2 {
+                out.push(g.outputs(1, m)?[0].as_ref().expect("y").to_vec()?);
+                out.push(g.grad_inputs(0, m)?[0].as_ref().expect("dx").to_vec()?);
+            }
+            let first = g.module::<Block>(0).expect("first");
+            out.push(first.w.grad.to_vec()?);
+            Ok(out)
+        };
+        assert_eq!(run(true)?, run(false)?);
+        Ok(())
+    });
+}
