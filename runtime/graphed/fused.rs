@@ -23,7 +23,7 @@ impl GraphedModules {
         let parts = self.graphs_in_order();
         let label = format!("fused step of {}", self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", "));
         let fused = Graph::fuse(&self.device, &self.pool, label, &parts)?;
-        self.fused = Some(fused);
+        self.fused = Some(Box::new(fused));
         Ok(())
     }
 

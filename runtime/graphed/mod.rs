@@ -70,7 +70,7 @@ pub struct GraphedModules {
     /// The iteration the graphs were captured for.
     schedule: Schedule,
     /// The one-launch step, once built (see `fused`).
-    fused: Option<Graph>,
+    fused: Option<Box<Graph>>,
 }
 
 impl std::fmt::Debug for GraphedModules {
