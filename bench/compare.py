@@ -20,7 +20,7 @@ import json
 import math
 import sys
 
-TIME_METRICS = ["eager_us", "per_block_us", "whole_us", "floor_us", "issue_us"]
+TIME_METRICS = ["eager_us", "per_block_us", "fused_us", "whole_us", "floor_us", "issue_us"]
 # (key, ratio kind): "speedup" = torch/ours, "relative" = ours/torch
 METRICS = [
     ("eager_us", "speedup"),
@@ -202,6 +202,17 @@ def check_targets(ours, torch, shapes):
     r = div(num(o, "per_block_us"), num(o, "floor_us"))
     lines.append((verdict(at_most(r, 1.02)),
                   f"{shape_name(key)}: ours per_block <= 1.02x ours floor ({fmt_ratio(r)})"))
+
+    # 7. The fused per-block step (one launch) within 1.03x of ours floor, every shape, and its
+    #    CPU issue time <= 5 us.
+    for key in shapes:
+        o = ours.get(key)
+        r = div(num(o, "fused_us"), num(o, "floor_us"))
+        lines.append((verdict(at_most(r, 1.03)),
+                      f"{shape_name(key)}: ours fused per-block <= 1.03x ours floor ({fmt_ratio(r)})"))
+        c = num(o, "fused_cpu_us")
+        lines.append((verdict(at_most(c, 5.0)),
+                      f"{shape_name(key)}: CPU time to issue a fused step <= 5 us ({fmt(c)} us)"))
     return lines
 
 
@@ -212,7 +223,7 @@ def draw_chart(ours_doc, torch_doc, ours, torch, shapes, path):
     import numpy as np
 
     variants = [("eager_us", "eager"), ("per_block_us", "per-block graphs"),
-                ("whole_us", "whole"), ("floor_us", "floor")]
+                ("fused_us", "per-block fused"), ("whole_us", "whole"), ("floor_us", "floor")]
     series = []
     for i, (key, label) in enumerate(variants):
         series.append((ours, key, f"ours {label}", plt.cm.Blues(0.9 - 0.17 * i)))

@@ -99,6 +99,8 @@ struct Row {
     whole_pool_mb: f64,
     issue_us: f64,
     per_block_cpu_us: f64,
+    fused: f64,
+    fused_cpu_us: f64,
 }
 
 fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> Result<Row> {
@@ -150,6 +152,27 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
         cpu.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let per_block_cpu_us = median(cpu);
+
+    // The same graphs fused: one launch per step. The input and the loss grad (ones) are bound
+    // to the static buffers once; the loss sum runs after the step, as in the per-block step.
+    progress("one graph per block, fused (one launch per step)");
+    per.fuse()?;
+    per.static_inputs(0, 0)?[0].as_ref().expect("static input").copy_(&x)?;
+    ops::fill_(per.static_grad_outputs(l - 1, 0)?[0].as_ref().expect("static grad output"), 1.0)?;
+    let mut fused_step = || -> Result<()> {
+        per.step()?;
+        let _loss = ops::sum(per.outputs(l - 1, 0)?[0].as_ref().expect("last output"))?;
+        Ok(())
+    };
+    let fused = time_steps(dev, args.warmup, args.steps, &mut fused_step)?;
+    let mut cpu = Vec::with_capacity(args.steps);
+    for _ in 0..args.steps {
+        dev.synchronize()?;
+        let t = Instant::now();
+        per.step()?;
+        cpu.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let fused_cpu_us = median(cpu);
     drop(per);
 
     // One graph for the whole stack.
@@ -206,6 +229,8 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
         whole_pool_mb,
         issue_us,
         per_block_cpu_us,
+        fused,
+        fused_cpu_us,
     })
 }
 
@@ -218,31 +243,35 @@ fn main() -> Result<()> {
         rows.push(bench_shape(&dev, shape, &args)?);
     }
     println!(
-        "{:>14} {:>10} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9} {:>9} {:>13}",
+        "{:>14} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9} {:>9} {:>13} {:>9}",
         "L x H, B",
         "eager us",
         "per-block",
+        "fused",
         "whole",
         "floor",
         "capture ms",
         "pool MB",
         "live MB",
         "issue us",
-        "per-block CPU"
+        "per-block CPU",
+        "fused CPU"
     );
     for r in &rows {
         println!(
-            "{:>14} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>11.2} {:>9.2} {:>9.2} {:>9.2} {:>13.1}",
+            "{:>14} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>11.2} {:>9.2} {:>9.2} {:>9.2} {:>13.1} {:>9.2}",
             format!("{}x{}, {}", r.l, r.h, r.b),
             r.eager,
             r.per_block,
+            r.fused,
             r.whole,
             r.floor,
             r.capture_ms,
             r.pool_mb,
             r.live_mb,
             r.issue_us,
-            r.per_block_cpu_us
+            r.per_block_cpu_us,
+            r.fused_cpu_us
         );
     }
     if let Some(path) = &args.out {
@@ -250,8 +279,8 @@ fn main() -> Result<()> {
             .iter()
             .map(|r| {
                 format!(
-                    "{{\"L\":{},\"H\":{},\"B\":{},\"eager_us\":{:.2},\"per_block_us\":{:.2},\"whole_us\":{:.2},\"floor_us\":{:.2},\"capture_ms\":{:.3},\"whole_capture_ms\":{:.3},\"pool_mb\":{:.4},\"live_mb\":{:.4},\"whole_pool_mb\":{:.4},\"issue_us\":{:.3},\"per_block_cpu_us\":{:.2}}}",
-                    r.l, r.h, r.b, r.eager, r.per_block, r.whole, r.floor, r.capture_ms, r.whole_capture_ms, r.pool_mb, r.live_mb, r.whole_pool_mb, r.issue_us, r.per_block_cpu_us
+                    "{{\"L\":{},\"H\":{},\"B\":{},\"eager_us\":{:.2},\"per_block_us\":{:.2},\"whole_us\":{:.2},\"floor_us\":{:.2},\"capture_ms\":{:.3},\"whole_capture_ms\":{:.3},\"pool_mb\":{:.4},\"live_mb\":{:.4},\"whole_pool_mb\":{:.4},\"issue_us\":{:.3},\"per_block_cpu_us\":{:.2},\"fused_us\":{:.2},\"fused_cpu_us\":{:.3}}}",
+                    r.l, r.h, r.b, r.eager, r.per_block, r.whole, r.floor, r.capture_ms, r.whole_capture_ms, r.pool_mb, r.live_mb, r.whole_pool_mb, r.issue_us, r.per_block_cpu_us, r.fused, r.fused_cpu_us
                 )
             })
             .collect();

@@ -56,9 +56,10 @@ struct PoolState {
     slabs: Vec<Slab>,
     stats: PoolStats,
     order: ReplayOrder,
-    /// While tracking: the epoch, and the ranges of blocks allocated and freed within it.
-    tracking: Option<(u64, Vec<MemRange>)>,
-    epoch: u64,
+    /// While tracking (a capture): the ranges of every block allocated, which the captured
+    /// graph writes on each replay, whether freed during the capture (temporaries) or later
+    /// (saved activations released once the backward is captured).
+    tracking: Option<Vec<MemRange>>,
 }
 
 /// A range of pool memory: (slab, offset, bytes).
@@ -123,7 +124,6 @@ pub(crate) struct Block {
     slab: usize,
     offset: usize,
     bytes: usize,
-    epoch: u64,
     pub(crate) ptr: Ptr,
 }
 
@@ -147,11 +147,6 @@ impl Drop for Block {
     fn drop(&mut self) {
         let mut st = self.pool.state.lock().unwrap_or_else(|e| e.into_inner());
         st.stats.in_use -= self.bytes;
-        if let Some((epoch, ranges)) = st.tracking.as_mut() {
-            if *epoch == self.epoch {
-                ranges.push(MemRange { slab: self.slab, offset: self.offset, bytes: self.bytes });
-            }
-        }
         let free = &mut st.slabs[self.slab].free;
         let (mut off, mut len) = (self.offset, self.bytes);
         // Coalesce with the following and the preceding free range.
@@ -179,7 +174,6 @@ impl GraphPool {
                 stats: PoolStats::default(),
                 order: ReplayOrder::default(),
                 tracking: None,
-                epoch: 0,
             }),
         }))
     }
@@ -187,6 +181,11 @@ impl GraphPool {
     /// The pool's byte counts.
     pub fn stats(&self) -> PoolStats {
         self.0.state.lock().unwrap_or_else(|e| e.into_inner()).stats
+    }
+
+    /// Whether the pool's memory is on `device`.
+    pub(crate) fn is_on(&self, device: &crate::Device) -> bool {
+        Arc::ptr_eq(&self.0.backend, device.backend())
     }
 
     /// A number that identifies the pool in messages.
@@ -226,8 +225,10 @@ impl GraphPool {
         };
         st.stats.in_use += bytes;
         st.stats.peak_in_use = st.stats.peak_in_use.max(st.stats.in_use);
-        let epoch = st.tracking.as_ref().map_or(0, |(e, _)| *e);
-        Ok(Block { pool: self.0.clone(), slab, offset, bytes, epoch, ptr })
+        if let Some(ranges) = st.tracking.as_mut() {
+            ranges.push(MemRange { slab, offset, bytes });
+        }
+        Ok(Block { pool: self.0.clone(), slab, offset, bytes, ptr })
     }
 
     /// Adds a free slab of at least `bytes` (used before a capture is retried after
@@ -244,17 +245,16 @@ impl GraphPool {
         Ok(())
     }
 
-    /// Starts recording the blocks that are allocated and freed again (a graph's temporaries).
+    /// Starts recording the blocks allocated from now on (the memory a capture writes).
     pub(crate) fn begin_tracking(&self) {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.epoch += 1;
-        st.tracking = Some((st.epoch, Vec::new()));
+        st.tracking = Some(Vec::new());
     }
 
-    /// Stops recording; the temporaries' ranges.
+    /// Stops recording; the ranges of every block allocated since `begin_tracking`.
     pub(crate) fn end_tracking(&self) -> Vec<MemRange> {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.tracking.take().map(|(_, r)| r).unwrap_or_default()
+        st.tracking.take().unwrap_or_default()
     }
 
     /// Records that graph `id` was captured into this pool, after all earlier ones.

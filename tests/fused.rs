@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::model::{Block, Stack};
+use common::model::{Block, BlockInputs, GraphedBlock, Stack};
 use common::{on_each_backend, random};
 use graphed::optim::{Sgd, SgdConfig};
 use graphed::{make_graphed, Cx, Device, Error, GraphOptions, GraphedModules, Module, Param, Result, Tensor};
@@ -160,6 +160,41 @@ fn a_pipeline_schedule_fuses_too() {
             Ok(out)
         };
         assert_eq!(run(true)?, run(false)?);
+        Ok(())
+    });
+}
+
+#[test]
+fn separately_built_modules_share_one_pool_and_its_replay_order() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[B, H], 5)?.with_requires_grad(true);
+        let dy = random(dev, &[B, H], 6)?;
+        let pool = dev.new_pool();
+        let opts = || GraphedBlock::options().pool(&pool);
+        let mut a = GraphedBlock::new(Block::new(dev, H, H, 1)?, BlockInputs { x: x.clone() }, opts())?;
+        let mut b = GraphedBlock::new(Block::new(dev, H, H, 2)?, BlockInputs { x: x.clone() }, opts())?;
+        assert!(a.inner().pool() == &pool && b.inner().pool() == &pool);
+        let mut cx = Cx::new(dev);
+        // Capture order was a's forward and backward, then b's: b first is refused.
+        assert!(matches!(b.forward(&mut cx, &x), Err(Error::ReplayOrder { .. })));
+        let ya = a.forward(&mut cx, &x)?.to_vec()?;
+        let dxa = a.backward(&mut cx, &dy)?.expect("dx").to_vec()?;
+        let yb = b.forward(&mut cx, &x)?.to_vec()?;
+        b.backward(&mut cx, &dy)?;
+        let (mut ea, mut eb) = (Block::new(dev, H, H, 1)?, Block::new(dev, H, H, 2)?);
+        let mut ca = Cx::new(dev);
+        assert_eq!(ya, ea.forward(&mut ca, &x)?.to_vec()?);
+        assert_eq!(dxa, ea.backward(&mut ca, &dy)?.expect("dx").to_vec()?);
+        assert_eq!(yb, eb.forward(&mut Cx::new(dev), &x)?.to_vec()?);
+        // A pool from another device is refused before anything runs.
+        let other = Device::host().new_pool();
+        let err = GraphedBlock::new(
+            Block::new(dev, H, H, 3)?,
+            BlockInputs { x: x.clone() },
+            GraphedBlock::options().pool(&other),
+        )
+        .expect_err("another device's pool");
+        assert!(matches!(err.error(), Error::InvalidArgument { .. }));
         Ok(())
     });
 }

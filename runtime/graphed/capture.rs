@@ -117,7 +117,7 @@ pub fn make_graphed(
         Err(e) => return Err(CaptureError::new(e, modules)),
     };
     let started = Instant::now();
-    let pool = device.new_pool();
+    let pool = options.pool.clone().unwrap_or_else(|| device.new_pool());
     let chunks = modules.len();
     let mut g = GraphedModules {
         device: device.clone(),
@@ -223,6 +223,11 @@ fn validate(
     if device.is_capturing() {
         return Err(Error::IllegalDuringCapture { op: "make_graphed" });
     }
+    if let Some(pool) = &options.pool {
+        if !pool.is_on(&device) {
+            return Err(Error::invalid("make_graphed", format!("the pool given is not on {}", device.name())));
+        }
+    }
     let schedule = Schedule::new(options.order.as_deref(), chunks, has_backward)?;
     for (c, (m, s)) in modules.iter().zip(samples).enumerate() {
         if s.is_empty() || (s.len() != 1 && s.len() != schedule.microbatches()) {
@@ -245,6 +250,20 @@ fn validate(
 
 /// What one forward of an iteration left for its backward: its context and outputs.
 type ForwardDone = (Cx, Vec<Option<Tensor>>);
+
+/// Bytes of pool memory `cx` saved beyond the surface's own inputs and outputs.
+fn saved_bytes(cx: &Cx, inputs: &[Option<Tensor>], outputs: &[Option<Tensor>], pool: usize) -> usize {
+    let mut seen: Vec<Tensor> = inputs.iter().chain(outputs).flatten().cloned().collect();
+    let mut bytes = 0;
+    for t in cx.all_saved() {
+        let (pid, range) = t.mem_range();
+        if pid == pool && !seen.iter().any(|x| x.same_buffer(&t)) {
+            bytes += range.bytes;
+            seen.push(t);
+        }
+    }
+    bytes
+}
 
 /// Which pass over the schedule: an eager warm-up iteration or the capture.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -283,10 +302,11 @@ impl GraphedModules {
                     grad_outputs: Vec::new(),
                     grad_inputs: Vec::new(),
                     saved: None,
+                    saved_bytes: 0,
                     forward_clobbers: Vec::new(),
                     backward_clobbers: Vec::new(),
-                    forward_temps: Vec::new(),
-                    backward_temps: Vec::new(),
+                    forward_writes: Vec::new(),
+                    backward_writes: Vec::new(),
                     label,
                 });
             }
@@ -333,10 +353,7 @@ impl GraphedModules {
                     self.run_hooks(c, HookKind::PreBackward)?;
                     match phase {
                         Phase::WarmUp => {
-                            let grads = outs
-                                .iter()
-                                .map(|o| o.as_ref().map(|o| Tensor::zeros(&self.device, o.dims())).transpose())
-                                .collect::<Result<Vec<_>>>()?;
+                            let grads = self.warm_up_grad_outputs(c, m, &outs)?;
                             self.modules[c].backward(&mut cx.clone(), &grads)?;
                         }
                         Phase::Capture => self.capture_backward(c, m, cx)?,
@@ -385,7 +402,7 @@ impl GraphedModules {
             let outs = module.forward(&mut cx, &inputs)?;
             Ok((cx, outs))
         });
-        s.forward_temps = self.pool.end_tracking();
+        s.forward_writes = self.pool.end_tracking();
         let (cx, outs) = captured.map_err(|e| e.context(format!("capturing the forward of {}", s.label)))?;
         for (i, o) in outs.iter().enumerate() {
             if let Some(o) = o {
@@ -393,6 +410,7 @@ impl GraphedModules {
             }
         }
         s.outputs = outs.clone();
+        s.saved_bytes = saved_bytes(&cx, &s.inputs, &s.outputs, self.pool.id());
         s.saved = Some(cx.clone());
         Ok((cx, outs))
     }
@@ -412,7 +430,7 @@ impl GraphedModules {
             let mut cx = cx_template.clone();
             module.backward(&mut cx, &grad_outputs)
         });
-        s.backward_temps = self.pool.end_tracking();
+        s.backward_writes = self.pool.end_tracking();
         let grads = captured.map_err(|e| e.context(format!("capturing the backward of {}", s.label)))?;
         if grads.len() != s.inputs.len() {
             return Err(Error::Graphed {
@@ -435,11 +453,41 @@ impl GraphedModules {
         s.grad_outputs = grad_outputs;
         s.grad_inputs = grad_inputs;
         s.backward = Some(graph);
+        // The saved activations go back to the pool: later captures may reuse their memory,
+        // which is safe because every graph captured from now on replays after this backward
+        // (replay order is enforced) and the graphs that write it list its users as clobbered.
+        s.saved = None;
         Ok(())
     }
 
     /// Grad-output buffers for (chunk, microbatch): one per `Some` output, none for `None`
     /// outputs; with chaining, the next chunk's grad input is reused.
+    /// Zero grad outputs for a warm-up backward. The first warm-up allocates the static
+    /// grad-output buffers of (chunk, microbatch) here, before any capture, so no graph's
+    /// temporaries can ever lie in them: the fused step reads them as the caller left them.
+    fn warm_up_grad_outputs(&mut self, c: usize, m: usize, outs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        if self.surfaces[c][m].grad_outputs.is_empty() {
+            let label = self.surfaces[c][m].label.clone();
+            let mut statics = Vec::with_capacity(outs.len());
+            for (i, o) in outs.iter().enumerate() {
+                let chained = self.options.chained && i == 0 && c + 1 < self.surfaces.len();
+                statics.push(match o {
+                    Some(o) if !chained => {
+                        let g = Tensor::zeros(&self.device, o.dims())?;
+                        g.set_owner(format!("{label} grad output {i}"));
+                        Some(g)
+                    }
+                    _ => None, // no grad for a None output; a chained one is filled in at capture
+                });
+            }
+            self.surfaces[c][m].grad_outputs = statics;
+        }
+        // The static buffers hold zeros during warm-up (nothing has written them yet).
+        outs.iter().map(|o| o.as_ref().map(|o| Tensor::zeros(&self.device, o.dims())).transpose()).collect()
+    }
+
+    /// The static grad outputs of (chunk, microbatch) for its backward capture: the buffers
+    /// the warm-up allocated, with a chained slot taken from the next chunk's grad input.
     fn new_grad_outputs(&self, c: usize, m: usize) -> Result<Vec<Option<Tensor>>> {
         let s = &self.surfaces[c][m];
         let mut grads = Vec::with_capacity(s.outputs.len());
@@ -458,11 +506,15 @@ impl GraphedModules {
                     })?;
                     Some(g)
                 }
-                Some(o) => {
-                    let g = Tensor::zeros(&self.device, o.dims())?;
-                    g.set_owner(format!("{} grad output {i}", s.label));
-                    Some(g)
-                }
+                Some(o) => match s.grad_outputs.get(i).cloned().flatten() {
+                    Some(g) if g.dims() == o.dims() => Some(g),
+                    _ => {
+                        // The captured output's shape differs from the warm-up's: allocate now.
+                        let g = Tensor::zeros(&self.device, o.dims())?;
+                        g.set_owner(format!("{} grad output {i}", s.label));
+                        Some(g)
+                    }
+                },
             };
             grads.push(g);
         }
@@ -489,8 +541,8 @@ impl GraphedModules {
             v
         };
         for s in self.surfaces.iter_mut().flatten() {
-            s.forward_clobbers = hits(&s.forward_temps, &s.outputs);
-            s.backward_clobbers = hits(&s.backward_temps, &s.grad_inputs);
+            s.forward_clobbers = hits(&s.forward_writes, &s.outputs);
+            s.backward_clobbers = hits(&s.backward_writes, &s.grad_inputs);
         }
     }
 }

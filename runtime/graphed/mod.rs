@@ -35,14 +35,18 @@ pub(super) struct Surface {
     outputs: Vec<Option<Tensor>>,
     grad_outputs: Vec<Option<Tensor>>,
     grad_inputs: Vec<Option<Tensor>>,
-    /// What the captured forward saved for the captured backward (kept alive).
+    /// What the captured forward saved, until its backward is captured (then released: the
+    /// backward graph reads the memory on replay, the pool lends it to later captures).
     saved: Option<Cx>,
+    /// Bytes of the saved activations that are not static surfaces (pool memory only).
+    saved_bytes: usize,
     /// Buffers each replay overwrites (its own outputs, and other surfaces' buffers that lie in
-    /// its temporaries): handles to them go stale on replay.
+    /// memory it writes: its temporaries and released saved activations): handles to them go
+    /// stale on replay.
     forward_clobbers: Vec<Tensor>,
     backward_clobbers: Vec<Tensor>,
-    forward_temps: Vec<MemRange>,
-    backward_temps: Vec<MemRange>,
+    forward_writes: Vec<MemRange>,
+    backward_writes: Vec<MemRange>,
 }
 
 /// A microbatch whose backward has not run yet.
@@ -192,27 +196,29 @@ impl GraphedModules {
         self.modules
     }
 
-    /// Bytes of the static surfaces and saved activations that must stay live, for comparing
-    /// with the pool's reserved bytes.
+    /// Bytes that must stay live, for comparing with the pool's reserved bytes: the static
+    /// surfaces, plus the saved activations of the microbatches in flight at the schedule's
+    /// busiest point (a microbatch's saved activations live from its forward to its backward).
     pub fn live_bytes(&self) -> usize {
         let mut seen: Vec<Tensor> = Vec::new();
         for s in self.surfaces.iter().flatten() {
-            let saved = s.saved.as_ref().map(Cx::all_saved).unwrap_or_default();
-            for t in s
-                .inputs
-                .iter()
-                .chain(&s.outputs)
-                .chain(&s.grad_outputs)
-                .chain(&s.grad_inputs)
-                .flatten()
-                .chain(saved.iter())
-            {
+            for t in s.inputs.iter().chain(&s.outputs).chain(&s.grad_outputs).chain(&s.grad_inputs).flatten() {
                 let (pid, _) = t.mem_range();
                 if pid == self.pool.id() && !seen.iter().any(|x| x.same_buffer(t)) {
                     seen.push(t.clone());
                 }
             }
         }
-        seen.iter().map(|t| t.mem_range().1.bytes).sum()
+        let statics: usize = seen.iter().map(|t| t.mem_range().1.bytes).sum();
+        let (mut in_flight, mut peak) = (0usize, 0usize);
+        for step in self.schedule.steps() {
+            let saved = self.surfaces[step.chunk][step.microbatch].saved_bytes;
+            match step.pass {
+                schedule::Pass::Forward => in_flight += saved,
+                schedule::Pass::Backward => in_flight = in_flight.saturating_sub(saved),
+            }
+            peak = peak.max(in_flight);
+        }
+        statics + peak
     }
 }

@@ -1,6 +1,6 @@
 //! `GraphOptions`: how `make_graphed` warms up and captures.
 
-use crate::{CaptureMode, HookRegistry};
+use crate::{CaptureMode, GraphPool, HookRegistry};
 
 /// How `make_graphed` warms up and captures.
 ///
@@ -18,6 +18,7 @@ pub struct GraphOptions {
     pub(crate) training: bool,
     pub(crate) chained: bool,
     pub(crate) hooks: HookRegistry,
+    pub(crate) pool: Option<GraphPool>,
 }
 
 impl Default for GraphOptions {
@@ -30,6 +31,7 @@ impl Default for GraphOptions {
             training: true,
             chained: false,
             hooks: HookRegistry::new(),
+            pool: None,
         }
     }
 }
@@ -76,6 +78,23 @@ impl GraphOptions {
         self.chained = chained;
         self
     }
+    /// Capture into an existing pool (PyTorch's `pool=` argument), shared with graphs captured
+    /// before: separately built modules then share memory, and all of their graphs must
+    /// replay in the order they were captured (a divergence is `Error::ReplayOrder`). By
+    /// default each `make_graphed` call gets a new pool.
+    ///
+    /// ```
+    /// use graphed::{Device, GraphOptions};
+    /// let dev = Device::host();
+    /// let pool = dev.new_pool();
+    /// let opts = GraphOptions::new().pool(&pool);
+    /// # let _ = opts;
+    /// ```
+    pub fn pool(mut self, pool: &GraphPool) -> Self {
+        self.pool = Some(pool.clone());
+        self
+    }
+
     /// Hooks registered at run time (see [`HookRegistry`]).
     pub fn hooks(mut self, hooks: &HookRegistry) -> Self {
         self.hooks = hooks.clone();

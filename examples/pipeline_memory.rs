@@ -1,0 +1,64 @@
+//! Pipeline memory: how the graph pool grows with the microbatches of a schedule.
+//!
+//! Two chunks of 4 blocks (width 512, batch 64), 16 microbatches, captured with a 1F1B-style
+//! `order` that keeps `window` microbatches in flight per chunk (2, 4, 16). Prints the pool's
+//! reserved bytes and the bytes that must be live. Uses only `make_graphed` and `GraphOptions`,
+//! so the same program measures older versions of the library too.
+//!
+//! `cargo run --release --example pipeline_memory [-- --microbatches 16 --width 512]`
+
+#[path = "common/model.rs"]
+mod model;
+
+use graphed::{make_graphed, Device, GraphOptions, Module, Result, Tensor};
+use model::{random, Stack};
+
+/// A schedule with at most `window` microbatches of each chunk in flight: forwards of both
+/// chunks, and once `window` are outstanding, one backward (last chunk first) per forward.
+fn order(microbatches: usize, window: usize) -> Vec<i32> {
+    let mut order = Vec::new();
+    let mut outstanding = 0;
+    let mut backwards = 0;
+    for _ in 0..microbatches {
+        if outstanding == window {
+            order.extend([-2, -1]);
+            outstanding -= 1;
+            backwards += 1;
+        }
+        order.extend([1, 2]);
+        outstanding += 1;
+    }
+    for _ in backwards..microbatches {
+        order.extend([-2, -1]);
+    }
+    order
+}
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() -> Result<()> {
+    let dev = Device::default_device();
+    let (microbatches, width, batch) = (arg("--microbatches", 16), arg("--width", 512), 64);
+    println!("device {}; 2 chunks x 4 blocks, width {width}, batch {batch}, {microbatches} microbatches", dev.name());
+    println!("{:>8} {:>14} {:>14} {:>14}", "window", "reserved MB", "live MB", "in flight");
+    for window in [2, 4, microbatches] {
+        let chunks: Vec<Box<dyn Module>> =
+            vec![Box::new(Stack::new(&dev, 4, width, 1)?), Box::new(Stack::new(&dev, 4, width, 2)?)];
+        let x = random(&dev, &[batch, width], 3, 1.0)?.with_requires_grad(true);
+        let h = Tensor::zeros(&dev, &[batch, width])?.with_requires_grad(true);
+        let samples = vec![vec![vec![Some(x)]], vec![vec![Some(h)]]];
+        let opts = GraphOptions::new().warmup(1).order(order(microbatches, window));
+        let g = make_graphed(chunks, samples, opts)?;
+        let stats = g.pool().stats();
+        println!(
+            "{window:>8} {:>14.2} {:>14.2} {:>14}",
+            stats.reserved as f64 / 1e6,
+            g.live_bytes() as f64 / 1e6,
+            window.min(microbatches)
+        );
+    }
+    Ok(())
+}
