@@ -181,7 +181,7 @@ fn separately_built_modules_share_one_pool_and_its_replay_order() {
         let dxa = a.backward(&mut cx, &dy)?.expect("dx").to_vec()?;
         let yb = b.forward(&mut cx, &x)?.to_vec()?;
         b.backward(&mut cx, &dy)?;
-        let (mut ea, mut eb) = (Block::new(dev, H, H, 1)?, Block::new(dev, H, H, 2)?);
+        let (mut ea, eb) = (Block::new(dev, H, H, 1)?, Block::new(dev, H, H, 2)?);
         let mut ca = Cx::new(dev);
         assert_eq!(ya, ea.forward(&mut ca, &x)?.to_vec()?);
         assert_eq!(dxa, ea.backward(&mut ca, &dy)?.expect("dx").to_vec()?);

@@ -285,7 +285,7 @@ pub(crate) fn common_accessors(private: &TokenStream) -> TokenStream {
 
         /// Unwraps the type-erased graphs.
         pub fn into_inner(self) -> #private::GraphedModules {
-            self.__modules
+            *self.__modules
         }
 
         /// Switches to training mode: calls replay the graphs if they were captured in it, and

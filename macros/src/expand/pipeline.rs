@@ -46,7 +46,8 @@ pub(crate) fn expand(item: &ItemStruct, model: &StructModel) -> TokenStream {
         #wrapper_doc
         #allow
         #vis struct #wrapper {
-            __modules: #private::GraphedModules,
+            // Boxed: the wrapper stays pointer-sized (enums holding it stay small).
+            __modules: #private::Box<#private::GraphedModules>,
         }
 
         #allow
@@ -148,7 +149,7 @@ fn constructor(model: &StructModel, private: &TokenStream, options: &TokenStream
         ) -> #private::CaptureResult<Self, #ident> {
             let #ident { #(#fields),* } = module;
             match #private::make_graphed(#private::Vec::from([#(#boxed),*]), samples, options) {
-                #private::Ok(__modules) => #private::Ok(Self { __modules }),
+                #private::Ok(__modules) => #private::Ok(Self { __modules: #private::Box::new(__modules) }),
                 #private::Err(__error) => #private::Err(__error.map(|__modules| {
                     let mut __modules = __modules.into_iter();
                     #ident { #(#fields: #private::unbox::<#field_tys>(__modules.next(), #field_names),)* }

@@ -22,7 +22,8 @@ pub(crate) fn expand(names: &ImplNames, model: &ModuleModel) -> (TokenStream, To
         /// Replays must follow capture order: one `forward`, then its `backward`, per step.
         #allow
         #vis struct #wrapper {
-            __modules: #private::GraphedModules,
+            // Boxed: the wrapper stays pointer-sized (enums holding it stay small).
+            __modules: #private::Box<#private::GraphedModules>,
         }
     };
     let make_graphed = make_graphed(names, model);
@@ -108,7 +109,7 @@ fn constructor(names: &ImplNames, model: &ModuleModel) -> TokenStream {
                 #private::vec![#private::vec![sample.into_slots()]],
                 options,
             ) {
-                #private::Ok(__modules) => #private::Ok(Self { __modules }),
+                #private::Ok(__modules) => #private::Ok(Self { __modules: #private::Box::new(__modules) }),
                 #private::Err(__error) => #private::Err(__error.map(|__modules| {
                     let mut __modules = __modules.into_iter();
                     #private::unbox::<#self_ty>(__modules.next(), #module)

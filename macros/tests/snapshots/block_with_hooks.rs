@@ -137,7 +137,7 @@ pub struct BlockGradInputs {
     clippy::nursery,
 )]
 pub struct GraphedBlock {
-    __modules: ::graphed::__private::GraphedModules,
+    __modules: ::graphed::__private::Box<::graphed::__private::GraphedModules>,
 }
 #[allow(
     dead_code,
@@ -517,7 +517,9 @@ const _: () = {
                 options,
             ) {
                 ::graphed::__private::Ok(__modules) => {
-                    ::graphed::__private::Ok(Self { __modules })
+                    ::graphed::__private::Ok(Self {
+                        __modules: ::graphed::__private::Box::new(__modules),
+                    })
                 }
                 ::graphed::__private::Err(__error) => {
                     ::graphed::__private::Err(
@@ -623,7 +625,7 @@ const _: () = {
         }
         /// Unwraps the type-erased graphs.
         pub fn into_inner(self) -> ::graphed::__private::GraphedModules {
-            self.__modules
+            *self.__modules
         }
         /// Switches to training mode: calls replay the graphs if they were captured in it, and
         /// run the eager forward otherwise.

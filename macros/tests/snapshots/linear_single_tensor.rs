@@ -93,7 +93,7 @@ pub struct LinearGradInputs {
     clippy::nursery,
 )]
 struct GraphedLinear {
-    __modules: ::graphed::__private::GraphedModules,
+    __modules: ::graphed::__private::Box<::graphed::__private::GraphedModules>,
 }
 #[allow(
     dead_code,
@@ -416,7 +416,9 @@ const _: () = {
                 options,
             ) {
                 ::graphed::__private::Ok(__modules) => {
-                    ::graphed::__private::Ok(Self { __modules })
+                    ::graphed::__private::Ok(Self {
+                        __modules: ::graphed::__private::Box::new(__modules),
+                    })
                 }
                 ::graphed::__private::Err(__error) => {
                     ::graphed::__private::Err(
@@ -496,7 +498,7 @@ const _: () = {
         }
         /// Unwraps the type-erased graphs.
         pub fn into_inner(self) -> ::graphed::__private::GraphedModules {
-            self.__modules
+            *self.__modules
         }
         /// Switches to training mode: calls replay the graphs if they were captured in it, and
         /// run the eager forward otherwise.

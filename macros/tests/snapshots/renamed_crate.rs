@@ -93,7 +93,7 @@ pub struct ScaleGradInputs {
     clippy::nursery,
 )]
 pub struct GraphedScale {
-    __modules: renamed::__private::GraphedModules,
+    __modules: renamed::__private::Box<renamed::__private::GraphedModules>,
 }
 #[allow(
     dead_code,
@@ -406,7 +406,9 @@ const _: () = {
                 options,
             ) {
                 renamed::__private::Ok(__modules) => {
-                    renamed::__private::Ok(Self { __modules })
+                    renamed::__private::Ok(Self {
+                        __modules: renamed::__private::Box::new(__modules),
+                    })
                 }
                 renamed::__private::Err(__error) => {
                     renamed::__private::Err(
@@ -479,7 +481,7 @@ const _: () = {
         }
         /// Unwraps the type-erased graphs.
         pub fn into_inner(self) -> renamed::__private::GraphedModules {
-            self.__modules
+            *self.__modules
         }
         /// Switches to training mode: calls replay the graphs if they were captured in it, and
         /// run the eager forward otherwise.
