@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::schedule::{Pass, Step};
-use super::{GraphOptions, GraphedModules, Schedule, Surface};
+use super::{Config, GraphOptions, GraphedModules, Schedule, Surface};
 use crate::pool::MemRange;
 use crate::{Cx, Device, Error, Graph, HookKind, Module, Result, Tensor};
 
@@ -128,15 +128,12 @@ pub fn make_graphed(
         captured_training: options.training,
         has_backward,
         training: options.training,
-        capture_time: Duration::ZERO,
         modules,
-        options,
-        schedule: schedule.clone(),
-        fused: None,
+        config: Box::new(Config { options, capture_time: Duration::ZERO, schedule: schedule.clone(), fused: None }),
     };
     let captured = device.with_pool(&pool, || -> Result<()> {
         g.make_surfaces(&samples, schedule.microbatches())?;
-        for _ in 0..g.options.warmup {
+        for _ in 0..g.config.options.warmup {
             g.iterate(&schedule, Phase::WarmUp)?;
         }
         g.iterate(&schedule, Phase::Capture)
@@ -150,7 +147,7 @@ pub fn make_graphed(
     match captured.and(restored) {
         Ok(()) => {
             g.compute_clobbers();
-            g.capture_time = started.elapsed();
+            g.config.capture_time = started.elapsed();
             Ok(g)
         }
         Err(e) => {
@@ -282,7 +279,7 @@ impl GraphedModules {
                 let label = format!("{}[chunk {}, microbatch {}]", self.modules[c].name(), c + 1, m);
                 let mut inputs = Vec::with_capacity(set.len());
                 for (i, t) in set.iter().enumerate() {
-                    let chained = self.options.chained && c > 0 && i == 0;
+                    let chained = self.config.options.chained && c > 0 && i == 0;
                     inputs.push(match t {
                         Some(t) if !chained => {
                             let st = t.deep_clone()?;
@@ -372,7 +369,7 @@ impl GraphedModules {
     /// from `prev`, the previous chunk's first output for this microbatch.
     fn chained_inputs(&self, c: usize, m: usize, prev: Option<Tensor>) -> Result<Vec<Option<Tensor>>> {
         let mut inputs = self.surfaces[c][m].inputs.clone();
-        if self.options.chained && c > 0 {
+        if self.config.options.chained && c > 0 {
             let prev = prev.ok_or_else(|| Error::InvalidOrder {
                 detail: format!("chained: chunk {} microbatch {m} runs before chunk {} produced its output", c + 1, c),
             })?;
@@ -392,7 +389,7 @@ impl GraphedModules {
         inputs: Vec<Option<Tensor>>,
         cx_template: Cx,
     ) -> Result<(Cx, Vec<Option<Tensor>>)> {
-        let mode = self.options.capture_mode;
+        let mode = self.config.options.capture_mode;
         self.surfaces[c][m].inputs = inputs.clone();
         self.pool.begin_tracking();
         let module = &self.modules[c];
@@ -417,9 +414,9 @@ impl GraphedModules {
 
     /// Captures the backward of (chunk, microbatch) into its graph and checks its grads.
     fn capture_backward(&mut self, c: usize, m: usize, cx_template: Cx) -> Result<()> {
-        let mode = self.options.capture_mode;
+        let mode = self.config.options.capture_mode;
         let grad_outputs = self.new_grad_outputs(c, m)?;
-        let allow_unused = self.options.allow_unused_input;
+        let allow_unused = self.config.options.allow_unused_input;
         self.pool.begin_tracking();
         let mut graph = Graph::with_pool(&self.device, &self.pool);
         let module = &mut self.modules[c];
@@ -470,7 +467,7 @@ impl GraphedModules {
             let label = self.surfaces[c][m].label.clone();
             let mut statics = Vec::with_capacity(outs.len());
             for (i, o) in outs.iter().enumerate() {
-                let chained = self.options.chained && i == 0 && c + 1 < self.surfaces.len();
+                let chained = self.config.options.chained && i == 0 && c + 1 < self.surfaces.len();
                 statics.push(match o {
                     Some(o) if !chained => {
                         let g = Tensor::zeros(&self.device, o.dims())?;
@@ -492,7 +489,7 @@ impl GraphedModules {
         let s = &self.surfaces[c][m];
         let mut grads = Vec::with_capacity(s.outputs.len());
         for (i, o) in s.outputs.iter().enumerate() {
-            let chained = self.options.chained && i == 0 && c + 1 < self.surfaces.len();
+            let chained = self.config.options.chained && i == 0 && c + 1 < self.surfaces.len();
             let g = match o {
                 None => None,
                 Some(_) if chained => {

@@ -17,19 +17,19 @@ impl GraphedModules {
     /// Builds the fused step (once; later calls do nothing): every graph of the schedule, in
     /// capture order, as one executable graph.
     pub fn fuse(&mut self) -> Result<()> {
-        if self.fused.is_some() {
+        if self.config.fused.is_some() {
             return Ok(());
         }
         let parts = self.graphs_in_order();
         let label = format!("fused step of {}", self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", "));
         let fused = Graph::fuse(&self.device, &self.pool, label, &parts)?;
-        self.fused = Some(Box::new(fused));
+        self.config.fused = Some(fused);
         Ok(())
     }
 
     /// Whether [`GraphedModules::fuse`] has built the one-launch step.
     pub fn is_fused(&self) -> bool {
-        self.fused.is_some()
+        self.config.fused.is_some()
     }
 
     /// Replays one whole iteration of the schedule with one launch, on the inputs and grad
@@ -40,7 +40,7 @@ impl GraphedModules {
     /// per-call replays the step stands for.
     pub fn step(&mut self) -> Result<()> {
         let module = self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
-        if self.fused.is_none() {
+        if self.config.fused.is_none() {
             return Err(Error::NotFused { module });
         }
         if self.training != self.captured_training {
@@ -57,7 +57,7 @@ impl GraphedModules {
             _ => return Err(Error::NotFused { module }),
         };
         // Act.
-        let fused = self.fused.as_mut().ok_or(Error::NotFused { module })?;
+        let fused = self.config.fused.as_mut().ok_or(Error::NotFused { module })?;
         fused.launch_fused()?;
         if self.pool.advance_replay_past(first, last) {
             self.invalidate_all();
@@ -73,7 +73,7 @@ impl GraphedModules {
     /// The graphs of the schedule in capture (and replay) order.
     fn graphs_in_order(&self) -> Vec<&Graph> {
         let mut v = Vec::new();
-        for step in self.schedule.steps() {
+        for step in self.config.schedule.steps() {
             let s = &self.surfaces[step.chunk][step.microbatch];
             match step.pass {
                 Pass::Forward => v.push(&s.forward),

@@ -69,12 +69,18 @@ pub struct GraphedModules {
     /// captures where neither an input nor a parameter needs a grad.
     has_backward: bool,
     training: bool,
+    /// What the capture was made with and of, boxed so `GraphedModules` stays small.
+    config: Box<Config>,
+}
+
+/// The settled facts of a capture.
+struct Config {
     options: GraphOptions,
     capture_time: Duration,
     /// The iteration the graphs were captured for.
     schedule: Schedule,
     /// The one-launch step, once built (see `fused`).
-    fused: Option<Box<Graph>>,
+    fused: Option<Graph>,
 }
 
 impl std::fmt::Debug for GraphedModules {
@@ -89,7 +95,7 @@ impl GraphedModules {
     fn run_hooks(&mut self, chunk: usize, kind: HookKind) -> Result<()> {
         let module = &mut self.modules[chunk];
         let name = module.name();
-        self.options.hooks.run(chunk, kind, || module.run_hooks(kind)).map_err(|e| Error::Hook {
+        self.config.options.hooks.run(chunk, kind, || module.run_hooks(kind)).map_err(|e| Error::Hook {
             module: name.into(),
             kind: kind.name(),
             source: Box::new(e),
@@ -156,12 +162,12 @@ impl GraphedModules {
         prepend: bool,
         f: impl FnMut() -> Result<()> + Send + 'static,
     ) -> crate::HookHandle {
-        self.options.hooks.register(chunk, kind, prepend, f)
+        self.config.options.hooks.register(chunk, kind, prepend, f)
     }
 
     /// Wall time of warm-up plus capture.
     pub fn capture_time(&self) -> Duration {
-        self.capture_time
+        self.config.capture_time
     }
 
     /// Microbatches per chunk.
@@ -211,7 +217,7 @@ impl GraphedModules {
         }
         let statics: usize = seen.iter().map(|t| t.mem_range().1.bytes).sum();
         let (mut in_flight, mut peak) = (0usize, 0usize);
-        for step in self.schedule.steps() {
+        for step in self.config.schedule.steps() {
             let saved = self.surfaces[step.chunk][step.microbatch].saved_bytes;
             match step.pass {
                 schedule::Pass::Forward => in_flight += saved,
