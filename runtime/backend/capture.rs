@@ -9,7 +9,7 @@
 //! only once no other thread is inside a primitive, so none of their work is half-captured.
 //! Without a capture, passing the gate costs two atomic operations.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::thread::ThreadId;
@@ -24,6 +24,33 @@ const WAIT_FOR_CAPTURE: Duration = Duration::from_secs(120);
 thread_local! {
     /// Number of captures this thread has in progress, on any device.
     static CAPTURES: Cell<usize> = const { Cell::new(0) };
+    /// The gates this thread is inside (by address), with the nesting depth: a primitive that
+    /// calls another (a copy that synchronizes) passes again at once, even while a capture
+    /// on another thread waits for this one to leave.
+    static HELD: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// This thread's nesting depth in `gate` after adding `delta` (0 when not inside).
+fn held(gate: &StreamGate, delta: isize) -> usize {
+    let key = gate as *const StreamGate as usize;
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        let i = match h.iter().position(|(g, _)| *g == key) {
+            Some(i) => i,
+            None if delta > 0 => {
+                h.push((key, 0));
+                h.len() - 1
+            }
+            None => return 0,
+        };
+        let depth = (h[i].1 as isize + delta).max(0) as usize;
+        if depth == 0 {
+            h.swap_remove(i);
+        } else {
+            h[i].1 = depth;
+        }
+        depth
+    })
 }
 
 /// Whether this thread is capturing a graph right now (on any device), like PyTorch's
@@ -70,6 +97,9 @@ pub(crate) struct Entered<'a> {
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
         if let Some(gate) = self.gate {
+            if held(gate, -1) > 0 {
+                return; // a nested entry: the outer one still counts
+            }
             let left = gate.inside.fetch_sub(1, Ordering::SeqCst) - 1;
             if left == 0 && gate.capturing.load(Ordering::SeqCst) {
                 gate.notify();
@@ -109,13 +139,22 @@ impl StreamGate {
     /// Enters a primitive: passes at once on the capturing thread or when nothing captures,
     /// otherwise waits for the other thread's capture to end.
     pub(crate) fn enter(&self) -> Result<Entered<'_>> {
+        if held(self, 0) > 0 {
+            // Already inside (counted): a nested primitive passes.
+            held(self, 1);
+            return Ok(Entered { gate: Some(self) });
+        }
         loop {
             self.inside.fetch_add(1, Ordering::SeqCst);
             if !self.capturing.load(Ordering::SeqCst) {
+                held(self, 1);
                 return Ok(Entered { gate: Some(self) });
             }
             // A capture is in progress or beginning: step back out and look under the lock.
-            drop(Entered { gate: Some(self) });
+            let left = self.inside.fetch_sub(1, Ordering::SeqCst) - 1;
+            if left == 0 {
+                self.notify();
+            }
             let me = std::thread::current().id();
             let st = self.lock();
             if st.capture.is_some_and(|(_, owner)| owner == me) {
@@ -192,5 +231,58 @@ impl StreamGate {
         drop(st);
         self.changed.notify_all();
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A thread inside a primitive that enters again (a copy that synchronizes) must pass
+    /// while another thread waits to begin a capture: the nested entry cannot wait for a
+    /// capture that waits for it.
+    #[test]
+    fn a_nested_entry_passes_while_a_capture_waits_to_begin() {
+        let gate = StreamGate::default();
+        let (inside_tx, inside_rx) = mpsc::channel();
+        let (nested_tx, nested_rx) = mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let outer = gate.enter().expect("outer");
+                inside_tx.send(()).expect("send");
+                // Give the other thread time to start waiting in `begin`.
+                std::thread::sleep(Duration::from_millis(50));
+                let nested = gate.enter().expect("nested");
+                nested_tx.send(()).expect("send");
+                drop(nested);
+                drop(outer);
+            });
+            inside_rx.recv().expect("inside");
+            let begun = s.spawn(|| gate.begin(CaptureMode::ThreadLocal, || Ok(())));
+            nested_rx.recv_timeout(Duration::from_secs(10)).expect("the nested entry passed");
+            begun.join().expect("begin").expect("the capture began once the other thread left");
+            gate.end(|| Ok(())).expect_err("end belongs to the capturing thread");
+        });
+    }
+
+    #[test]
+    fn the_capturing_thread_passes_and_others_wait() {
+        let gate = StreamGate::default();
+        gate.begin(CaptureMode::Global, || Ok(())).expect("begin");
+        assert_eq!(gate.my_capture(), Some(CaptureMode::Global));
+        drop(gate.enter().expect("the owner passes"));
+        std::thread::scope(|s| {
+            let other = s.spawn(|| {
+                assert_eq!(gate.my_capture(), None);
+                let t = Instant::now();
+                drop(gate.enter().expect("passes after the capture ends"));
+                t.elapsed()
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            gate.end(|| Ok(())).expect("end");
+            assert!(other.join().expect("other") >= Duration::from_millis(40), "it waited");
+        });
     }
 }

@@ -13,6 +13,19 @@ use super::schedule::Pass;
 use super::GraphedModules;
 use crate::{Error, Graph, Result, Tensor};
 
+/// The fused graph and what a step needs to check and commit without allocating.
+pub(super) struct Fused {
+    graph: Graph,
+    /// The modules' names, for errors.
+    label: String,
+    /// The first step of the schedule: (chunk, microbatch) of a forward.
+    first: (usize, usize),
+    /// The pool id of the schedule's last graph.
+    last: u64,
+    /// Every buffer some graph of the step overwrites, once each: their handles go stale.
+    clobbers: Vec<Tensor>,
+}
+
 impl GraphedModules {
     /// Builds the fused step (once; later calls do nothing): every graph of the schedule, in
     /// capture order, as one executable graph.
@@ -21,9 +34,19 @@ impl GraphedModules {
             return Ok(());
         }
         let parts = self.graphs_in_order();
-        let label = format!("fused step of {}", self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", "));
-        let fused = Graph::fuse(&self.device, &self.pool, label, &parts)?;
-        self.config.fused = Some(fused);
+        let label = self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
+        let (Some(first), Some(last)) = (self.config.schedule.steps().first(), parts.last()) else {
+            return Err(Error::NotFused { module: label });
+        };
+        let (first, last) = ((first.chunk, first.microbatch), last.id());
+        let graph = Graph::fuse(&self.device, &self.pool, format!("fused step of {label}"), &parts)?;
+        let mut clobbers: Vec<Tensor> = Vec::new();
+        for t in self.surfaces.iter().flatten().flat_map(|s| s.forward_clobbers.iter().chain(&s.backward_clobbers)) {
+            if !clobbers.iter().any(|c| c.same_buffer(t)) {
+                clobbers.push(t.clone());
+            }
+        }
+        self.config.fused = Some(Fused { graph, label, first, last, clobbers });
         Ok(())
     }
 
@@ -39,33 +62,31 @@ impl GraphedModules {
     /// graph now. Afterwards every handle an earlier call returned is stale, as after the
     /// per-call replays the step stands for.
     pub fn step(&mut self) -> Result<()> {
-        let module = self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
-        if self.config.fused.is_none() {
+        let Some(fused) = &self.config.fused else {
+            let module = self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
             return Err(Error::NotFused { module });
-        }
+        };
         if self.training != self.captured_training {
-            return Err(Error::StepMode { module, captured_training: self.captured_training });
+            return Err(Error::StepMode { module: fused.label.clone(), captured_training: self.captured_training });
         }
         let pending: usize = self.pending.iter().map(VecDeque::len).sum();
-        let half_way = pending > 0 || self.next_forward.iter().any(|&n| n != 0);
-        if half_way {
-            return Err(Error::StepMidIteration { module, pending });
+        if pending > 0 || self.next_forward.iter().any(|&n| n != 0) {
+            return Err(Error::StepMidIteration { module: fused.label.clone(), pending });
         }
-        let parts = self.graphs_in_order();
-        let (first, last) = match (parts.first(), parts.last()) {
-            (Some(first), Some(last)) => (first.check_replay()?, last.id()),
-            _ => return Err(Error::NotFused { module }),
-        };
+        let (chunk, microbatch) = fused.first;
+        let ticket = self.surfaces[chunk][microbatch].forward.check_replay()?;
+        let last = fused.last;
         // Act.
-        let fused = self.config.fused.as_mut().ok_or(Error::NotFused { module })?;
-        fused.launch_fused()?;
-        if self.pool.advance_replay_past(first, last) {
+        if let Some(fused) = self.config.fused.as_mut() {
+            fused.graph.launch_fused()?;
+        }
+        if self.pool.advance_replay_past(ticket, last) {
             self.invalidate_all();
         }
-        for s in self.surfaces.iter().flatten() {
-            for t in s.forward_clobbers.iter().chain(&s.backward_clobbers) {
+        if let Some(fused) = &self.config.fused {
+            fused.clobbers.iter().for_each(|t| {
                 t.bump_generation();
-            }
+            });
         }
         Ok(())
     }

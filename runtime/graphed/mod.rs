@@ -80,7 +80,7 @@ struct Config {
     /// The iteration the graphs were captured for.
     schedule: Schedule,
     /// The one-launch step, once built (see `fused`).
-    fused: Option<Graph>,
+    fused: Option<fused::Fused>,
 }
 
 impl std::fmt::Debug for GraphedModules {
