@@ -1,0 +1,205 @@
+//! `DataParallel`: a module whose backward all-reduces its parameter grads, in buckets, right
+//! after computing them, so the all-reduce is captured inside the backward graph.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+
+use super::{Communicator, ReduceOp};
+use crate::{Cx, Error, HookKind, Module, Param, Result, Tensor};
+
+/// Default bucket size: DDP's 25 MB.
+pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
+
+/// Wraps a module for data parallelism: every rank holds the same parameters and runs its own
+/// batch; after the module's backward, the grads are all-reduced over the ranks (summed, or
+/// averaged) in buckets of about `bucket_bytes`, later parameters first (the order backward
+/// produces them), each bucket one fused collective.
+///
+/// The wrapper is itself a [`Module`], so `make_graphed` captures the all-reduce inside the
+/// backward graph, and its eager warm-up iterations run the collectives first (NCCL connects
+/// lazily; the first call must not happen inside a capture). With one chunk per layer, each
+/// layer's all-reduce is issued right after its backward, before the earlier layers' backward.
+///
+/// The reduction replaces each grad by the reduced *accumulated* grad, so zero the grads
+/// every step (as every optimizer loop here does). Construction checks that every rank wraps
+/// the same parameter layout (names and shapes), with a typed error on every rank otherwise.
+///
+/// ```
+/// use graphed::dist::{self, DataParallel, ReduceOp};
+/// use graphed::{Cx, Module, Param, Parameters, Result, Tensor, ops};
+///
+/// #[derive(Parameters)]
+/// struct Scale { w: Param }
+/// impl Module for Scale {
+///     fn name(&self) -> &'static str { "scale" }
+///     fn num_inputs(&self) -> usize { 1 }
+///     fn forward(&self, cx: &mut Cx, x: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+///         let x = x[0].clone().expect("input");
+///         cx.save(&x);
+///         Ok(vec![Some(ops::mul(&x, &self.w.value)?)])
+///     }
+///     fn backward(&mut self, cx: &mut Cx, dy: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+///         let (x, dy) = (cx.saved(0)?, dy[0].clone().expect("grad"));
+///         ops::axpy_(&self.w.grad, 1.0, &ops::mul(&x, &dy)?)?;
+///         Ok(vec![None])
+///     }
+///     fn visit_params(&self, f: &mut dyn FnMut(&str, &Param)) { Parameters::visit_params(self, "", f) }
+///     fn exposes_params(&self) -> bool { true }
+/// }
+///
+/// let grads = dist::run_emulated(2, |comm| {
+///     let dev = comm.device().clone();
+///     let w = Param::new(Tensor::full(&dev, &[2], 1.0)?)?;
+///     let mut dp = DataParallel::new(Scale { w: w.clone() }, comm.clone(), ReduceOp::Sum)?;
+///     let x = Tensor::full(&dev, &[2], comm.rank() as f32 + 1.0)?;
+///     let mut cx = Cx::new(&dev);
+///     dp.forward(&mut cx, &[Some(x)])?;
+///     dp.backward(&mut cx, &[Some(Tensor::full(&dev, &[2], 1.0)?)])?;
+///     w.grad.to_vec()
+/// })?;
+/// assert_eq!(grads[0], vec![3.0, 3.0]); // 1 + 2, on every rank
+/// assert_eq!(grads[1], grads[0]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub struct DataParallel<M: Module> {
+    inner: M,
+    comm: Communicator,
+    op: ReduceOp,
+    /// Grads to reduce, bucket by bucket, in the order they are reduced.
+    buckets: Vec<Vec<Tensor>>,
+}
+
+impl<M: Module> std::fmt::Debug for DataParallel<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sizes: Vec<usize> = self.buckets.iter().map(Vec::len).collect();
+        write!(f, "DataParallel({}, {:?}, buckets of {sizes:?} grads, {:?})", self.inner.name(), self.op, self.comm)
+    }
+}
+
+impl<M: Module> DataParallel<M> {
+    /// Wraps `inner`, whose parameters come from [`Module::visit_params`] (derive
+    /// [`crate::Parameters`] and let `#[graphed]` forward it), with buckets of the default
+    /// size.
+    pub fn new(inner: M, comm: Communicator, op: ReduceOp) -> Result<DataParallel<M>> {
+        if !inner.exposes_params() {
+            return Err(Error::invalid(
+                "DataParallel::new",
+                format!(
+                    "module `{}` does not expose its parameters (derive Parameters, or use DataParallel::with_params)",
+                    inner.name()
+                ),
+            ));
+        }
+        let mut params = Vec::new();
+        inner.visit_params(&mut |name, p| params.push((name.to_string(), p.clone())));
+        DataParallel::with_params(inner, params, comm, op, DEFAULT_BUCKET_BYTES)
+    }
+
+    /// Wraps `inner` with its parameters given by name, and buckets of `bucket_bytes`.
+    pub fn with_params(
+        inner: M,
+        params: Vec<(String, Param)>,
+        comm: Communicator,
+        op: ReduceOp,
+        bucket_bytes: usize,
+    ) -> Result<DataParallel<M>> {
+        for (name, p) in &params {
+            if p.grad.device() != comm.device() {
+                return Err(Error::invalid(
+                    "DataParallel",
+                    format!(
+                        "parameter `{name}` is on {}, the communicator on {}",
+                        p.grad.device().name(),
+                        comm.device().name()
+                    ),
+                ));
+            }
+        }
+        let mut hasher = DefaultHasher::new();
+        for (name, p) in &params {
+            (name, p.value.dims(), p.requires_grad()).hash(&mut hasher);
+        }
+        bucket_bytes.hash(&mut hasher);
+        comm.check_same("data-parallel parameter layouts", hasher.finish())?;
+        let buckets =
+            buckets(params.iter().filter(|(_, p)| p.requires_grad()).rev().map(|(_, p)| &p.grad), bucket_bytes);
+        Ok(DataParallel { inner, comm, op, buckets })
+    }
+
+    /// The wrapped module.
+    pub fn inner(&self) -> &M {
+        &self.inner
+    }
+
+    /// The wrapped module, mutably.
+    pub fn inner_mut(&mut self) -> &mut M {
+        &mut self.inner
+    }
+
+    /// The communicator.
+    pub fn communicator(&self) -> &Communicator {
+        &self.comm
+    }
+
+    /// Number of buckets (collectives per backward).
+    pub fn num_buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Unwraps the module.
+    pub fn into_inner(self) -> M {
+        self.inner
+    }
+
+    /// All-reduces the grads now (issued on the stream, so captured when capturing).
+    pub fn reduce_grads(&self) -> Result<()> {
+        self.buckets.iter().try_for_each(|b| self.comm.all_reduce_bucket(b, self.op))
+    }
+}
+
+/// Groups `grads` in order into buckets of at least `bucket_bytes` (the last one smaller).
+fn buckets<'a>(grads: impl Iterator<Item = &'a Tensor>, bucket_bytes: usize) -> Vec<Vec<Tensor>> {
+    let mut out: Vec<Vec<Tensor>> = Vec::new();
+    let mut bytes = 0;
+    for g in grads {
+        if out.is_empty() || bytes >= bucket_bytes {
+            out.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += g.numel() * g.dtype().size();
+        out.last_mut().expect("pushed above").push(g.clone());
+    }
+    out
+}
+
+impl<M: Module> Module for DataParallel<M> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn num_inputs(&self) -> usize {
+        self.inner.num_inputs()
+    }
+
+    fn forward(&self, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        self.inner.forward(cx, inputs)
+    }
+
+    fn backward(&mut self, cx: &mut Cx, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let grads = self.inner.backward(cx, grad_outputs)?;
+        self.reduce_grads()?;
+        Ok(grads)
+    }
+
+    fn visit_params(&self, f: &mut dyn FnMut(&str, &Param)) {
+        self.inner.visit_params(f);
+    }
+
+    fn exposes_params(&self) -> bool {
+        self.inner.exposes_params()
+    }
+
+    fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
+        self.inner.run_hooks(kind)
+    }
+}

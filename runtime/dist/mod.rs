@@ -1,0 +1,187 @@
+//! Several GPUs: one process per GPU, NCCL collectives on the device stream (captured into
+//! graphs like any other op), and emulated ranks on the host backend with the same semantics.
+//!
+//! - `comm`: [`Communicator`] and its collectives.
+//! - `host`: emulated ranks (threads sharing memory).
+//! - `nccl`: the NCCL communicator (non-blocking, with deadlines and abort).
+//! - `launch`: the rank environment, the rendezvous and [`launch`].
+//! - `data_parallel`: [`DataParallel`], grads all-reduced in buckets inside the backward graph.
+//! - `pipeline`: [`PipelineStage`], a chunk of a pipeline with send/recv into static buffers.
+//! - `shard`: [`ShardedParams`], FSDP-style shards gathered and reduced by capture-time hooks.
+
+mod comm;
+mod data_parallel;
+mod host;
+mod launch;
+mod nccl;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use comm::{Communicator, ReduceOp};
+pub use data_parallel::DataParallel;
+pub use launch::{
+    launch, LaunchOptions, RankEnv, Rendezvous, ENV_LOCAL_RANK, ENV_RANK, ENV_RENDEZVOUS, ENV_WORLD_SIZE,
+};
+
+use crate::{Device, Error, Result};
+
+/// Settings of a group: how long any wait may take before the group is aborted.
+///
+/// ```
+/// use std::time::Duration;
+/// let cfg = graphed::dist::Config::default().timeout(Duration::from_secs(5));
+/// assert_eq!(cfg.timeout_value(), Duration::from_secs(5));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Config {
+    timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { timeout: Duration::from_secs(300) }
+    }
+}
+
+impl Config {
+    /// The deadline of every wait (collective, receive, rendezvous, stream synchronize).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The deadline of every wait.
+    pub fn timeout_value(&self) -> Duration {
+        self.timeout
+    }
+}
+
+impl RankEnv {
+    /// Joins the group through NCCL on GPU `local_rank`: rank 0 makes the unique id and shares
+    /// it through the rendezvous; every wait ends by the config's deadline.
+    pub fn communicator(&self, config: &Config) -> Result<Communicator> {
+        nccl::probe()?;
+        let device = Device::cuda(self.local_rank)?;
+        Communicator::nccl(&device, self, config)
+    }
+}
+
+impl Communicator {
+    /// Joins the group of `env` through NCCL on `device` (a GPU).
+    pub fn nccl(device: &Device, env: &RankEnv, config: &Config) -> Result<Communicator> {
+        if !device.is_cuda() {
+            return Err(Error::invalid("Communicator::nccl", "a host device (use dist::run_emulated)"));
+        }
+        if env.world_size == 0 || env.rank >= env.world_size {
+            return Err(Error::InvalidRank {
+                op: "Communicator::nccl",
+                detail: format!("rank {} of {}", env.rank, env.world_size),
+            });
+        }
+        let payload = if env.rank == 0 { Some(nccl::unique_id()?) } else { None };
+        let id = env.rendezvous.share(env.rank, env.world_size, payload.as_deref(), config.timeout)?;
+        let comm = nccl::NcclComm::new(device.backend().clone(), env.rank, env.world_size, &id, config.timeout)?;
+        Ok(Communicator(Arc::new(comm::Inner {
+            rank: comm.rank(),
+            world: env.world_size,
+            device: device.clone(),
+            timeout: config.timeout,
+            imp: comm::Imp::Nccl(comm),
+        })))
+    }
+
+    /// `world_size` emulated ranks, each on its own new host device, sharing one group. Run
+    /// each on its own thread (see [`run_emulated`]); a rank's calls wait for its peers.
+    pub fn emulated(world_size: usize, config: &Config) -> Result<Vec<Communicator>> {
+        if world_size == 0 {
+            return Err(Error::InvalidRank { op: "Communicator::emulated", detail: "a world of 0 ranks".into() });
+        }
+        let group = host::HostGroup::new(world_size);
+        Ok((0..world_size)
+            .map(|rank| {
+                Communicator(Arc::new(comm::Inner {
+                    rank,
+                    world: world_size,
+                    device: Device::host(),
+                    timeout: config.timeout,
+                    imp: comm::Imp::Host(group.clone()),
+                }))
+            })
+            .collect())
+    }
+}
+
+/// Runs `rank_main` on `world_size` emulated ranks (threads, each with its own host device)
+/// with a 60-second deadline on every wait, and returns their results in rank order. See
+/// [`run_emulated_with`].
+pub fn run_emulated<T: Send>(
+    world_size: usize,
+    rank_main: impl Fn(Communicator) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    run_emulated_with(world_size, &Config::default().timeout(Duration::from_secs(60)), rank_main)
+}
+
+/// Runs `rank_main` on `world_size` emulated ranks and returns their results in rank order.
+///
+/// A rank that returns an error or panics aborts the group, so its peers get
+/// [`Error::CommAborted`] instead of waiting; the error returned is the first failing rank's
+/// own (the cause), and a panic becomes [`Error::CommAborted`] naming the rank.
+///
+/// ```
+/// use graphed::dist::{self, Config};
+/// use graphed::{Error, Tensor};
+/// use std::time::Duration;
+/// // Rank 1 never joins the all-reduce: every rank gets an error, nobody hangs.
+/// let cfg = Config::default().timeout(Duration::from_millis(200));
+/// let r = dist::run_emulated_with(2, &cfg, |comm| {
+///     if comm.rank() == 1 {
+///         return Ok(());
+///     }
+///     let t = Tensor::zeros(comm.device(), &[2])?;
+///     comm.all_reduce(&t, dist::ReduceOp::Sum)
+/// });
+/// assert!(matches!(r, Err(Error::CommTimeout { rank: 0, .. })));
+/// ```
+pub fn run_emulated_with<T: Send>(
+    world_size: usize,
+    config: &Config,
+    rank_main: impl Fn(Communicator) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let comms = Communicator::emulated(world_size, config)?;
+    let rank_main = &rank_main;
+    let results: Vec<Result<T>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let rank = comm.rank();
+                    let peer = comm.clone();
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rank_main(comm)))
+                        .unwrap_or_else(|_| Err(Error::CommAborted { rank, reason: format!("rank {rank} panicked") }));
+                    if let Err(e) = &r {
+                        peer.abort(&format!("rank {rank} failed: {e}"));
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::msg("an emulated rank's thread died"))))
+            .collect()
+    });
+    first_cause(results)
+}
+
+/// All results, or the error that caused the others: a rank's own failure before the aborts
+/// it set off in its peers.
+fn first_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
+    if results.iter().all(Result::is_ok) {
+        return Ok(results.into_iter().map(|r| r.ok().expect("all ok")).collect());
+    }
+    let errors: Vec<Error> = results.into_iter().filter_map(Result::err).collect();
+    let is_echo = |e: &Error| matches!(e.root(), Error::CommAborted { .. });
+    let pos = errors.iter().position(|e| !is_echo(e)).unwrap_or(0);
+    Err(errors.into_iter().nth(pos).expect("at least one error"))
+}

@@ -1,0 +1,247 @@
+//! The NCCL communicator: one rank per process and GPU, collectives on the device's stream.
+//!
+//! Every `unsafe` NCCL call of the crate lives here. The communicator is non-blocking
+//! (`config.blocking = 0`): a call may return `ncclInProgress`, and we poll
+//! `ncclCommGetAsyncError` until it settles or a deadline passes, then `ncclCommAbort`, so a
+//! dead or diverging peer is an error on this rank rather than a hang.
+
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys as cu;
+use cudarc::nccl::sys;
+
+use crate::backend::{Backend, BackendKind, CudaBackend};
+use crate::{Error, Result};
+
+/// Bytes of an NCCL unique id, exchanged through the rendezvous.
+pub(crate) const UNIQUE_ID_BYTES: usize = 128;
+
+/// Checks that libnccl loads, so that cudarc never panics on a missing library.
+pub(crate) fn probe() -> Result<i32> {
+    // SAFETY: only tries to dlopen the library by name.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::NcclUnavailable { reason: "cannot load libnccl.so.2".into() });
+    }
+    let mut version = 0;
+    // SAFETY: the library is present; ncclGetVersion writes one int.
+    let r = unsafe { sys::ncclGetVersion(&mut version) };
+    if r != sys::ncclResult_t::ncclSuccess {
+        return Err(Error::NcclUnavailable { reason: format!("ncclGetVersion failed: {r:?}") });
+    }
+    Ok(version)
+}
+
+/// A fresh unique id (rank 0 makes it and shares it through the rendezvous).
+pub(crate) fn unique_id() -> Result<Vec<u8>> {
+    probe()?;
+    let id = cudarc::nccl::result::get_uniqueid()
+        .map_err(|e| Error::NcclUnavailable { reason: format!("ncclGetUniqueId failed: {:?}", e.0) })?;
+    Ok(id.internal.iter().map(|c| *c as u8).collect())
+}
+
+/// A live NCCL communicator bound to one device's stream.
+pub(crate) struct NcclComm {
+    comm: sys::ncclComm_t,
+    backend: Arc<Backend>,
+    rank: usize,
+    timeout: Duration,
+    aborted: AtomicBool,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
+// concurrent; every call goes through the device's stream gate, and the driver stream it
+// enqueues on is thread-safe.
+unsafe impl Send for NcclComm {}
+// SAFETY: as above; shared use is serialised by the gate.
+unsafe impl Sync for NcclComm {}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NcclComm(rank {})", self.rank)
+    }
+}
+
+fn cuda(backend: &Backend) -> Result<&CudaBackend> {
+    match &backend.kind {
+        BackendKind::Cuda(c) => Ok(c),
+        BackendKind::Host(_) => Err(Error::invalid("NCCL communicator", "a host device (use dist::run_emulated)")),
+    }
+}
+
+fn describe(r: sys::ncclResult_t) -> String {
+    // SAFETY: ncclGetErrorString returns a static C string for every result code.
+    let s = unsafe { sys::ncclGetErrorString(r) };
+    if s.is_null() {
+        format!("{r:?}")
+    } else {
+        // SAFETY: non-null, NUL-terminated and static (NCCL's string table).
+        format!("{r:?}: {}", unsafe { CStr::from_ptr(s) }.to_string_lossy())
+    }
+}
+
+impl NcclComm {
+    /// Joins the group `id` as `rank` of `world` on `backend`'s GPU, within the deadline.
+    pub(crate) fn new(
+        backend: Arc<Backend>,
+        rank: usize,
+        world: usize,
+        id: &[u8],
+        timeout: Duration,
+    ) -> Result<NcclComm> {
+        let version = probe()?;
+        if id.len() != UNIQUE_ID_BYTES {
+            return Err(Error::invalid(
+                "NCCL init",
+                format!("a unique id of {} bytes, not {UNIQUE_ID_BYTES}", id.len()),
+            ));
+        }
+        let c = cuda(&backend)?;
+        let mut unique = sys::ncclUniqueId { internal: [0; UNIQUE_ID_BYTES] };
+        for (d, s) in unique.internal.iter_mut().zip(id) {
+            *d = *s as _;
+        }
+        let mut config = config(version);
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        c.bind()?;
+        // SAFETY: `comm` and `config` are valid for the call; the id came from ncclGetUniqueId.
+        let r = unsafe { sys::ncclCommInitRankConfig(&mut comm, world as i32, unique, rank as i32, &mut config) };
+        let me = NcclComm { comm, backend, rank, timeout, aborted: AtomicBool::new(false) };
+        me.settle("ncclCommInitRankConfig", r)?;
+        Ok(me)
+    }
+
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Waits until the last call settles (`ncclInProgress` turns into a result), aborting the
+    /// communicator after the deadline or on an error, so every peer errors too.
+    fn settle(&self, call: &'static str, first: sys::ncclResult_t) -> Result<()> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(Error::CommAborted { rank: self.rank, reason: "the communicator was aborted earlier".into() });
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut r = first;
+        while r == sys::ncclResult_t::ncclInProgress || r == sys::ncclResult_t::ncclSuccess {
+            let mut async_err = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: the communicator is live until Drop; one int is written.
+            let q = unsafe { sys::ncclCommGetAsyncError(self.comm, &mut async_err) };
+            if q != sys::ncclResult_t::ncclSuccess {
+                r = q;
+                break;
+            }
+            if async_err == sys::ncclResult_t::ncclSuccess {
+                return Ok(());
+            }
+            if async_err != sys::ncclResult_t::ncclInProgress {
+                r = async_err;
+                break;
+            }
+            if Instant::now() >= deadline {
+                self.abort();
+                return Err(Error::CommTimeout { rank: self.rank, op: call, waited: self.timeout });
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        self.abort();
+        Err(Error::Nccl { rank: self.rank, call, message: describe(r) })
+    }
+
+    /// Aborts the communicator (idempotent): pending and later NCCL work fails on every rank.
+    pub(crate) fn abort(&self) {
+        if !self.aborted.swap(true, Ordering::AcqRel) && !self.comm.is_null() {
+            // SAFETY: the communicator is live and aborted once; NCCL frees it.
+            let _ = unsafe { sys::ncclCommAbort(self.comm) };
+        }
+    }
+
+    /// Issues one NCCL call on the device stream (through the stream gate, so it captures like
+    /// any other stream work) and waits for it to be enqueued.
+    pub(crate) fn issue(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> sys::ncclResult_t,
+    ) -> Result<()> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(Error::CommAborted { rank: self.rank, reason: "the communicator was aborted earlier".into() });
+        }
+        let c = cuda(&self.backend)?;
+        let _entered = c.gate.enter()?;
+        c.bind()?;
+        let r = f(self.comm, c.stream.cu_stream() as sys::cudaStream_t);
+        self.settle(call, r)
+    }
+
+    /// Waits until the stream's work is done, polling so that a dead peer ends in an abort and
+    /// an error after the deadline instead of a hang in cuStreamSynchronize.
+    pub(crate) fn wait_stream(&self) -> Result<()> {
+        let c = cuda(&self.backend)?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let state = {
+                let _entered = c.gate.enter()?;
+                c.bind()?;
+                // SAFETY: the stream is live for the backend's lifetime.
+                unsafe { cu::cuStreamQuery(c.stream.cu_stream()) }
+            };
+            match state {
+                cu::CUresult::CUDA_SUCCESS => return Ok(()),
+                cu::CUresult::CUDA_ERROR_NOT_READY => {}
+                other => return Err(Error::Cuda { call: "cuStreamQuery", message: format!("{other:?}") }),
+            }
+            self.settle("ncclCommGetAsyncError", sys::ncclResult_t::ncclSuccess)?;
+            if Instant::now() >= deadline {
+                self.abort();
+                return Err(Error::CommTimeout { rank: self.rank, op: "wait for the stream", waited: self.timeout });
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Pointer of a device buffer as NCCL wants it.
+    pub(crate) fn ptr(p: u64) -> *mut c_void {
+        p as *mut c_void
+    }
+}
+
+/// A non-blocking communicator config, as NCCL_CONFIG_INITIALIZER fills it, declared as the
+/// loaded library's version so that it reads exactly the fields it knows.
+fn config(version: i32) -> sys::ncclConfig_t {
+    const UNDEF: i32 = i32::MIN;
+    sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        version: version as u32,
+        blocking: 0,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+        graphUsageMode: UNDEF,
+        numRmaCtx: UNDEF,
+        maxP2pPeers: UNDEF,
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        if self.aborted.load(Ordering::Acquire) || self.comm.is_null() {
+            return;
+        }
+        // Destroying a communicator whose peers are gone can block; finalize-free abort is
+        // the documented way to tear down without waiting on them.
+        self.abort();
+    }
+}
