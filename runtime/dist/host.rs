@@ -75,11 +75,12 @@ impl HostGroup {
     ) -> Result<MutexGuard<'a, State>> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(reason) = &st.aborted {
-                return Err(Error::CommAborted { rank, reason: reason.clone() });
-            }
+            // A completed round is delivered even if a peer aborted right after it.
             if done(&st) {
                 return Ok(st);
+            }
+            if let Some(reason) = &st.aborted {
+                return Err(Error::CommAborted { rank, reason: reason.clone() });
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -126,13 +126,13 @@ pub fn run_emulated<T: Send>(
 ///
 /// A rank that returns an error or panics aborts the group, so its peers get
 /// [`Error::CommAborted`] instead of waiting; the error returned is the first failing rank's
-/// own (the cause), and a panic becomes [`Error::CommAborted`] naming the rank.
+/// own (the cause). [`run_emulated_each`] gives every rank's result.
 ///
 /// ```
 /// use graphed::dist::{self, Config};
 /// use graphed::{Error, Tensor};
 /// use std::time::Duration;
-/// // Rank 1 never joins the all-reduce: every rank gets an error, nobody hangs.
+/// // Rank 1 never joins the all-reduce: rank 0 times out, nobody hangs.
 /// let cfg = Config::default().timeout(Duration::from_millis(200));
 /// let r = dist::run_emulated_with(2, &cfg, |comm| {
 ///     if comm.rank() == 1 {
@@ -148,17 +148,43 @@ pub fn run_emulated_with<T: Send>(
     config: &Config,
     rank_main: impl Fn(Communicator) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
+    first_cause(run_emulated_each(world_size, config, rank_main)?)
+}
+
+/// Runs `rank_main` on `world_size` emulated ranks and returns each rank's own result, in rank
+/// order (a panic becomes an [`Error::Msg`] naming the rank). A failing rank aborts the
+/// group, so the others end with an error too instead of waiting.
+///
+/// ```
+/// use graphed::dist::{self, Config};
+/// use graphed::{Error, Tensor};
+/// let results = dist::run_emulated_each(2, &Config::default(), |comm| {
+///     if comm.rank() == 1 {
+///         return Err(Error::msg("rank 1 gives up"));
+///     }
+///     comm.barrier()
+/// })?;
+/// assert!(matches!(results[0], Err(Error::CommAborted { rank: 0, .. })));
+/// assert!(matches!(results[1], Err(Error::Msg(_))));
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn run_emulated_each<T: Send>(
+    world_size: usize,
+    config: &Config,
+    rank_main: impl Fn(Communicator) -> Result<T> + Sync,
+) -> Result<Vec<Result<T>>> {
     let comms = Communicator::emulated(world_size, config)?;
     let rank_main = &rank_main;
-    let results: Vec<Result<T>> = std::thread::scope(|s| {
+    Ok(std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|comm| {
                 s.spawn(move || {
                     let rank = comm.rank();
                     let peer = comm.clone();
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rank_main(comm)))
-                        .unwrap_or_else(|_| Err(Error::CommAborted { rank, reason: format!("rank {rank} panicked") }));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rank_main(comm))).unwrap_or_else(
+                        |payload| Err(Error::msg(format!("rank {rank} panicked: {}", panic_message(&payload)))),
+                    );
                     if let Err(e) = &r {
                         peer.abort(&format!("rank {rank} failed: {e}"));
                     }
@@ -170,8 +196,7 @@ pub fn run_emulated_with<T: Send>(
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(Error::msg("an emulated rank's thread died"))))
             .collect()
-    });
-    first_cause(results)
+    }))
 }
 
 /// All results, or the error that caused the others: a rank's own failure before the aborts
@@ -184,4 +209,12 @@ fn first_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
     let is_echo = |e: &Error| matches!(e.root(), Error::CommAborted { .. });
     let pos = errors.iter().position(|e| !is_echo(e)).unwrap_or(0);
     Err(errors.into_iter().nth(pos).expect("at least one error"))
+}
+
+fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic".into())
 }
