@@ -49,8 +49,14 @@ fn send_recv_ring_and_bucket() -> Result<()> {
         let peer = 1 - comm.rank();
         let mine = Tensor::full(&dev, &[3], comm.rank() as f32 + 1.0)?;
         let theirs = Tensor::zeros(&dev, &[3])?;
-        comm.send(&mine, peer)?;
-        comm.recv(&theirs, peer)?;
+        // A send completes when its receive does (as NCCL's may): rank 0 sends first.
+        if comm.rank() == 0 {
+            comm.send(&mine, peer)?;
+            comm.recv(&theirs, peer)?;
+        } else {
+            comm.recv(&theirs, peer)?;
+            comm.send(&mine, peer)?;
+        }
         let (a, b) = (Tensor::full(&dev, &[2], 1.0)?, Tensor::full(&dev, &[5], comm.rank() as f32)?);
         comm.all_reduce_bucket(&[a.clone(), b.clone()], ReduceOp::Sum)?;
         Ok((theirs.to_vec()?, a.to_vec()?, b.to_vec()?))
@@ -140,6 +146,19 @@ fn a_missing_peer_times_out_and_later_calls_see_the_abort() -> Result<()> {
     assert!(matches!(results[0], Err(Error::CommTimeout { rank: 0, op: "all_reduce", .. })), "{:?}", results[0]);
     assert!(matches!(results[1], Err(Error::CommAborted { rank: 1, .. })), "{:?}", results[1]);
     assert!(started.elapsed() < Duration::from_secs(5));
+    Ok(())
+}
+
+#[test]
+fn two_sends_facing_each_other_time_out_instead_of_hanging() -> Result<()> {
+    let results = dist::run_emulated_each(2, &quick(), |comm| {
+        let t = Tensor::zeros(comm.device(), &[2])?;
+        comm.send(&t, 1 - comm.rank())?;
+        comm.recv(&t, 1 - comm.rank())
+    })?;
+    let timeouts = results.iter().filter(|r| matches!(r, Err(Error::CommTimeout { op: "send", .. }))).count();
+    assert!(timeouts >= 1, "{results:?}");
+    assert!(results.iter().all(|r| matches!(r, Err(Error::CommTimeout { .. } | Error::CommAborted { .. }))));
     Ok(())
 }
 

@@ -314,7 +314,7 @@ impl Communicator {
         match &self.0.imp {
             Imp::Host(_) => {
                 let p = t.host_ptr()?;
-                self.host_op("send", move |g, rank, _| g.send(rank, peer, p.read()))
+                self.host_op("send", move |g, rank, timeout| g.send(rank, peer, p.read(), timeout))
             }
             Imp::Nccl(c) => {
                 let p = NcclComm::ptr(t.cuda_ptr()?);

@@ -29,6 +29,9 @@ struct State {
     aborted: Option<String>,
     /// Point-to-point messages in flight, by (source, destination).
     mail: HashMap<(usize, usize), VecDeque<Vec<f32>>>,
+    /// Messages sent and taken so far, by (source, destination).
+    sent: HashMap<(usize, usize), u64>,
+    taken: HashMap<(usize, usize), u64>,
 }
 
 /// The shared state of one emulated group.
@@ -136,16 +139,23 @@ impl HostGroup {
         Ok(st.result.clone())
     }
 
-    /// Queues `data` for `dst` (a send completes once queued, like a buffered NCCL send).
-    pub(crate) fn send(&self, rank: usize, dst: usize, data: Vec<f32>) -> Result<()> {
+    /// Hands `data` to `dst` and waits until `dst` has taken it: a send completes only when
+    /// its receive does, as NCCL's may, so a schedule that deadlocks on GPUs deadlocks (and
+    /// times out) here too.
+    pub(crate) fn send(&self, rank: usize, dst: usize, data: Vec<f32>, timeout: Duration) -> Result<()> {
         let mut st = self.lock();
         if let Some(reason) = &st.aborted {
             return Err(Error::CommAborted { rank, reason: reason.clone() });
         }
         st.mail.entry((rank, dst)).or_default().push_back(data);
-        drop(st);
+        let seq = {
+            let sent = st.sent.entry((rank, dst)).or_default();
+            *sent += 1;
+            *sent
+        };
         self.changed.notify_all();
-        Ok(())
+        let taken = |s: &State| s.taken.get(&(rank, dst)).is_some_and(|t| *t >= seq);
+        self.wait(st, rank, "send", timeout, taken).map(drop)
     }
 
     /// Takes the oldest message from `src`, waiting for it with a deadline.
@@ -154,6 +164,10 @@ impl HostGroup {
         let has_mail = |s: &State| s.mail.get(&(src, rank)).is_some_and(|q| !q.is_empty());
         let mut st = self.wait(st, rank, "recv", timeout, has_mail)?;
         let queue = st.mail.get_mut(&(src, rank)).expect("waited for a message");
-        Ok(queue.pop_front().expect("waited for a message"))
+        let data = queue.pop_front().expect("waited for a message");
+        *st.taken.entry((src, rank)).or_default() += 1;
+        drop(st);
+        self.changed.notify_all();
+        Ok(data)
     }
 }

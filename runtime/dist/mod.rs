@@ -14,15 +14,18 @@ mod data_parallel;
 mod host;
 mod launch;
 mod nccl;
+mod pipeline;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use comm::{Communicator, ReduceOp};
-pub use data_parallel::DataParallel;
+pub use data_parallel::{DataParallel, DEFAULT_BUCKET_BYTES};
 pub use launch::{
     launch, LaunchOptions, RankEnv, Rendezvous, ENV_LOCAL_RANK, ENV_RANK, ENV_RENDEZVOUS, ENV_WORLD_SIZE,
 };
+
+pub use pipeline::{stage_order, PipelineStage, StageRole};
 
 use crate::{Device, Error, Result};
 
