@@ -15,6 +15,7 @@ mod host;
 mod launch;
 mod nccl;
 mod pipeline;
+mod shard;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +27,7 @@ pub use launch::{
 };
 
 pub use pipeline::{stage_order, PipelineStage, StageRole};
+pub use shard::ShardedParams;
 
 use crate::{Device, Error, Result};
 
