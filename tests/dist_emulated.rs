@@ -3,13 +3,13 @@
 //! (mismatch, timeout, dead peer, different layouts) as a typed error on every rank.
 
 mod common;
+mod dist_programs;
 
 use std::time::{Duration, Instant};
 
 use common::model::{Block, Stack};
-use graphed::dist::{self, Communicator, Config, DataParallel, ReduceOp};
-use graphed::optim::{AdamW, AdamWConfig};
-use graphed::{make_graphed, ops, CaptureMode, Cx, Error, Graph, GraphOptions, Module, Param, Result, Tensor};
+use graphed::dist::{self, Config, DataParallel, ReduceOp};
+use graphed::{CaptureMode, Error, Graph, Result, Tensor};
 
 fn quick() -> Config {
     Config::default().timeout(Duration::from_millis(500))
@@ -186,7 +186,7 @@ fn different_parameter_layouts_are_refused_on_every_rank() -> Result<()> {
     let results = dist::run_emulated_each(2, &quick(), |comm| {
         let width = 4 + comm.rank();
         let block = Block::new(comm.device(), width, width, 1)?;
-        let params = named(&block.params());
+        let params = dist_programs::named(&block.params());
         DataParallel::with_params(block, params, comm, ReduceOp::Sum, 1024).map(|_| ())
     })?;
     for (rank, r) in results.iter().enumerate() {
@@ -201,81 +201,15 @@ fn different_parameter_layouts_are_refused_on_every_rank() -> Result<()> {
     Ok(())
 }
 
-fn named(params: &[Param]) -> Vec<(String, Param)> {
-    params.iter().enumerate().map(|(i, p)| (format!("p{i}"), p.clone())).collect()
-}
-
-const WIDTH: usize = 16;
-const BATCH: usize = 4;
-const STEPS: usize = 10;
-
-/// The data of microbatch `m` of step `step`: input and target.
-fn microbatch(dev: &graphed::Device, step: usize, m: usize) -> Result<(Tensor, Tensor)> {
-    let seed = (step * 2 + m) as u64 * 7919;
-    Ok((common::random(dev, &[BATCH, WIDTH], seed)?, common::random(dev, &[BATCH, WIDTH], seed + 1)?))
-}
-
-fn adamw(params: &[Param]) -> Result<AdamW> {
-    AdamW::new(params, AdamWConfig { lr: 1e-2, weight_decay: 0.01, ..Default::default() })
-}
-
-/// One rank, eager, accumulating both microbatches of every step.
-fn single_rank_accumulating() -> Result<Vec<Vec<f32>>> {
-    let dev = graphed::Device::host();
-    let mut stack = Stack::new(&dev, 2, WIDTH, 42)?;
-    let opt = adamw(&stack.params())?;
-    for step in 0..STEPS {
-        for m in 0..2 {
-            let (x, target) = microbatch(&dev, step, m)?;
-            let mut cx = Cx::new(&dev);
-            let y = stack.forward(&mut cx, &x)?;
-            stack.backward(&mut cx, &ops::mse_backward(&y, &target, 1.0)?)?;
-        }
-        opt.step()?;
-        opt.zero_grad()?;
-    }
-    stack.params().iter().map(|p| p.value.to_vec()).collect()
-}
-
-/// Rank `r` runs microbatch `r` of every step through a graphed DataParallel stack.
-fn data_parallel_rank(comm: Communicator) -> Result<Vec<Vec<f32>>> {
-    let dev = comm.device().clone();
-    let rank = comm.rank();
-    let stack = Stack::new(&dev, 2, WIDTH, 42)?;
-    let params = stack.params();
-    let opt = adamw(&params)?;
-    // Small buckets: several collectives per backward.
-    let dp = DataParallel::with_params(stack, named(&params), comm, ReduceOp::Sum, WIDTH * WIDTH * 4)?;
-    assert!(dp.num_buckets() >= 2);
-    let sample = Tensor::zeros(&dev, &[BATCH, WIDTH])?;
-    let mut g = make_graphed(
-        vec![Box::new(dp) as Box<dyn Module>],
-        vec![vec![vec![Some(sample)]]],
-        GraphOptions::new().warmup(2),
-    )?;
-    for step in 0..STEPS {
-        let (x, target) = microbatch(&dev, step, rank)?;
-        let mut cx = Cx::new(&dev);
-        let y = g.forward(0, &mut cx, &[Some(x)])?.remove(0).expect("an output");
-        g.backward(0, &mut cx, &[Some(ops::mse_backward(&y, &target, 1.0)?)])?;
-        opt.step()?;
-        opt.zero_grad()?;
-    }
-    params.iter().map(|p| p.value.to_vec()).collect()
-}
-
 #[test]
 fn data_parallel_equals_one_rank_accumulating_bitwise() -> Result<()> {
-    let reference = single_rank_accumulating()?;
-    let ranks = dist::run_emulated(2, data_parallel_rank)?;
+    let reference = dist_programs::dp_reference(&graphed::Device::host())?;
+    let ranks = dist::run_emulated(2, dist_programs::dp_rank)?;
     for (rank, params) in ranks.iter().enumerate() {
-        for (i, (got, want)) in params.iter().zip(&reference).enumerate() {
-            let same = got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "rank {rank}, parameter {i}: data parallel differs from accumulation");
-        }
+        dist_programs::bitwise(params, &reference).map_err(|e| Error::msg(format!("rank {rank}: {e}")))?;
     }
     // The parameters moved: the test would catch a reduction that did nothing.
-    let initial = Stack::new(&graphed::Device::host(), 2, WIDTH, 42)?.params()[0].value.to_vec()?;
+    let initial = Stack::new(&graphed::Device::host(), 2, dist_programs::WIDTH, 42)?.params()[0].value.to_vec()?;
     assert_ne!(initial, reference[0]);
     Ok(())
 }
