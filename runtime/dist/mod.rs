@@ -62,6 +62,16 @@ impl Config {
     }
 }
 
+/// The number of CUDA GPUs on this host (0 without a usable driver); never panics.
+///
+/// ```
+/// let n = graphed::dist::gpu_count();
+/// println!("{n} GPUs");
+/// ```
+pub fn gpu_count() -> usize {
+    nccl::gpu_count()
+}
+
 impl RankEnv {
     /// Joins the group through NCCL on GPU `local_rank`: rank 0 makes the unique id and shares
     /// it through the rendezvous; every wait ends by the config's deadline.

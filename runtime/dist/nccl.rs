@@ -34,6 +34,15 @@ pub(crate) fn probe() -> Result<i32> {
     Ok(version)
 }
 
+/// The number of CUDA GPUs here; 0 when the driver cannot be loaded or has none.
+pub(crate) fn gpu_count() -> usize {
+    // SAFETY: only tries to dlopen the driver by name.
+    if !unsafe { cu::is_culib_present() } {
+        return 0;
+    }
+    cudarc::driver::CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
+}
+
 /// A fresh unique id (rank 0 makes it and shares it through the rendezvous).
 pub(crate) fn unique_id() -> Result<Vec<u8>> {
     probe()?;
