@@ -37,6 +37,8 @@ impl FsdpBlock {
     }
 
     pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        // Resharded after forward: gather again (captured), as FSDP does.
+        self.shards.gather()?;
         let (x, h) = (cx.saved(0)?, cx.saved(1)?);
         let (w, b) = (self.shards.full(0)?, self.shards.full(1)?);
         let dh = ops::gelu_backward(dy, &h, Gelu::Erf)?;
@@ -52,7 +54,18 @@ impl FsdpBlock {
         self.shards.materialise()
     }
 
-    /// ...to here, then go back to the graphs' pool for later captures to reuse.
+    /// ...to here, then go back to the graphs' pool for later layers' captures to reuse.
+    #[capture_time_hook(forward)]
+    fn reshard_after_forward(&mut self) -> Result<()> {
+        self.shards.release()
+    }
+
+    /// The same for the backward.
+    #[capture_time_hook(pre_backward)]
+    fn unshard_for_backward(&mut self) -> Result<()> {
+        self.shards.materialise()
+    }
+
     #[capture_time_hook(backward)]
     fn reshard(&mut self) -> Result<()> {
         self.shards.release()

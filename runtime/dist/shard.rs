@@ -20,15 +20,16 @@ struct Entry {
 /// One rank's shards of a module's parameters, and the full-weight buffers around them.
 ///
 /// The module keeps a `ShardedParams` and reads its weights through [`ShardedParams::full`].
-/// Its `#[capture_time_hook(pre_forward)]` calls [`ShardedParams::materialise`] (allocate the
-/// full buffers: outside any capture, from the graphs' pool during `make_graphed`), its forward
-/// calls [`ShardedParams::gather`] (all-gather the shards into them) and its backward calls
-/// [`ShardedParams::reduce_grads`] (reduce-scatter the full grads into the shard grads); its
-/// `#[capture_time_hook(backward)]` calls [`ShardedParams::release`]. Gather and reduce are
-/// stream ops, so they are captured and run on every replay; materialise and release run only
-/// in warm-up and at capture. Once released, the full buffers go back to the graphs' pool, where
-/// later captures reuse them as temporaries (safe because replay follows capture order), so at
-/// any time only the layers between their forward and backward hold full weights.
+/// Its `pre_forward` and `pre_backward` capture-time hooks call
+/// [`ShardedParams::materialise`] (allocate the full buffers: outside any capture, from the
+/// graphs' pool during `make_graphed`), its `forward` and `backward` hooks call
+/// [`ShardedParams::release`]. Its forward calls [`ShardedParams::gather`] (all-gather the
+/// shards into the full buffers); its backward gathers again, computes, and calls
+/// [`ShardedParams::reduce_grads`] (reduce-scatter the full grads into the shard grads).
+/// Gather and reduce are stream ops, captured and run on every replay; materialise and release
+/// run only in warm-up and at capture. Released buffers go back to the graphs' pool, where
+/// later captures (the next layer's) reuse them (safe because replay follows capture order),
+/// so only the layer running holds full weights, as with FSDP's reshard-after-forward.
 ///
 /// An optimizer runs on [`ShardedParams::shards`]: elementwise optimizers (SGD, AdamW) give
 /// bitwise what data parallelism gives.
