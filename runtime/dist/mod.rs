@@ -217,13 +217,19 @@ pub fn run_emulated_each<T: Send>(
 /// All results, or the error that caused the others: a rank's own failure before the aborts
 /// it set off in its peers.
 fn first_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
-    if results.iter().all(Result::is_ok) {
-        return Ok(results.into_iter().map(|r| r.ok().expect("all ok")).collect());
+    let (mut oks, mut errors) = (Vec::new(), Vec::new());
+    for r in results {
+        match r {
+            Ok(v) => oks.push(v),
+            Err(e) => errors.push(e),
+        }
     }
-    let errors: Vec<Error> = results.into_iter().filter_map(Result::err).collect();
+    if errors.is_empty() {
+        return Ok(oks);
+    }
     let is_echo = |e: &Error| matches!(e.root(), Error::CommAborted { .. });
     let pos = errors.iter().position(|e| !is_echo(e)).unwrap_or(0);
-    Err(errors.into_iter().nth(pos).expect("at least one error"))
+    Err(errors.swap_remove(pos))
 }
 
 fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
