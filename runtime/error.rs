@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+pub use crate::slot::{Slot, SlotKind};
+
 /// Everything that can go wrong in `graphed`, as values a caller can match on.
 ///
 /// Every message says what went wrong and, where there is one, what to do about it.
@@ -411,8 +413,7 @@ pub enum Error {
         /// NCCL's description of the error.
         message: String,
     },
-    /// A collective or point-to-point wait passed its deadline; the group was aborted, so every
-    /// rank gets an error instead of hanging.
+    /// A wait passed its deadline; the group was aborted, so every rank gets an error.
     #[error("rank {rank}: `{op}` did not complete within {waited:?} (a peer is slow, dead or issued a different call); the group was aborted. Raise the timeout with dist::Config::timeout if the peers are only slow")]
     CommTimeout {
         /// The rank that timed out.
@@ -448,26 +449,10 @@ pub enum Error {
         /// Each rank's hash, by rank.
         hashes: Vec<u64>,
     },
-    /// A call argument about ranks is out of range or inconsistent.
-    #[error("{op}: {detail}")]
-    InvalidRank {
-        /// The call.
-        op: &'static str,
-        /// What is wrong.
-        detail: String,
-    },
-    /// A rank's environment (GRAPHED_RANK, GRAPHED_WORLD_SIZE, ...) is missing or malformed.
-    #[error("rank environment: {var}: {detail}. Start the program through dist::launch or set GRAPHED_RANK, GRAPHED_WORLD_SIZE, GRAPHED_LOCAL_RANK and GRAPHED_RENDEZVOUS")]
-    RankEnv {
-        /// The variable.
-        var: &'static str,
-        /// What is wrong with it.
-        detail: String,
-    },
-    /// The rendezvous (a shared file or a TCP address) failed.
+    /// The rendezvous (a shared file, a TCP address, the rank variables) failed.
     #[error("rendezvous at {address}: {detail}")]
     Rendezvous {
-        /// The file path or host:port.
+        /// The file path, host:port, or environment variable.
         address: String,
         /// What went wrong.
         detail: String,
@@ -507,39 +492,6 @@ impl Error {
             Error::Context { source, .. } => source.root(),
             other => other,
         }
-    }
-}
-
-/// Which kind of argument of a graphed call a [`Slot`] is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SlotKind {
-    /// A forward input.
-    Input,
-    /// A grad output (an argument of backward).
-    GradOutput,
-}
-
-impl fmt::Display for SlotKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SlotKind::Input => "input",
-            SlotKind::GradOutput => "grad output",
-        })
-    }
-}
-
-/// One argument position of a graphed call, named in errors: `input 1`, `grad output 0`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Slot {
-    /// Input or grad output.
-    pub kind: SlotKind,
-    /// The position, from 0.
-    pub index: usize,
-}
-
-impl fmt::Display for Slot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", self.kind, self.index)
     }
 }
 

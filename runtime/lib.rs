@@ -47,6 +47,7 @@ mod params;
 mod pool;
 mod rng;
 mod shape;
+mod slot;
 mod state_dict;
 mod tensor;
 

@@ -90,5 +90,5 @@ fn rank_variables_are_validated() {
     assert_eq!(Rendezvous::parse("node0:29500"), Rendezvous::Tcp("node0:29500".into()));
     assert_eq!(Rendezvous::parse("/shared/run1/id"), Rendezvous::File("/shared/run1/id".into()));
     let r = dist::launch(0, &LaunchOptions::default(), |_| Ok(()));
-    assert!(matches!(r, Err(Error::InvalidRank { .. })));
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })));
 }

@@ -118,7 +118,7 @@ impl Communicator {
 
     fn check_peer(&self, op: &'static str, peer: usize) -> Result<()> {
         if peer >= self.0.world || peer == self.0.rank {
-            return Err(Error::InvalidRank {
+            return Err(Error::InvalidArgument {
                 op,
                 detail: format!(
                     "peer {peer} from rank {} (the peer must be another rank below {})",
@@ -280,7 +280,7 @@ impl Communicator {
     pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<()> {
         self.check("broadcast", &[t])?;
         if root >= self.0.world {
-            return Err(Error::InvalidRank {
+            return Err(Error::InvalidArgument {
                 op: "broadcast",
                 detail: format!("root {root} of {} ranks", self.0.world),
             });

@@ -141,16 +141,24 @@ pub struct RankEnv {
     pub rendezvous: Rendezvous,
 }
 
+/// A malformed or missing rank variable.
+fn env_err(var: &'static str, detail: impl std::fmt::Display) -> Error {
+    Error::Rendezvous {
+        address: format!("environment variable {var}"),
+        detail: format!("{detail}; start the program through dist::launch or set {ENV_RANK}, {ENV_WORLD_SIZE}, {ENV_LOCAL_RANK} and {ENV_RENDEZVOUS}"),
+    }
+}
+
 fn var(name: &'static str) -> Result<Option<String>> {
     match std::env::var(name) {
         Ok(v) => Ok(Some(v)),
         Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(e) => Err(Error::RankEnv { var: name, detail: e.to_string() }),
+        Err(e) => Err(env_err(name, e)),
     }
 }
 
 fn number(name: &'static str, v: &str) -> Result<usize> {
-    v.trim().parse().map_err(|_| Error::RankEnv { var: name, detail: format!("`{v}` is not a non-negative integer") })
+    v.trim().parse().map_err(|_| env_err(name, format!("`{v}` is not a non-negative integer")))
 }
 
 impl RankEnv {
@@ -158,15 +166,15 @@ impl RankEnv {
     pub fn from_env() -> Result<Option<RankEnv>> {
         let Some(rank) = var(ENV_RANK)? else { return Ok(None) };
         let rank = number(ENV_RANK, &rank)?;
-        let world = var(ENV_WORLD_SIZE)?.ok_or(Error::RankEnv { var: ENV_WORLD_SIZE, detail: "not set".into() })?;
+        let world = var(ENV_WORLD_SIZE)?.ok_or_else(|| env_err(ENV_WORLD_SIZE, "not set"))?;
         let world_size = number(ENV_WORLD_SIZE, &world)?;
         let local_rank = match var(ENV_LOCAL_RANK)? {
             Some(v) => number(ENV_LOCAL_RANK, &v)?,
             None => rank,
         };
-        let rdv = var(ENV_RENDEZVOUS)?.ok_or(Error::RankEnv { var: ENV_RENDEZVOUS, detail: "not set".into() })?;
+        let rdv = var(ENV_RENDEZVOUS)?.ok_or_else(|| env_err(ENV_RENDEZVOUS, "not set"))?;
         if world_size == 0 || rank >= world_size {
-            return Err(Error::RankEnv { var: ENV_RANK, detail: format!("rank {rank} of a world of {world_size}") });
+            return Err(env_err(ENV_RANK, format!("rank {rank} of a world of {world_size}")));
         }
         Ok(Some(RankEnv { rank, world_size, local_rank, rendezvous: Rendezvous::parse(&rdv) }))
     }
@@ -219,7 +227,7 @@ pub fn launch(world_size: usize, options: &LaunchOptions, rank_main: impl FnOnce
 
 fn spawn_ranks(world_size: usize, options: &LaunchOptions) -> Result<()> {
     if world_size == 0 {
-        return Err(Error::InvalidRank { op: "launch", detail: "a world of 0 ranks".into() });
+        return Err(Error::InvalidArgument { op: "launch", detail: "a world of 0 ranks".into() });
     }
     let exe =
         std::env::current_exe().map_err(|e| Error::msg(format!("launch: cannot find the current binary: {e}")))?;

@@ -89,7 +89,7 @@ impl Communicator {
             return Err(Error::invalid("Communicator::nccl", "a host device (use dist::run_emulated)"));
         }
         if env.world_size == 0 || env.rank >= env.world_size {
-            return Err(Error::InvalidRank {
+            return Err(Error::InvalidArgument {
                 op: "Communicator::nccl",
                 detail: format!("rank {} of {}", env.rank, env.world_size),
             });
@@ -110,7 +110,7 @@ impl Communicator {
     /// each on its own thread (see [`run_emulated`]); a rank's calls wait for its peers.
     pub fn emulated(world_size: usize, config: &Config) -> Result<Vec<Communicator>> {
         if world_size == 0 {
-            return Err(Error::InvalidRank { op: "Communicator::emulated", detail: "a world of 0 ranks".into() });
+            return Err(Error::InvalidArgument { op: "Communicator::emulated", detail: "a world of 0 ranks".into() });
         }
         let group = host::HostGroup::new(world_size);
         Ok((0..world_size)

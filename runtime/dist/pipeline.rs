@@ -106,7 +106,7 @@ impl<M: Module> PipelineStage<M> {
 pub fn stage_order(order: &[i32], chunks: usize, rank: usize) -> Result<Vec<i32>> {
     crate::graphed::Schedule::new(Some(order), chunks, true)?;
     if rank >= chunks {
-        return Err(Error::InvalidRank {
+        return Err(Error::InvalidArgument {
             op: "stage_order",
             detail: format!("rank {rank} of a {chunks}-chunk pipeline"),
         });
