@@ -388,6 +388,8 @@ impl Communicator {
         let mine = Tensor::from_slice(&self.0.device, &words, &[4])?;
         let all = Tensor::zeros(&self.0.device, &[4 * self.0.world])?;
         self.all_gather(&mine, &all)?;
+        // Wait with the deadline first: a plain copy back would wait forever on a dead peer.
+        self.synchronize()?;
         let v = all.to_vec()?;
         let hashes: Vec<u64> =
             v.chunks(4).map(|w| w.iter().fold(0u64, |acc, x| (acc << 16) | (*x as u64 & 0xffff))).collect();
