@@ -1,6 +1,8 @@
 //! `Communicator`: collectives and point-to-point transfers on tensors, issued on the device's
 //! stream so that they are captured into graphs like any other op.
 
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +11,7 @@ use cudarc::nccl::sys;
 use super::host::HostGroup;
 use super::nccl::NcclComm;
 use crate::backend::BackendKind;
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{DType, Device, Error, GraphOptions, Result, Tensor};
 
 /// How [`Communicator::all_reduce`] and [`Communicator::reduce_scatter`] combine the ranks'
 /// values.
@@ -397,6 +399,30 @@ impl Communicator {
             return Err(Error::ScheduleMismatch { rank: self.0.rank, what: what.to_string(), hashes });
         }
         Ok(())
+    }
+}
+
+impl Communicator {
+    /// Checks that every rank is about to capture with the same [`GraphOptions`] (warm-up
+    /// count, `order`, mode, chaining) over `chunks` chunks, so that their collectives line up;
+    /// when they differ, every rank gets [`Error::ScheduleMismatch`] before anything is
+    /// captured. Call it before `make_graphed`.
+    ///
+    /// ```
+    /// use graphed::dist;
+    /// use graphed::{Error, GraphOptions};
+    /// let r = dist::run_emulated(2, |comm| {
+    ///     let opts = GraphOptions::new().warmup(2 + comm.rank());
+    ///     comm.check_graph_options(&opts, 1)
+    /// });
+    /// assert!(matches!(r, Err(Error::ScheduleMismatch { .. })));
+    /// ```
+    pub fn check_graph_options(&self, options: &GraphOptions, chunks: usize) -> Result<()> {
+        let mut h = DefaultHasher::new();
+        let o = options;
+        (o.warmup, &o.order, o.allow_unused_input, o.training, o.chained, chunks).hash(&mut h);
+        format!("{:?}", o.capture_mode).hash(&mut h);
+        self.check_same("graph options (warm-up, order, mode, chunks)", h.finish())
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys as cu;
@@ -51,21 +51,78 @@ pub(crate) fn unique_id() -> Result<Vec<u8>> {
     Ok(id.internal.iter().map(|c| *c as u8).collect())
 }
 
-/// A live NCCL communicator bound to one device's stream.
-pub(crate) struct NcclComm {
+/// The raw communicator, shared with the watchdog. The lock orders every use of the handle
+/// before `ncclCommAbort` frees it: users hold it for reading (short, non-blocking calls),
+/// `abort` for writing; `true` inside means aborted.
+struct Handle {
     comm: sys::ncclComm_t,
+    aborted: RwLock<bool>,
+    stop: AtomicBool,
+}
+
+// SAFETY: NCCL allows its non-blocking calls (enqueue, ncclCommGetAsyncError, ncclCommAbort)
+// from any thread; the lock keeps every call before the abort that frees the handle, and
+// enqueues are serialised by the device's stream gate.
+unsafe impl Send for Handle {}
+// SAFETY: as above.
+unsafe impl Sync for Handle {}
+
+impl Handle {
+    /// Runs `f` on the live handle, or returns `None` once aborted.
+    fn with<R>(&self, f: impl FnOnce(sys::ncclComm_t) -> R) -> Option<R> {
+        let aborted = self.aborted.read().unwrap_or_else(|e| e.into_inner());
+        (!*aborted).then(|| f(self.comm))
+    }
+
+    /// The communicator's asynchronous state, `None` once aborted.
+    fn async_error(&self) -> Option<sys::ncclResult_t> {
+        self.with(|comm| {
+            let mut state = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: the handle is live (not aborted) while the read lock is held.
+            let q = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
+            if q == sys::ncclResult_t::ncclSuccess {
+                state
+            } else {
+                q
+            }
+        })
+    }
+
+    /// Aborts once (NCCL frees the communicator and fails its pending work on every rank).
+    fn abort(&self) {
+        let mut aborted = self.aborted.write().unwrap_or_else(|e| e.into_inner());
+        if !*aborted && !self.comm.is_null() {
+            // SAFETY: the handle is live and no other call is using it (write lock).
+            let _ = unsafe { sys::ncclCommAbort(self.comm) };
+        }
+        *aborted = true;
+    }
+}
+
+/// How often the watchdog looks for an asynchronous error (a dead peer, a network failure).
+const WATCHDOG_PERIOD: Duration = Duration::from_millis(100);
+
+/// Aborts the communicator as soon as NCCL reports an asynchronous error, so that a stream
+/// stuck behind a dead peer is released (and any wait on it ends) instead of hanging.
+fn watchdog(handle: Arc<Handle>) {
+    while !handle.stop.load(Ordering::Acquire) {
+        std::thread::sleep(WATCHDOG_PERIOD);
+        match handle.async_error() {
+            None => return,
+            Some(sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => {}
+            Some(_) => return handle.abort(),
+        }
+    }
+}
+
+/// A live NCCL communicator bound to one device's stream, with a watchdog thread.
+pub(crate) struct NcclComm {
+    handle: Arc<Handle>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
     backend: Arc<Backend>,
     rank: usize,
     timeout: Duration,
-    aborted: AtomicBool,
 }
-
-// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
-// concurrent; every call goes through the device's stream gate, and the driver stream it
-// enqueues on is thread-safe.
-unsafe impl Send for NcclComm {}
-// SAFETY: as above; shared use is serialised by the gate.
-unsafe impl Sync for NcclComm {}
 
 impl std::fmt::Debug for NcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -117,8 +174,13 @@ impl NcclComm {
         c.bind()?;
         // SAFETY: `comm` and `config` are valid for the call; the id came from ncclGetUniqueId.
         let r = unsafe { sys::ncclCommInitRankConfig(&mut comm, world as i32, unique, rank as i32, &mut config) };
-        let me = NcclComm { comm, backend, rank, timeout, aborted: AtomicBool::new(false) };
+        let handle = Arc::new(Handle { comm, aborted: RwLock::new(comm.is_null()), stop: AtomicBool::new(false) });
+        let mut me = NcclComm { handle, watchdog: None, backend, rank, timeout };
         me.settle("ncclCommInitRankConfig", r)?;
+        let h = me.handle.clone();
+        let spawned =
+            std::thread::Builder::new().name(format!("graphed-nccl-watchdog-{rank}")).spawn(move || watchdog(h));
+        me.watchdog = Some(spawned.map_err(|e| Error::msg(format!("cannot start the NCCL watchdog: {e}")))?);
         Ok(me)
     }
 
@@ -126,28 +188,27 @@ impl NcclComm {
         self.rank
     }
 
+    fn aborted_error(&self) -> Error {
+        Error::CommAborted {
+            rank: self.rank,
+            reason: "the NCCL communicator was aborted (a peer failed or timed out)".into(),
+        }
+    }
+
     /// Waits until the last call settles (`ncclInProgress` turns into a result), aborting the
     /// communicator after the deadline or on an error, so every peer errors too.
     fn settle(&self, call: &'static str, first: sys::ncclResult_t) -> Result<()> {
-        if self.aborted.load(Ordering::Acquire) {
-            return Err(Error::CommAborted { rank: self.rank, reason: "the communicator was aborted earlier".into() });
-        }
         let deadline = Instant::now() + self.timeout;
         let mut r = first;
         while r == sys::ncclResult_t::ncclInProgress || r == sys::ncclResult_t::ncclSuccess {
-            let mut async_err = sys::ncclResult_t::ncclSuccess;
-            // SAFETY: the communicator is live until Drop; one int is written.
-            let q = unsafe { sys::ncclCommGetAsyncError(self.comm, &mut async_err) };
-            if q != sys::ncclResult_t::ncclSuccess {
-                r = q;
-                break;
-            }
-            if async_err == sys::ncclResult_t::ncclSuccess {
-                return Ok(());
-            }
-            if async_err != sys::ncclResult_t::ncclInProgress {
-                r = async_err;
-                break;
+            match self.handle.async_error() {
+                None => return Err(self.aborted_error()),
+                Some(sys::ncclResult_t::ncclSuccess) => return Ok(()),
+                Some(sys::ncclResult_t::ncclInProgress) => {}
+                Some(err) => {
+                    r = err;
+                    break;
+                }
             }
             if Instant::now() >= deadline {
                 self.abort();
@@ -161,10 +222,7 @@ impl NcclComm {
 
     /// Aborts the communicator (idempotent): pending and later NCCL work fails on every rank.
     pub(crate) fn abort(&self) {
-        if !self.aborted.swap(true, Ordering::AcqRel) && !self.comm.is_null() {
-            // SAFETY: the communicator is live and aborted once; NCCL frees it.
-            let _ = unsafe { sys::ncclCommAbort(self.comm) };
-        }
+        self.handle.abort();
     }
 
     /// Issues one NCCL call on the device stream (through the stream gate, so it captures like
@@ -174,13 +232,11 @@ impl NcclComm {
         call: &'static str,
         f: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> sys::ncclResult_t,
     ) -> Result<()> {
-        if self.aborted.load(Ordering::Acquire) {
-            return Err(Error::CommAborted { rank: self.rank, reason: "the communicator was aborted earlier".into() });
-        }
         let c = cuda(&self.backend)?;
         let _entered = c.gate.enter()?;
         c.bind()?;
-        let r = f(self.comm, c.stream.cu_stream() as sys::cudaStream_t);
+        let stream = c.stream.cu_stream() as sys::cudaStream_t;
+        let r = self.handle.with(|comm| f(comm, stream)).ok_or_else(|| self.aborted_error())?;
         self.settle(call, r)
     }
 
@@ -246,11 +302,11 @@ fn config(version: i32) -> sys::ncclConfig_t {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        if self.aborted.load(Ordering::Acquire) || self.comm.is_null() {
-            return;
+        self.handle.stop.store(true, Ordering::Release);
+        if let Some(w) = self.watchdog.take() {
+            let _ = w.join();
         }
-        // Destroying a communicator whose peers are gone can block; finalize-free abort is
-        // the documented way to tear down without waiting on them.
-        self.abort();
+        // Abort rather than destroy: ncclCommDestroy may wait for peers that are gone.
+        self.handle.abort();
     }
 }
