@@ -1,7 +1,7 @@
 //! Data-parallel scaling: the benchmark model (L blocks of Linear(H, H) + GELU, f32) trained
 //! with one graph per block, on 1 GPU and on N GPUs (one process each) at the same per-GPU
-//! batch. On N GPUs each block is a `DataParallel` chunk: its grads are all-reduced (NCCL,
-//! bucketed) inside its captured backward graph. A step is forward through all blocks, `sum()`,
+//! batch. On N GPUs the blocks are `DataParallel::chunks` sharing 25 MB buckets: each bucket's
+//! all-reduce (NCCL) is captured inside the backward graph of the block that fills it. A step is forward through all blocks, `sum()`,
 //! backward, as in `examples/bench.rs`; times are medians of CUDA-event step times on rank 0.
 //!
 //! `cargo run --release --example dist_bench -- [--shapes 32x256x32,16x1024x128] [--gpus 2]
@@ -88,16 +88,20 @@ fn bench_shape(
 ) -> Result<f64> {
     let x = random(dev, &[b, h], 7 + comm.map_or(0, |c| c.rank() as u64), 1.0)?;
     let dy = Tensor::zeros(dev, &[b, h])?;
-    let mut blocks: Vec<Box<dyn Module>> = Vec::with_capacity(l);
-    for blk in Stack::new(dev, l, h, 1)?.blocks {
-        blocks.push(match comm {
-            Some(c) => {
+    let stack = Stack::new(dev, l, h, 1)?;
+    // On several ranks the blocks share 25 MB buckets: a few large all-reduces per step, each
+    // captured in the backward graph of the block that fills it.
+    let blocks: Vec<Box<dyn Module>> = match comm {
+        Some(c) => {
+            let chunks = stack.blocks.into_iter().map(|blk| {
                 let named = blk.params().into_iter().enumerate().map(|(i, p)| (format!("p{i}"), p)).collect();
-                Box::new(DataParallel::with_params(blk, named, c.clone(), ReduceOp::Sum, dist::DEFAULT_BUCKET_BYTES)?)
-            }
-            None => Box::new(blk),
-        });
-    }
+                (blk, named)
+            });
+            let layers = DataParallel::chunks(chunks.collect(), c.clone(), ReduceOp::Sum, dist::DEFAULT_BUCKET_BYTES)?;
+            layers.into_iter().map(|d| Box::new(d) as Box<dyn Module>).collect()
+        }
+        None => stack.blocks.into_iter().map(|blk| Box::new(blk) as Box<dyn Module>).collect(),
+    };
     let hidden = Tensor::zeros(dev, &[b, h])?.with_requires_grad(true);
     let mut samples = vec![vec![vec![Some(x.clone())]]];
     samples.extend((1..l).map(|_| vec![vec![Some(hidden.clone())]]));

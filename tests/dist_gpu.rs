@@ -67,6 +67,20 @@ fn gpu_data_parallel_equals_one_gpu_accumulating() -> Result<()> {
 }
 
 #[test]
+fn gpu_data_parallel_chunks_equal_one_gpu_accumulating() -> Result<()> {
+    on_gpus("gpu_data_parallel_chunks_equal_one_gpu_accumulating", |env| {
+        let comm = env.communicator(&config())?;
+        let want = dist_programs::dp_reference(comm.device())?;
+        for bucket_bytes in [1 << 20, 4] {
+            let got = dist_programs::dp_chunks_rank(comm.clone(), bucket_bytes)?;
+            comm.synchronize()?;
+            check(&format!("data parallel chunks, buckets of {bucket_bytes} B"), comm.rank(), &got, &want)?;
+        }
+        comm.barrier()
+    })
+}
+
+#[test]
 fn gpu_pipeline_equals_one_gpu_pipeline() -> Result<()> {
     on_gpus("gpu_pipeline_equals_one_gpu_pipeline", |env| {
         let comm = env.communicator(&config())?;

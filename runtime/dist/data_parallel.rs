@@ -3,6 +3,7 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
 
 use super::{Communicator, ReduceOp};
 use crate::{Cx, Error, HookKind, Module, Param, Result, Tensor};
@@ -67,6 +68,22 @@ pub struct DataParallel<M: Module> {
     op: ReduceOp,
     /// Grads to reduce, bucket by bucket, in the order they are reduced.
     buckets: Vec<Vec<Tensor>>,
+    /// Set when the module is one chunk of a group sharing its buckets ([`DataParallel::chunks`]).
+    group: Option<Group>,
+}
+
+/// Grads of a group's chunks that backward produced and no collective reduced yet.
+#[derive(Default)]
+struct Pending {
+    grads: Vec<Tensor>,
+    bytes: usize,
+}
+
+struct Group {
+    pending: Arc<Mutex<Pending>>,
+    bucket_bytes: usize,
+    /// The first chunk: the last backward of an iteration, which flushes what is left.
+    last: bool,
 }
 
 impl<M: Module> std::fmt::Debug for DataParallel<M> {
@@ -123,7 +140,78 @@ impl<M: Module> DataParallel<M> {
         comm.check_same("data-parallel parameter layouts", hasher.finish())?;
         let buckets =
             buckets(params.iter().filter(|(_, p)| p.requires_grad()).rev().map(|(_, p)| &p.grad), bucket_bytes);
-        Ok(DataParallel { inner, comm, op, buckets })
+        Ok(DataParallel { inner, comm, op, buckets, group: None })
+    }
+
+    /// Wraps the chunks of one model (a layer each, say) so that they share buckets: each
+    /// chunk's backward adds its grads to the group's pending bucket and reduces it once it
+    /// holds `bucket_bytes`, and the first chunk (the last backward) reduces what is left. A
+    /// few large collectives instead of one per layer, each captured in the backward graph of
+    /// the chunk that fills it. For `make_graphed` in module order (one backward per chunk per
+    /// step, last chunk first); a chunk whose backward runs twice before the group's flush is
+    /// an error.
+    ///
+    /// ```
+    /// use graphed::dist::{self, DataParallel, ReduceOp};
+    /// use graphed::{Device, Param, Tensor};
+    /// # struct Id;
+    /// # impl graphed::Module for Id {
+    /// #     fn name(&self) -> &'static str { "id" }
+    /// #     fn num_inputs(&self) -> usize { 1 }
+    /// #     fn forward(&self, _: &mut graphed::Cx, x: &[Option<Tensor>]) -> graphed::Result<Vec<Option<Tensor>>> { Ok(x.to_vec()) }
+    /// #     fn backward(&mut self, _: &mut graphed::Cx, g: &[Option<Tensor>]) -> graphed::Result<Vec<Option<Tensor>>> { Ok(g.to_vec()) }
+    /// # }
+    /// dist::run_emulated(2, |comm| {
+    ///     let p = |v| Param::new(Tensor::full(comm.device(), &[4], v)?);
+    ///     let chunks = vec![(Id, vec![("w".to_string(), p(1.0)?)]), (Id, vec![("w".to_string(), p(2.0)?)])];
+    ///     let layers = DataParallel::chunks(chunks, comm.clone(), ReduceOp::Sum, 1 << 20)?;
+    ///     assert_eq!(layers.len(), 2);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn chunks(
+        chunks: Vec<(M, Vec<(String, Param)>)>,
+        comm: Communicator,
+        op: ReduceOp,
+        bucket_bytes: usize,
+    ) -> Result<Vec<DataParallel<M>>> {
+        let pending = Arc::new(Mutex::new(Pending::default()));
+        let mut out = Vec::with_capacity(chunks.len());
+        for (i, (inner, params)) in chunks.into_iter().enumerate() {
+            let mut dp = DataParallel::with_params(inner, params, comm.clone(), op, bucket_bytes)?;
+            dp.group = Some(Group { pending: pending.clone(), bucket_bytes, last: i == 0 });
+            out.push(dp);
+        }
+        Ok(out)
+    }
+
+    /// After this chunk's backward: reduce its own buckets, or feed the group's.
+    fn reduce_after_backward(&self) -> Result<()> {
+        let Some(g) = &self.group else { return self.reduce_grads() };
+        let mut p = g.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mine: Vec<&Tensor> = self.buckets.iter().flatten().collect();
+        if mine.iter().any(|t| p.grads.iter().any(|q| q.same_buffer(t))) {
+            return Err(Error::invalid(
+                "DataParallel::chunks",
+                format!("chunk `{}` ran backward twice before its group reduced (one backward per chunk per step, in module order)", self.inner.name()),
+            ));
+        }
+        for t in mine {
+            p.bytes += t.numel() * t.dtype().size();
+            p.grads.push(t.clone());
+            if p.bytes >= g.bucket_bytes {
+                let grads = std::mem::take(&mut p.grads);
+                p.bytes = 0;
+                self.comm.all_reduce_bucket(&grads, self.op)?;
+            }
+        }
+        if g.last && !p.grads.is_empty() {
+            let grads = std::mem::take(&mut p.grads);
+            p.bytes = 0;
+            self.comm.all_reduce_bucket(&grads, self.op)?;
+        }
+        Ok(())
     }
 
     /// The wrapped module.
@@ -187,7 +275,7 @@ impl<M: Module> Module for DataParallel<M> {
 
     fn backward(&mut self, cx: &mut Cx, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let grads = self.inner.backward(cx, grad_outputs)?;
-        self.reduce_grads()?;
+        self.reduce_after_backward()?;
         Ok(grads)
     }
 

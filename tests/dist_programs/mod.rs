@@ -82,6 +82,36 @@ pub fn dp_rank(comm: Communicator) -> Result<Vec<Vec<f32>>> {
     values(&params)
 }
 
+/// Like [`dp_rank`] with one graphed chunk per block sharing buckets of `bucket_bytes`
+/// ([`DataParallel::chunks`]), chained.
+pub fn dp_chunks_rank(comm: Communicator, bucket_bytes: usize) -> Result<Vec<Vec<f32>>> {
+    let dev = comm.device().clone();
+    let rank = comm.rank();
+    let stack = Stack::new(&dev, 2, WIDTH, 42)?;
+    let params = stack.params();
+    let opt = adamw(&params)?;
+    let chunks = stack.blocks.into_iter().map(|b| {
+        let named = named(&b.params());
+        (b, named)
+    });
+    let layers = DataParallel::chunks(chunks.collect(), comm, ReduceOp::Sum, bucket_bytes)?;
+    let modules: Vec<Box<dyn Module>> = layers.into_iter().map(|l| Box::new(l) as Box<dyn Module>).collect();
+    let hidden = Tensor::zeros(&dev, &[BATCH, WIDTH])?.with_requires_grad(true);
+    let samples = vec![vec![vec![Some(Tensor::zeros(&dev, &[BATCH, WIDTH])?)]], vec![vec![Some(hidden)]]];
+    let mut g = make_graphed(modules, samples, GraphOptions::new().warmup(2).chained(true))?;
+    for step in 0..STEPS {
+        let (x, target) = microbatch(&dev, step, rank)?;
+        let mut cx = Cx::new(&dev);
+        let h = g.forward(0, &mut cx, &[Some(x)])?.remove(0).expect("an output");
+        let y = g.forward(1, &mut cx, &[Some(h)])?.remove(0).expect("an output");
+        let dh = g.backward(1, &mut cx, &[Some(ops::mse_backward(&y, &target, 1.0)?)])?.remove(0);
+        g.backward(0, &mut cx, &[dh])?;
+        opt.step()?;
+        opt.zero_grad()?;
+    }
+    values(&params)
+}
+
 /// Both chunks on one device, eagerly, accumulating in the order's order.
 pub fn pipeline_reference(dev: &Device) -> Result<Vec<Vec<f32>>> {
     let mut blocks = [Block::new(dev, WIDTH, WIDTH, 5)?, Block::new(dev, WIDTH, WIDTH, 6)?];
