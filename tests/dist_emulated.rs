@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::model::{Block, Stack};
 use graphed::dist::{self, Config, DataParallel, ReduceOp};
-use graphed::{CaptureMode, Error, Graph, Result, Tensor};
+use graphed::{CaptureMode, Error, Graph, Module, Result, Tensor};
 
 fn quick() -> Config {
     Config::default().timeout(Duration::from_millis(500))
@@ -225,5 +225,30 @@ fn data_parallel_chunks_sharing_buckets_equal_one_rank_accumulating_bitwise() ->
                 .map_err(|e| Error::msg(format!("buckets of {bucket_bytes} B, rank {rank}: {e}")))?;
         }
     }
+    Ok(())
+}
+
+#[test]
+fn a_chunk_running_backward_twice_before_its_group_reduces_is_refused() -> Result<()> {
+    dist::run_emulated(1, |comm| {
+        let dev = comm.device().clone();
+        let blocks: Vec<_> = (0..2).map(|i| Block::new(&dev, 4, 4, i)).collect::<Result<_>>()?;
+        let chunks = blocks.into_iter().map(|b| {
+            let named = dist_programs::named(&b.params());
+            (b, named)
+        });
+        let mut layers = DataParallel::chunks(chunks.collect(), comm.clone(), ReduceOp::Sum, 1 << 20)?;
+        let x = common::random(&dev, &[2, 4], 1)?;
+        let run = |layer: &mut DataParallel<Block>| -> Result<()> {
+            let mut cx = graphed::Cx::new(&dev);
+            cx.set_needs_input_grad(vec![false]);
+            let y = Module::forward(layer, &mut cx, &[Some(x.clone())])?;
+            Module::backward(layer, &mut cx, &y).map(drop)
+        };
+        run(&mut layers[1])?;
+        assert!(matches!(run(&mut layers[1]), Err(Error::InvalidArgument { .. })));
+        run(&mut layers[0])?; // the first chunk flushes the group
+        run(&mut layers[1])
+    })?;
     Ok(())
 }
