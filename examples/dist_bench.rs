@@ -150,6 +150,9 @@ fn rank_main(dev: &Device, comm: Option<&Communicator>, args: &Args) -> Result<V
             args.shapes.iter().zip(&out).map(|((l, h, b), us)| format!("{l} {h} {b} {us}")).collect();
         std::fs::write(path, lines.join("\n")).map_err(|e| Error::msg(format!("{path}: {e}")))?;
     }
+    if let Some(c) = comm {
+        c.barrier()?;
+    }
     Ok(out)
 }
 

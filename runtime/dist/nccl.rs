@@ -274,13 +274,17 @@ impl NcclComm {
 
 /// A non-blocking communicator config, as NCCL_CONFIG_INITIALIZER fills it, declared as the
 /// loaded library's version so that it reads exactly the fields it knows.
+///
+/// `GRAPHED_NCCL_BLOCKING=1` makes the communicator blocking (init and calls wait inside
+/// NCCL; deadlines then rest on the watchdog and the polled stream waits).
 fn config(version: i32) -> sys::ncclConfig_t {
     const UNDEF: i32 = i32::MIN;
+    let blocking = i32::from(std::env::var("GRAPHED_NCCL_BLOCKING").is_ok_and(|v| v == "1"));
     sys::ncclConfig_t {
         size: std::mem::size_of::<sys::ncclConfig_t>(),
         magic: 0xcafe_beef,
         version: version as u32,
-        blocking: 0,
+        blocking,
         cgaClusterSize: UNDEF,
         minCTAs: UNDEF,
         maxCTAs: UNDEF,
@@ -300,13 +304,33 @@ fn config(version: i32) -> sys::ncclConfig_t {
     }
 }
 
+impl NcclComm {
+    /// Finalizes (flushes this rank's pending work with the peers) within the deadline, then
+    /// destroys; aborts instead when that fails or takes too long.
+    fn close(&self) {
+        let finalized = self.handle.with(|comm| {
+            // SAFETY: the handle is live (read lock held); finalize is non-blocking here.
+            unsafe { sys::ncclCommFinalize(comm) }
+        });
+        let Some(r) = finalized else { return };
+        if self.settle("ncclCommFinalize", r).is_err() {
+            return; // settle aborted it
+        }
+        let mut aborted = self.handle.aborted.write().unwrap_or_else(|e| e.into_inner());
+        if !*aborted {
+            // SAFETY: finalized, no other user (write lock); destroyed once, then marked.
+            let _ = unsafe { sys::ncclCommDestroy(self.handle.comm) };
+            *aborted = true;
+        }
+    }
+}
+
 impl Drop for NcclComm {
     fn drop(&mut self) {
         self.handle.stop.store(true, Ordering::Release);
         if let Some(w) = self.watchdog.take() {
             let _ = w.join();
         }
-        // Abort rather than destroy: ncclCommDestroy may wait for peers that are gone.
-        self.handle.abort();
+        self.close();
     }
 }
