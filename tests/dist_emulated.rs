@@ -217,12 +217,16 @@ fn data_parallel_equals_one_rank_accumulating_bitwise() -> Result<()> {
 #[test]
 fn data_parallel_chunks_sharing_buckets_equal_one_rank_accumulating_bitwise() -> Result<()> {
     let reference = dist_programs::dp_reference(&graphed::Device::host())?;
-    // One bucket for the whole model (flushed by the first chunk), and one per parameter.
-    for bucket_bytes in [1 << 20, 4] {
-        let ranks = dist::run_emulated(2, |comm| dist_programs::dp_chunks_rank(comm, bucket_bytes))?;
-        for (rank, params) in ranks.iter().enumerate() {
-            dist_programs::bitwise(params, &reference)
-                .map_err(|e| Error::msg(format!("buckets of {bucket_bytes} B, rank {rank}: {e}")))?;
+    // One bucket for the whole model (flushed by the first chunk), and one per parameter (one
+    // per chunk when overlapped); in place and overlapped with the next chunk's backward.
+    for overlap in [false, true] {
+        for bucket_bytes in [1 << 20, 4] {
+            let ranks = dist::run_emulated(2, |comm| dist_programs::dp_chunks_rank(comm, bucket_bytes, overlap))?;
+            for (rank, params) in ranks.iter().enumerate() {
+                dist_programs::bitwise(params, &reference).map_err(|e| {
+                    Error::msg(format!("buckets of {bucket_bytes} B, overlap {overlap}, rank {rank}: {e}"))
+                })?;
+            }
         }
     }
     Ok(())

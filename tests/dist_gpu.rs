@@ -72,9 +72,24 @@ fn gpu_data_parallel_chunks_equal_one_gpu_accumulating() -> Result<()> {
         let comm = env.communicator(&config())?;
         let want = dist_programs::dp_reference(comm.device())?;
         for bucket_bytes in [1 << 20, 4] {
-            let got = dist_programs::dp_chunks_rank(comm.clone(), bucket_bytes)?;
+            let got = dist_programs::dp_chunks_rank(comm.clone(), bucket_bytes, false)?;
             comm.synchronize()?;
             check(&format!("data parallel chunks, buckets of {bucket_bytes} B"), comm.rank(), &got, &want)?;
+        }
+        comm.barrier()
+    })
+}
+
+#[test]
+fn gpu_data_parallel_overlapped_equals_one_gpu_accumulating() -> Result<()> {
+    on_gpus("gpu_data_parallel_overlapped_equals_one_gpu_accumulating", |env| {
+        let comm = env.communicator(&config())?;
+        let want = dist_programs::dp_reference(comm.device())?;
+        for bucket_bytes in [1 << 20, 1] {
+            let got = dist_programs::dp_chunks_rank(comm.clone(), bucket_bytes, true)?;
+            comm.synchronize()?;
+            let what = format!("data parallel overlapped on a side stream, buckets of {bucket_bytes} B");
+            check(&what, comm.rank(), &got, &want)?;
         }
         comm.barrier()
     })

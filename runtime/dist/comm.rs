@@ -147,6 +147,25 @@ impl Communicator {
         h.run(name, move || f(&group, rank, timeout))
     }
 
+    /// Issues the collectives of `f` on a second stream forked from the device stream, so they
+    /// overlap what the device stream does next; [`Communicator::join_side_stream`] must follow
+    /// (before the capture ends, or before the results are read). On emulated ranks the calls
+    /// simply run in order.
+    pub(crate) fn on_side_stream(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        match &self.0.imp {
+            Imp::Host(_) => f(),
+            Imp::Nccl(c) => c.on_side_stream(f),
+        }
+    }
+
+    /// Makes the device stream wait for the side stream's collectives.
+    pub(crate) fn join_side_stream(&self) -> Result<()> {
+        match &self.0.imp {
+            Imp::Host(_) => Ok(()),
+            Imp::Nccl(c) => c.join_side_stream(),
+        }
+    }
+
     /// Replaces `t` on every rank by the sum (or mean) of all ranks' `t`. Every rank gets
     /// bitwise the same result.
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {

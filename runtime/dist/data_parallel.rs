@@ -77,6 +77,14 @@ pub struct DataParallel<M: Module> {
 struct Pending {
     grads: Vec<Tensor>,
     bytes: usize,
+    /// Full buckets waiting for the next chunk's backward to reduce them (overlap mode).
+    ready: Vec<Vec<Tensor>>,
+}
+
+impl Pending {
+    fn holds(&self, t: &Tensor) -> bool {
+        self.grads.iter().chain(self.ready.iter().flatten()).any(|q| q.same_buffer(t))
+    }
 }
 
 struct Group {
@@ -84,6 +92,8 @@ struct Group {
     bucket_bytes: usize,
     /// The first chunk: the last backward of an iteration, which flushes what is left.
     last: bool,
+    /// Reduce full buckets on a side stream during the next chunk's backward.
+    overlap: bool,
 }
 
 impl<M: Module> std::fmt::Debug for DataParallel<M> {
@@ -176,28 +186,106 @@ impl<M: Module> DataParallel<M> {
         op: ReduceOp,
         bucket_bytes: usize,
     ) -> Result<Vec<DataParallel<M>>> {
+        DataParallel::group(chunks, comm, op, bucket_bytes, false)
+    }
+
+    /// Like [`DataParallel::chunks`], but a bucket that a chunk's backward fills is reduced
+    /// during the *next* chunk's backward, on a second stream forked from the device stream
+    /// and joined back at the end of that chunk (both inside its captured backward graph), so
+    /// the all-reduce of later layers overlaps the backward of earlier ones. Buckets close at
+    /// chunk boundaries (a bucket of 1 byte is one bucket per chunk); the first chunk reduces
+    /// what is left after its own backward. On emulated ranks the reduction simply runs before
+    /// the next chunk's backward, with the same results.
+    pub fn chunks_overlapped(
+        chunks: Vec<(M, Vec<(String, Param)>)>,
+        comm: Communicator,
+        op: ReduceOp,
+        bucket_bytes: usize,
+    ) -> Result<Vec<DataParallel<M>>> {
+        DataParallel::group(chunks, comm, op, bucket_bytes, true)
+    }
+
+    fn group(
+        chunks: Vec<(M, Vec<(String, Param)>)>,
+        comm: Communicator,
+        op: ReduceOp,
+        bucket_bytes: usize,
+        overlap: bool,
+    ) -> Result<Vec<DataParallel<M>>> {
         let pending = Arc::new(Mutex::new(Pending::default()));
         let mut out = Vec::with_capacity(chunks.len());
         for (i, (inner, params)) in chunks.into_iter().enumerate() {
             let mut dp = DataParallel::with_params(inner, params, comm.clone(), op, bucket_bytes)?;
-            dp.group = Some(Group { pending: pending.clone(), bucket_bytes, last: i == 0 });
+            dp.group = Some(Group { pending: pending.clone(), bucket_bytes, last: i == 0, overlap });
             out.push(dp);
         }
         Ok(out)
+    }
+
+    /// Refuses a backward of a chunk whose grads still wait in the group.
+    fn check_not_pending(&self, p: &Pending) -> Result<()> {
+        if self.buckets.iter().flatten().any(|t| p.holds(t)) {
+            return Err(Error::invalid(
+                "DataParallel::chunks",
+                format!(
+                    "chunk `{}` ran backward twice before its group reduced (one backward per chunk per step, in module order)",
+                    self.inner.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Overlap mode: reduces the buckets earlier chunks filled on the side stream while this
+    /// chunk's backward runs, then queues this chunk's grads (the first chunk reduces the rest).
+    fn overlapped_backward(
+        &mut self,
+        g: &Group,
+        cx: &mut Cx,
+        grad_outputs: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let ready = {
+            let p = g.pending.lock().unwrap_or_else(|e| e.into_inner());
+            self.check_not_pending(&p)?;
+            drop(p);
+            std::mem::take(&mut g.pending.lock().unwrap_or_else(|e| e.into_inner()).ready)
+        };
+        let forked = !ready.is_empty();
+        let side = if forked {
+            self.comm.on_side_stream(|| ready.iter().try_for_each(|b| self.comm.all_reduce_bucket(b, self.op)))
+        } else {
+            Ok(())
+        };
+        let grads = side.and_then(|()| self.inner.backward(cx, grad_outputs));
+        // Joined whatever happened, so a capture never ends with the side stream forked.
+        let joined = if forked { self.comm.join_side_stream() } else { Ok(()) };
+        let grads = grads?;
+        joined?;
+        let mut p = g.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for t in self.buckets.iter().flatten() {
+            p.bytes += t.numel() * t.dtype().size();
+            p.grads.push(t.clone());
+        }
+        if p.bytes >= g.bucket_bytes {
+            let full = std::mem::take(&mut p.grads);
+            p.bytes = 0;
+            p.ready.push(full);
+        }
+        if g.last {
+            let mut rest = std::mem::take(&mut p.ready);
+            rest.push(std::mem::take(&mut p.grads));
+            p.bytes = 0;
+            rest.iter().filter(|b| !b.is_empty()).try_for_each(|b| self.comm.all_reduce_bucket(b, self.op))?;
+        }
+        Ok(grads)
     }
 
     /// After this chunk's backward: reduce its own buckets, or feed the group's.
     fn reduce_after_backward(&self) -> Result<()> {
         let Some(g) = &self.group else { return self.reduce_grads() };
         let mut p = g.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let mine: Vec<&Tensor> = self.buckets.iter().flatten().collect();
-        if mine.iter().any(|t| p.grads.iter().any(|q| q.same_buffer(t))) {
-            return Err(Error::invalid(
-                "DataParallel::chunks",
-                format!("chunk `{}` ran backward twice before its group reduced (one backward per chunk per step, in module order)", self.inner.name()),
-            ));
-        }
-        for t in mine {
+        self.check_not_pending(&p)?;
+        for t in self.buckets.iter().flatten() {
             p.bytes += t.numel() * t.dtype().size();
             p.grads.push(t.clone());
             if p.bytes >= g.bucket_bytes {
@@ -274,6 +362,11 @@ impl<M: Module> Module for DataParallel<M> {
     }
 
     fn backward(&mut self, cx: &mut Cx, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        if let Some(g) = self.group.take_if(|g| g.overlap) {
+            let r = self.overlapped_backward(&g, cx, grad_outputs);
+            self.group = Some(g);
+            return r;
+        }
         let grads = self.inner.backward(cx, grad_outputs)?;
         self.reduce_after_backward()?;
         Ok(grads)

@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::sys as cu;
+use cudarc::driver::{sys as cu, CudaEvent, CudaStream};
 use cudarc::nccl::sys;
 
+use crate::backend::cuda::driver_err;
 use crate::backend::{Backend, BackendKind, CudaBackend};
 use crate::{Error, Result};
 
@@ -115,9 +116,20 @@ fn watchdog(handle: Arc<Handle>) {
     }
 }
 
+/// A second stream for collectives that overlap the device stream's work: forked from it and
+/// joined back by events, so a capture records both branches.
+struct Side {
+    stream: Arc<CudaStream>,
+    fork: CudaEvent,
+    join: CudaEvent,
+    /// Whether calls go to the side stream now.
+    active: AtomicBool,
+}
+
 /// A live NCCL communicator bound to one device's stream, with a watchdog thread.
 pub(crate) struct NcclComm {
     handle: Arc<Handle>,
+    side: Side,
     watchdog: Option<std::thread::JoinHandle<()>>,
     backend: Arc<Backend>,
     rank: usize,
@@ -175,7 +187,13 @@ impl NcclComm {
         // SAFETY: `comm` and `config` are valid for the call; the id came from ncclGetUniqueId.
         let r = unsafe { sys::ncclCommInitRankConfig(&mut comm, world as i32, unique, rank as i32, &mut config) };
         let handle = Arc::new(Handle { comm, aborted: RwLock::new(comm.is_null()), stop: AtomicBool::new(false) });
-        let mut me = NcclComm { handle, watchdog: None, backend, rank, timeout };
+        let side = Side {
+            stream: c.ctx.new_stream().map_err(driver_err("cuStreamCreate"))?,
+            fork: c.ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+            join: c.ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+            active: AtomicBool::new(false),
+        };
+        let mut me = NcclComm { handle, side, watchdog: None, backend, rank, timeout };
         me.settle("ncclCommInitRankConfig", r)?;
         let h = me.handle.clone();
         let spawned =
@@ -235,9 +253,34 @@ impl NcclComm {
         let c = cuda(&self.backend)?;
         let _entered = c.gate.enter()?;
         c.bind()?;
-        let stream = c.stream.cu_stream() as sys::cudaStream_t;
+        let on_side = self.side.active.load(Ordering::Acquire);
+        let stream = if on_side { self.side.stream.cu_stream() } else { c.stream.cu_stream() } as sys::cudaStream_t;
         let r = self.handle.with(|comm| f(comm, stream)).ok_or_else(|| self.aborted_error())?;
         self.settle(call, r)
+    }
+
+    /// Forks the side stream from the device stream and sends the calls of `f` there.
+    pub(crate) fn on_side_stream(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let c = cuda(&self.backend)?;
+        {
+            let _entered = c.gate.enter()?;
+            c.bind()?;
+            self.side.fork.record(&c.stream).map_err(driver_err("cuEventRecord"))?;
+            self.side.stream.wait(&self.side.fork).map_err(driver_err("cuStreamWaitEvent"))?;
+        }
+        self.side.active.store(true, Ordering::Release);
+        let r = f();
+        self.side.active.store(false, Ordering::Release);
+        r
+    }
+
+    /// Makes the device stream wait for everything issued on the side stream so far.
+    pub(crate) fn join_side_stream(&self) -> Result<()> {
+        let c = cuda(&self.backend)?;
+        let _entered = c.gate.enter()?;
+        c.bind()?;
+        self.side.join.record(&self.side.stream).map_err(driver_err("cuEventRecord"))?;
+        c.stream.wait(&self.side.join).map_err(driver_err("cuStreamWaitEvent"))
     }
 
     /// Waits until the stream's work is done, polling so that a dead peer ends in an abort and

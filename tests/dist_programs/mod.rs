@@ -83,8 +83,8 @@ pub fn dp_rank(comm: Communicator) -> Result<Vec<Vec<f32>>> {
 }
 
 /// Like [`dp_rank`] with one graphed chunk per block sharing buckets of `bucket_bytes`
-/// ([`DataParallel::chunks`]), chained.
-pub fn dp_chunks_rank(comm: Communicator, bucket_bytes: usize) -> Result<Vec<Vec<f32>>> {
+/// ([`DataParallel::chunks`], or [`DataParallel::chunks_overlapped`]), chained.
+pub fn dp_chunks_rank(comm: Communicator, bucket_bytes: usize, overlap: bool) -> Result<Vec<Vec<f32>>> {
     let dev = comm.device().clone();
     let rank = comm.rank();
     let stack = Stack::new(&dev, 2, WIDTH, 42)?;
@@ -94,7 +94,11 @@ pub fn dp_chunks_rank(comm: Communicator, bucket_bytes: usize) -> Result<Vec<Vec
         let named = named(&b.params());
         (b, named)
     });
-    let layers = DataParallel::chunks(chunks.collect(), comm, ReduceOp::Sum, bucket_bytes)?;
+    let layers = if overlap {
+        DataParallel::chunks_overlapped(chunks.collect(), comm, ReduceOp::Sum, bucket_bytes)?
+    } else {
+        DataParallel::chunks(chunks.collect(), comm, ReduceOp::Sum, bucket_bytes)?
+    };
     let modules: Vec<Box<dyn Module>> = layers.into_iter().map(|l| Box::new(l) as Box<dyn Module>).collect();
     let hidden = Tensor::zeros(&dev, &[BATCH, WIDTH])?.with_requires_grad(true);
     let samples = vec![vec![vec![Some(Tensor::zeros(&dev, &[BATCH, WIDTH])?)]], vec![vec![Some(hidden)]]];
