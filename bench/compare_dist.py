@@ -1,7 +1,8 @@
 """Side-by-side table of the data-parallel benchmarks, with the targets of issue #14.
 
 Inputs: --ours (examples/dist_bench --out) and --torch (bench/pytorch_ddp_bench.py --out), both
-{"rows": [{"l", "h", "b", "gpus", "one_us", "many_us", "ratio", "efficiency"}, ...]}.
+{"rows": [{"l", "h", "b", "gpus", "one_us", "many_us", "ratio", "efficiency"}, ...]}; ours also
+has "inline_us" and "overlap_us" (many_us is the faster of the two), shown in a second table.
 
 Targets, per shape:
   ours N-GPU step / ours 1-GPU step <= 1.15     (32x256x32 and 16x1024x128)
@@ -46,6 +47,11 @@ def main():
             f"| {f(o, 'efficiency', '.1%')} | {f(t, 'one_us', '.1f')} | {f(t, 'many_us', '.1f')} | {f(t, 'ratio', '.3f')} "
             f"| {f(t, 'efficiency', '.1%')} | {speed} |"
         )
+    lines += ["", "| shape (LxHxB) | ours N GPUs, shared buckets in place (us) | ours N GPUs, overlapped on a side stream (us) |",
+              "|---|---:|---:|"]
+    for key in sorted(ours):
+        o = ours[key]
+        lines.append(f"| {'x'.join(map(str, key))} | {o.get('inline_us', float('nan')):.1f} | {o.get('overlap_us', float('nan')):.1f} |")
     targets, ok = [], True
     for key in SCALING:
         o = ours.get(key)

@@ -1,7 +1,9 @@
 //! Data-parallel scaling: the benchmark model (L blocks of Linear(H, H) + GELU, f32) trained
 //! with one graph per block, on 1 GPU and on N GPUs (one process each) at the same per-GPU
-//! batch. On N GPUs the blocks are `DataParallel::chunks` sharing 25 MB buckets: each bucket's
-//! all-reduce (NCCL) is captured inside the backward graph of the block that fills it. A step is forward through all blocks, `sum()`,
+//! batch. On N GPUs it measures two ways of reducing the grads, both captured in the blocks'
+//! backward graphs: `DataParallel::chunks` (shared 25 MB buckets, each all-reduced by the block
+//! that fills it) and `DataParallel::chunks_overlapped` (one bucket per block, all-reduced on a
+//! side stream during the next block's backward); the N-GPU figure is the faster of the two. A step is forward through all blocks, `sum()`,
 //! backward, as in `examples/bench.rs`; times are medians of CUDA-event step times on rank 0.
 //!
 //! `cargo run --release --example dist_bench -- [--shapes 32x256x32,16x1024x128] [--gpus 2]
@@ -80,24 +82,36 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Median per-step device time (us) of one graph per block, data parallel over `comm`.
+/// How the blocks' grads are reduced on several ranks.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Shared 25 MB buckets, each all-reduced in the backward graph of the block that fills it.
+    Inline,
+    /// One bucket per block, all-reduced on a side stream during the next block's backward.
+    Overlapped,
+}
+
 fn bench_shape(
     dev: &Device,
-    comm: Option<&Communicator>,
+    comm: Option<(&Communicator, Mode)>,
     (l, h, b): (usize, usize, usize),
     args: &Args,
 ) -> Result<f64> {
-    let x = random(dev, &[b, h], 7 + comm.map_or(0, |c| c.rank() as u64), 1.0)?;
+    let x = random(dev, &[b, h], 7 + comm.map_or(0, |(c, _)| c.rank() as u64), 1.0)?;
     let dy = Tensor::zeros(dev, &[b, h])?;
     let stack = Stack::new(dev, l, h, 1)?;
-    // On several ranks the blocks share 25 MB buckets: a few large all-reduces per step, each
-    // captured in the backward graph of the block that fills it.
     let blocks: Vec<Box<dyn Module>> = match comm {
-        Some(c) => {
+        Some((c, mode)) => {
             let chunks = stack.blocks.into_iter().map(|blk| {
                 let named = blk.params().into_iter().enumerate().map(|(i, p)| (format!("p{i}"), p)).collect();
                 (blk, named)
             });
-            let layers = DataParallel::chunks(chunks.collect(), c.clone(), ReduceOp::Sum, dist::DEFAULT_BUCKET_BYTES)?;
+            let layers = match mode {
+                Mode::Inline => {
+                    DataParallel::chunks(chunks.collect(), c.clone(), ReduceOp::Sum, dist::DEFAULT_BUCKET_BYTES)?
+                }
+                Mode::Overlapped => DataParallel::chunks_overlapped(chunks.collect(), c.clone(), ReduceOp::Sum, 1)?,
+            };
             layers.into_iter().map(|d| Box::new(d) as Box<dyn Module>).collect()
         }
         None => stack.blocks.into_iter().map(|blk| Box::new(blk) as Box<dyn Module>).collect(),
@@ -127,7 +141,7 @@ fn bench_shape(
         step()?;
     }
     match comm {
-        Some(c) => c.barrier()?,
+        Some((c, _)) => c.barrier()?,
         None => dev.synchronize()?,
     }
     let mut times = Vec::with_capacity(args.steps);
@@ -137,17 +151,31 @@ fn bench_shape(
     Ok(median(times))
 }
 
-/// Runs every shape on this rank; rank 0 writes `l h b us` lines to `--rank-out`.
-fn rank_main(dev: &Device, comm: Option<&Communicator>, args: &Args) -> Result<Vec<f64>> {
+/// Runs every shape on this rank (on several ranks in both modes, inline then overlapped);
+/// rank 0 writes `l h b us...` lines to `--rank-out`.
+fn rank_main(dev: &Device, comm: Option<&Communicator>, args: &Args) -> Result<Vec<Vec<f64>>> {
     let mut out = Vec::new();
     for &shape in &args.shapes {
         let world = comm.map_or(1, Communicator::world_size);
         eprintln!("[dist_bench {}x{}x{} on {world} rank(s)] {}", shape.0, shape.1, shape.2, dev.name());
-        out.push(bench_shape(dev, comm, shape, args)?);
+        out.push(match comm {
+            None => vec![bench_shape(dev, None, shape, args)?],
+            Some(c) => vec![
+                bench_shape(dev, Some((c, Mode::Inline)), shape, args)?,
+                bench_shape(dev, Some((c, Mode::Overlapped)), shape, args)?,
+            ],
+        });
     }
     if let (Some(path), 0) = (&args.rank_out, comm.map_or(0, Communicator::rank)) {
-        let lines: Vec<String> =
-            args.shapes.iter().zip(&out).map(|((l, h, b), us)| format!("{l} {h} {b} {us}")).collect();
+        let lines: Vec<String> = args
+            .shapes
+            .iter()
+            .zip(&out)
+            .map(|((l, h, b), us)| {
+                let us: Vec<String> = us.iter().map(f64::to_string).collect();
+                format!("{l} {h} {b} {}", us.join(" "))
+            })
+            .collect();
         std::fs::write(path, lines.join("\n")).map_err(|e| Error::msg(format!("{path}: {e}")))?;
     }
     if let Some(c) = comm {
@@ -165,8 +193,8 @@ fn run_rank(env: RankEnv, args: &Args) -> Result<()> {
     rank_main(&comm.device().clone(), Some(&comm), args).map(drop)
 }
 
-/// Runs `world` ranks (processes, or emulated threads) and returns rank 0's times.
-fn measure(args: &Args, world: usize) -> Result<Vec<f64>> {
+/// Runs `world` ranks (processes, or emulated threads) and returns rank 0's times per shape.
+fn measure(args: &Args, world: usize) -> Result<Vec<Vec<f64>>> {
     if args.emulated {
         let times = match world {
             1 => vec![rank_main(&Device::host(), None, args)?],
@@ -182,7 +210,14 @@ fn measure(args: &Args, world: usize) -> Result<Vec<f64>> {
     let text = std::fs::read_to_string(&path).map_err(|e| Error::msg(format!("rank 0 wrote no results: {e}")))?;
     let _ = std::fs::remove_file(&path);
     text.lines()
-        .map(|l| l.split(' ').nth(3).and_then(|v| v.parse().ok()).ok_or_else(|| Error::msg("bad rank output")))
+        .map(|l| {
+            let us: Vec<f64> = l.split(' ').skip(3).filter_map(|v| v.parse().ok()).collect();
+            if us.is_empty() {
+                Err(Error::msg(format!("bad rank output line `{l}`")))
+            } else {
+                Ok(us)
+            }
+        })
         .collect()
 }
 
@@ -210,11 +245,19 @@ fn main() -> Result<()> {
         "efficiency"
     );
     let mut rows = Vec::new();
-    for (((l, h, b), t1), tn) in args.shapes.iter().zip(&one).zip(&many) {
+    for (((l, h, b), one), many) in args.shapes.iter().zip(&one).zip(&many) {
+        let t1 = one.first().copied().unwrap_or(f64::NAN);
+        let (inline, overlapped) =
+            (many.first().copied().unwrap_or(f64::NAN), many.get(1).copied().unwrap_or(f64::NAN));
+        let tn = inline.min(overlapped);
         let (ratio, eff) = (tn / t1, t1 / tn);
-        println!("{:>12} {t1:>14.1} {tn:>14.1} {ratio:>10.3} {:>11.1}%", format!("{l}x{h}x{b}"), eff * 100.0);
+        println!(
+            "{:>12} {t1:>14.1} {tn:>14.1} {ratio:>10.3} {:>11.1}%   (inline buckets {inline:.1} us, overlapped {overlapped:.1} us)",
+            format!("{l}x{h}x{b}"),
+            eff * 100.0
+        );
         rows.push(format!(
-            "{{\"l\": {l}, \"h\": {h}, \"b\": {b}, \"gpus\": {n}, \"one_us\": {t1:.3}, \"many_us\": {tn:.3}, \"ratio\": {ratio:.4}, \"efficiency\": {eff:.4}}}"
+            "{{\"l\": {l}, \"h\": {h}, \"b\": {b}, \"gpus\": {n}, \"one_us\": {t1:.3}, \"many_us\": {tn:.3}, \"inline_us\": {inline:.3}, \"overlap_us\": {overlapped:.3}, \"ratio\": {ratio:.4}, \"efficiency\": {eff:.4}}}"
         ));
     }
     let json = format!("{{\"emulated\": {}, \"rows\": [{}]}}\n", args.emulated, rows.join(", "));
