@@ -91,3 +91,18 @@ fn rank_variables_are_validated() {
     let r = dist::launch(0, &LaunchOptions::default(), |_| Ok(()));
     assert!(matches!(r, Err(Error::InvalidArgument { .. })));
 }
+
+#[test]
+fn a_rendezvous_that_nobody_joins_times_out() {
+    if std::env::var(dist::ENV_RANK).is_ok() {
+        return;
+    }
+    let quick = Duration::from_millis(200);
+    let tcp = Rendezvous::Tcp(format!("127.0.0.1:{}", free_port()));
+    // Rank 0 waits for a rank that never comes; a rank waits for a rank 0 that never serves.
+    assert!(matches!(tcp.share(0, 2, Some(b"id"), quick), Err(Error::Rendezvous { .. })));
+    assert!(matches!(tcp.share(1, 2, None, quick), Err(Error::Rendezvous { .. })));
+    let file = Rendezvous::File(std::env::temp_dir().join(format!("graphed-missing-{}", std::process::id())));
+    assert!(matches!(file.share(1, 2, None, quick), Err(Error::Rendezvous { .. })));
+    assert!(matches!(file.share(0, 2, None, quick), Err(Error::InvalidArgument { .. })));
+}
