@@ -8,9 +8,20 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-# libnccl: the system's, else the one in PyTorch's wheel.
-nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
-[ -n "$nccl_dir" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl_dir
+# libnccl: cudarc loads it as `libnccl.so` (not the soname libnccl.so.2, which is all a runtime
+# install or PyTorch's wheel ships), so point a libnccl.so symlink at the system's library, else
+# at the wheel's.
+nccl_so=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF; exit}')
+if [ -z "$nccl_so" ]; then
+  nccl_so=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)
+fi
+if [ -n "$nccl_so" ] && [ -e "$nccl_so" ]; then
+  mkdir -p gpu-bin/nccl && ln -sf "$nccl_so" gpu-bin/nccl/libnccl.so
+  export LD_LIBRARY_PATH=$PWD/gpu-bin/nccl:$LD_LIBRARY_PATH
+  echo "libnccl: $nccl_so"
+else
+  echo "libnccl.so.2 not found: the NCCL tests will fail with NcclUnavailable"
+fi
 export GRAPHED_REQUIRE_CUDA=1 GRAPHED_REQUIRE_MULTI_GPU=1 NCCL_NVLS_ENABLE=0
 out=${OUT:-/tmp/graphed-out}; mkdir -p "$out"
 steps=${1:-200}

@@ -24,7 +24,12 @@ pub(crate) const UNIQUE_ID_BYTES: usize = 128;
 pub(crate) fn probe() -> Result<i32> {
     // SAFETY: only tries to dlopen the library by name.
     if !unsafe { sys::is_culib_present() } {
-        return Err(Error::NcclUnavailable { reason: "cannot load libnccl.so.2".into() });
+        return Err(Error::NcclUnavailable {
+            reason: "cannot load libnccl.so (cudarc loads NCCL by that name; where only libnccl.so.2 is \
+                     installed, put a libnccl.so symlink to it in a directory on LD_LIBRARY_PATH, as \
+                     scripts/gpu-multi.sh does)"
+                .into(),
+        });
     }
     let mut version = 0;
     // SAFETY: the library is present; ncclGetVersion writes one int.
