@@ -31,7 +31,14 @@ fn gpus_here(test: &str) -> bool {
         eprintln!("note: {test} skipped ({gpus} GPU(s); set GRAPHED_REQUIRE_CUDA=1 on a machine with {RANKS}+)");
         return false;
     }
-    true
+    match dist::nccl_version() {
+        Ok(_) => true,
+        Err(e) if required => panic!("GRAPHED_REQUIRE_MULTI_GPU=1 but {e}"),
+        Err(e) => {
+            eprintln!("note: {test} skipped: {e}");
+            false
+        }
+    }
 }
 
 /// Runs `program` on `RANKS` processes, one GPU each.

@@ -72,6 +72,19 @@ pub fn gpu_count() -> usize {
     nccl::gpu_count()
 }
 
+/// The version of the NCCL library that loads here (e.g. 22805 for 2.28.5), or
+/// [`Error::NcclUnavailable`]; never panics.
+///
+/// ```
+/// match graphed::dist::nccl_version() {
+///     Ok(v) => println!("NCCL {v}"),
+///     Err(e) => println!("{e}"),
+/// }
+/// ```
+pub fn nccl_version() -> Result<i32> {
+    nccl::probe()
+}
+
 impl RankEnv {
     /// Joins the group through NCCL on GPU `local_rank`: rank 0 makes the unique id and shares
     /// it through the rendezvous; every wait ends by the config's deadline.
