@@ -28,6 +28,7 @@ mod backend;
 mod checkpoint;
 mod cx;
 mod device;
+pub mod dist;
 mod dtype;
 mod error;
 mod graph;
@@ -40,6 +41,7 @@ mod kernel_host;
 mod module;
 pub mod ops;
 pub mod optim;
+
 mod param;
 mod params;
 mod pool;

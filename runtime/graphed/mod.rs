@@ -165,6 +165,14 @@ impl GraphedModules {
         self.config.options.hooks.register(chunk, kind, prepend, f)
     }
 
+    /// A handle to the static input `index` of (`chunk`, `microbatch`): passing it to
+    /// [`GraphedModules::forward`] copies nothing in, so a graph that fills it itself (a
+    /// pipeline stage receiving from another GPU) reads what it received.
+    pub fn static_input(&self, chunk: usize, microbatch: usize, index: usize) -> Option<Tensor> {
+        let s = self.surfaces.get(chunk)?.get(microbatch)?;
+        s.inputs.get(index)?.as_ref().map(Tensor::refreshed)
+    }
+
     /// Wall time of warm-up plus capture.
     pub fn capture_time(&self) -> Duration {
         self.config.capture_time

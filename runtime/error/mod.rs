@@ -1,6 +1,11 @@
 //! The one error type of the crate.
 
-use std::fmt;
+mod build;
+mod cuda;
+mod slot;
+
+pub use cuda::CudaFailure;
+pub use slot::{Slot, SlotKind};
 
 /// Everything that can go wrong in `graphed`, as values a caller can match on.
 ///
@@ -417,87 +422,75 @@ pub enum Error {
         /// The file's dtype and shape.
         got: String,
     },
-}
-
-impl Error {
-    /// A failed CUDA library call.
-    pub(crate) fn cuda(call: &'static str, source: impl Into<CudaFailure>) -> Error {
-        Error::Cuda { call, source: source.into() }
-    }
-
-    /// Wraps this error with a line of context.
-    pub fn context(self, context: impl fmt::Display) -> Error {
-        Error::Context { context: context.to_string(), source: Box::new(self) }
-    }
-
-    /// A user-level error with a message.
-    pub fn msg(message: impl fmt::Display) -> Error {
-        Error::Msg(message.to_string())
-    }
-
-    pub(crate) fn shape(op: &'static str, detail: impl fmt::Display) -> Error {
-        Error::Shape { op, detail: detail.to_string() }
-    }
-
-    pub(crate) fn invalid(op: &'static str, detail: impl fmt::Display) -> Error {
-        Error::InvalidArgument { op, detail: detail.to_string() }
-    }
-
-    /// The innermost error, under any layers of context.
-    pub fn root(&self) -> &Error {
-        match self {
-            Error::Context { source, .. } => source.root(),
-            other => other,
-        }
-    }
-}
-
-/// The error a CUDA library returned, kept as it came (its code can be matched).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CudaFailure {
-    /// The driver API.
-    #[error(transparent)]
-    Driver(#[from] cudarc::driver::DriverError),
-    /// cuBLAS.
-    #[error(transparent)]
-    Cublas(#[from] cudarc::cublas::result::CublasError),
-    /// NVRTC compiling a program.
-    #[error(transparent)]
-    Nvrtc(#[from] cudarc::nvrtc::CompileError),
-}
-
-/// Which kind of argument of a graphed call a [`Slot`] is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SlotKind {
-    /// A forward input.
-    Input,
-    /// A grad output (an argument of backward).
-    GradOutput,
-}
-
-impl fmt::Display for SlotKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SlotKind::Input => "input",
-            SlotKind::GradOutput => "grad output",
-        })
-    }
-}
-
-/// One argument position of a graphed call, named in errors: `input 1`, `grad output 0`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Slot {
-    /// Input or grad output.
-    pub kind: SlotKind,
-    /// The position, from 0.
-    pub index: usize,
-}
-
-impl fmt::Display for Slot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", self.kind, self.index)
-    }
+    // Several GPUs (#14).
+    /// The NCCL library cannot be loaded or used here.
+    #[error("NCCL is not available: {reason}. Install libnccl (libnccl.so.2) and put it on LD_LIBRARY_PATH, or use dist::run_emulated on the host backend")]
+    NcclUnavailable {
+        /// Why NCCL could not be used.
+        reason: String,
+    },
+    /// An NCCL call failed (the communicator was aborted; every rank sees an error).
+    #[error("rank {rank}: NCCL call `{call}` failed: {message}")]
+    Nccl {
+        /// The rank that saw the failure.
+        rank: usize,
+        /// The call that failed.
+        call: &'static str,
+        /// NCCL's description of the error.
+        message: String,
+    },
+    /// A wait passed its deadline; the group was aborted, so every rank gets an error.
+    #[error("rank {rank}: `{op}` did not complete within {waited:?} (a peer is slow, dead or issued a different call); the group was aborted. Raise the timeout with dist::Config::timeout if the peers are only slow")]
+    CommTimeout {
+        /// The rank that timed out.
+        rank: usize,
+        /// The operation that waited.
+        op: &'static str,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
+    /// The group was aborted by another rank (its error, a timeout, or its death).
+    #[error("rank {rank}: the communicator was aborted: {reason}")]
+    CommAborted {
+        /// The rank that observed the abort.
+        rank: usize,
+        /// Why the group was aborted.
+        reason: String,
+    },
+    /// Ranks issued different collectives at the same point (another op, size or root).
+    #[error("rank {rank}: ranks issued different collectives at the same point: {detail}; every rank must issue the same sequence of collectives")]
+    CollectiveMismatch {
+        /// The rank reporting it.
+        rank: usize,
+        /// What each rank issued.
+        detail: String,
+    },
+    /// Ranks set up different schedules (their hashes differ); found before any capture.
+    #[error("rank {rank}: the ranks' {what} differ (hashes by rank: {hashes:x?}); every rank must capture the same schedule")]
+    ScheduleMismatch {
+        /// The rank reporting it.
+        rank: usize,
+        /// What was compared.
+        what: String,
+        /// Each rank's hash, by rank.
+        hashes: Vec<u64>,
+    },
+    /// The rendezvous (a shared file, a TCP address, the rank variables) failed.
+    #[error("rendezvous at {address}: {detail}")]
+    Rendezvous {
+        /// The file path, host:port, or environment variable.
+        address: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// A rank process of a launch failed; the others were stopped.
+    #[error("launch: rank {rank} {status}; the other ranks were stopped")]
+    RankFailed {
+        /// The first rank that failed.
+        rank: usize,
+        /// Its exit status, or why it was killed.
+        status: String,
+    },
 }
 
 /// `Result` with [`Error`].

@@ -1,0 +1,467 @@
+//! `Communicator`: collectives and point-to-point transfers on tensors, issued on the device's
+//! stream so that they are captured into graphs like any other op.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::nccl::sys;
+
+use super::host::HostGroup;
+use super::nccl::NcclComm;
+use crate::backend::BackendKind;
+use crate::{DType, Device, Error, GraphOptions, Result, Tensor};
+
+/// How [`Communicator::all_reduce`] and [`Communicator::reduce_scatter`] combine the ranks'
+/// values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// The sum over ranks.
+    Sum,
+    /// The mean over ranks (the sum, then divided by the world size).
+    Avg,
+}
+
+pub(crate) enum Imp {
+    Host(Arc<HostGroup>),
+    Nccl(NcclComm),
+}
+
+pub(crate) struct Inner {
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) device: Device,
+    pub(crate) timeout: Duration,
+    pub(crate) imp: Imp,
+}
+
+/// One rank's handle to a group of ranks: NCCL on GPUs (one process per GPU), or emulated
+/// ranks (threads sharing memory) on the host backend, with the same semantics.
+///
+/// Every call is issued on the rank's device stream: outside a capture it runs (host) or is
+/// queued (GPU) now; inside one it is captured and runs on every replay. Every wait has a
+/// deadline; a rank that times out or fails aborts the group, so every rank gets a typed error
+/// ([`Error::CommTimeout`], [`Error::CommAborted`], [`Error::CollectiveMismatch`]), never a hang.
+///
+/// ```
+/// use graphed::dist::{self, ReduceOp};
+/// use graphed::Tensor;
+/// let sums = dist::run_emulated(2, |comm| {
+///     let t = Tensor::full(comm.device(), &[3], comm.rank() as f32 + 1.0)?;
+///     comm.all_reduce(&t, ReduceOp::Sum)?;
+///     t.to_vec()
+/// })?;
+/// assert_eq!(sums, vec![vec![3.0; 3], vec![3.0; 3]]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Communicator(pub(crate) Arc<Inner>);
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.0.imp {
+            Imp::Host(_) => "emulated",
+            Imp::Nccl(_) => "nccl",
+        };
+        write!(f, "Communicator({kind}, rank {} of {}, {})", self.0.rank, self.0.world, self.0.device.name())
+    }
+}
+
+impl Communicator {
+    /// This rank, from 0.
+    pub fn rank(&self) -> usize {
+        self.0.rank
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.0.world
+    }
+
+    /// The rank's device (its stream orders the collectives).
+    pub fn device(&self) -> &Device {
+        &self.0.device
+    }
+
+    /// How long a wait may take before the group is aborted.
+    pub fn timeout(&self) -> Duration {
+        self.0.timeout
+    }
+
+    /// Whether the ranks are emulated (threads on the host backend).
+    pub fn is_emulated(&self) -> bool {
+        matches!(self.0.imp, Imp::Host(_))
+    }
+
+    /// Aborts the group: every rank's pending and later calls fail with a typed error.
+    pub fn abort(&self, reason: &str) {
+        match &self.0.imp {
+            Imp::Host(g) => g.abort(format!("rank {} aborted: {reason}", self.0.rank)),
+            Imp::Nccl(n) => n.abort(),
+        }
+    }
+
+    fn check(&self, op: &'static str, tensors: &[&Tensor]) -> Result<()> {
+        for t in tensors {
+            if t.device() != &self.0.device {
+                return Err(Error::invalid(
+                    op,
+                    format!("a tensor on {}, the communicator is on {}", t.device().name(), self.0.device.name()),
+                ));
+            }
+            if t.dtype() != DType::F32 {
+                return Err(Error::DType { op, got: t.dtype(), expected: DType::F32 });
+            }
+            t.check_fresh()?;
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, op: &'static str, peer: usize) -> Result<()> {
+        if peer >= self.0.world || peer == self.0.rank {
+            return Err(Error::InvalidArgument {
+                op,
+                detail: format!(
+                    "peer {peer} from rank {} (the peer must be another rank below {})",
+                    self.0.rank, self.0.world
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs a host collective now or records it into the capture in progress.
+    fn host_op(
+        &self,
+        name: &'static str,
+        f: impl Fn(&HostGroup, usize, Duration) -> Result<()> + Send + Sync + 'static,
+    ) -> Result<()> {
+        let Imp::Host(group) = &self.0.imp else {
+            return Err(Error::invalid(name, "a host op on an NCCL communicator"));
+        };
+        let BackendKind::Host(h) = &self.0.device.backend().kind else {
+            return Err(Error::invalid(name, "an emulated communicator on a CUDA device"));
+        };
+        let (group, rank, timeout) = (group.clone(), self.0.rank, self.0.timeout);
+        h.run(name, move || f(&group, rank, timeout))
+    }
+
+    /// Issues the collectives of `f` on a second stream forked from the device stream, so they
+    /// overlap what the device stream does next; [`Communicator::join_side_stream`] must follow
+    /// (before the capture ends, or before the results are read). On emulated ranks the calls
+    /// simply run in order.
+    pub(crate) fn on_side_stream(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        match &self.0.imp {
+            Imp::Host(_) => f(),
+            Imp::Nccl(c) => c.on_side_stream(f),
+        }
+    }
+
+    /// Makes the device stream wait for the side stream's collectives.
+    pub(crate) fn join_side_stream(&self) -> Result<()> {
+        match &self.0.imp {
+            Imp::Host(_) => Ok(()),
+            Imp::Nccl(c) => c.join_side_stream(),
+        }
+    }
+
+    /// Replaces `t` on every rank by the sum (or mean) of all ranks' `t`. Every rank gets
+    /// bitwise the same result.
+    pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        self.check("all_reduce", &[t])?;
+        let n = t.numel();
+        let world = self.0.world;
+        match &self.0.imp {
+            Imp::Host(_) => {
+                let p = t.host_ptr()?;
+                self.host_op("all_reduce", move |g, rank, timeout| {
+                    let all = g.exchange(rank, "all_reduce", format!("all_reduce({n}, {op:?})"), p.read(), timeout)?;
+                    p.write(&reduce(&all, op, world));
+                    Ok(())
+                })
+            }
+            Imp::Nccl(c) => {
+                let p = NcclComm::ptr(t.cuda_ptr()?);
+                // SAFETY: `p` is a live device buffer of `n` floats on this communicator's GPU
+                // (checked above); in-place all-reduce is allowed.
+                c.issue("ncclAllReduce", |comm, s| unsafe {
+                    sys::ncclAllReduce(p, p, n, sys::ncclDataType_t::ncclFloat32, red(op), comm, s)
+                })
+            }
+        }
+    }
+
+    /// All-reduces several tensors as one bucket: one exchange on emulated ranks, one NCCL
+    /// group (a single fused launch) on GPUs. Each tensor ends as [`Communicator::all_reduce`]
+    /// would leave it.
+    pub fn all_reduce_bucket(&self, tensors: &[Tensor], op: ReduceOp) -> Result<()> {
+        let refs: Vec<&Tensor> = tensors.iter().collect();
+        self.check("all_reduce_bucket", &refs)?;
+        let sizes: Vec<usize> = tensors.iter().map(Tensor::numel).collect();
+        let world = self.0.world;
+        match &self.0.imp {
+            Imp::Host(_) => {
+                let ptrs = tensors.iter().map(Tensor::host_ptr).collect::<Result<Vec<_>>>()?;
+                self.host_op("all_reduce_bucket", move |g, rank, timeout| {
+                    let data: Vec<f32> = ptrs.iter().flat_map(|p| p.read()).collect();
+                    let what = format!("all_reduce_bucket({sizes:?}, {op:?})");
+                    let all = g.exchange(rank, "all_reduce_bucket", what, data, timeout)?;
+                    let reduced = reduce(&all, op, world);
+                    let mut at = 0;
+                    for (p, n) in ptrs.iter().zip(&sizes) {
+                        p.write(&reduced[at..at + n]);
+                        at += n;
+                    }
+                    Ok(())
+                })
+            }
+            Imp::Nccl(c) => {
+                let ptrs = tensors.iter().map(|t| t.cuda_ptr().map(NcclComm::ptr)).collect::<Result<Vec<_>>>()?;
+                c.issue("ncclGroupStart", |_, _| {
+                    // SAFETY: starts a group on this thread; ended below.
+                    unsafe { sys::ncclGroupStart() }
+                })?;
+                for (p, n) in ptrs.iter().zip(&sizes) {
+                    let p = *p;
+                    // SAFETY: each `p` is a live device buffer of `n` floats on this GPU.
+                    c.issue("ncclAllReduce", |comm, s| unsafe {
+                        sys::ncclAllReduce(p, p, *n, sys::ncclDataType_t::ncclFloat32, red(op), comm, s)
+                    })?;
+                }
+                // SAFETY: ends the group started above; NCCL launches it on the stream.
+                c.issue("ncclGroupEnd", |_, _| unsafe { sys::ncclGroupEnd() })
+            }
+        }
+    }
+
+    /// Writes every rank's `input`, in rank order, into `output` (`world_size` times the
+    /// elements of `input`).
+    pub fn all_gather(&self, input: &Tensor, output: &Tensor) -> Result<()> {
+        self.check("all_gather", &[input, output])?;
+        let n = input.numel();
+        if output.numel() != n * self.0.world {
+            return Err(Error::shape(
+                "all_gather",
+                format!("{} elements gathered from {} ranks of {n} each", output.numel(), self.0.world),
+            ));
+        }
+        match &self.0.imp {
+            Imp::Host(_) => {
+                let (i, o) = (input.host_ptr()?, output.host_ptr()?);
+                self.host_op("all_gather", move |g, rank, timeout| {
+                    let all = g.exchange(rank, "all_gather", format!("all_gather({n})"), i.read(), timeout)?;
+                    o.write(&all.concat());
+                    Ok(())
+                })
+            }
+            Imp::Nccl(c) => {
+                let (i, o) = (NcclComm::ptr(input.cuda_ptr()?), NcclComm::ptr(output.cuda_ptr()?));
+                // SAFETY: `i` holds `n` floats and `o` holds `world * n` (checked above).
+                c.issue("ncclAllGather", |comm, s| unsafe {
+                    sys::ncclAllGather(i, o, n, sys::ncclDataType_t::ncclFloat32, comm, s)
+                })
+            }
+        }
+    }
+
+    /// Reduces `input` (`world_size` equal parts) over the ranks and writes part `rank` of the
+    /// result into `output`.
+    pub fn reduce_scatter(&self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()> {
+        self.check("reduce_scatter", &[input, output])?;
+        let (n, world) = (output.numel(), self.0.world);
+        if input.numel() != n * world {
+            return Err(Error::shape(
+                "reduce_scatter",
+                format!("{} elements scattered to {world} ranks of {n} each", input.numel()),
+            ));
+        }
+        match &self.0.imp {
+            Imp::Host(_) => {
+                let (i, o) = (input.host_ptr()?, output.host_ptr()?);
+                self.host_op("reduce_scatter", move |g, rank, timeout| {
+                    let all =
+                        g.exchange(rank, "reduce_scatter", format!("reduce_scatter({n}, {op:?})"), i.read(), timeout)?;
+                    let parts: Vec<Vec<f32>> = all.iter().map(|v| v[rank * n..(rank + 1) * n].to_vec()).collect();
+                    o.write(&reduce(&parts, op, world));
+                    Ok(())
+                })
+            }
+            Imp::Nccl(c) => {
+                let (i, o) = (NcclComm::ptr(input.cuda_ptr()?), NcclComm::ptr(output.cuda_ptr()?));
+                // SAFETY: `i` holds `world * n` floats and `o` holds `n` (checked above).
+                c.issue("ncclReduceScatter", |comm, s| unsafe {
+                    sys::ncclReduceScatter(i, o, n, sys::ncclDataType_t::ncclFloat32, red(op), comm, s)
+                })
+            }
+        }
+    }
+
+    /// Copies `root`'s `t` into every other rank's `t`.
+    pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<()> {
+        self.check("broadcast", &[t])?;
+        if root >= self.0.world {
+            return Err(Error::InvalidArgument {
+                op: "broadcast",
+                detail: format!("root {root} of {} ranks", self.0.world),
+            });
+        }
+        let n = t.numel();
+        match &self.0.imp {
+            Imp::Host(_) => {
+                let p = t.host_ptr()?;
+                self.host_op("broadcast", move |g, rank, timeout| {
+                    let all =
+                        g.exchange(rank, "broadcast", format!("broadcast({n}, root {root})"), p.read(), timeout)?;
+                    p.write(&all[root]);
+                    Ok(())
+                })
+            }
+            Imp::Nccl(c) => {
+                let p = NcclComm::ptr(t.cuda_ptr()?);
+                // SAFETY: `p` holds `n` floats on this GPU; in-place broadcast is allowed.
+                c.issue("ncclBroadcast", |comm, s| unsafe {
+                    sys::ncclBroadcast(p, p, n, sys::ncclDataType_t::ncclFloat32, root as i32, comm, s)
+                })
+            }
+        }
+    }
+
+    /// Sends `t` to `peer`, which must post a matching [`Communicator::recv`].
+    pub fn send(&self, t: &Tensor, peer: usize) -> Result<()> {
+        self.check("send", &[t])?;
+        self.check_peer("send", peer)?;
+        let n = t.numel();
+        match &self.0.imp {
+            Imp::Host(_) => {
+                let p = t.host_ptr()?;
+                self.host_op("send", move |g, rank, timeout| g.send(rank, peer, p.read(), timeout))
+            }
+            Imp::Nccl(c) => {
+                let p = NcclComm::ptr(t.cuda_ptr()?);
+                // SAFETY: `p` holds `n` floats on this GPU.
+                c.issue("ncclSend", |comm, s| unsafe {
+                    sys::ncclSend(p, n, sys::ncclDataType_t::ncclFloat32, peer as i32, comm, s)
+                })
+            }
+        }
+    }
+
+    /// Receives into `t` what `peer` sends (the same number of elements).
+    pub fn recv(&self, t: &Tensor, peer: usize) -> Result<()> {
+        self.check("recv", &[t])?;
+        self.check_peer("recv", peer)?;
+        let n = t.numel();
+        match &self.0.imp {
+            Imp::Host(_) => {
+                let p = t.host_ptr()?;
+                self.host_op("recv", move |g, rank, timeout| {
+                    let data = g.recv(rank, peer, timeout)?;
+                    if data.len() != n {
+                        let detail = format!("rank {peer} sent {} elements, rank {rank} receives {n}", data.len());
+                        g.abort(format!("send/recv size mismatch: {detail}"));
+                        return Err(Error::CollectiveMismatch { rank, detail });
+                    }
+                    p.write(&data);
+                    Ok(())
+                })
+            }
+            Imp::Nccl(c) => {
+                let p = NcclComm::ptr(t.cuda_ptr()?);
+                // SAFETY: `p` holds `n` floats on this GPU.
+                c.issue("ncclRecv", |comm, s| unsafe {
+                    sys::ncclRecv(p, n, sys::ncclDataType_t::ncclFloat32, peer as i32, comm, s)
+                })
+            }
+        }
+    }
+
+    /// Waits until every rank reaches this point and its queued work is done. Illegal while
+    /// capturing.
+    pub fn barrier(&self) -> Result<()> {
+        self.0.device.backend().forbid_during_capture("barrier")?;
+        let t = Tensor::zeros(&self.0.device, &[1])?;
+        self.all_reduce(&t, ReduceOp::Sum)?;
+        self.synchronize()
+    }
+
+    /// Waits for this rank's queued work, with the deadline (a dead peer is an error, not a
+    /// hang in the driver). Illegal while capturing.
+    pub fn synchronize(&self) -> Result<()> {
+        self.0.device.backend().forbid_during_capture("synchronize")?;
+        match &self.0.imp {
+            Imp::Host(_) => Ok(()),
+            Imp::Nccl(c) => c.wait_stream(),
+        }
+    }
+
+    /// Checks that every rank passes the same `hash` for `what` (a schedule, a parameter
+    /// layout); when they differ, every rank gets [`Error::ScheduleMismatch`]. Illegal while
+    /// capturing (it reads the result back).
+    pub fn check_same(&self, what: &str, hash: u64) -> Result<()> {
+        self.0.device.backend().forbid_during_capture("check_same")?;
+        let words = [
+            (hash >> 48) as f32,
+            ((hash >> 32) & 0xffff) as f32,
+            ((hash >> 16) & 0xffff) as f32,
+            (hash & 0xffff) as f32,
+        ];
+        let mine = Tensor::from_slice(&self.0.device, &words, &[4])?;
+        let all = Tensor::zeros(&self.0.device, &[4 * self.0.world])?;
+        self.all_gather(&mine, &all)?;
+        // Wait with the deadline first: a plain copy back would wait forever on a dead peer.
+        self.synchronize()?;
+        let v = all.to_vec()?;
+        let hashes: Vec<u64> =
+            v.chunks(4).map(|w| w.iter().fold(0u64, |acc, x| (acc << 16) | (*x as u64 & 0xffff))).collect();
+        if hashes.iter().any(|h| *h != hashes[0]) {
+            return Err(Error::ScheduleMismatch { rank: self.0.rank, what: what.to_string(), hashes });
+        }
+        Ok(())
+    }
+}
+
+impl Communicator {
+    /// Checks that every rank is about to capture with the same [`GraphOptions`] (warm-up
+    /// count, `order`, mode, chaining) over `chunks` chunks, so that their collectives line up;
+    /// when they differ, every rank gets [`Error::ScheduleMismatch`] before anything is
+    /// captured. Call it before `make_graphed`.
+    ///
+    /// ```
+    /// use graphed::dist;
+    /// use graphed::{Error, GraphOptions};
+    /// let r = dist::run_emulated(2, |comm| {
+    ///     let opts = GraphOptions::new().warmup(2 + comm.rank());
+    ///     comm.check_graph_options(&opts, 1)
+    /// });
+    /// assert!(matches!(r, Err(Error::ScheduleMismatch { .. })));
+    /// ```
+    pub fn check_graph_options(&self, options: &GraphOptions, chunks: usize) -> Result<()> {
+        let mut h = DefaultHasher::new();
+        let o = options;
+        (o.warmup, &o.order, o.allow_unused_input, o.training, o.chained, chunks).hash(&mut h);
+        format!("{:?}", o.capture_mode).hash(&mut h);
+        self.check_same("graph options (warm-up, order, mode, chunks)", h.finish())
+    }
+}
+
+/// The ranks' values combined in rank order (so every rank computes bitwise the same).
+fn reduce(all: &[Vec<f32>], op: ReduceOp, world: usize) -> Vec<f32> {
+    let mut out = all[0].clone();
+    for v in &all[1..] {
+        for (o, x) in out.iter_mut().zip(v) {
+            *o += *x;
+        }
+    }
+    if op == ReduceOp::Avg {
+        out.iter_mut().for_each(|o| *o /= world as f32);
+    }
+    out
+}
+
+fn red(op: ReduceOp) -> sys::ncclRedOp_t {
+    match op {
+        ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
+        ReduceOp::Avg => sys::ncclRedOp_t::ncclAvg,
+    }
+}

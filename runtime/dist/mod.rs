@@ -1,0 +1,254 @@
+//! Several GPUs: one process per GPU, NCCL collectives on the device stream (captured into
+//! graphs like any other op), and emulated ranks on the host backend with the same semantics.
+//!
+//! - `comm`: [`Communicator`] and its collectives.
+//! - `host`: emulated ranks (threads sharing memory).
+//! - `nccl`: the NCCL communicator (non-blocking, with deadlines and abort).
+//! - `launch`: the rank environment, the rendezvous and [`launch`].
+//! - `data_parallel`: [`DataParallel`], grads all-reduced in buckets inside the backward graph.
+//! - `pipeline`: [`PipelineStage`], a chunk of a pipeline with send/recv into static buffers.
+//! - `shard`: [`ShardedParams`], FSDP-style shards gathered and reduced by capture-time hooks.
+
+mod comm;
+mod data_parallel;
+mod host;
+mod launch;
+mod nccl;
+mod pipeline;
+mod shard;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use comm::{Communicator, ReduceOp};
+pub use data_parallel::{DataParallel, DEFAULT_BUCKET_BYTES};
+pub use launch::{
+    launch, LaunchOptions, RankEnv, Rendezvous, ENV_LOCAL_RANK, ENV_RANK, ENV_RENDEZVOUS, ENV_WORLD_SIZE,
+};
+
+pub use pipeline::{stage_order, PipelineStage, StageRole};
+pub use shard::ShardedParams;
+
+use crate::{Device, Error, Result};
+
+/// Settings of a group: how long any wait may take before the group is aborted.
+///
+/// ```
+/// use std::time::Duration;
+/// let cfg = graphed::dist::Config::default().timeout(Duration::from_secs(5));
+/// assert_eq!(cfg.timeout_value(), Duration::from_secs(5));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Config {
+    timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { timeout: Duration::from_secs(300) }
+    }
+}
+
+impl Config {
+    /// The deadline of every wait (collective, receive, rendezvous, stream synchronize).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The deadline of every wait.
+    pub fn timeout_value(&self) -> Duration {
+        self.timeout
+    }
+}
+
+/// The number of CUDA GPUs on this host (0 without a usable driver); never panics.
+///
+/// ```
+/// let n = graphed::dist::gpu_count();
+/// println!("{n} GPUs");
+/// ```
+pub fn gpu_count() -> usize {
+    nccl::gpu_count()
+}
+
+/// The version of the NCCL library that loads here (e.g. 22805 for 2.28.5), or
+/// [`Error::NcclUnavailable`]; never panics.
+///
+/// ```
+/// match graphed::dist::nccl_version() {
+///     Ok(v) => println!("NCCL {v}"),
+///     Err(e) => println!("{e}"),
+/// }
+/// ```
+pub fn nccl_version() -> Result<i32> {
+    nccl::probe()
+}
+
+impl RankEnv {
+    /// Joins the group through NCCL on GPU `local_rank`: rank 0 makes the unique id and shares
+    /// it through the rendezvous; every wait ends by the config's deadline.
+    pub fn communicator(&self, config: &Config) -> Result<Communicator> {
+        nccl::probe()?;
+        let device = Device::cuda(self.local_rank)?;
+        Communicator::nccl(&device, self, config)
+    }
+}
+
+impl Communicator {
+    /// Joins the group of `env` through NCCL on `device` (a GPU).
+    pub fn nccl(device: &Device, env: &RankEnv, config: &Config) -> Result<Communicator> {
+        if !device.is_cuda() {
+            return Err(Error::invalid("Communicator::nccl", "a host device (use dist::run_emulated)"));
+        }
+        if env.world_size == 0 || env.rank >= env.world_size {
+            return Err(Error::InvalidArgument {
+                op: "Communicator::nccl",
+                detail: format!("rank {} of {}", env.rank, env.world_size),
+            });
+        }
+        let payload = if env.rank == 0 { Some(nccl::unique_id()?) } else { None };
+        let id = env.rendezvous.share(env.rank, env.world_size, payload.as_deref(), config.timeout)?;
+        let comm = nccl::NcclComm::new(device.backend().clone(), env.rank, env.world_size, &id, config.timeout)?;
+        Ok(Communicator(Arc::new(comm::Inner {
+            rank: comm.rank(),
+            world: env.world_size,
+            device: device.clone(),
+            timeout: config.timeout,
+            imp: comm::Imp::Nccl(comm),
+        })))
+    }
+
+    /// `world_size` emulated ranks, each on its own new host device, sharing one group. Run
+    /// each on its own thread (see [`run_emulated`]); a rank's calls wait for its peers.
+    pub fn emulated(world_size: usize, config: &Config) -> Result<Vec<Communicator>> {
+        if world_size == 0 {
+            return Err(Error::InvalidArgument { op: "Communicator::emulated", detail: "a world of 0 ranks".into() });
+        }
+        let group = host::HostGroup::new(world_size);
+        Ok((0..world_size)
+            .map(|rank| {
+                Communicator(Arc::new(comm::Inner {
+                    rank,
+                    world: world_size,
+                    device: Device::host(),
+                    timeout: config.timeout,
+                    imp: comm::Imp::Host(group.clone()),
+                }))
+            })
+            .collect())
+    }
+}
+
+/// Runs `rank_main` on `world_size` emulated ranks (threads, each with its own host device)
+/// with a 60-second deadline on every wait, and returns their results in rank order. See
+/// [`run_emulated_with`].
+pub fn run_emulated<T: Send>(
+    world_size: usize,
+    rank_main: impl Fn(Communicator) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    run_emulated_with(world_size, &Config::default().timeout(Duration::from_secs(60)), rank_main)
+}
+
+/// Runs `rank_main` on `world_size` emulated ranks and returns their results in rank order.
+///
+/// A rank that returns an error or panics aborts the group, so its peers get
+/// [`Error::CommAborted`] instead of waiting; the error returned is the first failing rank's
+/// own (the cause). [`run_emulated_each`] gives every rank's result.
+///
+/// ```
+/// use graphed::dist::{self, Config};
+/// use graphed::{Error, Tensor};
+/// use std::time::Duration;
+/// // Rank 1 never joins the all-reduce: rank 0 times out, nobody hangs.
+/// let cfg = Config::default().timeout(Duration::from_millis(200));
+/// let r = dist::run_emulated_with(2, &cfg, |comm| {
+///     if comm.rank() == 1 {
+///         return Ok(());
+///     }
+///     let t = Tensor::zeros(comm.device(), &[2])?;
+///     comm.all_reduce(&t, dist::ReduceOp::Sum)
+/// });
+/// assert!(matches!(r, Err(Error::CommTimeout { rank: 0, .. })));
+/// ```
+pub fn run_emulated_with<T: Send>(
+    world_size: usize,
+    config: &Config,
+    rank_main: impl Fn(Communicator) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    first_cause(run_emulated_each(world_size, config, rank_main)?)
+}
+
+/// Runs `rank_main` on `world_size` emulated ranks and returns each rank's own result, in rank
+/// order (a panic becomes an [`Error::Msg`] naming the rank). A failing rank aborts the
+/// group, so the others end with an error too instead of waiting.
+///
+/// ```
+/// use graphed::dist::{self, Config};
+/// use graphed::{Error, Tensor};
+/// let results = dist::run_emulated_each(2, &Config::default(), |comm| {
+///     if comm.rank() == 1 {
+///         return Err(Error::msg("rank 1 gives up"));
+///     }
+///     comm.barrier()
+/// })?;
+/// assert!(matches!(results[0], Err(Error::CommAborted { rank: 0, .. })));
+/// assert!(matches!(results[1], Err(Error::Msg(_))));
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn run_emulated_each<T: Send>(
+    world_size: usize,
+    config: &Config,
+    rank_main: impl Fn(Communicator) -> Result<T> + Sync,
+) -> Result<Vec<Result<T>>> {
+    let comms = Communicator::emulated(world_size, config)?;
+    let rank_main = &rank_main;
+    Ok(std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let rank = comm.rank();
+                    let peer = comm.clone();
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rank_main(comm))).unwrap_or_else(
+                        |payload| Err(Error::msg(format!("rank {rank} panicked: {}", panic_message(&payload)))),
+                    );
+                    if let Err(e) = &r {
+                        peer.abort(&format!("rank {rank} failed: {e}"));
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::msg("an emulated rank's thread died"))))
+            .collect()
+    }))
+}
+
+/// All results, or the error that caused the others: a rank's own failure before the aborts
+/// it set off in its peers.
+fn first_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
+    let (mut oks, mut errors) = (Vec::new(), Vec::new());
+    for r in results {
+        match r {
+            Ok(v) => oks.push(v),
+            Err(e) => errors.push(e),
+        }
+    }
+    if errors.is_empty() {
+        return Ok(oks);
+    }
+    let is_echo = |e: &Error| matches!(e.root(), Error::CommAborted { .. });
+    let pos = errors.iter().position(|e| !is_echo(e)).unwrap_or(0);
+    Err(errors.swap_remove(pos))
+}
+
+fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic".into())
+}

@@ -1,0 +1,384 @@
+//! The NCCL communicator: one rank per process and GPU, collectives on the device's stream.
+//!
+//! Every `unsafe` NCCL call of the crate lives here. The communicator is non-blocking
+//! (`config.blocking = 0`): a call may return `ncclInProgress`, and we poll
+//! `ncclCommGetAsyncError` until it settles or a deadline passes, then `ncclCommAbort`, so a
+//! dead or diverging peer is an error on this rank rather than a hang.
+
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{sys as cu, CudaEvent, CudaStream};
+use cudarc::nccl::sys;
+
+use crate::backend::cuda::driver_err;
+use crate::backend::{Backend, BackendKind, CudaBackend};
+use crate::{Error, Result};
+
+/// Bytes of an NCCL unique id, exchanged through the rendezvous.
+pub(crate) const UNIQUE_ID_BYTES: usize = 128;
+
+/// Checks that libnccl loads, so that cudarc never panics on a missing library.
+pub(crate) fn probe() -> Result<i32> {
+    // SAFETY: only tries to dlopen the library by name.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::NcclUnavailable {
+            reason: "cannot load libnccl.so (cudarc loads NCCL by that name; where only libnccl.so.2 is \
+                     installed, put a libnccl.so symlink to it in a directory on LD_LIBRARY_PATH, as \
+                     scripts/gpu-multi.sh does)"
+                .into(),
+        });
+    }
+    let mut version = 0;
+    // SAFETY: the library is present; ncclGetVersion writes one int.
+    let r = unsafe { sys::ncclGetVersion(&mut version) };
+    if r != sys::ncclResult_t::ncclSuccess {
+        return Err(Error::NcclUnavailable { reason: format!("ncclGetVersion failed: {r:?}") });
+    }
+    Ok(version)
+}
+
+/// The number of CUDA GPUs here; 0 when the driver cannot be loaded or has none.
+pub(crate) fn gpu_count() -> usize {
+    // SAFETY: only tries to dlopen the driver by name.
+    if !unsafe { cu::is_culib_present() } {
+        return 0;
+    }
+    cudarc::driver::CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
+}
+
+/// A fresh unique id (rank 0 makes it and shares it through the rendezvous).
+pub(crate) fn unique_id() -> Result<Vec<u8>> {
+    probe()?;
+    let id = cudarc::nccl::result::get_uniqueid()
+        .map_err(|e| Error::NcclUnavailable { reason: format!("ncclGetUniqueId failed: {:?}", e.0) })?;
+    Ok(id.internal.iter().map(|c| *c as u8).collect())
+}
+
+/// The raw communicator, shared with the watchdog. The lock orders every use of the handle
+/// before `ncclCommAbort` frees it: users hold it for reading (short, non-blocking calls),
+/// `abort` for writing; `true` inside means aborted.
+struct Handle {
+    comm: sys::ncclComm_t,
+    aborted: RwLock<bool>,
+    stop: AtomicBool,
+}
+
+// SAFETY: NCCL allows its non-blocking calls (enqueue, ncclCommGetAsyncError, ncclCommAbort)
+// from any thread; the lock keeps every call before the abort that frees the handle, and
+// enqueues are serialised by the device's stream gate.
+unsafe impl Send for Handle {}
+// SAFETY: as above.
+unsafe impl Sync for Handle {}
+
+impl Handle {
+    /// Runs `f` on the live handle, or returns `None` once aborted.
+    fn with<R>(&self, f: impl FnOnce(sys::ncclComm_t) -> R) -> Option<R> {
+        let aborted = self.aborted.read().unwrap_or_else(|e| e.into_inner());
+        (!*aborted).then(|| f(self.comm))
+    }
+
+    /// The communicator's asynchronous state, `None` once aborted.
+    fn async_error(&self) -> Option<sys::ncclResult_t> {
+        self.with(|comm| {
+            let mut state = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: the handle is live (not aborted) while the read lock is held.
+            let q = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
+            if q == sys::ncclResult_t::ncclSuccess {
+                state
+            } else {
+                q
+            }
+        })
+    }
+
+    /// Aborts once (NCCL frees the communicator and fails its pending work on every rank).
+    fn abort(&self) {
+        let mut aborted = self.aborted.write().unwrap_or_else(|e| e.into_inner());
+        if !*aborted && !self.comm.is_null() {
+            // SAFETY: the handle is live and no other call is using it (write lock).
+            let _ = unsafe { sys::ncclCommAbort(self.comm) };
+        }
+        *aborted = true;
+    }
+}
+
+/// How often the watchdog looks for an asynchronous error (a dead peer, a network failure).
+const WATCHDOG_PERIOD: Duration = Duration::from_millis(100);
+
+/// Aborts the communicator as soon as NCCL reports an asynchronous error, so that a stream
+/// stuck behind a dead peer is released (and any wait on it ends) instead of hanging.
+fn watchdog(handle: Arc<Handle>) {
+    while !handle.stop.load(Ordering::Acquire) {
+        std::thread::sleep(WATCHDOG_PERIOD);
+        match handle.async_error() {
+            None => return,
+            Some(sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => {}
+            Some(_) => return handle.abort(),
+        }
+    }
+}
+
+/// A second stream for collectives that overlap the device stream's work: forked from it and
+/// joined back by events, so a capture records both branches.
+struct Side {
+    stream: Arc<CudaStream>,
+    fork: CudaEvent,
+    join: CudaEvent,
+    /// Whether calls go to the side stream now.
+    active: AtomicBool,
+}
+
+/// A live NCCL communicator bound to one device's stream, with a watchdog thread.
+pub(crate) struct NcclComm {
+    handle: Arc<Handle>,
+    side: Side,
+    watchdog: Option<std::thread::JoinHandle<()>>,
+    backend: Arc<Backend>,
+    rank: usize,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NcclComm(rank {})", self.rank)
+    }
+}
+
+fn cuda(backend: &Backend) -> Result<&CudaBackend> {
+    match &backend.kind {
+        BackendKind::Cuda(c) => Ok(c),
+        BackendKind::Host(_) => Err(Error::invalid("NCCL communicator", "a host device (use dist::run_emulated)")),
+    }
+}
+
+fn describe(r: sys::ncclResult_t) -> String {
+    // SAFETY: ncclGetErrorString returns a static C string for every result code.
+    let s = unsafe { sys::ncclGetErrorString(r) };
+    if s.is_null() {
+        format!("{r:?}")
+    } else {
+        // SAFETY: non-null, NUL-terminated and static (NCCL's string table).
+        format!("{r:?}: {}", unsafe { CStr::from_ptr(s) }.to_string_lossy())
+    }
+}
+
+impl NcclComm {
+    /// Joins the group `id` as `rank` of `world` on `backend`'s GPU, within the deadline.
+    pub(crate) fn new(
+        backend: Arc<Backend>,
+        rank: usize,
+        world: usize,
+        id: &[u8],
+        timeout: Duration,
+    ) -> Result<NcclComm> {
+        let version = probe()?;
+        if id.len() != UNIQUE_ID_BYTES {
+            return Err(Error::invalid(
+                "NCCL init",
+                format!("a unique id of {} bytes, not {UNIQUE_ID_BYTES}", id.len()),
+            ));
+        }
+        let c = cuda(&backend)?;
+        let mut unique = sys::ncclUniqueId { internal: [0; UNIQUE_ID_BYTES] };
+        for (d, s) in unique.internal.iter_mut().zip(id) {
+            *d = *s as _;
+        }
+        let mut config = config(version);
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        c.bind()?;
+        // SAFETY: `comm` and `config` are valid for the call; the id came from ncclGetUniqueId.
+        let r = unsafe { sys::ncclCommInitRankConfig(&mut comm, world as i32, unique, rank as i32, &mut config) };
+        let handle = Arc::new(Handle { comm, aborted: RwLock::new(comm.is_null()), stop: AtomicBool::new(false) });
+        let side = Side {
+            stream: c.ctx.new_stream().map_err(driver_err("cuStreamCreate"))?,
+            fork: c.ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+            join: c.ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
+            active: AtomicBool::new(false),
+        };
+        let mut me = NcclComm { handle, side, watchdog: None, backend, rank, timeout };
+        me.settle("ncclCommInitRankConfig", r)?;
+        let h = me.handle.clone();
+        let spawned =
+            std::thread::Builder::new().name(format!("graphed-nccl-watchdog-{rank}")).spawn(move || watchdog(h));
+        me.watchdog = Some(spawned.map_err(|e| Error::msg(format!("cannot start the NCCL watchdog: {e}")))?);
+        Ok(me)
+    }
+
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn aborted_error(&self) -> Error {
+        Error::CommAborted {
+            rank: self.rank,
+            reason: "the NCCL communicator was aborted (a peer failed or timed out)".into(),
+        }
+    }
+
+    /// Waits until the last call settles (`ncclInProgress` turns into a result), aborting the
+    /// communicator after the deadline or on an error, so every peer errors too.
+    fn settle(&self, call: &'static str, first: sys::ncclResult_t) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let mut r = first;
+        while r == sys::ncclResult_t::ncclInProgress || r == sys::ncclResult_t::ncclSuccess {
+            match self.handle.async_error() {
+                None => return Err(self.aborted_error()),
+                Some(sys::ncclResult_t::ncclSuccess) => return Ok(()),
+                Some(sys::ncclResult_t::ncclInProgress) => {}
+                Some(err) => {
+                    r = err;
+                    break;
+                }
+            }
+            if Instant::now() >= deadline {
+                self.abort();
+                return Err(Error::CommTimeout { rank: self.rank, op: call, waited: self.timeout });
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        self.abort();
+        Err(Error::Nccl { rank: self.rank, call, message: describe(r) })
+    }
+
+    /// Aborts the communicator (idempotent): pending and later NCCL work fails on every rank.
+    pub(crate) fn abort(&self) {
+        self.handle.abort();
+    }
+
+    /// Issues one NCCL call on the device stream (through the stream gate, so it captures like
+    /// any other stream work) and waits for it to be enqueued.
+    pub(crate) fn issue(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> sys::ncclResult_t,
+    ) -> Result<()> {
+        let c = cuda(&self.backend)?;
+        let _entered = c.gate.enter()?;
+        c.bind()?;
+        let on_side = self.side.active.load(Ordering::Acquire);
+        let stream = if on_side { self.side.stream.cu_stream() } else { c.stream.cu_stream() } as sys::cudaStream_t;
+        let r = self.handle.with(|comm| f(comm, stream)).ok_or_else(|| self.aborted_error())?;
+        self.settle(call, r)
+    }
+
+    /// Forks the side stream from the device stream and sends the calls of `f` there.
+    pub(crate) fn on_side_stream(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let c = cuda(&self.backend)?;
+        {
+            let _entered = c.gate.enter()?;
+            c.bind()?;
+            self.side.fork.record(&c.stream).map_err(driver_err("cuEventRecord"))?;
+            self.side.stream.wait(&self.side.fork).map_err(driver_err("cuStreamWaitEvent"))?;
+        }
+        self.side.active.store(true, Ordering::Release);
+        let r = f();
+        self.side.active.store(false, Ordering::Release);
+        r
+    }
+
+    /// Makes the device stream wait for everything issued on the side stream so far.
+    pub(crate) fn join_side_stream(&self) -> Result<()> {
+        let c = cuda(&self.backend)?;
+        let _entered = c.gate.enter()?;
+        c.bind()?;
+        self.side.join.record(&self.side.stream).map_err(driver_err("cuEventRecord"))?;
+        c.stream.wait(&self.side.join).map_err(driver_err("cuStreamWaitEvent"))
+    }
+
+    /// Waits until the stream's work is done, polling so that a dead peer ends in an abort and
+    /// an error after the deadline instead of a hang in cuStreamSynchronize.
+    pub(crate) fn wait_stream(&self) -> Result<()> {
+        let c = cuda(&self.backend)?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let state = {
+                let _entered = c.gate.enter()?;
+                c.bind()?;
+                // SAFETY: the stream is live for the backend's lifetime.
+                unsafe { cu::cuStreamQuery(c.stream.cu_stream()) }
+            };
+            match state {
+                cu::CUresult::CUDA_SUCCESS => return Ok(()),
+                cu::CUresult::CUDA_ERROR_NOT_READY => {}
+                other => return Err(Error::cuda("cuStreamQuery", cudarc::driver::DriverError(other))),
+            }
+            self.settle("ncclCommGetAsyncError", sys::ncclResult_t::ncclSuccess)?;
+            if Instant::now() >= deadline {
+                self.abort();
+                return Err(Error::CommTimeout { rank: self.rank, op: "wait for the stream", waited: self.timeout });
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Pointer of a device buffer as NCCL wants it.
+    pub(crate) fn ptr(p: u64) -> *mut c_void {
+        p as *mut c_void
+    }
+}
+
+/// A non-blocking communicator config, as NCCL_CONFIG_INITIALIZER fills it, declared as the
+/// loaded library's version so that it reads exactly the fields it knows.
+///
+/// `GRAPHED_NCCL_BLOCKING=1` makes the communicator blocking (init and calls wait inside
+/// NCCL; deadlines then rest on the watchdog and the polled stream waits).
+fn config(version: i32) -> sys::ncclConfig_t {
+    const UNDEF: i32 = i32::MIN;
+    let blocking = i32::from(std::env::var("GRAPHED_NCCL_BLOCKING").is_ok_and(|v| v == "1"));
+    sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        version: version as u32,
+        blocking,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+        graphUsageMode: UNDEF,
+        numRmaCtx: UNDEF,
+        maxP2pPeers: UNDEF,
+    }
+}
+
+impl NcclComm {
+    /// Finalizes (flushes this rank's pending work with the peers) within the deadline, then
+    /// destroys; aborts instead when that fails or takes too long.
+    fn close(&self) {
+        let finalized = self.handle.with(|comm| {
+            // SAFETY: the handle is live (read lock held); finalize is non-blocking here.
+            unsafe { sys::ncclCommFinalize(comm) }
+        });
+        let Some(r) = finalized else { return };
+        if self.settle("ncclCommFinalize", r).is_err() {
+            return; // settle aborted it
+        }
+        let mut aborted = self.handle.aborted.write().unwrap_or_else(|e| e.into_inner());
+        if !*aborted {
+            // SAFETY: finalized, no other user (write lock); destroyed once, then marked.
+            let _ = unsafe { sys::ncclCommDestroy(self.handle.comm) };
+            *aborted = true;
+        }
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        self.handle.stop.store(true, Ordering::Release);
+        if let Some(w) = self.watchdog.take() {
+            let _ = w.join();
+        }
+        self.close();
+    }
+}

@@ -1,0 +1,258 @@
+//! Several ranks on the host backend (threads sharing memory): collectives, capture and
+//! replay of collectives, data-parallel parity with gradient accumulation, and every failure
+//! (mismatch, timeout, dead peer, different layouts) as a typed error on every rank.
+
+mod common;
+mod dist_programs;
+
+use std::time::{Duration, Instant};
+
+use common::model::{Block, Stack};
+use graphed::dist::{self, Config, DataParallel, ReduceOp};
+use graphed::{CaptureMode, Error, Graph, Module, Result, Tensor};
+
+fn quick() -> Config {
+    Config::default().timeout(Duration::from_millis(500))
+}
+
+#[test]
+fn collectives_on_three_ranks() -> Result<()> {
+    let out = dist::run_emulated(3, |comm| {
+        let (dev, r) = (comm.device().clone(), comm.rank() as f32);
+        let t = Tensor::from_slice(&dev, &[r, 10.0 * r], &[2])?;
+        comm.all_reduce(&t, ReduceOp::Sum)?;
+        let avg = Tensor::full(&dev, &[2], r)?;
+        comm.all_reduce(&avg, ReduceOp::Avg)?;
+        let gathered = Tensor::zeros(&dev, &[6])?;
+        comm.all_gather(&Tensor::from_slice(&dev, &[r, -r], &[2])?, &gathered)?;
+        let scattered = Tensor::zeros(&dev, &[1])?;
+        comm.reduce_scatter(&Tensor::from_slice(&dev, &[1.0, 2.0, 3.0], &[3])?, &scattered, ReduceOp::Sum)?;
+        let b = Tensor::full(&dev, &[2], r + 5.0)?;
+        comm.broadcast(&b, 2)?;
+        comm.barrier()?;
+        Ok([t.to_vec()?, avg.to_vec()?, gathered.to_vec()?, scattered.to_vec()?, b.to_vec()?])
+    })?;
+    for (rank, o) in out.iter().enumerate() {
+        assert_eq!(o[0], vec![3.0, 30.0]);
+        assert_eq!(o[1], vec![1.0, 1.0]);
+        assert_eq!(o[2], vec![0.0, -0.0, 1.0, -1.0, 2.0, -2.0]);
+        assert_eq!(o[3], vec![3.0 * (rank as f32 + 1.0)]);
+        assert_eq!(o[4], vec![7.0, 7.0]);
+    }
+    Ok(())
+}
+
+#[test]
+fn send_recv_ring_and_bucket() -> Result<()> {
+    let out = dist::run_emulated(2, |comm| {
+        let dev = comm.device().clone();
+        let peer = 1 - comm.rank();
+        let mine = Tensor::full(&dev, &[3], comm.rank() as f32 + 1.0)?;
+        let theirs = Tensor::zeros(&dev, &[3])?;
+        // A send completes when its receive does (as NCCL's may): rank 0 sends first.
+        if comm.rank() == 0 {
+            comm.send(&mine, peer)?;
+            comm.recv(&theirs, peer)?;
+        } else {
+            comm.recv(&theirs, peer)?;
+            comm.send(&mine, peer)?;
+        }
+        let (a, b) = (Tensor::full(&dev, &[2], 1.0)?, Tensor::full(&dev, &[5], comm.rank() as f32)?);
+        comm.all_reduce_bucket(&[a.clone(), b.clone()], ReduceOp::Sum)?;
+        Ok((theirs.to_vec()?, a.to_vec()?, b.to_vec()?))
+    })?;
+    assert_eq!(out[0].0, vec![2.0; 3]);
+    assert_eq!(out[1].0, vec![1.0; 3]);
+    for o in &out {
+        assert_eq!((o.1.clone(), o.2.clone()), (vec![2.0; 2], vec![1.0; 5]));
+    }
+    Ok(())
+}
+
+#[test]
+fn collectives_are_captured_and_replayed() -> Result<()> {
+    let out = dist::run_emulated(2, |comm| {
+        let dev = comm.device().clone();
+        let x = Tensor::zeros(&dev, &[4])?;
+        let y = Tensor::zeros(&dev, &[4])?;
+        let mut g = Graph::new(&dev);
+        // Captured, not run: the peers only meet on replay.
+        g.capture(CaptureMode::Global, || {
+            y.copy_(&x)?;
+            comm.all_reduce(&y, ReduceOp::Sum)
+        })?;
+        assert_eq!(y.to_vec()?, vec![0.0; 4], "a capture must not run the collective");
+        let mut seen = Vec::new();
+        for step in 0..3 {
+            x.copy_from_slice(&[(comm.rank() * 10 + step) as f32; 4])?;
+            g.replay()?;
+            seen.push(y.to_vec()?[0]);
+        }
+        Ok(seen)
+    })?;
+    assert_eq!(out[0], vec![10.0, 12.0, 14.0]);
+    assert_eq!(out[1], out[0]);
+    Ok(())
+}
+
+#[test]
+fn refused_calls_change_nothing() -> Result<()> {
+    dist::run_emulated(2, |comm| {
+        let dev = comm.device().clone();
+        let t = Tensor::full(&dev, &[2], 1.0)?;
+        assert!(matches!(comm.send(&t, comm.rank()), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(comm.recv(&t, 7), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(comm.broadcast(&t, 2), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(comm.all_gather(&t, &Tensor::zeros(&dev, &[3])?), Err(Error::Shape { .. })));
+        let other = Tensor::zeros(&graphed::Device::host(), &[2])?;
+        assert!(matches!(comm.all_reduce(&other, ReduceOp::Sum), Err(Error::InvalidArgument { .. })));
+        // The group is still healthy: the refused calls never reached the peers.
+        comm.all_reduce(&t, ReduceOp::Sum)?;
+        assert_eq!(t.to_vec()?, vec![2.0; 2]);
+        Ok(())
+    })?;
+    Ok(())
+}
+
+#[test]
+fn different_collectives_fail_on_every_rank() -> Result<()> {
+    let results = dist::run_emulated_each(2, &quick(), |comm| {
+        let t = Tensor::zeros(comm.device(), &[2 + comm.rank()])?;
+        comm.all_reduce(&t, ReduceOp::Sum)
+    })?;
+    for (rank, r) in results.iter().enumerate() {
+        match r {
+            Err(Error::CollectiveMismatch { rank: got, detail }) => {
+                assert_eq!(*got, rank);
+                assert!(detail.contains("all_reduce(2") && detail.contains("all_reduce(3"), "{detail}");
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_missing_peer_times_out_and_later_calls_see_the_abort() -> Result<()> {
+    let started = Instant::now();
+    let results = dist::run_emulated_each(2, &quick(), |comm| {
+        let t = Tensor::zeros(comm.device(), &[2])?;
+        if comm.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(900));
+            return comm.all_reduce(&t, ReduceOp::Sum);
+        }
+        comm.all_reduce(&t, ReduceOp::Sum)
+    })?;
+    assert!(matches!(results[0], Err(Error::CommTimeout { rank: 0, op: "all_reduce", .. })), "{:?}", results[0]);
+    assert!(matches!(results[1], Err(Error::CommAborted { rank: 1, .. })), "{:?}", results[1]);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    Ok(())
+}
+
+#[test]
+fn two_sends_facing_each_other_time_out_instead_of_hanging() -> Result<()> {
+    let results = dist::run_emulated_each(2, &quick(), |comm| {
+        let t = Tensor::zeros(comm.device(), &[2])?;
+        comm.send(&t, 1 - comm.rank())?;
+        comm.recv(&t, 1 - comm.rank())
+    })?;
+    let timeouts = results.iter().filter(|r| matches!(r, Err(Error::CommTimeout { op: "send", .. }))).count();
+    assert!(timeouts >= 1, "{results:?}");
+    assert!(results.iter().all(|r| matches!(r, Err(Error::CommTimeout { .. } | Error::CommAborted { .. }))));
+    Ok(())
+}
+
+#[test]
+fn a_dead_peer_is_an_error_on_the_others() -> Result<()> {
+    let results = dist::run_emulated_each(3, &Config::default().timeout(Duration::from_secs(30)), |comm| {
+        if comm.rank() == 2 {
+            panic!("rank 2 dies");
+        }
+        let dev = comm.device().clone();
+        let t = Tensor::zeros(&dev, &[2])?;
+        let into = Tensor::zeros(&dev, &[2])?;
+        comm.recv(&into, 2)?;
+        comm.all_reduce(&t, ReduceOp::Sum)
+    })?;
+    for r in &results[..2] {
+        assert!(matches!(r, Err(Error::CommAborted { reason, .. }) if reason.contains("rank 2 panicked")), "{r:?}");
+    }
+    assert!(matches!(&results[2], Err(Error::Msg(m)) if m.contains("rank 2 dies")));
+    Ok(())
+}
+
+#[test]
+fn different_parameter_layouts_are_refused_on_every_rank() -> Result<()> {
+    let results = dist::run_emulated_each(2, &quick(), |comm| {
+        let width = 4 + comm.rank();
+        let block = Block::new(comm.device(), width, width, 1)?;
+        let params = dist_programs::named(&block.params());
+        DataParallel::with_params(block, params, comm, ReduceOp::Sum, 1024).map(|_| ())
+    })?;
+    for (rank, r) in results.iter().enumerate() {
+        match r {
+            Err(Error::ScheduleMismatch { rank: got, hashes, .. }) => {
+                assert_eq!((*got, hashes.len()), (rank, 2));
+                assert_ne!(hashes[0], hashes[1]);
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn data_parallel_equals_one_rank_accumulating_bitwise() -> Result<()> {
+    let reference = dist_programs::dp_reference(&graphed::Device::host())?;
+    let ranks = dist::run_emulated(2, dist_programs::dp_rank)?;
+    for (rank, params) in ranks.iter().enumerate() {
+        dist_programs::bitwise(params, &reference).map_err(|e| Error::msg(format!("rank {rank}: {e}")))?;
+    }
+    // The parameters moved: the test would catch a reduction that did nothing.
+    let initial = Stack::new(&graphed::Device::host(), 2, dist_programs::WIDTH, 42)?.params()[0].value.to_vec()?;
+    assert_ne!(initial, reference[0]);
+    Ok(())
+}
+
+#[test]
+fn data_parallel_chunks_sharing_buckets_equal_one_rank_accumulating_bitwise() -> Result<()> {
+    let reference = dist_programs::dp_reference(&graphed::Device::host())?;
+    // One bucket for the whole model (flushed by the first chunk), and one per parameter (one
+    // per chunk when overlapped); in place and overlapped with the next chunk's backward.
+    for overlap in [false, true] {
+        for bucket_bytes in [1 << 20, 4] {
+            let ranks = dist::run_emulated(2, |comm| dist_programs::dp_chunks_rank(comm, bucket_bytes, overlap))?;
+            for (rank, params) in ranks.iter().enumerate() {
+                dist_programs::bitwise(params, &reference).map_err(|e| {
+                    Error::msg(format!("buckets of {bucket_bytes} B, overlap {overlap}, rank {rank}: {e}"))
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_chunk_running_backward_twice_before_its_group_reduces_is_refused() -> Result<()> {
+    dist::run_emulated(1, |comm| {
+        let dev = comm.device().clone();
+        let blocks: Vec<_> = (0..2).map(|i| Block::new(&dev, 4, 4, i)).collect::<Result<_>>()?;
+        let chunks = blocks.into_iter().map(|b| {
+            let named = dist_programs::named(&b.params());
+            (b, named)
+        });
+        let mut layers = DataParallel::chunks(chunks.collect(), comm.clone(), ReduceOp::Sum, 1 << 20)?;
+        let x = common::random(&dev, &[2, 4], 1)?;
+        let run = |layer: &mut DataParallel<Block>| -> Result<()> {
+            let mut cx = graphed::Cx::new(&dev);
+            cx.set_needs_input_grad(vec![false]);
+            let y = Module::forward(layer, &mut cx, &[Some(x.clone())])?;
+            Module::backward(layer, &mut cx, &y).map(drop)
+        };
+        run(&mut layers[1])?;
+        assert!(matches!(run(&mut layers[1]), Err(Error::InvalidArgument { .. })));
+        run(&mut layers[0])?; // the first chunk flushes the group
+        run(&mut layers[1])
+    })?;
+    Ok(())
+}
