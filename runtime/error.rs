@@ -394,6 +394,43 @@ pub enum Error {
         /// The file's dtype and shape.
         got: String,
     },
+    // Precision (#12).
+    /// Tensors of different dtypes were mixed in one op without a cast.
+    #[error(
+        "{op}: a {a} tensor and a {b} tensor mixed in one op; convert one with ops::cast (Tensor::to_dtype) first"
+    )]
+    DTypeMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The dtype of the op's first tensor.
+        a: crate::DType,
+        /// The dtype that differs.
+        b: crate::DType,
+    },
+    /// cuBLAS refused a GEMM (a dtype combination or shape it does not support).
+    #[error(
+        "{op}: cuBLAS rejects the {dtype} GEMM m={m} n={n} k={k} ({status}); check the shapes, or compute it in f32"
+    )]
+    GemmRejected {
+        /// The operation.
+        op: &'static str,
+        /// The input dtype.
+        dtype: crate::DType,
+        /// Rows of the column-major result.
+        m: usize,
+        /// Columns of the column-major result.
+        n: usize,
+        /// The reduced dimension.
+        k: usize,
+        /// cuBLAS's status.
+        status: String,
+    },
+    /// f16 training without loss scaling: gradients would underflow or overflow f16.
+    #[error("{op}: f16 parameters need dynamic loss scaling (f16 overflows above 65504 and flushes small gradients); pass a LossScaler")]
+    F16NeedsLossScaling {
+        /// The operation.
+        op: &'static str,
+    },
 }
 
 impl Error {

@@ -47,6 +47,7 @@ mod rng;
 mod shape;
 mod state_dict;
 mod tensor;
+mod tensor_half;
 
 pub use backend::is_capturing;
 pub use checkpoint::Checkpoint;
@@ -57,6 +58,9 @@ pub use error::{Error, Result, Slot, SlotKind};
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{make_graphed, CaptureError, GraphOptions, GraphedModules};
 pub use graphed_macros::{capture_time_hook, graphed, Parameters};
+/// The `half` crate, whose [`half::bf16`] and [`half::f16`] are the host types of
+/// [`DType::BF16`] and [`DType::F16`].
+pub use half;
 pub use hooks::{HookHandle, HookRegistry};
 pub use kernel::{Arg, Kernel, KernelArg, LaunchConfig};
 pub use kernel_check::{check_kernel_against_host, CheckArg, KernelCheckReport, OutputCheck};

@@ -86,17 +86,29 @@ impl std::fmt::Debug for Tensor {
 }
 
 impl Tensor {
-    /// An uninitialised tensor (its contents are whatever the pool block held; on the host
+    /// An uninitialised f32 tensor (its contents are whatever the pool block held; on the host
     /// backend fresh memory is NaN). Allocated from the device's current pool.
     pub fn empty(device: &Device, dims: &[usize]) -> Result<Tensor> {
-        let shape = Shape::new(dims)
-            .ok_or_else(|| Error::shape("Tensor::empty", format!("{dims:?} has more than 6 dimensions")))?;
-        let bytes = shape.numel() * DType::F32.size();
-        let block = device.current_pool().alloc(bytes)?;
-        Ok(Tensor::from_storage(device, Storage::Pool(block), shape))
+        Tensor::empty_as(device, dims, DType::F32)
     }
 
-    pub(crate) fn from_storage(device: &Device, block: Storage, shape: Shape) -> Tensor {
+    /// An uninitialised tensor of `dtype` (see [`Tensor::empty`]).
+    ///
+    /// ```
+    /// use graphed::{DType, Device, Tensor};
+    /// let t = Tensor::empty_as(&Device::host(), &[2, 3], DType::BF16)?;
+    /// assert_eq!((t.dtype(), t.numel()), (DType::BF16, 6));
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn empty_as(device: &Device, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        let shape = Shape::new(dims)
+            .ok_or_else(|| Error::shape("Tensor::empty", format!("{dims:?} has more than 6 dimensions")))?;
+        let bytes = shape.numel() * dtype.size();
+        let block = device.current_pool().alloc(bytes)?;
+        Ok(Tensor::from_storage(device, Storage::Pool(block), shape, dtype))
+    }
+
+    pub(crate) fn from_storage(device: &Device, block: Storage, shape: Shape, dtype: DType) -> Tensor {
         Tensor {
             buf: Arc::new(Buffer {
                 device: device.clone(),
@@ -105,7 +117,7 @@ impl Tensor {
                 owner: OnceLock::new(),
             }),
             shape,
-            dtype: DType::F32,
+            dtype,
             generation: 0,
             requires_grad: false,
         }
@@ -123,9 +135,9 @@ impl Tensor {
         Ok(t)
     }
 
-    /// A tensor with the shape of `like`, uninitialised.
+    /// A tensor with the shape and dtype of `like`, uninitialised.
     pub fn empty_like(like: &Tensor) -> Result<Tensor> {
-        Tensor::empty(like.device(), like.dims())
+        Tensor::empty_as(like.device(), like.dims(), like.dtype())
     }
 
     /// A tensor holding `data` (row-major). Illegal during capture (a pageable copy).
@@ -138,39 +150,46 @@ impl Tensor {
         Ok(t)
     }
 
-    /// Overwrites the contents from host memory. Illegal during capture.
+    /// Overwrites the contents from host memory; for a bf16 or f16 tensor each value is
+    /// rounded to nearest even, as a kernel would store it. Illegal during capture.
     pub fn copy_from_slice(&self, data: &[f32]) -> Result<()> {
         let backend = self.device().backend();
         backend.forbid_during_capture("copy from host memory")?;
         if data.len() != self.numel() {
             return Err(Error::shape("copy_from_slice", format!("{} values into {:?}", data.len(), self.shape)));
         }
-        match &backend.kind {
-            BackendKind::Cuda(c) => c.copy_to_device(self.cuda_ptr()?, data),
-            BackendKind::Host(_) => {
+        match (&backend.kind, self.dtype) {
+            (BackendKind::Cuda(c), DType::F32) => c.copy_to_device(self.cuda_ptr()?, data),
+            (BackendKind::Cuda(c), dt) => {
+                let bits: Vec<u16> = data.iter().map(|v| dt.to_bits16(*v)).collect();
+                c.copy_to_device(self.cuda_ptr()?, &bits)
+            }
+            (BackendKind::Host(_), _) => {
                 self.host_ptr()?.write(data);
                 Ok(())
             }
         }
     }
 
-    /// Copies the contents to a `Vec` (waits for the device). Illegal during capture.
+    /// Copies the contents to a `Vec` (waits for the device); bf16 and f16 values are widened
+    /// to f32, which is exact. Illegal during capture.
     pub fn to_vec(&self) -> Result<Vec<f32>> {
         let backend = self.device().backend();
         backend.forbid_during_capture("copy to host memory")?;
-        match &backend.kind {
-            BackendKind::Cuda(c) => {
+        match (&backend.kind, self.dtype) {
+            (BackendKind::Cuda(c), DType::F32) => {
                 let mut out = vec![0.0; self.numel()];
                 c.copy_to_host(&mut out, self.cuda_ptr()?)?;
                 Ok(out)
             }
-            BackendKind::Host(_) => Ok(self.host_ptr()?.read()),
+            (BackendKind::Cuda(_), dt) => Ok(self.to_bits16()?.into_iter().map(|b| dt.from_bits16(b)).collect()),
+            (BackendKind::Host(_), _) => Ok(self.host_ptr()?.read()),
         }
     }
 
     /// A copy in new memory (not a static buffer, so no later replay touches it).
     pub fn deep_clone(&self) -> Result<Tensor> {
-        let t = Tensor::empty(self.device(), self.dims())?;
+        let t = Tensor::empty_like(self)?;
         t.copy_(self)?;
         Ok(t.with_requires_grad(self.requires_grad))
     }
@@ -267,6 +286,7 @@ impl Tensor {
         match self.ptr()? {
             Ptr::Host(mut h) => {
                 h.len = self.numel();
+                h.dtype = self.dtype;
                 Ok(h)
             }
             Ptr::Cuda(_) => Err(Error::invalid("host_ptr", "a CUDA tensor on a host op")),

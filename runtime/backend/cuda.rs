@@ -13,7 +13,8 @@ use super::{DropErrors, StreamGate};
 use crate::{Error, Result};
 
 /// The CUDA C sources compiled once per context. BuiltinKernel names are `extern "C"`.
-pub(crate) const KERNEL_SOURCES: &[&str] = &[include_str!("kernels/core.cu"), include_str!("kernels/ops.cu")];
+pub(crate) const KERNEL_SOURCES: &[&str] =
+    &[include_str!("kernels/core.cu"), include_str!("kernels/ops.cu"), include_str!("kernels/half.cu")];
 
 /// Bytes of the explicit cuBLAS workspace; with it set, GEMMs never allocate, so they capture.
 const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
@@ -75,7 +76,7 @@ fn probe_libraries() -> Result<()> {
 }
 
 /// A cuBLAS handle. Calls on one handle must not run concurrently, so it lives in a `Mutex`.
-struct CublasHandle(cublas_sys::cublasHandle_t);
+pub(crate) struct CublasHandle(pub(crate) cublas_sys::cublasHandle_t);
 
 // SAFETY: a cuBLAS handle may be used from any thread (each call binds the context first);
 // only concurrent calls on one handle are forbidden, and the `Mutex` around it prevents them.
@@ -170,6 +171,11 @@ impl CudaBackend {
 
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The cuBLAS handle, locked for one call.
+    pub(crate) fn cublas_handle(&self) -> std::sync::MutexGuard<'_, CublasHandle> {
+        self.cublas.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn ordinal(&self) -> usize {
@@ -294,11 +300,11 @@ impl CudaBackend {
         unsafe { result::free_sync(ptr) }.map_err(driver_err("cuMemFree"))
     }
 
-    /// Stream-ordered host-to-device copy.
-    pub(crate) fn copy_to_device(&self, dst: u64, src: &[f32]) -> Result<()> {
+    /// Host-to-device copy of plain values (`f32`, `u16` bit patterns); waits for the stream.
+    pub(crate) fn copy_to_device<T: Copy>(&self, dst: u64, src: &[T]) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
-        // SAFETY: `dst` holds `src.len()` floats (checked by the caller); the synchronous copy
+        // SAFETY: `dst` holds `src.len()` values (checked by the caller); the synchronous copy
         // does not outlive `src`.
         unsafe {
             result::memcpy_htod_async(dst, src, self.stream.cu_stream()).map_err(driver_err("cuMemcpyHtoDAsync"))?;
@@ -306,11 +312,11 @@ impl CudaBackend {
         self.synchronize()
     }
 
-    /// Device-to-host copy; waits for the stream.
-    pub(crate) fn copy_to_host(&self, dst: &mut [f32], src: u64) -> Result<()> {
+    /// Device-to-host copy of plain values; waits for the stream.
+    pub(crate) fn copy_to_host<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
-        // SAFETY: `src` holds `dst.len()` floats (checked by the caller); we synchronize before
+        // SAFETY: `src` holds `dst.len()` values (checked by the caller); we synchronize before
         // `dst` can be read.
         unsafe {
             result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()).map_err(driver_err("cuMemcpyDtoHAsync"))?;

@@ -6,12 +6,13 @@
 
 mod capture;
 pub(crate) mod cuda;
+mod cuda_gemm;
 mod cuda_graph;
 mod cuda_user;
 pub(crate) mod host;
 mod kernels;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::graph::{CaptureMode, GraphNode, NodeKind};
@@ -20,9 +21,10 @@ use crate::{Error, Result};
 pub use capture::is_capturing;
 pub(crate) use capture::StreamGate;
 pub(crate) use cuda::{CudaBackend, LaunchDims};
+pub(crate) use cuda_gemm::{GemmEx, Operand};
 pub(crate) use cuda_graph::RawGraph;
 pub(crate) use host::{HostBackend, HostPtr, HostSlab};
-pub(crate) use kernels::{BuiltinKernel, KArg};
+pub(crate) use kernels::{BuiltinKernel, KArg, Typed};
 
 /// Which machine runs the ops.
 #[derive(Debug)]
@@ -56,6 +58,8 @@ pub(crate) struct Backend {
     pub(crate) drop_errors: Arc<DropErrors>,
     /// Bytes of all slabs of all pools on this device.
     reserved: AtomicUsize,
+    /// Whether f32 GEMMs may run on TF32 tensor cores (off unless the user opts in).
+    pub(crate) tf32: AtomicBool,
 }
 
 /// An address in device (or host-backend) memory.
@@ -74,6 +78,7 @@ impl Backend {
             gate,
             drop_errors: Arc::new(DropErrors::default()),
             reserved: AtomicUsize::new(0),
+            tf32: AtomicBool::new(false),
         }
     }
 
@@ -82,7 +87,13 @@ impl Backend {
         let gate = Arc::new(StreamGate::default());
         let drop_errors = Arc::new(DropErrors::default());
         let cuda = CudaBackend::new(ordinal, gate.clone(), drop_errors.clone())?;
-        Ok(Backend { kind: BackendKind::Cuda(Box::new(cuda)), gate, drop_errors, reserved: AtomicUsize::new(0) })
+        Ok(Backend {
+            kind: BackendKind::Cuda(Box::new(cuda)),
+            gate,
+            drop_errors,
+            reserved: AtomicUsize::new(0),
+            tf32: AtomicBool::new(false),
+        })
     }
 
     /// The capture mode in progress on this backend's stream, if the calling thread is the one
@@ -125,7 +136,7 @@ impl Backend {
         let ptr = match &self.kind {
             BackendKind::Host(h) => {
                 let _entered = h.gate.enter()?;
-                Ptr::Host(HostPtr { slab: HostSlab::new(bytes), offset: 0, len: bytes / 4 })
+                Ptr::Host(HostPtr { slab: HostSlab::new(bytes), offset: 0, len: bytes / 4, dtype: crate::DType::F32 })
             }
             BackendKind::Cuda(c) => Ptr::Cuda(c.malloc(bytes)?),
         };

@@ -333,7 +333,9 @@ impl GraphedModules {
                         Phase::WarmUp => {
                             let grads = outs
                                 .iter()
-                                .map(|o| o.as_ref().map(|o| Tensor::zeros(&self.device, o.dims())).transpose())
+                                .map(|o| {
+                                    o.as_ref().map(|o| Tensor::zeros_as(&self.device, o.dims(), o.dtype())).transpose()
+                                })
                                 .collect::<Result<Vec<_>>>()?;
                             self.modules[c].backward(&mut cx.clone(), &grads)?;
                         }
@@ -457,7 +459,7 @@ impl GraphedModules {
                     Some(g)
                 }
                 Some(o) => {
-                    let g = Tensor::zeros(&self.device, o.dims())?;
+                    let g = Tensor::zeros_as(&self.device, o.dims(), o.dtype())?;
                     g.set_owner(format!("{} grad output {i}", s.label));
                     Some(g)
                 }

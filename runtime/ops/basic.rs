@@ -1,7 +1,9 @@
-//! Fill, copy, axpy and scale: the ops the runtime itself needs.
+//! Fill, copy, axpy and scale: the ops the runtime itself needs. All take f32, bf16 or f16
+//! tensors (one dtype per call); 16-bit results are rounded to nearest even.
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
-use crate::ops::{check_same, check_shape, exec, n32, Exec};
+use crate::ops::{check_like, check_shape, exec, k, n32, Exec};
+use crate::DType;
 use crate::{Result, Tensor};
 
 /// Sets every element of `y` to `value`, in place.
@@ -15,7 +17,7 @@ use crate::{Result, Tensor};
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn fill_(y: &Tensor, value: f32) -> Result<()> {
-    check_same("fill_", &[y])?;
+    let dtype = check_like("fill_", &[y])?;
     let n = n32("fill_", y.numel())?;
     match exec(y.device()) {
         Exec::Host(h) => {
@@ -25,17 +27,22 @@ pub fn fill_(y: &Tensor, value: f32) -> Result<()> {
                 Ok(())
             })
         }
-        Exec::Cuda(c) => c.launch(
+        Exec::Cuda(c) if dtype == DType::F32 => c.launch(
             BuiltinKernel::FillF32,
             LaunchDims::elementwise(n as usize),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(value), KArg::U32(n)],
+        ),
+        Exec::Cuda(c) => c.launch(
+            BuiltinKernel::FillU16,
+            LaunchDims::elementwise(n as usize),
+            &[KArg::Ptr(y.cuda_ptr()?), KArg::U32(dtype.to_bits16(value) as u32), KArg::U32(n)],
         ),
     }
 }
 
 /// Copies `src` into `dst` (same shape), in place. Captured as a copy node on a GPU.
 pub fn copy_(dst: &Tensor, src: &Tensor) -> Result<()> {
-    check_same("copy_", &[dst, src])?;
+    let dtype = check_like("copy_", &[dst, src])?;
     check_shape("copy_", dst, src)?;
     match exec(dst.device()) {
         Exec::Host(h) => {
@@ -45,19 +52,19 @@ pub fn copy_(dst: &Tensor, src: &Tensor) -> Result<()> {
                 Ok(())
             })
         }
-        Exec::Cuda(c) => c.copy_device(dst.cuda_ptr()?, src.cuda_ptr()?, dst.numel() * 4),
+        Exec::Cuda(c) => c.copy_device(dst.cuda_ptr()?, src.cuda_ptr()?, dst.numel() * dtype.size()),
     }
 }
 
 /// `y += a * x`, in place.
 pub fn axpy_(y: &Tensor, a: f32, x: &Tensor) -> Result<()> {
-    check_same("axpy_", &[y, x])?;
+    let kernel = k::AXPY.get(check_like("axpy_", &[y, x])?);
     check_shape("axpy_", y, x)?;
     let n = n32("axpy_", y.numel())?;
     match exec(y.device()) {
         Exec::Host(h) => {
             let (yp, xp) = (y.host_ptr()?, x.host_ptr()?);
-            h.run(BuiltinKernel::AxpyF32, move || {
+            h.run(kernel, move || {
                 let (xs, mut ys) = (xp.read(), yp.read());
                 for (yv, xv) in ys.iter_mut().zip(&xs) {
                     *yv = a.mul_add(*xv, *yv);
@@ -67,7 +74,7 @@ pub fn axpy_(y: &Tensor, a: f32, x: &Tensor) -> Result<()> {
             })
         }
         Exec::Cuda(c) => c.launch(
-            BuiltinKernel::AxpyF32,
+            kernel,
             LaunchDims::elementwise(n as usize),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
         ),
@@ -76,19 +83,19 @@ pub fn axpy_(y: &Tensor, a: f32, x: &Tensor) -> Result<()> {
 
 /// `y *= a`, in place.
 pub fn scale_(y: &Tensor, a: f32) -> Result<()> {
-    check_same("scale_", &[y])?;
+    let kernel = k::SCALE.get(check_like("scale_", &[y])?);
     let n = n32("scale_", y.numel())?;
     match exec(y.device()) {
         Exec::Host(h) => {
             let yp = y.host_ptr()?;
-            h.run(BuiltinKernel::ScaleF32, move || {
+            h.run(kernel, move || {
                 let v: Vec<f32> = yp.read().into_iter().map(|v| v * a).collect();
                 yp.write(&v);
                 Ok(())
             })
         }
         Exec::Cuda(c) => c.launch(
-            BuiltinKernel::ScaleF32,
+            kernel,
             LaunchDims::elementwise(n as usize),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
         ),

@@ -1,7 +1,7 @@
 //! Losses: softmax cross-entropy and mean squared error.
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
-use crate::ops::{check_same, check_shape, cpu, cuda_reduce, exec, n32, row_dims, Exec};
+use crate::ops::{check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, row_dims, Exec};
 use crate::{Error, Result, Tensor};
 
 /// Checks `logits` `[N, C]` against `labels` `[N]`; returns `(N, C)`.
@@ -172,7 +172,7 @@ pub fn softmax_cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss_sca
 /// ```
 pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
     const OP: &str = "mse_loss";
-    check_same(OP, &[pred, target])?;
+    let partial = k::SQDIFF_PARTIAL.get(check_like(OP, &[pred, target])?);
     check_shape(OP, pred, target)?;
     let n = n32(OP, pred.numel())?;
     let loss = Tensor::empty(pred.device(), &[1])?;
@@ -187,7 +187,7 @@ pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
         Exec::Cuda(c) => cuda_reduce(
             c,
             pred.device(),
-            BuiltinKernel::SqdiffPartialF32,
+            partial,
             &[KArg::Ptr(pred.cuda_ptr()?), KArg::Ptr(target.cuda_ptr()?)],
             n,
             loss.cuda_ptr()?,
@@ -209,7 +209,7 @@ pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
 /// ```
 pub fn mse_backward(pred: &Tensor, target: &Tensor, dloss_scale: f32) -> Result<Tensor> {
     const OP: &str = "mse_backward";
-    check_same(OP, &[pred, target])?;
+    let kernel = k::MSE_BWD.get(check_like(OP, &[pred, target])?);
     check_shape(OP, pred, target)?;
     let n = n32(OP, pred.numel())?;
     let scale = cpu::mse_grad_scale(dloss_scale, n as usize);
@@ -217,13 +217,13 @@ pub fn mse_backward(pred: &Tensor, target: &Tensor, dloss_scale: f32) -> Result<
     match exec(pred.device()) {
         Exec::Host(h) => {
             let (pp, tp, dp) = (pred.host_ptr()?, target.host_ptr()?, d.host_ptr()?);
-            h.run(BuiltinKernel::MseBwdF32, move || {
+            h.run(kernel, move || {
                 dp.write(&cpu::mse_backward(&pp.read(), &tp.read(), dloss_scale));
                 Ok(())
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            BuiltinKernel::MseBwdF32,
+            kernel,
             LaunchDims::elementwise(n as usize),
             &[
                 KArg::Ptr(d.cuda_ptr()?),
