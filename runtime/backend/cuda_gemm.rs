@@ -72,12 +72,24 @@ impl CudaBackend {
         } else {
             cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
         };
+        // The handle stays in pedantic math for the f32 path; tensor-core GEMMs switch to the
+        // default (or TF32) math mode for this call only. A host-side setting: legal in capture.
+        let math = if g.tf32 {
+            cublas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
+        } else {
+            cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH
+        };
         let (alpha, beta) = (g.alpha, g.beta);
-        // SAFETY: the op checked that every operand is a live block holding the matrix its
-        // dimensions and leading dimension describe; alpha and beta are f32 as the compute
-        // type requires, and live until the call returns (cuBLAS reads them on the host).
+        // SAFETY: the handle is locked for this call; the op checked that every operand is a
+        // live block holding the matrix its dimensions and leading dimension describe; alpha
+        // and beta are f32 as the compute type requires, and live until the call returns
+        // (cuBLAS reads them on the host).
         let status = unsafe {
-            cublas_sys::cublasGemmEx(
+            let set = cublas_sys::cublasSetMathMode(handle.0, math);
+            if set != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(Error::Cuda { call: "cublasSetMathMode", message: format!("{set:?}") });
+            }
+            let status = cublas_sys::cublasGemmEx(
                 handle.0,
                 trans(g.trans_a),
                 trans(g.trans_b),
@@ -97,7 +109,12 @@ impl CudaBackend {
                 g.c.ld as i32,
                 compute,
                 cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
-            )
+            );
+            let restored = cublas_sys::cublasSetMathMode(handle.0, cublas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH);
+            if restored != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(Error::Cuda { call: "cublasSetMathMode", message: format!("{restored:?}") });
+            }
+            status
         };
         if status == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             Ok(())
