@@ -22,6 +22,10 @@
 //! # Ok::<(), graphed::Error>(())
 //! ```
 
+mod mixed;
+
+pub use mixed::{LossScaler, LossScalerConfig, MixedAdamW};
+
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
 use crate::{Device, Error, Param, Parameters, Result, Tensor};

@@ -13,8 +13,12 @@ use super::{DropErrors, StreamGate};
 use crate::{Error, Result};
 
 /// The CUDA C sources compiled once per context. BuiltinKernel names are `extern "C"`.
-pub(crate) const KERNEL_SOURCES: &[&str] =
-    &[include_str!("kernels/core.cu"), include_str!("kernels/ops.cu"), include_str!("kernels/half.cu")];
+pub(crate) const KERNEL_SOURCES: &[&str] = &[
+    include_str!("kernels/core.cu"),
+    include_str!("kernels/ops.cu"),
+    include_str!("kernels/half.cu"),
+    include_str!("kernels/mixed.cu"),
+];
 
 /// Bytes of the explicit cuBLAS workspace; with it set, GEMMs never allocate, so they capture.
 const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;

@@ -1,0 +1,182 @@
+//! Mixed-precision optimizers (#12): f32 master weights behind bf16/f16 model weights, the
+//! model rewritten inside the (captured) step, and device-side dynamic loss scaling that skips
+//! a step on overflow without a host sync. Host always; CUDA when a GPU is usable.
+
+mod common;
+
+use common::{on_each_backend, random_vec, rel_err};
+use graphed::ops::{self, cpu};
+use graphed::optim::{AdamWConfig, LossScaler, LossScalerConfig, MixedAdamW};
+use graphed::{CaptureMode, DType, Device, Error, Graph, Param, Result, Tensor};
+
+const CFG: AdamWConfig = AdamWConfig { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 1e-2 };
+
+fn param(dev: &Device, n: usize, seed: u64, dtype: DType) -> Result<Param> {
+    Param::new(Tensor::from_slice_as(dev, &random_vec(n, seed), &[n], dtype)?)
+}
+
+/// The f32 reference of `steps` AdamW steps from `p0` with the grads `grads[t]`.
+fn reference(p0: &[f32], grads: &[Vec<f32>]) -> Vec<f32> {
+    let (mut p, mut m, mut v) = (p0.to_vec(), vec![0.0; p0.len()], vec![0.0; p0.len()]);
+    for (t, g) in grads.iter().enumerate() {
+        cpu::adamw_step(
+            &mut p,
+            g,
+            &mut m,
+            &mut v,
+            CFG.lr,
+            t as u32 + 1,
+            CFG.beta1,
+            CFG.beta2,
+            CFG.eps,
+            CFG.weight_decay,
+        );
+    }
+    p
+}
+
+fn check_master_and_model(dev: &Device, opt: &MixedAdamW, p: &Param, want: &[f32]) -> Result<()> {
+    let master = opt.masters()[0].value.to_vec()?;
+    let e = rel_err(&master, want);
+    // The host runs the reference's arithmetic; CUDA's sqrtf/division agree to the last bit
+    // or one ulp.
+    let tol = if dev.is_host() { 0.0 } else { 1e-6 };
+    assert!(e <= tol, "master weights: relative error {e:e}");
+    let rounded: Vec<f32> = master.iter().map(|v| p.value.dtype().round(*v)).collect();
+    assert_eq!(p.value.to_vec()?, rounded, "the model weights are the masters rounded");
+    Ok(())
+}
+
+#[test]
+fn bf16_weights_follow_f32_masters_eager_and_captured() {
+    on_each_backend(|dev| {
+        let n = 1001;
+        let grads: Vec<Vec<f32>> = (0..4).map(|t| random_vec(n, 100 + t)).collect();
+        let p = param(dev, n, 1, DType::BF16)?;
+        let p0 = p.value.to_vec()?;
+        let opt = MixedAdamW::new(&[p.clone()], CFG, None)?;
+        for g in &grads[..2] {
+            p.grad.copy_from_slice(g)?;
+            opt.step()?;
+        }
+        check_master_and_model(dev, &opt, &p, &reference(&p0, &grads[..2]))?;
+        // The same step captured: each replay reads the grad buffer and the device step count.
+        let mut graph = Graph::new(dev);
+        graph.capture(CaptureMode::Global, || opt.step())?;
+        for g in &grads[2..] {
+            p.grad.copy_from_slice(g)?;
+            graph.replay()?;
+        }
+        assert_eq!(opt.step_count()?, 4);
+        check_master_and_model(dev, &opt, &p, &reference(&p0, &grads))
+    });
+}
+
+#[test]
+fn replayed_mixed_steps_equal_eager_steps_bitwise() {
+    on_each_backend(|dev| {
+        let run = |captured: bool| -> Result<(Vec<f32>, Vec<f32>)> {
+            let p = param(dev, 777, 3, DType::BF16)?;
+            let opt = MixedAdamW::new(&[p.clone()], CFG, None)?;
+            let mut graph = Graph::new(dev);
+            if captured {
+                graph.capture(CaptureMode::Global, || opt.step())?;
+            }
+            for t in 0..3 {
+                p.grad.copy_from_slice(&random_vec(777, 10 + t))?;
+                if captured {
+                    graph.replay()?
+                } else {
+                    opt.step()?
+                }
+            }
+            Ok((opt.masters()[0].value.to_vec()?, p.value.to_vec()?))
+        };
+        let (eager, replayed) = (run(false)?, run(true)?);
+        assert_eq!(
+            eager.0.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            replayed.0.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(eager.1, replayed.1);
+        Ok(())
+    });
+}
+
+#[test]
+fn f16_without_loss_scaling_is_refused() {
+    on_each_backend(|dev| {
+        let p = param(dev, 8, 1, DType::F16)?;
+        let r = MixedAdamW::new(&[p.clone()], CFG, None);
+        assert!(matches!(r, Err(Error::F16NeedsLossScaling { op: "MixedAdamW::new" })), "{r:?}");
+        let f = param(dev, 8, 2, DType::F32)?;
+        assert!(matches!(MixedAdamW::new(&[f], CFG, None), Err(Error::DType { .. })));
+        let bad = LossScaler::new(dev, LossScalerConfig { backoff_factor: 1.5, ..Default::default() });
+        assert!(matches!(bad, Err(Error::InvalidArgument { .. })));
+        let scaler = LossScaler::new(dev, LossScalerConfig::default())?;
+        MixedAdamW::new(&[p], CFG, Some(scaler)).map(|_| ())
+    });
+}
+
+#[test]
+fn loss_scaling_skips_overflowing_steps_on_the_device() {
+    on_each_backend(|dev| {
+        let n = 300;
+        let p = param(dev, n, 5, DType::F16)?;
+        let p0 = p.value.to_vec()?;
+        let cfg = LossScalerConfig { init_scale: 1024.0, growth_factor: 2.0, backoff_factor: 0.5, growth_interval: 2 };
+        let opt = MixedAdamW::new(&[p.clone()], CFG, Some(LossScaler::new(dev, cfg)?))?;
+        let scaler = opt.scaler().expect("a scaler");
+        // The whole step (unscale, check, skip-or-update, rescale) as one graph.
+        let mut graph = Graph::new(dev);
+        graph.capture(CaptureMode::Global, || opt.step())?;
+        let g1 = random_vec(n, 7);
+        let mut applied = Vec::new();
+        // Grads arrive scaled by the current scale, as backward of a scaled loss gives them.
+        let scaled = |g: &[f32], s: f32| g.iter().map(|v| v * s).collect::<Vec<f32>>();
+
+        // 1: an overflow (an infinite grad): skipped, the scale halves.
+        let mut bad = scaled(&g1, 1024.0);
+        bad[17] = f32::INFINITY;
+        p.grad.copy_from_slice(&bad)?;
+        graph.replay()?;
+        assert_eq!((scaler.scale()?, scaler.skipped_steps()?, opt.step_count()?), (512.0, 1, 0));
+        assert_eq!(opt.masters()[0].value.to_vec()?, p0, "a skipped step changes no weight");
+
+        // 2 and 3: finite grads at scale 512; after 2 good steps the scale doubles.
+        for t in 0..2 {
+            let g = random_vec(n, 20 + t);
+            p.grad.copy_from_slice(&scaled(&g, 512.0))?;
+            graph.replay()?;
+            applied.push(g);
+        }
+        assert_eq!((scaler.scale()?, scaler.skipped_steps()?, opt.step_count()?), (1024.0, 1, 2));
+        let want = reference(&p0, &applied);
+        let master = opt.masters()[0].value.to_vec()?;
+        // Unscaling by a power of two is exact: the reference sees the same grads.
+        assert!(rel_err(&master, &want) <= if dev.is_host() { 0.0 } else { 1e-6 });
+        assert_eq!(p.value.to_vec()?, master.iter().map(|v| DType::F16.round(*v)).collect::<Vec<_>>());
+        Ok(())
+    });
+}
+
+#[test]
+fn scaling_the_loss_grad_reads_the_device_scale() {
+    on_each_backend(|dev| {
+        let scaler = LossScaler::new(dev, LossScalerConfig { init_scale: 8.0, ..Default::default() })?;
+        let pred = Tensor::from_slice_as(dev, &[1.0, 2.0, 3.0], &[3], DType::F16)?;
+        let target = Tensor::from_slice_as(dev, &[0.0, 0.0, 0.0], &[3], DType::F16)?;
+        let mut graph = Graph::new(dev);
+        let d = graph.capture(CaptureMode::Global, || {
+            let d = ops::mse_backward(&pred, &target, 1.0)?;
+            scaler.scale_grad_(&d)?;
+            Ok(d)
+        })?;
+        graph.replay()?;
+        let want: Vec<f32> = cpu::mse_backward(&[1.0, 2.0, 3.0], &[0.0; 3], 1.0)
+            .iter()
+            .map(|v| DType::F16.round(DType::F16.round(*v) * 8.0))
+            .collect();
+        assert_eq!(d.to_vec()?, want);
+        Ok(())
+    });
+}
