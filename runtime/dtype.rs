@@ -43,7 +43,7 @@ impl DType {
     }
 
     /// The 16-bit pattern of `v` rounded to this dtype (`F32`: the low half of its bits, unused).
-    pub(crate) fn to_bits16(self, v: f32) -> u16 {
+    pub(crate) fn round_bits16(self, v: f32) -> u16 {
         match self {
             DType::F32 => v.to_bits() as u16,
             DType::BF16 => half::bf16::from_f32(v).to_bits(),
@@ -52,7 +52,7 @@ impl DType {
     }
 
     /// The f32 value of a 16-bit pattern of this dtype (exact).
-    pub(crate) fn from_bits16(self, bits: u16) -> f32 {
+    pub(crate) fn widen_bits16(self, bits: u16) -> f32 {
         match self {
             DType::F32 => f32::from_bits(bits as u32),
             DType::BF16 => half::bf16::from_bits(bits).to_f32(),

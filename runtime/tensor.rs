@@ -161,7 +161,7 @@ impl Tensor {
         match (&backend.kind, self.dtype) {
             (BackendKind::Cuda(c), DType::F32) => c.copy_to_device(self.cuda_ptr()?, data),
             (BackendKind::Cuda(c), dt) => {
-                let bits: Vec<u16> = data.iter().map(|v| dt.to_bits16(*v)).collect();
+                let bits: Vec<u16> = data.iter().map(|v| dt.round_bits16(*v)).collect();
                 c.copy_to_device(self.cuda_ptr()?, &bits)
             }
             (BackendKind::Host(_), _) => {
@@ -182,7 +182,7 @@ impl Tensor {
                 c.copy_to_host(&mut out, self.cuda_ptr()?)?;
                 Ok(out)
             }
-            (BackendKind::Cuda(_), dt) => Ok(self.to_bits16()?.into_iter().map(|b| dt.from_bits16(b)).collect()),
+            (BackendKind::Cuda(_), dt) => Ok(self.to_bits16()?.into_iter().map(|b| dt.widen_bits16(b)).collect()),
             (BackendKind::Host(_), _) => Ok(self.host_ptr()?.read()),
         }
     }

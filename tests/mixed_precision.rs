@@ -54,7 +54,7 @@ fn bf16_weights_follow_f32_masters_eager_and_captured() {
         let grads: Vec<Vec<f32>> = (0..4).map(|t| random_vec(n, 100 + t)).collect();
         let p = param(dev, n, 1, DType::BF16)?;
         let p0 = p.value.to_vec()?;
-        let opt = MixedAdamW::new(&[p.clone()], CFG, None)?;
+        let opt = MixedAdamW::new(std::slice::from_ref(&p), CFG, None)?;
         for g in &grads[..2] {
             p.grad.copy_from_slice(g)?;
             opt.step()?;
@@ -77,7 +77,7 @@ fn replayed_mixed_steps_equal_eager_steps_bitwise() {
     on_each_backend(|dev| {
         let run = |captured: bool| -> Result<(Vec<f32>, Vec<f32>)> {
             let p = param(dev, 777, 3, DType::BF16)?;
-            let opt = MixedAdamW::new(&[p.clone()], CFG, None)?;
+            let opt = MixedAdamW::new(std::slice::from_ref(&p), CFG, None)?;
             let mut graph = Graph::new(dev);
             if captured {
                 graph.capture(CaptureMode::Global, || opt.step())?;
@@ -106,7 +106,7 @@ fn replayed_mixed_steps_equal_eager_steps_bitwise() {
 fn f16_without_loss_scaling_is_refused() {
     on_each_backend(|dev| {
         let p = param(dev, 8, 1, DType::F16)?;
-        let r = MixedAdamW::new(&[p.clone()], CFG, None);
+        let r = MixedAdamW::new(std::slice::from_ref(&p), CFG, None);
         assert!(matches!(r, Err(Error::F16NeedsLossScaling { op: "MixedAdamW::new" })), "{r:?}");
         let f = param(dev, 8, 2, DType::F32)?;
         assert!(matches!(MixedAdamW::new(&[f], CFG, None), Err(Error::DType { .. })));
@@ -124,7 +124,7 @@ fn loss_scaling_skips_overflowing_steps_on_the_device() {
         let p = param(dev, n, 5, DType::F16)?;
         let p0 = p.value.to_vec()?;
         let cfg = LossScalerConfig { init_scale: 1024.0, growth_factor: 2.0, backoff_factor: 0.5, growth_interval: 2 };
-        let opt = MixedAdamW::new(&[p.clone()], CFG, Some(LossScaler::new(dev, cfg)?))?;
+        let opt = MixedAdamW::new(std::slice::from_ref(&p), CFG, Some(LossScaler::new(dev, cfg)?))?;
         let scaler = opt.scaler().expect("a scaler");
         // The whole step (unscale, check, skip-or-update, rescale) as one graph.
         let mut graph = Graph::new(dev);

@@ -47,7 +47,7 @@ impl HostPtr {
                 let w = self.offset / 4;
                 data[w..w + self.len].iter().map(|b| f32::from_bits(*b)).collect()
             }
-            dt => (0..self.len).map(|i| dt.from_bits16(half_at(&data, self.offset / 2 + i))).collect(),
+            dt => (0..self.len).map(|i| dt.widen_bits16(half_at(&data, self.offset / 2 + i))).collect(),
         }
     }
 
@@ -65,7 +65,7 @@ impl HostPtr {
             }
             dt => {
                 for (i, v) in values[..n].iter().enumerate() {
-                    set_half(&mut data, self.offset / 2 + i, dt.to_bits16(*v));
+                    set_half(&mut data, self.offset / 2 + i, dt.round_bits16(*v));
                 }
             }
         }

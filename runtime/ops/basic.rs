@@ -35,7 +35,7 @@ pub fn fill_(y: &Tensor, value: f32) -> Result<()> {
         Exec::Cuda(c) => c.launch(
             BuiltinKernel::FillU16,
             LaunchDims::elementwise(n as usize),
-            &[KArg::Ptr(y.cuda_ptr()?), KArg::U32(dtype.to_bits16(value) as u32), KArg::U32(n)],
+            &[KArg::Ptr(y.cuda_ptr()?), KArg::U32(dtype.round_bits16(value) as u32), KArg::U32(n)],
         ),
     }
 }

@@ -59,7 +59,8 @@ impl LossScaler {
         if !(init_scale.is_finite() && init_scale > 0.0) {
             return Err(Error::invalid(OP, format!("init_scale = {init_scale} must be positive and finite")));
         }
-        if !(growth_factor.is_finite() && growth_factor >= 1.0) || !(backoff_factor > 0.0 && backoff_factor < 1.0) {
+        let ok = growth_factor.is_finite() && growth_factor >= 1.0 && backoff_factor > 0.0 && backoff_factor < 1.0;
+        if !ok {
             return Err(Error::invalid(
                 OP,
                 format!("growth_factor = {growth_factor} must be >= 1 and backoff_factor = {backoff_factor} in (0, 1)"),
