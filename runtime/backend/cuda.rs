@@ -38,6 +38,12 @@ impl LaunchDims {
         LaunchDims { grid: (blocks, 1, 1), block: (256, 1, 1), shared: 0 }
     }
 
+    /// One thread per 16 bytes of `n` elements of `dtype` (the vectorised elementwise kernels,
+    /// whose grid-stride loops also cover the tail).
+    pub(crate) fn vectorized(n: usize, dtype: crate::DType) -> LaunchDims {
+        LaunchDims::elementwise(n.div_ceil(16 / dtype.size()))
+    }
+
     /// One block per row, `threads` threads cooperating on it.
     pub(crate) fn rows(rows: usize, threads: u32) -> LaunchDims {
         LaunchDims { grid: (rows.max(1) as u32, 1, 1), block: (threads, 1, 1), shared: 0 }

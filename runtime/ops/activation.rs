@@ -37,7 +37,8 @@ fn unary(
     extra: &[KArg],
     f: impl Fn(&[f32]) -> Vec<f32> + Send + Sync + 'static,
 ) -> Result<Tensor> {
-    let kernel = kernel.get(check_like(op, &[x])?);
+    let dtype = check_like(op, &[x])?;
+    let kernel = kernel.get(dtype);
     let n = n32(op, x.numel())?;
     let y = Tensor::empty_like(x)?;
     match exec(x.device()) {
@@ -51,7 +52,7 @@ fn unary(
         Exec::Cuda(c) => {
             let mut args = vec![KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::U32(n)];
             args.extend_from_slice(extra);
-            c.launch(kernel, LaunchDims::elementwise(n as usize), &args)?;
+            c.launch(kernel, LaunchDims::vectorized(n as usize, dtype), &args)?;
         }
     }
     Ok(y)
@@ -67,7 +68,8 @@ pub(crate) fn binary(
     extra: &[KArg],
     f: impl Fn(&[f32], &[f32]) -> Vec<f32> + Send + Sync + 'static,
 ) -> Result<Tensor> {
-    let kernel = kernel.get(check_like(op, &[a, b])?);
+    let dtype = check_like(op, &[a, b])?;
+    let kernel = kernel.get(dtype);
     check_shape(op, a, b)?;
     let n = n32(op, a.numel())?;
     let y = Tensor::empty_like(a)?;
@@ -83,7 +85,7 @@ pub(crate) fn binary(
             let mut args =
                 vec![KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(a.cuda_ptr()?), KArg::Ptr(b.cuda_ptr()?), KArg::U32(n)];
             args.extend_from_slice(extra);
-            c.launch(kernel, LaunchDims::elementwise(n as usize), &args)?;
+            c.launch(kernel, LaunchDims::vectorized(n as usize, dtype), &args)?;
         }
     }
     Ok(y)

@@ -29,12 +29,12 @@ pub fn fill_(y: &Tensor, value: f32) -> Result<()> {
         }
         Exec::Cuda(c) if dtype == DType::F32 => c.launch(
             BuiltinKernel::FillF32,
-            LaunchDims::elementwise(n as usize),
+            LaunchDims::vectorized(n as usize, dtype),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(value), KArg::U32(n)],
         ),
         Exec::Cuda(c) => c.launch(
             BuiltinKernel::FillU16,
-            LaunchDims::elementwise(n as usize),
+            LaunchDims::vectorized(n as usize, dtype),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::U32(dtype.round_bits16(value) as u32), KArg::U32(n)],
         ),
     }
@@ -58,7 +58,8 @@ pub fn copy_(dst: &Tensor, src: &Tensor) -> Result<()> {
 
 /// `y += a * x`, in place.
 pub fn axpy_(y: &Tensor, a: f32, x: &Tensor) -> Result<()> {
-    let kernel = k::AXPY.get(check_like("axpy_", &[y, x])?);
+    let dtype = check_like("axpy_", &[y, x])?;
+    let kernel = k::AXPY.get(dtype);
     check_shape("axpy_", y, x)?;
     let n = n32("axpy_", y.numel())?;
     match exec(y.device()) {
@@ -75,7 +76,7 @@ pub fn axpy_(y: &Tensor, a: f32, x: &Tensor) -> Result<()> {
         }
         Exec::Cuda(c) => c.launch(
             kernel,
-            LaunchDims::elementwise(n as usize),
+            LaunchDims::vectorized(n as usize, dtype),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
         ),
     }
@@ -83,7 +84,8 @@ pub fn axpy_(y: &Tensor, a: f32, x: &Tensor) -> Result<()> {
 
 /// `y *= a`, in place.
 pub fn scale_(y: &Tensor, a: f32) -> Result<()> {
-    let kernel = k::SCALE.get(check_like("scale_", &[y])?);
+    let dtype = check_like("scale_", &[y])?;
+    let kernel = k::SCALE.get(dtype);
     let n = n32("scale_", y.numel())?;
     match exec(y.device()) {
         Exec::Host(h) => {
@@ -96,7 +98,7 @@ pub fn scale_(y: &Tensor, a: f32) -> Result<()> {
         }
         Exec::Cuda(c) => c.launch(
             kernel,
-            LaunchDims::elementwise(n as usize),
+            LaunchDims::vectorized(n as usize, dtype),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
         ),
     }

@@ -43,7 +43,8 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn scale(x: &Tensor, a: f32) -> Result<Tensor> {
-    let kernel = k::SCALE_OUT.get(check_like("scale", &[x])?);
+    let dtype = check_like("scale", &[x])?;
+    let kernel = k::SCALE_OUT.get(dtype);
     let n = n32("scale", x.numel())?;
     let y = Tensor::empty_like(x)?;
     match exec(x.device()) {
@@ -56,7 +57,7 @@ pub fn scale(x: &Tensor, a: f32) -> Result<Tensor> {
         }
         Exec::Cuda(c) => c.launch(
             kernel,
-            LaunchDims::elementwise(n as usize),
+            LaunchDims::vectorized(n as usize, dtype),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
         )?,
     }

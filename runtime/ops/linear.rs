@@ -119,7 +119,7 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
                 let yp = y.cuda_ptr()?;
                 c.launch(
                     k::BIAS_ADD.get(dtype),
-                    LaunchDims::elementwise(n as usize),
+                    LaunchDims::vectorized(n as usize, dtype),
                     &[KArg::Ptr(yp), KArg::Ptr(yp), KArg::Ptr(b.cuda_ptr()?), KArg::U32(n), KArg::U32(out as u32)],
                 )?;
             }
@@ -278,7 +278,8 @@ fn host_linear_backward(
 /// ```
 pub fn bias_add(x: &Tensor, b: &Tensor) -> Result<Tensor> {
     const OP: &str = "bias_add";
-    let kernel = k::BIAS_ADD.get(check_like(OP, &[x, b])?);
+    let dtype = check_like(OP, &[x, b])?;
+    let kernel = k::BIAS_ADD.get(dtype);
     check_rank1(OP, "x", x)?;
     let (_, d) = as_rows(x);
     check_vector(OP, "b", b, d)?;
@@ -294,7 +295,7 @@ pub fn bias_add(x: &Tensor, b: &Tensor) -> Result<Tensor> {
         }
         Exec::Cuda(c) => c.launch(
             kernel,
-            LaunchDims::elementwise(n as usize),
+            LaunchDims::vectorized(n as usize, dtype),
             &[
                 KArg::Ptr(y.cuda_ptr()?),
                 KArg::Ptr(x.cuda_ptr()?),

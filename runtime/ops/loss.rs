@@ -209,7 +209,8 @@ pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
 /// ```
 pub fn mse_backward(pred: &Tensor, target: &Tensor, dloss_scale: f32) -> Result<Tensor> {
     const OP: &str = "mse_backward";
-    let kernel = k::MSE_BWD.get(check_like(OP, &[pred, target])?);
+    let dtype = check_like(OP, &[pred, target])?;
+    let kernel = k::MSE_BWD.get(dtype);
     check_shape(OP, pred, target)?;
     let n = n32(OP, pred.numel())?;
     let scale = cpu::mse_grad_scale(dloss_scale, n as usize);
@@ -224,7 +225,7 @@ pub fn mse_backward(pred: &Tensor, target: &Tensor, dloss_scale: f32) -> Result<
         }
         Exec::Cuda(c) => c.launch(
             kernel,
-            LaunchDims::elementwise(n as usize),
+            LaunchDims::vectorized(n as usize, dtype),
             &[
                 KArg::Ptr(d.cuda_ptr()?),
                 KArg::Ptr(pred.cuda_ptr()?),

@@ -1,4 +1,5 @@
-// bf16 and f16 kernels (issue #12). NVRTC compiles this file after core.cu and ops.cu, in one
+// The elementwise kernels of every dtype (f32, bf16, f16; issue #12), vectorised, and the bf16
+// and f16 variants of the reductions. NVRTC compiles this file after core.cu and ops.cu, in one
 // program: gr_tid, block_sum, gelu_value, philox_uniform and rng_load come from there.
 //
 // Storage types are plain 16-bit structs (no cuda_fp16.h / cuda_bf16.h needed): every kernel
@@ -37,11 +38,79 @@ __device__ __forceinline__ void st(f16_t* p, u64 i, float v) {
     p[i].x = h;
 }
 
+// ---------------------------------------------------------------- vectorised maps
+//
+// Memory-bound kernels move 16 bytes per load and store (4 floats or 8 16-bit values) when
+// every pointer is 16-byte aligned (pool blocks are 256-byte aligned, so they always are),
+// then finish the tail element by element. The ops launch one thread per 16 bytes
+// (LaunchDims::vectorized); the loops are grid-stride, so any grid is correct. Element i gets
+// exactly the math of the scalar loop, so results do not depend on the path taken.
+
+template <typename T> union Pack { uint4 raw; T e[16 / sizeof(T)]; };
+
+__device__ __forceinline__ bool al16(const void* p) { return ((u64)p & 15) == 0; }
+
+// y[i] = f(i, x[i]).
+template <typename T, typename F> __device__ __forceinline__ void map1(T* y, const T* x, u32 n, F f) {
+    constexpr u32 W = 16 / sizeof(T);
+    u64 done = 0;
+    if (al16(y) && al16(x)) {
+        const u64 nv = n / W;
+        for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
+            Pack<T> px, py;
+            px.raw = reinterpret_cast<const uint4*>(x)[v];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) st(py.e, k, f(v * W + k, ld(px.e, k)));
+            reinterpret_cast<uint4*>(y)[v] = py.raw;
+        }
+        done = nv * W;
+    }
+    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) st(y, i, f(i, ld(x, i)));
+}
+
+// y[i] = f(i, a[i], b[i]); y may be a or b (in place).
+template <typename T, typename F> __device__ __forceinline__ void map2(T* y, const T* a, const T* b, u32 n, F f) {
+    constexpr u32 W = 16 / sizeof(T);
+    u64 done = 0;
+    if (al16(y) && al16(a) && al16(b)) {
+        const u64 nv = n / W;
+        for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
+            Pack<T> pa, pb, py;
+            pa.raw = reinterpret_cast<const uint4*>(a)[v];
+            pb.raw = reinterpret_cast<const uint4*>(b)[v];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) st(py.e, k, f(v * W + k, ld(pa.e, k), ld(pb.e, k)));
+            reinterpret_cast<uint4*>(y)[v] = py.raw;
+        }
+        done = nv * W;
+    }
+    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) st(y, i, f(i, ld(a, i), ld(b, i)));
+}
+
 // ---------------------------------------------------------------- fill and casts
 
-// Both 16-bit dtypes: the host rounds the value and passes its bit pattern.
+// Store-only: one 16-byte pattern of v repeated.
+template <typename T> __device__ __forceinline__ void fill_t(T* y, float v, u32 n) {
+    constexpr u32 W = 16 / sizeof(T);
+    u64 done = 0;
+    if (al16(y)) {
+        Pack<T> p;
+#pragma unroll
+        for (u32 k = 0; k < W; ++k) st(p.e, k, v);
+        const u64 nv = n / W;
+        for (u64 i = gr_tid(); i < nv; i += gr_stride()) reinterpret_cast<uint4*>(y)[i] = p.raw;
+        done = nv * W;
+    }
+    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) st(y, i, v);
+}
+
+extern "C" __global__ void fill_f32(float* y, float v, u32 n) { fill_t(y, v, n); }
+
+// Both 16-bit dtypes: the host rounds the value and passes its bit pattern, which a bf16 store
+// of the f32 with those high bits reproduces exactly (only the pattern is stored, so this holds
+// for f16 patterns too).
 extern "C" __global__ void fill_u16(u16* y, u32 bits, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = (u16)bits;
+    fill_t(reinterpret_cast<bf16_t*>(y), __uint_as_float(bits << 16), n);
 }
 
 template <typename O, typename I>
@@ -58,38 +127,41 @@ extern "C" __global__ void cast_f16_bf16(bf16_t* y, const f16_t* x, u32 n) { cas
 
 // ---------------------------------------------------------------- elementwise
 
+// y = a * x + y
 template <typename T> __device__ __forceinline__ void axpy_t(T* y, const T* x, float a, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) st(y, i, fmaf(a, ld(x, i), ld(y, i)));
+    map2(y, x, y, n, [=](u64, float xv, float yv) { return fmaf(a, xv, yv); });
 }
 template <typename T> __device__ __forceinline__ void scale_t(T* y, float a, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) st(y, i, ld(y, i) * a);
+    map1(y, y, n, [=](u64, float v) { return v * a; });
 }
 template <typename T> __device__ __forceinline__ void add_t(T* y, const T* a, const T* b, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) st(y, i, ld(a, i) + ld(b, i));
+    map2(y, a, b, n, [](u64, float u, float v) { return u + v; });
 }
 template <typename T> __device__ __forceinline__ void mul_t(T* y, const T* a, const T* b, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) st(y, i, ld(a, i) * ld(b, i));
+    map2(y, a, b, n, [](u64, float u, float v) { return u * v; });
 }
 template <typename T> __device__ __forceinline__ void scale_out_t(T* y, const T* x, float a, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) st(y, i, ld(x, i) * a);
+    map1(y, x, n, [=](u64, float v) { return v * a; });
 }
+// y[r, j] = x[r, j] + b[j] over n = rows * d elements; y may be x (in place).
 template <typename T> __device__ __forceinline__ void bias_add_t(T* y, const T* x, const T* b, u32 n, u32 d) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) st(y, i, ld(x, i) + ld(b, i % d));
+    map1(y, x, n, [=](u64 i, float v) { return v + ld(b, i % d); });
 }
 template <typename T> __device__ __forceinline__ void relu_t(T* y, const T* x, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        const float v = ld(x, i);
-        st(y, i, v > 0.0f ? v : 0.0f);
-    }
+    map1(y, x, n, [](u64, float v) { return v > 0.0f ? v : 0.0f; });
 }
 template <typename T> __device__ __forceinline__ void relu_bwd_t(T* dx, const T* dy, const T* x, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) st(dx, i, ld(x, i) > 0.0f ? ld(dy, i) : 0.0f);
+    map2(dx, dy, x, n, [](u64, float g, float v) { return v > 0.0f ? g : 0.0f; });
 }
 template <typename T> __device__ __forceinline__ void gelu_t(T* y, const T* x, u32 n, u32 approx) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) st(y, i, gelu_value(ld(x, i), approx));
+    map1(y, x, n, [=](u64, float v) { return gelu_value(v, approx); });
 }
 template <typename T> __device__ __forceinline__ void gelu_bwd_t(T* dx, const T* dy, const T* x, u32 n, u32 approx) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) st(dx, i, ld(dy, i) * gelu_grad(ld(x, i), approx));
+    map2(dx, dy, x, n, [=](u64, float g, float v) { return g * gelu_grad(v, approx); });
+}
+// dpred = (pred - target) * scale, scale = 2 * dloss / n.
+template <typename T> __device__ __forceinline__ void mse_bwd_t(T* dp, const T* p, const T* t, float scale, u32 n) {
+    map2(dp, p, t, n, [=](u64, float u, float v) { return (u - v) * scale; });
 }
 // As dropout_f32; y is computed from the unrounded scale, the stored mask is rounded.
 template <typename T>
@@ -102,10 +174,18 @@ __device__ __forceinline__ void dropout_t(T* y, T* mask, const T* x, const u32* 
         st(y, i, ld(x, i) * m);
     }
 }
-template <typename T> __device__ __forceinline__ void mse_bwd_t(T* dp, const T* p, const T* t, float scale, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) st(dp, i, (ld(p, i) - ld(t, i)) * scale);
-}
 
+extern "C" __global__ void axpy_f32(float* y, const float* x, float a, u32 n) { axpy_t(y, x, a, n); }
+extern "C" __global__ void scale_f32(float* y, float a, u32 n) { scale_t(y, a, n); }
+extern "C" __global__ void add_f32(float* y, const float* a, const float* b, u32 n) { add_t(y, a, b, n); }
+extern "C" __global__ void mul_f32(float* y, const float* a, const float* b, u32 n) { mul_t(y, a, b, n); }
+extern "C" __global__ void scale_out_f32(float* y, const float* x, float a, u32 n) { scale_out_t(y, x, a, n); }
+extern "C" __global__ void bias_add_f32(float* y, const float* x, const float* b, u32 n, u32 d) { bias_add_t(y, x, b, n, d); }
+extern "C" __global__ void relu_f32(float* y, const float* x, u32 n) { relu_t(y, x, n); }
+extern "C" __global__ void relu_bwd_f32(float* dx, const float* dy, const float* x, u32 n) { relu_bwd_t(dx, dy, x, n); }
+extern "C" __global__ void gelu_f32(float* y, const float* x, u32 n, u32 approx) { gelu_t(y, x, n, approx); }
+extern "C" __global__ void gelu_bwd_f32(float* dx, const float* dy, const float* x, u32 n, u32 approx) { gelu_bwd_t(dx, dy, x, n, approx); }
+extern "C" __global__ void mse_bwd_f32(float* dp, const float* p, const float* t, float scale, u32 n) { mse_bwd_t(dp, p, t, scale, n); }
 extern "C" __global__ void axpy_bf16(bf16_t* y, const bf16_t* x, float a, u32 n) { axpy_t(y, x, a, n); }
 extern "C" __global__ void axpy_f16(f16_t* y, const f16_t* x, float a, u32 n) { axpy_t(y, x, a, n); }
 extern "C" __global__ void scale_bf16(bf16_t* y, float a, u32 n) { scale_t(y, a, n); }

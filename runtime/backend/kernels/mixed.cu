@@ -28,7 +28,7 @@ extern "C" __global__ void amp_unscale_check(float* g, float* scaler, u32 n) {
     for (u64 i = gr_tid(); i < n; i += gr_stride()) {
         const float v = g[i] * inv;
         g[i] = v;
-        bad = bad || !isfinite(v);
+        bad = bad || !(fabsf(v) <= 3.4028234663852886e38f); // false for NaN and infinities
     }
     if (bad) scaler[1] = 1.0f;
 }
