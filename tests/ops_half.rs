@@ -294,11 +294,77 @@ fn mixing_dtypes_without_a_cast_is_a_typed_error() {
         let r = ops::linear_backward(&dy, &a, &w, &dw16, None, true);
         expect_err("bf16 weight grad", r, |e| matches!(e, Error::DType { expected: DType::F32, .. }))?;
         let (g, b) = (rand_as(dev, &[8], 6, DType::BF16)?, rand_as(dev, &[8], 7, DType::BF16)?);
-        expect_err("layer_norm in bf16 (not yet)", ops::layer_norm(&a, &g, &b, 1e-5), |e| {
-            matches!(e, Error::DType { .. })
-        })?;
+        let (_, mean, rstd) = ops::layer_norm(&a, &g, &b, 1e-5)?;
+        let dg16 = Tensor::zeros_as(dev, &[8], DType::BF16)?;
+        let r = ops::layer_norm_backward(&a, &a, &g, &mean, &rstd, &dg16, &dg16);
+        expect_err("bf16 dgamma", r, |e| matches!(e, Error::DType { expected: DType::F32, .. }))?;
+        let g32 = common::random(dev, &[8], 8)?;
+        let r = ops::layer_norm(&a, &g32, &b, 1e-5);
+        expect_err("layer_norm bf16 x, f32 gamma", r, |e| matches!(e, Error::DTypeMismatch { op: "layer_norm", .. }))?;
+        let labels = Tensor::from_slice_as(dev, &[0.0, 1.0, 2.0, 3.0], &[4], DType::BF16)?;
+        let r = ops::softmax_cross_entropy(&a, &labels);
+        expect_err("bf16 labels", r, |e| matches!(e, Error::DType { expected: DType::F32, .. }))?;
         // Nothing was queued: the inputs are unchanged and the ops still work.
         assert_eq!(ops::add(&a, &a)?.to_vec()?, rounded(DType::BF16, &cpu::add(&a.to_vec()?, &a.to_vec()?)));
+        Ok(())
+    });
+}
+
+#[test]
+fn layer_norm_and_softmax_in_half_precision_keep_f32_statistics() {
+    on_each_backend(|dev| {
+        for dtype in HALVES {
+            let (rows, d) = (37, 300);
+            let (x, g, b) =
+                (rand_as(dev, &[rows, d], 1, dtype)?, rand_as(dev, &[d], 2, dtype)?, rand_as(dev, &[d], 3, dtype)?);
+            let (xv, gv, bv) = (x.to_vec()?, g.to_vec()?, b.to_vec()?);
+            let (y, mean, rstd) = ops::layer_norm(&x, &g, &b, 1e-5)?;
+            assert_eq!((y.dtype(), mean.dtype(), rstd.dtype()), (dtype, DType::F32, DType::F32));
+            let (yr, mr, rr) = cpu::layer_norm(&xv, &gv, &bv, d, 1e-5);
+            check_ref(dev, "layer_norm y", &y.to_vec()?, &rounded(dtype, &yr), tol(dtype))?;
+            check_ref(dev, "layer_norm mean", &mean.to_vec()?, &mr, TOL)?;
+            check_ref(dev, "layer_norm rstd", &rstd.to_vec()?, &rr, TOL)?;
+            let dy = rand_as(dev, &[rows, d], 4, dtype)?;
+            let (dg, db) = (Tensor::zeros(dev, &[d])?, Tensor::zeros(dev, &[d])?);
+            let dx = ops::layer_norm_backward(&dy, &x, &g, &mean, &rstd, &dg, &db)?;
+            let (mut dgr, mut dbr) = (vec![0.0; d], vec![0.0; d]);
+            let dxr = cpu::layer_norm_backward(
+                &dy.to_vec()?,
+                &xv,
+                &gv,
+                &mean.to_vec()?,
+                &rstd.to_vec()?,
+                d,
+                &mut dgr,
+                &mut dbr,
+            );
+            check_ref(dev, "layer_norm dx", &dx.to_vec()?, &rounded(dtype, &dxr), tol(dtype))?;
+            check_ref(dev, "layer_norm dgamma (f32)", &dg.to_vec()?, &dgr, 1e-4)?;
+            check_ref(dev, "layer_norm dbeta (f32)", &db.to_vec()?, &dbr, 1e-4)?;
+
+            let classes = 10;
+            let logits = Tensor::from_slice_as(
+                dev,
+                &random_vec(rows * classes, 5).iter().map(|v| v * 4.0).collect::<Vec<_>>(),
+                &[rows, classes],
+                dtype,
+            )?;
+            let labels =
+                Tensor::from_slice(dev, &(0..rows).map(|r| (r % classes) as f32).collect::<Vec<_>>(), &[rows])?;
+            let (loss, probs) = ops::softmax_cross_entropy(&logits, &labels)?;
+            assert_eq!((loss.dtype(), probs.dtype()), (DType::F32, dtype));
+            let (lr, pr) = cpu::softmax_cross_entropy(&logits.to_vec()?, &labels.to_vec()?, classes)?;
+            check_ref(dev, "xent loss", &loss.to_vec()?, &[lr], TOL)?;
+            check_ref(dev, "xent probs", &probs.to_vec()?, &rounded(dtype, &pr), tol(dtype))?;
+            let dl = ops::softmax_cross_entropy_backward(&probs, &labels, 1.0)?;
+            let dr = cpu::softmax_cross_entropy_backward(&probs.to_vec()?, &labels.to_vec()?, classes, 1.0)?;
+            check_ref(dev, "xent dlogits", &dl.to_vec()?, &rounded(dtype, &dr), tol(dtype))?;
+            eager_vs_replay(dev, || {
+                let (y, m, r) = ops::layer_norm(&x, &g, &b, 1e-5)?;
+                let (l, p) = ops::softmax_cross_entropy(&logits, &labels)?;
+                Ok(vec![y, m, r, l, p])
+            })?;
+        }
         Ok(())
     });
 }

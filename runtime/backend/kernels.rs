@@ -142,6 +142,16 @@ kernels! {
     SqdiffPartialF16 = "sqdiff_partial_f16" (Ptr, Ptr, Ptr, U32);
     ColSumAccBf16 = "col_sum_acc_bf16" (Ptr, Ptr, U32, U32);
     ColSumAccF16 = "col_sum_acc_f16" (Ptr, Ptr, U32, U32);
+    LayerNormBf16 = "layer_norm_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    LayerNormF16 = "layer_norm_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    LayerNormBwdBf16 = "layer_norm_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    LayerNormBwdF16 = "layer_norm_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    LayerNormBwdParamsBf16 = "layer_norm_bwd_params_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    LayerNormBwdParamsF16 = "layer_norm_bwd_params_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SoftmaxXentBf16 = "softmax_xent_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SoftmaxXentF16 = "softmax_xent_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SoftmaxXentBwdBf16 = "softmax_xent_bwd_bf16" (Ptr, Ptr, Ptr, F32, U32, U32);
+    SoftmaxXentBwdF16 = "softmax_xent_bwd_f16" (Ptr, Ptr, Ptr, F32, U32, U32);
 }
 
 /// The f32 kernel of an op and its bf16 and f16 variants: picks one by dtype.

@@ -160,6 +160,12 @@ pub(crate) mod k {
     pub(crate) const SUM_PARTIAL: Typed = Typed(B::SumPartialF32, B::SumPartialBf16, B::SumPartialF16);
     pub(crate) const SQDIFF_PARTIAL: Typed = Typed(B::SqdiffPartialF32, B::SqdiffPartialBf16, B::SqdiffPartialF16);
     pub(crate) const COL_SUM_ACC: Typed = Typed(B::ColSumAccF32, B::ColSumAccBf16, B::ColSumAccF16);
+    pub(crate) const LAYER_NORM: Typed = Typed(B::LayerNormF32, B::LayerNormBf16, B::LayerNormF16);
+    pub(crate) const LAYER_NORM_BWD: Typed = Typed(B::LayerNormBwdF32, B::LayerNormBwdBf16, B::LayerNormBwdF16);
+    pub(crate) const LAYER_NORM_BWD_PARAMS: Typed =
+        Typed(B::LayerNormBwdParamsF32, B::LayerNormBwdParamsBf16, B::LayerNormBwdParamsF16);
+    pub(crate) const SOFTMAX_XENT: Typed = Typed(B::SoftmaxXentF32, B::SoftmaxXentBf16, B::SoftmaxXentF16);
+    pub(crate) const SOFTMAX_XENT_BWD: Typed = Typed(B::SoftmaxXentBwdF32, B::SoftmaxXentBwdBf16, B::SoftmaxXentBwdF16);
 }
 
 /// `(rows, last)` of a tensor of rank >= 1 seen as a matrix of rows of its last dimension.

@@ -256,3 +256,140 @@ extern "C" __global__ void sqdiff_partial_bf16(float* partial, const bf16_t* a, 
 extern "C" __global__ void sqdiff_partial_f16(float* partial, const f16_t* a, const f16_t* b, u32 n) { sqdiff_partial_t(partial, a, b, n); }
 extern "C" __global__ void col_sum_acc_bf16(float* out, const bf16_t* a, u32 rows, u32 cols) { col_sum_acc_t(out, a, rows, cols); }
 extern "C" __global__ void col_sum_acc_f16(float* out, const f16_t* a, u32 rows, u32 cols) { col_sum_acc_t(out, a, rows, cols); }
+
+// ---------------------------------------------------------------- layer norm and softmax (16-bit)
+//
+// The f32 kernels of ops.cu with 16-bit activations and weights: statistics, mean and rstd,
+// row losses and parameter grads stay f32.
+
+template <typename T>
+__device__ __forceinline__ void layer_norm_t(T* y, float* mean_out, float* rstd_out, const T* x, const T* gamma, const T* beta, u32 rows, u32 d, float eps) {
+    __shared__ float sh[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + r * d;
+        T* yr = y + r * d;
+        float s = 0.0f;
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) s += ld(xr, j);
+        const float mean = block_sum(s, sh) / (float)d;
+        float v = 0.0f;
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+            float c = ld(xr, j) - mean;
+            v += c * c;
+        }
+        const float var = block_sum(v, sh) / (float)d;
+        const float rstd = 1.0f / sqrtf(var + eps);
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) st(yr, j, (ld(xr, j) - mean) * rstd * ld(gamma, j) + ld(beta, j));
+        if (threadIdx.x == 0) {
+            mean_out[r] = mean;
+            rstd_out[r] = rstd;
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void layer_norm_bwd_t(T* dx, const T* dy, const T* x, const T* gamma, const float* mean, const float* rstd, u32 rows, u32 d) {
+    __shared__ float sh[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + r * d;
+        const T* dyr = dy + r * d;
+        T* dxr = dx + r * d;
+        const float mu = mean[r];
+        const float rs = rstd[r];
+        float a = 0.0f;
+        float b = 0.0f;
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+            float g = ld(dyr, j) * ld(gamma, j);
+            float xh = (ld(xr, j) - mu) * rs;
+            a += g;
+            b += g * xh;
+        }
+        const float ma = block_sum(a, sh) / (float)d;
+        const float mb = block_sum(b, sh) / (float)d;
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+            float g = ld(dyr, j) * ld(gamma, j);
+            float xh = (ld(xr, j) - mu) * rs;
+            st(dxr, j, rs * (g - ma - xh * mb));
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void layer_norm_bwd_params_t(float* dgamma, float* dbeta, const T* dy, const T* x, const float* mean, const float* rstd, u32 rows, u32 d) {
+    __shared__ float shg[GR_COL_Y][33];
+    __shared__ float shb[GR_COL_Y][33];
+    for (u64 c0 = (u64)blockIdx.x * 32; c0 < d; c0 += (u64)gridDim.x * 32) {
+        u64 c = c0 + threadIdx.x;
+        float sg = 0.0f;
+        float sb = 0.0f;
+        if (c < d) {
+            for (u64 r = threadIdx.y; r < rows; r += GR_COL_Y) {
+                float g = ld(dy, r * d + c);
+                float xh = (ld(x, r * d + c) - mean[r]) * rstd[r];
+                sg += g * xh;
+                sb += g;
+            }
+        }
+        shg[threadIdx.y][threadIdx.x] = sg;
+        shb[threadIdx.y][threadIdx.x] = sb;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < d) {
+            float tg = 0.0f;
+            float tb = 0.0f;
+            for (int k = 0; k < GR_COL_Y; ++k) {
+                tg += shg[k][threadIdx.x];
+                tb += shb[k][threadIdx.x];
+            }
+            dgamma[c] += tg;
+            dbeta[c] += tb;
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void softmax_xent_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
+    __shared__ float sh[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = logits + r * c;
+        T* pr = probs + r * c;
+        float m = gr_neg_inf();
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, ld(xr, j));
+        m = block_max(m, sh);
+        float s = 0.0f;
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) s += expf(ld(xr, j) - m);
+        s = block_sum(s, sh);
+        const float inv = 1.0f / s;
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) st(pr, j, expf(ld(xr, j) - m) * inv);
+        if (threadIdx.x == 0) {
+            const float l = labels[r];
+            row_loss[r] = label_ok(l, c) ? (m + logf(s)) - ld(xr, (u32)l) : gr_nan();
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void softmax_xent_bwd_t(T* dlogits, const T* probs, const float* labels, float scale, u32 rows, u32 c) {
+    const u64 n = (u64)rows * c;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const u64 r = i / c;
+        const u32 j = (u32)(i - r * c);
+        const float l = labels[r];
+        if (label_ok(l, c)) {
+            const float hot = (j == (u32)l) ? 1.0f : 0.0f;
+            st(dlogits, i, (ld(probs, i) - hot) * scale);
+        } else {
+            st(dlogits, i, gr_nan());
+        }
+    }
+}
+
+extern "C" __global__ void layer_norm_bf16(bf16_t* y, float* mean_out, float* rstd_out, const bf16_t* x, const bf16_t* gamma, const bf16_t* beta, u32 rows, u32 d, float eps) { layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void layer_norm_f16(f16_t* y, float* mean_out, float* rstd_out, const f16_t* x, const f16_t* gamma, const f16_t* beta, u32 rows, u32 d, float eps) { layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void layer_norm_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void layer_norm_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void layer_norm_bwd_params_bf16(float* dgamma, float* dbeta, const bf16_t* dy, const bf16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
+extern "C" __global__ void layer_norm_bwd_params_f16(float* dgamma, float* dbeta, const f16_t* dy, const f16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
+extern "C" __global__ void softmax_xent_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void softmax_xent_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_bf16(bf16_t* dlogits, const bf16_t* probs, const float* labels, float scale, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, scale, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_f16(f16_t* dlogits, const f16_t* probs, const float* labels, float scale, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, scale, rows, c); }
