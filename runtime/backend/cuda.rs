@@ -21,7 +21,7 @@ pub(crate) const KERNEL_SOURCES: &[&str] = &[
 ];
 
 /// Bytes of the explicit cuBLAS workspace; with it set, GEMMs never allocate, so they capture.
-const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+pub(crate) const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Grid and block of one launch.
 #[derive(Clone, Copy, Debug)]
@@ -101,7 +101,9 @@ pub(crate) struct CudaBackend {
     /// The loaded kernels, in `BuiltinKernel::ALL` order.
     functions: Vec<CudaFunction>,
     cublas: std::sync::Mutex<CublasHandle>,
-    cublas_workspace: sys::CUdeviceptr,
+    pub(crate) cublas_workspace: sys::CUdeviceptr,
+    /// cublasLt (fused epilogues), when the library loads.
+    pub(crate) lt: Option<std::sync::Mutex<super::cublaslt::Lt>>,
     name: String,
     pub(crate) gate: Arc<StreamGate>,
     pub(crate) drop_errors: Arc<DropErrors>,
@@ -173,6 +175,7 @@ impl CudaBackend {
             functions,
             cublas: std::sync::Mutex::new(CublasHandle(cublas)),
             cublas_workspace,
+            lt: super::cublaslt::Lt::open().map(std::sync::Mutex::new),
             name,
             gate,
             drop_errors,

@@ -5,6 +5,7 @@
 //! one capture-state type, [`StreamGate`], which every stream primitive passes.
 
 mod capture;
+mod cublaslt;
 pub(crate) mod cuda;
 mod cuda_gemm;
 mod cuda_graph;
@@ -20,6 +21,7 @@ use crate::{Error, Result};
 
 pub use capture::is_capturing;
 pub(crate) use capture::StreamGate;
+pub(crate) use cublaslt::{LtEpilogue, LtLinear};
 pub(crate) use cuda::{CudaBackend, LaunchDims};
 pub(crate) use cuda_gemm::{GemmEx, Operand};
 pub(crate) use cuda_graph::RawGraph;

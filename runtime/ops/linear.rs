@@ -20,7 +20,7 @@ fn gemm_dim(op: &'static str, v: usize) -> Result<()> {
 }
 
 /// The output dims: `x`'s with the last dimension replaced by `out`.
-fn out_dims(x: &Tensor, out: usize) -> Vec<usize> {
+pub(crate) fn out_dims(x: &Tensor, out: usize) -> Vec<usize> {
     let mut d = x.dims().to_vec();
     if let Some(last) = d.last_mut() {
         *last = out;
@@ -29,7 +29,7 @@ fn out_dims(x: &Tensor, out: usize) -> Vec<usize> {
 }
 
 /// Checks `w` is `[out, in]` and fits `x`'s last dimension; returns `(rows, in, out)`.
-fn check_linear(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
+pub(crate) fn check_linear(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
     check_rank1(op, "x", x)?;
     if w.dims().len() != 2 {
         return Err(Error::shape(op, format!("w must be [out, in], got {:?}", w.dims())));
