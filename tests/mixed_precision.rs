@@ -180,3 +180,46 @@ fn scaling_the_loss_grad_reads_the_device_scale() {
         Ok(())
     });
 }
+
+#[derive(graphed::Parameters)]
+struct Half {
+    w: Param,
+    h: Param,
+    f: Param,
+}
+
+#[test]
+fn sixteen_bit_parameters_round_trip_through_safetensors_bit_for_bit() {
+    on_each_backend(|dev| {
+        let make = |seed| -> Result<Half> {
+            Ok(Half {
+                w: param(dev, 33, seed, DType::BF16)?,
+                h: param(dev, 7, seed + 1, DType::F16)?,
+                f: param(dev, 5, seed + 2, DType::F32)?,
+            })
+        };
+        let (saved, loaded) = (make(1)?, make(10)?);
+        let path = std::env::temp_dir().join(format!(
+            "graphed-half-{}-{}.safetensors",
+            dev.name().replace(' ', "_"),
+            std::process::id()
+        ));
+        graphed::save_safetensors(&saved, &path)?;
+        graphed::load_safetensors(&loaded, &path)?;
+        assert_eq!(loaded.w.value.to_bf16_vec()?, saved.w.value.to_bf16_vec()?);
+        assert_eq!(loaded.h.value.to_f16_vec()?, saved.h.value.to_f16_vec()?);
+        assert_eq!(loaded.f.value.to_vec()?, saved.f.value.to_vec()?);
+        // A bf16 tensor in the file for an f32 parameter is refused before anything is written.
+        let wrong = Half {
+            w: param(dev, 33, 20, DType::F32)?,
+            h: param(dev, 7, 21, DType::F16)?,
+            f: param(dev, 5, 22, DType::F32)?,
+        };
+        let before = wrong.h.value.to_f16_vec()?;
+        let r = graphed::load_safetensors(&wrong, &path);
+        assert!(matches!(r, Err(Error::CheckpointTensorMismatch { ref tensor, .. }) if tensor == "w"), "{r:?}");
+        assert_eq!(wrong.h.value.to_f16_vec()?, before);
+        std::fs::remove_file(&path).ok();
+        Ok(())
+    });
+}
