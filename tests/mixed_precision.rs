@@ -223,3 +223,43 @@ fn sixteen_bit_parameters_round_trip_through_safetensors_bit_for_bit() {
         Ok(())
     });
 }
+
+#[test]
+fn mixed_sgd_follows_f32_masters_and_skips_overflows() {
+    on_each_backend(|dev| {
+        use graphed::optim::{MixedSgd, SgdConfig};
+        let cfg = SgdConfig { lr: 0.05, momentum: 0.9, weight_decay: 1e-2 };
+        let n = 500;
+        for dtype in [DType::BF16, DType::F16] {
+            let p = param(dev, n, 40, dtype)?;
+            let p0 = p.value.to_vec()?;
+            let scaler = LossScaler::new(dev, LossScalerConfig { init_scale: 256.0, ..Default::default() })?;
+            let opt = MixedSgd::new(std::slice::from_ref(&p), cfg, Some(scaler))?;
+            let mut graph = Graph::new(dev);
+            graph.capture(CaptureMode::Global, || opt.step())?;
+            let (mut want, mut buf) = (p0.clone(), vec![0.0; n]);
+            for t in 0..3u64 {
+                let g = random_vec(n, 50 + t);
+                let mut scaled: Vec<f32> = g.iter().map(|v| v * 256.0).collect();
+                if t == 1 {
+                    scaled[3] = f32::NAN; // skipped; the scale halves to 128
+                }
+                let s = opt.scaler().expect("scaler").scale()?;
+                let scaled: Vec<f32> = if t == 2 { g.iter().map(|v| v * s).collect() } else { scaled };
+                p.grad.copy_from_slice(&scaled)?;
+                graph.replay()?;
+                if t != 1 {
+                    cpu::sgd_step(&mut want, &g, Some(&mut buf), cfg.lr, cfg.momentum, cfg.weight_decay);
+                }
+            }
+            assert_eq!(opt.scaler().expect("scaler").skipped_steps()?, 1);
+            let master = opt.masters()[0].value.to_vec()?;
+            assert!(rel_err(&master, &want) <= if dev.is_host() { 0.0 } else { 1e-6 }, "{dtype} masters");
+            assert_eq!(p.value.to_vec()?, master.iter().map(|v| dtype.round(*v)).collect::<Vec<_>>());
+        }
+        let f16 = param(dev, 4, 1, DType::F16)?;
+        let r = MixedSgd::new(&[f16], SgdConfig::default(), None);
+        assert!(matches!(r, Err(Error::F16NeedsLossScaling { op: "MixedSgd::new" })), "{r:?}");
+        Ok(())
+    });
+}

@@ -105,6 +105,8 @@ kernels! {
     AdamwPrepareMixed = "adamw_prepare_mixed" (Ptr, Ptr, F32, F32);
     AdamwMixedBf16 = "adamw_mixed_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
     AdamwMixedF16 = "adamw_mixed_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
+    SgdMixedBf16 = "sgd_mixed_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
+    SgdMixedF16 = "sgd_mixed_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
     FillU16 = "fill_u16" (Ptr, U32, U32);
     CastF32Bf16 = "cast_f32_bf16" (Ptr, Ptr, U32);
     CastF32F16 = "cast_f32_f16" (Ptr, Ptr, U32);

@@ -47,7 +47,7 @@ impl Default for LossScalerConfig {
 #[derive(Debug)]
 pub struct LossScaler {
     config: LossScalerConfig,
-    state: Tensor,
+    pub(super) state: Tensor,
 }
 
 impl LossScaler {
@@ -119,7 +119,7 @@ impl LossScaler {
 
     /// Clears the overflow flag, then unscales each grad in place and raises the flag on a
     /// non-finite value.
-    fn unscale_and_check(&self, grads: &[Tensor]) -> Result<()> {
+    pub(super) fn unscale_and_check(&self, grads: &[Tensor]) -> Result<()> {
         match exec(self.state.device()) {
             Exec::Host(h) => {
                 let sp = self.state.host_ptr()?;
@@ -162,7 +162,7 @@ impl LossScaler {
     }
 
     /// Backs off (and counts a skipped step) after an overflow, else grows every interval.
-    fn update(&self) -> Result<()> {
+    pub(super) fn update(&self) -> Result<()> {
         let LossScalerConfig { growth_factor, backoff_factor, growth_interval, .. } = self.config;
         match exec(self.state.device()) {
             Exec::Host(h) => {
@@ -184,6 +184,44 @@ impl LossScaler {
             ),
         }
     }
+}
+
+/// Checks 16-bit model parameters with f32 grads on one device (f16 only with a scaler) and
+/// makes their f32 masters (the values widened, in the default pool; grads shared).
+pub(super) fn make_masters(
+    op: &'static str,
+    model: &[Param],
+    scaler: Option<&LossScaler>,
+) -> Result<(Device, Vec<Param>)> {
+    let Some(first) = model.first() else { return Err(Error::invalid(op, "no parameters to optimize")) };
+    let device = first.value.device().clone();
+    for p in model {
+        if p.value.dtype() == DType::F32 {
+            return Err(Error::DType { op, got: DType::F32, expected: DType::BF16 });
+        }
+        if p.grad.dtype() != DType::F32 {
+            return Err(Error::DType { op, got: p.grad.dtype(), expected: DType::F32 });
+        }
+        if p.value.device() != &device || p.grad.device() != &device {
+            return Err(Error::DeviceMismatch { op, a: device.name(), b: p.value.device().name() });
+        }
+        if p.value.dtype() == DType::F16 && scaler.is_none() {
+            return Err(Error::F16NeedsLossScaling { op });
+        }
+    }
+    if let Some(s) = scaler {
+        if s.state.device() != &device {
+            return Err(Error::DeviceMismatch { op, a: device.name(), b: s.state.device().name() });
+        }
+    }
+    let masters = model
+        .iter()
+        .map(|p| {
+            let value = device.with_pool(&device.default_pool(), || p.value.to_dtype(DType::F32))?;
+            Ok(Param { value: value.with_requires_grad(true), grad: p.grad.clone() })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((device, masters))
 }
 
 /// AdamW for bf16 or f16 model weights: f32 master weights, f32 grads (what [`Param`] grads
@@ -219,35 +257,8 @@ impl MixedAdamW {
     /// model values widened to f32.
     pub fn new(model: &[Param], config: AdamWConfig, scaler: Option<LossScaler>) -> Result<MixedAdamW> {
         const OP: &str = "MixedAdamW::new";
-        let Some(first) = model.first() else { return Err(Error::invalid(OP, "no parameters to optimize")) };
-        let device = first.value.device().clone();
-        for p in model {
-            if p.value.dtype() == DType::F32 {
-                return Err(Error::DType { op: OP, got: DType::F32, expected: DType::BF16 });
-            }
-            if p.grad.dtype() != DType::F32 {
-                return Err(Error::DType { op: OP, got: p.grad.dtype(), expected: DType::F32 });
-            }
-            if p.value.device() != &device || p.grad.device() != &device {
-                return Err(Error::DeviceMismatch { op: OP, a: device.name(), b: p.value.device().name() });
-            }
-            if p.value.dtype() == DType::F16 && scaler.is_none() {
-                return Err(Error::F16NeedsLossScaling { op: OP });
-            }
-        }
-        if let Some(s) = &scaler {
-            if s.state.device() != &device {
-                return Err(Error::DeviceMismatch { op: OP, a: device.name(), b: s.state.device().name() });
-            }
-        }
         check_hyper(OP, "lr", config.lr, None)?;
-        let masters = model
-            .iter()
-            .map(|p| {
-                let value = device.with_pool(&device.default_pool(), || p.value.to_dtype(DType::F32))?;
-                Ok(Param { value: value.with_requires_grad(true), grad: p.grad.clone() })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let (device, masters) = make_masters(OP, model, scaler.as_ref())?;
         Ok(MixedAdamW {
             model: model.to_vec(),
             inner: AdamW::new(&masters, config)?,

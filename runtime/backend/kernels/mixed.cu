@@ -85,3 +85,24 @@ __device__ __forceinline__ void adamw_mixed_t(float* p, T* model, const float* g
 }
 extern "C" __global__ void adamw_mixed_bf16(float* p, bf16_t* model, const float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 n) { adamw_mixed_t(p, model, g, m, v, lr, sta, scaler, beta1, beta2, eps, wd, n); }
 extern "C" __global__ void adamw_mixed_f16(float* p, f16_t* model, const float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 n) { adamw_mixed_t(p, model, g, m, v, lr, sta, scaler, beta1, beta2, eps, wd, n); }
+
+// sgd_step_f32 on the f32 master weights, then the 16-bit model weights rewritten from them;
+// nothing changes when the scaler flagged an overflow. buf is unused (may be null) when
+// use_momentum is 0.
+template <typename T>
+__device__ __forceinline__ void sgd_mixed_t(float* p, T* model, const float* g, float* buf, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 n) {
+    if (scaler[1] != 0.0f) return;
+    const float rate = lr[0];
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        float gi = g[i] + wd * p[i];
+        if (use_momentum != 0u) {
+            gi = momentum * buf[i] + gi;
+            buf[i] = gi;
+        }
+        const float pi = p[i] - rate * gi;
+        p[i] = pi;
+        st(model, i, pi);
+    }
+}
+extern "C" __global__ void sgd_mixed_bf16(float* p, bf16_t* model, const float* g, float* buf, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 n) { sgd_mixed_t(p, model, g, buf, lr, scaler, momentum, wd, use_momentum, n); }
+extern "C" __global__ void sgd_mixed_f16(float* p, f16_t* model, const float* g, float* buf, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 n) { sgd_mixed_t(p, model, g, buf, lr, scaler, momentum, wd, use_momentum, n); }
