@@ -368,3 +368,28 @@ fn layer_norm_and_softmax_in_half_precision_keep_f32_statistics() {
         Ok(())
     });
 }
+
+#[test]
+fn linear_to_f32_keeps_the_accumulator() {
+    on_each_backend(|dev| {
+        for dtype in HALVES {
+            let (n, k, m) = (16, 96, 24);
+            let (x, w) = (rand_as(dev, &[n, k], 1, dtype)?, rand_as(dev, &[m, k], 2, dtype)?);
+            let b = common::random(dev, &[m], 3)?;
+            let y = ops::linear_to(&x, &w, Some(&b), DType::F32)?;
+            assert_eq!(y.dtype(), DType::F32);
+            let want = cpu::linear(&x.to_vec()?, &w.to_vec()?, Some(&b.to_vec()?), n, k, m);
+            check_ref(dev, &format!("linear_to f32 from {dtype}"), &y.to_vec()?, &want, TOL_GEMM)?;
+            let same = ops::linear_to(&x, &w, None, dtype)?;
+            bitwise_eq("linear_to its own dtype", &same.to_vec()?, &ops::linear(&x, &w, None)?.to_vec()?)?;
+            let other = if dtype == DType::BF16 { DType::F16 } else { DType::BF16 };
+            let r = ops::linear_to(&x, &w, None, other);
+            expect_err("16-bit to the other 16-bit", r, |e| matches!(e, Error::DTypeMismatch { op: "linear_to", .. }))?;
+            let b16 = b.to_dtype(dtype)?;
+            let r = ops::linear_to(&x, &w, Some(&b16), DType::F32);
+            expect_err("bias not in the output dtype", r, |e| matches!(e, Error::DTypeMismatch { .. }))?;
+            eager_vs_replay(dev, || Ok(vec![ops::linear_to(&x, &w, Some(&b), DType::F32)?]))?;
+        }
+        Ok(())
+    });
+}

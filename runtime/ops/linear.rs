@@ -4,7 +4,7 @@ use crate::backend::{GemmEx, KArg, LaunchDims, Operand};
 use crate::ops::{
     as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, Exec,
 };
-use crate::{Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 /// A GEMM operand of tensor `t` with leading dimension `ld`.
 fn operand(t: &Tensor, ld: usize) -> Result<Operand> {
@@ -73,14 +73,44 @@ pub(crate) fn check_linear(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    const OP: &str = "linear";
-    let dtype = check_like(OP, &[x, w])?;
-    let (rows, input, out) = check_linear(OP, x, w)?;
-    if let Some(b) = b {
-        check_like(OP, &[x, b])?;
-        check_vector(OP, "b", b, out)?;
+    linear_impl("linear", x, w, b, x.dtype())
+}
+
+/// [`linear`] with the output in `out_dtype`: f32 logits from bf16 or f16 inputs (the GEMM
+/// writes its f32 accumulator without rounding it), or the input dtype. `b`, when given, has
+/// the output's dtype. Other combinations are [`Error::DTypeMismatch`].
+///
+/// ```
+/// # use graphed::{ops, DType, Device, Tensor};
+/// let dev = Device::host();
+/// let x = Tensor::from_slice_as(&dev, &[1.0, 1.0 / 256.0], &[1, 2], DType::BF16)?;
+/// let w = Tensor::from_slice_as(&dev, &[1.0, 1.0], &[1, 2], DType::BF16)?;
+/// assert_eq!(ops::linear(&x, &w, None)?.to_vec()?, vec![1.0]); // rounded to bf16
+/// assert_eq!(ops::linear_to(&x, &w, None, DType::F32)?.to_vec()?, vec![1.0 + 1.0 / 256.0]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn linear_to(x: &Tensor, w: &Tensor, b: Option<&Tensor>, out_dtype: DType) -> Result<Tensor> {
+    linear_impl("linear_to", x, w, b, out_dtype)
+}
+
+fn linear_impl(op: &'static str, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out_dtype: DType) -> Result<Tensor> {
+    let in_dtype = check_like(op, &[x, w])?;
+    if out_dtype != in_dtype && out_dtype != DType::F32 {
+        return Err(Error::DTypeMismatch { op, a: in_dtype, b: out_dtype });
     }
-    let n = n32(OP, rows * out)?;
+    let (rows, input, out) = check_linear(op, x, w)?;
+    if let Some(b) = b {
+        if b.dtype() != out_dtype {
+            return Err(Error::DTypeMismatch { op, a: out_dtype, b: b.dtype() });
+        }
+        b.check_fresh()?;
+        if b.device() != x.device() {
+            return Err(Error::DeviceMismatch { op, a: x.device().name(), b: b.device().name() });
+        }
+        check_vector(op, "b", b, out)?;
+    }
+    let dtype = out_dtype;
+    let n = n32(op, rows * out)?;
     let y = Tensor::empty_as(x.device(), &out_dims(x, out), dtype)?;
     match exec(x.device()) {
         Exec::Host(h) => {
@@ -100,9 +130,10 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
             // Row-major y = x wᵀ is column-major yᵀ[out, N] = w[out, in] · xᵀ[in, N], where w and
             // x as column-major are wᵀ (ld in) and xᵀ (ld in).
             let (a, bm, cm) = (operand(w, input)?, operand(x, input)?, operand(&y, out)?);
+            let bias = b.map(|b| b.cuda_ptr()).transpose()?;
             let tf32 = x.device().tf32();
             c.gemm_ex(&GemmEx {
-                op: OP,
+                op,
                 trans_a: true,
                 trans_b: false,
                 m: out,
@@ -115,12 +146,12 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
                 c: cm,
                 tf32,
             })?;
-            if let Some(b) = b {
-                let yp = y.cuda_ptr()?;
+            if let Some(bias) = bias {
+                let yp = cm.ptr;
                 c.launch(
                     k::BIAS_ADD.get(dtype),
                     LaunchDims::vectorized(n as usize, dtype),
-                    &[KArg::Ptr(yp), KArg::Ptr(yp), KArg::Ptr(b.cuda_ptr()?), KArg::U32(n), KArg::U32(out as u32)],
+                    &[KArg::Ptr(yp), KArg::Ptr(yp), KArg::Ptr(bias), KArg::U32(n), KArg::U32(out as u32)],
                 )?;
             }
         }
