@@ -49,7 +49,8 @@ pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
         }
         Exec::Cuda(c) => c.launch(
             kernel,
-            LaunchDims::elementwise(n as usize),
+            // The cast kernels convert 8 elements per thread.
+            LaunchDims::elementwise((n as usize).div_ceil(8)),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::U32(n)],
         )?,
     }
