@@ -304,6 +304,8 @@ fn mixing_dtypes_without_a_cast_is_a_typed_error() {
         let labels = Tensor::from_slice_as(dev, &[0.0, 1.0, 2.0, 3.0], &[4], DType::BF16)?;
         let r = ops::softmax_cross_entropy(&a, &labels);
         expect_err("bf16 labels", r, |e| matches!(e, Error::DType { expected: DType::F32, .. }))?;
+        let gen = Generator::new(dev, 1)?;
+        expect_err("uniform_ into bf16", gen.uniform_(&a), |e| matches!(e, Error::DType { .. }))?;
         // Nothing was queued: the inputs are unchanged and the ops still work.
         assert_eq!(ops::add(&a, &a)?.to_vec()?, rounded(DType::BF16, &cpu::add(&a.to_vec()?, &a.to_vec()?)));
         Ok(())
