@@ -37,7 +37,8 @@ use crate::{Error, Generator, Result, Tensor};
 /// ```
 pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(Tensor, Option<Tensor>)> {
     const OP: &str = "dropout";
-    let kernel = k::DROPOUT.get(check_like(OP, &[x])?);
+    let dtype = check_like(OP, &[x])?;
+    let kernel = k::DROPOUT.get(dtype);
     if !(0.0..1.0).contains(&p) {
         return Err(Error::invalid(OP, format!("p = {p} must be in [0, 1)")));
     }
@@ -63,7 +64,7 @@ pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(T
         }
         Exec::Cuda(c) => c.launch(
             kernel,
-            LaunchDims::elementwise(n as usize),
+            LaunchDims::vectorized(n as usize, dtype),
             &[
                 KArg::Ptr(y.cuda_ptr()?),
                 KArg::Ptr(mask.cuda_ptr()?),

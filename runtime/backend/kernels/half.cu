@@ -181,12 +181,33 @@ template <typename T> __device__ __forceinline__ void gelu_bwd_t(T* dx, const T*
 template <typename T> __device__ __forceinline__ void mse_bwd_t(T* dp, const T* p, const T* t, float scale, u32 n) {
     map2(dp, p, t, n, [=](u64, float u, float v) { return (u - v) * scale; });
 }
-// As dropout_f32; y is computed from the unrounded scale, the stored mask is rounded.
+// Dropout with the generator state read through a pointer (graph-safe): element i keeps its
+// value, times `scale` = 1 / (1 - p), when uniform(seed, offset + i) >= p; y is computed from
+// the unrounded scale, the stored mask is rounded to T. The op launches rng_advance(state, n)
+// right after. Vectorised like map1, with two outputs.
 template <typename T>
 __device__ __forceinline__ void dropout_t(T* y, T* mask, const T* x, const u32* state, float p, float scale, u32 n) {
+    constexpr u32 W = 16 / sizeof(T);
     u64 seed, offset;
     rng_load(state, seed, offset);
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+    u64 done = 0;
+    if (al16(y) && al16(mask) && al16(x)) {
+        const u64 nv = n / W;
+        for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
+            Pack<T> px, py, pm;
+            px.raw = reinterpret_cast<const uint4*>(x)[v];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const float m = philox_uniform(seed, offset + v * W + k) >= p ? scale : 0.0f;
+                st(pm.e, k, m);
+                st(py.e, k, ld(px.e, k) * m);
+            }
+            reinterpret_cast<uint4*>(mask)[v] = pm.raw;
+            reinterpret_cast<uint4*>(y)[v] = py.raw;
+        }
+        done = nv * W;
+    }
+    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) {
         const float m = philox_uniform(seed, offset + i) >= p ? scale : 0.0f;
         st(mask, i, m);
         st(y, i, ld(x, i) * m);
@@ -204,6 +225,7 @@ extern "C" __global__ void relu_bwd_f32(float* dx, const float* dy, const float*
 extern "C" __global__ void gelu_f32(float* y, const float* x, u32 n, u32 approx) { gelu_t(y, x, n, approx); }
 extern "C" __global__ void gelu_bwd_f32(float* dx, const float* dy, const float* x, u32 n, u32 approx) { gelu_bwd_t(dx, dy, x, n, approx); }
 extern "C" __global__ void mse_bwd_f32(float* dp, const float* p, const float* t, float scale, u32 n) { mse_bwd_t(dp, p, t, scale, n); }
+extern "C" __global__ void dropout_f32(float* y, float* mask, const float* x, const u32* state, float p, float scale, u32 n) { dropout_t(y, mask, x, state, p, scale, n); }
 extern "C" __global__ void axpy_bf16(bf16_t* y, const bf16_t* x, float a, u32 n) { axpy_t(y, x, a, n); }
 extern "C" __global__ void axpy_f16(f16_t* y, const f16_t* x, float a, u32 n) { axpy_t(y, x, a, n); }
 extern "C" __global__ void scale_bf16(bf16_t* y, float a, u32 n) { scale_t(y, a, n); }

@@ -82,19 +82,6 @@ __device__ __forceinline__ float gelu_grad(float x, u32 approx) {
     return cdf + x * pdf;
 }
 
-// Dropout with the generator state read through a pointer (graph-safe): element i keeps its
-// value, times `scale` = 1 / (1 - p), when uniform(seed, offset + i) >= p. The op launches
-// rng_advance(state, n) right after.
-extern "C" __global__ void dropout_f32(float* y, float* mask, const float* x, const u32* state, float p, float scale, u32 n) {
-    u64 seed, offset;
-    rng_load(state, seed, offset);
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        float m = philox_uniform(seed, offset + i) >= p ? scale : 0.0f;
-        mask[i] = m;
-        y[i] = x[i] * m;
-    }
-}
-
 // ---------------------------------------------------------------- reductions
 
 // Per-block partial sums over a grid-stride range; sum_final_f32 adds the partials.
