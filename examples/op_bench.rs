@@ -112,11 +112,18 @@ fn main() -> Result<()> {
 
     // bf16 copies of the inputs, for the same ops in bf16.
     let h = |t: &Tensor| t.to_dtype(DType::BF16);
-    let (a16, b16, dy16, bias16) = (h(&a)?, h(&b)?, h(&dy)?, h(&gamma)?);
-    let (x16, w16, lb16, ly16) = (h(&x)?, h(&w)?, h(&bias)?, h(&ly)?);
-    let (_, mask16) = ops::dropout(&a16, 0.1, &gen, true)?;
-    let mask16 = mask16.expect("training dropout has a mask");
-    let nb16 = (n * 2) as f64;
+    let (_, mask16) = ops::dropout(&h(&a)?, 0.1, &gen, true)?;
+    let t16 = Bf16Inputs {
+        a: h(&a)?,
+        b: h(&b)?,
+        dy: h(&dy)?,
+        bias: h(&gamma)?,
+        x: h(&x)?,
+        w: h(&w)?,
+        lin_bias: h(&bias)?,
+        lin_dy: h(&ly)?,
+        mask: mask16.expect("training dropout has a mask"),
+    };
 
     let gemm_bytes = 3.0 * (lin * lin * 4) as f64;
     let gemm_flops = 2.0 * (lin as f64).powi(3);
@@ -172,39 +179,7 @@ fn main() -> Result<()> {
         },
     ];
 
-    let ew16 =
-        |name: &'static str, bytes: f64, run| Case { dtype: DType::BF16, ..elementwise(name, &size, bytes, run) };
-    cases.extend([
-        ew16("add", 3.0 * nb16, Box::new(|| ops::add(&a16, &b16).map(drop))),
-        ew16("mul", 3.0 * nb16, Box::new(|| ops::mul(&a16, &b16).map(drop))),
-        ew16("scale", 2.0 * nb16, Box::new(|| ops::scale(&a16, 0.5).map(drop))),
-        ew16("bias_add", 2.0 * nb16, Box::new(|| ops::bias_add(&a16, &bias16).map(drop))),
-        ew16("relu", 2.0 * nb16, Box::new(|| ops::relu(&a16).map(drop))),
-        ew16("gelu (erf)", 2.0 * nb16, Box::new(|| ops::gelu(&a16, Gelu::Erf).map(drop))),
-        ew16("gelu_backward (erf)", 3.0 * nb16, Box::new(|| ops::gelu_backward(&dy16, &a16, Gelu::Erf).map(drop))),
-        ew16("dropout", 3.0 * nb16, Box::new(|| ops::dropout(&a16, 0.1, &gen, true).map(drop))),
-        ew16("dropout_backward", 3.0 * nb16, Box::new(|| ops::dropout_backward(&dy16, &mask16).map(drop))),
-        ew16("sum", nb16, Box::new(|| ops::sum(&a16).map(drop))),
-        ew16("mse_backward", 3.0 * nb16, Box::new(|| ops::mse_backward(&a16, &b16, 1.0).map(drop))),
-        ew16("cast f32 -> bf16", nb + nb16, Box::new(|| ops::cast(&a, DType::BF16).map(drop))),
-        ew16("cast bf16 -> f32", nb + nb16, Box::new(|| ops::cast(&a16, DType::F32).map(drop))),
-        Case {
-            name: "linear (+bias)",
-            dtype: DType::BF16,
-            size: format!("{lin}x{lin}x{lin}"),
-            bytes: gemm_bytes / 2.0,
-            flops: gemm_flops,
-            run: Box::new(|| ops::linear(&x16, &w16, Some(&lb16)).map(drop)),
-        },
-        Case {
-            name: "linear_backward",
-            dtype: DType::BF16,
-            size: format!("{lin}x{lin}x{lin}"),
-            bytes: gemm_bytes,
-            flops: 2.0 * gemm_flops,
-            run: Box::new(|| ops::linear_backward(&ly16, &x16, &w16, &dw, Some(&db), true).map(drop)),
-        },
-    ]);
+    cases.extend(bf16_cases(&t16, &a, &gen, (&dw, &db), &size, lin));
 
     let mut rows_out = Vec::new();
     let total = cases.len();
@@ -214,6 +189,78 @@ fn main() -> Result<()> {
         rows_out.push((c.name, c.dtype, c.size.clone(), us, c.bytes, c.flops));
     }
 
+    report(rows_out, reps, bandwidth);
+    Ok(())
+}
+
+/// The bf16 inputs of [`bf16_cases`].
+struct Bf16Inputs {
+    a: Tensor,
+    b: Tensor,
+    dy: Tensor,
+    bias: Tensor,
+    x: Tensor,
+    w: Tensor,
+    lin_bias: Tensor,
+    lin_dy: Tensor,
+    mask: Tensor,
+}
+
+/// The memory-bound ops, the casts and the GEMMs in bf16 (`a32` is the f32 source of the casts;
+/// `grads` the f32 weight and bias grads of the GEMM backward).
+fn bf16_cases<'a>(
+    t: &'a Bf16Inputs,
+    a32: &'a Tensor,
+    gen: &'a Generator,
+    (dw, db): (&'a Tensor, &'a Tensor),
+    size: &str,
+    lin: usize,
+) -> Vec<Case<'a>> {
+    let (nb16, nb32) = ((t.a.numel() * 2) as f64, (t.a.numel() * 4) as f64);
+    let ew16 = |name: &'static str, bytes: f64, run| Case { dtype: DType::BF16, ..elementwise(name, size, bytes, run) };
+    let gemm = |name: &'static str, bytes: f64, flops: f64, run| Case {
+        name,
+        dtype: DType::BF16,
+        size: format!("{lin}x{lin}x{lin}"),
+        bytes,
+        flops,
+        run,
+    };
+    let (gemm_bytes, gemm_flops) = (3.0 * (lin * lin * 2) as f64, 2.0 * (lin as f64).powi(3));
+    vec![
+        ew16("add", 3.0 * nb16, Box::new(|| ops::add(&t.a, &t.b).map(drop))),
+        ew16("mul", 3.0 * nb16, Box::new(|| ops::mul(&t.a, &t.b).map(drop))),
+        ew16("scale", 2.0 * nb16, Box::new(|| ops::scale(&t.a, 0.5).map(drop))),
+        ew16("bias_add", 2.0 * nb16, Box::new(|| ops::bias_add(&t.a, &t.bias).map(drop))),
+        ew16("relu", 2.0 * nb16, Box::new(|| ops::relu(&t.a).map(drop))),
+        ew16("gelu (erf)", 2.0 * nb16, Box::new(|| ops::gelu(&t.a, Gelu::Erf).map(drop))),
+        ew16("gelu_backward (erf)", 3.0 * nb16, Box::new(|| ops::gelu_backward(&t.dy, &t.a, Gelu::Erf).map(drop))),
+        ew16("dropout", 3.0 * nb16, Box::new(|| ops::dropout(&t.a, 0.1, gen, true).map(drop))),
+        ew16("dropout_backward", 3.0 * nb16, Box::new(|| ops::dropout_backward(&t.dy, &t.mask).map(drop))),
+        ew16("sum", nb16, Box::new(|| ops::sum(&t.a).map(drop))),
+        ew16("mse_backward", 3.0 * nb16, Box::new(|| ops::mse_backward(&t.a, &t.b, 1.0).map(drop))),
+        ew16("cast f32 -> bf16", nb32 + nb16, Box::new(|| ops::cast(a32, DType::BF16).map(drop))),
+        ew16("cast bf16 -> f32", nb32 + nb16, Box::new(|| ops::cast(&t.a, DType::F32).map(drop))),
+        gemm(
+            "linear (+bias)",
+            gemm_bytes,
+            gemm_flops,
+            Box::new(|| ops::linear(&t.x, &t.w, Some(&t.lin_bias)).map(drop)),
+        ),
+        gemm(
+            "linear_backward",
+            2.0 * gemm_bytes,
+            2.0 * gemm_flops,
+            Box::new(|| ops::linear_backward(&t.lin_dy, &t.x, &t.w, dw, Some(db), true).map(drop)),
+        ),
+    ]
+}
+
+/// One timed case: name, dtype, size, us per op, bytes moved, FLOPs.
+type Timed = (&'static str, DType, String, f64, f64, f64);
+
+/// The table, then the worst memory-bound ratio per dtype against the 1.3x target.
+fn report(rows_out: Vec<Timed>, reps: usize, bandwidth: f64) {
     println!();
     println!("{LAUNCHES} launches per graph, {reps} replays; copy bandwidth {:.0} GB/s", bandwidth / 1e9);
     println!(
@@ -248,5 +295,4 @@ fn main() -> Result<()> {
             "memory-bound ops in {dtype}: worst {ratio:.2}x of the bandwidth floor ({name}); target <= 1.3x: {verdict}"
         );
     }
-    Ok(())
 }
