@@ -28,8 +28,16 @@ and also:
   issue_us       median CPU wall time to call the `whole` graphed forward
                  once (no sync), over 200 calls
 
+With --dtype bf16 (or f16) the module and the input are converted to that dtype
+(`model.to(dtype)`, the module in bf16 rather than autocast, so make_graphed_callables
+needs no autocast cache setting); the step is otherwise the same. --gemm instead
+times torch.matmul of two (N, N) matrices at N = 4096 and 8192 in --dtype (bf16 by
+default there) and reports TFLOP/s (median over --steps).
+
 Run:
   python3 bench/pytorch_bench.py --out torch.json
+  python3 bench/pytorch_bench.py --dtype bf16 --out torch_bf16.json
+  python3 bench/pytorch_bench.py --gemm --out torch_gemm.json
   python3 bench/pytorch_bench.py --shapes 8x256x32,32x256x32 --steps 500 --warmup 50
 
 Progress goes to stderr; the JSON result goes to --out (default stdout).
@@ -86,16 +94,20 @@ def gelu_mode():
     return "tanh" if os.environ.get("GRAPHED_GELU", "").strip().lower() == "tanh" else "none"
 
 
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+DTYPE = torch.float32
+
+
 def make_model(L, H):
     """Same seed every time, so every variant starts from identical weights."""
     torch.manual_seed(0)
     blocks = [nn.Sequential(nn.Linear(H, H), nn.GELU(approximate=gelu_mode())) for _ in range(L)]
-    return nn.Sequential(*blocks).cuda()
+    return nn.Sequential(*blocks).cuda().to(DTYPE)
 
 
 def make_input(H, B):
     torch.manual_seed(1)
-    return torch.randn(B, H, device="cuda", requires_grad=False)
+    return torch.randn(B, H, device="cuda", dtype=DTYPE, requires_grad=False)
 
 
 def free():
@@ -138,7 +150,7 @@ def bench_per_block(L, H, B, x, args):
     blocks = tuple(model)
     sample_args = [(x,)]
     for _ in range(1, L):
-        sample_args.append((torch.randn(B, H, device="cuda", requires_grad=True),))
+        sample_args.append((torch.randn(B, H, device="cuda", dtype=DTYPE, requires_grad=True),))
     sample_args = tuple(sample_args)
 
     free()
@@ -253,13 +265,35 @@ def bench_shape(L, H, B, args):
     return row
 
 
+def bench_gemm(args, dtype):
+    """torch.matmul TFLOP/s at 4096^3 and 8192^3 (median over --steps)."""
+    rows = []
+    for n in (4096, 8192):
+        torch.manual_seed(2)
+        a = torch.randn(n, n, device="cuda", dtype=dtype)
+        b = torch.randn(n, n, device="cuda", dtype=dtype)
+        us = time_steps(lambda: torch.matmul(a, b), args.steps, args.warmup)
+        tflops = 2.0 * n ** 3 / (us * 1e-6) / 1e12
+        log(f"[gemm {n}^3 {args.dtype}] {tflops:.1f} TFLOP/s")
+        rows.append({"size": n, "dtype": args.dtype, "tflops": tflops})
+        del a, b
+        free()
+    return rows
+
+
 def main():
+    global DTYPE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated LxHxB list")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--out", default="-", help="JSON output path (default stdout)")
+    parser.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="f32 (default), bf16 or f16")
+    parser.add_argument("--gemm", action="store_true", help="time torch.matmul at 4096^3 and 8192^3 instead")
     args = parser.parse_args()
+    if args.dtype is None:
+        args.dtype = "bf16" if args.gemm else "f32"
+    DTYPE = DTYPES[args.dtype]
 
     if not torch.cuda.is_available():
         raise SystemExit("CUDA is not available")
@@ -273,6 +307,10 @@ def main():
     log(f"device {device}, torch {torch.__version__}, cuda {torch.version.cuda}, "
         f"gelu={gelu_mode()}, steps={args.steps}, warmup={args.warmup}")
 
+    if args.gemm:
+        doc = {"device": device, "torch": torch.__version__, "gemm": bench_gemm(args, DTYPE)}
+        write(doc, args.out)
+        return
     results = [bench_shape(L, H, B, args) for (L, H, B) in shapes]
 
     doc = {
@@ -281,17 +319,22 @@ def main():
         "cuda": torch.version.cuda,
         "date": datetime.date.today().isoformat(),
         "gelu": gelu_mode(),
+        "dtype": args.dtype,
         "steps": args.steps,
         "warmup": args.warmup,
         "results": results,
     }
+    write(doc, args.out)
+
+
+def write(doc, out):
     text = json.dumps(doc, indent=2)
-    if args.out == "-":
+    if out == "-":
         print(text)
     else:
-        with open(args.out, "w") as f:
+        with open(out, "w") as f:
             f.write(text + "\n")
-        log(f"wrote {args.out}")
+        log(f"wrote {out}")
 
 
 if __name__ == "__main__":

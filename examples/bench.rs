@@ -4,7 +4,10 @@
 //! for the whole stack, the full step as a single graph (the floor), plus capture time, pool
 //! bytes (and the bytes that must be live), and the CPU time to issue one graphed call.
 //!
-//! `cargo run --release --example bench -- [--shapes 8x256x32,...] [--steps N] [--warmup N] [--out ours.json]`
+//! `cargo run --release --example bench -- [--shapes 8x256x32,...] [--steps N] [--warmup N] [--dtype f32|bf16|f16] [--out ours.json]`
+//! runs the model in f32 (default) or with bf16/f16 weights and activations (f32 grads of the
+//! weights, f32 accumulation in the GEMMs). `--gemm` instead prints GEMM TFLOP/s at 4096^3 and
+//! 8192^3 for `--dtype` (bf16 by default there).
 //! scripts/bench.sh runs it next to PyTorch on the GPU machine and draws the chart.
 
 #[path = "common/model.rs"]
@@ -12,7 +15,7 @@ mod model;
 
 use std::time::Instant;
 
-use graphed::{make_graphed, ops, CaptureMode, Cx, Device, Graph, GraphOptions, Module, Result, Tensor};
+use graphed::{make_graphed, ops, CaptureMode, Cx, DType, Device, Graph, GraphOptions, Module, Result, Tensor};
 use model::{random, Stack};
 
 struct Args {
@@ -20,6 +23,17 @@ struct Args {
     steps: usize,
     warmup: usize,
     out: Option<String>,
+    dtype: Option<DType>,
+    gemm: bool,
+}
+
+fn parse_dtype(v: &str) -> std::result::Result<DType, String> {
+    match v {
+        "f32" => Ok(DType::F32),
+        "bf16" => Ok(DType::BF16),
+        "f16" => Ok(DType::F16),
+        other => Err(format!("--dtype {other}: want f32, bf16 or f16")),
+    }
 }
 
 fn parse_args() -> std::result::Result<Args, String> {
@@ -28,9 +42,15 @@ fn parse_args() -> std::result::Result<Args, String> {
         steps: 200,
         warmup: 20,
         out: None,
+        dtype: None,
+        gemm: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--gemm" {
+            a.gemm = true;
+            continue;
+        }
         let val = it.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--shapes" => {
@@ -49,6 +69,7 @@ fn parse_args() -> std::result::Result<Args, String> {
             "--steps" => a.steps = val.parse().map_err(|e| format!("--steps: {e}"))?,
             "--warmup" => a.warmup = val.parse().map_err(|e| format!("--warmup: {e}"))?,
             "--out" => a.out = Some(val),
+            "--dtype" => a.dtype = Some(parse_dtype(&val)?),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -104,20 +125,21 @@ struct Row {
 }
 
 fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> Result<Row> {
-    let x = random(dev, &[b, h], 7, 1.0)?;
-    let dy = Tensor::zeros(dev, &[b, h])?;
+    let dtype = args.dtype.unwrap_or(DType::F32);
+    let x = random(dev, &[b, h], 7, 1.0)?.to_dtype(dtype)?;
+    let dy = Tensor::zeros_as(dev, &[b, h], dtype)?;
     let progress = |what: &str| eprintln!("[bench {l}x{h}, batch {b}] {what}");
 
     // Eager.
     progress("eager");
-    let mut stack = Stack::new(dev, l, h, 1)?;
+    let mut stack = Stack::new_as(dev, l, h, 1, dtype)?;
     let eager = time_steps(dev, args.warmup, args.steps, || eager_step(dev, &mut stack, &x, &dy))?;
 
     // One graph per block, chained: block i+1 reads block i's static output in place.
     progress("one graph per block");
     let blocks: Vec<Box<dyn Module>> =
-        Stack::new(dev, l, h, 1)?.blocks.into_iter().map(|blk| Box::new(blk) as Box<dyn Module>).collect();
-    let hidden = Tensor::zeros(dev, &[b, h])?.with_requires_grad(true);
+        Stack::new_as(dev, l, h, 1, dtype)?.blocks.into_iter().map(|blk| Box::new(blk) as Box<dyn Module>).collect();
+    let hidden = Tensor::zeros_as(dev, &[b, h], dtype)?.with_requires_grad(true);
     let mut samples = vec![vec![vec![Some(x.clone())]]];
     samples.extend((1..l).map(|_| vec![vec![Some(hidden.clone())]]));
     let t0 = Instant::now();
@@ -178,7 +200,7 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
     // One graph for the whole stack.
     progress("one graph for the stack");
     let t0 = Instant::now();
-    let mut whole = Stack::new(dev, l, h, 1)?.make_graphed(&x)?;
+    let mut whole = Stack::new_as(dev, l, h, 1, dtype)?.make_graphed(&x)?;
     let whole_capture_ms = t0.elapsed().as_secs_f64() * 1e3;
     let whole_pool_mb = whole.inner().pool().stats().reserved as f64 / 1e6;
     let whole_us = time_steps(dev, args.warmup, args.steps, || {
@@ -205,7 +227,7 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
 
     // The floor: the full step captured as one graph.
     progress("full step as one graph (floor)");
-    let mut stack = Stack::new(dev, l, h, 1)?;
+    let mut stack = Stack::new_as(dev, l, h, 1, dtype)?;
     let pool = dev.new_pool();
     for _ in 0..3 {
         dev.with_pool(&pool, || eager_step(dev, &mut stack, &x, &dy))?;
@@ -234,9 +256,38 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
     })
 }
 
+/// `y[m, n] = x[m, k] · w[n, k]ᵀ` at `size`^3 in `dtype`: median TFLOP/s over `steps` runs.
+fn gemm_tflops(dev: &Device, size: usize, dtype: DType, args: &Args) -> Result<f64> {
+    let x = random(dev, &[size, size], 3, 1.0)?.to_dtype(dtype)?;
+    let w = random(dev, &[size, size], 4, 1.0)?.to_dtype(dtype)?;
+    let us = time_steps(dev, args.warmup, args.steps, || ops::linear(&x, &w, None).map(drop))?;
+    Ok(2.0 * (size as f64).powi(3) / (us * 1e-6) / 1e12)
+}
+
+fn gemm_main(dev: &Device, args: &Args) -> Result<()> {
+    let dtype = args.dtype.unwrap_or(DType::BF16);
+    let sizes: &[usize] = if dev.is_cuda() { &[4096, 8192] } else { &[256, 512] };
+    let mut rows = Vec::new();
+    println!("{:>8} {:>6} {:>9}", "size", "dtype", "TFLOP/s");
+    for &n in sizes {
+        let t = gemm_tflops(dev, n, dtype, args)?;
+        println!("{n:>8} {dtype:>6} {t:>9.1}");
+        rows.push(format!("{{\"size\":{n},\"dtype\":\"{dtype}\",\"tflops\":{t:.2}}}"));
+    }
+    if let Some(path) = &args.out {
+        let json = format!("{{\"device\":\"{}\",\"gemm\":[{}]}}\n", dev.name(), rows.join(","));
+        std::fs::write(path, json).map_err(|e| graphed::Error::msg(format!("writing {path}: {e}")))?;
+        eprintln!("[bench] wrote {path}");
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = parse_args().map_err(graphed::Error::msg)?;
     let dev = Device::default_device();
+    if args.gemm {
+        return gemm_main(&dev, &args);
+    }
     eprintln!("[bench] device {}; {} steps after {} warm-up steps per variant", dev.name(), args.steps, args.warmup);
     let mut rows = Vec::new();
     for &shape in &args.shapes {
@@ -285,8 +336,9 @@ fn main() -> Result<()> {
             })
             .collect();
         let json = format!(
-            "{{\"device\":\"{}\",\"versions\":\"graphed {} (cudarc 0.19.10)\",\"results\":[{}]}}\n",
+            "{{\"device\":\"{}\",\"dtype\":\"{}\",\"versions\":\"graphed {} (cudarc 0.19.10)\",\"results\":[{}]}}\n",
             dev.name(),
+            args.dtype.unwrap_or(DType::F32),
             env!("CARGO_PKG_VERSION"),
             results.join(",")
         );

@@ -6,12 +6,16 @@
 //! device-to-device copy bandwidth (the floor). A ratio near 1 means the op runs at copy speed;
 //! GEMMs are compute-bound, so their ratio is large and their TFLOP/s are printed instead.
 //!
+//! Every memory-bound op runs in f32 and again in bf16 (16-byte vectorised kernels in both), and
+//! the summary prints the worst ratio per dtype against the 1.3x target of #12; GEMMs run in f32
+//! and bf16 (tensor cores, f32 accumulation).
+//!
 //! Run: `cargo run --release --example op_bench` (on the host backend it uses small sizes;
 //! `GRAPHED_DEVICE=host` forces it).
 
 use graphed::ops::{self, Gelu};
 use graphed::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
-use graphed::{CaptureMode, Device, Generator, Graph, Param, Result, Tensor};
+use graphed::{CaptureMode, DType, Device, Generator, Graph, Param, Result, Tensor};
 
 /// Launches of the op per captured graph.
 const LAUNCHES: usize = 20;
@@ -20,6 +24,7 @@ type OpFn<'a> = Box<dyn FnMut() -> Result<()> + 'a>;
 
 struct Case<'a> {
     name: &'static str,
+    dtype: DType,
     size: String,
     /// Bytes the op's kernels read and write at the least (each tensor once per kernel).
     bytes: f64,
@@ -30,7 +35,7 @@ struct Case<'a> {
 
 /// A memory-bound case moving `bytes`.
 fn elementwise<'a>(name: &'static str, size: &str, bytes: f64, run: OpFn<'a>) -> Case<'a> {
-    Case { name, size: size.to_string(), bytes, flops: 0.0, run }
+    Case { name, dtype: DType::F32, size: size.to_string(), bytes, flops: 0.0, run }
 }
 
 /// Device time per launch in microseconds: a graph of `LAUNCHES` launches, replayed `reps`
@@ -105,6 +110,21 @@ fn main() -> Result<()> {
     let sgd = Sgd::new(&[sgd_p], SgdConfig { lr: 1e-3, momentum: 0.9, weight_decay: 0.0 })?;
     let adam = AdamW::new(&[adam_p], AdamWConfig::default())?;
 
+    // bf16 copies of the inputs, for the same ops in bf16.
+    let h = |t: &Tensor| t.to_dtype(DType::BF16);
+    let (_, mask16) = ops::dropout(&h(&a)?, 0.1, &gen, true)?;
+    let t16 = Bf16Inputs {
+        a: h(&a)?,
+        b: h(&b)?,
+        dy: h(&dy)?,
+        bias: h(&gamma)?,
+        x: h(&x)?,
+        w: h(&w)?,
+        lin_bias: h(&bias)?,
+        lin_dy: h(&ly)?,
+        mask: mask16.expect("training dropout has a mask"),
+    };
+
     let gemm_bytes = 3.0 * (lin * lin * 4) as f64;
     let gemm_flops = 2.0 * (lin as f64).powi(3);
     let ew = |name: &'static str, tensors: f64, run| elementwise(name, &size, tensors * nb, run);
@@ -143,6 +163,7 @@ fn main() -> Result<()> {
         ew("adamw step", 7.0, Box::new(|| adam.step())),
         Case {
             name: "linear (+bias)",
+            dtype: DType::F32,
             size: format!("{lin}x{lin}x{lin}"),
             bytes: gemm_bytes,
             flops: gemm_flops,
@@ -150,6 +171,7 @@ fn main() -> Result<()> {
         },
         Case {
             name: "linear_backward",
+            dtype: DType::F32,
             size: format!("{lin}x{lin}x{lin}"),
             bytes: 2.0 * gemm_bytes,
             flops: 2.0 * gemm_flops,
@@ -157,25 +179,120 @@ fn main() -> Result<()> {
         },
     ];
 
+    cases.extend(bf16_cases(&t16, &a, &gen, (&dw, &db), &size, lin));
+
     let mut rows_out = Vec::new();
     let total = cases.len();
     for (i, c) in cases.iter_mut().enumerate() {
-        println!("[{}/{total}] {} {}...", i + 1, c.name, c.size);
+        println!("[{}/{total}] {} {} {}...", i + 1, c.name, c.dtype, c.size);
         let us = time_per_launch(&dev, reps, &mut c.run)?;
-        rows_out.push((c.name, c.size.clone(), us, c.bytes, c.flops));
+        rows_out.push((c.name, c.dtype, c.size.clone(), us, c.bytes, c.flops));
     }
 
+    report(rows_out, reps, bandwidth);
+    Ok(())
+}
+
+/// The bf16 inputs of [`bf16_cases`].
+struct Bf16Inputs {
+    a: Tensor,
+    b: Tensor,
+    dy: Tensor,
+    bias: Tensor,
+    x: Tensor,
+    w: Tensor,
+    lin_bias: Tensor,
+    lin_dy: Tensor,
+    mask: Tensor,
+}
+
+/// The memory-bound ops, the casts and the GEMMs in bf16 (`a32` is the f32 source of the casts;
+/// `grads` the f32 weight and bias grads of the GEMM backward).
+fn bf16_cases<'a>(
+    t: &'a Bf16Inputs,
+    a32: &'a Tensor,
+    gen: &'a Generator,
+    (dw, db): (&'a Tensor, &'a Tensor),
+    size: &str,
+    lin: usize,
+) -> Vec<Case<'a>> {
+    let (nb16, nb32) = ((t.a.numel() * 2) as f64, (t.a.numel() * 4) as f64);
+    let ew16 = |name: &'static str, bytes: f64, run| Case { dtype: DType::BF16, ..elementwise(name, size, bytes, run) };
+    let gemm = |name: &'static str, bytes: f64, flops: f64, run| Case {
+        name,
+        dtype: DType::BF16,
+        size: format!("{lin}x{lin}x{lin}"),
+        bytes,
+        flops,
+        run,
+    };
+    let (gemm_bytes, gemm_flops) = (3.0 * (lin * lin * 2) as f64, 2.0 * (lin as f64).powi(3));
+    vec![
+        ew16("add", 3.0 * nb16, Box::new(|| ops::add(&t.a, &t.b).map(drop))),
+        ew16("mul", 3.0 * nb16, Box::new(|| ops::mul(&t.a, &t.b).map(drop))),
+        ew16("scale", 2.0 * nb16, Box::new(|| ops::scale(&t.a, 0.5).map(drop))),
+        ew16("bias_add", 2.0 * nb16, Box::new(|| ops::bias_add(&t.a, &t.bias).map(drop))),
+        ew16("relu", 2.0 * nb16, Box::new(|| ops::relu(&t.a).map(drop))),
+        ew16("gelu (erf)", 2.0 * nb16, Box::new(|| ops::gelu(&t.a, Gelu::Erf).map(drop))),
+        ew16("gelu_backward (erf)", 3.0 * nb16, Box::new(|| ops::gelu_backward(&t.dy, &t.a, Gelu::Erf).map(drop))),
+        ew16("dropout", 3.0 * nb16, Box::new(|| ops::dropout(&t.a, 0.1, gen, true).map(drop))),
+        ew16("dropout_backward", 3.0 * nb16, Box::new(|| ops::dropout_backward(&t.dy, &t.mask).map(drop))),
+        ew16("sum", nb16, Box::new(|| ops::sum(&t.a).map(drop))),
+        ew16("mse_backward", 3.0 * nb16, Box::new(|| ops::mse_backward(&t.a, &t.b, 1.0).map(drop))),
+        ew16("cast f32 -> bf16", nb32 + nb16, Box::new(|| ops::cast(a32, DType::BF16).map(drop))),
+        ew16("cast bf16 -> f32", nb32 + nb16, Box::new(|| ops::cast(&t.a, DType::F32).map(drop))),
+        gemm(
+            "linear (+bias)",
+            gemm_bytes,
+            gemm_flops,
+            Box::new(|| ops::linear(&t.x, &t.w, Some(&t.lin_bias)).map(drop)),
+        ),
+        gemm(
+            "linear_backward",
+            2.0 * gemm_bytes,
+            2.0 * gemm_flops,
+            Box::new(|| ops::linear_backward(&t.lin_dy, &t.x, &t.w, dw, Some(db), true).map(drop)),
+        ),
+    ]
+}
+
+/// One timed case: name, dtype, size, us per op, bytes moved, FLOPs.
+type Timed = (&'static str, DType, String, f64, f64, f64);
+
+/// The table, then the worst memory-bound ratio per dtype against the 1.3x target.
+fn report(rows_out: Vec<Timed>, reps: usize, bandwidth: f64) {
     println!();
     println!("{LAUNCHES} launches per graph, {reps} replays; copy bandwidth {:.0} GB/s", bandwidth / 1e9);
-    println!("{:<24} {:>16} {:>12} {:>12} {:>12} {:>8}  note", "op", "size", "us/op", "MB moved", "floor us", "ratio");
-    for (name, size, us, bytes, flops) in rows_out {
+    println!(
+        "{:<24} {:>5} {:>16} {:>12} {:>12} {:>12} {:>8}  note",
+        "op", "dtype", "size", "us/op", "MB moved", "floor us", "ratio"
+    );
+    // The worst memory-bound ratio per dtype (GEMMs are compute-bound and left out).
+    let mut worst: Vec<(DType, f64, &str)> = Vec::new();
+    for (name, dtype, size, us, bytes, flops) in rows_out {
         let floor = bytes / bandwidth * 1e6;
         let note = if flops > 0.0 {
-            format!("{:.1} TFLOP/s (f32, no TF32)", flops / (us * 1e-6) / 1e12)
+            let tf32 = if dtype == DType::F32 { ", no TF32" } else { ", f32 accumulation" };
+            format!("{:.1} TFLOP/s ({dtype}{tf32})", flops / (us * 1e-6) / 1e12)
         } else {
+            match worst.iter_mut().find(|w| w.0 == dtype) {
+                Some(w) if us / floor > w.1 => *w = (dtype, us / floor, name),
+                Some(_) => {}
+                None => worst.push((dtype, us / floor, name)),
+            }
             String::new()
         };
-        println!("{name:<24} {size:>16} {us:>12.1} {:>12.1} {floor:>12.1} {:>8.2}  {note}", bytes / 1e6, us / floor);
+        println!(
+            "{name:<24} {dtype:>5} {size:>16} {us:>12.1} {:>12.1} {floor:>12.1} {:>8.2}  {note}",
+            bytes / 1e6,
+            us / floor
+        );
     }
-    Ok(())
+    println!();
+    for (dtype, ratio, name) in worst {
+        let verdict = if ratio <= 1.3 { "PASS" } else { "MISS" };
+        println!(
+            "memory-bound ops in {dtype}: worst {ratio:.2}x of the bandwidth floor ({name}); target <= 1.3x: {verdict}"
+        );
+    }
 }

@@ -172,6 +172,25 @@ impl Device {
         self.0.backend.time_ms(&mut f)
     }
 
+    /// Lets f32 GEMMs on this device run on TF32 tensor cores (10-bit significands, f32
+    /// accumulation), or forbids it again. Off by default: f32 GEMMs are plain f32. The host
+    /// backend always computes in plain f32 (there it only records the choice).
+    ///
+    /// ```
+    /// let dev = graphed::Device::host();
+    /// assert!(!dev.tf32());
+    /// dev.set_tf32(true);
+    /// assert!(dev.tf32());
+    /// ```
+    pub fn set_tf32(&self, allow: bool) {
+        self.backend().tf32.store(allow, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether f32 GEMMs may use TF32 ([`Device::set_tf32`]).
+    pub fn tf32(&self) -> bool {
+        self.backend().tf32.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub(crate) fn push_pool(&self, pool: &GraphPool) {
         let me = std::thread::current().id();
         self.0.pool_stack.lock().unwrap_or_else(|e| e.into_inner()).push((me, pool.clone()));

@@ -193,6 +193,6 @@ impl Tensor {
         drop(record);
         free_parked(device.backend());
         let owner = ForeignSlice { slice: Some(slice), backend: device.backend().clone(), ptr };
-        Ok(Tensor::from_storage(device, Storage::Cuda(owner), shape))
+        Ok(Tensor::from_storage(device, Storage::Cuda(owner), shape, crate::DType::F32))
     }
 }

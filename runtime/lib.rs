@@ -49,16 +49,20 @@ mod rng;
 mod shape;
 mod state_dict;
 mod tensor;
+mod tensor_half;
 
 pub use backend::is_capturing;
 pub use checkpoint::Checkpoint;
 pub use cx::Cx;
 pub use device::Device;
 pub use dtype::DType;
-pub use error::{CudaFailure, Error, Result, Slot, SlotKind};
+pub use error::{CudaFailure, DistError, Error, Result, Slot, SlotKind};
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{make_graphed, CaptureError, GraphOptions, GraphedModules};
 pub use graphed_macros::{capture_time_hook, graphed, Parameters};
+/// The `half` crate, whose [`half::bf16`] and [`half::f16`] are the host types of
+/// [`DType::BF16`] and [`DType::F16`].
+pub use half;
 pub use hooks::{HookHandle, HookRegistry};
 pub use kernel::{Arg, Kernel, KernelArg, LaunchConfig};
 pub use kernel_check::{check_kernel_against_host, CheckArg, KernelCheckReport, OutputCheck};

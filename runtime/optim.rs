@@ -22,6 +22,12 @@
 //! # Ok::<(), graphed::Error>(())
 //! ```
 
+mod mixed;
+mod mixed_sgd;
+
+pub use mixed::{LossScaler, LossScalerConfig, MixedAdamW};
+pub use mixed_sgd::MixedSgd;
+
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
 use crate::{Device, Error, Param, Parameters, Result, Tensor};

@@ -25,7 +25,8 @@ pub struct Param {
 impl Param {
     /// A parameter with a zero grad, allocated from the device's default pool (parameters
     /// outlive every graph, so they never live in a graph pool).
-    /// It needs a grad: `value.requires_grad()` is set.
+    /// It needs a grad: `value.requires_grad()` is set. The grad is f32 whatever the value's
+    /// dtype: bf16 and f16 weights accumulate their grads in f32.
     pub fn new(value: Tensor) -> Result<Param> {
         let dev = value.device().clone();
         let grad = dev.with_pool(&dev.default_pool(), || Tensor::zeros(&dev, value.dims()))?;

@@ -220,7 +220,9 @@ impl GraphPool {
             s.free.insert(offset + bytes, len - bytes);
         }
         let ptr = match &s.mem {
-            Ptr::Host(h) => Ptr::Host(HostPtr { slab: h.slab.clone(), offset: offset / 4, len: bytes / 4 }),
+            Ptr::Host(h) => {
+                Ptr::Host(HostPtr { slab: h.slab.clone(), offset, len: bytes / 4, dtype: crate::DType::F32 })
+            }
             Ptr::Cuda(base) => Ptr::Cuda(base + offset as u64),
         };
         st.stats.in_use += bytes;

@@ -93,8 +93,13 @@ impl Generator {
         saved.0.copy_(&self.state)
     }
 
-    /// Fills `out` with uniform numbers in [0, 1) and advances the offset by its length.
+    /// Fills `out` (f32) with uniform numbers in [0, 1) and advances the offset by its length.
+    /// Draw into an f32 tensor and [`crate::ops::cast`] it for bf16 or f16; another dtype is
+    /// [`Error::DType`].
     pub fn uniform_(&self, out: &Tensor) -> Result<()> {
+        if out.dtype() != crate::DType::F32 {
+            return Err(Error::DType { op: "Generator::uniform_", got: out.dtype(), expected: crate::DType::F32 });
+        }
         let n = out.numel();
         self.draw(out, BuiltinKernel::RngUniformF32, n)
     }

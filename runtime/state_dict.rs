@@ -8,7 +8,7 @@ use std::path::Path;
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-use crate::{Error, Param, Parameters, Result};
+use crate::{DType, Error, Param, Parameters, Result};
 
 /// The module's parameters by name; two with one name is [`Error::DuplicateParamName`].
 fn named_params<M: Parameters + ?Sized>(module: &M) -> Result<Vec<(String, Param)>> {
@@ -27,8 +27,8 @@ fn io_error(path: &Path, detail: impl std::fmt::Display) -> Error {
 }
 
 /// Writes every parameter's value to a safetensors file at `path`, named by its parameter path
-/// (`layers.0.w`), as float32. Reads the values back from the device, so it is illegal during
-/// a capture.
+/// (`layers.0.w`), in its own dtype (F32, BF16 or F16, bit for bit). Reads the values back from
+/// the device, so it is illegal during a capture.
 ///
 /// ```
 /// use graphed::{load_safetensors, save_safetensors, Device, Param, Parameters, Tensor};
@@ -49,20 +49,23 @@ pub fn save_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
     let params = named_params(module)?;
     let mut data = Vec::with_capacity(params.len());
     for (name, p) in &params {
-        let bytes: Vec<u8> = p.value.to_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect();
-        data.push((name.clone(), p.value.dims().to_vec(), bytes));
+        let bytes: Vec<u8> = match p.value.dtype() {
+            DType::F32 => p.value.to_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            _ => p.value.to_bits16()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        };
+        data.push((name.clone(), file_dtype(p.value.dtype()), p.value.dims().to_vec(), bytes));
     }
     let views = data
         .iter()
-        .map(|(name, dims, bytes)| {
-            TensorView::new(Dtype::F32, dims.clone(), bytes).map(|v| (name.clone(), v)).map_err(|e| io_error(path, e))
+        .map(|(name, dtype, dims, bytes)| {
+            TensorView::new(*dtype, dims.clone(), bytes).map(|v| (name.clone(), v)).map_err(|e| io_error(path, e))
         })
         .collect::<Result<Vec<_>>>()?;
     safetensors::serialize_to_file(views, None, path).map_err(|e| io_error(path, e))
 }
 
 /// Loads every parameter's value from a safetensors file written by [`save_safetensors`] (or
-/// any file with the same names, float32 and the same shapes).
+/// any file with the same names, the parameters' dtypes — F32, BF16 or F16 — and shapes).
 ///
 /// Everything is checked before anything is written: a parameter missing from the file
 /// ([`Error::CheckpointMissingTensor`]), a tensor the module has no parameter for
@@ -98,16 +101,20 @@ pub fn load_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
         let view = file
             .tensor(name)
             .map_err(|_| Error::CheckpointMissingTensor { path: file_name(), tensor: name.clone() })?;
-        if view.dtype() != Dtype::F32 || view.shape() != p.value.dims() {
+        let dtype = p.value.dtype();
+        if view.dtype() != file_dtype(dtype) || view.shape() != p.value.dims() {
             return Err(Error::CheckpointTensorMismatch {
                 path: file_name(),
                 tensor: name.clone(),
-                expected: format!("F32 {:?}", p.value.dims()),
+                expected: format!("{:?} {:?}", file_dtype(dtype), p.value.dims()),
                 got: format!("{:?} {:?}", view.dtype(), view.shape()),
             });
         }
-        let data: Vec<f32> =
-            view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        // 16-bit values are widened here and rounded back (exactly) by copy_from_slice.
+        let data: Vec<f32> = match dtype {
+            DType::F32 => view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            _ => view.data().chunks_exact(2).map(|b| dtype.widen_bits16(u16::from_le_bytes([b[0], b[1]]))).collect(),
+        };
         values.push((p, data));
     }
     let known: HashSet<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
@@ -120,4 +127,13 @@ pub fn load_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
         p.value.copy_from_slice(&data)?;
     }
     Ok(())
+}
+
+/// The safetensors dtype a parameter of `dtype` is stored as (its own: no conversion).
+fn file_dtype(dtype: DType) -> Dtype {
+    match dtype {
+        DType::F32 => Dtype::F32,
+        DType::BF16 => Dtype::BF16,
+        DType::F16 => Dtype::F16,
+    }
 }

@@ -86,17 +86,29 @@ impl std::fmt::Debug for Tensor {
 }
 
 impl Tensor {
-    /// An uninitialised tensor (its contents are whatever the pool block held; on the host
+    /// An uninitialised f32 tensor (its contents are whatever the pool block held; on the host
     /// backend fresh memory is NaN). Allocated from the device's current pool.
     pub fn empty(device: &Device, dims: &[usize]) -> Result<Tensor> {
-        let shape = Shape::new(dims)
-            .ok_or_else(|| Error::shape("Tensor::empty", format!("{dims:?} has more than 6 dimensions")))?;
-        let bytes = shape.numel() * DType::F32.size();
-        let block = device.current_pool().alloc(bytes)?;
-        Ok(Tensor::from_storage(device, Storage::Pool(block), shape))
+        Tensor::empty_as(device, dims, DType::F32)
     }
 
-    pub(crate) fn from_storage(device: &Device, block: Storage, shape: Shape) -> Tensor {
+    /// An uninitialised tensor of `dtype` (see [`Tensor::empty`]).
+    ///
+    /// ```
+    /// use graphed::{DType, Device, Tensor};
+    /// let t = Tensor::empty_as(&Device::host(), &[2, 3], DType::BF16)?;
+    /// assert_eq!((t.dtype(), t.numel()), (DType::BF16, 6));
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn empty_as(device: &Device, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        let shape = Shape::new(dims)
+            .ok_or_else(|| Error::shape("Tensor::empty", format!("{dims:?} has more than 6 dimensions")))?;
+        let bytes = shape.numel() * dtype.size();
+        let block = device.current_pool().alloc(bytes)?;
+        Ok(Tensor::from_storage(device, Storage::Pool(block), shape, dtype))
+    }
+
+    pub(crate) fn from_storage(device: &Device, block: Storage, shape: Shape, dtype: DType) -> Tensor {
         Tensor {
             buf: Arc::new(Buffer {
                 device: device.clone(),
@@ -105,7 +117,7 @@ impl Tensor {
                 owner: OnceLock::new(),
             }),
             shape,
-            dtype: DType::F32,
+            dtype,
             generation: 0,
             requires_grad: false,
         }
@@ -118,17 +130,12 @@ impl Tensor {
 
     /// A tensor filled with `value`.
     pub fn full(device: &Device, dims: &[usize], value: f32) -> Result<Tensor> {
-        let t = Tensor::empty(device, dims)?;
-        let n = u32::try_from(t.numel()).map_err(|_| {
-            Error::invalid("Tensor::full", format!("{} elements exceed the 2^32 kernels support", t.numel()))
-        })?;
-        device.backend().fill_f32(&t.ptr()?, n, value)?;
-        Ok(t)
+        Tensor::full_as(device, dims, value, DType::F32)
     }
 
-    /// A tensor with the shape of `like`, uninitialised.
+    /// A tensor with the shape and dtype of `like`, uninitialised.
     pub fn empty_like(like: &Tensor) -> Result<Tensor> {
-        Tensor::empty(like.device(), like.dims())
+        Tensor::empty_as(like.device(), like.dims(), like.dtype())
     }
 
     /// A tensor holding `data` (row-major). Illegal during capture (a pageable copy).
@@ -141,23 +148,25 @@ impl Tensor {
         Ok(t)
     }
 
-    /// Overwrites the contents from host memory. Illegal during capture.
+    /// Overwrites the contents from host memory; for a bf16 or f16 tensor each value is
+    /// rounded to nearest even, as a kernel would store it. Illegal during capture.
     pub fn copy_from_slice(&self, data: &[f32]) -> Result<()> {
         self.device().backend().forbid_during_capture("copy from host memory")?;
         if data.len() != self.numel() {
             return Err(Error::shape("copy_from_slice", format!("{} values into {:?}", data.len(), self.shape)));
         }
-        self.device().backend().write_f32(&self.ptr()?, data)
+        self.device().backend().write_values(&self.ptr()?, data, self.dtype)
     }
 
-    /// Copies the contents to a `Vec` (waits for the device). Illegal during capture.
+    /// Copies the contents to a `Vec` (waits for the device); bf16 and f16 values are widened
+    /// to f32, which is exact. Illegal during capture.
     pub fn to_vec(&self) -> Result<Vec<f32>> {
-        self.device().backend().read_f32(&self.ptr()?, self.numel())
+        self.device().backend().read_values(&self.ptr()?, self.numel(), self.dtype)
     }
 
     /// A copy in new memory (not a static buffer, so no later replay touches it).
     pub fn deep_clone(&self) -> Result<Tensor> {
-        let t = Tensor::empty(self.device(), self.dims())?;
+        let t = Tensor::empty_like(self)?;
         t.copy_(self)?;
         Ok(t.with_requires_grad(self.requires_grad))
     }
@@ -169,12 +178,12 @@ impl Tensor {
             return Err(Error::DeviceMismatch { op: OP, a: self.device().name(), b: src.device().name() });
         }
         if self.dtype() != src.dtype() {
-            return Err(Error::DType { op: OP, got: src.dtype(), expected: self.dtype() });
+            return Err(Error::DTypeMismatch { op: OP, a: self.dtype(), b: src.dtype() });
         }
         if self.dims() != src.dims() {
             return Err(Error::shape(OP, format!("{:?} and {:?} must match", self.dims(), src.dims())));
         }
-        self.device().backend().copy_f32(&self.ptr()?, &src.ptr()?, self.numel())
+        self.device().backend().copy(&self.ptr()?, &src.ptr()?, self.numel(), self.dtype)
     }
 
     /// The same memory seen with another shape of the same number of elements.
@@ -264,6 +273,7 @@ impl Tensor {
         match self.ptr()? {
             Ptr::Host(mut h) => {
                 h.len = self.numel();
+                h.dtype = self.dtype;
                 Ok(h)
             }
             Ptr::Cuda(_) => Err(Error::invalid("host_ptr", "a CUDA tensor on a host op")),

@@ -122,7 +122,7 @@ fn different_collectives_fail_on_every_rank() -> Result<()> {
     })?;
     for (rank, r) in results.iter().enumerate() {
         match r {
-            Err(Error::CollectiveMismatch { rank: got, detail }) => {
+            Err(Error::Dist(graphed::DistError::CollectiveMismatch { rank: got, detail })) => {
                 assert_eq!(*got, rank);
                 assert!(detail.contains("all_reduce(2") && detail.contains("all_reduce(3"), "{detail}");
             }
@@ -143,8 +143,16 @@ fn a_missing_peer_times_out_and_later_calls_see_the_abort() -> Result<()> {
         }
         comm.all_reduce(&t, ReduceOp::Sum)
     })?;
-    assert!(matches!(results[0], Err(Error::CommTimeout { rank: 0, op: "all_reduce", .. })), "{:?}", results[0]);
-    assert!(matches!(results[1], Err(Error::CommAborted { rank: 1, .. })), "{:?}", results[1]);
+    assert!(
+        matches!(results[0], Err(Error::Dist(graphed::DistError::CommTimeout { rank: 0, op: "all_reduce", .. }))),
+        "{:?}",
+        results[0]
+    );
+    assert!(
+        matches!(results[1], Err(Error::Dist(graphed::DistError::CommAborted { rank: 1, .. }))),
+        "{:?}",
+        results[1]
+    );
     assert!(started.elapsed() < Duration::from_secs(5));
     Ok(())
 }
@@ -156,9 +164,15 @@ fn two_sends_facing_each_other_time_out_instead_of_hanging() -> Result<()> {
         comm.send(&t, 1 - comm.rank())?;
         comm.recv(&t, 1 - comm.rank())
     })?;
-    let timeouts = results.iter().filter(|r| matches!(r, Err(Error::CommTimeout { op: "send", .. }))).count();
+    let timeouts = results
+        .iter()
+        .filter(|r| matches!(r, Err(Error::Dist(graphed::DistError::CommTimeout { op: "send", .. }))))
+        .count();
     assert!(timeouts >= 1, "{results:?}");
-    assert!(results.iter().all(|r| matches!(r, Err(Error::CommTimeout { .. } | Error::CommAborted { .. }))));
+    assert!(results.iter().all(|r| matches!(
+        r,
+        Err(Error::Dist(graphed::DistError::CommTimeout { .. }) | Error::Dist(graphed::DistError::CommAborted { .. }))
+    )));
     Ok(())
 }
 
@@ -175,7 +189,10 @@ fn a_dead_peer_is_an_error_on_the_others() -> Result<()> {
         comm.all_reduce(&t, ReduceOp::Sum)
     })?;
     for r in &results[..2] {
-        assert!(matches!(r, Err(Error::CommAborted { reason, .. }) if reason.contains("rank 2 panicked")), "{r:?}");
+        assert!(
+            matches!(r, Err(Error::Dist(graphed::DistError::CommAborted { reason, .. })) if reason.contains("rank 2 panicked")),
+            "{r:?}"
+        );
     }
     assert!(matches!(&results[2], Err(Error::Msg(m)) if m.contains("rank 2 dies")));
     Ok(())
@@ -191,7 +208,7 @@ fn different_parameter_layouts_are_refused_on_every_rank() -> Result<()> {
     })?;
     for (rank, r) in results.iter().enumerate() {
         match r {
-            Err(Error::ScheduleMismatch { rank: got, hashes, .. }) => {
+            Err(Error::Dist(graphed::DistError::ScheduleMismatch { rank: got, hashes, .. })) => {
                 assert_eq!((*got, hashes.len()), (rank, 2));
                 assert_ne!(hashes[0], hashes[1]);
             }

@@ -59,7 +59,10 @@ fn a_failing_rank_fails_the_launch() {
         r.expect("rank 0 succeeds");
         return;
     }
-    assert!(matches!(&r, Err(Error::RankFailed { rank: 1, status }) if status.contains('3')), "{r:?}");
+    assert!(
+        matches!(&r, Err(Error::Dist(graphed::DistError::RankFailed { rank: 1, status })) if status.contains('3')),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -75,7 +78,10 @@ fn a_hanging_rank_is_killed_at_the_deadline() {
     if std::env::var(dist::ENV_RANK).is_ok() {
         return;
     }
-    assert!(matches!(&r, Err(Error::RankFailed { status, .. }) if status.contains("deadline")), "{r:?}");
+    assert!(
+        matches!(&r, Err(Error::Dist(graphed::DistError::RankFailed { status, .. })) if status.contains("deadline")),
+        "{r:?}"
+    );
     assert!(started.elapsed() < Duration::from_secs(30));
 }
 
@@ -100,9 +106,9 @@ fn a_rendezvous_that_nobody_joins_times_out() {
     let quick = Duration::from_millis(200);
     let tcp = Rendezvous::Tcp(format!("127.0.0.1:{}", free_port()));
     // Rank 0 waits for a rank that never comes; a rank waits for a rank 0 that never serves.
-    assert!(matches!(tcp.share(0, 2, Some(b"id"), quick), Err(Error::Rendezvous { .. })));
-    assert!(matches!(tcp.share(1, 2, None, quick), Err(Error::Rendezvous { .. })));
+    assert!(matches!(tcp.share(0, 2, Some(b"id"), quick), Err(Error::Dist(graphed::DistError::Rendezvous { .. }))));
+    assert!(matches!(tcp.share(1, 2, None, quick), Err(Error::Dist(graphed::DistError::Rendezvous { .. }))));
     let file = Rendezvous::File(std::env::temp_dir().join(format!("graphed-missing-{}", std::process::id())));
-    assert!(matches!(file.share(1, 2, None, quick), Err(Error::Rendezvous { .. })));
+    assert!(matches!(file.share(1, 2, None, quick), Err(Error::Dist(graphed::DistError::Rendezvous { .. }))));
     assert!(matches!(file.share(0, 2, None, quick), Err(Error::InvalidArgument { .. })));
 }

@@ -42,7 +42,7 @@ fn ranks_with_different_orders_are_refused_on_every_rank() -> Result<()> {
         PipelineStage::new(block, comm, order, &[BATCH, WIDTH]).map(|_| ())
     })?;
     for r in &results {
-        assert!(matches!(r, Err(Error::ScheduleMismatch { .. })), "{r:?}");
+        assert!(matches!(r, Err(Error::Dist(graphed::DistError::ScheduleMismatch { .. }))), "{r:?}");
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use graphed::ops::{self, Gelu};
-use graphed::{graphed, Cx, Device, Param, Result, Tensor};
+use graphed::{graphed, Cx, DType, Device, Param, Result, Tensor};
 
 #[path = "data.rs"]
 pub mod data;
@@ -20,10 +20,15 @@ pub struct Block {
 impl Block {
     /// PyTorch's default init range, U(-1/sqrt(in), 1/sqrt(in)), from a seed.
     pub fn new(dev: &Device, din: usize, dout: usize, seed: u64) -> Result<Block> {
+        Block::new_as(dev, din, dout, seed, DType::F32)
+    }
+
+    /// The same initial values rounded to `dtype` (grads stay f32).
+    pub fn new_as(dev: &Device, din: usize, dout: usize, seed: u64, dtype: DType) -> Result<Block> {
         let k = 1.0 / (din as f32).sqrt();
         Ok(Block {
-            w: Param::new(random(dev, &[dout, din], seed, k)?)?,
-            b: Param::new(random(dev, &[dout], seed ^ 0xB1A5, k)?)?,
+            w: Param::new(random(dev, &[dout, din], seed, k)?.to_dtype(dtype)?)?,
+            b: Param::new(random(dev, &[dout], seed ^ 0xB1A5, k)?.to_dtype(dtype)?)?,
         })
     }
 
@@ -59,7 +64,13 @@ pub struct Stack {
 impl Stack {
     /// `layers` blocks of width `width`, seeded from `seed`.
     pub fn new(dev: &Device, layers: usize, width: usize, seed: u64) -> Result<Stack> {
-        let blocks = (0..layers).map(|i| Block::new(dev, width, width, seed + i as u64)).collect::<Result<_>>()?;
+        Stack::new_as(dev, layers, width, seed, DType::F32)
+    }
+
+    /// The same stack with its weights in `dtype`.
+    pub fn new_as(dev: &Device, layers: usize, width: usize, seed: u64, dtype: DType) -> Result<Stack> {
+        let blocks =
+            (0..layers).map(|i| Block::new_as(dev, width, width, seed + i as u64, dtype)).collect::<Result<_>>()?;
         Ok(Stack { blocks })
     }
 

@@ -13,10 +13,15 @@ use super::{DropErrors, StreamGate};
 use crate::{Error, Result};
 
 /// The CUDA C sources compiled once per context. BuiltinKernel names are `extern "C"`.
-pub(crate) const KERNEL_SOURCES: &[&str] = &[include_str!("kernels/core.cu"), include_str!("kernels/ops.cu")];
+pub(crate) const KERNEL_SOURCES: &[&str] = &[
+    include_str!("kernels/core.cu"),
+    include_str!("kernels/ops.cu"),
+    include_str!("kernels/half.cu"),
+    include_str!("kernels/mixed.cu"),
+];
 
 /// Bytes of the explicit cuBLAS workspace; with it set, GEMMs never allocate, so they capture.
-const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+pub(crate) const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Grid and block of one launch.
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +36,12 @@ impl LaunchDims {
     pub(crate) fn elementwise(n: usize) -> LaunchDims {
         let blocks = n.div_ceil(256).clamp(1, 65535 * 8) as u32;
         LaunchDims { grid: (blocks, 1, 1), block: (256, 1, 1), shared: 0 }
+    }
+
+    /// One thread per 16 bytes of `n` elements of `dtype` (the vectorised elementwise kernels,
+    /// whose grid-stride loops also cover the tail).
+    pub(crate) fn vectorized(n: usize, dtype: crate::DType) -> LaunchDims {
+        LaunchDims::elementwise(n.div_ceil(16 / dtype.size()))
     }
 
     /// One block per row, `threads` threads cooperating on it.
@@ -75,7 +86,7 @@ fn probe_libraries() -> Result<()> {
 }
 
 /// A cuBLAS handle. Calls on one handle must not run concurrently, so it lives in a `Mutex`.
-struct CublasHandle(cublas_sys::cublasHandle_t);
+pub(crate) struct CublasHandle(pub(crate) cublas_sys::cublasHandle_t);
 
 // SAFETY: a cuBLAS handle may be used from any thread (each call binds the context first);
 // only concurrent calls on one handle are forbidden, and the `Mutex` around it prevents them.
@@ -90,7 +101,9 @@ pub(crate) struct CudaBackend {
     /// The loaded kernels, in `BuiltinKernel::ALL` order.
     functions: Vec<CudaFunction>,
     cublas: std::sync::Mutex<CublasHandle>,
-    cublas_workspace: sys::CUdeviceptr,
+    pub(crate) cublas_workspace: sys::CUdeviceptr,
+    /// cublasLt (fused epilogues), when the library loads.
+    pub(crate) lt: Option<std::sync::Mutex<super::cublaslt::Lt>>,
     name: String,
     pub(crate) gate: Arc<StreamGate>,
     pub(crate) drop_errors: Arc<DropErrors>,
@@ -160,6 +173,7 @@ impl CudaBackend {
             functions,
             cublas: std::sync::Mutex::new(CublasHandle(cublas)),
             cublas_workspace,
+            lt: super::cublaslt::Lt::open().map(std::sync::Mutex::new),
             name,
             gate,
             drop_errors,
@@ -168,6 +182,11 @@ impl CudaBackend {
 
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The cuBLAS handle, locked for one call.
+    pub(crate) fn cublas_handle(&self) -> std::sync::MutexGuard<'_, CublasHandle> {
+        self.cublas.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn ordinal(&self) -> usize {
@@ -292,11 +311,11 @@ impl CudaBackend {
         unsafe { result::free_sync(ptr) }.map_err(driver_err("cuMemFree"))
     }
 
-    /// Stream-ordered host-to-device copy.
-    pub(crate) fn copy_to_device(&self, dst: u64, src: &[f32]) -> Result<()> {
+    /// Host-to-device copy of plain values (`f32`, `u16` bit patterns); waits for the stream.
+    pub(crate) fn copy_to_device<T: Copy>(&self, dst: u64, src: &[T]) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
-        // SAFETY: `dst` holds `src.len()` floats (checked by the caller); the synchronous copy
+        // SAFETY: `dst` holds `src.len()` values (checked by the caller); the synchronous copy
         // does not outlive `src`.
         unsafe {
             result::memcpy_htod_async(dst, src, self.stream.cu_stream()).map_err(driver_err("cuMemcpyHtoDAsync"))?;
@@ -304,11 +323,11 @@ impl CudaBackend {
         self.synchronize()
     }
 
-    /// Device-to-host copy; waits for the stream.
-    pub(crate) fn copy_to_host(&self, dst: &mut [f32], src: u64) -> Result<()> {
+    /// Device-to-host copy of plain values; waits for the stream.
+    pub(crate) fn copy_to_host<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
-        // SAFETY: `src` holds `dst.len()` floats (checked by the caller); we synchronize before
+        // SAFETY: `src` holds `dst.len()` values (checked by the caller); we synchronize before
         // `dst` can be read.
         unsafe {
             result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()).map_err(driver_err("cuMemcpyDtoHAsync"))?;

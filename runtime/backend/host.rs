@@ -8,52 +8,106 @@
 use std::sync::{Arc, Mutex};
 
 use super::StreamGate;
-use crate::{Error, Result};
+use crate::{DType, Error, Result};
 
-/// One host allocation that pool blocks are carved from.
+/// One host allocation that pool blocks are carved from: 32-bit words, addressed by byte
+/// offset like device memory, so f32 tensors and 16-bit (bf16, f16) tensors share one pool.
 #[derive(Debug)]
 pub(crate) struct HostSlab {
-    data: Mutex<Vec<f32>>,
+    data: Mutex<Vec<u32>>,
 }
+
+/// The poison of fresh memory: a NaN as f32, and each 16-bit half a NaN as bf16 and as f16,
+/// so a read of memory nothing wrote shows up in results whatever the dtype.
+const POISON: u32 = 0x7fc0_7fc0;
 
 impl HostSlab {
     pub(crate) fn new(bytes: usize) -> Arc<HostSlab> {
-        // NaN-poisoned so that a read of memory nothing wrote shows up in results.
-        Arc::new(HostSlab { data: Mutex::new(vec![f32::NAN; bytes.div_ceil(4)]) })
+        Arc::new(HostSlab { data: Mutex::new(vec![POISON; bytes.div_ceil(4)]) })
     }
 }
 
-/// The host counterpart of a device pointer: a slab and an element offset into it.
+/// The host counterpart of a device pointer: a slab, a byte offset into it, an element count
+/// and the element type the elements are read and written as.
 #[derive(Clone, Debug)]
 pub(crate) struct HostPtr {
     pub(crate) slab: Arc<HostSlab>,
+    /// Bytes from the start of the slab (a multiple of 4: blocks are 256-byte aligned).
     pub(crate) offset: usize,
     pub(crate) len: usize,
+    pub(crate) dtype: DType,
 }
 
 impl HostPtr {
-    /// Copies the elements out.
+    /// Copies the elements out, widened to f32 (exact for every dtype).
     pub(crate) fn read(&self) -> Vec<f32> {
         let data = self.slab.data.lock().unwrap_or_else(|e| e.into_inner());
-        data[self.offset..self.offset + self.len].to_vec()
+        match self.dtype {
+            DType::F32 => {
+                let w = self.offset / 4;
+                data[w..w + self.len].iter().map(|b| f32::from_bits(*b)).collect()
+            }
+            dt => (0..self.len).map(|i| dt.widen_bits16(half_at(&data, self.offset / 2 + i))).collect(),
+        }
     }
 
-    /// Overwrites the elements; `values` must have `len` elements.
+    /// Overwrites the elements, each rounded to the dtype (to nearest even, as the kernels
+    /// store); at most `len` values are written.
     pub(crate) fn write(&self, values: &[f32]) {
         let mut data = self.slab.data.lock().unwrap_or_else(|e| e.into_inner());
         let n = values.len().min(self.len);
-        data[self.offset..self.offset + n].copy_from_slice(&values[..n]);
+        match self.dtype {
+            DType::F32 => {
+                let w = self.offset / 4;
+                for (d, v) in data[w..w + n].iter_mut().zip(values) {
+                    *d = v.to_bits();
+                }
+            }
+            dt => {
+                for (i, v) in values[..n].iter().enumerate() {
+                    set_half(&mut data, self.offset / 2 + i, dt.round_bits16(*v));
+                }
+            }
+        }
     }
 
-    /// Element `i` as raw bits (the RNG state is stored as u32 words).
+    /// The raw 16-bit patterns of a bf16 or f16 range.
+    pub(crate) fn read_bits16(&self) -> Vec<u16> {
+        let data = self.slab.data.lock().unwrap_or_else(|e| e.into_inner());
+        (0..self.len).map(|i| half_at(&data, self.offset / 2 + i)).collect()
+    }
+
+    /// Overwrites a bf16 or f16 range with raw 16-bit patterns.
+    pub(crate) fn write_bits16(&self, bits: &[u16]) {
+        let mut data = self.slab.data.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, b) in bits.iter().take(self.len).enumerate() {
+            set_half(&mut data, self.offset / 2 + i, *b);
+        }
+    }
+
+    /// The elements as raw 32-bit words (the RNG state is stored as u32 words).
     pub(crate) fn read_u32(&self) -> Vec<u32> {
-        self.read().into_iter().map(f32::to_bits).collect()
+        let data = self.slab.data.lock().unwrap_or_else(|e| e.into_inner());
+        let w = self.offset / 4;
+        data[w..w + self.len].to_vec()
     }
 
     pub(crate) fn write_u32(&self, words: &[u32]) {
-        let v: Vec<f32> = words.iter().map(|w| f32::from_bits(*w)).collect();
-        self.write(&v);
+        let mut data = self.slab.data.lock().unwrap_or_else(|e| e.into_inner());
+        let (w, n) = (self.offset / 4, words.len().min(self.len));
+        data[w..w + n].copy_from_slice(&words[..n]);
     }
+}
+
+/// The 16-bit half `h` of the slab (little-endian: the low half of a word comes first).
+fn half_at(data: &[u32], h: usize) -> u16 {
+    (data[h / 2] >> (16 * (h % 2))) as u16
+}
+
+fn set_half(data: &mut [u32], h: usize, bits: u16) {
+    let shift = 16 * (h % 2);
+    let w = &mut data[h / 2];
+    *w = (*w & !(0xffff << shift)) | ((bits as u32) << shift);
 }
 
 /// A recorded host op: its kernel name and the work.

@@ -95,6 +95,79 @@ kernels! {
     SgdStepF32 = "sgd_step_f32" (Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
     AdamwPrepareF32 = "adamw_prepare_f32" (Ptr, F32, F32);
     AdamwStepF32 = "adamw_step_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
+    // Precision (#12): kernels/half.cu and kernels/mixed.cu.
+    AmpBegin = "amp_begin" (Ptr);
+    AmpScaleF32 = "amp_scale_f32" (Ptr, Ptr, U32);
+    AmpScaleBf16 = "amp_scale_bf16" (Ptr, Ptr, U32);
+    AmpScaleF16 = "amp_scale_f16" (Ptr, Ptr, U32);
+    AmpUnscaleCheck = "amp_unscale_check" (Ptr, Ptr, U32);
+    AmpUpdate = "amp_update" (Ptr, F32, F32, U32);
+    AdamwPrepareMixed = "adamw_prepare_mixed" (Ptr, Ptr, F32, F32);
+    AdamwMixedBf16 = "adamw_mixed_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
+    AdamwMixedF16 = "adamw_mixed_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
+    SgdMixedBf16 = "sgd_mixed_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
+    SgdMixedF16 = "sgd_mixed_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
+    FillU16 = "fill_u16" (Ptr, U32, U32);
+    CastF32Bf16 = "cast_f32_bf16" (Ptr, Ptr, U32);
+    CastF32F16 = "cast_f32_f16" (Ptr, Ptr, U32);
+    CastBf16F32 = "cast_bf16_f32" (Ptr, Ptr, U32);
+    CastF16F32 = "cast_f16_f32" (Ptr, Ptr, U32);
+    CastBf16F16 = "cast_bf16_f16" (Ptr, Ptr, U32);
+    CastF16Bf16 = "cast_f16_bf16" (Ptr, Ptr, U32);
+    AxpyBf16 = "axpy_bf16" (Ptr, Ptr, F32, U32);
+    AxpyF16 = "axpy_f16" (Ptr, Ptr, F32, U32);
+    ScaleBf16 = "scale_bf16" (Ptr, F32, U32);
+    ScaleF16 = "scale_f16" (Ptr, F32, U32);
+    AddBf16 = "add_bf16" (Ptr, Ptr, Ptr, U32);
+    AddF16 = "add_f16" (Ptr, Ptr, Ptr, U32);
+    MulBf16 = "mul_bf16" (Ptr, Ptr, Ptr, U32);
+    MulF16 = "mul_f16" (Ptr, Ptr, Ptr, U32);
+    ScaleOutBf16 = "scale_out_bf16" (Ptr, Ptr, F32, U32);
+    ScaleOutF16 = "scale_out_f16" (Ptr, Ptr, F32, U32);
+    BiasAddBf16 = "bias_add_bf16" (Ptr, Ptr, Ptr, U32, U32);
+    BiasAddF16 = "bias_add_f16" (Ptr, Ptr, Ptr, U32, U32);
+    ReluBf16 = "relu_bf16" (Ptr, Ptr, U32);
+    ReluF16 = "relu_f16" (Ptr, Ptr, U32);
+    ReluBwdBf16 = "relu_bwd_bf16" (Ptr, Ptr, Ptr, U32);
+    ReluBwdF16 = "relu_bwd_f16" (Ptr, Ptr, Ptr, U32);
+    GeluBf16 = "gelu_bf16" (Ptr, Ptr, U32, U32);
+    GeluF16 = "gelu_f16" (Ptr, Ptr, U32, U32);
+    GeluBwdBf16 = "gelu_bwd_bf16" (Ptr, Ptr, Ptr, U32, U32);
+    GeluBwdF16 = "gelu_bwd_f16" (Ptr, Ptr, Ptr, U32, U32);
+    DropoutBf16 = "dropout_bf16" (Ptr, Ptr, Ptr, Ptr, F32, F32, U32);
+    DropoutF16 = "dropout_f16" (Ptr, Ptr, Ptr, Ptr, F32, F32, U32);
+    MseBwdBf16 = "mse_bwd_bf16" (Ptr, Ptr, Ptr, F32, U32);
+    MseBwdF16 = "mse_bwd_f16" (Ptr, Ptr, Ptr, F32, U32);
+    SumPartialBf16 = "sum_partial_bf16" (Ptr, Ptr, U32);
+    SumPartialF16 = "sum_partial_f16" (Ptr, Ptr, U32);
+    SqdiffPartialBf16 = "sqdiff_partial_bf16" (Ptr, Ptr, Ptr, U32);
+    SqdiffPartialF16 = "sqdiff_partial_f16" (Ptr, Ptr, Ptr, U32);
+    ColSumAccBf16 = "col_sum_acc_bf16" (Ptr, Ptr, U32, U32);
+    ColSumAccF16 = "col_sum_acc_f16" (Ptr, Ptr, U32, U32);
+    LayerNormBf16 = "layer_norm_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    LayerNormF16 = "layer_norm_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    LayerNormBwdBf16 = "layer_norm_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    LayerNormBwdF16 = "layer_norm_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    LayerNormBwdParamsBf16 = "layer_norm_bwd_params_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    LayerNormBwdParamsF16 = "layer_norm_bwd_params_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SoftmaxXentBf16 = "softmax_xent_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SoftmaxXentF16 = "softmax_xent_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SoftmaxXentBwdBf16 = "softmax_xent_bwd_bf16" (Ptr, Ptr, Ptr, F32, U32, U32);
+    SoftmaxXentBwdF16 = "softmax_xent_bwd_f16" (Ptr, Ptr, Ptr, F32, U32, U32);
+}
+
+/// The f32 kernel of an op and its bf16 and f16 variants: picks one by dtype.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Typed(pub(crate) BuiltinKernel, pub(crate) BuiltinKernel, pub(crate) BuiltinKernel);
+
+impl Typed {
+    pub(crate) fn get(self, dtype: crate::DType) -> BuiltinKernel {
+        match dtype {
+            crate::DType::F32 => self.0,
+            crate::DType::BF16 => self.1,
+            crate::DType::F16 => self.2,
+        }
+    }
 }
 
 impl From<BuiltinKernel> for &'static str {

@@ -5,25 +5,29 @@
 //! one capture-state type, [`StreamGate`], which every stream primitive passes.
 
 mod capture;
+mod cublaslt;
 pub(crate) mod cuda;
+mod cuda_gemm;
 mod cuda_graph;
 mod cuda_user;
 pub(crate) mod host;
 mod kernels;
 mod nodes;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::{Error, Result};
+use crate::{DType, Error, Result};
 pub use nodes::{CaptureMode, GraphNode, NodeKind};
 
 pub use capture::is_capturing;
 pub(crate) use capture::StreamGate;
+pub(crate) use cublaslt::{LtEpilogue, LtLinear};
 pub(crate) use cuda::{CudaBackend, LaunchDims};
+pub(crate) use cuda_gemm::{GemmEx, Operand};
 pub(crate) use cuda_graph::RawGraph;
 pub(crate) use host::{HostBackend, HostPtr, HostSlab};
-pub(crate) use kernels::{BuiltinKernel, KArg};
+pub(crate) use kernels::{BuiltinKernel, KArg, Typed};
 
 /// Which machine runs the ops.
 #[derive(Debug)]
@@ -57,6 +61,8 @@ pub(crate) struct Backend {
     pub(crate) drop_errors: Arc<DropErrors>,
     /// Bytes of all slabs of all pools on this device.
     reserved: AtomicUsize,
+    /// Whether f32 GEMMs may run on TF32 tensor cores (off unless the user opts in).
+    pub(crate) tf32: AtomicBool,
 }
 
 /// The backend an op runs on: ops match on this once, running (or recording) the CPU
@@ -82,6 +88,7 @@ impl Backend {
             gate,
             drop_errors: Arc::new(DropErrors::default()),
             reserved: AtomicUsize::new(0),
+            tf32: AtomicBool::new(false),
         }
     }
 
@@ -90,7 +97,13 @@ impl Backend {
         let gate = Arc::new(StreamGate::default());
         let drop_errors = Arc::new(DropErrors::default());
         let cuda = CudaBackend::new(ordinal, gate.clone(), drop_errors.clone())?;
-        Ok(Backend { kind: BackendKind::Cuda(Box::new(cuda)), gate, drop_errors, reserved: AtomicUsize::new(0) })
+        Ok(Backend {
+            kind: BackendKind::Cuda(Box::new(cuda)),
+            gate,
+            drop_errors,
+            reserved: AtomicUsize::new(0),
+            tf32: AtomicBool::new(false),
+        })
     }
 
     /// A human-readable name: `cuda:0 (NVIDIA H200)` or `host`.
@@ -133,69 +146,80 @@ impl Backend {
         }
     }
 
-    /// Sets `n` floats at `ptr` to `value`, on the stream (recorded while capturing). The
-    /// primitive under `Tensor::full` and `ops::fill_`.
-    pub(crate) fn fill_f32(&self, ptr: &Ptr, n: u32, value: f32) -> Result<()> {
+    /// Sets `n` values of `dtype` at `ptr` to `value` (rounded to nearest even for 16-bit
+    /// dtypes), on the stream (recorded while capturing). Under `Tensor::full` and `ops::fill_`.
+    pub(crate) fn fill(&self, ptr: &Ptr, n: u32, value: f32, dtype: DType) -> Result<()> {
         match (ptr, &self.kind) {
             (Ptr::Host(h), BackendKind::Host(host)) => {
-                let h = HostPtr { len: n as usize, ..h.clone() };
+                let h = HostPtr { len: n as usize, dtype, ..h.clone() };
                 host.run(BuiltinKernel::FillF32, move || {
                     h.write(&vec![value; h.len]);
                     Ok(())
                 })
             }
-            (Ptr::Cuda(p), BackendKind::Cuda(c)) => c.launch(
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) if dtype == DType::F32 => c.launch(
                 BuiltinKernel::FillF32,
-                LaunchDims::elementwise(n as usize),
+                LaunchDims::vectorized(n as usize, dtype),
                 &[KArg::Ptr(*p), KArg::F32(value), KArg::U32(n)],
+            ),
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) => c.launch(
+                BuiltinKernel::FillU16,
+                LaunchDims::vectorized(n as usize, dtype),
+                &[KArg::Ptr(*p), KArg::U32(dtype.round_bits16(value) as u32), KArg::U32(n)],
             ),
             _ => Err(Error::invalid("fill_", "a pointer of another backend")),
         }
     }
 
-    /// Copies `n` floats from `src` to `dst` on the stream (a memcpy node while capturing).
-    /// The primitive under `Tensor::copy_` and `ops::copy_`.
-    pub(crate) fn copy_f32(&self, dst: &Ptr, src: &Ptr, n: usize) -> Result<()> {
+    /// Copies `n` values of `dtype` from `src` to `dst` on the stream (a memcpy node while
+    /// capturing). Under `Tensor::copy_` and `ops::copy_`.
+    pub(crate) fn copy(&self, dst: &Ptr, src: &Ptr, n: usize, dtype: DType) -> Result<()> {
         match (dst, src, &self.kind) {
             (Ptr::Host(d), Ptr::Host(s), BackendKind::Host(host)) => {
-                let (d, s) = (HostPtr { len: n, ..d.clone() }, HostPtr { len: n, ..s.clone() });
+                let d = HostPtr { len: n, dtype, ..d.clone() };
+                let s = HostPtr { len: n, dtype, ..s.clone() };
                 host.run("copy_f32", move || {
                     d.write(&s.read());
                     Ok(())
                 })
             }
-            (Ptr::Cuda(d), Ptr::Cuda(s), BackendKind::Cuda(c)) => c.copy_device(*d, *s, n * 4),
+            (Ptr::Cuda(d), Ptr::Cuda(s), BackendKind::Cuda(c)) => c.copy_device(*d, *s, n * dtype.size()),
             _ => Err(Error::invalid("copy_", "pointers of another backend")),
         }
     }
 
-    /// Copies `data` into the memory at `ptr` (which holds `data.len()` floats) and waits.
-    pub(crate) fn write_f32(&self, ptr: &Ptr, data: &[f32]) -> Result<()> {
+    /// Writes `data` as `dtype` values (rounded for 16-bit dtypes) to `ptr` and waits.
+    pub(crate) fn write_values(&self, ptr: &Ptr, data: &[f32], dtype: DType) -> Result<()> {
         self.forbid_during_capture("copy from host memory")?;
         match (ptr, &self.kind) {
-            (Ptr::Cuda(p), BackendKind::Cuda(c)) => c.copy_to_device(*p, data),
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) if dtype == DType::F32 => c.copy_to_device(*p, data),
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) => {
+                let bits: Vec<u16> = data.iter().map(|v| dtype.round_bits16(*v)).collect();
+                c.copy_to_device(*p, &bits)
+            }
             (Ptr::Host(h), BackendKind::Host(_)) => {
-                h.write(data);
+                HostPtr { len: data.len(), dtype, ..h.clone() }.write(data);
                 Ok(())
             }
             _ => Err(Error::invalid("copy from host memory", "a pointer of another backend")),
         }
     }
 
-    /// Reads `len` floats at `ptr` back to the host (waits for the stream).
-    pub(crate) fn read_f32(&self, ptr: &Ptr, len: usize) -> Result<Vec<f32>> {
+    /// Reads `len` values of `dtype` at `ptr`, widened to f32 (exact), and waits.
+    pub(crate) fn read_values(&self, ptr: &Ptr, len: usize, dtype: DType) -> Result<Vec<f32>> {
         self.forbid_during_capture("copy to host memory")?;
         match (ptr, &self.kind) {
-            (Ptr::Cuda(p), BackendKind::Cuda(c)) => {
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) if dtype == DType::F32 => {
                 let mut out = vec![0.0; len];
                 c.copy_to_host(&mut out, *p)?;
                 Ok(out)
             }
-            (Ptr::Host(h), BackendKind::Host(_)) => {
-                let mut v = h.read();
-                v.truncate(len);
-                Ok(v)
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) => {
+                let mut bits = vec![0u16; len];
+                c.copy_to_host(&mut bits, *p)?;
+                Ok(bits.into_iter().map(|b| dtype.widen_bits16(b)).collect())
             }
+            (Ptr::Host(h), BackendKind::Host(_)) => Ok(HostPtr { len, dtype, ..h.clone() }.read()),
             _ => Err(Error::invalid("copy to host memory", "a pointer of another backend")),
         }
     }
@@ -240,7 +264,7 @@ impl Backend {
         let ptr = match &self.kind {
             BackendKind::Host(h) => {
                 let _entered = h.gate.enter()?;
-                Ptr::Host(HostPtr { slab: HostSlab::new(bytes), offset: 0, len: bytes / 4 })
+                Ptr::Host(HostPtr { slab: HostSlab::new(bytes), offset: 0, len: bytes / 4, dtype: crate::DType::F32 })
             }
             BackendKind::Cuda(c) => Ptr::Cuda(c.malloc(bytes)?),
         };

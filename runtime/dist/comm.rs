@@ -42,7 +42,7 @@ pub(crate) struct Inner {
 /// Every call is issued on the rank's device stream: outside a capture it runs (host) or is
 /// queued (GPU) now; inside one it is captured and runs on every replay. Every wait has a
 /// deadline; a rank that times out or fails aborts the group, so every rank gets a typed error
-/// ([`Error::CommTimeout`], [`Error::CommAborted`], [`Error::CollectiveMismatch`]), never a hang.
+/// ([`DistError::CommTimeout`](crate::DistError::CommTimeout), [`DistError::CommAborted`](crate::DistError::CommAborted), [`DistError::CollectiveMismatch`](crate::DistError::CollectiveMismatch)), never a hang.
 ///
 /// ```
 /// use graphed::dist::{self, ReduceOp};
@@ -360,7 +360,7 @@ impl Communicator {
                     if data.len() != n {
                         let detail = format!("rank {peer} sent {} elements, rank {rank} receives {n}", data.len());
                         g.abort(format!("send/recv size mismatch: {detail}"));
-                        return Err(Error::CollectiveMismatch { rank, detail });
+                        return Err(Error::Dist(crate::DistError::CollectiveMismatch { rank, detail }));
                     }
                     p.write(&data);
                     Ok(())
@@ -396,7 +396,7 @@ impl Communicator {
     }
 
     /// Checks that every rank passes the same `hash` for `what` (a schedule, a parameter
-    /// layout); when they differ, every rank gets [`Error::ScheduleMismatch`]. Illegal while
+    /// layout); when they differ, every rank gets [`DistError::ScheduleMismatch`](crate::DistError::ScheduleMismatch). Illegal while
     /// capturing (it reads the result back).
     pub fn check_same(&self, what: &str, hash: u64) -> Result<()> {
         self.0.device.backend().forbid_during_capture("check_same")?;
@@ -415,7 +415,11 @@ impl Communicator {
         let hashes: Vec<u64> =
             v.chunks(4).map(|w| w.iter().fold(0u64, |acc, x| (acc << 16) | (*x as u64 & 0xffff))).collect();
         if hashes.iter().any(|h| *h != hashes[0]) {
-            return Err(Error::ScheduleMismatch { rank: self.0.rank, what: what.to_string(), hashes });
+            return Err(Error::Dist(crate::DistError::ScheduleMismatch {
+                rank: self.0.rank,
+                what: what.to_string(),
+                hashes,
+            }));
         }
         Ok(())
     }
@@ -424,7 +428,7 @@ impl Communicator {
 impl Communicator {
     /// Checks that every rank is about to capture with the same [`GraphOptions`] (warm-up
     /// count, `order`, mode, chaining) over `chunks` chunks, so that their collectives line up;
-    /// when they differ, every rank gets [`Error::ScheduleMismatch`] before anything is
+    /// when they differ, every rank gets [`DistError::ScheduleMismatch`](crate::DistError::ScheduleMismatch) before anything is
     /// captured. Call it before `make_graphed`.
     ///
     /// ```
@@ -434,7 +438,7 @@ impl Communicator {
     ///     let opts = GraphOptions::new().warmup(2 + comm.rank());
     ///     comm.check_graph_options(&opts, 1)
     /// });
-    /// assert!(matches!(r, Err(Error::ScheduleMismatch { .. })));
+    /// assert!(matches!(r, Err(Error::Dist(graphed::DistError::ScheduleMismatch { .. }))));
     /// ```
     pub fn check_graph_options(&self, options: &GraphOptions, chunks: usize) -> Result<()> {
         let mut h = DefaultHasher::new();

@@ -83,14 +83,14 @@ impl HostGroup {
                 return Ok(st);
             }
             if let Some(reason) = &st.aborted {
-                return Err(Error::CommAborted { rank, reason: reason.clone() });
+                return Err(Error::Dist(crate::DistError::CommAborted { rank, reason: reason.clone() }));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 st.aborted = Some(format!("rank {rank} timed out in `{op}` after {timeout:?}"));
                 drop(st);
                 self.changed.notify_all();
-                return Err(Error::CommTimeout { rank, op, waited: timeout });
+                return Err(Error::Dist(crate::DistError::CommTimeout { rank, op, waited: timeout }));
             }
             st = self.changed.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
         }
@@ -108,7 +108,7 @@ impl HostGroup {
     ) -> Result<Arc<Vec<Vec<f32>>>> {
         let mut st = self.lock();
         if let Some(reason) = &st.aborted {
-            return Err(Error::CommAborted { rank, reason: reason.clone() });
+            return Err(Error::Dist(crate::DistError::CommAborted { rank, reason: reason.clone() }));
         }
         let my_round = st.round;
         st.slots[rank] = Some(Deposit { what, data });
@@ -121,7 +121,7 @@ impl HostGroup {
                 st.aborted = Some(format!("collective mismatch: {detail}"));
                 drop(st);
                 self.changed.notify_all();
-                return Err(Error::CollectiveMismatch { rank, detail });
+                return Err(Error::Dist(crate::DistError::CollectiveMismatch { rank, detail }));
             }
             st.result = Arc::new(deposits.into_iter().map(|d| d.data).collect());
             st.round += 1;
@@ -131,8 +131,13 @@ impl HostGroup {
             return Ok(result);
         }
         let st = self.wait(st, rank, op, timeout, |s| s.round > my_round).map_err(|e| match e {
-            Error::CommAborted { rank, reason } if reason.starts_with("collective mismatch: ") => {
-                Error::CollectiveMismatch { rank, detail: reason["collective mismatch: ".len()..].to_string() }
+            Error::Dist(crate::DistError::CommAborted { rank, reason })
+                if reason.starts_with("collective mismatch: ") =>
+            {
+                Error::Dist(crate::DistError::CollectiveMismatch {
+                    rank,
+                    detail: reason["collective mismatch: ".len()..].to_string(),
+                })
             }
             other => other,
         })?;
@@ -145,7 +150,7 @@ impl HostGroup {
     pub(crate) fn send(&self, rank: usize, dst: usize, data: Vec<f32>, timeout: Duration) -> Result<()> {
         let mut st = self.lock();
         if let Some(reason) = &st.aborted {
-            return Err(Error::CommAborted { rank, reason: reason.clone() });
+            return Err(Error::Dist(crate::DistError::CommAborted { rank, reason: reason.clone() }));
         }
         st.mail.entry((rank, dst)).or_default().push_back(data);
         let seq = {

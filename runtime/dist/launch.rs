@@ -54,7 +54,7 @@ impl Rendezvous {
             Rendezvous::File(p) => p.display().to_string(),
             Rendezvous::Tcp(a) => a.clone(),
         };
-        Error::Rendezvous { address, detail: detail.to_string() }
+        Error::Dist(crate::DistError::Rendezvous { address, detail: detail.to_string() })
     }
 
     /// Shares `payload` from rank 0 with every rank of `world`: rank 0 passes `Some`, the
@@ -143,10 +143,10 @@ pub struct RankEnv {
 
 /// A malformed or missing rank variable.
 fn env_err(var: &'static str, detail: impl std::fmt::Display) -> Error {
-    Error::Rendezvous {
+    Error::Dist(crate::DistError::Rendezvous {
         address: format!("environment variable {var}"),
         detail: format!("{detail}; start the program through dist::launch or set {ENV_RANK}, {ENV_WORLD_SIZE}, {ENV_LOCAL_RANK} and {ENV_RENDEZVOUS}"),
-    }
+    })
 }
 
 fn var(name: &'static str) -> Result<Option<String>> {
@@ -204,7 +204,7 @@ impl Default for LaunchOptions {
 /// parent it starts `world_size` copies of the current binary with `GRAPHED_RANK`,
 /// `GRAPHED_WORLD_SIZE`, `GRAPHED_LOCAL_RANK`, `GRAPHED_RENDEZVOUS` and `NCCL_NVLS_ENABLE=0`
 /// set, and waits for all of them: the first rank to fail, or the deadline, kills the others
-/// and gives [`Error::RankFailed`].
+/// and gives [`DistError::RankFailed`](crate::DistError::RankFailed).
 ///
 /// ```no_run
 /// use graphed::dist::{self, LaunchOptions, ReduceOp};
@@ -255,7 +255,10 @@ fn spawn_ranks(world_size: usize, options: &LaunchOptions) -> Result<()> {
             Ok(c) => children.push(c),
             Err(e) => {
                 kill_all(&mut children);
-                return Err(Error::RankFailed { rank, status: format!("could not start: {e}") });
+                return Err(Error::Dist(crate::DistError::RankFailed {
+                    rank,
+                    status: format!("could not start: {e}"),
+                }));
             }
         }
     }
@@ -299,7 +302,7 @@ fn wait_all(children: &mut [Child], deadline: Duration) -> Result<()> {
         }
         if let Some((rank, status)) = failed {
             kill_all(children);
-            return Err(Error::RankFailed { rank, status });
+            return Err(Error::Dist(crate::DistError::RankFailed { rank, status }));
         }
         std::thread::sleep(Duration::from_millis(10));
     }

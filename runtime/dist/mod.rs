@@ -73,7 +73,7 @@ pub fn gpu_count() -> usize {
 }
 
 /// The version of the NCCL library that loads here (e.g. 22805 for 2.28.5), or
-/// [`Error::NcclUnavailable`]; never panics.
+/// [`DistError::NcclUnavailable`](crate::DistError::NcclUnavailable); never panics.
 ///
 /// ```
 /// match graphed::dist::nccl_version() {
@@ -153,7 +153,7 @@ pub fn run_emulated<T: Send>(
 /// Runs `rank_main` on `world_size` emulated ranks and returns their results in rank order.
 ///
 /// A rank that returns an error or panics aborts the group, so its peers get
-/// [`Error::CommAborted`] instead of waiting; the error returned is the first failing rank's
+/// [`DistError::CommAborted`](crate::DistError::CommAborted) instead of waiting; the error returned is the first failing rank's
 /// own (the cause). [`run_emulated_each`] gives every rank's result.
 ///
 /// ```
@@ -169,7 +169,7 @@ pub fn run_emulated<T: Send>(
 ///     let t = Tensor::zeros(comm.device(), &[2])?;
 ///     comm.all_reduce(&t, dist::ReduceOp::Sum)
 /// });
-/// assert!(matches!(r, Err(Error::CommTimeout { rank: 0, .. })));
+/// assert!(matches!(r, Err(Error::Dist(graphed::DistError::CommTimeout { rank: 0, .. }))));
 /// ```
 pub fn run_emulated_with<T: Send>(
     world_size: usize,
@@ -192,7 +192,7 @@ pub fn run_emulated_with<T: Send>(
 ///     }
 ///     comm.barrier()
 /// })?;
-/// assert!(matches!(results[0], Err(Error::CommAborted { rank: 0, .. })));
+/// assert!(matches!(results[0], Err(Error::Dist(graphed::DistError::CommAborted { rank: 0, .. }))));
 /// assert!(matches!(results[1], Err(Error::Msg(_))));
 /// # Ok::<(), graphed::Error>(())
 /// ```
@@ -240,7 +240,7 @@ fn first_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
     if errors.is_empty() {
         return Ok(oks);
     }
-    let is_echo = |e: &Error| matches!(e.root(), Error::CommAborted { .. });
+    let is_echo = |e: &Error| matches!(e.root(), Error::Dist(crate::DistError::CommAborted { .. }));
     let pos = errors.iter().position(|e| !is_echo(e)).unwrap_or(0);
     Err(errors.swap_remove(pos))
 }

@@ -24,18 +24,18 @@ pub(crate) const UNIQUE_ID_BYTES: usize = 128;
 pub(crate) fn probe() -> Result<i32> {
     // SAFETY: only tries to dlopen the library by name.
     if !unsafe { sys::is_culib_present() } {
-        return Err(Error::NcclUnavailable {
+        return Err(Error::Dist(crate::DistError::NcclUnavailable {
             reason: "cannot load libnccl.so (cudarc loads NCCL by that name; where only libnccl.so.2 is \
                      installed, put a libnccl.so symlink to it in a directory on LD_LIBRARY_PATH, as \
                      scripts/gpu-multi.sh does)"
                 .into(),
-        });
+        }));
     }
     let mut version = 0;
     // SAFETY: the library is present; ncclGetVersion writes one int.
     let r = unsafe { sys::ncclGetVersion(&mut version) };
     if r != sys::ncclResult_t::ncclSuccess {
-        return Err(Error::NcclUnavailable { reason: format!("ncclGetVersion failed: {r:?}") });
+        return Err(Error::Dist(crate::DistError::NcclUnavailable { reason: format!("ncclGetVersion failed: {r:?}") }));
     }
     Ok(version)
 }
@@ -52,8 +52,9 @@ pub(crate) fn gpu_count() -> usize {
 /// A fresh unique id (rank 0 makes it and shares it through the rendezvous).
 pub(crate) fn unique_id() -> Result<Vec<u8>> {
     probe()?;
-    let id = cudarc::nccl::result::get_uniqueid()
-        .map_err(|e| Error::NcclUnavailable { reason: format!("ncclGetUniqueId failed: {:?}", e.0) })?;
+    let id = cudarc::nccl::result::get_uniqueid().map_err(|e| {
+        Error::Dist(crate::DistError::NcclUnavailable { reason: format!("ncclGetUniqueId failed: {:?}", e.0) })
+    })?;
     Ok(id.internal.iter().map(|c| *c as u8).collect())
 }
 
@@ -212,10 +213,10 @@ impl NcclComm {
     }
 
     fn aborted_error(&self) -> Error {
-        Error::CommAborted {
+        Error::Dist(crate::DistError::CommAborted {
             rank: self.rank,
             reason: "the NCCL communicator was aborted (a peer failed or timed out)".into(),
-        }
+        })
     }
 
     /// Waits until the last call settles (`ncclInProgress` turns into a result), aborting the
@@ -235,12 +236,16 @@ impl NcclComm {
             }
             if Instant::now() >= deadline {
                 self.abort();
-                return Err(Error::CommTimeout { rank: self.rank, op: call, waited: self.timeout });
+                return Err(Error::Dist(crate::DistError::CommTimeout {
+                    rank: self.rank,
+                    op: call,
+                    waited: self.timeout,
+                }));
             }
             std::thread::sleep(Duration::from_micros(50));
         }
         self.abort();
-        Err(Error::Nccl { rank: self.rank, call, message: describe(r) })
+        Err(Error::Dist(crate::DistError::Nccl { rank: self.rank, call, message: describe(r) }))
     }
 
     /// Aborts the communicator (idempotent): pending and later NCCL work fails on every rank.
@@ -308,7 +313,11 @@ impl NcclComm {
             self.settle("ncclCommGetAsyncError", sys::ncclResult_t::ncclSuccess)?;
             if Instant::now() >= deadline {
                 self.abort();
-                return Err(Error::CommTimeout { rank: self.rank, op: "wait for the stream", waited: self.timeout });
+                return Err(Error::Dist(crate::DistError::CommTimeout {
+                    rank: self.rank,
+                    op: "wait for the stream",
+                    waited: self.timeout,
+                }));
             }
             std::thread::sleep(Duration::from_micros(50));
         }

@@ -10,6 +10,9 @@ pub enum CudaFailure {
     /// cuBLAS.
     #[error(transparent)]
     Cublas(#[from] cudarc::cublas::result::CublasError),
+    /// cublasLt.
+    #[error(transparent)]
+    CublasLt(#[from] cudarc::cublaslt::result::CublasError),
     /// NVRTC compiling a program.
     #[error(transparent)]
     Nvrtc(#[from] cudarc::nvrtc::CompileError),

@@ -470,7 +470,7 @@ impl GraphedModules {
                 let chained = self.config.options.chained && i == 0 && c + 1 < self.surfaces.len();
                 statics.push(match o {
                     Some(o) if !chained => {
-                        let g = Tensor::zeros(&self.device, o.dims())?;
+                        let g = Tensor::zeros_as(&self.device, o.dims(), o.dtype())?;
                         g.set_owner(format!("{label} grad output {i}"));
                         Some(g)
                     }
@@ -480,7 +480,9 @@ impl GraphedModules {
             self.surfaces[c][m].grad_outputs = statics;
         }
         // The static buffers hold zeros during warm-up (nothing has written them yet).
-        outs.iter().map(|o| o.as_ref().map(|o| Tensor::zeros(&self.device, o.dims())).transpose()).collect()
+        outs.iter()
+            .map(|o| o.as_ref().map(|o| Tensor::zeros_as(&self.device, o.dims(), o.dtype())).transpose())
+            .collect()
     }
 
     /// The static grad outputs of (chunk, microbatch) for its backward capture: the buffers
@@ -507,7 +509,7 @@ impl GraphedModules {
                     Some(g) if g.dims() == o.dims() => Some(g),
                     _ => {
                         // The captured output's shape differs from the warm-up's: allocate now.
-                        let g = Tensor::zeros(&self.device, o.dims())?;
+                        let g = Tensor::zeros_as(&self.device, o.dims(), o.dtype())?;
                         g.set_owner(format!("{} grad output {i}", s.label));
                         Some(g)
                     }

@@ -1,7 +1,7 @@
 //! ReLU and GELU with their backwards.
 
-use crate::backend::{BuiltinKernel, KArg, LaunchDims};
-use crate::ops::{check_same, check_shape, cpu, exec, n32, Exec};
+use crate::backend::{KArg, LaunchDims, Typed};
+use crate::ops::{check_like, check_shape, cpu, exec, k, n32, Exec};
 use crate::{Result, Tensor};
 
 /// Which GELU: the exact one, `x·Φ(x)` with the normal CDF through `erf`, or the `tanh`
@@ -28,15 +28,17 @@ impl Gelu {
     }
 }
 
-/// Runs an elementwise unary kernel `kernel(y, x, n, extra..)` or its CPU reference.
+/// Runs an elementwise unary kernel `kernel(y, x, n, extra..)` or its CPU reference, in the
+/// dtype of `x` (16-bit results rounded to nearest even on both backends).
 fn unary(
     op: &'static str,
-    kernel: BuiltinKernel,
+    kernel: Typed,
     x: &Tensor,
     extra: &[KArg],
     f: impl Fn(&[f32]) -> Vec<f32> + Send + Sync + 'static,
 ) -> Result<Tensor> {
-    check_same(op, &[x])?;
+    let dtype = check_like(op, &[x])?;
+    let kernel = kernel.get(dtype);
     let n = n32(op, x.numel())?;
     let y = Tensor::empty_like(x)?;
     match exec(x.device()) {
@@ -50,22 +52,24 @@ fn unary(
         Exec::Cuda(c) => {
             let mut args = vec![KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::U32(n)];
             args.extend_from_slice(extra);
-            c.launch(kernel, LaunchDims::elementwise(n as usize), &args)?;
+            c.launch(kernel, LaunchDims::vectorized(n as usize, dtype), &args)?;
         }
     }
     Ok(y)
 }
 
-/// Runs an elementwise backward kernel `kernel(dx, dy, x, n, extra..)` or its CPU reference.
+/// Runs an elementwise binary kernel `kernel(y, a, b, n, extra..)` or its CPU reference, in
+/// the dtype of `a` and `b`.
 pub(crate) fn binary(
     op: &'static str,
-    kernel: BuiltinKernel,
+    kernel: Typed,
     a: &Tensor,
     b: &Tensor,
     extra: &[KArg],
     f: impl Fn(&[f32], &[f32]) -> Vec<f32> + Send + Sync + 'static,
 ) -> Result<Tensor> {
-    check_same(op, &[a, b])?;
+    let dtype = check_like(op, &[a, b])?;
+    let kernel = kernel.get(dtype);
     check_shape(op, a, b)?;
     let n = n32(op, a.numel())?;
     let y = Tensor::empty_like(a)?;
@@ -81,7 +85,7 @@ pub(crate) fn binary(
             let mut args =
                 vec![KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(a.cuda_ptr()?), KArg::Ptr(b.cuda_ptr()?), KArg::U32(n)];
             args.extend_from_slice(extra);
-            c.launch(kernel, LaunchDims::elementwise(n as usize), &args)?;
+            c.launch(kernel, LaunchDims::vectorized(n as usize, dtype), &args)?;
         }
     }
     Ok(y)
@@ -97,7 +101,7 @@ pub(crate) fn binary(
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn relu(x: &Tensor) -> Result<Tensor> {
-    unary("relu", BuiltinKernel::ReluF32, x, &[], cpu::relu)
+    unary("relu", k::RELU, x, &[], cpu::relu)
 }
 
 /// The backward of [`relu`]: `dy` where `x > 0`, else 0 (the grad at 0 is 0, as PyTorch).
@@ -111,7 +115,7 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn relu_backward(dy: &Tensor, x: &Tensor) -> Result<Tensor> {
-    binary("relu_backward", BuiltinKernel::ReluBwdF32, dy, x, &[], cpu::relu_backward)
+    binary("relu_backward", k::RELU_BWD, dy, x, &[], cpu::relu_backward)
 }
 
 /// GELU, elementwise: exact ([`Gelu::Erf`], the default) or the tanh approximation.
@@ -127,7 +131,7 @@ pub fn relu_backward(dy: &Tensor, x: &Tensor) -> Result<Tensor> {
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn gelu(x: &Tensor, approx: Gelu) -> Result<Tensor> {
-    unary("gelu", BuiltinKernel::GeluF32, x, &[KArg::U32(approx.flag())], move |v| cpu::gelu(v, approx))
+    unary("gelu", k::GELU, x, &[KArg::U32(approx.flag())], move |v| cpu::gelu(v, approx))
 }
 
 /// The backward of [`gelu`]: `dy · gelu'(x)` for the same `approx`.
@@ -141,7 +145,7 @@ pub fn gelu(x: &Tensor, approx: Gelu) -> Result<Tensor> {
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn gelu_backward(dy: &Tensor, x: &Tensor, approx: Gelu) -> Result<Tensor> {
-    binary("gelu_backward", BuiltinKernel::GeluBwdF32, dy, x, &[KArg::U32(approx.flag())], move |d, v| {
+    binary("gelu_backward", k::GELU_BWD, dy, x, &[KArg::U32(approx.flag())], move |d, v| {
         cpu::gelu_backward(d, v, approx)
     })
 }

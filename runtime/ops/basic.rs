@@ -1,7 +1,8 @@
-//! Fill, copy, axpy and scale: the ops the runtime itself needs.
+//! Fill, copy, axpy and scale: the ops the runtime itself needs. All take f32, bf16 or f16
+//! tensors (one dtype per call); 16-bit results are rounded to nearest even.
 
-use crate::backend::{BuiltinKernel, KArg, LaunchDims};
-use crate::ops::{check_same, check_shape, exec, n32, Exec};
+use crate::backend::{KArg, LaunchDims};
+use crate::ops::{check_like, check_shape, exec, k, n32, Exec};
 use crate::{Result, Tensor};
 
 /// Sets every element of `y` to `value`, in place.
@@ -15,9 +16,9 @@ use crate::{Result, Tensor};
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn fill_(y: &Tensor, value: f32) -> Result<()> {
-    check_same("fill_", &[y])?;
+    let dtype = check_like("fill_", &[y])?;
     let n = n32("fill_", y.numel())?;
-    y.device().backend().fill_f32(&y.ptr()?, n, value)
+    y.device().backend().fill(&y.ptr()?, n, value, dtype)
 }
 
 /// Copies `src` into `dst` (same shape), in place. Captured as a copy node on a GPU.
@@ -27,13 +28,14 @@ pub fn copy_(dst: &Tensor, src: &Tensor) -> Result<()> {
 
 /// `y += a * x`, in place.
 pub fn axpy_(y: &Tensor, a: f32, x: &Tensor) -> Result<()> {
-    check_same("axpy_", &[y, x])?;
+    let dtype = check_like("axpy_", &[y, x])?;
+    let kernel = k::AXPY.get(dtype);
     check_shape("axpy_", y, x)?;
     let n = n32("axpy_", y.numel())?;
     match exec(y.device()) {
         Exec::Host(h) => {
             let (yp, xp) = (y.host_ptr()?, x.host_ptr()?);
-            h.run(BuiltinKernel::AxpyF32, move || {
+            h.run(kernel, move || {
                 let (xs, mut ys) = (xp.read(), yp.read());
                 for (yv, xv) in ys.iter_mut().zip(&xs) {
                     *yv = a.mul_add(*xv, *yv);
@@ -43,8 +45,8 @@ pub fn axpy_(y: &Tensor, a: f32, x: &Tensor) -> Result<()> {
             })
         }
         Exec::Cuda(c) => c.launch(
-            BuiltinKernel::AxpyF32,
-            LaunchDims::elementwise(n as usize),
+            kernel,
+            LaunchDims::vectorized(n as usize, dtype),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
         ),
     }
@@ -52,20 +54,21 @@ pub fn axpy_(y: &Tensor, a: f32, x: &Tensor) -> Result<()> {
 
 /// `y *= a`, in place.
 pub fn scale_(y: &Tensor, a: f32) -> Result<()> {
-    check_same("scale_", &[y])?;
+    let dtype = check_like("scale_", &[y])?;
+    let kernel = k::SCALE.get(dtype);
     let n = n32("scale_", y.numel())?;
     match exec(y.device()) {
         Exec::Host(h) => {
             let yp = y.host_ptr()?;
-            h.run(BuiltinKernel::ScaleF32, move || {
+            h.run(kernel, move || {
                 let v: Vec<f32> = yp.read().into_iter().map(|v| v * a).collect();
                 yp.write(&v);
                 Ok(())
             })
         }
         Exec::Cuda(c) => c.launch(
-            BuiltinKernel::ScaleF32,
-            LaunchDims::elementwise(n as usize),
+            kernel,
+            LaunchDims::vectorized(n as usize, dtype),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
         ),
     }

@@ -394,3 +394,21 @@ pub(crate) fn adamw_update(
         p[i] = p[i] * decay - step_size * (mi / denom);
     }
 }
+
+/// The loss scaler's update on its state `[scale, found_inf, good_steps, skipped_steps]`:
+/// after an overflow the scale backs off and the step counts as skipped, otherwise the scale
+/// grows once every `interval` good steps (what the `amp_update` kernel does).
+pub fn loss_scale_update(state: &[f32], growth: f32, backoff: f32, interval: u32) -> Vec<f32> {
+    let mut s = state.to_vec();
+    if s[1] != 0.0 {
+        s[0] *= backoff;
+        s[2] = 0.0;
+        s[3] += 1.0;
+    } else if s[2] + 1.0 >= interval as f32 {
+        s[0] *= growth;
+        s[2] = 0.0;
+    } else {
+        s[2] += 1.0;
+    }
+    s
+}

@@ -1,13 +1,14 @@
 //! Dropout with a graph-safe mask from the Philox generator.
 
-use crate::backend::{BuiltinKernel, KArg, LaunchDims};
+use crate::backend::{KArg, LaunchDims};
 use crate::ops::activation::binary;
-use crate::ops::{check_same, cpu, exec, n32, Exec};
+use crate::ops::{check_like, cpu, exec, k, n32, Exec};
 use crate::{Error, Generator, Result, Tensor};
 
 /// Dropout: in training, zeroes each element with probability `p` and scales the rest by
-/// `1 / (1 - p)`; returns `(y, Some(mask))` with the mask as f32 values `0` or `1 / (1 - p)`,
-/// so `y = x · mask`. Out of training it returns `(copy of x, None)` and draws nothing.
+/// `1 / (1 - p)`; returns `(y, Some(mask))` with the mask in `x`'s dtype, values `0` or
+/// `1 / (1 - p)`, so `y = x · mask` (in bf16 and f16, `y` is computed from the unrounded scale
+/// and the stored mask is rounded). Out of training it returns `(copy of x, None)` and draws nothing.
 ///
 /// The mask comes from `gen`: the kernel reads the generator's seed and offset through a
 /// pointer and the offset is advanced on the device by `x.numel()` afterwards, so a captured
@@ -36,7 +37,8 @@ use crate::{Error, Generator, Result, Tensor};
 /// ```
 pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(Tensor, Option<Tensor>)> {
     const OP: &str = "dropout";
-    check_same(OP, &[x])?;
+    let dtype = check_like(OP, &[x])?;
+    let kernel = k::DROPOUT.get(dtype);
     if !(0.0..1.0).contains(&p) {
         return Err(Error::invalid(OP, format!("p = {p} must be in [0, 1)")));
     }
@@ -52,7 +54,7 @@ pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(T
     match exec(x.device()) {
         Exec::Host(h) => {
             let (xp, yp, mp, st) = (x.host_ptr()?, y.host_ptr()?, mask.host_ptr()?, gen.state().host_ptr()?);
-            h.run(BuiltinKernel::DropoutF32, move || {
+            h.run(kernel, move || {
                 let (seed, offset) = crate::rng::decode_state(&st.read_u32());
                 let m = cpu::dropout_mask(seed, offset, n as usize, p);
                 yp.write(&cpu::mul(&xp.read(), &m));
@@ -61,8 +63,8 @@ pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(T
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            BuiltinKernel::DropoutF32,
-            LaunchDims::elementwise(n as usize),
+            kernel,
+            LaunchDims::vectorized(n as usize, dtype),
             &[
                 KArg::Ptr(y.cuda_ptr()?),
                 KArg::Ptr(mask.cuda_ptr()?),
@@ -89,5 +91,5 @@ pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(T
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn dropout_backward(dy: &Tensor, mask: &Tensor) -> Result<Tensor> {
-    binary("dropout_backward", BuiltinKernel::MulF32, dy, mask, &[], cpu::mul)
+    binary("dropout_backward", k::MUL, dy, mask, &[], cpu::mul)
 }

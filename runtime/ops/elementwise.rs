@@ -1,9 +1,8 @@
 //! Out-of-place arithmetic and deterministic full reductions.
 
-use crate::backend::LaunchDims;
-use crate::backend::{BuiltinKernel, KArg};
+use crate::backend::{KArg, LaunchDims};
 use crate::ops::activation::binary;
-use crate::ops::{check_same, cpu, cuda_reduce, exec, n32, Exec};
+use crate::ops::{check_like, cpu, cuda_reduce, exec, k, n32, Exec};
 use crate::{Result, Tensor};
 
 /// `a + b`, elementwise (same shapes; no broadcasting).
@@ -17,7 +16,7 @@ use crate::{Result, Tensor};
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary("add", BuiltinKernel::AddF32, a, b, &[], cpu::add)
+    binary("add", k::ADD, a, b, &[], cpu::add)
 }
 
 /// `a * b`, elementwise (same shapes; no broadcasting).
@@ -31,7 +30,7 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary("mul", BuiltinKernel::MulF32, a, b, &[], cpu::mul)
+    binary("mul", k::MUL, a, b, &[], cpu::mul)
 }
 
 /// `x * a` into a new tensor (see [`crate::ops::scale_`] for the in-place version).
@@ -44,20 +43,21 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn scale(x: &Tensor, a: f32) -> Result<Tensor> {
-    check_same("scale", &[x])?;
+    let dtype = check_like("scale", &[x])?;
+    let kernel = k::SCALE_OUT.get(dtype);
     let n = n32("scale", x.numel())?;
     let y = Tensor::empty_like(x)?;
     match exec(x.device()) {
         Exec::Host(h) => {
             let (xp, yp) = (x.host_ptr()?, y.host_ptr()?);
-            h.run(BuiltinKernel::ScaleOutF32, move || {
+            h.run(kernel, move || {
                 yp.write(&cpu::scale(&xp.read(), a));
                 Ok(())
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            BuiltinKernel::ScaleOutF32,
-            LaunchDims::elementwise(n as usize),
+            kernel,
+            LaunchDims::vectorized(n as usize, dtype),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
         )?,
     }
@@ -65,7 +65,7 @@ pub fn scale(x: &Tensor, a: f32) -> Result<Tensor> {
 }
 
 fn reduce(op: &'static str, x: &Tensor, mean: bool) -> Result<Tensor> {
-    check_same(op, &[x])?;
+    let partial = k::SUM_PARTIAL.get(check_like(op, &[x])?);
     let n = n32(op, x.numel())?;
     let y = Tensor::empty(x.device(), &[1])?;
     match exec(x.device()) {
@@ -79,21 +79,13 @@ fn reduce(op: &'static str, x: &Tensor, mean: bool) -> Result<Tensor> {
         }
         Exec::Cuda(c) => {
             let scale = if mean { 1.0 / n as f32 } else { 1.0 };
-            cuda_reduce(
-                c,
-                x.device(),
-                BuiltinKernel::SumPartialF32,
-                &[KArg::Ptr(x.cuda_ptr()?)],
-                n,
-                y.cuda_ptr()?,
-                scale,
-            )?;
+            cuda_reduce(c, x.device(), partial, &[KArg::Ptr(x.cuda_ptr()?)], n, y.cuda_ptr()?, scale)?;
         }
     }
     Ok(y)
 }
 
-/// The sum of all elements, as a `[1]` tensor. Deterministic: on CUDA a two-pass tree whose
+/// The sum of all elements, as a `[1]` f32 tensor (bf16 and f16 inputs are summed in f32). Deterministic: on CUDA a two-pass tree whose
 /// order depends only on the size (no atomics), so replays are bitwise equal to eager runs.
 ///
 /// ```
@@ -107,7 +99,7 @@ pub fn sum(x: &Tensor) -> Result<Tensor> {
     reduce("sum", x, false)
 }
 
-/// The mean of all elements, as a `[1]` tensor (deterministic like [`sum`]; NaN when empty).
+/// The mean of all elements, as a `[1]` f32 tensor (deterministic like [`sum`]; NaN when empty).
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};

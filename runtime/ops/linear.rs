@@ -1,8 +1,15 @@
 //! Linear layers through cuBLAS, and the bias add and bias grad around them.
 
-use crate::backend::{BuiltinKernel, KArg, LaunchDims};
-use crate::ops::{as_rows, check_rank1, check_same, check_shape, check_vector, col_dims, cpu, exec, n32, Exec};
-use crate::{Error, Result, Tensor};
+use crate::backend::{GemmEx, KArg, LaunchDims, Operand};
+use crate::ops::{
+    as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, Exec,
+};
+use crate::{DType, Error, Result, Tensor};
+
+/// A GEMM operand of tensor `t` with leading dimension `ld`.
+fn operand(t: &Tensor, ld: usize) -> Result<Operand> {
+    Ok(Operand { ptr: t.cuda_ptr()?, dtype: t.dtype(), ld })
+}
 
 /// cuBLAS takes `int` sizes.
 fn gemm_dim(op: &'static str, v: usize) -> Result<()> {
@@ -13,7 +20,7 @@ fn gemm_dim(op: &'static str, v: usize) -> Result<()> {
 }
 
 /// The output dims: `x`'s with the last dimension replaced by `out`.
-fn out_dims(x: &Tensor, out: usize) -> Vec<usize> {
+pub(crate) fn out_dims(x: &Tensor, out: usize) -> Vec<usize> {
     let mut d = x.dims().to_vec();
     if let Some(last) = d.last_mut() {
         *last = out;
@@ -22,7 +29,7 @@ fn out_dims(x: &Tensor, out: usize) -> Vec<usize> {
 }
 
 /// Checks `w` is `[out, in]` and fits `x`'s last dimension; returns `(rows, in, out)`.
-fn check_linear(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
+pub(crate) fn check_linear(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
     check_rank1(op, "x", x)?;
     if w.dims().len() != 2 {
         return Err(Error::shape(op, format!("w must be [out, in], got {:?}", w.dims())));
@@ -48,8 +55,11 @@ fn check_linear(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usiz
 ///
 /// `x` is `[N, in]` (or any `[..., in]`: leading dimensions are flattened into rows), `w` is
 /// `[out, in]` — PyTorch's `nn.Linear` weight layout, one row per output feature — and `b` is
-/// `[out]`. Returns `[N, out]` (`[..., out]`). On CUDA this is one cuBLAS SGEMM (plain f32, no
-/// TF32) followed, with a bias, by a fused bias kernel over the output.
+/// `[out]`, all of one dtype. Returns `[N, out]` (`[..., out]`) in that dtype. On CUDA this is
+/// one cuBLAS GEMM followed, with a bias, by a bias kernel over the output: f32 is a plain f32
+/// SGEMM (TF32 only after [`crate::Device::set_tf32`]); bf16 and f16 run on tensor cores with
+/// f32 accumulation (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`), rounded once to the dtype, and the
+/// bias add rounds again (the host reference rounds at the same two places).
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -63,35 +73,85 @@ fn check_linear(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usiz
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    const OP: &str = "linear";
-    check_same(OP, &[x, w])?;
-    let (rows, input, out) = check_linear(OP, x, w)?;
-    if let Some(b) = b {
-        check_same(OP, &[x, b])?;
-        check_vector(OP, "b", b, out)?;
+    linear_impl("linear", x, w, b, x.dtype())
+}
+
+/// [`linear`] with the output in `out_dtype`: f32 logits from bf16 or f16 inputs (the GEMM
+/// writes its f32 accumulator without rounding it), or the input dtype. `b`, when given, has
+/// the output's dtype. Other combinations are [`Error::DTypeMismatch`].
+///
+/// ```
+/// # use graphed::{ops, DType, Device, Tensor};
+/// let dev = Device::host();
+/// let x = Tensor::from_slice_as(&dev, &[1.0, 1.0 / 256.0], &[1, 2], DType::BF16)?;
+/// let w = Tensor::from_slice_as(&dev, &[1.0, 1.0], &[1, 2], DType::BF16)?;
+/// assert_eq!(ops::linear(&x, &w, None)?.to_vec()?, vec![1.0]); // rounded to bf16
+/// assert_eq!(ops::linear_to(&x, &w, None, DType::F32)?.to_vec()?, vec![1.0 + 1.0 / 256.0]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn linear_to(x: &Tensor, w: &Tensor, b: Option<&Tensor>, out_dtype: DType) -> Result<Tensor> {
+    linear_impl("linear_to", x, w, b, out_dtype)
+}
+
+fn linear_impl(op: &'static str, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out_dtype: DType) -> Result<Tensor> {
+    let in_dtype = check_like(op, &[x, w])?;
+    if out_dtype != in_dtype && out_dtype != DType::F32 {
+        return Err(Error::DTypeMismatch { op, a: in_dtype, b: out_dtype });
     }
-    let n = n32(OP, rows * out)?;
-    let y = Tensor::empty(x.device(), &out_dims(x, out))?;
+    let (rows, input, out) = check_linear(op, x, w)?;
+    if let Some(b) = b {
+        if b.dtype() != out_dtype {
+            return Err(Error::DTypeMismatch { op, a: out_dtype, b: b.dtype() });
+        }
+        b.check_fresh()?;
+        if b.device() != x.device() {
+            return Err(Error::DeviceMismatch { op, a: x.device().name(), b: b.device().name() });
+        }
+        check_vector(op, "b", b, out)?;
+    }
+    let dtype = out_dtype;
+    let n = n32(op, rows * out)?;
+    let y = Tensor::empty_as(x.device(), &out_dims(x, out), dtype)?;
     match exec(x.device()) {
         Exec::Host(h) => {
             let (xp, wp, yp) = (x.host_ptr()?, w.host_ptr()?, y.host_ptr()?);
             let bp = b.map(|b| b.host_ptr()).transpose()?;
-            h.run("linear_f32", move || {
-                let bv = bp.as_ref().map(|b| b.read());
-                yp.write(&cpu::linear(&xp.read(), &wp.read(), bv.as_deref(), rows, input, out));
+            h.run("linear", move || {
+                let mut v = cpu::linear(&xp.read(), &wp.read(), None, rows, input, out);
+                if let Some(bv) = bp.as_ref().map(|b| b.read()) {
+                    // The GEMM's output is stored (rounded) before the bias kernel reads it.
+                    v = cpu::bias_add(&v.into_iter().map(|e| dtype.round(e)).collect::<Vec<_>>(), &bv, out);
+                }
+                yp.write(&v);
                 Ok(())
             })?;
         }
         Exec::Cuda(c) => {
             // Row-major y = x wᵀ is column-major yᵀ[out, N] = w[out, in] · xᵀ[in, N], where w and
             // x as column-major are wᵀ (ld in) and xᵀ (ld in).
-            let yp = y.cuda_ptr()?;
-            c.sgemm(true, false, out, rows, input, 1.0, w.cuda_ptr()?, input, x.cuda_ptr()?, input, 0.0, yp, out)?;
-            if let Some(b) = b {
+            let (a, bm, cm) = (operand(w, input)?, operand(x, input)?, operand(&y, out)?);
+            let bias = b.map(|b| b.cuda_ptr()).transpose()?;
+            let tf32 = x.device().tf32();
+            c.gemm_ex(&GemmEx {
+                op,
+                trans_a: true,
+                trans_b: false,
+                m: out,
+                n: rows,
+                k: input,
+                alpha: 1.0,
+                a,
+                b: bm,
+                beta: 0.0,
+                c: cm,
+                tf32,
+            })?;
+            if let Some(bias) = bias {
+                let yp = cm.ptr;
                 c.launch(
-                    BuiltinKernel::BiasAddF32,
-                    LaunchDims::elementwise(n as usize),
-                    &[KArg::Ptr(yp), KArg::Ptr(yp), KArg::Ptr(b.cuda_ptr()?), KArg::U32(n), KArg::U32(out as u32)],
+                    k::BIAS_ADD.get(dtype),
+                    LaunchDims::vectorized(n as usize, dtype),
+                    &[KArg::Ptr(yp), KArg::Ptr(yp), KArg::Ptr(bias), KArg::U32(n), KArg::U32(out as u32)],
                 )?;
             }
         }
@@ -103,8 +163,10 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
 /// several passes add up, as in autograd), and returns `dx = dy · w` when `need_dx`.
 ///
 /// `dy` is `[N, out]` (`[..., out]` matching `x`), `dw` has `w`'s shape `[out, in]`, `db` is
-/// `[out]`. On CUDA: two SGEMMs (`beta = 1` for `dw`) and a deterministic column-sum kernel for
-/// `db` (no atomics, so replays are bitwise equal to eager runs).
+/// `[out]`. `dy`, `x` and `w` share one dtype; `dw` and `db` are always f32 (weight grads
+/// accumulate in f32, as [`crate::Param`] grads are); `dx` is in the input dtype. On CUDA: two
+/// GEMMs (`beta = 1` for `dw`, f32 accumulation) and a deterministic column-sum kernel for `db`
+/// (no atomics, so replays are bitwise equal to eager runs).
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -128,7 +190,8 @@ pub fn linear_backward(
     need_dx: bool,
 ) -> Result<Option<Tensor>> {
     const OP: &str = "linear_backward";
-    check_same(OP, &[dy, x, w, dw])?;
+    let dtype = check_like(OP, &[dy, x, w])?;
+    check_f32_on(OP, dw, x)?;
     let (rows, input, out) = check_linear(OP, x, w)?;
     if dy.dims() != out_dims(x, out).as_slice() {
         return Err(Error::shape(
@@ -138,59 +201,99 @@ pub fn linear_backward(
     }
     check_shape(OP, dw, w)?;
     if let Some(db) = db {
-        check_same(OP, &[dy, db])?;
+        check_f32_on(OP, db, x)?;
         check_vector(OP, "db", db, out)?;
     }
     n32(OP, rows * out.max(input))?;
-    let dx = if need_dx { Some(Tensor::empty(x.device(), x.dims())?) } else { None };
+    let dx = if need_dx { Some(Tensor::empty_as(x.device(), x.dims(), dtype)?) } else { None };
     match exec(x.device()) {
-        Exec::Host(h) => {
-            let (dyp, xp, wp, dwp) = (dy.host_ptr()?, x.host_ptr()?, w.host_ptr()?, dw.host_ptr()?);
-            let dbp = db.map(|b| b.host_ptr()).transpose()?;
-            let dxp = dx.as_ref().map(|t| t.host_ptr()).transpose()?;
-            h.run("linear_backward_f32", move || {
-                let mut dwv = dwp.read();
-                let mut dbv = dbp.as_ref().map(|b| b.read());
-                let dxv = cpu::linear_backward(
-                    &dyp.read(),
-                    &xp.read(),
-                    &wp.read(),
-                    rows,
-                    input,
-                    out,
-                    &mut dwv,
-                    dbv.as_deref_mut(),
-                    dxp.is_some(),
-                );
-                dwp.write(&dwv);
-                if let (Some(p), Some(v)) = (&dbp, &dbv) {
-                    p.write(v);
-                }
-                if let (Some(p), Some(v)) = (&dxp, &dxv) {
-                    p.write(v);
-                }
-                Ok(())
-            })?;
-        }
+        Exec::Host(h) => host_linear_backward(h, (dy, x, w, dw, db, dx.as_ref()), (rows, input, out))?,
         Exec::Cuda(c) => {
-            let (dyp, xp, wp) = (dy.cuda_ptr()?, x.cuda_ptr()?, w.cuda_ptr()?);
+            let tf32 = x.device().tf32();
             // dwᵀ[in, out] += xᵀ[in, N] · dy[N, out] (column-major: x is xᵀ with ld in, dy is
             // dyᵀ with ld out, so it is transposed).
-            c.sgemm(false, true, input, out, rows, 1.0, xp, input, dyp, out, 1.0, dw.cuda_ptr()?, input)?;
+            let (xo, dyo, dwo) = (operand(x, input)?, operand(dy, out)?, operand(dw, input)?);
+            let g = GemmEx {
+                op: OP,
+                trans_a: false,
+                trans_b: true,
+                m: input,
+                n: out,
+                k: rows,
+                alpha: 1.0,
+                a: xo,
+                b: dyo,
+                beta: 1.0,
+                c: dwo,
+                tf32,
+            };
+            c.gemm_ex(&g)?;
             if let Some(db) = db {
                 c.launch(
-                    BuiltinKernel::ColSumAccF32,
+                    k::COL_SUM_ACC.get(dtype),
                     col_dims(out),
-                    &[KArg::Ptr(db.cuda_ptr()?), KArg::Ptr(dyp), KArg::U32(rows as u32), KArg::U32(out as u32)],
+                    &[KArg::Ptr(db.cuda_ptr()?), KArg::Ptr(dyo.ptr), KArg::U32(rows as u32), KArg::U32(out as u32)],
                 )?;
             }
             if let Some(dx) = &dx {
                 // dxᵀ[in, N] = wᵀ[in, out] · dyᵀ[out, N].
-                c.sgemm(false, false, input, rows, out, 1.0, wp, input, dyp, out, 0.0, dx.cuda_ptr()?, input)?;
+                let (wo, dxo) = (operand(w, input)?, operand(dx, input)?);
+                let g = GemmEx {
+                    op: OP,
+                    trans_a: false,
+                    trans_b: false,
+                    m: input,
+                    n: rows,
+                    k: out,
+                    alpha: 1.0,
+                    a: wo,
+                    b: dyo,
+                    beta: 0.0,
+                    c: dxo,
+                    tf32,
+                };
+                c.gemm_ex(&g)?;
             }
         }
     }
     Ok(dx)
+}
+
+type BackwardTensors<'a> = (&'a Tensor, &'a Tensor, &'a Tensor, &'a Tensor, Option<&'a Tensor>, Option<&'a Tensor>);
+
+/// The host half of [`linear_backward`]: f32 math on the widened inputs; `dx` is rounded to
+/// the input dtype on store, `dw` and `db` accumulate in f32.
+fn host_linear_backward(
+    h: &crate::backend::HostBackend,
+    (dy, x, w, dw, db, dx): BackwardTensors<'_>,
+    (rows, input, out): (usize, usize, usize),
+) -> Result<()> {
+    let (dyp, xp, wp, dwp) = (dy.host_ptr()?, x.host_ptr()?, w.host_ptr()?, dw.host_ptr()?);
+    let dbp = db.map(|b| b.host_ptr()).transpose()?;
+    let dxp = dx.map(|t| t.host_ptr()).transpose()?;
+    h.run("linear_backward", move || {
+        let mut dwv = dwp.read();
+        let mut dbv = dbp.as_ref().map(|b| b.read());
+        let dxv = cpu::linear_backward(
+            &dyp.read(),
+            &xp.read(),
+            &wp.read(),
+            rows,
+            input,
+            out,
+            &mut dwv,
+            dbv.as_deref_mut(),
+            dxp.is_some(),
+        );
+        dwp.write(&dwv);
+        if let (Some(p), Some(v)) = (&dbp, &dbv) {
+            p.write(v);
+        }
+        if let (Some(p), Some(v)) = (&dxp, &dxv) {
+            p.write(v);
+        }
+        Ok(())
+    })
 }
 
 /// `y[..., j] = x[..., j] + b[j]`: adds the bias `b` (`[D]`) to every row of `x` (`[..., D]`).
@@ -206,7 +309,8 @@ pub fn linear_backward(
 /// ```
 pub fn bias_add(x: &Tensor, b: &Tensor) -> Result<Tensor> {
     const OP: &str = "bias_add";
-    check_same(OP, &[x, b])?;
+    let dtype = check_like(OP, &[x, b])?;
+    let kernel = k::BIAS_ADD.get(dtype);
     check_rank1(OP, "x", x)?;
     let (_, d) = as_rows(x);
     check_vector(OP, "b", b, d)?;
@@ -215,14 +319,14 @@ pub fn bias_add(x: &Tensor, b: &Tensor) -> Result<Tensor> {
     match exec(x.device()) {
         Exec::Host(h) => {
             let (xp, bp, yp) = (x.host_ptr()?, b.host_ptr()?, y.host_ptr()?);
-            h.run(BuiltinKernel::BiasAddF32, move || {
+            h.run(kernel, move || {
                 yp.write(&cpu::bias_add(&xp.read(), &bp.read(), d));
                 Ok(())
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            BuiltinKernel::BiasAddF32,
-            LaunchDims::elementwise(n as usize),
+            kernel,
+            LaunchDims::vectorized(n as usize, dtype),
             &[
                 KArg::Ptr(y.cuda_ptr()?),
                 KArg::Ptr(x.cuda_ptr()?),

@@ -1,12 +1,14 @@
 //! Losses: softmax cross-entropy and mean squared error.
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
-use crate::ops::{check_same, check_shape, cpu, cuda_reduce, exec, n32, row_dims, Exec};
+use crate::ops::{check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, row_dims, Exec};
 use crate::{Error, Result, Tensor};
 
 /// Checks `logits` `[N, C]` against `labels` `[N]`; returns `(N, C)`.
+/// `logits` (or `probs`) may be f32, bf16 or f16; `labels` are f32 class ids.
 fn check_xent(op: &'static str, logits: &Tensor, labels: &Tensor) -> Result<(usize, usize)> {
-    check_same(op, &[logits, labels])?;
+    logits.check_fresh()?;
+    check_f32_on(op, labels, logits)?;
     let &[rows, classes] = logits.dims() else {
         return Err(Error::shape(op, format!("logits must be [N, C], got {:?}", logits.dims())));
     };
@@ -55,7 +57,8 @@ pub fn validate_labels(labels: &Tensor, classes: usize) -> Result<()> {
 /// Softmax cross-entropy: `loss = mean_rows(logsumexp(logits) - logits[label])` as a `[1]`
 /// tensor, and `probs = softmax(logits)` (`[N, C]`), which the backward takes.
 ///
-/// `labels` is `[N]` holding integer class ids as f32. A label that is not an integer in
+/// `labels` is `[N]` holding integer class ids as f32. `logits` may be f32, bf16 or f16: the
+/// math is f32, `probs` has the logits' dtype and the loss is f32. A label that is not an integer in
 /// `0..C` is an [`Error::InvalidArgument`] on the host backend (raised when the op runs: at
 /// the call, or at the replay of a graph that captured it). On CUDA the kernel makes that
 /// row's loss NaN instead of reading out of bounds; check labels with [`validate_labels`]
@@ -81,7 +84,7 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
     match exec(logits.device()) {
         Exec::Host(h) => {
             let (xp, lp, lossp, pp) = (logits.host_ptr()?, labels.host_ptr()?, loss.host_ptr()?, probs.host_ptr()?);
-            h.run(BuiltinKernel::SoftmaxXentF32, move || {
+            h.run(k::SOFTMAX_XENT.get(logits.dtype()), move || {
                 let (l, p) = cpu::softmax_cross_entropy(&xp.read(), &lp.read(), classes)?;
                 lossp.write(&[l]);
                 pp.write(&p);
@@ -91,7 +94,7 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
         Exec::Cuda(c) => {
             let row_loss = Tensor::empty(logits.device(), &[rows])?;
             c.launch(
-                BuiltinKernel::SoftmaxXentF32,
+                k::SOFTMAX_XENT.get(logits.dtype()),
                 row_dims(rows, classes),
                 &[
                     KArg::Ptr(probs.cuda_ptr()?),
@@ -138,13 +141,13 @@ pub fn softmax_cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss_sca
     match exec(probs.device()) {
         Exec::Host(h) => {
             let (pp, lp, dp) = (probs.host_ptr()?, labels.host_ptr()?, d.host_ptr()?);
-            h.run(BuiltinKernel::SoftmaxXentBwdF32, move || {
+            h.run(k::SOFTMAX_XENT_BWD.get(probs.dtype()), move || {
                 dp.write(&cpu::softmax_cross_entropy_backward(&pp.read(), &lp.read(), classes, dloss_scale)?);
                 Ok(())
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            BuiltinKernel::SoftmaxXentBwdF32,
+            k::SOFTMAX_XENT_BWD.get(probs.dtype()),
             LaunchDims::elementwise(rows * classes),
             &[
                 KArg::Ptr(d.cuda_ptr()?),
@@ -172,7 +175,7 @@ pub fn softmax_cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss_sca
 /// ```
 pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
     const OP: &str = "mse_loss";
-    check_same(OP, &[pred, target])?;
+    let partial = k::SQDIFF_PARTIAL.get(check_like(OP, &[pred, target])?);
     check_shape(OP, pred, target)?;
     let n = n32(OP, pred.numel())?;
     let loss = Tensor::empty(pred.device(), &[1])?;
@@ -187,7 +190,7 @@ pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
         Exec::Cuda(c) => cuda_reduce(
             c,
             pred.device(),
-            BuiltinKernel::SqdiffPartialF32,
+            partial,
             &[KArg::Ptr(pred.cuda_ptr()?), KArg::Ptr(target.cuda_ptr()?)],
             n,
             loss.cuda_ptr()?,
@@ -209,7 +212,8 @@ pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
 /// ```
 pub fn mse_backward(pred: &Tensor, target: &Tensor, dloss_scale: f32) -> Result<Tensor> {
     const OP: &str = "mse_backward";
-    check_same(OP, &[pred, target])?;
+    let dtype = check_like(OP, &[pred, target])?;
+    let kernel = k::MSE_BWD.get(dtype);
     check_shape(OP, pred, target)?;
     let n = n32(OP, pred.numel())?;
     let scale = cpu::mse_grad_scale(dloss_scale, n as usize);
@@ -217,14 +221,14 @@ pub fn mse_backward(pred: &Tensor, target: &Tensor, dloss_scale: f32) -> Result<
     match exec(pred.device()) {
         Exec::Host(h) => {
             let (pp, tp, dp) = (pred.host_ptr()?, target.host_ptr()?, d.host_ptr()?);
-            h.run(BuiltinKernel::MseBwdF32, move || {
+            h.run(kernel, move || {
                 dp.write(&cpu::mse_backward(&pp.read(), &tp.read(), dloss_scale));
                 Ok(())
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            BuiltinKernel::MseBwdF32,
-            LaunchDims::elementwise(n as usize),
+            kernel,
+            LaunchDims::vectorized(n as usize, dtype),
             &[
                 KArg::Ptr(d.cuda_ptr()?),
                 KArg::Ptr(pred.cuda_ptr()?),

@@ -6,22 +6,27 @@
 
 mod activation;
 mod basic;
+mod cast;
 pub mod cpu;
 mod dropout;
 mod elementwise;
+mod fused;
 mod linear;
 mod loss;
 mod norm;
 
 pub use activation::{gelu, gelu_backward, relu, relu_backward, Gelu};
 pub use basic::{axpy_, copy_, fill_, scale_};
+pub use cast::cast;
 pub use dropout::{dropout, dropout_backward};
 pub use elementwise::{add, mean, mul, scale, sum};
-pub use linear::{bias_add, linear, linear_backward};
+pub use fused::{linear_fused, linear_fused_backward, Epilogue};
+pub use linear::{bias_add, linear, linear_backward, linear_to};
+pub(crate) use linear::{check_linear, out_dims};
 pub use loss::{mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels};
 pub use norm::{layer_norm, layer_norm_backward};
 
-use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims};
+use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, Typed};
 use crate::{DType, Device, Error, Result, Tensor};
 
 pub(crate) use crate::backend::Exec;
@@ -41,6 +46,32 @@ pub(crate) fn check_same(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
         if t.device() != first.device() {
             return Err(Error::DeviceMismatch { op, a: first.device().name(), b: t.device().name() });
         }
+    }
+    Ok(())
+}
+
+/// Checks that all tensors have the dtype and device of the first (any dtype: ops with bf16
+/// and f16 kernels); returns that dtype. Mixing dtypes is [`Error::DTypeMismatch`].
+pub(crate) fn check_like(op: &'static str, tensors: &[&Tensor]) -> Result<DType> {
+    let Some(first) = tensors.first() else { return Ok(DType::F32) };
+    for t in tensors {
+        if t.dtype() != first.dtype() {
+            return Err(Error::DTypeMismatch { op, a: first.dtype(), b: t.dtype() });
+        }
+        if t.device() != first.device() {
+            return Err(Error::DeviceMismatch { op, a: first.device().name(), b: t.device().name() });
+        }
+    }
+    Ok(first.dtype())
+}
+
+/// Checks that `t` is f32 (a parameter grad or an accumulator) and on `like`'s device.
+pub(crate) fn check_f32_on(op: &'static str, t: &Tensor, like: &Tensor) -> Result<()> {
+    if t.dtype() != DType::F32 {
+        return Err(Error::DType { op, got: t.dtype(), expected: DType::F32 });
+    }
+    if t.device() != like.device() {
+        return Err(Error::DeviceMismatch { op, a: like.device().name(), b: t.device().name() });
     }
     Ok(())
 }
@@ -106,6 +137,32 @@ pub(crate) fn cuda_reduce(
     )
     // `partial` goes back to the pool here; later work on the stream is ordered after the
     // kernels above, so reusing its memory is safe.
+}
+
+/// The kernels of the elementwise ops by dtype.
+pub(crate) mod k {
+    use super::{BuiltinKernel as B, Typed};
+    pub(crate) const AXPY: Typed = Typed(B::AxpyF32, B::AxpyBf16, B::AxpyF16);
+    pub(crate) const SCALE: Typed = Typed(B::ScaleF32, B::ScaleBf16, B::ScaleF16);
+    pub(crate) const ADD: Typed = Typed(B::AddF32, B::AddBf16, B::AddF16);
+    pub(crate) const MUL: Typed = Typed(B::MulF32, B::MulBf16, B::MulF16);
+    pub(crate) const SCALE_OUT: Typed = Typed(B::ScaleOutF32, B::ScaleOutBf16, B::ScaleOutF16);
+    pub(crate) const BIAS_ADD: Typed = Typed(B::BiasAddF32, B::BiasAddBf16, B::BiasAddF16);
+    pub(crate) const RELU: Typed = Typed(B::ReluF32, B::ReluBf16, B::ReluF16);
+    pub(crate) const RELU_BWD: Typed = Typed(B::ReluBwdF32, B::ReluBwdBf16, B::ReluBwdF16);
+    pub(crate) const GELU: Typed = Typed(B::GeluF32, B::GeluBf16, B::GeluF16);
+    pub(crate) const GELU_BWD: Typed = Typed(B::GeluBwdF32, B::GeluBwdBf16, B::GeluBwdF16);
+    pub(crate) const DROPOUT: Typed = Typed(B::DropoutF32, B::DropoutBf16, B::DropoutF16);
+    pub(crate) const MSE_BWD: Typed = Typed(B::MseBwdF32, B::MseBwdBf16, B::MseBwdF16);
+    pub(crate) const SUM_PARTIAL: Typed = Typed(B::SumPartialF32, B::SumPartialBf16, B::SumPartialF16);
+    pub(crate) const SQDIFF_PARTIAL: Typed = Typed(B::SqdiffPartialF32, B::SqdiffPartialBf16, B::SqdiffPartialF16);
+    pub(crate) const COL_SUM_ACC: Typed = Typed(B::ColSumAccF32, B::ColSumAccBf16, B::ColSumAccF16);
+    pub(crate) const LAYER_NORM: Typed = Typed(B::LayerNormF32, B::LayerNormBf16, B::LayerNormF16);
+    pub(crate) const LAYER_NORM_BWD: Typed = Typed(B::LayerNormBwdF32, B::LayerNormBwdBf16, B::LayerNormBwdF16);
+    pub(crate) const LAYER_NORM_BWD_PARAMS: Typed =
+        Typed(B::LayerNormBwdParamsF32, B::LayerNormBwdParamsBf16, B::LayerNormBwdParamsF16);
+    pub(crate) const SOFTMAX_XENT: Typed = Typed(B::SoftmaxXentF32, B::SoftmaxXentBf16, B::SoftmaxXentF16);
+    pub(crate) const SOFTMAX_XENT_BWD: Typed = Typed(B::SoftmaxXentBwdF32, B::SoftmaxXentBwdBf16, B::SoftmaxXentBwdF16);
 }
 
 /// `(rows, last)` of a tensor of rank >= 1 seen as a matrix of rows of its last dimension.

@@ -1,8 +1,9 @@
 //! Layer normalization over the last dimension.
 
-use crate::backend::{BuiltinKernel, KArg};
+use crate::backend::KArg;
 use crate::ops::{
-    as_rows, check_rank1, check_same, check_shape, check_vector, col_dims, cpu, exec, n32, row_dims, Exec,
+    as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, row_dims,
+    Exec,
 };
 use crate::{Error, Result, Tensor};
 
@@ -24,9 +25,12 @@ use crate::{Error, Result, Tensor};
 /// assert_eq!((mean.to_vec()?, rstd.to_vec()?), (vec![2.0], vec![1.0]));
 /// # Ok::<(), graphed::Error>(())
 /// ```
+///
+/// `x`, `gamma` and `beta` share one dtype (f32, bf16 or f16); statistics are computed in f32
+/// and `mean` and `rstd` are f32.
 pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<(Tensor, Tensor, Tensor)> {
     const OP: &str = "layer_norm";
-    check_same(OP, &[x, gamma, beta])?;
+    let dtype = check_like(OP, &[x, gamma, beta])?;
     check_rank1(OP, "x", x)?;
     let (rows, d) = as_rows(x);
     if d == 0 {
@@ -44,7 +48,7 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
         Exec::Host(h) => {
             let (xp, gp, bp) = (x.host_ptr()?, gamma.host_ptr()?, beta.host_ptr()?);
             let (yp, mp, rp) = (y.host_ptr()?, mean.host_ptr()?, rstd.host_ptr()?);
-            h.run(BuiltinKernel::LayerNormF32, move || {
+            h.run(k::LAYER_NORM.get(dtype), move || {
                 let (yv, mv, rv) = cpu::layer_norm(&xp.read(), &gp.read(), &bp.read(), d, eps);
                 yp.write(&yv);
                 mp.write(&mv);
@@ -53,7 +57,7 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            BuiltinKernel::LayerNormF32,
+            k::LAYER_NORM.get(dtype),
             row_dims(rows, d),
             &[
                 KArg::Ptr(y.cuda_ptr()?),
@@ -75,7 +79,8 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
 /// accumulates `dgamma += Σ_rows dy·x̂` and `dbeta += Σ_rows dy` (`x̂ = (x - mean)·rstd`).
 ///
 /// On CUDA: a one-block-per-row kernel for `dx` and a column-reduction kernel for `dgamma` and
-/// `dbeta` that adds each column in a fixed order (no atomics; deterministic).
+/// `dbeta` that adds each column in a fixed order (no atomics; deterministic). `dy`, `x`,
+/// `gamma` and `dx` share one dtype; `mean`, `rstd`, `dgamma` and `dbeta` are f32.
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -100,7 +105,10 @@ pub fn layer_norm_backward(
     dbeta: &Tensor,
 ) -> Result<Tensor> {
     const OP: &str = "layer_norm_backward";
-    check_same(OP, &[dy, x, gamma, mean, rstd, dgamma, dbeta])?;
+    let dtype = check_like(OP, &[dy, x, gamma])?;
+    for t in [mean, rstd, dgamma, dbeta] {
+        check_f32_on(OP, t, x)?;
+    }
     check_rank1(OP, "x", x)?;
     check_shape(OP, dy, x)?;
     let (rows, d) = as_rows(x);
@@ -116,7 +124,7 @@ pub fn layer_norm_backward(
             let (dyp, xp, gp, mp, rp) =
                 (dy.host_ptr()?, x.host_ptr()?, gamma.host_ptr()?, mean.host_ptr()?, rstd.host_ptr()?);
             let (dgp, dbp, dxp) = (dgamma.host_ptr()?, dbeta.host_ptr()?, dx.host_ptr()?);
-            h.run(BuiltinKernel::LayerNormBwdF32, move || {
+            h.run(k::LAYER_NORM_BWD.get(dtype), move || {
                 let (mut dg, mut db) = (dgp.read(), dbp.read());
                 let v = cpu::layer_norm_backward(
                     &dyp.read(),
@@ -137,7 +145,7 @@ pub fn layer_norm_backward(
         Exec::Cuda(c) => {
             let (dyp, xp, mp, rp) = (dy.cuda_ptr()?, x.cuda_ptr()?, mean.cuda_ptr()?, rstd.cuda_ptr()?);
             c.launch(
-                BuiltinKernel::LayerNormBwdF32,
+                k::LAYER_NORM_BWD.get(dtype),
                 row_dims(rows, d),
                 &[
                     KArg::Ptr(dx.cuda_ptr()?),
@@ -151,7 +159,7 @@ pub fn layer_norm_backward(
                 ],
             )?;
             c.launch(
-                BuiltinKernel::LayerNormBwdParamsF32,
+                k::LAYER_NORM_BWD_PARAMS.get(dtype),
                 col_dims(d),
                 &[
                     KArg::Ptr(dgamma.cuda_ptr()?),

@@ -1,19 +1,9 @@
-// Core kernels of the graphed runtime: fills, axpy, and the graph-safe Philox RNG.
+// Core kernels of the graphed runtime: the graph-safe Philox RNG. (Fills, axpy and scale are
+// the vectorised templates of half.cu.)
 // Compiled once per context by NVRTC; every kernel is extern "C" so its name is stable.
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
-
-extern "C" __global__ void fill_f32(float* y, float v, u32 n) {
-    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i < n; i += gridDim.x * blockDim.x) y[i] = v;
-}
-
-// y = a * x + y
-extern "C" __global__ void axpy_f32(float* y, const float* x, float a, u32 n) {
-    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i < n; i += gridDim.x * blockDim.x) y[i] = fmaf(a, x[i], y[i]);
-}
 
 // Philox4x32-10, the counter-based generator of Salmon et al. (SC'11), as cuRAND and
 // PyTorch use it. The host backend implements the same function bit for bit.
@@ -65,7 +55,3 @@ extern "C" __global__ void rng_advance(u32* state, u64 n) {
     }
 }
 
-extern "C" __global__ void scale_f32(float* y, float a, u32 n) {
-    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i < n; i += gridDim.x * blockDim.x) y[i] *= a;
-}

@@ -1,7 +1,8 @@
 // Op kernels (see runtime/ops and runtime/optim.rs). NVRTC compiles this file after core.cu,
 // in one program: philox_uniform and rng_load come from there.
 //
-// Conventions: f32 only; element counts are u32 (checked by the ops) but loop indices are u64,
+// Conventions: f32 only (the elementwise kernels of every dtype, f32 included, are the
+// vectorised templates of half.cu); element counts are u32 (checked by the ops) but loop indices are u64,
 // so grid-stride loops never wrap; every reduction adds in a fixed order that depends only on
 // the launch shape (which depends only on the sizes), never on timing, and no kernel uses
 // atomics, so a replayed graph is bitwise equal to the eager run.
@@ -56,34 +57,6 @@ __device__ float block_max(float v, float* sh) {
 
 // ---------------------------------------------------------------- elementwise
 
-extern "C" __global__ void add_f32(float* y, const float* a, const float* b, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = a[i] + b[i];
-}
-
-extern "C" __global__ void mul_f32(float* y, const float* a, const float* b, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = a[i] * b[i];
-}
-
-extern "C" __global__ void scale_out_f32(float* y, const float* x, float a, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = x[i] * a;
-}
-
-// y[r, j] = x[r, j] + b[j] over n = rows * d elements; y may be x (in place).
-extern "C" __global__ void bias_add_f32(float* y, const float* x, const float* b, u32 n, u32 d) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = x[i] + b[i % d];
-}
-
-extern "C" __global__ void relu_f32(float* y, const float* x, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        float v = x[i];
-        y[i] = v > 0.0f ? v : 0.0f;
-    }
-}
-
-extern "C" __global__ void relu_bwd_f32(float* dx, const float* dy, const float* x, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
-}
-
 #define GR_SQRT_2_OVER_PI 0.7978845608028654f
 #define GR_GELU_C 0.044715f
 #define GR_INV_SQRT_2 0.7071067811865476f
@@ -107,27 +80,6 @@ __device__ __forceinline__ float gelu_grad(float x, u32 approx) {
     float cdf = 0.5f * (1.0f + erff(x * GR_INV_SQRT_2));
     float pdf = expf(-0.5f * x * x) * GR_INV_SQRT_2PI;
     return cdf + x * pdf;
-}
-
-extern "C" __global__ void gelu_f32(float* y, const float* x, u32 n, u32 approx) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = gelu_value(x[i], approx);
-}
-
-extern "C" __global__ void gelu_bwd_f32(float* dx, const float* dy, const float* x, u32 n, u32 approx) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) dx[i] = dy[i] * gelu_grad(x[i], approx);
-}
-
-// Dropout with the generator state read through a pointer (graph-safe): element i keeps its
-// value, times `scale` = 1 / (1 - p), when uniform(seed, offset + i) >= p. The op launches
-// rng_advance(state, n) right after.
-extern "C" __global__ void dropout_f32(float* y, float* mask, const float* x, const u32* state, float p, float scale, u32 n) {
-    u64 seed, offset;
-    rng_load(state, seed, offset);
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        float m = philox_uniform(seed, offset + i) >= p ? scale : 0.0f;
-        mask[i] = m;
-        y[i] = x[i] * m;
-    }
 }
 
 // ---------------------------------------------------------------- reductions
@@ -313,11 +265,6 @@ extern "C" __global__ void softmax_xent_bwd_f32(float* dlogits, const float* pro
             dlogits[i] = gr_nan();
         }
     }
-}
-
-// dpred = (pred - target) * scale, scale = 2 * dloss / n.
-extern "C" __global__ void mse_bwd_f32(float* dp, const float* p, const float* t, float scale, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) dp[i] = (p[i] - t[i]) * scale;
 }
 
 // ---------------------------------------------------------------- optimizers

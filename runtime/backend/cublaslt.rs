@@ -1,0 +1,271 @@
+//! cublasLt GEMMs with fused epilogues: bias, GELU, and bias + GELU with the pre-activation
+//! saved for the backward (cublasLt's `*_AUX` epilogues). The algorithm for each shape comes
+//! from cublasLt's heuristic once and is cached with its descriptors; the workspace is the
+//! cuBLAS one (same stream, so the two never overlap). Nothing allocates device memory here,
+//! so these GEMMs capture like the cuBLAS ones.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::mem::size_of;
+
+use cudarc::cublaslt::{result as lt, sys};
+
+use super::cuda::{CudaBackend, CUBLAS_WORKSPACE_BYTES};
+use crate::{DType, Error, Result};
+
+/// What cublasLt applies to the GEMM result before storing it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum LtEpilogue {
+    /// `+ bias`.
+    Bias,
+    /// GELU (cublasLt's tanh form), the pre-activation stored in `aux`.
+    GeluAux,
+    /// `+ bias`, then GELU; the pre-activation stored in `aux`.
+    GeluAuxBias,
+}
+
+impl LtEpilogue {
+    fn raw(self) -> sys::cublasLtEpilogue_t {
+        match self {
+            LtEpilogue::Bias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            LtEpilogue::GeluAux => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX,
+            LtEpilogue::GeluAuxBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+        }
+    }
+}
+
+/// `y[rows, out] = epilogue(x[rows, in] · w[out, in]ᵀ)`, all pointers device addresses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LtLinear {
+    pub(crate) op: &'static str,
+    pub(crate) epilogue: LtEpilogue,
+    pub(crate) dtype: DType,
+    pub(crate) tf32: bool,
+    pub(crate) rows: usize,
+    pub(crate) input: usize,
+    pub(crate) out: usize,
+    pub(crate) x: u64,
+    pub(crate) w: u64,
+    pub(crate) y: u64,
+    /// 0 when the epilogue has no bias.
+    pub(crate) bias: u64,
+    /// 0 when the epilogue has no aux output.
+    pub(crate) aux: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    epilogue: LtEpilogue,
+    dtype: DType,
+    tf32: bool,
+    rows: usize,
+    input: usize,
+    out: usize,
+}
+
+/// The descriptors and the chosen algorithm of one shape.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    d: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+/// The cublasLt handle and the per-shape plans (`None`: cublasLt has no algorithm for it).
+pub(crate) struct Lt {
+    handle: sys::cublasLtHandle_t,
+    plans: HashMap<Key, Option<Plan>>,
+}
+
+// SAFETY: the handle and descriptors are plain host objects that cublasLt allows to be used
+// from any thread; `CudaBackend` keeps `Lt` in a `Mutex`, so they are never used concurrently.
+unsafe impl Send for Lt {}
+
+impl std::fmt::Debug for Lt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lt({} plans)", self.plans.len())
+    }
+}
+
+fn data_type(d: DType) -> sys::cudaDataType {
+    match d {
+        DType::F32 => sys::cudaDataType::CUDA_R_32F,
+        DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
+        DType::F16 => sys::cudaDataType::CUDA_R_16F,
+    }
+}
+
+fn lt_err(call: &'static str) -> impl Fn(lt::CublasError) -> Error {
+    move |e| Error::cuda(call, e)
+}
+
+/// Sets one attribute of a matmul descriptor from a plain value.
+///
+/// # Safety
+/// `desc` is a live descriptor and `T` is the attribute's documented type.
+unsafe fn set_desc<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
+    // SAFETY: forwarded from the caller; `v` outlives the call, which copies it.
+    unsafe { lt::set_matmul_desc_attribute(desc, attr, v as *const T as *const c_void, size_of::<T>()) }
+        .map_err(lt_err("cublasLtMatmulDescSetAttribute"))
+}
+
+impl Lt {
+    /// A cublasLt handle, or `None` when libcublasLt cannot be loaded or initialised (the
+    /// fused ops then run unfused).
+    pub(crate) fn open() -> Option<Lt> {
+        // SAFETY: only tries to dlopen the library by name.
+        if !unsafe { sys::is_culib_present() } {
+            return None;
+        }
+        lt::create_handle().ok().map(|handle| Lt { handle, plans: HashMap::new() })
+    }
+
+    /// The plan of `key`, made once: descriptors, layouts and the heuristic's first algorithm.
+    fn plan(&mut self, key: Key) -> Result<Option<&Plan>> {
+        if !self.plans.contains_key(&key) {
+            let plan = make_plan(self.handle, key)?;
+            self.plans.insert(key, plan);
+        }
+        Ok(self.plans.get(&key).and_then(Option::as_ref))
+    }
+}
+
+fn make_plan(handle: sys::cublasLtHandle_t, key: Key) -> Result<Option<Plan>> {
+    let compute = match (key.dtype, key.tf32) {
+        (DType::F32, true) => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+        _ => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+    };
+    let (m, n, k) = (key.out as u64, key.rows as u64, key.input as u64);
+    let dt = data_type(key.dtype);
+    let desc =
+        lt::create_matmul_desc(compute, sys::cudaDataType::CUDA_R_32F).map_err(lt_err("cublasLtMatmulDescCreate"))?;
+    // Row-major y = x wᵀ is column-major D[out, rows] = op(A) B with A = w seen as [in, out]
+    // (transposed) and B = x seen as [in, rows].
+    let layouts = (|| -> Result<_> {
+        let a = lt::create_matrix_layout(dt, k, m, k as i64).map_err(lt_err("cublasLtMatrixLayoutCreate"))?;
+        let b = lt::create_matrix_layout(dt, k, n, k as i64).map_err(lt_err("cublasLtMatrixLayoutCreate"))?;
+        let d = lt::create_matrix_layout(dt, m, n, m as i64).map_err(lt_err("cublasLtMatrixLayoutCreate"))?;
+        Ok((a, b, d))
+    })()?;
+    let (a, b, d) = layouts;
+    use sys::cublasLtMatmulDescAttributes_t as A;
+    // SAFETY: `desc` was just created; TRANSA/TRANSB are cublasOperation_t (i32: 1 = T,
+    // 0 = N), EPILOGUE is cublasLtEpilogue_t, AUX_LD is i64.
+    unsafe {
+        set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
+        set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
+        set_desc(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &key.epilogue.raw())?;
+        if key.epilogue != LtEpilogue::Bias {
+            set_desc(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(m as i64))?;
+        }
+    }
+    let pref = lt::create_matmul_pref().map_err(lt_err("cublasLtMatmulPreferenceCreate"))?;
+    let bytes = CUBLAS_WORKSPACE_BYTES as u64;
+    // SAFETY: `pref` was just created; MAX_WORKSPACE_BYTES is a u64. The heuristic reads the
+    // live descriptors only (no device memory, no stream work).
+    let found = unsafe {
+        lt::set_matmul_pref_attribute(
+            pref,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &bytes as *const u64 as *const c_void,
+            size_of::<u64>(),
+        )
+        .map_err(lt_err("cublasLtMatmulPreferenceSetAttribute"))?;
+        let r = lt::get_matmul_algo_heuristic(handle, desc, a, b, d, d, pref);
+        let _ = lt::destroy_matmul_pref(pref);
+        r
+    };
+    match found {
+        Ok(h) => Ok(Some(Plan { desc, a, b, d, algo: h.algo })),
+        Err(_) => {
+            // No algorithm for this shape and epilogue: the op runs unfused.
+            // SAFETY: created above and not used anywhere else.
+            unsafe { destroy_plan(desc, a, b, d) };
+            Ok(None)
+        }
+    }
+}
+
+/// # Safety
+/// Each object is live and destroyed once.
+unsafe fn destroy_plan(
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    d: sys::cublasLtMatrixLayout_t,
+) {
+    // SAFETY: forwarded from the caller. Errors are ignored: only host memory is released.
+    unsafe {
+        let _ = lt::destroy_matmul_desc(desc);
+        let _ = lt::destroy_matrix_layout(a);
+        let _ = lt::destroy_matrix_layout(b);
+        let _ = lt::destroy_matrix_layout(d);
+    }
+}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        for plan in self.plans.values().flatten() {
+            // SAFETY: each plan's objects are destroyed once, here, after the device drained.
+            unsafe { destroy_plan(plan.desc, plan.a, plan.b, plan.d) };
+        }
+        // SAFETY: created in `open`, destroyed once.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+impl CudaBackend {
+    /// Runs `g` through cublasLt on the device stream. `Ok(false)` when cublasLt is not
+    /// available or has no algorithm for this shape and epilogue: the caller runs the unfused
+    /// ops instead. A refused launch is [`Error::GemmRejected`].
+    pub(crate) fn lt_linear(&self, g: &LtLinear) -> Result<bool> {
+        let Some(lt_state) = &self.lt else { return Ok(false) };
+        let _entered = self.gate.enter()?;
+        let mut lt_state = lt_state.lock().unwrap_or_else(|e| e.into_inner());
+        self.bind()?;
+        let key = Key { epilogue: g.epilogue, dtype: g.dtype, tf32: g.tf32, rows: g.rows, input: g.input, out: g.out };
+        let handle = lt_state.handle;
+        let Some(plan) = lt_state.plan(key)? else { return Ok(false) };
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: the op checked every pointer against a live block of the right size and the
+        // shapes against the plan's layouts; the pointer attributes are `*const c_void`; the
+        // workspace is the cuBLAS one, used only on this stream; the Lt lock and the cuBLAS
+        // stream order keep the two from overlapping.
+        let status = unsafe {
+            if g.bias != 0 {
+                set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &(g.bias as *const c_void))?;
+            }
+            if g.aux != 0 {
+                set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &(g.aux as *const c_void))?;
+            }
+            lt::matmul(
+                handle,
+                plan.desc,
+                (&alpha) as *const f32 as *const c_void,
+                (&beta) as *const f32 as *const c_void,
+                g.w as *const c_void,
+                plan.a,
+                g.x as *const c_void,
+                plan.b,
+                g.y as *const c_void,
+                plan.d,
+                g.y as *mut c_void,
+                plan.d,
+                &plan.algo,
+                self.cublas_workspace as *mut c_void,
+                CUBLAS_WORKSPACE_BYTES,
+                self.stream.cu_stream() as sys::cudaStream_t,
+            )
+        };
+        status.map(|()| true).map_err(|e| Error::GemmRejected {
+            op: g.op,
+            dtype: g.dtype,
+            m: g.out,
+            n: g.rows,
+            k: g.input,
+            status: format!("cublasLtMatmul: {e:?}"),
+        })
+    }
+}

@@ -1,0 +1,132 @@
+//! GEMMs with mixed dtypes through `cublasGemmEx`: bf16/f16 inputs with f32 accumulation
+//! (`CUBLAS_COMPUTE_32F`), outputs in the input dtype or f32, and f32 GEMMs on TF32 tensor
+//! cores when the device opted in ([`crate::Device::set_tf32`]).
+
+use cudarc::cublas::sys as cublas_sys;
+use std::ffi::c_void;
+
+use super::cuda::CudaBackend;
+use crate::{DType, Error, Result};
+
+/// One operand of a GEMM: device address, dtype, leading dimension.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Operand {
+    pub(crate) ptr: u64,
+    pub(crate) dtype: DType,
+    pub(crate) ld: usize,
+}
+
+/// `C = alpha * op(A) * op(B) + beta * C` in cuBLAS's column-major terms, for any dtypes
+/// cuBLAS accepts with f32 accumulation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GemmEx {
+    pub(crate) op: &'static str,
+    pub(crate) trans_a: bool,
+    pub(crate) trans_b: bool,
+    pub(crate) m: usize,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) alpha: f32,
+    pub(crate) a: Operand,
+    pub(crate) b: Operand,
+    pub(crate) beta: f32,
+    pub(crate) c: Operand,
+    /// f32 inputs on TF32 tensor cores (the device's opt-in).
+    pub(crate) tf32: bool,
+}
+
+fn data_type(d: DType) -> cublas_sys::cudaDataType {
+    match d {
+        DType::F32 => cublas_sys::cudaDataType::CUDA_R_32F,
+        DType::BF16 => cublas_sys::cudaDataType::CUDA_R_16BF,
+        DType::F16 => cublas_sys::cudaDataType::CUDA_R_16F,
+    }
+}
+
+fn trans(t: bool) -> cublas_sys::cublasOperation_t {
+    if t {
+        cublas_sys::cublasOperation_t::CUBLAS_OP_T
+    } else {
+        cublas_sys::cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
+impl CudaBackend {
+    /// Runs `g` on the device stream. f32 inputs use TF32 only when the device opted in; a
+    /// status other than success is [`Error::GemmRejected`] naming the op and the dtypes.
+    pub(crate) fn gemm_ex(&self, g: &GemmEx) -> Result<()> {
+        let all_f32 = [g.a.dtype, g.b.dtype, g.c.dtype].iter().all(|d| *d == DType::F32);
+        if all_f32 && !g.tf32 {
+            // The pedantic f32 path the f32 ops have always taken.
+            let (a, b, c) = (g.a, g.b, g.c);
+            return self
+                .sgemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a.ptr, a.ld, b.ptr, b.ld, g.beta, c.ptr, c.ld);
+        }
+        let _entered = self.gate.enter()?;
+        let handle = self.cublas_handle();
+        self.bind()?;
+        let compute = if g.a.dtype == DType::F32 && g.tf32 {
+            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else if g.a.dtype == DType::F32 {
+            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC
+        } else {
+            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        // The handle stays in pedantic math for the f32 path; tensor-core GEMMs switch to the
+        // default (or TF32) math mode for this call only. A host-side setting: legal in capture.
+        let math = if g.tf32 {
+            cublas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
+        } else {
+            cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH
+        };
+        let (alpha, beta) = (g.alpha, g.beta);
+        // SAFETY: the handle is locked for this call; the op checked that every operand is a
+        // live block holding the matrix its dimensions and leading dimension describe; alpha
+        // and beta are f32 as the compute type requires, and live until the call returns
+        // (cuBLAS reads them on the host).
+        let status = unsafe {
+            let set = cublas_sys::cublasSetMathMode(handle.0, math);
+            if set != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(Error::cuda("cublasSetMathMode", cudarc::cublas::result::CublasError(set)));
+            }
+            let status = cublas_sys::cublasGemmEx(
+                handle.0,
+                trans(g.trans_a),
+                trans(g.trans_b),
+                g.m as i32,
+                g.n as i32,
+                g.k as i32,
+                (&alpha) as *const f32 as *const c_void,
+                g.a.ptr as *const c_void,
+                data_type(g.a.dtype),
+                g.a.ld as i32,
+                g.b.ptr as *const c_void,
+                data_type(g.b.dtype),
+                g.b.ld as i32,
+                (&beta) as *const f32 as *const c_void,
+                g.c.ptr as *mut c_void,
+                data_type(g.c.dtype),
+                g.c.ld as i32,
+                compute,
+                cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+            );
+            let restored = cublas_sys::cublasSetMathMode(handle.0, cublas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH);
+            if restored != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(Error::cuda("cublasSetMathMode", cudarc::cublas::result::CublasError(restored)));
+            }
+            status
+        };
+        if status == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            Err(Error::GemmRejected {
+                op: g.op,
+                dtype: g.a.dtype,
+                m: g.m,
+                n: g.n,
+                k: g.k,
+                status: format!("{status:?}"),
+            })
+        }
+    }
+}

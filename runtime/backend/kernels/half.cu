@@ -1,0 +1,435 @@
+// The elementwise kernels of every dtype (f32, bf16, f16; issue #12), vectorised, and the bf16
+// and f16 variants of the reductions. NVRTC compiles this file after core.cu and ops.cu, in one
+// program: gr_tid, block_sum, gelu_value, philox_uniform and rng_load come from there.
+//
+// Storage types are plain 16-bit structs (no cuda_fp16.h / cuda_bf16.h needed): every kernel
+// loads to f32, computes in f32 and rounds to nearest even on store, exactly as the host
+// backend does through the `half` crate, so elementwise results agree bit for bit. Reductions
+// accumulate in f32 and write f32.
+
+typedef unsigned short u16;
+
+struct bf16_t { u16 x; };
+struct f16_t { u16 x; };
+
+__device__ __forceinline__ float ld(const float* p, u64 i) { return p[i]; }
+__device__ __forceinline__ float ld(const bf16_t* p, u64 i) { return __uint_as_float(((u32)p[i].x) << 16); }
+__device__ __forceinline__ float ld(const f16_t* p, u64 i) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p[i].x));
+    return f;
+}
+
+// Round to nearest even; a NaN keeps its sign and high payload and is made quiet (the `half`
+// crate's rule, so NaN bits agree too).
+__device__ __forceinline__ u16 f32_to_bf16_bits(float v) {
+    const u32 x = __float_as_uint(v);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (u16)((x >> 16) | 0x0040u);
+    const u32 round_bit = 0x8000u;
+    if ((x & round_bit) != 0u && (x & (3u * round_bit - 1u)) != 0u) return (u16)((x >> 16) + 1u);
+    return (u16)(x >> 16);
+}
+
+__device__ __forceinline__ void st(float* p, u64 i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(bf16_t* p, u64 i, float v) { p[i].x = f32_to_bf16_bits(v); }
+__device__ __forceinline__ void st(f16_t* p, u64 i, float v) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    p[i].x = h;
+}
+
+// ---------------------------------------------------------------- vectorised maps
+//
+// Memory-bound kernels move 16 bytes per load and store (4 floats or 8 16-bit values) when
+// every pointer is 16-byte aligned (pool blocks are 256-byte aligned, so they always are),
+// then finish the tail element by element. The ops launch one thread per 16 bytes
+// (LaunchDims::vectorized); the loops are grid-stride, so any grid is correct. Element i gets
+// exactly the math of the scalar loop, so results do not depend on the path taken.
+
+template <typename T> union Pack { uint4 raw; T e[16 / sizeof(T)]; };
+
+__device__ __forceinline__ bool al16(const void* p) { return ((u64)p & 15) == 0; }
+
+// y[i] = f(i, x[i]).
+template <typename T, typename F> __device__ __forceinline__ void map1(T* y, const T* x, u32 n, F f) {
+    constexpr u32 W = 16 / sizeof(T);
+    u64 done = 0;
+    if (al16(y) && al16(x)) {
+        const u64 nv = n / W;
+        for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
+            Pack<T> px, py;
+            px.raw = reinterpret_cast<const uint4*>(x)[v];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) st(py.e, k, f(v * W + k, ld(px.e, k)));
+            reinterpret_cast<uint4*>(y)[v] = py.raw;
+        }
+        done = nv * W;
+    }
+    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) st(y, i, f(i, ld(x, i)));
+}
+
+// y[i] = f(i, a[i], b[i]); y may be a or b (in place).
+template <typename T, typename F> __device__ __forceinline__ void map2(T* y, const T* a, const T* b, u32 n, F f) {
+    constexpr u32 W = 16 / sizeof(T);
+    u64 done = 0;
+    if (al16(y) && al16(a) && al16(b)) {
+        const u64 nv = n / W;
+        for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
+            Pack<T> pa, pb, py;
+            pa.raw = reinterpret_cast<const uint4*>(a)[v];
+            pb.raw = reinterpret_cast<const uint4*>(b)[v];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) st(py.e, k, f(v * W + k, ld(pa.e, k), ld(pb.e, k)));
+            reinterpret_cast<uint4*>(y)[v] = py.raw;
+        }
+        done = nv * W;
+    }
+    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) st(y, i, f(i, ld(a, i), ld(b, i)));
+}
+
+// ---------------------------------------------------------------- fill and casts
+
+// Store-only: one 16-byte pattern of v repeated.
+template <typename T> __device__ __forceinline__ void fill_t(T* y, float v, u32 n) {
+    constexpr u32 W = 16 / sizeof(T);
+    u64 done = 0;
+    if (al16(y)) {
+        Pack<T> p;
+#pragma unroll
+        for (u32 k = 0; k < W; ++k) st(p.e, k, v);
+        const u64 nv = n / W;
+        for (u64 i = gr_tid(); i < nv; i += gr_stride()) reinterpret_cast<uint4*>(y)[i] = p.raw;
+        done = nv * W;
+    }
+    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) st(y, i, v);
+}
+
+extern "C" __global__ void fill_f32(float* y, float v, u32 n) { fill_t(y, v, n); }
+
+// Both 16-bit dtypes: the host rounds the value and passes its bit pattern, which a bf16 store
+// of the f32 with those high bits reproduces exactly (only the pattern is stored, so this holds
+// for f16 patterns too).
+extern "C" __global__ void fill_u16(u16* y, u32 bits, u32 n) {
+    fill_t(reinterpret_cast<bf16_t*>(y), __uint_as_float(bits << 16), n);
+}
+
+// 8 elements per thread and iteration: 16 or 32 bytes each side, in whole uint4s.
+template <typename T> union Pack8 { uint4 raw[8 * sizeof(T) / 16]; T e[8]; };
+
+template <typename O, typename I>
+__device__ __forceinline__ void cast_t(O* y, const I* x, u32 n) {
+    u64 done = 0;
+    if (al16(y) && al16(x)) {
+        const u64 nv = n / 8;
+        for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
+            Pack8<I> pi;
+            Pack8<O> po;
+#pragma unroll
+            for (u32 r = 0; r < 8 * sizeof(I) / 16; ++r) pi.raw[r] = reinterpret_cast<const uint4*>(x + v * 8)[r];
+#pragma unroll
+            for (u32 k = 0; k < 8; ++k) st(po.e, k, ld(pi.e, k));
+#pragma unroll
+            for (u32 r = 0; r < 8 * sizeof(O) / 16; ++r) reinterpret_cast<uint4*>(y + v * 8)[r] = po.raw[r];
+        }
+        done = nv * 8;
+    }
+    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) st(y, i, ld(x, i));
+}
+
+extern "C" __global__ void cast_f32_bf16(bf16_t* y, const float* x, u32 n) { cast_t(y, x, n); }
+extern "C" __global__ void cast_f32_f16(f16_t* y, const float* x, u32 n) { cast_t(y, x, n); }
+extern "C" __global__ void cast_bf16_f32(float* y, const bf16_t* x, u32 n) { cast_t(y, x, n); }
+extern "C" __global__ void cast_f16_f32(float* y, const f16_t* x, u32 n) { cast_t(y, x, n); }
+extern "C" __global__ void cast_bf16_f16(f16_t* y, const bf16_t* x, u32 n) { cast_t(y, x, n); }
+extern "C" __global__ void cast_f16_bf16(bf16_t* y, const f16_t* x, u32 n) { cast_t(y, x, n); }
+
+// ---------------------------------------------------------------- elementwise
+
+// y = a * x + y
+template <typename T> __device__ __forceinline__ void axpy_t(T* y, const T* x, float a, u32 n) {
+    map2(y, x, y, n, [=](u64, float xv, float yv) { return fmaf(a, xv, yv); });
+}
+template <typename T> __device__ __forceinline__ void scale_t(T* y, float a, u32 n) {
+    map1(y, y, n, [=](u64, float v) { return v * a; });
+}
+template <typename T> __device__ __forceinline__ void add_t(T* y, const T* a, const T* b, u32 n) {
+    map2(y, a, b, n, [](u64, float u, float v) { return u + v; });
+}
+template <typename T> __device__ __forceinline__ void mul_t(T* y, const T* a, const T* b, u32 n) {
+    map2(y, a, b, n, [](u64, float u, float v) { return u * v; });
+}
+template <typename T> __device__ __forceinline__ void scale_out_t(T* y, const T* x, float a, u32 n) {
+    map1(y, x, n, [=](u64, float v) { return v * a; });
+}
+// y[r, j] = x[r, j] + b[j] over n = rows * d elements; y may be x (in place).
+template <typename T> __device__ __forceinline__ void bias_add_t(T* y, const T* x, const T* b, u32 n, u32 d) {
+    map1(y, x, n, [=](u64 i, float v) { return v + ld(b, i % d); });
+}
+template <typename T> __device__ __forceinline__ void relu_t(T* y, const T* x, u32 n) {
+    map1(y, x, n, [](u64, float v) { return v > 0.0f ? v : 0.0f; });
+}
+template <typename T> __device__ __forceinline__ void relu_bwd_t(T* dx, const T* dy, const T* x, u32 n) {
+    map2(dx, dy, x, n, [](u64, float g, float v) { return v > 0.0f ? g : 0.0f; });
+}
+template <typename T> __device__ __forceinline__ void gelu_t(T* y, const T* x, u32 n, u32 approx) {
+    map1(y, x, n, [=](u64, float v) { return gelu_value(v, approx); });
+}
+template <typename T> __device__ __forceinline__ void gelu_bwd_t(T* dx, const T* dy, const T* x, u32 n, u32 approx) {
+    map2(dx, dy, x, n, [=](u64, float g, float v) { return g * gelu_grad(v, approx); });
+}
+// dpred = (pred - target) * scale, scale = 2 * dloss / n.
+template <typename T> __device__ __forceinline__ void mse_bwd_t(T* dp, const T* p, const T* t, float scale, u32 n) {
+    map2(dp, p, t, n, [=](u64, float u, float v) { return (u - v) * scale; });
+}
+// Dropout with the generator state read through a pointer (graph-safe): element i keeps its
+// value, times `scale` = 1 / (1 - p), when uniform(seed, offset + i) >= p; y is computed from
+// the unrounded scale, the stored mask is rounded to T. The op launches rng_advance(state, n)
+// right after. Vectorised like map1, with two outputs.
+template <typename T>
+__device__ __forceinline__ void dropout_t(T* y, T* mask, const T* x, const u32* state, float p, float scale, u32 n) {
+    constexpr u32 W = 16 / sizeof(T);
+    u64 seed, offset;
+    rng_load(state, seed, offset);
+    u64 done = 0;
+    if (al16(y) && al16(mask) && al16(x)) {
+        const u64 nv = n / W;
+        for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
+            Pack<T> px, py, pm;
+            px.raw = reinterpret_cast<const uint4*>(x)[v];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const float m = philox_uniform(seed, offset + v * W + k) >= p ? scale : 0.0f;
+                st(pm.e, k, m);
+                st(py.e, k, ld(px.e, k) * m);
+            }
+            reinterpret_cast<uint4*>(mask)[v] = pm.raw;
+            reinterpret_cast<uint4*>(y)[v] = py.raw;
+        }
+        done = nv * W;
+    }
+    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) {
+        const float m = philox_uniform(seed, offset + i) >= p ? scale : 0.0f;
+        st(mask, i, m);
+        st(y, i, ld(x, i) * m);
+    }
+}
+
+extern "C" __global__ void axpy_f32(float* y, const float* x, float a, u32 n) { axpy_t(y, x, a, n); }
+extern "C" __global__ void scale_f32(float* y, float a, u32 n) { scale_t(y, a, n); }
+extern "C" __global__ void add_f32(float* y, const float* a, const float* b, u32 n) { add_t(y, a, b, n); }
+extern "C" __global__ void mul_f32(float* y, const float* a, const float* b, u32 n) { mul_t(y, a, b, n); }
+extern "C" __global__ void scale_out_f32(float* y, const float* x, float a, u32 n) { scale_out_t(y, x, a, n); }
+extern "C" __global__ void bias_add_f32(float* y, const float* x, const float* b, u32 n, u32 d) { bias_add_t(y, x, b, n, d); }
+extern "C" __global__ void relu_f32(float* y, const float* x, u32 n) { relu_t(y, x, n); }
+extern "C" __global__ void relu_bwd_f32(float* dx, const float* dy, const float* x, u32 n) { relu_bwd_t(dx, dy, x, n); }
+extern "C" __global__ void gelu_f32(float* y, const float* x, u32 n, u32 approx) { gelu_t(y, x, n, approx); }
+extern "C" __global__ void gelu_bwd_f32(float* dx, const float* dy, const float* x, u32 n, u32 approx) { gelu_bwd_t(dx, dy, x, n, approx); }
+extern "C" __global__ void mse_bwd_f32(float* dp, const float* p, const float* t, float scale, u32 n) { mse_bwd_t(dp, p, t, scale, n); }
+extern "C" __global__ void dropout_f32(float* y, float* mask, const float* x, const u32* state, float p, float scale, u32 n) { dropout_t(y, mask, x, state, p, scale, n); }
+extern "C" __global__ void axpy_bf16(bf16_t* y, const bf16_t* x, float a, u32 n) { axpy_t(y, x, a, n); }
+extern "C" __global__ void axpy_f16(f16_t* y, const f16_t* x, float a, u32 n) { axpy_t(y, x, a, n); }
+extern "C" __global__ void scale_bf16(bf16_t* y, float a, u32 n) { scale_t(y, a, n); }
+extern "C" __global__ void scale_f16(f16_t* y, float a, u32 n) { scale_t(y, a, n); }
+extern "C" __global__ void add_bf16(bf16_t* y, const bf16_t* a, const bf16_t* b, u32 n) { add_t(y, a, b, n); }
+extern "C" __global__ void add_f16(f16_t* y, const f16_t* a, const f16_t* b, u32 n) { add_t(y, a, b, n); }
+extern "C" __global__ void mul_bf16(bf16_t* y, const bf16_t* a, const bf16_t* b, u32 n) { mul_t(y, a, b, n); }
+extern "C" __global__ void mul_f16(f16_t* y, const f16_t* a, const f16_t* b, u32 n) { mul_t(y, a, b, n); }
+extern "C" __global__ void scale_out_bf16(bf16_t* y, const bf16_t* x, float a, u32 n) { scale_out_t(y, x, a, n); }
+extern "C" __global__ void scale_out_f16(f16_t* y, const f16_t* x, float a, u32 n) { scale_out_t(y, x, a, n); }
+extern "C" __global__ void bias_add_bf16(bf16_t* y, const bf16_t* x, const bf16_t* b, u32 n, u32 d) { bias_add_t(y, x, b, n, d); }
+extern "C" __global__ void bias_add_f16(f16_t* y, const f16_t* x, const f16_t* b, u32 n, u32 d) { bias_add_t(y, x, b, n, d); }
+extern "C" __global__ void relu_bf16(bf16_t* y, const bf16_t* x, u32 n) { relu_t(y, x, n); }
+extern "C" __global__ void relu_f16(f16_t* y, const f16_t* x, u32 n) { relu_t(y, x, n); }
+extern "C" __global__ void relu_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, u32 n) { relu_bwd_t(dx, dy, x, n); }
+extern "C" __global__ void relu_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, u32 n) { relu_bwd_t(dx, dy, x, n); }
+extern "C" __global__ void gelu_bf16(bf16_t* y, const bf16_t* x, u32 n, u32 approx) { gelu_t(y, x, n, approx); }
+extern "C" __global__ void gelu_f16(f16_t* y, const f16_t* x, u32 n, u32 approx) { gelu_t(y, x, n, approx); }
+extern "C" __global__ void gelu_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, u32 n, u32 approx) { gelu_bwd_t(dx, dy, x, n, approx); }
+extern "C" __global__ void gelu_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, u32 n, u32 approx) { gelu_bwd_t(dx, dy, x, n, approx); }
+extern "C" __global__ void dropout_bf16(bf16_t* y, bf16_t* mask, const bf16_t* x, const u32* state, float p, float scale, u32 n) { dropout_t(y, mask, x, state, p, scale, n); }
+extern "C" __global__ void dropout_f16(f16_t* y, f16_t* mask, const f16_t* x, const u32* state, float p, float scale, u32 n) { dropout_t(y, mask, x, state, p, scale, n); }
+extern "C" __global__ void mse_bwd_bf16(bf16_t* dp, const bf16_t* p, const bf16_t* t, float scale, u32 n) { mse_bwd_t(dp, p, t, scale, n); }
+extern "C" __global__ void mse_bwd_f16(f16_t* dp, const f16_t* p, const f16_t* t, float scale, u32 n) { mse_bwd_t(dp, p, t, scale, n); }
+
+// ---------------------------------------------------------------- reductions (f32 out)
+
+template <typename T> __device__ __forceinline__ void sum_partial_t(float* partial, const T* x, u32 n) {
+    __shared__ float sh[32];
+    float s = 0.0f;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) s += ld(x, i);
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+template <typename T> __device__ __forceinline__ void sqdiff_partial_t(float* partial, const T* a, const T* b, u32 n) {
+    __shared__ float sh[32];
+    float s = 0.0f;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const float d = ld(a, i) - ld(b, i);
+        s += d * d;
+    }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+// As col_sum_acc_f32, reading 16-bit rows into an f32 accumulator (the bias grad).
+template <typename T> __device__ __forceinline__ void col_sum_acc_t(float* out, const T* a, u32 rows, u32 cols) {
+    __shared__ float sh[GR_COL_Y][33];
+    for (u64 c0 = (u64)blockIdx.x * 32; c0 < cols; c0 += (u64)gridDim.x * 32) {
+        u64 c = c0 + threadIdx.x;
+        float s = 0.0f;
+        if (c < cols) {
+            for (u64 r = threadIdx.y; r < rows; r += GR_COL_Y) s += ld(a, r * cols + c);
+        }
+        sh[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < cols) {
+            float t = 0.0f;
+            for (int k = 0; k < GR_COL_Y; ++k) t += sh[k][threadIdx.x];
+            out[c] += t;
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void sum_partial_bf16(float* partial, const bf16_t* x, u32 n) { sum_partial_t(partial, x, n); }
+extern "C" __global__ void sum_partial_f16(float* partial, const f16_t* x, u32 n) { sum_partial_t(partial, x, n); }
+extern "C" __global__ void sqdiff_partial_bf16(float* partial, const bf16_t* a, const bf16_t* b, u32 n) { sqdiff_partial_t(partial, a, b, n); }
+extern "C" __global__ void sqdiff_partial_f16(float* partial, const f16_t* a, const f16_t* b, u32 n) { sqdiff_partial_t(partial, a, b, n); }
+extern "C" __global__ void col_sum_acc_bf16(float* out, const bf16_t* a, u32 rows, u32 cols) { col_sum_acc_t(out, a, rows, cols); }
+extern "C" __global__ void col_sum_acc_f16(float* out, const f16_t* a, u32 rows, u32 cols) { col_sum_acc_t(out, a, rows, cols); }
+
+// ---------------------------------------------------------------- layer norm and softmax (16-bit)
+//
+// The f32 kernels of ops.cu with 16-bit activations and weights: statistics, mean and rstd,
+// row losses and parameter grads stay f32.
+
+template <typename T>
+__device__ __forceinline__ void layer_norm_t(T* y, float* mean_out, float* rstd_out, const T* x, const T* gamma, const T* beta, u32 rows, u32 d, float eps) {
+    __shared__ float sh[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + r * d;
+        T* yr = y + r * d;
+        float s = 0.0f;
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) s += ld(xr, j);
+        const float mean = block_sum(s, sh) / (float)d;
+        float v = 0.0f;
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+            float c = ld(xr, j) - mean;
+            v += c * c;
+        }
+        const float var = block_sum(v, sh) / (float)d;
+        const float rstd = 1.0f / sqrtf(var + eps);
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) st(yr, j, (ld(xr, j) - mean) * rstd * ld(gamma, j) + ld(beta, j));
+        if (threadIdx.x == 0) {
+            mean_out[r] = mean;
+            rstd_out[r] = rstd;
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void layer_norm_bwd_t(T* dx, const T* dy, const T* x, const T* gamma, const float* mean, const float* rstd, u32 rows, u32 d) {
+    __shared__ float sh[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + r * d;
+        const T* dyr = dy + r * d;
+        T* dxr = dx + r * d;
+        const float mu = mean[r];
+        const float rs = rstd[r];
+        float a = 0.0f;
+        float b = 0.0f;
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+            float g = ld(dyr, j) * ld(gamma, j);
+            float xh = (ld(xr, j) - mu) * rs;
+            a += g;
+            b += g * xh;
+        }
+        const float ma = block_sum(a, sh) / (float)d;
+        const float mb = block_sum(b, sh) / (float)d;
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+            float g = ld(dyr, j) * ld(gamma, j);
+            float xh = (ld(xr, j) - mu) * rs;
+            st(dxr, j, rs * (g - ma - xh * mb));
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void layer_norm_bwd_params_t(float* dgamma, float* dbeta, const T* dy, const T* x, const float* mean, const float* rstd, u32 rows, u32 d) {
+    __shared__ float shg[GR_COL_Y][33];
+    __shared__ float shb[GR_COL_Y][33];
+    for (u64 c0 = (u64)blockIdx.x * 32; c0 < d; c0 += (u64)gridDim.x * 32) {
+        u64 c = c0 + threadIdx.x;
+        float sg = 0.0f;
+        float sb = 0.0f;
+        if (c < d) {
+            for (u64 r = threadIdx.y; r < rows; r += GR_COL_Y) {
+                float g = ld(dy, r * d + c);
+                float xh = (ld(x, r * d + c) - mean[r]) * rstd[r];
+                sg += g * xh;
+                sb += g;
+            }
+        }
+        shg[threadIdx.y][threadIdx.x] = sg;
+        shb[threadIdx.y][threadIdx.x] = sb;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < d) {
+            float tg = 0.0f;
+            float tb = 0.0f;
+            for (int k = 0; k < GR_COL_Y; ++k) {
+                tg += shg[k][threadIdx.x];
+                tb += shb[k][threadIdx.x];
+            }
+            dgamma[c] += tg;
+            dbeta[c] += tb;
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void softmax_xent_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
+    __shared__ float sh[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = logits + r * c;
+        T* pr = probs + r * c;
+        float m = gr_neg_inf();
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, ld(xr, j));
+        m = block_max(m, sh);
+        float s = 0.0f;
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) s += expf(ld(xr, j) - m);
+        s = block_sum(s, sh);
+        const float inv = 1.0f / s;
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) st(pr, j, expf(ld(xr, j) - m) * inv);
+        if (threadIdx.x == 0) {
+            const float l = labels[r];
+            row_loss[r] = label_ok(l, c) ? (m + logf(s)) - ld(xr, (u32)l) : gr_nan();
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void softmax_xent_bwd_t(T* dlogits, const T* probs, const float* labels, float scale, u32 rows, u32 c) {
+    const u64 n = (u64)rows * c;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const u64 r = i / c;
+        const u32 j = (u32)(i - r * c);
+        const float l = labels[r];
+        if (label_ok(l, c)) {
+            const float hot = (j == (u32)l) ? 1.0f : 0.0f;
+            st(dlogits, i, (ld(probs, i) - hot) * scale);
+        } else {
+            st(dlogits, i, gr_nan());
+        }
+    }
+}
+
+extern "C" __global__ void layer_norm_bf16(bf16_t* y, float* mean_out, float* rstd_out, const bf16_t* x, const bf16_t* gamma, const bf16_t* beta, u32 rows, u32 d, float eps) { layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void layer_norm_f16(f16_t* y, float* mean_out, float* rstd_out, const f16_t* x, const f16_t* gamma, const f16_t* beta, u32 rows, u32 d, float eps) { layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void layer_norm_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void layer_norm_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void layer_norm_bwd_params_bf16(float* dgamma, float* dbeta, const bf16_t* dy, const bf16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
+extern "C" __global__ void layer_norm_bwd_params_f16(float* dgamma, float* dbeta, const f16_t* dy, const f16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
+extern "C" __global__ void softmax_xent_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void softmax_xent_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_bf16(bf16_t* dlogits, const bf16_t* probs, const float* labels, float scale, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, scale, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_f16(f16_t* dlogits, const f16_t* probs, const float* labels, float scale, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, scale, rows, c); }

@@ -1,0 +1,108 @@
+// Mixed-precision training (issue #12): device-side dynamic loss scaling and AdamW over f32
+// master weights that rewrites the 16-bit model weights in the same kernel. Compiled after
+// half.cu (ld/st and the 16-bit storage types come from there).
+//
+// The loss scaler's state is 4 floats in device memory: [scale, found_inf, good_steps,
+// skipped_steps]. Every decision (skip the step, grow or back off the scale) is taken on the
+// device, so the whole step captures into one graph and never syncs with the host.
+
+// Resets the overflow flag at the start of a step.
+extern "C" __global__ void amp_begin(float* scaler) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) scaler[1] = 0.0f;
+}
+
+// y *= scale (the loss grad, before backward).
+template <typename T> __device__ __forceinline__ void amp_scale_t(T* y, const float* scaler, u32 n) {
+    const float s = scaler[0];
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) st(y, i, ld(y, i) * s);
+}
+extern "C" __global__ void amp_scale_f32(float* y, const float* scaler, u32 n) { amp_scale_t(y, scaler, n); }
+extern "C" __global__ void amp_scale_bf16(bf16_t* y, const float* scaler, u32 n) { amp_scale_t(y, scaler, n); }
+extern "C" __global__ void amp_scale_f16(f16_t* y, const float* scaler, u32 n) { amp_scale_t(y, scaler, n); }
+
+// g *= 1 / scale, in place; any non-finite result raises the flag (every writer stores 1, so
+// the outcome does not depend on timing).
+extern "C" __global__ void amp_unscale_check(float* g, float* scaler, u32 n) {
+    const float inv = 1.0f / scaler[0];
+    bool bad = false;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const float v = g[i] * inv;
+        g[i] = v;
+        bad = bad || !(fabsf(v) <= 3.4028234663852886e38f); // false for NaN and infinities
+    }
+    if (bad) scaler[1] = 1.0f;
+}
+
+// After the optimizer: on overflow back off and count a skipped step, else grow the scale
+// every `interval` good steps.
+extern "C" __global__ void amp_update(float* scaler, float growth, float backoff, u32 interval) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    if (scaler[1] != 0.0f) {
+        scaler[0] = scaler[0] * backoff;
+        scaler[2] = 0.0f;
+        scaler[3] = scaler[3] + 1.0f;
+    } else {
+        const float good = scaler[2] + 1.0f;
+        if (good >= (float)interval) {
+            scaler[0] = scaler[0] * growth;
+            scaler[2] = 0.0f;
+        } else {
+            scaler[2] = good;
+        }
+    }
+}
+
+// adamw_prepare_f32, skipped when the scaler flagged an overflow.
+extern "C" __global__ void adamw_prepare_mixed(float* st, const float* scaler, float beta1, float beta2) {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && scaler[1] == 0.0f) {
+        const u32 t = __float_as_uint(st[0]) + 1u;
+        st[0] = __uint_as_float(t);
+        st[1] = 1.0f - powf(beta1, (float)t);
+        st[2] = 1.0f - powf(beta2, (float)t);
+    }
+}
+
+// adamw_step_f32 on the f32 master weights, then the 16-bit model weights rewritten from them
+// (rounded to nearest even); nothing changes when the scaler flagged an overflow.
+template <typename T>
+__device__ __forceinline__ void adamw_mixed_t(float* p, T* model, const float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 n) {
+    if (scaler[1] != 0.0f) return;
+    const float rate = lr[0];
+    const float step_size = rate / sta[1];
+    const float bc2_sqrt = sqrtf(sta[2]);
+    const float decay = 1.0f - rate * wd;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const float gi = g[i];
+        const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+        const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        const float denom = sqrtf(vi) / bc2_sqrt + eps;
+        const float pi = p[i] * decay - step_size * (mi / denom);
+        p[i] = pi;
+        st(model, i, pi);
+    }
+}
+extern "C" __global__ void adamw_mixed_bf16(float* p, bf16_t* model, const float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 n) { adamw_mixed_t(p, model, g, m, v, lr, sta, scaler, beta1, beta2, eps, wd, n); }
+extern "C" __global__ void adamw_mixed_f16(float* p, f16_t* model, const float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 n) { adamw_mixed_t(p, model, g, m, v, lr, sta, scaler, beta1, beta2, eps, wd, n); }
+
+// sgd_step_f32 on the f32 master weights, then the 16-bit model weights rewritten from them;
+// nothing changes when the scaler flagged an overflow. buf is unused (may be null) when
+// use_momentum is 0.
+template <typename T>
+__device__ __forceinline__ void sgd_mixed_t(float* p, T* model, const float* g, float* buf, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 n) {
+    if (scaler[1] != 0.0f) return;
+    const float rate = lr[0];
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        float gi = g[i] + wd * p[i];
+        if (use_momentum != 0u) {
+            gi = momentum * buf[i] + gi;
+            buf[i] = gi;
+        }
+        const float pi = p[i] - rate * gi;
+        p[i] = pi;
+        st(model, i, pi);
+    }
+}
+extern "C" __global__ void sgd_mixed_bf16(float* p, bf16_t* model, const float* g, float* buf, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 n) { sgd_mixed_t(p, model, g, buf, lr, scaler, momentum, wd, use_momentum, n); }
+extern "C" __global__ void sgd_mixed_f16(float* p, f16_t* model, const float* g, float* buf, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 n) { sgd_mixed_t(p, model, g, buf, lr, scaler, momentum, wd, use_momentum, n); }

@@ -1,0 +1,129 @@
+//! SGD over f32 master weights behind bf16/f16 model weights.
+
+use super::mixed::{make_masters, LossScaler};
+use super::{state_from, Sgd, SgdConfig};
+use crate::backend::{BuiltinKernel, KArg, LaunchDims};
+use crate::ops::{cpu, exec, fill_, n32, Exec};
+use crate::{DType, Param, Result, Tensor};
+
+/// SGD (momentum, weight decay; [`Sgd`]'s semantics) for bf16 or f16 model weights: f32
+/// master weights and momentum buffers, f32 grads, and the 16-bit model weights rewritten from
+/// the masters in the same kernel, so one captured `step()` is the whole update. With a
+/// [`LossScaler`] the grads are unscaled first and an overflow skips the update on the device.
+/// f16 weights without a loss scaler are [`crate::Error::F16NeedsLossScaling`].
+///
+/// ```
+/// use graphed::optim::{MixedSgd, SgdConfig};
+/// use graphed::{ops, DType, Device, Param, Tensor};
+/// let dev = Device::host();
+/// let p = Param::new(Tensor::full_as(&dev, &[2], 1.0, DType::BF16)?)?;
+/// ops::fill_(&p.grad, 1.0)?;
+/// let opt = MixedSgd::new(&[p.clone()], SgdConfig { lr: 0.25, ..Default::default() }, None)?;
+/// opt.step()?;
+/// assert_eq!(p.value.to_vec()?, vec![0.75; 2]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct MixedSgd {
+    model: Vec<Param>,
+    inner: Sgd,
+    scaler: Option<LossScaler>,
+    /// `[1, 0, 0, 0]`: the flag the kernels read when there is no scaler (never raised).
+    no_scaler: Tensor,
+}
+
+impl MixedSgd {
+    /// An optimizer over `model` (bf16 or f16 values with f32 grads); the masters start as the
+    /// model values widened to f32.
+    pub fn new(model: &[Param], config: SgdConfig, scaler: Option<LossScaler>) -> Result<MixedSgd> {
+        let (device, masters) = make_masters("MixedSgd::new", model, scaler.as_ref())?;
+        Ok(MixedSgd {
+            model: model.to_vec(),
+            inner: Sgd::new(&masters, config)?,
+            scaler,
+            no_scaler: state_from(&device, &[1.0, 0.0, 0.0, 0.0])?,
+        })
+    }
+
+    /// The f32 master weights (their grads are the model's grads).
+    pub fn masters(&self) -> &[Param] {
+        self.inner.params()
+    }
+
+    /// The loss scaler, if any.
+    pub fn scaler(&self) -> Option<&LossScaler> {
+        self.scaler.as_ref()
+    }
+
+    /// Sets the learning rate the next step uses (illegal during a capture).
+    pub fn set_lr(&self, lr: f32) -> Result<()> {
+        self.inner.set_lr(lr)
+    }
+
+    /// Zeros every grad (capturable).
+    pub fn zero_grad(&self) -> Result<()> {
+        self.model.iter().try_for_each(|p| fill_(&p.grad, 0.0))
+    }
+
+    /// One update: unscale and check (with a scaler), one kernel per parameter (master and
+    /// model weights), and the scale update. Capturable; no host sync.
+    pub fn step(&self) -> Result<()> {
+        let flag = match &self.scaler {
+            Some(s) => {
+                let grads: Vec<Tensor> = self.model.iter().map(|p| p.grad.clone()).collect();
+                s.unscale_and_check(&grads)?;
+                &s.state
+            }
+            None => &self.no_scaler,
+        };
+        for (i, p) in self.model.iter().enumerate() {
+            self.update_param(i, p, flag)?;
+        }
+        self.scaler.as_ref().map_or(Ok(()), LossScaler::update)
+    }
+
+    fn update_param(&self, i: usize, p: &Param, flag: &Tensor) -> Result<()> {
+        let SgdConfig { momentum, weight_decay, .. } = self.inner.config;
+        let (master, buf, lr) = (&self.inner.params[i].value, &self.inner.bufs[i], &self.inner.lr);
+        let n = n32("MixedSgd::step", p.value.numel())?;
+        let kernel =
+            if p.value.dtype() == DType::F16 { BuiltinKernel::SgdMixedF16 } else { BuiltinKernel::SgdMixedBf16 };
+        match exec(p.value.device()) {
+            Exec::Host(h) => {
+                let (pp, mod_p, gp, lp, fl) =
+                    (master.host_ptr()?, p.value.host_ptr()?, p.grad.host_ptr()?, lr.host_ptr()?, flag.host_ptr()?);
+                let bp = buf.as_ref().map(|b| b.host_ptr()).transpose()?;
+                h.run(kernel, move || {
+                    if fl.read()[1] != 0.0 {
+                        return Ok(());
+                    }
+                    let mut pv = pp.read();
+                    let mut bv = bp.as_ref().map(|b| b.read());
+                    cpu::sgd_step(&mut pv, &gp.read(), bv.as_deref_mut(), lp.read()[0], momentum, weight_decay);
+                    pp.write(&pv);
+                    mod_p.write(&pv);
+                    if let (Some(b), Some(v)) = (&bp, &bv) {
+                        b.write(v);
+                    }
+                    Ok(())
+                })
+            }
+            Exec::Cuda(c) => {
+                let bp = buf.as_ref().map(|b| b.cuda_ptr()).transpose()?.unwrap_or(0);
+                let args = [
+                    KArg::Ptr(master.cuda_ptr()?),
+                    KArg::Ptr(p.value.cuda_ptr()?),
+                    KArg::Ptr(p.grad.cuda_ptr()?),
+                    KArg::Ptr(bp),
+                    KArg::Ptr(lr.cuda_ptr()?),
+                    KArg::Ptr(flag.cuda_ptr()?),
+                    KArg::F32(momentum),
+                    KArg::F32(weight_decay),
+                    KArg::U32(buf.is_some() as u32),
+                    KArg::U32(n),
+                ];
+                c.launch(kernel, LaunchDims::elementwise(n as usize), &args)
+            }
+        }
+    }
+}

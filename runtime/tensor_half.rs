@@ -1,0 +1,129 @@
+//! bf16 and f16 tensors: constructors from 16-bit values and from f32, and read-back.
+
+use half::{bf16, f16};
+
+use crate::backend::BackendKind;
+use crate::{DType, Device, Error, Result, Tensor};
+
+impl Tensor {
+    /// A tensor of `dtype` holding `data` rounded to it (round to nearest even, as the GPU
+    /// kernels store). Illegal during capture.
+    ///
+    /// ```
+    /// use graphed::{DType, Device, Tensor};
+    /// let t = Tensor::from_slice_as(&Device::host(), &[1.0, 1.0 + 1.0 / 256.0], &[2], DType::BF16)?;
+    /// assert_eq!(t.to_vec()?, vec![1.0, 1.0]); // 1 + 2^-8 is a tie in bf16: rounds to even
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn from_slice_as(device: &Device, data: &[f32], dims: &[usize], dtype: DType) -> Result<Tensor> {
+        let t = Tensor::empty_as(device, dims, dtype)?;
+        if t.numel() != data.len() {
+            return Err(Error::shape("Tensor::from_slice_as", format!("{} values for shape {dims:?}", data.len())));
+        }
+        t.copy_from_slice(data)?;
+        Ok(t)
+    }
+
+    /// A bf16 tensor holding `data` exactly. Illegal during capture.
+    ///
+    /// ```
+    /// use graphed::{half::bf16, Device, Tensor};
+    /// let t = Tensor::from_bf16(&Device::host(), &[bf16::from_f32(0.5), bf16::ONE], &[2])?;
+    /// assert_eq!(t.to_bf16_vec()?, vec![bf16::from_f32(0.5), bf16::ONE]);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn from_bf16(device: &Device, data: &[bf16], dims: &[usize]) -> Result<Tensor> {
+        let bits: Vec<u16> = data.iter().map(|v| v.to_bits()).collect();
+        Tensor::from_bits16(device, &bits, dims, DType::BF16)
+    }
+
+    /// An f16 tensor holding `data` exactly. Illegal during capture.
+    ///
+    /// ```
+    /// use graphed::{half::f16, Device, Tensor};
+    /// let t = Tensor::from_f16(&Device::host(), &[f16::MAX], &[1])?;
+    /// assert_eq!(t.to_vec()?, vec![65504.0]);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn from_f16(device: &Device, data: &[f16], dims: &[usize]) -> Result<Tensor> {
+        let bits: Vec<u16> = data.iter().map(|v| v.to_bits()).collect();
+        Tensor::from_bits16(device, &bits, dims, DType::F16)
+    }
+
+    /// A tensor of `dtype` filled with `value` (rounded to the dtype).
+    ///
+    /// ```
+    /// use graphed::{DType, Device, Tensor};
+    /// let t = Tensor::full_as(&Device::host(), &[3], 0.1, DType::F16)?;
+    /// assert_eq!(t.to_vec()?, vec![DType::F16.round(0.1); 3]);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn full_as(device: &Device, dims: &[usize], value: f32, dtype: DType) -> Result<Tensor> {
+        let t = Tensor::empty_as(device, dims, dtype)?;
+        let n = u32::try_from(t.numel()).map_err(|_| {
+            Error::invalid("Tensor::full", format!("{} elements exceed the 2^32 kernels support", t.numel()))
+        })?;
+        device.backend().fill(&t.ptr()?, n, value, dtype)?;
+        Ok(t)
+    }
+
+    /// A tensor of `dtype` of zeros.
+    pub fn zeros_as(device: &Device, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::full_as(device, dims, 0.0, dtype)
+    }
+
+    /// The contents of a bf16 tensor, bit for bit. Illegal during capture.
+    pub fn to_bf16_vec(&self) -> Result<Vec<bf16>> {
+        self.expect_dtype("Tensor::to_bf16_vec", DType::BF16)?;
+        Ok(self.to_bits16()?.into_iter().map(bf16::from_bits).collect())
+    }
+
+    /// The contents of an f16 tensor, bit for bit. Illegal during capture.
+    pub fn to_f16_vec(&self) -> Result<Vec<f16>> {
+        self.expect_dtype("Tensor::to_f16_vec", DType::F16)?;
+        Ok(self.to_bits16()?.into_iter().map(f16::from_bits).collect())
+    }
+
+    /// This tensor converted to `dtype` in new memory (see [`crate::ops::cast`]).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        crate::ops::cast(self, dtype)
+    }
+
+    fn expect_dtype(&self, op: &'static str, dtype: DType) -> Result<()> {
+        if self.dtype() != dtype {
+            return Err(Error::DType { op, got: self.dtype(), expected: dtype });
+        }
+        Ok(())
+    }
+
+    fn from_bits16(device: &Device, bits: &[u16], dims: &[usize], dtype: DType) -> Result<Tensor> {
+        let t = Tensor::empty_as(device, dims, dtype)?;
+        if t.numel() != bits.len() {
+            return Err(Error::shape(
+                "Tensor::from_bf16/from_f16",
+                format!("{} values for shape {dims:?}", bits.len()),
+            ));
+        }
+        let backend = device.backend();
+        backend.forbid_during_capture("copy from host memory")?;
+        match &backend.kind {
+            BackendKind::Cuda(c) => c.copy_to_device(t.cuda_ptr()?, bits)?,
+            BackendKind::Host(_) => t.host_ptr()?.write_bits16(bits),
+        }
+        Ok(t)
+    }
+
+    /// The raw 16-bit patterns of a bf16 or f16 tensor.
+    pub(crate) fn to_bits16(&self) -> Result<Vec<u16>> {
+        let backend = self.device().backend();
+        backend.forbid_during_capture("copy to host memory")?;
+        match &backend.kind {
+            BackendKind::Cuda(c) => {
+                let mut out = vec![0u16; self.numel()];
+                c.copy_to_host(&mut out, self.cuda_ptr()?)?;
+                Ok(out)
+            }
+            BackendKind::Host(_) => Ok(self.host_ptr()?.read_bits16()),
+        }
+    }
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Type-checks the NVRTC kernel sources with the host C++ compiler (no GPU, no CUDA toolkit):
+# scripts/cuda-host-shim.h stands in for the CUDA built-ins, inline PTX is skipped. It catches
+# syntax and type errors and instantiates every template; it does not replace running on a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+k=runtime/backend/kernels
+cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/mixed.cu \
+  | sed 's/extern "C" __global__ void/extern "C" void/' > "$tmp/all.cpp"
+"${CXX:-g++}" -std=c++17 -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/all.cpp"
+echo "kernels type-check"

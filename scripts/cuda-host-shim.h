@@ -1,0 +1,17 @@
+// A host shim to syntax/type-check the NVRTC sources with g++ (not a CUDA compiler).
+#include <cmath>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define asm(...) ((void)0)
+#define extern_C
+struct dim3s { unsigned x, y, z; };
+static dim3s threadIdx, blockIdx, blockDim, gridDim;
+struct uint4 { unsigned x, y, z, w; };
+inline unsigned __float_as_uint(float f) { unsigned u; __builtin_memcpy(&u, &f, 4); return u; }
+inline float __uint_as_float(unsigned u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
+inline float __int_as_float(int u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
+inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
+inline void __syncthreads() {}
+using std::isfinite;
