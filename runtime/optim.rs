@@ -23,9 +23,11 @@
 //! ```
 
 mod mixed;
+mod mixed_adamw;
 mod mixed_sgd;
 
-pub use mixed::{LossScaler, LossScalerConfig, MixedAdamW};
+pub use mixed::{LossScaler, LossScalerConfig, Mixed};
+pub use mixed_adamw::MixedAdamW;
 pub use mixed_sgd::MixedSgd;
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};

@@ -1,7 +1,7 @@
 //! Mixed precision: f32 master weights behind 16-bit model weights, and dynamic loss scaling
 //! decided on the device.
 
-use super::{check_hyper, state_from, AdamW, AdamWConfig};
+use super::state_from;
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{cpu, exec, fill_, n32, Exec};
 use crate::{DType, Device, Error, Param, Result, Tensor};
@@ -224,52 +224,49 @@ pub(super) fn make_masters(
     Ok((device, masters))
 }
 
-/// AdamW for bf16 or f16 model weights: f32 master weights, f32 grads (what [`Param`] grads
-/// and [`crate::ops::linear_backward`] give), and the 16-bit model weights rewritten from the
-/// masters inside the same kernel, so one captured `step()` does the whole update. With a
-/// [`LossScaler`] the grads are unscaled first and an overflow skips the update on the device.
-///
-/// f16 weights without a loss scaler are [`Error::F16NeedsLossScaling`].
-///
-/// ```
-/// use graphed::optim::{AdamWConfig, MixedAdamW};
-/// use graphed::{ops, DType, Device, Param, Tensor};
-/// let dev = Device::host();
-/// let p = Param::new(Tensor::full_as(&dev, &[2], 1.0, DType::BF16)?)?;
-/// ops::fill_(&p.grad, 1.0)?;
-/// let opt = MixedAdamW::new(&[p.clone()], AdamWConfig { lr: 1e-3, weight_decay: 0.0, ..Default::default() }, None)?;
-/// opt.step()?;
-/// assert_eq!(opt.masters()[0].value.to_vec()?, vec![0.999; 2]);
-/// assert_eq!(p.value.to_vec()?, vec![1.0; 2]); // 0.999 rounds to 1 in bf16; the master keeps it
-/// # Ok::<(), graphed::Error>(())
-/// ```
+/// An optimizer over f32 master weights behind bf16 or f16 model weights: f32 grads (what
+/// [`Param`] grads and [`crate::ops::linear_backward`] give), and the 16-bit model weights
+/// rewritten from the masters inside the update kernel, so one captured `step()` does the whole
+/// update. With a [`LossScaler`] the grads are unscaled first and an overflow skips the update on
+/// the device. `O` is the f32 optimizer over the masters: [`MixedAdamW`] and [`MixedSgd`] name
+/// the two there are.
 #[derive(Debug)]
-pub struct MixedAdamW {
+pub struct Mixed<O> {
     model: Vec<Param>,
-    inner: AdamW,
+    inner: O,
     scaler: Option<LossScaler>,
     /// `[1, 0, 0, 0]`: the flag the kernels read when there is no scaler (never raised).
     no_scaler: Tensor,
 }
 
-impl MixedAdamW {
-    /// An optimizer over `model` (bf16 or f16 values with f32 grads); the masters start as the
-    /// model values widened to f32.
-    pub fn new(model: &[Param], config: AdamWConfig, scaler: Option<LossScaler>) -> Result<MixedAdamW> {
-        const OP: &str = "MixedAdamW::new";
-        check_hyper(OP, "lr", config.lr, None)?;
-        let (device, masters) = make_masters(OP, model, scaler.as_ref())?;
-        Ok(MixedAdamW {
-            model: model.to_vec(),
-            inner: AdamW::new(&masters, config)?,
-            scaler,
-            no_scaler: state_from(&device, &[1.0, 0.0, 0.0, 0.0])?,
-        })
+pub(super) mod sealed {
+    use crate::{Param, Result, Tensor};
+
+    /// What a mixed-precision optimizer needs of its f32 optimizer over the masters.
+    pub trait Master {
+        /// The masters.
+        fn masters(&self) -> &[Param];
+        /// Sets the learning rate.
+        fn set_master_lr(&self, lr: f32) -> Result<()>;
+        /// Work once per step before the per-parameter updates (`flag[1]` set: skip).
+        fn prepare(&self, flag: &Tensor) -> Result<()> {
+            let _ = flag;
+            Ok(())
+        }
+        /// Updates master `i` and model parameter `p` (skipped on the device when `flag[1]` is set).
+        fn update_param(&self, i: usize, p: &Param, flag: &Tensor) -> Result<()>;
+    }
+}
+
+impl<O: sealed::Master> Mixed<O> {
+    /// Wraps `inner`, built over `masters` (from [`make_masters`]).
+    pub(super) fn wrap(model: &[Param], inner: O, scaler: Option<LossScaler>, device: &Device) -> Result<Mixed<O>> {
+        Ok(Mixed { model: model.to_vec(), inner, scaler, no_scaler: state_from(device, &[1.0, 0.0, 0.0, 0.0])? })
     }
 
     /// The f32 master weights (their grads are the model's grads).
     pub fn masters(&self) -> &[Param] {
-        self.inner.params()
+        self.inner.masters()
     }
 
     /// The loss scaler, if any.
@@ -279,12 +276,7 @@ impl MixedAdamW {
 
     /// Sets the learning rate the next step uses (illegal during a capture).
     pub fn set_lr(&self, lr: f32) -> Result<()> {
-        self.inner.set_lr(lr)
-    }
-
-    /// Steps taken (skipped ones not counted), read back from the device.
-    pub fn step_count(&self) -> Result<u64> {
-        self.inner.step_count()
+        self.inner.set_master_lr(lr)
     }
 
     /// Zeros every grad (capturable).
@@ -292,8 +284,8 @@ impl MixedAdamW {
         self.model.iter().try_for_each(|p| fill_(&p.grad, 0.0))
     }
 
-    /// One update: unscale and check (with a scaler), the step count, one kernel per
-    /// parameter (master and model weights), and the scale update. Capturable; no host sync.
+    /// One update: unscale and check (with a scaler), the optimizer's per-step work, one kernel
+    /// per parameter (master and model weights), and the scale update. Capturable; no host sync.
     pub fn step(&self) -> Result<()> {
         let flag = match &self.scaler {
             Some(s) => {
@@ -303,75 +295,17 @@ impl MixedAdamW {
             }
             None => &self.no_scaler,
         };
-        self.prepare(flag)?;
+        self.inner.prepare(flag)?;
         for (i, p) in self.model.iter().enumerate() {
-            self.update_param(i, p, flag)?;
+            self.inner.update_param(i, p, flag)?;
         }
         self.scaler.as_ref().map_or(Ok(()), LossScaler::update)
     }
+}
 
-    fn prepare(&self, flag: &Tensor) -> Result<()> {
-        let AdamWConfig { beta1, beta2, .. } = self.inner.config;
-        let state = &self.inner.state;
-        match exec(state.device()) {
-            Exec::Host(h) => {
-                let (st, fl) = (state.host_ptr()?, flag.host_ptr()?);
-                h.run(BuiltinKernel::AdamwPrepareMixed, move || {
-                    if fl.read()[1] == 0.0 {
-                        let t = st.read()[0].to_bits().wrapping_add(1);
-                        let (bc1, bc2) = cpu::adamw_bias_corrections(t, beta1, beta2);
-                        st.write(&[f32::from_bits(t), bc1, bc2]);
-                    }
-                    Ok(())
-                })
-            }
-            Exec::Cuda(c) => c.launch(
-                BuiltinKernel::AdamwPrepareMixed,
-                LaunchDims::rows(1, 32),
-                &[KArg::Ptr(state.cuda_ptr()?), KArg::Ptr(flag.cuda_ptr()?), KArg::F32(beta1), KArg::F32(beta2)],
-            ),
-        }
-    }
-
-    fn update_param(&self, i: usize, p: &Param, flag: &Tensor) -> Result<()> {
-        let AdamWConfig { beta1, beta2, eps, weight_decay, .. } = self.inner.config;
-        let (master, m, v) = (&self.inner.params[i].value, &self.inner.m[i], &self.inner.v[i]);
-        let (lr, state) = (&self.inner.lr, &self.inner.state);
-        let n = n32("MixedAdamW::step", p.value.numel())?;
-        let kernel =
-            if p.value.dtype() == DType::F16 { BuiltinKernel::AdamwMixedF16 } else { BuiltinKernel::AdamwMixedBf16 };
-        match exec(p.value.device()) {
-            Exec::Host(h) => {
-                let (pp, mod_p, gp) = (master.host_ptr()?, p.value.host_ptr()?, p.grad.host_ptr()?);
-                let (mp, vp, lp, st, fl) =
-                    (m.host_ptr()?, v.host_ptr()?, lr.host_ptr()?, state.host_ptr()?, flag.host_ptr()?);
-                h.run(kernel, move || {
-                    if fl.read()[1] != 0.0 {
-                        return Ok(());
-                    }
-                    let (lr, s) = (lp.read()[0], st.read());
-                    let (mut pv, mut mv, mut vv) = (pp.read(), mp.read(), vp.read());
-                    let g = gp.read();
-                    cpu::adamw_update(&mut pv, &g, &mut mv, &mut vv, lr, s[1], s[2], beta1, beta2, eps, weight_decay);
-                    pp.write(&pv);
-                    mod_p.write(&pv);
-                    mp.write(&mv);
-                    vp.write(&vv);
-                    Ok(())
-                })
-            }
-            Exec::Cuda(c) => {
-                let ptrs = [master, &p.value, &p.grad, m, v, lr, state, flag];
-                let mut args = ptrs.iter().map(|t| t.cuda_ptr().map(KArg::Ptr)).collect::<Result<Vec<_>>>()?;
-                args.extend([
-                    KArg::F32(beta1),
-                    KArg::F32(beta2),
-                    KArg::F32(eps),
-                    KArg::F32(weight_decay),
-                    KArg::U32(n),
-                ]);
-                c.launch(kernel, LaunchDims::elementwise(n as usize), &args)
-            }
-        }
+/// The inner optimizer (AdamW's step count, SGD's buffers).
+impl<O> Mixed<O> {
+    pub(super) fn inner(&self) -> &O {
+        &self.inner
     }
 }

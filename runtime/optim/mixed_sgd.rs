@@ -1,9 +1,9 @@
 //! SGD over f32 master weights behind bf16/f16 model weights.
 
-use super::mixed::{make_masters, LossScaler};
-use super::{state_from, Sgd, SgdConfig};
+use super::mixed::{make_masters, sealed::Master, LossScaler, Mixed};
+use super::{Sgd, SgdConfig};
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
-use crate::ops::{cpu, exec, fill_, n32, Exec};
+use crate::ops::{cpu, exec, n32, Exec};
 use crate::{DType, Param, Result, Tensor};
 
 /// SGD (momentum, weight decay; [`Sgd`]'s semantics) for bf16 or f16 model weights: f32
@@ -23,68 +23,29 @@ use crate::{DType, Param, Result, Tensor};
 /// assert_eq!(p.value.to_vec()?, vec![0.75; 2]);
 /// # Ok::<(), graphed::Error>(())
 /// ```
-#[derive(Debug)]
-pub struct MixedSgd {
-    model: Vec<Param>,
-    inner: Sgd,
-    scaler: Option<LossScaler>,
-    /// `[1, 0, 0, 0]`: the flag the kernels read when there is no scaler (never raised).
-    no_scaler: Tensor,
-}
+pub type MixedSgd = Mixed<Sgd>;
 
-impl MixedSgd {
+impl Mixed<Sgd> {
     /// An optimizer over `model` (bf16 or f16 values with f32 grads); the masters start as the
     /// model values widened to f32.
     pub fn new(model: &[Param], config: SgdConfig, scaler: Option<LossScaler>) -> Result<MixedSgd> {
         let (device, masters) = make_masters("MixedSgd::new", model, scaler.as_ref())?;
-        Ok(MixedSgd {
-            model: model.to_vec(),
-            inner: Sgd::new(&masters, config)?,
-            scaler,
-            no_scaler: state_from(&device, &[1.0, 0.0, 0.0, 0.0])?,
-        })
+        Mixed::wrap(model, Sgd::new(&masters, config)?, scaler, &device)
+    }
+}
+
+impl Master for Sgd {
+    fn masters(&self) -> &[Param] {
+        self.params()
     }
 
-    /// The f32 master weights (their grads are the model's grads).
-    pub fn masters(&self) -> &[Param] {
-        self.inner.params()
-    }
-
-    /// The loss scaler, if any.
-    pub fn scaler(&self) -> Option<&LossScaler> {
-        self.scaler.as_ref()
-    }
-
-    /// Sets the learning rate the next step uses (illegal during a capture).
-    pub fn set_lr(&self, lr: f32) -> Result<()> {
-        self.inner.set_lr(lr)
-    }
-
-    /// Zeros every grad (capturable).
-    pub fn zero_grad(&self) -> Result<()> {
-        self.model.iter().try_for_each(|p| fill_(&p.grad, 0.0))
-    }
-
-    /// One update: unscale and check (with a scaler), one kernel per parameter (master and
-    /// model weights), and the scale update. Capturable; no host sync.
-    pub fn step(&self) -> Result<()> {
-        let flag = match &self.scaler {
-            Some(s) => {
-                let grads: Vec<Tensor> = self.model.iter().map(|p| p.grad.clone()).collect();
-                s.unscale_and_check(&grads)?;
-                &s.state
-            }
-            None => &self.no_scaler,
-        };
-        for (i, p) in self.model.iter().enumerate() {
-            self.update_param(i, p, flag)?;
-        }
-        self.scaler.as_ref().map_or(Ok(()), LossScaler::update)
+    fn set_master_lr(&self, lr: f32) -> Result<()> {
+        self.set_lr(lr)
     }
 
     fn update_param(&self, i: usize, p: &Param, flag: &Tensor) -> Result<()> {
-        let SgdConfig { momentum, weight_decay, .. } = self.inner.config;
-        let (master, buf, lr) = (&self.inner.params[i].value, &self.inner.bufs[i], &self.inner.lr);
+        let SgdConfig { momentum, weight_decay, .. } = self.config;
+        let (master, buf, lr) = (&self.params[i].value, &self.bufs[i], &self.lr);
         let n = n32("MixedSgd::step", p.value.numel())?;
         let kernel =
             if p.value.dtype() == DType::F16 { BuiltinKernel::SgdMixedF16 } else { BuiltinKernel::SgdMixedBf16 };

@@ -1,0 +1,116 @@
+//! AdamW over f32 master weights behind bf16/f16 model weights.
+
+use super::mixed::{make_masters, sealed::Master, LossScaler, Mixed};
+use super::{check_hyper, AdamW, AdamWConfig};
+use crate::backend::{BuiltinKernel, KArg, LaunchDims};
+use crate::ops::{cpu, exec, n32, Exec};
+use crate::{DType, Param, Result, Tensor};
+
+/// AdamW for bf16 or f16 model weights (see [`Mixed`]).
+///
+/// f16 weights without a loss scaler are [`Error::F16NeedsLossScaling`].
+///
+/// ```
+/// use graphed::optim::{AdamWConfig, MixedAdamW};
+/// use graphed::{ops, DType, Device, Param, Tensor};
+/// let dev = Device::host();
+/// let p = Param::new(Tensor::full_as(&dev, &[2], 1.0, DType::BF16)?)?;
+/// ops::fill_(&p.grad, 1.0)?;
+/// let opt = MixedAdamW::new(&[p.clone()], AdamWConfig { lr: 1e-3, weight_decay: 0.0, ..Default::default() }, None)?;
+/// opt.step()?;
+/// assert_eq!(opt.masters()[0].value.to_vec()?, vec![0.999; 2]);
+/// assert_eq!(p.value.to_vec()?, vec![1.0; 2]); // 0.999 rounds to 1 in bf16; the master keeps it
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub type MixedAdamW = Mixed<AdamW>;
+
+impl Mixed<AdamW> {
+    /// An optimizer over `model` (bf16 or f16 values with f32 grads); the masters start as the
+    /// model values widened to f32.
+    pub fn new(model: &[Param], config: AdamWConfig, scaler: Option<LossScaler>) -> Result<MixedAdamW> {
+        const OP: &str = "MixedAdamW::new";
+        check_hyper(OP, "lr", config.lr, None)?;
+        let (device, masters) = make_masters(OP, model, scaler.as_ref())?;
+        Mixed::wrap(model, AdamW::new(&masters, config)?, scaler, &device)
+    }
+
+    /// Steps taken (skipped ones not counted), read back from the device.
+    pub fn step_count(&self) -> Result<u64> {
+        self.inner().step_count()
+    }
+}
+
+impl Master for AdamW {
+    fn masters(&self) -> &[Param] {
+        self.params()
+    }
+
+    fn set_master_lr(&self, lr: f32) -> Result<()> {
+        self.set_lr(lr)
+    }
+
+    fn prepare(&self, flag: &Tensor) -> Result<()> {
+        let AdamWConfig { beta1, beta2, .. } = self.config;
+        let state = &self.state;
+        match exec(state.device()) {
+            Exec::Host(h) => {
+                let (st, fl) = (state.host_ptr()?, flag.host_ptr()?);
+                h.run(BuiltinKernel::AdamwPrepareMixed, move || {
+                    if fl.read()[1] == 0.0 {
+                        let t = st.read()[0].to_bits().wrapping_add(1);
+                        let (bc1, bc2) = cpu::adamw_bias_corrections(t, beta1, beta2);
+                        st.write(&[f32::from_bits(t), bc1, bc2]);
+                    }
+                    Ok(())
+                })
+            }
+            Exec::Cuda(c) => c.launch(
+                BuiltinKernel::AdamwPrepareMixed,
+                LaunchDims::rows(1, 32),
+                &[KArg::Ptr(state.cuda_ptr()?), KArg::Ptr(flag.cuda_ptr()?), KArg::F32(beta1), KArg::F32(beta2)],
+            ),
+        }
+    }
+
+    fn update_param(&self, i: usize, p: &Param, flag: &Tensor) -> Result<()> {
+        let AdamWConfig { beta1, beta2, eps, weight_decay, .. } = self.config;
+        let (master, m, v) = (&self.params[i].value, &self.m[i], &self.v[i]);
+        let (lr, state) = (&self.lr, &self.state);
+        let n = n32("MixedAdamW::step", p.value.numel())?;
+        let kernel =
+            if p.value.dtype() == DType::F16 { BuiltinKernel::AdamwMixedF16 } else { BuiltinKernel::AdamwMixedBf16 };
+        match exec(p.value.device()) {
+            Exec::Host(h) => {
+                let (pp, mod_p, gp) = (master.host_ptr()?, p.value.host_ptr()?, p.grad.host_ptr()?);
+                let (mp, vp, lp, st, fl) =
+                    (m.host_ptr()?, v.host_ptr()?, lr.host_ptr()?, state.host_ptr()?, flag.host_ptr()?);
+                h.run(kernel, move || {
+                    if fl.read()[1] != 0.0 {
+                        return Ok(());
+                    }
+                    let (lr, s) = (lp.read()[0], st.read());
+                    let (mut pv, mut mv, mut vv) = (pp.read(), mp.read(), vp.read());
+                    let g = gp.read();
+                    cpu::adamw_update(&mut pv, &g, &mut mv, &mut vv, lr, s[1], s[2], beta1, beta2, eps, weight_decay);
+                    pp.write(&pv);
+                    mod_p.write(&pv);
+                    mp.write(&mv);
+                    vp.write(&vv);
+                    Ok(())
+                })
+            }
+            Exec::Cuda(c) => {
+                let ptrs = [master, &p.value, &p.grad, m, v, lr, state, flag];
+                let mut args = ptrs.iter().map(|t| t.cuda_ptr().map(KArg::Ptr)).collect::<Result<Vec<_>>>()?;
+                args.extend([
+                    KArg::F32(beta1),
+                    KArg::F32(beta2),
+                    KArg::F32(eps),
+                    KArg::F32(weight_decay),
+                    KArg::U32(n),
+                ]);
+                c.launch(kernel, LaunchDims::elementwise(n as usize), &args)
+            }
+        }
+    }
+}
