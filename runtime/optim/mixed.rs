@@ -29,7 +29,7 @@ impl Default for LossScalerConfig {
 /// skipped_steps]`), the counterpart of PyTorch's `GradScaler` without its host syncs.
 ///
 /// Multiply the loss grad by the scale with [`LossScaler::scale_grad_`] before backward; the
-/// optimizer ([`MixedAdamW`]) unscales the f32 grads, raises an overflow flag on the device
+/// optimizer ([`MixedAdamW`](super::MixedAdamW)) unscales the f32 grads, raises an overflow flag on the device
 /// when one is not finite, skips the update then, and backs off or grows the scale — all in
 /// kernels that read the state through pointers, so the whole step captures.
 ///
@@ -228,7 +228,7 @@ pub(super) fn make_masters(
 /// [`Param`] grads and [`crate::ops::linear_backward`] give), and the 16-bit model weights
 /// rewritten from the masters inside the update kernel, so one captured `step()` does the whole
 /// update. With a [`LossScaler`] the grads are unscaled first and an overflow skips the update on
-/// the device. `O` is the f32 optimizer over the masters: [`MixedAdamW`] and [`MixedSgd`] name
+/// the device. `O` is the f32 optimizer over the masters: [`MixedAdamW`](super::MixedAdamW) and [`MixedSgd`](super::MixedSgd) name
 /// the two there are.
 #[derive(Debug)]
 pub struct Mixed<O> {
