@@ -8,7 +8,7 @@ use crate::{DType, Param, Result, Tensor};
 
 /// AdamW for bf16 or f16 model weights (see [`Mixed`]).
 ///
-/// f16 weights without a loss scaler are [`Error::F16NeedsLossScaling`].
+/// f16 weights without a loss scaler are [`crate::Error::F16NeedsLossScaling`].
 ///
 /// ```
 /// use graphed::optim::{AdamWConfig, MixedAdamW};
