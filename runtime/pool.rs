@@ -60,6 +60,9 @@ struct PoolState {
     /// graph writes on each replay, whether freed during the capture (temporaries) or later
     /// (saved activations released once the backward is captured).
     tracking: Option<Vec<MemRange>>,
+    /// Every range some capture wrote (the union of what tracking returned): bound static
+    /// buffers are placed outside it, so no graph's replay can overwrite them.
+    written: Vec<MemRange>,
 }
 
 /// A range of pool memory: (slab, offset, bytes).
@@ -174,6 +177,7 @@ impl GraphPool {
                 stats: PoolStats::default(),
                 order: ReplayOrder::default(),
                 tracking: None,
+                written: Vec::new(),
             }),
         }))
     }
@@ -197,9 +201,21 @@ impl GraphPool {
     /// growing is refused while a global or thread-local capture is in progress (a synchronous
     /// `cuMemAlloc` would invalidate it), with [`Error::PoolGrowthDuringCapture`].
     pub(crate) fn alloc(&self, bytes: usize) -> Result<Block> {
+        self.alloc_where(bytes, false)
+    }
+
+    /// Allocates `bytes` in memory no capture of this pool has written, so no graph's replay
+    /// can overwrite it: for static surfaces the caller fills before a fused step (a shared
+    /// pool lends earlier graphs' temporaries to later allocations).
+    pub(crate) fn alloc_untouched(&self, bytes: usize) -> Result<Block> {
+        self.alloc_where(bytes, true)
+    }
+
+    fn alloc_where(&self, bytes: usize, untouched: bool) -> Result<Block> {
         let bytes = bytes.max(1).div_ceil(ALIGN) * ALIGN;
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        let found = best_fit(&st.slabs, bytes);
+        let written: &[MemRange] = if untouched { &st.written } else { &[] };
+        let found = best_fit(&st.slabs, bytes, written);
         let (slab, offset) = match found {
             Some(hit) => hit,
             None => {
@@ -256,7 +272,9 @@ impl GraphPool {
     /// Stops recording; the ranges of every block allocated since `begin_tracking`.
     pub(crate) fn end_tracking(&self) -> Vec<MemRange> {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.tracking.take().unwrap_or_default()
+        let ranges = st.tracking.take().unwrap_or_default();
+        st.written.extend(ranges.iter().copied());
+        ranges
     }
 
     /// Records that graph `id` was captured into this pool, after all earlier ones.
@@ -322,6 +340,16 @@ impl GraphPool {
 }
 
 impl GraphPool {
+    /// Whether `ids` are a run of this pool's capture order (consecutive, in order).
+    pub(crate) fn is_capture_run(&self, ids: &[u64]) -> bool {
+        let st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        let captured: Vec<u64> = st.order.captured.iter().map(|(g, _)| *g).collect();
+        match ids.first().and_then(|first| captured.iter().position(|g| g == first)) {
+            Some(start) => captured.get(start..start + ids.len()) == Some(ids),
+            None => false,
+        }
+    }
+
     /// After a fused launch that stood for a run of graphs ending with `last`: the order
     /// continues after `last`. Returns whether the run restarted the cycle (`ticket`).
     pub(crate) fn advance_replay_past(&self, ticket: ReplayTicket, last: u64) -> bool {
@@ -345,11 +373,13 @@ pub(crate) struct ReplayTicket {
     serial: u64,
 }
 
-fn best_fit(slabs: &[Slab], bytes: usize) -> Option<(usize, usize)> {
+/// The smallest free range of at least `bytes` that overlaps none of `avoid`.
+fn best_fit(slabs: &[Slab], bytes: usize, avoid: &[MemRange]) -> Option<(usize, usize)> {
     let mut best: Option<(usize, usize, usize)> = None;
     for (i, s) in slabs.iter().enumerate() {
         for (&off, &len) in &s.free {
-            if len >= bytes && best.is_none_or(|(_, _, l)| len < l) {
+            let range = MemRange { slab: i, offset: off, bytes: len };
+            if len >= bytes && best.is_none_or(|(_, _, l)| len < l) && !avoid.iter().any(|w| w.overlaps(&range)) {
                 best = Some((i, off, len));
             }
         }

@@ -108,6 +108,15 @@ impl Tensor {
         Ok(Tensor::from_storage(device, Storage::Pool(block), shape, dtype))
     }
 
+    /// A tensor in memory of the current pool that no capture has written (see
+    /// `GraphPool::alloc_untouched`): for static surfaces a caller fills before a fused step.
+    pub(crate) fn empty_untouched(device: &Device, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        let shape = Shape::new(dims)
+            .ok_or_else(|| Error::shape("Tensor::empty", format!("{dims:?} has more than 6 dimensions")))?;
+        let block = device.current_pool().alloc_untouched(shape.numel() * dtype.size())?;
+        Ok(Tensor::from_storage(device, Storage::Pool(block), shape, dtype))
+    }
+
     pub(crate) fn from_storage(device: &Device, block: Storage, shape: Shape, dtype: DType) -> Tensor {
         Tensor {
             buf: Arc::new(Buffer {

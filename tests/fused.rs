@@ -198,3 +198,60 @@ fn separately_built_modules_share_one_pool_and_its_replay_order() {
         Ok(())
     });
 }
+
+#[test]
+fn separately_graphed_blocks_replay_as_one_launch() {
+    on_each_backend(|dev| {
+        let xs: Vec<Tensor> =
+            (0..3).map(|i| Ok(random(dev, &[B, H], 60 + i)?.with_requires_grad(true))).collect::<Result<_>>()?;
+        let dy = random(dev, &[B, H], 70)?;
+        // Three blocks graphed one by one into one pool, chained by hand through the static
+        // buffers: block i+1's static input is filled from block i's output by per-call runs,
+        // and by the sequence below through copies the caller makes between steps.
+        let pool = dev.new_pool();
+        let build = |seed| -> Result<GraphedModules> {
+            let g = GraphedBlock::new(
+                Block::new(dev, H, H, seed)?,
+                BlockInputs { x: xs[0].clone() },
+                GraphedBlock::options().pool(&pool),
+            )?;
+            Ok(g.into_inner())
+        };
+        let members = vec![build(1)?, build(2)?, build(3)?];
+        let mut seq = graphed::Sequence::new(members).map_err(Error::from)?;
+        assert_eq!(seq.len(), 3);
+        for x in &xs {
+            for i in 0..3 {
+                seq.member(i).static_inputs(0, 0)?[0].as_ref().expect("x").copy_(x)?;
+                seq.member(i).static_grad_outputs(0, 0)?[0].as_ref().expect("dy").copy_(&dy)?;
+            }
+            seq.step()?;
+        }
+        // Each block saw the same inputs three times: grads equal three eager steps.
+        for (i, seed) in [1, 2, 3].into_iter().enumerate() {
+            let mut eager = Block::new(dev, H, H, seed)?;
+            let mut y = Vec::new();
+            for x in &xs {
+                let mut cx = Cx::new(dev);
+                y = eager.forward(&mut cx, x)?.to_vec()?;
+                eager.backward(&mut cx, &dy)?;
+            }
+            let member = seq.member(i);
+            assert_eq!(member.outputs(0, 0)?[0].as_ref().expect("y").to_vec()?, y, "block {i} output");
+            assert_eq!(member.module::<Block>(0).expect("block").w.grad.to_vec()?, eager.w.grad.to_vec()?);
+        }
+        // Half-way per-call replays on one member refuse the step; finishing them allows it.
+        let x = xs[0].clone();
+        seq.member_mut(0).forward(0, &mut Cx::new(dev), &[Some(x.clone())])?;
+        assert!(matches!(seq.step(), Err(Error::StepMidIteration { .. })));
+        seq.member_mut(0).backward(0, &mut Cx::new(dev), &[Some(dy.clone())])?;
+        seq.step()?;
+        // Members given out of their capture order are refused, and handed back.
+        let mut members = seq.into_members();
+        members.swap(0, 1);
+        let err = graphed::Sequence::new(members).expect_err("out of capture order");
+        assert!(matches!(err.error(), Error::InvalidOrder { .. }));
+        assert_eq!(err.into_inner().len(), 3);
+        Ok(())
+    });
+}

@@ -282,7 +282,11 @@ impl GraphedModules {
                     let chained = self.config.options.chained && c > 0 && i == 0;
                     inputs.push(match t {
                         Some(t) if !chained => {
-                            let st = t.deep_clone()?;
+                            // Static inputs are bound buffers (a fused step reads them as the
+                            // caller left them): never in memory a graph of this pool writes.
+                            let st = Tensor::empty_untouched(&self.device, t.dims(), t.dtype())?;
+                            st.copy_(t)?;
+                            let st = st.with_requires_grad(t.requires_grad());
                             st.set_owner(format!("{label} input {i}"));
                             Some(st)
                         }
@@ -470,7 +474,8 @@ impl GraphedModules {
                 let chained = self.config.options.chained && i == 0 && c + 1 < self.surfaces.len();
                 statics.push(match o {
                     Some(o) if !chained => {
-                        let g = Tensor::zeros_as(&self.device, o.dims(), o.dtype())?;
+                        let g = Tensor::empty_untouched(&self.device, o.dims(), o.dtype())?;
+                        crate::ops::fill_(&g, 0.0)?;
                         g.set_owner(format!("{label} grad output {i}"));
                         Some(g)
                     }

@@ -11,42 +11,105 @@ use std::collections::VecDeque;
 
 use super::schedule::Pass;
 use super::GraphedModules;
-use crate::{Error, Graph, Result, Tensor};
+use crate::pool::ReplayTicket;
+use crate::{Error, Graph, GraphPool, Result, Tensor};
 
-/// The fused graph and what a step needs to check and commit without allocating.
+/// A fused graph over one or more graphed modules (each one whole iteration of its schedule)
+/// and what a step needs to check and commit without allocating.
 pub(super) struct Fused {
     graph: Graph,
     /// The modules' names, for errors.
     label: String,
-    /// The first step of the schedule: (chunk, microbatch) of a forward.
-    first: (usize, usize),
-    /// The pool id of the schedule's last graph.
-    last: u64,
+    /// Per pool the graphs use: the pool, its first and last graph in the run.
+    runs: Vec<(GraphPool, u64, u64)>,
     /// Every buffer some graph of the step overwrites, once each: their handles go stale.
     clobbers: Vec<Tensor>,
+}
+
+impl Fused {
+    /// Fuses the graphs of `members` in order. Per pool, the members' graphs must be a run of
+    /// the pool's capture order, in that order (the order replays must follow).
+    pub(super) fn build(members: &[&GraphedModules]) -> Result<Fused> {
+        let label = members.iter().flat_map(|m| m.modules.iter().map(|x| x.name())).collect::<Vec<_>>().join(", ");
+        let parts: Vec<&Graph> = members.iter().flat_map(|m| m.graphs_in_order()).collect();
+        let first = members.first().ok_or_else(|| Error::NotFused { module: label.clone() })?;
+        if parts.is_empty() {
+            return Err(Error::NotFused { module: label });
+        }
+        let mut runs: Vec<(GraphPool, Vec<u64>)> = Vec::new();
+        for m in members {
+            if m.device != first.device {
+                return Err(Error::DeviceMismatch { op: "fuse", a: first.device.name(), b: m.device.name() });
+            }
+            let ids = m.graphs_in_order().iter().map(|g| g.id()).collect::<Vec<_>>();
+            match runs.iter_mut().find(|(p, _)| p == &m.pool) {
+                Some((_, v)) => v.extend(ids),
+                None => runs.push((m.pool.clone(), ids)),
+            }
+        }
+        for (pool, ids) in &runs {
+            if !pool.is_capture_run(ids) {
+                return Err(Error::InvalidOrder {
+                    detail: format!("fuse: the graphs of {label} do not follow their pool's capture order; list the modules in the order they were captured"),
+                });
+            }
+        }
+        let graph = Graph::fuse(&first.device, &first.pool, format!("fused step of {label}"), &parts)?;
+        let mut clobbers: Vec<Tensor> = Vec::new();
+        let all = members.iter().flat_map(|m| m.surfaces.iter().flatten());
+        for t in all.flat_map(|s| s.forward_clobbers.iter().chain(&s.backward_clobbers)) {
+            if !clobbers.iter().any(|c| c.same_buffer(t)) {
+                clobbers.push(t.clone());
+            }
+        }
+        let runs = runs.into_iter().map(|(p, ids)| (p, ids[0], ids[ids.len() - 1])).collect();
+        Ok(Fused { graph, label, runs, clobbers })
+    }
+
+    /// Everything a step checks, with no side effect: each member's mode and that none is
+    /// half-way through per-call replays, then each pool's order; the tickets to commit with.
+    fn check(&self, members: &[&GraphedModules]) -> Result<Vec<ReplayTicket>> {
+        for m in members {
+            if m.training != m.captured_training {
+                return Err(Error::StepMode { module: self.label.clone(), captured_training: m.captured_training });
+            }
+            let pending: usize = m.pending.iter().map(VecDeque::len).sum();
+            if pending > 0 || m.next_forward.iter().any(|&n| n != 0) {
+                return Err(Error::StepMidIteration { module: self.label.clone(), pending });
+            }
+        }
+        self.runs.iter().map(|(pool, first, _)| pool.check_replay(*first)).collect()
+    }
+
+    /// Launches, then commits: each pool's order moves past the run, members whose pool
+    /// restarted mid-cycle drop their abandoned iteration, and overwritten handles go stale.
+    fn launch(&mut self, tickets: Vec<ReplayTicket>, members: &[&GraphedModules]) -> Result<()> {
+        self.graph.launch_fused()?;
+        for ((pool, _, last), ticket) in self.runs.iter().zip(tickets) {
+            if pool.advance_replay_past(ticket, *last) {
+                members.iter().filter(|m| &m.pool == pool).for_each(|m| m.invalidate_all());
+            }
+        }
+        self.clobbers.iter().for_each(|t| {
+            t.bump_generation();
+        });
+        Ok(())
+    }
+
+    /// Checks and launches one step over `members`.
+    pub(super) fn step(&mut self, members: &[&GraphedModules]) -> Result<()> {
+        let tickets = self.check(members)?;
+        self.launch(tickets, members)
+    }
 }
 
 impl GraphedModules {
     /// Builds the fused step (once; later calls do nothing): every graph of the schedule, in
     /// capture order, as one executable graph.
     pub fn fuse(&mut self) -> Result<()> {
-        if self.config.fused.is_some() {
-            return Ok(());
+        if self.config.fused.is_none() {
+            self.config.fused = Some(Fused::build(&[&*self])?);
         }
-        let parts = self.graphs_in_order();
-        let label = self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
-        let (Some(first), Some(last)) = (self.config.schedule.steps().first(), parts.last()) else {
-            return Err(Error::NotFused { module: label });
-        };
-        let (first, last) = ((first.chunk, first.microbatch), last.id());
-        let graph = Graph::fuse(&self.device, &self.pool, format!("fused step of {label}"), &parts)?;
-        let mut clobbers: Vec<Tensor> = Vec::new();
-        for t in self.surfaces.iter().flatten().flat_map(|s| s.forward_clobbers.iter().chain(&s.backward_clobbers)) {
-            if !clobbers.iter().any(|c| c.same_buffer(t)) {
-                clobbers.push(t.clone());
-            }
-        }
-        self.config.fused = Some(Fused { graph, label, first, last, clobbers });
         Ok(())
     }
 
@@ -62,37 +125,17 @@ impl GraphedModules {
     /// graph now. Afterwards every handle an earlier call returned is stale, as after the
     /// per-call replays the step stands for.
     pub fn step(&mut self) -> Result<()> {
-        let Some(fused) = &self.config.fused else {
+        let Some(mut fused) = self.config.fused.take() else {
             let module = self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
             return Err(Error::NotFused { module });
         };
-        if self.training != self.captured_training {
-            return Err(Error::StepMode { module: fused.label.clone(), captured_training: self.captured_training });
-        }
-        let pending: usize = self.pending.iter().map(VecDeque::len).sum();
-        if pending > 0 || self.next_forward.iter().any(|&n| n != 0) {
-            return Err(Error::StepMidIteration { module: fused.label.clone(), pending });
-        }
-        let (chunk, microbatch) = fused.first;
-        let ticket = self.surfaces[chunk][microbatch].forward.check_replay()?;
-        let last = fused.last;
-        // Act.
-        if let Some(fused) = self.config.fused.as_mut() {
-            fused.graph.launch_fused()?;
-        }
-        if self.pool.advance_replay_past(ticket, last) {
-            self.invalidate_all();
-        }
-        if let Some(fused) = &self.config.fused {
-            fused.clobbers.iter().for_each(|t| {
-                t.bump_generation();
-            });
-        }
-        Ok(())
+        let result = fused.step(&[&*self]);
+        self.config.fused = Some(fused);
+        result
     }
 
     /// The graphs of the schedule in capture (and replay) order.
-    fn graphs_in_order(&self) -> Vec<&Graph> {
+    pub(super) fn graphs_in_order(&self) -> Vec<&Graph> {
         let mut v = Vec::new();
         for step in self.config.schedule.steps() {
             let s = &self.surfaces[step.chunk][step.microbatch];

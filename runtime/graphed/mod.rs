@@ -8,12 +8,14 @@
 //! - `replay`: graphed forward and backward calls, each checked completely before it copies,
 //!   queues or launches anything.
 //! - `fused`: the whole schedule as one launch (`fuse`, `step`) on bound static buffers.
+//! - `sequence`: separately graphed modules fused into one launch (`Sequence`).
 
 mod capture;
 mod fused;
 mod options;
 mod replay;
 mod schedule;
+mod sequence;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -24,6 +26,7 @@ use crate::{Cx, Device, Error, Graph, GraphPool, HookKind, Module, Result, Tenso
 pub use capture::{make_graphed, CaptureError};
 pub use options::GraphOptions;
 pub(crate) use schedule::Schedule;
+pub use sequence::Sequence;
 
 /// The static surfaces and graphs of one (chunk, microbatch).
 pub(super) struct Surface {
