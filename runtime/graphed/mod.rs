@@ -11,6 +11,7 @@
 //! - `sequence`: separately graphed modules fused into one launch (`Sequence`).
 
 mod capture;
+mod capture_error;
 mod fused;
 mod options;
 mod replay;

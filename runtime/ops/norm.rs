@@ -104,20 +104,7 @@ pub fn layer_norm_backward(
     dgamma: &Tensor,
     dbeta: &Tensor,
 ) -> Result<Tensor> {
-    const OP: &str = "layer_norm_backward";
-    let dtype = check_like(OP, &[dy, x, gamma])?;
-    for t in [mean, rstd, dgamma, dbeta] {
-        check_f32_on(OP, t, x)?;
-    }
-    check_rank1(OP, "x", x)?;
-    check_shape(OP, dy, x)?;
-    let (rows, d) = as_rows(x);
-    check_vector(OP, "gamma", gamma, d)?;
-    check_vector(OP, "dgamma", dgamma, d)?;
-    check_vector(OP, "dbeta", dbeta, d)?;
-    check_vector(OP, "mean", mean, rows)?;
-    check_vector(OP, "rstd", rstd, rows)?;
-    n32(OP, x.numel())?;
+    let (dtype, rows, d) = check_layer_norm_backward(dy, x, gamma, mean, rstd, dgamma, dbeta)?;
     let dx = Tensor::empty_like(x)?;
     match exec(x.device()) {
         Exec::Host(h) => {
@@ -175,4 +162,31 @@ pub fn layer_norm_backward(
         }
     }
     Ok(dx)
+}
+
+/// The checks of [`layer_norm_backward`]: (dtype, rows, row length).
+fn check_layer_norm_backward(
+    dy: &Tensor,
+    x: &Tensor,
+    gamma: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+    dgamma: &Tensor,
+    dbeta: &Tensor,
+) -> Result<(crate::DType, usize, usize)> {
+    const OP: &str = "layer_norm_backward";
+    let dtype = check_like(OP, &[dy, x, gamma])?;
+    for t in [mean, rstd, dgamma, dbeta] {
+        check_f32_on(OP, t, x)?;
+    }
+    check_rank1(OP, "x", x)?;
+    check_shape(OP, dy, x)?;
+    let (rows, d) = as_rows(x);
+    check_vector(OP, "gamma", gamma, d)?;
+    check_vector(OP, "dgamma", dgamma, d)?;
+    check_vector(OP, "dbeta", dbeta, d)?;
+    check_vector(OP, "mean", mean, rows)?;
+    check_vector(OP, "rstd", rstd, rows)?;
+    n32(OP, x.numel())?;
+    Ok((dtype, rows, d))
 }
