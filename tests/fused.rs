@@ -255,3 +255,39 @@ fn separately_graphed_blocks_replay_as_one_launch() {
         Ok(())
     });
 }
+
+/// The struct form's generated `fuse` and `step`.
+#[graphed::graphed(warmup = 1, order = [1, 2, -2, -1])]
+struct TwoBlocks {
+    first: Block,
+    second: Block,
+}
+
+#[test]
+fn the_struct_form_steps_in_one_launch() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[B, H], 80)?.with_requires_grad(true);
+        let dy = random(dev, &[B, H], 81)?;
+        let two = TwoBlocks { first: Block::new(dev, H, H, 1)?, second: Block::new(dev, H, H, 2)? };
+        let mut g = two.make_graphed(vec![vec![vec![Some(x.clone())]], vec![vec![Some(x.clone())]]])?;
+        g.fuse()?;
+        let inner = g.inner();
+        inner.static_inputs(0, 0)?[0].as_ref().expect("x").copy_(&x)?;
+        // Without chaining chunk 2 reads its own static input, which the step cannot fill from
+        // chunk 1's output: bind x there too, and dy as both chunks' grad output.
+        inner.static_inputs(1, 0)?[0].as_ref().expect("x2").copy_(&x)?;
+        inner.static_grad_outputs(1, 0)?[0].as_ref().expect("dy").copy_(&dy)?;
+        inner.static_grad_outputs(0, 0)?[0].as_ref().expect("dh").copy_(&dy)?;
+        g.step()?;
+        let (mut a, mut b) = (Block::new(dev, H, H, 1)?, Block::new(dev, H, H, 2)?);
+        let (mut ca, mut cb) = (Cx::new(dev), Cx::new(dev));
+        a.forward(&mut ca, &x)?;
+        let y = b.forward(&mut cb, &x)?.to_vec()?;
+        b.backward(&mut cb, &dy)?;
+        a.backward(&mut ca, &dy)?;
+        assert_eq!(g.inner().outputs(1, 0)?[0].as_ref().expect("y").to_vec()?, y);
+        assert_eq!(g.module_first().w.grad.to_vec()?, a.w.grad.to_vec()?);
+        assert_eq!(g.module_second().w.grad.to_vec()?, b.w.grad.to_vec()?);
+        Ok(())
+    });
+}

@@ -222,6 +222,16 @@ const _: () = {
         pub fn into_inner(self) -> ::graphed::__private::GraphedModules {
             *self.__modules
         }
+        /// Builds the one-launch step once (see `GraphedModules::fuse`).
+        pub fn fuse(&mut self) -> ::graphed::__private::Result<()> {
+            self.__modules.fuse()
+        }
+        /// Replays one whole iteration of the schedule as one launch, on the inputs and grad
+        /// outputs bound to the static buffers (see `GraphedModules::step`); call
+        /// [`Self::fuse`] once first.
+        pub fn step(&mut self) -> ::graphed::__private::Result<()> {
+            self.__modules.step()
+        }
         /// Switches to training mode: calls replay the graphs if they were captured in it, and
         /// run the eager forward otherwise.
         pub fn train(&mut self) {
