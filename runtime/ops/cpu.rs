@@ -447,5 +447,6 @@ pub fn loss_scale_update(state: &[f32], growth: f32, backoff: f32, interval: u32
 #[path = "cpu_transformer.rs"]
 mod transformer;
 pub use transformer::{
-    embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu, swiglu_backward, token_index, token_indices,
+    causal_attention, causal_attention_backward, embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu,
+    swiglu_backward, token_index, token_indices, AttnDims,
 };

@@ -1,6 +1,7 @@
 //! The CPU references of the transformer ops (#13): token embedding, RMSNorm and SwiGLU.
 //! Included in [`crate::ops::cpu`]; the conventions there apply (sums in f64, row-major).
 
+use super::{dgemm, widen, View};
 use crate::{Error, Result};
 
 /// The row of `table` token value `id` selects, when it is an integer in `0..vocab`.
@@ -103,4 +104,116 @@ pub fn swiglu_backward(dy: &[f32], gate: &[f32], up: &[f32]) -> (Vec<f32>, Vec<f
         dup.push((d * g * s) as f32);
     }
     (dgate, dup)
+}
+
+/// The sizes of a causal attention: batch, sequence, heads, head dimension. Tensors `q`, `k`,
+/// `v` and the output are `[batch, seq, heads · head_dim]`; the probabilities
+/// `[batch, heads, seq, seq]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnDims {
+    /// Sequences in the batch.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Features per head.
+    pub head_dim: usize,
+}
+
+impl AttnDims {
+    fn width(self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// `1 / sqrt(head_dim)`, the score scale, in f32 (as the kernels use it).
+    pub fn scale(self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// The `[seq, head_dim]` block of head `h` of sequence `b` in a `[batch, seq, width]`
+    /// tensor, as a view with row stride `width` (`trans` reads it transposed).
+    fn head<'a>(self, data: &'a [f64], b: usize, h: usize, trans: bool) -> View<'a> {
+        let (rs, cs) = if trans { (1, self.width()) } else { (self.width(), 1) };
+        View { data: &data[b * self.seq * self.width() + h * self.head_dim..], rs, cs }
+    }
+
+    /// Adds the row-major `[seq, head_dim]` block `src` into head `h` of sequence `b` of `dst`.
+    fn scatter(self, dst: &mut [f32], src: &[f64], b: usize, h: usize) {
+        let (w, dh) = (self.width(), self.head_dim);
+        for i in 0..self.seq {
+            let row = (b * self.seq + i) * w + h * dh;
+            for (d, s) in dst[row..row + dh].iter_mut().zip(&src[i * dh..(i + 1) * dh]) {
+                *d = *s as f32;
+            }
+        }
+    }
+}
+
+/// Causal scaled-dot-product attention per head: `P = causal_softmax(Q·Kᵀ · scale)`,
+/// `out = P·V`; returns `(out, P)`. Products in f64 (a blocked GEMM), `P` rounded to f32
+/// before `P·V` as the CUDA path stores it.
+pub fn causal_attention(q: &[f32], k: &[f32], v: &[f32], a: AttnDims) -> (Vec<f32>, Vec<f32>) {
+    let (t, dh, scale) = (a.seq, a.head_dim, a.scale() as f64);
+    let (qd, kd, vd) = (widen(q), widen(k), widen(v));
+    let mut out = vec![0.0f32; q.len()];
+    let mut probs = vec![0.0f32; a.batch * a.heads * t * t];
+    let (mut s, mut o) = (vec![0.0f64; t * t], vec![0.0f64; t * dh]);
+    for b in 0..a.batch {
+        for h in 0..a.heads {
+            dgemm(t, dh, t, a.head(&qd, b, h, false), a.head(&kd, b, h, true), 0.0, &mut s);
+            let p = &mut probs[(b * a.heads + h) * t * t..][..t * t];
+            for i in 0..t {
+                let row = &s[i * t..i * t + i + 1];
+                let m = row.iter().fold(f64::NEG_INFINITY, |m, x| m.max(x * scale));
+                let z: f64 = row.iter().map(|x| (x * scale - m).exp()).sum();
+                for (j, x) in row.iter().enumerate() {
+                    p[i * t + j] = ((x * scale - m).exp() / z) as f32;
+                }
+            }
+            let pd = widen(p);
+            dgemm(t, t, dh, View { data: &pd, rs: t, cs: 1 }, a.head(&vd, b, h, false), 0.0, &mut o);
+            a.scatter(&mut out, &o, b, h);
+        }
+    }
+    (out, probs)
+}
+
+/// The backward of [`causal_attention`] from its saved `probs`: `(dq, dk, dv)` with
+/// `dV = Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = scale · P ∘ (dP - rowsum(P ∘ dP))` (zero above the
+/// diagonal), `dQ = dS·K`, `dK = dSᵀ·Q`.
+#[allow(clippy::type_complexity)]
+pub fn causal_attention_backward(
+    dout: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    probs: &[f32],
+    a: AttnDims,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (t, dh, scale) = (a.seq, a.head_dim, a.scale() as f64);
+    let (dod, qd, kd, vd) = (widen(dout), widen(q), widen(k), widen(v));
+    let (mut dq, mut dk, mut dv) = (vec![0.0f32; q.len()], vec![0.0f32; q.len()], vec![0.0f32; q.len()]);
+    let (mut dp, mut o) = (vec![0.0f64; t * t], vec![0.0f64; t * dh]);
+    for b in 0..a.batch {
+        for h in 0..a.heads {
+            let pd = widen(&probs[(b * a.heads + h) * t * t..][..t * t]);
+            let pt = View { data: &pd, rs: 1, cs: t };
+            dgemm(t, t, dh, pt, a.head(&dod, b, h, false), 0.0, &mut o);
+            a.scatter(&mut dv, &o, b, h);
+            dgemm(t, dh, t, a.head(&dod, b, h, false), a.head(&vd, b, h, true), 0.0, &mut dp);
+            for i in 0..t {
+                let r = i * t;
+                let s: f64 = (0..=i).map(|j| pd[r + j] * dp[r + j]).sum();
+                for j in 0..t {
+                    dp[r + j] = if j <= i { scale * pd[r + j] * (dp[r + j] - s) } else { 0.0 };
+                }
+            }
+            dgemm(t, t, dh, View { data: &dp, rs: t, cs: 1 }, a.head(&kd, b, h, false), 0.0, &mut o);
+            a.scatter(&mut dq, &o, b, h);
+            dgemm(t, t, dh, View { data: &dp, rs: 1, cs: t }, a.head(&qd, b, h, false), 0.0, &mut o);
+            a.scatter(&mut dk, &o, b, h);
+        }
+    }
+    (dq, dk, dv)
 }

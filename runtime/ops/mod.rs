@@ -5,6 +5,7 @@
 //! device's current pool, except for the in-place ops, whose names end in `_`.
 
 mod activation;
+mod attention;
 mod basic;
 mod cast;
 pub mod cpu;
@@ -17,6 +18,7 @@ mod norm;
 mod transformer;
 
 pub use activation::{gelu, gelu_backward, relu, relu_backward, Gelu};
+pub use attention::{causal_attention, causal_attention_backward};
 pub use basic::{axpy_, copy_, fill_, scale_};
 pub use cast::cast;
 pub use dropout::{dropout, dropout_backward};
