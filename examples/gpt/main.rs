@@ -31,7 +31,7 @@ fn num(name: &str, default: usize) -> Result<usize> {
 }
 
 fn config(dev: &Device) -> Result<Config> {
-    let tiny = Config { layers: 2, d_model: 64, heads: 4, context: 64, batch: 8, hidden: 172 };
+    let tiny = Config { layers: 3, d_model: 96, heads: 4, context: 96, batch: 8, hidden: 256 };
     let gpu = Config { layers: 8, d_model: 512, heads: 8, context: 256, batch: 16, hidden: 1368 };
     match arg("--size").as_deref() {
         Some("tiny") => Ok(tiny),
@@ -44,7 +44,7 @@ fn config(dev: &Device) -> Result<Config> {
 fn main() -> Result<()> {
     let dev = Device::default_device();
     let cfg = config(&dev)?;
-    let steps = num("--steps", if dev.is_cuda() { 2000 } else { 300 })?;
+    let steps = num("--steps", if dev.is_cuda() { 2000 } else { 500 })?;
     let eval_every = num("--eval-every", (steps / 10).max(1))?.max(1);
     let data = arg("--data").map(PathBuf::from);
     let text = corpus::load(Path::new("."), data.as_deref())?;
@@ -63,7 +63,7 @@ fn main() -> Result<()> {
         if graphed { "one graphed module per block" } else { "eager" }
     );
     let t0 = Instant::now();
-    let mut trainer = Trainer::new(&dev, cfg, 7, 1e-3, graphed)?;
+    let mut trainer = Trainer::new(&dev, cfg, 7, 2e-3, graphed)?;
     if graphed {
         println!("captured {} blocks in {:.1} s", cfg.layers, t0.elapsed().as_secs_f64());
     }
