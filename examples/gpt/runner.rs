@@ -22,6 +22,16 @@ pub struct Trainer {
     dev: Device,
 }
 
+/// Linear warm-up over `warmup` steps to `peak`, then a cosine decay to `peak / 10` at `steps`
+/// (`step` is 1-based).
+pub fn lr_at(step: usize, steps: usize, warmup: usize, peak: f32) -> f32 {
+    if step <= warmup {
+        return peak * step as f32 / warmup as f32;
+    }
+    let t = (step - warmup) as f32 / (steps - warmup).max(1) as f32;
+    peak * (0.1 + 0.9 * 0.5 * (1.0 + (std::f32::consts::PI * t.min(1.0)).cos()))
+}
+
 /// A small deterministic generator (xorshift64*) for batch offsets and sampling.
 pub struct Rng(pub u64);
 
@@ -52,6 +62,11 @@ impl Trainer {
             Blocks::Eager(blocks)
         };
         Ok(Trainer { cfg, ends, blocks, opt, dev: dev.clone() })
+    }
+
+    /// Sets the learning rate the next step uses (AdamW keeps it in device memory).
+    pub fn set_lr(&self, lr: f32) -> Result<()> {
+        self.opt.set_lr(lr)
     }
 
     fn block(&self, i: usize) -> &Block {
