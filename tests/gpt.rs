@@ -1,5 +1,6 @@
-//! The GPT of examples/gpt (#13) with a tiny configuration: one graphed module per block
-//! trains bit for bit like the eager model over 20 steps, the loss goes down, and bad input
+//! The GPT of examples/gpt (#13) with a tiny configuration: graphed blocks (with and without
+//! every other block checkpointed) train bit for bit like the eager model over 20 steps, the
+//! loss goes down, and bad input
 //! (a corpus that is missing, a token outside the vocabulary, a sequence past the context) is
 //! a typed error.
 
@@ -26,9 +27,9 @@ fn text() -> Vec<u8> {
     b"the quick brown fox jumps over the lazy dog; ".repeat(60)
 }
 
-fn train(dev: &graphed::Device, graphed: bool, steps: usize) -> Result<(Vec<u32>, Trainer)> {
+fn train(dev: &graphed::Device, graphed: bool, checkpoint: bool, steps: usize) -> Result<(Vec<u32>, Trainer)> {
     let splits = corpus::Splits::new(text(), TINY.context)?;
-    let mut trainer = Trainer::new(dev, TINY, 5, 3e-3, graphed)?;
+    let mut trainer = Trainer::new(dev, TINY, 5, 3e-3, graphed, checkpoint)?;
     let mut rng = Rng(11);
     let mut losses = Vec::new();
     for _ in 0..steps {
@@ -41,11 +42,14 @@ fn train(dev: &graphed::Device, graphed: bool, steps: usize) -> Result<(Vec<u32>
 #[test]
 fn graphed_blocks_train_bit_for_bit_like_eager() {
     on_each_backend(|dev| {
-        let (eager_losses, eager) = train(dev, false, 20)?;
-        let (graphed_losses, graphed) = train(dev, true, 20)?;
+        let (eager_losses, eager) = train(dev, false, false, 20)?;
+        let (graphed_losses, graphed) = train(dev, true, false, 20)?;
+        let (ck_losses, ck) = train(dev, true, true, 20)?;
         if dev.is_host() {
             assert_eq!(eager_losses, graphed_losses, "losses differ");
             assert!(eager.param_bits()? == graphed.param_bits()?, "parameters differ after 20 steps");
+            assert_eq!(eager_losses, ck_losses, "losses differ with checkpointed blocks");
+            assert!(eager.param_bits()? == ck.param_bits()?, "parameters differ with checkpointed blocks");
         }
         let (first, last) = (f32::from_bits(graphed_losses[0]), f32::from_bits(graphed_losses[19]));
         assert!(last < first * 0.8, "the loss did not go down: {first} -> {last}");
@@ -66,7 +70,7 @@ fn bad_input_is_a_typed_error() {
         let _ = std::fs::remove_dir(&empty_dir);
         assert!(matches!(empty, Err(Error::InvalidArgument { op: "corpus", .. })), "{empty:?}");
         assert!(corpus::Splits::new(b"short".to_vec(), TINY.context).is_err());
-        let trainer = Trainer::new(dev, TINY, 5, 1e-3, false)?;
+        let trainer = Trainer::new(dev, TINY, 5, 1e-3, false, false)?;
         let long = Tensor::zeros(dev, &[1, TINY.context + 1])?;
         let r = trainer.ends.embed(&long);
         assert!(matches!(r, Err(Error::SequenceTooLong { len: 17, context: 16, .. })), "{:?}", r.err());

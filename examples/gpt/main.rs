@@ -1,7 +1,7 @@
 //! A byte-level GPT trained with one graphed module per transformer block (#13).
 //!
 //! `cargo run --release --example gpt -- [--steps N] [--data FILE] [--size tiny|gpu]
-//! [--eval-every N] [--warmup N] [--plot FILE.png] [--eager]`
+//! [--eval-every N] [--warmup N] [--plot FILE.png] [--checkpoint] [--eager]`
 //!
 //! The text is, by default, the repository's own README.md, docs/*.md and Rust sources, read
 //! from the directory the binary runs in (run it from the repository root); `--data FILE`
@@ -12,8 +12,9 @@
 //! bytes at the end, and writes the loss curve as a PNG (`--plot`, default in the temp
 //! directory). The learning rate warms up linearly over `--warmup` steps (default 5%) to its
 //! peak (3e-3 for the tiny model, 6e-4 for the GPU one), then follows a cosine to a tenth of it
-//! (set each step into AdamW's device-held rate). `--eager` trains the same model without
-//! graphs (tests/gpt.rs checks the two agree bit for bit).
+//! (set each step into AdamW's device-held rate). `--checkpoint` checkpoints every other block
+//! (its activations are recomputed inside its backward graph: a smaller graph pool). `--eager`
+//! trains the same model without graphs (tests/gpt.rs checks they all agree bit for bit).
 
 mod corpus;
 mod model;
@@ -77,10 +78,13 @@ fn main() -> Result<()> {
         if graphed { "one graphed module per block" } else { "eager" }
     );
     let t0 = Instant::now();
-    let mut trainer = Trainer::new(&dev, cfg, 7, peak_lr(&cfg), graphed)?;
+    let checkpoint = graphed && std::env::args().any(|a| a == "--checkpoint");
+    let mut trainer = Trainer::new(&dev, cfg, 7, peak_lr(&cfg), graphed, checkpoint)?;
     let warmup = num("--warmup", (steps / 20).max(1))?.clamp(1, steps.max(1));
     if graphed {
-        println!("captured {} blocks in {:.1} s", cfg.layers, t0.elapsed().as_secs_f64());
+        let ck = if checkpoint { ", odd blocks checkpointed" } else { "" };
+        let (secs, mb) = (t0.elapsed().as_secs_f64(), trainer.pool_bytes() as f64 / 1e6);
+        println!("captured {} blocks in {secs:.1} s{ck}; graph pool {mb:.1} MB", cfg.layers);
     }
     let (mut rng, mut val_rng) = (Rng(0x9E37_79B9_7F4A_7C15), Rng(42));
     let tokens = (cfg.batch * cfg.context) as f64;

@@ -1,16 +1,24 @@
 //! Training, evaluation and sampling of the GPT of `model.rs`, with its blocks either eager or
-//! each graphed on its own (one `#[graphed]` module per layer).
+//! graphed (each `#[graphed]` block its own forward and backward graphs).
 #![allow(dead_code)]
 
 use graphed::optim::{AdamW, AdamWConfig};
-use graphed::{Cx, Device, Error, Parameters, Result, Tensor};
+use graphed::{make_graphed, Checkpoint, Cx, Device, Error, GraphOptions, GraphedModules, Module, Parameters};
+use graphed::{Result, Tensor};
 
-use crate::model::{Block, Config, Ends, Gpt, GraphedBlock, VOCAB};
+use crate::model::{Block, Config, Ends, Gpt, VOCAB};
 
-/// The blocks: eager modules, or one graphed wrapper per block.
+/// The blocks: eager modules, or graphed ones (one forward and one backward graph per block,
+/// all in one pool), where the odd-numbered blocks may be checkpointed (their activations
+/// recomputed inside the backward graph instead of kept).
 pub enum Blocks {
     Eager(Vec<Block>),
-    Graphed(Vec<GraphedBlock>),
+    Graphed(GraphedModules),
+}
+
+/// The one output (or input grad) of a block call.
+fn only(mut v: Vec<Option<Tensor>>) -> Result<Tensor> {
+    v.pop().flatten().ok_or_else(|| Error::msg("a block returned no tensor"))
 }
 
 /// A model with its optimizer.
@@ -50,18 +58,36 @@ impl Rng {
 }
 
 impl Trainer {
-    /// A fresh model from `seed`; `graphed` captures each block (warm-up and capture happen here).
-    pub fn new(dev: &Device, cfg: Config, seed: u64, lr: f32, graphed: bool) -> Result<Trainer> {
+    /// A fresh model from `seed`; `graphed` captures each block (warm-up and capture happen
+    /// here), `checkpoint` (graphed only) checkpoints blocks 1, 3, 5, ...
+    pub fn new(dev: &Device, cfg: Config, seed: u64, lr: f32, graphed: bool, checkpoint: bool) -> Result<Trainer> {
         let gpt = Gpt::new(dev, &cfg, seed)?;
         let opt = AdamW::from_module(&gpt, AdamWConfig { lr, weight_decay: 0.0, ..Default::default() })?;
         let Gpt { ends, blocks } = gpt;
         let blocks = if graphed {
             let sample = Tensor::zeros(dev, &[cfg.batch, cfg.context, cfg.d_model])?.with_requires_grad(true);
-            Blocks::Graphed(blocks.into_iter().map(|b| Ok(b.make_graphed(&sample)?)).collect::<Result<_>>()?)
+            let samples = (0..cfg.layers).map(|_| vec![vec![Some(sample.clone())]]).collect();
+            let boxed = |(i, b): (usize, Block)| -> Box<dyn Module> {
+                if checkpoint && i % 2 == 1 {
+                    Box::new(Checkpoint::new(b))
+                } else {
+                    Box::new(b)
+                }
+            };
+            let modules = blocks.into_iter().enumerate().map(boxed).collect();
+            Blocks::Graphed(make_graphed(modules, samples, GraphOptions::new().warmup(2))?)
         } else {
             Blocks::Eager(blocks)
         };
         Ok(Trainer { cfg, ends, blocks, opt, dev: dev.clone() })
+    }
+
+    /// The graph pool's reserved bytes (0 when eager).
+    pub fn pool_bytes(&self) -> usize {
+        match &self.blocks {
+            Blocks::Graphed(g) => g.pool().stats().reserved,
+            Blocks::Eager(_) => 0,
+        }
     }
 
     /// Sets the learning rate the next step uses (AdamW keeps it in device memory).
@@ -69,10 +95,13 @@ impl Trainer {
         self.opt.set_lr(lr)
     }
 
-    fn block(&self, i: usize) -> &Block {
+    fn block(&self, i: usize) -> Result<&Block> {
         match &self.blocks {
-            Blocks::Eager(b) => &b[i],
-            Blocks::Graphed(g) => g[i].module(),
+            Blocks::Eager(b) => Ok(&b[i]),
+            Blocks::Graphed(g) => g
+                .module::<Block>(i)
+                .or_else(|| g.module::<Checkpoint<Block>>(i).map(Checkpoint::inner))
+                .ok_or_else(|| Error::msg(format!("block {i} is not a Block"))),
         }
     }
 
@@ -86,17 +115,18 @@ impl Trainer {
         for (i, cx) in cxs.iter_mut().enumerate() {
             h = match &mut self.blocks {
                 Blocks::Eager(b) => b[i].forward(cx, &h)?,
-                Blocks::Graphed(g) => g[i].forward(cx, &h)?,
+                Blocks::Graphed(g) => only(g.forward(i, cx, &[Some(h)])?)?,
             };
         }
         let (loss, saved) = self.ends.loss(ids, &h, labels, pos_ids)?;
         let mut g = self.ends.loss_backward(&saved)?;
         for (i, cx) in cxs.iter_mut().enumerate().rev() {
-            let dx = match &mut self.blocks {
-                Blocks::Eager(b) => b[i].backward(cx, &g)?,
-                Blocks::Graphed(gb) => gb[i].backward(cx, &g)?,
+            g = match &mut self.blocks {
+                Blocks::Eager(b) => {
+                    b[i].backward(cx, &g)?.ok_or_else(|| Error::msg("a block returned no input grad"))?
+                }
+                Blocks::Graphed(gb) => only(gb.backward(i, cx, &[Some(g)])?)?,
             };
-            g = dx.ok_or_else(|| Error::msg("a block returned no input grad"))?;
         }
         self.ends.embed_backward(&saved, &g)?;
         self.opt.step()?;
@@ -108,7 +138,7 @@ impl Trainer {
     fn hidden(&self, ids: &Tensor) -> Result<Tensor> {
         let (mut h, _) = self.ends.embed(ids)?;
         for i in 0..self.cfg.layers {
-            h = self.block(i).forward(&mut Cx::new(&self.dev), &h)?;
+            h = self.block(i)?.forward(&mut Cx::new(&self.dev), &h)?;
         }
         Ok(h)
     }
@@ -144,8 +174,8 @@ impl Trainer {
     /// Every parameter's bits, by name (the eager and graphed runs are compared with these).
     pub fn param_bits(&self) -> Result<Vec<(String, Vec<u32>)>> {
         let mut out = Vec::new();
-        let blocks = (0..self.cfg.layers).map(|i| self.block(i));
-        let named = self.ends.parameters().into_iter().chain(blocks.flat_map(|b| b.parameters()));
+        let blocks = (0..self.cfg.layers).map(|i| self.block(i)).collect::<Result<Vec<_>>>()?;
+        let named = self.ends.parameters().into_iter().chain(blocks.iter().flat_map(|b| b.parameters()));
         for (name, p) in named {
             out.push((name, p.value.to_vec()?.iter().map(|v| v.to_bits()).collect()));
         }
