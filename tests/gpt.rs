@@ -1,4 +1,4 @@
-//! The GPT of examples/gpt (#13) with a tiny configuration: graphed blocks (with and without
+//! The GPT of examples/gpt (#13) with a tiny configuration and dropout: graphed blocks (with and without
 //! every other block checkpointed) train bit for bit like the eager model over 20 steps, the
 //! loss goes down, and bad input
 //! (a corpus that is missing, a token outside the vocabulary, a sequence past the context) is
@@ -20,7 +20,7 @@ use graphed::{Error, Result, Tensor};
 use model::Config;
 use runner::{Rng, Trainer};
 
-const TINY: Config = Config { layers: 2, d_model: 32, heads: 4, context: 16, batch: 4, hidden: 48 };
+const TINY: Config = Config { layers: 2, d_model: 32, heads: 4, context: 16, batch: 4, hidden: 48, dropout: 0.1 };
 
 /// Repetitive text a tiny model learns quickly.
 fn text() -> Vec<u8> {
@@ -30,6 +30,7 @@ fn text() -> Vec<u8> {
 fn train(dev: &graphed::Device, graphed: bool, checkpoint: bool, steps: usize) -> Result<(Vec<u32>, Trainer)> {
     let splits = corpus::Splits::new(text(), TINY.context)?;
     let mut trainer = Trainer::new(dev, TINY, 5, 3e-3, graphed, checkpoint)?;
+    dev.rng()?.manual_seed(99)?; // the same dropout masks in every run
     let mut rng = Rng(11);
     let mut losses = Vec::new();
     for _ in 0..steps {

@@ -1,7 +1,7 @@
 //! A byte-level GPT trained with one graphed module per transformer block (#13).
 //!
 //! `cargo run --release --example gpt -- [--steps N] [--data FILE] [--size tiny|gpu]
-//! [--eval-every N] [--warmup N] [--plot FILE.png] [--checkpoint] [--eager]`
+//! [--eval-every N] [--warmup N] [--plot FILE.png] [--checkpoint] [--dropout P] [--eager]`
 //!
 //! The text is, by default, the repository's own README.md, docs/*.md and Rust sources, read
 //! from the directory the binary runs in (run it from the repository root); `--data FILE`
@@ -13,7 +13,9 @@
 //! directory). The learning rate warms up linearly over `--warmup` steps (default 5%) to its
 //! peak (3e-3 for the tiny model, 6e-4 for the GPU one), then follows a cosine to a tenth of it
 //! (set each step into AdamW's device-held rate). `--checkpoint` checkpoints every other block
-//! (its activations are recomputed inside its backward graph: a smaller graph pool). `--eager`
+//! (its activations are recomputed inside its backward graph: a smaller graph pool).
+//! `--dropout P` drops each block's two residual branches while training (graph-safe RNG, so
+//! every replay draws a fresh mask; a checkpointed block recomputes the same one). `--eager`
 //! trains the same model without graphs (tests/gpt.rs checks they all agree bit for bit).
 
 mod corpus;
@@ -46,8 +48,10 @@ fn num(name: &str, default: usize) -> Result<usize> {
 }
 
 fn config(dev: &Device) -> Result<Config> {
-    let tiny = Config { layers: 3, d_model: 96, heads: 4, context: 96, batch: 8, hidden: 256 };
-    let gpu = Config { layers: 8, d_model: 512, heads: 8, context: 256, batch: 16, hidden: 1368 };
+    let dropout =
+        arg("--dropout").map_or(Ok(0.0), |s| s.parse().map_err(|e| Error::msg(format!("--dropout {s}: {e}"))))?;
+    let tiny = Config { layers: 3, d_model: 96, heads: 4, context: 96, batch: 8, hidden: 256, dropout };
+    let gpu = Config { layers: 8, d_model: 512, heads: 8, context: 256, batch: 16, hidden: 1368, dropout };
     match arg("--size").as_deref() {
         Some("tiny") => Ok(tiny),
         Some("gpu") => Ok(gpu),

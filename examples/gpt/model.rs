@@ -29,6 +29,8 @@ pub struct Config {
     pub batch: usize,
     /// The MLP's hidden width.
     pub hidden: usize,
+    /// Dropout on each block's two residual branches (0 disables it).
+    pub dropout: f32,
 }
 
 fn init(dev: &Device, dims: &[usize], fan_in: usize, seed: u64) -> Result<Param> {
@@ -39,6 +41,7 @@ fn init(dev: &Device, dims: &[usize], fan_in: usize, seed: u64) -> Result<Param>
 #[derive(Parameters)]
 pub struct Block {
     pub heads: usize,
+    pub dropout: f32,
     pub norm1: Param,
     pub wq: Param,
     pub wk: Param,
@@ -60,6 +63,7 @@ impl Block {
         };
         Ok(Block {
             heads: c.heads,
+            dropout: c.dropout,
             norm1: ones()?,
             wq: init(dev, &[d, d], d, seed * 16 + 1)?,
             wk: init(dev, &[d, d], d, seed * 16 + 2)?,
@@ -70,6 +74,16 @@ impl Block {
             w_up: init(dev, &[h, d], d, seed * 16 + 6)?,
             w_down: scaled(&[d, h], h, 7)?,
         })
+    }
+}
+
+impl Block {
+    /// Dropout of a residual branch while training (with its mask), else the branch itself.
+    fn drop(&self, cx: &Cx, t: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+        if self.dropout == 0.0 || !cx.training() {
+            return Ok((t.clone(), None));
+        }
+        ops::dropout(t, self.dropout, &cx.device().rng()?, true)
     }
 }
 
@@ -86,14 +100,19 @@ impl Block {
         let k = ops::linear(&h1, &self.wk.value, None)?;
         let v = ops::linear(&h1, &self.wv.value, None)?;
         let (att, probs) = ops::causal_attention(&q, &k, &v, self.heads)?;
-        let x2 = ops::add(x, &ops::linear(&att, &self.wo.value, None)?)?;
+        let (a, mask1) = self.drop(cx, &ops::linear(&att, &self.wo.value, None)?)?;
+        let x2 = ops::add(x, &a)?;
         let (h2, rstd2) = ops::rms_norm(&x2, &self.norm2.value, EPS)?;
         let gate = ops::linear(&h2, &self.w_gate.value, None)?;
         let up = ops::linear(&h2, &self.w_up.value, None)?;
         let s = ops::swiglu(&gate, &up)?;
-        let y = ops::add(&x2, &ops::linear(&s, &self.w_down.value, None)?)?;
+        let (m, mask2) = self.drop(cx, &ops::linear(&s, &self.w_down.value, None)?)?;
+        let y = ops::add(&x2, &m)?;
         for t in [x, &h1, &rstd1, &q, &k, &v, &att, &probs, &x2, &h2, &rstd2, &gate, &up, &s] {
             cx.save(t);
+        }
+        for mask in [mask1, mask2].iter().flatten() {
+            cx.save(mask);
         }
         Ok(y)
     }
@@ -103,14 +122,18 @@ impl Block {
         let [x, h1, rstd1, q, k, v, att, probs, x2, h2, rstd2, gate, up, s] = &saved[..] else {
             return Err(Error::msg("a block saves 14 tensors"));
         };
-        let ds = dx_of(ops::linear_backward(dy, s, &self.w_down.value, &self.w_down.grad, None, true)?)?;
+        let dropped = self.dropout != 0.0 && cx.training();
+        let masks = if dropped { (14..16).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()? } else { Vec::new() };
+        let undrop = |d: &Tensor, i: usize| masks.get(i).map_or_else(|| Ok(d.clone()), |m| ops::dropout_backward(d, m));
+        let dm = undrop(dy, 1)?;
+        let ds = dx_of(ops::linear_backward(&dm, s, &self.w_down.value, &self.w_down.grad, None, true)?)?;
         let (dgate, dup) = ops::swiglu_backward(&ds, gate, up)?;
         let dh2 = ops::add(
             &dx_of(ops::linear_backward(&dgate, h2, &self.w_gate.value, &self.w_gate.grad, None, true)?)?,
             &dx_of(ops::linear_backward(&dup, h2, &self.w_up.value, &self.w_up.grad, None, true)?)?,
         )?;
         let dx2 = ops::add(dy, &ops::rms_norm_backward(&dh2, x2, &self.norm2.value, rstd2, &self.norm2.grad)?)?;
-        let datt = dx_of(ops::linear_backward(&dx2, att, &self.wo.value, &self.wo.grad, None, true)?)?;
+        let datt = dx_of(ops::linear_backward(&undrop(&dx2, 0)?, att, &self.wo.value, &self.wo.grad, None, true)?)?;
         let (dq, dk, dv) = ops::causal_attention_backward(&datt, q, k, v, probs, self.heads)?;
         let mut dh1 = dx_of(ops::linear_backward(&dq, h1, &self.wq.value, &self.wq.grad, None, true)?)?;
         for (d, w) in [(&dk, &self.wk), (&dv, &self.wv)] {

@@ -138,7 +138,9 @@ impl Trainer {
     fn hidden(&self, ids: &Tensor) -> Result<Tensor> {
         let (mut h, _) = self.ends.embed(ids)?;
         for i in 0..self.cfg.layers {
-            h = self.block(i)?.forward(&mut Cx::new(&self.dev), &h)?;
+            let mut cx = Cx::new(&self.dev);
+            cx.set_training(false); // no dropout
+            h = self.block(i)?.forward(&mut cx, &h)?;
         }
         Ok(h)
     }
