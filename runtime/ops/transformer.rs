@@ -46,6 +46,7 @@ pub fn embedding(ids: &Tensor, table: &Tensor) -> Result<Tensor> {
     let (vocab, d) = check_table(OP, table)?;
     let tokens = ids.numel();
     n32(OP, tokens * d)?;
+    n32(OP, vocab * d)?;
     let y = Tensor::empty(ids.device(), &embedded_dims(ids, d))?;
     match exec(ids.device()) {
         Exec::Host(h) => {
