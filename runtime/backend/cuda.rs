@@ -18,6 +18,7 @@ pub(crate) const KERNEL_SOURCES: &[&str] = &[
     include_str!("kernels/ops.cu"),
     include_str!("kernels/half.cu"),
     include_str!("kernels/mixed.cu"),
+    include_str!("kernels/transformer.cu"),
 ];
 
 /// Bytes of the explicit cuBLAS workspace; with it set, GEMMs never allocate, so they capture.

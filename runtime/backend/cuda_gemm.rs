@@ -130,3 +130,72 @@ impl CudaBackend {
         }
     }
 }
+
+/// One operand of a row-major strided-batched f32 GEMM: the address of batch 0's matrix, its
+/// row stride (leading dimension, elements), the elements between batches, and whether it
+/// enters transposed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowMat {
+    pub(crate) ptr: u64,
+    pub(crate) ld: usize,
+    pub(crate) stride: usize,
+    pub(crate) trans: bool,
+}
+
+/// `C_i = op(A_i) · op(B_i) + beta · C_i` for `i < batch`, all row-major f32: `C_i` is
+/// `m x n`, the reduced dimension `k`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowGemmBatched {
+    pub(crate) op: &'static str,
+    pub(crate) m: usize,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) a: RowMat,
+    pub(crate) b: RowMat,
+    pub(crate) beta: f32,
+    pub(crate) c: RowMat,
+    pub(crate) batch: usize,
+}
+
+impl CudaBackend {
+    /// Runs `g` with `cublasSgemmStridedBatched` (pedantic f32). Row-major `C = op(A)·op(B)`
+    /// is column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`, and a row-major matrix read column-major is its
+    /// transpose, so B goes first and each keeps its own transpose flag.
+    pub(crate) fn sgemm_strided_batched(&self, g: &RowGemmBatched) -> Result<()> {
+        let _entered = self.gate.enter()?;
+        let handle = self.cublas_handle();
+        self.bind()?;
+        let (alpha, beta) = (1.0f32, g.beta);
+        // SAFETY: the handle is locked for this call; the op checked that every operand's
+        // batch of matrices (dimensions, leading dimension and stride) lies inside its live
+        // block; alpha and beta live until the call returns (cuBLAS reads them on the host).
+        let status = unsafe {
+            cublas_sys::cublasSgemmStridedBatched(
+                handle.0,
+                trans(g.b.trans),
+                trans(g.a.trans),
+                g.n as i32,
+                g.m as i32,
+                g.k as i32,
+                &alpha,
+                g.b.ptr as *const f32,
+                g.b.ld as i32,
+                g.b.stride as i64,
+                g.a.ptr as *const f32,
+                g.a.ld as i32,
+                g.a.stride as i64,
+                &beta,
+                g.c.ptr as *mut f32,
+                g.c.ld as i32,
+                g.c.stride as i64,
+                g.batch as i32,
+            )
+        };
+        if status == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            let status = format!("{status:?}");
+            Err(Error::GemmRejected { op: g.op, dtype: DType::F32, m: g.n, n: g.m, k: g.k, status })
+        }
+    }
+}

@@ -154,6 +154,15 @@ kernels! {
     SoftmaxXentF16 = "softmax_xent_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SoftmaxXentBwdBf16 = "softmax_xent_bwd_bf16" (Ptr, Ptr, Ptr, F32, U32, U32);
     SoftmaxXentBwdF16 = "softmax_xent_bwd_f16" (Ptr, Ptr, Ptr, F32, U32, U32);
+    EmbeddingF32 = "embedding_f32" (Ptr, Ptr, Ptr, U32, U32, U32);
+    EmbeddingBwdF32 = "embedding_bwd_f32" (Ptr, Ptr, Ptr, U32, U32, U32);
+    RmsNormF32 = "rms_norm_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    RmsNormBwdF32 = "rms_norm_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    RmsNormBwdParamsF32 = "rms_norm_bwd_params_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SwigluF32 = "swiglu_f32" (Ptr, Ptr, Ptr, U32);
+    SwigluBwdF32 = "swiglu_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, U32);
+    CausalSoftmaxF32 = "causal_softmax_f32" (Ptr, Ptr, U32, U32, F32);
+    CausalSoftmaxBwdF32 = "causal_softmax_bwd_f32" (Ptr, Ptr, Ptr, U32, U32, F32);
 }
 
 /// The f32 kernel of an op and its bf16 and f16 variants: picks one by dtype.

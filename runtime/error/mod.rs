@@ -465,6 +465,29 @@ pub enum Error {
         /// The operation.
         op: &'static str,
     },
+    // Transformer ops (#13).
+    /// A token id is not an integer in `0..vocab`.
+    #[error("{op}: token id {id} at position {pos} is not in the vocabulary 0..{vocab}")]
+    TokenOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The value.
+        id: f32,
+        /// Its index.
+        pos: usize,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// A sequence is longer than the model's context.
+    #[error("{op}: a sequence of {len} tokens is longer than the context of {context}; shorten it")]
+    SequenceTooLong {
+        /// The operation.
+        op: &'static str,
+        /// Its length.
+        len: usize,
+        /// The context length.
+        context: usize,
+    },
 }
 
 /// `Result` with [`Error`].

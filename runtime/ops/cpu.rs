@@ -9,21 +9,67 @@ use crate::ops::Gelu;
 use crate::rng::philox_uniform;
 use crate::{Error, Result};
 
-/// `y[n, out] = x[n, in] · w[out, in]ᵀ + b[out]`.
+/// A row-major f64 matrix view for [`dgemm`]: the data and its (row, column) strides.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    data: &'a [f64],
+    rs: usize,
+    cs: usize,
+}
+
+impl View<'_> {
+    /// Whether every index `(i, j)` with `i < rows`, `j < cols` is inside the data.
+    fn fits(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `c[m, n] = a[m, k] · b[k, n] + beta · c` in f64 through `matrixmultiply` (a blocked,
+/// vectorized GEMM; single-threaded, so the summation order and the result's bits are the same
+/// on every run). `c` is row-major with `n` columns.
+fn dgemm(m: usize, k: usize, n: usize, a: View<'_>, b: View<'_>, beta: f64, c: &mut [f64]) {
+    assert!(a.fits(m, k) && b.fits(k, n) && c.len() >= m * n, "dgemm operands smaller than {m}x{k}x{n}");
+    let s = |v: usize| v as isize;
+    // SAFETY: the asserts above check that every element the GEMM reads (a: m x k, b: k x n
+    // with their strides) and writes (c: m x n, row-major) is inside its slice; the slices
+    // borrow disjoint memory (`c` is a unique borrow).
+    unsafe {
+        matrixmultiply::dgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.data.as_ptr(),
+            s(a.rs),
+            s(a.cs),
+            b.data.as_ptr(),
+            s(b.rs),
+            s(b.cs),
+            beta,
+            c.as_mut_ptr(),
+            s(n),
+            1,
+        );
+    }
+}
+
+fn widen(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|v| *v as f64).collect()
+}
+
+/// `y[n, out] = x[n, in] · w[out, in]ᵀ + b[out]`, accumulated in f64 (a blocked GEMM) and
+/// rounded once.
 pub fn linear(x: &[f32], w: &[f32], b: Option<&[f32]>, n: usize, input: usize, out: usize) -> Vec<f32> {
-    let mut y = vec![0.0f32; n * out];
-    for r in 0..n {
-        let xr = &x[r * input..(r + 1) * input];
-        for o in 0..out {
-            let wr = &w[o * input..(o + 1) * input];
-            let s: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
-            y[r * out + o] = s as f32;
-        }
+    let (xd, wd) = (widen(&x[..n * input]), widen(&w[..out * input]));
+    let mut acc = vec![0.0f64; n * out];
+    let a = View { data: &xd, rs: input, cs: 1 };
+    let bt = View { data: &wd, rs: 1, cs: input };
+    dgemm(n, input, out, a, bt, 0.0, &mut acc);
+    let y: Vec<f32> = acc.into_iter().map(|v| v as f32).collect();
+    match b {
+        Some(b) => bias_add(&y, b, out),
+        None => y,
     }
-    if let Some(b) = b {
-        y = bias_add(&y, b, out);
-    }
-    y
 }
 
 /// `y[r, j] = x[r, j] + b[j]` for rows of `d` elements.
@@ -58,16 +104,11 @@ pub fn linear_backward(
     db: Option<&mut [f32]>,
     need_dx: bool,
 ) -> Option<Vec<f32>> {
+    let (dyd, xd) = (widen(&dy[..n * out]), widen(&x[..n * input]));
+    // dw[out, in] += dyᵀ[out, n] · x[n, in], summed in f64 and added once.
     let mut acc = vec![0.0f64; out * input];
-    for r in 0..n {
-        let xr = &x[r * input..(r + 1) * input];
-        for o in 0..out {
-            let d = dy[r * out + o] as f64;
-            for (a, xv) in acc[o * input..(o + 1) * input].iter_mut().zip(xr) {
-                *a += d * *xv as f64;
-            }
-        }
-    }
+    let dyt = View { data: &dyd, rs: 1, cs: out };
+    dgemm(out, n, input, dyt, View { data: &xd, rs: input, cs: 1 }, 0.0, &mut acc);
     for (g, a) in dw.iter_mut().zip(acc) {
         *g += a as f32;
     }
@@ -75,21 +116,11 @@ pub fn linear_backward(
         col_sum_acc(db, dy, n, out);
     }
     need_dx.then(|| {
-        let mut dx = vec![0.0f32; n * input];
-        let mut row = vec![0.0f64; input];
-        for r in 0..n {
-            row.iter_mut().for_each(|v| *v = 0.0);
-            for o in 0..out {
-                let d = dy[r * out + o] as f64;
-                for (a, wv) in row.iter_mut().zip(&w[o * input..(o + 1) * input]) {
-                    *a += d * *wv as f64;
-                }
-            }
-            for (dst, v) in dx[r * input..(r + 1) * input].iter_mut().zip(&row) {
-                *dst = *v as f32;
-            }
-        }
-        dx
+        // dx[n, in] = dy[n, out] · w[out, in].
+        let wd = widen(&w[..out * input]);
+        let mut dx = vec![0.0f64; n * input];
+        dgemm(n, out, input, View { data: &dyd, rs: out, cs: 1 }, View { data: &wd, rs: input, cs: 1 }, 0.0, &mut dx);
+        dx.into_iter().map(|v| v as f32).collect()
     })
 }
 
@@ -412,3 +443,10 @@ pub fn loss_scale_update(state: &[f32], growth: f32, backoff: f32, interval: u32
     }
     s
 }
+
+#[path = "cpu_transformer.rs"]
+mod transformer;
+pub use transformer::{
+    causal_attention, causal_attention_backward, embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu,
+    swiglu_backward, token_index, token_indices, AttnDims,
+};

@@ -5,6 +5,7 @@
 //! device's current pool, except for the in-place ops, whose names end in `_`.
 
 mod activation;
+mod attention;
 mod basic;
 mod cast;
 pub mod cpu;
@@ -14,8 +15,10 @@ mod fused;
 mod linear;
 mod loss;
 mod norm;
+mod transformer;
 
 pub use activation::{gelu, gelu_backward, relu, relu_backward, Gelu};
+pub use attention::{causal_attention, causal_attention_backward};
 pub use basic::{axpy_, copy_, fill_, scale_};
 pub use cast::cast;
 pub use dropout::{dropout, dropout_backward};
@@ -25,6 +28,7 @@ pub use linear::{bias_add, linear, linear_backward, linear_to};
 pub(crate) use linear::{check_linear, out_dims};
 pub use loss::{mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels};
 pub use norm::{layer_norm, layer_norm_backward};
+pub use transformer::{embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu, swiglu_backward};
 
 use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, Typed};
 use crate::{DType, Device, Error, Result, Tensor};

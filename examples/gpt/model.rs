@@ -1,0 +1,238 @@
+//! A decoder-only GPT (#13): byte tokens, learned positions, pre-norm blocks of RMSNorm +
+//! causal multi-head attention and RMSNorm + SwiGLU MLP with residuals, a final RMSNorm and an
+//! untied head. Each block is its own `#[graphed]` module; the embedding and the head with the
+//! loss run eagerly around them. Shared by `examples/gpt/main.rs` and `tests/gpt.rs`.
+#![allow(dead_code)]
+
+use graphed::ops;
+use graphed::{graphed, Cx, Device, Error, Param, Parameters, Result, Tensor};
+
+/// Uniform values in [-scale, scale) from `seed` (deterministic, so runs can be compared).
+fn random(dev: &Device, dims: &[usize], seed: u64, scale: f32) -> Result<Tensor> {
+    let mut rng = crate::runner::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let v: Vec<f32> = (0..dims.iter().product()).map(|_| ((rng.uniform() * 2.0 - 1.0) as f32) * scale).collect();
+    Tensor::from_slice(dev, &v, dims)
+}
+
+const EPS: f32 = 1e-5;
+/// Byte-level vocabulary.
+pub const VOCAB: usize = 256;
+
+/// The sizes of a GPT and of its training batches.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    pub layers: usize,
+    pub d_model: usize,
+    pub heads: usize,
+    /// The context: the longest sequence the model reads (its learned positions).
+    pub context: usize,
+    pub batch: usize,
+    /// The MLP's hidden width.
+    pub hidden: usize,
+    /// Dropout on each block's two residual branches (0 disables it).
+    pub dropout: f32,
+}
+
+fn init(dev: &Device, dims: &[usize], fan_in: usize, seed: u64) -> Result<Param> {
+    Param::new(random(dev, dims, seed, 1.0 / (fan_in as f32).sqrt())?)
+}
+
+/// One pre-norm transformer block.
+#[derive(Parameters)]
+pub struct Block {
+    pub heads: usize,
+    pub dropout: f32,
+    pub norm1: Param,
+    pub wq: Param,
+    pub wk: Param,
+    pub wv: Param,
+    pub wo: Param,
+    pub norm2: Param,
+    pub w_gate: Param,
+    pub w_up: Param,
+    pub w_down: Param,
+}
+
+impl Block {
+    pub fn new(dev: &Device, c: &Config, seed: u64) -> Result<Block> {
+        let (d, h) = (c.d_model, c.hidden);
+        let ones = || Param::new(Tensor::full(dev, &[d], 1.0)?);
+        let out_scale = 1.0 / (2.0 * c.layers as f32).sqrt(); // GPT-2's residual scaling
+        let scaled = |dims: &[usize], fan_in: usize, s: u64| {
+            Param::new(random(dev, dims, seed * 16 + s, out_scale / (fan_in as f32).sqrt())?)
+        };
+        Ok(Block {
+            heads: c.heads,
+            dropout: c.dropout,
+            norm1: ones()?,
+            wq: init(dev, &[d, d], d, seed * 16 + 1)?,
+            wk: init(dev, &[d, d], d, seed * 16 + 2)?,
+            wv: init(dev, &[d, d], d, seed * 16 + 3)?,
+            wo: scaled(&[d, d], d, 4)?,
+            norm2: ones()?,
+            w_gate: init(dev, &[h, d], d, seed * 16 + 5)?,
+            w_up: init(dev, &[h, d], d, seed * 16 + 6)?,
+            w_down: scaled(&[d, h], h, 7)?,
+        })
+    }
+}
+
+impl Block {
+    /// Dropout of a residual branch while training (with its mask), else the branch itself.
+    fn drop(&self, cx: &Cx, t: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+        if self.dropout == 0.0 || !cx.training() {
+            return Ok((t.clone(), None));
+        }
+        ops::dropout(t, self.dropout, &cx.device().rng()?, true)
+    }
+}
+
+/// `linear_backward`'s `dx`, which it returns when asked for.
+fn dx_of(t: Option<Tensor>) -> Result<Tensor> {
+    t.ok_or_else(|| Error::msg("linear_backward returned no dx"))
+}
+
+#[graphed(warmup = 2)]
+impl Block {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        let (h1, rstd1) = ops::rms_norm(x, &self.norm1.value, EPS)?;
+        let q = ops::linear(&h1, &self.wq.value, None)?;
+        let k = ops::linear(&h1, &self.wk.value, None)?;
+        let v = ops::linear(&h1, &self.wv.value, None)?;
+        let (att, probs) = ops::causal_attention(&q, &k, &v, self.heads)?;
+        let (a, mask1) = self.drop(cx, &ops::linear(&att, &self.wo.value, None)?)?;
+        let x2 = ops::add(x, &a)?;
+        let (h2, rstd2) = ops::rms_norm(&x2, &self.norm2.value, EPS)?;
+        let gate = ops::linear(&h2, &self.w_gate.value, None)?;
+        let up = ops::linear(&h2, &self.w_up.value, None)?;
+        let s = ops::swiglu(&gate, &up)?;
+        let (m, mask2) = self.drop(cx, &ops::linear(&s, &self.w_down.value, None)?)?;
+        let y = ops::add(&x2, &m)?;
+        for t in [x, &h1, &rstd1, &q, &k, &v, &att, &probs, &x2, &h2, &rstd2, &gate, &up, &s] {
+            cx.save(t);
+        }
+        for mask in [mask1, mask2].iter().flatten() {
+            cx.save(mask);
+        }
+        Ok(y)
+    }
+
+    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        let saved = (0..14).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()?;
+        let [x, h1, rstd1, q, k, v, att, probs, x2, h2, rstd2, gate, up, s] = &saved[..] else {
+            return Err(Error::msg("a block saves 14 tensors"));
+        };
+        let dropped = self.dropout != 0.0 && cx.training();
+        let masks = if dropped { (14..16).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()? } else { Vec::new() };
+        let undrop = |d: &Tensor, i: usize| masks.get(i).map_or_else(|| Ok(d.clone()), |m| ops::dropout_backward(d, m));
+        let dm = undrop(dy, 1)?;
+        let ds = dx_of(ops::linear_backward(&dm, s, &self.w_down.value, &self.w_down.grad, None, true)?)?;
+        let (dgate, dup) = ops::swiglu_backward(&ds, gate, up)?;
+        let dh2 = ops::add(
+            &dx_of(ops::linear_backward(&dgate, h2, &self.w_gate.value, &self.w_gate.grad, None, true)?)?,
+            &dx_of(ops::linear_backward(&dup, h2, &self.w_up.value, &self.w_up.grad, None, true)?)?,
+        )?;
+        let dx2 = ops::add(dy, &ops::rms_norm_backward(&dh2, x2, &self.norm2.value, rstd2, &self.norm2.grad)?)?;
+        let datt = dx_of(ops::linear_backward(&undrop(&dx2, 0)?, att, &self.wo.value, &self.wo.grad, None, true)?)?;
+        let (dq, dk, dv) = ops::causal_attention_backward(&datt, q, k, v, probs, self.heads)?;
+        let mut dh1 = dx_of(ops::linear_backward(&dq, h1, &self.wq.value, &self.wq.grad, None, true)?)?;
+        for (d, w) in [(&dk, &self.wk), (&dv, &self.wv)] {
+            dh1 = ops::add(&dh1, &dx_of(ops::linear_backward(d, h1, &w.value, &w.grad, None, true)?)?)?;
+        }
+        let dx = ops::add(&dx2, &ops::rms_norm_backward(&dh1, x, &self.norm1.value, rstd1, &self.norm1.grad)?)?;
+        Ok(Some(dx))
+    }
+}
+
+/// Token and position embeddings, the final norm and the head: the eager ends of the model.
+#[derive(Parameters)]
+pub struct Ends {
+    pub tok: Param,
+    pub pos: Param,
+    pub norm: Param,
+    pub head: Param,
+}
+
+/// The whole model; `#[derive(Parameters)]` gives AdamW every parameter by path.
+#[derive(Parameters)]
+pub struct Gpt {
+    pub ends: Ends,
+    pub blocks: Vec<Block>,
+}
+
+impl Gpt {
+    pub fn new(dev: &Device, c: &Config, seed: u64) -> Result<Gpt> {
+        let d = c.d_model;
+        let ends = Ends {
+            tok: Param::new(random(dev, &[VOCAB, d], seed, 0.5)?)?,
+            pos: Param::new(random(dev, &[c.context, d], seed + 1, 0.1)?)?,
+            norm: Param::new(Tensor::full(dev, &[d], 1.0)?)?,
+            head: init(dev, &[VOCAB, d], d, seed + 2)?,
+        };
+        let blocks = (0..c.layers).map(|i| Block::new(dev, c, seed + 10 + i as u64)).collect::<Result<_>>()?;
+        Ok(Gpt { ends, blocks })
+    }
+}
+
+/// What the ends keep from the forward for the backward.
+pub struct EndsSaved {
+    ids: Tensor,
+    pos_ids: Tensor,
+    x: Tensor,
+    hf: Tensor,
+    rstd: Tensor,
+    probs: Tensor,
+    labels: Tensor,
+}
+
+/// Position ids `[batch, seq]`: `0..seq` in every row.
+pub fn position_ids(dev: &Device, batch: usize, seq: usize) -> Result<Tensor> {
+    let v: Vec<f32> = (0..batch).flat_map(|_| (0..seq).map(|t| t as f32)).collect();
+    Tensor::from_slice(dev, &v, &[batch, seq])
+}
+
+impl Ends {
+    /// `ids` `[batch, seq]` to the first block's input `[batch, seq, d]`. A sequence longer
+    /// than the context is [`Error::SequenceTooLong`].
+    pub fn embed(&self, ids: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (&[batch, seq], context) = (ids.dims(), self.pos.value.dims()[0]) else {
+            return Err(Error::Shape { op: "gpt", detail: format!("ids must be [batch, seq], got {:?}", ids.dims()) });
+        };
+        if seq > context {
+            return Err(Error::SequenceTooLong { op: "gpt", len: seq, context });
+        }
+        let pos_ids = position_ids(ids.device(), batch, seq)?;
+        let x = ops::add(&ops::embedding(ids, &self.tok.value)?, &ops::embedding(&pos_ids, &self.pos.value)?)?;
+        Ok((x, pos_ids))
+    }
+
+    /// Logits `[batch · seq, 256]` of the last block's output, with what the loss backward needs.
+    pub fn logits(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let (hf, rstd) = ops::rms_norm(x, &self.norm.value, EPS)?;
+        let (rows, d) = (x.numel() / x.dims()[2], x.dims()[2]);
+        let hf = hf.reshape(&[rows, d])?;
+        Ok((ops::linear(&hf, &self.head.value, None)?, hf, rstd))
+    }
+
+    /// The mean cross-entropy over all positions (`labels` `[batch · seq]`) and the state for
+    /// [`Ends::backward`].
+    pub fn loss(&self, ids: &Tensor, x_last: &Tensor, labels: &Tensor, pos_ids: Tensor) -> Result<(Tensor, EndsSaved)> {
+        let (logits, hf, rstd) = self.logits(x_last)?;
+        let (loss, probs) = ops::softmax_cross_entropy(&logits, labels)?;
+        let saved = EndsSaved { ids: ids.clone(), pos_ids, x: x_last.clone(), hf, rstd, probs, labels: labels.clone() };
+        Ok((loss, saved))
+    }
+
+    /// The grad of the last block's output; accumulates the head's and the norm's grads.
+    pub fn loss_backward(&self, s: &EndsSaved) -> Result<Tensor> {
+        let dlogits = ops::softmax_cross_entropy_backward(&s.probs, &s.labels, 1.0)?;
+        let dhf = dx_of(ops::linear_backward(&dlogits, &s.hf, &self.head.value, &self.head.grad, None, true)?)?;
+        ops::rms_norm_backward(&dhf.reshape(s.x.dims())?, &s.x, &self.norm.value, &s.rstd, &self.norm.grad)
+    }
+
+    /// Accumulates the embeddings' grads from the first block's input grad.
+    pub fn embed_backward(&self, s: &EndsSaved, dx: &Tensor) -> Result<()> {
+        ops::embedding_backward(dx, &s.ids, &self.tok.grad)?;
+        ops::embedding_backward(dx, &s.pos_ids, &self.pos.grad)
+    }
+}

@@ -1,0 +1,219 @@
+//! The CPU references of the transformer ops (#13): token embedding, RMSNorm and SwiGLU.
+//! Included in [`crate::ops::cpu`]; the conventions there apply (sums in f64, row-major).
+
+use super::{dgemm, widen, View};
+use crate::{Error, Result};
+
+/// The row of `table` token value `id` selects, when it is an integer in `0..vocab`.
+pub fn token_index(id: f32, vocab: usize) -> Option<usize> {
+    (id >= 0.0 && id < vocab as f32 && id == id.floor()).then_some(id as usize)
+}
+
+/// Checks every token id against the vocabulary: [`Error::TokenOutOfRange`] names the first bad
+/// one.
+pub fn token_indices(op: &'static str, ids: &[f32], vocab: usize) -> Result<Vec<usize>> {
+    ids.iter()
+        .enumerate()
+        .map(|(pos, id)| token_index(*id, vocab).ok_or(Error::TokenOutOfRange { op, id: *id, pos, vocab }))
+        .collect()
+}
+
+/// `y[t, :] = table[ids[t], :]` for a `[vocab, d]` table.
+pub fn embedding(ids: &[f32], table: &[f32], vocab: usize, d: usize) -> Result<Vec<f32>> {
+    let rows = token_indices("embedding", ids, vocab)?;
+    Ok(rows.iter().flat_map(|r| table[r * d..(r + 1) * d].iter().copied()).collect())
+}
+
+/// The backward of [`embedding`]: `dtable[v, :] += Σ_{t: ids[t] = v} dy[t, :]`, summed in f64
+/// in token order and added once.
+pub fn embedding_backward(dy: &[f32], ids: &[f32], vocab: usize, d: usize, dtable: &mut [f32]) -> Result<()> {
+    let rows = token_indices("embedding_backward", ids, vocab)?;
+    let mut acc = vec![0.0f64; vocab * d];
+    for (t, r) in rows.iter().enumerate() {
+        for (a, g) in acc[r * d..(r + 1) * d].iter_mut().zip(&dy[t * d..(t + 1) * d]) {
+            *a += *g as f64;
+        }
+    }
+    for (row, arow) in dtable.chunks_mut(d).zip(acc.chunks(d)) {
+        for (g, a) in row.iter_mut().zip(arow) {
+            *g += *a as f32;
+        }
+    }
+    Ok(())
+}
+
+/// RMSNorm over rows of `d`: `(y, rstd)` with `y = x · rstd · gamma` and
+/// `rstd = 1 / sqrt(mean(x²) + eps)`.
+pub fn rms_norm(x: &[f32], gamma: &[f32], d: usize, eps: f32) -> (Vec<f32>, Vec<f32>) {
+    let rows = x.len().checked_div(d).unwrap_or(0);
+    let (mut y, mut rstds) = (vec![0.0f32; x.len()], vec![0.0f32; rows]);
+    for r in 0..rows {
+        let xr = &x[r * d..(r + 1) * d];
+        let ms = xr.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / d as f64;
+        let rstd = 1.0 / (ms + eps as f64).sqrt();
+        for j in 0..d {
+            y[r * d + j] = (xr[j] as f64 * rstd * gamma[j] as f64) as f32;
+        }
+        rstds[r] = rstd as f32;
+    }
+    (y, rstds)
+}
+
+/// The backward of [`rms_norm`] from the saved `rstd`: returns
+/// `dx = rstd · (g - x̂ · mean(g · x̂))` with `g = dy · gamma`, `x̂ = x · rstd`, and adds
+/// `Σ_rows dy · x̂` to `dgamma`.
+pub fn rms_norm_backward(dy: &[f32], x: &[f32], gamma: &[f32], rstd: &[f32], d: usize, dgamma: &mut [f32]) -> Vec<f32> {
+    let rows = x.len().checked_div(d).unwrap_or(0);
+    let mut dx = vec![0.0f32; x.len()];
+    let mut accg = vec![0.0f64; d];
+    for r in 0..rows {
+        let rs = rstd[r] as f64;
+        let xhat: Vec<f64> = x[r * d..(r + 1) * d].iter().map(|v| *v as f64 * rs).collect();
+        let dyr = &dy[r * d..(r + 1) * d];
+        let g: Vec<f64> = dyr.iter().zip(gamma).map(|(a, b)| *a as f64 * *b as f64).collect();
+        let m = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / d as f64;
+        for j in 0..d {
+            dx[r * d + j] = (rs * (g[j] - xhat[j] * m)) as f32;
+            accg[j] += dyr[j] as f64 * xhat[j];
+        }
+    }
+    for (g, a) in dgamma.iter_mut().zip(accg) {
+        *g += a as f32;
+    }
+    dx
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// SwiGLU: `silu(gate) · up` with `silu(g) = g · sigmoid(g)`, computed in f64 and rounded.
+pub fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.iter().zip(up).map(|(g, u)| (*g as f64 * sigmoid(*g as f64) * *u as f64) as f32).collect()
+}
+
+/// The backward of [`swiglu`]: `(dgate, dup)` with `dgate = dy · up · σ(g)(1 + g(1 - σ(g)))`
+/// and `dup = dy · silu(g)`, computed in f64 and rounded.
+pub fn swiglu_backward(dy: &[f32], gate: &[f32], up: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let mut dgate = Vec::with_capacity(dy.len());
+    let mut dup = Vec::with_capacity(dy.len());
+    for ((d, g), u) in dy.iter().zip(gate).zip(up) {
+        let (d, g, u) = (*d as f64, *g as f64, *u as f64);
+        let s = sigmoid(g);
+        dgate.push((d * u * s * (1.0 + g * (1.0 - s))) as f32);
+        dup.push((d * g * s) as f32);
+    }
+    (dgate, dup)
+}
+
+/// The sizes of a causal attention: batch, sequence, heads, head dimension. Tensors `q`, `k`,
+/// `v` and the output are `[batch, seq, heads · head_dim]`; the probabilities
+/// `[batch, heads, seq, seq]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnDims {
+    /// Sequences in the batch.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Features per head.
+    pub head_dim: usize,
+}
+
+impl AttnDims {
+    fn width(self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// `1 / sqrt(head_dim)`, the score scale, in f32 (as the kernels use it).
+    pub fn scale(self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// The `[seq, head_dim]` block of head `h` of sequence `b` in a `[batch, seq, width]`
+    /// tensor, as a view with row stride `width` (`trans` reads it transposed).
+    fn head<'a>(self, data: &'a [f64], b: usize, h: usize, trans: bool) -> View<'a> {
+        let (rs, cs) = if trans { (1, self.width()) } else { (self.width(), 1) };
+        View { data: &data[b * self.seq * self.width() + h * self.head_dim..], rs, cs }
+    }
+
+    /// Adds the row-major `[seq, head_dim]` block `src` into head `h` of sequence `b` of `dst`.
+    fn scatter(self, dst: &mut [f32], src: &[f64], b: usize, h: usize) {
+        let (w, dh) = (self.width(), self.head_dim);
+        for i in 0..self.seq {
+            let row = (b * self.seq + i) * w + h * dh;
+            for (d, s) in dst[row..row + dh].iter_mut().zip(&src[i * dh..(i + 1) * dh]) {
+                *d = *s as f32;
+            }
+        }
+    }
+}
+
+/// Causal scaled-dot-product attention per head: `P = causal_softmax(Q·Kᵀ · scale)`,
+/// `out = P·V`; returns `(out, P)`. Products in f64 (a blocked GEMM), `P` rounded to f32
+/// before `P·V` as the CUDA path stores it.
+pub fn causal_attention(q: &[f32], k: &[f32], v: &[f32], a: AttnDims) -> (Vec<f32>, Vec<f32>) {
+    let (t, dh, scale) = (a.seq, a.head_dim, a.scale() as f64);
+    let (qd, kd, vd) = (widen(q), widen(k), widen(v));
+    let mut out = vec![0.0f32; q.len()];
+    let mut probs = vec![0.0f32; a.batch * a.heads * t * t];
+    let (mut s, mut o) = (vec![0.0f64; t * t], vec![0.0f64; t * dh]);
+    for b in 0..a.batch {
+        for h in 0..a.heads {
+            dgemm(t, dh, t, a.head(&qd, b, h, false), a.head(&kd, b, h, true), 0.0, &mut s);
+            let p = &mut probs[(b * a.heads + h) * t * t..][..t * t];
+            for i in 0..t {
+                let row = &s[i * t..i * t + i + 1];
+                let m = row.iter().fold(f64::NEG_INFINITY, |m, x| m.max(x * scale));
+                let z: f64 = row.iter().map(|x| (x * scale - m).exp()).sum();
+                for (j, x) in row.iter().enumerate() {
+                    p[i * t + j] = ((x * scale - m).exp() / z) as f32;
+                }
+            }
+            let pd = widen(p);
+            dgemm(t, t, dh, View { data: &pd, rs: t, cs: 1 }, a.head(&vd, b, h, false), 0.0, &mut o);
+            a.scatter(&mut out, &o, b, h);
+        }
+    }
+    (out, probs)
+}
+
+/// The backward of [`causal_attention`] from its saved `probs`: `(dq, dk, dv)` with
+/// `dV = Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = scale · P ∘ (dP - rowsum(P ∘ dP))` (zero above the
+/// diagonal), `dQ = dS·K`, `dK = dSᵀ·Q`.
+#[allow(clippy::type_complexity)]
+pub fn causal_attention_backward(
+    dout: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    probs: &[f32],
+    a: AttnDims,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (t, dh, scale) = (a.seq, a.head_dim, a.scale() as f64);
+    let (dod, qd, kd, vd) = (widen(dout), widen(q), widen(k), widen(v));
+    let (mut dq, mut dk, mut dv) = (vec![0.0f32; q.len()], vec![0.0f32; q.len()], vec![0.0f32; q.len()]);
+    let (mut dp, mut o) = (vec![0.0f64; t * t], vec![0.0f64; t * dh]);
+    for b in 0..a.batch {
+        for h in 0..a.heads {
+            let pd = widen(&probs[(b * a.heads + h) * t * t..][..t * t]);
+            let pt = View { data: &pd, rs: 1, cs: t };
+            dgemm(t, t, dh, pt, a.head(&dod, b, h, false), 0.0, &mut o);
+            a.scatter(&mut dv, &o, b, h);
+            dgemm(t, dh, t, a.head(&dod, b, h, false), a.head(&vd, b, h, true), 0.0, &mut dp);
+            for i in 0..t {
+                let r = i * t;
+                let s: f64 = (0..=i).map(|j| pd[r + j] * dp[r + j]).sum();
+                for j in 0..t {
+                    dp[r + j] = if j <= i { scale * pd[r + j] * (dp[r + j] - s) } else { 0.0 };
+                }
+            }
+            dgemm(t, t, dh, View { data: &dp, rs: t, cs: 1 }, a.head(&kd, b, h, false), 0.0, &mut o);
+            a.scatter(&mut dq, &o, b, h);
+            dgemm(t, t, dh, View { data: &dp, rs: 1, cs: t }, a.head(&qd, b, h, false), 0.0, &mut o);
+            a.scatter(&mut dk, &o, b, h);
+        }
+    }
+    (dq, dk, dv)
+}

@@ -1,0 +1,85 @@
+//! The GPT of examples/gpt (#13) with a tiny configuration and dropout: graphed blocks (with and without
+//! every other block checkpointed) train bit for bit like the eager model over 20 steps, the
+//! loss goes down, and bad input
+//! (a corpus that is missing, a token outside the vocabulary, a sequence past the context) is
+//! a typed error.
+
+mod common;
+
+#[path = "../examples/gpt/corpus.rs"]
+mod corpus;
+#[path = "../examples/gpt/model.rs"]
+mod model;
+#[path = "../examples/gpt/runner.rs"]
+mod runner;
+
+use std::path::Path;
+
+use common::on_each_backend;
+use graphed::{Error, Result, Tensor};
+use model::Config;
+use runner::{Rng, Trainer};
+
+const TINY: Config = Config { layers: 2, d_model: 32, heads: 4, context: 16, batch: 4, hidden: 48, dropout: 0.1 };
+
+/// Repetitive text a tiny model learns quickly.
+fn text() -> Vec<u8> {
+    b"the quick brown fox jumps over the lazy dog; ".repeat(60)
+}
+
+fn train(dev: &graphed::Device, graphed: bool, checkpoint: bool, steps: usize) -> Result<(Vec<u32>, Trainer)> {
+    let splits = corpus::Splits::new(text(), TINY.context)?;
+    let mut trainer = Trainer::new(dev, TINY, 5, 3e-3, graphed, checkpoint)?;
+    dev.rng()?.manual_seed(99)?; // the same dropout masks in every run
+    let mut rng = Rng(11);
+    let mut losses = Vec::new();
+    for _ in 0..steps {
+        let (ids, labels) = corpus::batch(dev, &splits.train, TINY.batch, TINY.context, &mut rng)?;
+        losses.push(trainer.step(&ids, &labels)?.to_vec()?[0].to_bits());
+    }
+    Ok((losses, trainer))
+}
+
+#[test]
+fn graphed_blocks_train_bit_for_bit_like_eager() {
+    on_each_backend(|dev| {
+        let (eager_losses, eager) = train(dev, false, false, 20)?;
+        let (graphed_losses, graphed) = train(dev, true, false, 20)?;
+        let (ck_losses, ck) = train(dev, true, true, 20)?;
+        if dev.is_host() {
+            assert_eq!(eager_losses, graphed_losses, "losses differ");
+            assert!(eager.param_bits()? == graphed.param_bits()?, "parameters differ after 20 steps");
+            assert_eq!(eager_losses, ck_losses, "losses differ with checkpointed blocks");
+            assert!(eager.param_bits()? == ck.param_bits()?, "parameters differ with checkpointed blocks");
+        }
+        let (first, last) = (f32::from_bits(graphed_losses[0]), f32::from_bits(graphed_losses[19]));
+        assert!(last < first * 0.8, "the loss did not go down: {first} -> {last}");
+        let sample = graphed.generate(b"the quick", 20, &mut Rng(1))?;
+        assert_eq!(sample.len(), 20);
+        Ok(())
+    });
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    on_each_backend(|dev| {
+        let missing = corpus::load(Path::new("."), Some(Path::new("/nonexistent/graphed-corpus.txt")));
+        assert!(matches!(missing, Err(Error::InvalidArgument { op: "corpus", .. })), "{missing:?}");
+        let empty_dir = std::env::temp_dir().join(format!("graphed-gpt-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&empty_dir).map_err(|e| Error::msg(e.to_string()))?;
+        let empty = corpus::load(&empty_dir, None);
+        let _ = std::fs::remove_dir(&empty_dir);
+        assert!(matches!(empty, Err(Error::InvalidArgument { op: "corpus", .. })), "{empty:?}");
+        assert!(corpus::Splits::new(b"short".to_vec(), TINY.context).is_err());
+        let trainer = Trainer::new(dev, TINY, 5, 1e-3, false, false)?;
+        let long = Tensor::zeros(dev, &[1, TINY.context + 1])?;
+        let r = trainer.ends.embed(&long);
+        assert!(matches!(r, Err(Error::SequenceTooLong { len: 17, context: 16, .. })), "{:?}", r.err());
+        if dev.is_host() {
+            let bad = Tensor::from_slice(dev, &[65.0, 256.0], &[1, 2])?;
+            let r = trainer.ends.embed(&bad);
+            assert!(matches!(r, Err(Error::TokenOutOfRange { id: 256.0, pos: 1, .. })), "{:?}", r.err());
+        }
+        Ok(())
+    });
+}
