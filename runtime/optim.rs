@@ -4,7 +4,9 @@
 //! the update kernels read them through pointers, so one captured `step()` replays every
 //! iteration under a changing schedule: call [`Sgd::set_lr`] / [`AdamW::set_lr`] between
 //! replays (outside the capture), and AdamW's step counter advances on the device with each
-//! replay. Optimizer state is allocated from the device's default pool, never a graph pool.
+//! replay. [`AdamW::with_schedule`] computes the rate itself, on the device, from that counter
+//! ([`WarmupCosine`]). Optimizer state is allocated from the device's default pool, never a
+//! graph pool.
 //!
 //! ```
 //! use graphed::optim::{Sgd, SgdConfig};
@@ -25,10 +27,12 @@
 mod mixed;
 mod mixed_adamw;
 mod mixed_sgd;
+mod schedule;
 
 pub use mixed::{LossScaler, LossScalerConfig, Mixed};
 pub use mixed_adamw::MixedAdamW;
 pub use mixed_sgd::MixedSgd;
+pub use schedule::WarmupCosine;
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
@@ -259,6 +263,7 @@ pub struct AdamW {
     state: Tensor,
     m: Vec<Tensor>,
     v: Vec<Tensor>,
+    schedule: Option<WarmupCosine>,
 }
 
 impl AdamW {
@@ -282,7 +287,28 @@ impl AdamW {
             state: state_from(&device, &[f32::from_bits(0), 0.0, 0.0])?,
             m,
             v,
+            schedule: None,
         })
+    }
+
+    /// Computes the learning rate on the device at every `step()` from the step count (see
+    /// [`WarmupCosine`]), replacing the rate set by the config or [`AdamW::set_lr`].
+    ///
+    /// ```
+    /// use graphed::optim::{AdamW, AdamWConfig, WarmupCosine};
+    /// use graphed::{Device, Param, Tensor};
+    /// let dev = Device::host();
+    /// let p = Param::new(Tensor::zeros(&dev, &[2])?)?;
+    /// let s = WarmupCosine { peak: 1e-2, floor: 1e-3, warmup: 4, total: 20 };
+    /// let opt = AdamW::new(&[p], AdamWConfig::default())?.with_schedule(s)?;
+    /// opt.step()?;
+    /// assert_eq!(opt.lr()?, s.lr_at(1)); // 2.5e-3, computed by the step
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn with_schedule(mut self, schedule: WarmupCosine) -> Result<AdamW> {
+        schedule.check("AdamW::with_schedule")?;
+        self.schedule = Some(schedule);
+        Ok(self)
     }
 
     /// An optimizer over the module's trainable parameters ([`Parameters::trainable_params`]:
@@ -330,8 +356,8 @@ impl AdamW {
         &self.params
     }
 
-    /// One update of every parameter: the step-count kernel, then one kernel per parameter.
-    /// Capturable.
+    /// One update of every parameter: the step-count kernel, the schedule kernel (with
+    /// [`AdamW::with_schedule`]), then one kernel per parameter. Capturable.
     pub fn step(&self) -> Result<()> {
         let AdamWConfig { beta1, beta2, eps, weight_decay, .. } = self.config;
         match exec(self.state.device()) {
@@ -349,6 +375,9 @@ impl AdamW {
                 LaunchDims::rows(1, 32),
                 &[KArg::Ptr(self.state.cuda_ptr()?), KArg::F32(beta1), KArg::F32(beta2)],
             )?,
+        }
+        if let Some(s) = &self.schedule {
+            s.apply(&self.lr, &self.state)?;
         }
         for ((p, m), v) in self.params.iter().zip(&self.m).zip(&self.v) {
             let n = n32("AdamW::step", p.value.numel())?;

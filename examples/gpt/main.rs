@@ -12,7 +12,7 @@
 //! bytes at the end, and writes the loss curve as a PNG (`--plot`, default in the temp
 //! directory). The learning rate warms up linearly over `--warmup` steps (default 5%) to its
 //! peak (3e-3 for the tiny model, 6e-4 for the GPU one), then follows a cosine to a tenth of it
-//! (set each step into AdamW's device-held rate). `--checkpoint` checkpoints every other block
+//! (computed on the device inside AdamW's step from its step count: `optim::WarmupCosine`). `--checkpoint` checkpoints every other block
 //! (its activations are recomputed inside its backward graph: a smaller graph pool).
 //! `--dropout P` drops each block's two residual branches while training (graph-safe RNG, so
 //! every replay draws a fresh mask; a checkpointed block recomputes the same one). `--eager`
@@ -26,6 +26,7 @@ mod runner;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use graphed::optim::WarmupCosine;
 use graphed::{Device, Error, Result};
 use model::Config;
 use runner::{Rng, Trainer};
@@ -83,8 +84,10 @@ fn main() -> Result<()> {
     );
     let t0 = Instant::now();
     let checkpoint = graphed && std::env::args().any(|a| a == "--checkpoint");
-    let mut trainer = Trainer::new(&dev, cfg, 7, peak_lr(&cfg), graphed, checkpoint)?;
-    let warmup = num("--warmup", (steps / 20).max(1))?.clamp(1, steps.max(1));
+    let warmup = num("--warmup", (steps / 20).max(1))?.min(steps);
+    let (peak, total) = (peak_lr(&cfg), u32::try_from(steps).map_err(|e| Error::msg(format!("--steps: {e}")))?);
+    let schedule = WarmupCosine { peak, floor: peak / 10.0, warmup: warmup as u32, total };
+    let mut trainer = Trainer::new(&dev, cfg, 7, peak, graphed, checkpoint)?.with_schedule(schedule)?;
     if graphed {
         let ck = if checkpoint { ", odd blocks checkpointed" } else { "" };
         let (secs, mb) = (t0.elapsed().as_secs_f64(), trainer.pool_bytes() as f64 / 1e6);
@@ -95,7 +98,6 @@ fn main() -> Result<()> {
     let (mut train_curve, mut val_curve) = (Vec::new(), Vec::new());
     let t0 = Instant::now();
     for step in 1..=steps {
-        trainer.set_lr(runner::lr_at(step, steps, warmup, peak_lr(&cfg)))?;
         let (ids, labels) = corpus::batch(&dev, &splits.train, cfg.batch, cfg.context, &mut rng)?;
         let loss = trainer.step(&ids, &labels)?;
         if step == 1 || step % (steps / 100).max(1) == 0 || step == steps {

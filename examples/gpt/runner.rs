@@ -2,7 +2,7 @@
 //! graphed (each `#[graphed]` block its own forward and backward graphs).
 #![allow(dead_code)]
 
-use graphed::optim::{AdamW, AdamWConfig};
+use graphed::optim::{AdamW, AdamWConfig, WarmupCosine};
 use graphed::{make_graphed, Checkpoint, Cx, Device, Error, GraphOptions, GraphedModules, Module, Parameters};
 use graphed::{Result, Tensor};
 
@@ -28,16 +28,6 @@ pub struct Trainer {
     pub blocks: Blocks,
     opt: AdamW,
     dev: Device,
-}
-
-/// Linear warm-up over `warmup` steps to `peak`, then a cosine decay to `peak / 10` at `steps`
-/// (`step` is 1-based).
-pub fn lr_at(step: usize, steps: usize, warmup: usize, peak: f32) -> f32 {
-    if step <= warmup {
-        return peak * step as f32 / warmup as f32;
-    }
-    let t = (step - warmup) as f32 / (steps - warmup).max(1) as f32;
-    peak * (0.1 + 0.9 * 0.5 * (1.0 + (std::f32::consts::PI * t.min(1.0)).cos()))
 }
 
 /// A small deterministic generator (xorshift64*) for batch offsets and sampling.
@@ -90,9 +80,10 @@ impl Trainer {
         }
     }
 
-    /// Sets the learning rate the next step uses (AdamW keeps it in device memory).
-    pub fn set_lr(&self, lr: f32) -> Result<()> {
-        self.opt.set_lr(lr)
+    /// Has AdamW compute its learning rate on the device at every step from its step count.
+    pub fn with_schedule(mut self, schedule: WarmupCosine) -> Result<Trainer> {
+        self.opt = self.opt.with_schedule(schedule)?;
+        Ok(self)
     }
 
     fn block(&self, i: usize) -> Result<&Block> {

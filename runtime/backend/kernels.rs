@@ -163,6 +163,7 @@ kernels! {
     SwigluBwdF32 = "swiglu_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, U32);
     CausalSoftmaxF32 = "causal_softmax_f32" (Ptr, Ptr, U32, U32, F32);
     CausalSoftmaxBwdF32 = "causal_softmax_bwd_f32" (Ptr, Ptr, Ptr, U32, U32, F32);
+    LrWarmupCosineF32 = "lr_warmup_cosine_f32" (Ptr, Ptr, F32, F32, U32, U32);
 }
 
 /// The f32 kernel of an op and its bf16 and f16 variants: picks one by dtype.

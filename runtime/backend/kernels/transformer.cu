@@ -122,3 +122,17 @@ extern "C" __global__ void causal_softmax_bwd_f32(float* dx, const float* dy, co
         for (u32 j = threadIdx.x; j < t; j += blockDim.x) dx[r * t + j] = j <= i ? scale * y[r * t + j] * (dy[r * t + j] - s) : 0.0f;
     }
 }
+
+// AdamW's learning rate from its step count (state[0], u32 bits, already incremented): linear
+// warm-up to `peak` over `warmup` steps, then a cosine down to `floor_lr` at step `total`.
+extern "C" __global__ void lr_warmup_cosine_f32(float* lr, const float* state, float peak, float floor_lr, u32 warmup, u32 total) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const u32 t = __float_as_uint(state[0]);
+    if (t <= warmup) {
+        lr[0] = peak * (float)t / (float)(warmup > 1u ? warmup : 1u);
+        return;
+    }
+    const u32 span = total - warmup > 1u ? total - warmup : 1u;
+    const float p = fminf((float)(t - warmup) / (float)span, 1.0f);
+    lr[0] = floor_lr + (peak - floor_lr) * 0.5f * (1.0f + cosf(3.14159265358979f * p));
+}
