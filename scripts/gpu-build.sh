@@ -22,8 +22,9 @@ for line in sys.stdin:
         print("test binary:", dst)
 '
 cargo build --release --examples
-for f in examples/*.rs; do
-  n=$(basename "$f" .rs)
+for f in examples/*.rs examples/*/main.rs; do
+  case "$f" in */main.rs) n=$(basename "$(dirname "$f")") ;; *) n=$(basename "$f" .rs) ;; esac
+  [ "$n" = common ] && continue
   cp "target/release/examples/$n" gpu-bin/examples/ && echo "example: gpu-bin/examples/$n"
 done
 [ -d bench ] && cp -r bench gpu-bin/
