@@ -1,0 +1,171 @@
+"""PyTorch's side of the GPT benchmark (#13): the model of examples/gpt (8 pre-norm blocks of
+RMSNorm, causal attention, SwiGLU; d_model 512, 8 heads, context 256, batch 16, byte vocabulary,
+learned positions, untied head), trained with AdamW on the repository's own text, float32 with
+TF32 off, in three ways:
+
+- eager: the model called directly;
+- per-layer graphs: `torch.cuda.make_graphed_callables` on the tuple of blocks (the embeddings,
+  the head and the loss run eagerly around them, as in examples/gpt);
+- one graph per step: the whole training step (forward, loss, backward, AdamW with
+  capturable=True) captured once and replayed (the floor).
+
+Each variant runs the same loop as examples/gpt: a random batch of the training bytes made on the
+host and copied to the GPU, one step, the loss read back every 20 steps; tokens/s over `--steps`
+steps after `--warmup` steps. Run from the repository root:
+    python3 bench/pytorch_gpt_bench.py [--steps 200] [--out gpt_torch.json]
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+L, D, HEADS, CTX, BATCH, HIDDEN, VOCAB, EPS = 8, 512, 8, 256, 16, 1368, 256, 1e-5
+
+
+def corpus():
+    paths = ["README.md"] + sorted(glob.glob("docs/**/*.md", recursive=True))
+    for d in ["runtime", "macros", "examples"]:
+        paths += sorted(glob.glob(f"{d}/**/*.rs", recursive=True))
+    data = b"".join(open(p, "rb").read() for p in paths if os.path.isfile(p))
+    cut = len(data) * 9 // 10
+    return torch.frombuffer(bytearray(data[:cut]), dtype=torch.uint8)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.g = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * self.g
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.n1, self.n2 = RMSNorm(D), RMSNorm(D)
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
+        self.gate, self.up = nn.Linear(D, HIDDEN, bias=False), nn.Linear(D, HIDDEN, bias=False)
+        self.down = nn.Linear(HIDDEN, D, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        h = self.n1(x)
+        split = lambda t: t.view(b, s, HEADS, D // HEADS).transpose(1, 2)
+        a = F.scaled_dot_product_attention(split(self.q(h)), split(self.k(h)), split(self.v(h)), is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, D))
+        h = self.n2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Ends(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(VOCAB, D), nn.Embedding(CTX, D)
+        self.norm, self.head = RMSNorm(D), nn.Linear(D, VOCAB, bias=False)
+
+
+def batch(train, gen):
+    starts = torch.randint(0, len(train) - CTX - 1, (BATCH,), generator=gen)
+    rows = torch.stack([train[s:s + CTX + 1] for s in starts.tolist()]).long()
+    return rows[:, :-1].cuda(non_blocking=False), rows[:, 1:].cuda(non_blocking=False)
+
+
+def make(variant):
+    torch.manual_seed(0)
+    blocks, ends = nn.ModuleList(Block() for _ in range(L)).cuda(), Ends().cuda()
+    params = list(blocks.parameters()) + list(ends.parameters())
+    opt = torch.optim.AdamW(params, lr=6e-4, weight_decay=0.0, capturable=(variant == "floor"))
+    pos = torch.arange(CTX, device="cuda")
+    layers = list(blocks)
+    if variant == "per_layer":
+        x = torch.randn(BATCH, CTX, D, device="cuda", requires_grad=True)
+        layers = list(torch.cuda.make_graphed_callables(tuple(layers), tuple((x,) for _ in layers)))
+
+    def step(ids, labels):
+        x = ends.tok(ids) + ends.pos(pos)
+        for layer in layers:
+            x = layer(x)
+        logits = ends.head(ends.norm(x))
+        loss = F.cross_entropy(logits.view(-1, VOCAB), labels.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        return loss
+
+    return step, params
+
+
+def run(variant, steps, warmup, train):
+    gen = torch.Generator().manual_seed(1)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    t0 = time.perf_counter()
+    step, params = make(variant)
+    if variant == "floor":
+        ids, labels = batch(train, gen)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                step(ids, labels)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_loss = step(ids, labels)
+
+        def graphed(new_ids, new_labels):
+            ids.copy_(new_ids)
+            labels.copy_(new_labels)
+            g.replay()
+            return static_loss
+
+        run_step = graphed
+    else:
+        run_step = step
+    torch.cuda.synchronize()
+    capture_s = time.perf_counter() - t0
+    for _ in range(warmup):
+        run_step(*batch(train, gen))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(1, steps + 1):
+        loss = run_step(*batch(train, gen))
+        if i % 20 == 0:
+            loss.item()
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    pool_mb = (torch.cuda.memory_reserved() - before) / 1e6
+    return {"variant": variant, "tokens_per_s": BATCH * CTX * steps / secs, "step_ms": secs / steps * 1e3,
+            "setup_s": capture_s, "reserved_mb": pool_mb, "loss": float(loss.item())}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--out", default="gpt_torch.json")
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    train = corpus()
+    rows = []
+    for variant in ["eager", "per_layer", "floor"]:
+        r = run(variant, a.steps, a.warmup, train)
+        print(f"[torch gpt] {variant:>10}: {r['tokens_per_s']:>9.0f} tokens/s, {r['step_ms']:.2f} ms/step, "
+              f"setup {r['setup_s']:.2f} s, reserved {r['reserved_mb']:.0f} MB, loss {r['loss']:.3f}", flush=True)
+        rows.append(r)
+        torch.cuda.empty_cache()
+    json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name(), "results": rows},
+              open(a.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
