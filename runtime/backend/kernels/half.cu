@@ -299,8 +299,9 @@ extern "C" __global__ void col_sum_acc_f16(float* out, const f16_t* a, u32 rows,
 
 // ---------------------------------------------------------------- layer norm and softmax (16-bit)
 //
-// The f32 kernels of ops.cu with 16-bit activations and weights: statistics, mean and rstd,
-// row losses and parameter grads stay f32.
+// In f32, bf16 and f16 (float instantiations are the f32 kernels): statistics, mean and rstd,
+// row losses and parameter grads stay f32. One block per row; dx = rstd * (g - mean(g) - xhat *
+// mean(g * xhat)) with g = dy * gamma; dgamma/dbeta accumulate over column blocks.
 
 template <typename T>
 __device__ __forceinline__ void layer_norm_t(T* y, float* mean_out, float* rstd_out, const T* x, const T* gamma, const T* beta, u32 rows, u32 d, float eps) {
@@ -423,6 +424,11 @@ __device__ __forceinline__ void softmax_xent_bwd_t(T* dlogits, const T* probs, c
     }
 }
 
+extern "C" __global__ void layer_norm_f32(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma, const float* beta, u32 rows, u32 d, float eps) { layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void layer_norm_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void layer_norm_bwd_params_f32(float* dgamma, float* dbeta, const float* dy, const float* x, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
+extern "C" __global__ void softmax_xent_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_f32(float* dlogits, const float* probs, const float* labels, float scale, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, scale, rows, c); }
 extern "C" __global__ void layer_norm_bf16(bf16_t* y, float* mean_out, float* rstd_out, const bf16_t* x, const bf16_t* gamma, const bf16_t* beta, u32 rows, u32 d, float eps) { layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
 extern "C" __global__ void layer_norm_f16(f16_t* y, float* mean_out, float* rstd_out, const f16_t* x, const f16_t* gamma, const f16_t* beta, u32 rows, u32 d, float eps) { layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
 extern "C" __global__ void layer_norm_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }

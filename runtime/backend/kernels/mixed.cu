@@ -72,13 +72,7 @@ __device__ __forceinline__ void adamw_mixed_t(float* p, T* model, const float* g
     const float bc2_sqrt = sqrtf(sta[2]);
     const float decay = 1.0f - rate * wd;
     for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        const float gi = g[i];
-        const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-        const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        const float denom = sqrtf(vi) / bc2_sqrt + eps;
-        const float pi = p[i] * decay - step_size * (mi / denom);
+        const float pi = adamw_elem(p[i], g[i], &m[i], &v[i], step_size, bc2_sqrt, decay, beta1, beta2, eps);
         p[i] = pi;
         st(model, i, pi);
     }

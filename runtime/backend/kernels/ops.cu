@@ -137,90 +137,7 @@ extern "C" __global__ void col_sum_acc_f32(float* out, const float* a, u32 rows,
 
 // ---------------------------------------------------------------- layer norm
 
-// One block per row (grid-stride over rows). mean and rstd are saved for the backward.
-extern "C" __global__ void layer_norm_f32(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma, const float* beta, u32 rows, u32 d, float eps) {
-    __shared__ float sh[32];
-    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float* xr = x + r * d;
-        float* yr = y + r * d;
-        float s = 0.0f;
-        for (u32 j = threadIdx.x; j < d; j += blockDim.x) s += xr[j];
-        const float mean = block_sum(s, sh) / (float)d;
-        float v = 0.0f;
-        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
-            float c = xr[j] - mean;
-            v += c * c;
-        }
-        const float var = block_sum(v, sh) / (float)d;
-        const float rstd = 1.0f / sqrtf(var + eps);
-        for (u32 j = threadIdx.x; j < d; j += blockDim.x) yr[j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
-        if (threadIdx.x == 0) {
-            mean_out[r] = mean;
-            rstd_out[r] = rstd;
-        }
-    }
-}
-
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma, one block per row.
-extern "C" __global__ void layer_norm_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, u32 rows, u32 d) {
-    __shared__ float sh[32];
-    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float* xr = x + r * d;
-        const float* dyr = dy + r * d;
-        float* dxr = dx + r * d;
-        const float mu = mean[r];
-        const float rs = rstd[r];
-        float a = 0.0f;
-        float b = 0.0f;
-        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
-            float g = dyr[j] * gamma[j];
-            float xh = (xr[j] - mu) * rs;
-            a += g;
-            b += g * xh;
-        }
-        const float ma = block_sum(a, sh) / (float)d;
-        const float mb = block_sum(b, sh) / (float)d;
-        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
-            float g = dyr[j] * gamma[j];
-            float xh = (xr[j] - mu) * rs;
-            dxr[j] = rs * (g - ma - xh * mb);
-        }
-    }
-}
-
-// dgamma[j] += sum_r dy[r, j] * xhat[r, j]; dbeta[j] += sum_r dy[r, j]. Column blocks as in
-// col_sum_acc_f32.
-extern "C" __global__ void layer_norm_bwd_params_f32(float* dgamma, float* dbeta, const float* dy, const float* x, const float* mean, const float* rstd, u32 rows, u32 d) {
-    __shared__ float shg[GR_COL_Y][33];
-    __shared__ float shb[GR_COL_Y][33];
-    for (u64 c0 = (u64)blockIdx.x * 32; c0 < d; c0 += (u64)gridDim.x * 32) {
-        u64 c = c0 + threadIdx.x;
-        float sg = 0.0f;
-        float sb = 0.0f;
-        if (c < d) {
-            for (u64 r = threadIdx.y; r < rows; r += GR_COL_Y) {
-                float g = dy[r * d + c];
-                float xh = (x[r * d + c] - mean[r]) * rstd[r];
-                sg += g * xh;
-                sb += g;
-            }
-        }
-        shg[threadIdx.y][threadIdx.x] = sg;
-        shb[threadIdx.y][threadIdx.x] = sb;
-        __syncthreads();
-        if (threadIdx.y == 0 && c < d) {
-            float tg = 0.0f;
-            float tb = 0.0f;
-            for (int k = 0; k < GR_COL_Y; ++k) {
-                tg += shg[k][threadIdx.x];
-                tb += shb[k][threadIdx.x];
-            }
-            dgamma[c] += tg;
-            dbeta[c] += tb;
-        }
-        __syncthreads();
-    }
-}
+// The f32 layer norm kernels are the float instantiations of the templates in half.cu.
 
 // ---------------------------------------------------------------- losses
 
@@ -229,43 +146,9 @@ __device__ __forceinline__ bool label_ok(float l, u32 c) {
     return l >= 0.0f && l < (float)c && l == floorf(l);
 }
 
-// One block per row: probs = softmax(logits), row_loss = logsumexp - logit[label], or NaN for a
-// label that is not a class id (never an out-of-bounds read).
-extern "C" __global__ void softmax_xent_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) {
-    __shared__ float sh[32];
-    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float* xr = logits + r * c;
-        float* pr = probs + r * c;
-        float m = gr_neg_inf();
-        for (u32 j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, xr[j]);
-        m = block_max(m, sh);
-        float s = 0.0f;
-        for (u32 j = threadIdx.x; j < c; j += blockDim.x) s += expf(xr[j] - m);
-        s = block_sum(s, sh);
-        const float inv = 1.0f / s;
-        for (u32 j = threadIdx.x; j < c; j += blockDim.x) pr[j] = expf(xr[j] - m) * inv;
-        if (threadIdx.x == 0) {
-            const float l = labels[r];
-            row_loss[r] = label_ok(l, c) ? (m + logf(s)) - xr[(u32)l] : gr_nan();
-        }
-    }
-}
-
-// dlogits = (probs - onehot(label)) * scale, scale = dloss / rows; NaN rows for bad labels.
-extern "C" __global__ void softmax_xent_bwd_f32(float* dlogits, const float* probs, const float* labels, float scale, u32 rows, u32 c) {
-    const u64 n = (u64)rows * c;
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        const u64 r = i / c;
-        const u32 j = (u32)(i - r * c);
-        const float l = labels[r];
-        if (label_ok(l, c)) {
-            const float hot = (j == (u32)l) ? 1.0f : 0.0f;
-            dlogits[i] = (probs[i] - hot) * scale;
-        } else {
-            dlogits[i] = gr_nan();
-        }
-    }
-}
+// The f32 softmax cross-entropy kernels are the float instantiations of the templates in
+// half.cu (one block per row: probs = softmax(logits), row_loss = logsumexp - logit[label], NaN
+// for a label that is not a class id; dlogits = (probs - onehot(label)) * scale).
 
 // ---------------------------------------------------------------- optimizers
 
@@ -297,18 +180,23 @@ extern "C" __global__ void adamw_prepare_f32(float* st, float beta1, float beta2
 
 // AdamW (PyTorch semantics): p *= 1 - lr * wd; m, v moments; p -= lr / bc1 * m / (sqrt(v) /
 // sqrt(bc2) + eps).
+// One AdamW element update (shared with the mixed-precision kernels of mixed.cu); returns the
+// new parameter and updates the moments in place.
+__device__ __forceinline__ float adamw_elem(float p, float g, float* m, float* v, float step_size, float bc2_sqrt, float decay, float beta1, float beta2, float eps) {
+    const float mi = beta1 * *m + (1.0f - beta1) * g;
+    const float vi = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = mi;
+    *v = vi;
+    const float denom = sqrtf(vi) / bc2_sqrt + eps;
+    return p * decay - step_size * (mi / denom);
+}
+
 extern "C" __global__ void adamw_step_f32(float* p, const float* g, float* m, float* v, const float* lr, const float* st, float beta1, float beta2, float eps, float wd, u32 n) {
     const float rate = lr[0];
     const float step_size = rate / st[1];
     const float bc2_sqrt = sqrtf(st[2]);
     const float decay = 1.0f - rate * wd;
     for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        const float gi = g[i];
-        const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-        const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        const float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p[i] = p[i] * decay - step_size * (mi / denom);
+        p[i] = adamw_elem(p[i], g[i], &m[i], &v[i], step_size, bc2_sqrt, decay, beta1, beta2, eps);
     }
 }
