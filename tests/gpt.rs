@@ -1,13 +1,16 @@
-//! The GPT of examples/gpt (#13) with a tiny configuration and dropout: graphed blocks (with and without
-//! every other block checkpointed) train bit for bit like the eager model over 20 steps, the
-//! loss goes down, and bad input
-//! (a corpus that is missing, a token outside the vocabulary, a sequence past the context) is
-//! a typed error.
+//! The GPT of examples/gpt (#13) with a tiny configuration and dropout: every way of running a
+//! step (one graph per module, with and without every other block checkpointed; those graphs
+//! fused into one launch; the whole step as one graph) trains bit for bit like the eager model
+//! over 20 steps, in f32 and bf16, on each backend; the loss goes down; and bad input (a corpus
+//! that is missing, a token outside the vocabulary, a sequence past the context) is a typed
+//! error.
 
 mod common;
 
 #[path = "../examples/gpt/corpus.rs"]
 mod corpus;
+#[path = "../examples/gpt/ends.rs"]
+mod ends;
 #[path = "../examples/gpt/model.rs"]
 mod model;
 #[path = "../examples/gpt/runner.rs"]
@@ -16,48 +19,59 @@ mod runner;
 use std::path::Path;
 
 use common::on_each_backend;
-use graphed::{Error, Result, Tensor};
+use graphed::{DType, Device, Error, Result, Tensor};
 use model::Config;
-use runner::{Rng, Trainer};
+use runner::{Mode, Rng, Trainer};
 
-const TINY: Config = Config { layers: 2, d_model: 32, heads: 4, context: 16, batch: 4, hidden: 48, dropout: 0.1 };
+const TINY: Config =
+    Config { layers: 2, d_model: 32, heads: 4, context: 16, batch: 4, hidden: 48, dropout: 0.1, dtype: DType::F32 };
 
 /// Repetitive text a tiny model learns quickly.
 fn text() -> Vec<u8> {
     b"the quick brown fox jumps over the lazy dog; ".repeat(60)
 }
 
-fn train(dev: &graphed::Device, graphed: bool, checkpoint: bool, steps: usize) -> Result<(Vec<u32>, Trainer)> {
-    let splits = corpus::Splits::new(text(), TINY.context)?;
-    let mut trainer = Trainer::new(dev, TINY, 5, 3e-3, graphed, checkpoint)?;
+fn train(dev: &Device, cfg: Config, mode: Mode, checkpoint: bool, steps: usize) -> Result<(Vec<u32>, Trainer)> {
+    let splits = corpus::Splits::new(text(), cfg.context)?;
+    let mut trainer = Trainer::new(dev, cfg, 5, 3e-3, mode, checkpoint)?;
     dev.rng()?.manual_seed(99)?; // the same dropout masks in every run
     let mut rng = Rng(11);
     let mut losses = Vec::new();
     for _ in 0..steps {
-        let (ids, labels) = corpus::batch(dev, &splits.train, TINY.batch, TINY.context, &mut rng)?;
+        let (ids, labels) = corpus::batch(dev, &splits.train, cfg.batch, cfg.context, &mut rng)?;
         losses.push(trainer.step(&ids, &labels)?.to_vec()?[0].to_bits());
     }
     Ok((losses, trainer))
 }
 
-#[test]
-fn graphed_blocks_train_bit_for_bit_like_eager() {
+fn every_mode_trains_bit_for_bit_like_eager(cfg: Config) {
     on_each_backend(|dev| {
-        let (eager_losses, eager) = train(dev, false, false, 20)?;
-        let (graphed_losses, graphed) = train(dev, true, false, 20)?;
-        let (ck_losses, ck) = train(dev, true, true, 20)?;
-        if dev.is_host() {
-            assert_eq!(eager_losses, graphed_losses, "losses differ");
-            assert!(eager.param_bits()? == graphed.param_bits()?, "parameters differ after 20 steps");
-            assert_eq!(eager_losses, ck_losses, "losses differ with checkpointed blocks");
-            assert!(eager.param_bits()? == ck.param_bits()?, "parameters differ with checkpointed blocks");
+        let (eager_losses, eager) = train(dev, cfg, Mode::Eager, false, 20)?;
+        let want = eager.param_bits()?;
+        for (mode, checkpoint) in
+            [(Mode::Graphed, false), (Mode::Graphed, true), (Mode::Fused, true), (Mode::Floor, false)]
+        {
+            let (losses, t) = train(dev, cfg, mode, checkpoint, 20)?;
+            let what = format!("{} {mode:?} (checkpoint {checkpoint})", cfg.dtype);
+            assert_eq!(eager_losses, losses, "{what}: losses differ from eager");
+            assert!(want == t.param_bits()?, "{what}: parameters differ from eager after 20 steps");
         }
-        let (first, last) = (f32::from_bits(graphed_losses[0]), f32::from_bits(graphed_losses[19]));
+        let (first, last) = (f32::from_bits(eager_losses[0]), f32::from_bits(eager_losses[19]));
         assert!(last < first * 0.8, "the loss did not go down: {first} -> {last}");
-        let sample = graphed.generate(b"the quick", 20, &mut Rng(1))?;
+        let sample = eager.generate(b"the quick", 20, &mut Rng(1))?;
         assert_eq!(sample.len(), 20);
         Ok(())
     });
+}
+
+#[test]
+fn f32_graphed_fused_and_floor_train_bit_for_bit_like_eager() {
+    every_mode_trains_bit_for_bit_like_eager(TINY);
+}
+
+#[test]
+fn bf16_graphed_fused_and_floor_train_bit_for_bit_like_eager() {
+    every_mode_trains_bit_for_bit_like_eager(Config { dtype: DType::BF16, ..TINY });
 }
 
 #[test]
@@ -71,13 +85,13 @@ fn bad_input_is_a_typed_error() {
         let _ = std::fs::remove_dir(&empty_dir);
         assert!(matches!(empty, Err(Error::InvalidArgument { op: "corpus", .. })), "{empty:?}");
         assert!(corpus::Splits::new(b"short".to_vec(), TINY.context).is_err());
-        let trainer = Trainer::new(dev, TINY, 5, 1e-3, false, false)?;
+        let trainer = Trainer::new(dev, TINY, 5, 1e-3, Mode::Eager, false)?;
         let long = Tensor::zeros(dev, &[1, TINY.context + 1])?;
-        let r = trainer.ends.embed(&long);
+        let r = trainer.embed()?.embed(&long);
         assert!(matches!(r, Err(Error::SequenceTooLong { len: 17, context: 16, .. })), "{:?}", r.err());
         if dev.is_host() {
             let bad = Tensor::from_slice(dev, &[65.0, 256.0], &[1, 2])?;
-            let r = trainer.ends.embed(&bad);
+            let r = trainer.embed()?.embed(&bad);
             assert!(matches!(r, Err(Error::TokenOutOfRange { id: 256.0, pos: 1, .. })), "{:?}", r.err());
         }
         Ok(())

@@ -1,24 +1,32 @@
-//! A byte-level GPT trained with one graphed module per transformer block (#13).
+//! A byte-level GPT trained with one graphed module per transformer block (#13): the main job.
 //!
 //! `cargo run --release --example gpt -- [--steps N] [--data FILE] [--size tiny|gpu]
-//! [--eval-every N] [--warmup N] [--plot FILE.png] [--checkpoint] [--dropout P] [--eager]`
+//! [--dtype f32|bf16] [--mode eager|graphed|fused|floor] [--no-checkpoint] [--dropout P]
+//! [--eval-every N] [--warmup N] [--plot FILE.png] [--json FILE]`
 //!
 //! The text is, by default, the repository's own README.md, docs/*.md and Rust sources, read
 //! from the directory the binary runs in (run it from the repository root); `--data FILE`
 //! trains on a file instead. A missing or empty corpus is an error, not a panic. On the host
-//! backend the tiny configuration (3 layers, d_model 96, context 96) trains 500 steps in about
-//! 45 s; on a GPU the default is 8 layers, d_model 512, 8 heads, context 256, batch 16. Prints
-//! step, loss, tokens/s and ETA, the validation loss every `--eval-every` steps, 200 sampled
-//! bytes at the end, and writes the loss curve as a PNG (`--plot`, default in the temp
-//! directory). The learning rate warms up linearly over `--warmup` steps (default 5%) to its
-//! peak (3e-3 for the tiny model, 6e-4 for the GPU one), then follows a cosine to a tenth of it
-//! (computed on the device inside AdamW's step from its step count: `optim::WarmupCosine`). `--checkpoint` checkpoints every other block
-//! (its activations are recomputed inside its backward graph: a smaller graph pool).
-//! `--dropout P` drops each block's two residual branches while training (graph-safe RNG, so
-//! every replay draws a fresh mask; a checkpointed block recomputes the same one). `--eager`
-//! trains the same model without graphs (tests/gpt.rs checks they all agree bit for bit).
+//! backend the tiny configuration (3 layers, d_model 96, context 96, f32) trains 500 steps in
+//! about a minute; on a GPU the default is 8 layers, d_model 512, 8 heads, context 256, batch
+//! 16, in bf16 with f32 master weights and grads (`MixedAdamW`). Prints step, loss, tokens/s and
+//! ETA, the validation loss every `--eval-every` steps, 200 sampled bytes at the end, and writes
+//! the loss curve as a PNG (`--plot`, default in the temp directory).
+//!
+//! `--mode`: `graphed` (default) captures the embedding, every block and the head as
+//! `#[graphed]` modules, odd blocks wrapped in `Checkpoint` (their activations recomputed inside
+//! the backward graph; `--no-checkpoint` keeps them), and the optimizer step as one more graph;
+//! `fused` replays those graphs as one launch per step; `floor` captures the whole step as one
+//! graph; `eager` runs it op by op. All four train bit for bit alike (tests/gpt.rs).
+//!
+//! The learning rate warms up linearly over `--warmup` steps (default 5%) to its peak (3e-3 for
+//! the tiny model, 6e-4 for the GPU one), then follows a cosine to a tenth of it, computed on the
+//! device inside AdamW's step from its step count (`optim::WarmupCosine`). `--dropout P` drops
+//! each block's two residual branches while training (graph-safe RNG: every replay draws a
+//! fresh mask; a checkpointed block recomputes the same one).
 
 mod corpus;
+mod ends;
 mod model;
 mod plot;
 mod runner;
@@ -27,9 +35,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use graphed::optim::WarmupCosine;
-use graphed::{Device, Error, Result};
+use graphed::{DType, Device, Error, Result};
 use model::Config;
-use runner::{Rng, Trainer};
+use runner::{Mode, Rng, Trainer};
 
 /// The learning rate after warm-up; a cosine decays it to a tenth by the last step.
 fn peak_lr(cfg: &Config) -> f32 {
@@ -48,11 +56,40 @@ fn num(name: &str, default: usize) -> Result<usize> {
     arg(name).map_or(Ok(default), |s| s.parse().map_err(|e| Error::msg(format!("{name} {s}: {e}"))))
 }
 
+fn flag(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}
+
+/// `--mode` (default graphed; `--eager` is `--mode eager`).
+fn mode() -> Result<Mode> {
+    if flag("--eager") {
+        return Ok(Mode::Eager);
+    }
+    match arg("--mode").as_deref() {
+        None | Some("graphed") => Ok(Mode::Graphed),
+        Some("eager") => Ok(Mode::Eager),
+        Some("fused") => Ok(Mode::Fused),
+        Some("floor") => Ok(Mode::Floor),
+        Some(other) => Err(Error::msg(format!("--mode {other}: expected eager, graphed, fused or floor"))),
+    }
+}
+
+/// `--dtype` (default bf16 on a GPU, f32 on the host).
+fn dtype(dev: &Device) -> Result<DType> {
+    match arg("--dtype").as_deref() {
+        None => Ok(if dev.is_cuda() { DType::BF16 } else { DType::F32 }),
+        Some("f32") => Ok(DType::F32),
+        Some("bf16") => Ok(DType::BF16),
+        Some(other) => Err(Error::msg(format!("--dtype {other}: expected f32 or bf16"))),
+    }
+}
+
 fn config(dev: &Device) -> Result<Config> {
     let dropout =
         arg("--dropout").map_or(Ok(0.0), |s| s.parse().map_err(|e| Error::msg(format!("--dropout {s}: {e}"))))?;
-    let tiny = Config { layers: 3, d_model: 96, heads: 4, context: 96, batch: 8, hidden: 256, dropout };
-    let gpu = Config { layers: 8, d_model: 512, heads: 8, context: 256, batch: 16, hidden: 1368, dropout };
+    let dtype = dtype(dev)?;
+    let tiny = Config { layers: 3, d_model: 96, heads: 4, context: 96, batch: 8, hidden: 256, dropout, dtype };
+    let gpu = Config { layers: 8, d_model: 512, heads: 8, context: 256, batch: 16, hidden: 1368, dropout, dtype };
     match arg("--size").as_deref() {
         Some("tiny") => Ok(tiny),
         Some("gpu") => Ok(gpu),
@@ -61,71 +98,108 @@ fn config(dev: &Device) -> Result<Config> {
     }
 }
 
-fn main() -> Result<()> {
-    let dev = Device::default_device();
-    let cfg = config(&dev)?;
-    let steps = num("--steps", if dev.is_cuda() { 2000 } else { 500 })?;
-    let eval_every = num("--eval-every", (steps / 10).max(1))?.max(1);
-    let data = arg("--data").map(PathBuf::from);
-    let text = corpus::load(Path::new("."), data.as_deref())?;
-    let splits = corpus::Splits::new(text, cfg.context)?;
-    let graphed = !std::env::args().any(|a| a == "--eager");
-    println!(
-        "GPT on {}: {} layers, d_model {}, {} heads, context {}, batch {}, vocab 256 (bytes); {} training / {} validation bytes; {}",
-        dev.name(),
-        cfg.layers,
-        cfg.d_model,
-        cfg.heads,
-        cfg.context,
-        cfg.batch,
-        splits.train.len(),
-        splits.val.len(),
-        if graphed { "one graphed module per block" } else { "eager" }
-    );
-    let t0 = Instant::now();
-    let checkpoint = graphed && std::env::args().any(|a| a == "--checkpoint");
-    let warmup = num("--warmup", (steps / 20).max(1))?.min(steps);
-    let (peak, total) = (peak_lr(&cfg), u32::try_from(steps).map_err(|e| Error::msg(format!("--steps: {e}")))?);
-    let schedule = WarmupCosine { peak, floor: peak / 10.0, warmup: warmup as u32, total };
-    let mut trainer = Trainer::new(&dev, cfg, 7, peak, graphed, checkpoint)?.with_schedule(schedule)?;
-    if graphed {
-        let ck = if checkpoint { ", odd blocks checkpointed" } else { "" };
-        let (secs, mb) = (t0.elapsed().as_secs_f64(), trainer.pool_bytes() as f64 / 1e6);
-        println!("captured {} blocks in {secs:.1} s{ck}; graph pool {mb:.1} MB", cfg.layers);
-    }
+/// What a run measured.
+struct Measured {
+    train_curve: Vec<(usize, f32)>,
+    val_curve: Vec<(usize, f32)>,
+    /// Seconds of training after the first 10 steps (evaluation excluded).
+    steady_secs: f64,
+    steady_steps: usize,
+}
+
+/// The training loop: progress lines, validation every `eval_every` steps.
+fn train(trainer: &mut Trainer, splits: &corpus::Splits, steps: usize, eval_every: usize) -> Result<Measured> {
+    let (cfg, dev) = (trainer.cfg, trainer.device().clone());
     let (mut rng, mut val_rng) = (Rng(0x9E37_79B9_7F4A_7C15), Rng(42));
     let tokens = (cfg.batch * cfg.context) as f64;
-    let (mut train_curve, mut val_curve) = (Vec::new(), Vec::new());
-    let t0 = Instant::now();
+    let mut m = Measured { train_curve: Vec::new(), val_curve: Vec::new(), steady_secs: 0.0, steady_steps: 0 };
+    let (t0, mut lap) = (Instant::now(), Instant::now());
     for step in 1..=steps {
         let (ids, labels) = corpus::batch(&dev, &splits.train, cfg.batch, cfg.context, &mut rng)?;
         let loss = trainer.step(&ids, &labels)?;
+        if step == 10.min(steps) {
+            dev.synchronize()?;
+            lap = Instant::now();
+        }
         if step == 1 || step % (steps / 100).max(1) == 0 || step == steps {
-            train_curve.push((step, loss.to_vec()?[0]));
+            m.train_curve.push((step, loss.to_vec()?[0]));
         }
         if step == 1 || step % (steps / 20).max(1) == 0 || step == steps {
-            let l = loss.to_vec()?[0];
-            let secs = t0.elapsed().as_secs_f64();
+            let (l, secs) = (loss.to_vec()?[0], t0.elapsed().as_secs_f64());
             let eta = secs / step as f64 * (steps - step) as f64;
-            println!(
-                "step {step:>5}/{steps}  loss {l:.4}  {:>9.0} tokens/s  ETA {eta:>6.1} s",
-                tokens * step as f64 / secs
-            );
+            let rate = tokens * step as f64 / secs;
+            println!("step {step:>5}/{steps}  loss {l:.4}  {rate:>9.0} tokens/s  ETA {eta:>6.1} s");
         }
         if step % eval_every == 0 || step == steps {
+            dev.synchronize()?;
+            if step > 10.min(steps) {
+                m.steady_secs += lap.elapsed().as_secs_f64();
+            }
             let mut total = 0.0;
             for _ in 0..4 {
                 let (ids, labels) = corpus::batch(&dev, &splits.val, cfg.batch, cfg.context, &mut val_rng)?;
                 total += trainer.eval_loss(&ids, &labels)?;
             }
             println!("step {step:>5}/{steps}  validation loss {:.4}", total / 4.0);
-            val_curve.push((step, total / 4.0));
+            m.val_curve.push((step, total / 4.0));
+            lap = Instant::now();
         }
     }
+    m.steady_steps = steps.saturating_sub(10);
+    Ok(m)
+}
+
+fn main() -> Result<()> {
+    let dev = Device::default_device();
+    let cfg = config(&dev)?;
+    let mode = mode()?;
+    let steps = num("--steps", if dev.is_cuda() { 2000 } else { 500 })?;
+    let eval_every = num("--eval-every", (steps / 10).max(1))?.max(1);
+    let data = arg("--data").map(PathBuf::from);
+    let text = corpus::load(Path::new("."), data.as_deref())?;
+    let splits = corpus::Splits::new(text, cfg.context)?;
+    let checkpoint = matches!(mode, Mode::Graphed | Mode::Fused) && !flag("--no-checkpoint");
+    let ck = if checkpoint { ", odd blocks checkpointed" } else { "" };
+    println!(
+        "GPT on {}: {} layers, d_model {}, {} heads, context {}, batch {}, vocab 256 (bytes), {}; {} training / {} validation bytes; {}{ck}",
+        dev.name(),
+        cfg.layers,
+        cfg.d_model,
+        cfg.heads,
+        cfg.context,
+        cfg.batch,
+        cfg.dtype,
+        splits.train.len(),
+        splits.val.len(),
+        mode.name(),
+    );
+    let t0 = Instant::now();
+    let warmup = num("--warmup", (steps / 20).max(1))?.min(steps);
+    let (peak, total) = (peak_lr(&cfg), u32::try_from(steps).map_err(|e| Error::msg(format!("--steps: {e}")))?);
+    let schedule = WarmupCosine { peak, floor: peak / 10.0, warmup: warmup as u32, total };
+    let mut trainer = Trainer::new(&dev, cfg, 7, peak, mode, checkpoint)?.with_schedule(schedule)?;
+    let setup = t0.elapsed().as_secs_f64();
+    if matches!(mode, Mode::Graphed | Mode::Fused) {
+        let mb = trainer.pool_bytes() as f64 / 1e6;
+        println!("captured {} modules in {setup:.1} s; graph pool {mb:.1} MB", cfg.layers + 2);
+    }
+    let m = train(&mut trainer, &splits, steps, eval_every)?;
     dev.synchronize()?;
-    println!("trained {steps} steps in {:.1} s", t0.elapsed().as_secs_f64());
+    let (tokens, pool_mb) = ((cfg.batch * cfg.context) as f64, trainer.pool_bytes() as f64 / 1e6);
+    let rate = tokens * m.steady_steps as f64 / m.steady_secs.max(1e-9);
+    let step_ms = m.steady_secs / m.steady_steps.max(1) as f64 * 1e3;
+    println!("trained {steps} steps in {:.1} s: {rate:.0} tokens/s, {step_ms:.2} ms/step after step 10 (evaluation excluded); graph pool {pool_mb:.1} MB", t0.elapsed().as_secs_f64() - setup);
+    if let Some(path) = arg("--json") {
+        let (first, last) = (m.train_curve.first().map_or(0.0, |p| p.1), m.train_curve.last().map_or(0.0, |p| p.1));
+        let val = m.val_curve.last().map_or(0.0, |p| p.1);
+        let json = format!(
+            "{{\"mode\": \"{mode:?}\", \"dtype\": \"{}\", \"checkpoint\": {checkpoint}, \"tokens_per_s\": {rate:.1}, \"step_ms\": {step_ms:.4}, \"setup_s\": {setup:.3}, \"pool_mb\": {pool_mb:.2}, \"loss_first\": {first}, \"loss_last\": {last}, \"val_last\": {val}}}\n",
+            cfg.dtype
+        );
+        std::fs::write(&path, json).map_err(|e| Error::msg(format!("--json {path}: {e}")))?;
+    }
     let png = arg("--plot").map_or_else(|| std::env::temp_dir().join("graphed-gpt-loss.png"), PathBuf::from);
-    plot::write_loss_png(&png, &train_curve, &val_curve)?;
+    plot::write_loss_png(&png, &m.train_curve, &m.val_curve)?;
     println!("loss curve (training blue, validation red): {}", png.display());
     let prompt = &splits.val[..cfg.context.min(32)];
     let sample = trainer.generate(prompt, 200, &mut Rng(3))?;

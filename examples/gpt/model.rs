@@ -1,20 +1,24 @@
 //! A decoder-only GPT (#13): byte tokens, learned positions, pre-norm blocks of RMSNorm +
 //! causal multi-head attention and RMSNorm + SwiGLU MLP with residuals, a final RMSNorm and an
-//! untied head. Each block is its own `#[graphed]` module; the embedding and the head with the
-//! loss run eagerly around them. Shared by `examples/gpt/main.rs` and `tests/gpt.rs`.
+//! untied head. Each block is its own `#[graphed]` module, and so are the two ends (`ends.rs`:
+//! the embeddings, and the head with the loss). Shared by `examples/gpt/main.rs` and
+//! `tests/gpt.rs`.
 #![allow(dead_code)]
 
 use graphed::ops;
-use graphed::{graphed, Cx, Device, Error, Param, Parameters, Result, Tensor};
+use graphed::{graphed, Cx, DType, Device, Error, Param, Parameters, Result, Tensor};
 
-/// Uniform values in [-scale, scale) from `seed` (deterministic, so runs can be compared).
-fn random(dev: &Device, dims: &[usize], seed: u64, scale: f32) -> Result<Tensor> {
+pub use crate::ends::{Embed, Head};
+
+/// Uniform values in [-scale, scale) from `seed` (deterministic, so runs can be compared), in
+/// `dtype` (rounded from the same f32 values).
+pub fn random(dev: &Device, dims: &[usize], seed: u64, scale: f32, dtype: DType) -> Result<Tensor> {
     let mut rng = crate::runner::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let v: Vec<f32> = (0..dims.iter().product()).map(|_| ((rng.uniform() * 2.0 - 1.0) as f32) * scale).collect();
-    Tensor::from_slice(dev, &v, dims)
+    Tensor::from_slice_as(dev, &v, dims, dtype)
 }
 
-const EPS: f32 = 1e-5;
+pub const EPS: f32 = 1e-5;
 /// Byte-level vocabulary.
 pub const VOCAB: usize = 256;
 
@@ -31,10 +35,18 @@ pub struct Config {
     pub hidden: usize,
     /// Dropout on each block's two residual branches (0 disables it).
     pub dropout: f32,
+    /// The weights' and activations' dtype: f32, or bf16/f16 with f32 grads and master weights.
+    pub dtype: DType,
 }
 
-fn init(dev: &Device, dims: &[usize], fan_in: usize, seed: u64) -> Result<Param> {
-    Param::new(random(dev, dims, seed, 1.0 / (fan_in as f32).sqrt())?)
+/// A weight of `dims` with fan-in scaling, in the config's dtype (its grad is f32).
+pub fn init(dev: &Device, c: &Config, dims: &[usize], fan_in: usize, seed: u64) -> Result<Param> {
+    Param::new(random(dev, dims, seed, 1.0 / (fan_in as f32).sqrt(), c.dtype)?)
+}
+
+/// A norm's gain: ones of `[d]` in the config's dtype.
+pub fn ones(dev: &Device, c: &Config) -> Result<Param> {
+    Param::new(Tensor::full_as(dev, &[c.d_model], 1.0, c.dtype)?)
 }
 
 /// One pre-norm transformer block.
@@ -56,22 +68,21 @@ pub struct Block {
 impl Block {
     pub fn new(dev: &Device, c: &Config, seed: u64) -> Result<Block> {
         let (d, h) = (c.d_model, c.hidden);
-        let ones = || Param::new(Tensor::full(dev, &[d], 1.0)?);
         let out_scale = 1.0 / (2.0 * c.layers as f32).sqrt(); // GPT-2's residual scaling
         let scaled = |dims: &[usize], fan_in: usize, s: u64| {
-            Param::new(random(dev, dims, seed * 16 + s, out_scale / (fan_in as f32).sqrt())?)
+            Param::new(random(dev, dims, seed * 16 + s, out_scale / (fan_in as f32).sqrt(), c.dtype)?)
         };
         Ok(Block {
             heads: c.heads,
             dropout: c.dropout,
-            norm1: ones()?,
-            wq: init(dev, &[d, d], d, seed * 16 + 1)?,
-            wk: init(dev, &[d, d], d, seed * 16 + 2)?,
-            wv: init(dev, &[d, d], d, seed * 16 + 3)?,
+            norm1: ones(dev, c)?,
+            wq: init(dev, c, &[d, d], d, seed * 16 + 1)?,
+            wk: init(dev, c, &[d, d], d, seed * 16 + 2)?,
+            wv: init(dev, c, &[d, d], d, seed * 16 + 3)?,
             wo: scaled(&[d, d], d, 4)?,
-            norm2: ones()?,
-            w_gate: init(dev, &[h, d], d, seed * 16 + 5)?,
-            w_up: init(dev, &[h, d], d, seed * 16 + 6)?,
+            norm2: ones(dev, c)?,
+            w_gate: init(dev, c, &[h, d], d, seed * 16 + 5)?,
+            w_up: init(dev, c, &[h, d], d, seed * 16 + 6)?,
             w_down: scaled(&[d, h], h, 7)?,
         })
     }
@@ -88,7 +99,7 @@ impl Block {
 }
 
 /// `linear_backward`'s `dx`, which it returns when asked for.
-fn dx_of(t: Option<Tensor>) -> Result<Tensor> {
+pub fn dx_of(t: Option<Tensor>) -> Result<Tensor> {
     t.ok_or_else(|| Error::msg("linear_backward returned no dx"))
 }
 
@@ -144,95 +155,17 @@ impl Block {
     }
 }
 
-/// Token and position embeddings, the final norm and the head: the eager ends of the model.
-#[derive(Parameters)]
-pub struct Ends {
-    pub tok: Param,
-    pub pos: Param,
-    pub norm: Param,
-    pub head: Param,
-}
-
-/// The whole model; `#[derive(Parameters)]` gives AdamW every parameter by path.
+/// The whole model; `#[derive(Parameters)]` gives the optimizer every parameter by path.
 #[derive(Parameters)]
 pub struct Gpt {
-    pub ends: Ends,
+    pub embed: Embed,
     pub blocks: Vec<Block>,
+    pub head: Head,
 }
 
 impl Gpt {
     pub fn new(dev: &Device, c: &Config, seed: u64) -> Result<Gpt> {
-        let d = c.d_model;
-        let ends = Ends {
-            tok: Param::new(random(dev, &[VOCAB, d], seed, 0.5)?)?,
-            pos: Param::new(random(dev, &[c.context, d], seed + 1, 0.1)?)?,
-            norm: Param::new(Tensor::full(dev, &[d], 1.0)?)?,
-            head: init(dev, &[VOCAB, d], d, seed + 2)?,
-        };
         let blocks = (0..c.layers).map(|i| Block::new(dev, c, seed + 10 + i as u64)).collect::<Result<_>>()?;
-        Ok(Gpt { ends, blocks })
-    }
-}
-
-/// What the ends keep from the forward for the backward.
-pub struct EndsSaved {
-    ids: Tensor,
-    pos_ids: Tensor,
-    x: Tensor,
-    hf: Tensor,
-    rstd: Tensor,
-    probs: Tensor,
-    labels: Tensor,
-}
-
-/// Position ids `[batch, seq]`: `0..seq` in every row.
-pub fn position_ids(dev: &Device, batch: usize, seq: usize) -> Result<Tensor> {
-    let v: Vec<f32> = (0..batch).flat_map(|_| (0..seq).map(|t| t as f32)).collect();
-    Tensor::from_slice(dev, &v, &[batch, seq])
-}
-
-impl Ends {
-    /// `ids` `[batch, seq]` to the first block's input `[batch, seq, d]`. A sequence longer
-    /// than the context is [`Error::SequenceTooLong`].
-    pub fn embed(&self, ids: &Tensor) -> Result<(Tensor, Tensor)> {
-        let (&[batch, seq], context) = (ids.dims(), self.pos.value.dims()[0]) else {
-            return Err(Error::Shape { op: "gpt", detail: format!("ids must be [batch, seq], got {:?}", ids.dims()) });
-        };
-        if seq > context {
-            return Err(Error::SequenceTooLong { op: "gpt", len: seq, context });
-        }
-        let pos_ids = position_ids(ids.device(), batch, seq)?;
-        let x = ops::add(&ops::embedding(ids, &self.tok.value)?, &ops::embedding(&pos_ids, &self.pos.value)?)?;
-        Ok((x, pos_ids))
-    }
-
-    /// Logits `[batch · seq, 256]` of the last block's output, with what the loss backward needs.
-    pub fn logits(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let (hf, rstd) = ops::rms_norm(x, &self.norm.value, EPS)?;
-        let (rows, d) = (x.numel() / x.dims()[2], x.dims()[2]);
-        let hf = hf.reshape(&[rows, d])?;
-        Ok((ops::linear(&hf, &self.head.value, None)?, hf, rstd))
-    }
-
-    /// The mean cross-entropy over all positions (`labels` `[batch · seq]`) and the state for
-    /// [`Ends::backward`].
-    pub fn loss(&self, ids: &Tensor, x_last: &Tensor, labels: &Tensor, pos_ids: Tensor) -> Result<(Tensor, EndsSaved)> {
-        let (logits, hf, rstd) = self.logits(x_last)?;
-        let (loss, probs) = ops::softmax_cross_entropy(&logits, labels)?;
-        let saved = EndsSaved { ids: ids.clone(), pos_ids, x: x_last.clone(), hf, rstd, probs, labels: labels.clone() };
-        Ok((loss, saved))
-    }
-
-    /// The grad of the last block's output; accumulates the head's and the norm's grads.
-    pub fn loss_backward(&self, s: &EndsSaved) -> Result<Tensor> {
-        let dlogits = ops::softmax_cross_entropy_backward(&s.probs, &s.labels, 1.0)?;
-        let dhf = dx_of(ops::linear_backward(&dlogits, &s.hf, &self.head.value, &self.head.grad, None, true)?)?;
-        ops::rms_norm_backward(&dhf.reshape(s.x.dims())?, &s.x, &self.norm.value, &s.rstd, &self.norm.grad)
-    }
-
-    /// Accumulates the embeddings' grads from the first block's input grad.
-    pub fn embed_backward(&self, s: &EndsSaved, dx: &Tensor) -> Result<()> {
-        ops::embedding_backward(dx, &s.ids, &self.tok.grad)?;
-        ops::embedding_backward(dx, &s.pos_ids, &self.pos.grad)
+        Ok(Gpt { embed: Embed::new(dev, c, seed)?, blocks, head: Head::new(dev, c, seed + 2)? })
     }
 }

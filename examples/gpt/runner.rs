@@ -1,32 +1,97 @@
-//! Training, evaluation and sampling of the GPT of `model.rs`, with its blocks either eager or
-//! graphed (each `#[graphed]` block its own forward and backward graphs).
+//! Training, evaluation and sampling of the GPT of `model.rs`, run in one of four ways (`Mode`):
+//! eager; one graph per module (embedding, each block, head) called one by one; the same graphs
+//! fused into one launch per step; or the whole step captured as one graph (our floor).
 #![allow(dead_code)]
 
-use graphed::optim::{AdamW, AdamWConfig, WarmupCosine};
-use graphed::{make_graphed, Checkpoint, Cx, Device, Error, GraphOptions, GraphedModules, Module, Parameters};
-use graphed::{Result, Tensor};
+use graphed::optim::{AdamW, AdamWConfig, MixedAdamW, WarmupCosine};
+use graphed::{make_graphed, CaptureMode, Checkpoint, Cx, DType, Device, Error, Graph, GraphOptions};
+use graphed::{GraphedModules, Module, Parameters, Result, Tensor};
 
-use crate::model::{Block, Config, Ends, Gpt, VOCAB};
+use crate::model::{Block, Config, Embed, Gpt, Head, VOCAB};
 
-/// The blocks: eager modules, or graphed ones (one forward and one backward graph per block,
-/// all in one pool), where the odd-numbered blocks may be checkpointed (their activations
-/// recomputed inside the backward graph instead of kept).
-pub enum Blocks {
-    Eager(Vec<Block>),
+/// How a step runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Every op launched from the host.
+    Eager,
+    /// One forward and one backward graph per module, called module by module (odd blocks
+    /// optionally checkpointed); the optimizer step is one more graph.
+    Graphed,
+    /// The same graphs fused into one executable graph: one launch per step, plus the
+    /// optimizer's graph.
+    Fused,
+    /// The whole step (forward, loss, backward, optimizer) captured as one graph after two
+    /// eager steps: what the per-module graphs are measured against.
+    Floor,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Eager => "eager",
+            Mode::Graphed => "one graph per module",
+            Mode::Fused => "per-module graphs fused into one launch",
+            Mode::Floor => "whole step as one graph",
+        }
+    }
+}
+
+/// AdamW over f32 weights, or over f32 masters behind 16-bit weights.
+pub enum Optimizer {
+    F32(AdamW),
+    Mixed(MixedAdamW),
+}
+
+impl Optimizer {
+    fn new(gpt: &Gpt, lr: f32, dtype: DType) -> Result<Optimizer> {
+        let cfg = AdamWConfig { lr, weight_decay: 0.0, ..Default::default() };
+        Ok(match dtype {
+            DType::F32 => Optimizer::F32(AdamW::from_module(gpt, cfg)?),
+            _ => Optimizer::Mixed(MixedAdamW::new(&gpt.trainable_params(), cfg, None)?),
+        })
+    }
+
+    fn with_schedule(self, s: WarmupCosine) -> Result<Optimizer> {
+        Ok(match self {
+            Optimizer::F32(o) => Optimizer::F32(o.with_schedule(s)?),
+            Optimizer::Mixed(o) => Optimizer::Mixed(o.with_schedule(s)?),
+        })
+    }
+
+    /// One update, then zero grads (capturable).
+    fn step(&self) -> Result<()> {
+        match self {
+            Optimizer::F32(o) => o.step().and_then(|()| o.zero_grad()),
+            Optimizer::Mixed(o) => o.step().and_then(|()| o.zero_grad()),
+        }
+    }
+}
+
+/// The modules, as the mode runs them.
+pub enum Modules {
+    Eager(Gpt),
     Graphed(GraphedModules),
 }
 
-/// The one output (or input grad) of a block call.
-fn only(mut v: Vec<Option<Tensor>>) -> Result<Tensor> {
-    v.pop().flatten().ok_or_else(|| Error::msg("a block returned no tensor"))
+/// The floor's captured step and its static buffers (before capture: the eager steps left).
+struct Floor {
+    graph: Option<(Graph, Tensor)>,
+    ids: Tensor,
+    labels: Tensor,
+    eager_left: usize,
 }
 
 /// A model with its optimizer.
 pub struct Trainer {
     pub cfg: Config,
-    pub ends: Ends,
-    pub blocks: Blocks,
-    opt: AdamW,
+    pub mode: Mode,
+    pub modules: Modules,
+    opt: Optimizer,
+    /// The optimizer step captured as one graph (graphed and fused modes).
+    opt_graph: Option<Graph>,
+    floor: Option<Floor>,
+    /// `[1]` f32 ones: the loss grad.
+    one: Tensor,
     dev: Device,
 }
 
@@ -47,87 +112,204 @@ impl Rng {
     }
 }
 
+/// The one output (or input grad) of a module call.
+fn first(v: Vec<Option<Tensor>>) -> Result<Tensor> {
+    v.into_iter().next().flatten().ok_or_else(|| Error::msg("a module returned no tensor"))
+}
+
+/// Graphs the model: the embedding, each block (odd ones checkpointed when asked) and the head,
+/// chained (each module's input *is* the previous one's output buffer), in one pool.
+fn graph_modules(dev: &Device, cfg: &Config, gpt: Gpt, checkpoint: bool) -> Result<GraphedModules> {
+    let Gpt { embed, blocks, head } = gpt;
+    let ids = Tensor::zeros(dev, &[cfg.batch, cfg.context])?;
+    let x = Tensor::zeros_as(dev, &[cfg.batch, cfg.context, cfg.d_model], cfg.dtype)?.with_requires_grad(true);
+    let labels = Tensor::zeros(dev, &[cfg.batch * cfg.context])?;
+    let mut modules: Vec<Box<dyn Module>> = vec![Box::new(embed)];
+    let mut samples = vec![vec![vec![Some(ids)]]];
+    for (i, b) in blocks.into_iter().enumerate() {
+        modules.push(if checkpoint && i % 2 == 1 { Box::new(Checkpoint::new(b)) } else { Box::new(b) });
+        samples.push(vec![vec![Some(x.clone())]]);
+    }
+    modules.push(Box::new(head));
+    samples.push(vec![vec![Some(x), Some(labels)]]);
+    Ok(make_graphed(modules, samples, GraphOptions::new().warmup(2).chained(true))?)
+}
+
 impl Trainer {
-    /// A fresh model from `seed`; `graphed` captures each block (warm-up and capture happen
-    /// here), `checkpoint` (graphed only) checkpoints blocks 1, 3, 5, ...
-    pub fn new(dev: &Device, cfg: Config, seed: u64, lr: f32, graphed: bool, checkpoint: bool) -> Result<Trainer> {
+    /// A fresh model from `seed`, run as `mode` (graphs are captured here; `checkpoint`
+    /// checkpoints blocks 1, 3, 5, ... in the graphed modes).
+    pub fn new(dev: &Device, cfg: Config, seed: u64, lr: f32, mode: Mode, checkpoint: bool) -> Result<Trainer> {
         let gpt = Gpt::new(dev, &cfg, seed)?;
-        let opt = AdamW::from_module(&gpt, AdamWConfig { lr, weight_decay: 0.0, ..Default::default() })?;
-        let Gpt { ends, blocks } = gpt;
-        let blocks = if graphed {
-            let sample = Tensor::zeros(dev, &[cfg.batch, cfg.context, cfg.d_model])?.with_requires_grad(true);
-            let samples = (0..cfg.layers).map(|_| vec![vec![Some(sample.clone())]]).collect();
-            let boxed = |(i, b): (usize, Block)| -> Box<dyn Module> {
-                if checkpoint && i % 2 == 1 {
-                    Box::new(Checkpoint::new(b))
-                } else {
-                    Box::new(b)
-                }
-            };
-            let modules = blocks.into_iter().enumerate().map(boxed).collect();
-            Blocks::Graphed(make_graphed(modules, samples, GraphOptions::new().warmup(2))?)
-        } else {
-            Blocks::Eager(blocks)
+        let opt = Optimizer::new(&gpt, lr, cfg.dtype)?;
+        let modules = match mode {
+            Mode::Eager | Mode::Floor => Modules::Eager(gpt),
+            Mode::Graphed | Mode::Fused => Modules::Graphed(graph_modules(dev, &cfg, gpt, checkpoint)?),
         };
-        Ok(Trainer { cfg, ends, blocks, opt, dev: dev.clone() })
-    }
-
-    /// The graph pool's reserved bytes (0 when eager).
-    pub fn pool_bytes(&self) -> usize {
-        match &self.blocks {
-            Blocks::Graphed(g) => g.pool().stats().reserved,
-            Blocks::Eager(_) => 0,
+        let floor = (mode == Mode::Floor)
+            .then(|| -> Result<Floor> {
+                let ids = Tensor::zeros(dev, &[cfg.batch, cfg.context])?;
+                let labels = Tensor::zeros(dev, &[cfg.batch * cfg.context])?;
+                Ok(Floor { graph: None, ids, labels, eager_left: 2 })
+            })
+            .transpose()?;
+        let one = Tensor::full(dev, &[1], 1.0)?;
+        let mut t = Trainer { cfg, mode, modules, opt, opt_graph: None, floor, one, dev: dev.clone() };
+        if let (Mode::Fused, Modules::Graphed(g)) = (mode, &mut t.modules) {
+            g.fuse()?;
         }
+        Ok(t)
     }
 
-    /// Has AdamW compute its learning rate on the device at every step from its step count.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// Has the optimizer compute its learning rate on the device at every step.
     pub fn with_schedule(mut self, schedule: WarmupCosine) -> Result<Trainer> {
         self.opt = self.opt.with_schedule(schedule)?;
         Ok(self)
     }
 
-    fn block(&self, i: usize) -> Result<&Block> {
-        match &self.blocks {
-            Blocks::Eager(b) => Ok(&b[i]),
-            Blocks::Graphed(g) => g
-                .module::<Block>(i)
-                .or_else(|| g.module::<Checkpoint<Block>>(i).map(Checkpoint::inner))
+    /// The graph pool's reserved bytes (the modules' graphs, or the floor's graph; 0 eager).
+    pub fn pool_bytes(&self) -> usize {
+        match (&self.modules, &self.floor) {
+            (Modules::Graphed(g), _) => g.pool().stats().reserved,
+            (_, Some(Floor { graph: Some((g, _)), .. })) => g.pool().stats().reserved,
+            _ => 0,
+        }
+    }
+
+    /// Block `i`, wherever it lives.
+    pub fn block(&self, i: usize) -> Result<&Block> {
+        match &self.modules {
+            Modules::Eager(m) => Ok(&m.blocks[i]),
+            Modules::Graphed(g) => g
+                .module::<Block>(i + 1)
+                .or_else(|| g.module::<Checkpoint<Block>>(i + 1).map(Checkpoint::inner))
                 .ok_or_else(|| Error::msg(format!("block {i} is not a Block"))),
+        }
+    }
+
+    pub fn embed(&self) -> Result<&Embed> {
+        match &self.modules {
+            Modules::Eager(m) => Ok(&m.embed),
+            Modules::Graphed(g) => g.module::<Embed>(0).ok_or_else(|| Error::msg("module 0 is not the embedding")),
+        }
+    }
+
+    pub fn head(&self) -> Result<&Head> {
+        match &self.modules {
+            Modules::Eager(m) => Ok(&m.head),
+            Modules::Graphed(g) => {
+                g.module::<Head>(self.cfg.layers + 1).ok_or_else(|| Error::msg("the last module is not the head"))
+            }
         }
     }
 
     /// One training step on `ids` `[batch, context]` with next-byte `labels` `[batch · context]`;
     /// returns the loss (a `[1]` tensor, still on the device).
     pub fn step(&mut self, ids: &Tensor, labels: &Tensor) -> Result<Tensor> {
-        let layers = self.cfg.layers;
-        let (x, pos_ids) = self.ends.embed(ids)?;
-        let mut cxs: Vec<Cx> = (0..layers).map(|_| Cx::new(&self.dev)).collect();
-        let mut h = x;
-        for (i, cx) in cxs.iter_mut().enumerate() {
-            h = match &mut self.blocks {
-                Blocks::Eager(b) => b[i].forward(cx, &h)?,
-                Blocks::Graphed(g) => only(g.forward(i, cx, &[Some(h)])?)?,
-            };
+        let loss = match self.mode {
+            Mode::Eager => {
+                let one = self.one.clone();
+                eager_step(self.eager_model()?, &one, ids, labels)?
+            }
+            Mode::Floor => return self.floor_step(ids, labels),
+            Mode::Graphed => self.graphed_step(ids, labels)?,
+            Mode::Fused => self.fused_step(ids, labels)?,
+        };
+        if self.mode == Mode::Eager {
+            self.opt.step()?;
+        } else {
+            self.opt_graph_step()?;
         }
-        let (loss, saved) = self.ends.loss(ids, &h, labels, pos_ids)?;
-        let mut g = self.ends.loss_backward(&saved)?;
-        for (i, cx) in cxs.iter_mut().enumerate().rev() {
-            g = match &mut self.blocks {
-                Blocks::Eager(b) => {
-                    b[i].backward(cx, &g)?.ok_or_else(|| Error::msg("a block returned no input grad"))?
-                }
-                Blocks::Graphed(gb) => only(gb.backward(i, cx, &[Some(g)])?)?,
-            };
-        }
-        self.ends.embed_backward(&saved, &g)?;
-        self.opt.step()?;
-        self.opt.zero_grad()?;
         Ok(loss)
+    }
+
+    fn eager_model(&mut self) -> Result<&mut Gpt> {
+        match &mut self.modules {
+            Modules::Eager(m) => Ok(m),
+            Modules::Graphed(_) => Err(Error::msg("the model is graphed")),
+        }
+    }
+
+    fn graphed(&mut self) -> Result<&mut GraphedModules> {
+        match &mut self.modules {
+            Modules::Graphed(g) => Ok(g),
+            Modules::Eager(_) => Err(Error::msg("the model is not graphed")),
+        }
+    }
+
+    /// The optimizer's step as a graph of its own, captured at the first call.
+    fn opt_graph_step(&mut self) -> Result<()> {
+        if self.opt_graph.is_none() {
+            let mut g = Graph::new(&self.dev);
+            g.set_label("AdamW step");
+            let opt = &self.opt;
+            g.capture(CaptureMode::Global, || opt.step())?;
+            self.opt_graph = Some(g);
+        }
+        self.opt_graph.as_mut().map_or(Ok(()), Graph::replay)
+    }
+
+    fn graphed_step(&mut self, ids: &Tensor, labels: &Tensor) -> Result<Tensor> {
+        let (one, last) = (self.one.clone(), self.cfg.layers + 1);
+        let g = self.graphed()?;
+        let mut cxs: Vec<Cx> = (0..=last).map(|_| Cx::new(g.device())).collect();
+        let mut h = first(g.forward(0, &mut cxs[0], &[Some(ids.clone())])?)?;
+        for (i, cx) in cxs.iter_mut().enumerate().take(last).skip(1) {
+            h = first(g.forward(i, cx, &[Some(h)])?)?;
+        }
+        let loss = first(g.forward(last, &mut cxs[last], &[Some(h), Some(labels.clone())])?)?;
+        let mut d = first(g.backward(last, &mut cxs[last], &[Some(one)])?)?;
+        for (i, cx) in cxs.iter_mut().enumerate().take(last).skip(1).rev() {
+            d = first(g.backward(i, cx, &[Some(d)])?)?;
+        }
+        g.backward(0, &mut cxs[0], &[Some(d)])?;
+        Ok(loss)
+    }
+
+    fn fused_step(&mut self, ids: &Tensor, labels: &Tensor) -> Result<Tensor> {
+        let (one, last) = (self.one.clone(), self.cfg.layers + 1);
+        let g = self.graphed()?;
+        first(g.static_inputs(0, 0)?)?.copy_(ids)?;
+        let head_inputs = g.static_inputs(last, 0)?;
+        head_inputs[1].as_ref().ok_or_else(|| Error::msg("the head has no labels input"))?.copy_(labels)?;
+        first(g.static_grad_outputs(last, 0)?)?.copy_(&one)?;
+        g.step()?;
+        first(g.outputs(last, 0)?)
+    }
+
+    fn floor_step(&mut self, ids: &Tensor, labels: &Tensor) -> Result<Tensor> {
+        let Trainer { modules: Modules::Eager(gpt), floor: Some(f), opt, one, dev, .. } = self else {
+            return Err(Error::msg("not a floor trainer"));
+        };
+        if f.eager_left > 0 {
+            f.eager_left -= 1;
+            let loss = eager_step(gpt, one, ids, labels)?;
+            opt.step()?;
+            return Ok(loss);
+        }
+        f.ids.copy_(ids)?;
+        f.labels.copy_(labels)?;
+        if f.graph.is_none() {
+            let mut g = Graph::new(dev);
+            g.set_label("GPT step");
+            let loss = g.capture(CaptureMode::Global, || {
+                let loss = eager_step(gpt, one, &f.ids, &f.labels)?;
+                opt.step()?;
+                Ok(loss)
+            })?;
+            f.graph = Some((g, loss));
+        }
+        let (g, loss) = f.graph.as_mut().ok_or_else(|| Error::msg("no floor graph"))?;
+        g.replay()?;
+        Ok(loss.clone())
     }
 
     /// The last block's output for `ids` `[batch, seq]` (any `seq` up to the context), eagerly.
     fn hidden(&self, ids: &Tensor) -> Result<Tensor> {
-        let (mut h, _) = self.ends.embed(ids)?;
+        let (mut h, _) = self.embed()?.embed(ids)?;
         for i in 0..self.cfg.layers {
             let mut cx = Cx::new(&self.dev);
             cx.set_training(false); // no dropout
@@ -138,7 +320,7 @@ impl Trainer {
 
     /// The mean loss on a batch, without training (eager, so any batch size works).
     pub fn eval_loss(&self, ids: &Tensor, labels: &Tensor) -> Result<f32> {
-        let (logits, _, _) = self.ends.logits(&self.hidden(ids)?)?;
+        let (logits, _, _) = self.head()?.logits(&self.hidden(ids)?)?;
         Ok(graphed::ops::softmax_cross_entropy(&logits, labels)?.0.to_vec()?[0])
     }
 
@@ -150,7 +332,7 @@ impl Trainer {
             let window = &text[text.len().saturating_sub(self.cfg.context)..];
             let ids: Vec<f32> = window.iter().map(|b| *b as f32).collect();
             let h = self.hidden(&Tensor::from_slice(&self.dev, &ids, &[1, ids.len()])?)?;
-            let logits = self.ends.logits(&h)?.0.to_vec()?;
+            let logits = self.head()?.logits(&h)?.0.to_vec()?;
             let last = &logits[(ids.len() - 1) * VOCAB..];
             let m = last.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v)) as f64;
             let w: Vec<f64> = last.iter().map(|v| ((*v as f64 - m) / 0.8).exp()).collect();
@@ -164,14 +346,36 @@ impl Trainer {
         Ok(text[start..].to_vec())
     }
 
-    /// Every parameter's bits, by name (the eager and graphed runs are compared with these).
+    /// Every parameter's bits, by name (the runs of different modes are compared with these).
     pub fn param_bits(&self) -> Result<Vec<(String, Vec<u32>)>> {
-        let mut out = Vec::new();
-        let blocks = (0..self.cfg.layers).map(|i| self.block(i)).collect::<Result<Vec<_>>>()?;
-        let named = self.ends.parameters().into_iter().chain(blocks.iter().flat_map(|b| b.parameters()));
-        for (name, p) in named {
-            out.push((name, p.value.to_vec()?.iter().map(|v| v.to_bits()).collect()));
+        let mut named = self.embed()?.parameters();
+        for i in 0..self.cfg.layers {
+            named.extend(self.block(i)?.parameters().into_iter().map(|(n, p)| (format!("blocks.{i}.{n}"), p)));
         }
-        Ok(out)
+        named.extend(self.head()?.parameters());
+        named
+            .into_iter()
+            .map(|(name, p)| Ok((name, p.value.to_vec()?.iter().map(|v| v.to_bits()).collect())))
+            .collect()
     }
+}
+
+/// Forward and backward of the whole model, eagerly (also what the floor captures); the grads
+/// accumulate, the optimizer is left to the caller.
+fn eager_step(gpt: &mut Gpt, one: &Tensor, ids: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    let dev = ids.device().clone();
+    let mut cxs: Vec<Cx> = (0..gpt.blocks.len() + 2).map(|_| Cx::new(&dev)).collect();
+    let (ce, rest) = cxs.split_first_mut().ok_or_else(|| Error::msg("no contexts"))?;
+    let (ch, cb) = rest.split_last_mut().ok_or_else(|| Error::msg("no contexts"))?;
+    let mut h = gpt.embed.forward(ce, ids)?;
+    for (b, cx) in gpt.blocks.iter().zip(cb.iter_mut()) {
+        h = b.forward(cx, &h)?;
+    }
+    let loss = gpt.head.forward(ch, &h, labels)?;
+    let (mut d, _) = gpt.head.backward(ch, one)?;
+    for (b, cx) in gpt.blocks.iter_mut().zip(cb.iter_mut()).rev() {
+        d = b.backward(cx, &d.ok_or_else(|| Error::msg("no grad reached a block"))?)?;
+    }
+    gpt.embed.backward(ce, &d.ok_or_else(|| Error::msg("no grad reached the embedding"))?)?;
+    Ok(loss)
 }

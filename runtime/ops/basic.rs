@@ -2,8 +2,8 @@
 //! tensors (one dtype per call); 16-bit results are rounded to nearest even.
 
 use crate::backend::{KArg, LaunchDims};
-use crate::ops::{check_like, check_shape, exec, k, n32, Exec};
-use crate::{Result, Tensor};
+use crate::ops::{check_f32_on, check_like, check_shape, exec, k, n32, Exec};
+use crate::{Error, Result, Tensor};
 
 /// Sets every element of `y` to `value`, in place.
 ///
@@ -70,6 +70,52 @@ pub fn scale_(y: &Tensor, a: f32) -> Result<()> {
             kernel,
             LaunchDims::vectorized(n as usize, dtype),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::F32(a), KArg::U32(n)],
+        ),
+    }
+}
+
+/// `y *= s[0]`, in place, where `s` is a one-element f32 tensor on `y`'s device: a scale read
+/// on the device, so a captured call follows whatever `s` holds at replay (a loss grad handed
+/// to a graphed loss module's backward, a loss scale).
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let y = Tensor::from_slice(&dev, &[1.0, -2.0], &[2])?;
+/// ops::scale_by_(&y, &Tensor::from_slice(&dev, &[0.25], &[1])?)?;
+/// assert_eq!(y.to_vec()?, vec![0.25, -0.5]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn scale_by_(y: &Tensor, s: &Tensor) -> Result<()> {
+    if s.numel() != 1 {
+        return Err(Error::shape("scale_by_", format!("the scale must have one element, got {:?}", s.dims())));
+    }
+    scale_by_first_("scale_by_", y, s)
+}
+
+/// `y *= s[0]` for any non-empty f32 `s` on `y`'s device (a loss scaler's state holds its scale
+/// first).
+pub(crate) fn scale_by_first_(op: &'static str, y: &Tensor, s: &Tensor) -> Result<()> {
+    let dtype = check_like(op, &[y])?;
+    check_f32_on(op, s, y)?;
+    if s.numel() == 0 {
+        return Err(Error::shape(op, "the scale tensor is empty"));
+    }
+    let n = n32(op, y.numel())?;
+    let kernel = k::SCALE_BY.get(dtype);
+    match exec(y.device()) {
+        Exec::Host(h) => {
+            let (yp, sp) = (y.host_ptr()?, s.host_ptr()?);
+            h.run(kernel, move || {
+                let a = sp.read()[0];
+                yp.write(&yp.read().into_iter().map(|v| v * a).collect::<Vec<_>>());
+                Ok(())
+            })
+        }
+        Exec::Cuda(c) => c.launch(
+            kernel,
+            LaunchDims::elementwise(n as usize),
+            &[KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(s.cuda_ptr()?), KArg::U32(n)],
         ),
     }
 }

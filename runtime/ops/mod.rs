@@ -6,7 +6,7 @@
 
 mod activation;
 mod attention;
-mod basic;
+pub(crate) mod basic;
 mod cast;
 pub mod cpu;
 mod dropout;
@@ -19,7 +19,7 @@ mod transformer;
 
 pub use activation::{gelu, gelu_backward, relu, relu_backward, Gelu};
 pub use attention::{causal_attention, causal_attention_backward};
-pub use basic::{axpy_, copy_, fill_, scale_};
+pub use basic::{axpy_, copy_, fill_, scale_, scale_by_};
 pub use cast::cast;
 pub use dropout::{dropout, dropout_backward};
 pub use elementwise::{add, mean, mul, scale, sum};
@@ -148,6 +148,7 @@ pub(crate) mod k {
     use super::{BuiltinKernel as B, Typed};
     pub(crate) const AXPY: Typed = Typed(B::AxpyF32, B::AxpyBf16, B::AxpyF16);
     pub(crate) const SCALE: Typed = Typed(B::ScaleF32, B::ScaleBf16, B::ScaleF16);
+    pub(crate) const SCALE_BY: Typed = Typed(B::AmpScaleF32, B::AmpScaleBf16, B::AmpScaleF16);
     pub(crate) const ADD: Typed = Typed(B::AddF32, B::AddBf16, B::AddF16);
     pub(crate) const MUL: Typed = Typed(B::MulF32, B::MulBf16, B::MulF16);
     pub(crate) const SCALE_OUT: Typed = Typed(B::ScaleOutF32, B::ScaleOutBf16, B::ScaleOutF16);

@@ -75,31 +75,7 @@ impl LossScaler {
     /// Multiplies `grad` (the loss grad, any dtype) by the current scale, in place, reading the
     /// scale on the device (capturable).
     pub fn scale_grad_(&self, grad: &Tensor) -> Result<()> {
-        const OP: &str = "LossScaler::scale_grad_";
-        if grad.device() != self.state.device() {
-            return Err(Error::DeviceMismatch { op: OP, a: self.state.device().name(), b: grad.device().name() });
-        }
-        let n = n32(OP, grad.numel())?;
-        let kernel = match grad.dtype() {
-            DType::F32 => BuiltinKernel::AmpScaleF32,
-            DType::BF16 => BuiltinKernel::AmpScaleBf16,
-            DType::F16 => BuiltinKernel::AmpScaleF16,
-        };
-        match exec(grad.device()) {
-            Exec::Host(h) => {
-                let (gp, sp) = (grad.host_ptr()?, self.state.host_ptr()?);
-                h.run(kernel, move || {
-                    let s = sp.read()[0];
-                    gp.write(&gp.read().into_iter().map(|v| v * s).collect::<Vec<_>>());
-                    Ok(())
-                })
-            }
-            Exec::Cuda(c) => c.launch(
-                kernel,
-                LaunchDims::elementwise(n as usize),
-                &[KArg::Ptr(grad.cuda_ptr()?), KArg::Ptr(self.state.cuda_ptr()?), KArg::U32(n)],
-            ),
-        }
+        crate::ops::basic::scale_by_first_("LossScaler::scale_grad_", grad, &self.state)
     }
 
     /// The current scale, read back from the device (illegal during a capture).
@@ -307,5 +283,10 @@ impl<O: sealed::Master> Mixed<O> {
 impl<O> Mixed<O> {
     pub(super) fn inner(&self) -> &O {
         &self.inner
+    }
+
+    /// The same optimizer with its inner one rebuilt by `f`.
+    pub(super) fn try_map_inner(self, f: impl FnOnce(O) -> Result<O>) -> Result<Mixed<O>> {
+        Ok(Mixed { inner: f(self.inner)?, ..self })
     }
 }

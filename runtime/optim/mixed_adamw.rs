@@ -1,7 +1,7 @@
 //! AdamW over f32 master weights behind bf16/f16 model weights.
 
 use super::mixed::{make_masters, sealed::Master, LossScaler, Mixed};
-use super::{check_hyper, AdamW, AdamWConfig};
+use super::{check_hyper, AdamW, AdamWConfig, WarmupCosine};
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{cpu, exec, n32, Exec};
 use crate::{DType, Param, Result, Tensor};
@@ -38,6 +38,24 @@ impl Mixed<AdamW> {
     pub fn step_count(&self) -> Result<u64> {
         self.inner().step_count()
     }
+
+    /// Computes the learning rate on the device at every step from the step count, as
+    /// [`AdamW::with_schedule`] does (a skipped step keeps its rate).
+    ///
+    /// ```
+    /// use graphed::optim::{AdamWConfig, MixedAdamW, WarmupCosine};
+    /// use graphed::{DType, Device, Param, Tensor};
+    /// let dev = Device::host();
+    /// let p = Param::new(Tensor::zeros_as(&dev, &[2], DType::BF16)?)?;
+    /// let s = WarmupCosine { peak: 1e-2, floor: 1e-3, warmup: 4, total: 20 };
+    /// let opt = MixedAdamW::new(&[p], AdamWConfig::default(), None)?.with_schedule(s)?;
+    /// opt.step()?;
+    /// assert_eq!(opt.masters().len(), 1);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn with_schedule(self, schedule: WarmupCosine) -> Result<MixedAdamW> {
+        self.try_map_inner(|o| o.with_schedule(schedule))
+    }
 }
 
 impl Master for AdamW {
@@ -62,14 +80,15 @@ impl Master for AdamW {
                         st.write(&[f32::from_bits(t), bc1, bc2]);
                     }
                     Ok(())
-                })
+                })?
             }
             Exec::Cuda(c) => c.launch(
                 BuiltinKernel::AdamwPrepareMixed,
                 LaunchDims::rows(1, 32),
                 &[KArg::Ptr(state.cuda_ptr()?), KArg::Ptr(flag.cuda_ptr()?), KArg::F32(beta1), KArg::F32(beta2)],
-            ),
+            )?,
         }
+        self.schedule.as_ref().map_or(Ok(()), |s| s.apply(&self.lr, state))
     }
 
     fn update_param(&self, i: usize, p: &Param, flag: &Tensor) -> Result<()> {
