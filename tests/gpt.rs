@@ -13,6 +13,8 @@ mod corpus;
 mod ends;
 #[path = "../examples/gpt/model.rs"]
 mod model;
+#[path = "../examples/gpt/pipeline.rs"]
+mod pipeline;
 #[path = "../examples/gpt/runner.rs"]
 mod runner;
 
@@ -38,8 +40,9 @@ fn train(dev: &Device, cfg: Config, mode: Mode, checkpoint: bool, steps: usize) 
     let mut rng = Rng(11);
     let mut losses = Vec::new();
     for _ in 0..steps {
-        let (ids, labels) = corpus::batch(dev, &splits.train, cfg.batch, cfg.context, &mut rng)?;
-        losses.push(trainer.step(&ids, &labels)?.to_vec()?[0].to_bits());
+        let n = mode.microbatches();
+        let batches = corpus::microbatches(dev, &splits.train, cfg.batch, n, cfg.context, &mut rng)?;
+        losses.push(trainer.step(&batches)?.to_vec()?[0].to_bits());
     }
     Ok((losses, trainer))
 }
@@ -72,6 +75,21 @@ fn f32_graphed_fused_and_floor_train_bit_for_bit_like_eager() {
 #[test]
 fn bf16_graphed_fused_and_floor_train_bit_for_bit_like_eager() {
     every_mode_trains_bit_for_bit_like_eager(Config { dtype: DType::BF16, ..TINY });
+}
+
+#[test]
+fn the_graphed_pipeline_trains_bit_for_bit_like_its_eager_schedule() {
+    for cfg in [TINY, Config { dtype: DType::BF16, ..TINY }] {
+        on_each_backend(|dev| {
+            let (eager_losses, eager) = train(dev, cfg, Mode::PipelineEager, false, 20)?;
+            let (losses, graphed) = train(dev, cfg, Mode::Pipeline, false, 20)?;
+            assert_eq!(eager_losses, losses, "{}: pipeline losses differ", cfg.dtype);
+            assert!(eager.param_bits()? == graphed.param_bits()?, "{}: pipeline parameters differ", cfg.dtype);
+            let (first, last) = (f32::from_bits(losses[0]), f32::from_bits(losses[19]));
+            assert!(last < first * 0.8, "the pipelined loss did not go down: {first} -> {last}");
+            Ok(())
+        });
+    }
 }
 
 #[test]

@@ -83,3 +83,16 @@ pub fn batch(dev: &Device, part: &[u8], batch: usize, context: usize, rng: &mut 
     }
     Ok((Tensor::from_slice(dev, &ids, &[batch, context])?, Tensor::from_slice(dev, &labels, &[batch * context])?))
 }
+
+/// `n` batches of `batch / n` windows each (the same windows, in the same order, as one
+/// batch of `batch` from the same `rng`): the microbatches of one step.
+pub fn microbatches(
+    dev: &Device,
+    part: &[u8],
+    batch: usize,
+    n: usize,
+    context: usize,
+    rng: &mut Rng,
+) -> Result<Vec<(Tensor, Tensor)>> {
+    (0..n).map(|_| self::batch(dev, part, batch / n, context, rng)).collect()
+}

@@ -20,10 +20,10 @@ pub fn position_ids(dev: &Device, batch: usize, seq: usize) -> Result<Tensor> {
 pub struct Embed {
     pub tok: Param,
     pub pos: Param,
-    /// The position ids of the training shape `[batch, context]`, made once (a capture cannot
-    /// copy from the host).
+    /// Position ids of the shapes a capture will see (`[batch, context]`, and a pipeline's
+    /// microbatch), made beforehand: a capture cannot copy from the host.
     #[param(skip)]
-    positions: Tensor,
+    positions: Vec<Tensor>,
 }
 
 impl Embed {
@@ -31,8 +31,16 @@ impl Embed {
         Ok(Embed {
             tok: Param::new(random(dev, &[VOCAB, c.d_model], seed, 0.5, c.dtype)?)?,
             pos: Param::new(random(dev, &[c.context, c.d_model], seed + 1, 0.1, c.dtype)?)?,
-            positions: position_ids(dev, c.batch, c.context)?,
+            positions: vec![position_ids(dev, c.batch, c.context)?],
         })
+    }
+
+    /// Makes the position ids of `[batch, seq]` ahead of a capture of that shape.
+    pub fn cache_positions(&mut self, batch: usize, seq: usize) -> Result<()> {
+        if !self.positions.iter().any(|p| p.dims() == [batch, seq]) {
+            self.positions.push(position_ids(self.pos.value.device(), batch, seq)?);
+        }
+        Ok(())
     }
 
     /// `(x, position ids)` for `ids` `[batch, seq]`. A sequence longer than the context is
@@ -44,10 +52,9 @@ impl Embed {
         if seq > context {
             return Err(Error::SequenceTooLong { op: "gpt", len: seq, context });
         }
-        let pos_ids = if self.positions.dims() == [batch, seq] {
-            self.positions.clone()
-        } else {
-            position_ids(ids.device(), batch, seq)?
+        let pos_ids = match self.positions.iter().find(|p| p.dims() == [batch, seq]) {
+            Some(p) => p.clone(),
+            None => position_ids(ids.device(), batch, seq)?,
         };
         let x = ops::add(&ops::embedding(ids, &self.tok.value)?, &ops::embedding(&pos_ids, &self.pos.value)?)?;
         Ok((x, pos_ids))

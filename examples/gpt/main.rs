@@ -1,7 +1,8 @@
 //! A byte-level GPT trained with one graphed module per transformer block (#13): the main job.
 //!
 //! `cargo run --release --example gpt -- [--steps N] [--data FILE] [--size tiny|gpu]
-//! [--dtype f32|bf16] [--mode eager|graphed|fused|floor] [--no-checkpoint] [--dropout P]
+//! [--dtype f32|bf16]
+//! [--mode eager|graphed|fused|floor|pipeline|pipeline-eager] [--no-checkpoint] [--dropout P]
 //! [--eval-every N] [--warmup N] [--plot FILE.png] [--json FILE]`
 //!
 //! The text is, by default, the repository's own README.md, docs/*.md and Rust sources, read
@@ -18,6 +19,9 @@
 //! the backward graph; `--no-checkpoint` keeps them), and the optimizer step as one more graph;
 //! `fused` replays those graphs as one launch per step; `floor` captures the whole step as one
 //! graph; `eager` runs it op by op. All four train bit for bit alike (tests/gpt.rs).
+//! `pipeline` splits the model into two chunks (embedding + first half of the blocks, second
+//! half + head) over 4 microbatches in an interleaved order, graphed per (chunk, microbatch)
+//! and replayed as one launch; `pipeline-eager` runs that schedule op by op.
 //!
 //! The learning rate warms up linearly over `--warmup` steps (default 5%) to its peak (3e-3 for
 //! the tiny model, 6e-4 for the GPU one), then follows a cosine to a tenth of it, computed on the
@@ -28,6 +32,7 @@
 mod corpus;
 mod ends;
 mod model;
+mod pipeline;
 mod plot;
 mod runner;
 
@@ -70,7 +75,9 @@ fn mode() -> Result<Mode> {
         Some("eager") => Ok(Mode::Eager),
         Some("fused") => Ok(Mode::Fused),
         Some("floor") => Ok(Mode::Floor),
-        Some(other) => Err(Error::msg(format!("--mode {other}: expected eager, graphed, fused or floor"))),
+        Some("pipeline") => Ok(Mode::Pipeline),
+        Some("pipeline-eager") => Ok(Mode::PipelineEager),
+        Some(other) => Err(Error::msg(format!("--mode {other}: expected eager, graphed, fused, floor, pipeline or pipeline-eager"))),
     }
 }
 
@@ -115,8 +122,8 @@ fn train(trainer: &mut Trainer, splits: &corpus::Splits, steps: usize, eval_ever
     let mut m = Measured { train_curve: Vec::new(), val_curve: Vec::new(), steady_secs: 0.0, steady_steps: 0 };
     let (t0, mut lap) = (Instant::now(), Instant::now());
     for step in 1..=steps {
-        let (ids, labels) = corpus::batch(&dev, &splits.train, cfg.batch, cfg.context, &mut rng)?;
-        let loss = trainer.step(&ids, &labels)?;
+        let n = trainer.mode.microbatches();
+        let loss = trainer.step(&corpus::microbatches(&dev, &splits.train, cfg.batch, n, cfg.context, &mut rng)?)?;
         if step == 10.min(steps) {
             dev.synchronize()?;
             lap = Instant::now();

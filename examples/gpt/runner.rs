@@ -8,6 +8,7 @@ use graphed::{make_graphed, CaptureMode, Checkpoint, Cx, DType, Device, Error, G
 use graphed::{GraphedModules, Module, Parameters, Result, Tensor};
 
 use crate::model::{Block, Config, Embed, Gpt, Head, VOCAB};
+use crate::pipeline::{Pipeline, Stages, MICROBATCHES};
 
 /// How a step runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +24,11 @@ pub enum Mode {
     /// The whole step (forward, loss, backward, optimizer) captured as one graph after two
     /// eager steps: what the per-module graphs are measured against.
     Floor,
+    /// Two pipeline chunks over `pipeline::MICROBATCHES` microbatches in an interleaved order,
+    /// graphed per (chunk, microbatch) and replayed as one launch (`pipeline.rs`).
+    Pipeline,
+    /// The same pipeline schedule, eager.
+    PipelineEager,
 }
 
 impl Mode {
@@ -32,6 +38,16 @@ impl Mode {
             Mode::Graphed => "one graph per module",
             Mode::Fused => "per-module graphs fused into one launch",
             Mode::Floor => "whole step as one graph",
+            Mode::Pipeline => "2 pipeline chunks x 4 microbatches, graphed, one launch",
+            Mode::PipelineEager => "2 pipeline chunks x 4 microbatches, eager",
+        }
+    }
+
+    /// Microbatches per step.
+    pub fn microbatches(self) -> usize {
+        match self {
+            Mode::Pipeline | Mode::PipelineEager => MICROBATCHES,
+            _ => 1,
         }
     }
 }
@@ -71,6 +87,7 @@ impl Optimizer {
 pub enum Modules {
     Eager(Gpt),
     Graphed(GraphedModules),
+    Pipeline(Pipeline),
 }
 
 /// The floor's captured step and its static buffers (before capture: the eager steps left).
@@ -144,6 +161,9 @@ impl Trainer {
         let modules = match mode {
             Mode::Eager | Mode::Floor => Modules::Eager(gpt),
             Mode::Graphed | Mode::Fused => Modules::Graphed(graph_modules(dev, &cfg, gpt, checkpoint)?),
+            Mode::Pipeline | Mode::PipelineEager => {
+                Modules::Pipeline(Pipeline::new(dev, &cfg, gpt, mode == Mode::Pipeline)?)
+            }
         };
         let floor = (mode == Mode::Floor)
             .then(|| -> Result<Floor> {
@@ -174,6 +194,7 @@ impl Trainer {
     pub fn pool_bytes(&self) -> usize {
         match (&self.modules, &self.floor) {
             (Modules::Graphed(g), _) => g.pool().stats().reserved,
+            (Modules::Pipeline(Pipeline { stages: Stages::Graphed(g), .. }), _) => g.pool().stats().reserved,
             (_, Some(Floor { graph: Some((g, _)), .. })) => g.pool().stats().reserved,
             _ => 0,
         }
@@ -183,6 +204,11 @@ impl Trainer {
     pub fn block(&self, i: usize) -> Result<&Block> {
         match &self.modules {
             Modules::Eager(m) => Ok(&m.blocks[i]),
+            Modules::Pipeline(p) => {
+                let (first, last) = p.stages()?;
+                let n = first.blocks.len();
+                Ok(if i < n { &first.blocks[i] } else { &last.blocks[i - n] })
+            }
             Modules::Graphed(g) => g
                 .module::<Block>(i + 1)
                 .or_else(|| g.module::<Checkpoint<Block>>(i + 1).map(Checkpoint::inner))
@@ -193,6 +219,7 @@ impl Trainer {
     pub fn embed(&self) -> Result<&Embed> {
         match &self.modules {
             Modules::Eager(m) => Ok(&m.embed),
+            Modules::Pipeline(p) => Ok(&p.stages()?.0.embed),
             Modules::Graphed(g) => g.module::<Embed>(0).ok_or_else(|| Error::msg("module 0 is not the embedding")),
         }
     }
@@ -200,15 +227,29 @@ impl Trainer {
     pub fn head(&self) -> Result<&Head> {
         match &self.modules {
             Modules::Eager(m) => Ok(&m.head),
+            Modules::Pipeline(p) => Ok(&p.stages()?.1.head),
             Modules::Graphed(g) => {
                 g.module::<Head>(self.cfg.layers + 1).ok_or_else(|| Error::msg("the last module is not the head"))
             }
         }
     }
 
-    /// One training step on `ids` `[batch, context]` with next-byte `labels` `[batch · context]`;
-    /// returns the loss (a `[1]` tensor, still on the device).
-    pub fn step(&mut self, ids: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    /// One training step on `mode.microbatches()` pairs of ids `[batch / microbatches,
+    /// context]` and next-byte labels (flat); returns the loss (a `[1]` tensor, still on the
+    /// device).
+    pub fn step(&mut self, batches: &[(Tensor, Tensor)]) -> Result<Tensor> {
+        if let Modules::Pipeline(p) = &mut self.modules {
+            let loss = p.step(batches)?;
+            if self.mode == Mode::PipelineEager {
+                self.opt.step()?;
+            } else {
+                self.opt_graph_step()?;
+            }
+            return Ok(loss);
+        }
+        let [(ids, labels)] = batches else {
+            return Err(Error::msg(format!("one batch per step, got {}", batches.len())));
+        };
         let loss = match self.mode {
             Mode::Eager => {
                 let one = self.one.clone();
@@ -217,6 +258,7 @@ impl Trainer {
             Mode::Floor => return self.floor_step(ids, labels),
             Mode::Graphed => self.graphed_step(ids, labels)?,
             Mode::Fused => self.fused_step(ids, labels)?,
+            Mode::Pipeline | Mode::PipelineEager => return Err(Error::msg("a pipeline without its stages")),
         };
         if self.mode == Mode::Eager {
             self.opt.step()?;
@@ -229,14 +271,14 @@ impl Trainer {
     fn eager_model(&mut self) -> Result<&mut Gpt> {
         match &mut self.modules {
             Modules::Eager(m) => Ok(m),
-            Modules::Graphed(_) => Err(Error::msg("the model is graphed")),
+            _ => Err(Error::msg("the model is not eager")),
         }
     }
 
     fn graphed(&mut self) -> Result<&mut GraphedModules> {
         match &mut self.modules {
             Modules::Graphed(g) => Ok(g),
-            Modules::Eager(_) => Err(Error::msg("the model is not graphed")),
+            _ => Err(Error::msg("the model is not graphed")),
         }
     }
 
