@@ -1,7 +1,8 @@
 """PyTorch's side of the GPT benchmark (#13): the model of examples/gpt (8 pre-norm blocks of
 RMSNorm, causal attention, SwiGLU; d_model 512, 8 heads, context 256, batch 16, byte vocabulary,
 learned positions, untied head), trained with AdamW on the repository's own text, float32 with
-TF32 off, in three ways:
+TF32 off, or (`--dtype bf16`) under `torch.autocast(bfloat16)` with float32 weights (PyTorch's
+mixed precision; autocast's weight cache off, as CUDA graphs need), in three ways:
 
 - eager: the model called directly;
 - per-layer graphs: `torch.cuda.make_graphed_callables` on the tuple of blocks (the embeddings,
@@ -12,7 +13,7 @@ TF32 off, in three ways:
 Each variant runs the same loop as examples/gpt: a random batch of the training bytes made on the
 host and copied to the GPU, one step, the loss read back every 20 steps; tokens/s over `--steps`
 steps after `--warmup` steps. Run from the repository root:
-    python3 bench/pytorch_gpt_bench.py [--steps 200] [--out gpt_torch.json]
+    python3 bench/pytorch_gpt_bench.py [--steps 200] [--dtype f32|bf16] [--out gpt_torch.json]
 """
 
 import argparse
@@ -78,7 +79,11 @@ def batch(train, gen):
     return rows[:, :-1].cuda(non_blocking=False), rows[:, 1:].cuda(non_blocking=False)
 
 
-def make(variant):
+def autocast(dtype):
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=(dtype == "bf16"), cache_enabled=False)
+
+
+def make(variant, dtype):
     torch.manual_seed(0)
     blocks, ends = nn.ModuleList(Block() for _ in range(L)).cuda(), Ends().cuda()
     params = list(blocks.parameters()) + list(ends.parameters())
@@ -87,14 +92,16 @@ def make(variant):
     layers = list(blocks)
     if variant == "per_layer":
         x = torch.randn(BATCH, CTX, D, device="cuda", requires_grad=True)
-        layers = list(torch.cuda.make_graphed_callables(tuple(layers), tuple((x,) for _ in layers)))
+        with autocast(dtype):
+            layers = list(torch.cuda.make_graphed_callables(tuple(layers), tuple((x,) for _ in layers)))
 
     def step(ids, labels):
-        x = ends.tok(ids) + ends.pos(pos)
-        for layer in layers:
-            x = layer(x)
-        logits = ends.head(ends.norm(x))
-        loss = F.cross_entropy(logits.view(-1, VOCAB), labels.reshape(-1))
+        with autocast(dtype):
+            x = ends.tok(ids) + ends.pos(pos)
+            for layer in layers:
+                x = layer(x)
+            logits = ends.head(ends.norm(x))
+            loss = F.cross_entropy(logits.view(-1, VOCAB).float(), labels.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
@@ -103,12 +110,12 @@ def make(variant):
     return step, params
 
 
-def run(variant, steps, warmup, train):
+def run(variant, dtype, steps, warmup, train):
     gen = torch.Generator().manual_seed(1)
     torch.cuda.synchronize()
     before = torch.cuda.memory_reserved()
     t0 = time.perf_counter()
-    step, params = make(variant)
+    step, params = make(variant, dtype)
     if variant == "floor":
         ids, labels = batch(train, gen)
         s = torch.cuda.Stream()
@@ -143,7 +150,7 @@ def run(variant, steps, warmup, train):
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     pool_mb = (torch.cuda.memory_reserved() - before) / 1e6
-    return {"variant": variant, "tokens_per_s": BATCH * CTX * steps / secs, "step_ms": secs / steps * 1e3,
+    return {"variant": variant, "dtype": dtype, "tokens_per_s": BATCH * CTX * steps / secs, "step_ms": secs / steps * 1e3,
             "setup_s": capture_s, "reserved_mb": pool_mb, "loss": float(loss.item())}
 
 
@@ -151,6 +158,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     ap.add_argument("--out", default="gpt_torch.json")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -158,8 +166,8 @@ def main():
     train = corpus()
     rows = []
     for variant in ["eager", "per_layer", "floor"]:
-        r = run(variant, a.steps, a.warmup, train)
-        print(f"[torch gpt] {variant:>10}: {r['tokens_per_s']:>9.0f} tokens/s, {r['step_ms']:.2f} ms/step, "
+        r = run(variant, a.dtype, a.steps, a.warmup, train)
+        print(f"[torch gpt {a.dtype}] {variant:>10}: {r['tokens_per_s']:>9.0f} tokens/s, {r['step_ms']:.2f} ms/step, "
               f"setup {r['setup_s']:.2f} s, reserved {r['reserved_mb']:.0f} MB, loss {r['loss']:.3f}", flush=True)
         rows.append(r)
         torch.cuda.empty_cache()

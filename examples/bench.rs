@@ -122,6 +122,8 @@ struct Row {
     per_block_cpu_us: f64,
     fused: f64,
     fused_cpu_us: f64,
+    /// Nodes of the fused step's graph (the per-block graphs' nodes together).
+    fused_nodes: usize,
 }
 
 fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> Result<Row> {
@@ -179,6 +181,7 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
     // to the static buffers once; the loss sum runs after the step, as in the per-block step.
     progress("one graph per block, fused (one launch per step)");
     per.fuse()?;
+    let fused_nodes = per.graphs().iter().map(|(_, g)| g.nodes().map(|n| n.len())).sum::<Result<usize>>()?;
     per.static_inputs(0, 0)?[0].as_ref().expect("static input").copy_(&x)?;
     ops::fill_(per.static_grad_outputs(l - 1, 0)?[0].as_ref().expect("static grad output"), 1.0)?;
     let mut fused_step = || -> Result<()> {
@@ -253,6 +256,7 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
         per_block_cpu_us,
         fused,
         fused_cpu_us,
+        fused_nodes,
     })
 }
 
@@ -294,7 +298,7 @@ fn main() -> Result<()> {
         rows.push(bench_shape(&dev, shape, &args)?);
     }
     println!(
-        "{:>14} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9} {:>9} {:>13} {:>9}",
+        "{:>14} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9} {:>9} {:>13} {:>9} {:>7}",
         "L x H, B",
         "eager us",
         "per-block",
@@ -306,11 +310,12 @@ fn main() -> Result<()> {
         "live MB",
         "issue us",
         "per-block CPU",
-        "fused CPU"
+        "fused CPU",
+        "nodes"
     );
     for r in &rows {
         println!(
-            "{:>14} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>11.2} {:>9.2} {:>9.2} {:>9.2} {:>13.1} {:>9.2}",
+            "{:>14} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>11.2} {:>9.2} {:>9.2} {:>9.2} {:>13.1} {:>9.2} {:>7}",
             format!("{}x{}, {}", r.l, r.h, r.b),
             r.eager,
             r.per_block,
@@ -322,7 +327,8 @@ fn main() -> Result<()> {
             r.live_mb,
             r.issue_us,
             r.per_block_cpu_us,
-            r.fused_cpu_us
+            r.fused_cpu_us,
+            r.fused_nodes
         );
     }
     if let Some(path) = &args.out {
@@ -330,8 +336,8 @@ fn main() -> Result<()> {
             .iter()
             .map(|r| {
                 format!(
-                    "{{\"L\":{},\"H\":{},\"B\":{},\"eager_us\":{:.2},\"per_block_us\":{:.2},\"whole_us\":{:.2},\"floor_us\":{:.2},\"capture_ms\":{:.3},\"whole_capture_ms\":{:.3},\"pool_mb\":{:.4},\"live_mb\":{:.4},\"whole_pool_mb\":{:.4},\"issue_us\":{:.3},\"per_block_cpu_us\":{:.2},\"fused_us\":{:.2},\"fused_cpu_us\":{:.3}}}",
-                    r.l, r.h, r.b, r.eager, r.per_block, r.whole, r.floor, r.capture_ms, r.whole_capture_ms, r.pool_mb, r.live_mb, r.whole_pool_mb, r.issue_us, r.per_block_cpu_us, r.fused, r.fused_cpu_us
+                    "{{\"L\":{},\"H\":{},\"B\":{},\"eager_us\":{:.2},\"per_block_us\":{:.2},\"whole_us\":{:.2},\"floor_us\":{:.2},\"capture_ms\":{:.3},\"whole_capture_ms\":{:.3},\"pool_mb\":{:.4},\"live_mb\":{:.4},\"whole_pool_mb\":{:.4},\"issue_us\":{:.3},\"per_block_cpu_us\":{:.2},\"fused_us\":{:.2},\"fused_cpu_us\":{:.3},\"fused_nodes\":{}}}",
+                    r.l, r.h, r.b, r.eager, r.per_block, r.whole, r.floor, r.capture_ms, r.whole_capture_ms, r.pool_mb, r.live_mb, r.whole_pool_mb, r.issue_us, r.per_block_cpu_us, r.fused, r.fused_cpu_us, r.fused_nodes
                 )
             })
             .collect();
