@@ -272,12 +272,13 @@ impl GraphedModules {
         // Per (chunk, microbatch): what the forward saved and returned this iteration.
         let mut done: Vec<Vec<Option<ForwardDone>>> =
             self.surfaces.iter().map(|r| r.iter().map(|_| None).collect()).collect();
-        // Per (chunk, microbatch): the first output, which a chained next chunk reads.
+        // Per (chunk, microbatch): the first output, until a chained next chunk reads it (kept
+        // no longer: during warm-up it is an eager tensor holding pool memory).
         let mut firsts: Vec<Vec<Option<Tensor>>> = self.surfaces.iter().map(|r| vec![None; r.len()]).collect();
         for &Step { pass, chunk: c, microbatch: m } in schedule.steps() {
             match pass {
                 Pass::Forward => {
-                    let prev = if c > 0 { firsts[c - 1][m].clone() } else { None };
+                    let prev = if c > 0 { firsts[c - 1][m].take() } else { None };
                     let inputs = self.chained_inputs(c, m, prev)?;
                     self.run_hooks(c, HookKind::PreForward)?;
                     let cx = self.new_cx(self.captured_training, &inputs);
@@ -294,7 +295,9 @@ impl GraphedModules {
                             outs
                         }
                     };
-                    firsts[c][m] = outs.into_iter().next().flatten();
+                    if c + 1 < firsts.len() {
+                        firsts[c][m] = outs.into_iter().next().flatten();
+                    }
                     self.run_hooks(c, HookKind::Forward)?;
                 }
                 Pass::Backward => {
