@@ -299,3 +299,27 @@ fn the_pool_grows_with_the_microbatches_in_flight_not_their_total() {
         Ok(())
     });
 }
+
+#[test]
+fn a_fused_step_binds_each_microbatch_and_its_old_handles_go_stale() {
+    on_each_backend(|dev| {
+        let order = windowed(4, 2);
+        let (mut g, _) = graphed(dev, &order, true, true)?;
+        let x = |g: &GraphedModules, m| -> Result<Tensor> { Ok(g.static_inputs(0, m)?.remove(0).expect("x")) };
+        assert!(x(&g, 0)?.same_buffer(&x(&g, 2)?), "per call, microbatches 0 and 2 share their input");
+        g.fuse()?;
+        assert!(!x(&g, 0)?.same_buffer(&x(&g, 2)?), "a fused step binds each microbatch's own");
+        g.step()?;
+        let y0 = g.outputs(1, 0)?.remove(0).expect("y");
+        let y2 = g.outputs(1, 2)?.remove(0).expect("y");
+        assert!(!y0.same_buffer(&y2));
+        y0.to_vec()?;
+        g.step()?;
+        assert!(matches!(y0.to_vec(), Err(Error::StaleTensor { .. })), "the next step overwrote it");
+        // Per-call replays still run on the shared surfaces after fusing.
+        let d = data(dev, 4)?;
+        let got = per_call(&mut g, dev, &order, &d.xs[0], &d.dys[0])?;
+        assert_eq!(got.len(), 8);
+        Ok(())
+    });
+}
