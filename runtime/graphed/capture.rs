@@ -2,7 +2,7 @@
 //! at any point restores the RNG state, frees the graphs' pool and hands the modules back.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::reuse::{adopt, reusable, SlotPlan};
 use super::schedule::{Pass, Step};
@@ -52,10 +52,7 @@ pub fn make_graphed(
     let started = Instant::now();
     let pool = options.pool.clone().unwrap_or_else(|| device.new_pool());
     let chunks = modules.len();
-    let plan = match options.reuse_buffers {
-        true => SlotPlan::new(&schedule, chunks),
-        false => SlotPlan::unshared(chunks, schedule.microbatches()),
-    };
+    let plan = SlotPlan::new(&schedule, chunks, options.reuse_buffers);
     let mut g = GraphedModules {
         device: device.clone(),
         pool: pool.clone(),
@@ -66,14 +63,7 @@ pub fn make_graphed(
         has_backward,
         training: options.training,
         modules,
-        config: Box::new(Config {
-            options,
-            capture_time: Duration::ZERO,
-            schedule: schedule.clone(),
-            fused: None,
-            plan,
-            staging: None,
-        }),
+        config: Box::new(Config::new(options, schedule.clone(), plan)),
     };
     let captured = device.with_pool(&pool, || -> Result<()> {
         g.make_surfaces(&samples, schedule.microbatches())?;

@@ -95,6 +95,12 @@ struct Config {
     staging: Option<staging::Staging>,
 }
 
+impl Config {
+    fn new(options: GraphOptions, schedule: Schedule, plan: reuse::SlotPlan) -> Config {
+        Config { options, capture_time: Duration::ZERO, schedule, fused: None, plan, staging: None }
+    }
+}
+
 impl std::fmt::Debug for GraphedModules {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<_> = self.modules.iter().map(|m| m.name()).collect();

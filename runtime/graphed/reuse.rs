@@ -39,12 +39,13 @@ impl SlotPlan {
         SlotPlan { owner: vec![(0..microbatches).collect(); chunks] }
     }
 
-    /// The plan for `schedule` (see the module docs). A schedule without backward steps
-    /// (forward-only capture) shares nothing: its outputs are the caller's results.
-    pub(super) fn new(schedule: &Schedule, chunks: usize) -> SlotPlan {
+    /// The plan for `schedule` (see the module docs); everything unshared without `reuse`.
+    /// A schedule without backward steps (forward-only capture) shares nothing: its outputs
+    /// are the caller's results.
+    pub(super) fn new(schedule: &Schedule, chunks: usize, reuse: bool) -> SlotPlan {
         let mut plan = SlotPlan::unshared(chunks, schedule.microbatches());
         let steps = schedule.steps();
-        if !steps.iter().any(|s| s.pass == Pass::Backward) {
+        if !reuse || !steps.iter().any(|s| s.pass == Pass::Backward) {
             return plan;
         }
         let neighbours = |c: usize| c.saturating_sub(1)..=(c + 1).min(chunks - 1);
@@ -173,7 +174,7 @@ mod tests {
     fn slots_follow_the_microbatches_in_flight() {
         for (window, slots) in [(1, 1), (2, 2), (4, 4), (16, 16)] {
             let s = Schedule::new(Some(&windowed(16, window)), 2, true).unwrap();
-            let plan = SlotPlan::new(&s, 2);
+            let plan = SlotPlan::new(&s, 2, true);
             assert_eq!((plan.slots(0), plan.slots(1)), (slots, slots), "window {window}");
             assert_eq!(plan.shares_any(), window < 16);
         }
@@ -185,11 +186,11 @@ mod tests {
         // chunk 1 reads chunk 2's grad input of microbatch 0 then, so chunk 2's second forward
         // may not take microbatch 0's buffers, though chunk 2's backward of it is done.
         let s = Schedule::new(Some(&[1, 2, -2, 1, 2, -1, -2, -1]), 2, true).unwrap();
-        let plan = SlotPlan::new(&s, 2);
+        let plan = SlotPlan::new(&s, 2, true);
         assert_eq!(plan.owner(1, 1), 1);
         assert!(!plan.shares_any());
         let s = Schedule::new(Some(&[1, 2, -2, -1, 1, 2, -2, -1]), 2, true).unwrap();
-        let plan = SlotPlan::new(&s, 2);
+        let plan = SlotPlan::new(&s, 2, true);
         assert_eq!((plan.owner(0, 1), plan.owner(1, 1)), (0, 0));
         assert!(plan.is_shared(1, 0) && plan.is_shared(1, 1));
     }
@@ -197,8 +198,9 @@ mod tests {
     #[test]
     fn forward_only_and_single_microbatch_share_nothing() {
         let s = Schedule::new(Some(&[1, 2, -2, -1, 1, 2, -2, -1]), 2, false).unwrap();
-        assert!(!SlotPlan::new(&s, 2).shares_any());
+        assert!(!SlotPlan::new(&s, 2, true).shares_any());
+        assert!(!SlotPlan::new(&Schedule::new(Some(&[1, -1, 1, -1]), 1, true).unwrap(), 1, false).shares_any());
         let s = Schedule::new(None, 3, true).unwrap();
-        assert!(!SlotPlan::new(&s, 3).shares_any());
+        assert!(!SlotPlan::new(&s, 3, true).shares_any());
     }
 }
