@@ -106,6 +106,12 @@ impl GraphOptions {
     /// that overwrites a shared output or grad input makes the earlier microbatch's handles
     /// stale. Results are bitwise the same either way; off, every microbatch keeps its own.
     ///
+    /// Only the neighbouring chunks are assumed to read a microbatch's outputs and input grads
+    /// (chunk `c + 1` its output, chunk `c - 1` its input grad). Code that hands an output to a
+    /// chunk further on gets `Error::StaleTensor` if it was reused in between, never a wrong
+    /// value; turn reuse off for such schedules. A fused step gets per-microbatch buffers of its
+    /// own where surfaces are shared (see [`GraphedModules::fuse`](crate::GraphedModules::fuse)).
+    ///
     /// ```
     /// use graphed::GraphOptions;
     /// let opts = GraphOptions::new().order(vec![1, -1, 1, -1]).reuse_buffers(false);
