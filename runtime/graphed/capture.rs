@@ -2,8 +2,9 @@
 //! at any point restores the RNG state, frees the graphs' pool and hands the modules back.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use super::reuse::{adopt, reusable, SlotPlan};
 use super::schedule::{Pass, Step};
 use super::{Config, GraphOptions, GraphedModules, Schedule, Surface};
 use crate::pool::MemRange;
@@ -51,6 +52,7 @@ pub fn make_graphed(
     let started = Instant::now();
     let pool = options.pool.clone().unwrap_or_else(|| device.new_pool());
     let chunks = modules.len();
+    let plan = SlotPlan::new(&schedule, chunks, options.reuse_buffers);
     let mut g = GraphedModules {
         device: device.clone(),
         pool: pool.clone(),
@@ -61,7 +63,7 @@ pub fn make_graphed(
         has_backward,
         training: options.training,
         modules,
-        config: Box::new(Config { options, capture_time: Duration::ZERO, schedule: schedule.clone(), fused: None }),
+        config: Box::new(Config::new(options, schedule.clone(), plan)),
     };
     let captured = device.with_pool(&pool, || -> Result<()> {
         g.make_surfaces(&samples, schedule.microbatches())?;
@@ -202,18 +204,24 @@ enum Phase {
 }
 
 impl GraphedModules {
-    /// Static inputs for every (chunk, microbatch): copies of the samples, in the pool.
+    /// Static inputs for every (chunk, microbatch): copies of the samples, in the pool; a
+    /// microbatch that reuses an earlier one's surfaces shares its buffers where they match.
     fn make_surfaces(&mut self, samples: &Samples, microbatches: usize) -> Result<()> {
         for (c, s) in samples.iter().enumerate() {
-            let mut row = Vec::with_capacity(microbatches);
+            let mut row: Vec<Surface> = Vec::with_capacity(microbatches);
             for m in 0..microbatches {
                 let set = &s[m.min(s.len() - 1)];
                 let label = format!("{}[chunk {}, microbatch {}]", self.modules[c].name(), c + 1, m);
+                let owner = self.config.plan.owner(c, m);
+                let slot = if owner == m { &[][..] } else { &row[owner].inputs[..] };
                 let mut inputs = Vec::with_capacity(set.len());
                 for (i, t) in set.iter().enumerate() {
-                    let chained = self.config.options.chained && c > 0 && i == 0;
                     inputs.push(match t {
-                        Some(t) if !chained => {
+                        Some(t) if self.is_chained_input(c, i) => None, // filled in at capture
+                        Some(t) if reusable(slot, i, t).is_some() => {
+                            reusable(slot, i, t).map(|st| st.with_requires_grad(t.requires_grad()))
+                        }
+                        Some(t) => {
                             // Static inputs are bound buffers (a fused step reads them as the
                             // caller left them): never in memory a graph of this pool writes.
                             let st = Tensor::empty_untouched(&self.device, t.dims(), t.dtype())?;
@@ -222,7 +230,7 @@ impl GraphedModules {
                             st.set_owner(format!("{label} input {i}"));
                             Some(st)
                         }
-                        _ => None, // absent optional input, or filled in by chaining at capture
+                        None => None, // an absent optional input
                     });
                 }
                 let mut forward = Graph::with_pool(&self.device, &self.pool);
@@ -254,12 +262,13 @@ impl GraphedModules {
         // Per (chunk, microbatch): what the forward saved and returned this iteration.
         let mut done: Vec<Vec<Option<ForwardDone>>> =
             self.surfaces.iter().map(|r| r.iter().map(|_| None).collect()).collect();
-        // Per (chunk, microbatch): the first output, which a chained next chunk reads.
+        // Per (chunk, microbatch): the first output, until a chained next chunk reads it (kept
+        // no longer: during warm-up it is an eager tensor holding pool memory).
         let mut firsts: Vec<Vec<Option<Tensor>>> = self.surfaces.iter().map(|r| vec![None; r.len()]).collect();
         for &Step { pass, chunk: c, microbatch: m } in schedule.steps() {
             match pass {
                 Pass::Forward => {
-                    let prev = if c > 0 { firsts[c - 1][m].clone() } else { None };
+                    let prev = if c > 0 { firsts[c - 1][m].take() } else { None };
                     let inputs = self.chained_inputs(c, m, prev)?;
                     self.run_hooks(c, HookKind::PreForward)?;
                     let cx = self.new_cx(self.captured_training, &inputs);
@@ -276,7 +285,9 @@ impl GraphedModules {
                             outs
                         }
                     };
-                    firsts[c][m] = outs.into_iter().next().flatten();
+                    if c + 1 < firsts.len() {
+                        firsts[c][m] = outs.into_iter().next().flatten();
+                    }
                     self.run_hooks(c, HookKind::Forward)?;
                 }
                 Pass::Backward => {
@@ -327,13 +338,14 @@ impl GraphedModules {
     ) -> Result<(Cx, Vec<Option<Tensor>>)> {
         let mode = self.config.options.capture_mode;
         self.surfaces[c][m].inputs = inputs.clone();
+        let slot = self.slot_of(c, m, |s| &s.outputs);
         self.pool.begin_tracking();
         let module = &self.modules[c];
         let s = &mut self.surfaces[c][m];
         let captured = s.forward.capture(mode, || {
             let mut cx = cx_template.clone();
             let outs = module.forward(&mut cx, &inputs)?;
-            Ok((cx, outs))
+            Ok((cx, adopt(outs, &slot)?))
         });
         s.forward_writes = self.pool.end_tracking();
         let (cx, outs) = captured.map_err(|e| e.context(format!("capturing the forward of {}", s.label)))?;
@@ -353,6 +365,7 @@ impl GraphedModules {
         let mode = self.config.options.capture_mode;
         let grad_outputs = self.new_grad_outputs(c, m)?;
         let allow_unused = self.config.options.allow_unused_input;
+        let slot = self.slot_of(c, m, |s| &s.grad_inputs);
         self.pool.begin_tracking();
         let mut graph = Graph::with_pool(&self.device, &self.pool);
         let module = &mut self.modules[c];
@@ -361,7 +374,7 @@ impl GraphedModules {
         graph.set_label(format!("{} backward", s.label));
         let captured = graph.capture(mode, || {
             let mut cx = cx_template.clone();
-            module.backward(&mut cx, &grad_outputs)
+            adopt(module.backward(&mut cx, &grad_outputs)?, &slot)
         });
         s.backward_writes = self.pool.end_tracking();
         let grads = captured.map_err(|e| e.context(format!("capturing the backward of {}", s.label)))?;
@@ -401,17 +414,20 @@ impl GraphedModules {
     fn warm_up_grad_outputs(&mut self, c: usize, m: usize, outs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         if self.surfaces[c][m].grad_outputs.is_empty() {
             let label = self.surfaces[c][m].label.clone();
+            // The owner's backward comes before this microbatch's forward: its buffers exist.
+            let slot = self.slot_of(c, m, |s| &s.grad_outputs);
             let mut statics = Vec::with_capacity(outs.len());
             for (i, o) in outs.iter().enumerate() {
-                let chained = self.config.options.chained && i == 0 && c + 1 < self.surfaces.len();
                 statics.push(match o {
-                    Some(o) if !chained => {
+                    Some(o) if self.is_chained_grad_output(c, i) => None, // filled in at capture
+                    Some(o) if reusable(&slot, i, o).is_some() => reusable(&slot, i, o),
+                    Some(o) => {
                         let g = Tensor::empty_untouched(&self.device, o.dims(), o.dtype())?;
                         crate::ops::fill_(&g, 0.0)?;
                         g.set_owner(format!("{label} grad output {i}"));
                         Some(g)
                     }
-                    _ => None, // no grad for a None output; a chained one is filled in at capture
+                    None => None, // no grad for a None output
                 });
             }
             self.surfaces[c][m].grad_outputs = statics;
@@ -428,10 +444,9 @@ impl GraphedModules {
         let s = &self.surfaces[c][m];
         let mut grads = Vec::with_capacity(s.outputs.len());
         for (i, o) in s.outputs.iter().enumerate() {
-            let chained = self.config.options.chained && i == 0 && c + 1 < self.surfaces.len();
             let g = match o {
                 None => None,
-                Some(_) if chained => {
+                Some(_) if self.is_chained_grad_output(c, i) => {
                     let next = &self.surfaces[c + 1][m];
                     let g = next.grad_inputs.first().cloned().flatten().ok_or_else(|| Error::InvalidOrder {
                         detail: format!(

@@ -9,8 +9,9 @@
 
 use std::collections::VecDeque;
 
-use super::schedule::Pass;
-use super::GraphedModules;
+use super::schedule::{Pass, Step};
+use super::staging::Bound;
+use super::{GraphedModules, Surface};
 use crate::pool::ReplayTicket;
 use crate::{Error, Graph, GraphPool, Result, Tensor};
 
@@ -31,7 +32,7 @@ impl Fused {
     /// the pool's capture order, in that order (the order replays must follow).
     pub(super) fn build(members: &[&GraphedModules]) -> Result<Fused> {
         let label = members.iter().flat_map(|m| m.modules.iter().map(|x| x.name())).collect::<Vec<_>>().join(", ");
-        let parts: Vec<&Graph> = members.iter().flat_map(|m| m.graphs_in_order()).collect();
+        let parts: Vec<&Graph> = members.iter().flat_map(|m| m.fused_parts()).collect();
         let first = members.first().ok_or_else(|| Error::NotFused { module: label.clone() })?;
         if parts.is_empty() {
             return Err(Error::NotFused { module: label });
@@ -56,8 +57,7 @@ impl Fused {
         }
         let graph = Graph::fuse(&first.device, &first.pool, format!("fused step of {label}"), &parts)?;
         let mut clobbers: Vec<Tensor> = Vec::new();
-        let all = members.iter().flat_map(|m| m.surfaces.iter().flatten());
-        for t in all.flat_map(|s| s.forward_clobbers.iter().chain(&s.backward_clobbers)) {
+        for t in members.iter().flat_map(|m| m.step_clobbers()) {
             if !clobbers.iter().any(|c| c.same_buffer(t)) {
                 clobbers.push(t.clone());
             }
@@ -106,9 +106,23 @@ impl Fused {
 impl GraphedModules {
     /// Builds the fused step (once; later calls do nothing): every graph of the schedule, in
     /// capture order, as one executable graph.
+    ///
+    /// Where microbatches share surfaces (`GraphOptions::reuse_buffers`), the step gets bound
+    /// buffers per microbatch and copies around the shared surfaces (see `staging`); the
+    /// accessors below then hand out those buffers.
     pub fn fuse(&mut self) -> Result<()> {
         if self.config.fused.is_none() {
-            self.config.fused = Some(Fused::build(&[&*self])?);
+            let fresh = self.config.staging.is_none();
+            self.prepare_staging()?;
+            match Fused::build(&[&*self]) {
+                Ok(fused) => self.config.fused = Some(fused),
+                Err(e) => {
+                    if fresh {
+                        self.config.staging = None; // refused: nothing changes
+                    }
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }
@@ -134,17 +148,37 @@ impl GraphedModules {
         result
     }
 
+    /// The graph of one step of the schedule (`None`: a backward that was not captured).
+    fn step_graph(&self, step: &Step) -> Option<&Graph> {
+        let s = &self.surfaces[step.chunk][step.microbatch];
+        match step.pass {
+            Pass::Forward => Some(&s.forward),
+            Pass::Backward => s.backward.as_ref(),
+        }
+    }
+
     /// The graphs of the schedule in capture (and replay) order.
     pub(super) fn graphs_in_order(&self) -> Vec<&Graph> {
+        self.config.schedule.steps().iter().filter_map(|step| self.step_graph(step)).collect()
+    }
+
+    /// The graphs a fused step runs: the schedule's, with the staging copies around them.
+    fn fused_parts(&self) -> Vec<&Graph> {
         let mut v = Vec::new();
-        for step in self.config.schedule.steps() {
-            let s = &self.surfaces[step.chunk][step.microbatch];
-            match step.pass {
-                Pass::Forward => v.push(&s.forward),
-                Pass::Backward => v.extend(s.backward.as_ref()),
-            }
+        for (i, step) in self.config.schedule.steps().iter().enumerate() {
+            let (before, after) = self.config.staging.as_ref().map_or((None, None), |s| s.around(i));
+            v.extend(before);
+            v.extend(self.step_graph(step));
+            v.extend(after);
         }
         v
+    }
+
+    /// Every buffer a fused step overwrites: the graphs' clobbers and the bound outputs.
+    fn step_clobbers(&self) -> impl Iterator<Item = &Tensor> {
+        let surfaces = self.surfaces.iter().flatten();
+        let graphs = surfaces.flat_map(|s| s.forward_clobbers.iter().chain(&s.backward_clobbers));
+        graphs.chain(self.config.staging.iter().flat_map(|s| s.written()))
     }
 
     fn surface_checked(&self, chunk: usize, microbatch: usize) -> Result<&super::Surface> {
@@ -152,26 +186,43 @@ impl GraphedModules {
         row.get(microbatch).ok_or_else(|| Error::invalid("microbatch", format!("{microbatch} of {}", row.len())))
     }
 
+    /// Fresh handles to one part of the surfaces of (chunk, microbatch): the fused step's
+    /// bound buffers where it has them (see `staging`), the static buffers otherwise.
+    fn handles(
+        &self,
+        chunk: usize,
+        microbatch: usize,
+        part: impl Fn(&Surface) -> &Vec<Option<Tensor>>,
+        bound: impl Fn(&Bound) -> &Vec<Option<Tensor>>,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let s = part(self.surface_checked(chunk, microbatch)?);
+        let b = self.config.staging.as_ref().and_then(|st| st.bound(chunk, microbatch)).map(bound);
+        let pick = |i: usize, t: &Option<Tensor>| b.and_then(|b| b.get(i).cloned().flatten()).or_else(|| t.clone());
+        Ok(s.iter().enumerate().map(|(i, t)| pick(i, t).as_ref().map(Tensor::refreshed)).collect())
+    }
+
     /// The static inputs of (chunk, microbatch): write a step's inputs into them (`copy_`,
-    /// `copy_from_slice`) before [`GraphedModules::step`].
+    /// `copy_from_slice`) before [`GraphedModules::step`]. Microbatches that share surfaces
+    /// (`GraphOptions::reuse_buffers`) share these until the step is fused, then each has its own.
     pub fn static_inputs(&self, chunk: usize, microbatch: usize) -> Result<Vec<Option<Tensor>>> {
-        Ok(self.surface_checked(chunk, microbatch)?.inputs.iter().map(|t| t.as_ref().map(Tensor::refreshed)).collect())
+        self.handles(chunk, microbatch, |s| &s.inputs, |b| &b.inputs)
     }
 
-    /// The static grad outputs of (chunk, microbatch) (`None` for outputs that get no grad).
+    /// The static grad outputs of (chunk, microbatch) (`None` for outputs that get no grad);
+    /// shared like [`GraphedModules::static_inputs`].
     pub fn static_grad_outputs(&self, chunk: usize, microbatch: usize) -> Result<Vec<Option<Tensor>>> {
-        let s = self.surface_checked(chunk, microbatch)?;
-        Ok(s.grad_outputs.iter().map(|t| t.as_ref().map(Tensor::refreshed)).collect())
+        self.handles(chunk, microbatch, |s| &s.grad_outputs, |b| &b.grad_outputs)
     }
 
-    /// Handles to the static outputs of (chunk, microbatch) as the last replay left them.
+    /// Handles to the static outputs of (chunk, microbatch) as the last replay left them (once
+    /// fused, for microbatches sharing surfaces: as the last step left them).
     pub fn outputs(&self, chunk: usize, microbatch: usize) -> Result<Vec<Option<Tensor>>> {
-        Ok(self.surface_checked(chunk, microbatch)?.outputs.iter().map(|t| t.as_ref().map(Tensor::refreshed)).collect())
+        self.handles(chunk, microbatch, |s| &s.outputs, |b| &b.outputs)
     }
 
-    /// Handles to the grads of the inputs of (chunk, microbatch) as the last replay left them.
+    /// Handles to the grads of the inputs of (chunk, microbatch) as the last replay left them
+    /// (as [`GraphedModules::outputs`]).
     pub fn grad_inputs(&self, chunk: usize, microbatch: usize) -> Result<Vec<Option<Tensor>>> {
-        let s = self.surface_checked(chunk, microbatch)?;
-        Ok(s.grad_inputs.iter().map(|t| t.as_ref().map(Tensor::refreshed)).collect())
+        self.handles(chunk, microbatch, |s| &s.grad_inputs, |b| &b.grad_inputs)
     }
 }

@@ -8,6 +8,8 @@
 //! - `replay`: graphed forward and backward calls, each checked completely before it copies,
 //!   queues or launches anything.
 //! - `fused`: the whole schedule as one launch (`fuse`, `step`) on bound static buffers.
+//! - `reuse`: which microbatches share static surfaces (`GraphOptions::reuse_buffers`).
+//! - `staging`: a fused step's own per-microbatch buffers where microbatches share surfaces.
 //! - `sequence`: separately graphed modules fused into one launch (`Sequence`).
 
 mod capture;
@@ -15,8 +17,10 @@ mod capture_error;
 mod fused;
 mod options;
 mod replay;
+mod reuse;
 mod schedule;
 mod sequence;
+mod staging;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -85,6 +89,16 @@ struct Config {
     schedule: Schedule,
     /// The one-launch step, once built (see `fused`).
     fused: Option<fused::Fused>,
+    /// Which microbatches share static surfaces (see `reuse`).
+    plan: reuse::SlotPlan,
+    /// The fused step's per-microbatch buffers, built with it when surfaces are shared.
+    staging: Option<staging::Staging>,
+}
+
+impl Config {
+    fn new(options: GraphOptions, schedule: Schedule, plan: reuse::SlotPlan) -> Config {
+        Config { options, capture_time: Duration::ZERO, schedule, fused: None, plan, staging: None }
+    }
 }
 
 impl std::fmt::Debug for GraphedModules {
@@ -104,6 +118,17 @@ impl GraphedModules {
             kind: kind.name(),
             source: Box::new(e),
         })
+    }
+
+    /// Whether input `i` of `chunk` is chained: the previous chunk's first output, no buffer
+    /// of its own.
+    fn is_chained_input(&self, chunk: usize, i: usize) -> bool {
+        self.config.options.chained && chunk > 0 && i == 0
+    }
+
+    /// Whether grad output `i` of `chunk` is chained: the next chunk's first grad input.
+    fn is_chained_grad_output(&self, chunk: usize, i: usize) -> bool {
+        self.config.options.chained && i == 0 && chunk + 1 < self.modules.len()
     }
 
     /// Which inputs need a grad.

@@ -19,6 +19,7 @@ pub struct GraphOptions {
     pub(crate) chained: bool,
     pub(crate) hooks: HookRegistry,
     pub(crate) pool: Option<GraphPool>,
+    pub(crate) reuse_buffers: bool,
 }
 
 impl Default for GraphOptions {
@@ -32,6 +33,7 @@ impl Default for GraphOptions {
             chained: false,
             hooks: HookRegistry::new(),
             pool: None,
+            reuse_buffers: true,
         }
     }
 }
@@ -92,6 +94,31 @@ impl GraphOptions {
     /// ```
     pub fn pool(mut self, pool: &GraphPool) -> Self {
         self.pool = Some(pool.clone());
+        self
+    }
+
+    /// Reuse static surfaces across the microbatches of an `order` (on by default): once
+    /// nothing in the schedule reads a microbatch's static inputs, outputs, grad outputs and
+    /// grad inputs any more (its backward and its neighbouring chunks' steps for it are
+    /// captured), the chunk's next forward takes them, so static memory grows with the
+    /// microbatches in flight instead of their total. Microbatches sharing buffers share their
+    /// [`GraphedModules::static_inputs`](crate::GraphedModules::static_inputs) too; a replay
+    /// that overwrites a shared output or grad input makes the earlier microbatch's handles
+    /// stale. Results are bitwise the same either way; off, every microbatch keeps its own.
+    ///
+    /// Only the neighbouring chunks are assumed to read a microbatch's outputs and input grads
+    /// (chunk `c + 1` its output, chunk `c - 1` its input grad). Code that hands an output to a
+    /// chunk further on gets `Error::StaleTensor` if it was reused in between, never a wrong
+    /// value; turn reuse off for such schedules. A fused step gets per-microbatch buffers of its
+    /// own where surfaces are shared (see [`GraphedModules::fuse`](crate::GraphedModules::fuse)).
+    ///
+    /// ```
+    /// use graphed::GraphOptions;
+    /// let opts = GraphOptions::new().order(vec![1, -1, 1, -1]).reuse_buffers(false);
+    /// # let _ = opts;
+    /// ```
+    pub fn reuse_buffers(mut self, reuse: bool) -> Self {
+        self.reuse_buffers = reuse;
         self
     }
 

@@ -48,11 +48,18 @@ impl Sequence {
     /// them in the order given. Members sharing a pool must be given in the order they were
     /// captured (the order their replays must follow anyway); all must be on one device.
     /// Refused with the members handed back.
-    pub fn new(members: Vec<GraphedModules>) -> std::result::Result<Sequence, CaptureError<Vec<GraphedModules>>> {
-        let refs: Vec<&GraphedModules> = members.iter().collect();
-        match Fused::build(&refs) {
+    pub fn new(mut members: Vec<GraphedModules>) -> std::result::Result<Sequence, CaptureError<Vec<GraphedModules>>> {
+        // Members whose microbatches share surfaces get the step's bound buffers (`staging`);
+        // a refused sequence drops the ones made here.
+        let fresh: Vec<bool> = members.iter().map(|m| m.config.staging.is_none()).collect();
+        let staged = members.iter_mut().try_for_each(GraphedModules::prepare_staging);
+        let built = staged.and_then(|()| Fused::build(&members.iter().collect::<Vec<_>>()));
+        match built {
             Ok(fused) => Ok(Sequence { members, fused }),
-            Err(e) => Err(CaptureError::new(e, members)),
+            Err(e) => {
+                members.iter_mut().zip(fresh).filter(|(_, f)| *f).for_each(|(m, _)| m.config.staging = None);
+                Err(CaptureError::new(e, members))
+            }
         }
     }
 
