@@ -197,6 +197,24 @@ fn order_checks() {
 }
 
 #[test]
+fn wgrad_order_checks() {
+    assert_eq!(order_errors(quote!([1, 2, -2, -1, w(2), w(1)])), Vec::<String>::new());
+    assert_eq!(order_errors(quote!([1, 2, -2, w(2), -1])), Vec::<String>::new());
+    let one = |order: TokenStream| {
+        let messages = order_errors(order);
+        assert_eq!(messages.len(), 1, "{messages:#?}");
+        messages.into_iter().next().unwrap_or_default()
+    };
+    assert!(one(quote!([1, 2, w(2), -2, -1])).starts_with("weight grads of chunk 2 (`b`) before its backward"));
+    assert!(one(quote!([1, 2, -2, -1, w(3)])).starts_with("chunk 3 is out of range"));
+    assert!(one(quote!([1, 2, -2, -1, w(0)])).starts_with("`w(c)` takes a chunk number from 1"));
+    assert!(one(quote!([1, 2, -2, -1, v(1)])).starts_with("an `order` entry is a chunk number"));
+    assert!(one(quote!([1, 2, -2, -1, w(1), w(1)])).starts_with("weight grads of chunk 1"));
+    assert!(one(quote!([1, 1, 2, 2, -2, -2, -1, -1, w(2)])).contains("`w(2)` none or 2 times"));
+    assert!(one(quote!([1, 2, -2, w(2)])).starts_with("`order` has 3 forward and backward entries"));
+}
+
+#[test]
 fn hook_checks() {
     let hook = |attr: TokenStream, sig: TokenStream| {
         let mut item = ok_impl();

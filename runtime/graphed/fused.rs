@@ -57,7 +57,8 @@ impl Fused {
         let graph = Graph::fuse(&first.device, &first.pool, format!("fused step of {label}"), &parts)?;
         let mut clobbers: Vec<Tensor> = Vec::new();
         let all = members.iter().flat_map(|m| m.surfaces.iter().flatten());
-        for t in all.flat_map(|s| s.forward_clobbers.iter().chain(&s.backward_clobbers)) {
+        let wgrads = members.iter().flat_map(|m| m.wgrad.clobbers());
+        for t in all.flat_map(|s| s.forward_clobbers.iter().chain(&s.backward_clobbers)).chain(wgrads) {
             if !clobbers.iter().any(|c| c.same_buffer(t)) {
                 clobbers.push(t.clone());
             }
@@ -73,7 +74,7 @@ impl Fused {
             if m.training != m.captured_training {
                 return Err(Error::StepMode { module: self.label.clone(), captured_training: m.captured_training });
             }
-            let pending: usize = m.pending.iter().map(VecDeque::len).sum();
+            let pending: usize = m.pending.iter().map(VecDeque::len).sum::<usize>() + m.wgrad.pending_count();
             if pending > 0 || m.next_forward.iter().any(|&n| n != 0) {
                 return Err(Error::StepMidIteration { module: self.label.clone(), pending });
             }
@@ -142,6 +143,7 @@ impl GraphedModules {
             match step.pass {
                 Pass::Forward => v.push(&s.forward),
                 Pass::Backward => v.extend(s.backward.as_ref()),
+                Pass::Wgrad => v.extend(self.wgrad.graph(step.chunk, step.microbatch)),
             }
         }
         v
