@@ -63,6 +63,13 @@ impl From<i32> for OrderEntry {
     }
 }
 
+impl From<&i32> for OrderEntry {
+    /// As `From<i32>`, so `order(&[1, 2, -2, -1])` works too.
+    fn from(e: &i32) -> OrderEntry {
+        OrderEntry::from(*e)
+    }
+}
+
 impl PartialEq<i32> for OrderEntry {
     /// Equal to the integer that converts to it (a `Wgrad` entry equals none).
     fn eq(&self, other: &i32) -> bool {

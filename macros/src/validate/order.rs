@@ -131,7 +131,7 @@ fn microbatches(
         cx.error_at(
             list.bracket_span,
             format_args!(
-                "`order` has {len} {what}entr{}, but with {num_chunks} chunk{} it needs 2 x {num_chunks} x M of them for M microbatches ({}, {}, ...): each chunk's forward and backward once per microbatch (plus, for chunks that split their backward, M `w(c)` entries each)",
+                "`order` has {len} {what}entr{}, but with {num_chunks} chunk{} it needs 2 x {num_chunks} x M {what}entries for M microbatches ({}, {}, ...): each chunk's forward and backward once per microbatch (plus, for chunks that split their backward, M `w(c)` entries each)",
                 if len == 1 { "y" } else { "ies" },
                 if num_chunks == 1 { "" } else { "s" },
                 per_microbatch,
