@@ -13,6 +13,10 @@ use crate::{Cx, HookKind, Module, Result, RngState, Tensor};
 /// recompute work under graphs (Transformer Engine moved from `autograd.grad` to
 /// `autograd.backward` for this reason).
 ///
+/// A checkpointed module does not split its backward, whatever the inner one does: its
+/// recomputed activations live only inside the backward, so an inner `backward_weights` runs
+/// there too ([`crate::backward_unsplit`]), and a `w(c)` schedule entry for it is refused.
+///
 /// ```
 /// use graphed::{Checkpoint, Cx, Device, Module, Result, Tensor, ops};
 /// struct Double;

@@ -101,6 +101,20 @@ fn two_stage_schedule() {
 }
 
 #[test]
+fn wgrad_schedule() {
+    let expansion = snapshot(
+        quote!(order = [1, 2, -2, -1, w(2), w(1)]),
+        quote! {
+            struct Split {
+                first: Layer,
+                second: Layer,
+            }
+        },
+    );
+    expect_test::expect_file!["../tests/snapshots/wgrad_schedule.rs"].assert_eq(&expansion);
+}
+
+#[test]
 fn errors_keep_the_item() {
     let expansion = snapshot(
         quote!(warmup = 0, bogus = 1),

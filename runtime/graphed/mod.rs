@@ -14,6 +14,7 @@
 
 mod capture;
 mod capture_error;
+mod clobbers;
 mod fused;
 mod options;
 mod order_entry;
