@@ -92,13 +92,15 @@ fn data(dev: &Device, microbatches: usize) -> Result<(Vec<Tensor>, Vec<Tensor>)>
 }
 
 /// Every microbatch's output and input grad, then the parameter grads, over two iterations
-/// of `[1, 2, 1, -2, 2, -1, w(2), -2, w(1), -1, w(2), w(1)]`, in `mode`.
+/// of `[1, 2, 1, -2, 2, -1, w(2), -2, w(1), -1, w(2), w(1)]`, in `mode`: "eager" (the unsplit
+/// layer, no graphs), "per_call" (the wrapper's typed methods) or "fused" (one launch).
 fn run(mode: &str) -> Result<Vec<Vec<f32>>> {
     let dev = Device::host();
     let (xs, dys) = data(&dev, 2)?;
     let mut out = Vec::new();
     if mode == "eager" {
-        let mut chunks: [Box<dyn Module>; 2] = [Box::new(split(&dev, 1)?), Box::new(split(&dev, 3)?)];
+        // The ordinary layer, its weight grads inside its backward.
+        let mut chunks: [Box<dyn Module>; 2] = [Box::new(whole(&dev, 1)?), Box::new(whole(&dev, 3)?)];
         for _ in 0..2 {
             for (x, dy) in xs.iter().zip(&dys) {
                 let (mut c1, mut c2) = (Cx::new(&dev), Cx::new(&dev));
@@ -288,5 +290,34 @@ fn without_wgrad_entries_a_split_module_is_unsplit() -> Result<()> {
     let reference = run(Box::new(whole(&dev, 1)?))?;
     assert_eq!(run(Box::new(split(&dev, 1)?))?, reference);
     assert_eq!(run(Box::new(Checkpoint::new(split(&dev, 1)?)))?, reference);
+    Ok(())
+}
+
+/// Graphs captured for inference, run in training mode: every call is eager, and the weight
+/// grads still wait for `backward_weights`.
+#[test]
+fn eager_calls_queue_their_weight_grads_too() -> Result<()> {
+    let dev = Device::host();
+    let (xs, dys) = data(&dev, 1)?;
+    let modules: Vec<Box<dyn Module>> = vec![Box::new(split(&dev, 1)?)];
+    let order = [OrderEntry::Forward(1), OrderEntry::Backward(1), OrderEntry::Wgrad(1)];
+    let samples = vec![vec![vec![Some(xs[0].clone())]]];
+    let mut g = make_graphed(modules, samples, GraphOptions::new().warmup(1).order(order).inference())?;
+    g.train();
+    let mut cx = Cx::new(&dev);
+    let before = grads(g.module::<Split>(0).expect("split"))?;
+    g.forward(0, &mut cx, &[Some(xs[0].clone())])?;
+    let dx = g.backward(0, &mut cx, &[Some(dys[0].clone())])?.remove(0).expect("dx").to_vec()?;
+    assert_eq!(grads(g.module::<Split>(0).expect("split"))?, before, "weight grads wait for w(1)");
+    g.backward_weights(0, &mut cx)?;
+    assert!(matches!(g.backward_weights(0, &mut cx), Err(Error::NoPendingBackward { .. })));
+
+    let mut reference = whole(&dev, 1)?;
+    let mut rcx = Cx::new(&dev);
+    rcx.set_needs_input_grad(vec![true]);
+    Module::forward(&reference, &mut rcx, &[Some(xs[0].clone())])?;
+    let rdx = Module::backward(&mut reference, &mut rcx, &[Some(dys[0].clone())])?.remove(0).expect("dx");
+    assert_eq!(dx, rdx.to_vec()?);
+    assert_eq!(grads(g.module::<Split>(0).expect("split"))?, grads(&reference)?);
     Ok(())
 }
