@@ -168,9 +168,8 @@ impl GraphedModules {
     pub fn backward_weights(&mut self, chunk: usize, cx: &mut Cx) -> Result<()> {
         let _ = cx;
         self.check_chunk(chunk)?;
-        let module = || self.modules[chunk].name().to_string();
         if !self.config.schedule.defers(chunk) {
-            return Err(Error::NotDeferred { module: module() });
+            return Err(Error::NotDeferred { module: self.modules[chunk].name().into() });
         }
         let m = match self.wgrad.queue(chunk).front() {
             None => return Err(Error::NoPendingBackward { module: self.modules[chunk].name().into() }),
@@ -182,8 +181,10 @@ impl GraphedModules {
             }
             Some(Pending::Graphed(m)) => *m,
         };
-        let label = self.surfaces[chunk][m].label.clone();
-        let w = self.wgrad.slot(chunk, m).as_mut().ok_or(Error::NotDeferred { module: label })?;
+        let Some(w) = self.wgrad.graphs.get_mut(chunk).and_then(|row| row.get_mut(m)).and_then(Option::as_mut) else {
+            // A forward-only capture queues nothing graphed, so this does not happen.
+            return Err(Error::NotDeferred { module: self.surfaces[chunk][m].label.clone() });
+        };
         let ticket = w.graph.check_replay()?;
         // Act.
         let restarted = w.graph.launch(ticket)?;
