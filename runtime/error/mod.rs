@@ -290,11 +290,11 @@ pub enum Error {
         captured_training: bool,
     },
     /// `step()` while per-call replays are half-way through an iteration.
-    #[error("graphed modules `{module}`: step() replays a whole iteration, but per-call replays are half-way through one ({pending} microbatches await their backward); finish it first")]
+    #[error("graphed modules `{module}`: step() replays a whole iteration, but per-call replays are half-way through one ({pending} microbatches await their backward or weight grads); finish it first")]
     StepMidIteration {
         /// The modules.
         module: String,
-        /// Microbatches whose backward has not run.
+        /// Microbatches whose backward, or whose deferred weight grads, have not run.
         pending: usize,
     },
     /// A graphed module was called in a way its capture does not allow.

@@ -122,7 +122,7 @@ impl GraphedModules {
     /// Replays one whole iteration of the schedule with one launch, on the inputs and grad
     /// outputs already in the static buffers. Checked first, changing nothing when refused:
     /// the step must be fused, the mode the captured one, no microbatch may be half-way (a
-    /// forward without its backward), and the pool's order must allow the schedule's first
+    /// forward without its backward, or a backward without its `w(c)` weight grads), and the pool's order must allow the schedule's first
     /// graph now. Afterwards every handle an earlier call returned is stale, as after the
     /// per-call replays the step stands for.
     pub fn step(&mut self) -> Result<()> {
