@@ -13,6 +13,10 @@ use crate::{Cx, HookKind, Module, Result, RngState, Tensor};
 /// recompute work under graphs (Transformer Engine moved from `autograd.grad` to
 /// `autograd.backward` for this reason).
 ///
+/// A checkpointed module does not split its backward, whatever the inner one does: its
+/// recomputed activations live only inside the backward, so an inner `backward_weights` runs
+/// there too ([`crate::backward_unsplit`]), and a `w(c)` schedule entry for it is refused.
+///
 /// ```
 /// use graphed::{Checkpoint, Cx, Device, Module, Result, Tensor, ops};
 /// struct Double;
@@ -116,7 +120,10 @@ impl<M: Module> Module for Checkpoint<M> {
         self.inner.forward(&mut inner_cx, &inputs)?;
         // The recompute must not consume random numbers the next forward would draw.
         rng.restore(&current)?;
-        self.inner.backward(&mut inner_cx, grad_outputs)
+        // The recomputed activations live only inside this backward, so an inner module that
+        // splits its backward runs its weight grads here too: a checkpointed module does not
+        // split (a `w(c)` entry for it is refused by `make_graphed`).
+        crate::backward_unsplit(&mut self.inner, &mut inner_cx, grad_outputs)
     }
 
     fn run_hooks(&mut self, kind: HookKind) -> Result<()> {

@@ -52,6 +52,24 @@ pub trait Module: std::any::Any {
     /// grads and returns one grad per forward input (`None` where none is needed).
     fn backward(&mut self, cx: &mut Cx, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>>;
 
+    /// Whether the module splits its backward: `backward` computes the input grads only and
+    /// [`Module::backward_weights`] the weight grads (Transformer Engine's wgrad split). Then a
+    /// schedule can run the weight grads as separate steps (`w(c)` in `order`); without such
+    /// entries both halves run at the backward, as one. `#[graphed]` sets this when the impl
+    /// has a `backward_weights` method. Default: false (`backward` does everything).
+    fn splits_backward(&self) -> bool {
+        false
+    }
+
+    /// The weight-grad half of a split backward, on the context `backward` left for the same
+    /// microbatch (save what it needs there, such as the grad outputs): accumulates the
+    /// parameter grads. Only called when [`Module::splits_backward`] is true; by default an
+    /// error.
+    fn backward_weights(&mut self, cx: &mut Cx) -> Result<()> {
+        let _ = cx;
+        Err(crate::Error::NotDeferred { module: self.name().into() })
+    }
+
     /// Calls `f` with each of the module's parameters and its name. `#[graphed]` forwards this
     /// to the type's [`crate::Parameters`] impl when it has one (`#[derive(Parameters)]`);
     /// otherwise, and by default, a module reports no parameters. (With `Parameters` in scope
@@ -97,4 +115,8 @@ pub trait TypedModule: Module {
     type GradOutputs: Slots;
     /// What the backward returns: one grad per input.
     type GradInputs: Slots;
+    /// Whether [`Module::splits_backward`] is true for every value of the type (a `#[graphed]`
+    /// impl with a `backward_weights` method): lets a `#[graphed]` struct check its `w(c)`
+    /// entries at compile time.
+    const SPLITS_BACKWARD: bool = false;
 }

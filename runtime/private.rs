@@ -6,7 +6,7 @@
 //! `::graphed::__private::...`, or through the path given with `#[graphed(crate = "...")]`.
 
 pub use crate::{
-    make_graphed, CaptureError, Cx, Error, GraphOptions, GraphedModules, HookKind, Module, Result, Tensor,
+    make_graphed, CaptureError, Cx, Error, GraphOptions, GraphedModules, HookKind, Module, OrderEntry, Result, Tensor,
 };
 
 /// What a generated `make_graphed`/`new` returns: the wrapper, or the error with the module.

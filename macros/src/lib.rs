@@ -34,6 +34,16 @@ use proc_macro::TokenStream;
 /// Keys: `warmup = N` (a positive integer, default 3), `order = [..]` (structs only),
 /// `allow_unused_input` (a flag, or `= bool`), `crate = "path"` (where the runtime is, default
 /// `::graphed`).
+///
+/// Split backward: an impl may also define `fn backward_weights(&mut self, cx: &mut Cx) ->
+/// Result<()>` (recognised by name, like `forward` and `backward`). Then `backward` computes
+/// the input grads only, saving in `cx` what the weight grads need, and `backward_weights`
+/// accumulates the parameter grads from that context (`Module::splits_backward` is true). In a
+/// struct's `order`, `w(c)` runs the weight grads of chunk c for its oldest microbatch whose
+/// backward (`-c`) ran, in a graph of its own (`order = [1, 2, -2, -1, w(2), w(1)]`); the
+/// wrapper gets `backward_weights_<field>` for such chunks. A chunk without `w(c)` entries runs
+/// both halves at `-c`. Wrong `w(c)` entries (before their backward, not one per microbatch,
+/// for a chunk whose type has no `backward_weights`) are compile errors on the entry.
 #[proc_macro_attribute]
 pub fn graphed(args: TokenStream, input: TokenStream) -> TokenStream {
     expand::graphed(args.into(), input.into()).into()

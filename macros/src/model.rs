@@ -1,6 +1,7 @@
 //! The models `validate` builds and `expand` reads: plain data, no checks (thiserror's ast.rs
 //! next to its valid.rs).
 
+use proc_macro2::Span;
 use syn::{Ident, Type, Visibility};
 
 use crate::parse::HookKind;
@@ -65,6 +66,8 @@ pub struct ModuleModel {
     pub grad_outputs: Vec<TensorArg>,
     pub grad_inputs: Returned,
     pub hooks: Vec<Hook>,
+    /// Whether the impl has a `backward_weights` method (its backward is split).
+    pub splits_backward: bool,
 }
 
 /// One chunk of `#[graphed] struct S { ... }`: a field.
@@ -79,7 +82,29 @@ pub struct StructModel {
     pub vis: Visibility,
     pub ident: Ident,
     pub chunks: Vec<Chunk>,
-    /// The schedule, when given: `+c` forward of chunk c, `-c` its backward.
-    pub order: Option<Vec<i32>>,
+    /// The schedule, when given: `+c` forward of chunk c, `-c` its backward, `w(c)` its
+    /// weight grads.
+    pub order: Option<Vec<Entry>>,
     pub microbatches: usize,
+}
+
+/// What an `order` entry runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// `c`: the forward.
+    Forward,
+    /// `-c`: the backward (input grads only when the chunk has `w(c)` entries).
+    Backward,
+    /// `w(c)`: the weight grads.
+    Wgrad,
+}
+
+/// One validated `order` entry.
+#[derive(Clone, Copy)]
+pub struct Entry {
+    pub pass: Pass,
+    /// 1-indexed.
+    pub chunk: usize,
+    /// Where it was written (compile-time checks in the expansion point here).
+    pub span: Span,
 }

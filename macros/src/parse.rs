@@ -80,7 +80,7 @@ fn skip_value(input: ParseStream) -> syn::Result<()> {
 fn parse_order(input: ParseStream) -> syn::Result<OrderList> {
     if !input.peek(syn::token::Bracket) {
         return Err(input.error(
-            "`order` is a list of chunk numbers, `+c` a forward and `-c` a backward: `order = [1, 2, -2, -1]`",
+            "`order` is a list of chunk numbers, `+c` a forward and `-c` a backward (and `w(c)` the weight grads of a chunk that splits its backward): `order = [1, 2, -2, -1]`",
         ));
     }
     let content;

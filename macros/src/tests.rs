@@ -101,6 +101,20 @@ fn two_stage_schedule() {
 }
 
 #[test]
+fn wgrad_schedule() {
+    let expansion = snapshot(
+        quote!(order = [1, 2, -2, -1, w(2), w(1)]),
+        quote! {
+            struct Split {
+                first: Layer,
+                second: Layer,
+            }
+        },
+    );
+    expect_test::expect_file!["../tests/snapshots/wgrad_schedule.rs"].assert_eq(&expansion);
+}
+
+#[test]
 fn errors_keep_the_item() {
     let expansion = snapshot(
         quote!(warmup = 0, bogus = 1),
@@ -194,6 +208,24 @@ fn order_checks() {
     assert!(one(quote!([])).starts_with("`order` has 0 entries"));
     assert!(one(quote!([1, 2, -2, -1, 1, 2, -2, 1])).contains("chunk 1 (`a`) has 3 forwards and 1 backward"));
     assert!(one(quote!([1, x, -1, 2, -2])).starts_with("an `order` entry is a chunk number"));
+}
+
+#[test]
+fn wgrad_order_checks() {
+    assert_eq!(order_errors(quote!([1, 2, -2, -1, w(2), w(1)])), Vec::<String>::new());
+    assert_eq!(order_errors(quote!([1, 2, -2, w(2), -1])), Vec::<String>::new());
+    let one = |order: TokenStream| {
+        let messages = order_errors(order);
+        assert_eq!(messages.len(), 1, "{messages:#?}");
+        messages.into_iter().next().unwrap_or_default()
+    };
+    assert!(one(quote!([1, 2, w(2), -2, -1])).starts_with("weight grads of chunk 2 (`b`) before its backward"));
+    assert!(one(quote!([1, 2, -2, -1, w(3)])).starts_with("chunk 3 is out of range"));
+    assert!(one(quote!([1, 2, -2, -1, w(0)])).starts_with("`w(c)` takes a chunk number from 1"));
+    assert!(one(quote!([1, 2, -2, -1, v(1)])).starts_with("an `order` entry is a chunk number"));
+    assert!(one(quote!([1, 2, -2, -1, w(1), w(1)])).starts_with("weight grads of chunk 1"));
+    assert!(one(quote!([1, 1, 2, 2, -2, -2, -1, -1, w(2)])).contains("`w(2)` none or 2 times"));
+    assert!(one(quote!([1, 2, -2, w(2)])).starts_with("`order` has 3 forward and backward entries"));
 }
 
 #[test]

@@ -104,7 +104,7 @@ impl<M: Module> PipelineStage<M> {
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn stage_order(order: &[i32], chunks: usize, rank: usize) -> Result<Vec<i32>> {
-    crate::graphed::Schedule::new(Some(order), chunks, true)?;
+    crate::graphed::Schedule::new(Some(&crate::OrderEntry::from_ints(order)), chunks, true)?;
     if rank >= chunks {
         return Err(Error::InvalidArgument {
             op: "stage_order",

@@ -224,6 +224,18 @@ pub enum Error {
         /// The module.
         module: String,
     },
+    /// `backward_weights` for a chunk whose weight grads are not separate steps.
+    #[error("graphed module `{module}`: its weight grads run inside its backward (the schedule has no w(c) entries for this chunk, or its module does not split its backward), so there is no separate weight-grad step")]
+    NotDeferred {
+        /// The module.
+        module: String,
+    },
+    /// `backward_weights` with no microbatch whose backward ran and whose weight grads have not.
+    #[error("graphed module `{module}`: weight grads without an outstanding backward (each w(c) follows a -c)")]
+    NoPendingBackward {
+        /// The module.
+        module: String,
+    },
     /// A backward on graphs captured for inference (forward only).
     #[error("graphed module `{module}`: the graphs were captured forward-only (inference, or nothing needed a grad), so there is no backward to replay")]
     ForwardOnly {
@@ -278,11 +290,11 @@ pub enum Error {
         captured_training: bool,
     },
     /// `step()` while per-call replays are half-way through an iteration.
-    #[error("graphed modules `{module}`: step() replays a whole iteration, but per-call replays are half-way through one ({pending} microbatches await their backward); finish it first")]
+    #[error("graphed modules `{module}`: step() replays a whole iteration, but per-call replays are half-way through one ({pending} microbatches await their backward or weight grads); finish it first")]
     StepMidIteration {
         /// The modules.
         module: String,
-        /// Microbatches whose backward has not run.
+        /// Microbatches whose backward, or whose deferred weight grads, have not run.
         pending: usize,
     },
     /// A graphed module was called in a way its capture does not allow.

@@ -7,7 +7,6 @@ use std::time::Instant;
 use super::reuse::{adopt, reusable, SlotPlan};
 use super::schedule::{Pass, Step};
 use super::{Config, GraphOptions, GraphedModules, Schedule, Surface};
-use crate::pool::MemRange;
 use crate::{Cx, Device, Error, Graph, HookKind, Module, Result, Tensor};
 
 pub use super::capture_error::CaptureError;
@@ -62,6 +61,7 @@ pub fn make_graphed(
         captured_training: options.training,
         has_backward,
         training: options.training,
+        wgrad: Default::default(),
         modules,
         config: Box::new(Config::new(options, schedule.clone(), plan)),
     };
@@ -81,6 +81,7 @@ pub fn make_graphed(
     match captured.and(restored) {
         Ok(()) => {
             g.compute_clobbers();
+            g.compute_wgrad_clobbers();
             g.config.capture_time = started.elapsed();
             Ok(g)
         }
@@ -160,6 +161,7 @@ fn validate(
         }
     }
     let schedule = Schedule::new(options.order.as_deref(), chunks, has_backward)?;
+    super::wgrad::check_splits(modules, &schedule)?;
     for (c, (m, s)) in modules.iter().zip(samples).enumerate() {
         if s.is_empty() || (s.len() != 1 && s.len() != schedule.microbatches()) {
             return Err(Error::invalid(
@@ -295,14 +297,27 @@ impl GraphedModules {
                         detail: format!("backward of chunk {} before its forward", c + 1),
                     })?;
                     self.run_hooks(c, HookKind::PreBackward)?;
-                    match phase {
+                    let deferred = self.config.schedule.defers(c);
+                    let cx = match phase {
                         Phase::WarmUp => {
                             let grads = self.warm_up_grad_outputs(c, m, &outs)?;
-                            self.modules[c].backward(&mut cx.clone(), &grads)?;
+                            let mut cx = cx.clone();
+                            super::wgrad::run_backward(self.modules[c].as_mut(), &mut cx, &grads, deferred)?;
+                            cx
                         }
                         Phase::Capture => self.capture_backward(c, m, cx)?,
+                    };
+                    // Deferred weight grads read what the backward left in its context.
+                    if deferred {
+                        done[c][m] = Some((cx, Vec::new()));
                     }
                     self.run_hooks(c, HookKind::Backward)?;
+                }
+                Pass::Wgrad => {
+                    let (cx, _) = done[c][m].take().ok_or_else(|| Error::InvalidOrder {
+                        detail: format!("weight grads of chunk {} before its backward", c + 1),
+                    })?;
+                    self.wgrad_step(c, m, cx, phase == Phase::Capture)?;
                 }
             }
         }
@@ -360,8 +375,9 @@ impl GraphedModules {
         Ok((cx, outs))
     }
 
-    /// Captures the backward of (chunk, microbatch) into its graph and checks its grads.
-    fn capture_backward(&mut self, c: usize, m: usize, cx_template: Cx) -> Result<()> {
+    /// Captures the backward of (chunk, microbatch) into its graph and checks its grads; the
+    /// context the backward left (what deferred weight grads read).
+    fn capture_backward(&mut self, c: usize, m: usize, cx_template: Cx) -> Result<Cx> {
         let mode = self.config.options.capture_mode;
         let grad_outputs = self.new_grad_outputs(c, m)?;
         let allow_unused = self.config.options.allow_unused_input;
@@ -372,12 +388,14 @@ impl GraphedModules {
         let name = module.name();
         let s = &mut self.surfaces[c][m];
         graph.set_label(format!("{} backward", s.label));
+        let deferred = self.config.schedule.defers(c);
         let captured = graph.capture(mode, || {
             let mut cx = cx_template.clone();
-            adopt(module.backward(&mut cx, &grad_outputs)?, &slot)
+            let grads = super::wgrad::run_backward(module.as_mut(), &mut cx, &grad_outputs, deferred)?;
+            Ok((cx, adopt(grads, &slot)?))
         });
         s.backward_writes = self.pool.end_tracking();
-        let grads = captured.map_err(|e| e.context(format!("capturing the backward of {}", s.label)))?;
+        let (cx, grads) = captured.map_err(|e| e.context(format!("capturing the backward of {}", s.label)))?;
         if grads.len() != s.inputs.len() {
             return Err(Error::Graphed {
                 module: name.into(),
@@ -402,8 +420,9 @@ impl GraphedModules {
         // The saved activations go back to the pool: later captures may reuse their memory,
         // which is safe because every graph captured from now on replays after this backward
         // (replay order is enforced) and the graphs that write it list its users as clobbered.
+        // Deferred weight grads keep what they need alive through the context returned.
         s.saved = None;
-        Ok(())
+        Ok(cx)
     }
 
     /// Grad-output buffers for (chunk, microbatch): one per `Some` output, none for `None`
@@ -470,30 +489,5 @@ impl GraphedModules {
             grads.push(g);
         }
         Ok(grads)
-    }
-
-    /// For each graph, the handed-out buffers its replay overwrites: its own outputs (or grad
-    /// inputs) and any other surface's buffers that lie in memory it uses as temporaries.
-    fn compute_clobbers(&mut self) {
-        let mut handed: Vec<Tensor> = Vec::new();
-        for s in self.surfaces.iter().flatten() {
-            handed.extend(s.outputs.iter().flatten().cloned());
-            handed.extend(s.grad_inputs.iter().flatten().cloned());
-        }
-        let pool_id = self.pool.id();
-        let hits = |temps: &[MemRange], own: &[Option<Tensor>]| -> Vec<Tensor> {
-            let mut v: Vec<Tensor> = own.iter().flatten().cloned().collect();
-            for t in &handed {
-                let (pid, r) = t.mem_range();
-                if pid == pool_id && temps.iter().any(|x| x.overlaps(&r)) && !v.iter().any(|o| o.same_buffer(t)) {
-                    v.push(t.clone());
-                }
-            }
-            v
-        };
-        for s in self.surfaces.iter_mut().flatten() {
-            s.forward_clobbers = hits(&s.forward_writes, &s.outputs);
-            s.backward_clobbers = hits(&s.backward_writes, &s.grad_inputs);
-        }
     }
 }

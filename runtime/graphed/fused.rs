@@ -73,7 +73,7 @@ impl Fused {
             if m.training != m.captured_training {
                 return Err(Error::StepMode { module: self.label.clone(), captured_training: m.captured_training });
             }
-            let pending: usize = m.pending.iter().map(VecDeque::len).sum();
+            let pending: usize = m.pending.iter().map(VecDeque::len).sum::<usize>() + m.wgrad.pending_count();
             if pending > 0 || m.next_forward.iter().any(|&n| n != 0) {
                 return Err(Error::StepMidIteration { module: self.label.clone(), pending });
             }
@@ -135,7 +135,7 @@ impl GraphedModules {
     /// Replays one whole iteration of the schedule with one launch, on the inputs and grad
     /// outputs already in the static buffers. Checked first, changing nothing when refused:
     /// the step must be fused, the mode the captured one, no microbatch may be half-way (a
-    /// forward without its backward), and the pool's order must allow the schedule's first
+    /// forward without its backward, or a backward without its `w(c)` weight grads), and the pool's order must allow the schedule's first
     /// graph now. Afterwards every handle an earlier call returned is stale, as after the
     /// per-call replays the step stands for.
     pub fn step(&mut self) -> Result<()> {
@@ -154,6 +154,7 @@ impl GraphedModules {
         match step.pass {
             Pass::Forward => Some(&s.forward),
             Pass::Backward => s.backward.as_ref(),
+            Pass::Wgrad => self.wgrad.graph(step.chunk, step.microbatch),
         }
     }
 
@@ -178,7 +179,7 @@ impl GraphedModules {
     fn step_clobbers(&self) -> impl Iterator<Item = &Tensor> {
         let surfaces = self.surfaces.iter().flatten();
         let graphs = surfaces.flat_map(|s| s.forward_clobbers.iter().chain(&s.backward_clobbers));
-        graphs.chain(self.config.staging.iter().flat_map(|s| s.written()))
+        graphs.chain(self.wgrad.clobbers()).chain(self.config.staging.iter().flat_map(|s| s.written()))
     }
 
     fn surface_checked(&self, chunk: usize, microbatch: usize) -> Result<&super::Surface> {

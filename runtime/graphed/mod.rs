@@ -11,16 +11,21 @@
 //! - `reuse`: which microbatches share static surfaces (`GraphOptions::reuse_buffers`).
 //! - `staging`: a fused step's own per-microbatch buffers where microbatches share surfaces.
 //! - `sequence`: separately graphed modules fused into one launch (`Sequence`).
+//! - `order_entry`, `wgrad`: `w(c)` schedule entries and the separate weight-grad graphs of
+//!   modules that split their backward.
 
 mod capture;
 mod capture_error;
+mod clobbers;
 mod fused;
 mod options;
+mod order_entry;
 mod replay;
 mod reuse;
 mod schedule;
 mod sequence;
 mod staging;
+mod wgrad;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -30,8 +35,10 @@ use crate::{Cx, Device, Error, Graph, GraphPool, HookKind, Module, Result, Tenso
 
 pub use capture::{make_graphed, CaptureError};
 pub use options::GraphOptions;
+pub use order_entry::OrderEntry;
 pub(crate) use schedule::Schedule;
 pub use sequence::Sequence;
+pub use wgrad::backward_unsplit;
 
 /// The static surfaces and graphs of one (chunk, microbatch).
 pub(super) struct Surface {
@@ -77,6 +84,8 @@ pub struct GraphedModules {
     /// captures where neither an input nor a parameter needs a grad.
     has_backward: bool,
     training: bool,
+    /// Weight-grad graphs of chunks whose `order` has `w(c)` entries.
+    wgrad: wgrad::Wgrad,
     /// What the capture was made with and of, boxed so `GraphedModules` stays small.
     config: Box<Config>,
 }
@@ -222,7 +231,8 @@ impl GraphedModules {
         &self.device
     }
 
-    /// The graphs in capture order: (label, graph).
+    /// The graphs: (label, graph), forward and backward per (chunk, microbatch) in capture
+    /// order, then the weight-grad graphs.
     pub fn graphs(&self) -> Vec<(&str, &Graph)> {
         let mut v = Vec::new();
         for s in self.surfaces.iter().flatten() {
@@ -231,6 +241,7 @@ impl GraphedModules {
                 v.push((b.label(), b));
             }
         }
+        v.extend(self.wgrad.graphs().map(|g| (g.label(), g)));
         v
     }
 
@@ -256,9 +267,13 @@ impl GraphedModules {
         let (mut in_flight, mut peak) = (0usize, 0usize);
         for step in self.config.schedule.steps() {
             let saved = self.surfaces[step.chunk][step.microbatch].saved_bytes;
+            // Saved activations of a chunk with deferred weight grads live until those run.
+            let last =
+                if self.config.schedule.defers(step.chunk) { schedule::Pass::Wgrad } else { schedule::Pass::Backward };
             match step.pass {
                 schedule::Pass::Forward => in_flight += saved,
-                schedule::Pass::Backward => in_flight = in_flight.saturating_sub(saved),
+                pass if pass == last => in_flight = in_flight.saturating_sub(saved),
+                _ => {}
             }
             peak = peak.max(in_flight);
         }

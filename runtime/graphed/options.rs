@@ -1,5 +1,6 @@
 //! `GraphOptions`: how `make_graphed` warms up and captures.
 
+use super::OrderEntry;
 use crate::{CaptureMode, GraphPool, HookRegistry};
 
 /// How `make_graphed` warms up and captures.
@@ -12,7 +13,7 @@ use crate::{CaptureMode, GraphPool, HookRegistry};
 #[derive(Clone, Debug)]
 pub struct GraphOptions {
     pub(crate) warmup: usize,
-    pub(crate) order: Option<Vec<i32>>,
+    pub(crate) order: Option<Vec<OrderEntry>>,
     pub(crate) allow_unused_input: bool,
     pub(crate) capture_mode: CaptureMode,
     pub(crate) training: bool,
@@ -53,9 +54,11 @@ impl GraphOptions {
         self.warmup
     }
     /// A pipeline schedule: `+c` the forward of chunk `c` (1-indexed) for its next
-    /// microbatch, `-c` the backward of its oldest outstanding one.
-    pub fn order(mut self, order: Vec<i32>) -> Self {
-        self.order = Some(order);
+    /// microbatch, `-c` the backward of its oldest outstanding one, [`OrderEntry::Wgrad`]`(c)`
+    /// the weight grads of a chunk that splits its backward (see [`OrderEntry`]). Checked by
+    /// `make_graphed` (`Error::InvalidOrder`).
+    pub fn order<E: Into<OrderEntry>>(mut self, order: impl IntoIterator<Item = E>) -> Self {
+        self.order = Some(order.into_iter().map(Into::into).collect());
         self
     }
     /// Allow inputs that need a grad to get none from backward.

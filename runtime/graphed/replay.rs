@@ -80,7 +80,7 @@ fn check_slots(
 }
 
 impl GraphedModules {
-    fn check_chunk(&self, chunk: usize) -> Result<()> {
+    pub(super) fn check_chunk(&self, chunk: usize) -> Result<()> {
         if chunk >= self.modules.len() {
             return Err(Error::ChunkOutOfRange { chunk, chunks: self.modules.len() });
         }
@@ -113,6 +113,7 @@ impl GraphedModules {
             // can no longer run backward.
             self.invalidate_all();
             self.pending.iter_mut().for_each(VecDeque::clear);
+            self.wgrad.clear_pending();
             self.next_forward.fill(0);
         }
         self.next_forward[chunk] = (m + 1) % self.surfaces[chunk].len();
@@ -155,6 +156,7 @@ impl GraphedModules {
                 let mut cx = cx.clone();
                 let grads = self.eager_backward(chunk, &mut cx, grad_outputs)?;
                 self.pending[chunk].pop_front();
+                self.dgrad_done(chunk, Pending::Eager(cx));
                 return Ok(grads);
             }
             Some(Pending::Graphed(m)) => *m,
@@ -172,6 +174,7 @@ impl GraphedModules {
             self.invalidate_all();
         }
         self.pending[chunk].pop_front();
+        self.dgrad_done(chunk, Pending::Graphed(m));
         let s = &self.surfaces[chunk][m];
         for t in &s.backward_clobbers {
             t.bump_generation();
@@ -212,7 +215,8 @@ impl GraphedModules {
         grad_outputs: &[Option<Tensor>],
     ) -> Result<Vec<Option<Tensor>>> {
         self.run_hooks(chunk, HookKind::PreBackward)?;
-        let grads = self.modules[chunk].backward(cx, grad_outputs)?;
+        let deferred = self.config.schedule.defers(chunk);
+        let grads = super::wgrad::run_backward(self.modules[chunk].as_mut(), cx, grad_outputs, deferred)?;
         self.run_hooks(chunk, HookKind::Backward)?;
         Ok(grads)
     }

@@ -1,13 +1,17 @@
-//! The schedule of one iteration, validated once: which (chunk, microbatch) runs forward or
-//! backward at each step. Warm-up, capture and the docs all walk this one list.
+//! The schedule of one iteration, validated once: which (chunk, microbatch) runs forward,
+//! backward or deferred weight grads at each step. Warm-up, capture and the docs all walk this
+//! one list.
 
+use super::OrderEntry;
 use crate::{Error, Result};
 
-/// Forward or backward.
+/// Forward, backward (the whole backward, or only its input-grad half when the chunk's
+/// weight grads are deferred), or a deferred weight-grad half.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pass {
     Forward,
     Backward,
+    Wgrad,
 }
 
 /// One step of an iteration: a pass of `chunk` (0-indexed) for `microbatch`.
@@ -23,52 +27,65 @@ pub(crate) struct Step {
 pub(crate) struct Schedule {
     steps: Vec<Step>,
     microbatches: usize,
+    /// Per chunk: whether the order has `w(c)` entries (its weight grads run as separate steps).
+    deferred: Vec<bool>,
 }
 
 impl Schedule {
     /// Module order (forwards in order, backwards in reverse) without `order`; otherwise
     /// `order` checked entry by entry: `+c` the forward of chunk `c` for its next microbatch,
-    /// `-c` the backward of its oldest outstanding one. Without training, backwards are left
-    /// out (forward-only capture) but still validated.
-    pub(crate) fn new(order: Option<&[i32]>, chunks: usize, training: bool) -> Result<Schedule> {
+    /// `-c` the backward of its oldest outstanding one, `w(c)` the weight grads of its oldest
+    /// microbatch whose backward ran but whose weight grads have not. Without training,
+    /// backwards and weight grads are left out (forward-only capture) but still validated.
+    pub(crate) fn new(order: Option<&[OrderEntry]>, chunks: usize, training: bool) -> Result<Schedule> {
         let bad = |detail: String| Error::InvalidOrder { detail };
         let Some(order) = order else {
             let forwards = (0..chunks).map(|c| Step { pass: Pass::Forward, chunk: c, microbatch: 0 });
             let backwards = (0..chunks).rev().map(|c| Step { pass: Pass::Backward, chunk: c, microbatch: 0 });
             let steps = if training { forwards.chain(backwards).collect() } else { forwards.collect() };
-            return Ok(Schedule { steps, microbatches: 1 });
+            return Ok(Schedule { steps, microbatches: 1, deferred: vec![false; chunks] });
         };
-        if order.is_empty() || order.len() % (2 * chunks) != 0 {
-            return Err(bad(format!("length {} is not a multiple of 2 x {chunks} chunks", order.len())));
+        let passes = order.iter().filter(|e| !matches!(e, OrderEntry::Wgrad(_))).count();
+        if passes == 0 || passes % (2 * chunks) != 0 {
+            return Err(bad(format!(
+                "{passes} forward and backward entries are not a multiple of 2 x {chunks} chunks"
+            )));
         }
-        let microbatches = order.len() / (2 * chunks);
-        let (mut fwd, mut bwd) = (vec![0usize; chunks], vec![0usize; chunks]);
+        let microbatches = passes / (2 * chunks);
+        // Per chunk: forwards, backwards and weight grads so far.
+        let mut counts = vec![[0usize; 3]; chunks];
         let mut steps = Vec::with_capacity(order.len());
         for &e in order {
-            let c = e.unsigned_abs() as usize;
-            if e == 0 || c > chunks {
+            let (pass, c) = e.parts();
+            if c == 0 || c > chunks {
                 return Err(bad(format!("entry {e}: chunks are numbered 1..={chunks}")));
             }
             let chunk = c - 1;
-            if e > 0 {
-                steps.push(Step { pass: Pass::Forward, chunk, microbatch: fwd[chunk] });
-                fwd[chunk] += 1;
-            } else {
-                if bwd[chunk] >= fwd[chunk] {
-                    return Err(bad(format!("backward of chunk {c} before its forward")));
+            let [fwd, bwd, wgrad] = counts[chunk];
+            match pass {
+                Pass::Backward if bwd >= fwd => return Err(bad(format!("backward of chunk {c} before its forward"))),
+                Pass::Wgrad if wgrad >= bwd => {
+                    return Err(bad(format!("{e}: weight grads of chunk {c} before its backward")))
                 }
-                if training {
-                    steps.push(Step { pass: Pass::Backward, chunk, microbatch: bwd[chunk] });
-                }
-                bwd[chunk] += 1;
+                _ => {}
+            }
+            let index = pass as usize;
+            if training || pass == Pass::Forward {
+                steps.push(Step { pass, chunk, microbatch: counts[chunk][index] });
+            }
+            counts[chunk][index] += 1;
+        }
+        for (c, [fwd, bwd, wgrad]) in counts.iter().enumerate() {
+            if *fwd != microbatches || *bwd != microbatches || (*wgrad != 0 && *wgrad != microbatches) {
+                return Err(bad(format!(
+                    "chunk {} has {fwd} forwards, {bwd} backwards and {wgrad} weight-grad entries; with {microbatches} microbatches each chunk needs {microbatches} forwards and backwards, and either no w({}) or {microbatches}",
+                    c + 1,
+                    c + 1
+                )));
             }
         }
-        if fwd.iter().chain(&bwd).any(|&n| n != microbatches) {
-            return Err(bad(format!(
-                "each chunk needs {microbatches} forwards and {microbatches} backwards (forwards {fwd:?}, backwards {bwd:?})"
-            )));
-        }
-        Ok(Schedule { steps, microbatches })
+        let deferred = counts.iter().map(|[_, _, wgrad]| *wgrad > 0).collect();
+        Ok(Schedule { steps, microbatches, deferred })
     }
 
     /// The steps of one iteration, in order.
@@ -80,11 +97,20 @@ impl Schedule {
     pub(crate) fn microbatches(&self) -> usize {
         self.microbatches
     }
+
+    /// Whether `chunk`'s weight grads are separate steps (`w(c)` entries).
+    pub(crate) fn defers(&self, chunk: usize) -> bool {
+        self.deferred.get(chunk).copied().unwrap_or(false)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn new(order: &[i32], chunks: usize) -> Result<Schedule> {
+        Schedule::new(Some(&OrderEntry::from_ints(order)), chunks, true)
+    }
 
     #[test]
     fn module_order_then_reverse() {
@@ -95,7 +121,7 @@ mod tests {
 
     #[test]
     fn order_assigns_fifo_microbatches() {
-        let s = Schedule::new(Some(&[1, 1, -1, -1]), 1, true).unwrap();
+        let s = new(&[1, 1, -1, -1], 1).unwrap();
         let mbs: Vec<_> = s.steps().iter().map(|s| s.microbatch).collect();
         assert_eq!(mbs, [0, 1, 0, 1]);
         assert_eq!(s.microbatches(), 2);
@@ -104,7 +130,22 @@ mod tests {
     #[test]
     fn bad_orders_are_typed_errors() {
         for order in [&[1, -1, 2][..], &[-1, 1], &[0, 0], &[1, 3, -3, -1], &[1, 1, -1, 2, -2, -2]] {
-            assert!(matches!(Schedule::new(Some(order), 2, true), Err(Error::InvalidOrder { .. })), "{order:?}");
+            assert!(matches!(new(order, 2), Err(Error::InvalidOrder { .. })), "{order:?}");
         }
+    }
+
+    #[test]
+    fn wgrad_entries_are_fifo_and_checked() {
+        let (f, b, w) = (OrderEntry::Forward, OrderEntry::Backward, OrderEntry::Wgrad);
+        let s = Schedule::new(Some(&[f(1), f(1), b(1), b(1), w(1), w(1)]), 1, true).unwrap();
+        let got: Vec<_> = s.steps().iter().map(|s| (s.pass, s.microbatch)).collect();
+        assert_eq!(got[4..], [(Pass::Wgrad, 0), (Pass::Wgrad, 1)]);
+        assert!(s.defers(0) && s.microbatches() == 2);
+        let bad: [&[OrderEntry]; 3] = [&[f(1), w(1), b(1)], &[f(1), b(1), w(1), w(1)], &[f(1), f(1), b(1), b(1), w(1)]];
+        for order in bad {
+            assert!(matches!(Schedule::new(Some(order), 1, true), Err(Error::InvalidOrder { .. })), "{order:?}");
+        }
+        let inference = Schedule::new(Some(&[f(1), b(1), w(1)]), 1, false).unwrap();
+        assert_eq!(inference.steps().len(), 1);
     }
 }

@@ -78,6 +78,9 @@ impl GraphedModules {
             let (before, after) = match step.pass {
                 Pass::Forward => (pairs(&s.inputs, &b.inputs), pairs(&b.outputs, &s.outputs)),
                 Pass::Backward => (pairs(&s.grad_outputs, &b.grad_outputs), pairs(&b.grad_inputs, &s.grad_inputs)),
+                // Weight grads read what their backward saved; the plan keeps the surfaces
+                // unshared until then, so there is nothing to stage.
+                Pass::Wgrad => (Vec::new(), Vec::new()),
             };
             let label = format!("{} {:?}", s.label, step.pass);
             around.push((self.copy_graph(&pool, &label, &before)?, self.copy_graph(&pool, &label, &after)?));

@@ -33,7 +33,7 @@ struct Plain {
 }
 
 fn main() -> Result<()> {
-    const ORDER: &[i32] = GraphedTwoStage::ORDER;
+    const ORDER: &[graphed::OrderEntry] = GraphedTwoStage::ORDER;
     const _: () = assert!(ORDER.len() == 4 && GraphedTwoStage::CHUNKS == 2 && GraphedTwoStage::MICROBATCHES == 1);
     const _: () = assert!(GraphedInterleaved::MICROBATCHES == 2 && GraphedPlain::ORDER.is_empty());
     let dev = Device::host();

@@ -89,7 +89,7 @@ fn expand_impl(item: &ItemImpl, model: &ModuleModel) -> TokenStream {
     let surfaces = surface::surfaces(&names, model);
     let surface_defs = surfaces.iter().map(surface::Surface::definition);
     let surface_impls = surfaces.iter().map(surface::Surface::impls);
-    let typed = surface::typed_module_impl(&names);
+    let typed = surface::typed_module_impl(&names, model.splits_backward);
     let module_impl = module_impl::expand(&names, model);
     let (wrapper_def, wrapper_impl) = wrapper::expand(&names, model);
     let allow = allow_lints();

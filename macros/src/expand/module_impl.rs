@@ -41,6 +41,7 @@ pub(crate) fn expand(names: &ImplNames, model: &ModuleModel) -> TokenStream {
     let input_names_str: Vec<String> = model.inputs.iter().map(|arg| arg.name.to_string()).collect();
     let grad_names_str: Vec<String> = model.grad_outputs.iter().map(|arg| arg.name.to_string()).collect();
     let run_hooks = run_hooks(names, model);
+    let wgrad = backward_weights(names, model);
     quote! {
         #[automatically_derived]
         impl #private::Module for #self_ty {
@@ -74,6 +75,8 @@ pub(crate) fn expand(names: &ImplNames, model: &ModuleModel) -> TokenStream {
             }
 
             #run_hooks
+
+            #wgrad
 
             fn visit_params(&self, __f: &mut dyn FnMut(&str, &#private::Param)) {
                 // Forwards to `Parameters` when the type implements it (autoref dispatch).
@@ -122,6 +125,24 @@ fn run_hooks(names: &ImplNames, model: &ModuleModel) -> TokenStream {
                 }
                 #private::Ok(())
             }
+        }
+    }
+}
+
+/// `splits_backward` and `backward_weights`, calling the user's `backward_weights`; nothing
+/// when the impl has none (the trait's defaults: an unsplit backward).
+fn backward_weights(names: &ImplNames, model: &ModuleModel) -> TokenStream {
+    let ImplNames { private, self_ty, .. } = names;
+    if !model.splits_backward {
+        return TokenStream::new();
+    }
+    quote! {
+        fn splits_backward(&self) -> bool {
+            true
+        }
+
+        fn backward_weights(&mut self, __cx: &mut #private::Cx) -> #private::Result<()> {
+            #self_ty::backward_weights(self, __cx)
         }
     }
 }

@@ -2,13 +2,13 @@
 //! `GraphedS`, whose per-chunk methods take and return each chunk's own surface types, and
 //! `S::make_graphed`, which captures the whole schedule.
 
-use proc_macro2::{Literal, TokenStream};
+use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, ItemStruct};
 
 use super::{allow_lints, common_accessors, debug_impl, doc, options_expr, options_text, usize_lit};
-use crate::model::{Chunk, StructModel};
+use crate::model::{Chunk, Pass, StructModel};
 
 /// The whole struct-form expansion.
 pub(crate) fn expand(item: &ItemStruct, model: &StructModel) -> TokenStream {
@@ -21,6 +21,8 @@ pub(crate) fn expand(item: &ItemStruct, model: &StructModel) -> TokenStream {
     let allow = allow_lints();
     let (order_const, options) = schedule(model, &private);
     let chunk_methods = model.chunks.iter().enumerate().map(|(index, chunk)| chunk_methods(index, chunk, &private));
+    let (wgrad_checks, wgrad_methods): (Vec<_>, Vec<_>) =
+        model.chunks.iter().enumerate().map(|(index, chunk)| wgrad_items(model, index, chunk, &private)).unzip();
     let constructor = constructor(model, &private, &options);
     let chunk_list = model
         .chunks
@@ -77,10 +79,14 @@ pub(crate) fn expand(item: &ItemStruct, model: &StructModel) -> TokenStream {
 
                 #(#chunk_methods)*
 
+                #(#wgrad_methods)*
+
                 #common_accessors
             }
 
             #debug_impl
+
+            #(#wgrad_checks)*
         };
     }
 }
@@ -91,36 +97,84 @@ fn schedule(model: &StructModel, private: &TokenStream) -> (TokenStream, TokenSt
         let order_const = quote! {
             /// No `order` was given: forwards run in chunk order, then backwards in reverse, one
             /// microbatch.
-            pub const ORDER: &'static [i32] = &[];
+            pub const ORDER: &'static [#private::OrderEntry] = &[];
         };
         return (order_const, options_expr(&model.options, None));
     };
     let name = model.ident.to_string();
-    let entries = order.iter().map(|value| Literal::i32_unsuffixed(*value));
+    let entries = order.iter().map(|entry| {
+        let variant = format_ident!("{}", format!("{:?}", entry.pass));
+        let chunk = usize_lit(entry.chunk);
+        quote!(#private::OrderEntry::#variant(#chunk))
+    });
     let mut lines = vec![
         format!("The schedule `#[graphed(order = [...])]` gives [`{name}`], in capture and replay order."),
         String::new(),
         format!(
-            "`+c` runs the forward of chunk c for its next microbatch, `-c` the backward of its oldest outstanding one ({} chunks, {} microbatches):",
+            "`+c` runs the forward of chunk c for its next microbatch, `-c` the backward of its oldest outstanding one{} ({} chunks, {} microbatches):",
+            if order.iter().any(|entry| entry.pass == Pass::Wgrad) {
+                ", `w(c)` the weight grads of its oldest microbatch whose backward ran"
+            } else {
+                ""
+            },
             model.chunks.len(),
             model.microbatches
         ),
         String::new(),
     ];
-    let mut seen = vec![[0usize; 2]; model.chunks.len()];
-    for (step, value) in order.iter().enumerate() {
-        let index = value.unsigned_abs() as usize - 1;
-        let (what, pass) = if *value > 0 { ("forward", 0) } else { ("backward", 1) };
-        seen[index][pass] += 1;
-        let count = seen[index][pass];
-        lines.push(format!("{}. `{value:+}`: {what} of `{}`, microbatch {count}", step + 1, model.chunks[index].name));
+    let mut seen = vec![[0usize; 3]; model.chunks.len()];
+    for (step, entry) in order.iter().enumerate() {
+        let index = entry.chunk - 1;
+        let (written, what) = match entry.pass {
+            Pass::Forward => (format!("+{}", entry.chunk), "forward"),
+            Pass::Backward if deferred(model, entry.chunk) => (format!("-{}", entry.chunk), "input grads"),
+            Pass::Backward => (format!("-{}", entry.chunk), "backward"),
+            Pass::Wgrad => (format!("w({})", entry.chunk), "weight grads"),
+        };
+        seen[index][entry.pass as usize] += 1;
+        let count = seen[index][entry.pass as usize];
+        lines.push(format!("{}. `{written}`: {what} of `{}`, microbatch {count}", step + 1, model.chunks[index].name));
     }
     let docs = lines.iter().map(doc);
     let order_const = quote! {
         #(#docs)*
-        pub const ORDER: &'static [i32] = &[#(#entries),*];
+        pub const ORDER: &'static [#private::OrderEntry] = &[#(#entries),*];
     };
     (order_const, options_expr(&model.options, Some(quote!(#private::Vec::from(Self::ORDER)))))
+}
+
+/// Whether chunk `number` (1-indexed) has `w(c)` entries in the schedule.
+fn deferred(model: &StructModel, number: usize) -> bool {
+    model.order.iter().flatten().any(|entry| entry.pass == Pass::Wgrad && entry.chunk == number)
+}
+
+/// For a chunk with `w(c)` entries: a compile-time check, spanned on its first `w(c)`, that its
+/// module splits its backward, and `backward_weights_<field>`.
+fn wgrad_items(model: &StructModel, index: usize, chunk: &Chunk, private: &TokenStream) -> (TokenStream, TokenStream) {
+    let number = index + 1;
+    let Some(first) = model.order.iter().flatten().find(|entry| entry.pass == Pass::Wgrad && entry.chunk == number)
+    else {
+        return (TokenStream::new(), TokenStream::new());
+    };
+    let (field, ty) = (&chunk.name, &chunk.ty);
+    let message = format!(
+        "`w({number})` in `order`: chunk {number} (`{field}`) does not split its backward; give its #[graphed] impl a `fn backward_weights(&mut self, cx: &mut Cx) -> Result<()>`, or drop the `w({number})` entries"
+    );
+    let check = quote_spanned! {first.span=>
+        const _: () = ::core::assert!(<#ty as #private::TypedModule>::SPLITS_BACKWARD, #message);
+    };
+    let method = format_ident!("backward_weights_{}", field);
+    let index_lit = usize_lit(index);
+    let method_doc = doc(format!(
+        "Replays the weight grads (`w({number})`) of chunk {number} (`{field}`) for its oldest microbatch whose backward ran."
+    ));
+    let call = quote! {
+        #method_doc
+        pub fn #method(&mut self, cx: &mut #private::Cx) -> #private::Result<()> {
+            self.__modules.backward_weights(#index_lit, cx)
+        }
+    };
+    (check, call)
 }
 
 /// `options()` and `new(..)`: boxes the chunks, captures, and on failure rebuilds the struct.

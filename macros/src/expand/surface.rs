@@ -165,7 +165,7 @@ pub(crate) fn surfaces<'a>(names: &ImplNames, model: &'a ModuleModel) -> [Surfac
 
 /// `impl TypedModule for X`: the surface types, so a struct of chunks can type its per-chunk
 /// methods by them.
-pub(crate) fn typed_module_impl(names: &ImplNames) -> TokenStream {
+pub(crate) fn typed_module_impl(names: &ImplNames, splits_backward: bool) -> TokenStream {
     let ImplNames { private, self_ty, inputs_ty, outputs_ty, grad_outputs_ty, grad_inputs_ty, .. } = names;
     let slots = [inputs_ty, outputs_ty, grad_outputs_ty, grad_inputs_ty].map(|ty| {
         quote! {
@@ -182,6 +182,12 @@ pub(crate) fn typed_module_impl(names: &ImplNames) -> TokenStream {
             }
         }
     });
+    // Only when true: the trait's default is false.
+    let splits = splits_backward.then(|| {
+        quote!(
+            const SPLITS_BACKWARD: bool = true;
+        )
+    });
     quote! {
         #(#slots)*
 
@@ -191,6 +197,7 @@ pub(crate) fn typed_module_impl(names: &ImplNames) -> TokenStream {
             type Outputs = #outputs_ty;
             type GradOutputs = #grad_outputs_ty;
             type GradInputs = #grad_inputs_ty;
+            #splits
         }
     }
 }

@@ -15,6 +15,7 @@ mod options;
 mod order;
 mod signature;
 mod types;
+mod wgrad;
 
 pub(crate) use options::krate_path;
 use options::options;
@@ -191,6 +192,8 @@ pub fn graphed_impl(
     }
 
     let model_hooks = model_hooks(cx, hooks);
+    let wgrad = method(item, wgrad::METHOD);
+    let splits_backward = wgrad.is_some_and(|method| wgrad::backward_weights_signature(cx, &method.sig));
 
     if cx.error_count() > argument_errors {
         return None;
@@ -208,5 +211,6 @@ pub fn graphed_impl(
         grad_outputs,
         grad_inputs,
         hooks: model_hooks,
+        splits_backward,
     })
 }

@@ -1,16 +1,22 @@
-//! `order = [...]` against the chunks: every entry a chunk number, every backward after its
-//! forward, the length a multiple of 2 x chunks, every chunk balanced. Each error is spanned on
-//! the entry at fault where there is one.
+//! `order = [...]` against the chunks: every entry a chunk number (`c`, `-c`) or a weight-grad
+//! entry (`w(c)`), every backward after its forward and every `w(c)` after its backward, 2 x
+//! chunks x M forward and backward entries, every chunk balanced. Each error is spanned on the
+//! entry at fault where there is one.
 
+use syn::spanned::Spanned;
 use syn::Expr;
 
-use super::options::int_literal;
+use super::options::{int_literal, ungroup};
 use crate::ctxt::Ctxt;
-use crate::model::Chunk;
+use crate::model::{Chunk, Entry, Pass};
 use crate::parse;
 
+/// What an entry that is not a chunk number should look like.
+const ENTRY_FORMS: &str =
+    "an `order` entry is a chunk number: `c` runs the forward of chunk c, `-c` its backward, `w(c)` its weight grads";
+
 /// Validates a schedule against the chunks; returns it with its number of microbatches.
-pub(super) fn order(cx: &mut Ctxt, list: &parse::OrderList, chunks: &[Chunk]) -> Option<(Vec<i32>, usize)> {
+pub(super) fn order(cx: &mut Ctxt, list: &parse::OrderList, chunks: &[Chunk]) -> Option<(Vec<Entry>, usize)> {
     let before = cx.error_count();
     let names = chunks.iter().map(|chunk| format!("`{}`", chunk.name)).collect::<Vec<_>>().join(", ");
     // First every entry on its own: a number naming a chunk. Counting is only meaningful
@@ -19,29 +25,46 @@ pub(super) fn order(cx: &mut Ctxt, list: &parse::OrderList, chunks: &[Chunk]) ->
     if entries.len() != list.entries.len() || !fifo(cx, &entries, chunks) {
         return None;
     }
-    let microbatches = microbatches(cx, list, entries.len(), chunks.len())?;
+    let microbatches = microbatches(cx, list, &entries, chunks.len())?;
     balanced(cx, list, &entries, chunks, microbatches);
     if cx.error_count() > before {
         return None;
     }
-    Some((entries.into_iter().map(|(value, _)| value).collect(), microbatches))
+    Some((entries.into_iter().map(|(entry, _)| entry).collect(), microbatches))
 }
 
-/// The entries that are chunk numbers in range, with their expressions.
-fn entries<'a>(cx: &mut Ctxt, list: &'a parse::OrderList, num_chunks: usize, names: &str) -> Vec<(i32, &'a Expr)> {
-    let mut entries: Vec<(i32, &Expr)> = Vec::new();
+/// `w(c)`: the chunk expression, if `expr` is a call of `w` with one argument.
+fn wgrad_arg(expr: &Expr) -> Option<&Expr> {
+    let Expr::Call(call) = ungroup(expr) else { return None };
+    let Expr::Path(func) = ungroup(&call.func) else { return None };
+    (func.path.is_ident("w") && call.args.len() == 1).then(|| &call.args[0])
+}
+
+/// One entry as (pass, signed chunk number), or the message for what it is instead.
+fn entry_value(expr: &Expr) -> Result<(Pass, i64), String> {
+    if let Some(arg) = wgrad_arg(expr) {
+        return match int_literal(arg) {
+            Some(Ok(value)) if value > 0 => Ok((Pass::Wgrad, value)),
+            Some(Ok(_)) => Err("`w(c)` takes a chunk number from 1: `w(2)` runs the weight grads of chunk 2".into()),
+            Some(Err(error)) => Err(error.to_string()),
+            None => Err(ENTRY_FORMS.into()),
+        };
+    }
+    match int_literal(expr) {
+        Some(Ok(value)) => Ok((if value < 0 { Pass::Backward } else { Pass::Forward }, value)),
+        Some(Err(error)) => Err(error.to_string()),
+        None => Err(ENTRY_FORMS.into()),
+    }
+}
+
+/// The entries that name chunks in range, with their expressions.
+fn entries<'a>(cx: &mut Ctxt, list: &'a parse::OrderList, num_chunks: usize, names: &str) -> Vec<(Entry, &'a Expr)> {
+    let mut entries = Vec::new();
     for expr in &list.entries {
-        let value = match int_literal(expr) {
-            Some(Ok(value)) => value,
-            Some(Err(error)) => {
-                cx.error_spanned_by(expr, error);
-                continue;
-            }
-            None => {
-                cx.error_spanned_by(
-                    expr,
-                    "an `order` entry is a chunk number: `c` runs the forward of chunk c, `-c` its backward",
-                );
+        let (pass, value) = match entry_value(expr) {
+            Ok(parsed) => parsed,
+            Err(message) => {
+                cx.error_spanned_by(expr, message);
                 continue;
             }
         };
@@ -52,8 +75,8 @@ fn entries<'a>(cx: &mut Ctxt, list: &'a parse::OrderList, num_chunks: usize, nam
             );
             continue;
         }
-        match i32::try_from(value) {
-            Ok(value) if value.unsigned_abs() as usize <= num_chunks => entries.push((value, expr)),
+        match usize::try_from(value.unsigned_abs()) {
+            Ok(chunk) if chunk <= num_chunks => entries.push((Entry { pass, chunk, span: expr.span() }, expr)),
             _ => cx.error_spanned_by(
                 expr,
                 format_args!(
@@ -67,42 +90,48 @@ fn entries<'a>(cx: &mut Ctxt, list: &'a parse::OrderList, num_chunks: usize, nam
     entries
 }
 
-/// A backward needs an outstanding forward of its chunk.
-fn fifo(cx: &mut Ctxt, entries: &[(i32, &Expr)], chunks: &[Chunk]) -> bool {
-    let num_chunks = chunks.len();
-    let mut forwards = vec![0usize; num_chunks];
-    let mut backwards = vec![0usize; num_chunks];
+/// A backward needs an outstanding forward of its chunk, a `w(c)` an outstanding backward.
+fn fifo(cx: &mut Ctxt, entries: &[(Entry, &Expr)], chunks: &[Chunk]) -> bool {
+    // Per chunk: forwards, backwards and weight grads so far.
+    let mut counts = vec![[0usize; 3]; chunks.len()];
     let mut ok = true;
-    for (value, expr) in entries {
-        let chunk = value.unsigned_abs() as usize;
-        let index = chunk - 1;
-        if *value > 0 {
-            forwards[index] += 1;
-        } else {
-            if backwards[index] >= forwards[index] {
-                cx.error_spanned_by(
-                    expr,
-                    format_args!(
-                        "backward of chunk {chunk} (`{}`) before its forward: `-{chunk}` runs the backward of the oldest microbatch whose forward has run, and none is outstanding here",
-                        chunks[index].name
-                    ),
-                );
-                ok = false;
-            }
-            backwards[index] += 1;
+    for (entry, expr) in entries {
+        let (chunk, index) = (entry.chunk, entry.chunk - 1);
+        let name = &chunks[index].name;
+        let [forwards, backwards, wgrads] = counts[index];
+        let message = match entry.pass {
+            Pass::Backward if backwards >= forwards => Some(format!(
+                "backward of chunk {chunk} (`{name}`) before its forward: `-{chunk}` runs the backward of the oldest microbatch whose forward has run, and none is outstanding here"
+            )),
+            Pass::Wgrad if wgrads >= backwards => Some(format!(
+                "weight grads of chunk {chunk} (`{name}`) before its backward: `w({chunk})` runs the weight grads of the oldest microbatch whose backward (`-{chunk}`) has run, and none is outstanding here"
+            )),
+            _ => None,
+        };
+        if let Some(message) = message {
+            cx.error_spanned_by(expr, message);
+            ok = false;
         }
+        counts[index][entry.pass as usize] += 1;
     }
     ok
 }
 
-/// The number of microbatches the length gives: 2 x chunks x M entries.
-fn microbatches(cx: &mut Ctxt, list: &parse::OrderList, len: usize, num_chunks: usize) -> Option<usize> {
+/// The number of microbatches the forward and backward entries give: 2 x chunks x M.
+fn microbatches(
+    cx: &mut Ctxt,
+    list: &parse::OrderList,
+    entries: &[(Entry, &Expr)],
+    num_chunks: usize,
+) -> Option<usize> {
     let per_microbatch = 2 * num_chunks;
+    let len = entries.iter().filter(|(entry, _)| entry.pass != Pass::Wgrad).count();
+    let what = if len == entries.len() { "" } else { "forward and backward " };
     if len == 0 || len % per_microbatch != 0 {
         cx.error_at(
             list.bracket_span,
             format_args!(
-                "`order` has {len} entr{}, but with {num_chunks} chunk{} it needs 2 x {num_chunks} x M entries for M microbatches ({}, {}, ...): each chunk's forward and backward once per microbatch",
+                "`order` has {len} {what}entr{}, but with {num_chunks} chunk{} it needs 2 x {num_chunks} x M {what}entries for M microbatches ({}, {}, ...): each chunk's forward and backward once per microbatch (plus, for chunks that split their backward, M `w(c)` entries each)",
                 if len == 1 { "y" } else { "ies" },
                 if num_chunks == 1 { "" } else { "s" },
                 per_microbatch,
@@ -114,36 +143,37 @@ fn microbatches(cx: &mut Ctxt, list: &parse::OrderList, len: usize, num_chunks: 
     Some(len / per_microbatch)
 }
 
-/// Each chunk has exactly `microbatches` forwards and backwards.
-fn balanced(cx: &mut Ctxt, list: &parse::OrderList, entries: &[(i32, &Expr)], chunks: &[Chunk], microbatches: usize) {
+/// Each chunk has exactly `microbatches` forwards and backwards, and none or `microbatches`
+/// weight-grad entries.
+fn balanced(cx: &mut Ctxt, list: &parse::OrderList, entries: &[(Entry, &Expr)], chunks: &[Chunk], microbatches: usize) {
     let (len, num_chunks) = (entries.len(), chunks.len());
-    let count = |index: usize, forward: bool| {
-        entries
-            .iter()
-            .filter(|(value, _)| value.unsigned_abs() as usize == index + 1 && (*value > 0) == forward)
-            .count()
-    };
+    let s = |n: usize| if n == 1 { "" } else { "s" };
     for (index, chunk) in chunks.iter().enumerate() {
-        let (f, b) = (count(index, true), count(index, false));
-        if f == microbatches && b == microbatches {
+        let number = index + 1;
+        let of = |pass: Pass| entries.iter().filter(move |(e, _)| e.chunk == number && e.pass == pass);
+        let [f, b, w] = [Pass::Forward, Pass::Backward, Pass::Wgrad].map(|pass| of(pass).count());
+        let wgrads_ok = w == 0 || w == microbatches;
+        if f == microbatches && b == microbatches && wgrads_ok {
             continue;
         }
-        let number = index + 1;
         let message = format!(
-            "unbalanced `order`: chunk {number} (`{}`) has {f} forward{} and {b} backward{}, but with {microbatches} microbatch{} ({len} entries, {num_chunks} chunks) each chunk needs {microbatches} of each",
+            "unbalanced `order`: chunk {number} (`{}`) has {f} forward{} and {b} backward{}{}, but with {microbatches} microbatch{} ({len} entries, {num_chunks} chunk{}) each chunk needs {microbatches} of each{}",
             chunk.name,
-            if f == 1 { "" } else { "s" },
-            if b == 1 { "" } else { "s" },
+            s(f),
+            s(b),
+            if w > 0 { format!(" and {w} weight-grad entr{}", if w == 1 { "y" } else { "ies" }) } else { String::new() },
             if microbatches == 1 { "" } else { "es" },
+            s(num_chunks),
+            if w > 0 { format!(", and `w({number})` none or {microbatches} times") } else { String::new() },
         );
         // Point at the first entry of this chunk past what it may have, else at the list.
-        let excess = entries
-            .iter()
-            .filter(|(value, _)| value.unsigned_abs() as usize == number && (*value > 0) == (f > microbatches))
-            .nth(microbatches);
+        let excess = [(Pass::Forward, f), (Pass::Backward, b), (Pass::Wgrad, w)]
+            .into_iter()
+            .find(|(_, n)| *n > microbatches)
+            .and_then(|(pass, _)| of(pass).nth(microbatches));
         match excess {
-            Some((_, expr)) if f > microbatches || b > microbatches => cx.error_spanned_by(expr, message),
-            _ => cx.error_at(list.bracket_span, message),
+            Some((_, expr)) => cx.error_spanned_by(expr, message),
+            None => cx.error_at(list.bracket_span, message),
         }
     }
 }

@@ -65,7 +65,16 @@ const _: () = {
         /// 6. `+2`: forward of `second`, microbatch 2
         /// 7. `-2`: backward of `second`, microbatch 2
         /// 8. `-1`: backward of `first`, microbatch 2
-        pub const ORDER: &'static [i32] = &[1, 2, -2, 1, -1, 2, -2, -1];
+        pub const ORDER: &'static [::graphed::__private::OrderEntry] = &[
+            ::graphed::__private::OrderEntry::Forward(1),
+            ::graphed::__private::OrderEntry::Forward(2),
+            ::graphed::__private::OrderEntry::Backward(2),
+            ::graphed::__private::OrderEntry::Forward(1),
+            ::graphed::__private::OrderEntry::Backward(1),
+            ::graphed::__private::OrderEntry::Forward(2),
+            ::graphed::__private::OrderEntry::Backward(2),
+            ::graphed::__private::OrderEntry::Backward(1),
+        ];
         /// The number of chunks (fields).
         pub const CHUNKS: usize = 2;
         /// The number of microbatches per chunk the schedule runs.

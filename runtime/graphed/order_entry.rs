@@ -1,0 +1,88 @@
+//! `OrderEntry`: one step of a pipeline `order`, as `GraphOptions::order` takes it.
+
+use std::fmt;
+
+use super::schedule::Pass;
+
+/// One entry of a pipeline schedule (`GraphOptions::order`); chunks are 1-indexed.
+///
+/// Integers convert: `c` is `Forward(c)` and `-c` is `Backward(c)`, so `order(vec![1, 2, -2,
+/// -1])` reads as before. `Wgrad(c)` (written `w(c)` in `#[graphed(order = [...])]`) runs the
+/// weight-grad half of chunk `c`'s backward for its oldest microbatch whose backward ran and
+/// whose weight grads have not (first in, first out), as Transformer Engine's separate wgrad
+/// graphs do. A chunk with `Wgrad` entries must split its backward
+/// ([`crate::Module::splits_backward`]) and has one per microbatch; its `Backward` entries then
+/// capture the input grads only. Chunks without `Wgrad` entries run their whole backward at
+/// `Backward`, as without this feature.
+///
+/// ```
+/// use graphed::{GraphOptions, OrderEntry};
+/// let opts = GraphOptions::new().order([1.into(), 2.into(), (-2).into(), (-1).into(), OrderEntry::Wgrad(2), OrderEntry::Wgrad(1)]);
+/// # let _ = opts;
+/// assert_eq!(OrderEntry::from(-2), OrderEntry::Backward(2));
+/// assert_eq!(OrderEntry::Wgrad(2).to_string(), "w(2)");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OrderEntry {
+    /// The forward of the chunk for its next microbatch (`+c`).
+    Forward(usize),
+    /// The backward of the chunk for its oldest outstanding microbatch (`-c`): the whole
+    /// backward, or its input-grad half when the chunk has `Wgrad` entries.
+    Backward(usize),
+    /// The weight-grad half of the chunk's backward for its oldest microbatch whose input-grad
+    /// half ran (`w(c)`).
+    Wgrad(usize),
+}
+
+impl OrderEntry {
+    /// Integers as `From<i32>` reads them (`c` forward, `-c` backward).
+    pub fn from_ints(order: &[i32]) -> Vec<OrderEntry> {
+        order.iter().map(|&e| e.into()).collect()
+    }
+
+    /// The pass and the 1-indexed chunk.
+    pub(crate) fn parts(self) -> (Pass, usize) {
+        match self {
+            OrderEntry::Forward(c) => (Pass::Forward, c),
+            OrderEntry::Backward(c) => (Pass::Backward, c),
+            OrderEntry::Wgrad(c) => (Pass::Wgrad, c),
+        }
+    }
+}
+
+impl From<i32> for OrderEntry {
+    /// `c` is the forward of chunk c, `-c` its backward (0 is `Forward(0)`, which no schedule
+    /// accepts).
+    fn from(e: i32) -> OrderEntry {
+        let c = e.unsigned_abs() as usize;
+        if e < 0 {
+            OrderEntry::Backward(c)
+        } else {
+            OrderEntry::Forward(c)
+        }
+    }
+}
+
+impl From<&i32> for OrderEntry {
+    /// As `From<i32>`, so `order(&[1, 2, -2, -1])` works too.
+    fn from(e: &i32) -> OrderEntry {
+        OrderEntry::from(*e)
+    }
+}
+
+impl PartialEq<i32> for OrderEntry {
+    /// Equal to the integer that converts to it (a `Wgrad` entry equals none).
+    fn eq(&self, other: &i32) -> bool {
+        OrderEntry::from(*other) == *self
+    }
+}
+
+impl fmt::Display for OrderEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OrderEntry::Forward(c) => write!(f, "+{c}"),
+            OrderEntry::Backward(c) => write!(f, "-{c}"),
+            OrderEntry::Wgrad(c) => write!(f, "w({c})"),
+        }
+    }
+}
