@@ -132,3 +132,52 @@ fn causal_attention_rejects_bad_shapes() {
         expect_err("lse", ops::causal_attention_backward(&x, &x, &x, &x, &out, &lse, 3), is_shape)
     });
 }
+
+/// Attention in bf16 and f16 tracks the f32 op on the same inputs (values both dtypes hold
+/// exactly): f32 scores, statistics and GEMM accumulation, the probabilities and dS rounded
+/// to the dtype once. `lse` stays f32. Tolerance: a few roundings of the dtype.
+#[test]
+fn causal_attention_in_half_precision_tracks_f32() {
+    on_each_backend(|dev| {
+        let (heads, dims) = (3, [2, 19, 12]);
+        let n: usize = dims.iter().product();
+        for dtype in [DType::BF16, DType::F16] {
+            let tol = if dtype == DType::BF16 { 1.5e-2 } else { 2e-3 }; // about 5x the host's error
+            let vals: Vec<Vec<f32>> =
+                (0..4).map(|s| random_vec(n, 40 + s).into_iter().map(|x| dtype.round(2.0 * x)).collect()).collect();
+            let half = |v: &[f32]| Tensor::from_slice_as(dev, v, &dims, dtype);
+            let full = |v: &[f32]| Tensor::from_slice(dev, v, &dims);
+            let [q, k, v, d] = [0, 1, 2, 3].map(|i| half(&vals[i]));
+            let [q, k, v, d] = [q?, k?, v?, d?];
+            let [qf, kf, vf, df] = [0, 1, 2, 3].map(|i| full(&vals[i]));
+            let [qf, kf, vf, df] = [qf?, kf?, vf?, df?];
+            let ((out, lse), (outf, lsef)) =
+                (ops::causal_attention(&q, &k, &v, heads)?, ops::causal_attention(&qf, &kf, &vf, heads)?);
+            assert_eq!((out.dtype(), lse.dtype()), (dtype, DType::F32));
+            let what = format!("causal_attention {dtype}");
+            check_close(&what, &out.to_vec()?, &outf.to_vec()?, tol)?;
+            check_close(&format!("{what} lse"), &lse.to_vec()?, &lsef.to_vec()?, TOL_GEMM)?;
+            let grads = ops::causal_attention_backward(&d, &q, &k, &v, &out, &lse, heads)?;
+            let gradsf = ops::causal_attention_backward(&df, &qf, &kf, &vf, &outf, &lsef, heads)?;
+            for (name, g, gf) in [("dq", &grads.0, &gradsf.0), ("dk", &grads.1, &gradsf.1), ("dv", &grads.2, &gradsf.2)]
+            {
+                assert_eq!(g.dtype(), dtype);
+                check_close(&format!("{what} {name}"), &g.to_vec()?, &gf.to_vec()?, tol)?;
+            }
+            eager_vs_replay(dev, || {
+                let (out, lse) = ops::causal_attention(&q, &k, &v, heads)?;
+                let (dq, dk, dv) = ops::causal_attention_backward(&d, &q, &k, &v, &out, &lse, heads)?;
+                Ok(vec![out, lse, dq, dk, dv])
+            })?;
+        }
+        Ok(())
+    });
+}
+
+fn check_close(what: &str, got: &[f32], want: &[f32], tol: f64) -> graphed::Result<()> {
+    let e = common::rel_err(got, want);
+    if e.is_nan() || e >= tol {
+        return Err(graphed::Error::msg(format!("{what}: relative error {e:e} to f32 (tolerance {tol:e})")));
+    }
+    Ok(())
+}
