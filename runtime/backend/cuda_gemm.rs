@@ -5,7 +5,7 @@
 use cudarc::cublas::sys as cublas_sys;
 use std::ffi::c_void;
 
-use super::cuda::CudaBackend;
+use super::cuda::{CublasHandle, CudaBackend};
 use crate::{DType, Error, Result};
 
 /// One operand of a GEMM: device address, dtype, leading dimension.
@@ -167,14 +167,13 @@ impl CudaBackend {
         let _entered = self.gate.enter()?;
         let handle = self.cublas_handle();
         self.bind()?;
-        let (alpha, beta) = (1.0f32, g.beta);
         let all_f32 = [g.a.dtype, g.b.dtype, g.c.dtype].iter().all(|d| *d == DType::F32);
-        // SAFETY: the handle is locked for this call; the op checked that every operand's
-        // batch of matrices (dimensions, dtype, leading dimension and stride) lies inside its
-        // live block; alpha and beta are f32 as both compute types require and live until the
-        // call returns (cuBLAS reads them on the host).
-        let status = unsafe {
-            if all_f32 {
+        let status = if all_f32 {
+            let (alpha, beta) = (1.0f32, g.beta);
+            // SAFETY: the handle is locked for this call; the op checked that every operand's
+            // batch of matrices (dimensions, leading dimension and stride) lies inside its live
+            // block; alpha and beta live until the call returns (cuBLAS reads them on the host).
+            unsafe {
                 cublas_sys::cublasSgemmStridedBatched(
                     handle.0,
                     trans(g.b.trans),
@@ -195,42 +194,9 @@ impl CudaBackend {
                     g.c.stride as i64,
                     g.batch as i32,
                 )
-            } else {
-                let set = cublas_sys::cublasSetMathMode(handle.0, cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH);
-                if set != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                    return Err(Error::cuda("cublasSetMathMode", cudarc::cublas::result::CublasError(set)));
-                }
-                let status = cublas_sys::cublasGemmStridedBatchedEx(
-                    handle.0,
-                    trans(g.b.trans),
-                    trans(g.a.trans),
-                    g.n as i32,
-                    g.m as i32,
-                    g.k as i32,
-                    (&alpha) as *const f32 as *const c_void,
-                    g.b.ptr as *const c_void,
-                    data_type(g.b.dtype),
-                    g.b.ld as i32,
-                    g.b.stride as i64,
-                    g.a.ptr as *const c_void,
-                    data_type(g.a.dtype),
-                    g.a.ld as i32,
-                    g.a.stride as i64,
-                    (&beta) as *const f32 as *const c_void,
-                    g.c.ptr as *mut c_void,
-                    data_type(g.c.dtype),
-                    g.c.ld as i32,
-                    g.c.stride as i64,
-                    g.batch as i32,
-                    cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
-                );
-                let restored = cublas_sys::cublasSetMathMode(handle.0, cublas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH);
-                if restored != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                    return Err(Error::cuda("cublasSetMathMode", cudarc::cublas::result::CublasError(restored)));
-                }
-                status
             }
+        } else {
+            gemm_strided_batched_ex(&handle, g)?
         };
         if status == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             Ok(())
@@ -239,4 +205,52 @@ impl CudaBackend {
             Err(Error::GemmRejected { op: g.op, dtype: g.a.dtype, m: g.n, n: g.m, k: g.k, status })
         }
     }
+}
+
+/// The 16-bit path of [`CudaBackend::gemm_strided_batched`] on a locked handle: default math
+/// (tensor cores) for this call, pedantic math restored after.
+fn gemm_strided_batched_ex(handle: &CublasHandle, g: &RowGemmBatched) -> Result<cublas_sys::cublasStatus_t> {
+    let (alpha, beta) = (1.0f32, g.beta);
+    let set_math = |math| {
+        // SAFETY: the handle is locked by the caller; a host-side setting, legal in capture.
+        let s = unsafe { cublas_sys::cublasSetMathMode(handle.0, math) };
+        if s == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            Err(Error::cuda("cublasSetMathMode", cudarc::cublas::result::CublasError(s)))
+        }
+    };
+    set_math(cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH)?;
+    // SAFETY: the handle is locked by the caller; the op checked that every operand's batch of
+    // matrices (dimensions, dtype, leading dimension and stride) lies inside its live block;
+    // alpha and beta are f32 as CUBLAS_COMPUTE_32F requires and live until the call returns.
+    let status = unsafe {
+        cublas_sys::cublasGemmStridedBatchedEx(
+            handle.0,
+            trans(g.b.trans),
+            trans(g.a.trans),
+            g.n as i32,
+            g.m as i32,
+            g.k as i32,
+            (&alpha) as *const f32 as *const c_void,
+            g.b.ptr as *const c_void,
+            data_type(g.b.dtype),
+            g.b.ld as i32,
+            g.b.stride as i64,
+            g.a.ptr as *const c_void,
+            data_type(g.a.dtype),
+            g.a.ld as i32,
+            g.a.stride as i64,
+            (&beta) as *const f32 as *const c_void,
+            g.c.ptr as *mut c_void,
+            data_type(g.c.dtype),
+            g.c.ld as i32,
+            g.c.stride as i64,
+            g.batch as i32,
+            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+        )
+    };
+    set_math(cublas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH)?;
+    Ok(status)
 }
