@@ -364,8 +364,15 @@ impl CudaBackend {
     /// device-to-host read ends here.
     pub(crate) fn synchronize(&self) -> Result<()> {
         let _entered = self.gate.enter()?;
-        self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))?;
+        self.drain()?;
         self.take_reported_error()
+    }
+
+    /// Waits for the stream and leaves the error word for the next [`CudaBackend::synchronize`]
+    /// (freeing memory must not consume a report meant for the user).
+    pub(crate) fn drain(&self) -> Result<()> {
+        let _entered = self.gate.enter()?;
+        self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))
     }
 
     /// The address of the device's error word (the last argument of the embedding kernels).
@@ -412,8 +419,7 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         let handle = self.cublas.get_mut().unwrap_or_else(|e| e.into_inner()).0;
         // SAFETY: created in `new`, destroyed once, after the stream drained.
-        let drained = self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"));
-        let destroyed = drained.and_then(|()| {
+        let destroyed = self.drain().and_then(|()| {
             unsafe { cublas_result::destroy_handle(handle) }.map_err(|e| Error::cuda("cublasDestroy", e))
         });
         let freed = destroyed.and_then(|()| self.free(self.cublas_workspace)).and_then(|()| self.free(self.err_word));
