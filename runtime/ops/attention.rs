@@ -1,9 +1,9 @@
 //! Causal scaled-dot-product attention (#13): strided-batched GEMMs around a causal softmax that
 //! keeps only the row statistics (`lse`); the backward recomputes the scores from them.
 
-use crate::backend::{CudaBackend, KArg, RowGemmBatched, RowMat};
+use crate::backend::{BuiltinKernel, CudaBackend, KArg, RowGemmBatched, RowMat};
 use crate::ops::cpu::{self, AttnDims, AttnSaved};
-use crate::ops::{check_like, check_shape, exec, k, n32, row_dims, Exec};
+use crate::ops::{check_f32_on, check_like, check_shape, exec, k, n32, row_dims, Exec};
 use crate::{DType, Error, Result, Tensor};
 
 /// Checks `q`, `k`, `v` are one `[batch, seq, heads · head_dim]` shape of one dtype; returns
@@ -126,7 +126,7 @@ pub fn causal_attention_backward(
     check_like(OP, &[q, dout, out])?;
     check_shape(OP, dout, q)?;
     check_shape(OP, out, q)?;
-    crate::ops::check_f32_on(OP, lse, q)?;
+    check_f32_on(OP, lse, q)?;
     if lse.dims() != lse_dims(a) {
         return Err(Error::shape(OP, format!("lse {:?} must be {:?}", lse.dims(), lse_dims(a))));
     }
@@ -237,13 +237,7 @@ impl Heads<'_> {
 }
 
 /// A kernel with one block per score row: `kernel(ptrs.., rows, seq, sizes.., scale)`.
-fn score_rows(
-    c: &CudaBackend,
-    kernel: crate::backend::BuiltinKernel,
-    a: AttnDims,
-    ptrs: &[KArg],
-    sizes: &[KArg],
-) -> Result<()> {
+fn score_rows(c: &CudaBackend, kernel: BuiltinKernel, a: AttnDims, ptrs: &[KArg], sizes: &[KArg]) -> Result<()> {
     let rows = a.batch * a.heads * a.seq;
     let mut args = ptrs.to_vec();
     args.extend([KArg::U32(rows as u32), KArg::U32(a.seq as u32)]);
