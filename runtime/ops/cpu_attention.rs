@@ -113,7 +113,6 @@ pub struct AttnSaved<'a> {
 /// the scores recomputed, `P = exp(scale·s - lse)` (zero above the diagonal), `dV = Pᵀ·dO`,
 /// `dP = dO·Vᵀ`, `D = rowsum(dO ∘ out)`, `dS = scale · P ∘ (dP - D)`, `dQ = dS·K`,
 /// `dK = dSᵀ·Q`. `P` (for `dV`) and `dS` are rounded to `dtype`, as the CUDA path stores them.
-#[allow(clippy::type_complexity)]
 pub fn causal_attention_backward(x: AttnSaved<'_>, a: AttnDims, dtype: DType) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (t, dh, scale) = (a.seq, a.head_dim, a.scale() as f64);
     let (dod, qd, kd, vd, od) = (widen(x.dout), widen(x.q), widen(x.k), widen(x.v), widen(x.out));
