@@ -102,6 +102,11 @@ impl Device {
     }
 
     /// Waits until all work queued on the device is done. Illegal while capturing.
+    ///
+    /// On CUDA, bad input a kernel found since the last check (a token id outside the
+    /// vocabulary in [`crate::ops::embedding`] or its backward, eagerly or in a replayed graph)
+    /// is returned here as [`Error::TokenOutOfRange`], and cleared; every read to the host
+    /// ([`crate::Tensor::to_vec`] and friends) checks the same.
     pub fn synchronize(&self) -> Result<()> {
         self.0.backend.synchronize()
     }

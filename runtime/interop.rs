@@ -62,7 +62,7 @@ fn free_parked(backend: &Backend) {
     }
     let parked = std::mem::take(&mut *PARKED.lock().unwrap_or_else(|e| e.into_inner()));
     if !parked.is_empty() {
-        let _ = backend.synchronize();
+        let _ = backend.drain();
         drop(parked);
     }
 }
@@ -93,7 +93,7 @@ impl Drop for ForeignSlice {
             return;
         }
         // Work queued on the device stream may still use the memory.
-        let _ = self.backend.synchronize();
+        let _ = self.backend.drain();
         drop(slice);
         free_parked(&self.backend);
     }

@@ -6,7 +6,7 @@ mod ops_support;
 
 use common::{on_each_backend, random, random_vec};
 use graphed::ops::{self, cpu};
-use graphed::{Error, Tensor};
+use graphed::{CaptureMode, DType, Device, Error, Graph, Result, Tensor};
 use ops_support::*;
 
 const EPS: f32 = 1e-5;
@@ -42,24 +42,47 @@ fn embedding_forward_and_backward_match_reference() {
     });
 }
 
+fn is_bad_token(e: &Error) -> bool {
+    matches!(e, Error::TokenOutOfRange { pos: 1, vocab: 4, .. })
+}
+
+/// A bad id is `Error::TokenOutOfRange` on every backend: at the call on the host, at the next
+/// read or synchronize on CUDA (the kernels report it in the device's error word), which then
+/// reads clear again.
 #[test]
 fn embedding_rejects_bad_ids_and_shapes() {
     on_each_backend(|dev| {
         let table = random(dev, &[4, 3], 1)?;
-        if dev.is_host() {
-            for bad in [4.0, -1.0, 1.5, f32::NAN] {
-                let id = Tensor::from_slice(dev, &[0.0, bad], &[2])?;
-                let r = ops::embedding(&id, &table);
-                expect_err("bad id", r, |e| matches!(e, Error::TokenOutOfRange { pos: 1, vocab: 4, .. }))?;
-                let (dy, dt) = (Tensor::zeros(dev, &[2, 3])?, Tensor::zeros(dev, &[4, 3])?);
-                let r = ops::embedding_backward(&dy, &id, &dt);
-                expect_err("bad id backward", r, |e| matches!(e, Error::TokenOutOfRange { .. }))?;
-            }
+        for bad in [4.0, -1.0, 1.5, f32::NAN] {
+            let id = Tensor::from_slice(dev, &[0.0, bad], &[2])?;
+            expect_err("bad id", ops::embedding(&id, &table).and_then(|y| y.to_vec()), is_bad_token)?;
+            dev.synchronize()?;
+            let (dy, dt) = (Tensor::zeros(dev, &[2, 3])?, Tensor::zeros(dev, &[4, 3])?);
+            let r = ops::embedding_backward(&dy, &id, &dt).and_then(|()| dt.to_vec());
+            expect_err("bad id backward", r, |e| matches!(e, Error::TokenOutOfRange { pos: 1, .. }))?;
+            dev.synchronize()?;
         }
         let id = Tensor::from_slice(dev, &[0.0, 1.0], &[2])?;
         expect_err("1-d table", ops::embedding(&id, &Tensor::zeros(dev, &[4])?), is_shape)?;
         let (dy, dt) = (Tensor::zeros(dev, &[2, 2])?, Tensor::zeros(dev, &[4, 3])?);
         expect_err("dy shape", ops::embedding_backward(&dy, &id, &dt), is_shape)
+    });
+}
+
+/// An id that turns bad after capture surfaces when the graph replays (host: the replay fails;
+/// CUDA: the next read after the replay fails), and good ids replay cleanly afterwards.
+#[test]
+fn a_bad_id_in_a_replayed_graph_is_an_error() {
+    on_each_backend(|dev| {
+        let (table, id) = (random(dev, &[4, 3], 1)?, Tensor::from_slice(dev, &[0.0, 1.0], &[2])?);
+        let mut g = Graph::new(dev);
+        let y = g.capture(CaptureMode::Global, || ops::embedding(&id, &table))?;
+        id.copy_from_slice(&[0.0, 9.0])?;
+        let r = g.replay().and_then(|()| y.to_vec());
+        expect_err("replay", r, |e| matches!(e, Error::TokenOutOfRange { pos: 1, vocab: 4, .. }))?;
+        id.copy_from_slice(&[2.0, 3.0])?;
+        g.replay()?;
+        check_ref(dev, "good ids again", &y.to_vec()?, &cpu::embedding(&[2.0, 3.0], &table.to_vec()?, 4, 3)?, TOL)
     });
 }
 
@@ -143,5 +166,75 @@ fn transformer_ops_replay_bitwise_equal_to_eager() {
             ops::embedding_backward(&dx, &id, &dtable)?;
             Ok(vec![x, h, rstd, y, dg, dx, dtable])
         })
+    });
+}
+
+/// Relative error allowed between a 16-bit op and the f32 op on the same inputs (values both
+/// dtypes hold exactly): a few roundings of the dtype, f32 statistics and sums on both sides.
+fn half_tol(dtype: DType) -> f64 {
+    if dtype == DType::BF16 {
+        2e-2
+    } else {
+        3e-3
+    }
+}
+
+/// The same random values as an f32 tensor and a `dtype` tensor (rounded to `dtype` first).
+fn pair(dev: &Device, dims: &[usize], seed: u64, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let v: Vec<f32> = random_vec(dims.iter().product(), seed).into_iter().map(|x| dtype.round(x)).collect();
+    Ok((Tensor::from_slice_as(dev, &v, dims, dtype)?, Tensor::from_slice(dev, &v, dims)?))
+}
+
+fn close(what: &str, dtype: DType, half: &Tensor, full: &Tensor, tol: f64) -> Result<()> {
+    assert_eq!(half.dtype(), dtype, "{what}: dtype");
+    let e = common::rel_err(&half.to_vec()?, &full.to_vec()?);
+    if e.is_nan() || e >= tol {
+        return Err(Error::msg(format!("{what} {dtype}: relative error {e:e} to f32 (tolerance {tol:e})")));
+    }
+    Ok(())
+}
+
+/// embedding, rms_norm and swiglu (and their backwards) in bf16 and f16 track the f32 ops;
+/// the parameter grads accumulate into f32 or into the parameter's dtype.
+#[test]
+fn transformer_ops_in_half_precision_track_f32() {
+    on_each_backend(|dev| {
+        let (t, vocab, d) = (37, 50, 70);
+        let id = Tensor::from_slice(dev, &ids(t, vocab, 1), &[t])?;
+        for dtype in [DType::BF16, DType::F16] {
+            let tol = half_tol(dtype);
+            let ((t16, t32), (g16, g32)) = (pair(dev, &[vocab, d], 2, dtype)?, pair(dev, &[d], 3, dtype)?);
+            let (x16, x32) = (ops::embedding(&id, &t16)?, ops::embedding(&id, &t32)?);
+            close("embedding", dtype, &x16, &x32, 1e-30)?; // a copy: exact
+            let ((h16, r16), (h32, r32)) = (ops::rms_norm(&x16, &g16, EPS)?, ops::rms_norm(&x32, &g32, EPS)?);
+            check_ref(dev, "rms_norm rstd (f32)", &r16.to_vec()?, &r32.to_vec()?, TOL)?;
+            close("rms_norm", dtype, &h16, &h32, tol)?;
+            let (s16, s32) = (ops::swiglu(&h16, &x16)?, ops::swiglu(&h32, &x32)?);
+            close("swiglu", dtype, &s16, &s32, tol)?;
+            let (dy16, dy32) = pair(dev, &[t, d], 4, dtype)?;
+            let ((dh16, dx16), (dh32, dx32)) =
+                (ops::swiglu_backward(&dy16, &h16, &x16)?, ops::swiglu_backward(&dy32, &h32, &x32)?);
+            close("swiglu_backward dgate", dtype, &dh16, &dh32, tol)?;
+            close("swiglu_backward dup", dtype, &dx16, &dx32, tol)?;
+            let dg32 = Tensor::zeros(dev, &[d])?;
+            let dn32 = ops::rms_norm_backward(&dy32, &x32, &g32, &r32, &dg32)?;
+            let de32 = Tensor::zeros(dev, &[vocab, d])?;
+            ops::embedding_backward(&dy32, &id, &de32)?;
+            for grad_dtype in [DType::F32, dtype] {
+                let dg = Tensor::full_as(dev, &[d], 0.0, grad_dtype)?;
+                let dn16 = ops::rms_norm_backward(&dy16, &x16, &g16, &r16, &dg)?;
+                close("rms_norm_backward dx", dtype, &dn16, &dn32, tol)?;
+                close("rms_norm_backward dgamma", grad_dtype, &dg, &dg32, tol)?;
+                let de = Tensor::full_as(dev, &[vocab, d], 0.0, grad_dtype)?;
+                ops::embedding_backward(&dy16, &id, &de)?;
+                close("embedding_backward", grad_dtype, &de, &de32, tol)?;
+            }
+            let other = if dtype == DType::BF16 { DType::F16 } else { DType::BF16 };
+            let bad = Tensor::zeros_as(dev, &[d], other)?;
+            let mismatch = |e: &Error| matches!(e, Error::DTypeMismatch { .. });
+            expect_err("dgamma dtype", ops::rms_norm_backward(&dy16, &x16, &g16, &r16, &bad), mismatch)?;
+            expect_err("gamma dtype", ops::rms_norm(&x16, &bad, EPS), mismatch)?;
+        }
+        Ok(())
     });
 }

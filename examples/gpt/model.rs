@@ -110,7 +110,7 @@ impl Block {
         let q = ops::linear(&h1, &self.wq.value, None)?;
         let k = ops::linear(&h1, &self.wk.value, None)?;
         let v = ops::linear(&h1, &self.wv.value, None)?;
-        let (att, probs) = ops::causal_attention(&q, &k, &v, self.heads)?;
+        let (att, lse) = ops::causal_attention(&q, &k, &v, self.heads)?;
         let (a, mask1) = self.drop(cx, &ops::linear(&att, &self.wo.value, None)?)?;
         let x2 = ops::add(x, &a)?;
         let (h2, rstd2) = ops::rms_norm(&x2, &self.norm2.value, EPS)?;
@@ -119,7 +119,7 @@ impl Block {
         let s = ops::swiglu(&gate, &up)?;
         let (m, mask2) = self.drop(cx, &ops::linear(&s, &self.w_down.value, None)?)?;
         let y = ops::add(&x2, &m)?;
-        for t in [x, &h1, &rstd1, &q, &k, &v, &att, &probs, &x2, &h2, &rstd2, &gate, &up, &s] {
+        for t in [x, &h1, &rstd1, &q, &k, &v, &att, &lse, &x2, &h2, &rstd2, &gate, &up, &s] {
             cx.save(t);
         }
         for mask in [mask1, mask2].iter().flatten() {
@@ -130,7 +130,7 @@ impl Block {
 
     pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
         let saved = (0..14).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()?;
-        let [x, h1, rstd1, q, k, v, att, probs, x2, h2, rstd2, gate, up, s] = &saved[..] else {
+        let [x, h1, rstd1, q, k, v, att, lse, x2, h2, rstd2, gate, up, s] = &saved[..] else {
             return Err(Error::msg("a block saves 14 tensors"));
         };
         let dropped = self.dropout != 0.0 && cx.training();
@@ -145,7 +145,7 @@ impl Block {
         )?;
         let dx2 = ops::add(dy, &ops::rms_norm_backward(&dh2, x2, &self.norm2.value, rstd2, &self.norm2.grad)?)?;
         let datt = dx_of(ops::linear_backward(&undrop(&dx2, 0)?, att, &self.wo.value, &self.wo.grad, None, true)?)?;
-        let (dq, dk, dv) = ops::causal_attention_backward(&datt, q, k, v, probs, self.heads)?;
+        let (dq, dk, dv) = ops::causal_attention_backward(&datt, q, k, v, att, lse, self.heads)?;
         let mut dh1 = dx_of(ops::linear_backward(&dq, h1, &self.wq.value, &self.wq.grad, None, true)?)?;
         for (d, w) in [(&dk, &self.wk), (&dv, &self.wv)] {
             dh1 = ops::add(&dh1, &dx_of(ops::linear_backward(d, h1, &w.value, &w.grad, None, true)?)?)?;

@@ -21,6 +21,9 @@ pub(crate) const KERNEL_SOURCES: &[&str] = &[
     include_str!("kernels/transformer.cu"),
 ];
 
+/// The clear state of the device's error word (see `kernels/transformer.cu`): no bad token.
+const ERR_CLEAR: [u32; 4] = [u32::MAX, u32::MAX, 0, 0];
+
 /// Bytes of the explicit cuBLAS workspace; with it set, GEMMs never allocate, so they capture.
 pub(crate) const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
@@ -103,6 +106,9 @@ pub(crate) struct CudaBackend {
     functions: Vec<CudaFunction>,
     cublas: std::sync::Mutex<CublasHandle>,
     pub(crate) cublas_workspace: sys::CUdeviceptr,
+    /// The device's error word: four u32 that kernels report bad input in (bad token ids);
+    /// its address is fixed for the device's life, so graphs capture it.
+    err_word: sys::CUdeviceptr,
     /// cublasLt (fused epilogues), when the library loads.
     pub(crate) lt: Option<std::sync::Mutex<super::cublaslt::Lt>>,
     name: String,
@@ -150,6 +156,13 @@ impl CudaBackend {
             .map(|k| module.load_function(k.name()).map_err(driver_err("cuModuleGetFunction")))
             .collect::<Result<Vec<_>>>()?;
 
+        // SAFETY: plain allocation and a synchronous copy of 16 bytes into it, outside any
+        // capture; freed in Drop.
+        let err_word = unsafe {
+            let p = result::malloc_sync(std::mem::size_of_val(&ERR_CLEAR)).map_err(driver_err("cuMemAlloc"))?;
+            result::memcpy_htod_sync(p, &ERR_CLEAR).map_err(driver_err("cuMemcpyHtoD"))?;
+            p
+        };
         let cublas = cublas_result::create_handle().map_err(|e| Error::cuda("cublasCreate", e))?;
         // SAFETY: plain allocation outside any capture; freed in Drop.
         let cublas_workspace =
@@ -174,6 +187,7 @@ impl CudaBackend {
             functions,
             cublas: std::sync::Mutex::new(CublasHandle(cublas)),
             cublas_workspace,
+            err_word,
             lt: super::cublaslt::Lt::open().map(std::sync::Mutex::new),
             name,
             gate,
@@ -345,10 +359,46 @@ impl CudaBackend {
             .map_err(driver_err("cuMemcpyDtoDAsync"))
     }
 
-    /// Waits for the stream (after another thread's capture, if one is in progress).
+    /// Waits for the stream (after another thread's capture, if one is in progress), then
+    /// returns the error a kernel reported in the error word, if any, and clears it. Every
+    /// device-to-host read ends here.
     pub(crate) fn synchronize(&self) -> Result<()> {
         let _entered = self.gate.enter()?;
+        self.drain()?;
+        self.take_reported_error()
+    }
+
+    /// Waits for the stream and leaves the error word for the next [`CudaBackend::synchronize`]
+    /// (freeing memory must not consume a report meant for the user).
+    pub(crate) fn drain(&self) -> Result<()> {
+        let _entered = self.gate.enter()?;
         self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))
+    }
+
+    /// The address of the device's error word (the last argument of the embedding kernels).
+    pub(crate) fn err_word(&self) -> u64 {
+        self.err_word
+    }
+
+    /// Reads the error word (the stream is idle); a report becomes [`Error::TokenOutOfRange`]
+    /// and the word is cleared.
+    fn take_reported_error(&self) -> Result<()> {
+        let mut w = [0u32; 4];
+        // SAFETY: `err_word` is a live 16-byte allocation of this context; the stream is idle
+        // (the caller synchronized) and both copies complete before the calls return.
+        unsafe {
+            result::memcpy_dtoh_async(&mut w, self.err_word, self.stream.cu_stream())
+                .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+            self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))?;
+            if w[3] == 0 {
+                return Ok(());
+            }
+            result::memcpy_htod_async(self.err_word, &ERR_CLEAR, self.stream.cu_stream())
+                .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+            self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))?;
+        }
+        let op = if w[3] & 1 != 0 { "embedding" } else { "embedding_backward" };
+        Err(Error::TokenOutOfRange { op, id: f32::from_bits(w[0]), pos: w[1] as usize, vocab: w[2] as usize })
     }
 
     /// Creates a timing event pair and returns elapsed ms of `f`'s stream work.
@@ -369,10 +419,11 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         let handle = self.cublas.get_mut().unwrap_or_else(|e| e.into_inner()).0;
         // SAFETY: created in `new`, destroyed once, after the stream drained.
-        let destroyed = self.synchronize().and_then(|()| {
+        let destroyed = self.drain().and_then(|()| {
             unsafe { cublas_result::destroy_handle(handle) }.map_err(|e| Error::cuda("cublasDestroy", e))
         });
-        if let Err(e) = destroyed.and_then(|()| self.free(self.cublas_workspace)) {
+        let freed = destroyed.and_then(|()| self.free(self.cublas_workspace)).and_then(|()| self.free(self.err_word));
+        if let Err(e) = freed {
             // The device is going away: nobody is left to read a deferred error.
             eprintln!("graphed: error while closing {}: {e}", self.name);
         }

@@ -5,7 +5,7 @@
 use cudarc::cublas::sys as cublas_sys;
 use std::ffi::c_void;
 
-use super::cuda::CudaBackend;
+use super::cuda::{CublasHandle, CudaBackend};
 use crate::{DType, Error, Result};
 
 /// One operand of a GEMM: device address, dtype, leading dimension.
@@ -131,19 +131,20 @@ impl CudaBackend {
     }
 }
 
-/// One operand of a row-major strided-batched f32 GEMM: the address of batch 0's matrix, its
-/// row stride (leading dimension, elements), the elements between batches, and whether it
-/// enters transposed.
+/// One operand of a row-major strided-batched GEMM: the address of batch 0's matrix, its
+/// dtype, its row stride (leading dimension, elements), the elements between batches, and
+/// whether it enters transposed.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowMat {
     pub(crate) ptr: u64,
+    pub(crate) dtype: DType,
     pub(crate) ld: usize,
     pub(crate) stride: usize,
     pub(crate) trans: bool,
 }
 
-/// `C_i = op(A_i) · op(B_i) + beta · C_i` for `i < batch`, all row-major f32: `C_i` is
-/// `m x n`, the reduced dimension `k`.
+/// `C_i = op(A_i) · op(B_i) + beta · C_i` for `i < batch`, all row-major: `C_i` is `m x n`,
+/// the reduced dimension `k`. A and B share a dtype; C is that dtype or f32.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowGemmBatched {
     pub(crate) op: &'static str,
@@ -158,44 +159,98 @@ pub(crate) struct RowGemmBatched {
 }
 
 impl CudaBackend {
-    /// Runs `g` with `cublasSgemmStridedBatched` (pedantic f32). Row-major `C = op(A)·op(B)`
-    /// is column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`, and a row-major matrix read column-major is its
-    /// transpose, so B goes first and each keeps its own transpose flag.
-    pub(crate) fn sgemm_strided_batched(&self, g: &RowGemmBatched) -> Result<()> {
+    /// Runs `g`: all-f32 with `cublasSgemmStridedBatched` (pedantic f32), 16-bit inputs with
+    /// `cublasGemmStridedBatchedEx` and f32 accumulation (`CUBLAS_COMPUTE_32F`). Row-major
+    /// `C = op(A)·op(B)` is column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`, and a row-major matrix read
+    /// column-major is its transpose, so B goes first and each keeps its own transpose flag.
+    pub(crate) fn gemm_strided_batched(&self, g: &RowGemmBatched) -> Result<()> {
         let _entered = self.gate.enter()?;
         let handle = self.cublas_handle();
         self.bind()?;
-        let (alpha, beta) = (1.0f32, g.beta);
-        // SAFETY: the handle is locked for this call; the op checked that every operand's
-        // batch of matrices (dimensions, leading dimension and stride) lies inside its live
-        // block; alpha and beta live until the call returns (cuBLAS reads them on the host).
-        let status = unsafe {
-            cublas_sys::cublasSgemmStridedBatched(
-                handle.0,
-                trans(g.b.trans),
-                trans(g.a.trans),
-                g.n as i32,
-                g.m as i32,
-                g.k as i32,
-                &alpha,
-                g.b.ptr as *const f32,
-                g.b.ld as i32,
-                g.b.stride as i64,
-                g.a.ptr as *const f32,
-                g.a.ld as i32,
-                g.a.stride as i64,
-                &beta,
-                g.c.ptr as *mut f32,
-                g.c.ld as i32,
-                g.c.stride as i64,
-                g.batch as i32,
-            )
+        let all_f32 = [g.a.dtype, g.b.dtype, g.c.dtype].iter().all(|d| *d == DType::F32);
+        let status = if all_f32 {
+            let (alpha, beta) = (1.0f32, g.beta);
+            // SAFETY: the handle is locked for this call; the op checked that every operand's
+            // batch of matrices (dimensions, leading dimension and stride) lies inside its live
+            // block; alpha and beta live until the call returns (cuBLAS reads them on the host).
+            unsafe {
+                cublas_sys::cublasSgemmStridedBatched(
+                    handle.0,
+                    trans(g.b.trans),
+                    trans(g.a.trans),
+                    g.n as i32,
+                    g.m as i32,
+                    g.k as i32,
+                    &alpha,
+                    g.b.ptr as *const f32,
+                    g.b.ld as i32,
+                    g.b.stride as i64,
+                    g.a.ptr as *const f32,
+                    g.a.ld as i32,
+                    g.a.stride as i64,
+                    &beta,
+                    g.c.ptr as *mut f32,
+                    g.c.ld as i32,
+                    g.c.stride as i64,
+                    g.batch as i32,
+                )
+            }
+        } else {
+            gemm_strided_batched_ex(&handle, g)?
         };
         if status == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             Ok(())
         } else {
             let status = format!("{status:?}");
-            Err(Error::GemmRejected { op: g.op, dtype: DType::F32, m: g.n, n: g.m, k: g.k, status })
+            Err(Error::GemmRejected { op: g.op, dtype: g.a.dtype, m: g.n, n: g.m, k: g.k, status })
         }
     }
+}
+
+/// The 16-bit path of [`CudaBackend::gemm_strided_batched`] on a locked handle: default math
+/// (tensor cores) for this call, pedantic math restored after.
+fn gemm_strided_batched_ex(handle: &CublasHandle, g: &RowGemmBatched) -> Result<cublas_sys::cublasStatus_t> {
+    let (alpha, beta) = (1.0f32, g.beta);
+    let set_math = |math| {
+        // SAFETY: the handle is locked by the caller; a host-side setting, legal in capture.
+        let s = unsafe { cublas_sys::cublasSetMathMode(handle.0, math) };
+        if s == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            Err(Error::cuda("cublasSetMathMode", cudarc::cublas::result::CublasError(s)))
+        }
+    };
+    set_math(cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH)?;
+    // SAFETY: the handle is locked by the caller; the op checked that every operand's batch of
+    // matrices (dimensions, dtype, leading dimension and stride) lies inside its live block;
+    // alpha and beta are f32 as CUBLAS_COMPUTE_32F requires and live until the call returns.
+    let status = unsafe {
+        cublas_sys::cublasGemmStridedBatchedEx(
+            handle.0,
+            trans(g.b.trans),
+            trans(g.a.trans),
+            g.n as i32,
+            g.m as i32,
+            g.k as i32,
+            (&alpha) as *const f32 as *const c_void,
+            g.b.ptr as *const c_void,
+            data_type(g.b.dtype),
+            g.b.ld as i32,
+            g.b.stride as i64,
+            g.a.ptr as *const c_void,
+            data_type(g.a.dtype),
+            g.a.ld as i32,
+            g.a.stride as i64,
+            (&beta) as *const f32 as *const c_void,
+            g.c.ptr as *mut c_void,
+            data_type(g.c.dtype),
+            g.c.ld as i32,
+            g.c.stride as i64,
+            g.batch as i32,
+            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+        )
+    };
+    set_math(cublas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH)?;
+    Ok(status)
 }

@@ -154,15 +154,38 @@ kernels! {
     SoftmaxXentF16 = "softmax_xent_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SoftmaxXentBwdBf16 = "softmax_xent_bwd_bf16" (Ptr, Ptr, Ptr, F32, U32, U32);
     SoftmaxXentBwdF16 = "softmax_xent_bwd_f16" (Ptr, Ptr, Ptr, F32, U32, U32);
-    EmbeddingF32 = "embedding_f32" (Ptr, Ptr, Ptr, U32, U32, U32);
-    EmbeddingBwdF32 = "embedding_bwd_f32" (Ptr, Ptr, Ptr, U32, U32, U32);
+    // Transformer (#13): kernels/transformer.cu.
+    EmbeddingF32 = "embedding_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
+    EmbeddingBf16 = "embedding_bf16" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
+    EmbeddingF16 = "embedding_f16" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
+    EmbeddingBwdF32 = "embedding_bwd_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
+    EmbeddingBwdBf16 = "embedding_bwd_bf16" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
+    EmbeddingBwdF16 = "embedding_bwd_f16" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     RmsNormF32 = "rms_norm_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    RmsNormBf16 = "rms_norm_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    RmsNormF16 = "rms_norm_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
     RmsNormBwdF32 = "rms_norm_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    RmsNormBwdBf16 = "rms_norm_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    RmsNormBwdF16 = "rms_norm_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     RmsNormBwdParamsF32 = "rms_norm_bwd_params_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    RmsNormBwdParamsBf16 = "rms_norm_bwd_params_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    RmsNormBwdParamsF16 = "rms_norm_bwd_params_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SwigluF32 = "swiglu_f32" (Ptr, Ptr, Ptr, U32);
+    SwigluBf16 = "swiglu_bf16" (Ptr, Ptr, Ptr, U32);
+    SwigluF16 = "swiglu_f16" (Ptr, Ptr, Ptr, U32);
     SwigluBwdF32 = "swiglu_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, U32);
-    CausalSoftmaxF32 = "causal_softmax_f32" (Ptr, Ptr, U32, U32, F32);
-    CausalSoftmaxBwdF32 = "causal_softmax_bwd_f32" (Ptr, Ptr, Ptr, U32, U32, F32);
+    SwigluBwdBf16 = "swiglu_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, U32);
+    SwigluBwdF16 = "swiglu_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, U32);
+    AttnSoftmaxLseF32 = "attn_softmax_lse_f32" (Ptr, Ptr, Ptr, U32, U32, F32);
+    AttnSoftmaxLseBf16 = "attn_softmax_lse_bf16" (Ptr, Ptr, Ptr, U32, U32, F32);
+    AttnSoftmaxLseF16 = "attn_softmax_lse_f16" (Ptr, Ptr, Ptr, U32, U32, F32);
+    AttnBwdScoresF32 = "attn_bwd_scores_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    AttnBwdScoresBf16 = "attn_bwd_scores_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    AttnBwdScoresF16 = "attn_bwd_scores_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    EmbeddingBwdBf16F32 = "embedding_bwd_bf16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
+    EmbeddingBwdF16F32 = "embedding_bwd_f16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
+    RmsNormBwdParamsBf16F32 = "rms_norm_bwd_params_bf16_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    RmsNormBwdParamsF16F32 = "rms_norm_bwd_params_f16_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     LrWarmupCosineF32 = "lr_warmup_cosine_f32" (Ptr, Ptr, F32, F32, U32, U32);
 }
 

@@ -282,7 +282,7 @@ impl Backend {
     pub(crate) fn free_slab(&self, ptr: &Ptr, bytes: usize) {
         self.reserved.fetch_sub(bytes, Ordering::Relaxed);
         if let (BackendKind::Cuda(c), Ptr::Cuda(p)) = (&self.kind, ptr) {
-            if let Err(e) = c.synchronize().and_then(|()| c.free(*p)) {
+            if let Err(e) = c.drain().and_then(|()| c.free(*p)) {
                 self.drop_errors.report(e.context("freeing a pool slab"));
             }
         }
@@ -293,6 +293,16 @@ impl Backend {
         match &self.kind {
             BackendKind::Host(_) => Ok(()),
             BackendKind::Cuda(c) => c.synchronize(),
+        }
+    }
+
+    /// Waits for the device without consuming an error a kernel reported (see
+    /// `CudaBackend::drain`): for freeing memory the device may still use.
+    pub(crate) fn drain(&self) -> Result<()> {
+        self.forbid_during_capture("synchronize")?;
+        match &self.kind {
+            BackendKind::Host(_) => Ok(()),
+            BackendKind::Cuda(c) => c.drain(),
         }
     }
 }

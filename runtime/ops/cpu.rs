@@ -447,6 +447,9 @@ pub fn loss_scale_update(state: &[f32], growth: f32, backoff: f32, interval: u32
 #[path = "cpu_transformer.rs"]
 mod transformer;
 pub use transformer::{
-    causal_attention, causal_attention_backward, embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu,
-    swiglu_backward, token_index, token_indices, AttnDims,
+    embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu, swiglu_backward, token_index, token_indices,
 };
+
+#[path = "cpu_attention.rs"]
+mod attention;
+pub use attention::{causal_attention, causal_attention_backward, AttnDims, AttnSaved};

@@ -80,6 +80,18 @@ pub(crate) fn check_f32_on(op: &'static str, t: &Tensor, like: &Tensor) -> Resul
     Ok(())
 }
 
+/// Checks that `grad` (a parameter grad being accumulated) is f32 or `param`'s dtype and on its
+/// device; returns the grad's dtype (mixed precision keeps the grads of 16-bit params in f32).
+pub(crate) fn check_grad_of(op: &'static str, grad: &Tensor, param: &Tensor) -> Result<DType> {
+    if grad.dtype() != DType::F32 && grad.dtype() != param.dtype() {
+        return Err(Error::DTypeMismatch { op, a: param.dtype(), b: grad.dtype() });
+    }
+    if grad.device() != param.device() {
+        return Err(Error::DeviceMismatch { op, a: param.device().name(), b: grad.device().name() });
+    }
+    Ok(grad.dtype())
+}
+
 /// Checks that two tensors have the same shape.
 pub(crate) fn check_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     if a.dims() != b.dims() {
@@ -168,6 +180,22 @@ pub(crate) mod k {
         Typed(B::LayerNormBwdParamsF32, B::LayerNormBwdParamsBf16, B::LayerNormBwdParamsF16);
     pub(crate) const SOFTMAX_XENT: Typed = Typed(B::SoftmaxXentF32, B::SoftmaxXentBf16, B::SoftmaxXentF16);
     pub(crate) const SOFTMAX_XENT_BWD: Typed = Typed(B::SoftmaxXentBwdF32, B::SoftmaxXentBwdBf16, B::SoftmaxXentBwdF16);
+    pub(crate) const EMBEDDING: Typed = Typed(B::EmbeddingF32, B::EmbeddingBf16, B::EmbeddingF16);
+    pub(crate) const EMBEDDING_BWD: Typed = Typed(B::EmbeddingBwdF32, B::EmbeddingBwdBf16, B::EmbeddingBwdF16);
+    /// Into an f32 grad, by the dtype of `dy`.
+    pub(crate) const EMBEDDING_BWD_F32: Typed =
+        Typed(B::EmbeddingBwdF32, B::EmbeddingBwdBf16F32, B::EmbeddingBwdF16F32);
+    pub(crate) const RMS_NORM: Typed = Typed(B::RmsNormF32, B::RmsNormBf16, B::RmsNormF16);
+    pub(crate) const RMS_NORM_BWD: Typed = Typed(B::RmsNormBwdF32, B::RmsNormBwdBf16, B::RmsNormBwdF16);
+    pub(crate) const RMS_NORM_BWD_PARAMS: Typed =
+        Typed(B::RmsNormBwdParamsF32, B::RmsNormBwdParamsBf16, B::RmsNormBwdParamsF16);
+    /// Into an f32 grad, by the dtype of `dy`.
+    pub(crate) const RMS_NORM_BWD_PARAMS_F32: Typed =
+        Typed(B::RmsNormBwdParamsF32, B::RmsNormBwdParamsBf16F32, B::RmsNormBwdParamsF16F32);
+    pub(crate) const SWIGLU: Typed = Typed(B::SwigluF32, B::SwigluBf16, B::SwigluF16);
+    pub(crate) const SWIGLU_BWD: Typed = Typed(B::SwigluBwdF32, B::SwigluBwdBf16, B::SwigluBwdF16);
+    pub(crate) const ATTN_SOFTMAX_LSE: Typed = Typed(B::AttnSoftmaxLseF32, B::AttnSoftmaxLseBf16, B::AttnSoftmaxLseF16);
+    pub(crate) const ATTN_BWD_SCORES: Typed = Typed(B::AttnBwdScoresF32, B::AttnBwdScoresBf16, B::AttnBwdScoresF16);
 }
 
 /// `(rows, last)` of a tensor of rank >= 1 seen as a matrix of rows of its last dimension.

@@ -1,10 +1,11 @@
-//! Token embedding, RMSNorm and SwiGLU (#13), f32, with their backwards.
+//! Token embedding, RMSNorm and SwiGLU (#13) in f32, bf16 and f16, with their backwards.
 
-use crate::backend::{BuiltinKernel as B, KArg, LaunchDims};
+use crate::backend::{KArg, LaunchDims};
 use crate::ops::{
-    as_rows, check_rank1, check_same, check_shape, check_vector, col_dims, cpu, exec, n32, row_dims, Exec,
+    as_rows, check_f32_on, check_grad_of, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k,
+    n32, row_dims, Exec,
 };
-use crate::{Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 /// Checks `table` is `[vocab, d]` with both nonzero; returns `(vocab, d)`.
 fn check_table(op: &'static str, table: &Tensor) -> Result<(usize, usize)> {
@@ -24,11 +25,12 @@ fn embedded_dims(ids: &Tensor, d: usize) -> Vec<usize> {
 /// Token embedding: `y[..., :] = table[ids[...], :]`.
 ///
 /// `ids` holds token ids as f32 integers (exact up to 2²⁴) of any shape `[...]`; `table` is
-/// `[vocab, d]`; the result is `[..., d]`. An id that is not an integer in `0..vocab` is
-/// [`Error::TokenOutOfRange`] on the host backend (raised when the op runs: at the call, or
-/// at the replay of a graph that captured it); on CUDA the kernel writes a NaN row instead of
-/// reading out of bounds, so check ids that come from outside with [`crate::ops::cpu::token_indices`]
-/// before they enter a graph.
+/// `[vocab, d]` in f32, bf16 or f16; the result is `[..., d]` in the table's dtype. An id that
+/// is not an integer in `0..vocab` is [`Error::TokenOutOfRange`]: on the host backend when the
+/// op runs (at the call, or at the replay of a graph that captured it); on CUDA the kernel
+/// writes a zero row instead of reading out of bounds and sets the device's error word, which
+/// the next [`crate::Device::synchronize`] or read to the host ([`Tensor::to_vec`]) returns as
+/// that error (and clears), also after a graph replay.
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -42,22 +44,23 @@ fn embedded_dims(ids: &Tensor, d: usize) -> Vec<usize> {
 /// ```
 pub fn embedding(ids: &Tensor, table: &Tensor) -> Result<Tensor> {
     const OP: &str = "embedding";
-    check_same(OP, &[table, ids])?;
+    check_f32_on(OP, ids, table)?;
     let (vocab, d) = check_table(OP, table)?;
     let tokens = ids.numel();
     n32(OP, tokens * d)?;
     n32(OP, vocab * d)?;
-    let y = Tensor::empty(ids.device(), &embedded_dims(ids, d))?;
+    let y = Tensor::empty_as(ids.device(), &embedded_dims(ids, d), table.dtype())?;
+    let kernel = k::EMBEDDING.get(table.dtype());
     match exec(ids.device()) {
         Exec::Host(h) => {
             let (ip, tp, yp) = (ids.host_ptr()?, table.host_ptr()?, y.host_ptr()?);
-            h.run(B::EmbeddingF32, move || {
+            h.run(kernel, move || {
                 yp.write(&cpu::embedding(&ip.read(), &tp.read(), vocab, d)?);
                 Ok(())
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            B::EmbeddingF32,
+            kernel,
             row_dims(tokens, d),
             &[
                 KArg::Ptr(y.cuda_ptr()?),
@@ -66,6 +69,7 @@ pub fn embedding(ids: &Tensor, table: &Tensor) -> Result<Tensor> {
                 KArg::U32(tokens as u32),
                 KArg::U32(vocab as u32),
                 KArg::U32(d as u32),
+                KArg::Ptr(c.err_word()),
             ],
         )?,
     }
@@ -74,7 +78,9 @@ pub fn embedding(ids: &Tensor, table: &Tensor) -> Result<Tensor> {
 
 /// The backward of [`embedding`]: `dtable[v, :] += Σ dy[t, :]` over the tokens `t` with
 /// `ids[t] = v` (grads of several passes add up). Deterministic without atomics: on CUDA one
-/// block per vocabulary row scans the tokens in order; the host sums in f64 in token order.
+/// block per vocabulary row scans the tokens in order, summing in f32; the host sums in f64 in
+/// token order. `dy` is in the table's dtype; `dtable` is that dtype or f32 (mixed precision
+/// keeps the grad of a 16-bit table in f32). Bad ids are reported as in [`embedding`].
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -88,7 +94,8 @@ pub fn embedding(ids: &Tensor, table: &Tensor) -> Result<Tensor> {
 /// ```
 pub fn embedding_backward(dy: &Tensor, ids: &Tensor, dtable: &Tensor) -> Result<()> {
     const OP: &str = "embedding_backward";
-    check_same(OP, &[dtable, dy, ids])?;
+    check_f32_on(OP, ids, dy)?;
+    let gdtype = check_grad_of(OP, dtable, dy)?;
     let (vocab, d) = check_table(OP, dtable)?;
     if dy.dims() != embedded_dims(ids, d).as_slice() {
         return Err(Error::shape(OP, format!("dy {:?} must be ids {:?} + [{d}]", dy.dims(), ids.dims())));
@@ -96,10 +103,11 @@ pub fn embedding_backward(dy: &Tensor, ids: &Tensor, dtable: &Tensor) -> Result<
     let tokens = ids.numel();
     n32(OP, tokens * d)?;
     n32(OP, vocab * d)?;
+    let kernel = if gdtype == DType::F32 { k::EMBEDDING_BWD_F32 } else { k::EMBEDDING_BWD }.get(dy.dtype());
     match exec(ids.device()) {
         Exec::Host(h) => {
             let (dyp, ip, gp) = (dy.host_ptr()?, ids.host_ptr()?, dtable.host_ptr()?);
-            h.run(B::EmbeddingBwdF32, move || {
+            h.run(kernel, move || {
                 let mut g = gp.read();
                 cpu::embedding_backward(&dyp.read(), &ip.read(), vocab, d, &mut g)?;
                 gp.write(&g);
@@ -107,7 +115,7 @@ pub fn embedding_backward(dy: &Tensor, ids: &Tensor, dtable: &Tensor) -> Result<
             })
         }
         Exec::Cuda(c) => c.launch(
-            B::EmbeddingBwdF32,
+            kernel,
             row_dims(vocab, d),
             &[
                 KArg::Ptr(dtable.cuda_ptr()?),
@@ -116,6 +124,7 @@ pub fn embedding_backward(dy: &Tensor, ids: &Tensor, dtable: &Tensor) -> Result<
                 KArg::U32(tokens as u32),
                 KArg::U32(vocab as u32),
                 KArg::U32(d as u32),
+                KArg::Ptr(c.err_word()),
             ],
         ),
     }
@@ -123,8 +132,9 @@ pub fn embedding_backward(dy: &Tensor, ids: &Tensor, dtable: &Tensor) -> Result<
 
 /// RMSNorm over the last dimension: `y = x · rstd · gamma` per row with
 /// `rstd = 1 / sqrt(mean(x²) + eps)`. `x` is `[..., D]`, `gamma` `[D]`; returns `(y, rstd)`,
-/// `rstd` of shape `[rows]`, which [`rms_norm_backward`] takes. f32; on CUDA one block per row
-/// with a fixed-order reduction.
+/// `rstd` of shape `[rows]`, which [`rms_norm_backward`] takes. `x` and `gamma` share one dtype
+/// (f32, bf16 or f16), as `y` does; `rstd` is f32 and computed in f32. On CUDA one block per
+/// row with a fixed-order reduction.
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -139,7 +149,7 @@ pub fn embedding_backward(dy: &Tensor, ids: &Tensor, dtable: &Tensor) -> Result<
 /// ```
 pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
     const OP: &str = "rms_norm";
-    check_same(OP, &[x, gamma])?;
+    let dtype = check_like(OP, &[x, gamma])?;
     check_rank1(OP, "x", x)?;
     let (rows, d) = as_rows(x);
     if d == 0 {
@@ -154,7 +164,7 @@ pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, Tensor)
     match exec(x.device()) {
         Exec::Host(h) => {
             let (xp, gp, yp, rp) = (x.host_ptr()?, gamma.host_ptr()?, y.host_ptr()?, rstd.host_ptr()?);
-            h.run(B::RmsNormF32, move || {
+            h.run(k::RMS_NORM.get(dtype), move || {
                 let (yv, rv) = cpu::rms_norm(&xp.read(), &gp.read(), d, eps);
                 yp.write(&yv);
                 rp.write(&rv);
@@ -162,7 +172,7 @@ pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, Tensor)
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            B::RmsNormF32,
+            k::RMS_NORM.get(dtype),
             row_dims(rows, d),
             &[
                 KArg::Ptr(y.cuda_ptr()?),
@@ -180,7 +190,8 @@ pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, Tensor)
 
 /// The backward of [`rms_norm`] from its saved `rstd`: returns `dx` and accumulates
 /// `dgamma += Σ_rows dy · x · rstd`. On CUDA a row kernel and a column-reduction kernel, both
-/// in a fixed order (deterministic).
+/// in a fixed order (deterministic). `dy`, `x` and `gamma` share one dtype, as `dx` does;
+/// `rstd` is f32; `dgamma` is gamma's dtype or f32 (summed in f32 either way).
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -196,7 +207,9 @@ pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, Tensor)
 /// ```
 pub fn rms_norm_backward(dy: &Tensor, x: &Tensor, gamma: &Tensor, rstd: &Tensor, dgamma: &Tensor) -> Result<Tensor> {
     const OP: &str = "rms_norm_backward";
-    check_same(OP, &[x, dy, gamma, rstd, dgamma])?;
+    let dtype = check_like(OP, &[x, dy, gamma])?;
+    check_f32_on(OP, rstd, x)?;
+    let gdtype = check_grad_of(OP, dgamma, gamma)?;
     check_rank1(OP, "x", x)?;
     check_shape(OP, dy, x)?;
     let (rows, d) = as_rows(x);
@@ -209,7 +222,7 @@ pub fn rms_norm_backward(dy: &Tensor, x: &Tensor, gamma: &Tensor, rstd: &Tensor,
         Exec::Host(h) => {
             let (dyp, xp, gp, rp) = (dy.host_ptr()?, x.host_ptr()?, gamma.host_ptr()?, rstd.host_ptr()?);
             let (dgp, dxp) = (dgamma.host_ptr()?, dx.host_ptr()?);
-            h.run(B::RmsNormBwdF32, move || {
+            h.run(k::RMS_NORM_BWD.get(dtype), move || {
                 let mut dg = dgp.read();
                 dxp.write(&cpu::rms_norm_backward(&dyp.read(), &xp.read(), &gp.read(), &rp.read(), d, &mut dg));
                 dgp.write(&dg);
@@ -220,16 +233,17 @@ pub fn rms_norm_backward(dy: &Tensor, x: &Tensor, gamma: &Tensor, rstd: &Tensor,
             let (dyp, xp, rp) = (KArg::Ptr(dy.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::Ptr(rstd.cuda_ptr()?));
             let (r32, d32) = (KArg::U32(rows as u32), KArg::U32(d as u32));
             let args = [KArg::Ptr(dx.cuda_ptr()?), dyp, xp, KArg::Ptr(gamma.cuda_ptr()?), rp, r32, d32];
-            c.launch(B::RmsNormBwdF32, row_dims(rows, d), &args)?;
+            c.launch(k::RMS_NORM_BWD.get(dtype), row_dims(rows, d), &args)?;
             let args = [KArg::Ptr(dgamma.cuda_ptr()?), dyp, xp, rp, r32, d32];
-            c.launch(B::RmsNormBwdParamsF32, col_dims(d), &args)?;
+            let params = if gdtype == DType::F32 { k::RMS_NORM_BWD_PARAMS_F32 } else { k::RMS_NORM_BWD_PARAMS };
+            c.launch(params.get(dtype), col_dims(d), &args)?;
         }
     }
     Ok(dx)
 }
 
 /// SwiGLU's gate: `y = silu(gate) · up` with `silu(g) = g · sigmoid(g)`, elementwise over two
-/// tensors of one shape (f32).
+/// tensors of one shape and dtype (f32, bf16 or f16; computed in f32, rounded once).
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -243,28 +257,28 @@ pub fn rms_norm_backward(dy: &Tensor, x: &Tensor, gamma: &Tensor, rstd: &Tensor,
 /// ```
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     const OP: &str = "swiglu";
-    check_same(OP, &[gate, up])?;
+    let dtype = check_like(OP, &[gate, up])?;
     check_shape(OP, gate, up)?;
     let n = n32(OP, gate.numel())?;
     let y = Tensor::empty_like(gate)?;
     match exec(gate.device()) {
         Exec::Host(h) => {
             let (gp, up_, yp) = (gate.host_ptr()?, up.host_ptr()?, y.host_ptr()?);
-            h.run(B::SwigluF32, move || {
+            h.run(k::SWIGLU.get(dtype), move || {
                 yp.write(&cpu::swiglu(&gp.read(), &up_.read()));
                 Ok(())
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            B::SwigluF32,
-            LaunchDims::elementwise(n as usize),
+            k::SWIGLU.get(dtype),
+            LaunchDims::vectorized(n as usize, dtype),
             &[KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(gate.cuda_ptr()?), KArg::Ptr(up.cuda_ptr()?), KArg::U32(n)],
         )?,
     }
     Ok(y)
 }
 
-/// The backward of [`swiglu`]: `(dgate, dup)`.
+/// The backward of [`swiglu`]: `(dgate, dup)`, in the inputs' dtype.
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -278,7 +292,7 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 /// ```
 pub fn swiglu_backward(dy: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tensor)> {
     const OP: &str = "swiglu_backward";
-    check_same(OP, &[gate, up, dy])?;
+    let dtype = check_like(OP, &[gate, up, dy])?;
     check_shape(OP, gate, up)?;
     check_shape(OP, gate, dy)?;
     let n = n32(OP, gate.numel())?;
@@ -287,7 +301,7 @@ pub fn swiglu_backward(dy: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tenso
         Exec::Host(h) => {
             let (dyp, gp, up_) = (dy.host_ptr()?, gate.host_ptr()?, up.host_ptr()?);
             let (dgp, dup_) = (dgate.host_ptr()?, dup.host_ptr()?);
-            h.run(B::SwigluBwdF32, move || {
+            h.run(k::SWIGLU_BWD.get(dtype), move || {
                 let (a, b) = cpu::swiglu_backward(&dyp.read(), &gp.read(), &up_.read());
                 dgp.write(&a);
                 dup_.write(&b);
@@ -295,7 +309,7 @@ pub fn swiglu_backward(dy: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tenso
             })?;
         }
         Exec::Cuda(c) => c.launch(
-            B::SwigluBwdF32,
+            k::SWIGLU_BWD.get(dtype),
             LaunchDims::elementwise(n as usize),
             &[
                 KArg::Ptr(dgate.cuda_ptr()?),
