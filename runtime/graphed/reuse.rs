@@ -151,6 +151,7 @@ pub(super) fn adopt(fresh: Vec<Option<Tensor>>, slot: &[Option<Tensor>]) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graphed::OrderEntry;
 
     /// The examples' schedule: forwards of both chunks, at most `window` in flight.
     fn windowed(microbatches: usize, window: usize) -> Vec<i32> {
@@ -173,7 +174,7 @@ mod tests {
     #[test]
     fn slots_follow_the_microbatches_in_flight() {
         for (window, slots) in [(1, 1), (2, 2), (4, 4), (16, 16)] {
-            let s = Schedule::new(Some(&windowed(16, window)), 2, true).unwrap();
+            let s = Schedule::new(Some(&OrderEntry::from_ints(&windowed(16, window))), 2, true).unwrap();
             let plan = SlotPlan::new(&s, 2, true);
             assert_eq!((plan.slots(0), plan.slots(1)), (slots, slots), "window {window}");
             assert_eq!(plan.shares_any(), window < 16);
@@ -185,11 +186,11 @@ mod tests {
         // Chunk 1's backward of microbatch 0 comes after chunk 1's forward of microbatch 1:
         // chunk 1 reads chunk 2's grad input of microbatch 0 then, so chunk 2's second forward
         // may not take microbatch 0's buffers, though chunk 2's backward of it is done.
-        let s = Schedule::new(Some(&[1, 2, -2, 1, 2, -1, -2, -1]), 2, true).unwrap();
+        let s = Schedule::new(Some(&OrderEntry::from_ints(&[1, 2, -2, 1, 2, -1, -2, -1])), 2, true).unwrap();
         let plan = SlotPlan::new(&s, 2, true);
         assert_eq!(plan.owner(1, 1), 1);
         assert!(!plan.shares_any());
-        let s = Schedule::new(Some(&[1, 2, -2, -1, 1, 2, -2, -1]), 2, true).unwrap();
+        let s = Schedule::new(Some(&OrderEntry::from_ints(&[1, 2, -2, -1, 1, 2, -2, -1])), 2, true).unwrap();
         let plan = SlotPlan::new(&s, 2, true);
         assert_eq!((plan.owner(0, 1), plan.owner(1, 1)), (0, 0));
         assert!(plan.is_shared(1, 0) && plan.is_shared(1, 1));
@@ -197,9 +198,9 @@ mod tests {
 
     #[test]
     fn forward_only_and_single_microbatch_share_nothing() {
-        let s = Schedule::new(Some(&[1, 2, -2, -1, 1, 2, -2, -1]), 2, false).unwrap();
+        let s = Schedule::new(Some(&OrderEntry::from_ints(&[1, 2, -2, -1, 1, 2, -2, -1])), 2, false).unwrap();
         assert!(!SlotPlan::new(&s, 2, true).shares_any());
-        assert!(!SlotPlan::new(&Schedule::new(Some(&[1, -1, 1, -1]), 1, true).unwrap(), 1, false).shares_any());
+        assert!(!SlotPlan::new(&Schedule::new(Some(&OrderEntry::from_ints(&[1, -1, 1, -1])), 1, true).unwrap(), 1, false).shares_any());
         let s = Schedule::new(None, 3, true).unwrap();
         assert!(!SlotPlan::new(&s, 3, true).shares_any());
     }
