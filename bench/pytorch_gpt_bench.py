@@ -154,16 +154,41 @@ def run(variant, dtype, steps, warmup, train):
             "setup_s": capture_s, "reserved_mb": pool_mb, "loss": float(loss.item())}
 
 
+def profile(dtype, train):
+    """GPU time of one eager step by kernel (torch.profiler), for comparison with ours."""
+    gen = torch.Generator().manual_seed(1)
+    step, _ = make("eager", dtype)
+    for _ in range(3):
+        step(*batch(train, gen))
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step(*batch(train, gen))
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.device_time for e in events)
+    print(f"[torch profile {dtype}] one eager step: {len(events)} kernels, {total:.0f} us of GPU time")
+    by = {}
+    for e in events:
+        c, t = by.get(e.name[:70], (0, 0.0))
+        by[e.name[:70]] = (c + 1, t + e.device_time)
+    for name, (c, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:25]:
+        print(f"{t:9.1f} us {100 * t / total:5.1f}%  x{c:<4d} {name}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     ap.add_argument("--out", default="gpt_torch.json")
+    ap.add_argument("--profile", action="store_true", help="print where one eager step's GPU time goes")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     train = corpus()
+    if a.profile:
+        profile(a.dtype, train)
+        return
     rows = []
     for variant in ["eager", "per_layer", "floor"]:
         r = run(variant, a.dtype, a.steps, a.warmup, train)

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 k=runtime/backend/kernels
-cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/mixed.cu \
+cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/mixed.cu $k/transformer.cu \
   | sed 's/extern "C" __global__ void/extern "C" void/' > "$tmp/all.cpp"
 "${CXX:-g++}" -std=c++17 -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/all.cpp"
 echo "kernels type-check"

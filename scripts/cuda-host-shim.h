@@ -15,3 +15,9 @@ inline float __int_as_float(int u) { float f; __builtin_memcpy(&f, &u, 4); retur
 inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 inline void __syncthreads() {}
 using std::isfinite;
+// Atomics and warp votes (transformer.cu's error word and the embedding backward's compaction).
+inline unsigned long long atomicMin(unsigned long long* a, unsigned long long v) { unsigned long long o = *a; if (v < o) *a = v; return o; }
+inline unsigned atomicMax(unsigned* a, unsigned v) { unsigned o = *a; if (v > o) *a = v; return o; }
+inline unsigned atomicOr(unsigned* a, unsigned v) { unsigned o = *a; *a |= v; return o; }
+inline unsigned __ballot_sync(unsigned, bool p) { return p ? 1u : 0u; }
+inline int __popc(unsigned v) { return __builtin_popcount(v); }

@@ -167,9 +167,15 @@ kernels! {
     RmsNormBwdF32 = "rms_norm_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     RmsNormBwdBf16 = "rms_norm_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     RmsNormBwdF16 = "rms_norm_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
-    RmsNormBwdParamsF32 = "rms_norm_bwd_params_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
-    RmsNormBwdParamsBf16 = "rms_norm_bwd_params_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
-    RmsNormBwdParamsF16 = "rms_norm_bwd_params_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    RmsNormBwdParamsPartialF32 = "rms_norm_bwd_params_partial_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32, U32);
+    RmsNormBwdParamsPartialBf16 = "rms_norm_bwd_params_partial_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32, U32);
+    RmsNormBwdParamsPartialF16 = "rms_norm_bwd_params_partial_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32, U32);
+    ColPartialsAccF32 = "col_partials_acc_f32" (Ptr, Ptr, U32, U32);
+    ColPartialsAccBf16 = "col_partials_acc_bf16" (Ptr, Ptr, U32, U32);
+    ColPartialsAccF16 = "col_partials_acc_f16" (Ptr, Ptr, U32, U32);
+    Swap12F32 = "swap12_f32" (Ptr, Ptr, U32, U32, U32, U32);
+    Swap12Bf16 = "swap12_bf16" (Ptr, Ptr, U32, U32, U32, U32);
+    Swap12F16 = "swap12_f16" (Ptr, Ptr, U32, U32, U32, U32);
     SwigluF32 = "swiglu_f32" (Ptr, Ptr, Ptr, U32);
     SwigluBf16 = "swiglu_bf16" (Ptr, Ptr, Ptr, U32);
     SwigluF16 = "swiglu_f16" (Ptr, Ptr, Ptr, U32);
@@ -184,8 +190,6 @@ kernels! {
     AttnBwdScoresF16 = "attn_bwd_scores_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
     EmbeddingBwdBf16F32 = "embedding_bwd_bf16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     EmbeddingBwdF16F32 = "embedding_bwd_f16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
-    RmsNormBwdParamsBf16F32 = "rms_norm_bwd_params_bf16_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
-    RmsNormBwdParamsF16F32 = "rms_norm_bwd_params_f16_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     LrWarmupCosineF32 = "lr_warmup_cosine_f32" (Ptr, Ptr, F32, F32, U32, U32);
 }
 

@@ -1,9 +1,9 @@
 //! Causal scaled-dot-product attention (#13): strided-batched GEMMs around a causal softmax that
 //! keeps only the row statistics (`lse`); the backward recomputes the scores from them.
 
-use crate::backend::{BuiltinKernel, CudaBackend, KArg, RowGemmBatched, RowMat};
+use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, RowGemmBatched, RowMat};
 use crate::ops::cpu::{self, AttnDims, AttnSaved};
-use crate::ops::{check_f32_on, check_like, check_shape, exec, k, n32, row_dims, Exec};
+use crate::ops::{check_f32_on, check_like, check_shape, exec, k, n32, Exec};
 use crate::{DType, Error, Result, Tensor};
 
 /// Checks `q`, `k`, `v` are one `[batch, seq, heads · head_dim]` shape of one dtype; returns
@@ -76,18 +76,20 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize) -> Res
             })?;
         }
         Exec::Cuda(c) => {
-            let (qp, kp, vp) = (q.cuda_ptr()?, k.cuda_ptr()?, v.cuda_ptr()?);
+            let g = Heads { c, op: OP, a, dtype };
+            let [qh, kh, vh] = [q, k, v].map(|t| g.to_heads(t));
+            let (qh, kh, vh) = (qh?, kh?, vh?);
             let scores = Tensor::empty(q.device(), &square_dims(a))?;
             let probs = stored_as(&scores, dtype)?;
+            let oh = Tensor::empty_like(q)?;
             let (sp, pp) = (scores.cuda_ptr()?, probs.cuda_ptr()?);
             let (t, dh, f32_) = (a.seq, a.head_dim, DType::F32);
-            let g = Heads { c, op: OP, a };
-            g.gemm((t, t, dh), head(a, qp, dtype, false), head(a, kp, dtype, true), square(a, sp, f32_, false))?;
+            g.gemm((t, t, dh), g.head(&qh, false)?, g.head(&kh, true)?, square(a, sp, f32_, false))?;
             score_rows(c, kernel, a, &[KArg::Ptr(pp), KArg::Ptr(lse.cuda_ptr()?), KArg::Ptr(sp)], &[])?;
-            let op = out.cuda_ptr()?;
-            g.gemm((t, dh, t), square(a, pp, dtype, false), head(a, vp, dtype, false), head(a, op, dtype, false))?;
-            // `scores` and `probs` go back to the pool here; later work on the stream is
-            // ordered after the kernels above, so reusing their memory is safe.
+            g.gemm((t, dh, t), square(a, pp, dtype, false), g.head(&vh, false)?, g.head(&oh, false)?)?;
+            g.from_heads(&oh, &out)?;
+            // The temporaries go back to the pool here; later work on the stream is ordered
+            // after the kernels above, so reusing their memory is safe.
         }
     }
     Ok((out, lse))
@@ -153,7 +155,8 @@ pub fn causal_attention_backward(
     Ok((dq, dk, dv))
 }
 
-/// The CUDA backward: recompute the scores, the fused score kernel, three GEMMs.
+/// The CUDA backward: recompute the scores, the fused score kernel, three GEMMs, on head-major
+/// copies of the operands.
 fn backward_cuda(
     c: &CudaBackend,
     op: &'static str,
@@ -162,25 +165,30 @@ fn backward_cuda(
     ins: [&Tensor; 6],
     grads: [&Tensor; 3],
 ) -> Result<()> {
-    let [dop, qp, kp, vp, outp, lp] = ins.map(|t| t.cuda_ptr());
-    let (dop, qp, kp, vp, outp, lp) = (dop?, qp?, kp?, vp?, outp?, lp?);
-    let [gq, gk, gv] = grads.map(|t| t.cuda_ptr());
-    let (gq, gk, gv) = (gq?, gk?, gv?);
-    let device = ins[1].device();
+    let [dout, q, k, v, out, lse] = ins;
+    let g = Heads { c, op, a, dtype };
+    let [doh, qh, kh, vh] = [dout, q, k, v].map(|t| g.to_heads(t));
+    let (doh, qh, kh, vh) = (doh?, qh?, kh?, vh?);
+    let [gqh, gkh, gvh] = grads.map(Tensor::empty_like);
+    let (gqh, gkh, gvh) = (gqh?, gkh?, gvh?);
+    let device = q.device();
     let (scores, dprobs) = (Tensor::empty(device, &square_dims(a))?, Tensor::empty(device, &square_dims(a))?);
     let (probs, dscores) = (stored_as(&scores, dtype)?, stored_as(&dprobs, dtype)?);
     let [sp, dpp, pp, dsp] = [&scores, &dprobs, &probs, &dscores].map(|t| t.cuda_ptr());
     let (sp, dpp, pp, dsp) = (sp?, dpp?, pp?, dsp?);
     let (t, dh, f32_) = (a.seq, a.head_dim, DType::F32);
-    let g = Heads { c, op, a };
-    g.gemm((t, t, dh), head(a, qp, dtype, false), head(a, kp, dtype, true), square(a, sp, f32_, false))?;
-    g.gemm((t, t, dh), head(a, dop, dtype, false), head(a, vp, dtype, true), square(a, dpp, f32_, false))?;
-    let ptrs = [pp, dsp, sp, dpp, lp, dop, outp].map(KArg::Ptr);
+    g.gemm((t, t, dh), g.head(&qh, false)?, g.head(&kh, true)?, square(a, sp, f32_, false))?;
+    g.gemm((t, t, dh), g.head(&doh, false)?, g.head(&vh, true)?, square(a, dpp, f32_, false))?;
+    let ptrs = [pp, dsp, sp, dpp, lse.cuda_ptr()?, dout.cuda_ptr()?, out.cuda_ptr()?].map(KArg::Ptr);
     let sizes = [KArg::U32(a.heads as u32), KArg::U32(dh as u32)];
     score_rows(c, k::ATTN_BWD_SCORES.get(dtype), a, &ptrs, &sizes)?;
-    g.gemm((t, dh, t), square(a, pp, dtype, true), head(a, dop, dtype, false), head(a, gv, dtype, false))?;
-    g.gemm((t, dh, t), square(a, dsp, dtype, false), head(a, kp, dtype, false), head(a, gq, dtype, false))?;
-    g.gemm((t, dh, t), square(a, dsp, dtype, true), head(a, qp, dtype, false), head(a, gk, dtype, false))
+    g.gemm((t, dh, t), square(a, pp, dtype, true), g.head(&doh, false)?, g.head(&gvh, false)?)?;
+    g.gemm((t, dh, t), square(a, dsp, dtype, false), g.head(&kh, false)?, g.head(&gqh, false)?)?;
+    g.gemm((t, dh, t), square(a, dsp, dtype, true), g.head(&qh, false)?, g.head(&gkh, false)?)?;
+    for (h, grad) in [&gqh, &gkh, &gvh].into_iter().zip(grads) {
+        g.from_heads(h, grad)?;
+    }
+    Ok(())
 }
 
 /// Where the `dtype` copy of the f32 `[batch, heads, seq, seq]` buffer `f32_buf` goes: the
@@ -193,55 +201,63 @@ fn stored_as(f32_buf: &Tensor, dtype: DType) -> Result<Tensor> {
     }
 }
 
-/// Sequence 0's heads of a `[batch, seq, width]` tensor (`[seq, head_dim]` blocks with row
-/// stride `width`, `head_dim` apart) and the elements from one sequence to the next.
-fn head(a: AttnDims, ptr: u64, dtype: DType, trans: bool) -> (RowMat, usize) {
-    let ld = a.heads * a.head_dim;
-    (RowMat { ptr, dtype, ld, stride: a.head_dim, trans }, a.seq * ld)
+/// Every head's `[seq, seq]` matrix of a `[batch, heads, seq, seq]` tensor.
+fn square(a: AttnDims, ptr: u64, dtype: DType, trans: bool) -> RowMat {
+    RowMat { ptr, dtype, ld: a.seq, stride: a.seq * a.seq, trans }
 }
 
-/// Sequence 0's heads of a `[batch, heads, seq, seq]` tensor and the elements between sequences.
-fn square(a: AttnDims, ptr: u64, dtype: DType, trans: bool) -> (RowMat, usize) {
-    let stride = a.seq * a.seq;
-    (RowMat { ptr, dtype, ld: a.seq, stride, trans }, a.heads * stride)
-}
-
-/// The GEMMs of one attention call.
+/// The GEMMs of one attention call, over head-major operands: `[batch, heads, seq, head_dim]`
+/// copies of the `[batch, seq, heads · head_dim]` tensors, so that every product is one
+/// strided-batched GEMM over all `batch · heads` heads.
 struct Heads<'a> {
     c: &'a CudaBackend,
     op: &'static str,
     a: AttnDims,
+    dtype: DType,
 }
 
 impl Heads<'_> {
-    /// One strided-batched GEMM over the heads per sequence `b`, each operand moved to sequence
-    /// `b` by its elements per sequence.
-    fn gemm(
-        &self,
-        (m, n, k): (usize, usize, usize),
-        ma: (RowMat, usize),
-        mb: (RowMat, usize),
-        mc: (RowMat, usize),
-    ) -> Result<()> {
-        let at = |(r, per_seq): (RowMat, usize), b: usize| RowMat {
-            ptr: r.ptr + (b * per_seq * r.dtype.size()) as u64,
-            ..r
-        };
-        for b in 0..self.a.batch {
-            let (a, bm, c) = (at(ma, b), at(mb, b), at(mc, b));
-            let g = RowGemmBatched { op: self.op, m, n, k, a, b: bm, beta: 0.0, c, batch: self.a.heads };
-            self.c.gemm_strided_batched(&g)?;
-        }
-        Ok(())
+    /// `t` (`[batch, seq, heads · head_dim]`) as a new head-major tensor.
+    fn to_heads(&self, t: &Tensor) -> Result<Tensor> {
+        let h = Tensor::empty_like(t)?;
+        self.swap(t, &h, (self.a.seq, self.a.heads))?;
+        Ok(h)
+    }
+
+    /// Writes the head-major `h` into `t` (`[batch, seq, heads · head_dim]`).
+    fn from_heads(&self, h: &Tensor, t: &Tensor) -> Result<()> {
+        self.swap(h, t, (self.a.heads, self.a.seq))
+    }
+
+    /// `y[b, q, p, e] = x[b, p, q, e]` for `(p, q)` = `pq`.
+    fn swap(&self, x: &Tensor, y: &Tensor, (p, q): (usize, usize)) -> Result<()> {
+        let a = self.a;
+        let dims = [a.batch, p, q, a.head_dim].map(|n| KArg::U32(n as u32));
+        let mut args = vec![KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?)];
+        args.extend(dims);
+        self.c.launch(k::SWAP12.get(self.dtype), LaunchDims::elementwise(x.numel()), &args)
+    }
+
+    /// Every head's `[seq, head_dim]` matrix of a head-major tensor.
+    fn head(&self, t: &Tensor, trans: bool) -> Result<RowMat> {
+        let (dh, seq) = (self.a.head_dim, self.a.seq);
+        Ok(RowMat { ptr: t.cuda_ptr()?, dtype: t.dtype(), ld: dh, stride: seq * dh, trans })
+    }
+
+    /// One strided-batched GEMM over all heads.
+    fn gemm(&self, (m, n, k): (usize, usize, usize), a: RowMat, b: RowMat, c: RowMat) -> Result<()> {
+        let batch = self.a.batch * self.a.heads;
+        self.c.gemm_strided_batched(&RowGemmBatched { op: self.op, m, n, k, a, b, beta: 0.0, c, batch })
     }
 }
 
-/// A kernel with one block per score row: `kernel(ptrs.., rows, seq, sizes.., scale)`.
+/// A kernel with one warp per score row (8 rows a block): `kernel(ptrs.., rows, seq, sizes..,
+/// scale)`.
 fn score_rows(c: &CudaBackend, kernel: BuiltinKernel, a: AttnDims, ptrs: &[KArg], sizes: &[KArg]) -> Result<()> {
     let rows = a.batch * a.heads * a.seq;
     let mut args = ptrs.to_vec();
     args.extend([KArg::U32(rows as u32), KArg::U32(a.seq as u32)]);
     args.extend_from_slice(sizes);
     args.push(KArg::F32(a.scale()));
-    c.launch(kernel, row_dims(rows, a.seq.max(a.head_dim)), &args)
+    c.launch(kernel, LaunchDims::rows(rows.div_ceil(8).min(1 << 20), 256), &args)
 }

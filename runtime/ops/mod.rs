@@ -115,6 +115,14 @@ pub(crate) fn row_dims(rows: usize, d: usize) -> LaunchDims {
     LaunchDims::rows(rows.min(1 << 20), row_threads(d))
 }
 
+/// Row chunks of a two-pass column reduction over `rows` rows: `(chunks, rows per chunk)`, about
+/// 64 rows a chunk and at most 64 chunks (a function of the sizes only, so the summation order
+/// is the same on every run).
+pub(crate) fn col_chunks(rows: usize) -> (usize, usize) {
+    let chunks = rows.div_ceil(64).clamp(1, 64);
+    (chunks, rows.div_ceil(chunks).max(1))
+}
+
 /// Blocks of (32, 16) threads, one per 32 columns (the column-reduction kernels).
 pub(crate) fn col_dims(cols: usize) -> LaunchDims {
     let blocks = cols.div_ceil(32).clamp(1, 1 << 20) as u32;
@@ -187,11 +195,12 @@ pub(crate) mod k {
         Typed(B::EmbeddingBwdF32, B::EmbeddingBwdBf16F32, B::EmbeddingBwdF16F32);
     pub(crate) const RMS_NORM: Typed = Typed(B::RmsNormF32, B::RmsNormBf16, B::RmsNormF16);
     pub(crate) const RMS_NORM_BWD: Typed = Typed(B::RmsNormBwdF32, B::RmsNormBwdBf16, B::RmsNormBwdF16);
-    pub(crate) const RMS_NORM_BWD_PARAMS: Typed =
-        Typed(B::RmsNormBwdParamsF32, B::RmsNormBwdParamsBf16, B::RmsNormBwdParamsF16);
-    /// Into an f32 grad, by the dtype of `dy`.
-    pub(crate) const RMS_NORM_BWD_PARAMS_F32: Typed =
-        Typed(B::RmsNormBwdParamsF32, B::RmsNormBwdParamsBf16F32, B::RmsNormBwdParamsF16F32);
+    /// The first pass of RMSNorm's gamma grad (partial column sums in f32), by the dtype of `dy`.
+    pub(crate) const RMS_NORM_BWD_PARAMS_PARTIAL: Typed =
+        Typed(B::RmsNormBwdParamsPartialF32, B::RmsNormBwdParamsPartialBf16, B::RmsNormBwdParamsPartialF16);
+    /// The second pass: the partial sums added in order into a grad, by the grad's dtype.
+    pub(crate) const COL_PARTIALS_ACC: Typed = Typed(B::ColPartialsAccF32, B::ColPartialsAccBf16, B::ColPartialsAccF16);
+    pub(crate) const SWAP12: Typed = Typed(B::Swap12F32, B::Swap12Bf16, B::Swap12F16);
     pub(crate) const SWIGLU: Typed = Typed(B::SwigluF32, B::SwigluBf16, B::SwigluF16);
     pub(crate) const SWIGLU_BWD: Typed = Typed(B::SwigluBwdF32, B::SwigluBwdBf16, B::SwigluBwdF16);
     pub(crate) const ATTN_SOFTMAX_LSE: Typed = Typed(B::AttnSoftmaxLseF32, B::AttnSoftmaxLseBf16, B::AttnSoftmaxLseF16);

@@ -2,7 +2,8 @@
 
 use crate::backend::{KArg, LaunchDims};
 use crate::ops::{
-    as_rows, check_f32_on, check_grad_of, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k,
+    as_rows, check_f32_on, check_grad_of, check_like, check_rank1, check_shape, check_vector, col_chunks, col_dims, cpu,
+    exec, k,
     n32, row_dims, Exec,
 };
 use crate::{DType, Error, Result, Tensor};
@@ -234,9 +235,16 @@ pub fn rms_norm_backward(dy: &Tensor, x: &Tensor, gamma: &Tensor, rstd: &Tensor,
             let (r32, d32) = (KArg::U32(rows as u32), KArg::U32(d as u32));
             let args = [KArg::Ptr(dx.cuda_ptr()?), dyp, xp, KArg::Ptr(gamma.cuda_ptr()?), rp, r32, d32];
             c.launch(k::RMS_NORM_BWD.get(dtype), row_dims(rows, d), &args)?;
-            let args = [KArg::Ptr(dgamma.cuda_ptr()?), dyp, xp, rp, r32, d32];
-            let params = if gdtype == DType::F32 { k::RMS_NORM_BWD_PARAMS_F32 } else { k::RMS_NORM_BWD_PARAMS };
-            c.launch(params.get(dtype), col_dims(d), &args)?;
+            // dgamma in two passes (partial sums of row chunks, then the chunks in order), so
+            // the reduction over rows spreads over the GPU.
+            let (chunks, chunk) = col_chunks(rows);
+            let partial = Tensor::empty(x.device(), &[chunks, d])?;
+            let pp = KArg::Ptr(partial.cuda_ptr()?);
+            let args = [pp, dyp, xp, rp, r32, d32, KArg::U32(chunk as u32)];
+            let grid = LaunchDims { grid: (d.div_ceil(32) as u32, chunks as u32, 1), ..col_dims(d) };
+            c.launch(k::RMS_NORM_BWD_PARAMS_PARTIAL.get(dtype), grid, &args)?;
+            let args = [KArg::Ptr(dgamma.cuda_ptr()?), pp, KArg::U32(chunks as u32), d32];
+            c.launch(k::COL_PARTIALS_ACC.get(gdtype), LaunchDims::elementwise(d), &args)?;
         }
     }
     Ok(dx)

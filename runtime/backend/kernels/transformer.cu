@@ -33,21 +33,48 @@ __device__ __forceinline__ void embedding_t(T* y, const float* ids, const T* tab
     }
 }
 
-// dtable[v, :] += sum over tokens t with ids[t] == v of dy[t, :]: one block per vocabulary row
-// scans every token in order (a sort-free scan; deterministic without atomics), summing in f32.
-// dtable is T or f32 (the f32 grad of a 16-bit table). Bad ids add nothing; the thread of row 0,
-// column 0 reports them.
+// dtable[v, :] += sum over tokens t with ids[t] == v of dy[t, :]: one block per vocabulary row.
+// The block reads the ids in tiles of blockDim.x (a multiple of 32, at most 1024), lists the
+// tile's tokens of row v in token order (a ballot per warp, warps in order), then each thread
+// adds those tokens' dy for its column, in f32: tokens in order, so the sum is deterministic
+// without atomics (and the same as a plain scan). dtable is T or f32 (the f32 grad of a 16-bit
+// table). Bad ids add nothing; row 0's block reports them.
 template <typename TG, typename T>
 __device__ __forceinline__ void embedding_bwd_t(TG* dtable, const T* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) {
+    __shared__ u32 hits[1024];
+    __shared__ u32 warp_off[33];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     for (u64 v = blockIdx.x; v < vocab; v += gridDim.x) {
-        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+        for (u32 j0 = 0; j0 < d; j0 += blockDim.x) {
+            const u32 j = j0 + threadIdx.x;
             float s = 0.0f;
-            for (u64 t = 0; t < tokens; ++t) {
-                const long long r = token_row(ids[t], vocab);
-                if (r == (long long)v) s += ld(dy, t * d + j);
-                else if (r < 0 && v == 0 && j == 0) gr_report_token(err, t, ids[t], vocab, 2u);
+            for (u64 t0 = 0; t0 < tokens; t0 += blockDim.x) {
+                const u64 t = t0 + threadIdx.x;
+                const long long r = t < tokens ? token_row(ids[t], vocab) : -2;
+                if (r == -1 && v == 0 && j0 == 0) gr_report_token(err, t, ids[t], vocab, 2u);
+                const bool hit = r == (long long)v;
+                const u32 mask = __ballot_sync(0xffffffffu, hit);
+                if (lane == 0) warp_off[warp] = __popc(mask);
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    u32 acc = 0;
+                    for (u32 w = 0; w < nwarps; ++w) {
+                        const u32 c = warp_off[w];
+                        warp_off[w] = acc;
+                        acc += c;
+                    }
+                    warp_off[32] = acc;
+                }
+                __syncthreads();
+                if (hit) hits[warp_off[warp] + __popc(mask & ((1u << lane) - 1u))] = (u32)(t - t0);
+                __syncthreads();
+                const u32 n = warp_off[32];
+                if (j < d) {
+                    for (u32 k = 0; k < n; ++k) s += ld(dy, (t0 + hits[k]) * d + j);
+                }
+                __syncthreads();
             }
-            st(dtable, v * d + j, ld(dtable, v * d + j) + s);
+            if (j < d) st(dtable, v * d + j, ld(dtable, v * d + j) + s);
         }
     }
 }
@@ -82,25 +109,52 @@ __device__ __forceinline__ void rms_norm_bwd_t(T* dx, const T* dy, const T* x, c
     }
 }
 
-// dgamma[j] += sum_r dy[r, j] * x[r, j] * rstd[r], summed in f32; dgamma is T or f32.
-// (32, GR_COL_Y) column blocks.
-template <typename TG, typename T>
-__device__ __forceinline__ void rms_norm_bwd_params_t(TG* dgamma, const T* dy, const T* x, const float* rstd, u32 rows, u32 d) {
+// The first pass of dgamma[j] += sum_r dy[r, j] * x[r, j] * rstd[r]: (32, GR_COL_Y) blocks on a
+// (column blocks, row chunks) grid; block (x, y) sums rows [y * chunk, (y + 1) * chunk) of its 32
+// columns in f32 into partial[y, column]. col_partials_acc adds the chunks in order.
+template <typename T>
+__device__ __forceinline__ void rms_norm_bwd_params_partial_t(float* partial, const T* dy, const T* x, const float* rstd, u32 rows, u32 d, u32 chunk) {
     __shared__ float sh[GR_COL_Y][33];
-    for (u64 c0 = (u64)blockIdx.x * 32; c0 < d; c0 += (u64)gridDim.x * 32) {
-        const u64 c = c0 + threadIdx.x;
-        float s = 0.0f;
-        if (c < d) {
-            for (u64 r = threadIdx.y; r < rows; r += GR_COL_Y) s += ld(dy, r * d + c) * (ld(x, r * d + c) * rstd[r]);
-        }
-        sh[threadIdx.y][threadIdx.x] = s;
-        __syncthreads();
-        if (threadIdx.y == 0 && c < d) {
-            float t = 0.0f;
-            for (int k = 0; k < GR_COL_Y; ++k) t += sh[k][threadIdx.x];
-            st(dgamma, c, ld(dgamma, c) + t);
-        }
-        __syncthreads();
+    const u64 c = (u64)blockIdx.x * 32 + threadIdx.x;
+    const u64 r0 = (u64)blockIdx.y * chunk;
+    const u64 r1 = r0 + chunk < rows ? r0 + chunk : rows;
+    float s = 0.0f;
+    if (c < d) {
+        for (u64 r = r0 + threadIdx.y; r < r1; r += GR_COL_Y) s += ld(dy, r * d + c) * (ld(x, r * d + c) * rstd[r]);
+    }
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < d) {
+        float t = 0.0f;
+        for (int k = 0; k < GR_COL_Y; ++k) t += sh[k][threadIdx.x];
+        partial[(u64)blockIdx.y * d + c] = t;
+    }
+}
+
+// out[c] += sum over k < chunks of partial[k, c], in k order; out is T or f32.
+template <typename TG>
+__device__ __forceinline__ void col_partials_acc_t(TG* out, const float* partial, u32 chunks, u32 d) {
+    for (u64 c = gr_tid(); c < d; c += gr_stride()) {
+        float t = 0.0f;
+        for (u64 k = 0; k < chunks; ++k) t += partial[k * d + c];
+        st(out, c, ld(out, c) + t);
+    }
+}
+
+// y[b, q, p, e] = x[b, p, q, e]: swaps dimensions 1 and 2 of a [b, p, q, e] tensor (attention
+// moves [batch, seq, heads, head_dim] to [batch, heads, seq, head_dim] and back), one thread per
+// output element.
+template <typename T>
+__device__ __forceinline__ void swap12_t(T* y, const T* x, u32 b, u32 p, u32 q, u32 e) {
+    const u64 n = (u64)b * p * q * e;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const u64 ee = i % e;
+        u64 r = i / e;
+        const u64 pp = r % p;
+        r /= p;
+        const u64 qq = r % q;
+        const u64 bb = r / q;
+        st(y, i, ld(x, ((bb * p + pp) * q + qq) * e + ee));
     }
 }
 
@@ -128,42 +182,47 @@ __device__ __forceinline__ void swiglu_bwd_t(T* dgate, T* dup, const T* dy, cons
 // Score rows r < rows = batch * heads * t, row r of head (b, h) at query position i = r % t.
 // Scores s are f32 (the GEMM's output); probabilities and dS are stored in T for the next GEMM.
 
+// The warp of a one-warp-per-row kernel: rows r = blockIdx.x * warps + warp, + grid warps.
+#define GR_WARP_ROWS(r, rows) \
+    for (u64 r = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < (rows); r += (u64)gridDim.x * (blockDim.x >> 5))
+
 // p[r, j] = softmax_j(scale * s[r, j]) over j <= i, 0 for j > i; lse[r] = m + log(sum_j
-// exp(scale * s[r, j] - m)), m the row's largest scaled score. One block per row; p may be s.
+// exp(scale * s[r, j] - m)), m the row's largest scaled score. One warp per row; p may be s
+// (each lane reads an element before it writes it).
 template <typename T>
 __device__ __forceinline__ void attn_softmax_lse_t(T* p, float* lse, const float* s, u32 rows, u32 t, float scale) {
-    __shared__ float sh[32];
-    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const u32 lane = threadIdx.x & 31;
+    GR_WARP_ROWS(r, rows) {
         const u32 i = (u32)(r % t);
         const float* sr = s + r * t;
         float m = gr_neg_inf();
-        for (u32 j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, scale * sr[j]);
-        m = block_max(m, sh);
+        for (u32 j = lane; j <= i; j += 32) m = fmaxf(m, scale * sr[j]);
+        m = warp_max(m);
         float z = 0.0f;
-        for (u32 j = threadIdx.x; j <= i; j += blockDim.x) z += expf(scale * sr[j] - m);
-        z = block_sum(z, sh);
+        for (u32 j = lane; j <= i; j += 32) z += expf(scale * sr[j] - m);
+        z = warp_sum(z);
         const float inv = 1.0f / z;
-        for (u32 j = threadIdx.x; j < t; j += blockDim.x) st(p, r * t + j, j <= i ? expf(scale * sr[j] - m) * inv : 0.0f);
-        if (threadIdx.x == 0) lse[r] = m + logf(z);
+        for (u32 j = lane; j < t; j += 32) st(p, r * t + j, j <= i ? expf(scale * sr[j] - m) * inv : 0.0f);
+        if (lane == 0) lse[r] = m + logf(z);
     }
 }
 
-// The backward's fused score kernel, one block per row r = (b * heads + h) * t + i:
+// The backward's fused score kernel, one warp per row r = (b * heads + h) * t + i:
 // D = sum_e dout[b, i, h, e] * out[b, i, h, e] ([batch, t, heads * dh] tensors), P = exp(scale *
 // s - lse[r]) for j <= i (0 above), p = P and ds = scale * P * (dp - D). p may be s and ds may be
-// dp (each element is read before it is written, by the same thread).
+// dp (each element is read before it is written, by the same lane).
 template <typename T>
 __device__ __forceinline__ void attn_bwd_scores_t(T* p, T* ds, const float* s, const float* dp, const float* lse, const T* dout, const T* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) {
-    __shared__ float sh[32];
-    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const u32 lane = threadIdx.x & 31;
+    GR_WARP_ROWS(r, rows) {
         const u64 i = r % t;
         const u64 bh = r / t;
         const u64 o = ((bh / heads) * t + i) * ((u64)heads * dh) + (bh % heads) * dh;
         float d = 0.0f;
-        for (u32 e = threadIdx.x; e < dh; e += blockDim.x) d += ld(dout, o + e) * ld(out, o + e);
-        d = block_sum(d, sh);
+        for (u32 e = lane; e < dh; e += 32) d += ld(dout, o + e) * ld(out, o + e);
+        d = warp_sum(d);
         const float l = lse[r];
-        for (u32 j = threadIdx.x; j < t; j += blockDim.x) {
+        for (u32 j = lane; j < t; j += 32) {
             const u64 x = r * t + j;
             const float pj = j <= i ? expf(scale * s[x] - l) : 0.0f;
             const float g = scale * pj * (dp[x] - d);
@@ -179,7 +238,9 @@ extern "C" __global__ void embedding_f32(float* y, const float* ids, const float
 extern "C" __global__ void embedding_bwd_f32(float* dtable, const float* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
 extern "C" __global__ void rms_norm_f32(float* y, float* rstd_out, const float* x, const float* gamma, u32 rows, u32 d, float eps) { rms_norm_t(y, rstd_out, x, gamma, rows, d, eps); }
 extern "C" __global__ void rms_norm_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* rstd, u32 rows, u32 d) { rms_norm_bwd_t(dx, dy, x, gamma, rstd, rows, d); }
-extern "C" __global__ void rms_norm_bwd_params_f32(float* dgamma, const float* dy, const float* x, const float* rstd, u32 rows, u32 d) { rms_norm_bwd_params_t(dgamma, dy, x, rstd, rows, d); }
+extern "C" __global__ void rms_norm_bwd_params_partial_f32(float* partial, const float* dy, const float* x, const float* rstd, u32 rows, u32 d, u32 chunk) { rms_norm_bwd_params_partial_t(partial, dy, x, rstd, rows, d, chunk); }
+extern "C" __global__ void col_partials_acc_f32(float* out, const float* partial, u32 chunks, u32 d) { col_partials_acc_t(out, partial, chunks, d); }
+extern "C" __global__ void swap12_f32(float* y, const float* x, u32 b, u32 p, u32 q, u32 e) { swap12_t(y, x, b, p, q, e); }
 extern "C" __global__ void swiglu_f32(float* y, const float* gate, const float* up, u32 n) { swiglu_t(y, gate, up, n); }
 extern "C" __global__ void swiglu_bwd_f32(float* dgate, float* dup, const float* dy, const float* gate, const float* up, u32 n) { swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
 extern "C" __global__ void attn_softmax_lse_f32(float* p, float* lse, const float* s, u32 rows, u32 t, float scale) { attn_softmax_lse_t(p, lse, s, rows, t, scale); }
@@ -188,7 +249,9 @@ extern "C" __global__ void embedding_bf16(bf16_t* y, const float* ids, const bf1
 extern "C" __global__ void embedding_bwd_bf16(bf16_t* dtable, const bf16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
 extern "C" __global__ void rms_norm_bf16(bf16_t* y, float* rstd_out, const bf16_t* x, const bf16_t* gamma, u32 rows, u32 d, float eps) { rms_norm_t(y, rstd_out, x, gamma, rows, d, eps); }
 extern "C" __global__ void rms_norm_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { rms_norm_bwd_t(dx, dy, x, gamma, rstd, rows, d); }
-extern "C" __global__ void rms_norm_bwd_params_bf16(bf16_t* dgamma, const bf16_t* dy, const bf16_t* x, const float* rstd, u32 rows, u32 d) { rms_norm_bwd_params_t(dgamma, dy, x, rstd, rows, d); }
+extern "C" __global__ void rms_norm_bwd_params_partial_bf16(float* partial, const bf16_t* dy, const bf16_t* x, const float* rstd, u32 rows, u32 d, u32 chunk) { rms_norm_bwd_params_partial_t(partial, dy, x, rstd, rows, d, chunk); }
+extern "C" __global__ void col_partials_acc_bf16(bf16_t* out, const float* partial, u32 chunks, u32 d) { col_partials_acc_t(out, partial, chunks, d); }
+extern "C" __global__ void swap12_bf16(bf16_t* y, const bf16_t* x, u32 b, u32 p, u32 q, u32 e) { swap12_t(y, x, b, p, q, e); }
 extern "C" __global__ void swiglu_bf16(bf16_t* y, const bf16_t* gate, const bf16_t* up, u32 n) { swiglu_t(y, gate, up, n); }
 extern "C" __global__ void swiglu_bwd_bf16(bf16_t* dgate, bf16_t* dup, const bf16_t* dy, const bf16_t* gate, const bf16_t* up, u32 n) { swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
 extern "C" __global__ void attn_softmax_lse_bf16(bf16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { attn_softmax_lse_t(p, lse, s, rows, t, scale); }
@@ -197,16 +260,17 @@ extern "C" __global__ void embedding_f16(f16_t* y, const float* ids, const f16_t
 extern "C" __global__ void embedding_bwd_f16(f16_t* dtable, const f16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
 extern "C" __global__ void rms_norm_f16(f16_t* y, float* rstd_out, const f16_t* x, const f16_t* gamma, u32 rows, u32 d, float eps) { rms_norm_t(y, rstd_out, x, gamma, rows, d, eps); }
 extern "C" __global__ void rms_norm_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* rstd, u32 rows, u32 d) { rms_norm_bwd_t(dx, dy, x, gamma, rstd, rows, d); }
-extern "C" __global__ void rms_norm_bwd_params_f16(f16_t* dgamma, const f16_t* dy, const f16_t* x, const float* rstd, u32 rows, u32 d) { rms_norm_bwd_params_t(dgamma, dy, x, rstd, rows, d); }
+extern "C" __global__ void rms_norm_bwd_params_partial_f16(float* partial, const f16_t* dy, const f16_t* x, const float* rstd, u32 rows, u32 d, u32 chunk) { rms_norm_bwd_params_partial_t(partial, dy, x, rstd, rows, d, chunk); }
+extern "C" __global__ void col_partials_acc_f16(f16_t* out, const float* partial, u32 chunks, u32 d) { col_partials_acc_t(out, partial, chunks, d); }
+extern "C" __global__ void swap12_f16(f16_t* y, const f16_t* x, u32 b, u32 p, u32 q, u32 e) { swap12_t(y, x, b, p, q, e); }
 extern "C" __global__ void swiglu_f16(f16_t* y, const f16_t* gate, const f16_t* up, u32 n) { swiglu_t(y, gate, up, n); }
 extern "C" __global__ void swiglu_bwd_f16(f16_t* dgate, f16_t* dup, const f16_t* dy, const f16_t* gate, const f16_t* up, u32 n) { swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
 extern "C" __global__ void attn_softmax_lse_f16(f16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { attn_softmax_lse_t(p, lse, s, rows, t, scale); }
 extern "C" __global__ void attn_bwd_scores_f16(f16_t* p, f16_t* ds, const float* s, const float* dp, const float* lse, const f16_t* dout, const f16_t* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
-// The f32 grads of 16-bit parameters (mixed precision): the embedding table, RMSNorm's gamma.
+// The f32 grads of 16-bit parameters (mixed precision): the embedding table (RMSNorm's gamma
+// accumulates through col_partials_acc_f32).
 extern "C" __global__ void embedding_bwd_bf16_f32(float* dtable, const bf16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
-extern "C" __global__ void rms_norm_bwd_params_bf16_f32(float* dgamma, const bf16_t* dy, const bf16_t* x, const float* rstd, u32 rows, u32 d) { rms_norm_bwd_params_t(dgamma, dy, x, rstd, rows, d); }
 extern "C" __global__ void embedding_bwd_f16_f32(float* dtable, const f16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
-extern "C" __global__ void rms_norm_bwd_params_f16_f32(float* dgamma, const f16_t* dy, const f16_t* x, const float* rstd, u32 rows, u32 d) { rms_norm_bwd_params_t(dgamma, dy, x, rstd, rows, d); }
 
 // AdamW's learning rate from its step count (state[0], u32 bits, already incremented): linear
 // warm-up to `peak` over `warmup` steps, then a cosine down to `floor_lr` at step `total`.
