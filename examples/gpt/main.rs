@@ -77,7 +77,9 @@ fn mode() -> Result<Mode> {
         Some("floor") => Ok(Mode::Floor),
         Some("pipeline") => Ok(Mode::Pipeline),
         Some("pipeline-eager") => Ok(Mode::PipelineEager),
-        Some(other) => Err(Error::msg(format!("--mode {other}: expected eager, graphed, fused, floor, pipeline or pipeline-eager"))),
+        Some(other) => Err(Error::msg(format!(
+            "--mode {other}: expected eager, graphed, fused, floor, pipeline or pipeline-eager"
+        ))),
     }
 }
 

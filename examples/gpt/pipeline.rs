@@ -6,8 +6,8 @@
 //! so both train bit for bit alike (tests/gpt.rs).
 #![allow(dead_code)]
 
-use graphed::{make_graphed, ops, Cx, Device, Error, GraphOptions, GraphedModules, Module, Param, Result, Tensor};
 use graphed::{graphed, Parameters};
+use graphed::{make_graphed, ops, Cx, Device, Error, GraphOptions, GraphedModules, Module, Param, Result, Tensor};
 
 use crate::model::{Block, Config, Embed, Gpt, Head};
 

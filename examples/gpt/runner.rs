@@ -395,10 +395,7 @@ impl Trainer {
             named.extend(self.block(i)?.parameters().into_iter().map(|(n, p)| (format!("blocks.{i}.{n}"), p)));
         }
         named.extend(self.head()?.parameters());
-        named
-            .into_iter()
-            .map(|(name, p)| Ok((name, p.value.to_vec()?.iter().map(|v| v.to_bits()).collect())))
-            .collect()
+        named.into_iter().map(|(name, p)| Ok((name, p.value.to_vec()?.iter().map(|v| v.to_bits()).collect()))).collect()
     }
 }
 

@@ -200,7 +200,12 @@ mod tests {
     fn forward_only_and_single_microbatch_share_nothing() {
         let s = Schedule::new(Some(&OrderEntry::from_ints(&[1, 2, -2, -1, 1, 2, -2, -1])), 2, false).unwrap();
         assert!(!SlotPlan::new(&s, 2, true).shares_any());
-        assert!(!SlotPlan::new(&Schedule::new(Some(&OrderEntry::from_ints(&[1, -1, 1, -1])), 1, true).unwrap(), 1, false).shares_any());
+        assert!(!SlotPlan::new(
+            &Schedule::new(Some(&OrderEntry::from_ints(&[1, -1, 1, -1])), 1, true).unwrap(),
+            1,
+            false
+        )
+        .shares_any());
         let s = Schedule::new(None, 3, true).unwrap();
         assert!(!SlotPlan::new(&s, 3, true).shares_any());
     }

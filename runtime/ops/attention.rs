@@ -3,7 +3,7 @@
 
 use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, RowGemmBatched, RowMat};
 use crate::ops::cpu::{self, AttnDims, AttnSaved};
-use crate::ops::{check_f32_on, check_like, check_shape, exec, k, n32, Exec};
+use crate::ops::{check_f32_on, check_like, check_shape, exec, k, n32, warp_rows, Exec};
 use crate::{DType, Error, Result, Tensor};
 
 /// Checks `q`, `k`, `v` are one `[batch, seq, heads · head_dim]` shape of one dtype; returns
@@ -259,5 +259,5 @@ fn score_rows(c: &CudaBackend, kernel: BuiltinKernel, a: AttnDims, ptrs: &[KArg]
     args.extend([KArg::U32(rows as u32), KArg::U32(a.seq as u32)]);
     args.extend_from_slice(sizes);
     args.push(KArg::F32(a.scale()));
-    c.launch(kernel, LaunchDims::rows(rows.div_ceil(8).min(1 << 20), 256), &args)
+    c.launch(kernel, warp_rows(rows), &args)
 }

@@ -115,6 +115,12 @@ pub(crate) fn row_dims(rows: usize, d: usize) -> LaunchDims {
     LaunchDims::rows(rows.min(1 << 20), row_threads(d))
 }
 
+/// One warp per row, 8 rows a block (the one-warp-per-row kernels), capped at the grid limit
+/// their loops stride over.
+pub(crate) fn warp_rows(rows: usize) -> LaunchDims {
+    LaunchDims::rows(rows.div_ceil(8).min(1 << 20), 256)
+}
+
 /// Row chunks of a two-pass column reduction over `rows` rows: `(chunks, rows per chunk)`, about
 /// 64 rows a chunk and at most 64 chunks (a function of the sizes only, so the summation order
 /// is the same on every run).

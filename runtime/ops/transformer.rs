@@ -2,9 +2,8 @@
 
 use crate::backend::{KArg, LaunchDims};
 use crate::ops::{
-    as_rows, check_f32_on, check_grad_of, check_like, check_rank1, check_shape, check_vector, col_chunks, col_dims, cpu,
-    exec, k,
-    n32, row_dims, Exec,
+    as_rows, check_f32_on, check_grad_of, check_like, check_rank1, check_shape, check_vector, col_chunks, col_dims,
+    cpu, exec, k, n32, row_dims, warp_rows, Exec,
 };
 use crate::{DType, Error, Result, Tensor};
 
@@ -174,7 +173,7 @@ pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, Tensor)
         }
         Exec::Cuda(c) => c.launch(
             k::RMS_NORM.get(dtype),
-            row_dims(rows, d),
+            warp_rows(rows),
             &[
                 KArg::Ptr(y.cuda_ptr()?),
                 KArg::Ptr(rstd.cuda_ptr()?),
@@ -234,7 +233,7 @@ pub fn rms_norm_backward(dy: &Tensor, x: &Tensor, gamma: &Tensor, rstd: &Tensor,
             let (dyp, xp, rp) = (KArg::Ptr(dy.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::Ptr(rstd.cuda_ptr()?));
             let (r32, d32) = (KArg::U32(rows as u32), KArg::U32(d as u32));
             let args = [KArg::Ptr(dx.cuda_ptr()?), dyp, xp, KArg::Ptr(gamma.cuda_ptr()?), rp, r32, d32];
-            c.launch(k::RMS_NORM_BWD.get(dtype), row_dims(rows, d), &args)?;
+            c.launch(k::RMS_NORM_BWD.get(dtype), warp_rows(rows), &args)?;
             // dgamma in two passes (partial sums of row chunks, then the chunks in order), so
             // the reduction over rows spreads over the GPU.
             let (chunks, chunk) = col_chunks(rows);

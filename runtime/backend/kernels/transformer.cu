@@ -79,30 +79,34 @@ __device__ __forceinline__ void embedding_bwd_t(TG* dtable, const T* dy, const f
     }
 }
 
-// y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps); one block per row.
+// The warp of a one-warp-per-row kernel: rows r = blockIdx.x * warps + warp, + grid warps.
+#define GR_WARP_ROWS(r, rows) \
+    for (u64 r = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < (rows); r += (u64)gridDim.x * (blockDim.x >> 5))
+
+// y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps); one warp per row.
 template <typename T>
 __device__ __forceinline__ void rms_norm_t(T* y, float* rstd_out, const T* x, const T* gamma, u32 rows, u32 d, float eps) {
-    __shared__ float sh[32];
-    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const u32 lane = threadIdx.x & 31;
+    GR_WARP_ROWS(r, rows) {
         const T* xr = x + r * d;
         float s = 0.0f;
-        for (u32 j = threadIdx.x; j < d; j += blockDim.x) s += ld(xr, j) * ld(xr, j);
-        const float rstd = 1.0f / sqrtf(block_sum(s, sh) / (float)d + eps);
-        for (u32 j = threadIdx.x; j < d; j += blockDim.x) st(y, r * d + j, ld(xr, j) * rstd * ld(gamma, j));
-        if (threadIdx.x == 0) rstd_out[r] = rstd;
+        for (u32 j = lane; j < d; j += 32) s += ld(xr, j) * ld(xr, j);
+        const float rstd = 1.0f / sqrtf(warp_sum(s) / (float)d + eps);
+        for (u32 j = lane; j < d; j += 32) st(y, r * d + j, ld(xr, j) * rstd * ld(gamma, j));
+        if (lane == 0) rstd_out[r] = rstd;
     }
 }
 
-// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * gamma, xhat = x * rstd; one block per row.
+// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * gamma, xhat = x * rstd; one warp per row.
 template <typename T>
 __device__ __forceinline__ void rms_norm_bwd_t(T* dx, const T* dy, const T* x, const T* gamma, const float* rstd, u32 rows, u32 d) {
-    __shared__ float sh[32];
-    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const u32 lane = threadIdx.x & 31;
+    GR_WARP_ROWS(r, rows) {
         const float rs = rstd[r];
         float s = 0.0f;
-        for (u32 j = threadIdx.x; j < d; j += blockDim.x) s += ld(dy, r * d + j) * ld(gamma, j) * ld(x, r * d + j) * rs;
-        const float m = block_sum(s, sh) / (float)d;
-        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+        for (u32 j = lane; j < d; j += 32) s += ld(dy, r * d + j) * ld(gamma, j) * ld(x, r * d + j) * rs;
+        const float m = warp_sum(s) / (float)d;
+        for (u32 j = lane; j < d; j += 32) {
             const float xh = ld(x, r * d + j) * rs;
             st(dx, r * d + j, rs * (ld(dy, r * d + j) * ld(gamma, j) - xh * m));
         }
@@ -181,10 +185,6 @@ __device__ __forceinline__ void swiglu_bwd_t(T* dgate, T* dup, const T* dy, cons
 //
 // Score rows r < rows = batch * heads * t, row r of head (b, h) at query position i = r % t.
 // Scores s are f32 (the GEMM's output); probabilities and dS are stored in T for the next GEMM.
-
-// The warp of a one-warp-per-row kernel: rows r = blockIdx.x * warps + warp, + grid warps.
-#define GR_WARP_ROWS(r, rows) \
-    for (u64 r = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < (rows); r += (u64)gridDim.x * (blockDim.x >> 5))
 
 // p[r, j] = softmax_j(scale * s[r, j]) over j <= i, 0 for j > i; lse[r] = m + log(sum_j
 // exp(scale * s[r, j] - m)), m the row's largest scaled score. One warp per row; p may be s
