@@ -235,7 +235,7 @@ impl Heads<'_> {
         let dims = [a.batch, p, q, a.head_dim].map(|n| KArg::U32(n as u32));
         let mut args = vec![KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?)];
         args.extend(dims);
-        self.c.launch(k::SWAP12.get(self.dtype), LaunchDims::elementwise(x.numel()), &args)
+        self.c.launch(k::SWAP12.get(self.dtype), LaunchDims::vectorized(x.numel(), self.dtype), &args)
     }
 
     /// Every head's `[seq, head_dim]` matrix of a head-major tensor.

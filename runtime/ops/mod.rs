@@ -122,10 +122,10 @@ pub(crate) fn warp_rows(rows: usize) -> LaunchDims {
 }
 
 /// Row chunks of a two-pass column reduction over `rows` rows: `(chunks, rows per chunk)`, about
-/// 64 rows a chunk and at most 64 chunks (a function of the sizes only, so the summation order
+/// 256 rows a chunk and at most 16 chunks (a function of the sizes only, so the summation order
 /// is the same on every run).
 pub(crate) fn col_chunks(rows: usize) -> (usize, usize) {
-    let chunks = rows.div_ceil(64).clamp(1, 64);
+    let chunks = rows.div_ceil(256).clamp(1, 16);
     (chunks, rows.div_ceil(chunks).max(1))
 }
 

@@ -146,19 +146,27 @@ __device__ __forceinline__ void col_partials_acc_t(TG* out, const float* partial
 }
 
 // y[b, q, p, e] = x[b, p, q, e]: swaps dimensions 1 and 2 of a [b, p, q, e] tensor (attention
-// moves [batch, seq, heads, head_dim] to [batch, heads, seq, head_dim] and back), one thread per
-// output element.
+// moves [batch, seq, heads, head_dim] to [batch, heads, seq, head_dim] and back). One thread per
+// 16 bytes of output when a row of e elements is made of whole 16-byte words (the buffers are
+// 256-byte aligned), else one per element.
 template <typename T>
 __device__ __forceinline__ void swap12_t(T* y, const T* x, u32 b, u32 p, u32 q, u32 e) {
-    const u64 n = (u64)b * p * q * e;
+    const u32 vec = 16 / sizeof(T);
+    const bool wide = e % vec == 0;
+    const u32 ev = wide ? e / vec : e;
+    const u64 n = (u64)b * p * q * ev;
     for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        const u64 ee = i % e;
-        u64 r = i / e;
+        const u64 ee = i % ev;
+        u64 r = i / ev;
         const u64 pp = r % p;
         r /= p;
         const u64 qq = r % q;
-        const u64 bb = r / q;
-        st(y, i, ld(x, ((bb * p + pp) * q + qq) * e + ee));
+        const u64 src = ((r / q * p + pp) * q + qq) * ev + ee;
+        if (wide) {
+            reinterpret_cast<uint4*>(y)[i] = reinterpret_cast<const uint4*>(x)[src];
+        } else {
+            st(y, i, ld(x, src));
+        }
     }
 }
 
