@@ -138,10 +138,12 @@ impl Graph {
     /// panics, the partial graph is discarded, the stream is usable, and the error (or panic)
     /// is passed on. When the pool must grow during a global or thread-local capture, the
     /// capture is discarded, the pool grows outside it, and `f` runs again (so `f` must be
-    /// safe to run more than once; it only queues work).
+    /// safe to run more than once; it only queues work). The first retries grow the pool by
+    /// the allocation that failed; from the ninth on, by at least a quarter of what it holds,
+    /// so a capture with many allocations into a cold pool needs few retries.
     pub fn capture<R>(&mut self, mode: CaptureMode, mut f: impl FnMut() -> Result<R>) -> Result<R> {
         const ATTEMPTS: usize = 64;
-        for _ in 0..ATTEMPTS {
+        for attempt in 0..ATTEMPTS {
             self.capture_begin(mode)?;
             let outcome = catch_unwind(AssertUnwindSafe(&mut f));
             let ended = self.capture_end();
@@ -155,7 +157,8 @@ impl Graph {
                     // one from draining the stream.
                     let _ = self.reset();
                     if let Error::PoolGrowthDuringCapture { bytes } = e.root() {
-                        self.pool.grow(*bytes)?;
+                        let floor = if attempt >= 8 { self.pool.stats().reserved / 4 } else { 0 };
+                        self.pool.grow((*bytes).max(floor))?;
                         continue;
                     }
                     return Err(e);

@@ -12,9 +12,13 @@ runs=()
 run() { # name, args...
   local name=$1; shift
   echo "== ours $name"
-  gpu-bin/examples/gpt --steps "$steps" --dtype "$dtype" --eval-every 100000 --plot "$out/gpt_$name.png" \
-    --json "$out/gpt_$name.json" "$@" | grep -E "^(GPT on|captured|trained)"
-  runs+=("$out/gpt_$name.json")
+  if gpu-bin/examples/gpt --steps "$steps" --dtype "$dtype" --eval-every 100000 --plot "$out/gpt_$name.png" \
+    --json "$out/gpt_$name.json" "$@" > "$out/gpt_$name.log" 2>&1; then
+    grep -E "^(GPT on|captured|trained)" "$out/gpt_$name.log"
+    runs+=("$out/gpt_$name.json")
+  else
+    echo "FAILED: ours $name"; tail -3 "$out/gpt_$name.log"
+  fi
 }
 run eager --mode eager
 run graphed --mode graphed --no-checkpoint

@@ -90,9 +90,10 @@ pub enum Modules {
     Pipeline(Pipeline),
 }
 
-/// The floor's captured step and its static buffers (before capture: the eager steps left).
+/// The floor's graph (captured after the eager steps left) and its static buffers.
 struct Floor {
-    graph: Option<(Graph, Tensor)>,
+    graph: Graph,
+    loss: Option<Tensor>,
     ids: Tensor,
     labels: Tensor,
     eager_left: usize,
@@ -169,7 +170,9 @@ impl Trainer {
             .then(|| -> Result<Floor> {
                 let ids = Tensor::zeros(dev, &[cfg.batch, cfg.context])?;
                 let labels = Tensor::zeros(dev, &[cfg.batch * cfg.context])?;
-                Ok(Floor { graph: None, ids, labels, eager_left: 2 })
+                let mut graph = Graph::new(dev);
+                graph.set_label("GPT step");
+                Ok(Floor { graph, loss: None, ids, labels, eager_left: 2 })
             })
             .transpose()?;
         let one = Tensor::full(dev, &[1], 1.0)?;
@@ -195,7 +198,7 @@ impl Trainer {
         match (&self.modules, &self.floor) {
             (Modules::Graphed(g), _) => g.pool().stats().reserved,
             (Modules::Pipeline(Pipeline { stages: Stages::Graphed(g), .. }), _) => g.pool().stats().reserved,
-            (_, Some(Floor { graph: Some((g, _)), .. })) => g.pool().stats().reserved,
+            (_, Some(Floor { graph, loss: Some(_), .. })) => graph.pool().stats().reserved,
             _ => 0,
         }
     }
@@ -322,31 +325,36 @@ impl Trainer {
         first(g.outputs(last, 0)?)
     }
 
+    /// Eager steps in the floor graph's pool (so its blocks are there when the capture asks
+    /// for them, as PyTorch's warm-up fills its caching allocator), then one capture of the
+    /// whole step, replayed from then on.
     fn floor_step(&mut self, ids: &Tensor, labels: &Tensor) -> Result<Tensor> {
         let Trainer { modules: Modules::Eager(gpt), floor: Some(f), opt, one, dev, .. } = self else {
             return Err(Error::msg("not a floor trainer"));
         };
+        let pool = f.graph.pool().clone();
         if f.eager_left > 0 {
             f.eager_left -= 1;
-            let loss = eager_step(gpt, one, ids, labels)?;
-            opt.step()?;
-            return Ok(loss);
+            return dev.with_pool(&pool, || {
+                let loss = eager_step(gpt, one, ids, labels)?;
+                opt.step()?;
+                // The loss leaves the pool: the caller keeps it past the next step.
+                dev.with_pool(&dev.default_pool(), || loss.deep_clone())
+            });
         }
         f.ids.copy_(ids)?;
         f.labels.copy_(labels)?;
-        if f.graph.is_none() {
-            let mut g = Graph::new(dev);
-            g.set_label("GPT step");
-            let loss = g.capture(CaptureMode::Global, || {
-                let loss = eager_step(gpt, one, &f.ids, &f.labels)?;
+        if f.loss.is_none() {
+            let (fids, flabels) = (&f.ids, &f.labels);
+            let loss = f.graph.capture(CaptureMode::Global, || {
+                let loss = eager_step(gpt, one, fids, flabels)?;
                 opt.step()?;
                 Ok(loss)
             })?;
-            f.graph = Some((g, loss));
+            f.loss = Some(loss);
         }
-        let (g, loss) = f.graph.as_mut().ok_or_else(|| Error::msg("no floor graph"))?;
-        g.replay()?;
-        Ok(loss.clone())
+        f.graph.replay()?;
+        f.loss.clone().ok_or_else(|| Error::msg("no floor graph"))
     }
 
     /// The last block's output for `ids` `[batch, seq]` (any `seq` up to the context), eagerly.

@@ -43,10 +43,11 @@ fn lse_dims(a: AttnDims) -> [usize; 3] {
 /// and dtype, and `lse`, f32 `[batch, heads, seq]`, each row's logsumexp of its scaled, causally
 /// masked scores (its largest scaled score plus the log of the sum of the exponentials). The
 /// backward rebuilds the probabilities from `lse`, so nothing of size `seq²` outlives the call.
-/// On CUDA each product is one strided-batched GEMM per sequence (the heads are the batch;
-/// 16-bit inputs accumulate in f32, scores are f32, the probabilities are stored in the dtype
-/// for `P·V`) and the softmax is one block per row in f32; nothing uses atomics, so replays
-/// are bitwise equal to eager runs.
+/// On CUDA `q`, `k` and `v` are copied head-major (`[batch, heads, seq, head_dim]`, one
+/// 16-byte word per thread) so that each product is one strided-batched GEMM over all
+/// `batch · heads` heads (16-bit inputs accumulate in f32, scores are f32, the probabilities
+/// are stored in the dtype for `P·V`), and the softmax is one warp per row in f32; nothing
+/// uses atomics, so replays are bitwise equal to eager runs.
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};

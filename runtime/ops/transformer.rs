@@ -78,8 +78,8 @@ pub fn embedding(ids: &Tensor, table: &Tensor) -> Result<Tensor> {
 
 /// The backward of [`embedding`]: `dtable[v, :] += Σ dy[t, :]` over the tokens `t` with
 /// `ids[t] = v` (grads of several passes add up). Deterministic without atomics: on CUDA one
-/// block per vocabulary row scans the tokens in order, summing in f32; the host sums in f64 in
-/// token order. `dy` is in the table's dtype; `dtable` is that dtype or f32 (mixed precision
+/// block per vocabulary row lists the row's tokens tile by tile (a warp ballot, in token order)
+/// and sums their rows in f32 in that order; the host sums in f64 in token order. `dy` is in the table's dtype; `dtable` is that dtype or f32 (mixed precision
 /// keeps the grad of a 16-bit table in f32). Bad ids are reported as in [`embedding`].
 ///
 /// ```
