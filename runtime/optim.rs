@@ -359,6 +359,28 @@ impl AdamW {
     /// One update of every parameter: the step-count kernel, the schedule kernel (with
     /// [`AdamW::with_schedule`]), then one kernel per parameter. Capturable.
     pub fn step(&self) -> Result<()> {
+        self.update(false)
+    }
+
+    /// [`AdamW::step`] then [`AdamW::zero_grad`] in the same kernels: each grad is zeroed
+    /// once its update has read it, so no fill is launched. Capturable.
+    ///
+    /// ```
+    /// use graphed::optim::{AdamW, AdamWConfig};
+    /// use graphed::{ops, Device, Param, Tensor};
+    /// let dev = Device::host();
+    /// let p = Param::new(Tensor::full(&dev, &[2], 1.0)?)?;
+    /// ops::fill_(&p.grad, 0.5)?;
+    /// AdamW::new(&[p.clone()], AdamWConfig::default())?.step_and_zero_grad()?;
+    /// assert_eq!(p.grad.to_vec()?, vec![0.0; 2]);
+    /// assert!(p.value.to_vec()?[0] < 1.0);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn step_and_zero_grad(&self) -> Result<()> {
+        self.update(true)
+    }
+
+    fn update(&self, zero: bool) -> Result<()> {
         let AdamWConfig { beta1, beta2, eps, weight_decay, .. } = self.config;
         match exec(self.state.device()) {
             Exec::Host(h) => {
@@ -388,9 +410,13 @@ impl AdamW {
                     h.run(BuiltinKernel::AdamwStepF32, move || {
                         let (lr, s) = (lp.read()[0], st.read());
                         let (mut pv, mut mv, mut vv) = (pp.read(), mp.read(), vp.read());
+                        let g = gp.read();
+                        if zero {
+                            gp.write(&vec![0.0; g.len()]);
+                        }
                         cpu::adamw_update(
                             &mut pv,
-                            &gp.read(),
+                            &g,
                             &mut mv,
                             &mut vv,
                             lr,
@@ -421,6 +447,7 @@ impl AdamW {
                         KArg::F32(beta2),
                         KArg::F32(eps),
                         KArg::F32(weight_decay),
+                        KArg::U32(zero as u32),
                         KArg::U32(n),
                     ],
                 )?,

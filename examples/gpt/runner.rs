@@ -74,11 +74,11 @@ impl Optimizer {
         })
     }
 
-    /// One update, then zero grads (capturable).
+    /// One update, the grads zeroed by the update kernels (capturable).
     fn step(&self) -> Result<()> {
         match self {
-            Optimizer::F32(o) => o.step().and_then(|()| o.zero_grad()),
-            Optimizer::Mixed(o) => o.step().and_then(|()| o.zero_grad()),
+            Optimizer::F32(o) => o.step_and_zero_grad(),
+            Optimizer::Mixed(o) => o.step_and_zero_grad(),
         }
     }
 }

@@ -94,7 +94,7 @@ kernels! {
     MseBwdF32 = "mse_bwd_f32" (Ptr, Ptr, Ptr, F32, U32);
     SgdStepF32 = "sgd_step_f32" (Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
     AdamwPrepareF32 = "adamw_prepare_f32" (Ptr, F32, F32);
-    AdamwStepF32 = "adamw_step_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
+    AdamwStepF32 = "adamw_step_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32, U32);
     // Precision (#12): kernels/half.cu and kernels/mixed.cu.
     AmpBegin = "amp_begin" (Ptr);
     AmpScaleF32 = "amp_scale_f32" (Ptr, Ptr, U32);
@@ -103,8 +103,8 @@ kernels! {
     AmpUnscaleCheck = "amp_unscale_check" (Ptr, Ptr, U32);
     AmpUpdate = "amp_update" (Ptr, F32, F32, U32);
     AdamwPrepareMixed = "adamw_prepare_mixed" (Ptr, Ptr, F32, F32);
-    AdamwMixedBf16 = "adamw_mixed_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
-    AdamwMixedF16 = "adamw_mixed_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
+    AdamwMixedBf16 = "adamw_mixed_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32, U32);
+    AdamwMixedF16 = "adamw_mixed_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32, U32);
     SgdMixedBf16 = "sgd_mixed_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
     SgdMixedF16 = "sgd_mixed_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
     FillU16 = "fill_u16" (Ptr, U32, U32);

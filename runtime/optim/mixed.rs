@@ -229,8 +229,9 @@ pub(super) mod sealed {
             let _ = flag;
             Ok(())
         }
-        /// Updates master `i` and model parameter `p` (skipped on the device when `flag[1]` is set).
-        fn update_param(&self, i: usize, p: &Param, flag: &Tensor) -> Result<()>;
+        /// Updates master `i` and model parameter `p` (skipped on the device when `flag[1]` is
+        /// set); with `zero`, also zeroes `p`'s grad (skipped or not).
+        fn update_param(&self, i: usize, p: &Param, flag: &Tensor, zero: bool) -> Result<()>;
     }
 }
 
@@ -263,6 +264,16 @@ impl<O: sealed::Master> Mixed<O> {
     /// One update: unscale and check (with a scaler), the optimizer's per-step work, one kernel
     /// per parameter (master and model weights), and the scale update. Capturable; no host sync.
     pub fn step(&self) -> Result<()> {
+        self.update(false)
+    }
+
+    /// [`Mixed::step`] then [`Mixed::zero_grad`], the grads zeroed by the update kernels once
+    /// read (AdamW; SGD fills them after its update). Capturable.
+    pub fn step_and_zero_grad(&self) -> Result<()> {
+        self.update(true)
+    }
+
+    fn update(&self, zero: bool) -> Result<()> {
         let flag = match &self.scaler {
             Some(s) => {
                 let grads: Vec<Tensor> = self.model.iter().map(|p| p.grad.clone()).collect();
@@ -273,7 +284,7 @@ impl<O: sealed::Master> Mixed<O> {
         };
         self.inner.prepare(flag)?;
         for (i, p) in self.model.iter().enumerate() {
-            self.inner.update_param(i, p, flag)?;
+            self.inner.update_param(i, p, flag, zero)?;
         }
         self.scaler.as_ref().map_or(Ok(()), LossScaler::update)
     }

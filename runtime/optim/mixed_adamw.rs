@@ -91,7 +91,7 @@ impl Master for AdamW {
         self.schedule.as_ref().map_or(Ok(()), |s| s.apply(&self.lr, state))
     }
 
-    fn update_param(&self, i: usize, p: &Param, flag: &Tensor) -> Result<()> {
+    fn update_param(&self, i: usize, p: &Param, flag: &Tensor, zero: bool) -> Result<()> {
         let AdamWConfig { beta1, beta2, eps, weight_decay, .. } = self.config;
         let (master, m, v) = (&self.params[i].value, &self.m[i], &self.v[i]);
         let (lr, state) = (&self.lr, &self.state);
@@ -104,12 +104,15 @@ impl Master for AdamW {
                 let (mp, vp, lp, st, fl) =
                     (m.host_ptr()?, v.host_ptr()?, lr.host_ptr()?, state.host_ptr()?, flag.host_ptr()?);
                 h.run(kernel, move || {
+                    let g = gp.read();
+                    if zero {
+                        gp.write(&vec![0.0; g.len()]);
+                    }
                     if fl.read()[1] != 0.0 {
                         return Ok(());
                     }
                     let (lr, s) = (lp.read()[0], st.read());
                     let (mut pv, mut mv, mut vv) = (pp.read(), mp.read(), vp.read());
-                    let g = gp.read();
                     cpu::adamw_update(&mut pv, &g, &mut mv, &mut vv, lr, s[1], s[2], beta1, beta2, eps, weight_decay);
                     pp.write(&pv);
                     mod_p.write(&pv);
@@ -126,6 +129,7 @@ impl Master for AdamW {
                     KArg::F32(beta2),
                     KArg::F32(eps),
                     KArg::F32(weight_decay),
+                    KArg::U32(zero as u32),
                     KArg::U32(n),
                 ]);
                 c.launch(kernel, LaunchDims::elementwise(n as usize), &args)

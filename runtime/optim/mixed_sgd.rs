@@ -43,7 +43,17 @@ impl Master for Sgd {
         self.set_lr(lr)
     }
 
-    fn update_param(&self, i: usize, p: &Param, flag: &Tensor) -> Result<()> {
+    fn update_param(&self, i: usize, p: &Param, flag: &Tensor, zero: bool) -> Result<()> {
+        self.update_sgd(i, p, flag)?;
+        if zero {
+            crate::ops::fill_(&p.grad, 0.0)?;
+        }
+        Ok(())
+    }
+}
+
+impl Sgd {
+    fn update_sgd(&self, i: usize, p: &Param, flag: &Tensor) -> Result<()> {
         let SgdConfig { momentum, weight_decay, .. } = self.config;
         let (master, buf, lr) = (&self.params[i].value, &self.bufs[i], &self.lr);
         let n = n32("MixedSgd::step", p.value.numel())?;

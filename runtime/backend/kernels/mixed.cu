@@ -63,10 +63,16 @@ extern "C" __global__ void adamw_prepare_mixed(float* st, const float* scaler, f
 }
 
 // adamw_step_f32 on the f32 master weights, then the 16-bit model weights rewritten from them
-// (rounded to nearest even); nothing changes when the scaler flagged an overflow.
+// (rounded to nearest even); nothing changes when the scaler flagged an overflow. zero_g != 0
+// also zeroes each grad once read (skipped steps too).
 template <typename T>
-__device__ __forceinline__ void adamw_mixed_t(float* p, T* model, const float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 n) {
-    if (scaler[1] != 0.0f) return;
+__device__ __forceinline__ void adamw_mixed_t(float* p, T* model, float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g, u32 n) {
+    if (scaler[1] != 0.0f) {
+        if (zero_g != 0u) {
+            for (u64 i = gr_tid(); i < n; i += gr_stride()) g[i] = 0.0f;
+        }
+        return;
+    }
     const float rate = lr[0];
     const float step_size = rate / sta[1];
     const float bc2_sqrt = sqrtf(sta[2]);
@@ -75,10 +81,11 @@ __device__ __forceinline__ void adamw_mixed_t(float* p, T* model, const float* g
         const float pi = adamw_elem(p[i], g[i], &m[i], &v[i], step_size, bc2_sqrt, decay, beta1, beta2, eps);
         p[i] = pi;
         st(model, i, pi);
+        if (zero_g != 0u) g[i] = 0.0f;
     }
 }
-extern "C" __global__ void adamw_mixed_bf16(float* p, bf16_t* model, const float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 n) { adamw_mixed_t(p, model, g, m, v, lr, sta, scaler, beta1, beta2, eps, wd, n); }
-extern "C" __global__ void adamw_mixed_f16(float* p, f16_t* model, const float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 n) { adamw_mixed_t(p, model, g, m, v, lr, sta, scaler, beta1, beta2, eps, wd, n); }
+extern "C" __global__ void adamw_mixed_bf16(float* p, bf16_t* model, float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g, u32 n) { adamw_mixed_t(p, model, g, m, v, lr, sta, scaler, beta1, beta2, eps, wd, zero_g, n); }
+extern "C" __global__ void adamw_mixed_f16(float* p, f16_t* model, float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g, u32 n) { adamw_mixed_t(p, model, g, m, v, lr, sta, scaler, beta1, beta2, eps, wd, zero_g, n); }
 
 // sgd_step_f32 on the f32 master weights, then the 16-bit model weights rewritten from them;
 // nothing changes when the scaler flagged an overflow. buf is unused (may be null) when

@@ -191,12 +191,14 @@ __device__ __forceinline__ float adamw_elem(float p, float g, float* m, float* v
     return p * decay - step_size * (mi / denom);
 }
 
-extern "C" __global__ void adamw_step_f32(float* p, const float* g, float* m, float* v, const float* lr, const float* st, float beta1, float beta2, float eps, float wd, u32 n) {
+// zero_g != 0 also zeroes each grad once read (optimizer.step_and_zero_grad: no fill launches).
+extern "C" __global__ void adamw_step_f32(float* p, float* g, float* m, float* v, const float* lr, const float* st, float beta1, float beta2, float eps, float wd, u32 zero_g, u32 n) {
     const float rate = lr[0];
     const float step_size = rate / st[1];
     const float bc2_sqrt = sqrtf(st[2]);
     const float decay = 1.0f - rate * wd;
     for (u64 i = gr_tid(); i < n; i += gr_stride()) {
         p[i] = adamw_elem(p[i], g[i], &m[i], &v[i], step_size, bc2_sqrt, decay, beta1, beta2, eps);
+        if (zero_g != 0u) g[i] = 0.0f;
     }
 }
