@@ -238,7 +238,7 @@ fn step_and_zero_grad_equals_step_then_zero_grad() {
                     }
                     match s {
                         0 => step()?,
-                        1 => g.capture(CaptureMode::Global, || step())?,
+                        1 => g.capture(CaptureMode::Global, &step)?,
                         _ => g.replay()?,
                     }
                     if s != 1 {

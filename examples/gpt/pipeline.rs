@@ -79,7 +79,7 @@ pub fn split(gpt: Gpt) -> (FirstStage, LastStage) {
 
 /// The stages, eager or graphed.
 pub enum Stages {
-    Eager(FirstStage, LastStage),
+    Eager(Box<(FirstStage, LastStage)>),
     Graphed(GraphedModules),
 }
 
@@ -113,7 +113,7 @@ impl Pipeline {
             g.fuse()?;
             Stages::Graphed(g)
         } else {
-            Stages::Eager(first, last)
+            Stages::Eager(Box::new((first, last)))
         };
         Ok(Pipeline { stages, share })
     }
@@ -126,7 +126,7 @@ impl Pipeline {
         }
         let losses = match &mut self.stages {
             Stages::Graphed(g) => fused_step(g, batches, &self.share)?,
-            Stages::Eager(first, last) => eager_step(first, last, batches, &self.share)?,
+            Stages::Eager(stages) => eager_step(&mut stages.0, &mut stages.1, batches, &self.share)?,
         };
         let mut total = losses[0].clone();
         for l in &losses[1..] {
@@ -143,7 +143,7 @@ impl Pipeline {
 
     pub fn stages(&self) -> Result<(&FirstStage, &LastStage)> {
         match &self.stages {
-            Stages::Eager(f, l) => Ok((f, l)),
+            Stages::Eager(stages) => Ok((&stages.0, &stages.1)),
             Stages::Graphed(g) => g
                 .module::<FirstStage>(0)
                 .zip(g.module::<LastStage>(1))

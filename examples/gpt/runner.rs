@@ -85,7 +85,7 @@ impl Optimizer {
 
 /// The modules, as the mode runs them.
 pub enum Modules {
-    Eager(Gpt),
+    Eager(Box<Gpt>),
     Graphed(GraphedModules),
     Pipeline(Pipeline),
 }
@@ -160,7 +160,7 @@ impl Trainer {
         let gpt = Gpt::new(dev, &cfg, seed)?;
         let opt = Optimizer::new(&gpt, lr, cfg.dtype)?;
         let modules = match mode {
-            Mode::Eager | Mode::Floor => Modules::Eager(gpt),
+            Mode::Eager | Mode::Floor => Modules::Eager(Box::new(gpt)),
             Mode::Graphed | Mode::Fused => Modules::Graphed(graph_modules(dev, &cfg, gpt, checkpoint)?),
             Mode::Pipeline | Mode::PipelineEager => {
                 Modules::Pipeline(Pipeline::new(dev, &cfg, gpt, mode == Mode::Pipeline)?)

@@ -88,7 +88,7 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize) -> Res
             g.gemm((t, t, dh), g.head(&qh, false)?, g.head(&kh, true)?, square(a, sp, f32_, false))?;
             score_rows(c, kernel, a, &[KArg::Ptr(pp), KArg::Ptr(lse.cuda_ptr()?), KArg::Ptr(sp)], &[])?;
             g.gemm((t, dh, t), square(a, pp, dtype, false), g.head(&vh, false)?, g.head(&oh, false)?)?;
-            g.from_heads(&oh, &out)?;
+            g.write_back(&oh, &out)?;
             // The temporaries go back to the pool here; later work on the stream is ordered
             // after the kernels above, so reusing their memory is safe.
         }
@@ -187,7 +187,7 @@ fn backward_cuda(
     g.gemm((t, dh, t), square(a, dsp, dtype, false), g.head(&kh, false)?, g.head(&gqh, false)?)?;
     g.gemm((t, dh, t), square(a, dsp, dtype, true), g.head(&qh, false)?, g.head(&gkh, false)?)?;
     for (h, grad) in [&gqh, &gkh, &gvh].into_iter().zip(grads) {
-        g.from_heads(h, grad)?;
+        g.write_back(h, grad)?;
     }
     Ok(())
 }
@@ -226,7 +226,7 @@ impl Heads<'_> {
     }
 
     /// Writes the head-major `h` into `t` (`[batch, seq, heads · head_dim]`).
-    fn from_heads(&self, h: &Tensor, t: &Tensor) -> Result<()> {
+    fn write_back(&self, h: &Tensor, t: &Tensor) -> Result<()> {
         self.swap(h, t, (self.a.heads, self.a.seq))
     }
 
