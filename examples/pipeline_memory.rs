@@ -11,29 +11,8 @@
 #[path = "common/model.rs"]
 mod model;
 
-use graphed::{make_graphed, Device, GraphOptions, Module, Result, Tensor};
+use graphed::{make_graphed, Device, GraphOptions, Module, OrderEntry, Result, Tensor};
 use model::{random, Stack};
-
-/// A schedule with at most `window` microbatches of each chunk in flight: forwards of both
-/// chunks, and once `window` are outstanding, one backward (last chunk first) per forward.
-fn order(microbatches: usize, window: usize) -> Vec<i32> {
-    let mut order = Vec::new();
-    let mut outstanding = 0;
-    let mut backwards = 0;
-    for _ in 0..microbatches {
-        if outstanding == window {
-            order.extend([-2, -1]);
-            outstanding -= 1;
-            backwards += 1;
-        }
-        order.extend([1, 2]);
-        outstanding += 1;
-    }
-    for _ in backwards..microbatches {
-        order.extend([-2, -1]);
-    }
-    order
-}
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -55,7 +34,8 @@ fn main() -> Result<()> {
             let x = random(&dev, &[batch, width], 3, 1.0)?.with_requires_grad(true);
             let h = Tensor::zeros(&dev, &[batch, width])?.with_requires_grad(true);
             let samples = vec![vec![vec![Some(x)]], vec![vec![Some(h)]]];
-            let opts = GraphOptions::new().warmup(1).order(order(microbatches, window)).reuse_buffers(reuse);
+            let opts =
+                GraphOptions::new().warmup(1).order(OrderEntry::windowed(2, microbatches, window)).reuse_buffers(reuse);
             let g = make_graphed(chunks, samples, opts)?;
             let stats = g.pool().stats();
             println!(

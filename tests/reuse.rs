@@ -8,29 +8,21 @@ mod common;
 use common::model::Block;
 use common::{on_each_backend, random};
 use graphed::optim::{Sgd, SgdConfig};
-use graphed::{make_graphed, Cx, Device, Error, GraphOptions, GraphedModules, Module, Param, Result, Sequence, Tensor};
+use graphed::{
+    make_graphed, Cx, Device, Error, GraphOptions, GraphedModules, Module, OrderEntry, Param, Result, Sequence, Tensor,
+};
 
 const B: usize = 4;
 const H: usize = 8;
 const STEPS: usize = 3;
 
-/// Forwards of both chunks with at most `window` microbatches in flight, then one backward
-/// (last chunk first) per forward (the pipeline_memory example's schedule).
+/// `OrderEntry::windowed` over 2 chunks, as integers (the pipeline_memory example's schedule).
 fn windowed(microbatches: usize, window: usize) -> Vec<i32> {
-    let (mut order, mut outstanding, mut backwards) = (Vec::new(), 0, 0);
-    for _ in 0..microbatches {
-        if outstanding == window {
-            order.extend([-2, -1]);
-            outstanding -= 1;
-            backwards += 1;
-        }
-        order.extend([1, 2]);
-        outstanding += 1;
-    }
-    for _ in backwards..microbatches {
-        order.extend([-2, -1]);
-    }
-    order
+    let int = |e: &OrderEntry| match *e {
+        OrderEntry::Forward(c) => c as i32,
+        _ => -(e.chunk() as i32),
+    };
+    OrderEntry::windowed(2, microbatches, window).iter().map(int).collect()
 }
 
 /// Per microbatch of each step: an input and a grad output.

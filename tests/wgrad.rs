@@ -91,6 +91,31 @@ fn data(dev: &Device, microbatches: usize) -> Result<(Vec<Tensor>, Vec<Tensor>)>
     Ok((xs.collect::<Result<_>>()?, dys.collect::<Result<_>>()?))
 }
 
+/// Two iterations of the two chunks as ordinary layers (weight grads inside backward), each
+/// microbatch forward then backward: every microbatch's output and input grad, then the
+/// parameter grads. The order of microbatches is all that a sum of grads depends on, so this is
+/// what every schedule must equal.
+fn eager_unsplit(dev: &Device, xs: &[Tensor], dys: &[Tensor]) -> Result<Vec<Vec<f32>>> {
+    let mut out = Vec::new();
+    let mut chunks: [Box<dyn Module>; 2] = [Box::new(whole(dev, 1)?), Box::new(whole(dev, 3)?)];
+    for _ in 0..2 {
+        for (x, dy) in xs.iter().zip(dys) {
+            let (mut c1, mut c2) = (Cx::new(dev), Cx::new(dev));
+            c1.set_needs_input_grad(vec![true]);
+            c2.set_needs_input_grad(vec![true]);
+            let h = chunks[0].forward(&mut c1, &[Some(x.clone())])?.remove(0);
+            let y = chunks[1].forward(&mut c2, &[h])?.remove(0).expect("y");
+            let dh = backward_unsplit(chunks[1].as_mut(), &mut c2, &[Some(dy.clone())])?.remove(0);
+            let dx = backward_unsplit(chunks[0].as_mut(), &mut c1, &[dh])?.remove(0).expect("dx");
+            out.extend([y.to_vec()?, dx.to_vec()?]);
+        }
+    }
+    for c in &chunks {
+        out.extend(grads(c.as_ref())?);
+    }
+    Ok(out)
+}
+
 /// Every microbatch's output and input grad, then the parameter grads, over two iterations
 /// of `[1, 2, 1, -2, 2, -1, w(2), -2, w(1), -1, w(2), w(1)]`, in `mode`: "eager" (the unsplit
 /// layer, no graphs), "per_call" (the wrapper's typed methods) or "fused" (one launch).
@@ -99,24 +124,7 @@ fn run(dev: &Device, mode: &str) -> Result<Vec<Vec<f32>>> {
     let (xs, dys) = data(&dev, 2)?;
     let mut out = Vec::new();
     if mode == "eager" {
-        // The ordinary layer, its weight grads inside its backward.
-        let mut chunks: [Box<dyn Module>; 2] = [Box::new(whole(&dev, 1)?), Box::new(whole(&dev, 3)?)];
-        for _ in 0..2 {
-            for (x, dy) in xs.iter().zip(&dys) {
-                let (mut c1, mut c2) = (Cx::new(&dev), Cx::new(&dev));
-                c1.set_needs_input_grad(vec![true]);
-                c2.set_needs_input_grad(vec![true]);
-                let h = chunks[0].forward(&mut c1, &[Some(x.clone())])?.remove(0);
-                let y = chunks[1].forward(&mut c2, &[h])?.remove(0).expect("y");
-                let dh = backward_unsplit(chunks[1].as_mut(), &mut c2, &[Some(dy.clone())])?.remove(0);
-                let dx = backward_unsplit(chunks[0].as_mut(), &mut c1, &[dh])?.remove(0).expect("dx");
-                out.extend([y.to_vec()?, dx.to_vec()?]);
-            }
-        }
-        for c in &chunks {
-            out.extend(grads(c.as_ref())?);
-        }
-        return Ok(out);
+        return eager_unsplit(&dev, &xs, &dys);
     }
     let hidden = Tensor::zeros(&dev, &[B, H])?.with_requires_grad(true);
     let samples = vec![vec![vec![Some(xs[0].clone())]], vec![vec![Some(hidden)]]];
@@ -199,23 +207,7 @@ fn run_long(dev: &Device, fused: Option<bool>) -> Result<Vec<Vec<f32>>> {
     let (xs, dys) = data(dev, 4)?;
     let mut out = Vec::new();
     let Some(fused) = fused else {
-        let mut chunks: [Box<dyn Module>; 2] = [Box::new(whole(dev, 1)?), Box::new(whole(dev, 3)?)];
-        for _ in 0..2 {
-            for (x, dy) in xs.iter().zip(&dys) {
-                let (mut c1, mut c2) = (Cx::new(dev), Cx::new(dev));
-                c1.set_needs_input_grad(vec![true]);
-                c2.set_needs_input_grad(vec![true]);
-                let h = chunks[0].forward(&mut c1, &[Some(x.clone())])?.remove(0);
-                let y = chunks[1].forward(&mut c2, &[h])?.remove(0).expect("y");
-                let dh = backward_unsplit(chunks[1].as_mut(), &mut c2, &[Some(dy.clone())])?.remove(0);
-                let dx = backward_unsplit(chunks[0].as_mut(), &mut c1, &[dh])?.remove(0).expect("dx");
-                out.extend([y.to_vec()?, dx.to_vec()?]);
-            }
-        }
-        for c in &chunks {
-            out.extend(grads(c.as_ref())?);
-        }
-        return Ok(out);
+        return eager_unsplit(dev, &xs, &dys);
     };
     let hidden = Tensor::zeros(dev, &[B, H])?.with_requires_grad(true);
     let modules: Vec<Box<dyn Module>> = vec![Box::new(split(dev, 1)?), Box::new(split(dev, 3)?)];

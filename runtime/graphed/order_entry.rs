@@ -40,6 +40,44 @@ impl OrderEntry {
         order.iter().map(|&e| e.into()).collect()
     }
 
+    /// A pipeline schedule of `chunks` chunks over `microbatches` microbatches that keeps at
+    /// most `in_flight` (at least 1) microbatches outstanding: each microbatch's forwards through
+    /// chunks 1..=C, and once `in_flight` are outstanding, the oldest one's backwards (chunk C
+    /// first) before the next forwards; the remaining backwards at the end. With `in_flight` 1
+    /// each backward follows its forward; with `in_flight` = `microbatches` every forward comes
+    /// first. Static memory grows with `in_flight` when surfaces are reused
+    /// (`GraphOptions::reuse_buffers`).
+    ///
+    /// ```
+    /// use graphed::OrderEntry;
+    /// let order = OrderEntry::windowed(2, 3, 2);
+    /// assert_eq!(order, OrderEntry::from_ints(&[1, 2, 1, 2, -2, -1, 1, 2, -2, -1, -2, -1]));
+    /// ```
+    pub fn windowed(chunks: usize, microbatches: usize, in_flight: usize) -> Vec<OrderEntry> {
+        let forwards = (1..=chunks).map(OrderEntry::Forward);
+        let backwards = || (1..=chunks).rev().map(OrderEntry::Backward);
+        let mut order = Vec::with_capacity(2 * chunks * microbatches);
+        let (mut outstanding, mut done) = (0, 0);
+        for _ in 0..microbatches {
+            if outstanding >= in_flight.max(1) {
+                order.extend(backwards());
+                outstanding -= 1;
+                done += 1;
+            }
+            order.extend(forwards.clone());
+            outstanding += 1;
+        }
+        for _ in done..microbatches {
+            order.extend(backwards());
+        }
+        order
+    }
+
+    /// The entry's chunk (1-indexed).
+    pub fn chunk(self) -> usize {
+        self.parts().1
+    }
+
     /// The pass and the 1-indexed chunk.
     pub(crate) fn parts(self) -> (Pass, usize) {
         match self {

@@ -153,28 +153,10 @@ mod tests {
     use super::*;
     use crate::graphed::OrderEntry;
 
-    /// The examples' schedule: forwards of both chunks, at most `window` in flight.
-    fn windowed(microbatches: usize, window: usize) -> Vec<i32> {
-        let (mut order, mut outstanding, mut backwards) = (Vec::new(), 0, 0);
-        for _ in 0..microbatches {
-            if outstanding == window {
-                order.extend([-2, -1]);
-                outstanding -= 1;
-                backwards += 1;
-            }
-            order.extend([1, 2]);
-            outstanding += 1;
-        }
-        for _ in backwards..microbatches {
-            order.extend([-2, -1]);
-        }
-        order
-    }
-
     #[test]
     fn slots_follow_the_microbatches_in_flight() {
         for (window, slots) in [(1, 1), (2, 2), (4, 4), (16, 16)] {
-            let s = Schedule::new(Some(&OrderEntry::from_ints(&windowed(16, window))), 2, true).unwrap();
+            let s = Schedule::new(Some(&OrderEntry::windowed(2, 16, window)), 2, true).unwrap();
             let plan = SlotPlan::new(&s, 2, true);
             assert_eq!((plan.slots(0), plan.slots(1)), (slots, slots), "window {window}");
             assert_eq!(plan.shares_any(), window < 16);
