@@ -1,5 +1,5 @@
-//! The main job: trains a 4-block MLP (Linear + GELU blocks, `#[graphed]` modules) to regress a
-//! fixed random function (a frozen 2-block "teacher" network, itself graphed for inference),
+//! The MLP job (the main job before the GPT of examples/gpt): trains a 4-block MLP (Linear +
+//! GELU blocks, `#[graphed]` modules) to regress a fixed random function (a frozen 2-block "teacher" network, itself graphed for inference),
 //! once eagerly and once with graphs, on the same data. Prints the loss going down, the step
 //! time of each, and whether the two runs agree bit for bit.
 //!
@@ -147,7 +147,7 @@ fn main() -> Result<()> {
         Some(other) => return Err(graphed::Error::msg(format!("--dtype {other}: want f32, bf16 or f16"))),
     };
     println!(
-        "graphed main job on {}: {LAYERS} x Linear({WIDTH}, {WIDTH}) + GELU in {dtype}, batch {BATCH}, AdamW, {steps} steps",
+        "graphed MLP job on {}: {LAYERS} x Linear({WIDTH}, {WIDTH}) + GELU in {dtype}, batch {BATCH}, AdamW, {steps} steps",
         dev.name()
     );
 
