@@ -1,6 +1,7 @@
 //! The MLP job (the main job before the GPT of examples/gpt): trains a 4-block MLP (Linear +
-//! GELU blocks, `#[graphed]` modules) to regress a fixed random function (a frozen 2-block "teacher" network, itself graphed for inference),
-//! once eagerly and once with graphs, on the same data. Prints the loss going down, the step
+//! GELU blocks, `#[graphed]` modules) to regress a fixed random function (a frozen 2-block
+//! "teacher" network, itself graphed for inference), once eagerly and once with graphs, on the
+//! same data. Prints the loss going down, the step
 //! time of each, and whether the two runs agree bit for bit.
 //!
 //! `cargo run --release --example train -- [--steps N] [--dtype f32|bf16|f16]`: on the GPU when
