@@ -87,3 +87,29 @@ fn elementwise_rejects_mismatches() {
         Ok(())
     });
 }
+
+/// `scale_by_`: `y *= s[0]` read on the device (so a replay follows the scale's new value), in
+/// every dtype; a scale that is not one f32 element is a typed error that leaves `y` as it was.
+#[test]
+fn scale_by_reads_its_scale_on_the_device() {
+    use graphed::{CaptureMode, DType, Graph};
+    on_each_backend(|dev| {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let y = Tensor::from_slice_as(dev, &[1.0, -2.0, 4.0], &[3], dtype)?;
+            let s = Tensor::from_slice(dev, &[0.5], &[1])?;
+            let mut g = Graph::new(dev);
+            g.capture(CaptureMode::Global, || ops::scale_by_(&y, &s))?;
+            g.replay()?;
+            s.copy_from_slice(&[-2.0])?;
+            g.replay()?;
+            assert_eq!(y.to_vec()?, vec![-1.0, 2.0, -4.0], "{dtype}");
+            let before = y.to_vec()?;
+            let two = Tensor::from_slice(dev, &[1.0, 2.0], &[2])?;
+            assert!(matches!(ops::scale_by_(&y, &two), Err(Error::Shape { .. })), "{dtype}");
+            let half = Tensor::from_slice_as(dev, &[1.0], &[1], DType::BF16)?;
+            assert!(matches!(ops::scale_by_(&y, &half), Err(Error::DType { .. })), "{dtype}");
+            assert_eq!(y.to_vec()?, before, "{dtype}: a refused scale_by_ changed y");
+        }
+        Ok(())
+    });
+}

@@ -276,19 +276,24 @@ fn deferred_weight_grads_keep_reused_surfaces_until_they_ran() {
 }
 
 #[test]
-fn schedule_has_wgrad_graphs() -> Result<()> {
-    assert_eq!(GraphedPipe::ORDER.len(), 12);
-    assert_eq!(GraphedPipe::ORDER[6], OrderEntry::Wgrad(2));
-    assert_eq!(GraphedPipe::MICROBATCHES, 2);
-    let dev = Device::host();
-    let samples = vec![vec![vec![Some(Tensor::zeros(&dev, &[B, H])?.with_requires_grad(true))]]; 2];
-    let g =
-        GraphedPipe::new(Pipe { first: split(&dev, 1)?, second: split(&dev, 3)? }, samples, GraphedPipe::options())?;
-    // Forward and backward per (chunk, microbatch), and a weight-grad graph each.
-    let labels: Vec<&str> = g.inner().graphs().into_iter().map(|(l, _)| l).collect();
-    assert_eq!(labels.len(), 12, "{labels:?}");
-    assert_eq!(labels.iter().filter(|l| l.ends_with("weight grads")).count(), 4, "{labels:?}");
-    Ok(())
+fn schedule_has_wgrad_graphs() {
+    on_each_backend(|dev| {
+        assert_eq!(GraphedPipe::ORDER.len(), 12);
+        assert_eq!(GraphedPipe::ORDER[6], OrderEntry::Wgrad(2));
+        assert_eq!(GraphedPipe::MICROBATCHES, 2);
+        let dev = dev.clone();
+        let samples = vec![vec![vec![Some(Tensor::zeros(&dev, &[B, H])?.with_requires_grad(true))]]; 2];
+        let g = GraphedPipe::new(
+            Pipe { first: split(&dev, 1)?, second: split(&dev, 3)? },
+            samples,
+            GraphedPipe::options(),
+        )?;
+        // Forward and backward per (chunk, microbatch), and a weight-grad graph each.
+        let labels: Vec<&str> = g.inner().graphs().into_iter().map(|(l, _)| l).collect();
+        assert_eq!(labels.len(), 12, "{labels:?}");
+        assert_eq!(labels.iter().filter(|l| l.ends_with("weight grads")).count(), 4, "{labels:?}");
+        Ok(())
+    });
 }
 
 /// A one-microbatch runtime schedule `[1, 2, -2, -1, w(2)]`: chunk 1 is split but runs its
@@ -310,106 +315,122 @@ fn all_grads(g: &GraphedModules) -> Result<Vec<Vec<f32>>> {
 }
 
 #[test]
-fn misuse_is_a_typed_error_that_changes_nothing() -> Result<()> {
-    let dev = Device::host();
-    let mut g = runtime_form(&dev)?;
-    let mut cx = Cx::new(&dev);
-    let x = random(&dev, &[B, H], 30)?.with_requires_grad(true);
-    let dy = random(&dev, &[B, H], 40)?;
-    let before = all_grads(&g)?;
-    assert!(matches!(g.backward_weights(1, &mut cx), Err(Error::NoPendingBackward { .. })));
-    assert!(matches!(g.backward_weights(0, &mut cx), Err(Error::NotDeferred { .. })));
-    assert!(matches!(g.backward_weights(2, &mut cx), Err(Error::ChunkOutOfRange { .. })));
-    g.forward(0, &mut cx, &[Some(x.clone())])?;
-    g.forward(1, &mut cx, &[Some(x.clone())])?;
-    g.backward(1, &mut cx, &[Some(dy.clone())])?;
-    // `w(2)` comes after `-1`: too early now.
-    assert!(matches!(g.backward_weights(1, &mut cx), Err(Error::ReplayOrder { .. })));
-    assert_eq!(all_grads(&g)?[2..], before[2..], "chunk 2's weight grads must not have run");
-    // A fused step is refused while a weight grad is outstanding.
-    g.fuse()?;
-    g.backward(0, &mut cx, &[Some(dy.clone())])?;
-    assert!(matches!(g.step(), Err(Error::StepMidIteration { pending: 1, .. })));
-    g.backward_weights(1, &mut cx)?;
-    assert!(matches!(g.backward_weights(1, &mut cx), Err(Error::NoPendingBackward { .. })));
-    assert_ne!(all_grads(&g)?[2..], before[2..]);
-    g.step()?;
-    Ok(())
+fn misuse_is_a_typed_error_that_changes_nothing() {
+    on_each_backend(|dev| {
+        let dev = dev.clone();
+        let mut g = runtime_form(&dev)?;
+        let mut cx = Cx::new(&dev);
+        let x = random(&dev, &[B, H], 30)?.with_requires_grad(true);
+        let dy = random(&dev, &[B, H], 40)?;
+        let before = all_grads(&g)?;
+        let pool = g.pool().stats();
+        assert!(matches!(g.backward_weights(1, &mut cx), Err(Error::NoPendingBackward { .. })));
+        assert!(matches!(g.backward_weights(0, &mut cx), Err(Error::NotDeferred { .. })));
+        assert!(matches!(g.backward_weights(2, &mut cx), Err(Error::ChunkOutOfRange { .. })));
+        assert_eq!((all_grads(&g)?, g.pool().stats()), (before.clone(), pool), "a refused call changed something");
+        g.forward(0, &mut cx, &[Some(x.clone())])?;
+        g.forward(1, &mut cx, &[Some(x.clone())])?;
+        g.backward(1, &mut cx, &[Some(dy.clone())])?;
+        // `w(2)` comes after `-1`: too early now.
+        assert!(matches!(g.backward_weights(1, &mut cx), Err(Error::ReplayOrder { .. })));
+        assert_eq!(all_grads(&g)?[2..], before[2..], "chunk 2's weight grads must not have run");
+        assert_eq!(g.pool().stats(), pool, "a refused call changed the pool");
+        // A fused step is refused while a weight grad is outstanding.
+        g.fuse()?;
+        g.backward(0, &mut cx, &[Some(dy.clone())])?;
+        let (grads_mid, pool_mid) = (all_grads(&g)?, g.pool().stats());
+        assert!(matches!(g.step(), Err(Error::StepMidIteration { pending: 1, .. })));
+        assert_eq!((all_grads(&g)?, g.pool().stats()), (grads_mid, pool_mid), "a refused step changed something");
+        g.backward_weights(1, &mut cx)?;
+        let after = all_grads(&g)?;
+        assert!(matches!(g.backward_weights(1, &mut cx), Err(Error::NoPendingBackward { .. })));
+        assert_eq!(all_grads(&g)?, after, "a refused call ran weight grads");
+        assert_ne!(after[2..], before[2..]);
+        g.step()?;
+        Ok(())
+    });
 }
 
 #[test]
-fn bad_runtime_orders_are_refused_and_hand_the_modules_back() -> Result<()> {
-    let dev = Device::host();
-    let x = random(&dev, &[B, H], 30)?.with_requires_grad(true);
-    let samples = || vec![vec![vec![Some(x.clone())]], vec![vec![Some(x.clone())]]];
-    let (f, b, w) = (OrderEntry::Forward, OrderEntry::Backward, OrderEntry::Wgrad);
-    let bad: [Vec<OrderEntry>; 3] = [
-        vec![f(1), f(2), w(2), b(2), b(1)],                         // w(2) before its backward
-        vec![f(1), f(2), b(2), b(1), w(2), w(2)],                   // more w(2) than microbatches
-        vec![f(1), f(1), f(2), f(2), b(2), b(2), b(1), b(1), w(2)], // fewer
-    ];
-    for order in bad {
-        let modules: Vec<Box<dyn Module>> = vec![Box::new(split(&dev, 1)?), Box::new(split(&dev, 3)?)];
-        let err = make_graphed(modules, samples(), GraphOptions::new().order(order.clone())).unwrap_err();
-        assert!(matches!(err.error(), Error::InvalidOrder { .. }), "{order:?}: {err}");
-        assert_eq!(err.into_inner().len(), 2);
-    }
-    // A module that does not split, and a checkpointed one (which never does).
-    let unsplit: [Box<dyn Module>; 2] = [Box::new(whole(&dev, 1)?), Box::new(Checkpoint::new(split(&dev, 1)?))];
-    for second in unsplit {
-        let modules: Vec<Box<dyn Module>> = vec![Box::new(split(&dev, 1)?), second];
-        let order = vec![f(1), f(2), b(2), b(1), w(2)];
-        let err = make_graphed(modules, samples(), GraphOptions::new().order(order)).unwrap_err();
-        assert!(err.to_string().contains("does not split its backward"), "{err}");
-    }
-    Ok(())
+fn bad_runtime_orders_are_refused_and_hand_the_modules_back() {
+    on_each_backend(|dev| {
+        let dev = dev.clone();
+        let x = random(&dev, &[B, H], 30)?.with_requires_grad(true);
+        let samples = || vec![vec![vec![Some(x.clone())]], vec![vec![Some(x.clone())]]];
+        let (f, b, w) = (OrderEntry::Forward, OrderEntry::Backward, OrderEntry::Wgrad);
+        let bad: [Vec<OrderEntry>; 3] = [
+            vec![f(1), f(2), w(2), b(2), b(1)],                         // w(2) before its backward
+            vec![f(1), f(2), b(2), b(1), w(2), w(2)],                   // more w(2) than microbatches
+            vec![f(1), f(1), f(2), f(2), b(2), b(2), b(1), b(1), w(2)], // fewer
+        ];
+        for order in bad {
+            let modules: Vec<Box<dyn Module>> = vec![Box::new(split(&dev, 1)?), Box::new(split(&dev, 3)?)];
+            let err = make_graphed(modules, samples(), GraphOptions::new().order(order.clone())).unwrap_err();
+            assert!(matches!(err.error(), Error::InvalidOrder { .. }), "{order:?}: {err}");
+            assert_eq!(err.into_inner().len(), 2);
+        }
+        // A module that does not split, and a checkpointed one (which never does).
+        let unsplit: [Box<dyn Module>; 2] = [Box::new(whole(&dev, 1)?), Box::new(Checkpoint::new(split(&dev, 1)?))];
+        for second in unsplit {
+            let modules: Vec<Box<dyn Module>> = vec![Box::new(split(&dev, 1)?), second];
+            let order = vec![f(1), f(2), b(2), b(1), w(2)];
+            let err = make_graphed(modules, samples(), GraphOptions::new().order(order)).unwrap_err();
+            assert!(err.to_string().contains("does not split its backward"), "{err}");
+        }
+        Ok(())
+    });
 }
 
 /// Without `w(c)` entries a split module runs its whole backward in one graph: the same grads
 /// as the unsplit layer, plain or checkpointed.
 #[test]
-fn without_wgrad_entries_a_split_module_is_unsplit() -> Result<()> {
-    let dev = Device::host();
-    let (xs, dys) = data(&dev, 1)?;
-    let run = |module: Box<dyn Module>| -> Result<Vec<Vec<f32>>> {
-        let mut g = make_graphed(vec![module], vec![vec![vec![Some(xs[0].clone())]]], GraphOptions::new().warmup(1))?;
-        let mut cx = Cx::new(&dev);
-        let y = g.forward(0, &mut cx, &[Some(xs[0].clone())])?.remove(0).expect("y").to_vec()?;
-        let dx = g.backward(0, &mut cx, &[Some(dys[0].clone())])?.remove(0).expect("dx").to_vec()?;
-        let m = g.into_modules().remove(0);
-        Ok([vec![y, dx], grads(m.as_ref())?].concat())
-    };
-    let reference = run(Box::new(whole(&dev, 1)?))?;
-    assert_eq!(run(Box::new(split(&dev, 1)?))?, reference);
-    assert_eq!(run(Box::new(Checkpoint::new(split(&dev, 1)?)))?, reference);
-    Ok(())
+fn without_wgrad_entries_a_split_module_is_unsplit() {
+    on_each_backend(|dev| {
+        let dev = dev.clone();
+        let (xs, dys) = data(&dev, 1)?;
+        let run = |module: Box<dyn Module>| -> Result<Vec<Vec<f32>>> {
+            let mut g =
+                make_graphed(vec![module], vec![vec![vec![Some(xs[0].clone())]]], GraphOptions::new().warmup(1))?;
+            let mut cx = Cx::new(&dev);
+            let y = g.forward(0, &mut cx, &[Some(xs[0].clone())])?.remove(0).expect("y").to_vec()?;
+            let dx = g.backward(0, &mut cx, &[Some(dys[0].clone())])?.remove(0).expect("dx").to_vec()?;
+            let m = g.into_modules().remove(0);
+            Ok([vec![y, dx], grads(m.as_ref())?].concat())
+        };
+        let reference = run(Box::new(whole(&dev, 1)?))?;
+        assert_eq!(run(Box::new(split(&dev, 1)?))?, reference);
+        assert_eq!(run(Box::new(Checkpoint::new(split(&dev, 1)?)))?, reference);
+        Ok(())
+    });
 }
 
 /// Graphs captured for inference, run in training mode: every call is eager, and the weight
 /// grads still wait for `backward_weights`.
 #[test]
-fn eager_calls_queue_their_weight_grads_too() -> Result<()> {
-    let dev = Device::host();
-    let (xs, dys) = data(&dev, 1)?;
-    let modules: Vec<Box<dyn Module>> = vec![Box::new(split(&dev, 1)?)];
-    let order = [OrderEntry::Forward(1), OrderEntry::Backward(1), OrderEntry::Wgrad(1)];
-    let samples = vec![vec![vec![Some(xs[0].clone())]]];
-    let mut g = make_graphed(modules, samples, GraphOptions::new().warmup(1).order(order).inference())?;
-    g.train();
-    let mut cx = Cx::new(&dev);
-    let before = grads(g.module::<Split>(0).expect("split"))?;
-    g.forward(0, &mut cx, &[Some(xs[0].clone())])?;
-    let dx = g.backward(0, &mut cx, &[Some(dys[0].clone())])?.remove(0).expect("dx").to_vec()?;
-    assert_eq!(grads(g.module::<Split>(0).expect("split"))?, before, "weight grads wait for w(1)");
-    g.backward_weights(0, &mut cx)?;
-    assert!(matches!(g.backward_weights(0, &mut cx), Err(Error::NoPendingBackward { .. })));
+fn eager_calls_queue_their_weight_grads_too() {
+    on_each_backend(|dev| {
+        let dev = dev.clone();
+        let (xs, dys) = data(&dev, 1)?;
+        let modules: Vec<Box<dyn Module>> = vec![Box::new(split(&dev, 1)?)];
+        let order = [OrderEntry::Forward(1), OrderEntry::Backward(1), OrderEntry::Wgrad(1)];
+        let samples = vec![vec![vec![Some(xs[0].clone())]]];
+        let mut g = make_graphed(modules, samples, GraphOptions::new().warmup(1).order(order).inference())?;
+        g.train();
+        let mut cx = Cx::new(&dev);
+        let before = grads(g.module::<Split>(0).expect("split"))?;
+        g.forward(0, &mut cx, &[Some(xs[0].clone())])?;
+        let dx = g.backward(0, &mut cx, &[Some(dys[0].clone())])?.remove(0).expect("dx").to_vec()?;
+        assert_eq!(grads(g.module::<Split>(0).expect("split"))?, before, "weight grads wait for w(1)");
+        g.backward_weights(0, &mut cx)?;
+        assert!(matches!(g.backward_weights(0, &mut cx), Err(Error::NoPendingBackward { .. })));
 
-    let mut reference = whole(&dev, 1)?;
-    let mut rcx = Cx::new(&dev);
-    rcx.set_needs_input_grad(vec![true]);
-    Module::forward(&reference, &mut rcx, &[Some(xs[0].clone())])?;
-    let rdx = Module::backward(&mut reference, &mut rcx, &[Some(dys[0].clone())])?.remove(0).expect("dx");
-    assert_eq!(dx, rdx.to_vec()?);
-    assert_eq!(grads(g.module::<Split>(0).expect("split"))?, grads(&reference)?);
-    Ok(())
+        let mut reference = whole(&dev, 1)?;
+        let mut rcx = Cx::new(&dev);
+        rcx.set_needs_input_grad(vec![true]);
+        Module::forward(&reference, &mut rcx, &[Some(xs[0].clone())])?;
+        let rdx = Module::backward(&mut reference, &mut rcx, &[Some(dys[0].clone())])?.remove(0).expect("dx");
+        assert_eq!(dx, rdx.to_vec()?);
+        assert_eq!(grads(g.module::<Split>(0).expect("split"))?, grads(&reference)?);
+        Ok(())
+    });
 }
