@@ -5,48 +5,22 @@
 //!
 //! `cargo run --release --example pipeline_wgrad`
 
-use graphed::{graphed, ops, Cx, Device, OrderEntry, Param, Parameters, Result, Tensor};
+#[path = "common/split_linear.rs"]
+mod split_linear;
 
-/// `y = x wᵀ + b` with a split backward.
-#[derive(Parameters)]
-pub struct Linear {
-    w: Param,
-    b: Param,
-}
-
-#[graphed(warmup = 2)]
-impl Linear {
-    pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
-        cx.save(x);
-        ops::linear(x, &self.w.value, Some(&self.b.value))
-    }
-
-    /// The input grads; saves `dy` for the weight grads.
-    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
-        let x = cx.saved(0)?;
-        cx.save(dy);
-        let scratch = Tensor::zeros(x.device(), self.w.value.dims())?;
-        ops::linear_backward(dy, &x, &self.w.value, &scratch, None, cx.needs_input_grad(0))
-    }
-
-    /// The weight grads, from what `forward` and `backward` saved.
-    pub fn backward_weights(&mut self, cx: &mut Cx) -> Result<()> {
-        let (x, dy) = (cx.saved(0)?, cx.saved(1)?);
-        ops::linear_backward(&dy, &x, &self.w.value, &self.w.grad, Some(&self.b.grad), false)?;
-        Ok(())
-    }
-}
+use graphed::{graphed, Cx, Device, OrderEntry, Param, Result, Tensor};
+use split_linear::{Split, SplitGradOutputs, SplitInputs};
 
 /// Two microbatches; each chunk's weight grads wait until the other chunk's input grads ran.
 #[graphed(warmup = 2, order = [1, 2, 1, -2, 2, -1, w(2), -2, w(1), -1, w(2), w(1)])]
 pub struct TwoStage {
-    first: Linear,
-    second: Linear,
+    first: Split,
+    second: Split,
 }
 
-fn linear(dev: &Device, width: usize, seed: f32) -> Result<Linear> {
+fn linear(dev: &Device, width: usize, seed: f32) -> Result<Split> {
     let w: Vec<f32> = (0..width * width).map(|i| ((i as f32 * 0.37 + seed).sin()) / width as f32).collect();
-    Ok(Linear {
+    Ok(Split {
         w: Param::new(Tensor::from_slice(dev, &w, &[width, width])?)?,
         b: Param::new(Tensor::zeros(dev, &[width])?)?,
     })
@@ -66,17 +40,17 @@ fn main() -> Result<()> {
     let (mut forward_2, mut backward_1) = (0, 0);
     for entry in GraphedTwoStage::ORDER {
         match *entry {
-            OrderEntry::Forward(1) => drop(g.forward_first(&mut cx, LinearInputs { x: x.clone() })?),
+            OrderEntry::Forward(1) => drop(g.forward_first(&mut cx, SplitInputs { x: x.clone() })?),
             OrderEntry::Forward(_) => {
                 // Chained: passing chunk 1's output buffer back in copies nothing.
                 let h = g.inner().outputs(0, forward_2)?.remove(0).expect("h");
-                drop(g.forward_second(&mut cx, LinearInputs { x: h })?);
+                drop(g.forward_second(&mut cx, SplitInputs { x: h })?);
                 forward_2 += 1;
             }
-            OrderEntry::Backward(2) => drop(g.backward_second(&mut cx, LinearGradOutputs { dy: dy.clone() })?),
+            OrderEntry::Backward(2) => drop(g.backward_second(&mut cx, SplitGradOutputs { dy: dy.clone() })?),
             OrderEntry::Backward(_) => {
                 let dh = g.inner().grad_inputs(1, backward_1)?.remove(0).expect("dh");
-                drop(g.backward_first(&mut cx, LinearGradOutputs { dy: dh })?);
+                drop(g.backward_first(&mut cx, SplitGradOutputs { dy: dh })?);
                 backward_1 += 1;
             }
             OrderEntry::Wgrad(1) => g.backward_weights_first(&mut cx)?,

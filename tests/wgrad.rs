@@ -4,45 +4,18 @@
 //! changes nothing.
 
 mod common;
+#[path = "../examples/common/split_linear.rs"]
+mod split_linear;
 
 use common::{on_each_backend, random};
 use graphed::{
     backward_unsplit, graphed, make_graphed, ops, Checkpoint, Cx, Device, Error, GraphOptions, GraphedModules, Module,
     OrderEntry, Param, Parameters, Result, Tensor,
 };
+use split_linear::{Split, SplitGradOutputs, SplitInputs};
 
 const B: usize = 3;
 const H: usize = 4;
-
-/// `y = x wᵀ + b`, its backward split: `backward` returns dx, `backward_weights` accumulates
-/// dW and db from what `backward` saved.
-#[derive(Parameters)]
-pub struct Split {
-    w: Param,
-    b: Param,
-}
-
-#[graphed(warmup = 2)]
-impl Split {
-    pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
-        cx.save(x);
-        ops::linear(x, &self.w.value, Some(&self.b.value))
-    }
-
-    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
-        let x = cx.saved(0)?;
-        cx.save(dy);
-        // Input grads only: the weight-grad output of the op goes to a scratch buffer.
-        let scratch = Tensor::zeros(x.device(), self.w.value.dims())?;
-        ops::linear_backward(dy, &x, &self.w.value, &scratch, None, cx.needs_input_grad(0))
-    }
-
-    pub fn backward_weights(&mut self, cx: &mut Cx) -> Result<()> {
-        let (x, dy) = (cx.saved(0)?, cx.saved(1)?);
-        ops::linear_backward(&dy, &x, &self.w.value, &self.w.grad, Some(&self.b.grad), false)?;
-        Ok(())
-    }
-}
 
 /// The same layer, unsplit (its weight grads inside `backward`).
 #[derive(Parameters)]
