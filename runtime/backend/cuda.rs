@@ -8,7 +8,7 @@ use cudarc::cublas::{result as cublas_result, sys as cublas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
-use super::kernels::{BuiltinKernel, KArg};
+use super::kernels::{BuiltinKernel, FlashTiles, KArg};
 use super::{DropErrors, StreamGate};
 use crate::{Error, Result};
 
@@ -19,6 +19,7 @@ pub(crate) const KERNEL_SOURCES: &[&str] = &[
     include_str!("kernels/half.cu"),
     include_str!("kernels/mixed.cu"),
     include_str!("kernels/transformer.cu"),
+    include_str!("kernels/flash.cu"),
 ];
 
 /// The clear state of the device's error word (see `kernels/transformer.cu`): no bad token.
@@ -112,6 +113,10 @@ pub(crate) struct CudaBackend {
     /// cublasLt (fused epilogues), when the library loads.
     pub(crate) lt: Option<std::sync::Mutex<super::cublaslt::Lt>>,
     name: String,
+    /// Compute capability (major, minor).
+    pub(crate) capability: (i32, i32),
+    /// The most dynamic shared memory a block may opt into, in bytes.
+    pub(crate) max_shared_optin: usize,
     pub(crate) gate: Arc<StreamGate>,
     pub(crate) drop_errors: Arc<DropErrors>,
 }
@@ -145,16 +150,33 @@ impl CudaBackend {
                 .map_err(driver_err("cuDeviceGetAttribute"))?,
         );
         let src = KERNEL_SOURCES.join("\n");
-        let opts = CompileOptions {
-            options: vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()],
-            ..Default::default()
-        };
+        let mut options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
+        options.extend(FlashTiles::nvrtc_defines());
+        let opts = CompileOptions { options, ..Default::default() };
         let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
         let module = ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
         let functions = BuiltinKernel::ALL
             .iter()
             .map(|k| module.load_function(k.name()).map_err(driver_err("cuModuleGetFunction")))
             .collect::<Result<Vec<_>>>()?;
+        let max_shared_optin = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(driver_err("cuDeviceGetAttribute"))?
+            .max(0) as usize;
+        // The fused attention kernels take more than the default 48 KB of dynamic shared
+        // memory; their launches check their need against this limit first.
+        for (k, f) in BuiltinKernel::ALL.iter().zip(&functions) {
+            if k.name().starts_with("flash_")
+                && *k != BuiltinKernel::FlashBwdPrepBf16
+                && *k != BuiltinKernel::FlashBwdPrepF16
+            {
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    max_shared_optin as i32,
+                )
+                .map_err(driver_err("cuFuncSetAttribute"))?;
+            }
+        }
 
         // SAFETY: plain allocation and a synchronous copy of 16 bytes into it, outside any
         // capture; freed in Drop.
@@ -190,6 +212,8 @@ impl CudaBackend {
             err_word,
             lt: super::cublaslt::Lt::open().map(std::sync::Mutex::new),
             name,
+            capability: (major, minor),
+            max_shared_optin,
             gate,
             drop_errors,
         })
