@@ -1,7 +1,7 @@
 //! A byte-level GPT trained with one graphed module per transformer block (#13): the main job.
 //!
 //! `cargo run --release --example gpt -- [--steps N] [--data FILE] [--size tiny|gpu]
-//! [--dtype f32|bf16]
+//! [--context N] [--batch N] [--dtype f32|bf16]
 //! [--mode eager|graphed|fused|floor|pipeline|pipeline-eager] [--no-checkpoint] [--dropout P]
 //! [--eval-every N] [--warmup N] [--plot FILE.png] [--json FILE]`
 //!
@@ -99,12 +99,24 @@ fn config(dev: &Device) -> Result<Config> {
     let dtype = dtype(dev)?;
     let tiny = Config { layers: 3, d_model: 96, heads: 4, context: 96, batch: 8, hidden: 256, dropout, dtype };
     let gpu = Config { layers: 8, d_model: 512, heads: 8, context: 256, batch: 16, hidden: 1368, dropout, dtype };
-    match arg("--size").as_deref() {
-        Some("tiny") => Ok(tiny),
-        Some("gpu") => Ok(gpu),
-        None => Ok(if dev.is_cuda() { gpu } else { tiny }),
-        Some(other) => Err(Error::msg(format!("--size {other}: expected tiny or gpu"))),
+    let c = match arg("--size").as_deref() {
+        Some("tiny") => tiny,
+        Some("gpu") => gpu,
+        None => {
+            if dev.is_cuda() {
+                gpu
+            } else {
+                tiny
+            }
+        }
+        Some(other) => return Err(Error::msg(format!("--size {other}: expected tiny or gpu"))),
+    };
+    // `--context N` and `--batch N` change the size's sequence length and batch.
+    let (context, batch) = (num("--context", c.context)?, num("--batch", c.batch)?);
+    if context == 0 || batch == 0 {
+        return Err(Error::msg(format!("--context {context} --batch {batch}: both must be at least 1")));
     }
+    Ok(Config { context, batch, ..c })
 }
 
 /// What a run measured.
