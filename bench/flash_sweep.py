@@ -117,8 +117,8 @@ def bwd(K, dout, q, k, v, out, lse, heads, kv_heads, causal, parts=("dkdv", "dq"
     dsum = torch.empty((b, heads, s), device=q.device, dtype=torch.float32)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     prep = K.mod.get_function(f"flash_bwd_prep_{name}")
-    n = b * s * heads
-    prep(((n + 255) // 256,), (256,), (P(dsum), P(dout), P(out), U(b * s), U(s), U(heads), U(d)))
+    n = b * s * heads * d // 8
+    prep((min((n + 255) // 256, 65535 * 8),), (256,), (P(dsum), P(dout), P(out), U(b * s), U(s), U(heads), U(d)))
     scale = np.float32(1 / math.sqrt(d))
     if "dkdv" in parts:
         fn, cfg, sm = K.f(f"flash_bwd_dkdv_{name}_d{d}", "DKV", d)
@@ -238,7 +238,16 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="run the runtime's tiles once at seq 4096, head dim 64, causal (for ncu) and stop")
     args = ap.parse_args()
+    if args.profile:
+        K = Kernels({k: v[0] for k, v in SWEEP.items()})
+        b, heads, q, k, v, dout = inputs(4096, 64)
+        out, lse = fwd(K, q, k, v, heads, heads, True)
+        bwd(K, dout, q, k, v, out, lse, heads, heads, True)
+        torch.cuda.synchronize()
+        return 0
     lines = []
 
     def log(s):

@@ -238,7 +238,8 @@ fn backward_cuda(c: &CudaBackend, a: AttnShape, dtype: DType, ins: [&Tensor; 6])
     let prep_args = [KArg::Ptr(sp), KArg::Ptr(dop), KArg::Ptr(op)]
         .into_iter()
         .chain([tokens, d.seq, d.heads, d.head_dim].map(|n| KArg::U32(n as u32)));
-    c.launch(prep, LaunchDims::elementwise(tokens * d.heads), &prep_args.collect::<Vec<_>>())?;
+    // One thread per 16 bytes of dout (flash.cu: the threads of a row sum with shuffles).
+    c.launch(prep, LaunchDims::elementwise(tokens * d.heads * d.head_dim / 8), &prep_args.collect::<Vec<_>>())?;
     let [_, dq_smem, dkv_smem] = tiles.smem(d.head_dim);
     let common = [KArg::Ptr(qp), KArg::Ptr(kp), KArg::Ptr(vp), KArg::Ptr(dop), KArg::Ptr(lp), KArg::Ptr(sp)];
     let mut args = vec![KArg::Ptr(dk.cuda_ptr()?), KArg::Ptr(dv.cuda_ptr()?)];

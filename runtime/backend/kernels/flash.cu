@@ -370,17 +370,29 @@ __device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const
 
 // ------------------------------------------------------------------------------ backward
 
-// dsum[b, h, s] = sum over the head's D columns of dout * out: one thread per (token, head).
+// dsum[b, h, s] = sum over the head's d columns of dout * out. Each thread takes 16 bytes (8
+// values) of one (token, head) row, the d / 8 threads of a row sum theirs with shuffles (d is 64
+// or 128, and every row starts 16-byte aligned), so the loads are whole and coalesced. Every
+// lane of a warp runs the same iterations (the shuffles need them all).
 template <typename T>
 __device__ __forceinline__ void fa_bwd_prep(float* dsum, const T* dout, const T* out, u32 tokens, u32 seq, u32 heads, u32 d) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)tokens * heads; i += (u64)gridDim.x * blockDim.x) {
-        const u64 tok = i / heads, h = i % heads;
-        const T* a = dout + tok * heads * d + h * d;
-        const T* o = out + tok * heads * d + h * d;
+    const u32 g = d / 8;  // threads a row: 8 or 16
+    const u64 total = (u64)tokens * heads * g, stride = (u64)gridDim.x * blockDim.x;
+    for (u64 base = (u64)blockIdx.x * blockDim.x; base < total; base += stride) {
+        const u64 i = base + threadIdx.x;
         float acc = 0.0f;
-        for (u32 j = 0; j < d; ++j) acc += ld(a, j) * ld(o, j);
-        const u64 b = tok / seq, s = tok % seq;
-        dsum[(b * heads + h) * seq + s] = acc;
+        if (i < total) {
+            Pack<T> pa, po;
+            pa.raw = reinterpret_cast<const uint4*>(dout)[i];
+            po.raw = reinterpret_cast<const uint4*>(out)[i];
+#pragma unroll
+            for (u32 k = 0; k < 8; ++k) acc += ld(pa.e, k) * ld(po.e, k);
+        }
+        for (u32 o = g / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (i < total && i % g == 0) {
+            const u64 row = i / g, tok = row / heads, h = row % heads, b = tok / seq, s = tok % seq;
+            dsum[(b * heads + h) * seq + s] = acc;
+        }
     }
 }
 
