@@ -211,8 +211,9 @@ kernels! {
 /// The tile shapes of the fused attention kernels (`kernels/flash.cu`), one place for both
 /// sides: NVRTC gets them as `-DFA_<KIND><D>=tile,warps,mt` and the launches size their grids
 /// and shared memory from them. Chosen by sweeping `bench/flash_sweep.py` on an H200
-/// (docs/results/flash-sweep-2026-12-01b.txt): two row blocks a warp in the forward and in dQ
-/// at head dim 64 (each K/V fragment serves both), one where the accumulators would spill.
+/// (docs/results/flash-sweep-2026-12-01b.txt and -c.txt): two row blocks a warp at head dim 64
+/// (each fragment loaded serves both), one where the accumulators would spill (dQ and dK/dV at
+/// head dim 128).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FlashTiles {
     /// Forward: keys per tile, warps, row blocks of 16 queries per warp.
@@ -229,7 +230,7 @@ impl FlashTiles {
 
     pub(crate) const fn of(head_dim: usize) -> FlashTiles {
         if head_dim == 64 {
-            FlashTiles { fwd: (64, 4, 2), dq: (32, 4, 2), dkv: (128, 4, 1) }
+            FlashTiles { fwd: (64, 4, 2), dq: (32, 4, 2), dkv: (128, 4, 2) }
         } else {
             FlashTiles { fwd: (64, 4, 2), dq: (64, 4, 1), dkv: (64, 4, 1) }
         }

@@ -489,10 +489,14 @@ __device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, c
 
 // dK and dV for a tile of BN = 16 * MT * NW keys (RW = 16 * MT a warp), over the query tiles
 // (BM rows) of every query head of its group. Shared: K, V (BN x D), two stages of Q and dO
-// (BM x D) and of lse, dsum (BM).
+// (BM x D) and of lse, dsum (BM). With two row blocks a warp the tile is taken QC = 16 queries
+// at a time (small S and dP, so the 32 keys' accumulators fit) with K's fragments in registers;
+// a chunk entirely above the diagonal is skipped.
 template <bool BF16, int D, int BM, int NW, int MT>
 __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) {
     constexpr int RW = 16 * MT, BN = RW * NW, NT = NW * 32;
+    constexpr int QC = MT == 1 ? BM : 16;
+    constexpr bool KREG = QC == 16 && MT * D <= 128;
     u16* sK = reinterpret_cast<u16*>(fa_smem);
     u16* sV = sK + BN * D;
     u16* sQ = sV + BN * D;
@@ -526,6 +530,7 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
     float dka[MT][D / 8][4], dva[MT][D / 8][4];
     fa_zero<D, MT>(dka);
     fa_zero<D, MT>(dva);
+    u32 kf[KREG ? MT : 1][D / 16][4];
     const float sl2 = scale * FA_LOG2E;
 
     for (u32 it = 0; it < iters; ++it) {
@@ -534,38 +539,46 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
         fa_commit();
         fa_wait1();
         __syncthreads();
+        if constexpr (KREG) {
+            if (it == 0) fa_frags<D, MT>(kf, sK, warp * RW);
+        }
         const u32 q0 = (first + it % per_head) * BM;
-        const u16* cQ = sQ + st * BM * D;
-        const u16* cO = sO + st * BM * D;
-        const float* cL = sL + st * BM;
-        const float* cD = sD + st * BM;
-        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (RW keys x BM queries a warp).
-        float s[MT][BM / 8][4], dp[MT][BM / 8][4];
-        fa_mma_bt<BF16, D, BM, MT, false>(s, nullptr, sK, warp * RW, cQ);
-        fa_mma_bt<BF16, D, BM, MT, false>(dp, nullptr, sV, warp * RW, cO);
-        const bool edge = q0 + BM > seq || (causal && q0 < w0 + RW - 1);
+#pragma unroll 1
+        for (int c = 0; c < BM / QC; ++c) {
+            const u32 c0 = q0 + c * QC;  // this chunk's first query
+            if (causal && c0 + QC - 1 < w0) continue;  // every query before every key of the warp
+            const u16* cQ = sQ + st * BM * D + c * QC * D;
+            const u16* cO = sO + st * BM * D + c * QC * D;
+            const float* cL = sL + st * BM + c * QC;
+            const float* cD = sD + st * BM + c * QC;
+            // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (RW keys x QC queries a warp).
+            float s[MT][QC / 8][4], dp[MT][QC / 8][4];
+            fa_mma_bt<BF16, D, QC, MT, KREG>(s, kf, sK, warp * RW, cQ);
+            fa_mma_bt<BF16, D, QC, MT, false>(dp, nullptr, sV, warp * RW, cO);
+            const bool edge = c0 + QC > seq || (causal && c0 < w0 + RW - 1);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
+            for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-            for (int nt = 0; nt < BM / 8; ++nt) {
+                for (int nt = 0; nt < QC / 8; ++nt) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int qc = nt * 8 + 2 * t + (e & 1);
-                    const u32 qi = q0 + qc, key = w0 + mt * 16 + gr + 8 * (e >> 1);
-                    const bool masked = edge && (qi >= seq || (causal && qi < key));
-                    const float p = masked ? 0.0f : fa_exp2(s[mt][nt][e] * sl2 - cL[qc] * FA_LOG2E);
-                    s[mt][nt][e] = p;
-                    dp[mt][nt][e] = p * (dp[mt][nt][e] - cD[qc]);
+                    for (int e = 0; e < 4; ++e) {
+                        const int qc = nt * 8 + 2 * t + (e & 1);
+                        const u32 qi = c0 + qc, key = w0 + mt * 16 + gr + 8 * (e >> 1);
+                        const bool masked = edge && (qi >= seq || (causal && qi < key));
+                        const float p = masked ? 0.0f : fa_exp2(s[mt][nt][e] * sl2 - cL[qc] * FA_LOG2E);
+                        s[mt][nt][e] = p;
+                        dp[mt][nt][e] = p * (dp[mt][nt][e] - cD[qc]);
+                    }
                 }
             }
+            u32 pa[MT][QC / 16][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, QC>(pa[mt], s[mt]);
+            fa_mma_rows_b<BF16, D, QC / 16, MT>(dva, pa, cO, 0);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, QC>(pa[mt], dp[mt]);
+            fa_mma_rows_b<BF16, D, QC / 16, MT>(dka, pa, cQ, 0);
         }
-        u32 pa[MT][BM / 16][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, BM>(pa[mt], s[mt]);
-        fa_mma_rows_b<BF16, D, BM / 16, MT>(dva, pa, cO, 0);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, BM>(pa[mt], dp[mt]);
-        fa_mma_rows_b<BF16, D, BM / 16, MT>(dka, pa, cQ, 0);
         __syncthreads();
     }
     fa_wait0();
