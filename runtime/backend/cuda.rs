@@ -8,6 +8,7 @@ use cudarc::cublas::{result as cublas_result, sys as cublas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
+use super::fault::{self, FaultPoint, Faults};
 use super::kernels::{BuiltinKernel, KArg};
 use super::{DropErrors, StreamGate};
 use crate::{Error, Result};
@@ -114,6 +115,7 @@ pub(crate) struct CudaBackend {
     name: String,
     pub(crate) gate: Arc<StreamGate>,
     pub(crate) drop_errors: Arc<DropErrors>,
+    pub(crate) faults: Arc<Faults>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -124,7 +126,12 @@ impl std::fmt::Debug for CudaBackend {
 
 impl CudaBackend {
     /// Opens device `ordinal`: context, stream, kernels and cuBLAS, or a clean error.
-    pub(crate) fn new(ordinal: usize, gate: Arc<StreamGate>, drop_errors: Arc<DropErrors>) -> Result<CudaBackend> {
+    pub(crate) fn new(
+        ordinal: usize,
+        gate: Arc<StreamGate>,
+        drop_errors: Arc<DropErrors>,
+        faults: Arc<Faults>,
+    ) -> Result<CudaBackend> {
         probe_libraries()?;
         let count = CudaContext::device_count().map_err(|e| Error::CudaUnavailable { reason: format!("{e:?}") })?;
         if ordinal as i32 >= count {
@@ -192,6 +199,7 @@ impl CudaBackend {
             name,
             gate,
             drop_errors,
+            faults,
         })
     }
 
@@ -224,6 +232,7 @@ impl CudaBackend {
     pub(crate) fn launch_function(&self, f: &CudaFunction, dims: LaunchDims, args: &[KArg]) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
+        self.injected(FaultPoint::KernelLaunch, "cuLaunchKernel")?;
         let mut values = [0u64; 16];
         let mut ptrs = [std::ptr::null_mut::<c_void>(); 16];
         if args.len() > values.len() {
@@ -275,6 +284,7 @@ impl CudaBackend {
         ldc: usize,
     ) -> Result<()> {
         let _entered = self.gate.enter()?;
+        self.injected_gemm("cublasSgemm")?;
         let handle = self.cublas.lock().unwrap_or_else(|e| e.into_inner());
         self.bind()?;
         let op = |t: bool| {
@@ -309,12 +319,45 @@ impl CudaBackend {
         }
     }
 
-    /// Allocates `bytes` of device memory outside the stream order (a pool slab).
-    pub(crate) fn malloc(&self, bytes: usize) -> Result<u64> {
+    /// Allocates `bytes` of device memory outside the stream order (a pool slab); `None` when
+    /// the device has no room (`CUDA_ERROR_OUT_OF_MEMORY`).
+    pub(crate) fn malloc(&self, bytes: usize) -> Result<Option<u64>> {
         let _entered = self.gate.enter()?;
         self.bind()?;
-        // SAFETY: plain allocation; freed by `free`.
-        unsafe { result::malloc_sync(bytes) }.map_err(driver_err("cuMemAlloc"))
+        let allocated = if self.faults.fires(FaultPoint::SlabGrowth) {
+            Err(result::DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY))
+        } else {
+            // SAFETY: plain allocation; freed by `free`.
+            unsafe { result::malloc_sync(bytes) }
+        };
+        match allocated {
+            Ok(p) => Ok(Some(p)),
+            Err(result::DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)) => Ok(None),
+            Err(e) => Err(Error::cuda("cuMemAlloc", e)),
+        }
+    }
+
+    /// The device memory the driver says is free, if it can tell.
+    pub(crate) fn free_memory(&self) -> Option<usize> {
+        self.bind().ok()?;
+        result::mem_get_info().ok().map(|(free, _total)| free)
+    }
+
+    /// The error an injected fault at `point` gives (see `fault`), if one fires now.
+    pub(crate) fn injected(&self, point: FaultPoint, call: &'static str) -> Result<()> {
+        if self.faults.fires(point) {
+            return Err(fault::driver_error(call, point));
+        }
+        Ok(())
+    }
+
+    /// A cuBLAS launch's injected fault: `CUBLAS_STATUS_EXECUTION_FAILED`.
+    pub(crate) fn injected_gemm(&self, call: &'static str) -> Result<()> {
+        if self.faults.fires(FaultPoint::KernelLaunch) {
+            let status = cublas_sys::cublasStatus_t::CUBLAS_STATUS_EXECUTION_FAILED;
+            return Err(Error::cuda(call, cublas_result::CublasError(status)));
+        }
+        Ok(())
     }
 
     /// Frees a slab from `malloc`.
@@ -330,6 +373,7 @@ impl CudaBackend {
     pub(crate) fn copy_to_device<T: Copy>(&self, dst: u64, src: &[T]) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
+        self.injected(FaultPoint::Copy, "cuMemcpyHtoDAsync")?;
         // SAFETY: `dst` holds `src.len()` values (checked by the caller); the synchronous copy
         // does not outlive `src`.
         unsafe {
@@ -342,6 +386,7 @@ impl CudaBackend {
     pub(crate) fn copy_to_host<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
+        self.injected(FaultPoint::Copy, "cuMemcpyDtoHAsync")?;
         // SAFETY: `src` holds `dst.len()` values (checked by the caller); we synchronize before
         // `dst` can be read.
         unsafe {
@@ -354,6 +399,7 @@ impl CudaBackend {
     pub(crate) fn copy_device(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
+        self.injected(FaultPoint::Copy, "cuMemcpyDtoDAsync")?;
         // SAFETY: both ranges are live blocks of at least `bytes` (checked by the caller).
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(driver_err("cuMemcpyDtoDAsync"))

@@ -144,6 +144,12 @@ impl Communicator {
             return Err(Error::invalid(name, "an emulated communicator on a CUDA device"));
         };
         let (group, rank, timeout) = (group.clone(), self.0.rank, self.0.timeout);
+        if self.0.device.backend().faults.fires(crate::backend::FaultPoint::Collective) {
+            // What NCCL's error path does: this rank's call fails and the group is aborted.
+            group.abort(format!("rank {rank}: `{name}` failed"));
+            let message = "ncclSystemError: unhandled system error".to_string();
+            return Err(Error::Dist(crate::DistError::Nccl { rank, call: name, message }));
+        }
         h.run(name, move || f(&group, rank, timeout))
     }
 

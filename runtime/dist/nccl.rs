@@ -265,7 +265,11 @@ impl NcclComm {
         c.bind()?;
         let on_side = self.side.active.load(Ordering::Acquire);
         let stream = if on_side { self.side.stream.cu_stream() } else { c.stream.cu_stream() } as sys::cudaStream_t;
-        let r = self.handle.with(|comm| f(comm, stream)).ok_or_else(|| self.aborted_error())?;
+        let r = if self.backend.faults.fires(crate::backend::FaultPoint::Collective) {
+            sys::ncclResult_t::ncclSystemError
+        } else {
+            self.handle.with(|comm| f(comm, stream)).ok_or_else(|| self.aborted_error())?
+        };
         self.settle(call, r)
     }
 

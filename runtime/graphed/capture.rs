@@ -49,7 +49,14 @@ pub fn make_graphed(
         Err(e) => return Err(CaptureError::new(e, modules)),
     };
     let started = Instant::now();
-    let pool = options.pool.clone().unwrap_or_else(|| device.new_pool());
+    let pool = match &options.pool {
+        Some(pool) => pool.clone(),
+        None => device.new_pool(),
+    };
+    if options.pool.is_none() {
+        pool.set_limit(options.pool_limit);
+    }
+    let mark = pool.mark();
     let chunks = modules.len();
     let plan = SlotPlan::new(&schedule, chunks, options.reuse_buffers);
     let mut g = GraphedModules {
@@ -73,11 +80,14 @@ pub fn make_graphed(
         g.iterate(&schedule, Phase::Capture)
     });
     // Put the RNG state and the parameter grads back, whether the capture worked or not.
-    let restored = device
-        .rng()
-        .and_then(|r| r.restore(&rng_state))
-        .and_then(|()| grads.restore())
-        .and_then(|()| device.synchronize());
+    let restore = || {
+        device
+            .rng()
+            .and_then(|r| r.restore(&rng_state))
+            .and_then(|()| grads.restore())
+            .and_then(|()| device.synchronize())
+    };
+    let restored = restore();
     match captured.and(restored) {
         Ok(()) => {
             g.compute_clobbers();
@@ -86,8 +96,19 @@ pub fn make_graphed(
             Ok(g)
         }
         Err(e) => {
-            drop(pool);
-            Err(CaptureError::new(e, g.into_modules()))
+            // Restore once more: the failure may have been in the first restore (a transient
+            // fault in a copy), and restoring is idempotent. Should this fail too, the cause
+            // is still the error returned; the second failure is kept with the drop errors.
+            if let Err(again) = restore() {
+                device
+                    .backend()
+                    .drop_errors
+                    .report(again.context("restoring the RNG state and grads after a failed capture"));
+            }
+            let modules = g.into_modules();
+            // A pool of the caller's gives back the slabs this call grew; our own goes away.
+            pool.release_since(mark);
+            Err(CaptureError::new(e, modules))
         }
     }
 }
@@ -158,6 +179,12 @@ fn validate(
     if let Some(pool) = &options.pool {
         if !pool.is_on(&device) {
             return Err(Error::invalid("make_graphed", format!("the pool given is not on {}", device.name())));
+        }
+        if options.pool_limit.is_some() {
+            return Err(Error::invalid(
+                "make_graphed",
+                "pool_limit with a pool given: limit that pool instead (GraphPool::with_limit)",
+            ));
         }
     }
     let schedule = Schedule::new(options.order.as_deref(), chunks, has_backward)?;
