@@ -435,7 +435,10 @@ impl Communicator {
     /// Checks that every rank is about to capture with the same [`GraphOptions`] (warm-up
     /// count, `order`, mode, chaining) over `chunks` chunks, so that their collectives line up;
     /// when they differ, every rank gets [`DistError::ScheduleMismatch`](crate::DistError::ScheduleMismatch) before anything is
-    /// captured. Call it before `make_graphed`.
+    /// captured. `make_graphed` runs this check itself for modules that report their group
+    /// ([`crate::Module::collectives`]: [`super::DataParallel`], [`super::PipelineStage`]);
+    /// call it before a capture whose collectives it cannot see (capture-time hooks that
+    /// gather and scatter shards, say).
     ///
     /// ```
     /// use graphed::dist;

@@ -29,18 +29,26 @@ type Samples = Vec<Vec<Vec<Option<Tensor>>>>;
 /// parameter grads do not change; the device RNG state is restored after capture, so neither
 /// warm-up nor capture changes the numbers a run draws.
 ///
-/// Everything about the arguments is checked before anything runs. If warm-up or capture then
-/// fails (a hook, a module, the driver, memory), the RNG state is restored, the pool's memory
-/// is freed, and the modules come back inside the [`CaptureError`].
+/// Everything about the arguments is checked before anything runs; when modules talk to
+/// other ranks ([`Module::collectives`]), every rank's schedule is compared with the others'
+/// first, and a mismatch is [`crate::DistError::ScheduleMismatch`] on every rank. If warm-up
+/// or capture then fails (a hook, a module, the driver, memory, a pool's limit), the RNG state
+/// and the grads of the parameters the modules expose are restored, the pool gives back what
+/// the call took, and the modules come back inside the [`CaptureError`].
 pub fn make_graphed(
     modules: Modules,
     samples: Samples,
     options: GraphOptions,
 ) -> std::result::Result<GraphedModules, CaptureError<Modules>> {
     let has_backward = options.training && needs_backward(&modules, &samples);
-    let (device, schedule) = match validate(&modules, &samples, &options, has_backward) {
-        Ok(v) => v,
-        Err(e) => return Err(CaptureError::new(e, modules)),
+    let validated = validate(&modules, &samples, &options, has_backward);
+    // Modules that talk to other ranks: every rank must be about to capture the same schedule
+    // (a typed error on every rank otherwise, before anything runs). A rank whose own
+    // arguments are refused takes part all the same, so its peers hear of it at once.
+    let agreed = crate::dist::check_schedules(&modules, &options, has_backward, validated.is_ok());
+    let (device, schedule) = match (validated, agreed) {
+        (Ok(v), Ok(())) => v,
+        (Err(e), _) | (Ok(_), Err(e)) => return Err(CaptureError::new(e, modules)),
     };
     // Warm-up and capture draw random numbers and run backwards: save what they would change.
     let saved = device.rng().and_then(|g| g.save()).and_then(|rng| Ok((rng, GradSnapshot::take(&modules)?)));
