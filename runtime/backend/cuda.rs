@@ -2,7 +2,9 @@
 //! cuBLAS handle per device. Every `unsafe` block of the crate that talks to CUDA lives here.
 
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use cudarc::cublas::{result as cublas_result, sys as cublas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream};
@@ -90,6 +92,23 @@ fn probe_libraries() -> Result<()> {
     }
 }
 
+/// How long a wait keeps polling after a watcher aborted its group, for the aborted collectives
+/// to return, before it gives up with the watcher's error (the stream then stays busy, and
+/// memory it may still use is not freed).
+const ABORT_GRACE: Duration = Duration::from_secs(5);
+
+/// Something that can tell a stuck stream from a slow one: an NCCL communicator whose
+/// collectives the stream runs. Every wait on a watched stream polls, and asks each watcher
+/// whether it must end.
+pub(crate) trait StreamWatch: Send + Sync {
+    /// Called while a wait has lasted `waited` (`None`: the stream is idle, the wait is
+    /// over): an error once the wait must end (the group failed, or the watcher's deadline
+    /// passed; the watcher has then aborted the group, so collectives stuck on the stream
+    /// return), and, once, the failure of a group aborted since the last wait (the work the
+    /// stream finished may hold what aborted collectives left).
+    fn check(&self, waited: Option<Duration>) -> Result<()>;
+}
+
 /// A cuBLAS handle. Calls on one handle must not run concurrently, so it lives in a `Mutex`.
 pub(crate) struct CublasHandle(pub(crate) cublas_sys::cublasHandle_t);
 
@@ -116,6 +135,10 @@ pub(crate) struct CudaBackend {
     pub(crate) gate: Arc<StreamGate>,
     pub(crate) drop_errors: Arc<DropErrors>,
     pub(crate) faults: Arc<Faults>,
+    /// The communicators that watch this stream's waits (see [`StreamWatch`]).
+    watchers: Mutex<Vec<Weak<dyn StreamWatch>>>,
+    /// Whether any watcher was registered: waits poll instead of blocking in the driver.
+    watched: AtomicBool,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -200,6 +223,8 @@ impl CudaBackend {
             gate,
             drop_errors,
             faults,
+            watchers: Mutex::new(Vec::new()),
+            watched: AtomicBool::new(false),
         })
     }
 
@@ -415,10 +440,60 @@ impl CudaBackend {
     }
 
     /// Waits for the stream and leaves the error word for the next [`CudaBackend::synchronize`]
-    /// (freeing memory must not consume a report meant for the user).
+    /// (freeing memory must not consume a report meant for the user). On a stream that NCCL
+    /// communicators watch, the wait polls and ends with their error when a peer failed or
+    /// their deadline passed, instead of blocking in the driver behind a collective that waits
+    /// for a dead peer.
     pub(crate) fn drain(&self) -> Result<()> {
         let _entered = self.gate.enter()?;
-        self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))
+        if !self.watched.load(Ordering::Acquire) {
+            return self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"));
+        }
+        self.drain_watched()
+    }
+
+    /// Registers a watcher of this stream's waits (an NCCL communicator on this device).
+    pub(crate) fn watch(&self, watcher: Weak<dyn StreamWatch>) {
+        self.watchers.lock().unwrap_or_else(|e| e.into_inner()).push(watcher);
+        self.watched.store(true, Ordering::Release);
+    }
+
+    /// [`CudaBackend::drain`] on a watched stream: polls the stream and its watchers.
+    fn drain_watched(&self) -> Result<()> {
+        self.bind()?;
+        let started = Instant::now();
+        let mut failed: Option<(Error, Instant)> = None;
+        let mut pause = Duration::from_micros(20);
+        loop {
+            // SAFETY: the stream is live for the backend's lifetime.
+            match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
+                sys::CUresult::CUDA_SUCCESS => {
+                    return match failed {
+                        Some((e, _)) => Err(e),
+                        None => self.check_watchers(None).map_or(Ok(()), Err),
+                    };
+                }
+                sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                other => return Err(Error::cuda("cuStreamQuery", result::DriverError(other))),
+            }
+            match &failed {
+                None => failed = self.check_watchers(Some(started.elapsed())).map(|e| (e, Instant::now())),
+                Some((_, at)) if at.elapsed() >= ABORT_GRACE => return Err(failed.take().expect("matched Some").0),
+                Some(_) => {}
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// The first watcher's error for a wait that has lasted `waited`, if one says it must end.
+    fn check_watchers(&self, waited: Option<Duration>) -> Option<Error> {
+        let live: Vec<Arc<dyn StreamWatch>> = {
+            let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+            watchers.retain(|w| w.strong_count() > 0);
+            watchers.iter().filter_map(Weak::upgrade).collect()
+        };
+        live.iter().find_map(|w| w.check(waited).err())
     }
 
     /// The address of the device's error word (the last argument of the embedding kernels).
