@@ -143,9 +143,9 @@ impl Faults {
 pub struct FaultPlan(Arc<Faults>);
 
 impl FaultPlan {
-    /// The plan of `device`'s backend.
-    pub fn of(device: &crate::Device) -> FaultPlan {
-        FaultPlan(device.backend().faults.clone())
+    /// The plan of a backend's faults (see `Device`'s `FaultPlan::of`).
+    pub(crate) fn new(faults: Arc<Faults>) -> FaultPlan {
+        FaultPlan(faults)
     }
 
     /// Counts the points passed from now on, failing none.
