@@ -303,6 +303,8 @@ impl Backend {
     pub(crate) fn out_of_memory(&self, requested: usize) -> Error {
         let available = match &self.kind {
             BackendKind::Host(_) => host::available_memory(),
+            // Asking the driver is not a stream operation, but stays out of captures anyway.
+            BackendKind::Cuda(_) if self.is_capturing() => None,
             BackendKind::Cuda(c) => c.free_memory(),
         };
         Error::OutOfMemory { device: self.name(), requested, available }
