@@ -92,20 +92,17 @@ fn probe_libraries() -> Result<()> {
     }
 }
 
-/// How long a wait keeps polling after a watcher aborted its group, for the aborted collectives
-/// to return, before it gives up with the watcher's error (the stream then stays busy, and
-/// memory it may still use is not freed).
-const ABORT_GRACE: Duration = Duration::from_secs(5);
-
 /// Something that can tell a stuck stream from a slow one: an NCCL communicator whose
 /// collectives the stream runs. Every wait on a watched stream polls, and asks each watcher
 /// whether it must end.
 pub(crate) trait StreamWatch: Send + Sync {
     /// Called while a wait has lasted `waited` (`None`: the stream is idle, the wait is
-    /// over): an error once the wait must end (the group failed, or the watcher's deadline
-    /// passed; the watcher has then aborted the group, so collectives stuck on the stream
-    /// return), and, once, the failure of a group aborted since the last wait (the work the
-    /// stream finished may hold what aborted collectives left).
+    /// over): an error once the wait must end. That is: the group failed, or the watcher's
+    /// deadline passed (the watcher has then aborted the group, so collectives stuck on the
+    /// stream return); once, the failure of a group aborted since the last wait (the work the
+    /// stream finished may hold what aborted collectives left); and, for a group aborted a
+    /// while ago, a stream that still does not drain (its aborted work will not return; the
+    /// memory it may use is then not freed).
     fn check(&self, waited: Option<Duration>) -> Result<()>;
 }
 
@@ -458,31 +455,34 @@ impl CudaBackend {
         self.watched.store(true, Ordering::Release);
     }
 
-    /// [`CudaBackend::drain`] on a watched stream: polls the stream and its watchers.
+    /// [`CudaBackend::drain`] on a watched stream: polls the stream, and its watchers every
+    /// millisecond; the first error a watcher gives ends the wait.
     fn drain_watched(&self) -> Result<()> {
         self.bind()?;
         let started = Instant::now();
-        let mut failed: Option<(Error, Instant)> = None;
-        let mut pause = Duration::from_micros(20);
+        let mut next_check = Duration::ZERO;
+        // Short waits (most of them) yield instead of sleeping, so polling adds little latency.
+        let mut pause = Duration::ZERO;
         loop {
             // SAFETY: the stream is live for the backend's lifetime.
             match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
-                sys::CUresult::CUDA_SUCCESS => {
-                    return match failed {
-                        Some((e, _)) => Err(e),
-                        None => self.check_watchers(None).map_or(Ok(()), Err),
-                    };
-                }
+                sys::CUresult::CUDA_SUCCESS => return self.check_watchers(None).map_or(Ok(()), Err),
                 sys::CUresult::CUDA_ERROR_NOT_READY => {}
                 other => return Err(Error::cuda("cuStreamQuery", result::DriverError(other))),
             }
-            match &failed {
-                None => failed = self.check_watchers(Some(started.elapsed())).map(|e| (e, Instant::now())),
-                Some((_, at)) if at.elapsed() >= ABORT_GRACE => return Err(failed.take().expect("matched Some").0),
-                Some(_) => {}
+            let waited = started.elapsed();
+            if waited >= next_check {
+                if let Some(e) = self.check_watchers(Some(waited)) {
+                    return Err(e);
+                }
+                next_check = waited + Duration::from_millis(1);
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
+            if waited < Duration::from_micros(200) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(pause);
+                pause = (pause * 2).clamp(Duration::from_micros(10), Duration::from_micros(200));
+            }
         }
     }
 

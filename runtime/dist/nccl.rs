@@ -87,8 +87,8 @@ struct Handle {
     lock: RwLock<()>,
     /// Set once an abort (or the destroy) begins: no call starts on the handle after it.
     aborted: AtomicBool,
-    /// The first reason the group was aborted.
-    cause: Mutex<Option<Cause>>,
+    /// The first reason the group was aborted, and when.
+    cause: Mutex<Option<(Cause, Instant)>>,
     stop: AtomicBool,
 }
 
@@ -135,7 +135,7 @@ impl Handle {
     /// collectives stuck on the stream return, and every peer sees an error. Returns at once;
     /// `ncclCommAbort` runs on a thread of its own.
     fn abort(self: &Arc<Self>, cause: Cause) {
-        self.cause.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(cause);
+        self.cause.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert((cause, Instant::now()));
         if self.aborted.swap(true, Ordering::AcqRel) || self.comm.is_null() {
             return;
         }
@@ -152,9 +152,14 @@ impl Handle {
         }
     }
 
+    /// How long ago the group was aborted, if it was.
+    fn aborted_for(&self) -> Option<Duration> {
+        self.cause.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(_, at)| at.elapsed())
+    }
+
     /// The error later calls get once the group was aborted.
     fn failure(&self, rank: usize) -> Error {
-        let cause = self.cause.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let cause = self.cause.lock().unwrap_or_else(|e| e.into_inner()).clone().map(|(c, _)| c);
         Error::Dist(match cause {
             Some(Cause::Timeout { op, waited }) => crate::DistError::CommTimeout { rank, op, waited },
             Some(Cause::Failed(reason)) => crate::DistError::CommAborted { rank, reason },
@@ -165,6 +170,10 @@ impl Handle {
         })
     }
 }
+
+/// How long after an abort the collectives it released have to return; a stream still busy
+/// after that is stuck for good, and waits on it give up at once.
+const ABORT_GRACE: Duration = Duration::from_secs(5);
 
 /// How often the watchdog looks for an asynchronous error (a dead peer, a network failure)
 /// and at the stream's progress.
@@ -249,12 +258,10 @@ impl StreamWatch for CommWatch {
     fn check(&self, waited: Option<Duration>) -> Result<()> {
         if self.handle.aborted.load(Ordering::Acquire) {
             let first = !self.reported.swap(true, Ordering::AcqRel);
-            // Reported once; after that a wait only gives up if the stream never drains.
-            return match waited {
-                _ if first => Err(self.handle.failure(self.rank)),
-                Some(w) if w >= self.timeout => Err(self.handle.failure(self.rank)),
-                _ => Ok(()),
-            };
+            // Reported once; after that a wait gives up only when the aborted work has not
+            // returned within the grace (it never will), so teardown does not wait forever.
+            let stuck = waited.is_some() && self.handle.aborted_for().is_some_and(|d| d >= ABORT_GRACE);
+            return if first || stuck { Err(self.handle.failure(self.rank)) } else { Ok(()) };
         }
         let Some(waited) = waited else { return Ok(()) };
         match self.handle.async_error() {
