@@ -226,6 +226,14 @@ impl GraphPool {
     }
 
     /// Sets or lifts ([`None`]) the byte limit of [`GraphPool::with_limit`].
+    ///
+    /// ```
+    /// let pool = graphed::Device::host().new_pool();
+    /// pool.set_limit(Some(1 << 30));
+    /// assert_eq!(pool.stats().limit, Some(1 << 30));
+    /// pool.set_limit(None);
+    /// assert_eq!(pool.stats().limit, None);
+    /// ```
     pub fn set_limit(&self, limit: Option<usize>) {
         self.0.state.lock().unwrap_or_else(|e| e.into_inner()).stats.limit = limit;
     }

@@ -3,6 +3,19 @@
 //! one tensor's).
 
 /// How a safetensors file breaks its format, as a value a caller can match on.
+///
+/// ```
+/// use graphed::{load_safetensors, CheckpointProblem, Device, Error, Param, Parameters, Tensor};
+/// #[derive(Parameters)]
+/// struct One { w: Param }
+/// let one = One { w: Param::new(Tensor::zeros(&Device::host(), &[2])?)? };
+/// let path = std::env::temp_dir().join(format!("graphed-doc-problem-{}.safetensors", std::process::id()));
+/// std::fs::write(&path, [200, 0, 0, 0, 0, 0, 0, 0, b'{'])?; // a header length past the end
+/// let e = load_safetensors(&one, &path).unwrap_err();
+/// assert!(matches!(e, Error::CheckpointFormat { problem: CheckpointProblem::Truncated { file: 9, needed: 208 }, .. }));
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointProblem {
