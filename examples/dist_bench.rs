@@ -205,7 +205,7 @@ fn measure(args: &Args, world: usize) -> Result<Vec<Vec<f64>>> {
     let path = std::env::temp_dir().join(format!("graphed-dist-bench-{}-{world}.txt", std::process::id()));
     let mut child_args: Vec<String> = std::env::args().skip(1).collect();
     child_args.extend(["--world".into(), world.to_string(), "--rank-out".into(), path.display().to_string()]);
-    let options = LaunchOptions { args: Some(child_args), rendezvous: None, deadline: Duration::from_secs(900) };
+    let options = LaunchOptions { args: Some(child_args), deadline: Duration::from_secs(900), ..Default::default() };
     dist::launch(world, &options, |_| Err(Error::msg("the parent is not a rank")))?;
     let text = std::fs::read_to_string(&path).map_err(|e| Error::msg(format!("rank 0 wrote no results: {e}")))?;
     let _ = std::fs::remove_file(&path);

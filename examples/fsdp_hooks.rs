@@ -126,7 +126,8 @@ fn rank_main(comm: Communicator, s: &Sizes) -> Result<()> {
 
 fn main() -> Result<()> {
     if dist::gpu_count() >= 2 || dist::RankEnv::from_env()?.is_some() {
-        let options = LaunchOptions { args: Some(Vec::new()), rendezvous: None, deadline: Duration::from_secs(600) };
+        let options =
+            LaunchOptions { args: Some(Vec::new()), deadline: Duration::from_secs(600), ..Default::default() };
         return dist::launch(2, &options, |env| {
             let comm = env.communicator(&Config::default().timeout(Duration::from_secs(120)))?;
             rank_main(comm, &Sizes { width: 1024, batch: 64 })

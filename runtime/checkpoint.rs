@@ -129,6 +129,10 @@ impl<M: Module> Module for Checkpoint<M> {
     fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
         self.inner.run_hooks(kind)
     }
+
+    fn collectives(&self) -> Option<crate::dist::Collectives> {
+        self.inner.collectives()
+    }
 }
 
 /// A checkpointed module takes and returns what the module does.

@@ -46,6 +46,14 @@ impl PartialEq for Device {
 
 static CUDA_DEVICES: Mutex<Vec<(usize, Device)>> = Mutex::new(Vec::new());
 
+impl crate::fault::FaultPlan {
+    /// The fault plan of `device` (each device has its own, so tests on separate devices
+    /// never see each other's faults).
+    pub fn of(device: &Device) -> crate::fault::FaultPlan {
+        crate::fault::FaultPlan::new(device.backend().faults.clone())
+    }
+}
+
 impl Device {
     fn from_backend(backend: Backend) -> Device {
         let backend = Arc::new(backend);

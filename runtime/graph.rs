@@ -158,7 +158,7 @@ impl Graph {
                     let _ = self.reset();
                     if let Error::PoolGrowthDuringCapture { bytes } = e.root() {
                         let floor = if attempt >= 8 { self.pool.stats().reserved / 4 } else { 0 };
-                        self.pool.grow((*bytes).max(floor))?;
+                        self.pool.grow_for(*bytes, floor)?;
                         continue;
                     }
                     return Err(e);

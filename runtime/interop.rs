@@ -186,7 +186,7 @@ impl Tensor {
             });
         }
         let shape = Shape::new(dims).ok_or_else(|| Error::shape(OP, format!("{dims:?} has more than 6 dimensions")))?;
-        if shape.numel() != slice.len() {
+        if shape.checked_numel() != Some(slice.len()) {
             return Err(Error::shape(OP, format!("a slice of {} elements as {dims:?}", slice.len())));
         }
         let (ptr, record) = slice.device_ptr(&c.stream);

@@ -31,6 +31,14 @@ mod device;
 pub mod dist;
 mod dtype;
 mod error;
+/// Fault injection, a test facility (no semver guarantee): a device's [`fault::FaultPlan`]
+/// makes the Nth allocation, launch, copy, collective or file access fail with the error the
+/// driver or the OS would give, once, so tests can check that every failure leaves nothing
+/// behind. Disarmed, it costs one relaxed load per point.
+#[doc(hidden)]
+pub mod fault {
+    pub use crate::backend::{FaultCounts, FaultPlan, FaultPoint};
+}
 mod graph;
 mod graphed;
 mod hooks;
@@ -56,7 +64,7 @@ pub use checkpoint::Checkpoint;
 pub use cx::Cx;
 pub use device::Device;
 pub use dtype::DType;
-pub use error::{CudaFailure, DistError, Error, Result, Slot, SlotKind};
+pub use error::{CheckpointProblem, CudaFailure, DistError, Error, Result, Slot, SlotKind};
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{backward_unsplit, make_graphed, CaptureError, GraphOptions, GraphedModules, OrderEntry, Sequence};
 pub use graphed_macros::{capture_time_hook, graphed, Parameters};

@@ -90,6 +90,15 @@ pub trait Module: std::any::Any {
         let _ = kind;
         Ok(())
     }
+
+    /// The group of ranks this module's collectives go through, if it talks to other ranks
+    /// ([`crate::dist::DataParallel`] and [`crate::dist::PipelineStage`] do; a wrapper such as
+    /// [`crate::Checkpoint`] forwards its module's). `make_graphed` then checks, before
+    /// anything runs, that every rank captures the same schedule, and refuses on every rank
+    /// otherwise ([`crate::DistError::ScheduleMismatch`]). Default: none.
+    fn collectives(&self) -> Option<crate::dist::Collectives> {
+        None
+    }
 }
 
 /// A typed surface: a struct of tensors that converts to and from the positional slots of

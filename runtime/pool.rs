@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{Backend, HostPtr, Ptr};
+use crate::backend::{Backend, FaultPoint, HostPtr, Ptr};
 use crate::graph::CaptureMode;
 use crate::{Error, Result};
 
@@ -22,7 +22,19 @@ const MIN_SLAB: usize = 64 << 10;
 
 static NEXT_POOL_ID: AtomicUsize = AtomicUsize::new(1);
 
-/// Byte counts of a pool.
+/// Byte counts of a pool: what it holds now and at most, and its limit.
+///
+/// ```
+/// use graphed::{Device, Tensor};
+/// let dev = Device::host();
+/// let pool = dev.new_pool().with_limit(1 << 20);
+/// let t = dev.with_pool(&pool, || Tensor::zeros(&dev, &[1024]))?;
+/// let s = pool.stats();
+/// assert_eq!((s.in_use, s.limit), (4096, Some(1 << 20)));
+/// drop(t);
+/// assert_eq!((pool.stats().in_use, pool.stats().peak_in_use), (0, 4096));
+/// # Ok::<(), graphed::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
     /// Bytes obtained from the driver (the sum of the slabs).
@@ -31,8 +43,12 @@ pub struct PoolStats {
     pub in_use: usize,
     /// The most bytes in use at once since the pool was made.
     pub peak_in_use: usize,
+    /// The most bytes reserved at once since the pool was made.
+    pub peak_reserved: usize,
     /// Number of slabs.
     pub slabs: usize,
+    /// The most bytes the pool may reserve ([`GraphPool::with_limit`]), if limited.
+    pub limit: Option<usize>,
 }
 
 struct Slab {
@@ -187,6 +203,41 @@ impl GraphPool {
         self.0.state.lock().unwrap_or_else(|e| e.into_inner()).stats
     }
 
+    /// Caps the bytes this pool may reserve from the device: a request that would make it
+    /// grow past `bytes` fails with [`Error::PoolLimit`] (nothing allocated, nothing changed)
+    /// instead of taking memory that something else needs (a KV cache, a second model).
+    /// Memory already reserved stays; the limit applies to growth from now on, for every
+    /// handle to the pool.
+    ///
+    /// ```
+    /// use graphed::{Device, Error, Tensor};
+    /// let dev = Device::host();
+    /// let pool = dev.new_pool().with_limit(256 << 10);
+    /// let a = dev.with_pool(&pool, || Tensor::zeros(&dev, &[32 << 10]))?; // 128 KiB: fits
+    /// let b = dev.with_pool(&pool, || Tensor::zeros(&dev, &[64 << 10])); // 256 KiB more: no
+    /// assert!(matches!(b, Err(Error::PoolLimit { requested: 262144, limit: 262144, .. })));
+    /// assert_eq!(pool.stats().in_use, 128 << 10); // the refused request left nothing behind
+    /// # drop(a);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn with_limit(self, bytes: usize) -> GraphPool {
+        self.set_limit(Some(bytes));
+        self
+    }
+
+    /// Sets or lifts ([`None`]) the byte limit of [`GraphPool::with_limit`].
+    ///
+    /// ```
+    /// let pool = graphed::Device::host().new_pool();
+    /// pool.set_limit(Some(1 << 30));
+    /// assert_eq!(pool.stats().limit, Some(1 << 30));
+    /// pool.set_limit(None);
+    /// assert_eq!(pool.stats().limit, None);
+    /// ```
+    pub fn set_limit(&self, limit: Option<usize>) {
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner()).stats.limit = limit;
+    }
+
     /// Whether the pool's memory is on `device`.
     pub(crate) fn is_on(&self, device: &crate::Device) -> bool {
         Arc::ptr_eq(&self.0.backend, device.backend())
@@ -212,7 +263,10 @@ impl GraphPool {
     }
 
     fn alloc_where(&self, bytes: usize, untouched: bool) -> Result<Block> {
-        let bytes = bytes.max(1).div_ceil(ALIGN) * ALIGN;
+        if self.0.backend.faults.fires(FaultPoint::Alloc) {
+            return Err(self.0.backend.out_of_memory(bytes));
+        }
+        let bytes = align(bytes).ok_or_else(|| self.0.backend.out_of_memory(bytes))?;
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         let written: &[MemRange] = if untouched { &st.written } else { &[] };
         let found = best_fit(&st.slabs, bytes, written);
@@ -249,18 +303,78 @@ impl GraphPool {
         Ok(Block { pool: self.0.clone(), slab, offset, bytes, ptr })
     }
 
-    /// Adds a free slab of at least `bytes` (used before a capture is retried after
+    /// Adds a free slab with room for a block of `bytes`.
+    fn grow(&self, bytes: usize) -> Result<()> {
+        self.grow_for(bytes, 0)
+    }
+
+    /// Adds a free slab with room for a block of `bytes`, of at least `hint` bytes where the
+    /// limit leaves room for that (used before a capture is retried after
     /// [`Error::PoolGrowthDuringCapture`]; the retry then finds room one allocation further).
-    pub(crate) fn grow(&self, bytes: usize) -> Result<()> {
-        let slab_bytes = bytes.max(MIN_SLAB).div_ceil(ALIGN) * ALIGN;
-        let mem = self.0.backend.alloc_slab(slab_bytes)?;
+    /// Past the pool's limit, [`Error::PoolLimit`]; without device memory,
+    /// [`Error::OutOfMemory`]; either way the pool is unchanged.
+    pub(crate) fn grow_for(&self, bytes: usize, hint: usize) -> Result<()> {
+        let need = align(bytes).ok_or_else(|| self.0.backend.out_of_memory(bytes))?;
+        let mut slab_bytes = need.max(MIN_SLAB).max(align(hint).unwrap_or(need));
+        {
+            // Reserve the bytes under the lock, so that two threads cannot both pass the limit.
+            let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(limit) = st.stats.limit {
+                let room = limit.saturating_sub(st.stats.reserved) / ALIGN * ALIGN;
+                if need > room {
+                    let (reserved, in_use) = (st.stats.reserved, st.stats.in_use);
+                    return Err(Error::PoolLimit { pool: self.0.id, requested: need, limit, reserved, in_use });
+                }
+                slab_bytes = slab_bytes.min(room);
+            }
+            st.stats.reserved += slab_bytes;
+        }
+        let mem = self.0.backend.alloc_slab(slab_bytes);
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mem = match mem {
+            Ok(mem) => mem,
+            Err(e) => {
+                st.stats.reserved -= slab_bytes;
+                return Err(e);
+            }
+        };
         let mut free = BTreeMap::new();
         free.insert(0, slab_bytes);
         st.slabs.push(Slab { mem, bytes: slab_bytes, free });
-        st.stats.reserved += slab_bytes;
+        st.stats.peak_reserved = st.stats.peak_reserved.max(st.stats.reserved);
         st.stats.slabs += 1;
         Ok(())
+    }
+
+    /// Where the pool stands now, so that a call that fails can give back the slabs it grew
+    /// ([`GraphPool::release_since`]).
+    pub(crate) fn mark(&self) -> PoolMark {
+        PoolMark(self.0.state.lock().unwrap_or_else(|e| e.into_inner()).slabs.len())
+    }
+
+    /// Frees the slabs added since `mark` that hold no block, last first (stopping at one
+    /// that still holds a block, so slab indices stay valid): after a failed call, the pool
+    /// holds the bytes it held before.
+    pub(crate) fn release_since(&self, mark: PoolMark) {
+        let mut freed = Vec::new();
+        {
+            let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+            while st.slabs.len() > mark.0 {
+                let last = st.slabs.last().expect("more slabs than the mark");
+                if last.free.get(&0) != Some(&last.bytes) {
+                    break;
+                }
+                let slab = st.slabs.pop().expect("checked above");
+                st.stats.reserved -= slab.bytes;
+                st.stats.slabs -= 1;
+                freed.push(slab);
+            }
+            let slabs = st.slabs.len();
+            st.written.retain(|r| r.slab < slabs);
+        }
+        for slab in freed {
+            self.0.backend.free_slab(&slab.mem, slab.bytes);
+        }
     }
 
     /// Starts recording the blocks allocated from now on (the memory a capture writes).
@@ -364,6 +478,10 @@ impl GraphPool {
     }
 }
 
+/// A pool's slab count at some point ([`GraphPool::mark`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PoolMark(usize);
+
 /// Permission to replay one graph now, from [`GraphPool::check_replay`].
 #[derive(Clone, Copy, Debug)]
 #[must_use]
@@ -371,6 +489,11 @@ pub(crate) struct ReplayTicket {
     next: usize,
     restarted: bool,
     serial: u64,
+}
+
+/// `bytes` (at least 1) rounded up to the block alignment; `None` when that overflows.
+fn align(bytes: usize) -> Option<usize> {
+    bytes.max(1).checked_next_multiple_of(ALIGN)
 }
 
 /// The smallest free range of at least `bytes` that overlaps none of `avoid`.

@@ -33,6 +33,18 @@ impl Shape {
         self.dims().iter().product()
     }
 
+    /// Number of elements, or `None` when it does not fit in `usize` (no tensor of this
+    /// shape can exist; [`Shape::numel`] is only meaningful for shapes that have a tensor).
+    ///
+    /// ```
+    /// use graphed::Shape;
+    /// assert_eq!(Shape::new(&[2, 3]).unwrap().checked_numel(), Some(6));
+    /// assert_eq!(Shape::new(&[usize::MAX, 2]).unwrap().checked_numel(), None);
+    /// ```
+    pub fn checked_numel(&self) -> Option<usize> {
+        self.dims().iter().try_fold(1usize, |n, d| n.checked_mul(*d))
+    }
+
     /// The number of dimensions.
     pub fn rank(&self) -> usize {
         self.rank as usize

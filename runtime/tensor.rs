@@ -100,10 +100,12 @@ impl Tensor {
     /// assert_eq!((t.dtype(), t.numel()), (DType::BF16, 6));
     /// # Ok::<(), graphed::Error>(())
     /// ```
+    ///
+    /// A shape whose bytes do not fit in memory is [`Error::OutOfMemory`] (with `requested`
+    /// `usize::MAX` when the size does not even fit in `usize`), a pool at its limit
+    /// [`Error::PoolLimit`]: never a panic, and nothing is allocated.
     pub fn empty_as(device: &Device, dims: &[usize], dtype: DType) -> Result<Tensor> {
-        let shape = Shape::new(dims)
-            .ok_or_else(|| Error::shape("Tensor::empty", format!("{dims:?} has more than 6 dimensions")))?;
-        let bytes = shape.numel() * dtype.size();
+        let (shape, bytes) = Tensor::layout(device, dims, dtype)?;
         let block = device.current_pool().alloc(bytes)?;
         Ok(Tensor::from_storage(device, Storage::Pool(block), shape, dtype))
     }
@@ -111,10 +113,18 @@ impl Tensor {
     /// A tensor in memory of the current pool that no capture has written (see
     /// `GraphPool::alloc_untouched`): for static surfaces a caller fills before a fused step.
     pub(crate) fn empty_untouched(device: &Device, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        let (shape, bytes) = Tensor::layout(device, dims, dtype)?;
+        let block = device.current_pool().alloc_untouched(bytes)?;
+        Ok(Tensor::from_storage(device, Storage::Pool(block), shape, dtype))
+    }
+
+    /// The shape of `dims` and its bytes in `dtype`, every product checked.
+    fn layout(device: &Device, dims: &[usize], dtype: DType) -> Result<(Shape, usize)> {
         let shape = Shape::new(dims)
             .ok_or_else(|| Error::shape("Tensor::empty", format!("{dims:?} has more than 6 dimensions")))?;
-        let block = device.current_pool().alloc_untouched(shape.numel() * dtype.size())?;
-        Ok(Tensor::from_storage(device, Storage::Pool(block), shape, dtype))
+        let bytes = shape.checked_numel().and_then(|n| n.checked_mul(dtype.size()));
+        let bytes = bytes.ok_or_else(|| device.backend().out_of_memory(usize::MAX))?;
+        Ok((shape, bytes))
     }
 
     pub(crate) fn from_storage(device: &Device, block: Storage, shape: Shape, dtype: DType) -> Tensor {
@@ -199,7 +209,7 @@ impl Tensor {
     pub fn reshape(&self, dims: &[usize]) -> Result<Tensor> {
         let shape =
             Shape::new(dims).ok_or_else(|| Error::shape("reshape", format!("{dims:?} has more than 6 dimensions")))?;
-        if shape.numel() != self.numel() {
+        if shape.checked_numel() != Some(self.numel()) {
             return Err(Error::shape("reshape", format!("{:?} ({} elements) to {dims:?}", self.shape, self.numel())));
         }
         Ok(Tensor { shape, ..self.clone() })

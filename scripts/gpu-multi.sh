@@ -32,9 +32,9 @@ run() { # name, command...: runs with a deadline, records the status
   echo "=== $name"
   if timeout 900 "$@" >"$out/$name.log" 2>&1; then echo "ok: $name"; else echo "FAILED ($?): $name"; fail=1; tail -30 "$out/$name.log"; fi
 }
-for t in dist_gpu dist_emulated dist_pipeline dist_fsdp dist_launch; do
+for t in dist_gpu dist_dead_peer dist_emulated dist_pipeline dist_fsdp dist_launch; do
   run "test-$t" "gpu-bin/tests/$t" --test-threads=1
-  grep -E "^test |^test result|bitwise|rank [0-9]" "$out/test-$t.log" | head -20
+  grep -E "^test |^test result|bitwise|rank [0-9]|skipped|reports|ended after" "$out/test-$t.log" | head -20
 done
 run example-fsdp_hooks gpu-bin/examples/fsdp_hooks
 tail -15 "$out/example-fsdp_hooks.log"

@@ -218,6 +218,64 @@ fn different_parameter_layouts_are_refused_on_every_rank() -> Result<()> {
     Ok(())
 }
 
+/// `make_graphed` of ranks that differ in warm-up (data parallel) or capture another part of
+/// the pipeline's order than their own (a pipeline stage): refused on every rank before
+/// anything runs, each module handed back; matching ranks capture.
+#[test]
+fn make_graphed_refuses_different_schedules_on_every_rank() -> Result<()> {
+    use graphed::dist::{stage_order, PipelineStage};
+    use graphed::{make_graphed, DistError, GraphOptions};
+    let refused = |r: &Result<bool>| matches!(r, Err(Error::Dist(DistError::ScheduleMismatch { what, .. })) if what.contains("graph options"));
+    // Data parallel: warm-up 2 on rank 0, 3 on rank 1.
+    let results = dist::run_emulated_each(2, &quick(), |comm| {
+        let dev = comm.device().clone();
+        let block = Block::new(&dev, 4, 4, 1)?;
+        let params = block.params();
+        let before: Vec<Vec<f32>> = params.iter().map(|p| p.grad.to_vec()).collect::<Result<_>>()?;
+        let dp = DataParallel::with_params(block, dist_programs::named(&params), comm.clone(), ReduceOp::Sum, 1024)?;
+        let opts = GraphOptions::new().warmup(2 + comm.rank());
+        let x = common::random(&dev, &[2, 4], 1)?;
+        match make_graphed(vec![Box::new(dp)], vec![vec![vec![Some(x)]]], opts) {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                let (e, modules) = e.into_parts();
+                assert_eq!(modules.len(), 1, "the module comes back");
+                let after: Vec<Vec<f32>> = params.iter().map(|p| p.grad.to_vec()).collect::<Result<_>>()?;
+                assert_eq!(after, before);
+                Err(e)
+            }
+        }
+    })?;
+    assert!(results.iter().all(refused), "{results:?}");
+    // A pipeline: rank 1 captures a valid order that is not its part of the pipeline's, or
+    // one its own checks refuse (the whole order: its peer hears of it at once).
+    const ORDER: [i32; 8] = [1, 1, 2, 2, -2, -2, -1, -1];
+    for case in ["right", "another order", "an invalid order"] {
+        let results = dist::run_emulated_each(2, &quick(), |comm| {
+            let dev = comm.device().clone();
+            let rank = comm.rank();
+            let stage = PipelineStage::new(Block::new(&dev, 4, 4, 1)?, comm, &ORDER, &[2, 4])?;
+            let order = match case {
+                "another order" if rank == 1 => vec![1, -1, 1, -1],
+                "an invalid order" if rank == 1 => ORDER.to_vec(),
+                _ => stage_order(&ORDER, 2, rank)?,
+            };
+            let x = Tensor::zeros(&dev, &[2, 4])?.with_requires_grad(rank == 1);
+            let opts = GraphOptions::new().warmup(1).order(order);
+            make_graphed(vec![Box::new(stage)], vec![vec![vec![Some(x)]]], opts).map(|_| true).map_err(Error::from)
+        })?;
+        match case {
+            "right" => assert!(results.iter().all(|r| matches!(r, Ok(true))), "{results:?}"),
+            "another order" => assert!(results.iter().all(refused), "{results:?}"),
+            _ => {
+                assert!(refused(&results[0]), "{results:?}");
+                assert!(matches!(results[1], Err(Error::InvalidOrder { .. })), "{results:?}");
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn data_parallel_equals_one_rank_accumulating_bitwise() -> Result<()> {
     let reference = dist_programs::dp_reference(&graphed::Device::host())?;

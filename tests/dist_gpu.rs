@@ -47,7 +47,7 @@ fn on_gpus(test: &str, program: fn(RankEnv) -> Result<()>) -> Result<()> {
         return Ok(());
     }
     let args = [test, "--exact", "--nocapture", "--test-threads=1"].map(String::from).to_vec();
-    let options = LaunchOptions { args: Some(args), rendezvous: None, deadline: Duration::from_secs(300) };
+    let options = LaunchOptions { args: Some(args), deadline: Duration::from_secs(300), ..Default::default() };
     dist::launch(RANKS, &options, program)
 }
 

@@ -9,7 +9,7 @@ use graphed::{Error, Result};
 
 fn options(test: &str, rendezvous: Option<Rendezvous>, deadline: Duration) -> LaunchOptions {
     let args = [test, "--exact", "--nocapture", "--test-threads=1"].map(String::from).to_vec();
-    LaunchOptions { args: Some(args), rendezvous, deadline }
+    LaunchOptions { args: Some(args), rendezvous, deadline, ..Default::default() }
 }
 
 fn free_port() -> u16 {
@@ -63,6 +63,32 @@ fn a_failing_rank_fails_the_launch() {
         matches!(&r, Err(Error::Dist(graphed::DistError::RankFailed { rank: 1, status })) if status.contains('3')),
         "{r:?}"
     );
+}
+
+#[test]
+fn the_others_get_a_grace_period_to_end_on_their_own() {
+    let test = "the_others_get_a_grace_period_to_end_on_their_own";
+    let mut options = options(test, None, Duration::from_secs(60));
+    options.grace = Duration::from_secs(30);
+    let started = Instant::now();
+    let r = dist::launch(2, &options, |env| {
+        if env.rank == 1 {
+            std::process::exit(3);
+        }
+        // Rank 0 outlives its peer, reports, and ends on its own within the grace period.
+        std::thread::sleep(Duration::from_millis(500));
+        let report = std::env::temp_dir().join(format!("graphed-grace-{}", std::os::unix::process::parent_id()));
+        std::fs::write(report, b"rank 0 ended on its own").map_err(|e| Error::msg(e.to_string()))
+    });
+    if std::env::var(dist::ENV_RANK).is_ok() {
+        r.expect("rank 0 succeeds");
+        return;
+    }
+    assert!(matches!(&r, Err(Error::Dist(graphed::DistError::RankFailed { rank: 1, .. }))), "{r:?}");
+    let report = std::env::temp_dir().join(format!("graphed-grace-{}", std::process::id()));
+    assert_eq!(std::fs::read(&report).ok().as_deref(), Some(&b"rank 0 ended on its own"[..]), "rank 0 was not killed");
+    std::fs::remove_file(report).ok();
+    assert!(started.elapsed() < Duration::from_secs(25), "the launch waited for rank 0, not the grace's end");
 }
 
 #[test]

@@ -4,7 +4,10 @@
 //! variant; then the pool's bytes are checked unchanged, the same step continues with the
 //! correct calls, and its results (outputs, input grads, parameter grads) must equal an eager
 //! run of the same step bit for bit. Cases cover the type-erased `make_graphed` pipeline, the
-//! raw `Graph`, the `#[graphed]` impl form and the struct form, on each backend.
+//! raw `Graph`, the `#[graphed]` impl form and the struct form, on each backend, and requests
+//! for more memory than a device or a pool's limit allows. Calls that fail part-way (faults,
+//! not misuse) are swept in tests/faults.rs; malformed safetensors files are fuzzed in
+//! tests/checkpoint_fuzz.rs; schedules that differ across ranks are in tests/dist_emulated.rs.
 
 mod common;
 
@@ -624,6 +627,48 @@ fn refused_make_graphed_arguments_hand_the_modules_back() {
         h.remove();
         let block = err.into_inner();
         let mut g = block.make_graphed(&x)?;
+        g.forward(&mut Cx::new(dev), &x)?;
+        Ok(())
+    });
+}
+
+/// Requests for more memory than there is, or than a pool may hold, and a pool limit with a
+/// pool given: typed errors that change nothing; a capture refused for memory hands its
+/// module back with parameters, grads and the RNG state as they were.
+#[test]
+fn refused_memory_requests_change_nothing() {
+    on_each_backend(|dev| {
+        // More than any device holds, and a size that overflows: nothing allocated.
+        let (pool, reserved) = (dev.default_pool().stats(), dev.reserved_bytes());
+        assert!(matches!(Tensor::empty(dev, &[1 << 61]), Err(Error::OutOfMemory { .. })));
+        assert!(matches!(Tensor::empty(dev, &[usize::MAX, 2]), Err(Error::OutOfMemory { requested: usize::MAX, .. })));
+        assert_eq!((dev.default_pool().stats(), dev.reserved_bytes()), (pool, reserved));
+        // A pool at its limit refuses to grow and keeps what it holds.
+        let limited = dev.new_pool().with_limit(64 << 10);
+        let held = dev.with_pool(&limited, || Tensor::zeros(dev, &[8 << 10]))?;
+        let stats = limited.stats();
+        let e = dev.with_pool(&limited, || Tensor::zeros(dev, &[16 << 10])).unwrap_err();
+        assert!(matches!(e, Error::PoolLimit { limit: 65536, in_use: 32768, .. }), "{e:?}");
+        assert_eq!(limited.stats(), stats);
+        drop(held);
+        // A capture whose warm-up needs more than its pool may hold: the module comes back.
+        dev.rng()?.manual_seed(9)?;
+        let x = random(dev, &[B, D], 3)?.with_requires_grad(true);
+        let flaky = Flaky { lin: Block::new(dev, D, D, 4)?, fail: false, p: 0.25 };
+        let before = snapshot(dev, &flaky.lin)?;
+        let reserved = dev.reserved_bytes();
+        let err = GraphedFlaky::new(flaky, FlakyInputs { x: x.clone() }, GraphedFlaky::options().pool_limit(256))
+            .expect_err("a 256-byte pool cannot hold the activations");
+        assert!(matches!(err.error().root(), Error::PoolLimit { limit: 256, .. }), "{:?}", err.error());
+        let flaky = err.into_inner();
+        assert_eq!(snapshot(dev, &flaky.lin)?, before, "params, grads and the RNG are untouched");
+        assert_eq!(dev.reserved_bytes(), reserved, "the pool's memory was given back");
+        // pool_limit with a pool given is refused before anything runs.
+        let opts = GraphedFlaky::options().pool(&limited).pool_limit(1 << 20);
+        let err = GraphedFlaky::new(flaky, FlakyInputs { x: x.clone() }, opts).expect_err("both");
+        assert!(matches!(err.error(), Error::InvalidArgument { .. }), "{:?}", err.error());
+        // With room, the same module captures.
+        let mut g = err.into_inner().make_graphed(&x)?;
         g.forward(&mut Cx::new(dev), &x)?;
         Ok(())
     });

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use common::{on_each_backend, random};
 use graphed::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
 use graphed::{
-    graphed, load_safetensors, ops, save_safetensors, Cx, Device, Error, Module, Param, Parameters, Result, Tensor,
+    graphed, load_safetensors, ops, save_safetensors, CheckpointProblem, Cx, Device, Error, Module, Param, Parameters,
+    Result, Tensor,
 };
 
 #[derive(Parameters)]
@@ -282,10 +283,19 @@ fn a_refused_load_names_the_tensor_and_changes_nothing() {
         assert!(matches!(&e, Error::CheckpointTensorMismatch { tensor, .. } if tensor == "gain"), "{e}");
         assert_eq!(all_bits(&single)?, before);
 
-        // Not a safetensors file at all.
+        // Not a safetensors file at all: its first 8 bytes read as a header length past the end.
         std::fs::write(&path, b"not a safetensors file").map_err(Error::msg)?;
         let e = load_safetensors(&single, &path).unwrap_err();
-        assert!(matches!(&e, Error::CheckpointIo { .. }), "{e}");
+        assert!(
+            matches!(
+                &e,
+                Error::CheckpointFormat { tensor: None, problem: CheckpointProblem::Truncated { file: 22, .. }, .. }
+            ),
+            "{e}"
+        );
+        // No file: the OS's error.
+        let e = load_safetensors(&single, path.with_extension("missing")).unwrap_err();
+        assert!(matches!(&e, Error::CheckpointIo { kind: std::io::ErrorKind::NotFound, .. }), "{e}");
         std::fs::remove_file(&path).ok();
         Ok(())
     });

@@ -166,6 +166,25 @@ impl StreamGate {
         }
     }
 
+    /// Enters a primitive only when no capture is in progress or beginning: `None` instead of
+    /// waiting. For a watchdog's probe, which must neither land in a capture nor wait for one.
+    pub(crate) fn try_enter(&self) -> Option<Entered<'_>> {
+        if held(self, 0) > 0 {
+            held(self, 1);
+            return Some(Entered { gate: Some(self) });
+        }
+        self.inside.fetch_add(1, Ordering::SeqCst);
+        if !self.capturing.load(Ordering::SeqCst) {
+            held(self, 1);
+            return Some(Entered { gate: Some(self) });
+        }
+        let left = self.inside.fetch_sub(1, Ordering::SeqCst) - 1;
+        if left == 0 {
+            self.notify();
+        }
+        None
+    }
+
     /// The capture mode in progress, if the calling thread is the one capturing.
     pub(crate) fn my_capture(&self) -> Option<CaptureMode> {
         if !self.capturing.load(Ordering::SeqCst) {

@@ -222,6 +222,7 @@ impl CudaBackend {
     pub(crate) fn lt_linear(&self, g: &LtLinear) -> Result<bool> {
         let Some(lt_state) = &self.lt else { return Ok(false) };
         let _entered = self.gate.enter()?;
+        self.injected_gemm("cublasLtMatmul")?;
         let mut lt_state = lt_state.lock().unwrap_or_else(|e| e.into_inner());
         self.bind()?;
         let key = Key { epilogue: g.epilogue, dtype: g.dtype, tf32: g.tf32, rows: g.rows, input: g.input, out: g.out };

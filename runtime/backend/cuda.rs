@@ -2,12 +2,15 @@
 //! cuBLAS handle per device. Every `unsafe` block of the crate that talks to CUDA lives here.
 
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use cudarc::cublas::{result as cublas_result, sys as cublas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
+use super::fault::{self, FaultPoint, Faults};
 use super::kernels::{BuiltinKernel, FlashTiles, KArg};
 use super::{DropErrors, StreamGate};
 use crate::{Error, Result};
@@ -90,6 +93,20 @@ fn probe_libraries() -> Result<()> {
     }
 }
 
+/// Something that can tell a stuck stream from a slow one: an NCCL communicator whose
+/// collectives the stream runs. Every wait on a watched stream polls, and asks each watcher
+/// whether it must end.
+pub(crate) trait StreamWatch: Send + Sync {
+    /// Called while a wait has lasted `waited` (`None`: the stream is idle, the wait is
+    /// over): an error once the wait must end. That is: the group failed, or the watcher's
+    /// deadline passed (the watcher has then aborted the group, so collectives stuck on the
+    /// stream return); once, the failure of a group aborted since the last wait (the work the
+    /// stream finished may hold what aborted collectives left); and, for a group aborted a
+    /// while ago, a stream that still does not drain (its aborted work will not return; the
+    /// memory it may use is then not freed).
+    fn check(&self, waited: Option<Duration>) -> Result<()>;
+}
+
 /// A cuBLAS handle. Calls on one handle must not run concurrently, so it lives in a `Mutex`.
 pub(crate) struct CublasHandle(pub(crate) cublas_sys::cublasHandle_t);
 
@@ -119,6 +136,11 @@ pub(crate) struct CudaBackend {
     pub(crate) max_shared_optin: usize,
     pub(crate) gate: Arc<StreamGate>,
     pub(crate) drop_errors: Arc<DropErrors>,
+    pub(crate) faults: Arc<Faults>,
+    /// The communicators that watch this stream's waits (see [`StreamWatch`]).
+    watchers: Mutex<Vec<Weak<dyn StreamWatch>>>,
+    /// Whether any watcher was registered: waits poll instead of blocking in the driver.
+    watched: AtomicBool,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -129,7 +151,12 @@ impl std::fmt::Debug for CudaBackend {
 
 impl CudaBackend {
     /// Opens device `ordinal`: context, stream, kernels and cuBLAS, or a clean error.
-    pub(crate) fn new(ordinal: usize, gate: Arc<StreamGate>, drop_errors: Arc<DropErrors>) -> Result<CudaBackend> {
+    pub(crate) fn new(
+        ordinal: usize,
+        gate: Arc<StreamGate>,
+        drop_errors: Arc<DropErrors>,
+        faults: Arc<Faults>,
+    ) -> Result<CudaBackend> {
         probe_libraries()?;
         let count = CudaContext::device_count().map_err(|e| Error::CudaUnavailable { reason: format!("{e:?}") })?;
         if ordinal as i32 >= count {
@@ -216,6 +243,9 @@ impl CudaBackend {
             max_shared_optin,
             gate,
             drop_errors,
+            faults,
+            watchers: Mutex::new(Vec::new()),
+            watched: AtomicBool::new(false),
         })
     }
 
@@ -248,6 +278,7 @@ impl CudaBackend {
     pub(crate) fn launch_function(&self, f: &CudaFunction, dims: LaunchDims, args: &[KArg]) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
+        self.injected(FaultPoint::KernelLaunch, "cuLaunchKernel")?;
         let mut values = [0u64; 16];
         let mut ptrs = [std::ptr::null_mut::<c_void>(); 16];
         if args.len() > values.len() {
@@ -299,6 +330,7 @@ impl CudaBackend {
         ldc: usize,
     ) -> Result<()> {
         let _entered = self.gate.enter()?;
+        self.injected_gemm("cublasSgemm")?;
         let handle = self.cublas.lock().unwrap_or_else(|e| e.into_inner());
         self.bind()?;
         let op = |t: bool| {
@@ -333,12 +365,45 @@ impl CudaBackend {
         }
     }
 
-    /// Allocates `bytes` of device memory outside the stream order (a pool slab).
-    pub(crate) fn malloc(&self, bytes: usize) -> Result<u64> {
+    /// Allocates `bytes` of device memory outside the stream order (a pool slab); `None` when
+    /// the device has no room (`CUDA_ERROR_OUT_OF_MEMORY`).
+    pub(crate) fn malloc(&self, bytes: usize) -> Result<Option<u64>> {
         let _entered = self.gate.enter()?;
         self.bind()?;
-        // SAFETY: plain allocation; freed by `free`.
-        unsafe { result::malloc_sync(bytes) }.map_err(driver_err("cuMemAlloc"))
+        let allocated = if self.faults.fires(FaultPoint::SlabGrowth) {
+            Err(result::DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY))
+        } else {
+            // SAFETY: plain allocation; freed by `free`.
+            unsafe { result::malloc_sync(bytes) }
+        };
+        match allocated {
+            Ok(p) => Ok(Some(p)),
+            Err(result::DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)) => Ok(None),
+            Err(e) => Err(Error::cuda("cuMemAlloc", e)),
+        }
+    }
+
+    /// The device memory the driver says is free, if it can tell.
+    pub(crate) fn free_memory(&self) -> Option<usize> {
+        self.bind().ok()?;
+        result::mem_get_info().ok().map(|(free, _total)| free)
+    }
+
+    /// The error an injected fault at `point` gives (see `fault`), if one fires now.
+    pub(crate) fn injected(&self, point: FaultPoint, call: &'static str) -> Result<()> {
+        if self.faults.fires(point) {
+            return Err(fault::driver_error(call, point));
+        }
+        Ok(())
+    }
+
+    /// A cuBLAS launch's injected fault: `CUBLAS_STATUS_EXECUTION_FAILED`.
+    pub(crate) fn injected_gemm(&self, call: &'static str) -> Result<()> {
+        if self.faults.fires(FaultPoint::KernelLaunch) {
+            let status = cublas_sys::cublasStatus_t::CUBLAS_STATUS_EXECUTION_FAILED;
+            return Err(Error::cuda(call, cublas_result::CublasError(status)));
+        }
+        Ok(())
     }
 
     /// Frees a slab from `malloc`.
@@ -354,6 +419,7 @@ impl CudaBackend {
     pub(crate) fn copy_to_device<T: Copy>(&self, dst: u64, src: &[T]) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
+        self.injected(FaultPoint::Copy, "cuMemcpyHtoDAsync")?;
         // SAFETY: `dst` holds `src.len()` values (checked by the caller); the synchronous copy
         // does not outlive `src`.
         unsafe {
@@ -366,6 +432,7 @@ impl CudaBackend {
     pub(crate) fn copy_to_host<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
+        self.injected(FaultPoint::Copy, "cuMemcpyDtoHAsync")?;
         // SAFETY: `src` holds `dst.len()` values (checked by the caller); we synchronize before
         // `dst` can be read.
         unsafe {
@@ -378,6 +445,7 @@ impl CudaBackend {
     pub(crate) fn copy_device(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
+        self.injected(FaultPoint::Copy, "cuMemcpyDtoDAsync")?;
         // SAFETY: both ranges are live blocks of at least `bytes` (checked by the caller).
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(driver_err("cuMemcpyDtoDAsync"))
@@ -393,10 +461,63 @@ impl CudaBackend {
     }
 
     /// Waits for the stream and leaves the error word for the next [`CudaBackend::synchronize`]
-    /// (freeing memory must not consume a report meant for the user).
+    /// (freeing memory must not consume a report meant for the user). On a stream that NCCL
+    /// communicators watch, the wait polls and ends with their error when a peer failed or
+    /// their deadline passed, instead of blocking in the driver behind a collective that waits
+    /// for a dead peer.
     pub(crate) fn drain(&self) -> Result<()> {
         let _entered = self.gate.enter()?;
-        self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))
+        if !self.watched.load(Ordering::Acquire) {
+            return self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"));
+        }
+        self.drain_watched()
+    }
+
+    /// Registers a watcher of this stream's waits (an NCCL communicator on this device).
+    pub(crate) fn watch(&self, watcher: Weak<dyn StreamWatch>) {
+        self.watchers.lock().unwrap_or_else(|e| e.into_inner()).push(watcher);
+        self.watched.store(true, Ordering::Release);
+    }
+
+    /// [`CudaBackend::drain`] on a watched stream: polls the stream, and its watchers every
+    /// millisecond; the first error a watcher gives ends the wait.
+    fn drain_watched(&self) -> Result<()> {
+        self.bind()?;
+        let started = Instant::now();
+        let mut next_check = Duration::ZERO;
+        // Short waits (most of them) yield instead of sleeping, so polling adds little latency.
+        let mut pause = Duration::ZERO;
+        loop {
+            // SAFETY: the stream is live for the backend's lifetime.
+            match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
+                sys::CUresult::CUDA_SUCCESS => return self.check_watchers(None).map_or(Ok(()), Err),
+                sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                other => return Err(Error::cuda("cuStreamQuery", result::DriverError(other))),
+            }
+            let waited = started.elapsed();
+            if waited >= next_check {
+                if let Some(e) = self.check_watchers(Some(waited)) {
+                    return Err(e);
+                }
+                next_check = waited + Duration::from_millis(1);
+            }
+            if waited < Duration::from_micros(200) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(pause);
+                pause = (pause * 2).clamp(Duration::from_micros(10), Duration::from_micros(200));
+            }
+        }
+    }
+
+    /// The first watcher's error for a wait that has lasted `waited`, if one says it must end.
+    fn check_watchers(&self, waited: Option<Duration>) -> Option<Error> {
+        let live: Vec<Arc<dyn StreamWatch>> = {
+            let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+            watchers.retain(|w| w.strong_count() > 0);
+            watchers.iter().filter_map(Weak::upgrade).collect()
+        };
+        live.iter().find_map(|w| w.check(waited).err())
     }
 
     /// The address of the device's error word (the last argument of the embedding kernels).

@@ -63,6 +63,7 @@ impl CudaBackend {
                 .sgemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a.ptr, a.ld, b.ptr, b.ld, g.beta, c.ptr, c.ld);
         }
         let _entered = self.gate.enter()?;
+        self.injected_gemm("cublasGemmEx")?;
         let handle = self.cublas_handle();
         self.bind()?;
         let compute = if g.a.dtype == DType::F32 && g.tf32 {
@@ -165,6 +166,7 @@ impl CudaBackend {
     /// column-major is its transpose, so B goes first and each keeps its own transpose flag.
     pub(crate) fn gemm_strided_batched(&self, g: &RowGemmBatched) -> Result<()> {
         let _entered = self.gate.enter()?;
+        self.injected_gemm("cublasGemmStridedBatchedEx")?;
         let handle = self.cublas_handle();
         self.bind()?;
         let all_f32 = [g.a.dtype, g.b.dtype, g.c.dtype].iter().all(|d| *d == DType::F32);

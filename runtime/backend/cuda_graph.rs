@@ -101,6 +101,7 @@ impl CudaBackend {
         }
         let _entered = self.gate.enter()?;
         self.bind()?;
+        self.injected(super::FaultPoint::GraphInstantiate, "cuGraphInstantiate")?;
         // SAFETY: `g.graph` is a valid graph we own.
         g.exec = unsafe { result::graph::instantiate(g.graph, sys::CUgraphInstantiate_flags(0)) }
             .map_err(driver_err("cuGraphInstantiate"))?;
@@ -142,6 +143,7 @@ impl CudaBackend {
     pub(crate) fn launch_graph(&self, g: &RawGraph) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
+        self.injected(super::FaultPoint::GraphLaunch, "cuGraphLaunch")?;
         // SAFETY: the exec is valid (instantiated before any replay).
         unsafe { result::graph::launch(g.exec, self.stream.cu_stream()) }.map_err(driver_err("cuGraphLaunch"))
     }

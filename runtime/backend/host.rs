@@ -7,6 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::fault::{self, FaultPoint, Faults};
 use super::StreamGate;
 use crate::{DType, Error, Result};
 
@@ -21,10 +22,31 @@ pub(crate) struct HostSlab {
 /// so a read of memory nothing wrote shows up in results whatever the dtype.
 const POISON: u32 = 0x7fc0_7fc0;
 
+/// Slabs from this size on are checked against the memory the host has available before
+/// they are allocated (filling one the kernel cannot back would bring the OOM killer).
+const CHECKED_SLAB: usize = 256 << 20;
+
 impl HostSlab {
-    pub(crate) fn new(bytes: usize) -> Arc<HostSlab> {
-        Arc::new(HostSlab { data: Mutex::new(vec![POISON; bytes.div_ceil(4)]) })
+    /// A slab of `bytes` of poison, or `None` when the host cannot provide it (the allocator
+    /// refuses, or it is larger than the memory available): never a panic or an abort.
+    pub(crate) fn new(bytes: usize) -> Option<Arc<HostSlab>> {
+        if bytes >= CHECKED_SLAB && available_memory().is_some_and(|free| bytes > free) {
+            return None;
+        }
+        let words = bytes.div_ceil(4);
+        let mut data = Vec::new();
+        data.try_reserve_exact(words).ok()?;
+        data.resize(words, POISON);
+        Some(Arc::new(HostSlab { data: Mutex::new(data) }))
     }
+}
+
+/// The memory the host can still give (`MemAvailable` of /proc/meminfo), where known.
+pub(crate) fn available_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// The host counterpart of a device pointer: a slab, a byte offset into it, an element count
@@ -127,22 +149,38 @@ impl std::fmt::Debug for HostOp {
 pub(crate) struct HostBackend {
     recording: Mutex<Option<Vec<HostOp>>>,
     pub(crate) gate: Arc<StreamGate>,
+    faults: Arc<Faults>,
 }
 
 impl HostBackend {
-    pub(crate) fn new(gate: Arc<StreamGate>) -> HostBackend {
-        HostBackend { recording: Mutex::new(None), gate }
+    pub(crate) fn new(gate: Arc<StreamGate>, faults: Arc<Faults>) -> HostBackend {
+        HostBackend { recording: Mutex::new(None), gate, faults }
     }
 
     /// Runs `op` now, or appends it to the capture in progress (only the capturing thread gets
-    /// here while a capture is in progress; others wait at the gate).
+    /// here while a capture is in progress; others wait at the gate). A kernel launch.
     pub(crate) fn run(
         &self,
         name: impl Into<&'static str>,
         op: impl Fn() -> Result<()> + Send + Sync + 'static,
     ) -> Result<()> {
+        self.run_as(FaultPoint::KernelLaunch, name, op)
+    }
+
+    /// [`HostBackend::run`] for a stream primitive of another kind (a copy): it fails as that
+    /// primitive does when a fault is injected.
+    pub(crate) fn run_as(
+        &self,
+        point: FaultPoint,
+        name: impl Into<&'static str>,
+        op: impl Fn() -> Result<()> + Send + Sync + 'static,
+    ) -> Result<()> {
         let name = name.into();
         let _entered = self.gate.enter()?;
+        if self.faults.fires(point) {
+            let call = if point == FaultPoint::Copy { "cuMemcpyDtoDAsync" } else { "cuLaunchKernel" };
+            return Err(fault::driver_error(call, point));
+        }
         let mut rec = self.recording.lock().unwrap_or_else(|e| e.into_inner());
         match rec.as_mut() {
             Some(ops) => {

@@ -10,6 +10,7 @@ pub(crate) mod cuda;
 mod cuda_gemm;
 mod cuda_graph;
 mod cuda_user;
+pub(crate) mod fault;
 pub(crate) mod host;
 mod kernels;
 mod nodes;
@@ -23,9 +24,11 @@ pub use nodes::{CaptureMode, GraphNode, NodeKind};
 pub use capture::is_capturing;
 pub(crate) use capture::StreamGate;
 pub(crate) use cublaslt::{LtEpilogue, LtLinear};
-pub(crate) use cuda::{CudaBackend, LaunchDims};
+pub(crate) use cuda::{CudaBackend, LaunchDims, StreamWatch};
 pub(crate) use cuda_gemm::{GemmEx, Operand, RowGemmBatched, RowMat};
 pub(crate) use cuda_graph::RawGraph;
+pub(crate) use fault::Faults;
+pub use fault::{FaultCounts, FaultPlan, FaultPoint};
 pub(crate) use host::{HostBackend, HostPtr, HostSlab};
 pub(crate) use kernels::{BuiltinKernel, FlashTiles, KArg, Typed};
 
@@ -59,6 +62,8 @@ pub(crate) struct Backend {
     pub(crate) kind: BackendKind,
     pub(crate) gate: Arc<StreamGate>,
     pub(crate) drop_errors: Arc<DropErrors>,
+    /// The device's fault plan (a test facility; disarmed unless a test arms it).
+    pub(crate) faults: Arc<Faults>,
     /// Bytes of all slabs of all pools on this device.
     reserved: AtomicUsize,
     /// Whether f32 GEMMs may run on TF32 tensor cores (off unless the user opts in).
@@ -83,10 +88,12 @@ impl Backend {
     /// The host backend.
     pub(crate) fn host() -> Backend {
         let gate = Arc::new(StreamGate::default());
+        let faults = Arc::new(Faults::default());
         Backend {
-            kind: BackendKind::Host(HostBackend::new(gate.clone())),
+            kind: BackendKind::Host(HostBackend::new(gate.clone(), faults.clone())),
             gate,
             drop_errors: Arc::new(DropErrors::default()),
+            faults,
             reserved: AtomicUsize::new(0),
             tf32: AtomicBool::new(false),
         }
@@ -96,11 +103,13 @@ impl Backend {
     pub(crate) fn open_cuda(ordinal: usize) -> Result<Backend> {
         let gate = Arc::new(StreamGate::default());
         let drop_errors = Arc::new(DropErrors::default());
-        let cuda = CudaBackend::new(ordinal, gate.clone(), drop_errors.clone())?;
+        let faults = Arc::new(Faults::default());
+        let cuda = CudaBackend::new(ordinal, gate.clone(), drop_errors.clone(), faults.clone())?;
         Ok(Backend {
             kind: BackendKind::Cuda(Box::new(cuda)),
             gate,
             drop_errors,
+            faults,
             reserved: AtomicUsize::new(0),
             tf32: AtomicBool::new(false),
         })
@@ -178,7 +187,7 @@ impl Backend {
             (Ptr::Host(d), Ptr::Host(s), BackendKind::Host(host)) => {
                 let d = HostPtr { len: n, dtype, ..d.clone() };
                 let s = HostPtr { len: n, dtype, ..s.clone() };
-                host.run("copy_f32", move || {
+                host.run_as(FaultPoint::Copy, "copy_f32", move || {
                     d.write(&s.read());
                     Ok(())
                 })
@@ -198,6 +207,9 @@ impl Backend {
                 c.copy_to_device(*p, &bits)
             }
             (Ptr::Host(h), BackendKind::Host(_)) => {
+                if self.faults.fires(FaultPoint::Copy) {
+                    return Err(fault::driver_error("cuMemcpyHtoDAsync", FaultPoint::Copy));
+                }
                 HostPtr { len: data.len(), dtype, ..h.clone() }.write(data);
                 Ok(())
             }
@@ -219,7 +231,12 @@ impl Backend {
                 c.copy_to_host(&mut bits, *p)?;
                 Ok(bits.into_iter().map(|b| dtype.widen_bits16(b)).collect())
             }
-            (Ptr::Host(h), BackendKind::Host(_)) => Ok(HostPtr { len, dtype, ..h.clone() }.read()),
+            (Ptr::Host(h), BackendKind::Host(_)) => {
+                if self.faults.fires(FaultPoint::Copy) {
+                    return Err(fault::driver_error("cuMemcpyDtoHAsync", FaultPoint::Copy));
+                }
+                Ok(HostPtr { len, dtype, ..h.clone() }.read())
+            }
             _ => Err(Error::invalid("copy to host memory", "a pointer of another backend")),
         }
     }
@@ -259,17 +276,38 @@ impl Backend {
         })
     }
 
-    /// Allocates a slab of at least `bytes`.
+    /// Allocates a slab of at least `bytes`; when the device (or the host) has no room,
+    /// [`Error::OutOfMemory`], never a panic or an abort.
     pub(crate) fn alloc_slab(&self, bytes: usize) -> Result<Ptr> {
         let ptr = match &self.kind {
             BackendKind::Host(h) => {
                 let _entered = h.gate.enter()?;
-                Ptr::Host(HostPtr { slab: HostSlab::new(bytes), offset: 0, len: bytes / 4, dtype: crate::DType::F32 })
+                let slab = match self.faults.fires(FaultPoint::SlabGrowth) {
+                    true => None,
+                    false => HostSlab::new(bytes),
+                };
+                let slab = slab.ok_or_else(|| self.out_of_memory(bytes))?;
+                Ptr::Host(HostPtr { slab, offset: 0, len: bytes / 4, dtype: crate::DType::F32 })
             }
-            BackendKind::Cuda(c) => Ptr::Cuda(c.malloc(bytes)?),
+            BackendKind::Cuda(c) => match c.malloc(bytes)? {
+                Some(p) => Ptr::Cuda(p),
+                None => return Err(self.out_of_memory(bytes)),
+            },
         };
         self.reserved.fetch_add(bytes, Ordering::Relaxed);
         Ok(ptr)
+    }
+
+    /// The error for a request of `requested` bytes that the device cannot serve, with what it
+    /// says it has left (the driver's free bytes; the host's available memory, where known).
+    pub(crate) fn out_of_memory(&self, requested: usize) -> Error {
+        let available = match &self.kind {
+            BackendKind::Host(_) => host::available_memory(),
+            // Asking the driver is not a stream operation, but stays out of captures anyway.
+            BackendKind::Cuda(_) if self.is_capturing() => None,
+            BackendKind::Cuda(c) => c.free_memory(),
+        };
+        Error::OutOfMemory { device: self.name(), requested, available }
     }
 
     /// Bytes of all slabs of all pools on this device.
@@ -347,6 +385,9 @@ impl Recorded {
     pub(crate) fn instantiate(&mut self, backend: &Backend) -> Result<()> {
         match (self, &backend.kind) {
             (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.instantiate(raw),
+            _ if backend.faults.fires(FaultPoint::GraphInstantiate) => {
+                Err(fault::driver_error("cuGraphInstantiate", FaultPoint::GraphInstantiate))
+            }
             _ => Ok(()),
         }
     }
@@ -356,6 +397,9 @@ impl Recorded {
         match (self, &backend.kind) {
             (Recorded::Host(ops), _) => {
                 let _entered = backend.gate.enter()?;
+                if backend.faults.fires(FaultPoint::GraphLaunch) {
+                    return Err(fault::driver_error("cuGraphLaunch", FaultPoint::GraphLaunch));
+                }
                 ops.iter().try_for_each(|op| (op.run)())
             }
             (Recorded::Cuda(raw), BackendKind::Cuda(c)) => {

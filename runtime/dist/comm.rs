@@ -144,6 +144,12 @@ impl Communicator {
             return Err(Error::invalid(name, "an emulated communicator on a CUDA device"));
         };
         let (group, rank, timeout) = (group.clone(), self.0.rank, self.0.timeout);
+        if self.0.device.backend().faults.fires(crate::backend::FaultPoint::Collective) {
+            // What NCCL's error path does: this rank's call fails and the group is aborted.
+            group.abort(format!("rank {rank}: `{name}` failed"));
+            let message = "ncclSystemError: unhandled system error".to_string();
+            return Err(Error::Dist(crate::DistError::Nccl { rank, call: name, message }));
+        }
         h.run(name, move || f(&group, rank, timeout))
     }
 
@@ -429,7 +435,10 @@ impl Communicator {
     /// Checks that every rank is about to capture with the same [`GraphOptions`] (warm-up
     /// count, `order`, mode, chaining) over `chunks` chunks, so that their collectives line up;
     /// when they differ, every rank gets [`DistError::ScheduleMismatch`](crate::DistError::ScheduleMismatch) before anything is
-    /// captured. Call it before `make_graphed`.
+    /// captured. `make_graphed` runs this check itself for modules that report their group
+    /// ([`crate::Module::collectives`]: [`super::DataParallel`], [`super::PipelineStage`]);
+    /// call it before a capture whose collectives it cannot see (capture-time hooks that
+    /// gather and scatter shards, say).
     ///
     /// ```
     /// use graphed::dist;

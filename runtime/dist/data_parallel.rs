@@ -383,4 +383,8 @@ impl<M: Module> Module for DataParallel<M> {
     fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
         self.inner.run_hooks(kind)
     }
+
+    fn collectives(&self) -> Option<super::Collectives> {
+        Some(super::Collectives::new(self.comm.clone()))
+    }
 }

@@ -189,11 +189,15 @@ pub struct LaunchOptions {
     pub rendezvous: Option<Rendezvous>,
     /// How long the whole launch may take before the remaining ranks are killed.
     pub deadline: Duration,
+    /// Once a rank failed, how long the others get to end on their own (each sees a typed
+    /// error from its communicator within its deadline, and may report it or save its state)
+    /// before they are killed. Default: none, they are killed at once.
+    pub grace: Duration,
 }
 
 impl Default for LaunchOptions {
     fn default() -> Self {
-        LaunchOptions { args: None, rendezvous: None, deadline: Duration::from_secs(600) }
+        LaunchOptions { args: None, rendezvous: None, deadline: Duration::from_secs(600), grace: Duration::ZERO }
     }
 }
 
@@ -203,8 +207,9 @@ impl Default for LaunchOptions {
 /// launcher) it calls `rank_main` with this rank's [`RankEnv`] and returns its result. In the
 /// parent it starts `world_size` copies of the current binary with `GRAPHED_RANK`,
 /// `GRAPHED_WORLD_SIZE`, `GRAPHED_LOCAL_RANK`, `GRAPHED_RENDEZVOUS` and `NCCL_NVLS_ENABLE=0`
-/// set, and waits for all of them: the first rank to fail, or the deadline, kills the others
-/// and gives [`DistError::RankFailed`](crate::DistError::RankFailed).
+/// set, and waits for all of them: the first rank to fail (after [`LaunchOptions::grace`]), or
+/// the deadline, kills the others and gives [`DistError::RankFailed`](crate::DistError::RankFailed)
+/// naming the first rank that failed.
 ///
 /// ```no_run
 /// use graphed::dist::{self, LaunchOptions, ReduceOp};
@@ -262,7 +267,7 @@ fn spawn_ranks(world_size: usize, options: &LaunchOptions) -> Result<()> {
             }
         }
     }
-    let result = wait_all(&mut children, options.deadline);
+    let result = wait_all(&mut children, options.deadline, options.grace);
     if let Rendezvous::File(p) = &rdv {
         let _ = std::fs::remove_file(p);
     }
@@ -276,35 +281,43 @@ fn kill_all(children: &mut [Child]) {
     }
 }
 
-/// Polls every child until all exit; the first failure or the deadline kills the rest.
-fn wait_all(children: &mut [Child], deadline: Duration) -> Result<()> {
-    let end = Instant::now() + deadline;
+/// Polls every child until all exit; the first failure (after `grace` for the others to end
+/// on their own) or the deadline kills the rest.
+fn wait_all(children: &mut [Child], deadline: Duration, grace: Duration) -> Result<()> {
+    let mut end = Instant::now() + deadline;
     let mut done = vec![false; children.len()];
+    let mut first: Option<(usize, String)> = None;
     while done.iter().any(|d| !d) {
-        let mut failed = None;
         for (rank, c) in children.iter_mut().enumerate() {
             if done[rank] {
                 continue;
             }
-            match c.try_wait() {
-                Ok(Some(status)) if status.success() => done[rank] = true,
-                Ok(Some(status)) => failed = Some((rank, format!("exited with {status}"))),
-                Ok(None) => {}
-                Err(e) => failed = Some((rank, format!("could not be waited for: {e}"))),
-            }
-            if failed.is_some() {
-                break;
+            let failed = match c.try_wait() {
+                Ok(Some(status)) if status.success() => None,
+                Ok(Some(status)) => Some(format!("exited with {status}")),
+                Ok(None) => continue,
+                Err(e) => Some(format!("could not be waited for: {e}")),
+            };
+            done[rank] = true;
+            if let (Some(status), None) = (failed, &first) {
+                first = Some((rank, status));
+                end = end.min(Instant::now() + grace);
             }
         }
-        if failed.is_none() && Instant::now() >= end {
+        if done.iter().all(|d| *d) {
+            break;
+        }
+        if Instant::now() >= end {
             let rank = done.iter().position(|d| !d).unwrap_or(0);
-            failed = Some((rank, format!("was still running after the deadline of {deadline:?}")));
-        }
-        if let Some((rank, status)) = failed {
             kill_all(children);
+            let (rank, status) =
+                first.unwrap_or((rank, format!("was still running after the deadline of {deadline:?}")));
             return Err(Error::Dist(crate::DistError::RankFailed { rank, status }));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    Ok(())
+    match first {
+        Some((rank, status)) => Err(Error::Dist(crate::DistError::RankFailed { rank, status })),
+        None => Ok(()),
+    }
 }

@@ -2,6 +2,7 @@
 //! graphs like any other op), and emulated ranks on the host backend with the same semantics.
 //!
 //! - `comm`: [`Communicator`] and its collectives.
+//! - `agree`: [`Collectives`], what `make_graphed` checks across ranks before capturing.
 //! - `host`: emulated ranks (threads sharing memory).
 //! - `nccl`: the NCCL communicator (non-blocking, with deadlines and abort).
 //! - `launch`: the rank environment, the rendezvous and [`launch`].
@@ -9,6 +10,7 @@
 //! - `pipeline`: [`PipelineStage`], a chunk of a pipeline with send/recv into static buffers.
 //! - `shard`: [`ShardedParams`], FSDP-style shards gathered and reduced by capture-time hooks.
 
+mod agree;
 mod comm;
 mod data_parallel;
 mod host;
@@ -20,6 +22,8 @@ mod shard;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use agree::check_schedules;
+pub use agree::Collectives;
 pub use comm::{Communicator, ReduceOp};
 pub use data_parallel::{DataParallel, DEFAULT_BUCKET_BYTES};
 pub use launch::{

@@ -4,17 +4,25 @@
 //! (`config.blocking = 0`): a call may return `ncclInProgress`, and we poll
 //! `ncclCommGetAsyncError` until it settles or a deadline passes, then `ncclCommAbort`, so a
 //! dead or diverging peer is an error on this rank rather than a hang.
+//!
+//! Collectives captured into graphs are not calls we can poll: they run on the stream. So
+//! the communicator also watches the stream. A watchdog thread aborts the group once NCCL
+//! reports an error or the stream makes no progress for the deadline (a peer that died in
+//! the middle of a captured all-reduce: NCCL sees no error over NVLink or shared memory), and
+//! every wait on the stream polls and ends with the group's error by the deadline, so neither
+//! a replay, a synchronize nor a destructor waits forever.
 
+use std::collections::VecDeque;
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{sys as cu, CudaEvent, CudaStream};
 use cudarc::nccl::sys;
 
 use crate::backend::cuda::driver_err;
-use crate::backend::{Backend, BackendKind, CudaBackend};
+use crate::backend::{Backend, BackendKind, CudaBackend, StreamWatch};
 use crate::{Error, Result};
 
 /// Bytes of an NCCL unique id, exchanged through the rendezvous.
@@ -58,12 +66,29 @@ pub(crate) fn unique_id() -> Result<Vec<u8>> {
     Ok(id.internal.iter().map(|c| *c as u8).collect())
 }
 
-/// The raw communicator, shared with the watchdog. The lock orders every use of the handle
-/// before `ncclCommAbort` frees it: users hold it for reading (short, non-blocking calls),
-/// `abort` for writing; `true` inside means aborted.
+/// Why a communicator was aborted: what later calls on it report.
+#[derive(Clone, Debug)]
+enum Cause {
+    /// A wait passed its deadline (a peer is dead, stuck, or issued something else).
+    Timeout { op: &'static str, waited: Duration },
+    /// NCCL reported an error (a peer's death seen by the network, a failed call).
+    Failed(String),
+    /// `Communicator::abort`, or a failure elsewhere in this process.
+    Requested,
+}
+
+/// The raw communicator, shared with the watchdog. Every use of the handle happens before
+/// `ncclCommAbort` frees it: users take the lock for reading (short, non-blocking calls),
+/// the abort for writing. An abort runs on a thread of its own, and marks the handle aborted
+/// first, so no call waits for it: a waiting rank gets its error within its deadline even if
+/// NCCL's abort takes long.
 struct Handle {
     comm: sys::ncclComm_t,
-    aborted: RwLock<bool>,
+    lock: RwLock<()>,
+    /// Set once an abort (or the destroy) begins: no call starts on the handle after it.
+    aborted: AtomicBool,
+    /// The first reason the group was aborted, and when.
+    cause: Mutex<Option<(Cause, Instant)>>,
     stop: AtomicBool,
 }
 
@@ -75,10 +100,21 @@ unsafe impl Send for Handle {}
 unsafe impl Sync for Handle {}
 
 impl Handle {
-    /// Runs `f` on the live handle, or returns `None` once aborted.
+    /// Runs `f` on the live handle, or returns `None` once aborted. Never waits for an abort
+    /// in progress (it polls the lock instead of queueing behind the abort's write).
     fn with<R>(&self, f: impl FnOnce(sys::ncclComm_t) -> R) -> Option<R> {
-        let aborted = self.aborted.read().unwrap_or_else(|e| e.into_inner());
-        (!*aborted).then(|| f(self.comm))
+        loop {
+            if self.aborted.load(Ordering::Acquire) {
+                return None;
+            }
+            if let Ok(_guard) = self.lock.try_read() {
+                if self.aborted.load(Ordering::Acquire) {
+                    return None;
+                }
+                return Some(f(self.comm));
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
     }
 
     /// The communicator's asynchronous state, `None` once aborted.
@@ -95,30 +131,156 @@ impl Handle {
         })
     }
 
-    /// Aborts once (NCCL frees the communicator and fails its pending work on every rank).
-    fn abort(&self) {
-        let mut aborted = self.aborted.write().unwrap_or_else(|e| e.into_inner());
-        if !*aborted && !self.comm.is_null() {
-            // SAFETY: the handle is live and no other call is using it (write lock).
-            let _ = unsafe { sys::ncclCommAbort(self.comm) };
+    /// Aborts once, for `cause` (the first cause is kept): NCCL fails the pending work, so
+    /// collectives stuck on the stream return, and every peer sees an error. Returns at once;
+    /// `ncclCommAbort` runs on a thread of its own.
+    fn abort(self: &Arc<Self>, cause: Cause) {
+        self.cause.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert((cause, Instant::now()));
+        if self.aborted.swap(true, Ordering::AcqRel) || self.comm.is_null() {
+            return;
         }
-        *aborted = true;
+        let handle = self.clone();
+        let free = move || {
+            let _no_users = handle.lock.write().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: the handle is live (marked aborted just now, by this caller only) and no
+            // other call is using it (write lock); it is freed here, once.
+            let _ = unsafe { sys::ncclCommAbort(handle.comm) };
+        };
+        let spawned = std::thread::Builder::new().name("graphed-nccl-abort".into()).spawn(free.clone());
+        if spawned.is_err() {
+            free();
+        }
+    }
+
+    /// How long ago the group was aborted, if it was.
+    fn aborted_for(&self) -> Option<Duration> {
+        self.cause.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(_, at)| at.elapsed())
+    }
+
+    /// The error later calls get once the group was aborted.
+    fn failure(&self, rank: usize) -> Error {
+        let cause = self.cause.lock().unwrap_or_else(|e| e.into_inner()).clone().map(|(c, _)| c);
+        Error::Dist(match cause {
+            Some(Cause::Timeout { op, waited }) => crate::DistError::CommTimeout { rank, op, waited },
+            Some(Cause::Failed(reason)) => crate::DistError::CommAborted { rank, reason },
+            Some(Cause::Requested) | None => crate::DistError::CommAborted {
+                rank,
+                reason: "the NCCL communicator was aborted (a peer failed or timed out)".into(),
+            },
+        })
     }
 }
 
-/// How often the watchdog looks for an asynchronous error (a dead peer, a network failure).
+/// How long after an abort the collectives it released have to return; a stream still busy
+/// after that is stuck for good, and waits on it give up at once.
+const ABORT_GRACE: Duration = Duration::from_secs(5);
+
+/// How often the watchdog looks for an asynchronous error (a dead peer, a network failure)
+/// and at the stream's progress.
 const WATCHDOG_PERIOD: Duration = Duration::from_millis(100);
 
-/// Aborts the communicator as soon as NCCL reports an asynchronous error, so that a stream
-/// stuck behind a dead peer is released (and any wait on it ends) instead of hanging.
-fn watchdog(handle: Arc<Handle>) {
+/// The progress of the device's stream as the watchdog sees it: events it records there,
+/// oldest first, each with when. When the oldest has not completed within the deadline, the
+/// stream is stuck (a collective waits for a peer that will never come: NCCL itself notices no
+/// dead peer on NVLink or shared memory), and the watchdog aborts the group, which releases
+/// the stuck kernels and everything waiting for them, a graph launch included.
+#[derive(Default)]
+struct Progress {
+    marks: VecDeque<(CudaEvent, Instant)>,
+    spare: Vec<CudaEvent>,
+}
+
+impl Progress {
+    /// The most marks kept; a stuck stream gets no new ones past it.
+    const MOST: usize = 4096;
+
+    /// How long the stream has been stuck at its oldest pending mark; records a new mark.
+    /// `None` while a capture is in progress (the watchdog neither waits for it nor adds to it).
+    fn poll(&mut self, c: &CudaBackend) -> Option<Duration> {
+        let _entered = c.gate.try_enter()?;
+        c.bind().ok()?;
+        while let Some((event, _)) = self.marks.front() {
+            if !event.try_is_complete().unwrap_or(false) {
+                break;
+            }
+            let (event, _) = self.marks.pop_front().expect("looked at it");
+            self.spare.push(event);
+        }
+        if self.marks.len() < Self::MOST {
+            let event = match self.spare.pop() {
+                Some(e) => Some(e),
+                None => c.ctx.new_event(None).ok(),
+            };
+            if let Some(event) = event {
+                if event.record(&c.stream).is_ok() {
+                    self.marks.push_back((event, Instant::now()));
+                }
+            }
+        }
+        self.marks.front().map(|(_, at)| at.elapsed())
+    }
+}
+
+/// Aborts the communicator as soon as NCCL reports an asynchronous error, or once the device
+/// stream makes no progress for `timeout`, so that a stream stuck behind a dead peer is
+/// released (and any wait or launch behind it ends) instead of hanging.
+fn watchdog(handle: Arc<Handle>, backend: Arc<Backend>, timeout: Duration) {
+    let mut progress = Progress::default();
     while !handle.stop.load(Ordering::Acquire) {
         std::thread::sleep(WATCHDOG_PERIOD);
         match handle.async_error() {
             None => return,
             Some(sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => {}
-            Some(_) => return handle.abort(),
+            Some(r) => return handle.abort(Cause::Failed(describe(r))),
         }
+        let stuck = match &backend.kind {
+            BackendKind::Cuda(c) => progress.poll(c),
+            BackendKind::Host(_) => None,
+        };
+        if stuck.is_some_and(|s| s >= timeout) {
+            let op = "collectives queued on the device stream (the watchdog saw no progress)";
+            return handle.abort(Cause::Timeout { op, waited: timeout });
+        }
+    }
+}
+
+/// The communicator as a watcher of the device stream's waits: a wait ends once the group
+/// failed or the deadline passed (the group is then aborted).
+struct CommWatch {
+    handle: Arc<Handle>,
+    rank: usize,
+    timeout: Duration,
+    /// Whether a wait has reported the group's abort already.
+    reported: AtomicBool,
+}
+
+impl StreamWatch for CommWatch {
+    fn check(&self, waited: Option<Duration>) -> Result<()> {
+        if self.handle.aborted.load(Ordering::Acquire) {
+            let first = !self.reported.swap(true, Ordering::AcqRel);
+            // Reported once; after that a wait gives up only when the aborted work has not
+            // returned within the grace (it never will), so teardown does not wait forever.
+            let stuck = waited.is_some() && self.handle.aborted_for().is_some_and(|d| d >= ABORT_GRACE);
+            return if first || stuck { Err(self.handle.failure(self.rank)) } else { Ok(()) };
+        }
+        let Some(waited) = waited else { return Ok(()) };
+        match self.handle.async_error() {
+            None | Some(sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => {}
+            Some(r) => {
+                let message = describe(r);
+                self.handle.abort(Cause::Failed(message.clone()));
+                self.reported.store(true, Ordering::Release);
+                let call = "ncclCommGetAsyncError";
+                return Err(Error::Dist(crate::DistError::Nccl { rank: self.rank, call, message }));
+            }
+        }
+        if waited >= self.timeout {
+            let op = "wait for the device stream";
+            self.handle.abort(Cause::Timeout { op, waited });
+            self.reported.store(true, Ordering::Release);
+            return Err(Error::Dist(crate::DistError::CommTimeout { rank: self.rank, op, waited }));
+        }
+        Ok(())
     }
 }
 
@@ -137,6 +299,8 @@ pub(crate) struct NcclComm {
     handle: Arc<Handle>,
     side: Side,
     watchdog: Option<std::thread::JoinHandle<()>>,
+    /// Registered with the device stream's waits (the backend holds it weakly).
+    watch: Arc<CommWatch>,
     backend: Arc<Backend>,
     rank: usize,
     timeout: Duration,
@@ -192,18 +356,29 @@ impl NcclComm {
         c.bind()?;
         // SAFETY: `comm` and `config` are valid for the call; the id came from ncclGetUniqueId.
         let r = unsafe { sys::ncclCommInitRankConfig(&mut comm, world as i32, unique, rank as i32, &mut config) };
-        let handle = Arc::new(Handle { comm, aborted: RwLock::new(comm.is_null()), stop: AtomicBool::new(false) });
+        let handle = Arc::new(Handle {
+            comm,
+            lock: RwLock::new(()),
+            aborted: AtomicBool::new(comm.is_null()),
+            cause: Mutex::new(None),
+            stop: AtomicBool::new(false),
+        });
+        let watch = Arc::new(CommWatch { handle: handle.clone(), rank, timeout, reported: AtomicBool::new(false) });
         let side = Side {
             stream: c.ctx.new_stream().map_err(driver_err("cuStreamCreate"))?,
             fork: c.ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
             join: c.ctx.new_event(None).map_err(driver_err("cuEventCreate"))?,
             active: AtomicBool::new(false),
         };
-        let mut me = NcclComm { handle, side, watchdog: None, backend, rank, timeout };
+        let mut me = NcclComm { handle, side, watchdog: None, watch, backend, rank, timeout };
         me.settle("ncclCommInitRankConfig", r)?;
-        let h = me.handle.clone();
-        let spawned =
-            std::thread::Builder::new().name(format!("graphed-nccl-watchdog-{rank}")).spawn(move || watchdog(h));
+        // Every wait on the device stream now polls and ends by this communicator's deadline.
+        let as_watch: Arc<dyn StreamWatch> = me.watch.clone();
+        cuda(&me.backend)?.watch(Arc::downgrade(&as_watch));
+        let (h, b) = (me.handle.clone(), me.backend.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("graphed-nccl-watchdog-{rank}"))
+            .spawn(move || watchdog(h, b, timeout));
         me.watchdog = Some(spawned.map_err(|e| Error::msg(format!("cannot start the NCCL watchdog: {e}")))?);
         Ok(me)
     }
@@ -213,10 +388,7 @@ impl NcclComm {
     }
 
     fn aborted_error(&self) -> Error {
-        Error::Dist(crate::DistError::CommAborted {
-            rank: self.rank,
-            reason: "the NCCL communicator was aborted (a peer failed or timed out)".into(),
-        })
+        self.handle.failure(self.rank)
     }
 
     /// Waits until the last call settles (`ncclInProgress` turns into a result), aborting the
@@ -235,7 +407,7 @@ impl NcclComm {
                 }
             }
             if Instant::now() >= deadline {
-                self.abort();
+                self.handle.abort(Cause::Timeout { op: call, waited: self.timeout });
                 return Err(Error::Dist(crate::DistError::CommTimeout {
                     rank: self.rank,
                     op: call,
@@ -244,13 +416,15 @@ impl NcclComm {
             }
             std::thread::sleep(Duration::from_micros(50));
         }
-        self.abort();
-        Err(Error::Dist(crate::DistError::Nccl { rank: self.rank, call, message: describe(r) }))
+        let message = describe(r);
+        self.handle.abort(Cause::Failed(format!("rank {}: `{call}` failed: {message}", self.rank)));
+        Err(Error::Dist(crate::DistError::Nccl { rank: self.rank, call, message }))
     }
 
-    /// Aborts the communicator (idempotent): pending and later NCCL work fails on every rank.
+    /// Aborts the communicator (idempotent, returns at once): pending and later NCCL work
+    /// fails on every rank.
     pub(crate) fn abort(&self) {
-        self.handle.abort();
+        self.handle.abort(Cause::Requested);
     }
 
     /// Issues one NCCL call on the device stream (through the stream gate, so it captures like
@@ -265,7 +439,11 @@ impl NcclComm {
         c.bind()?;
         let on_side = self.side.active.load(Ordering::Acquire);
         let stream = if on_side { self.side.stream.cu_stream() } else { c.stream.cu_stream() } as sys::cudaStream_t;
-        let r = self.handle.with(|comm| f(comm, stream)).ok_or_else(|| self.aborted_error())?;
+        let r = if self.backend.faults.fires(crate::backend::FaultPoint::Collective) {
+            sys::ncclResult_t::ncclSystemError
+        } else {
+            self.handle.with(|comm| f(comm, stream)).ok_or_else(|| self.aborted_error())?
+        };
         self.settle(call, r)
     }
 
@@ -306,13 +484,20 @@ impl NcclComm {
                 unsafe { cu::cuStreamQuery(c.stream.cu_stream()) }
             };
             match state {
+                // Idle: unless the group was aborted meanwhile (the work may hold what the
+                // aborted collectives left).
+                cu::CUresult::CUDA_SUCCESS if self.handle.aborted.load(Ordering::Acquire) => {
+                    self.watch.reported.store(true, Ordering::Release);
+                    return Err(self.aborted_error());
+                }
                 cu::CUresult::CUDA_SUCCESS => return Ok(()),
                 cu::CUresult::CUDA_ERROR_NOT_READY => {}
                 other => return Err(Error::cuda("cuStreamQuery", cudarc::driver::DriverError(other))),
             }
             self.settle("ncclCommGetAsyncError", sys::ncclResult_t::ncclSuccess)?;
             if Instant::now() >= deadline {
-                self.abort();
+                self.handle.abort(Cause::Timeout { op: "wait for the stream", waited: self.timeout });
+                self.watch.reported.store(true, Ordering::Release);
                 return Err(Error::Dist(crate::DistError::CommTimeout {
                     rank: self.rank,
                     op: "wait for the stream",
@@ -373,11 +558,10 @@ impl NcclComm {
         if self.settle("ncclCommFinalize", r).is_err() {
             return; // settle aborted it
         }
-        let mut aborted = self.handle.aborted.write().unwrap_or_else(|e| e.into_inner());
-        if !*aborted {
+        let _no_users = self.handle.lock.write().unwrap_or_else(|e| e.into_inner());
+        if !self.handle.aborted.swap(true, Ordering::AcqRel) {
             // SAFETY: finalized, no other user (write lock); destroyed once, then marked.
             let _ = unsafe { sys::ncclCommDestroy(self.handle.comm) };
-            *aborted = true;
         }
     }
 }

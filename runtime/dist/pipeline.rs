@@ -41,6 +41,8 @@ pub struct PipelineStage<M: Module> {
     role: StageRole,
     /// Dims of the output sent to the next stage (and of the grad received back).
     output_dims: Vec<usize>,
+    /// This rank's part of the order ([`stage_order`]): what it must be captured with.
+    order: Vec<i32>,
 }
 
 impl<M: Module> std::fmt::Debug for PipelineStage<M> {
@@ -64,7 +66,7 @@ impl<M: Module> PipelineStage<M> {
                 format!("a chunk of {} inputs (one is supported)", inner.num_inputs()),
             ));
         }
-        stage_order(order, world, rank)?;
+        let mine = stage_order(order, world, rank)?;
         let mut h = DefaultHasher::new();
         (order, output_dims).hash(&mut h);
         comm.check_same("pipeline orders", h.finish())?;
@@ -74,7 +76,7 @@ impl<M: Module> PipelineStage<M> {
             (r, w) if r + 1 == w => StageRole::Last,
             _ => StageRole::Middle,
         };
-        Ok(PipelineStage { inner, comm, role, output_dims: output_dims.to_vec() })
+        Ok(PipelineStage { inner, comm, role, output_dims: output_dims.to_vec(), order: mine })
     }
 
     /// The rank's role.
@@ -253,5 +255,9 @@ impl<M: Module> Module for PipelineStage<M> {
 
     fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
         self.inner.run_hooks(kind)
+    }
+
+    fn collectives(&self) -> Option<super::Collectives> {
+        Some(super::Collectives::stage(self.comm.clone(), self.order.clone()))
     }
 }

@@ -1,10 +1,12 @@
 //! The one error type of the crate.
 
 mod build;
+mod checkpoint;
 mod cuda;
 mod dist;
 mod slot;
 
+pub use checkpoint::CheckpointProblem;
 pub use cuda::CudaFailure;
 pub use dist::DistError;
 pub use slot::{Slot, SlotKind};
@@ -311,6 +313,33 @@ pub enum Error {
         /// The size of the block that did not fit.
         bytes: usize,
     },
+    /// The device (or, on the host backend, the machine) has no memory for a request: the
+    /// driver refused the slab, or the size does not even fit in the address space
+    /// (`requested` is then `usize::MAX`). Nothing was allocated.
+    #[error("out of memory on {device}: {} requested, {}; free memory (drop tensors, capture with fewer microbatches in flight) or cap other pools with GraphPool::with_limit", bytes_text(*.requested), match .available { Some(a) => format!("{} available", bytes_text(*a)), None => "the device does not say how much is available".to_string() })]
+    OutOfMemory {
+        /// The device.
+        device: String,
+        /// Bytes asked for (`usize::MAX` when the size overflows).
+        requested: usize,
+        /// Bytes the device says are free, where it can tell.
+        available: Option<usize>,
+    },
+    /// A pool would grow past its byte limit ([`crate::GraphPool::with_limit`],
+    /// [`crate::GraphOptions::pool_limit`]). Nothing was allocated.
+    #[error("pool #{pool}: {} requested, but growing by it would pass the pool's limit of {} ({} reserved, {} in use); raise the limit or free tensors of this pool", bytes_text(*.requested), bytes_text(*.limit), bytes_text(*.reserved), bytes_text(*.in_use))]
+    PoolLimit {
+        /// The pool's id.
+        pool: usize,
+        /// Bytes asked for (the block, rounded up to the pool's alignment).
+        requested: usize,
+        /// The pool's limit.
+        limit: usize,
+        /// Bytes the pool holds from the driver now.
+        reserved: usize,
+        /// Bytes of the pool in blocks handed out now.
+        in_use: usize,
+    },
     /// A user-defined failure (from a hook or a module body).
     #[error("{0}")]
     Msg(String),
@@ -400,13 +429,26 @@ pub enum Error {
         /// The repeated name.
         name: String,
     },
-    /// A safetensors file could not be read or written.
+    /// A safetensors file could not be read or written (the OS refused); a failed load
+    /// changed nothing, a failed save left any earlier file at `path` as it was.
     #[error("safetensors file {path}: {detail}")]
     CheckpointIo {
         /// The file.
         path: String,
-        /// The I/O or format error.
+        /// The OS error's kind.
+        kind: std::io::ErrorKind,
+        /// The OS's message.
         detail: String,
+    },
+    /// A safetensors file that breaks the format; nothing was loaded.
+    #[error("safetensors file {path}{}: {problem}; nothing was loaded", .tensor.as_ref().map_or_else(String::new, |t| format!(", tensor `{t}`")))]
+    CheckpointFormat {
+        /// The file.
+        path: String,
+        /// The tensor whose entry is wrong, when the problem is one tensor's.
+        tensor: Option<String>,
+        /// What is wrong.
+        problem: CheckpointProblem,
     },
     /// A module parameter has no tensor in the file; nothing was loaded.
     #[error("safetensors file {path} has no tensor `{tensor}`, which the module needs; nothing was loaded (was the file saved from this module?)")]
@@ -513,6 +555,15 @@ pub enum Error {
         /// The context length.
         context: usize,
     },
+}
+
+/// A byte count for messages: `usize::MAX` reads as "more than the address space".
+fn bytes_text(bytes: usize) -> String {
+    if bytes == usize::MAX {
+        "more bytes than the address space holds".into()
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 /// `Result` with [`Error`].

@@ -29,18 +29,26 @@ type Samples = Vec<Vec<Vec<Option<Tensor>>>>;
 /// parameter grads do not change; the device RNG state is restored after capture, so neither
 /// warm-up nor capture changes the numbers a run draws.
 ///
-/// Everything about the arguments is checked before anything runs. If warm-up or capture then
-/// fails (a hook, a module, the driver, memory), the RNG state is restored, the pool's memory
-/// is freed, and the modules come back inside the [`CaptureError`].
+/// Everything about the arguments is checked before anything runs; when modules talk to
+/// other ranks ([`Module::collectives`]), every rank's schedule is compared with the others'
+/// first, and a mismatch is [`crate::DistError::ScheduleMismatch`] on every rank. If warm-up
+/// or capture then fails (a hook, a module, the driver, memory, a pool's limit), the RNG state
+/// and the grads of the parameters the modules expose are restored, the pool gives back what
+/// the call took, and the modules come back inside the [`CaptureError`].
 pub fn make_graphed(
     modules: Modules,
     samples: Samples,
     options: GraphOptions,
 ) -> std::result::Result<GraphedModules, CaptureError<Modules>> {
     let has_backward = options.training && needs_backward(&modules, &samples);
-    let (device, schedule) = match validate(&modules, &samples, &options, has_backward) {
-        Ok(v) => v,
-        Err(e) => return Err(CaptureError::new(e, modules)),
+    let validated = validate(&modules, &samples, &options, has_backward);
+    // Modules that talk to other ranks: every rank must be about to capture the same schedule
+    // (a typed error on every rank otherwise, before anything runs). A rank whose own
+    // arguments are refused takes part all the same, so its peers hear of it at once.
+    let agreed = crate::dist::check_schedules(&modules, &options, has_backward, validated.is_ok());
+    let (device, schedule) = match (validated, agreed) {
+        (Ok(v), Ok(())) => v,
+        (Err(e), _) | (Ok(_), Err(e)) => return Err(CaptureError::new(e, modules)),
     };
     // Warm-up and capture draw random numbers and run backwards: save what they would change.
     let saved = device.rng().and_then(|g| g.save()).and_then(|rng| Ok((rng, GradSnapshot::take(&modules)?)));
@@ -49,7 +57,14 @@ pub fn make_graphed(
         Err(e) => return Err(CaptureError::new(e, modules)),
     };
     let started = Instant::now();
-    let pool = options.pool.clone().unwrap_or_else(|| device.new_pool());
+    let pool = match &options.pool {
+        Some(pool) => pool.clone(),
+        None => device.new_pool(),
+    };
+    if options.pool.is_none() {
+        pool.set_limit(options.pool_limit);
+    }
+    let mark = pool.mark();
     let chunks = modules.len();
     let plan = SlotPlan::new(&schedule, chunks, options.reuse_buffers);
     let mut g = GraphedModules {
@@ -73,11 +88,14 @@ pub fn make_graphed(
         g.iterate(&schedule, Phase::Capture)
     });
     // Put the RNG state and the parameter grads back, whether the capture worked or not.
-    let restored = device
-        .rng()
-        .and_then(|r| r.restore(&rng_state))
-        .and_then(|()| grads.restore())
-        .and_then(|()| device.synchronize());
+    let restore = || {
+        device
+            .rng()
+            .and_then(|r| r.restore(&rng_state))
+            .and_then(|()| grads.restore())
+            .and_then(|()| device.synchronize())
+    };
+    let restored = restore();
     match captured.and(restored) {
         Ok(()) => {
             g.compute_clobbers();
@@ -86,8 +104,19 @@ pub fn make_graphed(
             Ok(g)
         }
         Err(e) => {
-            drop(pool);
-            Err(CaptureError::new(e, g.into_modules()))
+            // Restore once more: the failure may have been in the first restore (a transient
+            // fault in a copy), and restoring is idempotent. Should this fail too, the cause
+            // is still the error returned; the second failure is kept with the drop errors.
+            if let Err(again) = restore() {
+                device
+                    .backend()
+                    .drop_errors
+                    .report(again.context("restoring the RNG state and grads after a failed capture"));
+            }
+            let modules = g.into_modules();
+            // A pool of the caller's gives back the slabs this call grew; our own goes away.
+            pool.release_since(mark);
+            Err(CaptureError::new(e, modules))
         }
     }
 }
@@ -158,6 +187,12 @@ fn validate(
     if let Some(pool) = &options.pool {
         if !pool.is_on(&device) {
             return Err(Error::invalid("make_graphed", format!("the pool given is not on {}", device.name())));
+        }
+        if options.pool_limit.is_some() {
+            return Err(Error::invalid(
+                "make_graphed",
+                "pool_limit with a pool given: limit that pool instead (GraphPool::with_limit)",
+            ));
         }
     }
     let schedule = Schedule::new(options.order.as_deref(), chunks, has_backward)?;

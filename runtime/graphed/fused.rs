@@ -113,13 +113,15 @@ impl GraphedModules {
     pub fn fuse(&mut self) -> Result<()> {
         if self.config.fused.is_none() {
             let fresh = self.config.staging.is_none();
-            self.prepare_staging()?;
-            match Fused::build(&[&*self]) {
+            let mark = self.pool.mark();
+            match self.prepare_staging().and_then(|()| Fused::build(&[&*self])) {
                 Ok(fused) => self.config.fused = Some(fused),
                 Err(e) => {
+                    // Refused or failed: nothing changes, and the pool gives back what it grew.
                     if fresh {
-                        self.config.staging = None; // refused: nothing changes
+                        self.config.staging = None;
                     }
+                    self.pool.release_since(mark);
                     return Err(e);
                 }
             }

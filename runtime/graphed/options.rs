@@ -20,6 +20,7 @@ pub struct GraphOptions {
     pub(crate) chained: bool,
     pub(crate) hooks: HookRegistry,
     pub(crate) pool: Option<GraphPool>,
+    pub(crate) pool_limit: Option<usize>,
     pub(crate) reuse_buffers: bool,
 }
 
@@ -34,6 +35,7 @@ impl Default for GraphOptions {
             chained: false,
             hooks: HookRegistry::new(),
             pool: None,
+            pool_limit: None,
             reuse_buffers: true,
         }
     }
@@ -97,6 +99,39 @@ impl GraphOptions {
     /// ```
     pub fn pool(mut self, pool: &GraphPool) -> Self {
         self.pool = Some(pool.clone());
+        self
+    }
+
+    /// Caps the bytes the pool `make_graphed` creates may reserve (see
+    /// [`GraphPool::with_limit`]): a warm-up or capture that needs more fails with
+    /// [`Error::PoolLimit`](crate::Error::PoolLimit), and the modules come back unchanged in
+    /// the [`CaptureError`](crate::CaptureError). With [`GraphOptions::pool`], limit that pool
+    /// instead (both together are refused).
+    ///
+    /// ```
+    /// use graphed::{make_graphed, ops, Cx, Device, Error, GraphOptions, Module, Result, Tensor};
+    /// struct Double;
+    /// impl Module for Double {
+    ///     fn name(&self) -> &'static str { "Double" }
+    ///     fn num_inputs(&self) -> usize { 1 }
+    ///     fn forward(&self, _: &mut Cx, x: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+    ///         let x = x[0].as_ref().expect("one input");
+    ///         Ok(vec![Some(ops::add(x, x)?)])
+    ///     }
+    ///     fn backward(&mut self, _: &mut Cx, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+    ///         Ok(g.to_vec())
+    ///     }
+    /// }
+    /// let dev = Device::host();
+    /// let x = Tensor::zeros(&dev, &[1 << 20])?.with_requires_grad(true); // 4 MiB
+    /// let opts = GraphOptions::new().pool_limit(1 << 20);
+    /// let err = make_graphed(vec![Box::new(Double)], vec![vec![vec![Some(x)]]], opts).unwrap_err();
+    /// assert!(matches!(err.error().root(), Error::PoolLimit { limit: 1048576, .. }));
+    /// assert_eq!(err.into_inner().len(), 1); // the module comes back
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn pool_limit(mut self, bytes: usize) -> Self {
+        self.pool_limit = Some(bytes);
         self
     }
 

@@ -52,12 +52,16 @@ impl Sequence {
         // Members whose microbatches share surfaces get the step's bound buffers (`staging`);
         // a refused sequence drops the ones made here.
         let fresh: Vec<bool> = members.iter().map(|m| m.config.staging.is_none()).collect();
+        let marks: Vec<_> = members.iter().map(|m| m.pool.mark()).collect();
         let staged = members.iter_mut().try_for_each(GraphedModules::prepare_staging);
         let built = staged.and_then(|()| Fused::build(&members.iter().collect::<Vec<_>>()));
         match built {
             Ok(fused) => Ok(Sequence { members, fused }),
             Err(e) => {
                 members.iter_mut().zip(fresh).filter(|(_, f)| *f).for_each(|(m, _)| m.config.staging = None);
+                // The pools give back what the staging grew (pools shared by members: the
+                // first mark of each is the earliest, so release from every member's).
+                members.iter().zip(marks).for_each(|(m, mark)| m.pool.release_since(mark));
                 Err(CaptureError::new(e, members))
             }
         }
