@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One H200 call that checks a change end to end (after scripts/gpu-build.sh; carry gpu-pack):
+# every test binary with CUDA required, compute-sanitizer on the fused attention and the fault
+# sweep, the attention benchmarks (ours through the runtime, PyTorch's SDPA beside the same
+# kernels), and the GPT at three contexts of 4096 tokens a step against PyTorch's per-layer
+# graphs and torch.compile. Logs go to $OUT as one tarball (the device tool returns few files)
+# plus the summary on stdout.
+#   bash scripts/gpu-validate.sh [gpt-steps]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ -d gpu-bin ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+out=${OUT:-/tmp/graphed-out}; logs=$(mktemp -d); mkdir -p "$out"
+steps=${1:-300}
+fail=0
+t0=$(date +%s)
+note() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+
+note "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+note "test binaries (GRAPHED_REQUIRE_CUDA=1)"
+passed=0; failed=0
+for t in gpu-bin/tests/*; do
+  n=$(basename "$t")
+  GRAPHED_REQUIRE_CUDA=1 "$t" --test-threads=1 > "$logs/test-$n.log" 2>&1 || { fail=1; echo "FAILED: $n"; grep -E "panicked|FAILED" "$logs/test-$n.log" | head -5; }
+  p=$(grep -E "^test result" "$logs/test-$n.log" | sed -E 's/.* ([0-9]+) passed; ([0-9]+) failed.*/\1 \2/' | awk '{p+=$1; f+=$2} END {print p+0, f+0}')
+  passed=$((passed + ${p% *})); failed=$((failed + ${p#* }))
+done
+note "tests: $passed passed, $failed failed"
+grep -h -E "fault points|swept|inputs" "$logs"/test-faults.log "$logs"/test-checkpoint_fuzz.log 2>/dev/null | head -6
+
+for spec in "memcheck ops_flash" "racecheck ops_flash" "memcheck faults"; do
+  set -- $spec
+  note "compute-sanitizer $1 $2"
+  GRAPHED_REQUIRE_CUDA=1 compute-sanitizer --tool "$1" --error-exitcode 3 "gpu-bin/tests/$2" --test-threads=1 > "$logs/sanitize-$1-$2.log" 2>&1 || { fail=1; echo "FAILED: $1 $2"; }
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^test result" "$logs/sanitize-$1-$2.log" | tail -2
+done
+
+note "attention benchmark through the runtime"
+gpu-bin/examples/attention_bench --json "$out/attention_bench.json" > "$logs/attention_bench.log" 2>&1 || fail=1
+tail -22 "$logs/attention_bench.log"
+note "PyTorch SDPA beside the same kernels"
+python3 gpu-bin/bench/flash_sweep.py --no-sweep --out "$logs" > "$logs/flash_sweep.log" 2>&1 || { fail=1; echo "FAILED: flash_sweep"; }
+grep -E "correctness|FAIL|^\|" "$logs/flash_sweep.log" | tail -24
+
+for shape in 256x16 1024x4 4096x1; do
+  ctx=${shape%x*}; batch=${shape#*x}
+  note "GPT ${ctx} x ${batch}"
+  for mode in graphed floor; do
+    gpu-bin/examples/gpt --steps "$steps" --eval-every 100000 --mode $mode --no-checkpoint --context "$ctx" --batch "$batch" \
+      --plot "$logs/gpt_${mode}_${shape}.png" --json "$logs/gpt_${mode}_${shape}.json" > "$logs/gpt_${mode}_${shape}.log" 2>&1 \
+      || { fail=1; echo "FAILED: gpt $mode $shape"; tail -3 "$logs/gpt_${mode}_${shape}.log"; }
+    grep -E "^trained" "$logs/gpt_${mode}_${shape}.log"
+  done
+  if [ "$shape" = 256x16 ]; then
+    gpu-bin/examples/gpt --steps "$steps" --eval-every 100000 --mode graphed --no-checkpoint --attention unfused \
+      --json "$logs/gpt_unfused_${shape}.json" > "$logs/gpt_unfused_${shape}.log" 2>&1 || { fail=1; echo "FAILED: gpt unfused"; }
+    grep -E "^trained" "$logs/gpt_unfused_${shape}.log"
+  fi
+  python3 gpu-bin/bench/pytorch_gpt_bench.py --steps "$steps" --dtype bf16 --context "$ctx" --batch "$batch" \
+    --variants per_layer,compile --out "$logs/gpt_torch_${shape}.json" 2>&1 | grep -E "^\[torch" || fail=1
+done
+cat "$logs"/gpt_*.json > "$out/gpt_runs.jsonl" 2>/dev/null
+tar -C "$logs" -czf "$out/logs.tar.gz" .
+note "done (fail=$fail)"
+exit $fail
