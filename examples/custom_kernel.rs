@@ -353,14 +353,14 @@ fn train(dev: &Device, s: &Sizes, steps: usize, graphed: bool, kernels: &Kernels
         let target = ops::linear(&x, &teacher, None)?;
         let mut cx = Cx::new(dev);
         let y = match (&mut graphed_model, &mut eager) {
-            (Some(g), _) => g.forward(&mut cx, &x)?,
+            (Some(g), _) => g.forward(&x)?,
             (_, Some(m)) => m.forward(&mut cx, &x)?,
             _ => unreachable!("one of the two is set"),
         };
         let loss = ops::mse_loss(&y, &target)?;
         let dy = ops::mse_backward(&y, &target, 1.0)?;
         match (&mut graphed_model, &mut eager) {
-            (Some(g), _) => g.backward(&mut cx, &dy)?,
+            (Some(g), _) => g.backward(&dy)?,
             (_, Some(m)) => m.backward(&mut cx, &dy)?,
             _ => unreachable!("one of the two is set"),
         };

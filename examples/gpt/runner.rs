@@ -300,17 +300,16 @@ impl Trainer {
     fn graphed_step(&mut self, ids: &Tensor, labels: &Tensor) -> Result<Tensor> {
         let (one, last) = (self.one.clone(), self.cfg.layers + 1);
         let g = self.graphed()?;
-        let mut cxs: Vec<Cx> = (0..=last).map(|_| Cx::new(g.device())).collect();
-        let mut h = first(g.forward(0, &mut cxs[0], &[Some(ids.clone())])?)?;
-        for (i, cx) in cxs.iter_mut().enumerate().take(last).skip(1) {
-            h = first(g.forward(i, cx, &[Some(h)])?)?;
+        let mut h = first(g.forward(0, &[Some(ids.clone())])?)?;
+        for i in 1..last {
+            h = first(g.forward(i, &[Some(h)])?)?;
         }
-        let loss = first(g.forward(last, &mut cxs[last], &[Some(h), Some(labels.clone())])?)?;
-        let mut d = first(g.backward(last, &mut cxs[last], &[Some(one)])?)?;
-        for (i, cx) in cxs.iter_mut().enumerate().take(last).skip(1).rev() {
-            d = first(g.backward(i, cx, &[Some(d)])?)?;
+        let loss = first(g.forward(last, &[Some(h), Some(labels.clone())])?)?;
+        let mut d = first(g.backward(last, &[Some(one)])?)?;
+        for i in (1..last).rev() {
+            d = first(g.backward(i, &[Some(d)])?)?;
         }
-        g.backward(0, &mut cxs[0], &[Some(d)])?;
+        g.backward(0, &[Some(d)])?;
         Ok(loss)
     }
 

@@ -58,9 +58,6 @@ pub struct ModuleModel {
     pub vis: Visibility,
     pub self_ty: Type,
     pub ident: Ident,
-    /// The `cx` argument of forward: its name and type as written.
-    pub cx_name: Ident,
-    pub cx_ty: Type,
     pub inputs: Vec<TensorArg>,
     pub outputs: Returned,
     pub grad_outputs: Vec<TensorArg>,

@@ -94,10 +94,10 @@ impl GraphedModules {
     /// Refused calls (wrong arity, shape, dtype, device, a stale handle, an input that needs a
     /// grad the capture does not compute, out of replay order) change nothing.
     ///
-    /// `cx` is taken for symmetry with the eager module; graphed modules keep the contexts of
-    /// their microbatches themselves.
-    pub fn forward(&mut self, chunk: usize, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let _ = cx;
+    /// There is no context argument: the graphs keep what each microbatch's forward saved (in
+    /// their static memory, or in the context of an eager fallback) until its backward, so a
+    /// caller has nothing to hold.
+    pub fn forward(&mut self, chunk: usize, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         self.check_chunk(chunk)?;
         if self.training != self.captured_training {
             return self.eager_forward(chunk, inputs);
@@ -134,18 +134,12 @@ impl GraphedModules {
         Ok(Plan { copies, ticket })
     }
 
-    /// Runs the backward of `chunk` for its oldest outstanding microbatch (`cx` as in
-    /// [`GraphedModules::forward`]): copies the grad outputs in (skipping `None` outputs),
+    /// Runs the backward of `chunk` for its oldest outstanding microbatch: copies the grad
+    /// outputs in (skipping `None` outputs),
     /// replays, and returns the grads of the inputs (`None` for inputs that need none).
     /// Parameter grads accumulate. A refused call changes nothing: the microbatch stays
     /// outstanding.
-    pub fn backward(
-        &mut self,
-        chunk: usize,
-        cx: &mut Cx,
-        grad_outputs: &[Option<Tensor>],
-    ) -> Result<Vec<Option<Tensor>>> {
-        let _ = cx;
+    pub fn backward(&mut self, chunk: usize, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         self.check_chunk(chunk)?;
         let m = match self.pending[chunk].front() {
             None if !self.has_backward && self.training == self.captured_training => {

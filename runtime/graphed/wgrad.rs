@@ -158,15 +158,14 @@ impl GraphedModules {
     }
 
     /// Runs the weight grads of `chunk` for its oldest microbatch whose backward ran but
-    /// whose weight grads have not (`cx` as in [`GraphedModules::forward`]): replays its
-    /// weight-grad graph, or runs `backward_weights` eagerly after an eager backward.
+    /// whose weight grads have not: replays its weight-grad graph, or runs `backward_weights`
+    /// eagerly after an eager backward (on the context that backward left).
     /// Parameter grads accumulate.
     ///
     /// Refused, changing nothing: a chunk out of range, a chunk without `w(c)` entries in the
     /// schedule ([`Error::NotDeferred`]), no microbatch waiting ([`Error::NoPendingBackward`]),
     /// or out of the pool's replay order ([`Error::ReplayOrder`]).
-    pub fn backward_weights(&mut self, chunk: usize, cx: &mut Cx) -> Result<()> {
-        let _ = cx;
+    pub fn backward_weights(&mut self, chunk: usize) -> Result<()> {
         self.check_chunk(chunk)?;
         if !self.config.schedule.defers(chunk) {
             return Err(Error::NotDeferred { module: self.modules[chunk].name().into() });

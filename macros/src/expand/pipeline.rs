@@ -170,8 +170,8 @@ fn wgrad_items(model: &StructModel, index: usize, chunk: &Chunk, private: &Token
     ));
     let call = quote! {
         #method_doc
-        pub fn #method(&mut self, cx: &mut #private::Cx) -> #private::Result<()> {
-            self.__modules.backward_weights(#index_lit, cx)
+        pub fn #method(&mut self) -> #private::Result<()> {
+            self.__modules.backward_weights(#index_lit)
         }
     };
     (check, call)
@@ -234,22 +234,14 @@ fn chunk_methods(index: usize, chunk: &Chunk, private: &TokenStream) -> TokenStr
     let typed = quote_spanned!(ty.span()=> <#ty as #private::TypedModule>);
     quote! {
         #forward_doc
-        pub fn #forward(
-            &mut self,
-            cx: &mut #private::Cx,
-            inputs: #typed::Inputs,
-        ) -> #private::Result<#typed::Outputs> {
-            let __outputs = self.__modules.forward(#index_lit, cx, &#private::Slots::into_slots(inputs))?;
+        pub fn #forward(&mut self, inputs: #typed::Inputs) -> #private::Result<#typed::Outputs> {
+            let __outputs = self.__modules.forward(#index_lit, &#private::Slots::into_slots(inputs))?;
             #private::Slots::from_slots(__outputs)
         }
 
         #backward_doc
-        pub fn #backward(
-            &mut self,
-            cx: &mut #private::Cx,
-            grad_outputs: #typed::GradOutputs,
-        ) -> #private::Result<#typed::GradInputs> {
-            let __grads = self.__modules.backward(#index_lit, cx, &#private::Slots::into_slots(grad_outputs))?;
+        pub fn #backward(&mut self, grad_outputs: #typed::GradOutputs) -> #private::Result<#typed::GradInputs> {
+            let __grads = self.__modules.backward(#index_lit, &#private::Slots::into_slots(grad_outputs))?;
             #private::Slots::from_slots(__grads)
         }
 

@@ -204,8 +204,6 @@ pub fn graphed_impl(
         vis: forward.vis.clone(),
         self_ty: (*item.self_ty).clone(),
         ident,
-        cx_name: forward_sig.cx_name,
-        cx_ty: forward_sig.cx_ty,
         inputs: forward_sig.inputs,
         outputs: forward_sig.outputs,
         grad_outputs,

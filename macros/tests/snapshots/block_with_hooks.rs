@@ -534,10 +534,10 @@ const _: () = {
                 }
             }
         }
-        /// Replays the forward graph on these inputs and returns its static outputs.
+        /// Replays the forward graph on these inputs and returns its static outputs. No context
+        /// is taken: the graphs keep what the forward saved until its backward.
         pub fn forward(
             &mut self,
-            cx: &mut Cx,
             x: &Tensor,
             mask: Option<&Tensor>,
         ) -> ::graphed::__private::Result<(Tensor, Option<Tensor>)> {
@@ -545,7 +545,6 @@ const _: () = {
                 .__modules
                 .forward(
                     0,
-                    cx,
                     &[
                         ::graphed::__private::IntoSlot::into_slot(x),
                         ::graphed::__private::IntoSlot::into_slot(mask),
@@ -571,7 +570,6 @@ const _: () = {
         /// returns the grads of the forward's inputs.
         pub fn backward(
             &mut self,
-            cx: &mut Cx,
             dy: &Tensor,
             dz: Option<&Tensor>,
         ) -> ::graphed::__private::Result<(Option<Tensor>, Option<Tensor>)> {
@@ -579,7 +577,6 @@ const _: () = {
                 .__modules
                 .backward(
                     0,
-                    cx,
                     &[
                         ::graphed::__private::IntoSlot::into_slot(dy),
                         ::graphed::__private::IntoSlot::into_slot(dz),

@@ -423,15 +423,12 @@ const _: () = {
                 }
             }
         }
-        /// Replays the forward graph on these inputs and returns its static outputs.
-        pub fn forward(
-            &mut self,
-            cx: &mut Cx,
-            x: &Tensor,
-        ) -> renamed::__private::Result<Tensor> {
+        /// Replays the forward graph on these inputs and returns its static outputs. No context
+        /// is taken: the graphs keep what the forward saved until its backward.
+        pub fn forward(&mut self, x: &Tensor) -> renamed::__private::Result<Tensor> {
             let __outputs = self
                 .__modules
-                .forward(0, cx, &[renamed::__private::IntoSlot::into_slot(x)])?;
+                .forward(0, &[renamed::__private::IntoSlot::into_slot(x)])?;
             let [__output0] = renamed::__private::slots::<
                 1,
             >(__outputs, "Scale", "outputs")?;
@@ -443,12 +440,11 @@ const _: () = {
         /// returns the grads of the forward's inputs.
         pub fn backward(
             &mut self,
-            cx: &mut Cx,
             dy: &Tensor,
         ) -> renamed::__private::Result<Option<Tensor>> {
             let __grad_inputs = self
                 .__modules
-                .backward(0, cx, &[renamed::__private::IntoSlot::into_slot(dy)])?;
+                .backward(0, &[renamed::__private::IntoSlot::into_slot(dy)])?;
             let [__grad_input0] = renamed::__private::slots::<
                 1,
             >(__grad_inputs, "Scale", "grad inputs")?;

@@ -134,31 +134,25 @@ const _: () = {
         /// Replays the forward of chunk 1 (`first`) for its next microbatch: the chunk's own inputs in, its outputs out.
         pub fn forward_first(
             &mut self,
-            cx: &mut ::graphed::__private::Cx,
             inputs: <Block as ::graphed::__private::TypedModule>::Inputs,
         ) -> ::graphed::__private::Result<
             <Block as ::graphed::__private::TypedModule>::Outputs,
         > {
             let __outputs = self
                 .__modules
-                .forward(0, cx, &::graphed::__private::Slots::into_slots(inputs))?;
+                .forward(0, &::graphed::__private::Slots::into_slots(inputs))?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of chunk 1 (`first`) for its oldest outstanding microbatch.
         pub fn backward_first(
             &mut self,
-            cx: &mut ::graphed::__private::Cx,
             grad_outputs: <Block as ::graphed::__private::TypedModule>::GradOutputs,
         ) -> ::graphed::__private::Result<
             <Block as ::graphed::__private::TypedModule>::GradInputs,
         > {
             let __grads = self
                 .__modules
-                .backward(
-                    0,
-                    cx,
-                    &::graphed::__private::Slots::into_slots(grad_outputs),
-                )?;
+                .backward(0, &::graphed::__private::Slots::into_slots(grad_outputs))?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// The module of chunk 1 (`first`).
@@ -178,31 +172,25 @@ const _: () = {
         /// Replays the forward of chunk 2 (`second`) for its next microbatch: the chunk's own inputs in, its outputs out.
         pub fn forward_second(
             &mut self,
-            cx: &mut ::graphed::__private::Cx,
             inputs: <Block as ::graphed::__private::TypedModule>::Inputs,
         ) -> ::graphed::__private::Result<
             <Block as ::graphed::__private::TypedModule>::Outputs,
         > {
             let __outputs = self
                 .__modules
-                .forward(1, cx, &::graphed::__private::Slots::into_slots(inputs))?;
+                .forward(1, &::graphed::__private::Slots::into_slots(inputs))?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of chunk 2 (`second`) for its oldest outstanding microbatch.
         pub fn backward_second(
             &mut self,
-            cx: &mut ::graphed::__private::Cx,
             grad_outputs: <Block as ::graphed::__private::TypedModule>::GradOutputs,
         ) -> ::graphed::__private::Result<
             <Block as ::graphed::__private::TypedModule>::GradInputs,
         > {
             let __grads = self
                 .__modules
-                .backward(
-                    1,
-                    cx,
-                    &::graphed::__private::Slots::into_slots(grad_outputs),
-                )?;
+                .backward(1, &::graphed::__private::Slots::into_slots(grad_outputs))?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// The module of chunk 2 (`second`).

@@ -130,31 +130,25 @@ const _: () = {
         /// Replays the forward of chunk 1 (`first`) for its next microbatch: the chunk's own inputs in, its outputs out.
         pub fn forward_first(
             &mut self,
-            cx: &mut ::graphed::__private::Cx,
             inputs: <Layer as ::graphed::__private::TypedModule>::Inputs,
         ) -> ::graphed::__private::Result<
             <Layer as ::graphed::__private::TypedModule>::Outputs,
         > {
             let __outputs = self
                 .__modules
-                .forward(0, cx, &::graphed::__private::Slots::into_slots(inputs))?;
+                .forward(0, &::graphed::__private::Slots::into_slots(inputs))?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of chunk 1 (`first`) for its oldest outstanding microbatch.
         pub fn backward_first(
             &mut self,
-            cx: &mut ::graphed::__private::Cx,
             grad_outputs: <Layer as ::graphed::__private::TypedModule>::GradOutputs,
         ) -> ::graphed::__private::Result<
             <Layer as ::graphed::__private::TypedModule>::GradInputs,
         > {
             let __grads = self
                 .__modules
-                .backward(
-                    0,
-                    cx,
-                    &::graphed::__private::Slots::into_slots(grad_outputs),
-                )?;
+                .backward(0, &::graphed::__private::Slots::into_slots(grad_outputs))?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// The module of chunk 1 (`first`).
@@ -174,31 +168,25 @@ const _: () = {
         /// Replays the forward of chunk 2 (`second`) for its next microbatch: the chunk's own inputs in, its outputs out.
         pub fn forward_second(
             &mut self,
-            cx: &mut ::graphed::__private::Cx,
             inputs: <Layer as ::graphed::__private::TypedModule>::Inputs,
         ) -> ::graphed::__private::Result<
             <Layer as ::graphed::__private::TypedModule>::Outputs,
         > {
             let __outputs = self
                 .__modules
-                .forward(1, cx, &::graphed::__private::Slots::into_slots(inputs))?;
+                .forward(1, &::graphed::__private::Slots::into_slots(inputs))?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of chunk 2 (`second`) for its oldest outstanding microbatch.
         pub fn backward_second(
             &mut self,
-            cx: &mut ::graphed::__private::Cx,
             grad_outputs: <Layer as ::graphed::__private::TypedModule>::GradOutputs,
         ) -> ::graphed::__private::Result<
             <Layer as ::graphed::__private::TypedModule>::GradInputs,
         > {
             let __grads = self
                 .__modules
-                .backward(
-                    1,
-                    cx,
-                    &::graphed::__private::Slots::into_slots(grad_outputs),
-                )?;
+                .backward(1, &::graphed::__private::Slots::into_slots(grad_outputs))?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// The module of chunk 2 (`second`).
@@ -216,18 +204,12 @@ const _: () = {
             )
         }
         /// Replays the weight grads (`w(1)`) of chunk 1 (`first`) for its oldest microbatch whose backward ran.
-        pub fn backward_weights_first(
-            &mut self,
-            cx: &mut ::graphed::__private::Cx,
-        ) -> ::graphed::__private::Result<()> {
-            self.__modules.backward_weights(0, cx)
+        pub fn backward_weights_first(&mut self) -> ::graphed::__private::Result<()> {
+            self.__modules.backward_weights(0)
         }
         /// Replays the weight grads (`w(2)`) of chunk 2 (`second`) for its oldest microbatch whose backward ran.
-        pub fn backward_weights_second(
-            &mut self,
-            cx: &mut ::graphed::__private::Cx,
-        ) -> ::graphed::__private::Result<()> {
-            self.__modules.backward_weights(1, cx)
+        pub fn backward_weights_second(&mut self) -> ::graphed::__private::Result<()> {
+            self.__modules.backward_weights(1)
         }
         /// The type-erased graphs (pool, run-time hooks, ...).
         pub fn inner(&self) -> &::graphed::__private::GraphedModules {
