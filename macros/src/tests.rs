@@ -182,7 +182,10 @@ fn order_errors(order: TokenStream) -> Vec<String> {
 fn valid_items_have_no_errors() {
     assert_eq!(errors(quote!(warmup = 3), ok_impl()), Vec::<String>::new());
     assert_eq!(order_errors(quote!([1, 2, -2, -1])), Vec::<String>::new());
-    assert_eq!(order_errors(quote!([1, -1, 2, -2, 1, 2, -1, -2])), Vec::<String>::new());
+    assert_eq!(order_errors(quote!([1, 2, -2, -1, 1, 2, -2, -1])), Vec::<String>::new());
+    let broken = order_errors(quote!([1, -1, 2, -2]));
+    assert_eq!(broken.len(), 1, "{broken:#?}");
+    assert!(broken[0].starts_with("`-1` breaks the data flow"), "{broken:#?}");
 }
 
 #[test]

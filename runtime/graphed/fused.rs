@@ -139,11 +139,21 @@ impl GraphedModules {
     /// graph now. Afterwards every handle an earlier call returned is stale, as after the
     /// per-call replays the step stands for.
     pub fn step(&mut self) -> Result<()> {
+        self.step_copying(&[])
+    }
+
+    /// [`GraphedModules::step`], with `copies` (destination, source) made into the bound
+    /// buffers once the step is known to be allowed, just before the launch.
+    pub(super) fn step_copying(&mut self, copies: &[(Tensor, Tensor)]) -> Result<()> {
         let Some(mut fused) = self.config.fused.take() else {
             let module = self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
             return Err(Error::NotFused { module });
         };
-        let result = fused.step(&[&*self]);
+        let members = [&*self];
+        let result = fused.check(&members).and_then(|tickets| {
+            copies.iter().try_for_each(|(dst, src)| dst.copy_(src))?;
+            fused.launch(tickets, &members)
+        });
         self.config.fused = Some(fused);
         result
     }

@@ -24,7 +24,7 @@ impl Plan {
 }
 
 /// Checks `given` against the static buffers of a surface; the copies a replay needs.
-fn check_slots(
+pub(super) fn check_slots(
     module: &str,
     kind: SlotKind,
     given: &[Option<Tensor>],
@@ -194,7 +194,8 @@ impl GraphedModules {
         }
         self.run_hooks(chunk, HookKind::PreForward)?;
         let mut cx = self.new_cx(self.training, inputs);
-        let outs = self.modules[chunk].forward(&mut cx, inputs)?;
+        let checkpointed = self.config.checkpointed[chunk];
+        let outs = crate::checkpoint::forward_of(self.modules[chunk].as_ref(), checkpointed, &mut cx, inputs)?;
         self.run_hooks(chunk, HookKind::Forward)?;
         if self.training {
             self.pending[chunk].push_back(Pending::Eager(cx));
@@ -210,7 +211,8 @@ impl GraphedModules {
     ) -> Result<Vec<Option<Tensor>>> {
         self.run_hooks(chunk, HookKind::PreBackward)?;
         let deferred = self.config.schedule.defers(chunk);
-        let grads = super::wgrad::run_backward(self.modules[chunk].as_mut(), cx, grad_outputs, deferred)?;
+        let checkpointed = self.config.checkpointed[chunk];
+        let grads = super::wgrad::run_backward(self.modules[chunk].as_mut(), cx, grad_outputs, deferred, checkpointed)?;
         self.run_hooks(chunk, HookKind::Backward)?;
         Ok(grads)
     }

@@ -90,23 +90,38 @@ pub fn backward_unsplit(
 }
 
 /// The backward step of a chunk: the input-grad half only when its weight grads are deferred,
-/// the whole backward otherwise.
+/// the recompute and the whole backward when it is checkpointed, the whole backward otherwise.
 pub(super) fn run_backward(
     module: &mut dyn Module,
     cx: &mut Cx,
     grad_outputs: &[Option<Tensor>],
     deferred: bool,
+    checkpointed: bool,
 ) -> Result<Vec<Option<Tensor>>> {
-    if deferred {
+    if checkpointed {
+        crate::checkpoint::checkpointed_backward(module, cx, grad_outputs)
+    } else if deferred {
         module.backward(cx, grad_outputs)
     } else {
         backward_unsplit(module, cx, grad_outputs)
     }
 }
 
-/// `w(c)` entries only for chunks whose module splits its backward.
-pub(super) fn check_splits(modules: &[Box<dyn Module>], schedule: &Schedule) -> Result<()> {
+/// `w(c)` entries only for chunks whose module splits its backward and that are not
+/// checkpointed (a recomputed chunk's activations live only inside its whole backward).
+pub(super) fn check_splits(modules: &[Box<dyn Module>], schedule: &Schedule, checkpointed: &[bool]) -> Result<()> {
     for (c, m) in modules.iter().enumerate() {
+        if schedule.defers(c) && checkpointed.get(c).copied().unwrap_or(false) {
+            return Err(Error::InvalidOrder {
+                detail: format!(
+                    "w({}): chunk {} (`{}`) is checkpointed, so its weight grads run inside its backward, after the recompute; drop the w({}) entries or the checkpoint",
+                    c + 1,
+                    c + 1,
+                    m.name(),
+                    c + 1
+                ),
+            });
+        }
         if schedule.defers(c) && !m.splits_backward() {
             return Err(Error::InvalidOrder {
                 detail: format!(

@@ -29,7 +29,7 @@ pub(crate) fn expand(names: &ImplNames, model: &ModuleModel) -> (TokenStream, To
     let make_graphed = make_graphed(names, model);
     let constructor = constructor(names, model);
     let calls = calls(names, model);
-    let common_accessors = common_accessors(private);
+    let common_accessors = common_accessors(private, true);
     let debug_impl = debug_impl(wrapper, private);
     let wrapper_impl = quote! {
         #make_graphed
@@ -48,6 +48,11 @@ pub(crate) fn expand(names: &ImplNames, model: &ModuleModel) -> (TokenStream, To
             /// The captured module, mutably (its parameters, for an optimizer step).
             pub fn module_mut(&mut self) -> &mut #self_ty {
                 #private::expect_module(self.__modules.module_mut::<#self_ty>(0), #module)
+            }
+
+            /// Gives the module back, unchanged, dropping the graphs and their pool.
+            pub fn into_module(self) -> #self_ty {
+                #private::unbox::<#self_ty>((*self.__modules).into_modules().into_iter().next(), #module)
             }
 
             #common_accessors

@@ -124,6 +124,21 @@ pub struct BlockGradInputs {
     /// The grad of input `mask`; `None` when that input needs no grad or was absent.
     pub mask: ::graphed::__private::Option<::graphed::__private::Tensor>,
 }
+/// The tensor arguments of `Block::forward` after its first: what a `#[graphed(chained)]` struct's `forward` takes for [`Block`] when it is the last chunk (its first argument is the previous chunk's output).
+#[allow(
+    dead_code,
+    unused_qualifications,
+    non_camel_case_types,
+    non_snake_case,
+    clippy::all,
+    clippy::pedantic,
+    clippy::nursery,
+)]
+#[derive(Clone, Debug)]
+pub struct BlockExtraInputs {
+    /// The `mask` argument of `Block::forward` (`None` when absent).
+    pub mask: ::graphed::__private::Option<::graphed::__private::Tensor>,
+}
 /// [`Block`] captured into graphs by `#[graphed]`: `forward` and `backward` take and return what `Block::forward` and `Block::backward` do, and replay the captured graphs (the eager methods run instead in the mode the graphs were not captured for).
 ///
 /// Replays must follow capture order: one `forward`, then its `backward`, per step.
@@ -404,6 +419,42 @@ const _: () = {
         }
     }
     #[automatically_derived]
+    impl BlockExtraInputs {
+        /// The number of tensor slots.
+        pub const LEN: usize = 1;
+        /// The field names, in slot order.
+        pub const NAMES: [&'static str; 1] = ["mask"];
+        /// The positional slots the type-erased `Module` interface uses (`None` for an
+        /// absent optional tensor), in field order.
+        pub fn into_slots(
+            self,
+        ) -> ::graphed::__private::Vec<
+            ::graphed::__private::Option<::graphed::__private::Tensor>,
+        > {
+            ::graphed::__private::vec![
+                ::graphed::__private::IntoSlot::into_slot(self.mask)
+            ]
+        }
+        /// Reads positional slots; errors when their number differs or a required tensor is
+        /// missing.
+        pub fn from_slots(
+            slots: ::graphed::__private::Vec<
+                ::graphed::__private::Option<::graphed::__private::Tensor>,
+            >,
+        ) -> ::graphed::__private::Result<Self> {
+            let [__slot0] = ::graphed::__private::slots::<
+                1,
+            >(slots, "Block", "extra inputs")?;
+            ::graphed::__private::Ok(Self {
+                mask: ::graphed::__private::FromSlot::from_slot(
+                    __slot0,
+                    "Block",
+                    "mask",
+                )?,
+            })
+        }
+    }
+    #[automatically_derived]
     impl ::graphed::__private::Slots for BlockInputs {
         fn into_slots(
             self,
@@ -472,11 +523,32 @@ const _: () = {
         }
     }
     #[automatically_derived]
+    impl ::graphed::__private::Slots for BlockExtraInputs {
+        fn into_slots(
+            self,
+        ) -> ::graphed::__private::Vec<
+            ::graphed::__private::Option<::graphed::__private::Tensor>,
+        > {
+            BlockExtraInputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: ::graphed::__private::Vec<
+                ::graphed::__private::Option<::graphed::__private::Tensor>,
+            >,
+        ) -> ::graphed::__private::Result<Self> {
+            BlockExtraInputs::from_slots(slots)
+        }
+    }
+    #[automatically_derived]
     impl ::graphed::__private::TypedModule for Block {
         type Inputs = BlockInputs;
         type Outputs = BlockOutputs;
         type GradOutputs = BlockGradOutputs;
         type GradInputs = BlockGradInputs;
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::ChainIn for Block {
+        type Extra = BlockExtraInputs;
     }
     #[automatically_derived]
     impl Block {
@@ -611,6 +683,12 @@ const _: () = {
                 self.__modules.module_mut::<Block>(0),
                 "Block",
             )
+        }
+        /// Gives the module back, unchanged, dropping the graphs and their pool.
+        pub fn into_module(self) -> Block {
+            ::graphed::__private::unbox::<
+                Block,
+            >((*self.__modules).into_modules().into_iter().next(), "Block")
         }
         /// The type-erased graphs (pool, run-time hooks, ...).
         pub fn inner(&self) -> &::graphed::__private::GraphedModules {

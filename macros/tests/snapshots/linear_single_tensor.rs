@@ -380,6 +380,14 @@ const _: () = {
         type GradInputs = LinearGradInputs;
     }
     #[automatically_derived]
+    impl ::graphed::__private::ChainOut for Linear {}
+    #[automatically_derived]
+    impl ::graphed::__private::ChainIn for Linear {
+        type Extra = ();
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::ChainLink for Linear {}
+    #[automatically_derived]
     impl Linear {
         /// Warms up and captures this module with the given tensors as samples (`warmup = 2`, `allow_unused_input`), and returns the typed graphed wrapper. The samples fix the shapes of the static input surface, [`LinearInputs`]. On failure the error hands the module back.
         fn make_graphed(
@@ -483,6 +491,12 @@ const _: () = {
                 self.__modules.module_mut::<Linear>(0),
                 "Linear",
             )
+        }
+        /// Gives the module back, unchanged, dropping the graphs and their pool.
+        pub fn into_module(self) -> Linear {
+            ::graphed::__private::unbox::<
+                Linear,
+            >((*self.__modules).into_modules().into_iter().next(), "Linear")
         }
         /// The type-erased graphs (pool, run-time hooks, ...).
         pub fn inner(&self) -> &::graphed::__private::GraphedModules {

@@ -372,6 +372,14 @@ const _: () = {
         type GradInputs = ScaleGradInputs;
     }
     #[automatically_derived]
+    impl renamed::__private::ChainOut for Scale {}
+    #[automatically_derived]
+    impl renamed::__private::ChainIn for Scale {
+        type Extra = ();
+    }
+    #[automatically_derived]
+    impl renamed::__private::ChainLink for Scale {}
+    #[automatically_derived]
     impl Scale {
         /// Warms up and captures this module with the given tensors as samples (`warmup = 3`), and returns the typed graphed wrapper. The samples fix the shapes of the static input surface, [`ScaleInputs`]. On failure the error hands the module back.
         pub fn make_graphed(
@@ -466,6 +474,12 @@ const _: () = {
                 self.__modules.module_mut::<Scale>(0),
                 "Scale",
             )
+        }
+        /// Gives the module back, unchanged, dropping the graphs and their pool.
+        pub fn into_module(self) -> Scale {
+            renamed::__private::unbox::<
+                Scale,
+            >((*self.__modules).into_modules().into_iter().next(), "Scale")
         }
         /// The type-erased graphs (pool, run-time hooks, ...).
         pub fn inner(&self) -> &renamed::__private::GraphedModules {
