@@ -174,10 +174,13 @@ impl<M: crate::TypedModule> crate::TypedModule for Checkpoint<M> {
     type GradInputs = M::GradInputs;
 }
 
+#[diagnostic::do_not_recommend]
 impl<M: crate::ChainOut> crate::ChainOut for Checkpoint<M> {}
 
+#[diagnostic::do_not_recommend]
 impl<M: crate::ChainIn> crate::ChainIn for Checkpoint<M> {
     type Extra = M::Extra;
 }
 
+#[diagnostic::do_not_recommend]
 impl<M: crate::ChainLink> crate::ChainLink for Checkpoint<M> {}

@@ -111,7 +111,7 @@ fn chunk_list(model: &StructModel) -> String {
             (Stack::Single, Some(c), _) => format!("{c} `{name}`"),
             (Stack::Single, None, _) => format!("then `{name}`"),
             (_, Some(c), Some(n)) => format!("{c} ..= {} `{name}[0..{n}]`", c + n - 1),
-            (_, Some(c), None) => format!("{c} ..= {c} + len - 1 `{name}[0..len]` (its length at construction)"),
+            (_, Some(c), None) => format!("{c} ..= {} + len `{name}[0..len]` (len: its length at construction)", c - 1),
             (_, None, _) => format!("then `{name}[0..]`"),
         };
         parts.push(part);
@@ -144,9 +144,7 @@ fn wrapper_doc(model: &StructModel, names: &Names) -> TokenStream {
         .filter_map(|field| match field.checkpoint {
             Checkpointing::None => None,
             Checkpointing::Every(1) => Some(format!("`{}`", field.name)),
-            Checkpointing::Every(k) => {
-                Some(format!("every {k}th layer of `{}` (layers {k}, {}, ...)", field.name, 2 * k))
-            }
+            Checkpointing::Every(k) => Some(format!("layers {k}, {}, ... of `{}` (1-indexed)", 2 * k, field.name)),
         })
         .collect();
     if !checkpointed.is_empty() {
