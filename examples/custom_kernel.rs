@@ -342,12 +342,12 @@ fn train(dev: &Device, s: &Sizes, steps: usize, graphed: bool, kernels: &Kernels
     let opt = AdamW::from_module(&m, AdamWConfig { lr: 3e-3, weight_decay: 0.0, ..Default::default() })?;
     let teacher = data::random(dev, &[s.d, s.d], 99, 1.0 / (s.d as f32).sqrt())?;
     let (x, ones) = (Tensor::zeros(dev, &[s.batch, s.d])?, Tensor::full(dev, &[s.batch, s.d], 1.0)?);
-    let gen = Generator::new(dev, 2024)?;
+    let rng = Generator::new(dev, 2024)?;
     let (mut graphed_model, mut eager) = if graphed { (Some(m.make_graphed(&x)?), None) } else { (None, Some(m)) };
     let label = if graphed { "graphed" } else { "eager" };
     let mut losses = Vec::new();
     for step in 1..=steps {
-        gen.uniform_(&x)?;
+        rng.uniform_(&x)?;
         ops::scale_(&x, 2.0)?;
         ops::axpy_(&x, -1.0, &ones)?;
         let target = ops::linear(&x, &teacher, None)?;

@@ -27,8 +27,8 @@ const BATCH: usize = 64;
 const LAYERS: usize = 4;
 
 /// Draws a fresh batch in [-1, 1) on the device (graph-safe RNG, no host copies).
-fn next_batch(gen: &Generator, x: &Tensor, ones: &Tensor) -> Result<()> {
-    gen.uniform_(x)?;
+fn next_batch(rng: &Generator, x: &Tensor, ones: &Tensor) -> Result<()> {
+    rng.uniform_(x)?;
     ops::scale_(x, 2.0)?;
     ops::axpy_(x, -1.0, ones)
 }
