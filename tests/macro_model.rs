@@ -138,6 +138,17 @@ fn chained_forward_backward_and_step_match_eager() -> Result<()> {
         assert_eq!(loss, want_loss, "step {step}: loss");
         assert_eq!(graphed_grads(&g)?, want_grads, "step {step}: grads");
     }
+    // In eval mode (not the captured one) the whole-model forward runs each chunk eagerly.
+    g.eval();
+    let (x, t) = data(&dev, 5)?;
+    let eval_loss = g.forward(ModelInputs { x: x.clone() }, ModelExtraInputs { target: t.clone() })?.output_0;
+    let mut h = ops::mul(&x, &reference.first.w.value)?;
+    for b in &reference.blocks {
+        h = ops::mul(&h, &b.w.value)?;
+    }
+    let want = ops::mse_loss(&ops::mul(&h, &reference.head.w.value)?, &t)?;
+    assert_eq!(eval_loss.to_vec()?, want.to_vec()?);
+    g.train();
     // The fused step: one launch on the same typed values.
     g.fuse()?;
     let (x, t) = data(&dev, 7)?;
@@ -273,5 +284,42 @@ fn constructors_refuse_empty_stacks_and_schedules_of_another_size() -> Result<()
     let refused = g.forward_chain(&[Some(x.clone())], &[]);
     assert!(matches!(refused, Err(Error::InvalidOrder { .. })), "{refused:?}");
     g.forward(0, &[Some(x)])?; // nothing ran: the schedule starts as it would have
+    Ok(())
+}
+
+#[test]
+fn refused_whole_model_calls_change_nothing() -> Result<()> {
+    let dev = Device::host();
+    let one = Tensor::full(&dev, &[1], 1.0)?;
+    let (x, t) = data(&dev, 0)?;
+    let mut g = model(&dev, 2)?.make_graphed(ModelInputs { x: x.clone() }, ModelExtraInputs { target: t.clone() })?;
+    let mut reference = model(&dev, 2)?;
+    let wrong = Tensor::zeros(&dev, &[N + 1])?;
+    // Bad extras are refused before the first chunk runs; a bad input by the first chunk itself.
+    let r = g.forward(ModelInputs { x: x.clone() }, ModelExtraInputs { target: wrong.clone() });
+    assert!(matches!(r, Err(Error::SlotShape { .. })), "{r:?}");
+    let r = g.forward(ModelInputs { x: wrong.clone() }, ModelExtraInputs { target: t.clone() });
+    assert!(matches!(r, Err(Error::SlotShape { .. })), "{r:?}");
+    assert!(matches!(g.backward(ModelGradOutputs { dloss: one.clone() }), Err(Error::NoPendingForward { .. })));
+    // A step before fuse() is refused before anything is copied.
+    let r = g.step(
+        ModelInputs { x: x.clone() },
+        ModelExtraInputs { target: t.clone() },
+        ModelGradOutputs { dloss: one.clone() },
+    );
+    assert!(matches!(r, Err(Error::NotFused { .. })), "{r:?}");
+    g.fuse()?;
+    let r = g.step(
+        ModelInputs { x: x.clone() },
+        ModelExtraInputs { target: wrong },
+        ModelGradOutputs { dloss: one.clone() },
+    );
+    assert!(matches!(r, Err(Error::SlotShape { .. })), "{r:?}");
+    // The step goes on as if nothing happened.
+    let loss = g.forward(ModelInputs { x: x.clone() }, ModelExtraInputs { target: t.clone() })?.output_0.to_vec()?;
+    g.backward(ModelGradOutputs { dloss: one.clone() })?;
+    let (want_loss, want_grads) = eager(&mut reference, &x, &t, &one)?;
+    assert_eq!(loss, want_loss);
+    assert_eq!(graphed_grads(&g)?, want_grads);
     Ok(())
 }

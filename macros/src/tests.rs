@@ -119,6 +119,24 @@ fn chained_model() {
 }
 
 #[test]
+fn a_renamed_crate_reaches_every_path_of_a_model() {
+    let tokens = expand::graphed(
+        quote!(crate = "renamed", chained, order = [1, 2, 3, -3, -2, -1, w(2)]),
+        quote! {
+            struct M {
+                a: A,
+                #[graphed(checkpoint)]
+                b: [B; 1],
+                c: C,
+            }
+        },
+    );
+    let code = pretty(tokens);
+    assert!(!code.contains("::graphed"), "{code}");
+    assert!(code.contains("renamed::__private::chain_link::<B>"), "{code}");
+}
+
+#[test]
 fn fixed_stack_pipeline() {
     let expansion = snapshot(
         quote!(chained, order = windowed(microbatches = 2, in_flight = 1)),
