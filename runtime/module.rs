@@ -100,6 +100,11 @@ pub trait Slots: Sized {
     fn into_slots(self) -> Vec<Option<Tensor>>;
     /// Reads slots; errors when their number differs or a required tensor is missing.
     fn from_slots(slots: Vec<Option<Tensor>>) -> Result<Self>;
+    /// Calls `f` with the slots, in field order. `#[graphed]`'s surfaces lay them out on the
+    /// stack, so a graphed call allocates nothing for its arguments.
+    fn with_slots<R>(self, f: impl FnOnce(&[Option<Tensor>]) -> R) -> R {
+        f(&self.into_slots())
+    }
 }
 
 /// A module with typed surfaces: what its forward takes and returns and what its backward
@@ -134,6 +139,10 @@ impl Slots for () {
         } else {
             Err(crate::Error::msg(format!("expected no tensors, got {}", slots.len())))
         }
+    }
+
+    fn with_slots<R>(self, f: impl FnOnce(&[Option<Tensor>]) -> R) -> R {
+        f(&[])
     }
 }
 

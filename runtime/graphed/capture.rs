@@ -64,6 +64,7 @@ pub fn make_graphed(
         wgrad: Default::default(),
         modules,
         config: Box::new(Config::new(options, schedule.clone(), plan, checkpointed)),
+        chain_slots: Vec::new(),
     };
     let captured = device.with_pool(&pool, || -> Result<()> {
         g.make_surfaces(&samples, schedule.microbatches())?;

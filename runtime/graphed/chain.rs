@@ -9,19 +9,28 @@
 //! runs: the capture is chained, the schedule runs each microbatch through the chain back to
 //! back, and the last chunk's extra inputs fit its surface.
 
-use super::replay::check_slots;
+use super::replay::check_slot;
 use super::GraphedModules;
-use crate::{Error, Result, SlotKind, Tensor};
-
-/// The first slot of a call's result: what a chained chunk hands the next one.
-fn first_slot(slots: Vec<Option<Tensor>>, module: &str, what: &str) -> Result<Tensor> {
-    slots.into_iter().next().flatten().ok_or_else(|| Error::Graphed {
-        module: module.into(),
-        detail: format!("chained: no {what} to hand on (a chained chunk's first {what} must be a tensor)"),
-    })
-}
+use crate::{Error, Result, Slot, SlotKind, Tensor};
 
 impl GraphedModules {
+    /// The first slot of chunk `c`'s result: what a chained chunk hands the next one.
+    #[inline]
+    fn first_slot(&self, slots: Vec<Option<Tensor>>, c: usize, what: &str) -> Result<Tensor> {
+        match slots.into_iter().next() {
+            Some(Some(t)) => Ok(t),
+            _ => Err(self.nothing_to_hand_on(c, what)),
+        }
+    }
+
+    #[cold]
+    fn nothing_to_hand_on(&self, c: usize, what: &str) -> Error {
+        Error::Graphed {
+            module: self.modules[c].name().into(),
+            detail: format!("chained: no {what} to hand on (a chained chunk's first {what} must be a tensor)"),
+        }
+    }
+
     /// The chunks were captured chained and the schedule runs whole chains.
     fn check_chain(&self, call: &'static str) -> Result<()> {
         if !self.config.options.chained {
@@ -68,14 +77,21 @@ impl GraphedModules {
             return self.forward(0, inputs);
         }
         self.check_extras(last, extras)?;
-        let mut h = first_slot(self.forward(0, inputs)?, self.modules[0].name(), "output")?;
+        let outputs = self.forward(0, inputs)?;
+        let mut h = self.first_slot(outputs, 0, "output")?;
         for c in 1..last {
-            h = first_slot(self.forward(c, &[Some(h)])?, self.modules[c].name(), "output")?;
+            let outputs = self.forward(c, &[Some(h)])?;
+            h = self.first_slot(outputs, c, "output")?;
         }
-        let mut slots = Vec::with_capacity(1 + extras.len());
+        // The last chunk's slots, in a buffer kept between calls (no allocation per step).
+        let mut slots = std::mem::take(&mut self.chain_slots);
+        slots.clear();
         slots.push(Some(h));
         slots.extend_from_slice(extras);
-        self.forward(last, &slots)
+        let outputs = self.forward(last, &slots);
+        slots.clear();
+        self.chain_slots = slots;
+        outputs
     }
 
     /// The last chunk's extras against the surface its next forward replays on.
@@ -86,10 +102,10 @@ impl GraphedModules {
             return Err(Error::Arity { module: s.label.clone(), kind: SlotKind::Input, expected, got });
         }
         if self.training == self.captured_training {
-            let mut given = Vec::with_capacity(s.inputs.len());
-            given.push(s.inputs[0].as_ref().map(Tensor::refreshed));
-            given.extend_from_slice(extras);
-            check_slots(&s.label, SlotKind::Input, &given, &s.inputs, self.captured_training)?;
+            for (i, (x, st)) in extras.iter().zip(&s.inputs[1..]).enumerate() {
+                let slot = Slot { kind: SlotKind::Input, index: i + 1 };
+                check_slot(&s.label, slot, x, st, self.captured_training)?;
+            }
         }
         Ok(())
     }
@@ -103,7 +119,7 @@ impl GraphedModules {
         let last = self.modules.len() - 1;
         let mut grads = self.backward(last, grad_outputs)?;
         for c in (0..last).rev() {
-            let d = first_slot(grads, self.modules[c + 1].name(), "input grad")?;
+            let d = self.first_slot(grads, c + 1, "input grad")?;
             grads = self.backward(c, &[Some(d)])?;
         }
         Ok(grads)
@@ -120,9 +136,9 @@ impl GraphedModules {
     /// buffer (arity, shape, dtype, device, staleness). A refused step changes nothing.
     pub fn step_chain(
         &mut self,
-        inputs: &[Vec<Option<Tensor>>],
-        extras: &[Vec<Option<Tensor>>],
-        grad_outputs: &[Vec<Option<Tensor>>],
+        inputs: &[&[Option<Tensor>]],
+        extras: &[&[Option<Tensor>]],
+        grad_outputs: &[&[Option<Tensor>]],
     ) -> Result<Vec<Vec<Option<Tensor>>>> {
         if !self.config.options.chained {
             return Err(Error::invalid("step_chain", "the chunks were not captured chained (GraphOptions::chained)"));
@@ -137,22 +153,14 @@ impl GraphedModules {
             }
         }
         let mut copies = Vec::new();
+        let (input, grad) = (SlotKind::Input, SlotKind::GradOutput);
         for m in 0..microbatches {
-            let label = &self.surfaces[0][m].label;
-            copies.extend(check_slots(label, SlotKind::Input, &inputs[m], &self.static_inputs(0, m)?, false)?);
-            let statics = self.static_inputs(last, m)?;
-            let label = &self.surfaces[last][m].label;
-            if last > 0 {
-                let mut given = Vec::with_capacity(statics.len());
-                given.push(statics.first().cloned().flatten());
-                given.extend_from_slice(&extras[m]);
-                copies.extend(check_slots(label, SlotKind::Input, &given, &statics, false)?);
-            } else if !extras[m].is_empty() {
-                let (expected, got) = (statics.len(), statics.len() + extras[m].len());
-                return Err(Error::Arity { module: label.clone(), kind: SlotKind::Input, expected, got });
-            }
-            let grads = self.static_grad_outputs(last, m)?;
-            copies.extend(check_slots(label, SlotKind::GradOutput, &grad_outputs[m], &grads, false)?);
+            self.check_step_slots((0, m), input, |s| &s.inputs, |b| &b.inputs, 0, inputs[m], &mut copies)?;
+            // The last chunk's first input is the previous chunk's output: only its extras.
+            let (from, extras) = if last > 0 { (1, extras[m]) } else { (inputs[m].len(), extras[m]) };
+            self.check_step_slots((last, m), input, |s| &s.inputs, |b| &b.inputs, from, extras, &mut copies)?;
+            let grads = grad_outputs[m];
+            self.check_step_slots((last, m), grad, |s| &s.grad_outputs, |b| &b.grad_outputs, 0, grads, &mut copies)?;
         }
         self.step_copying(&copies)?;
         (0..microbatches).map(|m| self.outputs(last, m)).collect()

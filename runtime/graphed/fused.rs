@@ -212,6 +212,38 @@ impl GraphedModules {
         Ok(s.iter().enumerate().map(|(i, t)| pick(i, t).as_ref().map(Tensor::refreshed)).collect())
     }
 
+    /// Checks `given` against slots `from..` of one part of the step's buffers of (chunk,
+    /// microbatch) (bound where the step has its own, as [`GraphedModules::static_inputs`]
+    /// hands out), adding the copies a step needs to `copies`; allocates nothing else.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn check_step_slots(
+        &self,
+        (chunk, microbatch): (usize, usize),
+        kind: crate::SlotKind,
+        part: impl Fn(&Surface) -> &Vec<Option<Tensor>>,
+        bound: impl Fn(&Bound) -> &Vec<Option<Tensor>>,
+        from: usize,
+        given: &[Option<Tensor>],
+        copies: &mut Vec<(Tensor, Tensor)>,
+    ) -> Result<()> {
+        let surface = self.surface_checked(chunk, microbatch)?;
+        let (s, label) = (part(surface), &surface.label);
+        if from + given.len() != s.len() {
+            let (expected, got) = (s.len(), from + given.len());
+            return Err(Error::Arity { module: label.clone(), kind, expected, got });
+        }
+        let b = self.config.staging.as_ref().and_then(|st| st.bound(chunk, microbatch)).map(bound);
+        for (i, x) in given.iter().enumerate() {
+            let index = from + i;
+            let st = b.and_then(|b| b.get(index)).filter(|t| t.is_some()).unwrap_or(&s[index]);
+            let slot = crate::Slot { kind, index };
+            if let Some((x, st)) = super::replay::check_slot(label, slot, x, st, false)? {
+                copies.push((st.refreshed(), x.clone()));
+            }
+        }
+        Ok(())
+    }
+
     /// The static inputs of (chunk, microbatch): write a step's inputs into them (`copy_`,
     /// `copy_from_slice`) before [`GraphedModules::step`]. Microbatches that share surfaces
     /// (`GraphOptions::reuse_buffers`) share these until the step is fused, then each has its own.

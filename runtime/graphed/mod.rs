@@ -91,6 +91,8 @@ pub struct GraphedModules {
     wgrad: wgrad::Wgrad,
     /// What the capture was made with and of, boxed so `GraphedModules` stays small.
     config: Box<Config>,
+    /// The last chunk's inputs of a whole-chain forward, kept to be reused (see `chain`).
+    chain_slots: Vec<Option<Tensor>>,
 }
 
 /// The settled facts of a capture.

@@ -36,47 +36,58 @@ pub(super) fn check_slots(
     }
     let mut copies = Vec::new();
     for (index, (x, st)) in given.iter().zip(captured).enumerate() {
-        let slot = Slot { kind, index };
-        let (x, st) = match (x, st) {
-            (Some(x), Some(st)) => (x, st),
-            (None, None) => continue,
-            // A grad for an output captured as None is ignored (semantics 6).
-            (Some(_), None) if kind == SlotKind::GradOutput => continue,
-            (x, st) => {
-                let _ = x;
-                return Err(Error::SlotPresence { module: module.into(), slot, captured_some: st.is_some() });
-            }
-        };
-        if x.device() != st.device() {
-            return Err(Error::SlotDevice {
-                module: module.into(),
-                slot,
-                expected: st.device().name(),
-                got: x.device().name(),
-            });
-        }
-        if x.dtype() != st.dtype() {
-            return Err(Error::SlotDType { module: module.into(), slot, expected: st.dtype(), got: x.dtype() });
-        }
-        if x.dims() != st.dims() {
-            return Err(Error::SlotShape {
-                module: module.into(),
-                slot,
-                expected: st.dims().to_vec(),
-                got: x.dims().to_vec(),
-            });
-        }
-        x.check_fresh()?;
-        // An input may require a grad only where the capture's sample did (the graphs compute
-        // no grad for it otherwise).
-        if check_requires_grad && x.requires_grad() && !st.requires_grad() {
-            return Err(Error::SlotRequiresGrad { module: module.into(), slot });
-        }
-        if !x.same_buffer(st) {
+        if let Some((x, st)) = check_slot(module, Slot { kind, index }, x, st, check_requires_grad)? {
             copies.push((st.refreshed(), x.clone()));
         }
     }
     Ok(copies)
+}
+
+/// Checks one given tensor against its static buffer; both when a replay must copy it in.
+pub(super) fn check_slot<'a>(
+    module: &str,
+    slot: Slot,
+    x: &'a Option<Tensor>,
+    st: &'a Option<Tensor>,
+    check_requires_grad: bool,
+) -> Result<Option<(&'a Tensor, &'a Tensor)>> {
+    let kind = slot.kind;
+    let (x, st) = match (x, st) {
+        (Some(x), Some(st)) => (x, st),
+        (None, None) => return Ok(None),
+        // A grad for an output captured as None is ignored (semantics 6).
+        (Some(_), None) if kind == SlotKind::GradOutput => return Ok(None),
+        (x, st) => {
+            let _ = x;
+            return Err(Error::SlotPresence { module: module.into(), slot, captured_some: st.is_some() });
+        }
+    };
+    if x.device() != st.device() {
+        return Err(Error::SlotDevice {
+            module: module.into(),
+            slot,
+            expected: st.device().name(),
+            got: x.device().name(),
+        });
+    }
+    if x.dtype() != st.dtype() {
+        return Err(Error::SlotDType { module: module.into(), slot, expected: st.dtype(), got: x.dtype() });
+    }
+    if x.dims() != st.dims() {
+        return Err(Error::SlotShape {
+            module: module.into(),
+            slot,
+            expected: st.dims().to_vec(),
+            got: x.dims().to_vec(),
+        });
+    }
+    x.check_fresh()?;
+    // An input may require a grad only where the capture's sample did (the graphs compute
+    // no grad for it otherwise).
+    if check_requires_grad && x.requires_grad() && !st.requires_grad() {
+        return Err(Error::SlotRequiresGrad { module: module.into(), slot });
+    }
+    Ok((!x.same_buffer(st)).then_some((x, st)))
 }
 
 impl GraphedModules {

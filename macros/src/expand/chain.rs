@@ -106,10 +106,10 @@ fn calls(model: &StructModel, names: &Names) -> TokenStream {
             /// unless they are those buffers), the last chunk's outputs out. Between chunks nothing
             /// is copied. Checked before the first chunk runs; a refused call changes nothing.
             pub fn forward(&mut self, inputs: #inputs, extras: #extras) -> #private::Result<#outputs> {
-                let __outputs = self.__modules.forward_chain(
-                    &#private::Slots::into_slots(inputs),
-                    &#private::Slots::into_slots(extras),
-                )?;
+                let __modules = &mut self.__modules;
+                let __outputs = #private::Slots::with_slots(inputs, |inputs| {
+                    #private::Slots::with_slots(extras, |extras| __modules.forward_chain(inputs, extras))
+                })?;
                 #private::Slots::from_slots(__outputs)
             }
 
@@ -117,7 +117,7 @@ fn calls(model: &StructModel, names: &Names) -> TokenStream {
             /// microbatch: the grads of the last chunk's outputs in, the grads of the first chunk's
             /// inputs out (`None` for an input that needs none). Parameter grads accumulate.
             pub fn backward(&mut self, grad_outputs: #grad_outputs) -> #private::Result<#grad_inputs> {
-                let __grads = self.__modules.backward_chain(&#private::Slots::into_slots(grad_outputs))?;
+                let __grads = #private::Slots::with_slots(grad_outputs, |grads| self.__modules.backward_chain(grads))?;
                 #private::Slots::from_slots(__grads)
             }
         }
@@ -134,11 +134,14 @@ fn calls(model: &StructModel, names: &Names) -> TokenStream {
                 extras: #extras,
                 grad_outputs: #grad_outputs,
             ) -> #private::Result<#outputs> {
-                let __outputs = self.__modules.step_chain(
-                    &[#private::Slots::into_slots(inputs)],
-                    &[#private::Slots::into_slots(extras)],
-                    &[#private::Slots::into_slots(grad_outputs)],
-                )?;
+                let __modules = &mut self.__modules;
+                let __outputs = #private::Slots::with_slots(inputs, |inputs| {
+                    #private::Slots::with_slots(extras, |extras| {
+                        #private::Slots::with_slots(grad_outputs, |grads| {
+                            __modules.step_chain(&[inputs], &[extras], &[grads])
+                        })
+                    })
+                })?;
                 let [__outputs] = #private::array_of::<_, 1>(__outputs, #name)?;
                 #private::Slots::from_slots(__outputs)
             }
@@ -155,14 +158,19 @@ fn calls(model: &StructModel, names: &Names) -> TokenStream {
                 &mut self,
                 microbatches: [(#inputs, #extras, #grad_outputs); #m],
             ) -> #private::Result<[#outputs; #m]> {
-                let mut __inputs = #private::Vec::with_capacity(#m);
-                let mut __extras = #private::Vec::with_capacity(#m);
-                let mut __grads = #private::Vec::with_capacity(#m);
-                for (inputs, extras, grad_outputs) in microbatches {
-                    __inputs.push(#private::Slots::into_slots(inputs));
-                    __extras.push(#private::Slots::into_slots(extras));
-                    __grads.push(#private::Slots::into_slots(grad_outputs));
-                }
+                let __slots = microbatches.map(|(inputs, extras, grad_outputs)| {
+                    (
+                        #private::Slots::into_slots(inputs),
+                        #private::Slots::into_slots(extras),
+                        #private::Slots::into_slots(grad_outputs),
+                    )
+                });
+                let __inputs: [&[#private::Option<#private::Tensor>]; #m] =
+                    #private::array::from_fn(|m| __slots[m].0.as_slice());
+                let __extras: [&[#private::Option<#private::Tensor>]; #m] =
+                    #private::array::from_fn(|m| __slots[m].1.as_slice());
+                let __grads: [&[#private::Option<#private::Tensor>]; #m] =
+                    #private::array::from_fn(|m| __slots[m].2.as_slice());
                 let __outputs = self.__modules.step_chain(&__inputs, &__extras, &__grads)?;
                 let __outputs = __outputs
                     .into_iter()

@@ -469,14 +469,14 @@ fn field_methods(index: usize, field: &Field, private: &TokenStream) -> TokenStr
             #forward_doc
             pub fn #forward(&mut self, inputs: #typed::Inputs) -> #private::Result<#typed::Outputs> {
                 let __chunk = #private::chunk_of(&self.__lens, #field_index, 0)?;
-                let __outputs = self.__modules.forward(__chunk, &#private::Slots::into_slots(inputs))?;
+                let __outputs = #private::Slots::with_slots(inputs, |inputs| self.__modules.forward(__chunk, inputs))?;
                 #private::Slots::from_slots(__outputs)
             }
 
             #backward_doc
             pub fn #backward(&mut self, grad_outputs: #typed::GradOutputs) -> #private::Result<#typed::GradInputs> {
                 let __chunk = #private::chunk_of(&self.__lens, #field_index, 0)?;
-                let __grads = self.__modules.backward(__chunk, &#private::Slots::into_slots(grad_outputs))?;
+                let __grads = #private::Slots::with_slots(grad_outputs, |grads| self.__modules.backward(__chunk, grads))?;
                 #private::Slots::from_slots(__grads)
             }
 
@@ -506,14 +506,14 @@ fn field_methods(index: usize, field: &Field, private: &TokenStream) -> TokenStr
         #forward_doc
         pub fn #forward(&mut self, layer: usize, inputs: #typed::Inputs) -> #private::Result<#typed::Outputs> {
             let __chunk = #private::chunk_of(&self.__lens, #field_index, layer)?;
-            let __outputs = self.__modules.forward(__chunk, &#private::Slots::into_slots(inputs))?;
+            let __outputs = #private::Slots::with_slots(inputs, |inputs| self.__modules.forward(__chunk, inputs))?;
             #private::Slots::from_slots(__outputs)
         }
 
         #backward_doc
         pub fn #backward(&mut self, layer: usize, grad_outputs: #typed::GradOutputs) -> #private::Result<#typed::GradInputs> {
             let __chunk = #private::chunk_of(&self.__lens, #field_index, layer)?;
-            let __grads = self.__modules.backward(__chunk, &#private::Slots::into_slots(grad_outputs))?;
+            let __grads = #private::Slots::with_slots(grad_outputs, |grads| self.__modules.backward(__chunk, grads))?;
             #private::Slots::from_slots(__grads)
         }
 

@@ -189,7 +189,9 @@ pub(crate) fn typed_module_impl(names: &ImplNames, model: &ModuleModel) -> Token
     if has_extra_inputs(model) {
         surface_tys.push(&names.extra_inputs_ty);
     }
-    let slots = surface_tys.into_iter().map(|ty| {
+    let surfaces = surfaces(names, model);
+    let slots = surface_tys.into_iter().zip(&surfaces).map(|(ty, surface)| {
+        let fields = surface.fields.iter().map(|(field, _, _)| field);
         quote! {
             #[automatically_derived]
             impl #private::Slots for #ty {
@@ -200,6 +202,9 @@ pub(crate) fn typed_module_impl(names: &ImplNames, model: &ModuleModel) -> Token
                     slots: #private::Vec<#private::Option<#private::Tensor>>,
                 ) -> #private::Result<Self> {
                     #ty::from_slots(slots)
+                }
+                fn with_slots<R>(self, f: impl FnOnce(&[#private::Option<#private::Tensor>]) -> R) -> R {
+                    f(&[#(#private::IntoSlot::into_slot(self.#fields)),*])
                 }
             }
         }

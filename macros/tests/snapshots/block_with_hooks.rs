@@ -470,6 +470,19 @@ const _: () = {
         ) -> ::graphed::__private::Result<Self> {
             BlockInputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(
+                &[
+                    ::graphed::__private::IntoSlot::into_slot(self.x),
+                    ::graphed::__private::IntoSlot::into_slot(self.mask),
+                ],
+            )
+        }
     }
     #[automatically_derived]
     impl ::graphed::__private::Slots for BlockOutputs {
@@ -486,6 +499,19 @@ const _: () = {
             >,
         ) -> ::graphed::__private::Result<Self> {
             BlockOutputs::from_slots(slots)
+        }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(
+                &[
+                    ::graphed::__private::IntoSlot::into_slot(self.output_0),
+                    ::graphed::__private::IntoSlot::into_slot(self.output_1),
+                ],
+            )
         }
     }
     #[automatically_derived]
@@ -504,6 +530,19 @@ const _: () = {
         ) -> ::graphed::__private::Result<Self> {
             BlockGradOutputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(
+                &[
+                    ::graphed::__private::IntoSlot::into_slot(self.dy),
+                    ::graphed::__private::IntoSlot::into_slot(self.dz),
+                ],
+            )
+        }
     }
     #[automatically_derived]
     impl ::graphed::__private::Slots for BlockGradInputs {
@@ -521,6 +560,19 @@ const _: () = {
         ) -> ::graphed::__private::Result<Self> {
             BlockGradInputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(
+                &[
+                    ::graphed::__private::IntoSlot::into_slot(self.x),
+                    ::graphed::__private::IntoSlot::into_slot(self.mask),
+                ],
+            )
+        }
     }
     #[automatically_derived]
     impl ::graphed::__private::Slots for BlockExtraInputs {
@@ -537,6 +589,14 @@ const _: () = {
             >,
         ) -> ::graphed::__private::Result<Self> {
             BlockExtraInputs::from_slots(slots)
+        }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[::graphed::__private::IntoSlot::into_slot(self.mask)])
         }
     }
     #[automatically_derived]

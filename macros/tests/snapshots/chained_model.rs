@@ -237,12 +237,16 @@ const _: () = {
             inputs: GptInputs,
             extras: GptExtraInputs,
         ) -> ::graphed::__private::Result<GptOutputs> {
-            let __outputs = self
-                .__modules
-                .forward_chain(
-                    &::graphed::__private::Slots::into_slots(inputs),
-                    &::graphed::__private::Slots::into_slots(extras),
-                )?;
+            let __modules = &mut self.__modules;
+            let __outputs = ::graphed::__private::Slots::with_slots(
+                inputs,
+                |inputs| {
+                    ::graphed::__private::Slots::with_slots(
+                        extras,
+                        |extras| __modules.forward_chain(inputs, extras),
+                    )
+                },
+            )?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of every chunk, last first, for the oldest outstanding
@@ -252,9 +256,10 @@ const _: () = {
             &mut self,
             grad_outputs: GptGradOutputs,
         ) -> ::graphed::__private::Result<GptGradInputs> {
-            let __grads = self
-                .__modules
-                .backward_chain(&::graphed::__private::Slots::into_slots(grad_outputs))?;
+            let __grads = ::graphed::__private::Slots::with_slots(
+                grad_outputs,
+                |grads| self.__modules.backward_chain(grads),
+            )?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// Replays one whole step (every chunk's forward, then every backward) as one launch:
@@ -267,13 +272,23 @@ const _: () = {
             extras: GptExtraInputs,
             grad_outputs: GptGradOutputs,
         ) -> ::graphed::__private::Result<GptOutputs> {
-            let __outputs = self
-                .__modules
-                .step_chain(
-                    &[::graphed::__private::Slots::into_slots(inputs)],
-                    &[::graphed::__private::Slots::into_slots(extras)],
-                    &[::graphed::__private::Slots::into_slots(grad_outputs)],
-                )?;
+            let __modules = &mut self.__modules;
+            let __outputs = ::graphed::__private::Slots::with_slots(
+                inputs,
+                |inputs| {
+                    ::graphed::__private::Slots::with_slots(
+                        extras,
+                        |extras| {
+                            ::graphed::__private::Slots::with_slots(
+                                grad_outputs,
+                                |grads| {
+                                    __modules.step_chain(&[inputs], &[extras], &[grads])
+                                },
+                            )
+                        },
+                    )
+                },
+            )?;
             let [__outputs] = ::graphed::__private::array_of::<_, 1>(__outputs, "Gpt")?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
@@ -285,9 +300,10 @@ const _: () = {
             <Embed as ::graphed::__private::TypedModule>::Outputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 0, 0)?;
-            let __outputs = self
-                .__modules
-                .forward(__chunk, &::graphed::__private::Slots::into_slots(inputs))?;
+            let __outputs = ::graphed::__private::Slots::with_slots(
+                inputs,
+                |inputs| self.__modules.forward(__chunk, inputs),
+            )?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of `embed` for its oldest outstanding microbatch.
@@ -298,12 +314,10 @@ const _: () = {
             <Embed as ::graphed::__private::TypedModule>::GradInputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 0, 0)?;
-            let __grads = self
-                .__modules
-                .backward(
-                    __chunk,
-                    &::graphed::__private::Slots::into_slots(grad_outputs),
-                )?;
+            let __grads = ::graphed::__private::Slots::with_slots(
+                grad_outputs,
+                |grads| self.__modules.backward(__chunk, grads),
+            )?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// The module of `embed`.
@@ -331,9 +345,10 @@ const _: () = {
             <Block as ::graphed::__private::TypedModule>::Outputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 1, layer)?;
-            let __outputs = self
-                .__modules
-                .forward(__chunk, &::graphed::__private::Slots::into_slots(inputs))?;
+            let __outputs = ::graphed::__private::Slots::with_slots(
+                inputs,
+                |inputs| self.__modules.forward(__chunk, inputs),
+            )?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of layer `layer` of `blocks` for its oldest outstanding microbatch.
@@ -345,12 +360,10 @@ const _: () = {
             <Block as ::graphed::__private::TypedModule>::GradInputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 1, layer)?;
-            let __grads = self
-                .__modules
-                .backward(
-                    __chunk,
-                    &::graphed::__private::Slots::into_slots(grad_outputs),
-                )?;
+            let __grads = ::graphed::__private::Slots::with_slots(
+                grad_outputs,
+                |grads| self.__modules.backward(__chunk, grads),
+            )?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// Layer `layer` of `blocks`, if the stack has it.
@@ -381,9 +394,10 @@ const _: () = {
             <Head as ::graphed::__private::TypedModule>::Outputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 2, 0)?;
-            let __outputs = self
-                .__modules
-                .forward(__chunk, &::graphed::__private::Slots::into_slots(inputs))?;
+            let __outputs = ::graphed::__private::Slots::with_slots(
+                inputs,
+                |inputs| self.__modules.forward(__chunk, inputs),
+            )?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of `head` for its oldest outstanding microbatch.
@@ -394,12 +408,10 @@ const _: () = {
             <Head as ::graphed::__private::TypedModule>::GradInputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 2, 0)?;
-            let __grads = self
-                .__modules
-                .backward(
-                    __chunk,
-                    &::graphed::__private::Slots::into_slots(grad_outputs),
-                )?;
+            let __grads = ::graphed::__private::Slots::with_slots(
+                grad_outputs,
+                |grads| self.__modules.backward(__chunk, grads),
+            )?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// The module of `head`.

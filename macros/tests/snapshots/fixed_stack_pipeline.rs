@@ -259,12 +259,16 @@ const _: () = {
             inputs: StagesInputs,
             extras: StagesExtraInputs,
         ) -> ::graphed::__private::Result<StagesOutputs> {
-            let __outputs = self
-                .__modules
-                .forward_chain(
-                    &::graphed::__private::Slots::into_slots(inputs),
-                    &::graphed::__private::Slots::into_slots(extras),
-                )?;
+            let __modules = &mut self.__modules;
+            let __outputs = ::graphed::__private::Slots::with_slots(
+                inputs,
+                |inputs| {
+                    ::graphed::__private::Slots::with_slots(
+                        extras,
+                        |extras| __modules.forward_chain(inputs, extras),
+                    )
+                },
+            )?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of every chunk, last first, for the oldest outstanding
@@ -274,9 +278,10 @@ const _: () = {
             &mut self,
             grad_outputs: StagesGradOutputs,
         ) -> ::graphed::__private::Result<StagesGradInputs> {
-            let __grads = self
-                .__modules
-                .backward_chain(&::graphed::__private::Slots::into_slots(grad_outputs))?;
+            let __grads = ::graphed::__private::Slots::with_slots(
+                grad_outputs,
+                |grads| self.__modules.backward_chain(grads),
+            )?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// Replays one whole step of the schedule (2 microbatches) as one launch: for each microbatch its `inputs`, `extras` and `grad_outputs`, copied into the step's buffers (unless they are those buffers); each microbatch's outputs of the last chunk come back. Call [`Self::fuse`] once first. Checked before the first copy; a refused step changes nothing.
@@ -284,14 +289,23 @@ const _: () = {
             &mut self,
             microbatches: [(StagesInputs, StagesExtraInputs, StagesGradOutputs); 2],
         ) -> ::graphed::__private::Result<[StagesOutputs; 2]> {
-            let mut __inputs = ::graphed::__private::Vec::with_capacity(2);
-            let mut __extras = ::graphed::__private::Vec::with_capacity(2);
-            let mut __grads = ::graphed::__private::Vec::with_capacity(2);
-            for (inputs, extras, grad_outputs) in microbatches {
-                __inputs.push(::graphed::__private::Slots::into_slots(inputs));
-                __extras.push(::graphed::__private::Slots::into_slots(extras));
-                __grads.push(::graphed::__private::Slots::into_slots(grad_outputs));
-            }
+            let __slots = microbatches
+                .map(|(inputs, extras, grad_outputs)| {
+                    (
+                        ::graphed::__private::Slots::into_slots(inputs),
+                        ::graphed::__private::Slots::into_slots(extras),
+                        ::graphed::__private::Slots::into_slots(grad_outputs),
+                    )
+                });
+            let __inputs: [&[::graphed::__private::Option<
+                ::graphed::__private::Tensor,
+            >]; 2] = ::graphed::__private::array::from_fn(|m| __slots[m].0.as_slice());
+            let __extras: [&[::graphed::__private::Option<
+                ::graphed::__private::Tensor,
+            >]; 2] = ::graphed::__private::array::from_fn(|m| __slots[m].1.as_slice());
+            let __grads: [&[::graphed::__private::Option<
+                ::graphed::__private::Tensor,
+            >]; 2] = ::graphed::__private::array::from_fn(|m| __slots[m].2.as_slice());
             let __outputs = self.__modules.step_chain(&__inputs, &__extras, &__grads)?;
             let __outputs = __outputs
                 .into_iter()
@@ -311,9 +325,10 @@ const _: () = {
             <Stage as ::graphed::__private::TypedModule>::Outputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 0, 0)?;
-            let __outputs = self
-                .__modules
-                .forward(__chunk, &::graphed::__private::Slots::into_slots(inputs))?;
+            let __outputs = ::graphed::__private::Slots::with_slots(
+                inputs,
+                |inputs| self.__modules.forward(__chunk, inputs),
+            )?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of `first` for its oldest outstanding microbatch.
@@ -324,12 +339,10 @@ const _: () = {
             <Stage as ::graphed::__private::TypedModule>::GradInputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 0, 0)?;
-            let __grads = self
-                .__modules
-                .backward(
-                    __chunk,
-                    &::graphed::__private::Slots::into_slots(grad_outputs),
-                )?;
+            let __grads = ::graphed::__private::Slots::with_slots(
+                grad_outputs,
+                |grads| self.__modules.backward(__chunk, grads),
+            )?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// The module of `first`.
@@ -357,9 +370,10 @@ const _: () = {
             <Stage as ::graphed::__private::TypedModule>::Outputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 1, layer)?;
-            let __outputs = self
-                .__modules
-                .forward(__chunk, &::graphed::__private::Slots::into_slots(inputs))?;
+            let __outputs = ::graphed::__private::Slots::with_slots(
+                inputs,
+                |inputs| self.__modules.forward(__chunk, inputs),
+            )?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of layer `layer` of `rest` for its oldest outstanding microbatch.
@@ -371,12 +385,10 @@ const _: () = {
             <Stage as ::graphed::__private::TypedModule>::GradInputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 1, layer)?;
-            let __grads = self
-                .__modules
-                .backward(
-                    __chunk,
-                    &::graphed::__private::Slots::into_slots(grad_outputs),
-                )?;
+            let __grads = ::graphed::__private::Slots::with_slots(
+                grad_outputs,
+                |grads| self.__modules.backward(__chunk, grads),
+            )?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// Layer `layer` of `rest`, if the stack has it.

@@ -320,6 +320,14 @@ const _: () = {
         ) -> ::graphed::__private::Result<Self> {
             LinearInputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[::graphed::__private::IntoSlot::into_slot(self.x)])
+        }
     }
     #[automatically_derived]
     impl ::graphed::__private::Slots for LinearOutputs {
@@ -336,6 +344,14 @@ const _: () = {
             >,
         ) -> ::graphed::__private::Result<Self> {
             LinearOutputs::from_slots(slots)
+        }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[::graphed::__private::IntoSlot::into_slot(self.output_0)])
         }
     }
     #[automatically_derived]
@@ -354,6 +370,14 @@ const _: () = {
         ) -> ::graphed::__private::Result<Self> {
             LinearGradOutputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[::graphed::__private::IntoSlot::into_slot(self.dy)])
+        }
     }
     #[automatically_derived]
     impl ::graphed::__private::Slots for LinearGradInputs {
@@ -370,6 +394,14 @@ const _: () = {
             >,
         ) -> ::graphed::__private::Result<Self> {
             LinearGradInputs::from_slots(slots)
+        }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[::graphed::__private::IntoSlot::into_slot(self.x)])
         }
     }
     #[automatically_derived]

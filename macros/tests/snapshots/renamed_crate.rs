@@ -312,6 +312,14 @@ const _: () = {
         ) -> renamed::__private::Result<Self> {
             ScaleInputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[renamed::__private::Option<renamed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[renamed::__private::IntoSlot::into_slot(self.x)])
+        }
     }
     #[automatically_derived]
     impl renamed::__private::Slots for ScaleOutputs {
@@ -328,6 +336,14 @@ const _: () = {
             >,
         ) -> renamed::__private::Result<Self> {
             ScaleOutputs::from_slots(slots)
+        }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[renamed::__private::Option<renamed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[renamed::__private::IntoSlot::into_slot(self.output_0)])
         }
     }
     #[automatically_derived]
@@ -346,6 +362,14 @@ const _: () = {
         ) -> renamed::__private::Result<Self> {
             ScaleGradOutputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[renamed::__private::Option<renamed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[renamed::__private::IntoSlot::into_slot(self.dy)])
+        }
     }
     #[automatically_derived]
     impl renamed::__private::Slots for ScaleGradInputs {
@@ -362,6 +386,14 @@ const _: () = {
             >,
         ) -> renamed::__private::Result<Self> {
             ScaleGradInputs::from_slots(slots)
+        }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[renamed::__private::Option<renamed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[renamed::__private::IntoSlot::into_slot(self.x)])
         }
     }
     #[automatically_derived]

@@ -196,9 +196,10 @@ const _: () = {
             <Block as ::graphed::__private::TypedModule>::Outputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 0, 0)?;
-            let __outputs = self
-                .__modules
-                .forward(__chunk, &::graphed::__private::Slots::into_slots(inputs))?;
+            let __outputs = ::graphed::__private::Slots::with_slots(
+                inputs,
+                |inputs| self.__modules.forward(__chunk, inputs),
+            )?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of `first` for its oldest outstanding microbatch.
@@ -209,12 +210,10 @@ const _: () = {
             <Block as ::graphed::__private::TypedModule>::GradInputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 0, 0)?;
-            let __grads = self
-                .__modules
-                .backward(
-                    __chunk,
-                    &::graphed::__private::Slots::into_slots(grad_outputs),
-                )?;
+            let __grads = ::graphed::__private::Slots::with_slots(
+                grad_outputs,
+                |grads| self.__modules.backward(__chunk, grads),
+            )?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// The module of `first`.
@@ -241,9 +240,10 @@ const _: () = {
             <Block as ::graphed::__private::TypedModule>::Outputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 1, 0)?;
-            let __outputs = self
-                .__modules
-                .forward(__chunk, &::graphed::__private::Slots::into_slots(inputs))?;
+            let __outputs = ::graphed::__private::Slots::with_slots(
+                inputs,
+                |inputs| self.__modules.forward(__chunk, inputs),
+            )?;
             ::graphed::__private::Slots::from_slots(__outputs)
         }
         /// Replays the backward of `second` for its oldest outstanding microbatch.
@@ -254,12 +254,10 @@ const _: () = {
             <Block as ::graphed::__private::TypedModule>::GradInputs,
         > {
             let __chunk = ::graphed::__private::chunk_of(&self.__lens, 1, 0)?;
-            let __grads = self
-                .__modules
-                .backward(
-                    __chunk,
-                    &::graphed::__private::Slots::into_slots(grad_outputs),
-                )?;
+            let __grads = ::graphed::__private::Slots::with_slots(
+                grad_outputs,
+                |grads| self.__modules.backward(__chunk, grads),
+            )?;
             ::graphed::__private::Slots::from_slots(__grads)
         }
         /// The module of `second`.
