@@ -149,16 +149,15 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
     let capture_ms = t0.elapsed().as_secs_f64() * 1e3;
     let (pool_mb, live_mb) = (per.pool().stats().reserved as f64 / 1e6, per.live_bytes() as f64 / 1e6);
     let mut per_block_step = || -> Result<()> {
-        let mut cx = Cx::new(dev);
         let mut hcur = x.clone();
         for i in 0..l {
-            hcur = per.forward(i, &mut cx, &[Some(hcur)])?.remove(0).expect("block output");
+            hcur = per.forward(i, &[Some(hcur)])?.remove(0).expect("block output");
         }
         let _loss = ops::sum(&hcur)?;
         ops::fill_(&dy, 1.0)?;
         let mut g = dy.clone();
         for i in (0..l).rev() {
-            match per.backward(i, &mut cx, &[Some(g.clone())])?.remove(0) {
+            match per.backward(i, &[Some(g.clone())])?.remove(0) {
                 Some(d) => g = d,
                 None => break,
             }
@@ -207,22 +206,20 @@ fn bench_shape(dev: &Device, (l, h, b): (usize, usize, usize), args: &Args) -> R
     let whole_capture_ms = t0.elapsed().as_secs_f64() * 1e3;
     let whole_pool_mb = whole.inner().pool().stats().reserved as f64 / 1e6;
     let whole_us = time_steps(dev, args.warmup, args.steps, || {
-        let mut cx = Cx::new(dev);
-        let y = whole.forward(&mut cx, &x)?;
+        let y = whole.forward(&x)?;
         let _loss = ops::sum(&y)?;
         ops::fill_(&dy, 1.0)?;
-        whole.backward(&mut cx, &dy)?;
+        whole.backward(&dy)?;
         Ok(())
     })?;
     // CPU time to issue one graphed call (forward of the whole stack), backward untimed.
     let mut issue = Vec::with_capacity(200);
     for _ in 0..200 {
-        let mut cx = Cx::new(dev);
         let t = Instant::now();
-        let y = whole.forward(&mut cx, &x)?;
+        let y = whole.forward(&x)?;
         issue.push(t.elapsed().as_secs_f64() * 1e6);
         drop(y);
-        whole.backward(&mut cx, &dy)?;
+        whole.backward(&dy)?;
         dev.synchronize()?;
     }
     let issue_us = median(issue);

@@ -342,25 +342,25 @@ fn train(dev: &Device, s: &Sizes, steps: usize, graphed: bool, kernels: &Kernels
     let opt = AdamW::from_module(&m, AdamWConfig { lr: 3e-3, weight_decay: 0.0, ..Default::default() })?;
     let teacher = data::random(dev, &[s.d, s.d], 99, 1.0 / (s.d as f32).sqrt())?;
     let (x, ones) = (Tensor::zeros(dev, &[s.batch, s.d])?, Tensor::full(dev, &[s.batch, s.d], 1.0)?);
-    let gen = Generator::new(dev, 2024)?;
+    let rng = Generator::new(dev, 2024)?;
     let (mut graphed_model, mut eager) = if graphed { (Some(m.make_graphed(&x)?), None) } else { (None, Some(m)) };
     let label = if graphed { "graphed" } else { "eager" };
     let mut losses = Vec::new();
     for step in 1..=steps {
-        gen.uniform_(&x)?;
+        rng.uniform_(&x)?;
         ops::scale_(&x, 2.0)?;
         ops::axpy_(&x, -1.0, &ones)?;
         let target = ops::linear(&x, &teacher, None)?;
         let mut cx = Cx::new(dev);
         let y = match (&mut graphed_model, &mut eager) {
-            (Some(g), _) => g.forward(&mut cx, &x)?,
+            (Some(g), _) => g.forward(&x)?,
             (_, Some(m)) => m.forward(&mut cx, &x)?,
             _ => unreachable!("one of the two is set"),
         };
         let loss = ops::mse_loss(&y, &target)?;
         let dy = ops::mse_backward(&y, &target, 1.0)?;
         match (&mut graphed_model, &mut eager) {
-            (Some(g), _) => g.backward(&mut cx, &dy)?,
+            (Some(g), _) => g.backward(&dy)?,
             (_, Some(m)) => m.backward(&mut cx, &dy)?,
             _ => unreachable!("one of the two is set"),
         };

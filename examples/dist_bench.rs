@@ -18,7 +18,7 @@ mod model;
 use std::time::Duration;
 
 use graphed::dist::{self, Communicator, Config, DataParallel, LaunchOptions, RankEnv, ReduceOp};
-use graphed::{make_graphed, ops, Cx, Device, Error, GraphOptions, Module, Result, Tensor};
+use graphed::{make_graphed, ops, Device, Error, GraphOptions, Module, Result, Tensor};
 use model::{random, Stack};
 
 #[derive(Clone)]
@@ -121,16 +121,15 @@ fn bench_shape(
     samples.extend((1..l).map(|_| vec![vec![Some(hidden.clone())]]));
     let mut g = make_graphed(blocks, samples, GraphOptions::new().warmup(3).chained(true))?;
     let mut step = || -> Result<()> {
-        let mut cx = Cx::new(dev);
         let mut hcur = x.clone();
         for i in 0..l {
-            hcur = g.forward(i, &mut cx, &[Some(hcur)])?.remove(0).expect("block output");
+            hcur = g.forward(i, &[Some(hcur)])?.remove(0).expect("block output");
         }
         let _loss = ops::sum(&hcur)?;
         ops::fill_(&dy, 1.0)?;
         let mut grad = dy.clone();
         for i in (0..l).rev() {
-            match g.backward(i, &mut cx, &[Some(grad.clone())])?.remove(0) {
+            match g.backward(i, &[Some(grad.clone())])?.remove(0) {
                 Some(d) => grad = d,
                 None => break,
             }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use fsdp_model::FsdpBlock;
 use graphed::dist::{self, Communicator, Config, DataParallel, LaunchOptions, ReduceOp};
 use graphed::optim::{AdamW, AdamWConfig};
-use graphed::{make_graphed, ops, Cx, Error, GraphOptions, GraphedModules, Module, Param, Result, Tensor};
+use graphed::{make_graphed, ops, Error, GraphOptions, GraphedModules, Module, Param, Result, Tensor};
 use model::{random, Block};
 
 const LAYERS: usize = 4;
@@ -48,14 +48,13 @@ fn train(comm: &Communicator, blocks: Vec<Box<dyn Module>>, opt: &AdamW, s: &Siz
         let seed = 1000 + (step * comm.world_size() + comm.rank()) as u64;
         let (x, target) =
             (random(&dev, &[s.batch, s.width], seed, 1.0)?, random(&dev, &[s.batch, s.width], seed + 7, 1.0)?);
-        let mut cx = Cx::new(&dev);
         let mut h = x;
         for i in 0..LAYERS {
-            h = g.forward(i, &mut cx, &[Some(h)])?.remove(0).expect("layer output");
+            h = g.forward(i, &[Some(h)])?.remove(0).expect("layer output");
         }
         let mut grad = Some(ops::mse_backward(&h, &target, 1.0)?);
         for i in (0..LAYERS).rev() {
-            grad = g.backward(i, &mut cx, &[grad])?.remove(0);
+            grad = g.backward(i, &[grad])?.remove(0);
         }
         opt.step()?;
         opt.zero_grad()?;

@@ -24,8 +24,7 @@ fn main() -> Result<()> {
     )?;
     println!("graphs captured: {} (forward only)", g.inner().graphs().len());
 
-    let mut cx = Cx::new(&dev);
-    let same = g.forward(&mut cx, &x)?.to_vec()? == eager.forward(&mut Cx::new(&dev), &x)?.to_vec()?;
+    let same = g.forward(&x)?.to_vec()? == eager.forward(&mut Cx::new(&dev), &x)?.to_vec()?;
     let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
         dev.synchronize()?;
         let t = Instant::now();
@@ -39,7 +38,7 @@ fn main() -> Result<()> {
         Ok(t.elapsed().as_secs_f64() * 1e6 / calls as f64)
     };
     let eager_us = time(&mut || eager.forward(&mut Cx::new(&dev), &x).map(|_| ()))?;
-    let graphed_us = time(&mut || g.forward(&mut Cx::new(&dev), &x).map(|_| ()))?;
+    let graphed_us = time(&mut || g.forward(&x).map(|_| ()))?;
     println!("eager   {eager_us:9.1} us/call");
     println!("graphed {graphed_us:9.1} us/call ({:.2}x)", eager_us / graphed_us);
     println!("graphed == eager: {}", if same { "yes, bit for bit" } else { "NO" });

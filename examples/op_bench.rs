@@ -95,8 +95,8 @@ fn main() -> Result<()> {
     let (a, b, dy) = (rand(&[rows, cols], 1)?, rand(&[rows, cols], 2)?, rand(&[rows, cols], 3)?);
     let (gamma, beta) = (rand(&[cols], 4)?, rand(&[cols], 5)?);
     let labels = Tensor::from_slice(&dev, &(0..rows).map(|i| (i % cols) as f32).collect::<Vec<_>>(), &[rows])?;
-    let gen = Generator::new(&dev, 0)?;
-    let (_, mask) = ops::dropout(&a, 0.1, &gen, true)?;
+    let rng = Generator::new(&dev, 0)?;
+    let (_, mask) = ops::dropout(&a, 0.1, &rng, true)?;
     let mask = mask.expect("training dropout has a mask");
     let (_, mean, rstd) = ops::layer_norm(&a, &gamma, &beta, 1e-5)?;
     let (_, probs) = ops::softmax_cross_entropy(&a, &labels)?;
@@ -112,7 +112,7 @@ fn main() -> Result<()> {
 
     // bf16 copies of the inputs, for the same ops in bf16.
     let h = |t: &Tensor| t.to_dtype(DType::BF16);
-    let (_, mask16) = ops::dropout(&h(&a)?, 0.1, &gen, true)?;
+    let (_, mask16) = ops::dropout(&h(&a)?, 0.1, &rng, true)?;
     let t16 = Bf16Inputs {
         a: h(&a)?,
         b: h(&b)?,
@@ -138,7 +138,7 @@ fn main() -> Result<()> {
         ew("gelu (erf)", 2.0, Box::new(|| ops::gelu(&a, Gelu::Erf).map(drop))),
         ew("gelu (tanh)", 2.0, Box::new(|| ops::gelu(&a, Gelu::Tanh).map(drop))),
         ew("gelu_backward (erf)", 3.0, Box::new(|| ops::gelu_backward(&dy, &a, Gelu::Erf).map(drop))),
-        ew("dropout", 3.0, Box::new(|| ops::dropout(&a, 0.1, &gen, true).map(drop))),
+        ew("dropout", 3.0, Box::new(|| ops::dropout(&a, 0.1, &rng, true).map(drop))),
         ew("dropout_backward", 3.0, Box::new(|| ops::dropout_backward(&dy, &mask).map(drop))),
         ew("sum", 1.0, Box::new(|| ops::sum(&a).map(drop))),
         ew("mean", 1.0, Box::new(|| ops::mean(&a).map(drop))),
@@ -179,7 +179,7 @@ fn main() -> Result<()> {
         },
     ];
 
-    cases.extend(bf16_cases(&t16, &a, &gen, (&dw, &db), &size, lin));
+    cases.extend(bf16_cases(&t16, &a, &rng, (&dw, &db), &size, lin));
 
     let mut rows_out = Vec::new();
     let total = cases.len();
@@ -211,7 +211,7 @@ struct Bf16Inputs {
 fn bf16_cases<'a>(
     t: &'a Bf16Inputs,
     a32: &'a Tensor,
-    gen: &'a Generator,
+    rng: &'a Generator,
     (dw, db): (&'a Tensor, &'a Tensor),
     size: &str,
     lin: usize,
@@ -235,7 +235,7 @@ fn bf16_cases<'a>(
         ew16("relu", 2.0 * nb16, Box::new(|| ops::relu(&t.a).map(drop))),
         ew16("gelu (erf)", 2.0 * nb16, Box::new(|| ops::gelu(&t.a, Gelu::Erf).map(drop))),
         ew16("gelu_backward (erf)", 3.0 * nb16, Box::new(|| ops::gelu_backward(&t.dy, &t.a, Gelu::Erf).map(drop))),
-        ew16("dropout", 3.0 * nb16, Box::new(|| ops::dropout(&t.a, 0.1, gen, true).map(drop))),
+        ew16("dropout", 3.0 * nb16, Box::new(|| ops::dropout(&t.a, 0.1, rng, true).map(drop))),
         ew16("dropout_backward", 3.0 * nb16, Box::new(|| ops::dropout_backward(&t.dy, &t.mask).map(drop))),
         ew16("sum", nb16, Box::new(|| ops::sum(&t.a).map(drop))),
         ew16("mse_backward", 3.0 * nb16, Box::new(|| ops::mse_backward(&t.a, &t.b, 1.0).map(drop))),

@@ -9,7 +9,7 @@ mod model;
 
 use std::collections::VecDeque;
 
-use graphed::{graphed, ops, Cx, Device, Result, Tensor};
+use graphed::{graphed, ops, Device, Result, Tensor};
 use model::{random, Block, BlockGradOutputs, BlockInputs};
 
 /// Chunk 1 then chunk 2; forward `+c`, backward `-c`, first in first out per chunk.
@@ -42,26 +42,25 @@ fn main() -> Result<()> {
     for iteration in 0..3 {
         let (mut acts, mut grads, mut losses) = (VecDeque::new(), VecDeque::new(), Vec::new());
         let (mut next_x, mut next_loss) = (0, VecDeque::new());
-        let mut cx = Cx::new(&dev);
         for &step in &ORDER {
             match step {
                 1 => {
-                    let y = g.forward_first(&mut cx, BlockInputs { x: xs[next_x].clone() })?.output_0;
+                    let y = g.forward_first(BlockInputs { x: xs[next_x].clone() })?.output_0;
                     acts.push_back(y);
                     next_x += 1;
                 }
                 2 => {
-                    let z = g.forward_second(&mut cx, BlockInputs { x: acts.pop_front().expect("act") })?.output_0;
+                    let z = g.forward_second(BlockInputs { x: acts.pop_front().expect("act") })?.output_0;
                     losses.push(ops::mean(&z)?.to_vec()?[0]);
                     // d(mean)/dz, a constant grad for this demo.
                     next_loss.push_back(Tensor::full(&dev, z.dims(), 1.0 / z.numel() as f32)?);
                 }
                 -2 => {
                     let dz = next_loss.pop_front().expect("forward ran");
-                    grads.push_back(g.backward_second(&mut cx, BlockGradOutputs { dy: dz })?.x.expect("grad"));
+                    grads.push_back(g.backward_second(BlockGradOutputs { dy: dz })?.x.expect("grad"));
                 }
                 _ => {
-                    g.backward_first(&mut cx, BlockGradOutputs { dy: grads.pop_front().expect("grad") })?;
+                    g.backward_first(BlockGradOutputs { dy: grads.pop_front().expect("grad") })?;
                 }
             }
         }

@@ -8,7 +8,7 @@
 #[path = "common/split_linear.rs"]
 mod split_linear;
 
-use graphed::{graphed, Cx, Device, OrderEntry, Param, Result, Tensor};
+use graphed::{graphed, Device, OrderEntry, Param, Result, Tensor};
 use split_linear::{Split, SplitGradOutputs, SplitInputs};
 
 /// Two microbatches; each chunk's weight grads wait until the other chunk's input grads ran.
@@ -35,26 +35,25 @@ fn main() -> Result<()> {
     let mut g = GraphedTwoStage::new(model, samples, GraphedTwoStage::options().chained(true))?;
     println!("wgrad pipeline on {}: {} graphs", dev.name(), g.inner().graphs().len());
     let dy = Tensor::full(&dev, &[batch, width], 1.0)?;
-    let mut cx = Cx::new(&dev);
     // The microbatch chunk 2's next forward and chunk 1's next backward are for (FIFO).
     let (mut forward_2, mut backward_1) = (0, 0);
     for entry in GraphedTwoStage::ORDER {
         match *entry {
-            OrderEntry::Forward(1) => drop(g.forward_first(&mut cx, SplitInputs { x: x.clone() })?),
+            OrderEntry::Forward(1) => drop(g.forward_first(SplitInputs { x: x.clone() })?),
             OrderEntry::Forward(_) => {
                 // Chained: passing chunk 1's output buffer back in copies nothing.
                 let h = g.inner().outputs(0, forward_2)?.remove(0).expect("h");
-                drop(g.forward_second(&mut cx, SplitInputs { x: h })?);
+                drop(g.forward_second(SplitInputs { x: h })?);
                 forward_2 += 1;
             }
-            OrderEntry::Backward(2) => drop(g.backward_second(&mut cx, SplitGradOutputs { dy: dy.clone() })?),
+            OrderEntry::Backward(2) => drop(g.backward_second(SplitGradOutputs { dy: dy.clone() })?),
             OrderEntry::Backward(_) => {
                 let dh = g.inner().grad_inputs(1, backward_1)?.remove(0).expect("dh");
-                drop(g.backward_first(&mut cx, SplitGradOutputs { dy: dh })?);
+                drop(g.backward_first(SplitGradOutputs { dy: dh })?);
                 backward_1 += 1;
             }
-            OrderEntry::Wgrad(1) => g.backward_weights_first(&mut cx)?,
-            OrderEntry::Wgrad(_) => g.backward_weights_second(&mut cx)?,
+            OrderEntry::Wgrad(1) => g.backward_weights_first()?,
+            OrderEntry::Wgrad(_) => g.backward_weights_second()?,
         }
         println!("  ran {entry}");
     }

@@ -15,7 +15,7 @@ mod model;
 
 use std::sync::{Arc, Mutex};
 
-use graphed::{ops, Cx, Device, GraphOptions, HookKind, HookRegistry, Param, Result, Tensor};
+use graphed::{ops, Device, GraphOptions, HookKind, HookRegistry, Param, Result, Tensor};
 use model::{random, Block, BlockInputs, GraphedBlock};
 
 /// Two row shards of a [rows, cols] weight and the full buffers the module computes with.
@@ -86,12 +86,11 @@ fn main() -> Result<()> {
     }
     let shard_grad_after_capture = shards.parts[0].grad.to_vec()?;
 
-    let mut cx = Cx::new(&dev);
     for step in 0..3 {
         shards.gather()?; // the wrapper's own gather on replay steps
-        let y = g.forward(&mut cx, &x)?;
+        let y = g.forward(&x)?;
         let finite = y.to_vec()?.iter().all(|v| v.is_finite());
-        g.backward(&mut cx, &Tensor::full(&dev, &[batch, rows], 1.0)?)?;
+        g.backward(&Tensor::full(&dev, &[batch, rows], 1.0)?)?;
         shards.scatter_and_release()?;
         println!("replay step {step}: output finite: {finite}");
         if !finite {

@@ -27,8 +27,8 @@ const BATCH: usize = 64;
 const LAYERS: usize = 4;
 
 /// Draws a fresh batch in [-1, 1) on the device (graph-safe RNG, no host copies).
-fn next_batch(gen: &Generator, x: &Tensor, ones: &Tensor) -> Result<()> {
-    gen.uniform_(x)?;
+fn next_batch(rng: &Generator, x: &Tensor, ones: &Tensor) -> Result<()> {
+    rng.uniform_(x)?;
     ops::scale_(x, 2.0)?;
     ops::axpy_(x, -1.0, ones)
 }
@@ -101,11 +101,11 @@ fn train(dev: &Device, graphed: bool, steps: usize, dtype: DType, teacher: &mut 
     for step in 1..=steps {
         let mut cx = Cx::new(dev);
         next_batch(&data, &x, &ones)?;
-        let target = teacher.forward(0, &mut cx, &[Some(x.clone())])?.remove(0).expect("teacher output");
+        let target = teacher.forward(0, &[Some(x.clone())])?.remove(0).expect("teacher output");
         let xs = ops::cast(&x, dtype)?;
         let y = match &mut student {
             Student::Eager(s) => s.forward(&mut cx, &xs)?,
-            Student::Graphed(g) => g.forward(&mut cx, &xs)?,
+            Student::Graphed(g) => g.forward(&xs)?,
         };
         // The loss and its grad in f32; the grad goes back in the student's dtype (scaled first
         // for f16, so small grads survive the cast).
@@ -116,7 +116,7 @@ fn train(dev: &Device, graphed: bool, steps: usize, dtype: DType, teacher: &mut 
         let dy = ops::cast(&dyf, dtype)?;
         match &mut student {
             Student::Eager(s) => s.backward(&mut cx, &dy)?,
-            Student::Graphed(g) => g.backward(&mut cx, &dy)?,
+            Student::Graphed(g) => g.backward(&dy)?,
         };
         opt.step()?;
         if step % log_every == 0 || step == 1 {

@@ -82,48 +82,11 @@ impl<M: Module> Module for Checkpoint<M> {
     }
 
     fn forward(&self, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let rng = cx.device().rng()?;
-        let state = rng.save()?;
-        let mut inner_cx = cx.clone();
-        inner_cx.take_saved();
-        let outputs = self.inner.forward(&mut inner_cx, inputs)?;
-        // Only the inputs and the RNG state survive the forward; the inner activations are
-        // dropped here, so their memory returns to the pool.
-        let mut saved = cx.clone();
-        saved.take_saved();
-        for t in inputs.iter() {
-            match t {
-                Some(t) => saved.save(t),
-                None => saved.save(&state.tensor().clone()), // placeholder keeps positions
-            }
-        }
-        saved.save(state.tensor());
-        *cx = saved;
-        Ok(outputs)
+        checkpointed_forward(&self.inner, cx, inputs)
     }
 
     fn backward(&mut self, cx: &mut Cx, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let n = self.inner.num_inputs();
-        let saved = cx.saved_tensors();
-        let state = RngState::from_tensor(saved.get(n).cloned().ok_or_else(|| {
-            crate::Error::msg("Checkpoint::backward: the forward of this context did not run under Checkpoint")
-        })?);
-        let inputs: Vec<Option<Tensor>> = (0..n).map(|i| saved.get(i).cloned()).collect();
-        // Absent optional inputs were saved as placeholders of the state's shape.
-        let inputs: Vec<Option<Tensor>> =
-            inputs.into_iter().map(|t| t.filter(|t| !t.same_buffer(state.tensor()))).collect();
-        let rng = cx.device().rng()?;
-        let current = rng.save()?;
-        rng.restore(&state)?;
-        let mut inner_cx = cx.clone();
-        inner_cx.take_saved();
-        self.inner.forward(&mut inner_cx, &inputs)?;
-        // The recompute must not consume random numbers the next forward would draw.
-        rng.restore(&current)?;
-        // The recomputed activations live only inside this backward, so an inner module that
-        // splits its backward runs its weight grads here too: a checkpointed module does not
-        // split (a `w(c)` entry for it is refused by `make_graphed`).
-        crate::backward_unsplit(&mut self.inner, &mut inner_cx, grad_outputs)
+        checkpointed_backward(&mut self.inner, cx, grad_outputs)
     }
 
     fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
@@ -135,6 +98,78 @@ impl<M: Module> Module for Checkpoint<M> {
     }
 }
 
+/// The forward of a chunk: checkpointed ([`checkpointed_forward`]) or the module's own.
+pub(crate) fn forward_of(
+    module: &dyn Module,
+    checkpointed: bool,
+    cx: &mut Cx,
+    inputs: &[Option<Tensor>],
+) -> Result<Vec<Option<Tensor>>> {
+    if checkpointed {
+        checkpointed_forward(module, cx, inputs)
+    } else {
+        module.forward(cx, inputs)
+    }
+}
+
+/// The forward of `inner` under checkpointing: it runs on a context of its own, and only the
+/// inputs and the device RNG state are saved in `cx`. Shared by [`Checkpoint`] and the
+/// chunks `GraphOptions::checkpoint` names.
+pub(crate) fn checkpointed_forward(
+    inner: &dyn Module,
+    cx: &mut Cx,
+    inputs: &[Option<Tensor>],
+) -> Result<Vec<Option<Tensor>>> {
+    let rng = cx.device().rng()?;
+    let state = rng.save()?;
+    let mut inner_cx = cx.clone();
+    inner_cx.take_saved();
+    let outputs = inner.forward(&mut inner_cx, inputs)?;
+    // Only the inputs and the RNG state survive the forward; the inner activations are
+    // dropped here, so their memory returns to the pool.
+    let mut saved = cx.clone();
+    saved.take_saved();
+    for t in inputs.iter() {
+        match t {
+            Some(t) => saved.save(t),
+            None => saved.save(&state.tensor().clone()), // placeholder keeps positions
+        }
+    }
+    saved.save(state.tensor());
+    *cx = saved;
+    Ok(outputs)
+}
+
+/// The backward of `inner` under checkpointing: the forward again, with the RNG state it saw,
+/// then the whole (unsplit) backward on the recomputed context.
+pub(crate) fn checkpointed_backward(
+    inner: &mut dyn Module,
+    cx: &mut Cx,
+    grad_outputs: &[Option<Tensor>],
+) -> Result<Vec<Option<Tensor>>> {
+    let n = inner.num_inputs();
+    let saved = cx.saved_tensors();
+    let state = RngState::from_tensor(saved.get(n).cloned().ok_or_else(|| {
+        crate::Error::msg("Checkpoint::backward: the forward of this context did not run under Checkpoint")
+    })?);
+    let inputs: Vec<Option<Tensor>> = (0..n).map(|i| saved.get(i).cloned()).collect();
+    // Absent optional inputs were saved as placeholders of the state's shape.
+    let inputs: Vec<Option<Tensor>> =
+        inputs.into_iter().map(|t| t.filter(|t| !t.same_buffer(state.tensor()))).collect();
+    let rng = cx.device().rng()?;
+    let current = rng.save()?;
+    rng.restore(&state)?;
+    let mut inner_cx = cx.clone();
+    inner_cx.take_saved();
+    inner.forward(&mut inner_cx, &inputs)?;
+    // The recompute must not consume random numbers the next forward would draw.
+    rng.restore(&current)?;
+    // The recomputed activations live only inside this backward, so an inner module that
+    // splits its backward runs its weight grads here too: a checkpointed module does not
+    // split (a `w(c)` entry for it is refused by `make_graphed`).
+    crate::backward_unsplit(inner, &mut inner_cx, grad_outputs)
+}
+
 /// A checkpointed module takes and returns what the module does.
 impl<M: crate::TypedModule> crate::TypedModule for Checkpoint<M> {
     type Inputs = M::Inputs;
@@ -142,3 +177,14 @@ impl<M: crate::TypedModule> crate::TypedModule for Checkpoint<M> {
     type GradOutputs = M::GradOutputs;
     type GradInputs = M::GradInputs;
 }
+
+#[diagnostic::do_not_recommend]
+impl<M: crate::ChainOut> crate::ChainOut for Checkpoint<M> {}
+
+#[diagnostic::do_not_recommend]
+impl<M: crate::ChainIn> crate::ChainIn for Checkpoint<M> {
+    type Extra = M::Extra;
+}
+
+#[diagnostic::do_not_recommend]
+impl<M: crate::ChainLink> crate::ChainLink for Checkpoint<M> {}

@@ -75,7 +75,7 @@ pub use hooks::{HookHandle, HookRegistry};
 pub use kernel::{Arg, Kernel, KernelArg, LaunchConfig};
 pub use kernel_check::{check_kernel_against_host, CheckArg, KernelCheckReport, OutputCheck};
 pub use kernel_host::{HostArgs, HostFn};
-pub use module::{HookKind, Module, Slots, TypedModule};
+pub use module::{ChainIn, ChainLink, ChainOut, HookKind, Module, Slots, TypedModule};
 pub use param::Param;
 pub use params::Parameters;
 pub use pool::{GraphPool, PoolStats};

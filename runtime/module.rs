@@ -109,6 +109,11 @@ pub trait Slots: Sized {
     fn into_slots(self) -> Vec<Option<Tensor>>;
     /// Reads slots; errors when their number differs or a required tensor is missing.
     fn from_slots(slots: Vec<Option<Tensor>>) -> Result<Self>;
+    /// Calls `f` with the slots, in field order. `#[graphed]`'s surfaces lay them out on the
+    /// stack, so a graphed call allocates nothing for its arguments.
+    fn with_slots<R>(self, f: impl FnOnce(&[Option<Tensor>]) -> R) -> R {
+        f(&self.into_slots())
+    }
 }
 
 /// A module with typed surfaces: what its forward takes and returns and what its backward
@@ -129,3 +134,57 @@ pub trait TypedModule: Module {
     /// entries at compile time.
     const SPLITS_BACKWARD: bool = false;
 }
+
+/// No tensors: the extra inputs of a chain link ([`ChainIn::Extra`] of a module whose forward
+/// takes one tensor).
+impl Slots for () {
+    fn into_slots(self) -> Vec<Option<Tensor>> {
+        Vec::new()
+    }
+
+    fn from_slots(slots: Vec<Option<Tensor>>) -> Result<Self> {
+        if slots.is_empty() {
+            Ok(())
+        } else {
+            Err(crate::Error::msg(format!("expected no tensors, got {}", slots.len())))
+        }
+    }
+
+    fn with_slots<R>(self, f: impl FnOnce(&[Option<Tensor>]) -> R) -> R {
+        f(&[])
+    }
+}
+
+/// A module whose forward returns exactly one tensor (`Tensor`, not an `Option` or a tuple of
+/// several): in a `#[graphed(chained)]` struct that output is the next chunk's input.
+/// `#[graphed]` implements it for such modules.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot feed the next chunk of a chained #[graphed] struct",
+    label = "its forward must return exactly one `Tensor` (not an `Option` or a tuple): the next chunk's input",
+    note = "in a `#[graphed(chained)]` struct, chunk i's output is chunk i + 1's first input, in the same buffer"
+)]
+pub trait ChainOut: TypedModule {}
+
+/// A module whose forward's first tensor argument is a `&Tensor`: in a `#[graphed(chained)]`
+/// struct it takes the previous chunk's output there. Its other arguments are its
+/// [`ChainIn::Extra`] inputs, which a chained struct's whole-model `forward` takes for its last
+/// chunk (a loss head's labels). `#[graphed]` implements it for such modules, with
+/// `Extra = <T>ExtraInputs` (those arguments) or `()` when there are none.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot take the previous chunk's output in a chained #[graphed] struct",
+    label = "its forward's first tensor argument must be a `&Tensor`: the previous chunk's output",
+    note = "in a `#[graphed(chained)]` struct, chunk i's output is chunk i + 1's first input, in the same buffer"
+)]
+pub trait ChainIn: TypedModule {
+    /// The forward's tensor arguments after the first.
+    type Extra: Slots;
+}
+
+/// A module that takes exactly one `&Tensor` and returns exactly one `Tensor`: a chunk in the
+/// middle of a `#[graphed(chained)]` struct, or a layer of one of its stacks.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a middle chunk or a stack layer of a chained #[graphed] struct",
+    label = "its forward must take exactly one `&Tensor` (the previous chunk's output) and return one `Tensor` (the next chunk's input)",
+    note = "only the first chunk's inputs and the last chunk's extra inputs are given to a chained struct's forward"
+)]
+pub trait ChainLink: ChainIn<Extra = ()> + ChainOut {}

@@ -12,9 +12,10 @@ pub use crate::{
 /// What a generated `make_graphed`/`new` returns: the wrapper, or the error with the module.
 pub type CaptureResult<T, M> = Result<T, CaptureError<M>>;
 pub use crate::params::{param_path, ParamsProbe, ParamsViaNothing, ParamsViaTrait};
-pub use crate::{Param, Parameters, Slots, TypedModule};
+pub use crate::{ChainIn, ChainLink, ChainOut, Param, Parameters, Slots, TypedModule};
 pub use std::boxed::Box;
 pub use std::fmt;
+pub use std::iter::IntoIterator;
 pub use std::option::Option::{self, None, Some};
 pub use std::result::Result::{Err, Ok};
 pub use std::string::String;
@@ -157,3 +158,157 @@ pub fn expect_module<T>(module: Option<T>, name: &'static str) -> T {
         None => unreachable!("graphed wrapper: module `{name}` is not at the index it was captured at"),
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The struct form: `#[graphed(...)] struct S { chunk: M, stack: [M; N], layers: Vec<M> }`.
+
+pub use std::array;
+
+/// One field of a `#[graphed]` struct, as its constructor needs it.
+pub struct FieldSpec {
+    /// The field's name.
+    pub name: &'static str,
+    /// Whether it is a stack (`[M; N]` or `Vec<M>`) rather than one chunk.
+    pub stack: bool,
+    /// Its `#[graphed(checkpoint...)]`: 0 none, k every k-th layer (1-indexed), 1 all.
+    pub checkpoint_every: usize,
+}
+
+/// The schedule a `#[graphed]` struct's attribute gives.
+pub enum SpecOrder {
+    /// No `order`: module order.
+    None,
+    /// A list, known at compile time.
+    List(&'static [OrderEntry]),
+    /// `windowed(microbatches, in_flight)`, laid out once the chunks are counted.
+    Windowed(usize),
+}
+
+/// What a `#[graphed]` struct's attribute says, for its constructor.
+pub struct StructSpec {
+    /// The struct's name.
+    pub name: &'static str,
+    /// Its fields, in order.
+    pub fields: &'static [FieldSpec],
+    /// `chained`.
+    pub chained: bool,
+    /// The microbatches of its schedule (its typed `step` takes that many).
+    pub microbatches: usize,
+    /// Its `order`.
+    pub order: SpecOrder,
+}
+
+/// The options a `#[graphed]` struct captures with: `options` completed from the attribute
+/// where it leaves something unset (the schedule, the checkpointed chunks), once the fields'
+/// chunks are counted (`lens`, per field). Refuses an empty stack, and for a chained struct a
+/// schedule of another number of microbatches than its typed calls take.
+pub fn struct_options(spec: &StructSpec, lens: &[usize], mut options: GraphOptions) -> Result<GraphOptions> {
+    for (field, &len) in spec.fields.iter().zip(lens) {
+        if field.stack && len == 0 {
+            return Err(Error::EmptyStack { module: spec.name.into(), field: field.name.into() });
+        }
+    }
+    let chunks: usize = lens.iter().sum();
+    if spec.chained {
+        options = options.chained(true);
+    }
+    if options.order_entries().is_none() {
+        match spec.order {
+            SpecOrder::None => {}
+            SpecOrder::List(order) => options = options.order(order.iter().copied()),
+            SpecOrder::Windowed(in_flight) => {
+                options = options.order(OrderEntry::windowed(chunks, spec.microbatches, in_flight))
+            }
+        }
+    }
+    if options.checkpointed_chunks().is_none() {
+        let mut checkpointed = Vec::new();
+        let mut start = 0;
+        for (field, &len) in spec.fields.iter().zip(lens) {
+            if field.checkpoint_every > 0 {
+                let every = field.checkpoint_every;
+                checkpointed.extend((0..len).filter(|layer| (layer + 1) % every == 0).map(|layer| start + layer + 1));
+            }
+            start += len;
+        }
+        if !checkpointed.is_empty() {
+            options = options.checkpoint(checkpointed);
+        }
+    }
+    if spec.chained {
+        let passes = options
+            .order_entries()
+            .map_or(2 * chunks, |order| order.iter().filter(|entry| !matches!(entry, OrderEntry::Wgrad(_))).count());
+        if passes != 2 * chunks * spec.microbatches {
+            return Err(Error::InvalidOrder {
+                detail: format!(
+                    "`{}`'s typed calls take {} microbatch(es) per step (its `order` attribute), but the schedule given has {passes} forward and backward entries for {chunks} chunks",
+                    spec.name, spec.microbatches
+                ),
+            });
+        }
+    }
+    Ok(options)
+}
+
+/// The chunk of layer `layer` of field `field` (0-indexed), given each field's chunk count.
+pub fn chunk_of(lens: &[usize], field: usize, layer: usize) -> Result<usize> {
+    let len = lens[field];
+    if layer >= len {
+        return Err(Error::ChunkOutOfRange { chunk: layer, chunks: len });
+    }
+    Ok(lens[..field].iter().sum::<usize>() + layer)
+}
+
+/// The samples of a chained struct's chunks: the first chunk's inputs; for every later chunk,
+/// `None` for its first input (the previous chunk's output, whose buffer it shares); the last
+/// chunk's `extras` after it.
+pub fn chain_samples(
+    chunks: usize,
+    inputs: Vec<Option<Tensor>>,
+    extras: Vec<Option<Tensor>>,
+) -> Vec<Vec<Vec<Option<Tensor>>>> {
+    let mut samples = Vec::with_capacity(chunks);
+    samples.push(vec![inputs]);
+    for _ in 1..chunks.saturating_sub(1) {
+        samples.push(vec![vec![None]]);
+    }
+    if chunks > 1 {
+        let mut last = Vec::with_capacity(1 + extras.len());
+        last.push(None);
+        last.extend(extras);
+        samples.push(vec![last]);
+    }
+    samples
+}
+
+/// In a struct of chunks each chunk's backward reads the next chunk's input grad: a sample of
+/// chunk c > 1 whose first input needs no grad is [`Error::SampleNeedsGrad`] (its backward
+/// would hand back `None`).
+pub fn check_pipeline_samples(chunks: &[Box<dyn Module>], samples: &[Vec<Vec<Option<Tensor>>>]) -> Result<()> {
+    for (c, (module, sets)) in chunks.iter().zip(samples).enumerate().skip(1) {
+        for set in sets {
+            if let Some(Some(first)) = set.first() {
+                if !first.requires_grad() {
+                    return Err(Error::SampleNeedsGrad { module: module.name().into(), chunk: c + 1, input: 0 });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A `Vec` of exactly `N` values as an array (the typed fused step's per-microbatch results).
+pub fn array_of<T, const N: usize>(values: Vec<T>, module: &'static str) -> Result<[T; N]> {
+    let len = values.len();
+    <[T; N]>::try_from(values).map_err(|_| graphed_error(module, format!("expected {N} microbatches, got {len}")))
+}
+
+/// `T: ChainOut`, checked at compile time (the chunk feeds the next one).
+pub const fn chain_out<T: ChainOut>() {}
+
+/// `T: ChainIn`, checked at compile time (the chunk takes the previous one's output).
+pub const fn chain_in<T: ChainIn>() {}
+
+/// `T: ChainLink`, checked at compile time (a middle chunk or a stack's layer).
+pub const fn chain_link<T: ChainLink>() {}

@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
   cat macros/tests/snapshots/linear_single_tensor.rs
   echo '```'
   echo
+  echo 'A whole model, from `macros/tests/snapshots/chained_model.rs`:'
+  echo
+  echo '```rust'
+  cat macros/tests/snapshots/chained_model.rs
+  echo '```'
+  echo
   echo 'And the struct form with a schedule, from `macros/tests/snapshots/two_stage_schedule.rs`:'
   echo
   echo '```rust'

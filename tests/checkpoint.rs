@@ -74,7 +74,7 @@ fn train(dev: &Device, graphed: bool, x: &Tensor, dy: &Tensor) -> Result<Vec<Vec
         let mut h = vec![Some(x.clone())];
         for i in 0..N {
             h = match &mut g {
-                Some(g) => g.forward(i, &mut cxs[i], &h)?,
+                Some(g) => g.forward(i, &h)?,
                 None => mods[i].forward(&mut cxs[i], &h)?,
             };
         }
@@ -82,7 +82,7 @@ fn train(dev: &Device, graphed: bool, x: &Tensor, dy: &Tensor) -> Result<Vec<Vec
         let mut d = vec![Some(dy.clone())];
         for i in (0..N).rev() {
             d = match &mut g {
-                Some(g) => g.backward(i, &mut cxs[i], &d)?,
+                Some(g) => g.backward(i, &d)?,
                 None => mods[i].backward(&mut cxs[i], &d)?,
             };
         }
@@ -113,11 +113,10 @@ fn each_replay_draws_a_fresh_mask_and_recompute_reuses_it() {
         let x = random(dev, &[8, 16], 3)?;
         let m = Checkpoint::new(DropBlock::new(dev, 16, 4)?);
         let mut g = make_graphed(vec![Box::new(m)], vec![vec![vec![Some(x.clone())]]], GraphOptions::new().warmup(2))?;
-        let mut cx = Cx::new(dev);
-        let a = g.forward(0, &mut cx, &[Some(x.clone())])?[0].as_ref().expect("y").to_vec()?;
-        g.backward(0, &mut cx, &[Some(x.clone())])?;
-        let b = g.forward(0, &mut cx, &[Some(x.clone())])?[0].as_ref().expect("y").to_vec()?;
-        g.backward(0, &mut cx, &[Some(x.clone())])?;
+        let a = g.forward(0, &[Some(x.clone())])?[0].as_ref().expect("y").to_vec()?;
+        g.backward(0, &[Some(x.clone())])?;
+        let b = g.forward(0, &[Some(x.clone())])?[0].as_ref().expect("y").to_vec()?;
+        g.backward(0, &[Some(x.clone())])?;
         let zeros = |v: &[f32]| v.iter().map(|e| *e == 0.0).collect::<Vec<_>>();
         assert_ne!(zeros(&a), zeros(&b), "masks must differ between replays");
         Ok(())
@@ -182,14 +181,14 @@ fn a_checkpointed_block_inside_an_ordered_pipeline() {
                 let mut cx = Cx::new(dev);
                 match (e, &mut g) {
                     (1, Some(g)) => {
-                        acts.push_back(Some(g.forward_first(&mut cx, DropBlockInputs { x: xs[f1].clone() })?.output_0))
+                        acts.push_back(Some(g.forward_first(DropBlockInputs { x: xs[f1].clone() })?.output_0))
                     }
                     (1, None) => {
                         acts.push_back(mods[0].forward(&mut cx, &[Some(xs[f1].clone())])?.remove(0));
                         cx1.push_back(cx);
                     }
                     (2, Some(g)) => out.push(
-                        g.forward_second(&mut cx, DropBlockInputs { x: acts.pop_front().flatten().expect("act") })?
+                        g.forward_second(DropBlockInputs { x: acts.pop_front().flatten().expect("act") })?
                             .output_0
                             .to_vec()?,
                     ),
@@ -198,17 +197,12 @@ fn a_checkpointed_block_inside_an_ordered_pipeline() {
                         out.push(mods[1].forward(&mut cx, &[h])?.remove(0).expect("y").to_vec()?);
                         cx2.push_back(cx);
                     }
-                    (-2, Some(g)) => {
-                        grads.push_back(g.backward_second(&mut cx, DropBlockGradOutputs { dy: dy.clone() })?.x)
-                    }
+                    (-2, Some(g)) => grads.push_back(g.backward_second(DropBlockGradOutputs { dy: dy.clone() })?.x),
                     (-2, None) => grads.push_back(
                         mods[1].backward(&mut cx2.pop_front().expect("fifo"), &[Some(dy.clone())])?.remove(0),
                     ),
                     (_, Some(g)) => {
-                        g.backward_first(
-                            &mut cx,
-                            DropBlockGradOutputs { dy: grads.pop_front().flatten().expect("grad") },
-                        )?;
+                        g.backward_first(DropBlockGradOutputs { dy: grads.pop_front().flatten().expect("grad") })?;
                     }
                     (_, None) => {
                         mods[0].backward(&mut cx1.pop_front().expect("fifo"), &[grads.pop_front().flatten()])?;

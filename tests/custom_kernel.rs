@@ -97,7 +97,7 @@ fn three_steps(dev: &Device, graphed: bool) -> Result<Vec<Vec<f32>>> {
         let x = random(dev, &[N], 10 + step)?.with_requires_grad(true);
         let dy = random(dev, &[N], 20 + step)?;
         let (y, dx) = match (&mut g, &mut eager) {
-            (Some(g), _) => (g.forward(&mut cx, &x)?.to_vec()?, g.backward(&mut cx, &dy)?),
+            (Some(g), _) => (g.forward(&x)?.to_vec()?, g.backward(&dy)?),
             (_, Some(m)) => (m.forward(&mut cx, &x)?.to_vec()?, m.backward(&mut cx, &dy)?),
             _ => unreachable!(),
         };
@@ -322,12 +322,10 @@ fn a_stale_tensor_argument_is_refused() {
     on_each_backend(|dev| {
         let module = SqScale { w: Param::new(random(dev, &[N], 1)?)? };
         let mut g = module.make_graphed(&Tensor::zeros(dev, &[N])?.with_requires_grad(true))?;
-        let mut cx = Cx::new(dev);
         let x = random(dev, &[N], 2)?.with_requires_grad(true);
-        let y0 = g.forward(&mut cx, &x)?;
-        g.backward(&mut cx, &random(dev, &[N], 3)?)?;
-        let mut cx = Cx::new(dev);
-        let _y1 = g.forward(&mut cx, &x)?; // overwrites y0's static buffer
+        let y0 = g.forward(&x)?;
+        g.backward(&random(dev, &[N], 3)?)?;
+        let _y1 = g.forward(&x)?; // overwrites y0's static buffer
         let (w, out) = (random(dev, &[N], 4)?, Tensor::full(dev, &[N], 7.0)?);
         let e = FWD.launch(LaunchConfig::for_elements(N), &[Out(&out), In(&y0), In(&w), U32(N as u32)]).unwrap_err();
         assert!(matches!(&e, Error::StaleTensor { .. }), "{e}");

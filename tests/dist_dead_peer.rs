@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::model::Stack;
 use dist_programs::{adamw, microbatch, named, BATCH, WIDTH};
 use graphed::dist::{self, Communicator, Config, DataParallel, LaunchOptions, RankEnv, ReduceOp};
-use graphed::{make_graphed, ops, Cx, DistError, Error, GraphOptions, Module, Result, Tensor};
+use graphed::{make_graphed, ops, DistError, Error, GraphOptions, Module, Result, Tensor};
 
 const RANKS: usize = 2;
 /// The step whose forward is rank 1's last act.
@@ -58,15 +58,14 @@ fn rank_program(comm: Communicator) -> Result<Option<(Error, Duration, Duration)
     )?;
     for step in 0..=DIE_AT {
         let (x, target) = microbatch(&dev, step, rank)?;
-        let mut cx = Cx::new(&dev);
-        let y = g.forward(0, &mut cx, &[Some(x)])?.remove(0).expect("an output");
+        let y = g.forward(0, &[Some(x)])?.remove(0).expect("an output");
         if step == DIE_AT && rank == 1 {
             leave();
             return Ok(None);
         }
         let dy = ops::mse_backward(&y, &target, 1.0)?;
         let started = Instant::now();
-        let stepped = g.backward(0, &mut cx, &[Some(dy)]).and_then(|_| opt.step()).and_then(|()| comm.synchronize());
+        let stepped = g.backward(0, &[Some(dy)]).and_then(|_| opt.step()).and_then(|()| comm.synchronize());
         if step < DIE_AT {
             stepped?;
             opt.zero_grad()?;
@@ -79,7 +78,7 @@ fn rank_program(comm: Communicator) -> Result<Option<(Error, Duration, Duration)
         eprintln!("rank 0: {e} (after {:.1} s)", waited.as_secs_f64());
         // Tear down: graphs, pools, the optimizer and the communicator, none waiting forever.
         let t = Instant::now();
-        drop((g, opt, cx, y));
+        drop((g, opt, y));
         drop(comm);
         return Ok(Some((e, waited, t.elapsed())));
     }

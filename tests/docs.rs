@@ -4,7 +4,7 @@
 fn expansion_doc_quotes_the_current_snapshots() {
     let root = env!("CARGO_MANIFEST_DIR");
     let doc = std::fs::read_to_string(format!("{root}/docs/EXPANSION.md")).expect("docs/EXPANSION.md");
-    for snap in ["linear_single_tensor.rs", "two_stage_schedule.rs"] {
+    for snap in ["linear_single_tensor.rs", "chained_model.rs", "two_stage_schedule.rs"] {
         let text = std::fs::read_to_string(format!("{root}/macros/tests/snapshots/{snap}")).expect("snapshot");
         assert!(
             doc.contains(text.trim()),

@@ -164,7 +164,7 @@ fn out_of_memory_in_warm_up_hands_the_module_back_unchanged() {
             // Fix the cause: the capture works and matches eager.
             hungry.extra = None;
             let mut g = hungry.make_graphed(&x).expect("capture");
-            let y = g.forward(&mut Cx::new(dev), &x).and_then(|y| y.to_vec()).expect("replay");
+            let y = g.forward(&x).and_then(|y| y.to_vec()).expect("replay");
             let mut cx = Cx::new(dev);
             let eager = Block::new(dev, H, H, 2).and_then(|b| b.forward(&mut cx, &x)?.to_vec()).expect("eager");
             assert_eq!(y, eager);
@@ -435,7 +435,6 @@ impl Workload for Mlp {
     }
 
     fn call(&self, st: &mut MlpState, call: usize) -> Result<()> {
-        let mut cx = Cx::new(&st.dev);
         match call {
             0 => {
                 let net = st.net.take().expect("the net");
@@ -448,8 +447,8 @@ impl Workload for Mlp {
                     }
                 }
             }
-            1 => drop(st.g.as_mut().expect("graphed").forward(&mut cx, &st.x)?),
-            _ => drop(st.g.as_mut().expect("graphed").backward(&mut cx, &st.dy)?),
+            1 => drop(st.g.as_mut().expect("graphed").forward(&st.x)?),
+            _ => drop(st.g.as_mut().expect("graphed").backward(&st.dy)?),
         }
         Ok(())
     }
@@ -470,11 +469,10 @@ impl Workload for Mlp {
         let mut out = param_bits(&self.params(st))?;
         out.push(bits(&Tensor::from_slice(&st.dev, &[st.dev.rng()?.seed_and_offset()?.1 as f32], &[1])?)?);
         let g = st.g.as_mut().expect("graphed");
-        let mut cx = Cx::new(&st.dev);
         if call == 0 {
             // The captured graphs compute what eager code does.
-            out.push(bits(&g.forward(&mut cx, &st.x)?)?);
-            out.extend(g.backward(&mut cx, &st.dy)?.map(|d| bits(&d)).transpose()?);
+            out.push(bits(&g.forward(&st.x)?)?);
+            out.extend(g.backward(&st.dy)?.map(|d| bits(&d)).transpose()?);
         }
         Ok(out)
     }
@@ -558,7 +556,6 @@ impl Workload for Pipeline {
     }
 
     fn call(&self, st: &mut PipeState, call: usize) -> Result<()> {
-        let mut cx = Cx::new(&st.dev);
         if call == 0 {
             let hidden = Tensor::zeros(&st.dev, &[B, H])?.with_requires_grad(true);
             let samples = vec![vec![vec![Some(st.xs[0].clone())]], vec![vec![Some(hidden)]]];
@@ -579,24 +576,24 @@ impl Workload for Pipeline {
         let g = st.g.as_mut().expect("graphed");
         match long_order()[call - 1] {
             OrderEntry::Forward(1) => {
-                g.forward(0, &mut cx, &[Some(st.xs[st.fwd[0]].clone())])?;
+                g.forward(0, &[Some(st.xs[st.fwd[0]].clone())])?;
                 st.fwd[0] += 1;
             }
             OrderEntry::Forward(_) => {
                 let h = g.outputs(0, st.fwd[1])?.remove(0);
-                g.forward(1, &mut cx, &[h])?;
+                g.forward(1, &[h])?;
                 st.fwd[1] += 1;
             }
             OrderEntry::Backward(2) => {
-                g.backward(1, &mut cx, &[Some(st.dys[st.bwd[1]].clone())])?;
+                g.backward(1, &[Some(st.dys[st.bwd[1]].clone())])?;
                 st.bwd[1] += 1;
             }
             OrderEntry::Backward(_) => {
                 let dh = g.grad_inputs(1, st.bwd[0])?.remove(0);
-                g.backward(0, &mut cx, &[dh])?;
+                g.backward(0, &[dh])?;
                 st.bwd[0] += 1;
             }
-            OrderEntry::Wgrad(c) => g.backward_weights(c - 1, &mut cx)?,
+            OrderEntry::Wgrad(c) => g.backward_weights(c - 1)?,
         }
         Ok(())
     }
@@ -786,13 +783,12 @@ fn data_parallel_run(call: usize, fault: Option<(FaultPoint, u64)>) -> Result<Ve
                 return Ok((Some(e), counts, Vec::new()));
             }
         };
-        let mut cx = Cx::new(&dev);
         for k in 1..3 {
             let mut replay = || {
                 if k == 1 {
-                    g.forward(0, &mut cx, &[Some(x.clone())]).map(drop)
+                    g.forward(0, &[Some(x.clone())]).map(drop)
                 } else {
-                    g.backward(0, &mut cx, &[Some(dy.clone())]).map(drop)
+                    g.backward(0, &[Some(dy.clone())]).map(drop)
                 }
             };
             let before = snapshot(&dev, &params, &[], vec![])?;

@@ -68,12 +68,12 @@ fn nothing_needs_a_grad_so_only_the_forward_is_captured() {
         let mut g = frozen.make_graphed(&x)?;
         assert!(!g.inner().has_backward());
         assert_eq!(g.inner().graphs().len(), 1, "the forward graph only");
-        let y = g.forward(&mut Cx::new(dev), &x)?;
+        let y = g.forward(&x)?;
         assert_eq!(y.to_vec()?, ops::linear(&x, &g.module().w.value, None)?.to_vec()?);
-        assert!(matches!(g.backward(&mut Cx::new(dev), &y), Err(Error::ForwardOnly { .. })));
+        assert!(matches!(g.backward(&y), Err(Error::ForwardOnly { .. })));
         // An input that requires a grad cannot go through graphs that compute none.
         let xg = x.clone().with_requires_grad(true);
-        assert!(matches!(g.forward(&mut Cx::new(dev), &xg), Err(Error::SlotRequiresGrad { .. })));
+        assert!(matches!(g.forward(&xg), Err(Error::SlotRequiresGrad { .. })));
         Ok(())
     });
 }
@@ -101,8 +101,8 @@ fn make_graphed_leaves_parameter_grads_bitwise_untouched() {
         ops::fill_(&w.grad, 0.25)?;
         let mut g = Bumps { w }.make_graphed(&x)?;
         assert_eq!(g.module().w.grad.to_vec()?, vec![0.25; 8], "warm-up and capture left no trace");
-        g.forward(&mut Cx::new(dev), &x)?;
-        g.backward(&mut Cx::new(dev), &x)?;
+        g.forward(&x)?;
+        g.backward(&x)?;
         assert_eq!(g.module().w.grad.to_vec()?, vec![1.25; 8], "one replayed backward adds one");
         Ok(())
     });

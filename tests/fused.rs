@@ -52,15 +52,14 @@ fn train(dev: &Device, mode: &str) -> Result<Vec<Vec<f32>>> {
             out.push(g.outputs(L - 1, 0)?[0].as_ref().expect("y").to_vec()?);
             out.push(g.grad_inputs(0, 0)?[0].as_ref().expect("dx").to_vec()?);
         } else {
-            let mut cx = Cx::new(dev);
             let mut h = x.clone();
             for i in 0..L {
-                h = g.forward(i, &mut cx, &[Some(h)])?.remove(0).expect("output");
+                h = g.forward(i, &[Some(h)])?.remove(0).expect("output");
             }
             out.push(h.to_vec()?);
             let mut d = dy.clone();
             for i in (0..L).rev() {
-                d = g.backward(i, &mut cx, &[Some(d)])?.remove(0).expect("grad");
+                d = g.backward(i, &[Some(d)])?.remove(0).expect("grad");
             }
             out.push(d.to_vec()?);
         }
@@ -89,15 +88,15 @@ fn refused_steps_change_nothing_and_old_handles_go_stale() {
         assert!(matches!(g.step(), Err(Error::NotFused { .. })));
         g.fuse()?;
         // Half-way through per-call replays, a step is refused.
-        let y = g.forward(0, &mut Cx::new(dev), &[Some(x.clone())])?.remove(0).expect("y");
+        let y = g.forward(0, &[Some(x.clone())])?.remove(0).expect("y");
         assert!(matches!(g.step(), Err(Error::StepMidIteration { pending: 1, .. })));
         for i in 1..L {
             let prev = g.outputs(i - 1, 0)?.remove(0);
-            g.forward(i, &mut Cx::new(dev), &[prev])?;
+            g.forward(i, &[prev])?;
         }
         let mut d = g.static_grad_outputs(L - 1, 0)?.remove(0).expect("grad output");
         for i in (0..L).rev() {
-            d = g.backward(i, &mut Cx::new(dev), &[Some(d)])?.remove(0).expect("grad");
+            d = g.backward(i, &[Some(d)])?.remove(0).expect("grad");
         }
         g.eval();
         assert!(matches!(g.step(), Err(Error::StepMode { captured_training: true, .. })));
@@ -108,7 +107,7 @@ fn refused_steps_change_nothing_and_old_handles_go_stale() {
         assert!(matches!(y.to_vec(), Err(Error::StaleTensor { .. })), "the step overwrote the output");
         assert!(matches!(d.to_vec(), Err(Error::StaleTensor { .. })), "and the input grad");
         // After a step, per-call replays continue from the start of the schedule.
-        g.forward(0, &mut Cx::new(dev), &[Some(x.clone())])?;
+        g.forward(0, &[Some(x.clone())])?;
         Ok(())
     });
 }
@@ -134,18 +133,17 @@ fn a_pipeline_schedule_fuses_too() {
                 g.fuse()?;
                 g.step()?;
             } else {
-                let mut cx = Cx::new(dev);
                 let (mut f, mut b) = ([0usize; 2], [0usize; 2]);
                 for &e in &order {
                     let c = e.unsigned_abs() as usize - 1;
                     if e > 0 {
                         let inputs = g.static_inputs(c, f[c])?;
                         let inputs = if c == 0 { inputs } else { g.outputs(0, f[c])? };
-                        g.forward(c, &mut cx, &inputs)?;
+                        g.forward(c, &inputs)?;
                         f[c] += 1;
                     } else {
                         let grads = if c == 1 { g.static_grad_outputs(1, b[c])? } else { g.grad_inputs(1, b[c])? };
-                        g.backward(c, &mut cx, &grads)?;
+                        g.backward(c, &grads)?;
                         b[c] += 1;
                     }
                 }
@@ -174,13 +172,12 @@ fn separately_built_modules_share_one_pool_and_its_replay_order() {
         let mut a = GraphedBlock::new(Block::new(dev, H, H, 1)?, BlockInputs { x: x.clone() }, opts())?;
         let mut b = GraphedBlock::new(Block::new(dev, H, H, 2)?, BlockInputs { x: x.clone() }, opts())?;
         assert!(a.inner().pool() == &pool && b.inner().pool() == &pool);
-        let mut cx = Cx::new(dev);
         // Capture order was a's forward and backward, then b's: b first is refused.
-        assert!(matches!(b.forward(&mut cx, &x), Err(Error::ReplayOrder { .. })));
-        let ya = a.forward(&mut cx, &x)?.to_vec()?;
-        let dxa = a.backward(&mut cx, &dy)?.expect("dx").to_vec()?;
-        let yb = b.forward(&mut cx, &x)?.to_vec()?;
-        b.backward(&mut cx, &dy)?;
+        assert!(matches!(b.forward(&x), Err(Error::ReplayOrder { .. })));
+        let ya = a.forward(&x)?.to_vec()?;
+        let dxa = a.backward(&dy)?.expect("dx").to_vec()?;
+        let yb = b.forward(&x)?.to_vec()?;
+        b.backward(&dy)?;
         let (mut ea, eb) = (Block::new(dev, H, H, 1)?, Block::new(dev, H, H, 2)?);
         let mut ca = Cx::new(dev);
         assert_eq!(ya, ea.forward(&mut ca, &x)?.to_vec()?);
@@ -242,9 +239,9 @@ fn separately_graphed_blocks_replay_as_one_launch() {
         }
         // Half-way per-call replays on one member refuse the step; finishing them allows it.
         let x = xs[0].clone();
-        seq.member_mut(0).forward(0, &mut Cx::new(dev), &[Some(x.clone())])?;
+        seq.member_mut(0).forward(0, &[Some(x.clone())])?;
         assert!(matches!(seq.step(), Err(Error::StepMidIteration { .. })));
-        seq.member_mut(0).backward(0, &mut Cx::new(dev), &[Some(dy.clone())])?;
+        seq.member_mut(0).backward(0, &[Some(dy.clone())])?;
         seq.step()?;
         // Members given out of their capture order are refused, and handed back.
         let mut members = seq.into_members();

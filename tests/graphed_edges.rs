@@ -44,18 +44,18 @@ fn none_outputs_stay_none_and_get_no_grad() {
         let mut eager = TwoHeads { lin: Block::new(dev, 8, 8, 3)? };
         let mut cx = Cx::new(dev);
         for _ in 0..2 {
-            let (y, none) = g.forward(&mut cx, &x, Some(&e))?;
+            let (y, none) = g.forward(&x, Some(&e))?;
             assert!(none.is_none());
             let (y_e, _) = eager.forward(&mut cx, &x, Some(&e))?;
             assert_eq!(y.to_vec()?, y_e.to_vec()?);
             let dy = random(dev, &[3, 8], 4)?;
-            let (dx, de) = g.backward(&mut cx, &dy, None)?;
+            let (dx, de) = g.backward(&dy, None)?;
             let (dx_e, _) = eager.backward(&mut cx, &dy, None)?;
             assert_eq!(dx.expect("dx").to_vec()?, dx_e.expect("dx").to_vec()?);
             assert_eq!(de.expect("de").to_vec()?, dy.to_vec()?);
         }
         // An optional input captured as Some must be given as Some.
-        let err = g.forward(&mut cx, &x, None).unwrap_err();
+        let err = g.forward(&x, None).unwrap_err();
         assert!(err.to_string().contains("captured with a tensor"), "{err}");
         Ok(())
     });
@@ -72,13 +72,12 @@ fn forward_only_capture_for_inference() {
         )?;
         assert_eq!(g.inner().graphs().len(), 1, "only the forward graph");
         let eager = Block::new(dev, 8, 8, 9)?;
-        let mut cx = Cx::new(dev);
         for seed in 0..3 {
             let xi = random(dev, &[4, 8], 50 + seed)?;
-            let y = g.forward(&mut cx, &xi)?;
+            let y = g.forward(&xi)?;
             assert_eq!(y.to_vec()?, eager.forward(&mut Cx::new(dev), &xi)?.to_vec()?);
         }
-        let err = g.backward(&mut cx, &x).unwrap_err();
+        let err = g.backward(&x).unwrap_err();
         assert!(matches!(err, Error::ForwardOnly { .. }), "{err}");
         Ok(())
     });
@@ -89,17 +88,16 @@ fn a_call_in_the_other_mode_runs_the_eager_forward() {
     on_each_backend(|dev| {
         let x = random(dev, &[4, 8], 6)?;
         let mut g = Block::new(dev, 8, 8, 11)?.make_graphed(&x)?;
-        let mut cx = Cx::new(dev);
-        let graphed_y = g.forward(&mut cx, &x)?;
-        g.backward(&mut cx, &x)?;
+        let graphed_y = g.forward(&x)?;
+        g.backward(&x)?;
         g.eval();
-        let eager_y = g.forward(&mut cx, &x)?;
+        let eager_y = g.forward(&x)?;
         assert!(!eager_y.same_buffer(&graphed_y), "eval mode must not replay the training graph");
         assert_eq!(eager_y.to_vec()?, g.module().forward(&mut Cx::new(dev), &x)?.to_vec()?);
         assert!(graphed_y.is_fresh(), "the eager call does not touch the graph's buffers");
         g.train();
-        g.forward(&mut cx, &x)?;
-        g.backward(&mut cx, &x)?;
+        g.forward(&x)?;
+        g.backward(&x)?;
         Ok(())
     });
 }
@@ -143,9 +141,8 @@ fn allow_unused_input_both_ways() {
         assert!(err.to_string().contains("allow_unused_input"), "{err}");
         assert!(!dev.is_capturing());
         let mut g = AllowsUnused(IgnoresSecond { lin: Block::new(dev, 8, 8, 1)? }).make_graphed(&x, &u)?;
-        let mut cx = Cx::new(dev);
-        g.forward(&mut cx, &x, &u)?;
-        let (dx, du) = g.backward(&mut cx, &x)?;
+        g.forward(&x, &u)?;
+        let (dx, du) = g.backward(&x)?;
         assert!(dx.is_some() && du.is_none());
         Ok(())
     });
@@ -156,9 +153,8 @@ fn an_input_that_needs_no_grad_gets_none() {
     on_each_backend(|dev| {
         let x = random(dev, &[2, 8], 9)?; // requires_grad false
         let mut g = Block::new(dev, 8, 8, 2)?.make_graphed(&x)?;
-        let mut cx = Cx::new(dev);
-        g.forward(&mut cx, &x)?;
-        assert!(g.backward(&mut cx, &x)?.is_none());
+        g.forward(&x)?;
+        assert!(g.backward(&x)?.is_none());
         Ok(())
     });
 }
@@ -171,12 +167,11 @@ fn grads_accumulate_across_two_backwards() {
         let mut g = Block::new(dev, 8, 8, 3)?.make_graphed(&x)?;
         let w: Param = g.module().w.clone();
         assert!(w.grad.to_vec()?.iter().all(|v| *v == 0.0), "warm-up must leave grads unchanged");
-        let mut cx = Cx::new(dev);
-        g.forward(&mut cx, &x)?;
-        g.backward(&mut cx, &dy)?;
+        g.forward(&x)?;
+        g.backward(&dy)?;
         let once = w.grad.to_vec()?;
-        g.forward(&mut cx, &x)?;
-        g.backward(&mut cx, &dy)?;
+        g.forward(&x)?;
+        g.backward(&dy)?;
         let twice = w.grad.to_vec()?;
         for (a, b) in once.iter().zip(&twice) {
             assert_eq!(*b, a + a);
@@ -190,17 +185,16 @@ fn a_handle_overwritten_by_a_later_replay_is_an_error_not_stale_data() {
     on_each_backend(|dev| {
         let x = random(dev, &[2, 8], 12)?.with_requires_grad(true);
         let mut g = Block::new(dev, 8, 8, 4)?.make_graphed(&x)?;
-        let mut cx = Cx::new(dev);
-        let y1 = g.forward(&mut cx, &x)?;
+        let y1 = g.forward(&x)?;
         let kept = y1.deep_clone()?;
-        let dx1 = g.backward(&mut cx, &y1)?.expect("dx");
-        let y2 = g.forward(&mut cx, &random(dev, &[2, 8], 13)?)?;
+        let dx1 = g.backward(&y1)?.expect("dx");
+        let y2 = g.forward(&random(dev, &[2, 8], 13)?)?;
         assert!(!y1.is_fresh());
         let err = y1.to_vec().unwrap_err();
         assert!(matches!(err, Error::StaleTensor { .. }), "{err}");
         assert!(matches!(ops::add(&y1, &y2), Err(Error::StaleTensor { .. })));
         assert_eq!(kept.to_vec()?.len(), 16, "a deep clone stays valid");
-        g.backward(&mut cx, &y2)?;
+        g.backward(&y2)?;
         assert!(matches!(dx1.to_vec(), Err(Error::StaleTensor { .. })), "grad inputs go stale too");
         Ok(())
     });
@@ -213,10 +207,9 @@ fn out_of_order_replay_is_an_error() {
         let h = Tensor::zeros(dev, &[2, 8])?.with_requires_grad(true);
         let mods: Vec<Box<dyn Module>> = vec![Box::new(Block::new(dev, 8, 8, 1)?), Box::new(Block::new(dev, 8, 8, 2)?)];
         let mut g = make_graphed(mods, vec![vec![vec![Some(x.clone())]], vec![vec![Some(h)]]], GraphOptions::new())?;
-        let mut cx = Cx::new(dev);
-        let y = g.forward(0, &mut cx, &[Some(x.clone())])?;
-        let z = g.forward(1, &mut cx, &y)?;
-        let err = g.backward(0, &mut cx, &z).unwrap_err();
+        let y = g.forward(0, &[Some(x.clone())])?;
+        let z = g.forward(1, &y)?;
+        let err = g.backward(0, &z).unwrap_err();
         assert!(matches!(err, Error::ReplayOrder { .. }), "{err}");
         Ok(())
     });
@@ -256,10 +249,9 @@ fn warm_up_and_capture_do_not_change_rng_dependent_results() {
         assert_ne!(want[0], want[1], "each call draws a fresh mask");
         rng.manual_seed(7)?;
         let mut g = Noisy { lin: Block::new(dev, 8, 8, 5)? }.make_graphed(&x)?;
-        let mut cx = Cx::new(dev);
         for w in &want {
-            assert_eq!(&g.forward(&mut cx, &x)?.to_vec()?, w);
-            g.backward(&mut cx, &x)?;
+            assert_eq!(&g.forward(&x)?.to_vec()?, w);
+            g.backward(&x)?;
         }
         Ok(())
     });
@@ -270,7 +262,7 @@ fn a_run_time_input_of_another_shape_is_a_typed_error() {
     on_each_backend(|dev| {
         let x = random(dev, &[4, 8], 16)?;
         let mut g = Block::new(dev, 8, 8, 6)?.make_graphed(&x)?;
-        let err = g.forward(&mut Cx::new(dev), &random(dev, &[5, 8], 17)?).unwrap_err();
+        let err = g.forward(&random(dev, &[5, 8], 17)?).unwrap_err();
         assert!(
             matches!(err, Error::SlotShape { ref expected, ref got, .. } if expected == &[4, 8] && got == &[5, 8]),
             "{err}"
@@ -318,12 +310,11 @@ fn an_abandoned_iteration_can_start_over() {
     on_each_backend(|dev| {
         let x = random(dev, &[2, 8], 19)?;
         let mut g = Block::new(dev, 8, 8, 8)?.make_graphed(&x)?;
-        let mut cx = Cx::new(dev);
-        let abandoned = g.forward(&mut cx, &x)?; // no backward: e.g. the step hit an error
-        let y = g.forward(&mut cx, &x)?; // starting the cycle over is allowed
+        let abandoned = g.forward(&x)?; // no backward: e.g. the step hit an error
+        let y = g.forward(&x)?; // starting the cycle over is allowed
         assert!(matches!(abandoned.to_vec(), Err(Error::StaleTensor { .. })));
-        assert!(g.backward(&mut cx, &y)?.is_none());
-        let err = g.backward(&mut cx, &y).unwrap_err();
+        assert!(g.backward(&y)?.is_none());
+        let err = g.backward(&y).unwrap_err();
         assert!(err.to_string().contains("backward without an outstanding forward"), "{err}");
         Ok(())
     });
@@ -363,14 +354,13 @@ fn an_output_placed_in_an_earlier_graphs_temporary_goes_stale_when_that_graph_re
         let mods: Vec<Box<dyn Module>> = vec![Box::new(WithTemp), Box::new(NoTemp)];
         let samples = vec![vec![vec![Some(x.clone())]], vec![vec![Some(x.clone())]]];
         let mut g = make_graphed(mods, samples, GraphOptions::new().inference())?;
-        let mut cx = Cx::new(dev);
-        g.forward(0, &mut cx, &[Some(x.clone())])?;
-        let y_b = g.forward(1, &mut cx, &[Some(x.clone())])?.remove(0).expect("output");
+        g.forward(0, &[Some(x.clone())])?;
+        let y_b = g.forward(1, &[Some(x.clone())])?.remove(0).expect("output");
         let want: Vec<f32> = x.to_vec()?.iter().map(|v| 2.0 * v).collect();
         assert_eq!(y_b.to_vec()?, want);
         // The next cycle's first graph writes its temporary, which is where B's output lives
         // (the pool reused the block): the handle must report itself stale, not change.
-        g.forward(0, &mut cx, &[Some(x.clone())])?;
+        g.forward(0, &[Some(x.clone())])?;
         assert!(matches!(y_b.to_vec(), Err(Error::StaleTensor { .. })), "B's output must be stale after A replays");
         Ok(())
     });
@@ -387,13 +377,12 @@ fn chained_modules_match_eager() {
         let samples = vec![vec![vec![Some(x.clone())]], vec![vec![Some(h.clone())]], vec![vec![Some(h)]]];
         let mut g = make_graphed(mods, samples, GraphOptions::new().chained(true))?;
         let mut eager: Vec<Block> = (0..3).map(|i| Block::new(dev, 8, 8, 30 + i)).collect::<Result<_>>()?;
-        let mut cx = Cx::new(dev);
         for _ in 0..2 {
             let mut y = vec![Some(x.clone())];
             let mut ye = x.clone();
             let mut cxs: Vec<Cx> = (0..3).map(|_| Cx::new(dev)).collect();
             for i in 0..3 {
-                y = g.forward(i, &mut cx, &y)?;
+                y = g.forward(i, &y)?;
                 ye = eager[i].forward(&mut cxs[i], &ye.with_requires_grad(true))?;
             }
             let yg = y[0].clone().expect("output");
@@ -401,7 +390,7 @@ fn chained_modules_match_eager() {
             let mut d = vec![Some(dy.clone())];
             let mut de = dy.clone();
             for i in (0..3).rev() {
-                d = g.backward(i, &mut cx, &d)?;
+                d = g.backward(i, &d)?;
                 de = eager[i].backward(&mut cxs[i], &de)?.unwrap_or_else(|| dy.clone());
             }
             assert!(d[0].is_none(), "x needs no grad");

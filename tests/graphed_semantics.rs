@@ -114,12 +114,11 @@ fn hook_run(dev: &Device, ordered: bool) -> Result<()> {
     let want: Vec<_> = (0..3).flat_map(|_| one_iteration()).collect();
     assert_eq!(*log.lock().unwrap(), want, "2 warm-up iterations + 1 capture, never inside a capture");
     // Replays run no hooks.
-    let mut cx = Cx::new(dev);
     for _ in 0..2 {
-        let y = g.forward(0, &mut cx, &[Some(x.clone())])?.remove(0);
-        let z = g.forward(1, &mut cx, &[y])?.remove(0);
-        let d = g.backward(1, &mut cx, &[z])?.remove(0);
-        g.backward(0, &mut cx, &[d])?;
+        let y = g.forward(0, &[Some(x.clone())])?.remove(0);
+        let z = g.forward(1, &[y])?.remove(0);
+        let d = g.backward(1, &[z])?.remove(0);
+        g.backward(0, &[d])?;
     }
     assert_eq!(log.lock().unwrap().len(), want.len(), "replays must not run hooks");
     Ok(())
@@ -201,7 +200,7 @@ fn a_failing_hook_aborts_the_capture_cleanly() {
         let y = ops::scale(&x, 2.0)?;
         assert_eq!(y.to_vec()?, x.to_vec()?.iter().map(|v| v * 2.0).collect::<Vec<_>>());
         let mut g = Logged::new(dev, 0, &log)?.make_graphed(&x)?;
-        g.forward(&mut Cx::new(dev), &x)?;
+        g.forward(&x)?;
         Ok(())
     });
 }
@@ -223,20 +222,20 @@ impl Flavour {
                 y.to_vec()
             }
             Flavour::Whole(g) => {
-                let y = g.forward(&mut cx, x)?;
+                let y = g.forward(x)?;
                 let v = y.to_vec()?;
-                g.backward(&mut cx, dy)?;
+                g.backward(dy)?;
                 Ok(v)
             }
             Flavour::PerLayer(g) => {
                 let mut h = Some(x.clone());
                 for i in 0..3 {
-                    h = g.forward(i, &mut cx, &[h])?.remove(0);
+                    h = g.forward(i, &[h])?.remove(0);
                 }
                 let v = h.as_ref().expect("output").to_vec()?;
                 let mut d = Some(dy.clone());
                 for i in (0..3).rev() {
-                    d = g.backward(i, &mut cx, &[d])?.remove(0);
+                    d = g.backward(i, &[d])?.remove(0);
                 }
                 Ok(v)
             }
@@ -302,8 +301,8 @@ impl Pipe {
     fn forward(&mut self, dev: &Device, chunk: i32, x: &Tensor) -> Result<Tensor> {
         let mut cx = Cx::new(dev);
         match (self, chunk) {
-            (Pipe::Graphed(g), 1) => Ok(g.forward_first(&mut cx, BlockInputs { x: x.clone() })?.output_0),
-            (Pipe::Graphed(g), _) => Ok(g.forward_second(&mut cx, BlockInputs { x: x.clone() })?.output_0),
+            (Pipe::Graphed(g), 1) => Ok(g.forward_first(BlockInputs { x: x.clone() })?.output_0),
+            (Pipe::Graphed(g), _) => Ok(g.forward_second(BlockInputs { x: x.clone() })?.output_0),
             (Pipe::Eager { first, cx1, .. }, 1) => {
                 let y = first.forward(&mut cx, x)?;
                 cx1.push_back(cx);
@@ -317,11 +316,10 @@ impl Pipe {
         }
     }
 
-    fn backward(&mut self, dev: &Device, chunk: i32, dy: &Tensor) -> Result<Option<Tensor>> {
-        let mut cx = Cx::new(dev);
+    fn backward(&mut self, chunk: i32, dy: &Tensor) -> Result<Option<Tensor>> {
         match (self, chunk) {
-            (Pipe::Graphed(g), 1) => Ok(g.backward_first(&mut cx, BlockGradOutputs { dy: dy.clone() })?.x),
-            (Pipe::Graphed(g), _) => Ok(g.backward_second(&mut cx, BlockGradOutputs { dy: dy.clone() })?.x),
+            (Pipe::Graphed(g), 1) => Ok(g.backward_first(BlockGradOutputs { dy: dy.clone() })?.x),
+            (Pipe::Graphed(g), _) => Ok(g.backward_second(BlockGradOutputs { dy: dy.clone() })?.x),
             (Pipe::Eager { first, cx1, .. }, 1) => first.backward(&mut cx1.pop_front().expect("fifo"), dy),
             (Pipe::Eager { second, cx2, .. }, _) => second.backward(&mut cx2.pop_front().expect("fifo"), dy),
         }
@@ -358,12 +356,12 @@ fn interleaved_pipeline_matches_the_same_schedule_run_eagerly() {
                         out.push(pipe.forward(dev, 2, &h)?.to_vec()?);
                     }
                     -2 => {
-                        grads.push_back(pipe.backward(dev, 2, &dys[b2])?.expect("grad of chunk 2's input"));
+                        grads.push_back(pipe.backward(2, &dys[b2])?.expect("grad of chunk 2's input"));
                         b2 += 1;
                     }
                     _ => {
                         let d = grads.pop_front().expect("chunk 2's backward ran");
-                        pipe.backward(dev, 1, &d)?;
+                        pipe.backward(1, &d)?;
                     }
                 }
             }

@@ -90,7 +90,7 @@ fn steps(dev: &Device, graphed: bool) -> Result<Vec<Vec<u32>>> {
         let x = random(dev, &[N], 10 + step)?.with_requires_grad(true);
         let dy = random(dev, &[N], 20 + step)?;
         let (y, dx) = match (&mut g, &mut eager) {
-            (Some(g), _) => (g.forward(&mut cx, &x)?.to_vec()?, g.backward(&mut cx, &dy)?),
+            (Some(g), _) => (g.forward(&x)?.to_vec()?, g.backward(&dy)?),
             (_, Some(m)) => (m.forward(&mut cx, &x)?.to_vec()?, m.backward(&mut cx, &dy)?),
             _ => unreachable!(),
         };

@@ -89,20 +89,19 @@ fn typed_wrapper_round_trips() -> Result<()> {
     let mut graphed: GraphedScale = module.make_graphed(&sample)?;
     module_grad_reset(&w_grad)?;
 
-    let mut cx = Cx::new(&dev);
     let x = Tensor::from_slice(&dev, &[1.0, 1.0, 2.0], &[3])?.with_requires_grad(true);
-    let y: Tensor = graphed.forward(&mut cx, &x)?;
+    let y: Tensor = graphed.forward(&x)?;
     assert_eq!(y.to_vec()?, vec![1.0, 2.0, 6.0]);
     let dy = Tensor::from_slice(&dev, &[1.0, 10.0, 100.0], &[3])?;
-    let dx: Option<Tensor> = graphed.backward(&mut cx, &dy)?;
+    let dx: Option<Tensor> = graphed.backward(&dy)?;
     let dx = dx.map(|dx| dx.to_vec()).transpose()?;
     assert_eq!(dx, Some(vec![1.0, 20.0, 300.0]));
     assert_eq!(graphed.module().w.grad.to_vec()?, vec![1.0, 10.0, 200.0]);
 
     // A second step replays again and accumulates.
-    let y = graphed.forward(&mut cx, &x)?;
+    let y = graphed.forward(&x)?;
     assert_eq!(y.to_vec()?, vec![1.0, 2.0, 6.0]);
-    graphed.backward(&mut cx, &dy)?;
+    graphed.backward(&dy)?;
     assert_eq!(graphed.module_mut().w.grad.to_vec()?, vec![2.0, 20.0, 400.0]);
     assert_eq!(graphed.inner().chunks(), 1);
     Ok(())
@@ -135,10 +134,9 @@ fn hooks_run_in_declaration_order_prepend_first_and_never_on_replay() -> Result<
         assert_eq!(chunk, iteration, "{logged:#?}");
     }
 
-    let mut cx = Cx::new(&dev);
     let x = Tensor::from_slice(&dev, &[1.0, 2.0], &[2])?.with_requires_grad(true);
-    graphed.forward(&mut cx, &x)?;
-    graphed.backward(&mut cx, &x)?;
+    graphed.forward(&x)?;
+    graphed.backward(&x)?;
     assert_eq!(entries(&log).len(), logged.len(), "replays run no hooks");
     Ok(())
 }
@@ -213,12 +211,11 @@ fn optional_inputs_and_outputs() -> Result<()> {
     assert_eq!(AffineGradOutputs::NAMES, ["dy", "dextra"]);
     assert_eq!(AffineOutputs::LEN, 2);
 
-    let mut cx = Cx::new(&dev);
     let x = Tensor::from_slice(&dev, &[1.0, 2.0], &[2])?.with_requires_grad(true);
-    let (y, extra) = graphed.forward(&mut cx, &x, None)?;
+    let (y, extra) = graphed.forward(&x, None)?;
     assert_eq!(y.to_vec()?, vec![2.0, 6.0]);
     assert!(extra.is_none(), "a None output stays None on replay");
-    let (dx, dbias) = graphed.backward(&mut cx, &Tensor::full(&dev, &[2], 1.0)?, None)?;
+    let (dx, dbias) = graphed.backward(&Tensor::full(&dev, &[2], 1.0)?, None)?;
     assert_eq!(dx.map(|dx| dx.to_vec()).transpose()?, Some(vec![2.0, 3.0]));
     assert!(dbias.is_none());
     Ok(())
@@ -250,7 +247,7 @@ fn eval_mode_runs_eagerly_with_the_same_results() -> Result<()> {
     graphed.eval();
     let mut cx = Cx::new(&dev);
     cx.set_training(false);
-    let y = graphed.forward(&mut cx, &Tensor::from_slice(&dev, &[0.5], &[1])?)?;
+    let y = graphed.forward(&Tensor::from_slice(&dev, &[0.5], &[1])?)?;
     assert_eq!(y.to_vec()?, vec![2.0]);
     graphed.train();
     Ok(())

@@ -62,19 +62,16 @@ fn schedule_is_visible_and_followed() -> Result<()> {
     ops::fill_(&graphed.module_first().w.grad, 0.0)?;
     ops::fill_(&graphed.module_second().w.grad, 0.0)?;
 
-    let mut cx1 = Cx::new(&dev);
-    let mut cx2 = Cx::new(&dev);
     let x = Tensor::from_slice(&dev, &[1.0, 1.0], &[2])?.with_requires_grad(true);
-    let h = graphed.forward_first(&mut cx1, self::x(x))?.output_0.to_vec()?;
+    let h = graphed.forward_first(self::x(x))?.output_0.to_vec()?;
     assert_eq!(h, vec![2.0, 3.0]);
     let h = Tensor::from_slice(&dev, &h, &[2])?.with_requires_grad(true);
-    let y = graphed.forward_second(&mut cx2, self::x(h))?.output_0.to_vec()?;
+    let y = graphed.forward_second(self::x(h))?.output_0.to_vec()?;
     assert_eq!(y, vec![10.0, 21.0]);
     let dy = Tensor::full(&dev, &[2], 1.0)?;
-    let dh = graphed.backward_second(&mut cx2, self::dy(dy))?.x.expect("dh").to_vec()?;
+    let dh = graphed.backward_second(self::dy(dy))?.x.expect("dh").to_vec()?;
     assert_eq!(dh, vec![5.0, 7.0]);
-    let dx =
-        graphed.backward_first(&mut cx1, self::dy(Tensor::from_slice(&dev, &dh, &[2])?))?.x.expect("dx").to_vec()?;
+    let dx = graphed.backward_first(self::dy(Tensor::from_slice(&dev, &dh, &[2])?))?.x.expect("dx").to_vec()?;
     assert_eq!(dx, vec![10.0, 21.0]);
     assert_eq!(graphed.module_second().w.grad.to_vec()?, vec![2.0, 3.0]);
     assert_eq!(graphed.module_first_mut().w.grad.to_vec()?, vec![5.0, 7.0]);
@@ -88,9 +85,8 @@ fn out_of_order_replay_is_an_error() -> Result<()> {
     let two = TwoStage { first: stage(&dev, &[1.0])?, second: stage(&dev, &[1.0])? };
     let sample = vec![Some(Tensor::zeros(&dev, &[1])?.with_requires_grad(true))];
     let mut graphed = two.make_graphed(vec![vec![sample.clone()], vec![sample.clone()]])?;
-    let mut cx = Cx::new(&dev);
     // The schedule starts with chunk 1's forward; chunk 2's backward first must be refused.
-    let result = graphed.backward_second(&mut cx, dy(Tensor::zeros(&dev, &[1])?));
+    let result = graphed.backward_second(dy(Tensor::zeros(&dev, &[1])?));
     assert!(result.is_err());
     Ok(())
 }
@@ -118,15 +114,14 @@ fn two_microbatches_follow_the_interleaved_schedule() -> Result<()> {
     let out = |o: StageOutputs| o.output_0.to_vec();
     let grad = |g: StageGradInputs| -> Result<Vec<f32>> { g.x.expect("grad").to_vec() };
     // Microbatch 1 and 2 of chunk a, b interleaved as the schedule says.
-    let (mut a1, mut a2, mut b1, mut b2) = (Cx::new(&dev), Cx::new(&dev), Cx::new(&dev), Cx::new(&dev));
-    let h1 = out(graphed.forward_a(&mut a1, x(input(1.0)?))?)?;
-    let y1 = out(graphed.forward_b(&mut b1, x(input(h1[0])?))?)?;
-    let h2 = out(graphed.forward_a(&mut a2, x(input(10.0)?))?)?;
-    let dh1 = grad(graphed.backward_b(&mut b1, dy(input(1.0)?))?)?;
-    let y2 = out(graphed.forward_b(&mut b2, x(input(h2[0])?))?)?;
-    let dx1 = grad(graphed.backward_a(&mut a1, dy(input(dh1[0])?))?)?;
-    let dh2 = grad(graphed.backward_b(&mut b2, dy(input(1.0)?))?)?;
-    let dx2 = grad(graphed.backward_a(&mut a2, dy(input(dh2[0])?))?)?;
+    let h1 = out(graphed.forward_a(x(input(1.0)?))?)?;
+    let y1 = out(graphed.forward_b(x(input(h1[0])?))?)?;
+    let h2 = out(graphed.forward_a(x(input(10.0)?))?)?;
+    let dh1 = grad(graphed.backward_b(dy(input(1.0)?))?)?;
+    let y2 = out(graphed.forward_b(x(input(h2[0])?))?)?;
+    let dx1 = grad(graphed.backward_a(dy(input(dh1[0])?))?)?;
+    let dh2 = grad(graphed.backward_b(dy(input(1.0)?))?)?;
+    let dx2 = grad(graphed.backward_a(dy(input(dh2[0])?))?)?;
     assert_eq!((h1, y1, h2, y2), (vec![2.0], vec![6.0], vec![20.0], vec![60.0]));
     assert_eq!((dh1, dx1, dh2, dx2), (vec![3.0], vec![6.0], vec![3.0], vec![6.0]));
     Ok(())

@@ -141,29 +141,28 @@ impl Rig {
     }
 
     fn act(&mut self, act: Act) -> Result<()> {
-        let mut cx = Cx::new(&self.dev);
         match act {
             Act::F(0) => {
                 let m = self.next_f[0];
-                let out = self.g.forward(0, &mut cx, &[Some(self.data.x[m].clone()), Some(self.data.y[m].clone())])?;
+                let out = self.g.forward(0, &[Some(self.data.x[m].clone()), Some(self.data.y[m].clone())])?;
                 self.mid[m] = out[0].clone();
                 self.next_f[0] += 1;
             }
             Act::F(_) => {
                 let m = self.next_f[1];
-                let out = self.g.forward(1, &mut cx, &[self.mid[m].clone()])?;
+                let out = self.g.forward(1, &[self.mid[m].clone()])?;
                 self.results.outputs.push(out[0].as_ref().expect("output").to_vec()?);
                 self.next_f[1] += 1;
             }
             Act::B(1) => {
                 let m = self.next_b[1];
-                let dx = self.g.backward(1, &mut cx, &[Some(self.data.dz[m].clone())])?;
+                let dx = self.g.backward(1, &[Some(self.data.dz[m].clone())])?;
                 self.dmid[m] = dx[0].clone();
                 self.next_b[1] += 1;
             }
             Act::B(_) => {
                 let m = self.next_b[0];
-                let dx = self.g.backward(0, &mut cx, &[self.dmid[m].clone()])?;
+                let dx = self.g.backward(0, &[self.dmid[m].clone()])?;
                 self.results.dx.push(dx[0].as_ref().expect("dx").to_vec()?);
                 assert!(dx[1].is_none(), "y needs no grad");
                 self.next_b[0] += 1;
@@ -263,7 +262,7 @@ fn refused_graphed_calls_change_nothing() {
         (
             "forward of chunk 2 before chunk 1",
             0,
-            |r| err(r.g.forward(1, &mut Cx::new(&r.dev), &[Some(r.data.x[0].clone())])),
+            |r| err(r.g.forward(1, &[Some(r.data.x[0].clone())])),
             |e| matches!(e, Error::ReplayOrder { .. }),
         ),
         (
@@ -271,14 +270,14 @@ fn refused_graphed_calls_change_nothing() {
             1,
             |r| {
                 let x = xs(r, 1);
-                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+                err(r.g.forward(0, &x))
             },
             |e| matches!(e, Error::ReplayOrder { .. }),
         ),
         (
             "forward with one input of two",
             0,
-            |r| err(r.g.forward(0, &mut Cx::new(&r.dev), &[Some(r.data.x[0].clone())])),
+            |r| err(r.g.forward(0, &[Some(r.data.x[0].clone())])),
             |e| matches!(e, Error::Arity { kind: SlotKind::Input, expected: 2, got: 1, .. }),
         ),
         (
@@ -287,7 +286,7 @@ fn refused_graphed_calls_change_nothing() {
             |r| {
                 let mut x = xs(r, 0);
                 x.push(None);
-                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+                err(r.g.forward(0, &x))
             },
             |e| matches!(e, Error::Arity { expected: 2, got: 3, .. }),
         ),
@@ -297,7 +296,7 @@ fn refused_graphed_calls_change_nothing() {
             |r| {
                 let mut x = xs(r, 0);
                 x[0] = Some(random(&r.dev, &[B + 1, D], 9).unwrap());
-                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+                err(r.g.forward(0, &x))
             },
             |e| matches!(e, Error::SlotShape { slot: Slot { kind: SlotKind::Input, index: 0 }, .. }),
         ),
@@ -307,7 +306,7 @@ fn refused_graphed_calls_change_nothing() {
             |r| {
                 let mut x = xs(r, 1);
                 x[1] = Some(random(&r.dev, &[B, D + 1], 9).unwrap());
-                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+                err(r.g.forward(0, &x))
             },
             |e| matches!(e, Error::SlotShape { slot: Slot { kind: SlotKind::Input, index: 1 }, .. }),
         ),
@@ -317,7 +316,7 @@ fn refused_graphed_calls_change_nothing() {
             |r| {
                 let mut x = xs(r, 0);
                 x[1] = None;
-                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+                err(r.g.forward(0, &x))
             },
             |e| matches!(e, Error::SlotPresence { captured_some: true, .. }),
         ),
@@ -327,7 +326,7 @@ fn refused_graphed_calls_change_nothing() {
             |r| {
                 let mut x = xs(r, 0);
                 x[1] = Some(r.stale.clone());
-                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+                err(r.g.forward(0, &x))
             },
             |e| matches!(e, Error::StaleTensor { .. }),
         ),
@@ -337,7 +336,7 @@ fn refused_graphed_calls_change_nothing() {
             |r| {
                 let mut x = xs(r, 0);
                 x[1] = Some(random(&Device::host(), &[B, D], 9).unwrap());
-                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+                err(r.g.forward(0, &x))
             },
             |e| matches!(e, Error::SlotDevice { .. }),
         ),
@@ -347,7 +346,7 @@ fn refused_graphed_calls_change_nothing() {
             |r| {
                 let mut x = xs(r, 0);
                 x[1] = Some(r.data.y[0].clone().with_requires_grad(true));
-                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+                err(r.g.forward(0, &x))
             },
             |e| matches!(e, Error::SlotRequiresGrad { .. }),
         ),
@@ -359,7 +358,7 @@ fn refused_graphed_calls_change_nothing() {
             4,
             |r| {
                 let x = vec![Some(random(&r.dev, &[B, D], 77).unwrap().with_requires_grad(true))];
-                err(r.g.forward(1, &mut Cx::new(&r.dev), &x))
+                err(r.g.forward(1, &x))
             },
             |e| matches!(e, Error::ReplayOrder { .. }),
         ),
@@ -371,44 +370,44 @@ fn refused_graphed_calls_change_nothing() {
                     Some(random(&r.dev, &[B, D], 77).unwrap().with_requires_grad(true)),
                     Some(random(&r.dev, &[B, 1], 78).unwrap()),
                 ];
-                err(r.g.forward(0, &mut Cx::new(&r.dev), &x))
+                err(r.g.forward(0, &x))
             },
             |e| matches!(e, Error::SlotShape { slot: Slot { index: 1, .. }, .. }),
         ),
         (
             "forward of a chunk that does not exist",
             0,
-            |r| err(r.g.forward(2, &mut Cx::new(&r.dev), &[])),
+            |r| err(r.g.forward(2, &[])),
             |e| matches!(e, Error::ChunkOutOfRange { chunk: 2, chunks: 2 }),
         ),
         (
             "backward before any forward",
             0,
-            |r| err(r.g.backward(0, &mut Cx::new(&r.dev), &[Some(r.data.dz[0].clone())])),
+            |r| err(r.g.backward(0, &[Some(r.data.dz[0].clone())])),
             |e| matches!(e, Error::NoPendingForward { .. }),
         ),
         (
             "backward of chunk 1 before chunk 2's",
             4,
-            |r| err(r.g.backward(0, &mut Cx::new(&r.dev), &[Some(r.data.dz[0].clone())])),
+            |r| err(r.g.backward(0, &[Some(r.data.dz[0].clone())])),
             |e| matches!(e, Error::ReplayOrder { .. }),
         ),
         (
             "backward with a grad of the wrong shape",
             4,
-            |r| err(r.g.backward(1, &mut Cx::new(&r.dev), &[Some(random(&r.dev, &[B, D + 2], 9).unwrap())])),
+            |r| err(r.g.backward(1, &[Some(random(&r.dev, &[B, D + 2], 9).unwrap())])),
             |e| matches!(e, Error::SlotShape { slot: Slot { kind: SlotKind::GradOutput, index: 0 }, .. }),
         ),
         (
             "backward with two grads for one output",
             4,
-            |r| err(r.g.backward(1, &mut Cx::new(&r.dev), &[Some(r.data.dz[0].clone()), None])),
+            |r| err(r.g.backward(1, &[Some(r.data.dz[0].clone()), None])),
             |e| matches!(e, Error::Arity { kind: SlotKind::GradOutput, .. }),
         ),
         (
             "backward with None for a tensor output",
             4,
-            |r| err(r.g.backward(1, &mut Cx::new(&r.dev), &[None])),
+            |r| err(r.g.backward(1, &[None])),
             |e| matches!(e, Error::SlotPresence { .. }),
         ),
         (
@@ -416,26 +415,26 @@ fn refused_graphed_calls_change_nothing() {
             4,
             |r| {
                 let s = r.stale.clone();
-                err(r.g.backward(1, &mut Cx::new(&r.dev), &[Some(s)]))
+                err(r.g.backward(1, &[Some(s)]))
             },
             |e| matches!(e, Error::StaleTensor { .. }),
         ),
         (
             "backward with a grad from another device",
             4,
-            |r| err(r.g.backward(1, &mut Cx::new(&r.dev), &[Some(random(&Device::host(), &[B, D], 9).unwrap())])),
+            |r| err(r.g.backward(1, &[Some(random(&Device::host(), &[B, D], 9).unwrap())])),
             |e| matches!(e, Error::SlotDevice { .. }),
         ),
         (
             "backward of a chunk that does not exist",
             4,
-            |r| err(r.g.backward(7, &mut Cx::new(&r.dev), &[])),
+            |r| err(r.g.backward(7, &[])),
             |e| matches!(e, Error::ChunkOutOfRange { chunk: 7, .. }),
         ),
         (
             "a second backward of the step",
             ACTS.len(),
-            |r| err(r.g.backward(0, &mut Cx::new(&r.dev), &[Some(r.data.dz[0].clone())])),
+            |r| err(r.g.backward(0, &[Some(r.data.dz[0].clone())])),
             |e| matches!(e, Error::NoPendingForward { .. }),
         ),
     ];
@@ -455,7 +454,7 @@ fn a_mode_switch_mid_step_runs_eagerly_and_the_step_still_matches() {
             if i == 2 {
                 rig.g.eval();
                 let x = xs(&rig, 0);
-                let eager = rig.g.forward(0, &mut Cx::new(dev), &x)?;
+                let eager = rig.g.forward(0, &x)?;
                 assert!(!eager[0].as_ref().expect("out").same_buffer(rig.mid[0].as_ref().expect("mid")));
                 rig.g.train();
             }
@@ -563,10 +562,10 @@ fn a_failed_capture_hands_the_module_back_and_leaves_no_trace() {
         flaky.fail = false;
         let mut g = flaky.make_graphed(&x)?;
         let mut eager = Flaky { lin: Block::new(dev, D, D, 4)?, fail: false, p: 0.25 };
-        let (mut cx_g, mut cx_e) = (Cx::new(dev), Cx::new(dev));
+        let mut cx_e = Cx::new(dev);
         let seed_state = dev.rng()?.save()?;
-        let y = g.forward(&mut cx_g, &x)?.to_vec()?;
-        g.backward(&mut cx_g, &x)?;
+        let y = g.forward(&x)?.to_vec()?;
+        g.backward(&x)?;
         dev.rng()?.restore(&seed_state)?;
         cx_e.set_needs_input_grad(vec![true]);
         assert_eq!(y, eager.forward(&mut cx_e, &x)?.to_vec()?);
@@ -627,7 +626,7 @@ fn refused_make_graphed_arguments_hand_the_modules_back() {
         h.remove();
         let block = err.into_inner();
         let mut g = block.make_graphed(&x)?;
-        g.forward(&mut Cx::new(dev), &x)?;
+        g.forward(&x)?;
         Ok(())
     });
 }
@@ -669,7 +668,7 @@ fn refused_memory_requests_change_nothing() {
         assert!(matches!(err.error(), Error::InvalidArgument { .. }), "{:?}", err.error());
         // With room, the same module captures.
         let mut g = err.into_inner().make_graphed(&x)?;
-        g.forward(&mut Cx::new(dev), &x)?;
+        g.forward(&x)?;
         Ok(())
     });
 }
@@ -688,18 +687,17 @@ fn refused_struct_form_calls_change_nothing() {
         let dy = random(dev, &[B, D], 6)?;
         let two = TwoStage { first: Block::new(dev, D, D, 1)?, second: Block::new(dev, D, D, 2)? };
         let mut g = two.make_graphed(vec![vec![vec![Some(x.clone())]], vec![vec![Some(x.clone())]]])?;
-        let mut cx = Cx::new(dev);
         let stats = g.inner().pool().stats();
         let xin = || BlockInputs { x: x.clone() };
         let dyin = || BlockGradOutputs { dy: dy.clone() };
-        assert!(matches!(g.forward_second(&mut cx, xin()), Err(Error::ReplayOrder { .. })));
-        assert!(matches!(g.backward_first(&mut cx, dyin()), Err(Error::NoPendingForward { .. })));
-        let h = g.forward_first(&mut cx, xin())?.output_0;
-        assert!(matches!(g.backward_second(&mut cx, dyin()), Err(Error::NoPendingForward { .. })));
-        let y = g.forward_second(&mut cx, BlockInputs { x: h })?.output_0.to_vec()?;
-        assert!(matches!(g.backward_first(&mut cx, dyin()), Err(Error::ReplayOrder { .. })));
-        let dh = g.backward_second(&mut cx, dyin())?.x.expect("dh");
-        let dx = g.backward_first(&mut cx, BlockGradOutputs { dy: dh })?.x.expect("dx").to_vec()?;
+        assert!(matches!(g.forward_second(xin()), Err(Error::ReplayOrder { .. })));
+        assert!(matches!(g.backward_first(dyin()), Err(Error::NoPendingForward { .. })));
+        let h = g.forward_first(xin())?.output_0;
+        assert!(matches!(g.backward_second(dyin()), Err(Error::NoPendingForward { .. })));
+        let y = g.forward_second(BlockInputs { x: h })?.output_0.to_vec()?;
+        assert!(matches!(g.backward_first(dyin()), Err(Error::ReplayOrder { .. })));
+        let dh = g.backward_second(dyin())?.x.expect("dh");
+        let dx = g.backward_first(BlockGradOutputs { dy: dh })?.x.expect("dx").to_vec()?;
         assert_eq!(g.inner().pool().stats(), stats);
         // Eager.
         let (mut a, mut b) = (Block::new(dev, D, D, 1)?, Block::new(dev, D, D, 2)?);
@@ -720,15 +718,14 @@ fn refused_impl_form_calls_change_nothing() {
         let x = random(dev, &[B, D], 5)?.with_requires_grad(true);
         let dy = random(dev, &[B, D], 6)?;
         let mut g = Block::new(dev, D, D, 3)?.make_graphed(&x)?;
-        let mut cx = Cx::new(dev);
         let stats = g.inner().pool().stats();
-        assert!(matches!(g.backward(&mut cx, &dy), Err(Error::NoPendingForward { .. })));
-        assert!(matches!(g.forward(&mut cx, &random(dev, &[B, D + 1], 1)?), Err(Error::SlotShape { .. })));
-        let y = g.forward(&mut cx, &x)?;
-        assert!(matches!(g.backward(&mut cx, &random(dev, &[1, D], 1)?), Err(Error::SlotShape { .. })));
+        assert!(matches!(g.backward(&dy), Err(Error::NoPendingForward { .. })));
+        assert!(matches!(g.forward(&random(dev, &[B, D + 1], 1)?), Err(Error::SlotShape { .. })));
+        let y = g.forward(&x)?;
+        assert!(matches!(g.backward(&random(dev, &[1, D], 1)?), Err(Error::SlotShape { .. })));
         let yv = y.to_vec()?;
-        let dx = g.backward(&mut cx, &dy)?.expect("dx").to_vec()?;
-        assert!(matches!(g.backward(&mut cx, &dy), Err(Error::NoPendingForward { .. })), "double backward");
+        let dx = g.backward(&dy)?.expect("dx").to_vec()?;
+        assert!(matches!(g.backward(&dy), Err(Error::NoPendingForward { .. })), "double backward");
         assert_eq!(g.inner().pool().stats(), stats);
         let mut e = Block::new(dev, D, D, 3)?;
         let mut ce = Cx::new(dev);

@@ -93,8 +93,8 @@ fn activation_backwards_match_finite_differences() {
             check_fd(&format!("gelu {approx:?}"), &ops::gelu_backward(&dy, &x, approx)?.to_vec()?, &fd)?;
         }
         // Dropout with a fixed mask is linear in x.
-        let gen = Generator::new(dev, 5)?;
-        let (_, mask) = ops::dropout(&x, 0.3, &gen, true)?;
+        let rng = Generator::new(dev, 5)?;
+        let (_, mask) = ops::dropout(&x, 0.3, &rng, true)?;
         let mv = mask.unwrap().to_vec()?;
         let fd = fd_grad(&xv, |x| dot(&r, &cpu::mul(x, &mv)));
         let mask = Tensor::from_slice(dev, &mv, &[n])?;
@@ -107,18 +107,18 @@ fn dropout_mask_matches_reference_and_statistics() {
     on_each_backend(|dev| {
         for &n in &[1usize, 257, 100_003] {
             for p in [0.0f32, 0.1, 0.5, 0.9] {
-                let gen = Generator::new(dev, 1234)?;
-                ops::dropout(&Tensor::zeros(dev, &[3])?, 0.5, &gen, true)?; // a non-zero offset
-                let (seed, offset) = gen.seed_and_offset()?;
+                let rng = Generator::new(dev, 1234)?;
+                ops::dropout(&Tensor::zeros(dev, &[3])?, 0.5, &rng, true)?; // a non-zero offset
+                let (seed, offset) = rng.seed_and_offset()?;
                 assert_eq!((seed, offset), (1234, 3));
                 let x = random(dev, &[n], 77)?;
-                let (y, mask) = ops::dropout(&x, p, &gen, true)?;
+                let (y, mask) = ops::dropout(&x, p, &rng, true)?;
                 let mask = mask.expect("training returns the mask").to_vec()?;
                 // Both backends draw the same Philox numbers: the mask is exact everywhere.
                 let want = cpu::dropout_mask(seed, offset, n, p);
                 bitwise_eq(&format!("mask n={n} p={p}"), &mask, &want)?;
                 bitwise_eq(&format!("y n={n} p={p}"), &y.to_vec()?, &cpu::mul(&x.to_vec()?, &want))?;
-                assert_eq!(gen.seed_and_offset()?, (seed, offset + n as u64), "the offset advances by n");
+                assert_eq!(rng.seed_and_offset()?, (seed, offset + n as u64), "the offset advances by n");
                 let scale = 1.0 / (1.0 - p);
                 assert!(mask.iter().all(|m| *m == 0.0 || *m == scale));
                 if n > 100_000 {
@@ -134,23 +134,23 @@ fn dropout_mask_matches_reference_and_statistics() {
 #[test]
 fn dropout_restore_reproduces_mask_and_eval_is_identity() {
     on_each_backend(|dev| {
-        let gen = Generator::new(dev, 99)?;
+        let rng = Generator::new(dev, 99)?;
         let x = random(dev, &[513], 1)?;
-        let saved = gen.save()?;
-        let (y1, m1) = ops::dropout(&x, 0.4, &gen, true)?;
-        let (y2, m2) = ops::dropout(&x, 0.4, &gen, true)?;
+        let saved = rng.save()?;
+        let (y1, m1) = ops::dropout(&x, 0.4, &rng, true)?;
+        let (y2, m2) = ops::dropout(&x, 0.4, &rng, true)?;
         assert_ne!(m1.as_ref().unwrap().to_vec()?, m2.unwrap().to_vec()?, "consecutive draws differ");
-        gen.restore(&saved)?;
-        let (y3, m3) = ops::dropout(&x, 0.4, &gen, true)?;
+        rng.restore(&saved)?;
+        let (y3, m3) = ops::dropout(&x, 0.4, &rng, true)?;
         bitwise_eq("restored mask", &m3.unwrap().to_vec()?, &m1.unwrap().to_vec()?)?;
         bitwise_eq("restored y", &y3.to_vec()?, &y1.to_vec()?)?;
         drop(y2);
-        let before = gen.seed_and_offset()?;
-        let (e, none) = ops::dropout(&x, 0.4, &gen, false)?;
+        let before = rng.seed_and_offset()?;
+        let (e, none) = ops::dropout(&x, 0.4, &rng, false)?;
         assert!(none.is_none());
         assert!(!e.same_buffer(&x), "eval dropout returns a copy");
         bitwise_eq("eval dropout", &e.to_vec()?, &x.to_vec()?)?;
-        assert_eq!(gen.seed_and_offset()?, before, "eval draws nothing");
+        assert_eq!(rng.seed_and_offset()?, before, "eval draws nothing");
         Ok(())
     });
 }
@@ -158,28 +158,28 @@ fn dropout_restore_reproduces_mask_and_eval_is_identity() {
 #[test]
 fn dropout_in_a_graph_draws_fresh_masks_and_restores_inside() {
     on_each_backend(|dev| {
-        let gen = Generator::new(dev, 3)?;
+        let rng = Generator::new(dev, 3)?;
         let x = random(dev, &[1000], 2)?;
         // Fresh numbers on each replay.
         let mut g = Graph::new(dev);
-        let (_, mask) = g.capture(CaptureMode::Global, || ops::dropout(&x, 0.5, &gen, true))?;
+        let (_, mask) = g.capture(CaptureMode::Global, || ops::dropout(&x, 0.5, &rng, true))?;
         let mask = mask.unwrap();
-        let start = gen.seed_and_offset()?;
+        let start = rng.seed_and_offset()?;
         g.replay()?;
         let a = mask.to_vec()?;
         g.replay()?;
         let b = mask.to_vec()?;
         assert_ne!(a, b, "each replay draws a fresh mask");
-        assert_eq!(gen.seed_and_offset()?.1, start.1 + 2000);
+        assert_eq!(rng.seed_and_offset()?.1, start.1 + 2000);
         bitwise_eq("first replay's mask", &a, &cpu::dropout_mask(start.0, start.1, 1000, 0.5))?;
         // Save, draw, restore, redraw inside one graph: the two masks are equal (recomputation).
         let mut g2 = Graph::new(dev);
-        let saved = gen.save()?;
+        let saved = rng.save()?;
         let (m1, m2) = g2.capture(CaptureMode::Global, || {
-            gen.save_into(&saved)?;
-            let (_, m1) = ops::dropout(&x, 0.5, &gen, true)?;
-            gen.restore(&saved)?;
-            let (_, m2) = ops::dropout(&x, 0.5, &gen, true)?;
+            rng.save_into(&saved)?;
+            let (_, m1) = ops::dropout(&x, 0.5, &rng, true)?;
+            rng.restore(&saved)?;
+            let (_, m2) = ops::dropout(&x, 0.5, &rng, true)?;
             Ok((m1.unwrap(), m2.unwrap()))
         })?;
         for _ in 0..2 {
@@ -205,11 +205,11 @@ fn activations_replay_bitwise_equal_to_eager() {
             ])
         })?;
         // Dropout: restore the generator first in both runs, so both draw the same mask.
-        let gen = Generator::new(dev, 11)?;
-        let saved = gen.save()?;
+        let rng = Generator::new(dev, 11)?;
+        let saved = rng.save()?;
         eager_vs_replay(dev, || {
-            gen.restore(&saved)?;
-            let (y, mask) = ops::dropout(&x, 0.2, &gen, true)?;
+            rng.restore(&saved)?;
+            let (y, mask) = ops::dropout(&x, 0.2, &rng, true)?;
             let mask = mask.unwrap();
             let dx = ops::dropout_backward(&dy, &mask)?;
             Ok(vec![y, mask, dx])
@@ -220,15 +220,15 @@ fn activations_replay_bitwise_equal_to_eager() {
 #[test]
 fn activations_reject_bad_input() {
     on_each_backend(|dev| {
-        let (x, gen) = (random(dev, &[10], 1)?, Generator::new(dev, 0)?);
+        let (x, rng) = (random(dev, &[10], 1)?, Generator::new(dev, 0)?);
         let short = random(dev, &[9], 2)?;
         expect_err("relu_backward shapes", ops::relu_backward(&short, &x), is_shape)?;
         expect_err("gelu_backward shapes", ops::gelu_backward(&x, &short, Gelu::Tanh), is_shape)?;
         expect_err("dropout_backward shapes", ops::dropout_backward(&x, &short), is_shape)?;
         for p in [1.0f32, 1.5, -0.1, f32::NAN] {
-            expect_err(&format!("dropout p = {p}"), ops::dropout(&x, p, &gen, true), is_invalid)?;
+            expect_err(&format!("dropout p = {p}"), ops::dropout(&x, p, &rng, true), is_invalid)?;
         }
-        assert_eq!(gen.seed_and_offset()?.1, 0, "a rejected dropout draws nothing");
+        assert_eq!(rng.seed_and_offset()?.1, 0, "a rejected dropout draws nothing");
         Ok(())
     });
 }

@@ -144,22 +144,22 @@ fn elementwise_ops_agree_bit_for_bit() {
 fn dropout_in_half_precision_matches_the_reference_mask() {
     on_each_backend(|dev| {
         for dtype in HALVES {
-            let gen = Generator::new(dev, 11)?;
+            let rng = Generator::new(dev, 11)?;
             let x = rand_as(dev, &[4099], 5, dtype)?;
-            let saved = gen.save()?;
-            let (y, mask) = ops::dropout(&x, 0.1, &gen, true)?;
+            let saved = rng.save()?;
+            let (y, mask) = ops::dropout(&x, 0.1, &rng, true)?;
             let mask = mask.expect("a mask in training");
             assert_eq!((y.dtype(), mask.dtype()), (dtype, dtype));
             let m = cpu::dropout_mask(11, 0, 4099, 0.1);
             bitwise_eq("dropout y", &y.to_vec()?, &rounded(dtype, &cpu::mul(&x.to_vec()?, &m)))?;
             bitwise_eq("dropout mask", &mask.to_vec()?, &rounded(dtype, &m))?;
-            gen.restore(&saved)?;
+            rng.restore(&saved)?;
             let dy = rand_as(dev, &[4099], 6, dtype)?;
             let dx = ops::dropout_backward(&dy, &mask)?;
             bitwise_eq("dropout_backward", &dx.to_vec()?, &rounded(dtype, &cpu::mul(&dy.to_vec()?, &mask.to_vec()?)))?;
             eager_vs_replay(dev, || {
-                gen.restore(&saved)?;
-                let (y, m) = ops::dropout(&x, 0.1, &gen, true)?;
+                rng.restore(&saved)?;
+                let (y, m) = ops::dropout(&x, 0.1, &rng, true)?;
                 Ok(vec![y, m.expect("mask")])
             })?;
         }
@@ -304,8 +304,8 @@ fn mixing_dtypes_without_a_cast_is_a_typed_error() {
         let labels = Tensor::from_slice_as(dev, &[0.0, 1.0, 2.0, 3.0], &[4], DType::BF16)?;
         let r = ops::softmax_cross_entropy(&a, &labels);
         expect_err("bf16 labels", r, |e| matches!(e, Error::DType { expected: DType::F32, .. }))?;
-        let gen = Generator::new(dev, 1)?;
-        expect_err("uniform_ into bf16", gen.uniform_(&a), |e| matches!(e, Error::DType { .. }))?;
+        let rng = Generator::new(dev, 1)?;
+        expect_err("uniform_ into bf16", rng.uniform_(&a), |e| matches!(e, Error::DType { .. }))?;
         // Nothing was queued: the inputs are unchanged and the ops still work.
         assert_eq!(ops::add(&a, &a)?.to_vec()?, rounded(DType::BF16, &cpu::add(&a.to_vec()?, &a.to_vec()?)));
         Ok(())

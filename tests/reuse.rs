@@ -93,7 +93,7 @@ fn train(dev: &Device, order: &[i32], mode: &str, chained: bool, reuse: bool) ->
     let sgd = Sgd::new(&params, SgdConfig { lr: 0.1, ..Default::default() })?;
     let mut runner = Runner::new(g, mode)?;
     for s in 0..STEPS {
-        out.extend(runner.step(dev, order, &d.xs[s], &d.dys[s])?);
+        out.extend(runner.step(order, &d.xs[s], &d.dys[s])?);
         sgd.step()?;
     }
     out.extend(params.iter().flat_map(|p| [p.value.to_vec(), p.grad.to_vec()]).collect::<Result<Vec<_>>>()?);
@@ -120,10 +120,10 @@ impl Runner {
     }
 
     /// One iteration; each microbatch's output and input grad.
-    fn step(&mut self, dev: &Device, order: &[i32], xs: &[Tensor], dys: &[Tensor]) -> Result<Vec<Vec<f32>>> {
+    fn step(&mut self, order: &[i32], xs: &[Tensor], dys: &[Tensor]) -> Result<Vec<Vec<f32>>> {
         let microbatches = xs.len();
         let g = match self {
-            Runner::PerCall(g) => return per_call(g, dev, order, xs, dys),
+            Runner::PerCall(g) => return per_call(g, order, xs, dys),
             Runner::Fused(g) => g,
             Runner::Sequence(seq) => seq.member_mut(0),
         };
@@ -151,15 +151,8 @@ impl Runner {
 }
 
 /// One iteration of per-call replays in `order`, passing each output (and grad) on.
-fn per_call(
-    g: &mut GraphedModules,
-    dev: &Device,
-    order: &[i32],
-    xs: &[Tensor],
-    dys: &[Tensor],
-) -> Result<Vec<Vec<f32>>> {
+fn per_call(g: &mut GraphedModules, order: &[i32], xs: &[Tensor], dys: &[Tensor]) -> Result<Vec<Vec<f32>>> {
     let microbatches = xs.len();
-    let mut cx = Cx::new(dev);
     let (mut hs, mut dhs) = (vec![None; microbatches], vec![None; microbatches]);
     let (mut ys, mut dxs) = (vec![Vec::new(); microbatches], vec![Vec::new(); microbatches]);
     let (mut f, mut bw) = ([0usize; 2], [0usize; 2]);
@@ -167,10 +160,10 @@ fn per_call(
         let c = e.unsigned_abs() as usize - 1;
         let m = if e > 0 { f[c] } else { bw[c] };
         match (e > 0, c) {
-            (true, 0) => hs[m] = g.forward(0, &mut cx, &[Some(xs[m].clone())])?.remove(0),
-            (true, _) => ys[m] = g.forward(1, &mut cx, &[hs[m].take()])?[0].as_ref().expect("y").to_vec()?,
-            (false, 1) => dhs[m] = g.backward(1, &mut cx, &[Some(dys[m].clone())])?.remove(0),
-            (false, _) => dxs[m] = g.backward(0, &mut cx, &[dhs[m].take()])?[0].as_ref().expect("dx").to_vec()?,
+            (true, 0) => hs[m] = g.forward(0, &[Some(xs[m].clone())])?.remove(0),
+            (true, _) => ys[m] = g.forward(1, &[hs[m].take()])?[0].as_ref().expect("y").to_vec()?,
+            (false, 1) => dhs[m] = g.backward(1, &[Some(dys[m].clone())])?.remove(0),
+            (false, _) => dxs[m] = g.backward(0, &[dhs[m].take()])?[0].as_ref().expect("dx").to_vec()?,
         }
         if e > 0 {
             f[c] += 1
@@ -209,35 +202,34 @@ fn handles_to_a_reused_buffer_go_stale() {
         assert_eq!((g.surface_sets(0), g.surface_sets(1)), (2, 2));
         assert!(g.outputs(0, 0)?[0].as_ref().expect("y").same_buffer(g.outputs(0, 2)?[0].as_ref().expect("y")));
         let d = data(dev, 4)?;
-        let mut cx = Cx::new(dev);
         let fwd = |g: &mut GraphedModules, c: usize, x: &Tensor| -> Result<Tensor> {
-            Ok(g.forward(c, &mut Cx::new(dev), &[Some(x.clone())])?.remove(0).expect("output"))
+            Ok(g.forward(c, &[Some(x.clone())])?.remove(0).expect("output"))
         };
         // Microbatches 0 and 1 through both chunks, then microbatch 0's backwards.
         let h0 = fwd(&mut g, 0, &d.xs[0][0])?;
         let y0 = fwd(&mut g, 1, &h0)?;
         let h1 = fwd(&mut g, 0, &d.xs[0][1])?;
         fwd(&mut g, 1, &h1)?;
-        let dh0 = g.backward(1, &mut cx, &[Some(d.dys[0][0].clone())])?.remove(0).expect("dh");
-        let dx0 = g.backward(0, &mut cx, &[Some(dh0.clone())])?.remove(0).expect("dx");
+        let dh0 = g.backward(1, &[Some(d.dys[0][0].clone())])?.remove(0).expect("dh");
+        let dx0 = g.backward(0, &[Some(dh0.clone())])?.remove(0).expect("dx");
         let (y0_value, dx0_value) = (y0.to_vec()?, dx0.to_vec()?);
         // Microbatch 2 reuses microbatch 0's buffers: its forwards overwrite h0 and y0.
         let h2 = fwd(&mut g, 0, &d.xs[0][2])?;
         assert!(matches!(h0.to_vec(), Err(Error::StaleTensor { .. })), "chunk 1's output of microbatch 0");
         // A refused call (a stale argument) changes nothing: the schedule goes on.
-        assert!(matches!(g.forward(1, &mut cx, &[Some(h0.clone())]), Err(Error::StaleTensor { .. })));
+        assert!(matches!(g.forward(1, &[Some(h0.clone())]), Err(Error::StaleTensor { .. })));
         let y2 = fwd(&mut g, 1, &h2)?;
         assert!(matches!(y0.to_vec(), Err(Error::StaleTensor { .. })), "chunk 2's output of microbatch 0");
         assert_ne!(y2.to_vec()?, y0_value);
         // Microbatch 1's backwards, then microbatch 2's overwrite microbatch 0's input grads.
-        let dh1 = g.backward(1, &mut cx, &[Some(d.dys[0][1].clone())])?.remove(0).expect("dh");
-        g.backward(0, &mut cx, &[Some(dh1)])?;
+        let dh1 = g.backward(1, &[Some(d.dys[0][1].clone())])?.remove(0).expect("dh");
+        g.backward(0, &[Some(dh1)])?;
         let h3 = fwd(&mut g, 0, &d.xs[0][3])?;
         fwd(&mut g, 1, &h3)?;
         assert_eq!(dx0.to_vec()?, dx0_value, "not overwritten yet");
-        let dh2 = g.backward(1, &mut cx, &[Some(d.dys[0][2].clone())])?.remove(0).expect("dh");
+        let dh2 = g.backward(1, &[Some(d.dys[0][2].clone())])?.remove(0).expect("dh");
         assert!(matches!(dh0.to_vec(), Err(Error::StaleTensor { .. })), "chunk 2's input grad of microbatch 0");
-        g.backward(0, &mut cx, &[Some(dh2)])?;
+        g.backward(0, &[Some(dh2)])?;
         assert!(matches!(dx0.to_vec(), Err(Error::StaleTensor { .. })), "chunk 1's input grad of microbatch 0");
         Ok(())
     });
@@ -310,7 +302,7 @@ fn a_fused_step_binds_each_microbatch_and_its_old_handles_go_stale() {
         assert!(matches!(y0.to_vec(), Err(Error::StaleTensor { .. })), "the next step overwrote it");
         // Per-call replays still run on the shared surfaces after fusing.
         let d = data(dev, 4)?;
-        let got = per_call(&mut g, dev, &order, &d.xs[0], &d.dys[0])?;
+        let got = per_call(&mut g, &order, &d.xs[0], &d.dys[0])?;
         assert_eq!(got.len(), 8);
         Ok(())
     });

@@ -213,11 +213,11 @@ fn nodes_dot_and_keep_graph() {
 #[test]
 fn rng_draws_fresh_numbers_per_replay_and_repeats_after_restore() {
     on_each_backend(|dev| {
-        let gen = Generator::new(dev, 1234)?;
+        let rng = Generator::new(dev, 1234)?;
         let out = Tensor::zeros(dev, &[1000])?;
-        let saved = gen.save()?;
+        let saved = rng.save()?;
         let mut g = Graph::new(dev);
-        g.capture(CaptureMode::Global, || gen.uniform_(&out))?;
+        g.capture(CaptureMode::Global, || rng.uniform_(&out))?;
         g.replay()?;
         let a = out.to_vec()?;
         g.replay()?;
@@ -226,22 +226,22 @@ fn rng_draws_fresh_numbers_per_replay_and_repeats_after_restore() {
         assert!(a.iter().all(|v| (0.0..1.0).contains(v)));
         let mean = a.iter().sum::<f32>() / a.len() as f32;
         assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
-        gen.restore(&saved)?;
+        rng.restore(&saved)?;
         g.replay()?;
         assert_eq!(out.to_vec()?, a, "restoring the state must repeat the draw");
-        assert_eq!(gen.seed_and_offset()?, (1234, 1000));
+        assert_eq!(rng.seed_and_offset()?, (1234, 1000));
 
         // Save and restore inside a capture: the graph redraws the same numbers each replay.
         let twice = Tensor::zeros(dev, &[2, 500])?;
         let first = twice.reshape(&[1000])?;
         let mut g2 = Graph::new(dev);
-        let slot = gen.save()?;
+        let slot = rng.save()?;
         let second = Tensor::zeros(dev, &[1000])?;
         g2.capture(CaptureMode::Global, || {
-            gen.save_into(&slot)?;
-            gen.uniform_(&first)?;
-            gen.restore(&slot)?;
-            gen.uniform_(&second)
+            rng.save_into(&slot)?;
+            rng.uniform_(&first)?;
+            rng.restore(&slot)?;
+            rng.uniform_(&second)
         })?;
         g2.replay()?;
         let (p, q) = (first.to_vec()?, second.to_vec()?);

@@ -116,7 +116,7 @@ fn run(dev: &Device, mode: &str) -> Result<Vec<Vec<f32>>> {
                 out.push(g.inner().grad_inputs(0, m)?[0].as_ref().expect("dx").to_vec()?);
             }
         } else {
-            out.extend(per_call(&mut g, &dev, &xs, &dys)?);
+            out.extend(per_call(&mut g, &xs, &dys)?);
         }
     }
     out.extend(grads(g.module_first())?);
@@ -125,32 +125,31 @@ fn run(dev: &Device, mode: &str) -> Result<Vec<Vec<f32>>> {
 }
 
 /// One iteration of `GraphedPipe::ORDER` through the typed per-chunk methods.
-fn per_call(g: &mut GraphedPipe, dev: &Device, xs: &[Tensor], dys: &[Tensor]) -> Result<Vec<Vec<f32>>> {
-    let mut cx = Cx::new(dev);
+fn per_call(g: &mut GraphedPipe, xs: &[Tensor], dys: &[Tensor]) -> Result<Vec<Vec<f32>>> {
     let (mut ys, mut dxs) = (Vec::new(), Vec::new());
     let (mut fwd, mut bwd) = ([0usize; 2], [0usize; 2]);
     for entry in GraphedPipe::ORDER {
         match *entry {
             OrderEntry::Forward(1) => {
-                g.forward_first(&mut cx, SplitInputs { x: xs[fwd[0]].clone() })?;
+                g.forward_first(SplitInputs { x: xs[fwd[0]].clone() })?;
                 fwd[0] += 1;
             }
             OrderEntry::Forward(_) => {
                 let h = g.inner().outputs(0, fwd[1])?.remove(0).expect("h");
-                ys.push(g.forward_second(&mut cx, SplitInputs { x: h })?.output_0.to_vec()?);
+                ys.push(g.forward_second(SplitInputs { x: h })?.output_0.to_vec()?);
                 fwd[1] += 1;
             }
             OrderEntry::Backward(2) => {
-                g.backward_second(&mut cx, SplitGradOutputs { dy: dys[bwd[1]].clone() })?;
+                g.backward_second(SplitGradOutputs { dy: dys[bwd[1]].clone() })?;
                 bwd[1] += 1;
             }
             OrderEntry::Backward(_) => {
                 let dh = g.inner().grad_inputs(1, bwd[0])?.remove(0).expect("dh");
-                dxs.push(g.backward_first(&mut cx, SplitGradOutputs { dy: dh })?.x.expect("dx").to_vec()?);
+                dxs.push(g.backward_first(SplitGradOutputs { dy: dh })?.x.expect("dx").to_vec()?);
                 bwd[0] += 1;
             }
-            OrderEntry::Wgrad(1) => g.backward_weights_first(&mut cx)?,
-            OrderEntry::Wgrad(_) => g.backward_weights_second(&mut cx)?,
+            OrderEntry::Wgrad(1) => g.backward_weights_first()?,
+            OrderEntry::Wgrad(_) => g.backward_weights_second()?,
         }
     }
     Ok(ys.into_iter().zip(dxs).flat_map(|(y, dx)| [y, dx]).collect())
@@ -204,14 +203,13 @@ fn run_long(dev: &Device, fused: Option<bool>) -> Result<Vec<Vec<f32>>> {
                 results[2 * m + 1] = g.grad_inputs(0, m)?[0].as_ref().expect("dx").to_vec()?;
             }
         } else {
-            let mut cx = Cx::new(dev);
             let (mut f, mut b) = ([0usize; 2], [0usize; 2]);
             for e in long_order() {
                 match e {
                     OrderEntry::Forward(c) => {
                         let m = f[c - 1];
                         let x = if c == 1 { xs[m].clone() } else { g.outputs(0, m)?.remove(0).expect("h") };
-                        let y = g.forward(c - 1, &mut cx, &[Some(x)])?.remove(0).expect("y");
+                        let y = g.forward(c - 1, &[Some(x)])?.remove(0).expect("y");
                         if c == 2 {
                             results[2 * m] = y.to_vec()?;
                         }
@@ -220,13 +218,13 @@ fn run_long(dev: &Device, fused: Option<bool>) -> Result<Vec<Vec<f32>>> {
                     OrderEntry::Backward(c) => {
                         let m = b[c - 1];
                         let d = if c == 2 { dys[m].clone() } else { g.grad_inputs(1, m)?.remove(0).expect("dh") };
-                        let dx = g.backward(c - 1, &mut cx, &[Some(d)])?.remove(0).expect("dx");
+                        let dx = g.backward(c - 1, &[Some(d)])?.remove(0).expect("dx");
                         if c == 1 {
                             results[2 * m + 1] = dx.to_vec()?;
                         }
                         b[c - 1] += 1;
                     }
-                    OrderEntry::Wgrad(c) => g.backward_weights(c - 1, &mut cx)?,
+                    OrderEntry::Wgrad(c) => g.backward_weights(c - 1)?,
                 }
             }
         }
@@ -292,31 +290,30 @@ fn misuse_is_a_typed_error_that_changes_nothing() {
     on_each_backend(|dev| {
         let dev = dev.clone();
         let mut g = runtime_form(&dev)?;
-        let mut cx = Cx::new(&dev);
         let x = random(&dev, &[B, H], 30)?.with_requires_grad(true);
         let dy = random(&dev, &[B, H], 40)?;
         let before = all_grads(&g)?;
         let pool = g.pool().stats();
-        assert!(matches!(g.backward_weights(1, &mut cx), Err(Error::NoPendingBackward { .. })));
-        assert!(matches!(g.backward_weights(0, &mut cx), Err(Error::NotDeferred { .. })));
-        assert!(matches!(g.backward_weights(2, &mut cx), Err(Error::ChunkOutOfRange { .. })));
+        assert!(matches!(g.backward_weights(1), Err(Error::NoPendingBackward { .. })));
+        assert!(matches!(g.backward_weights(0), Err(Error::NotDeferred { .. })));
+        assert!(matches!(g.backward_weights(2), Err(Error::ChunkOutOfRange { .. })));
         assert_eq!((all_grads(&g)?, g.pool().stats()), (before.clone(), pool), "a refused call changed something");
-        g.forward(0, &mut cx, &[Some(x.clone())])?;
-        g.forward(1, &mut cx, &[Some(x.clone())])?;
-        g.backward(1, &mut cx, &[Some(dy.clone())])?;
+        g.forward(0, &[Some(x.clone())])?;
+        g.forward(1, &[Some(x.clone())])?;
+        g.backward(1, &[Some(dy.clone())])?;
         // `w(2)` comes after `-1`: too early now.
-        assert!(matches!(g.backward_weights(1, &mut cx), Err(Error::ReplayOrder { .. })));
+        assert!(matches!(g.backward_weights(1), Err(Error::ReplayOrder { .. })));
         assert_eq!(all_grads(&g)?[2..], before[2..], "chunk 2's weight grads must not have run");
         assert_eq!(g.pool().stats(), pool, "a refused call changed the pool");
         // A fused step is refused while a weight grad is outstanding.
         g.fuse()?;
-        g.backward(0, &mut cx, &[Some(dy.clone())])?;
+        g.backward(0, &[Some(dy.clone())])?;
         let (grads_mid, pool_mid) = (all_grads(&g)?, g.pool().stats());
         assert!(matches!(g.step(), Err(Error::StepMidIteration { pending: 1, .. })));
         assert_eq!((all_grads(&g)?, g.pool().stats()), (grads_mid, pool_mid), "a refused step changed something");
-        g.backward_weights(1, &mut cx)?;
+        g.backward_weights(1)?;
         let after = all_grads(&g)?;
-        assert!(matches!(g.backward_weights(1, &mut cx), Err(Error::NoPendingBackward { .. })));
+        assert!(matches!(g.backward_weights(1), Err(Error::NoPendingBackward { .. })));
         assert_eq!(all_grads(&g)?, after, "a refused call ran weight grads");
         assert_ne!(after[2..], before[2..]);
         g.step()?;
@@ -364,9 +361,8 @@ fn without_wgrad_entries_a_split_module_is_unsplit() {
         let run = |module: Box<dyn Module>| -> Result<Vec<Vec<f32>>> {
             let mut g =
                 make_graphed(vec![module], vec![vec![vec![Some(xs[0].clone())]]], GraphOptions::new().warmup(1))?;
-            let mut cx = Cx::new(&dev);
-            let y = g.forward(0, &mut cx, &[Some(xs[0].clone())])?.remove(0).expect("y").to_vec()?;
-            let dx = g.backward(0, &mut cx, &[Some(dys[0].clone())])?.remove(0).expect("dx").to_vec()?;
+            let y = g.forward(0, &[Some(xs[0].clone())])?.remove(0).expect("y").to_vec()?;
+            let dx = g.backward(0, &[Some(dys[0].clone())])?.remove(0).expect("dx").to_vec()?;
             let m = g.into_modules().remove(0);
             Ok([vec![y, dx], grads(m.as_ref())?].concat())
         };
@@ -389,13 +385,12 @@ fn eager_calls_queue_their_weight_grads_too() {
         let samples = vec![vec![vec![Some(xs[0].clone())]]];
         let mut g = make_graphed(modules, samples, GraphOptions::new().warmup(1).order(order).inference())?;
         g.train();
-        let mut cx = Cx::new(&dev);
         let before = grads(g.module::<Split>(0).expect("split"))?;
-        g.forward(0, &mut cx, &[Some(xs[0].clone())])?;
-        let dx = g.backward(0, &mut cx, &[Some(dys[0].clone())])?.remove(0).expect("dx").to_vec()?;
+        g.forward(0, &[Some(xs[0].clone())])?;
+        let dx = g.backward(0, &[Some(dys[0].clone())])?.remove(0).expect("dx").to_vec()?;
         assert_eq!(grads(g.module::<Split>(0).expect("split"))?, before, "weight grads wait for w(1)");
-        g.backward_weights(0, &mut cx)?;
-        assert!(matches!(g.backward_weights(0, &mut cx), Err(Error::NoPendingBackward { .. })));
+        g.backward_weights(0)?;
+        assert!(matches!(g.backward_weights(0), Err(Error::NoPendingBackward { .. })));
 
         let mut reference = whole(&dev, 1)?;
         let mut rcx = Cx::new(&dev);

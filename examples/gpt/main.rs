@@ -14,9 +14,10 @@
 //! ETA, the validation loss every `--eval-every` steps, 200 sampled bytes at the end, and writes
 //! the loss curve as a PNG (`--plot`, default in the temp directory).
 //!
-//! `--mode`: `graphed` (default) captures the embedding, every block and the head as
-//! `#[graphed]` modules, odd blocks wrapped in `Checkpoint` (their activations recomputed inside
-//! the backward graph; `--no-checkpoint` keeps them), and the optimizer step as one more graph;
+//! `--mode`: `graphed` (default) captures the embedding, every block and the head (the chunks
+//! of one `#[graphed(chained)]` struct, `model::Gpt`), odd blocks checkpointed (their activations
+//! recomputed inside the backward graph; `--no-checkpoint` keeps them), and the optimizer step as
+//! one more graph;
 //! `fused` replays those graphs as one launch per step; `floor` captures the whole step as one
 //! graph; `eager` runs it op by op. All four train bit for bit alike (tests/gpt.rs).
 //! `pipeline` splits the model into two chunks (embedding + first half of the blocks, second

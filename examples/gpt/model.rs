@@ -1,8 +1,8 @@
-//! A decoder-only GPT (#13): byte tokens, learned positions, pre-norm blocks of RMSNorm +
-//! causal multi-head attention and RMSNorm + SwiGLU MLP with residuals, a final RMSNorm and an
-//! untied head. Each block is its own `#[graphed]` module, and so are the two ends (`ends.rs`:
-//! the embeddings, and the head with the loss). Shared by `examples/gpt/main.rs` and
-//! `tests/gpt.rs`.
+//! A decoder-only GPT: byte tokens, learned positions, pre-norm blocks of RMSNorm + causal
+//! multi-head attention and RMSNorm + SwiGLU MLP with residuals, a final RMSNorm and an untied
+//! head. Each block is its own `#[graphed]` module, and so are the two ends (`ends.rs`: the
+//! embeddings, and the head with the loss); the model is one `#[graphed(chained)]` struct of
+//! them, [`Gpt`]. Shared by `examples/gpt/main.rs` and `tests/gpt.rs`.
 #![allow(dead_code)]
 
 use graphed::ops;
@@ -174,10 +174,18 @@ impl Block {
     }
 }
 
-/// The whole model; `#[derive(Parameters)]` gives the optimizer every parameter by path.
+/// The whole model: the embedding, a stack of blocks and the head, chained (each chunk's
+/// output is the next one's input, in the same buffer). `#[graphed]` makes `Gpt::make_graphed`
+/// and `GraphedGpt`, whose `forward(GptInputs { ids }, GptExtraInputs { labels })` replays
+/// every chunk's forward graph and returns the loss, `backward(GptGradOutputs { dloss })`
+/// every backward graph, and `step(..)` both as one launch. Blocks 2, 4, ... (1-indexed)
+/// recompute their activations inside their backward graph unless the options say otherwise.
+/// `#[derive(Parameters)]` gives the optimizer every parameter by path.
+#[graphed(warmup = 2, chained)]
 #[derive(Parameters)]
 pub struct Gpt {
     pub embed: Embed,
+    #[graphed(checkpoint_every = 2)]
     pub blocks: Vec<Block>,
     pub head: Head,
 }

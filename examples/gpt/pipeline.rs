@@ -1,20 +1,17 @@
-//! The pipeline variant of the GPT (#13): two chunks, the embedding with the first half of the
-//! blocks and the second half with the head, over `MICROBATCHES` microbatches of the batch in an
+//! The pipeline variant of the GPT: two chunks, the embedding with the first half of the blocks
+//! and the second half with the head, over `MICROBATCHES` microbatches of the batch in an
 //! interleaved order (at most two microbatches in flight), as Megatron and Transformer Engine
 //! schedule pipeline chunks. Graphed, each (chunk, microbatch) gets its own graphs and the
-//! whole schedule replays as one launch; eager, the same calls run op by op in the same order,
-//! so both train bit for bit alike (tests/gpt.rs).
+//! whole schedule replays as one launch; eager, the same calls run op by op in the same order
+//! (`GraphedPipelinedGpt::ORDER`), so both train bit for bit alike (tests/gpt.rs).
 #![allow(dead_code)]
 
-use graphed::{graphed, Parameters};
-use graphed::{make_graphed, ops, Cx, Device, Error, GraphOptions, GraphedModules, Module, Param, Result, Tensor};
+use graphed::{graphed, ops, Cx, Device, Error, OrderEntry, Param, Parameters, Result, Tensor};
 
 use crate::model::{Block, Config, Embed, Gpt, Head};
 
 /// Microbatches per step.
-pub const MICROBATCHES: usize = 4;
-/// `+c` the forward of chunk `c` for its next microbatch, `-c` the backward of its oldest.
-pub const ORDER: [i32; 16] = [1, 2, 1, 2, -2, -1, 1, 2, -2, -1, 1, 2, -2, -1, -2, -1];
+pub const MICROBATCHES: usize = GraphedPipelinedGpt::MICROBATCHES;
 
 /// Chunk 1: token ids `[mb, context]` to the hidden state after the first half of the blocks.
 #[derive(Parameters)]
@@ -70,17 +67,26 @@ impl LastStage {
     }
 }
 
+/// The model as two pipeline stages, chained: the first stage's output is the last one's input.
+/// The schedule keeps at most two of the four microbatches in flight:
+/// `[1, 2, 1, 2, -2, -1, 1, 2, -2, -1, 1, 2, -2, -1, -2, -1]` (`GraphedPipelinedGpt::ORDER`).
+#[graphed(warmup = 2, chained, order = windowed(microbatches = 4, in_flight = 2))]
+pub struct PipelinedGpt {
+    pub first: FirstStage,
+    pub last: LastStage,
+}
+
 /// The two stages of a model.
-pub fn split(gpt: Gpt) -> (FirstStage, LastStage) {
+pub fn split(gpt: Gpt) -> PipelinedGpt {
     let Gpt { embed, mut blocks, head } = gpt;
     let second = blocks.split_off(blocks.len() / 2);
-    (FirstStage { embed, blocks }, LastStage { blocks: second, head })
+    PipelinedGpt { first: FirstStage { embed, blocks }, last: LastStage { blocks: second, head } }
 }
 
 /// The stages, eager or graphed.
 pub enum Stages {
-    Eager(Box<(FirstStage, LastStage)>),
-    Graphed(GraphedModules),
+    Eager(Box<PipelinedGpt>),
+    Graphed(GraphedPipelinedGpt),
 }
 
 /// The pipelined model: its stages and the per-microbatch inputs of one step.
@@ -98,22 +104,18 @@ impl Pipeline {
                 "the pipeline needs a batch divisible by {MICROBATCHES} and at least 2 layers"
             )));
         }
-        let (mut first, last) = split(gpt);
-        first.embed.cache_positions(cfg.batch / MICROBATCHES, cfg.context)?;
+        let mut stages = split(gpt);
+        stages.first.embed.cache_positions(cfg.batch / MICROBATCHES, cfg.context)?;
         let share = Tensor::full(dev, &[1], 1.0 / MICROBATCHES as f32)?;
         let stages = if graphed {
             let mb = cfg.batch / MICROBATCHES;
             let ids = Tensor::zeros(dev, &[mb, cfg.context])?;
-            let x = Tensor::zeros_as(dev, &[mb, cfg.context, cfg.d_model], cfg.dtype)?.with_requires_grad(true);
             let labels = Tensor::zeros(dev, &[mb * cfg.context])?;
-            let modules: Vec<Box<dyn Module>> = vec![Box::new(first), Box::new(last)];
-            let samples = vec![vec![vec![Some(ids)]], vec![vec![Some(x), Some(labels)]]];
-            let opts = GraphOptions::new().warmup(2).order(ORDER.to_vec()).chained(true);
-            let mut g = make_graphed(modules, samples, opts)?;
+            let mut g = stages.make_graphed(PipelinedGptInputs { ids }, PipelinedGptExtraInputs { labels })?;
             g.fuse()?;
             Stages::Graphed(g)
         } else {
-            Stages::Eager(Box::new((first, last)))
+            Stages::Eager(Box::new(stages))
         };
         Ok(Pipeline { stages, share })
     }
@@ -126,7 +128,7 @@ impl Pipeline {
         }
         let losses = match &mut self.stages {
             Stages::Graphed(g) => fused_step(g, batches, &self.share)?,
-            Stages::Eager(stages) => eager_step(&mut stages.0, &mut stages.1, batches, &self.share)?,
+            Stages::Eager(stages) => eager_step(&mut stages.first, &mut stages.last, batches, &self.share)?,
         };
         let mut total = losses[0].clone();
         for l in &losses[1..] {
@@ -143,28 +145,26 @@ impl Pipeline {
 
     pub fn stages(&self) -> Result<(&FirstStage, &LastStage)> {
         match &self.stages {
-            Stages::Eager(stages) => Ok((&stages.0, &stages.1)),
-            Stages::Graphed(g) => g
-                .module::<FirstStage>(0)
-                .zip(g.module::<LastStage>(1))
-                .ok_or_else(|| Error::msg("the pipeline's modules are not its stages")),
+            Stages::Eager(stages) => Ok((&stages.first, &stages.last)),
+            Stages::Graphed(g) => Ok((g.module_first(), g.module_last())),
         }
     }
 }
 
-/// The schedule as one launch: microbatch inputs copied into the static inputs first.
-fn fused_step(g: &mut GraphedModules, batches: &[(Tensor, Tensor)], share: &Tensor) -> Result<Vec<Tensor>> {
-    let missing = || Error::msg("a stage has fewer static surfaces than expected");
-    for (m, (ids, labels)) in batches.iter().enumerate() {
-        g.static_inputs(0, m)?[0].as_ref().ok_or_else(missing)?.copy_(ids)?;
-        g.static_inputs(1, m)?[1].as_ref().ok_or_else(missing)?.copy_(labels)?;
-        g.static_grad_outputs(1, m)?[0].as_ref().ok_or_else(missing)?.copy_(share)?;
-    }
-    g.step()?;
-    (0..MICROBATCHES).map(|m| g.outputs(1, m)?[0].clone().ok_or_else(missing)).collect()
+/// The schedule as one launch, each microbatch's ids, labels and loss grad in, its loss out.
+fn fused_step(g: &mut GraphedPipelinedGpt, batches: &[(Tensor, Tensor)], share: &Tensor) -> Result<Vec<Tensor>> {
+    let microbatch = |m: usize| {
+        let (ids, labels) = batches[m].clone();
+        (
+            PipelinedGptInputs { ids },
+            PipelinedGptExtraInputs { labels },
+            PipelinedGptGradOutputs { dloss: share.clone() },
+        )
+    };
+    Ok(g.step(std::array::from_fn(microbatch))?.into_iter().map(|out| out.output_0).collect())
 }
 
-/// `ORDER`, op by op.
+/// `GraphedPipelinedGpt::ORDER`, op by op.
 fn eager_step(
     first: &mut FirstStage,
     last: &mut LastStage,
@@ -175,9 +175,13 @@ fn eager_step(
     let mut cxs: Vec<[Cx; 2]> = (0..MICROBATCHES).map(|_| [Cx::new(&dev), Cx::new(&dev)]).collect();
     let (mut hidden, mut losses, mut grads) = (Vec::new(), Vec::new(), Vec::new());
     let (mut fwd, mut bwd) = ([0usize; 2], [0usize; 2]);
-    for e in ORDER {
-        let c = e.unsigned_abs() as usize - 1;
-        match (e > 0, c) {
+    for &e in GraphedPipelinedGpt::ORDER {
+        let (forward, c) = match e {
+            OrderEntry::Forward(c) => (true, c - 1),
+            OrderEntry::Backward(c) => (false, c - 1),
+            OrderEntry::Wgrad(_) => return Err(Error::msg("the pipeline's schedule has no w(c) entries")),
+        };
+        match (forward, c) {
             (true, 0) => hidden.push(first.forward(&mut cxs[fwd[0]][0], &batches[fwd[0]].0)?),
             (true, _) => losses.push(last.forward(&mut cxs[fwd[1]][1], &hidden[fwd[1]], &batches[fwd[1]].1)?),
             (false, 0) => {
@@ -188,7 +192,7 @@ fn eager_step(
                 grads.push(d.ok_or_else(|| Error::msg("no grad reached the first stage"))?);
             }
         }
-        if e > 0 {
+        if forward {
             fwd[c] += 1;
         } else {
             bwd[c] += 1;

@@ -4,10 +4,9 @@
 #![allow(dead_code)]
 
 use graphed::optim::{AdamW, AdamWConfig, MixedAdamW, WarmupCosine};
-use graphed::{make_graphed, CaptureMode, Checkpoint, Cx, DType, Device, Error, Graph, GraphOptions};
-use graphed::{GraphedModules, Module, Parameters, Result, Tensor};
+use graphed::{CaptureMode, Cx, DType, Device, Error, Graph, Parameters, Result, Tensor};
 
-use crate::model::{Block, Config, Embed, Gpt, Head, VOCAB};
+use crate::model::{Block, Config, Embed, Gpt, GptExtraInputs, GptGradOutputs, GptInputs, GraphedGpt, Head, VOCAB};
 use crate::pipeline::{Pipeline, Stages, MICROBATCHES};
 
 /// How a step runs.
@@ -86,7 +85,7 @@ impl Optimizer {
 /// The modules, as the mode runs them.
 pub enum Modules {
     Eager(Box<Gpt>),
-    Graphed(GraphedModules),
+    Graphed(GraphedGpt),
     Pipeline(Pipeline),
 }
 
@@ -130,27 +129,14 @@ impl Rng {
     }
 }
 
-/// The one output (or input grad) of a module call.
-fn first(v: Vec<Option<Tensor>>) -> Result<Tensor> {
-    v.into_iter().next().flatten().ok_or_else(|| Error::msg("a module returned no tensor"))
-}
-
-/// Graphs the model: the embedding, each block (odd ones checkpointed when asked) and the head,
-/// chained (each module's input *is* the previous one's output buffer), in one pool.
-fn graph_modules(dev: &Device, cfg: &Config, gpt: Gpt, checkpoint: bool) -> Result<GraphedModules> {
-    let Gpt { embed, blocks, head } = gpt;
+/// Graphs the model (`GraphedGpt`: the embedding, each block and the head, chained, in one
+/// pool); blocks 2, 4, ... recompute their activations in their backward unless `checkpoint` is
+/// off.
+fn graph_model(dev: &Device, cfg: &Config, gpt: Gpt, checkpoint: bool) -> Result<GraphedGpt> {
     let ids = Tensor::zeros(dev, &[cfg.batch, cfg.context])?;
-    let x = Tensor::zeros_as(dev, &[cfg.batch, cfg.context, cfg.d_model], cfg.dtype)?.with_requires_grad(true);
     let labels = Tensor::zeros(dev, &[cfg.batch * cfg.context])?;
-    let mut modules: Vec<Box<dyn Module>> = vec![Box::new(embed)];
-    let mut samples = vec![vec![vec![Some(ids)]]];
-    for (i, b) in blocks.into_iter().enumerate() {
-        modules.push(if checkpoint && i % 2 == 1 { Box::new(Checkpoint::new(b)) } else { Box::new(b) });
-        samples.push(vec![vec![Some(x.clone())]]);
-    }
-    modules.push(Box::new(head));
-    samples.push(vec![vec![Some(x), Some(labels)]]);
-    Ok(make_graphed(modules, samples, GraphOptions::new().warmup(2).chained(true))?)
+    let options = if checkpoint { GraphedGpt::options() } else { GraphedGpt::options().no_checkpoint() };
+    Ok(GraphedGpt::new(gpt, GptInputs { ids }, GptExtraInputs { labels }, options)?)
 }
 
 impl Trainer {
@@ -161,7 +147,7 @@ impl Trainer {
         let opt = Optimizer::new(&gpt, lr, cfg.dtype)?;
         let modules = match mode {
             Mode::Eager | Mode::Floor => Modules::Eager(Box::new(gpt)),
-            Mode::Graphed | Mode::Fused => Modules::Graphed(graph_modules(dev, &cfg, gpt, checkpoint)?),
+            Mode::Graphed | Mode::Fused => Modules::Graphed(graph_model(dev, &cfg, gpt, checkpoint)?),
             Mode::Pipeline | Mode::PipelineEager => {
                 Modules::Pipeline(Pipeline::new(dev, &cfg, gpt, mode == Mode::Pipeline)?)
             }
@@ -196,8 +182,8 @@ impl Trainer {
     /// The graph pool's reserved bytes (the modules' graphs, or the floor's graph; 0 eager).
     pub fn pool_bytes(&self) -> usize {
         match (&self.modules, &self.floor) {
-            (Modules::Graphed(g), _) => g.pool().stats().reserved,
-            (Modules::Pipeline(Pipeline { stages: Stages::Graphed(g), .. }), _) => g.pool().stats().reserved,
+            (Modules::Graphed(g), _) => g.inner().pool().stats().reserved,
+            (Modules::Pipeline(Pipeline { stages: Stages::Graphed(g), .. }), _) => g.inner().pool().stats().reserved,
             (_, Some(Floor { graph, loss: Some(_), .. })) => graph.pool().stats().reserved,
             _ => 0,
         }
@@ -212,10 +198,7 @@ impl Trainer {
                 let n = first.blocks.len();
                 Ok(if i < n { &first.blocks[i] } else { &last.blocks[i - n] })
             }
-            Modules::Graphed(g) => g
-                .module::<Block>(i + 1)
-                .or_else(|| g.module::<Checkpoint<Block>>(i + 1).map(Checkpoint::inner))
-                .ok_or_else(|| Error::msg(format!("block {i} is not a Block"))),
+            Modules::Graphed(g) => g.module_blocks(i).ok_or_else(|| Error::msg(format!("no block {i}"))),
         }
     }
 
@@ -223,7 +206,7 @@ impl Trainer {
         match &self.modules {
             Modules::Eager(m) => Ok(&m.embed),
             Modules::Pipeline(p) => Ok(&p.stages()?.0.embed),
-            Modules::Graphed(g) => g.module::<Embed>(0).ok_or_else(|| Error::msg("module 0 is not the embedding")),
+            Modules::Graphed(g) => Ok(g.module_embed()),
         }
     }
 
@@ -231,9 +214,7 @@ impl Trainer {
         match &self.modules {
             Modules::Eager(m) => Ok(&m.head),
             Modules::Pipeline(p) => Ok(&p.stages()?.1.head),
-            Modules::Graphed(g) => {
-                g.module::<Head>(self.cfg.layers + 1).ok_or_else(|| Error::msg("the last module is not the head"))
-            }
+            Modules::Graphed(g) => Ok(g.module_head()),
         }
     }
 
@@ -278,7 +259,7 @@ impl Trainer {
         }
     }
 
-    fn graphed(&mut self) -> Result<&mut GraphedModules> {
+    fn graphed(&mut self) -> Result<&mut GraphedGpt> {
         match &mut self.modules {
             Modules::Graphed(g) => Ok(g),
             _ => Err(Error::msg("the model is not graphed")),
@@ -297,32 +278,21 @@ impl Trainer {
         self.opt_graph.as_mut().map_or(Ok(()), Graph::replay)
     }
 
+    /// Every chunk's forward graph, then every backward graph, replayed one by one.
     fn graphed_step(&mut self, ids: &Tensor, labels: &Tensor) -> Result<Tensor> {
-        let (one, last) = (self.one.clone(), self.cfg.layers + 1);
+        let dloss = self.one.clone();
         let g = self.graphed()?;
-        let mut cxs: Vec<Cx> = (0..=last).map(|_| Cx::new(g.device())).collect();
-        let mut h = first(g.forward(0, &mut cxs[0], &[Some(ids.clone())])?)?;
-        for (i, cx) in cxs.iter_mut().enumerate().take(last).skip(1) {
-            h = first(g.forward(i, cx, &[Some(h)])?)?;
-        }
-        let loss = first(g.forward(last, &mut cxs[last], &[Some(h), Some(labels.clone())])?)?;
-        let mut d = first(g.backward(last, &mut cxs[last], &[Some(one)])?)?;
-        for (i, cx) in cxs.iter_mut().enumerate().take(last).skip(1).rev() {
-            d = first(g.backward(i, cx, &[Some(d)])?)?;
-        }
-        g.backward(0, &mut cxs[0], &[Some(d)])?;
+        let loss = g.forward(GptInputs { ids: ids.clone() }, GptExtraInputs { labels: labels.clone() })?.output_0;
+        g.backward(GptGradOutputs { dloss })?;
         Ok(loss)
     }
 
+    /// The same graphs as one launch.
     fn fused_step(&mut self, ids: &Tensor, labels: &Tensor) -> Result<Tensor> {
-        let (one, last) = (self.one.clone(), self.cfg.layers + 1);
+        let dloss = self.one.clone();
         let g = self.graphed()?;
-        first(g.static_inputs(0, 0)?)?.copy_(ids)?;
-        let head_inputs = g.static_inputs(last, 0)?;
-        head_inputs[1].as_ref().ok_or_else(|| Error::msg("the head has no labels input"))?.copy_(labels)?;
-        first(g.static_grad_outputs(last, 0)?)?.copy_(&one)?;
-        g.step()?;
-        first(g.outputs(last, 0)?)
+        let (inputs, extras) = (GptInputs { ids: ids.clone() }, GptExtraInputs { labels: labels.clone() });
+        Ok(g.step(inputs, extras, GptGradOutputs { dloss })?.output_0)
     }
 
     /// Eager steps in the floor graph's pool (so its blocks are there when the capture asks

@@ -21,19 +21,27 @@ mod tests;
 
 use proc_macro::TokenStream;
 
-/// Captures a module's forward and backward into CUDA graphs, or a struct of modules into one
-/// pipeline schedule. See the `graphed` crate's documentation for the full DSL.
+/// Captures a module's forward and backward into CUDA graphs, or a struct of modules (a whole
+/// model, a pipeline) into one schedule. See the `graphed` crate's README for the full DSL.
 ///
 /// On an inherent impl (`#[graphed(warmup = 3)] impl Block { fn forward ... fn backward ... }`)
 /// it implements `graphed::Module` for the type and generates the static surfaces
-/// (`BlockInputs`, `BlockOutputs`, `BlockGradOutputs`, `BlockGradInputs`), the typed wrapper
+/// (`BlockInputs`, `BlockOutputs`, `BlockGradOutputs`, `BlockGradInputs`, and
+/// `BlockExtraInputs` for the arguments after a first `&Tensor`), the typed wrapper
 /// `GraphedBlock` and `Block::make_graphed`. On a struct with named fields
 /// (`#[graphed(warmup = 3, order = [1, 2, -2, -1])] struct TwoStage { first: Block, second: Block }`)
-/// each field is a chunk and it generates `GraphedTwoStage` and `TwoStage::make_graphed`.
+/// the fields are the chunks, in order; a field `blocks: [Block; N]` or `blocks: Vec<Block>` is
+/// a stack of consecutive chunks. It generates `GraphedTwoStage` (per-field calls, `into_module`)
+/// and `TwoStage::make_graphed`; with `chained`, also the whole-model `forward`, `backward` and
+/// `step` and the aliases `TwoStageInputs`, `TwoStageExtraInputs`, `TwoStageOutputs`,
+/// `TwoStageGradOutputs`, `TwoStageGradInputs`.
 ///
-/// Keys: `warmup = N` (a positive integer, default 3), `order = [..]` (structs only),
-/// `allow_unused_input` (a flag, or `= bool`), `crate = "path"` (where the runtime is, default
-/// `::graphed`).
+/// Keys: `warmup = N` (a positive integer, default 3), `order = [..]` or `order =
+/// windowed(microbatches = M, in_flight = K)` (structs only), `chained` (structs only: chunk i's
+/// output is chunk i + 1's first input), `allow_unused_input` (a flag, or `= bool`), `crate =
+/// "path"` (where the runtime is, default `::graphed`). On a struct's field:
+/// `#[graphed(checkpoint)]` (recompute the chunk's forward inside its backward) or
+/// `#[graphed(checkpoint_every = k)]` (layers k, 2k, ... of a stack).
 ///
 /// Split backward: an impl may also define `fn backward_weights(&mut self, cx: &mut Cx) ->
 /// Result<()>` (recognised by name, like `forward` and `backward`). Then `backward` computes

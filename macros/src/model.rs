@@ -58,9 +58,6 @@ pub struct ModuleModel {
     pub vis: Visibility,
     pub self_ty: Type,
     pub ident: Ident,
-    /// The `cx` argument of forward: its name and type as written.
-    pub cx_name: Ident,
-    pub cx_ty: Type,
     pub inputs: Vec<TensorArg>,
     pub outputs: Returned,
     pub grad_outputs: Vec<TensorArg>,
@@ -70,22 +67,101 @@ pub struct ModuleModel {
     pub splits_backward: bool,
 }
 
-/// One chunk of `#[graphed] struct S { ... }`: a field.
-pub struct Chunk {
-    pub name: Ident,
-    pub ty: Type,
+/// How a field of `#[graphed] struct S { ... }` counts chunks.
+#[derive(Clone)]
+pub enum Stack {
+    /// `field: M`: one chunk.
+    Single,
+    /// `field: [M; N]`: N consecutive chunks; `len` when N is an integer literal.
+    Array { len_expr: syn::Expr, len: Option<usize> },
+    /// `field: Vec<M>`: as many consecutive chunks as it holds at construction.
+    Vec,
 }
 
-/// Everything `expand` needs for `#[graphed(order = [...])] struct S { ... }`.
+/// Which chunks of a field recompute their forward inside their backward.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Checkpointing {
+    None,
+    /// Every `k`-th layer (1-indexed layers k, 2k, ...); `1`: all (a single field's only one).
+    Every(usize),
+}
+
+/// One field of `#[graphed] struct S { ... }`: one chunk, or a stack of them.
+pub struct Field {
+    pub name: Ident,
+    /// The field's type as written.
+    pub ty: Type,
+    /// The module type of its chunks (the element type of a stack).
+    pub module: Type,
+    pub stack: Stack,
+    pub checkpoint: Checkpointing,
+}
+
+impl Field {
+    /// The number of chunks, when known at compile time.
+    pub fn fixed_len(&self) -> Option<usize> {
+        match &self.stack {
+            Stack::Single => Some(1),
+            Stack::Array { len, .. } => *len,
+            Stack::Vec => None,
+        }
+    }
+
+    /// Whether layer `layer` (0-indexed) of the field is checkpointed.
+    pub fn checkpoints(&self, layer: usize) -> bool {
+        match self.checkpoint {
+            Checkpointing::None => false,
+            Checkpointing::Every(k) => (layer + 1) % k == 0,
+        }
+    }
+}
+
+/// The schedule of a struct.
+pub enum Order {
+    /// A list, checked against the chunks at compile time: `+c` forward of chunk c, `-c` its
+    /// backward, `w(c)` its weight grads (a `windowed` schedule of a fixed layout is laid out
+    /// into one too).
+    List(Vec<Entry>),
+    /// `windowed(microbatches = M, in_flight = K)` over chunks counted at construction.
+    Windowed { in_flight: usize },
+}
+
+/// Everything `expand` needs for `#[graphed(...)] struct S { ... }`.
 pub struct StructModel {
     pub options: Options,
     pub vis: Visibility,
     pub ident: Ident,
-    pub chunks: Vec<Chunk>,
-    /// The schedule, when given: `+c` forward of chunk c, `-c` its backward, `w(c)` its
-    /// weight grads.
-    pub order: Option<Vec<Entry>>,
+    pub fields: Vec<Field>,
+    /// `chained`: chunk i's output is chunk i + 1's first input.
+    pub chained: bool,
+    pub order: Option<Order>,
     pub microbatches: usize,
+    /// Whether every microbatch's forwards and backwards run through all chunks back to back
+    /// (a chained struct then gets whole-model `forward` and `backward`).
+    pub whole_chains: bool,
+}
+
+impl StructModel {
+    /// The number of chunks, when every field's is known at compile time.
+    pub fn fixed_chunks(&self) -> Option<usize> {
+        self.fields.iter().map(Field::fixed_len).sum()
+    }
+
+    /// Each chunk's name (`blocks[2]` for a stack's layer) and field, for a fixed layout.
+    pub fn chunk_names(&self) -> Option<Vec<(String, usize, usize)>> {
+        let mut names = Vec::new();
+        for (index, field) in self.fields.iter().enumerate() {
+            match field.stack {
+                Stack::Single => names.push((field.name.to_string(), index, 0)),
+                _ => {
+                    for layer in 0..field.fixed_len()? {
+                        names.push((format!("{}[{layer}]", field.name), index, layer));
+                    }
+                }
+            }
+        }
+        Some(names)
+    }
 }
 
 /// What an `order` entry runs.

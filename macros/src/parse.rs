@@ -13,7 +13,10 @@ use syn::{Attribute, Expr, Ident, LitBool, LitStr, Meta, Token};
 use crate::ctxt::Ctxt;
 
 /// The keys `#[graphed(...)]` accepts, in the order error messages list them.
-pub const GRAPHED_KEYS: &[&str] = &["warmup", "order", "allow_unused_input", "crate"];
+pub const GRAPHED_KEYS: &[&str] = &["warmup", "order", "chained", "allow_unused_input", "crate"];
+
+/// The keys `#[graphed(...)]` accepts on a field of a `#[graphed]` struct.
+pub const FIELD_KEYS: &[&str] = &["checkpoint", "checkpoint_every"];
 
 /// The hook kinds `#[capture_time_hook(...)]` accepts, in the order they run.
 pub const HOOK_KINDS: &[&str] = &["pre_forward", "forward", "pre_backward", "backward"];
@@ -30,13 +33,38 @@ pub struct OrderList {
     pub entries: Vec<Expr>,
 }
 
+/// `order = windowed(microbatches = M, in_flight = K)`: the common pipeline schedule, laid out
+/// once the chunks are counted.
+pub struct Windowed {
+    /// The `windowed` word, for spans.
+    pub name: Ident,
+    pub microbatches: Option<Arg<Expr>>,
+    pub in_flight: Option<Arg<Expr>>,
+}
+
+/// What `order = ...` gives: a list of entries or a schedule by name.
+pub enum OrderArg {
+    List(OrderList),
+    Windowed(Box<Windowed>),
+}
+
 /// `#[graphed(...)]` as written.
 #[derive(Default)]
 pub struct GraphedArgs {
     pub warmup: Option<Arg<Expr>>,
-    pub order: Option<Arg<OrderList>>,
+    pub order: Option<Arg<OrderArg>>,
+    pub chained: Option<Arg<bool>>,
     pub allow_unused_input: Option<Arg<bool>>,
     pub krate: Option<Arg<LitStr>>,
+}
+
+/// `#[graphed(...)]` on a field of a `#[graphed]` struct, as written.
+#[derive(Default)]
+pub struct FieldArgs {
+    /// `checkpoint` (or `checkpoint = bool`).
+    pub checkpoint: Option<Arg<bool>>,
+    /// `checkpoint_every = k`.
+    pub checkpoint_every: Option<Arg<Expr>>,
 }
 
 /// Sets a key once; a second occurrence is an error on the second key (serde's `Attr::set`).
@@ -77,16 +105,56 @@ fn skip_value(input: ParseStream) -> syn::Result<()> {
     Ok(())
 }
 
-fn parse_order(input: ParseStream) -> syn::Result<OrderList> {
+fn parse_order(cx: &mut Ctxt, input: ParseStream) -> syn::Result<OrderArg> {
+    if input.peek(Ident) && input.peek2(syn::token::Paren) {
+        let fork = input.fork();
+        if fork.parse::<Ident>()? == "windowed" {
+            return parse_windowed(cx, input).map(|windowed| OrderArg::Windowed(Box::new(windowed)));
+        }
+    }
     if !input.peek(syn::token::Bracket) {
         return Err(input.error(
-            "`order` is a list of chunk numbers, `+c` a forward and `-c` a backward (and `w(c)` the weight grads of a chunk that splits its backward): `order = [1, 2, -2, -1]`",
+            "`order` is a list of chunk numbers, `+c` a forward and `-c` a backward (and `w(c)` the weight grads of a chunk that splits its backward): `order = [1, 2, -2, -1]`; or the schedule `windowed(microbatches = M, in_flight = K)`",
         ));
     }
     let content;
     let bracket = syn::bracketed!(content in input);
     let entries = Punctuated::<Expr, Token![,]>::parse_terminated(&content)?;
-    Ok(OrderList { bracket_span: bracket.span.join(), entries: entries.into_iter().collect() })
+    Ok(OrderArg::List(OrderList { bracket_span: bracket.span.join(), entries: entries.into_iter().collect() }))
+}
+
+/// `windowed(microbatches = M, in_flight = K)`.
+fn parse_windowed(cx: &mut Ctxt, input: ParseStream) -> syn::Result<Windowed> {
+    const KEYS: &[&str] = &["microbatches", "in_flight"];
+    let name: Ident = input.parse()?;
+    let content;
+    syn::parenthesized!(content in input);
+    let mut windowed = Windowed { name, microbatches: None, in_flight: None };
+    let parser = syn::meta::parser(|meta| {
+        let Some(key) = meta.path.get_ident().cloned() else {
+            return Err(meta.error(format_args!("expected one of {} in `windowed(...)`", list(KEYS))));
+        };
+        let slot = match key.to_string().as_str() {
+            "microbatches" => &mut windowed.microbatches,
+            "in_flight" => &mut windowed.in_flight,
+            _ => {
+                cx.error_spanned_by(
+                    &key,
+                    format_args!("unknown `windowed` argument `{key}`; expected one of {}", list(KEYS)),
+                );
+                return skip_value(meta.input);
+            }
+        };
+        let value: Expr = meta.value()?.parse()?;
+        if slot.is_some() {
+            cx.error_spanned_by(&key, format_args!("duplicate `{key}` in `windowed(...)`"));
+        } else {
+            *slot = Some(Arg { key, value });
+        }
+        Ok(())
+    });
+    parser.parse2(content.parse::<TokenStream>()?)?;
+    Ok(windowed)
 }
 
 /// Parses the arguments of `#[graphed(...)]`. Reports every unknown or duplicate key; a
@@ -101,8 +169,12 @@ pub fn graphed_args(cx: &mut Ctxt, tokens: TokenStream) -> GraphedArgs {
                 set_once(cx, &mut args.warmup, key, value);
             }
             "order" => {
-                let value = parse_order(meta.value()?)?;
+                let value = parse_order(cx, meta.value()?)?;
                 set_once(cx, &mut args.order, key, value);
+            }
+            "chained" => {
+                let value = if meta.input.peek(Token![=]) { meta.value()?.parse::<LitBool>()?.value } else { true };
+                set_once(cx, &mut args.chained, key, value);
             }
             "allow_unused_input" => {
                 let value = if meta.input.peek(Token![=]) { meta.value()?.parse::<LitBool>()?.value } else { true };
@@ -126,6 +198,61 @@ pub fn graphed_args(cx: &mut Ctxt, tokens: TokenStream) -> GraphedArgs {
         cx.syn_error(error);
     }
     args
+}
+
+/// Whether an attribute is `#[graphed(...)]` (any path ending in that name).
+pub fn is_graphed_attr(attr: &Attribute) -> bool {
+    attr.path().segments.last().is_some_and(|segment| segment.ident == "graphed")
+}
+
+/// Parses the `#[graphed(...)]` attributes of one field of a `#[graphed]` struct.
+pub fn field_args(cx: &mut Ctxt, attrs: &[Attribute]) -> FieldArgs {
+    let mut args = FieldArgs::default();
+    for attr in attrs.iter().filter(|attr| is_graphed_attr(attr)) {
+        if let Meta::Path(path) = &attr.meta {
+            cx.error_spanned_by(
+                path,
+                format_args!("#[graphed] on a field takes one of {}: `#[graphed(checkpoint)]`", list(FIELD_KEYS)),
+            );
+            continue;
+        }
+        let result = attr.parse_nested_meta(|meta| {
+            let Some(key) = meta.path.get_ident().cloned() else {
+                return Err(meta.error(format_args!("expected one of {} as a field key", list(FIELD_KEYS))));
+            };
+            match key.to_string().as_str() {
+                "checkpoint" => {
+                    let value = if meta.input.peek(Token![=]) { meta.value()?.parse::<LitBool>()?.value } else { true };
+                    set_field_once(cx, &mut args.checkpoint, key, value);
+                }
+                "checkpoint_every" => {
+                    let value: Expr = meta.value()?.parse()?;
+                    set_field_once(cx, &mut args.checkpoint_every, key, value);
+                }
+                _ => {
+                    cx.error_spanned_by(
+                        &key,
+                        format_args!("unknown #[graphed] field key `{key}`; expected one of {}", list(FIELD_KEYS)),
+                    );
+                    skip_value(meta.input)?;
+                }
+            }
+            Ok(())
+        });
+        if let Err(error) = result {
+            cx.syn_error(error);
+        }
+    }
+    args
+}
+
+/// As [`set_once`], for field keys.
+fn set_field_once<T>(cx: &mut Ctxt, slot: &mut Option<Arg<T>>, key: Ident, value: T) {
+    if slot.is_some() {
+        cx.error_spanned_by(&key, format_args!("duplicate `{key}` key in the field's #[graphed]"));
+    } else {
+        *slot = Some(Arg { key, value });
+    }
 }
 
 /// The kind of a capture-time hook, as `graphed::HookKind` names it.

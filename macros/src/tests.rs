@@ -101,6 +101,57 @@ fn two_stage_schedule() {
 }
 
 #[test]
+fn chained_model() {
+    let expansion = snapshot(
+        quote!(warmup = 2, chained),
+        quote! {
+            pub struct Gpt {
+                pub embed: Embed,
+                #[graphed(checkpoint_every = 2)]
+                pub blocks: Vec<Block>,
+                pub head: Head,
+            }
+        },
+    );
+    expect_test::expect_file!["../tests/snapshots/chained_model.rs"].assert_eq(&expansion);
+    let code = expansion.split("// Expansion:").nth(1).unwrap_or_default();
+    assert!(!code.lines().any(|line| line.trim_start().starts_with("#[graphed")), "field attributes are consumed");
+}
+
+#[test]
+fn a_renamed_crate_reaches_every_path_of_a_model() {
+    let tokens = expand::graphed(
+        quote!(crate = "renamed", chained, order = [1, 2, 3, -3, -2, -1, w(2)]),
+        quote! {
+            struct M {
+                a: A,
+                #[graphed(checkpoint)]
+                b: [B; 1],
+                c: C,
+            }
+        },
+    );
+    let code = pretty(tokens);
+    assert!(!code.contains("::graphed"), "{code}");
+    assert!(code.contains("renamed::__private::chain_link::<B>"), "{code}");
+}
+
+#[test]
+fn fixed_stack_pipeline() {
+    let expansion = snapshot(
+        quote!(chained, order = windowed(microbatches = 2, in_flight = 1)),
+        quote! {
+            struct Stages {
+                #[graphed(checkpoint)]
+                first: Stage,
+                rest: [Stage; 2],
+            }
+        },
+    );
+    expect_test::expect_file!["../tests/snapshots/fixed_stack_pipeline.rs"].assert_eq(&expansion);
+}
+
+#[test]
 fn wgrad_schedule() {
     let expansion = snapshot(
         quote!(order = [1, 2, -2, -1, w(2), w(1)]),
@@ -182,7 +233,10 @@ fn order_errors(order: TokenStream) -> Vec<String> {
 fn valid_items_have_no_errors() {
     assert_eq!(errors(quote!(warmup = 3), ok_impl()), Vec::<String>::new());
     assert_eq!(order_errors(quote!([1, 2, -2, -1])), Vec::<String>::new());
-    assert_eq!(order_errors(quote!([1, -1, 2, -2, 1, 2, -1, -2])), Vec::<String>::new());
+    assert_eq!(order_errors(quote!([1, 2, -2, -1, 1, 2, -2, -1])), Vec::<String>::new());
+    let broken = order_errors(quote!([1, -1, 2, -2]));
+    assert_eq!(broken.len(), 1, "{broken:#?}");
+    assert!(broken[0].starts_with("`-1` breaks the data flow"), "{broken:#?}");
 }
 
 #[test]
@@ -208,6 +262,52 @@ fn order_checks() {
     assert!(one(quote!([])).starts_with("`order` has 0 entries"));
     assert!(one(quote!([1, 2, -2, -1, 1, 2, -2, 1])).contains("chunk 1 (`a`) has 3 forwards and 1 backward"));
     assert!(one(quote!([1, x, -1, 2, -2])).starts_with("an `order` entry is a chunk number"));
+}
+
+#[test]
+fn stack_and_field_checks() {
+    let errors_of = |args: TokenStream, fields: TokenStream| errors(args, quote!(struct S { #fields }));
+    let one = |args: TokenStream, fields: TokenStream| {
+        let messages = errors_of(args, fields);
+        assert_eq!(messages.len(), 1, "{messages:#?}");
+        messages.into_iter().next().unwrap_or_default()
+    };
+    // A fixed stack's layers are chunks: 2 + 3 here.
+    assert_eq!(
+        errors_of(quote!(order = [1, 2, 3, 4, 5, -5, -4, -3, -2, -1]), quote!(a: A, b: [B; 4])),
+        Vec::<String>::new()
+    );
+    let past = errors_of(quote!(order = [1, 2, 3, -3, -2, -1, 4, -4]), quote!(a: A, b: [B; 2]));
+    assert!(
+        past.iter().all(|m| m.contains("chunk 4 is out of range: this struct has 3 chunks (`a`, `b[0]`, `b[1]`)")),
+        "{past:#?}"
+    );
+    assert!(one(quote!(order = [1, -1]), quote!(a: A, b: Vec<B>)).contains("counted only at construction"));
+    assert!(one(quote!(order = [1, -1]), quote!(a: A, b: [B; N])).contains("counted only at construction"));
+    assert_eq!(
+        errors_of(quote!(order = windowed(microbatches = 4, in_flight = 2)), quote!(a: A, b: Vec<B>)),
+        Vec::<String>::new()
+    );
+    assert!(one(quote!(order = windowed(microbatches = 4)), quote!(a: A)).contains("`windowed` needs `in_flight = N`"));
+    assert!(one(quote!(order = windowed(microbatches = 0, in_flight = 1)), quote!(a: A))
+        .contains("`microbatches` is a positive integer"));
+    assert!(one(quote!(order = windowed(microbatches = 1, in_flight = 1, depth = 2)), quote!(a: A))
+        .starts_with("unknown `windowed` argument `depth`"));
+    assert!(one(quote!(), quote!(b: [B; 0])).starts_with("the stack `b` is empty"));
+    assert!(one(quote!(chained), quote!(a: A)).contains("this struct has one chunk"));
+    assert_eq!(errors_of(quote!(chained), quote!(a: Vec<A>)), Vec::<String>::new());
+    assert!(
+        one(quote!(), quote!(#[graphed(checkpoint_every = 2)] a: A)).starts_with("`checkpoint_every` is for a stack")
+    );
+    assert!(one(quote!(), quote!(#[graphed(checkpoint, checkpoint_every = 2)] a: Vec<A>)).contains("keep one"));
+    assert!(one(quote!(), quote!(#[graphed(checkpoint, checkpoint)] a: A)).starts_with("duplicate `checkpoint`"));
+    assert!(one(quote!(), quote!(#[graphed] a: A)).contains("takes one of `checkpoint`, `checkpoint_every`"));
+    // A checkpointed chunk has no separate weight grads.
+    let w = one(quote!(order = [1, 2, -2, -1, w(2)]), quote!(a: A, #[graphed(checkpoint_every = 1)] b: [B; 1]));
+    assert!(w.starts_with("`w(2)`: chunk 2 (`b[0]`) is checkpointed"), "{w}");
+    // Data flow through a stack.
+    let flow = one(quote!(order = [1, 3, 2, -3, -2, -1]), quote!(a: [A; 3]));
+    assert!(flow.starts_with("`3` breaks the data flow: the forward of chunk 3 (`a[2]`)"), "{flow}");
 }
 
 #[test]

@@ -220,6 +220,25 @@ pub enum Error {
         /// Which input.
         slot: Slot,
     },
+    /// A sample of a `#[graphed]` struct's chunk whose input grad the previous chunk's
+    /// backward needs, but which does not require a grad (its backward would return `None`).
+    #[error("graphed struct: the sample of chunk {chunk} (`{module}`) input {input} does not require a grad, but chunk {prev}'s backward needs that grad; give it `.with_requires_grad(true)` (a chained struct infers it)", prev = chunk - 1)]
+    SampleNeedsGrad {
+        /// The chunk's module.
+        module: String,
+        /// The chunk, 1-indexed as in `order`.
+        chunk: usize,
+        /// Which input of its forward (0-indexed).
+        input: usize,
+    },
+    /// A `#[graphed]` struct built with an empty stack (`Vec<M>` field) where a chunk is needed.
+    #[error("graphed struct `{module}`: the stack `{field}` is empty; a stack holds at least one layer")]
+    EmptyStack {
+        /// The struct.
+        module: String,
+        /// The `Vec` field.
+        field: String,
+    },
     /// A backward with no forward outstanding for the chunk.
     #[error("graphed module `{module}`: backward without an outstanding forward")]
     NoPendingForward {

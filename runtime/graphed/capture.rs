@@ -46,7 +46,7 @@ pub fn make_graphed(
     // (a typed error on every rank otherwise, before anything runs). A rank whose own
     // arguments are refused takes part all the same, so its peers hear of it at once.
     let agreed = crate::dist::check_schedules(&modules, &options, has_backward, validated.is_ok());
-    let (device, schedule) = match (validated, agreed) {
+    let (device, schedule, checkpointed) = match (validated, agreed) {
         (Ok(v), Ok(())) => v,
         (Err(e), _) | (Ok(_), Err(e)) => return Err(CaptureError::new(e, modules)),
     };
@@ -78,7 +78,8 @@ pub fn make_graphed(
         training: options.training,
         wgrad: Default::default(),
         modules,
-        config: Box::new(Config::new(options, schedule.clone(), plan)),
+        config: Box::new(Config::new(options, schedule.clone(), plan, checkpointed)),
+        chain_slots: Vec::new(),
     };
     let captured = device.with_pool(&pool, || -> Result<()> {
         g.make_surfaces(&samples, schedule.microbatches())?;
@@ -153,13 +154,14 @@ impl GradSnapshot {
     }
 }
 
-/// Everything `make_graphed` can check before it runs anything: the device and the schedule.
+/// Everything `make_graphed` can check before it runs anything: the device, the schedule and
+/// which chunks are checkpointed.
 fn validate(
     modules: &Modules,
     samples: &Samples,
     options: &GraphOptions,
     has_backward: bool,
-) -> Result<(Device, Schedule)> {
+) -> Result<(Device, Schedule, Vec<bool>)> {
     let chunks = modules.len();
     if chunks == 0 {
         return Err(Error::invalid("make_graphed", "no modules"));
@@ -196,7 +198,22 @@ fn validate(
         }
     }
     let schedule = Schedule::new(options.order.as_deref(), chunks, has_backward)?;
-    super::wgrad::check_splits(modules, &schedule)?;
+    if options.chained {
+        schedule.check_chained_flow()?;
+    }
+    let mut checkpointed = vec![false; chunks];
+    for &c in options.checkpoint.iter().flatten() {
+        match checkpointed.get_mut(c.wrapping_sub(1)) {
+            Some(flag) => *flag = true,
+            None => {
+                return Err(Error::invalid(
+                    "make_graphed",
+                    format!("checkpoint: chunk {c} does not exist (chunks are 1..={chunks})"),
+                ))
+            }
+        }
+    }
+    super::wgrad::check_splits(modules, &schedule, &checkpointed)?;
     for (c, (m, s)) in modules.iter().zip(samples).enumerate() {
         if s.is_empty() || (s.len() != 1 && s.len() != schedule.microbatches()) {
             return Err(Error::invalid(
@@ -213,7 +230,7 @@ fn validate(
             }
         }
     }
-    Ok((device, schedule))
+    Ok((device, schedule, checkpointed))
 }
 
 /// What one forward of an iteration left for its backward: its context and outputs.
@@ -312,7 +329,8 @@ impl GraphedModules {
                     let outs = match phase {
                         Phase::WarmUp => {
                             let mut cx = cx.clone();
-                            let outs = self.modules[c].forward(&mut cx, &inputs)?;
+                            let ck = self.config.checkpointed[c];
+                            let outs = crate::checkpoint::forward_of(self.modules[c].as_ref(), ck, &mut cx, &inputs)?;
                             done[c][m] = Some((cx, outs.clone()));
                             outs
                         }
@@ -337,7 +355,8 @@ impl GraphedModules {
                         Phase::WarmUp => {
                             let grads = self.warm_up_grad_outputs(c, m, &outs)?;
                             let mut cx = cx.clone();
-                            super::wgrad::run_backward(self.modules[c].as_mut(), &mut cx, &grads, deferred)?;
+                            let ck = self.config.checkpointed[c];
+                            super::wgrad::run_backward(self.modules[c].as_mut(), &mut cx, &grads, deferred, ck)?;
                             cx
                         }
                         Phase::Capture => self.capture_backward(c, m, cx)?,
@@ -391,10 +410,11 @@ impl GraphedModules {
         let slot = self.slot_of(c, m, |s| &s.outputs);
         self.pool.begin_tracking();
         let module = &self.modules[c];
+        let checkpointed = self.config.checkpointed[c];
         let s = &mut self.surfaces[c][m];
         let captured = s.forward.capture(mode, || {
             let mut cx = cx_template.clone();
-            let outs = module.forward(&mut cx, &inputs)?;
+            let outs = crate::checkpoint::forward_of(module.as_ref(), checkpointed, &mut cx, &inputs)?;
             Ok((cx, adopt(outs, &slot)?))
         });
         s.forward_writes = self.pool.end_tracking();
@@ -423,10 +443,10 @@ impl GraphedModules {
         let name = module.name();
         let s = &mut self.surfaces[c][m];
         graph.set_label(format!("{} backward", s.label));
-        let deferred = self.config.schedule.defers(c);
+        let (deferred, checkpointed) = (self.config.schedule.defers(c), self.config.checkpointed[c]);
         let captured = graph.capture(mode, || {
             let mut cx = cx_template.clone();
-            let grads = super::wgrad::run_backward(module.as_mut(), &mut cx, &grad_outputs, deferred)?;
+            let grads = super::wgrad::run_backward(module.as_mut(), &mut cx, &grad_outputs, deferred, checkpointed)?;
             Ok((cx, adopt(grads, &slot)?))
         });
         s.backward_writes = self.pool.end_tracking();

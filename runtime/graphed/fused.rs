@@ -141,11 +141,21 @@ impl GraphedModules {
     /// graph now. Afterwards every handle an earlier call returned is stale, as after the
     /// per-call replays the step stands for.
     pub fn step(&mut self) -> Result<()> {
+        self.step_copying(&[])
+    }
+
+    /// [`GraphedModules::step`], with `copies` (destination, source) made into the bound
+    /// buffers once the step is known to be allowed, just before the launch.
+    pub(super) fn step_copying(&mut self, copies: &[(Tensor, Tensor)]) -> Result<()> {
         let Some(mut fused) = self.config.fused.take() else {
             let module = self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
             return Err(Error::NotFused { module });
         };
-        let result = fused.step(&[&*self]);
+        let members = [&*self];
+        let result = fused.check(&members).and_then(|tickets| {
+            copies.iter().try_for_each(|(dst, src)| dst.copy_(src))?;
+            fused.launch(tickets, &members)
+        });
         self.config.fused = Some(fused);
         result
     }
@@ -202,6 +212,38 @@ impl GraphedModules {
         let b = self.config.staging.as_ref().and_then(|st| st.bound(chunk, microbatch)).map(bound);
         let pick = |i: usize, t: &Option<Tensor>| b.and_then(|b| b.get(i).cloned().flatten()).or_else(|| t.clone());
         Ok(s.iter().enumerate().map(|(i, t)| pick(i, t).as_ref().map(Tensor::refreshed)).collect())
+    }
+
+    /// Checks `given` against slots `from..` of one part of the step's buffers of (chunk,
+    /// microbatch) (bound where the step has its own, as [`GraphedModules::static_inputs`]
+    /// hands out), adding the copies a step needs to `copies`; allocates nothing else.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn check_step_slots(
+        &self,
+        (chunk, microbatch): (usize, usize),
+        kind: crate::SlotKind,
+        part: impl Fn(&Surface) -> &Vec<Option<Tensor>>,
+        bound: impl Fn(&Bound) -> &Vec<Option<Tensor>>,
+        from: usize,
+        given: &[Option<Tensor>],
+        copies: &mut Vec<(Tensor, Tensor)>,
+    ) -> Result<()> {
+        let surface = self.surface_checked(chunk, microbatch)?;
+        let (s, label) = (part(surface), &surface.label);
+        if from + given.len() != s.len() {
+            let (expected, got) = (s.len(), from + given.len());
+            return Err(Error::Arity { module: label.clone(), kind, expected, got });
+        }
+        let b = self.config.staging.as_ref().and_then(|st| st.bound(chunk, microbatch)).map(bound);
+        for (i, x) in given.iter().enumerate() {
+            let index = from + i;
+            let st = b.and_then(|b| b.get(index)).filter(|t| t.is_some()).unwrap_or(&s[index]);
+            let slot = crate::Slot { kind, index };
+            if let Some((x, st)) = super::replay::check_slot(label, slot, x, st, false)? {
+                copies.push((st.refreshed(), x.clone()));
+            }
+        }
+        Ok(())
     }
 
     /// The static inputs of (chunk, microbatch): write a step's inputs into them (`copy_`,

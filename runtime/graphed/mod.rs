@@ -7,6 +7,8 @@
 //!   capture restores the RNG, frees its pool and hands the modules back.
 //! - `replay`: graphed forward and backward calls, each checked completely before it copies,
 //!   queues or launches anything.
+//! - `chain`: one microbatch through every chunk of a chained capture in one call (forward,
+//!   backward, the fused step on per-microbatch inputs).
 //! - `fused`: the whole schedule as one launch (`fuse`, `step`) on bound static buffers.
 //! - `reuse`: which microbatches share static surfaces (`GraphOptions::reuse_buffers`).
 //! - `staging`: a fused step's own per-microbatch buffers where microbatches share surfaces.
@@ -16,6 +18,7 @@
 
 mod capture;
 mod capture_error;
+mod chain;
 mod clobbers;
 mod fused;
 mod options;
@@ -88,6 +91,8 @@ pub struct GraphedModules {
     wgrad: wgrad::Wgrad,
     /// What the capture was made with and of, boxed so `GraphedModules` stays small.
     config: Box<Config>,
+    /// The last chunk's inputs of a whole-chain forward, kept to be reused (see `chain`).
+    chain_slots: Vec<Option<Tensor>>,
 }
 
 /// The settled facts of a capture.
@@ -102,11 +107,27 @@ struct Config {
     plan: reuse::SlotPlan,
     /// The fused step's per-microbatch buffers, built with it when surfaces are shared.
     staging: Option<staging::Staging>,
+    /// Per chunk: whether its forward is recomputed inside its backward
+    /// (`GraphOptions::checkpoint`).
+    checkpointed: Vec<bool>,
+    /// Whether the schedule runs each microbatch through all chunks back to back, forwards
+    /// and backwards (the whole-chain calls of `chain` need it).
+    whole_chains: bool,
 }
 
 impl Config {
-    fn new(options: GraphOptions, schedule: Schedule, plan: reuse::SlotPlan) -> Config {
-        Config { options, capture_time: Duration::ZERO, schedule, fused: None, plan, staging: None }
+    fn new(options: GraphOptions, schedule: Schedule, plan: reuse::SlotPlan, checkpointed: Vec<bool>) -> Config {
+        let whole_chains = schedule.runs_whole_chains();
+        Config {
+            options,
+            capture_time: Duration::ZERO,
+            schedule,
+            fused: None,
+            plan,
+            staging: None,
+            checkpointed,
+            whole_chains,
+        }
     }
 }
 
@@ -184,6 +205,12 @@ impl GraphedModules {
     pub fn module_mut<T: Module>(&mut self, chunk: usize) -> Option<&mut T> {
         let m: &mut dyn std::any::Any = self.modules.get_mut(chunk)?.as_mut();
         m.downcast_mut::<T>()
+    }
+
+    /// Whether `chunk` (0-indexed) recomputes its forward inside its backward
+    /// (`GraphOptions::checkpoint`, or a `#[graphed]` struct's checkpointed fields).
+    pub fn is_checkpointed(&self, chunk: usize) -> bool {
+        self.config.checkpointed.get(chunk).copied().unwrap_or(false)
     }
 
     /// The pool all graphs share.

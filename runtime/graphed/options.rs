@@ -22,6 +22,8 @@ pub struct GraphOptions {
     pub(crate) pool: Option<GraphPool>,
     pub(crate) pool_limit: Option<usize>,
     pub(crate) reuse_buffers: bool,
+    /// 1-indexed chunks whose forward is recomputed inside their backward; `None`: not set.
+    pub(crate) checkpoint: Option<Vec<usize>>,
 }
 
 impl Default for GraphOptions {
@@ -37,6 +39,7 @@ impl Default for GraphOptions {
             pool: None,
             pool_limit: None,
             reuse_buffers: true,
+            checkpoint: None,
         }
     }
 }
@@ -63,6 +66,10 @@ impl GraphOptions {
         self.order = Some(order.into_iter().map(Into::into).collect());
         self
     }
+    /// The schedule given with [`GraphOptions::order`], if any.
+    pub fn order_entries(&self) -> Option<&[OrderEntry]> {
+        self.order.as_deref()
+    }
     /// Allow inputs that need a grad to get none from backward.
     pub fn allow_unused_input(mut self, allow: bool) -> Self {
         self.allow_unused_input = allow;
@@ -84,6 +91,37 @@ impl GraphOptions {
     pub fn chained(mut self, chained: bool) -> Self {
         self.chained = chained;
         self
+    }
+    /// Whether the chunks are chained (see [`GraphOptions::chained`]).
+    pub fn is_chained(&self) -> bool {
+        self.chained
+    }
+    /// Activation checkpointing for these chunks (1-indexed, as in `order`): each one's forward
+    /// saves only its inputs and the device RNG state, and its backward recomputes the forward
+    /// first (captured into the backward graph, with the forward's random numbers reproduced),
+    /// exactly as wrapping the module in [`crate::Checkpoint`] does, but the module stays itself
+    /// ([`crate::GraphedModules::module`] finds it by its own type). A checkpointed chunk runs
+    /// its whole backward at once, so `w(c)` entries for it are refused. Replaces any earlier
+    /// list; a `#[graphed]` struct's `checkpoint` field attributes give the default.
+    ///
+    /// ```
+    /// use graphed::GraphOptions;
+    /// let opts = GraphOptions::new().checkpoint([2, 4]);
+    /// assert_eq!(opts.checkpointed_chunks(), Some(&[2, 4][..]));
+    /// assert_eq!(GraphOptions::new().no_checkpoint().checkpointed_chunks(), Some(&[][..]));
+    /// ```
+    pub fn checkpoint(mut self, chunks: impl IntoIterator<Item = usize>) -> Self {
+        self.checkpoint = Some(chunks.into_iter().collect());
+        self
+    }
+    /// No chunk is checkpointed, whatever a `#[graphed]` struct's field attributes say.
+    pub fn no_checkpoint(self) -> Self {
+        self.checkpoint(std::iter::empty())
+    }
+    /// The chunks given with [`GraphOptions::checkpoint`] (`None` when never set: no chunk,
+    /// or a `#[graphed]` struct's field attributes).
+    pub fn checkpointed_chunks(&self) -> Option<&[usize]> {
+        self.checkpoint.as_deref()
     }
     /// Capture into an existing pool (PyTorch's `pool=` argument), shared with graphs captured
     /// before: separately built modules then share memory, and all of their graphs must

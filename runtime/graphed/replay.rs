@@ -24,7 +24,7 @@ impl Plan {
 }
 
 /// Checks `given` against the static buffers of a surface; the copies a replay needs.
-fn check_slots(
+pub(super) fn check_slots(
     module: &str,
     kind: SlotKind,
     given: &[Option<Tensor>],
@@ -36,47 +36,58 @@ fn check_slots(
     }
     let mut copies = Vec::new();
     for (index, (x, st)) in given.iter().zip(captured).enumerate() {
-        let slot = Slot { kind, index };
-        let (x, st) = match (x, st) {
-            (Some(x), Some(st)) => (x, st),
-            (None, None) => continue,
-            // A grad for an output captured as None is ignored (semantics 6).
-            (Some(_), None) if kind == SlotKind::GradOutput => continue,
-            (x, st) => {
-                let _ = x;
-                return Err(Error::SlotPresence { module: module.into(), slot, captured_some: st.is_some() });
-            }
-        };
-        if x.device() != st.device() {
-            return Err(Error::SlotDevice {
-                module: module.into(),
-                slot,
-                expected: st.device().name(),
-                got: x.device().name(),
-            });
-        }
-        if x.dtype() != st.dtype() {
-            return Err(Error::SlotDType { module: module.into(), slot, expected: st.dtype(), got: x.dtype() });
-        }
-        if x.dims() != st.dims() {
-            return Err(Error::SlotShape {
-                module: module.into(),
-                slot,
-                expected: st.dims().to_vec(),
-                got: x.dims().to_vec(),
-            });
-        }
-        x.check_fresh()?;
-        // An input may require a grad only where the capture's sample did (the graphs compute
-        // no grad for it otherwise).
-        if check_requires_grad && x.requires_grad() && !st.requires_grad() {
-            return Err(Error::SlotRequiresGrad { module: module.into(), slot });
-        }
-        if !x.same_buffer(st) {
+        if let Some((x, st)) = check_slot(module, Slot { kind, index }, x, st, check_requires_grad)? {
             copies.push((st.refreshed(), x.clone()));
         }
     }
     Ok(copies)
+}
+
+/// Checks one given tensor against its static buffer; both when a replay must copy it in.
+pub(super) fn check_slot<'a>(
+    module: &str,
+    slot: Slot,
+    x: &'a Option<Tensor>,
+    st: &'a Option<Tensor>,
+    check_requires_grad: bool,
+) -> Result<Option<(&'a Tensor, &'a Tensor)>> {
+    let kind = slot.kind;
+    let (x, st) = match (x, st) {
+        (Some(x), Some(st)) => (x, st),
+        (None, None) => return Ok(None),
+        // A grad for an output captured as None is ignored (semantics 6).
+        (Some(_), None) if kind == SlotKind::GradOutput => return Ok(None),
+        (x, st) => {
+            let _ = x;
+            return Err(Error::SlotPresence { module: module.into(), slot, captured_some: st.is_some() });
+        }
+    };
+    if x.device() != st.device() {
+        return Err(Error::SlotDevice {
+            module: module.into(),
+            slot,
+            expected: st.device().name(),
+            got: x.device().name(),
+        });
+    }
+    if x.dtype() != st.dtype() {
+        return Err(Error::SlotDType { module: module.into(), slot, expected: st.dtype(), got: x.dtype() });
+    }
+    if x.dims() != st.dims() {
+        return Err(Error::SlotShape {
+            module: module.into(),
+            slot,
+            expected: st.dims().to_vec(),
+            got: x.dims().to_vec(),
+        });
+    }
+    x.check_fresh()?;
+    // An input may require a grad only where the capture's sample did (the graphs compute
+    // no grad for it otherwise).
+    if check_requires_grad && x.requires_grad() && !st.requires_grad() {
+        return Err(Error::SlotRequiresGrad { module: module.into(), slot });
+    }
+    Ok((!x.same_buffer(st)).then_some((x, st)))
 }
 
 impl GraphedModules {
@@ -94,10 +105,10 @@ impl GraphedModules {
     /// Refused calls (wrong arity, shape, dtype, device, a stale handle, an input that needs a
     /// grad the capture does not compute, out of replay order) change nothing.
     ///
-    /// `cx` is taken for symmetry with the eager module; graphed modules keep the contexts of
-    /// their microbatches themselves.
-    pub fn forward(&mut self, chunk: usize, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let _ = cx;
+    /// There is no context argument: the graphs keep what each microbatch's forward saved (in
+    /// their static memory, or in the context of an eager fallback) until its backward, so a
+    /// caller has nothing to hold.
+    pub fn forward(&mut self, chunk: usize, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         self.check_chunk(chunk)?;
         if self.training != self.captured_training {
             return self.eager_forward(chunk, inputs);
@@ -134,18 +145,12 @@ impl GraphedModules {
         Ok(Plan { copies, ticket })
     }
 
-    /// Runs the backward of `chunk` for its oldest outstanding microbatch (`cx` as in
-    /// [`GraphedModules::forward`]): copies the grad outputs in (skipping `None` outputs),
+    /// Runs the backward of `chunk` for its oldest outstanding microbatch: copies the grad
+    /// outputs in (skipping `None` outputs),
     /// replays, and returns the grads of the inputs (`None` for inputs that need none).
     /// Parameter grads accumulate. A refused call changes nothing: the microbatch stays
     /// outstanding.
-    pub fn backward(
-        &mut self,
-        chunk: usize,
-        cx: &mut Cx,
-        grad_outputs: &[Option<Tensor>],
-    ) -> Result<Vec<Option<Tensor>>> {
-        let _ = cx;
+    pub fn backward(&mut self, chunk: usize, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         self.check_chunk(chunk)?;
         let m = match self.pending[chunk].front() {
             None if !self.has_backward && self.training == self.captured_training => {
@@ -200,7 +205,8 @@ impl GraphedModules {
         }
         self.run_hooks(chunk, HookKind::PreForward)?;
         let mut cx = self.new_cx(self.training, inputs);
-        let outs = self.modules[chunk].forward(&mut cx, inputs)?;
+        let checkpointed = self.config.checkpointed[chunk];
+        let outs = crate::checkpoint::forward_of(self.modules[chunk].as_ref(), checkpointed, &mut cx, inputs)?;
         self.run_hooks(chunk, HookKind::Forward)?;
         if self.training {
             self.pending[chunk].push_back(Pending::Eager(cx));
@@ -216,7 +222,8 @@ impl GraphedModules {
     ) -> Result<Vec<Option<Tensor>>> {
         self.run_hooks(chunk, HookKind::PreBackward)?;
         let deferred = self.config.schedule.defers(chunk);
-        let grads = super::wgrad::run_backward(self.modules[chunk].as_mut(), cx, grad_outputs, deferred)?;
+        let checkpointed = self.config.checkpointed[chunk];
+        let grads = super::wgrad::run_backward(self.modules[chunk].as_mut(), cx, grad_outputs, deferred, checkpointed)?;
         self.run_hooks(chunk, HookKind::Backward)?;
         Ok(grads)
     }

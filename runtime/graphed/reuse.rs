@@ -91,7 +91,7 @@ impl SlotPlan {
 
     /// The number of distinct buffer sets of `chunk`.
     pub(super) fn slots(&self, chunk: usize) -> usize {
-        self.owner[chunk].iter().enumerate().filter(|(m, &o)| o == *m).count()
+        self.owner[chunk].iter().enumerate().filter(|&(m, &o)| o == m).count()
     }
 }
 

@@ -88,6 +88,68 @@ impl Schedule {
         Ok(Schedule { steps, microbatches, deferred })
     }
 
+    /// For chained chunks, the data flow: chunk `c + 1`'s forward of a microbatch needs chunk
+    /// `c`'s output for it (its forward ran before), and chunk `c`'s backward needs chunk
+    /// `c + 1`'s input grad (its backward ran before).
+    pub(crate) fn check_chained_flow(&self) -> Result<()> {
+        let chunks = self.deferred.len();
+        let (mut fwd, mut bwd) = (vec![0usize; chunks], vec![0usize; chunks]);
+        for step in &self.steps {
+            let (c, m) = (step.chunk, step.microbatch);
+            match step.pass {
+                Pass::Forward if c > 0 && fwd[c - 1] <= m => {
+                    return Err(Error::InvalidOrder {
+                        detail: format!(
+                            "chained: the forward of chunk {} for microbatch {} comes before chunk {c}'s, whose output it reads",
+                            c + 1,
+                            m + 1
+                        ),
+                    })
+                }
+                Pass::Backward if c + 1 < chunks && bwd[c + 1] <= m => {
+                    return Err(Error::InvalidOrder {
+                        detail: format!(
+                            "chained: the backward of chunk {} for microbatch {} comes before chunk {}'s, whose input grad it reads",
+                            c + 1,
+                            m + 1,
+                            c + 2
+                        ),
+                    })
+                }
+                Pass::Forward => fwd[c] += 1,
+                Pass::Backward => bwd[c] += 1,
+                Pass::Wgrad => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every microbatch runs its forwards through all chunks back to back (chunk 1
+    /// first) and its backwards back to back (the last chunk first), with no weight-grad steps:
+    /// then one call can run a microbatch through the whole chain.
+    pub(crate) fn runs_whole_chains(&self) -> bool {
+        let chunks = self.deferred.len();
+        let mut steps = self.steps.iter();
+        while let Some(first) = steps.next() {
+            let (pass, m) = (first.pass, first.microbatch);
+            let order: Vec<usize> = match pass {
+                Pass::Forward => (0..chunks).collect(),
+                Pass::Backward => (0..chunks).rev().collect(),
+                Pass::Wgrad => return false,
+            };
+            if first.chunk != order[0] {
+                return false;
+            }
+            for &c in &order[1..] {
+                match steps.next() {
+                    Some(s) if s.pass == pass && s.chunk == c && s.microbatch == m => {}
+                    _ => return false,
+                }
+            }
+        }
+        true
+    }
+
     /// The steps of one iteration, in order.
     pub(crate) fn steps(&self) -> &[Step] {
         &self.steps
@@ -132,6 +194,20 @@ mod tests {
         for order in [&[1, -1, 2][..], &[-1, 1], &[0, 0], &[1, 3, -3, -1], &[1, 1, -1, 2, -2, -2]] {
             assert!(matches!(new(order, 2), Err(Error::InvalidOrder { .. })), "{order:?}");
         }
+    }
+
+    #[test]
+    fn chained_flow_and_whole_chain_runs() {
+        let ok = new(&[1, 2, 1, 2, -2, -1, -2, -1], 2).unwrap();
+        assert!(ok.check_chained_flow().is_ok() && ok.runs_whole_chains());
+        let interleaved = new(&[1, 2, 1, -2, 2, -1, -2, -1], 2).unwrap();
+        assert!(interleaved.check_chained_flow().is_ok() && !interleaved.runs_whole_chains());
+        for order in [&[1, -1, 2, -2][..], &[2, 1, -2, -1]] {
+            let s = new(order, 2).unwrap();
+            assert!(matches!(s.check_chained_flow(), Err(Error::InvalidOrder { .. })), "{order:?}");
+        }
+        assert!(Schedule::new(None, 3, true).unwrap().runs_whole_chains());
+        assert!(Schedule::new(None, 3, false).unwrap().runs_whole_chains());
     }
 
     #[test]

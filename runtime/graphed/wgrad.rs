@@ -90,23 +90,38 @@ pub fn backward_unsplit(
 }
 
 /// The backward step of a chunk: the input-grad half only when its weight grads are deferred,
-/// the whole backward otherwise.
+/// the recompute and the whole backward when it is checkpointed, the whole backward otherwise.
 pub(super) fn run_backward(
     module: &mut dyn Module,
     cx: &mut Cx,
     grad_outputs: &[Option<Tensor>],
     deferred: bool,
+    checkpointed: bool,
 ) -> Result<Vec<Option<Tensor>>> {
-    if deferred {
+    if checkpointed {
+        crate::checkpoint::checkpointed_backward(module, cx, grad_outputs)
+    } else if deferred {
         module.backward(cx, grad_outputs)
     } else {
         backward_unsplit(module, cx, grad_outputs)
     }
 }
 
-/// `w(c)` entries only for chunks whose module splits its backward.
-pub(super) fn check_splits(modules: &[Box<dyn Module>], schedule: &Schedule) -> Result<()> {
+/// `w(c)` entries only for chunks whose module splits its backward and that are not
+/// checkpointed (a recomputed chunk's activations live only inside its whole backward).
+pub(super) fn check_splits(modules: &[Box<dyn Module>], schedule: &Schedule, checkpointed: &[bool]) -> Result<()> {
     for (c, m) in modules.iter().enumerate() {
+        if schedule.defers(c) && checkpointed.get(c).copied().unwrap_or(false) {
+            return Err(Error::InvalidOrder {
+                detail: format!(
+                    "w({}): chunk {} (`{}`) is checkpointed, so its weight grads run inside its backward, after the recompute; drop the w({}) entries or the checkpoint",
+                    c + 1,
+                    c + 1,
+                    m.name(),
+                    c + 1
+                ),
+            });
+        }
         if schedule.defers(c) && !m.splits_backward() {
             return Err(Error::InvalidOrder {
                 detail: format!(
@@ -158,15 +173,14 @@ impl GraphedModules {
     }
 
     /// Runs the weight grads of `chunk` for its oldest microbatch whose backward ran but
-    /// whose weight grads have not (`cx` as in [`GraphedModules::forward`]): replays its
-    /// weight-grad graph, or runs `backward_weights` eagerly after an eager backward.
+    /// whose weight grads have not: replays its weight-grad graph, or runs `backward_weights`
+    /// eagerly after an eager backward (on the context that backward left).
     /// Parameter grads accumulate.
     ///
     /// Refused, changing nothing: a chunk out of range, a chunk without `w(c)` entries in the
     /// schedule ([`Error::NotDeferred`]), no microbatch waiting ([`Error::NoPendingBackward`]),
     /// or out of the pool's replay order ([`Error::ReplayOrder`]).
-    pub fn backward_weights(&mut self, chunk: usize, cx: &mut Cx) -> Result<()> {
-        let _ = cx;
+    pub fn backward_weights(&mut self, chunk: usize) -> Result<()> {
         self.check_chunk(chunk)?;
         if !self.config.schedule.defers(chunk) {
             return Err(Error::NotDeferred { module: self.modules[chunk].name().into() });

@@ -10,7 +10,7 @@ use crate::{Error, Generator, Result, Tensor};
 /// `1 / (1 - p)`, so `y = x · mask` (in bf16 and f16, `y` is computed from the unrounded scale
 /// and the stored mask is rounded). Out of training it returns `(copy of x, None)` and draws nothing.
 ///
-/// The mask comes from `gen`: the kernel reads the generator's seed and offset through a
+/// The mask comes from `rng`: the kernel reads the generator's seed and offset through a
 /// pointer and the offset is advanced on the device by `x.numel()` afterwards, so a captured
 /// dropout draws a fresh mask on every replay, and restoring a saved state
 /// ([`Generator::save`]/[`Generator::restore`], capturable) redraws the same mask (what
@@ -21,29 +21,29 @@ use crate::{Error, Generator, Result, Tensor};
 /// ```
 /// # use graphed::{ops, Device, Generator, Tensor};
 /// let dev = Device::host();
-/// let gen = Generator::new(&dev, 7)?;
+/// let rng = Generator::new(&dev, 7)?;
 /// let x = Tensor::full(&dev, &[1000], 1.0)?;
-/// let saved = gen.save()?;
-/// let (y, mask) = ops::dropout(&x, 0.25, &gen, true)?;
+/// let saved = rng.save()?;
+/// let (y, mask) = ops::dropout(&x, 0.25, &rng, true)?;
 /// let y = y.to_vec()?;
 /// assert!(y.iter().all(|v| *v == 0.0 || *v == 1.0 / 0.75));
-/// gen.restore(&saved)?;
-/// let (y2, _) = ops::dropout(&x, 0.25, &gen, true)?;
+/// rng.restore(&saved)?;
+/// let (y2, _) = ops::dropout(&x, 0.25, &rng, true)?;
 /// assert_eq!(y, y2.to_vec()?); // same state, same mask
-/// let (e, none) = ops::dropout(&x, 0.25, &gen, false)?;
+/// let (e, none) = ops::dropout(&x, 0.25, &rng, false)?;
 /// assert!(none.is_none() && e.to_vec()? == vec![1.0; 1000]);
 /// # drop(mask);
 /// # Ok::<(), graphed::Error>(())
 /// ```
-pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(Tensor, Option<Tensor>)> {
+pub fn dropout(x: &Tensor, p: f32, rng: &Generator, training: bool) -> Result<(Tensor, Option<Tensor>)> {
     const OP: &str = "dropout";
     let dtype = check_like(OP, &[x])?;
     let kernel = k::DROPOUT.get(dtype);
     if !(0.0..1.0).contains(&p) {
         return Err(Error::invalid(OP, format!("p = {p} must be in [0, 1)")));
     }
-    if gen.device() != x.device() {
-        return Err(Error::DeviceMismatch { op: OP, a: x.device().name(), b: gen.device().name() });
+    if rng.device() != x.device() {
+        return Err(Error::DeviceMismatch { op: OP, a: x.device().name(), b: rng.device().name() });
     }
     if !training {
         return Ok((x.deep_clone()?, None));
@@ -53,7 +53,7 @@ pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(T
     let (y, mask) = (Tensor::empty_like(x)?, Tensor::empty_like(x)?);
     match exec(x.device()) {
         Exec::Host(h) => {
-            let (xp, yp, mp, st) = (x.host_ptr()?, y.host_ptr()?, mask.host_ptr()?, gen.state().host_ptr()?);
+            let (xp, yp, mp, st) = (x.host_ptr()?, y.host_ptr()?, mask.host_ptr()?, rng.state().host_ptr()?);
             h.run(kernel, move || {
                 let (seed, offset) = crate::rng::decode_state(&st.read_u32());
                 let m = cpu::dropout_mask(seed, offset, n as usize, p);
@@ -69,14 +69,14 @@ pub fn dropout(x: &Tensor, p: f32, gen: &Generator, training: bool) -> Result<(T
                 KArg::Ptr(y.cuda_ptr()?),
                 KArg::Ptr(mask.cuda_ptr()?),
                 KArg::Ptr(x.cuda_ptr()?),
-                KArg::Ptr(gen.state().cuda_ptr()?),
+                KArg::Ptr(rng.state().cuda_ptr()?),
                 KArg::F32(p),
                 KArg::F32(scale),
                 KArg::U32(n),
             ],
         )?,
     }
-    gen.advance(n as u64)?;
+    rng.advance(n as u64)?;
     Ok((y, Some(mask)))
 }
 

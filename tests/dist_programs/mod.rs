@@ -73,9 +73,8 @@ pub fn dp_rank(comm: Communicator) -> Result<Vec<Vec<f32>>> {
     let mut g = make_graphed(vec![Box::new(dp) as Box<dyn Module>], vec![vec![vec![Some(sample)]]], opts)?;
     for step in 0..STEPS {
         let (x, target) = microbatch(&dev, step, rank)?;
-        let mut cx = Cx::new(&dev);
-        let y = g.forward(0, &mut cx, &[Some(x)])?.remove(0).expect("an output");
-        g.backward(0, &mut cx, &[Some(ops::mse_backward(&y, &target, 1.0)?)])?;
+        let y = g.forward(0, &[Some(x)])?.remove(0).expect("an output");
+        g.backward(0, &[Some(ops::mse_backward(&y, &target, 1.0)?)])?;
         opt.step()?;
         opt.zero_grad()?;
     }
@@ -105,11 +104,10 @@ pub fn dp_chunks_rank(comm: Communicator, bucket_bytes: usize, overlap: bool) ->
     let mut g = make_graphed(modules, samples, GraphOptions::new().warmup(2).chained(true))?;
     for step in 0..STEPS {
         let (x, target) = microbatch(&dev, step, rank)?;
-        let mut cx = Cx::new(&dev);
-        let h = g.forward(0, &mut cx, &[Some(x)])?.remove(0).expect("an output");
-        let y = g.forward(1, &mut cx, &[Some(h)])?.remove(0).expect("an output");
-        let dh = g.backward(1, &mut cx, &[Some(ops::mse_backward(&y, &target, 1.0)?)])?.remove(0);
-        g.backward(0, &mut cx, &[dh])?;
+        let h = g.forward(0, &[Some(x)])?.remove(0).expect("an output");
+        let y = g.forward(1, &[Some(h)])?.remove(0).expect("an output");
+        let dh = g.backward(1, &[Some(ops::mse_backward(&y, &target, 1.0)?)])?.remove(0);
+        g.backward(0, &[dh])?;
         opt.step()?;
         opt.zero_grad()?;
     }
@@ -164,22 +162,21 @@ pub fn pipeline_rank(comm: Communicator) -> Result<Vec<Vec<f32>>> {
         let mut grads = VecDeque::new();
         let mut next = 0;
         for &e in &mine {
-            let mut cx = Cx::new(&dev);
             if e > 0 {
                 let (x, target) = microbatch(&dev, step, next)?;
                 if role == StageRole::First {
-                    g.forward(0, &mut cx, &[Some(x)])?;
+                    g.forward(0, &[Some(x)])?;
                 } else {
                     // The static input itself: nothing is copied in, the graph receives into it.
                     let buffer = g.static_input(0, next, 0);
-                    let y = g.forward(0, &mut cx, &[buffer])?.remove(0).expect("the last stage's output");
+                    let y = g.forward(0, &[buffer])?.remove(0).expect("the last stage's output");
                     grads.push_back(ops::mse_backward(&y, &target, 1.0)?);
                 }
                 next += 1;
             } else if role == StageRole::First {
-                g.backward(0, &mut cx, &[None])?;
+                g.backward(0, &[None])?;
             } else {
-                g.backward(0, &mut cx, &[grads.pop_front()])?;
+                g.backward(0, &[grads.pop_front()])?;
             }
         }
         opt.step()?;
@@ -212,9 +209,8 @@ pub fn fsdp_dp_rank(comm: Communicator) -> Result<Vec<Vec<f32>>> {
     let mut g = make_graphed(vec![Box::new(dp) as Box<dyn Module>], sample, GraphOptions::new().warmup(2))?;
     for step in 0..STEPS {
         let (x, target) = fsdp_data(&dev, step, comm.rank())?;
-        let mut cx = Cx::new(&dev);
-        let y = g.forward(0, &mut cx, &[Some(x)])?.remove(0).expect("output");
-        g.backward(0, &mut cx, &[Some(ops::mse_backward(&y, &target, 1.0)?)])?;
+        let y = g.forward(0, &[Some(x)])?.remove(0).expect("output");
+        g.backward(0, &[Some(ops::mse_backward(&y, &target, 1.0)?)])?;
         opt.step()?;
         opt.zero_grad()?;
     }
@@ -238,11 +234,10 @@ pub fn fsdp_rank(comm: Communicator) -> Result<(Vec<Vec<f32>>, usize, usize)> {
     }
     for step in 0..STEPS {
         let (x, target) = fsdp_data(&dev, step, comm.rank())?;
-        let mut cx = Cx::new(&dev);
-        let h = g.forward(0, &mut cx, &[Some(x)])?.remove(0).expect("output");
-        let y = g.forward(1, &mut cx, &[Some(h)])?.remove(0).expect("output");
-        let dh = g.backward(1, &mut cx, &[Some(ops::mse_backward(&y, &target, 1.0)?)])?.remove(0);
-        g.backward(0, &mut cx, &[dh])?;
+        let h = g.forward(0, &[Some(x)])?.remove(0).expect("output");
+        let y = g.forward(1, &[Some(h)])?.remove(0).expect("output");
+        let dh = g.backward(1, &[Some(ops::mse_backward(&y, &target, 1.0)?)])?.remove(0);
+        g.backward(0, &[dh])?;
         opt.step()?;
         opt.zero_grad()?;
     }

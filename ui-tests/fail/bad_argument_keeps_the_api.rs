@@ -20,6 +20,6 @@ fn main() -> Result<()> {
     let x = Tensor::zeros(&dev, &[1])?;
     let mut g: GraphedBlock = Block.make_graphed(&x)?;
     let _: BlockInputs = BlockInputs { x: x.clone() };
-    let _y = g.forward(&mut Cx::new(&dev), &x)?;
+    let _y = g.forward(&x)?;
     Ok(())
 }

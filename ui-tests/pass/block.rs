@@ -41,9 +41,8 @@ fn main() -> Result<()> {
     let dev = Device::host();
     let x = Tensor::zeros(&dev, &[2])?.with_requires_grad(true);
     let mut graphed: GraphedBlock = Block { calls: 0 }.make_graphed(&x, None)?;
-    let mut cx = Cx::new(&dev);
-    let (_y, _extra): (Tensor, Option<Tensor>) = graphed.forward(&mut cx, &x, None)?;
-    let (_dx, _dmask): (Option<Tensor>, Option<Tensor>) = graphed.backward(&mut cx, &x, None)?;
+    let (_y, _extra): (Tensor, Option<Tensor>) = graphed.forward(&x, None)?;
+    let (_dx, _dmask): (Option<Tensor>, Option<Tensor>) = graphed.backward(&x, None)?;
     let _: &Block = graphed.module();
     let _: &mut Block = graphed.module_mut();
     let _: &graphed::GraphedModules = graphed.inner();

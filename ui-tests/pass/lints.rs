@@ -71,6 +71,60 @@ pub mod layers {
         pub cache: graphed::Param,
     }
 
+    /// One tensor in, one out: a chain link.
+    pub struct Layer;
+
+    #[graphed]
+    impl Layer {
+        /// The forward.
+        pub fn forward(&self, _cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+            Ok(x.clone())
+        }
+
+        /// The backward.
+        pub fn backward(&mut self, _cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+            Ok(Some(dy.clone()))
+        }
+    }
+
+    /// A loss head: the previous output and targets.
+    pub struct Loss;
+
+    #[graphed]
+    impl Loss {
+        /// The forward.
+        pub fn forward(&self, _cx: &mut Cx, x: &Tensor, _target: &Tensor) -> Result<Tensor> {
+            Ok(x.clone())
+        }
+
+        /// The backward.
+        pub fn backward(&mut self, _cx: &mut Cx, dloss: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            Ok((Some(dloss.clone()), None))
+        }
+    }
+
+    /// A whole model: stacks, chained, checkpointed layers, a schedule laid out at construction.
+    #[graphed(chained, order = windowed(microbatches = 2, in_flight = 1))]
+    pub struct Model {
+        /// The first chunk.
+        pub first: Layer,
+        /// A stack counted at construction.
+        #[graphed(checkpoint_every = 2)]
+        pub blocks: Vec<Layer>,
+        /// A stack counted at compile time.
+        #[graphed(checkpoint)]
+        pub fixed: [Layer; 2],
+        /// The last chunk.
+        pub head: Loss,
+    }
+
+    /// A private model.
+    #[graphed(chained)]
+    struct PrivateModel {
+        first: Layer,
+        head: Loss,
+    }
+
     /// Two chunks.
     #[graphed(warmup = 3, order = [1, 2, -2, -1])]
     pub struct TwoStage {
@@ -83,4 +137,5 @@ pub mod layers {
 
 fn main() {
     let _ = layers::TwoStage { first: layers::Block, second: layers::Block };
+    let _ = layers::Model { first: layers::Layer, blocks: Vec::new(), fixed: [layers::Layer, layers::Layer], head: layers::Loss };
 }

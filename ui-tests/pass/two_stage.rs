@@ -40,13 +40,12 @@ fn main() -> Result<()> {
     let sample = vec![Some(Tensor::zeros(&dev, &[1])?.with_requires_grad(true))];
     let samples = vec![vec![sample.clone()], vec![sample.clone()]];
     let mut graphed: GraphedTwoStage = TwoStage { first: Block, second: Block }.make_graphed(samples)?;
-    let mut cx = Cx::new(&dev);
     // Per-chunk calls take and return each chunk's own surfaces.
     let x = Tensor::zeros(&dev, &[1])?.with_requires_grad(true);
-    let h: BlockOutputs = graphed.forward_first(&mut cx, BlockInputs { x })?;
-    let y = graphed.forward_second(&mut cx, BlockInputs { x: h.output_0 })?;
-    let dh: BlockGradInputs = graphed.backward_second(&mut cx, BlockGradOutputs { dy: y.output_0 })?;
-    let _dx = graphed.backward_first(&mut cx, BlockGradOutputs { dy: dh.x.expect("a grad") })?;
+    let h: BlockOutputs = graphed.forward_first(BlockInputs { x })?;
+    let y = graphed.forward_second(BlockInputs { x: h.output_0 })?;
+    let dh: BlockGradInputs = graphed.backward_second(BlockGradOutputs { dy: y.output_0 })?;
+    let _dx = graphed.backward_first(BlockGradOutputs { dy: dh.x.expect("a grad") })?;
     let _: &Block = graphed.module_first();
     let _: &mut Block = graphed.module_second_mut();
     let _ = Interleaved { a: Block, b: Block };

@@ -10,8 +10,9 @@
 //! - `wrapper`: `GraphedX` and `X::make_graphed` for the impl form;
 //! - `pipeline`: `GraphedS` for the struct form, its schedule and per-chunk methods.
 
+mod chain;
 mod module_impl;
-mod pipeline;
+mod structs;
 mod surface;
 mod wrapper;
 
@@ -57,10 +58,14 @@ pub fn graphed(args: TokenStream, item: TokenStream) -> TokenStream {
                 None => fallback::graphed_impl(&item, &validate::krate_path(&parsed_args), cx.check()),
             }
         }
-        Ok(Item::Struct(item)) => match validate::graphed_struct(&mut cx, &parsed_args, &item) {
-            Some(model) => with_errors(pipeline::expand(&item, &model), cx),
-            None => fallback::item(item.into_token_stream(), cx.check()),
-        },
+        Ok(Item::Struct(item)) => {
+            // The fields' `#[graphed(...)]` attributes are read from `item` and never emitted.
+            let stripped = validate::strip_field_attrs(&item);
+            match validate::graphed_struct(&mut cx, &parsed_args, &item) {
+                Some(model) => with_errors(structs::expand(&stripped, &model), cx),
+                None => fallback::item(stripped.into_token_stream(), cx.check()),
+            }
+        }
         Ok(other) => {
             cx.error_spanned_by(
                 item_keyword(&other),
@@ -89,7 +94,7 @@ fn expand_impl(item: &ItemImpl, model: &ModuleModel) -> TokenStream {
     let surfaces = surface::surfaces(&names, model);
     let surface_defs = surfaces.iter().map(surface::Surface::definition);
     let surface_impls = surfaces.iter().map(surface::Surface::impls);
-    let typed = surface::typed_module_impl(&names, model.splits_backward);
+    let typed = surface::typed_module_impl(&names, model);
     let module_impl = module_impl::expand(&names, model);
     let (wrapper_def, wrapper_impl) = wrapper::expand(&names, model);
     let allow = allow_lints();
@@ -125,6 +130,9 @@ pub(crate) struct ImplNames {
     pub outputs_ty: Ident,
     pub grad_outputs_ty: Ident,
     pub grad_inputs_ty: Ident,
+    /// `XExtraInputs`: the forward's tensor arguments after a first `&Tensor` (what a chain
+    /// gives a chunk besides the previous chunk's output); generated only when there are some.
+    pub extra_inputs_ty: Ident,
     /// Slot locals: `__input0..`, `__output0..`, `__grad_output0..`, `__grad_input0..`.
     pub in_locals: Vec<Ident>,
     pub out_locals: Vec<Ident>,
@@ -146,6 +154,7 @@ impl ImplNames {
             outputs_ty: format_ident!("{}Outputs", ident, span = span),
             grad_outputs_ty: format_ident!("{}GradOutputs", ident, span = span),
             grad_inputs_ty: format_ident!("{}GradInputs", ident, span = span),
+            extra_inputs_ty: format_ident!("{}ExtraInputs", ident, span = span),
             in_locals: locals("input", model.inputs.len()),
             out_locals: locals("output", model.outputs.slots.len()),
             grad_locals: locals("grad_output", model.grad_outputs.len()),
@@ -270,8 +279,19 @@ pub(crate) fn debug_impl(wrapper: &Ident, private: &TokenStream) -> TokenStream 
     }
 }
 
-/// The accessors every graphed wrapper has, over its `__modules` field.
-pub(crate) fn common_accessors(private: &TokenStream) -> TokenStream {
+/// The accessors every graphed wrapper has, over its `__modules` field; `step()` on the
+/// bound buffers unless the wrapper has a typed one.
+pub(crate) fn common_accessors(private: &TokenStream, with_step: bool) -> TokenStream {
+    let step = with_step.then(|| {
+        quote! {
+            /// Replays one whole iteration of the schedule as one launch, on the inputs and grad
+            /// outputs bound to the static buffers (see `GraphedModules::step`); call
+            /// [`Self::fuse`] once first.
+            pub fn step(&mut self) -> #private::Result<()> {
+                self.__modules.step()
+            }
+        }
+    });
     quote! {
         /// The type-erased graphs (pool, run-time hooks, ...).
         pub fn inner(&self) -> &#private::GraphedModules {
@@ -293,12 +313,7 @@ pub(crate) fn common_accessors(private: &TokenStream) -> TokenStream {
             self.__modules.fuse()
         }
 
-        /// Replays one whole iteration of the schedule as one launch, on the inputs and grad
-        /// outputs bound to the static buffers (see `GraphedModules::step`); call
-        /// [`Self::fuse`] once first.
-        pub fn step(&mut self) -> #private::Result<()> {
-            self.__modules.step()
-        }
+        #step
 
         /// Switches to training mode: calls replay the graphs if they were captured in it, and
         /// run the eager forward otherwise.

@@ -89,8 +89,15 @@ fn slot_doc(slot: Slot) -> &'static str {
     }
 }
 
-/// The four surfaces of `model`.
-pub(crate) fn surfaces<'a>(names: &ImplNames, model: &'a ModuleModel) -> [Surface<'a>; 4] {
+/// Whether the forward's first tensor argument is a `&Tensor` followed by others: the module
+/// gets an `XExtraInputs` surface (its inputs besides a chained previous output).
+pub(crate) fn has_extra_inputs(model: &ModuleModel) -> bool {
+    model.inputs.len() > 1 && model.inputs[0].slot == Slot::Required
+}
+
+/// The surfaces of `model`: inputs, outputs, grad outputs, grad inputs, and the extra inputs
+/// when it has some.
+pub(crate) fn surfaces<'a>(names: &ImplNames, model: &'a ModuleModel) -> Vec<Surface<'a>> {
     let module = &names.module;
     let arg_fields = |args: &[TensorArg], method: &str| -> Vec<(Ident, Slot, String)> {
         args.iter()
@@ -122,7 +129,7 @@ pub(crate) fn surfaces<'a>(names: &ImplNames, model: &'a ModuleModel) -> [Surfac
             (arg.name.clone(), Slot::Optional, doc)
         })
         .collect();
-    let surfaces = [
+    let mut surfaces = vec![
         Surface {
             name: names.inputs_ty.clone(),
             doc: format!(
@@ -160,14 +167,31 @@ pub(crate) fn surfaces<'a>(names: &ImplNames, model: &'a ModuleModel) -> [Surfac
             model,
         },
     ];
+    if has_extra_inputs(model) {
+        surfaces.push(Surface {
+            name: names.extra_inputs_ty.clone(),
+            doc: format!(
+                "The tensor arguments of `{module}::forward` after its first: what a `#[graphed(chained)]` struct's `forward` takes for [`{module}`] when it is the last chunk (its first argument is the previous chunk's output)."
+            ),
+            what: "extra inputs",
+            fields: arg_fields(&model.inputs[1..], "forward"),
+            model,
+        });
+    }
     surfaces
 }
 
 /// `impl TypedModule for X`: the surface types, so a struct of chunks can type its per-chunk
-/// methods by them.
-pub(crate) fn typed_module_impl(names: &ImplNames, splits_backward: bool) -> TokenStream {
+/// methods by them; and the chain traits the forward's signature allows.
+pub(crate) fn typed_module_impl(names: &ImplNames, model: &ModuleModel) -> TokenStream {
     let ImplNames { private, self_ty, inputs_ty, outputs_ty, grad_outputs_ty, grad_inputs_ty, .. } = names;
-    let slots = [inputs_ty, outputs_ty, grad_outputs_ty, grad_inputs_ty].map(|ty| {
+    let mut surface_tys = vec![inputs_ty, outputs_ty, grad_outputs_ty, grad_inputs_ty];
+    if has_extra_inputs(model) {
+        surface_tys.push(&names.extra_inputs_ty);
+    }
+    let surfaces = surfaces(names, model);
+    let slots = surface_tys.into_iter().zip(&surfaces).map(|(ty, surface)| {
+        let fields = surface.fields.iter().map(|(field, _, _)| field);
         quote! {
             #[automatically_derived]
             impl #private::Slots for #ty {
@@ -179,11 +203,15 @@ pub(crate) fn typed_module_impl(names: &ImplNames, splits_backward: bool) -> Tok
                 ) -> #private::Result<Self> {
                     #ty::from_slots(slots)
                 }
+                fn with_slots<R>(self, f: impl FnOnce(&[#private::Option<#private::Tensor>]) -> R) -> R {
+                    f(&[#(#private::IntoSlot::into_slot(self.#fields)),*])
+                }
             }
         }
     });
+    let chain = chain_impls(names, model);
     // Only when true: the trait's default is false.
-    let splits = splits_backward.then(|| {
+    let splits = model.splits_backward.then(|| {
         quote!(
             const SPLITS_BACKWARD: bool = true;
         )
@@ -199,5 +227,42 @@ pub(crate) fn typed_module_impl(names: &ImplNames, splits_backward: bool) -> Tok
             type GradInputs = #grad_inputs_ty;
             #splits
         }
+
+        #chain
     }
+}
+
+/// `ChainOut` when the forward returns one `Tensor`, `ChainIn` when its first argument is a
+/// `&Tensor`, `ChainLink` when both and it takes nothing else.
+fn chain_impls(names: &ImplNames, model: &ModuleModel) -> TokenStream {
+    let ImplNames { private, self_ty, .. } = names;
+    let out = model.outputs.slots == [Slot::Required];
+    let input = model.inputs.first().is_some_and(|arg| arg.slot == Slot::Required);
+    let out_impl = out.then(|| {
+        quote! {
+            #[automatically_derived]
+            impl #private::ChainOut for #self_ty {}
+        }
+    });
+    let in_impl = input.then(|| {
+        let extra = if has_extra_inputs(model) {
+            let ty = &names.extra_inputs_ty;
+            quote!(#ty)
+        } else {
+            quote!(())
+        };
+        quote! {
+            #[automatically_derived]
+            impl #private::ChainIn for #self_ty {
+                type Extra = #extra;
+            }
+        }
+    });
+    let link_impl = (out && input && model.inputs.len() == 1).then(|| {
+        quote! {
+            #[automatically_derived]
+            impl #private::ChainLink for #self_ty {}
+        }
+    });
+    quote!(#out_impl #in_impl #link_impl)
 }

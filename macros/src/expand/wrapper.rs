@@ -29,7 +29,7 @@ pub(crate) fn expand(names: &ImplNames, model: &ModuleModel) -> (TokenStream, To
     let make_graphed = make_graphed(names, model);
     let constructor = constructor(names, model);
     let calls = calls(names, model);
-    let common_accessors = common_accessors(private);
+    let common_accessors = common_accessors(private, true);
     let debug_impl = debug_impl(wrapper, private);
     let wrapper_impl = quote! {
         #make_graphed
@@ -48,6 +48,11 @@ pub(crate) fn expand(names: &ImplNames, model: &ModuleModel) -> (TokenStream, To
             /// The captured module, mutably (its parameters, for an optimizer step).
             pub fn module_mut(&mut self) -> &mut #self_ty {
                 #private::expect_module(self.__modules.module_mut::<#self_ty>(0), #module)
+            }
+
+            /// Gives the module back, unchanged, dropping the graphs and their pool.
+            pub fn into_module(self) -> #self_ty {
+                #private::unbox::<#self_ty>((*self.__modules).into_modules().into_iter().next(), #module)
             }
 
             #common_accessors
@@ -122,7 +127,6 @@ fn constructor(names: &ImplNames, model: &ModuleModel) -> TokenStream {
 /// The replaying `forward` and `backward`, typed like the user's.
 fn calls(names: &ImplNames, model: &ModuleModel) -> TokenStream {
     let ImplNames { private, module, out_locals, grad_in_locals, .. } = names;
-    let (cx_name, cx_ty) = (&model.cx_name, &model.cx_ty);
     let input_names: Vec<&Ident> = model.inputs.iter().map(|arg| &arg.name).collect();
     let input_tys: Vec<&syn::Type> = model.inputs.iter().map(|arg| &arg.ty).collect();
     let grad_names: Vec<&Ident> = model.grad_outputs.iter().map(|arg| &arg.name).collect();
@@ -135,25 +139,18 @@ fn calls(names: &ImplNames, model: &ModuleModel) -> TokenStream {
     let out_build = build(&model.outputs, out_locals, private, module, &out_names);
     let grad_build = build(&model.grad_inputs, grad_in_locals, private, module, &grad_in_names);
     quote! {
-        /// Replays the forward graph on these inputs and returns its static outputs.
-        pub fn forward(&mut self, #cx_name: #cx_ty, #(#input_names: #input_tys),*) -> #private::Result<#out_ty> {
-            let __outputs = self.__modules.forward(
-                0,
-                #cx_name,
-                &[#(#private::IntoSlot::into_slot(#input_names)),*],
-            )?;
+        /// Replays the forward graph on these inputs and returns its static outputs. No context
+        /// is taken: the graphs keep what the forward saved until its backward.
+        pub fn forward(&mut self, #(#input_names: #input_tys),*) -> #private::Result<#out_ty> {
+            let __outputs = self.__modules.forward(0, &[#(#private::IntoSlot::into_slot(#input_names)),*])?;
             let [#(#out_locals),*] = #private::slots::<#num_outputs>(__outputs, #module, "outputs")?;
             #private::Ok(#out_build)
         }
 
         /// Replays the backward graph of the oldest outstanding forward on these grads and
         /// returns the grads of the forward's inputs.
-        pub fn backward(&mut self, #cx_name: #cx_ty, #(#grad_names: #grad_tys),*) -> #private::Result<#grad_ty> {
-            let __grad_inputs = self.__modules.backward(
-                0,
-                #cx_name,
-                &[#(#private::IntoSlot::into_slot(#grad_names)),*],
-            )?;
+        pub fn backward(&mut self, #(#grad_names: #grad_tys),*) -> #private::Result<#grad_ty> {
+            let __grad_inputs = self.__modules.backward(0, &[#(#private::IntoSlot::into_slot(#grad_names)),*])?;
             let [#(#grad_in_locals),*] = #private::slots::<#num_grad_inputs>(__grad_inputs, #module, "grad inputs")?;
             #private::Ok(#grad_build)
         }

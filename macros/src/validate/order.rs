@@ -1,24 +1,30 @@
 //! `order = [...]` against the chunks: every entry a chunk number (`c`, `-c`) or a weight-grad
 //! entry (`w(c)`), every backward after its forward and every `w(c)` after its backward, 2 x
-//! chunks x M forward and backward entries, every chunk balanced. Each error is spanned on the
-//! entry at fault where there is one.
+//! chunks x M forward and backward entries, every chunk balanced, and the data flow between
+//! neighbouring chunks kept (chunk c + 1's forward of a microbatch after chunk c's, chunk c's
+//! backward after chunk c + 1's). Each error is spanned on the entry at fault where there is
+//! one. `windowed(microbatches = M, in_flight = K)` is laid out here for a fixed layout.
 
+use proc_macro2::Span;
 use syn::spanned::Spanned;
 use syn::Expr;
 
 use super::options::{int_literal, ungroup};
 use crate::ctxt::Ctxt;
-use crate::model::{Chunk, Entry, Pass};
+use crate::model::{Entry, Pass};
 use crate::parse;
+
+/// A chunk as messages name it: `` `blocks[2]` `` for a stack's layer.
+pub(super) struct ChunkName(pub(super) String);
 
 /// What an entry that is not a chunk number should look like.
 const ENTRY_FORMS: &str =
     "an `order` entry is a chunk number: `c` runs the forward of chunk c, `-c` its backward, `w(c)` its weight grads";
 
 /// Validates a schedule against the chunks; returns it with its number of microbatches.
-pub(super) fn order(cx: &mut Ctxt, list: &parse::OrderList, chunks: &[Chunk]) -> Option<(Vec<Entry>, usize)> {
+pub(super) fn order(cx: &mut Ctxt, list: &parse::OrderList, chunks: &[ChunkName]) -> Option<(Vec<Entry>, usize)> {
     let before = cx.error_count();
-    let names = chunks.iter().map(|chunk| format!("`{}`", chunk.name)).collect::<Vec<_>>().join(", ");
+    let names = chunk_list(chunks);
     // First every entry on its own: a number naming a chunk. Counting is only meaningful
     // once all of them are.
     let entries = entries(cx, list, chunks.len(), &names);
@@ -30,7 +36,94 @@ pub(super) fn order(cx: &mut Ctxt, list: &parse::OrderList, chunks: &[Chunk]) ->
     if cx.error_count() > before {
         return None;
     }
+    data_flow(cx, &entries, chunks);
+    if cx.error_count() > before {
+        return None;
+    }
     Some((entries.into_iter().map(|(entry, _)| entry).collect(), microbatches))
+}
+
+/// "`a`, `blocks[0]`, `blocks[1]`" for messages (a long stack abbreviated).
+fn chunk_list(chunks: &[ChunkName]) -> String {
+    let names: Vec<&str> = chunks.iter().map(|chunk| chunk.0.as_str()).collect();
+    if names.len() <= 8 {
+        return names.iter().map(|name| format!("`{name}`")).collect::<Vec<_>>().join(", ");
+    }
+    let (head, tail) = (&names[..3], &names[names.len() - 2..]);
+    let head = head.iter().map(|name| format!("`{name}`")).collect::<Vec<_>>().join(", ");
+    let tail = tail.iter().map(|name| format!("`{name}`")).collect::<Vec<_>>().join(", ");
+    format!("{head}, ..., {tail}")
+}
+
+/// A struct's chunks form a pipeline: chunk c + 1 reads chunk c's output of the same
+/// microbatch, and chunk c's backward reads chunk c + 1's input grad. An order that runs a
+/// step before the step it reads from is refused (following the schedule would need a grad or
+/// an output nobody has computed yet).
+fn data_flow(cx: &mut Ctxt, entries: &[(Entry, &Expr)], chunks: &[ChunkName]) {
+    let n = chunks.len();
+    let (mut fwd, mut bwd) = (vec![0usize; n], vec![0usize; n]);
+    for (entry, expr) in entries {
+        let (c, index) = (entry.chunk, entry.chunk - 1);
+        let name = &chunks[index].0;
+        match entry.pass {
+            Pass::Forward => {
+                let m = fwd[index];
+                if index > 0 && fwd[index - 1] <= m {
+                    let prev = &chunks[index - 1].0;
+                    cx.error_spanned_by(
+                        expr,
+                        format_args!(
+                            "`{c}` breaks the data flow: the forward of chunk {c} (`{name}`) for microbatch {} reads chunk {} (`{prev}`)'s output for it, so `{}` must come first",
+                            m + 1,
+                            c - 1,
+                            c - 1
+                        ),
+                    );
+                }
+                fwd[index] += 1;
+            }
+            Pass::Backward => {
+                let m = bwd[index];
+                if index + 1 < n && bwd[index + 1] <= m {
+                    let next = &chunks[index + 1].0;
+                    cx.error_spanned_by(
+                        expr,
+                        format_args!(
+                            "`-{c}` breaks the data flow: the backward of chunk {c} (`{name}`) for microbatch {} needs the grad of its output, which chunk {} (`{next}`)'s backward for that microbatch computes, so `-{}` must come first",
+                            m + 1,
+                            c + 1,
+                            c + 1
+                        ),
+                    );
+                }
+                bwd[index] += 1;
+            }
+            Pass::Wgrad => {}
+        }
+    }
+}
+
+/// `windowed(M, K)` over `chunks` chunks: each microbatch's forwards through the chunks, and
+/// once K microbatches are outstanding, the oldest one's backwards (last chunk first); the rest
+/// at the end (what `OrderEntry::windowed` lays out at run time).
+pub(super) fn windowed(chunks: usize, microbatches: usize, in_flight: usize, span: Span) -> Vec<Entry> {
+    let forwards = (1..=chunks).map(|chunk| Entry { pass: Pass::Forward, chunk, span });
+    let backwards = (1..=chunks).rev().map(|chunk| Entry { pass: Pass::Backward, chunk, span });
+    let mut order = Vec::with_capacity(2 * chunks * microbatches);
+    let (mut outstanding, mut done) = (0, 0);
+    for _ in 0..microbatches {
+        if outstanding >= in_flight.max(1) {
+            order.extend(backwards.clone());
+            outstanding -= 1;
+            done += 1;
+        }
+        order.extend(forwards.clone());
+        outstanding += 1;
+    }
+    for _ in done..microbatches {
+        order.extend(backwards.clone());
+    }
+    order
 }
 
 /// `w(c)`: the chunk expression, if `expr` is a call of `w` with one argument.
@@ -91,13 +184,13 @@ fn entries<'a>(cx: &mut Ctxt, list: &'a parse::OrderList, num_chunks: usize, nam
 }
 
 /// A backward needs an outstanding forward of its chunk, a `w(c)` an outstanding backward.
-fn fifo(cx: &mut Ctxt, entries: &[(Entry, &Expr)], chunks: &[Chunk]) -> bool {
+fn fifo(cx: &mut Ctxt, entries: &[(Entry, &Expr)], chunks: &[ChunkName]) -> bool {
     // Per chunk: forwards, backwards and weight grads so far.
     let mut counts = vec![[0usize; 3]; chunks.len()];
     let mut ok = true;
     for (entry, expr) in entries {
         let (chunk, index) = (entry.chunk, entry.chunk - 1);
-        let name = &chunks[index].name;
+        let name = &chunks[index].0;
         let [forwards, backwards, wgrads] = counts[index];
         let message = match entry.pass {
             Pass::Backward if backwards >= forwards => Some(format!(
@@ -145,7 +238,13 @@ fn microbatches(
 
 /// Each chunk has exactly `microbatches` forwards and backwards, and none or `microbatches`
 /// weight-grad entries.
-fn balanced(cx: &mut Ctxt, list: &parse::OrderList, entries: &[(Entry, &Expr)], chunks: &[Chunk], microbatches: usize) {
+fn balanced(
+    cx: &mut Ctxt,
+    list: &parse::OrderList,
+    entries: &[(Entry, &Expr)],
+    chunks: &[ChunkName],
+    microbatches: usize,
+) {
     let (len, num_chunks) = (entries.len(), chunks.len());
     let s = |n: usize| if n == 1 { "" } else { "s" };
     for (index, chunk) in chunks.iter().enumerate() {
@@ -158,7 +257,7 @@ fn balanced(cx: &mut Ctxt, list: &parse::OrderList, entries: &[(Entry, &Expr)], 
         }
         let message = format!(
             "unbalanced `order`: chunk {number} (`{}`) has {f} forward{} and {b} backward{}{}, but with {microbatches} microbatch{} ({len} entries, {num_chunks} chunk{}) each chunk needs {microbatches} of each{}",
-            chunk.name,
+            chunk.0,
             s(f),
             s(b),
             if w > 0 { format!(" and {w} weight-grad entr{}", if w == 1 { "y" } else { "ies" }) } else { String::new() },

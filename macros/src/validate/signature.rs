@@ -47,8 +47,6 @@ pub(super) fn receiver(sig: &Signature) -> Receiver {
 }
 
 pub(super) struct ForwardSig {
-    pub(super) cx_name: Ident,
-    pub(super) cx_ty: Type,
     pub(super) inputs: Vec<TensorArg>,
     pub(super) outputs: Returned,
 }
@@ -132,7 +130,7 @@ pub(super) fn forward_signature(cx: &mut Ctxt, sig: &Signature) -> Option<Forwar
             ok = false;
         }
     }
-    let (cx_name, cx_ty, rest) = cx_and_rest(cx, sig, "a graphed `forward`")?;
+    let (_, _, rest) = cx_and_rest(cx, sig, "a graphed `forward`")?;
     let mut inputs = Vec::new();
     for (index, arg) in rest.into_iter().enumerate() {
         match tensor_ref_slot(&arg.ty) {
@@ -157,7 +155,7 @@ pub(super) fn forward_signature(cx: &mut Ctxt, sig: &Signature) -> Option<Forwar
         cx.error_spanned_by(out, "a graphed `forward` returns at least one tensor");
         ok = false;
     }
-    ok.then_some(ForwardSig { cx_name, cx_ty, inputs, outputs })
+    ok.then_some(ForwardSig { inputs, outputs })
 }
 
 pub(super) struct BackwardSig<'a> {

@@ -124,6 +124,21 @@ pub struct BlockGradInputs {
     /// The grad of input `mask`; `None` when that input needs no grad or was absent.
     pub mask: ::graphed::__private::Option<::graphed::__private::Tensor>,
 }
+/// The tensor arguments of `Block::forward` after its first: what a `#[graphed(chained)]` struct's `forward` takes for [`Block`] when it is the last chunk (its first argument is the previous chunk's output).
+#[allow(
+    dead_code,
+    unused_qualifications,
+    non_camel_case_types,
+    non_snake_case,
+    clippy::all,
+    clippy::pedantic,
+    clippy::nursery,
+)]
+#[derive(Clone, Debug)]
+pub struct BlockExtraInputs {
+    /// The `mask` argument of `Block::forward` (`None` when absent).
+    pub mask: ::graphed::__private::Option<::graphed::__private::Tensor>,
+}
 /// [`Block`] captured into graphs by `#[graphed]`: `forward` and `backward` take and return what `Block::forward` and `Block::backward` do, and replay the captured graphs (the eager methods run instead in the mode the graphs were not captured for).
 ///
 /// Replays must follow capture order: one `forward`, then its `backward`, per step.
@@ -404,6 +419,42 @@ const _: () = {
         }
     }
     #[automatically_derived]
+    impl BlockExtraInputs {
+        /// The number of tensor slots.
+        pub const LEN: usize = 1;
+        /// The field names, in slot order.
+        pub const NAMES: [&'static str; 1] = ["mask"];
+        /// The positional slots the type-erased `Module` interface uses (`None` for an
+        /// absent optional tensor), in field order.
+        pub fn into_slots(
+            self,
+        ) -> ::graphed::__private::Vec<
+            ::graphed::__private::Option<::graphed::__private::Tensor>,
+        > {
+            ::graphed::__private::vec![
+                ::graphed::__private::IntoSlot::into_slot(self.mask)
+            ]
+        }
+        /// Reads positional slots; errors when their number differs or a required tensor is
+        /// missing.
+        pub fn from_slots(
+            slots: ::graphed::__private::Vec<
+                ::graphed::__private::Option<::graphed::__private::Tensor>,
+            >,
+        ) -> ::graphed::__private::Result<Self> {
+            let [__slot0] = ::graphed::__private::slots::<
+                1,
+            >(slots, "Block", "extra inputs")?;
+            ::graphed::__private::Ok(Self {
+                mask: ::graphed::__private::FromSlot::from_slot(
+                    __slot0,
+                    "Block",
+                    "mask",
+                )?,
+            })
+        }
+    }
+    #[automatically_derived]
     impl ::graphed::__private::Slots for BlockInputs {
         fn into_slots(
             self,
@@ -418,6 +469,19 @@ const _: () = {
             >,
         ) -> ::graphed::__private::Result<Self> {
             BlockInputs::from_slots(slots)
+        }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(
+                &[
+                    ::graphed::__private::IntoSlot::into_slot(self.x),
+                    ::graphed::__private::IntoSlot::into_slot(self.mask),
+                ],
+            )
         }
     }
     #[automatically_derived]
@@ -436,6 +500,19 @@ const _: () = {
         ) -> ::graphed::__private::Result<Self> {
             BlockOutputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(
+                &[
+                    ::graphed::__private::IntoSlot::into_slot(self.output_0),
+                    ::graphed::__private::IntoSlot::into_slot(self.output_1),
+                ],
+            )
+        }
     }
     #[automatically_derived]
     impl ::graphed::__private::Slots for BlockGradOutputs {
@@ -452,6 +529,19 @@ const _: () = {
             >,
         ) -> ::graphed::__private::Result<Self> {
             BlockGradOutputs::from_slots(slots)
+        }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(
+                &[
+                    ::graphed::__private::IntoSlot::into_slot(self.dy),
+                    ::graphed::__private::IntoSlot::into_slot(self.dz),
+                ],
+            )
         }
     }
     #[automatically_derived]
@@ -470,6 +560,44 @@ const _: () = {
         ) -> ::graphed::__private::Result<Self> {
             BlockGradInputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(
+                &[
+                    ::graphed::__private::IntoSlot::into_slot(self.x),
+                    ::graphed::__private::IntoSlot::into_slot(self.mask),
+                ],
+            )
+        }
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::Slots for BlockExtraInputs {
+        fn into_slots(
+            self,
+        ) -> ::graphed::__private::Vec<
+            ::graphed::__private::Option<::graphed::__private::Tensor>,
+        > {
+            BlockExtraInputs::into_slots(self)
+        }
+        fn from_slots(
+            slots: ::graphed::__private::Vec<
+                ::graphed::__private::Option<::graphed::__private::Tensor>,
+            >,
+        ) -> ::graphed::__private::Result<Self> {
+            BlockExtraInputs::from_slots(slots)
+        }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[::graphed::__private::IntoSlot::into_slot(self.mask)])
+        }
     }
     #[automatically_derived]
     impl ::graphed::__private::TypedModule for Block {
@@ -477,6 +605,10 @@ const _: () = {
         type Outputs = BlockOutputs;
         type GradOutputs = BlockGradOutputs;
         type GradInputs = BlockGradInputs;
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::ChainIn for Block {
+        type Extra = BlockExtraInputs;
     }
     #[automatically_derived]
     impl Block {
@@ -534,10 +666,10 @@ const _: () = {
                 }
             }
         }
-        /// Replays the forward graph on these inputs and returns its static outputs.
+        /// Replays the forward graph on these inputs and returns its static outputs. No context
+        /// is taken: the graphs keep what the forward saved until its backward.
         pub fn forward(
             &mut self,
-            cx: &mut Cx,
             x: &Tensor,
             mask: Option<&Tensor>,
         ) -> ::graphed::__private::Result<(Tensor, Option<Tensor>)> {
@@ -545,7 +677,6 @@ const _: () = {
                 .__modules
                 .forward(
                     0,
-                    cx,
                     &[
                         ::graphed::__private::IntoSlot::into_slot(x),
                         ::graphed::__private::IntoSlot::into_slot(mask),
@@ -571,7 +702,6 @@ const _: () = {
         /// returns the grads of the forward's inputs.
         pub fn backward(
             &mut self,
-            cx: &mut Cx,
             dy: &Tensor,
             dz: Option<&Tensor>,
         ) -> ::graphed::__private::Result<(Option<Tensor>, Option<Tensor>)> {
@@ -579,7 +709,6 @@ const _: () = {
                 .__modules
                 .backward(
                     0,
-                    cx,
                     &[
                         ::graphed::__private::IntoSlot::into_slot(dy),
                         ::graphed::__private::IntoSlot::into_slot(dz),
@@ -614,6 +743,12 @@ const _: () = {
                 self.__modules.module_mut::<Block>(0),
                 "Block",
             )
+        }
+        /// Gives the module back, unchanged, dropping the graphs and their pool.
+        pub fn into_module(self) -> Block {
+            ::graphed::__private::unbox::<
+                Block,
+            >((*self.__modules).into_modules().into_iter().next(), "Block")
         }
         /// The type-erased graphs (pool, run-time hooks, ...).
         pub fn inner(&self) -> &::graphed::__private::GraphedModules {

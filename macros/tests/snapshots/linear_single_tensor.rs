@@ -320,6 +320,14 @@ const _: () = {
         ) -> ::graphed::__private::Result<Self> {
             LinearInputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[::graphed::__private::IntoSlot::into_slot(self.x)])
+        }
     }
     #[automatically_derived]
     impl ::graphed::__private::Slots for LinearOutputs {
@@ -336,6 +344,14 @@ const _: () = {
             >,
         ) -> ::graphed::__private::Result<Self> {
             LinearOutputs::from_slots(slots)
+        }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[::graphed::__private::IntoSlot::into_slot(self.output_0)])
         }
     }
     #[automatically_derived]
@@ -354,6 +370,14 @@ const _: () = {
         ) -> ::graphed::__private::Result<Self> {
             LinearGradOutputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[::graphed::__private::IntoSlot::into_slot(self.dy)])
+        }
     }
     #[automatically_derived]
     impl ::graphed::__private::Slots for LinearGradInputs {
@@ -371,6 +395,14 @@ const _: () = {
         ) -> ::graphed::__private::Result<Self> {
             LinearGradInputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[::graphed::__private::Option<::graphed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[::graphed::__private::IntoSlot::into_slot(self.x)])
+        }
     }
     #[automatically_derived]
     impl ::graphed::__private::TypedModule for Linear {
@@ -379,6 +411,14 @@ const _: () = {
         type GradOutputs = LinearGradOutputs;
         type GradInputs = LinearGradInputs;
     }
+    #[automatically_derived]
+    impl ::graphed::__private::ChainOut for Linear {}
+    #[automatically_derived]
+    impl ::graphed::__private::ChainIn for Linear {
+        type Extra = ();
+    }
+    #[automatically_derived]
+    impl ::graphed::__private::ChainLink for Linear {}
     #[automatically_derived]
     impl Linear {
         /// Warms up and captures this module with the given tensors as samples (`warmup = 2`, `allow_unused_input`), and returns the typed graphed wrapper. The samples fix the shapes of the static input surface, [`LinearInputs`]. On failure the error hands the module back.
@@ -433,15 +473,12 @@ const _: () = {
                 }
             }
         }
-        /// Replays the forward graph on these inputs and returns its static outputs.
-        pub fn forward(
-            &mut self,
-            cx: &mut Cx,
-            x: &Tensor,
-        ) -> ::graphed::__private::Result<Tensor> {
+        /// Replays the forward graph on these inputs and returns its static outputs. No context
+        /// is taken: the graphs keep what the forward saved until its backward.
+        pub fn forward(&mut self, x: &Tensor) -> ::graphed::__private::Result<Tensor> {
             let __outputs = self
                 .__modules
-                .forward(0, cx, &[::graphed::__private::IntoSlot::into_slot(x)])?;
+                .forward(0, &[::graphed::__private::IntoSlot::into_slot(x)])?;
             let [__output0] = ::graphed::__private::slots::<
                 1,
             >(__outputs, "Linear", "outputs")?;
@@ -457,12 +494,11 @@ const _: () = {
         /// returns the grads of the forward's inputs.
         pub fn backward(
             &mut self,
-            cx: &mut Cx,
             dy: &Tensor,
         ) -> ::graphed::__private::Result<Option<Tensor>> {
             let __grad_inputs = self
                 .__modules
-                .backward(0, cx, &[::graphed::__private::IntoSlot::into_slot(dy)])?;
+                .backward(0, &[::graphed::__private::IntoSlot::into_slot(dy)])?;
             let [__grad_input0] = ::graphed::__private::slots::<
                 1,
             >(__grad_inputs, "Linear", "grad inputs")?;
@@ -487,6 +523,12 @@ const _: () = {
                 self.__modules.module_mut::<Linear>(0),
                 "Linear",
             )
+        }
+        /// Gives the module back, unchanged, dropping the graphs and their pool.
+        pub fn into_module(self) -> Linear {
+            ::graphed::__private::unbox::<
+                Linear,
+            >((*self.__modules).into_modules().into_iter().next(), "Linear")
         }
         /// The type-erased graphs (pool, run-time hooks, ...).
         pub fn inner(&self) -> &::graphed::__private::GraphedModules {

@@ -312,6 +312,14 @@ const _: () = {
         ) -> renamed::__private::Result<Self> {
             ScaleInputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[renamed::__private::Option<renamed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[renamed::__private::IntoSlot::into_slot(self.x)])
+        }
     }
     #[automatically_derived]
     impl renamed::__private::Slots for ScaleOutputs {
@@ -328,6 +336,14 @@ const _: () = {
             >,
         ) -> renamed::__private::Result<Self> {
             ScaleOutputs::from_slots(slots)
+        }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[renamed::__private::Option<renamed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[renamed::__private::IntoSlot::into_slot(self.output_0)])
         }
     }
     #[automatically_derived]
@@ -346,6 +362,14 @@ const _: () = {
         ) -> renamed::__private::Result<Self> {
             ScaleGradOutputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[renamed::__private::Option<renamed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[renamed::__private::IntoSlot::into_slot(self.dy)])
+        }
     }
     #[automatically_derived]
     impl renamed::__private::Slots for ScaleGradInputs {
@@ -363,6 +387,14 @@ const _: () = {
         ) -> renamed::__private::Result<Self> {
             ScaleGradInputs::from_slots(slots)
         }
+        fn with_slots<R>(
+            self,
+            f: impl FnOnce(
+                &[renamed::__private::Option<renamed::__private::Tensor>],
+            ) -> R,
+        ) -> R {
+            f(&[renamed::__private::IntoSlot::into_slot(self.x)])
+        }
     }
     #[automatically_derived]
     impl renamed::__private::TypedModule for Scale {
@@ -371,6 +403,14 @@ const _: () = {
         type GradOutputs = ScaleGradOutputs;
         type GradInputs = ScaleGradInputs;
     }
+    #[automatically_derived]
+    impl renamed::__private::ChainOut for Scale {}
+    #[automatically_derived]
+    impl renamed::__private::ChainIn for Scale {
+        type Extra = ();
+    }
+    #[automatically_derived]
+    impl renamed::__private::ChainLink for Scale {}
     #[automatically_derived]
     impl Scale {
         /// Warms up and captures this module with the given tensors as samples (`warmup = 3`), and returns the typed graphed wrapper. The samples fix the shapes of the static input surface, [`ScaleInputs`]. On failure the error hands the module back.
@@ -423,15 +463,12 @@ const _: () = {
                 }
             }
         }
-        /// Replays the forward graph on these inputs and returns its static outputs.
-        pub fn forward(
-            &mut self,
-            cx: &mut Cx,
-            x: &Tensor,
-        ) -> renamed::__private::Result<Tensor> {
+        /// Replays the forward graph on these inputs and returns its static outputs. No context
+        /// is taken: the graphs keep what the forward saved until its backward.
+        pub fn forward(&mut self, x: &Tensor) -> renamed::__private::Result<Tensor> {
             let __outputs = self
                 .__modules
-                .forward(0, cx, &[renamed::__private::IntoSlot::into_slot(x)])?;
+                .forward(0, &[renamed::__private::IntoSlot::into_slot(x)])?;
             let [__output0] = renamed::__private::slots::<
                 1,
             >(__outputs, "Scale", "outputs")?;
@@ -443,12 +480,11 @@ const _: () = {
         /// returns the grads of the forward's inputs.
         pub fn backward(
             &mut self,
-            cx: &mut Cx,
             dy: &Tensor,
         ) -> renamed::__private::Result<Option<Tensor>> {
             let __grad_inputs = self
                 .__modules
-                .backward(0, cx, &[renamed::__private::IntoSlot::into_slot(dy)])?;
+                .backward(0, &[renamed::__private::IntoSlot::into_slot(dy)])?;
             let [__grad_input0] = renamed::__private::slots::<
                 1,
             >(__grad_inputs, "Scale", "grad inputs")?;
@@ -470,6 +506,12 @@ const _: () = {
                 self.__modules.module_mut::<Scale>(0),
                 "Scale",
             )
+        }
+        /// Gives the module back, unchanged, dropping the graphs and their pool.
+        pub fn into_module(self) -> Scale {
+            renamed::__private::unbox::<
+                Scale,
+            >((*self.__modules).into_modules().into_iter().next(), "Scale")
         }
         /// The type-erased graphs (pool, run-time hooks, ...).
         pub fn inner(&self) -> &renamed::__private::GraphedModules {

@@ -1,0 +1,168 @@
+//! Whole-chain calls: one microbatch through every chunk of a chained capture
+//! (`GraphOptions::chained`), the calls a `#[graphed(chained)]` struct's typed `forward`,
+//! `backward` and `step` make.
+//!
+//! Each chunk's graph is replayed by the ordinary per-chunk call, so the checks, the copies
+//! (none between chunks: chunk `c + 1`'s static input *is* chunk `c`'s static output) and the
+//! stale-handle rules are those of [`GraphedModules::forward`] and
+//! [`GraphedModules::backward`]. What the whole call adds is checked before the first chunk
+//! runs: the capture is chained, the schedule runs each microbatch through the chain back to
+//! back, and the last chunk's extra inputs fit its surface.
+
+use super::replay::check_slot;
+use super::GraphedModules;
+use crate::{Error, Result, Slot, SlotKind, Tensor};
+
+impl GraphedModules {
+    /// The first slot of chunk `c`'s result: what a chained chunk hands the next one.
+    #[inline]
+    fn first_slot(&self, slots: Vec<Option<Tensor>>, c: usize, what: &str) -> Result<Tensor> {
+        match slots.into_iter().next() {
+            Some(Some(t)) => Ok(t),
+            _ => Err(self.nothing_to_hand_on(c, what)),
+        }
+    }
+
+    #[cold]
+    fn nothing_to_hand_on(&self, c: usize, what: &str) -> Error {
+        Error::Graphed {
+            module: self.modules[c].name().into(),
+            detail: format!("chained: no {what} to hand on (a chained chunk's first {what} must be a tensor)"),
+        }
+    }
+
+    /// The chunks were captured chained and the schedule runs whole chains.
+    fn check_chain(&self, call: &'static str) -> Result<()> {
+        if !self.config.options.chained {
+            return Err(Error::invalid(
+                call,
+                "the chunks were not captured chained (GraphOptions::chained); call them one by one",
+            ));
+        }
+        if !self.config.whole_chains {
+            return Err(Error::InvalidOrder {
+                detail: format!(
+                    "{call} runs one microbatch through every chunk, but the schedule interleaves the chunks' steps (or has w(c) entries); call the chunks one by one in its order, or replay the whole schedule with step()"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The forward of every chunk for the next microbatch, as one call: `inputs` are the first
+    /// chunk's, `extras` the last chunk's inputs after its first (the previous chunk's output),
+    /// such as a loss head's labels. Returns the last chunk's outputs (fresh handles to its
+    /// static outputs, as [`GraphedModules::forward`] does).
+    ///
+    /// Checked before anything runs: a chained capture whose schedule runs whole chains, the
+    /// first chunk's inputs and the last chunk's extras (arity, shape, dtype, device,
+    /// staleness). A refused call changes nothing.
+    pub fn forward_chain(
+        &mut self,
+        inputs: &[Option<Tensor>],
+        extras: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        self.check_chain("forward_chain")?;
+        let last = self.modules.len() - 1;
+        if last == 0 {
+            if !extras.is_empty() {
+                let module = self.modules[0].name().into();
+                return Err(Error::Arity {
+                    module,
+                    kind: SlotKind::Input,
+                    expected: inputs.len(),
+                    got: inputs.len() + extras.len(),
+                });
+            }
+            return self.forward(0, inputs);
+        }
+        self.check_extras(last, extras)?;
+        let outputs = self.forward(0, inputs)?;
+        let mut h = self.first_slot(outputs, 0, "output")?;
+        for c in 1..last {
+            let outputs = self.forward(c, &[Some(h)])?;
+            h = self.first_slot(outputs, c, "output")?;
+        }
+        // The last chunk's slots, in a buffer kept between calls (no allocation per step).
+        let mut slots = std::mem::take(&mut self.chain_slots);
+        slots.clear();
+        slots.push(Some(h));
+        slots.extend_from_slice(extras);
+        let outputs = self.forward(last, &slots);
+        slots.clear();
+        self.chain_slots = slots;
+        outputs
+    }
+
+    /// The last chunk's extras against the surface its next forward replays on.
+    fn check_extras(&self, last: usize, extras: &[Option<Tensor>]) -> Result<()> {
+        let s = &self.surfaces[last][self.next_forward[last]];
+        if extras.len() + 1 != s.inputs.len() {
+            let (expected, got) = (s.inputs.len(), extras.len() + 1);
+            return Err(Error::Arity { module: s.label.clone(), kind: SlotKind::Input, expected, got });
+        }
+        if self.training == self.captured_training {
+            for (i, (x, st)) in extras.iter().zip(&s.inputs[1..]).enumerate() {
+                let slot = Slot { kind: SlotKind::Input, index: i + 1 };
+                check_slot(&s.label, slot, x, st, self.captured_training)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The backward of every chunk for the oldest outstanding microbatch, last chunk first, as
+    /// one call: `grad_outputs` are the last chunk's; each earlier chunk's grad output is the
+    /// next chunk's input grad (the same buffer: no copy). Returns the first chunk's input
+    /// grads. The last chunk's own call checks `grad_outputs` before anything runs.
+    pub fn backward_chain(&mut self, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        self.check_chain("backward_chain")?;
+        let last = self.modules.len() - 1;
+        let mut grads = self.backward(last, grad_outputs)?;
+        for c in (0..last).rev() {
+            let d = self.first_slot(grads, c + 1, "input grad")?;
+            grads = self.backward(c, &[Some(d)])?;
+        }
+        Ok(grads)
+    }
+
+    /// One fused step ([`GraphedModules::step`]) of a chained capture, on per-microbatch
+    /// inputs: for each microbatch `m`, `inputs[m]` for the first chunk, `extras[m]` for the
+    /// last chunk's inputs after its first, `grad_outputs[m]` for the last chunk's grad outputs.
+    /// They are copied into the step's bound buffers (unless one already is that buffer); the
+    /// last chunk's outputs of every microbatch come back.
+    ///
+    /// Everything is checked before the first copy: the step is fused and may run now (as
+    /// [`GraphedModules::step`] checks), one entry per microbatch, and each tensor against its
+    /// buffer (arity, shape, dtype, device, staleness). A refused step changes nothing.
+    pub fn step_chain(
+        &mut self,
+        inputs: &[&[Option<Tensor>]],
+        extras: &[&[Option<Tensor>]],
+        grad_outputs: &[&[Option<Tensor>]],
+    ) -> Result<Vec<Vec<Option<Tensor>>>> {
+        if !self.config.options.chained {
+            return Err(Error::invalid("step_chain", "the chunks were not captured chained (GraphOptions::chained)"));
+        }
+        let (last, microbatches) = (self.modules.len() - 1, self.microbatches());
+        for (what, n) in [("inputs", inputs.len()), ("extras", extras.len()), ("grad outputs", grad_outputs.len())] {
+            if n != microbatches {
+                return Err(Error::invalid(
+                    "step_chain",
+                    format!("{n} sets of {what} for a schedule of {microbatches} microbatches"),
+                ));
+            }
+        }
+        let mut copies = Vec::new();
+        let (input, grad) = (SlotKind::Input, SlotKind::GradOutput);
+        for m in 0..microbatches {
+            self.check_step_slots((0, m), input, |s| &s.inputs, |b| &b.inputs, 0, inputs[m], &mut copies)?;
+            // The last chunk's first input is the previous chunk's output: only its extras.
+            let (from, extras) = if last > 0 { (1, extras[m]) } else { (inputs[m].len(), extras[m]) };
+            self.check_step_slots((last, m), input, |s| &s.inputs, |b| &b.inputs, from, extras, &mut copies)?;
+            let grads = grad_outputs[m];
+            self.check_step_slots((last, m), grad, |s| &s.grad_outputs, |b| &b.grad_outputs, 0, grads, &mut copies)?;
+        }
+        self.step_copying(&copies)?;
+        (0..microbatches).map(|m| self.outputs(last, m)).collect()
+    }
+}
