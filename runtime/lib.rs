@@ -25,6 +25,7 @@
 #[path = "private.rs"]
 pub mod __private;
 mod backend;
+mod capabilities;
 mod checkpoint;
 mod cx;
 mod device;
@@ -52,6 +53,7 @@ mod tensor;
 mod tensor_half;
 
 pub use backend::is_capturing;
+pub use capabilities::{Capabilities, CudaVersion};
 pub use checkpoint::Checkpoint;
 pub use cx::Cx;
 pub use device::Device;

@@ -10,6 +10,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use super::kernels::{BuiltinKernel, KArg};
 use super::{DropErrors, StreamGate};
+use crate::capabilities::CudaVersion;
 use crate::{Error, Result};
 
 /// The CUDA C sources compiled once per context. BuiltinKernel names are `extern "C"`.
@@ -89,6 +90,15 @@ fn probe_libraries() -> Result<()> {
     }
 }
 
+/// The newest CUDA version the loaded driver supports. The caller checked that libcuda loads.
+pub(crate) fn driver_version() -> Result<CudaVersion> {
+    let mut v = 0i32;
+    // SAFETY: libcuda is present (probed first); `cuDriverGetVersion` exists in every driver
+    // since CUDA 2.2, needs no `cuInit`, and writes one int.
+    check("cuDriverGetVersion", unsafe { sys::cuDriverGetVersion(&mut v) })?;
+    Ok(CudaVersion(v.max(0) as u32))
+}
+
 /// A cuBLAS handle. Calls on one handle must not run concurrently, so it lives in a `Mutex`.
 pub(crate) struct CublasHandle(pub(crate) cublas_sys::cublasHandle_t);
 
@@ -111,6 +121,9 @@ pub(crate) struct CudaBackend {
     err_word: sys::CUdeviceptr,
     /// cublasLt (fused epilogues), when the library loads.
     pub(crate) lt: Option<std::sync::Mutex<super::cublaslt::Lt>>,
+    /// The CUDA version the driver supports; driver functions newer than
+    /// [`CudaVersion::MIN_DRIVER`] are only called when it has them.
+    pub(crate) driver_version: CudaVersion,
     name: String,
     pub(crate) gate: Arc<StreamGate>,
     pub(crate) drop_errors: Arc<DropErrors>,
@@ -126,6 +139,15 @@ impl CudaBackend {
     /// Opens device `ordinal`: context, stream, kernels and cuBLAS, or a clean error.
     pub(crate) fn new(ordinal: usize, gate: Arc<StreamGate>, drop_errors: Arc<DropErrors>) -> Result<CudaBackend> {
         probe_libraries()?;
+        let driver_version = driver_version()?;
+        if driver_version < CudaVersion::MIN_DRIVER {
+            return Err(Error::CudaUnavailable {
+                reason: format!(
+                    "the driver supports CUDA {driver_version}; graphed needs a driver for CUDA {} or newer",
+                    CudaVersion::MIN_DRIVER
+                ),
+            });
+        }
         let count = CudaContext::device_count().map_err(|e| Error::CudaUnavailable { reason: format!("{e:?}") })?;
         if ordinal as i32 >= count {
             return Err(Error::CudaUnavailable { reason: format!("no CUDA device {ordinal} ({count} found)") });
@@ -189,6 +211,7 @@ impl CudaBackend {
             cublas_workspace,
             err_word,
             lt: super::cublaslt::Lt::open().map(std::sync::Mutex::new),
+            driver_version,
             name,
             gate,
             drop_errors,
