@@ -77,6 +77,12 @@ fn bf16_graphed_fused_and_floor_train_bit_for_bit_like_eager() {
     every_mode_trains_bit_for_bit_like_eager(Config { dtype: DType::BF16, ..TINY });
 }
 
+/// Head dimension 64 in bf16: the blocks run the fused attention kernels (`flash_attention`).
+#[test]
+fn bf16_with_fused_attention_trains_bit_for_bit_like_eager() {
+    every_mode_trains_bit_for_bit_like_eager(Config { d_model: 128, heads: 2, hidden: 96, dtype: DType::BF16, ..TINY });
+}
+
 #[test]
 fn the_graphed_pipeline_trains_bit_for_bit_like_its_eager_schedule() {
     for cfg in [TINY, Config { dtype: DType::BF16, ..TINY }] {

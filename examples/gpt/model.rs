@@ -98,6 +98,25 @@ impl Block {
     }
 }
 
+/// Causal attention: the fused kernels (`flash_attention`) where they run (bf16/f16, head dim
+/// 64 or 128), else `causal_attention` (f32, the tiny host configuration).
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize) -> Result<(Tensor, Tensor)> {
+    if ops::Attention::supports(q.dtype(), q.dims()[2] / heads) {
+        ops::flash_attention(q, k, v, &ops::Attention::causal(heads))
+    } else {
+        ops::causal_attention(q, k, v, heads)
+    }
+}
+
+/// The backward of [`attend`] from `[q, k, v, out, lse]`.
+fn attend_backward(dout: &Tensor, [q, k, v, out, lse]: [&Tensor; 5], heads: usize) -> Result<(Tensor, Tensor, Tensor)> {
+    if ops::Attention::supports(q.dtype(), q.dims()[2] / heads) {
+        ops::flash_attention_backward(dout, q, k, v, out, lse, &ops::Attention::causal(heads))
+    } else {
+        ops::causal_attention_backward(dout, q, k, v, out, lse, heads)
+    }
+}
+
 /// `linear_backward`'s `dx`, which it returns when asked for.
 pub fn dx_of(t: Option<Tensor>) -> Result<Tensor> {
     t.ok_or_else(|| Error::msg("linear_backward returned no dx"))
@@ -110,7 +129,7 @@ impl Block {
         let q = ops::linear(&h1, &self.wq.value, None)?;
         let k = ops::linear(&h1, &self.wk.value, None)?;
         let v = ops::linear(&h1, &self.wv.value, None)?;
-        let (att, lse) = ops::causal_attention(&q, &k, &v, self.heads)?;
+        let (att, lse) = attend(&q, &k, &v, self.heads)?;
         let (a, mask1) = self.drop(cx, &ops::linear(&att, &self.wo.value, None)?)?;
         let x2 = ops::add(x, &a)?;
         let (h2, rstd2) = ops::rms_norm(&x2, &self.norm2.value, EPS)?;
@@ -145,7 +164,7 @@ impl Block {
         )?;
         let dx2 = ops::add(dy, &ops::rms_norm_backward(&dh2, x2, &self.norm2.value, rstd2, &self.norm2.grad)?)?;
         let datt = dx_of(ops::linear_backward(&undrop(&dx2, 0)?, att, &self.wo.value, &self.wo.grad, None, true)?)?;
-        let (dq, dk, dv) = ops::causal_attention_backward(&datt, q, k, v, att, lse, self.heads)?;
+        let (dq, dk, dv) = attend_backward(&datt, [q, k, v, att, lse], self.heads)?;
         let mut dh1 = dx_of(ops::linear_backward(&dq, h1, &self.wq.value, &self.wq.grad, None, true)?)?;
         for (d, w) in [(&dk, &self.wk), (&dv, &self.wv)] {
             dh1 = ops::add(&dh1, &dx_of(ops::linear_backward(d, h1, &w.value, &w.grad, None, true)?)?)?;

@@ -8,7 +8,7 @@ use cudarc::cublas::{result as cublas_result, sys as cublas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
-use super::kernels::{BuiltinKernel, KArg};
+use super::kernels::{BuiltinKernel, FlashTiles, KArg};
 use super::{DropErrors, StreamGate};
 use crate::capabilities::CudaVersion;
 use crate::{Error, Result};
@@ -20,6 +20,7 @@ pub(crate) const KERNEL_SOURCES: &[&str] = &[
     include_str!("kernels/half.cu"),
     include_str!("kernels/mixed.cu"),
     include_str!("kernels/transformer.cu"),
+    include_str!("kernels/flash.cu"),
 ];
 
 /// The clear state of the device's error word (see `kernels/transformer.cu`): no bad token.
@@ -125,6 +126,10 @@ pub(crate) struct CudaBackend {
     /// [`CudaVersion::MIN_DRIVER`] are only called when it has them.
     pub(crate) driver_version: CudaVersion,
     name: String,
+    /// Compute capability (major, minor).
+    pub(crate) capability: (i32, i32),
+    /// The most dynamic shared memory a block may opt into, in bytes.
+    pub(crate) max_shared_optin: usize,
     pub(crate) gate: Arc<StreamGate>,
     pub(crate) drop_errors: Arc<DropErrors>,
 }
@@ -167,16 +172,33 @@ impl CudaBackend {
                 .map_err(driver_err("cuDeviceGetAttribute"))?,
         );
         let src = KERNEL_SOURCES.join("\n");
-        let opts = CompileOptions {
-            options: vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()],
-            ..Default::default()
-        };
+        let mut options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
+        options.extend(FlashTiles::nvrtc_defines());
+        let opts = CompileOptions { options, ..Default::default() };
         let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
         let module = ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
         let functions = BuiltinKernel::ALL
             .iter()
             .map(|k| module.load_function(k.name()).map_err(driver_err("cuModuleGetFunction")))
             .collect::<Result<Vec<_>>>()?;
+        let max_shared_optin = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(driver_err("cuDeviceGetAttribute"))?
+            .max(0) as usize;
+        // The fused attention kernels take more than the default 48 KB of dynamic shared
+        // memory; their launches check their need against this limit first.
+        for (k, f) in BuiltinKernel::ALL.iter().zip(&functions) {
+            if k.name().starts_with("flash_")
+                && *k != BuiltinKernel::FlashBwdPrepBf16
+                && *k != BuiltinKernel::FlashBwdPrepF16
+            {
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    max_shared_optin as i32,
+                )
+                .map_err(driver_err("cuFuncSetAttribute"))?;
+            }
+        }
 
         // SAFETY: plain allocation and a synchronous copy of 16 bytes into it, outside any
         // capture; freed in Drop.
@@ -213,6 +235,8 @@ impl CudaBackend {
             lt: super::cublaslt::Lt::open().map(std::sync::Mutex::new),
             driver_version,
             name,
+            capability: (major, minor),
+            max_shared_optin,
             gate,
             drop_errors,
         })

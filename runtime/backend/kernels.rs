@@ -191,6 +191,68 @@ kernels! {
     EmbeddingBwdBf16F32 = "embedding_bwd_bf16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     EmbeddingBwdF16F32 = "embedding_bwd_f16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     LrWarmupCosineF32 = "lr_warmup_cosine_f32" (Ptr, Ptr, F32, F32, U32, U32);
+    // Fused attention: kernels/flash.cu (tile shapes: FlashTiles below).
+    FlashFwdBf16D64 = "flash_fwd_bf16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashFwdBf16D128 = "flash_fwd_bf16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashFwdF16D64 = "flash_fwd_f16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashFwdF16D128 = "flash_fwd_f16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashBwdPrepBf16 = "flash_bwd_prep_bf16" (Ptr, Ptr, Ptr, U32, U32, U32, U32);
+    FlashBwdPrepF16 = "flash_bwd_prep_f16" (Ptr, Ptr, Ptr, U32, U32, U32, U32);
+    FlashBwdDqBf16D64 = "flash_bwd_dq_bf16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashBwdDqBf16D128 = "flash_bwd_dq_bf16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashBwdDqF16D64 = "flash_bwd_dq_f16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashBwdDqF16D128 = "flash_bwd_dq_f16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashBwdDkdvBf16D64 = "flash_bwd_dkdv_bf16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashBwdDkdvBf16D128 = "flash_bwd_dkdv_bf16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashBwdDkdvF16D64 = "flash_bwd_dkdv_f16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashBwdDkdvF16D128 = "flash_bwd_dkdv_f16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+}
+
+/// The tile shapes of the fused attention kernels (`kernels/flash.cu`), one place for both
+/// sides: NVRTC gets them as `-DFA_<KIND><D>=tile,warps` and the launches size their grids and
+/// shared memory from them. Chosen by sweeping `bench/flash_sweep.py` on an H200.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FlashTiles {
+    /// Forward: keys per tile, warps (16 query rows each).
+    pub(crate) fwd: (usize, usize),
+    /// dQ: keys per tile, warps (16 query rows each).
+    pub(crate) dq: (usize, usize),
+    /// dK/dV: queries per tile, warps (16 keys each).
+    pub(crate) dkv: (usize, usize),
+}
+
+impl FlashTiles {
+    /// The head dimensions the kernels are built for.
+    pub(crate) const HEAD_DIMS: [usize; 2] = [64, 128];
+
+    pub(crate) const fn of(head_dim: usize) -> FlashTiles {
+        if head_dim == 64 {
+            FlashTiles { fwd: (128, 4), dq: (128, 4), dkv: (128, 4) }
+        } else {
+            FlashTiles { fwd: (64, 4), dq: (64, 4), dkv: (64, 4) }
+        }
+    }
+
+    /// Dynamic shared memory, in bytes, of the forward, dQ and dK/dV kernels at `head_dim`.
+    pub(crate) const fn smem(self, head_dim: usize) -> [usize; 3] {
+        let ((bn, nw), (dbn, dnw), (bm, knw)) = (self.fwd, self.dq, self.dkv);
+        [
+            (16 * nw + 4 * bn) * head_dim * 2,
+            (2 * 16 * dnw + 4 * dbn) * head_dim * 2,
+            (2 * 16 * knw + 4 * bm) * head_dim * 2 + 4 * bm * 4,
+        ]
+    }
+
+    /// The NVRTC options that build the kernels with these shapes.
+    pub(crate) fn nvrtc_defines() -> Vec<String> {
+        Self::HEAD_DIMS
+            .iter()
+            .flat_map(|&d| {
+                let t = Self::of(d);
+                [("FWD", t.fwd), ("DQ", t.dq), ("DKV", t.dkv)].map(|(k, (a, b))| format!("-DFA_{k}{d}={a},{b}"))
+            })
+            .collect()
+    }
 }
 
 /// The f32 kernel of an op and its bf16 and f16 variants: picks one by dtype.
@@ -238,6 +300,11 @@ mod tests {
         src.split("extern \"C\" __global__ void ")
             .skip(1)
             .map(|rest| {
+                // `__launch_bounds__(..)` may stand before the name.
+                let rest = match rest.strip_prefix("__launch_bounds__(") {
+                    Some(r) => r.split_once(") ").expect("a closed __launch_bounds__").1,
+                    None => rest,
+                };
                 let (name, rest) = rest.split_once('(').expect("a parameter list");
                 let params = rest.split_once(')').expect("a closing parenthesis").0;
                 let kinds = params

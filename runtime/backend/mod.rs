@@ -27,7 +27,7 @@ pub(crate) use cuda::{CudaBackend, LaunchDims};
 pub(crate) use cuda_gemm::{GemmEx, Operand, RowGemmBatched, RowMat};
 pub(crate) use cuda_graph::RawGraph;
 pub(crate) use host::{HostBackend, HostPtr, HostSlab};
-pub(crate) use kernels::{BuiltinKernel, KArg, Typed};
+pub(crate) use kernels::{BuiltinKernel, FlashTiles, KArg, Typed};
 
 /// Which machine runs the ops.
 #[derive(Debug)]

@@ -490,6 +490,19 @@ pub enum Error {
         /// The vocabulary size.
         vocab: usize,
     },
+    /// Fused attention was asked for a dtype, head dimension or device its kernels are not
+    /// built for.
+    #[error("{op}: fused attention runs bf16 or f16 with head_dim 64 or 128 on GPUs of compute capability 8.0 or newer (got {dtype:?}, head_dim {head_dim}{device}); use ops::causal_attention for other cases")]
+    AttentionUnsupported {
+        /// The operation.
+        op: &'static str,
+        /// The inputs' dtype.
+        dtype: crate::DType,
+        /// Their head dimension.
+        head_dim: usize,
+        /// Empty, or why the device cannot run the kernels.
+        device: String,
+    },
     /// A sequence is longer than the model's context.
     #[error("{op}: a sequence of {len} tokens is longer than the context of {context}; shorten it")]
     SequenceTooLong {

@@ -452,4 +452,6 @@ pub use transformer::{
 
 #[path = "cpu_attention.rs"]
 mod attention;
-pub use attention::{causal_attention, causal_attention_backward, AttnDims, AttnSaved};
+pub use attention::{
+    attention, attention_backward, causal_attention, causal_attention_backward, AttnDims, AttnSaved, AttnShape,
+};

@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""Fused attention on the GPU machine: correctness, tile sweep and TFLOP/s next to PyTorch.
+
+Compiles runtime/backend/kernels/flash.cu with NVRTC (through CuPy, the same compiler the
+runtime uses) once per tile configuration, checks every kernel against a float32 reference
+(PyTorch's math attention on the same bf16/f16 inputs), checks that the backward is bitwise
+reproducible, sweeps the tile shapes at seq 1024 and 4096, then times the best configuration
+at seq 512..8192 (head dim 64 and 128, causal and not) next to torch's SDPA (flash and cuDNN
+backends) in the same run.
+
+FLOP counts (FlashAttention's convention): forward 4 * batch * heads * seq^2 * head_dim (two
+products), halved when causal; backward 2.5 times the forward (five products; our kernels run
+seven, recomputing Q.K^T and dO.V^T once more to stay free of atomics).
+
+    python3 bench/flash_sweep.py [--quick] [--out DIR]
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import cupy as cp
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KDIR = os.path.join(ROOT, "runtime", "backend", "kernels")
+
+# (BN or BM, NW) per kernel kind; the first entry is the default of flash.cu.
+SWEEP = {
+    "FWD64": [(64, 8), (64, 4), (128, 4), (128, 8), (32, 8)],
+    "FWD128": [(64, 8), (64, 4), (32, 8), (128, 4), (32, 4)],
+    "DQ64": [(64, 8), (64, 4), (128, 4), (32, 8), (32, 4)],
+    "DQ128": [(64, 8), (64, 4), (32, 8), (32, 4), (128, 4)],
+    "DKV64": [(64, 8), (64, 4), (128, 4), (32, 8), (128, 8)],
+    "DKV128": [(64, 8), (64, 4), (32, 8), (128, 4), (32, 4)],
+}
+
+
+def smem_bytes(kind, d, cfg):
+    t, nw = cfg
+    rows = 16 * nw
+    if kind == "FWD":
+        return (rows + 4 * t) * d * 2
+    if kind == "DQ":
+        return (2 * rows + 4 * t) * d * 2
+    return (2 * rows + 4 * t) * d * 2 + 4 * t * 4  # DKV: t = BM queries, rows = keys
+
+
+def source():
+    parts = [open(os.path.join(KDIR, f)).read() for f in ("core.cu", "ops.cu", "half.cu", "flash.cu")]
+    return "\n".join(parts)
+
+
+class Kernels:
+    def __init__(self, cfgs):
+        self.cfgs = cfgs
+        defs = tuple(f"-DFA_{k}={v[0]},{v[1]}" for k, v in cfgs.items())
+        t0 = time.time()
+        self.mod = cp.RawModule(code=source(), options=("-std=c++17", "--gpu-architecture=sm_90") + defs)
+        self.funcs = {}
+        self.compile_s = time.time() - t0
+
+    def f(self, name, kind, d):
+        key = (name, kind, d)
+        if key not in self.funcs:
+            fn = self.mod.get_function(name)
+            cfg = self.cfgs[f"{kind}{d}"]
+            sm = smem_bytes(kind, d, cfg)
+            fn.max_dynamic_shared_size_bytes = sm
+            self.funcs[key] = (fn, cfg, sm)
+        return self.funcs[key]
+
+    def regs(self, name, kind, d):
+        fn, _, _ = self.f(name, kind, d)
+        return fn.num_regs, fn.local_size_bytes
+
+
+def P(t):
+    return np.uint64(t.data_ptr())
+
+
+def U(x):
+    return np.uint32(x)
+
+
+def dt_name(dtype):
+    return "bf16" if dtype == torch.bfloat16 else "f16"
+
+
+def fwd(K, q, k, v, heads, kv_heads, causal):
+    b, s, w = q.shape
+    d = w // heads
+    out = torch.empty_like(q)
+    lse = torch.empty((b, heads, s), device=q.device, dtype=torch.float32)
+    fn, (bn, nw), sm = K.f(f"flash_fwd_{dt_name(q.dtype)}_d{d}", "FWD", d)
+    grid = ((s + 16 * nw - 1) // (16 * nw), heads, b)
+    fn(grid, (32 * nw,), (P(out), P(lse), P(q), P(k), P(v), U(s), U(heads), U(kv_heads), U(int(causal)), np.float32(1 / math.sqrt(d))), shared_mem=sm)
+    return out, lse
+
+
+def bwd(K, dout, q, k, v, out, lse, heads, kv_heads, causal):
+    b, s, w = q.shape
+    d = w // heads
+    name = dt_name(q.dtype)
+    dsum = torch.empty((b, heads, s), device=q.device, dtype=torch.float32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    prep = K.mod.get_function(f"flash_bwd_prep_{name}")
+    n = b * s * heads
+    prep(((n + 255) // 256,), (256,), (P(dsum), P(dout), P(out), U(b * s), U(s), U(heads), U(d)))
+    scale = np.float32(1 / math.sqrt(d))
+    fn, (bn, nw), sm = K.f(f"flash_bwd_dkdv_{name}_d{d}", "DKV", d)
+    grid = ((s + 16 * nw - 1) // (16 * nw), kv_heads, b)
+    fn(grid, (32 * nw,), (P(dk), P(dv), P(q), P(k), P(v), P(dout), P(lse), P(dsum), U(s), U(heads), U(kv_heads), U(int(causal)), scale), shared_mem=sm)
+    fn, (bn, nw), sm = K.f(f"flash_bwd_dq_{name}_d{d}", "DQ", d)
+    grid = ((s + 16 * nw - 1) // (16 * nw), heads, b)
+    fn(grid, (32 * nw,), (P(dq), P(q), P(k), P(v), P(dout), P(lse), P(dsum), U(s), U(heads), U(kv_heads), U(int(causal)), scale), shared_mem=sm)
+    return dq, dk, dv
+
+
+def to_heads(t, h):
+    b, s, w = t.shape
+    return t.view(b, s, h, w // h).transpose(1, 2)
+
+
+def reference(q, k, v, dout, heads, kv_heads, causal):
+    """float32 attention on the (rounded) inputs: out, lse, dq, dk, dv."""
+    qf, kf, vf = (to_heads(t.float(), h).detach().requires_grad_(True) for t, h in ((q, heads), (k, kv_heads), (v, kv_heads)))
+    g = heads // kv_heads
+    ke, ve = kf.repeat_interleave(g, dim=1), vf.repeat_interleave(g, dim=1)
+    d = qf.shape[-1]
+    s = qf.shape[2]
+    sc = (qf @ ke.transpose(-1, -2)) / math.sqrt(d)
+    if causal:
+        sc = sc.masked_fill(torch.triu(torch.ones(s, s, dtype=torch.bool, device=q.device), 1), float("-inf"))
+    lse = torch.logsumexp(sc, -1)
+    o = torch.softmax(sc, -1) @ ve
+    o.backward(to_heads(dout.float(), heads))
+    back = lambda t: t.transpose(1, 2).reshape(t.shape[0], s, -1)
+    return back(o.detach()), lse.detach(), back(qf.grad), back(kf.grad), back(vf.grad)
+
+
+def rel(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def check(K, dtype, b, s, heads, kv_heads, d, causal, log):
+    torch.manual_seed(s * 7 + heads + d + int(causal))
+    q = torch.randn(b, s, heads * d, device="cuda").to(dtype)
+    k = torch.randn(b, s, kv_heads * d, device="cuda").to(dtype)
+    v = torch.randn(b, s, kv_heads * d, device="cuda").to(dtype)
+    dout = torch.randn(b, s, heads * d, device="cuda").to(dtype)
+    out, lse = fwd(K, q, k, v, heads, kv_heads, causal)
+    dq, dk, dv = bwd(K, dout, q, k, v, out, lse, heads, kv_heads, causal)
+    dq2, dk2, dv2 = bwd(K, dout, q, k, v, out, lse, heads, kv_heads, causal)
+    torch.cuda.synchronize()
+    ro, rl, rq, rk, rv = reference(q, k, v, dout, heads, kv_heads, causal)
+    errs = dict(out=rel(out, ro), lse=rel(lse, rl), dq=rel(dq, rq), dk=rel(dk, rk), dv=rel(dv, rv))
+    det = all(torch.equal(a, b) for a, b in ((dq, dq2), (dk, dk2), (dv, dv2)))
+    finite = all(torch.isfinite(t).all().item() for t in (out, lse, dq, dk, dv))
+    ok = finite and det and all(e < 2e-2 for e in errs.values())
+    line = f"check {dt_name(dtype)} b{b} s{s} h{heads}/{kv_heads} d{d} causal={int(causal)}: " + " ".join(f"{k}={v:.2e}" for k, v in errs.items()) + f" det={det} {'OK' if ok else 'FAIL'}"
+    log(line)
+    return ok
+
+
+def median_ms(fn, reps=20, warm=3):
+    for _ in range(warm):
+        fn()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, e in ev:
+        a.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return float(np.median([a.elapsed_time(e) for a, e in ev]))
+
+
+def flops(b, s, heads, d, causal):
+    f = 4.0 * b * heads * s * s * d
+    return f / 2 if causal else f
+
+
+def inputs(s, d, dtype=torch.bfloat16, tokens=16384, width=2048):
+    b, heads = max(1, tokens // s), width // d
+    torch.manual_seed(0)
+    mk = lambda: torch.randn(b, s, heads * d, device="cuda").to(dtype)
+    return b, heads, mk(), mk(), mk(), mk()
+
+
+def time_ours(K, s, d, causal):
+    b, heads, q, k, v, dout = inputs(s, d)
+    out, lse = fwd(K, q, k, v, heads, heads, causal)
+    tf = median_ms(lambda: fwd(K, q, k, v, heads, heads, causal))
+    tb = median_ms(lambda: bwd(K, dout, q, k, v, out, lse, heads, heads, causal))
+    fl = flops(b, s, heads, d, causal)
+    return fl / tf / 1e9, 2.5 * fl / tb / 1e9, tf, tb
+
+
+def time_torch(s, d, causal, backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    b, heads, q, k, v, dout = inputs(s, d)
+    qh, kh, vh, doh = (to_heads(t, heads).detach().requires_grad_(True) for t in (q, k, v, dout))
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    try:
+        with sdpa_kernel([be]):
+            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
+            tf = median_ms(lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal))
+            tb = median_ms(lambda: torch.autograd.grad(o, (qh, kh, vh), doh, retain_graph=True))
+    except Exception as e:  # a backend that refuses the shape
+        return None, None, str(e).splitlines()[0][:80]
+    fl = flops(b, s, heads, d, causal)
+    return fl / tf / 1e9, 2.5 * fl / tb / 1e9, None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--no-sweep", action="store_true")
+    args = ap.parse_args()
+    lines = []
+
+    def log(s):
+        print(s, flush=True)
+        lines.append(s)
+
+    log(f"GPU: {torch.cuda.get_device_name()} torch {torch.__version__} cupy {cp.__version__}")
+    n = 1 if args.no_sweep else max(len(v) for v in SWEEP.values())
+    variants = []
+    for i in range(n):
+        cfgs = {k: v[min(i, len(v) - 1)] for k, v in SWEEP.items()}
+        K = Kernels(cfgs)
+        log(f"variant {i}: {cfgs} compiled in {K.compile_s:.1f} s")
+        variants.append(K)
+    K0 = variants[0]
+    # Registers and local memory of every kernel of every variant.
+    for i, K in enumerate(variants):
+        regs = []
+        for d in (64, 128):
+            for name, kind in ((f"flash_fwd_bf16_d{d}", "FWD"), (f"flash_bwd_dq_bf16_d{d}", "DQ"), (f"flash_bwd_dkdv_bf16_d{d}", "DKV")):
+                r, l = K.regs(name, kind, d)
+                regs.append(f"{kind}{d}:{r}r/{l}B")
+        log(f"variant {i} registers/local: " + " ".join(regs))
+
+    # Correctness of the default variant (every dtype, head dim, odd lengths, GQA), then of each
+    # swept variant on two shapes.
+    ok = True
+    for dtype in (torch.bfloat16, torch.float16):
+        for d in (64, 128):
+            for causal in (True, False):
+                for (b, s, h, kvh) in ((2, 1, 4, 4), (2, 63, 4, 2), (1, 257, 4, 1), (2, 300, 8, 8), (1, 1024, 2, 2)):
+                    ok &= check(K0, dtype, b, s, h, kvh, d, causal, log)
+    for i, K in enumerate(variants[1:], 1):
+        for d in (64, 128):
+            for causal in (True, False):
+                ok &= check(K, torch.bfloat16, 2, 257, 4, 2, d, causal, lambda s: log(f"v{i} " + s))
+    log(f"correctness: {'ALL OK' if ok else 'FAILURES'}")
+
+    results = {"lines": lines}
+    # Sweep: each variant's TFLOP/s per kernel kind at seq 1024 and 4096.
+    best = {}
+    if len(variants) > 1:
+        for d in (64, 128):
+            for i, K in enumerate(variants):
+                row = []
+                score_f = score_b = 0.0
+                for s in (1024, 4096):
+                    for causal in (True, False):
+                        f, bw, _, _ = time_ours(K, s, d, causal)
+                        score_f += math.log(f)
+                        score_b += math.log(bw)
+                        row.append(f"s{s}{'c' if causal else 'n'} {f:.0f}/{bw:.0f}")
+                log(f"sweep d{d} v{i} fwd{K.cfgs[f'FWD{d}']} dq{K.cfgs[f'DQ{d}']} dkv{K.cfgs[f'DKV{d}']}: " + "  ".join(row))
+                for kind, sc in (("FWD", score_f), ("BWD", score_b)):
+                    if (kind, d) not in best or sc > best[(kind, d)][0]:
+                        best[(kind, d)] = (sc, i)
+        log("best: " + ", ".join(f"{k[0]}{k[1]}=v{v[1]}" for k, v in sorted(best.items())))
+    # The table with the best variant per (kind, head dim) next to torch.
+    seqs = (1024, 4096) if args.quick else (512, 1024, 2048, 4096, 8192)
+    table = []
+    log("| seq | d | causal | ours fwd | torch flash fwd | torch cudnn fwd | ours bwd | torch flash bwd | torch cudnn bwd |")
+    log("|---|---|---|---|---|---|---|---|---|")
+    for d in (64, 128):
+        kf = variants[best.get(("FWD", d), (0, 0))[1]]
+        kb = variants[best.get(("BWD", d), (0, 0))[1]]
+        for causal in (True, False):
+            for s in seqs:
+                f, _, _, _ = time_ours(kf, s, d, causal)
+                _, bw, _, _ = time_ours(kb, s, d, causal)
+                tfl, tbl, _ = time_torch(s, d, causal, "flash")
+                tfc, tbc, err = time_torch(s, d, causal, "cudnn")
+                fmt = lambda x: "-" if x is None else f"{x:.0f}"
+                log(f"| {s} | {d} | {int(causal)} | {f:.0f} | {fmt(tfl)} | {fmt(tfc)} | {bw:.0f} | {fmt(tbl)} | {fmt(tbc)} |")
+                table.append(dict(seq=s, d=d, causal=causal, fwd=f, bwd=bw, torch_flash_fwd=tfl, torch_flash_bwd=tbl, torch_cudnn_fwd=tfc, torch_cudnn_bwd=tbc))
+    results["table"] = table
+    results["best"] = {f"{k[0]}{k[1]}": variants[v[1]].cfgs for k, v in best.items()}
+    with open(os.path.join(args.out, "flash_sweep.json"), "w") as fh:
+        json.dump(results, fh, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

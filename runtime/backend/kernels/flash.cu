@@ -1,0 +1,554 @@
+// Fused attention (the FlashAttention-2 algorithm) on tensor cores: mma.sync m16n8k16 with
+// ldmatrix and cp.async, written for NVRTC (sm_80 and newer; no headers). NVRTC compiles this
+// file after core.cu and half.cu in one program: u16, u32 and u64 come from there.
+//
+// Layout: q is [batch, seq, heads * D], k and v are [batch, seq, kv_heads * D] (the outputs of
+// linear layers, heads side by side; kv_heads divides heads: grouped-query attention), out and
+// the grads have the layout of their input, lse and dsum are f32 [batch, heads, seq]. Storage is
+// bf16 or f16 (raw 16-bit words), every product accumulates in f32.
+//
+// Forward: one block per (query tile, head, batch); each warp owns 16 query rows, keeps its Q
+// fragments in registers and streams K/V tiles through two shared-memory stages (cp.async,
+// the next tile loads while this one computes), with the online softmax in f32 registers.
+// Only the row logsumexp is saved. Backward: a prep kernel computes dsum = rowsum(dO * O); one
+// kernel per (key tile, kv head, batch) accumulates dK and dV over the query tiles (and over
+// the query heads of its group), one per (query tile, head, batch) accumulates dQ over the key
+// tiles. Both recompute P from lse; no atomics anywhere, so every result is bitwise
+// reproducible (the price: Q·Kᵀ and dO·Vᵀ are computed twice, 7 products instead of 5).
+//
+// Shared memory tiles are rows of D 16-bit values in 16-byte chunks; chunk c of row r lives at
+// chunk c ^ (r & 7), so the 8 rows an ldmatrix reads fall in 8 different bank groups.
+
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
+#define FA_NEG_INF __uint_as_float(0xff800000u)
+
+extern __shared__ __align__(128) unsigned char fa_smem[];
+
+__device__ __forceinline__ u32 fa_min(u32 a, u32 b) { return a < b ? a : b; }
+
+__device__ __forceinline__ u32 fa_saddr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// 16 bytes global -> shared, zero-filled when !ok (src must still be a valid address).
+__device__ __forceinline__ void fa_cp16(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fa_saddr(dst)), "l"(src), "r"(ok ? 16 : 0));
+}
+// 4 bytes global -> shared, zero-filled when !ok.
+__device__ __forceinline__ void fa_cp4(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(fa_saddr(dst)), "l"(src), "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void fa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void fa_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void fa_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void fa_ldsm(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(fa_saddr(p)));
+}
+__device__ __forceinline__ void fa_ldsm_t(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(fa_saddr(p)));
+}
+
+// c[0..4] += A (16x16, 4 words) * B (16x8, 2 words), f32 accumulators.
+template <bool BF16>
+__device__ __forceinline__ void fa_mma(float* c, const u32* a, u32 b0, u32 b1) {
+    if constexpr (BF16) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+// Two f32 values rounded to nearest even into one word (lo in the low half).
+template <bool BF16>
+__device__ __forceinline__ u32 fa_pack(float lo, float hi) {
+    u32 r;
+    if constexpr (BF16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+
+__device__ __forceinline__ float fa_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Element offset of (row, chunk) in a swizzled tile of D columns.
+template <int D>
+__device__ __forceinline__ int fa_off(int row, int chunk) {
+    return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+// Loads ROWS rows of a [.., stride] matrix from row `row0` into a swizzled tile; rows at or past
+// `rows` are zero-filled. NT threads share the work.
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void fa_load(u16* s, const u16* g, u64 stride, u32 row0, u32 rows) {
+    constexpr int CH = D / 8, N = ROWS * CH;
+#pragma unroll
+    for (int it = 0; it < (N + NT - 1) / NT; ++it) {
+        const int i = it * NT + threadIdx.x;
+        if (N % NT != 0 && i >= N) break;
+        const int r = i / CH, c = i % CH;
+        const bool ok = row0 + r < rows;
+        const u16* src = ok ? g + (u64)(row0 + r) * stride + c * 8 : g;
+        fa_cp16(s + fa_off<D>(r, c), src, ok);
+    }
+}
+
+// Loads N f32 values from g[i0..] into s (zero past n).
+template <int N, int NT>
+__device__ __forceinline__ void fa_load_f32(float* s, const float* g, u32 i0, u32 n) {
+    for (int i = threadIdx.x; i < N; i += NT) {
+        const bool ok = i0 + i < n;
+        fa_cp4(s + i, ok ? g + i0 + i : g, ok);
+    }
+}
+
+// A fragment (16 rows from `row0`, k columns 16*kk..) of a swizzled tile.
+template <int D>
+__device__ __forceinline__ void fa_frag_a(u32* a, const u16* s, int row0, int kk) {
+    const int lane = threadIdx.x & 31;
+    fa_ldsm(a, s + fa_off<D>(row0 + (lane & 15), kk * 2 + (lane >> 4)));
+}
+
+// B fragments of two n8 tiles (rows n0..n0+16 of the tile, k columns 16*kk..) for a product
+// with the tile transposed (S = Q·Kᵀ): {b0, b1} of tile n0, {b2, b3} of tile n0 + 8.
+template <int D>
+__device__ __forceinline__ void fa_frag_bt(u32* b, const u16* s, int n0, int kk) {
+    const int lane = threadIdx.x & 31;
+    fa_ldsm(b, s + fa_off<D>(n0 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
+}
+
+// B fragments for a product with the tile itself (O = P·V; k = its rows k0..k0+16, n = its
+// columns): {b0, b1} of columns 16*dp.., {b2, b3} of columns 16*dp + 8...
+template <int D>
+__device__ __forceinline__ void fa_frag_b(u32* b, const u16* s, int k0, int dp) {
+    const int lane = threadIdx.x & 31;
+    fa_ldsm_t(b, s + fa_off<D>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
+}
+
+// acc (16 x 8*NT8 f32 per warp) += A (16 x 16*KS, from registers) * tile (rows k, columns n).
+template <bool BF16, int D, int KS>
+__device__ __forceinline__ void fa_mma_rows_b(float (*acc)[4], const u32 (*a)[4], const u16* s, int k0) {
+#pragma unroll
+    for (int kc = 0; kc < KS; ++kc) {
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+            u32 b[4];
+            fa_frag_b<D>(b, s, k0 + kc * 16, dp);
+            fa_mma<BF16>(acc[2 * dp], a[kc], b[0], b[1]);
+            fa_mma<BF16>(acc[2 * dp + 1], a[kc], b[2], b[3]);
+        }
+    }
+}
+
+// acc (16 x N) = A (16 x D, fragments in registers) * tileᵀ (N rows of D).
+template <bool BF16, int D, int N>
+__device__ __forceinline__ void fa_mma_bt(float (*acc)[4], const u32 (*a)[4], const u16* s) {
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < N / 16; ++np) {
+            u32 b[4];
+            fa_frag_bt<D>(b, s, np * 16, kk);
+            fa_mma<BF16>(acc[2 * np], a[kk], b[0], b[1]);
+            fa_mma<BF16>(acc[2 * np + 1], a[kk], b[2], b[3]);
+        }
+    }
+}
+
+// Same with A read from a shared tile (rows a_row0..a_row0+16) instead of registers.
+template <bool BF16, int D, int N>
+__device__ __forceinline__ void fa_mma_bt_s(float (*acc)[4], const u16* sa, int a_row0, const u16* s) {
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        u32 a[4];
+        fa_frag_a<D>(a, sa, a_row0, kk);
+#pragma unroll
+        for (int np = 0; np < N / 16; ++np) {
+            u32 b[4];
+            fa_frag_bt<D>(b, s, np * 16, kk);
+            fa_mma<BF16>(acc[2 * np], a, b[0], b[1]);
+            fa_mma<BF16>(acc[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// The accumulators of a 16 x N product as A fragments (16 x 16 per k step), rounded.
+template <bool BF16, int N>
+__device__ __forceinline__ void fa_to_a(u32 (*a)[4], const float (*c)[4]) {
+#pragma unroll
+    for (int kc = 0; kc < N / 16; ++kc) {
+        a[kc][0] = fa_pack<BF16>(c[2 * kc][0], c[2 * kc][1]);
+        a[kc][1] = fa_pack<BF16>(c[2 * kc][2], c[2 * kc][3]);
+        a[kc][2] = fa_pack<BF16>(c[2 * kc + 1][0], c[2 * kc + 1][1]);
+        a[kc][3] = fa_pack<BF16>(c[2 * kc + 1][2], c[2 * kc + 1][3]);
+    }
+}
+
+// Writes a warp's 16 x D f32 accumulators (times `mul`) to rows row0.. of g (rows < rows only),
+// through the warp's own 16 rows of the swizzled tile `s` (local rows srow0..), 16 bytes a store.
+template <bool BF16, int D>
+__device__ __forceinline__ void fa_store(u16* g, u64 stride, u32 row0, u32 rows, u16* s, int srow0, const float (*acc)[4], float mul0, float mul1) {
+    const int lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+        *reinterpret_cast<u32*>(s + fa_off<D>(srow0 + gr, dt) + 2 * t) = fa_pack<BF16>(acc[dt][0] * mul0, acc[dt][1] * mul0);
+        *reinterpret_cast<u32*>(s + fa_off<D>(srow0 + gr + 8, dt) + 2 * t) = fa_pack<BF16>(acc[dt][2] * mul1, acc[dt][3] * mul1);
+    }
+    __syncwarp();
+    constexpr int CH = D / 8;
+#pragma unroll
+    for (int i = lane; i < 16 * CH; i += 32) {
+        const int r = i / CH, c = i % CH;
+        if (row0 + r < rows) {
+            *reinterpret_cast<uint4*>(g + (u64)(row0 + r) * stride + c * 8) = *reinterpret_cast<const uint4*>(s + fa_off<D>(srow0 + r, c));
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------ forward
+//
+// BM = 16 * NW query rows a block, BN keys a tile. Shared: Q (BM x D), then two stages of K and
+// V (BN x D each).
+template <bool BF16, int D, int BN, int NW>
+__device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) {
+    constexpr int BM = NW * 16, NT = NW * 32;
+    u16* sQ = reinterpret_cast<u16*>(fa_smem);
+    u16* sK = sQ + BM * D;
+    u16* sV = sK + 2 * BN * D;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
+    const u32 qtiles = (seq + BM - 1) / BM;
+    const u32 qt = causal ? qtiles - 1 - blockIdx.x : blockIdx.x;  // the longest rows first
+    const u32 h = blockIdx.y, b = blockIdx.z, kvh = h / (heads / kv_heads);
+    const u64 qs = (u64)heads * D, ks = (u64)kv_heads * D;
+    const u16* qb = q + (u64)b * seq * qs + (u64)h * D;
+    const u16* kb = k + (u64)b * seq * ks + (u64)kvh * D;
+    const u16* vb = v + (u64)b * seq * ks + (u64)kvh * D;
+    const u32 q0 = qt * BM;
+    const u32 kend = causal ? fa_min(seq, q0 + BM) : seq;
+    const u32 ntiles = (kend + BN - 1) / BN;
+
+    fa_load<D, BM, NT>(sQ, qb, qs, q0, seq);
+    fa_commit();
+    fa_load<D, BN, NT>(sK, kb, ks, 0, seq);
+    fa_load<D, BN, NT>(sV, vb, ks, 0, seq);
+    fa_commit();
+    fa_wait1();
+    __syncthreads();
+    u32 qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) fa_frag_a<D>(qf[kk], sQ, warp * 16, kk);
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f};
+    const float sl2 = scale * FA_LOG2E;
+    const u32 row[2] = {q0 + warp * 16 + gr, q0 + warp * 16 + gr + 8};
+
+    for (u32 j = 0; j < ntiles; ++j) {
+        const int st = j & 1;
+        if (j + 1 < ntiles) {
+            fa_load<D, BN, NT>(sK + (st ^ 1) * BN * D, kb, ks, (j + 1) * BN, seq);
+            fa_load<D, BN, NT>(sV + (st ^ 1) * BN * D, vb, ks, (j + 1) * BN, seq);
+        }
+        fa_commit();
+        fa_wait1();
+        __syncthreads();
+        const u16* cK = sK + st * BN * D;
+        const u16* cV = sV + st * BN * D;
+        float s[BN / 8][4];
+        fa_mma_bt<BF16, D, BN>(s, qf, cK);
+        const u32 k0 = j * BN;
+        if (k0 + BN > seq || (causal && k0 + BN - 1 > q0 + warp * 16)) {
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const u32 col = k0 + nt * 8 + 2 * t + (e & 1);
+                    if (col >= seq || (causal && col > row[e >> 1])) s[nt][e] = FA_NEG_INF;
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float mx = FA_NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mnew = fmaxf(m[i], mx * sl2);
+            const float base = mnew == FA_NEG_INF ? 0.0f : mnew;
+            const float alpha = fa_exp2(m[i] - base);
+            m[i] = mnew;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) {
+                s[nt][2 * i] = fa_exp2(s[nt][2 * i] * sl2 - base);
+                s[nt][2 * i + 1] = fa_exp2(s[nt][2 * i + 1] * sl2 - base);
+                sum += s[nt][2 * i] + s[nt][2 * i + 1];
+            }
+            l[i] = l[i] * alpha + sum;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                o[dt][2 * i] *= alpha;
+                o[dt][2 * i + 1] *= alpha;
+            }
+        }
+        u32 pa[BN / 16][4];
+        fa_to_a<BF16, BN>(pa, s);
+        fa_mma_rows_b<BF16, D, BN / 16>(o, pa, cV, 0);
+        __syncthreads();
+    }
+    fa_wait0();
+
+    float inv[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        inv[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        if (t == 0 && row[i] < seq) {
+            lse[((u64)b * heads + h) * seq + row[i]] = l[i] > 0.0f ? (m[i] + __log2f(l[i])) * FA_LN2 : FA_NEG_INF;
+        }
+    }
+    u16* ob = out + (u64)b * seq * qs + (u64)h * D;
+    fa_store<BF16, D>(ob, qs, q0 + warp * 16, seq, sQ, warp * 16, o, inv[0], inv[1]);
+}
+
+// ------------------------------------------------------------------------------ backward
+
+// dsum[b, h, s] = sum over the head's D columns of dout * out: one thread per (token, head).
+template <typename T>
+__device__ __forceinline__ void fa_bwd_prep(float* dsum, const T* dout, const T* out, u32 tokens, u32 seq, u32 heads, u32 d) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)tokens * heads; i += (u64)gridDim.x * blockDim.x) {
+        const u64 tok = i / heads, h = i % heads;
+        const T* a = dout + tok * heads * d + h * d;
+        const T* o = out + tok * heads * d + h * d;
+        float acc = 0.0f;
+        for (u32 j = 0; j < d; ++j) acc += ld(a, j) * ld(o, j);
+        const u64 b = tok / seq, s = tok % seq;
+        dsum[(b * heads + h) * seq + s] = acc;
+    }
+}
+
+// dQ for a tile of BM = 16 * NW query rows, over the key tiles. Shared: Q, dO (BM x D), two
+// stages of K and V (BN x D).
+template <bool BF16, int D, int BN, int NW>
+__device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) {
+    constexpr int BM = NW * 16, NT = NW * 32;
+    u16* sQ = reinterpret_cast<u16*>(fa_smem);
+    u16* sO = sQ + BM * D;
+    u16* sK = sO + BM * D;
+    u16* sV = sK + 2 * BN * D;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
+    const u32 qtiles = (seq + BM - 1) / BM;
+    const u32 qt = causal ? qtiles - 1 - blockIdx.x : blockIdx.x;
+    const u32 h = blockIdx.y, b = blockIdx.z, kvh = h / (heads / kv_heads);
+    const u64 qs = (u64)heads * D, ks = (u64)kv_heads * D;
+    const u64 qoff = (u64)b * seq * qs + (u64)h * D;
+    const u16* kb = k + (u64)b * seq * ks + (u64)kvh * D;
+    const u16* vb = v + (u64)b * seq * ks + (u64)kvh * D;
+    const u32 q0 = qt * BM;
+    const u32 kend = causal ? fa_min(seq, q0 + BM) : seq;
+    const u32 ntiles = (kend + BN - 1) / BN;
+
+    fa_load<D, BM, NT>(sQ, q + qoff, qs, q0, seq);
+    fa_load<D, BM, NT>(sO, dout + qoff, qs, q0, seq);
+    fa_commit();
+    fa_load<D, BN, NT>(sK, kb, ks, 0, seq);
+    fa_load<D, BN, NT>(sV, vb, ks, 0, seq);
+    fa_commit();
+    fa_wait1();
+    __syncthreads();
+    u32 qf[D / 16][4], df[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        fa_frag_a<D>(qf[kk], sQ, warp * 16, kk);
+        fa_frag_a<D>(df[kk], sO, warp * 16, kk);
+    }
+    const u32 row[2] = {q0 + warp * 16 + gr, q0 + warp * 16 + gr + 8};
+    const float sl2 = scale * FA_LOG2E;
+    float lse2[2], dd[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u64 at = ((u64)b * heads + h) * seq + fa_min(row[i], seq - 1);
+        lse2[i] = lse[at] * FA_LOG2E;
+        dd[i] = dsum[at];
+    }
+    float acc[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.0f;
+
+    for (u32 j = 0; j < ntiles; ++j) {
+        const int st = j & 1;
+        if (j + 1 < ntiles) {
+            fa_load<D, BN, NT>(sK + (st ^ 1) * BN * D, kb, ks, (j + 1) * BN, seq);
+            fa_load<D, BN, NT>(sV + (st ^ 1) * BN * D, vb, ks, (j + 1) * BN, seq);
+        }
+        fa_commit();
+        fa_wait1();
+        __syncthreads();
+        const u16* cK = sK + st * BN * D;
+        const u16* cV = sV + st * BN * D;
+        float s[BN / 8][4], dp[BN / 8][4];
+        fa_mma_bt<BF16, D, BN>(s, qf, cK);
+        fa_mma_bt<BF16, D, BN>(dp, df, cV);
+        const u32 k0 = j * BN;
+        const bool edge = k0 + BN > seq || (causal && k0 + BN - 1 > q0 + warp * 16);
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = e >> 1;
+                const u32 col = k0 + nt * 8 + 2 * t + (e & 1);
+                const bool masked = edge && (col >= seq || (causal && col > row[i]));
+                const float p = masked ? 0.0f : fa_exp2(s[nt][e] * sl2 - lse2[i]);
+                s[nt][e] = p * (dp[nt][e] - dd[i]);
+            }
+        }
+        u32 sa[BN / 16][4];
+        fa_to_a<BF16, BN>(sa, s);
+        fa_mma_rows_b<BF16, D, BN / 16>(acc, sa, cK, 0);
+        __syncthreads();
+    }
+    fa_wait0();
+    fa_store<BF16, D>(dq + qoff, qs, q0 + warp * 16, seq, sQ, warp * 16, acc, scale, scale);
+}
+
+// dK and dV for a tile of BN = 16 * NW keys, over the query tiles (BM rows) of every query head
+// of its group. Shared: K, V (BN x D), two stages of Q and dO (BM x D) and of lse, dsum (BM).
+template <bool BF16, int D, int BM, int NW>
+__device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) {
+    constexpr int BN = NW * 16, NT = NW * 32;
+    u16* sK = reinterpret_cast<u16*>(fa_smem);
+    u16* sV = sK + BN * D;
+    u16* sQ = sV + BN * D;
+    u16* sO = sQ + 2 * BM * D;
+    float* sL = reinterpret_cast<float*>(sO + 2 * BM * D);
+    float* sD = sL + 2 * BM;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
+    const u32 kvh = blockIdx.y, b = blockIdx.z, group = heads / kv_heads;
+    const u64 qs = (u64)heads * D, ks = (u64)kv_heads * D;
+    const u64 koff = (u64)b * seq * ks + (u64)kvh * D;
+    const u32 k0 = blockIdx.x * BN;
+    const u32 qtiles = (seq + BM - 1) / BM;
+    const u32 first = causal ? k0 / BM : 0;  // the first query tile that sees these keys
+    const u32 per_head = qtiles - first, iters = per_head * group;
+
+    fa_load<D, BN, NT>(sK, k + koff, ks, k0, seq);
+    fa_load<D, BN, NT>(sV, v + koff, ks, k0, seq);
+    fa_commit();
+    auto load_q = [&](u32 it, int st) {
+        const u32 h = kvh * group + it / per_head, q0 = (first + it % per_head) * BM;
+        const u64 qoff = (u64)b * seq * qs + (u64)h * D;
+        const u64 loff = ((u64)b * heads + h) * seq;
+        fa_load<D, BM, NT>(sQ + st * BM * D, q + qoff, qs, q0, seq);
+        fa_load<D, BM, NT>(sO + st * BM * D, dout + qoff, qs, q0, seq);
+        fa_load_f32<BM, NT>(sL + st * BM, lse + loff, q0, seq);
+        fa_load_f32<BM, NT>(sD + st * BM, dsum + loff, q0, seq);
+    };
+    load_q(0, 0);
+    fa_commit();
+
+    float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+        dka[dt][0] = dka[dt][1] = dka[dt][2] = dka[dt][3] = 0.0f;
+        dva[dt][0] = dva[dt][1] = dva[dt][2] = dva[dt][3] = 0.0f;
+    }
+    const float sl2 = scale * FA_LOG2E;
+    const u32 key[2] = {k0 + warp * 16 + gr, k0 + warp * 16 + gr + 8};
+
+    for (u32 it = 0; it < iters; ++it) {
+        const int st = it & 1;
+        if (it + 1 < iters) load_q(it + 1, st ^ 1);
+        fa_commit();
+        fa_wait1();
+        __syncthreads();
+        const u32 q0 = (first + it % per_head) * BM;
+        const u16* cQ = sQ + st * BM * D;
+        const u16* cO = sO + st * BM * D;
+        const float* cL = sL + st * BM;
+        const float* cD = sD + st * BM;
+        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys x BM queries a warp).
+        float s[BM / 8][4], dp[BM / 8][4];
+        fa_mma_bt_s<BF16, D, BM>(s, sK, warp * 16, cQ);
+        fa_mma_bt_s<BF16, D, BM>(dp, sV, warp * 16, cO);
+        const bool edge = q0 + BM > seq || (causal && q0 < k0 + warp * 16 + 15);
+#pragma unroll
+        for (int nt = 0; nt < BM / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int qc = nt * 8 + 2 * t + (e & 1);
+                const u32 qi = q0 + qc;
+                const bool masked = edge && (qi >= seq || (causal && qi < key[e >> 1]));
+                const float p = masked ? 0.0f : fa_exp2(s[nt][e] * sl2 - cL[qc] * FA_LOG2E);
+                s[nt][e] = p;
+                dp[nt][e] = p * (dp[nt][e] - cD[qc]);
+            }
+        }
+        u32 pa[BM / 16][4];
+        fa_to_a<BF16, BM>(pa, s);
+        fa_mma_rows_b<BF16, D, BM / 16>(dva, pa, cO, 0);
+        fa_to_a<BF16, BM>(pa, dp);
+        fa_mma_rows_b<BF16, D, BM / 16>(dka, pa, cQ, 0);
+        __syncthreads();
+    }
+    fa_wait0();
+    fa_store<BF16, D>(dk + koff, ks, k0 + warp * 16, seq, sK, warp * 16, dka, scale, scale);
+    fa_store<BF16, D>(dv + koff, ks, k0 + warp * 16, seq, sV, warp * 16, dva, 1.0f, 1.0f);
+}
+
+// ------------------------------------------------------------------------------ entry points
+//
+// Tile shapes: the host passes -DFA_<KIND><D>=tile,warps for the forward (keys a tile, warps of
+// 16 query rows), dQ (the same) and dK/dV (queries a tile, warps of 16 keys) at D = 64 and 128
+// (FlashTiles in backend/kernels.rs, which also sizes the grids and shared memory). Below
+// sm_80 (no bf16 mma, ldmatrix or cp.async) the entry points are empty and the op refuses the
+// device before launching.
+#if !defined(FA_FWD64) || !defined(FA_FWD128) || !defined(FA_DQ64) || !defined(FA_DQ128) || !defined(FA_DKV64) || !defined(FA_DKV128)
+#error "flash.cu needs the tile shapes: -DFA_FWD64=tile,warps and the other five (FlashTiles)"
+#endif
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define FA_BODY(...) __VA_ARGS__
+#else
+#define FA_BODY(...)
+#endif
+
+#define FA_NW(A, B) B
+#define FA_NW_OF(CFG) FA_NW(CFG)
+
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD64)) flash_fwd_bf16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_fwd<true, 64, FA_FWD64>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD128)) flash_fwd_bf16_d128(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_fwd<true, 128, FA_FWD128>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD64)) flash_fwd_f16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_fwd<false, 64, FA_FWD64>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD128)) flash_fwd_f16_d128(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_fwd<false, 128, FA_FWD128>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }
+
+extern "C" __global__ void flash_bwd_prep_bf16(float* dsum, const bf16_t* dout, const bf16_t* out, u32 tokens, u32 seq, u32 heads, u32 d) { fa_bwd_prep(dsum, dout, out, tokens, seq, heads, d); }
+extern "C" __global__ void flash_bwd_prep_f16(float* dsum, const f16_t* dout, const f16_t* out, u32 tokens, u32 seq, u32 heads, u32 d) { fa_bwd_prep(dsum, dout, out, tokens, seq, heads, d); }
+
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQ64)) flash_bwd_dq_bf16_d64(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dq<true, 64, FA_DQ64>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQ128)) flash_bwd_dq_bf16_d128(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dq<true, 128, FA_DQ128>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQ64)) flash_bwd_dq_f16_d64(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dq<false, 64, FA_DQ64>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQ128)) flash_bwd_dq_f16_d128(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dq<false, 128, FA_DQ128>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV64)) flash_bwd_dkdv_bf16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dkdv<true, 64, FA_DKV64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV128)) flash_bwd_dkdv_bf16_d128(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dkdv<true, 128, FA_DKV128>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV64)) flash_bwd_dkdv_f16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dkdv<false, 64, FA_DKV64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV128)) flash_bwd_dkdv_f16_d128(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dkdv<false, 128, FA_DKV128>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }

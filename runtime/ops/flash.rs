@@ -1,0 +1,318 @@
+//! Fused attention: the FlashAttention-2 algorithm on tensor cores (`kernels/flash.cu`), causal
+//! or not, with grouped key/value heads. Nothing of size `seq²` is ever stored: the forward
+//! keeps the row logsumexp, the backward recomputes the probabilities tile by tile.
+
+use crate::backend::{BuiltinKernel as B, CudaBackend, FlashTiles, KArg, LaunchDims};
+use crate::ops::cpu::{self, AttnDims, AttnSaved, AttnShape};
+use crate::ops::{check_f32_on, check_like, exec, Exec};
+use crate::{DType, Error, Result, Tensor};
+
+/// What [`flash_attention`] computes: how many query heads, how many key/value heads (grouped-
+/// query attention when fewer; each serves `heads / kv_heads` consecutive query heads), and
+/// whether position `i` attends to positions `j <= i` only.
+///
+/// ```
+/// # use graphed::ops::Attention;
+/// let mha = Attention::causal(8);                 // 8 query heads, 8 key/value heads
+/// let gqa = Attention::causal(8).kv_heads(2);     // 8 query heads share 2 key/value heads
+/// let full = Attention::full(8);                  // no mask (an encoder)
+/// assert!(mha.causal && !full.causal && gqa.kv_heads == 2);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attention {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads: divides `heads`.
+    pub kv_heads: usize,
+    /// Causal mask.
+    pub causal: bool,
+}
+
+impl Attention {
+    /// Causal attention with `heads` query and key/value heads.
+    pub fn causal(heads: usize) -> Attention {
+        Attention { heads, kv_heads: heads, causal: true }
+    }
+
+    /// Attention without a mask, `heads` query and key/value heads.
+    pub fn full(heads: usize) -> Attention {
+        Attention { heads, kv_heads: heads, causal: false }
+    }
+
+    /// The same with `kv_heads` key/value heads (grouped-query attention).
+    pub fn kv_heads(self, kv_heads: usize) -> Attention {
+        Attention { kv_heads, ..self }
+    }
+
+    /// The head dimensions the fused kernels are built for.
+    pub const HEAD_DIMS: [usize; 2] = FlashTiles::HEAD_DIMS;
+
+    /// Whether [`flash_attention`] runs inputs of `dtype` with `head_dim` features a head
+    /// (bf16 or f16, head dim 64 or 128; on CUDA the GPU must also be sm_80 or newer).
+    pub fn supports(dtype: DType, head_dim: usize) -> bool {
+        dtype != DType::F32 && Self::HEAD_DIMS.contains(&head_dim)
+    }
+}
+
+/// Checks q (`[batch, seq, heads · D]`), k and v (`[batch, seq, kv_heads · D]`); returns the
+/// shape and dtype.
+fn check_qkv(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor, at: &Attention) -> Result<(AttnShape, DType)> {
+    let dtype = check_like(op, &[q, k, v])?;
+    let (&[batch, seq, width], &[kb, ks, kw]) = (q.dims(), k.dims()) else {
+        return Err(Error::shape(
+            op,
+            format!("q, k and v must be [batch, seq, width], got {:?} and {:?}", q.dims(), k.dims()),
+        ));
+    };
+    if v.dims() != k.dims() {
+        return Err(Error::shape(op, format!("v {:?} must have k's shape {:?}", v.dims(), k.dims())));
+    }
+    if at.heads == 0 || at.kv_heads == 0 || at.heads % at.kv_heads != 0 {
+        return Err(Error::shape(
+            op,
+            format!("kv_heads = {} must divide heads = {} (both nonzero)", at.kv_heads, at.heads),
+        ));
+    }
+    if batch == 0 || seq == 0 || width == 0 || width % at.heads != 0 {
+        return Err(Error::shape(
+            op,
+            format!("q {:?}: batch, seq > 0 and width a nonzero multiple of heads = {}", q.dims(), at.heads),
+        ));
+    }
+    let head_dim = width / at.heads;
+    if (kb, ks, kw) != (batch, seq, at.kv_heads * head_dim) {
+        let want = [batch, seq, at.kv_heads * head_dim];
+        return Err(Error::shape(op, format!("k and v must be {want:?} (kv_heads · head_dim), got {:?}", k.dims())));
+    }
+    if !Attention::supports(dtype, head_dim) {
+        return Err(Error::AttentionUnsupported { op, dtype, head_dim, device: String::new() });
+    }
+    if batch > 65535 || at.heads > 65535 || seq > u32::MAX as usize / 2 {
+        return Err(Error::invalid(
+            op,
+            format!("batch {batch} and heads {} at most 65535, seq {seq} below 2^31", at.heads),
+        ));
+    }
+    let dims = AttnDims { batch, seq, heads: at.heads, head_dim };
+    Ok((AttnShape { dims, kv_heads: at.kv_heads, causal: at.causal }, dtype))
+}
+
+fn lse_dims(a: AttnShape) -> [usize; 3] {
+    [a.dims.batch, a.dims.heads, a.dims.seq]
+}
+
+/// Fused scaled-dot-product attention: per head, `P = softmax(Q·Kᵀ / sqrt(head_dim))` (causally
+/// masked when `at.causal`), `out = P·V`, in one kernel that streams K and V through shared
+/// memory and never stores `P` (FlashAttention-2 on `mma.sync` tensor cores).
+///
+/// `q` is `[batch, seq, heads · head_dim]`, `k` and `v` `[batch, seq, kv_heads · head_dim]`
+/// (the outputs of linear layers, heads side by side), all bf16 or f16 with head_dim 64 or 128
+/// (else [`Error::AttentionUnsupported`]; [`causal_attention`](crate::ops::causal_attention)
+/// runs any shape and f32). Returns `(out, lse)`: `out` of `q`'s shape and dtype and `lse`, f32
+/// `[batch, heads, seq]`, each row's logsumexp of its scaled, masked scores, which the backward
+/// rebuilds the probabilities from. Products accumulate in f32; `P` is rounded to the dtype
+/// before `P·V`. No atomics: replays are bitwise equal to eager runs. On the host backend the
+/// CPU reference ([`cpu::attention`]) runs.
+///
+/// ```
+/// # use graphed::{ops, ops::Attention, DType, Device, Tensor};
+/// let dev = Device::host();
+/// let x: Vec<f32> = (0..2 * 3 * 64).map(|i| (i as f32 * 0.37).sin()).collect();
+/// let q = Tensor::from_slice_as(&dev, &x, &[1, 3, 128], DType::BF16)?; // 2 heads of 64
+/// let (out, lse) = ops::flash_attention(&q, &q, &q, &Attention::causal(2))?;
+/// assert_eq!((out.dims(), lse.dims()), (&[1, 3, 128][..], &[1, 2, 3][..]));
+/// // The first position sees only itself: its output is its own value row.
+/// assert_eq!(out.to_vec()?[..64], q.to_vec()?[..64]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn flash_attention(q: &Tensor, k: &Tensor, v: &Tensor, at: &Attention) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "flash_attention";
+    let (a, dtype) = check_qkv(OP, q, k, v, at)?;
+    match exec(q.device()) {
+        Exec::Host(h) => {
+            let (out, lse) = (Tensor::empty_like(q)?, Tensor::empty(q.device(), &lse_dims(a))?);
+            let (qp, kp, vp, op, lp) = (q.host_ptr()?, k.host_ptr()?, v.host_ptr()?, out.host_ptr()?, lse.host_ptr()?);
+            h.run(fwd_kernel(dtype, a.dims.head_dim), move || {
+                let (o, l) = cpu::attention(&qp.read(), &kp.read(), &vp.read(), a, dtype);
+                op.write(&o);
+                lp.write(&l);
+                Ok(())
+            })?;
+            Ok((out, lse))
+        }
+        Exec::Cuda(c) => {
+            let tiles = check_device(OP, c, dtype, a.dims.head_dim)?;
+            let ins = [q, k, v].map(|t| t.cuda_ptr());
+            let [qp, kp, vp] = ins;
+            let (qp, kp, vp) = (qp?, kp?, vp?);
+            let (out, lse) = (Tensor::empty_like(q)?, Tensor::empty(q.device(), &lse_dims(a))?);
+            let mut args = vec![
+                KArg::Ptr(out.cuda_ptr()?),
+                KArg::Ptr(lse.cuda_ptr()?),
+                KArg::Ptr(qp),
+                KArg::Ptr(kp),
+                KArg::Ptr(vp),
+            ];
+            args.extend(sizes(a));
+            let smem = tiles.smem(a.dims.head_dim)[0];
+            c.launch(fwd_kernel(dtype, a.dims.head_dim), tile_grid(a, a.dims.heads, tiles.fwd.1, smem), &args)?;
+            Ok((out, lse))
+        }
+    }
+}
+
+/// The backward of [`flash_attention`] from its saved `out` and `lse`: returns `(dq, dk, dv)`
+/// of `q`'s, `k`'s and `v`'s shapes and dtype. Three kernels: `D = rowsum(dO ∘ out)`, then one
+/// pass per key tile that accumulates `dK` and `dV` over the query tiles (and over the query
+/// heads that share its key/value head), and one per query tile that accumulates `dQ` over the
+/// key tiles, each recomputing `P = exp(scale · Q·Kᵀ - lse)` and `dS = P ∘ (dP - D)`. No atomics,
+/// so the grads are bitwise reproducible, run to run and between eager and replay.
+///
+/// ```
+/// # use graphed::{ops, ops::Attention, DType, Device, Tensor};
+/// let dev = Device::host();
+/// let x: Vec<f32> = (0..4 * 64).map(|i| (i as f32 * 0.21).cos()).collect();
+/// let q = Tensor::from_slice_as(&dev, &x, &[1, 4, 64], DType::BF16)?;
+/// let at = Attention::causal(1);
+/// let (out, lse) = ops::flash_attention(&q, &q, &q, &at)?;
+/// let (dq, dk, dv) = ops::flash_attention_backward(&out, &q, &q, &q, &out, &lse, &at)?;
+/// assert!(dq.dims() == q.dims() && dk.dims() == q.dims() && dv.dims() == q.dims());
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn flash_attention_backward(
+    dout: &Tensor,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    at: &Attention,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    const OP: &str = "flash_attention_backward";
+    let (a, dtype) = check_qkv(OP, q, k, v, at)?;
+    check_like(OP, &[q, dout, out])?;
+    for (name, t) in [("dout", dout), ("out", out)] {
+        if t.dims() != q.dims() {
+            return Err(Error::shape(OP, format!("{name} {:?} must have q's shape {:?}", t.dims(), q.dims())));
+        }
+    }
+    check_f32_on(OP, lse, q)?;
+    if lse.dims() != lse_dims(a) {
+        return Err(Error::shape(OP, format!("lse {:?} must be {:?}", lse.dims(), lse_dims(a))));
+    }
+    match exec(q.device()) {
+        Exec::Host(h) => {
+            let ins = [dout, q, k, v, out, lse].map(|t| t.host_ptr());
+            let [dop, qp, kp, vp, op, lp] = ins;
+            let ins = [dop?, qp?, kp?, vp?, op?, lp?];
+            let (dq, dk, dv) = (Tensor::empty_like(q)?, Tensor::empty_like(k)?, Tensor::empty_like(v)?);
+            let outs = [dq.host_ptr()?, dk.host_ptr()?, dv.host_ptr()?];
+            h.run(dq_kernel(dtype, a.dims.head_dim), move || {
+                let [dout, q, k, v, out, lse] = ins.each_ref().map(|t| t.read());
+                let saved = AttnSaved { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse };
+                let (gq, gk, gv) = cpu::attention_backward(saved, a, dtype);
+                outs[0].write(&gq);
+                outs[1].write(&gk);
+                outs[2].write(&gv);
+                Ok(())
+            })?;
+            Ok((dq, dk, dv))
+        }
+        Exec::Cuda(c) => backward_cuda(c, a, dtype, [dout, q, k, v, out, lse]),
+    }
+}
+
+fn backward_cuda(c: &CudaBackend, a: AttnShape, dtype: DType, ins: [&Tensor; 6]) -> Result<(Tensor, Tensor, Tensor)> {
+    const OP: &str = "flash_attention_backward";
+    let d = a.dims;
+    let tiles = check_device(OP, c, dtype, d.head_dim)?;
+    let ptrs = ins.map(|t| t.cuda_ptr());
+    let [dop, qp, kp, vp, op, lp] = ptrs;
+    let (dop, qp, kp, vp, op, lp) = (dop?, qp?, kp?, vp?, op?, lp?);
+    let [_, q, k, v, _, _] = ins;
+    let dsum = Tensor::empty(q.device(), &lse_dims(a))?;
+    let (dq, dk, dv) = (Tensor::empty_like(q)?, Tensor::empty_like(k)?, Tensor::empty_like(v)?);
+    let sp = dsum.cuda_ptr()?;
+    let tokens = d.batch * d.seq;
+    let prep = if dtype == DType::BF16 { B::FlashBwdPrepBf16 } else { B::FlashBwdPrepF16 };
+    let prep_args = [KArg::Ptr(sp), KArg::Ptr(dop), KArg::Ptr(op)]
+        .into_iter()
+        .chain([tokens, d.seq, d.heads, d.head_dim].map(|n| KArg::U32(n as u32)));
+    c.launch(prep, LaunchDims::elementwise(tokens * d.heads), &prep_args.collect::<Vec<_>>())?;
+    let [_, dq_smem, dkv_smem] = tiles.smem(d.head_dim);
+    let common = [KArg::Ptr(qp), KArg::Ptr(kp), KArg::Ptr(vp), KArg::Ptr(dop), KArg::Ptr(lp), KArg::Ptr(sp)];
+    let mut args = vec![KArg::Ptr(dk.cuda_ptr()?), KArg::Ptr(dv.cuda_ptr()?)];
+    args.extend(common);
+    args.extend(sizes(a));
+    c.launch(dkdv_kernel(dtype, d.head_dim), tile_grid(a, a.kv_heads, tiles.dkv.1, dkv_smem), &args)?;
+    let mut args = vec![KArg::Ptr(dq.cuda_ptr()?)];
+    args.extend(common);
+    args.extend(sizes(a));
+    c.launch(dq_kernel(dtype, d.head_dim), tile_grid(a, d.heads, tiles.dq.1, dq_smem), &args)?;
+    Ok((dq, dk, dv))
+}
+
+/// Refuses a GPU the kernels cannot run on (before sm_80, or too little shared memory).
+fn check_device(op: &'static str, c: &CudaBackend, dtype: DType, head_dim: usize) -> Result<FlashTiles> {
+    let tiles = FlashTiles::of(head_dim);
+    let need = tiles.smem(head_dim).into_iter().max().unwrap_or(0);
+    let (major, minor) = c.capability;
+    if major < 8 || need > c.max_shared_optin {
+        let device = format!(
+            "; this GPU is sm_{major}{minor} with {} KB of shared memory a block, the kernels need sm_80 and {} KB",
+            c.max_shared_optin / 1024,
+            need.div_ceil(1024)
+        );
+        return Err(Error::AttentionUnsupported { op, dtype, head_dim, device });
+    }
+    Ok(tiles)
+}
+
+/// `seq, heads, kv_heads, causal, scale`: the kernels' trailing arguments.
+fn sizes(a: AttnShape) -> [KArg; 5] {
+    let d = a.dims;
+    [
+        KArg::U32(d.seq as u32),
+        KArg::U32(d.heads as u32),
+        KArg::U32(a.kv_heads as u32),
+        KArg::U32(a.causal as u32),
+        KArg::F32(d.scale()),
+    ]
+}
+
+/// One block of `16 · warps` rows per tile of the sequence, per head, per sequence.
+fn tile_grid(a: AttnShape, heads: usize, warps: usize, smem: usize) -> LaunchDims {
+    let tiles = a.dims.seq.div_ceil(16 * warps) as u32;
+    LaunchDims {
+        grid: (tiles, heads as u32, a.dims.batch as u32),
+        block: (32 * warps as u32, 1, 1),
+        shared: smem as u32,
+    }
+}
+
+fn fwd_kernel(dtype: DType, head_dim: usize) -> B {
+    match (dtype == DType::BF16, head_dim == 64) {
+        (true, true) => B::FlashFwdBf16D64,
+        (true, false) => B::FlashFwdBf16D128,
+        (false, true) => B::FlashFwdF16D64,
+        (false, false) => B::FlashFwdF16D128,
+    }
+}
+
+fn dq_kernel(dtype: DType, head_dim: usize) -> B {
+    match (dtype == DType::BF16, head_dim == 64) {
+        (true, true) => B::FlashBwdDqBf16D64,
+        (true, false) => B::FlashBwdDqBf16D128,
+        (false, true) => B::FlashBwdDqF16D64,
+        (false, false) => B::FlashBwdDqF16D128,
+    }
+}
+
+fn dkdv_kernel(dtype: DType, head_dim: usize) -> B {
+    match (dtype == DType::BF16, head_dim == 64) {
+        (true, true) => B::FlashBwdDkdvBf16D64,
+        (true, false) => B::FlashBwdDkdvBf16D128,
+        (false, true) => B::FlashBwdDkdvF16D64,
+        (false, false) => B::FlashBwdDkdvF16D128,
+    }
+}

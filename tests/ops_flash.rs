@@ -1,0 +1,225 @@
+//! flash_attention and its backward: against the CPU reference (causal or not, grouped
+//! key/value heads, lengths that are not multiples of the tiles), finite differences of the
+//! reference in f32, bitwise reproducibility (run to run and eager against replay), errors.
+
+mod common;
+mod ops_support;
+
+use common::{on_each_backend, random_vec};
+use graphed::ops::{self, cpu, cpu::AttnDims, cpu::AttnSaved, cpu::AttnShape, Attention};
+use graphed::{DType, Device, Error, Result, Tensor};
+use ops_support::*;
+
+/// Relative error allowed on CUDA against the CPU reference: the kernels round `P` and `dS` to
+/// the dtype as the reference does, but in another order of summation; measured on an H200
+/// about 2.6e-3 (bf16) and 3.4e-4 (f16) at every size, so this leaves about 4x and 6x.
+fn tol(dtype: DType) -> f64 {
+    if dtype == DType::BF16 {
+        1e-2
+    } else {
+        2e-3
+    }
+}
+
+/// `‖got − want‖ / max(‖want‖, floor · sqrt(n))`: the relative error, except where the reference
+/// itself is about zero (a one-token sequence has `dQ = dK = 0` up to rounding).
+fn check_close(what: &str, got: &[f32], want: &[f32], tol: f64) -> Result<()> {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let num: f64 = got.iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum::<f64>().sqrt();
+    let den = want.iter().map(|b| (*b as f64).powi(2)).sum::<f64>().sqrt().max(1e-2 * (want.len() as f64).sqrt());
+    let e = num / den;
+    if e.is_nan() || e >= tol {
+        return Err(Error::msg(format!("{what}: relative error {e:e} against the CPU reference (tolerance {tol:e})")));
+    }
+    Ok(())
+}
+
+struct Case {
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    causal: bool,
+}
+
+impl Case {
+    fn shape(&self) -> AttnShape {
+        let dims = AttnDims { batch: self.batch, seq: self.seq, heads: self.heads, head_dim: self.head_dim };
+        AttnShape { dims, kv_heads: self.kv_heads, causal: self.causal }
+    }
+
+    fn attention(&self) -> Attention {
+        let at = if self.causal { Attention::causal(self.heads) } else { Attention::full(self.heads) };
+        at.kv_heads(self.kv_heads)
+    }
+
+    /// q, k, v and dout in `dtype`, from fixed seeds.
+    fn inputs(&self, dev: &Device, dtype: DType, seed: u64) -> Result<[Tensor; 4]> {
+        let (q, kv) =
+            ([self.batch, self.seq, self.heads * self.head_dim], [self.batch, self.seq, self.kv_heads * self.head_dim]);
+        let t = |dims: &[usize], s: u64| {
+            let v: Vec<f32> = random_vec(dims.iter().product(), s).into_iter().map(|x| 2.0 * x).collect();
+            Tensor::from_slice_as(dev, &v, dims, dtype)
+        };
+        Ok([t(&q, seed)?, t(&kv, seed + 1)?, t(&kv, seed + 2)?, t(&q, seed + 3)?])
+    }
+}
+
+/// Lengths 1, 63, 130 and 257 (none a multiple of the 64- or 128-row tiles, so the last tile of
+/// rows and keys is partial), causal tiles entirely above the diagonal (skipped by the kernels,
+/// zero in the reference), grouped key/value heads (4 query heads on 2, 4 on 1), both head
+/// dimensions and both dtypes.
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for head_dim in Attention::HEAD_DIMS {
+        for causal in [true, false] {
+            for &(batch, seq, heads, kv_heads) in &[(2, 1, 2, 2), (2, 63, 4, 2), (1, 257, 4, 1), (1, 130, 2, 2)] {
+                v.push(Case { batch, seq, heads, kv_heads, head_dim, causal });
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn flash_attention_matches_the_cpu_reference() {
+    on_each_backend(|dev| {
+        for dtype in [DType::BF16, DType::F16] {
+            for (i, c) in cases().iter().enumerate() {
+                let what = format!("flash_attention {dtype} {:?} causal={}", c.shape().dims, c.causal);
+                let [q, k, v, d] = c.inputs(dev, dtype, 100 * i as u64)?;
+                let (out, lse) = ops::flash_attention(&q, &k, &v, &c.attention())?;
+                assert_eq!((out.dtype(), lse.dtype(), lse.dims()), (dtype, DType::F32, &[c.batch, c.heads, c.seq][..]));
+                let (dq, dk, dv) = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &c.attention())?;
+                assert_eq!((dq.dims(), dk.dims(), dv.dims()), (q.dims(), k.dims(), v.dims()));
+                let [qv, kv, vv, dov] = [&q, &k, &v, &d].map(|t| t.to_vec());
+                let [qv, kv, vv, dov] = [qv?, kv?, vv?, dov?];
+                let (ro, rl) = cpu::attention(&qv, &kv, &vv, c.shape(), dtype);
+                // The reference's output rounded to the dtype, as the kernel stores it.
+                let ro: Vec<f32> = ro.iter().map(|&x| dtype.round(x)).collect();
+                let (ov, lv) = (out.to_vec()?, lse.to_vec()?);
+                let saved = AttnSaved { dout: &dov, q: &qv, k: &kv, v: &vv, out: &ov, lse: &lv };
+                let (rq, rk, rv) = cpu::attention_backward(saved, c.shape(), dtype);
+                let round = |x: Vec<f32>| x.into_iter().map(|x| dtype.round(x)).collect::<Vec<f32>>();
+                let (rq, rk, rv) = (round(rq), round(rk), round(rv));
+                if dev.is_host() {
+                    // The host backend runs the reference itself.
+                    for (name, got, want) in [("out", &ov, &ro), ("lse", &lv, &rl)] {
+                        bitwise_eq(&format!("{what} {name}"), got, want)?;
+                    }
+                    for (name, got, want) in [("dq", &dq, &rq), ("dk", &dk, &rk), ("dv", &dv, &rv)] {
+                        bitwise_eq(&format!("{what} {name}"), &got.to_vec()?, want)?;
+                    }
+                } else {
+                    check_close(&format!("{what} out"), &ov, &ro, tol(dtype))?;
+                    check_close(&format!("{what} lse"), &lv, &rl, 1e-5)?;
+                    for (name, got, want) in [("dq", &dq, &rq), ("dk", &dk, &rk), ("dv", &dv, &rv)] {
+                        check_close(&format!("{what} {name}"), &got.to_vec()?, want, tol(dtype))?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    });
+}
+
+/// The reference the kernels are checked against is itself checked: its backward against
+/// central differences of its forward, in f32, causal and not, with grouped heads.
+#[test]
+fn the_reference_backward_matches_finite_differences() {
+    for causal in [true, false] {
+        let a = AttnShape { dims: AttnDims { batch: 2, seq: 5, heads: 4, head_dim: 3 }, kv_heads: 2, causal };
+        let (nq, nk) = (2 * 5 * 4 * 3, 2 * 5 * 2 * 3);
+        let (qv, kv, vv, r) = (random_vec(nq, 1), random_vec(nk, 2), random_vec(nk, 3), random_vec(nq, 4));
+        let (out, lse) = cpu::attention(&qv, &kv, &vv, a, DType::F32);
+        let saved = AttnSaved { dout: &r, q: &qv, k: &kv, v: &vv, out: &out, lse: &lse };
+        let (dq, dk, dv) = cpu::attention_backward(saved, a, DType::F32);
+        let loss = |q: &[f32], k: &[f32], v: &[f32]| dot(&r, &cpu::attention(q, k, v, a, DType::F32).0);
+        let what = format!("causal={causal}");
+        check_fd(&format!("{what} dq"), &dq, &fd_grad(&qv, |q| loss(q, &kv, &vv))).unwrap();
+        check_fd(&format!("{what} dk"), &dk, &fd_grad(&kv, |k| loss(&qv, k, &vv))).unwrap();
+        check_fd(&format!("{what} dv"), &dv, &fd_grad(&vv, |v| loss(&qv, &kv, v))).unwrap();
+    }
+}
+
+/// Causal attention with as many key/value heads as query heads is `causal_attention`: the
+/// same function on the host (bitwise), within the dtype's rounding on CUDA.
+#[test]
+fn causal_flash_attention_is_causal_attention() {
+    on_each_backend(|dev| {
+        let c = Case { batch: 2, seq: 100, heads: 2, kv_heads: 2, head_dim: 64, causal: true };
+        let [q, k, v, d] = c.inputs(dev, DType::BF16, 7)?;
+        let (out, lse) = ops::flash_attention(&q, &k, &v, &Attention::causal(2))?;
+        let (out2, lse2) = ops::causal_attention(&q, &k, &v, 2)?;
+        let g = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &Attention::causal(2))?;
+        let g2 = ops::causal_attention_backward(&d, &q, &k, &v, &out2, &lse2, 2)?;
+        let pairs = [(&out, &out2), (&lse, &lse2), (&g.0, &g2.0), (&g.1, &g2.1), (&g.2, &g2.2)];
+        for (i, (a, b)) in pairs.into_iter().enumerate() {
+            if dev.is_host() {
+                bitwise_eq(&format!("output {i}"), &a.to_vec()?, &b.to_vec()?)?;
+            } else {
+                check_close(&format!("output {i}"), &a.to_vec()?, &b.to_vec()?, 1.5e-2)?;
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn flash_attention_is_bitwise_reproducible_and_replays_equal_to_eager() {
+    on_each_backend(|dev| {
+        for causal in [true, false] {
+            let c = Case { batch: 2, seq: 200, heads: 4, kv_heads: 2, head_dim: 128, causal };
+            let [q, k, v, d] = c.inputs(dev, DType::BF16, 11)?;
+            let at = c.attention();
+            let run = || -> Result<Vec<Tensor>> {
+                let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
+                let (dq, dk, dv) = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &at)?;
+                Ok(vec![out, lse, dq, dk, dv])
+            };
+            let (a, b) = (run()?, run()?);
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                bitwise_eq(&format!("causal={causal} run-to-run output {i}"), &x.to_vec()?, &y.to_vec()?)?;
+            }
+            eager_vs_replay(dev, run)?;
+        }
+        Ok(())
+    });
+}
+
+fn is_unsupported(e: &Error) -> bool {
+    matches!(e, Error::AttentionUnsupported { .. })
+}
+
+#[test]
+fn flash_attention_refuses_bad_input_before_running() {
+    on_each_backend(|dev| {
+        let bf = |dims: &[usize]| Tensor::zeros_as(dev, dims, DType::BF16);
+        let x = bf(&[2, 8, 128])?;
+        let at = Attention::causal(2);
+        // Head dims and dtypes the kernels are not built for.
+        expect_err("head_dim 32", ops::flash_attention(&x, &x, &x, &Attention::causal(4)), is_unsupported)?;
+        let f = Tensor::zeros(dev, &[2, 8, 128])?;
+        expect_err("f32", ops::flash_attention(&f, &f, &f, &at), is_unsupported)?;
+        expect_err("dtype mix", ops::flash_attention(&x, &f, &f, &at), |e| matches!(e, Error::DTypeMismatch { .. }))?;
+        // K/V heads that do not divide the query heads, or K/V of the wrong width.
+        expect_err("kv_heads 3", ops::flash_attention(&x, &x, &x, &at.kv_heads(3)), is_shape)?;
+        expect_err("kv_heads 0", ops::flash_attention(&x, &x, &x, &at.kv_heads(0)), is_shape)?;
+        let narrow = bf(&[2, 8, 64])?;
+        expect_err("k width", ops::flash_attention(&x, &narrow, &narrow, &at), is_shape)?;
+        expect_err("v shape", ops::flash_attention(&x, &x, &narrow, &at), is_shape)?;
+        expect_err("seq", ops::flash_attention(&x, &bf(&[2, 7, 128])?, &bf(&[2, 7, 128])?, &at), is_shape)?;
+        expect_err("rank", ops::flash_attention(&bf(&[16, 128])?, &x, &x, &at), is_shape)?;
+        expect_err("empty", ops::flash_attention(&bf(&[2, 0, 128])?, &x, &x, &at), is_shape)?;
+        // The backward's own arguments.
+        let (out, lse) = ops::flash_attention(&x, &x, &x, &at)?;
+        expect_err("dout", ops::flash_attention_backward(&narrow, &x, &x, &x, &out, &lse, &at), is_shape)?;
+        let lse_bad = Tensor::zeros(dev, &[2, 2, 7])?;
+        expect_err("lse", ops::flash_attention_backward(&x, &x, &x, &x, &out, &lse_bad, &at), is_shape)?;
+        expect_err("lse dtype", ops::flash_attention_backward(&x, &x, &x, &x, &out, &bf(&[2, 2, 8])?, &at), |e| {
+            matches!(e, Error::DType { .. })
+        })?;
+        Ok(())
+    });
+}
