@@ -29,14 +29,15 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KDIR = os.path.join(ROOT, "runtime", "backend", "kernels")
 
-# (BN or BM, NW) per kernel kind; the first entry is the default of flash.cu.
+# (BN or BM, NW) per kernel kind; the first entry is the runtime's (FlashTiles in
+# runtime/backend/kernels.rs), chosen by this sweep on an H200 (2026-12-01).
 SWEEP = {
-    "FWD64": [(64, 8), (64, 4), (128, 4), (128, 8), (32, 8)],
-    "FWD128": [(64, 8), (64, 4), (32, 8), (128, 4), (32, 4)],
-    "DQ64": [(64, 8), (64, 4), (128, 4), (32, 8), (32, 4)],
-    "DQ128": [(64, 8), (64, 4), (32, 8), (32, 4), (128, 4)],
-    "DKV64": [(64, 8), (64, 4), (128, 4), (32, 8), (128, 8)],
-    "DKV128": [(64, 8), (64, 4), (32, 8), (128, 4), (32, 4)],
+    "FWD64": [(128, 4), (64, 8), (64, 4), (128, 8), (32, 8)],
+    "FWD128": [(64, 4), (64, 8), (32, 8), (128, 4), (32, 4)],
+    "DQ64": [(128, 4), (64, 8), (64, 4), (32, 8), (32, 4)],
+    "DQ128": [(64, 4), (64, 8), (32, 8), (32, 4), (128, 4)],
+    "DKV64": [(128, 4), (64, 8), (64, 4), (32, 8), (128, 8)],
+    "DKV128": [(64, 4), (64, 8), (32, 8), (128, 4), (32, 4)],
 }
 
 
@@ -144,8 +145,10 @@ def reference(q, k, v, dout, heads, kv_heads, causal):
 
 
 def rel(a, b):
+    """Relative error, against a floor where the reference is about zero (one-token rows have
+    dQ = dK = 0 up to rounding)."""
     a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    return ((a - b).norm() / b.norm().clamp_min(1e-2 * b.numel() ** 0.5)).item()
 
 
 def check(K, dtype, b, s, heads, kv_heads, d, causal, log):

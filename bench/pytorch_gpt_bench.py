@@ -8,12 +8,18 @@ mixed precision; autocast's weight cache off, as CUDA graphs need), in three way
 - per-layer graphs: `torch.cuda.make_graphed_callables` on the tuple of blocks (the embeddings,
   the head and the loss run eagerly around them, as in examples/gpt);
 - one graph per step: the whole training step (forward, loss, backward, AdamW with
-  capturable=True) captured once and replayed (the floor).
+  capturable=True) captured once and replayed (the floor);
+- compile: `torch.compile(forward_and_loss, mode="reduce-overhead")` (Inductor's Triton kernels,
+  SDPA's flash attention, CUDA graph trees), `torch.compiler.cudagraph_mark_step_begin()` before
+  each step, AdamW with `fused=True`, `zero_grad(set_to_none=True)` (with `set_to_none=False`
+  cudagraph trees raise "accessing tensor output of CUDAGraphs that has been overwritten");
+- compile_max: the same with `mode="max-autotune"` (only when asked for: its compile is long).
 
 Each variant runs the same loop as examples/gpt: a random batch of the training bytes made on the
 host and copied to the GPU, one step, the loss read back every 20 steps; tokens/s over `--steps`
 steps after `--warmup` steps. Run from the repository root:
-    python3 bench/pytorch_gpt_bench.py [--steps 200] [--dtype f32|bf16] [--out gpt_torch.json]
+    python3 bench/pytorch_gpt_bench.py [--steps 200] [--dtype f32|bf16] [--context 256 --batch 16]
+        [--variants eager,per_layer,floor,compile] [--out gpt_torch.json]
 """
 
 import argparse
@@ -87,7 +93,8 @@ def make(variant, dtype):
     torch.manual_seed(0)
     blocks, ends = nn.ModuleList(Block() for _ in range(L)).cuda(), Ends().cuda()
     params = list(blocks.parameters()) + list(ends.parameters())
-    opt = torch.optim.AdamW(params, lr=6e-4, weight_decay=0.0, capturable=(variant == "floor"))
+    compiled = variant.startswith("compile")
+    opt = torch.optim.AdamW(params, lr=6e-4, weight_decay=0.0, capturable=(variant == "floor"), fused=compiled or None)
     pos = torch.arange(CTX, device="cuda")
     layers = list(blocks)
     if variant == "per_layer":
@@ -95,17 +102,32 @@ def make(variant, dtype):
         with autocast(dtype):
             layers = list(torch.cuda.make_graphed_callables(tuple(layers), tuple((x,) for _ in layers)))
 
-    def step(ids, labels):
+    def forward_and_loss(ids, labels):
         with autocast(dtype):
             x = ends.tok(ids) + ends.pos(pos)
             for layer in layers:
                 x = layer(x)
             logits = ends.head(ends.norm(x))
-            loss = F.cross_entropy(logits.view(-1, VOCAB).float(), labels.reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        return loss
+            return F.cross_entropy(logits.view(-1, VOCAB).float(), labels.reshape(-1))
+
+    if compiled:
+        mode = "max-autotune" if variant == "compile_max" else "reduce-overhead"
+        fwd = torch.compile(forward_and_loss, mode=mode)
+
+        def step(ids, labels):
+            torch.compiler.cudagraph_mark_step_begin()
+            loss = fwd(ids, labels)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+    else:
+        def step(ids, labels):
+            loss = forward_and_loss(ids, labels)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            return loss
 
     return step, params
 
@@ -150,7 +172,7 @@ def run(variant, dtype, steps, warmup, train):
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     pool_mb = (torch.cuda.memory_reserved() - before) / 1e6
-    return {"variant": variant, "dtype": dtype, "tokens_per_s": BATCH * CTX * steps / secs, "step_ms": secs / steps * 1e3,
+    return {"variant": variant, "dtype": dtype, "context": CTX, "batch": BATCH, "tokens_per_s": BATCH * CTX * steps / secs, "step_ms": secs / steps * 1e3,
             "setup_s": capture_s, "reserved_mb": pool_mb, "loss": float(loss.item())}
 
 
@@ -180,9 +202,15 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--variants", default="eager,per_layer,floor,compile",
+                    help="comma-separated: eager, per_layer, floor, compile, compile_max")
     ap.add_argument("--out", default="gpt_torch.json")
     ap.add_argument("--profile", action="store_true", help="print where one eager step's GPU time goes")
     a = ap.parse_args()
+    global CTX, BATCH
+    CTX, BATCH = a.context, a.batch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     train = corpus()
@@ -190,9 +218,13 @@ def main():
         profile(a.dtype, train)
         return
     rows = []
-    for variant in ["eager", "per_layer", "floor"]:
-        r = run(variant, a.dtype, a.steps, a.warmup, train)
-        print(f"[torch gpt {a.dtype}] {variant:>10}: {r['tokens_per_s']:>9.0f} tokens/s, {r['step_ms']:.2f} ms/step, "
+    for variant in a.variants.split(","):
+        try:
+            r = run(variant, a.dtype, a.steps, a.warmup, train)
+        except Exception as e:  # a variant that fails on this machine is reported, not fatal
+            print(f"[torch gpt {a.dtype}] {variant:>10}: FAILED: {str(e).splitlines()[0][:200]}", flush=True)
+            continue
+        print(f"[torch gpt {a.dtype} {CTX}x{BATCH}] {variant:>10}: {r['tokens_per_s']:>9.0f} tokens/s, {r['step_ms']:.2f} ms/step, "
               f"setup {r['setup_s']:.2f} s, reserved {r['reserved_mb']:.0f} MB, loss {r['loss']:.3f}", flush=True)
         rows.append(r)
         torch.cuda.empty_cache()

@@ -29,3 +29,6 @@ for f in examples/*.rs examples/*/main.rs; do
 done
 [ -d bench ] && cp -r bench gpu-bin/
 du -sh gpu-bin
+# The device tool carries at most 64 MiB: pack the binaries (about 10 MB with xz). There:
+#   python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
+mkdir -p gpu-pack && tar -cf - gpu-bin | xz -T2 -6 > gpu-pack/gpu-bin.tar.xz && du -sh gpu-pack/gpu-bin.tar.xz

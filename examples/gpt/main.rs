@@ -1,9 +1,9 @@
 //! A byte-level GPT trained with one graphed module per transformer block: the main job.
 //!
 //! `cargo run --release --example gpt -- --help` lists the flags: `--steps`, `--data`,
-//! `--size tiny|gpu`, `--dtype f32|bf16`, `--mode eager|graphed|fused|floor|pipeline|pipeline-eager`
-//! (`--eager` is `--mode eager`), `--no-checkpoint`, `--dropout`, `--eval-every`, `--warmup`,
-//! `--plot FILE.png`, `--json FILE`.
+//! `--size tiny|gpu`, `--context`, `--batch`, `--dtype f32|bf16`,
+//! `--mode eager|graphed|fused|floor|pipeline|pipeline-eager` (`--eager` is `--mode eager`),
+//! `--no-checkpoint`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`, `--json FILE`.
 //!
 //! The text is, by default, the repository's own README.md, docs/*.md and Rust sources, read
 //! from the directory the binary runs in (run it from the repository root); `--data FILE`
@@ -41,6 +41,7 @@ mod runner;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use clap::builder::TypedValueParser;
 use clap::{Parser, ValueEnum};
 use graphed::optim::WarmupCosine;
 use graphed::{DType, Device, Error, Result};
@@ -118,6 +119,12 @@ struct Args {
     /// Model size [default: gpu on a GPU, tiny on the host].
     #[arg(long, value_enum)]
     size: Option<Size>,
+    /// Sequence length: the size's context unless given (the tiny size 96, the gpu size 256).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    context: Option<usize>,
+    /// Sequences per step: the size's batch unless given (the tiny size 8, the gpu size 16).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    batch: Option<usize>,
     /// Weights and activations [default: bf16 on a GPU, f32 on the host].
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
@@ -175,12 +182,14 @@ impl Args {
         let dropout = self.dropout;
         let tiny = Config { layers: 3, d_model: 96, heads: 4, context: 96, batch: 8, hidden: 256, dropout, dtype };
         let gpu = Config { layers: 8, d_model: 512, heads: 8, context: 256, batch: 16, hidden: 1368, dropout, dtype };
-        match self.size {
+        let c = match self.size {
             Some(Size::Tiny) => tiny,
             Some(Size::Gpu) => gpu,
             None if dev.is_cuda() => gpu,
             None => tiny,
-        }
+        };
+        // `--context N` and `--batch N` change the size's sequence length and batch.
+        Config { context: self.context.unwrap_or(c.context), batch: self.batch.unwrap_or(c.batch), ..c }
     }
 }
 

@@ -1,0 +1,114 @@
+//! Fused attention through the runtime: TFLOP/s of `ops::flash_attention` and its backward at
+//! sequence 512 to 8192, head dim 64 and 128, causal and not, in bf16 (16384 tokens a call and
+//! 2048 features, as the FlashAttention papers measure). Each call is captured in a graph of
+//! `LAUNCHES` calls and replayed under `Device::time_ms`, so launch overhead is out of the
+//! figure. FLOPs: forward `4 · batch · heads · seq² · head_dim` (halved when causal), backward
+//! 2.5 times that (FlashAttention's convention: five products; our backward runs seven, so it
+//! stays free of atomics). `bench/flash_sweep.py` prints PyTorch's SDPA beside these.
+//!
+//! `cargo run --release --example attention_bench [-- --quick] [--json FILE]` (`--help`; a GPU is needed;
+//! on the host backend it runs one small case of each kind as a smoke test).
+
+use clap::Parser;
+use graphed::ops::{self, Attention};
+use graphed::{CaptureMode, DType, Device, Graph, Result, Tensor};
+
+const LAUNCHES: usize = 5;
+
+fn random(dev: &Device, dims: &[usize], seed: u64) -> Result<Tensor> {
+    let n: usize = dims.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        })
+        .collect();
+    Tensor::from_slice_as(dev, &v, dims, DType::BF16)
+}
+
+/// Milliseconds per call of `f`, from a graph of `LAUNCHES` calls replayed `reps` times.
+fn time_ms(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut g = Graph::new(dev);
+    g.capture(CaptureMode::Global, || {
+        for _ in 0..LAUNCHES {
+            f()?;
+        }
+        Ok(())
+    })?;
+    g.replay()?;
+    dev.synchronize()?;
+    let ms = dev.time_ms(|| {
+        for _ in 0..reps {
+            g.replay()?;
+        }
+        Ok(())
+    })?;
+    Ok(ms as f64 / (reps * LAUNCHES) as f64)
+}
+
+/// TFLOP/s of `ops::flash_attention` and its backward at sequence 512 to 8192, head dim 64 and
+/// 128, causal and not, in bf16 (a GPU is needed for a measurement; on the host backend it runs
+/// one small case of each kind).
+#[derive(Parser)]
+#[command(name = "attention_bench")]
+struct Args {
+    /// Fewer cases (always so on the host backend).
+    #[arg(long)]
+    quick: bool,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<String>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let dev = Device::default_device();
+    let quick = args.quick || !dev.is_cuda();
+    let json = args.json;
+    println!("fused attention on {}, bf16, TFLOP/s (forward / backward)", dev.name());
+    println!("| seq | head dim | causal | forward | backward | forward ms | backward ms |");
+    println!("|---|---|---|---|---|---|---|");
+    let (tokens, width) = if dev.is_cuda() { (16384, 2048) } else { (256, 256) };
+    let seqs: &[usize] = if !dev.is_cuda() {
+        &[128]
+    } else if quick {
+        &[1024, 4096]
+    } else {
+        &[512, 1024, 2048, 4096, 8192]
+    };
+    let mut rows = Vec::new();
+    for head_dim in Attention::HEAD_DIMS {
+        for causal in [true, false] {
+            for &seq in seqs {
+                let (batch, heads) = ((tokens / seq).max(1), width / head_dim);
+                let dims = [batch, seq, heads * head_dim];
+                let (q, k, v, d) = (
+                    random(&dev, &dims, 1)?,
+                    random(&dev, &dims, 2)?,
+                    random(&dev, &dims, 3)?,
+                    random(&dev, &dims, 4)?,
+                );
+                let at = if causal { Attention::causal(heads) } else { Attention::full(heads) };
+                let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
+                let reps = if dev.is_cuda() { 20 } else { 1 };
+                let fwd = time_ms(&dev, reps, || ops::flash_attention(&q, &k, &v, &at).map(drop))?;
+                let bwd =
+                    time_ms(&dev, reps, || ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &at).map(drop))?;
+                let flops = 4.0 * (batch * heads * seq * seq * head_dim) as f64 / if causal { 2.0 } else { 1.0 };
+                let (tf, tb) = (flops / fwd / 1e9, 2.5 * flops / bwd / 1e9);
+                println!("| {seq} | {head_dim} | {} | {tf:.0} | {tb:.0} | {fwd:.3} | {bwd:.3} |", causal as u8);
+                rows.push(format!(
+                    "{{\"seq\": {seq}, \"head_dim\": {head_dim}, \"causal\": {causal}, \"fwd_tflops\": {tf:.1}, \"bwd_tflops\": {tb:.1}, \"fwd_ms\": {fwd:.4}, \"bwd_ms\": {bwd:.4}}}"
+                ));
+            }
+        }
+    }
+    if let Some(path) = json {
+        let body = format!("{{\"device\": \"{}\", \"rows\": [\n{}\n]}}\n", dev.name(), rows.join(",\n"));
+        std::fs::write(&path, body).map_err(|e| graphed::Error::msg(format!("--json {path}: {e}")))?;
+    }
+    Ok(())
+}
