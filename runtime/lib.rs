@@ -75,7 +75,8 @@
 //! weight-grad pass); `#[capture_time_hook(kind)]` marks hooks (`pre_forward`, `forward`,
 //! `pre_backward`, `backward`); `#[derive(Parameters)]` visits a struct's parameters for
 //! optimizers, `zero_grad` and safetensors. Misuse of any of them is a compile error on the
-//! offending token. The README's "The DSL" section lists every key.
+//! offending token, all errors of an item reported at once. Each macro's page lists its keys:
+//! [`macro@graphed`], [`macro@capture_time_hook`], [`derive@Parameters`].
 //!
 //! ## Semantics
 //!
