@@ -91,7 +91,16 @@ impl Device {
         }
         Device::cuda(0).unwrap_or_else(|e| {
             static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| eprintln!("graphed: running on the host backend (CPU): {e}"));
+            let why = match &e {
+                Error::CudaUnavailable { reason } => reason.clone(),
+                other => other.to_string(),
+            };
+            SAID.call_once(|| {
+                eprintln!(
+                    "graphed: running on the host backend (CPU), no usable GPU: {why} \
+                     (GRAPHED_DEVICE=host chooses the host without this message)"
+                )
+            });
             Device::host()
         })
     }

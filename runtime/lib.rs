@@ -127,7 +127,7 @@
 //!
 //! - **It runs on the CPU.** [`Device::default_device`] falls back to the host backend when
 //!   [`Device::cuda`] fails, and says why on stderr once (`graphed: running on the host backend
-//!   (CPU): ...`): a library that does not load (put the CUDA libraries on `LD_LIBRARY_PATH`,
+//!   (CPU), no usable GPU: ...`): a library that does not load (put the CUDA libraries on `LD_LIBRARY_PATH`,
 //!   e.g. `/usr/local/cuda/lib64`), no GPU, a driver older than CUDA 12.0, or NVRTC newer than
 //!   the driver (`cuModuleLoadData` fails with `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`). Call
 //!   `Device::cuda(0)` to get the error as a value; set `GRAPHED_DEVICE=host` to choose the

@@ -295,7 +295,7 @@ fn main() -> Result<()> {
     }
     let png = args.plot.clone().unwrap_or_else(|| std::env::temp_dir().join("graphed-gpt-loss.png"));
     let title = format!(
-        "GPT {} layers, d_model {}, {} on {}: {}{ck}",
+        "GPT loss: {} layers, d_model {}, {} on {}, {}{ck}",
         cfg.layers,
         cfg.d_model,
         cfg.dtype,
