@@ -26,29 +26,36 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KDIR = os.path.join(ROOT, "runtime", "backend", "kernels")
+# The kernel sources: under the working directory (run from the repository root), else beside
+# this script's folder.
+_SOURCES = (os.path.join(os.getcwd(), "runtime", "backend", "kernels"),
+            os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "backend", "kernels"))
+KDIR = next((p for p in _SOURCES if os.path.isdir(p)), _SOURCES[0])
 
-# (BN or BM, NW) per kernel kind; the first entry is the runtime's (FlashTiles in
+# (tile, warps, mt) per kernel kind: keys a tile (forward, dQ) or queries a tile (dK/dV), warps,
+# row blocks of 16 a warp. The first entry is the runtime's (FlashTiles in
 # runtime/backend/kernels.rs), chosen by this sweep on an H200 (2026-12-01).
 SWEEP = {
-    "FWD64": [(128, 4), (64, 8), (64, 4), (128, 8), (32, 8)],
-    "FWD128": [(64, 4), (64, 8), (32, 8), (128, 4), (32, 4)],
-    "DQ64": [(128, 4), (64, 8), (64, 4), (32, 8), (32, 4)],
-    "DQ128": [(64, 4), (64, 8), (32, 8), (32, 4), (128, 4)],
-    "DKV64": [(128, 4), (64, 8), (64, 4), (32, 8), (128, 8)],
-    "DKV128": [(64, 4), (64, 8), (32, 8), (128, 4), (32, 4)],
+    "FWD64": [(64, 4, 2), (128, 4, 1), (32, 4, 2), (64, 8, 2), (128, 4, 2)],
+    "FWD128": [(64, 4, 2), (64, 4, 1), (32, 4, 2), (64, 8, 2), (32, 8, 2)],
+    "DQ64": [(32, 4, 2), (128, 4, 1), (64, 4, 2), (32, 8, 2), (64, 4, 1)],
+    "DQ128": [(64, 4, 1), (32, 4, 1), (64, 8, 1), (32, 4, 2), (32, 8, 1)],
+    "DKV64": [(128, 4, 1), (64, 4, 1), (64, 8, 1), (32, 8, 1), (128, 8, 1)],
+    "DKV128": [(64, 4, 1), (32, 4, 1), (64, 8, 1), (128, 4, 1), (32, 8, 1)],
 }
 
 
+def rows(cfg):
+    return 16 * cfg[1] * cfg[2]
+
+
 def smem_bytes(kind, d, cfg):
-    t, nw = cfg
-    rows = 16 * nw
+    t, r = cfg[0], rows(cfg)
     if kind == "FWD":
-        return (rows + 4 * t) * d * 2
+        return (r + 4 * t) * d * 2
     if kind == "DQ":
-        return (2 * rows + 4 * t) * d * 2
-    return (2 * rows + 4 * t) * d * 2 + 4 * t * 4  # DKV: t = BM queries, rows = keys
+        return (2 * r + 4 * t) * d * 2
+    return (2 * r + 4 * t) * d * 2 + 4 * t * 4  # DKV: t = queries a tile, r = keys a block
 
 
 def source():
@@ -59,7 +66,7 @@ def source():
 class Kernels:
     def __init__(self, cfgs):
         self.cfgs = cfgs
-        defs = tuple(f"-DFA_{k}={v[0]},{v[1]}" for k, v in cfgs.items())
+        defs = tuple(f"-DFA_{k}={v[0]},{v[1]},{v[2]}" for k, v in cfgs.items())
         t0 = time.time()
         self.mod = cp.RawModule(code=source(), options=("-std=c++17", "--gpu-architecture=sm_90") + defs)
         self.funcs = {}
@@ -97,13 +104,13 @@ def fwd(K, q, k, v, heads, kv_heads, causal):
     d = w // heads
     out = torch.empty_like(q)
     lse = torch.empty((b, heads, s), device=q.device, dtype=torch.float32)
-    fn, (bn, nw), sm = K.f(f"flash_fwd_{dt_name(q.dtype)}_d{d}", "FWD", d)
-    grid = ((s + 16 * nw - 1) // (16 * nw), heads, b)
-    fn(grid, (32 * nw,), (P(out), P(lse), P(q), P(k), P(v), U(s), U(heads), U(kv_heads), U(int(causal)), np.float32(1 / math.sqrt(d))), shared_mem=sm)
+    fn, cfg, sm = K.f(f"flash_fwd_{dt_name(q.dtype)}_d{d}", "FWD", d)
+    grid = ((s + rows(cfg) - 1) // rows(cfg), heads, b)
+    fn(grid, (32 * cfg[1],), (P(out), P(lse), P(q), P(k), P(v), U(s), U(heads), U(kv_heads), U(int(causal)), np.float32(1 / math.sqrt(d))), shared_mem=sm)
     return out, lse
 
 
-def bwd(K, dout, q, k, v, out, lse, heads, kv_heads, causal):
+def bwd(K, dout, q, k, v, out, lse, heads, kv_heads, causal, parts=("dkdv", "dq")):
     b, s, w = q.shape
     d = w // heads
     name = dt_name(q.dtype)
@@ -113,12 +120,14 @@ def bwd(K, dout, q, k, v, out, lse, heads, kv_heads, causal):
     n = b * s * heads
     prep(((n + 255) // 256,), (256,), (P(dsum), P(dout), P(out), U(b * s), U(s), U(heads), U(d)))
     scale = np.float32(1 / math.sqrt(d))
-    fn, (bn, nw), sm = K.f(f"flash_bwd_dkdv_{name}_d{d}", "DKV", d)
-    grid = ((s + 16 * nw - 1) // (16 * nw), kv_heads, b)
-    fn(grid, (32 * nw,), (P(dk), P(dv), P(q), P(k), P(v), P(dout), P(lse), P(dsum), U(s), U(heads), U(kv_heads), U(int(causal)), scale), shared_mem=sm)
-    fn, (bn, nw), sm = K.f(f"flash_bwd_dq_{name}_d{d}", "DQ", d)
-    grid = ((s + 16 * nw - 1) // (16 * nw), heads, b)
-    fn(grid, (32 * nw,), (P(dq), P(q), P(k), P(v), P(dout), P(lse), P(dsum), U(s), U(heads), U(kv_heads), U(int(causal)), scale), shared_mem=sm)
+    if "dkdv" in parts:
+        fn, cfg, sm = K.f(f"flash_bwd_dkdv_{name}_d{d}", "DKV", d)
+        grid = ((s + rows(cfg) - 1) // rows(cfg), kv_heads, b)
+        fn(grid, (32 * cfg[1],), (P(dk), P(dv), P(q), P(k), P(v), P(dout), P(lse), P(dsum), U(s), U(heads), U(kv_heads), U(int(causal)), scale), shared_mem=sm)
+    if "dq" in parts:
+        fn, cfg, sm = K.f(f"flash_bwd_dq_{name}_d{d}", "DQ", d)
+        grid = ((s + rows(cfg) - 1) // rows(cfg), heads, b)
+        fn(grid, (32 * cfg[1],), (P(dq), P(q), P(k), P(v), P(dout), P(lse), P(dsum), U(s), U(heads), U(kv_heads), U(int(causal)), scale), shared_mem=sm)
     return dq, dk, dv
 
 
@@ -196,12 +205,16 @@ def inputs(s, d, dtype=torch.bfloat16, tokens=16384, width=2048):
 
 
 def time_ours(K, s, d, causal):
+    """TFLOP/s of the forward, the backward, and milliseconds of the backward's dK/dV and dQ
+    kernels (each with the small dsum kernel)."""
     b, heads, q, k, v, dout = inputs(s, d)
     out, lse = fwd(K, q, k, v, heads, heads, causal)
     tf = median_ms(lambda: fwd(K, q, k, v, heads, heads, causal))
     tb = median_ms(lambda: bwd(K, dout, q, k, v, out, lse, heads, heads, causal))
+    tkv = median_ms(lambda: bwd(K, dout, q, k, v, out, lse, heads, heads, causal, ("dkdv",)))
+    tq = median_ms(lambda: bwd(K, dout, q, k, v, out, lse, heads, heads, causal, ("dq",)))
     fl = flops(b, s, heads, d, causal)
-    return fl / tf / 1e9, 2.5 * fl / tb / 1e9, tf, tb
+    return fl / tf / 1e9, 2.5 * fl / tb / 1e9, tkv, tq
 
 
 def time_torch(s, d, causal, backend):
@@ -265,43 +278,50 @@ def main():
     log(f"correctness: {'ALL OK' if ok else 'FAILURES'}")
 
     results = {"lines": lines}
-    # Sweep: each variant's TFLOP/s per kernel kind at seq 1024 and 4096.
+    # Sweep: each variant's time per kernel kind at seq 1024 and 4096 (geometric mean of the
+    # four shapes); the best of each kind is compiled into one module for the table.
     best = {}
     if len(variants) > 1:
         for d in (64, 128):
             for i, K in enumerate(variants):
-                row = []
-                score_f = score_b = 0.0
+                row, score = [], {"FWD": 0.0, "DKV": 0.0, "DQ": 0.0}
                 for s in (1024, 4096):
                     for causal in (True, False):
-                        f, bw, _, _ = time_ours(K, s, d, causal)
-                        score_f += math.log(f)
-                        score_b += math.log(bw)
-                        row.append(f"s{s}{'c' if causal else 'n'} {f:.0f}/{bw:.0f}")
-                log(f"sweep d{d} v{i} fwd{K.cfgs[f'FWD{d}']} dq{K.cfgs[f'DQ{d}']} dkv{K.cfgs[f'DKV{d}']}: " + "  ".join(row))
-                for kind, sc in (("FWD", score_f), ("BWD", score_b)):
+                        f, bw, tkv, tq = time_ours(K, s, d, causal)
+                        score["FWD"] += math.log(f)
+                        score["DKV"] -= math.log(tkv)
+                        score["DQ"] -= math.log(tq)
+                        row.append(f"s{s}{'c' if causal else 'n'} {f:.0f}/{bw:.0f} ({tkv:.2f}+{tq:.2f} ms)")
+                cf = {k: K.cfgs[f"{k}{d}"] for k in ("FWD", "DQ", "DKV")}
+                log(f"sweep d{d} v{i} {cf}: " + "  ".join(row))
+                for kind, sc in score.items():
                     if (kind, d) not in best or sc > best[(kind, d)][0]:
                         best[(kind, d)] = (sc, i)
-        log("best: " + ", ".join(f"{k[0]}{k[1]}=v{v[1]}" for k, v in sorted(best.items())))
+        log("best: " + ", ".join(f"{k[0]}{k[1]}=v{v[1]} {variants[v[1]].cfgs[k[0] + str(k[1])]}" for k, v in sorted(best.items())))
+        cfgs = {f"{k[0]}{k[1]}": variants[v[1]].cfgs[f"{k[0]}{k[1]}"] for k, v in best.items()}
+        KB = Kernels(cfgs)
+        for d in (64, 128):
+            for causal in (True, False):
+                ok &= check(KB, torch.bfloat16, 2, 257, 4, 2, d, causal, lambda s: log("best " + s))
+        log(f"correctness of the best: {'ALL OK' if ok else 'FAILURES'}")
+    else:
+        KB = K0
     # The table with the best variant per (kind, head dim) next to torch.
     seqs = (1024, 4096) if args.quick else (512, 1024, 2048, 4096, 8192)
     table = []
     log("| seq | d | causal | ours fwd | torch flash fwd | torch cudnn fwd | ours bwd | torch flash bwd | torch cudnn bwd |")
     log("|---|---|---|---|---|---|---|---|---|")
     for d in (64, 128):
-        kf = variants[best.get(("FWD", d), (0, 0))[1]]
-        kb = variants[best.get(("BWD", d), (0, 0))[1]]
         for causal in (True, False):
             for s in seqs:
-                f, _, _, _ = time_ours(kf, s, d, causal)
-                _, bw, _, _ = time_ours(kb, s, d, causal)
+                f, bw, _, _ = time_ours(KB, s, d, causal)
                 tfl, tbl, _ = time_torch(s, d, causal, "flash")
                 tfc, tbc, err = time_torch(s, d, causal, "cudnn")
                 fmt = lambda x: "-" if x is None else f"{x:.0f}"
                 log(f"| {s} | {d} | {int(causal)} | {f:.0f} | {fmt(tfl)} | {fmt(tfc)} | {bw:.0f} | {fmt(tbl)} | {fmt(tbc)} |")
                 table.append(dict(seq=s, d=d, causal=causal, fwd=f, bwd=bw, torch_flash_fwd=tfl, torch_flash_bwd=tbl, torch_cudnn_fwd=tfc, torch_cudnn_bwd=tbc))
     results["table"] = table
-    results["best"] = {f"{k[0]}{k[1]}": variants[v[1]].cfgs for k, v in best.items()}
+    results["best"] = KB.cfgs
     with open(os.path.join(args.out, "flash_sweep.json"), "w") as fh:
         json.dump(results, fh, indent=1)
     return 0 if ok else 1

@@ -28,3 +28,7 @@ inline unsigned long long __cvta_generic_to_shared(const void* p) { return (unsi
 inline void __syncwarp() {}
 inline float __log2f(float x) { return std::log2(x); }
 using std::fmaxf;
+// mixed.cu's vectorised AdamW.
+struct float4 { float x, y, z, w; };
+struct uint2 { unsigned x, y; };
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }

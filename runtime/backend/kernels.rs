@@ -209,16 +209,18 @@ kernels! {
 }
 
 /// The tile shapes of the fused attention kernels (`kernels/flash.cu`), one place for both
-/// sides: NVRTC gets them as `-DFA_<KIND><D>=tile,warps` and the launches size their grids and
-/// shared memory from them. Chosen by sweeping `bench/flash_sweep.py` on an H200.
+/// sides: NVRTC gets them as `-DFA_<KIND><D>=tile,warps,mt` and the launches size their grids
+/// and shared memory from them. Chosen by sweeping `bench/flash_sweep.py` on an H200
+/// (docs/results/flash-sweep-2026-12-01b.txt): two row blocks a warp in the forward and in dQ
+/// at head dim 64 (each K/V fragment serves both), one where the accumulators would spill.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FlashTiles {
-    /// Forward: keys per tile, warps (16 query rows each).
-    pub(crate) fwd: (usize, usize),
-    /// dQ: keys per tile, warps (16 query rows each).
-    pub(crate) dq: (usize, usize),
-    /// dK/dV: queries per tile, warps (16 keys each).
-    pub(crate) dkv: (usize, usize),
+    /// Forward: keys per tile, warps, row blocks of 16 queries per warp.
+    pub(crate) fwd: (usize, usize, usize),
+    /// dQ: keys per tile, warps, row blocks of 16 queries per warp.
+    pub(crate) dq: (usize, usize, usize),
+    /// dK/dV: queries per tile, warps, row blocks of 16 keys per warp.
+    pub(crate) dkv: (usize, usize, usize),
 }
 
 impl FlashTiles {
@@ -227,19 +229,24 @@ impl FlashTiles {
 
     pub(crate) const fn of(head_dim: usize) -> FlashTiles {
         if head_dim == 64 {
-            FlashTiles { fwd: (128, 4), dq: (128, 4), dkv: (128, 4) }
+            FlashTiles { fwd: (64, 4, 2), dq: (32, 4, 2), dkv: (128, 4, 1) }
         } else {
-            FlashTiles { fwd: (64, 4), dq: (64, 4), dkv: (64, 4) }
+            FlashTiles { fwd: (64, 4, 2), dq: (64, 4, 1), dkv: (64, 4, 1) }
         }
+    }
+
+    /// Rows (queries, or keys for dK/dV) one block of `(tile, warps, mt)` covers.
+    pub(crate) const fn rows((_, warps, mt): (usize, usize, usize)) -> usize {
+        16 * warps * mt
     }
 
     /// Dynamic shared memory, in bytes, of the forward, dQ and dK/dV kernels at `head_dim`.
     pub(crate) const fn smem(self, head_dim: usize) -> [usize; 3] {
-        let ((bn, nw), (dbn, dnw), (bm, knw)) = (self.fwd, self.dq, self.dkv);
+        let (f, q, kv) = (Self::rows(self.fwd), Self::rows(self.dq), Self::rows(self.dkv));
         [
-            (16 * nw + 4 * bn) * head_dim * 2,
-            (2 * 16 * dnw + 4 * dbn) * head_dim * 2,
-            (2 * 16 * knw + 4 * bm) * head_dim * 2 + 4 * bm * 4,
+            (f + 4 * self.fwd.0) * head_dim * 2,
+            (2 * q + 4 * self.dq.0) * head_dim * 2,
+            (2 * kv + 4 * self.dkv.0) * head_dim * 2 + 4 * self.dkv.0 * 4,
         ]
     }
 
@@ -249,7 +256,7 @@ impl FlashTiles {
             .iter()
             .flat_map(|&d| {
                 let t = Self::of(d);
-                [("FWD", t.fwd), ("DQ", t.dq), ("DKV", t.dkv)].map(|(k, (a, b))| format!("-DFA_{k}{d}={a},{b}"))
+                [("FWD", t.fwd), ("DQ", t.dq), ("DKV", t.dkv)].map(|(k, (a, b, c))| format!("-DFA_{k}{d}={a},{b},{c}"))
             })
             .collect()
     }

@@ -155,7 +155,7 @@ pub fn flash_attention(q: &Tensor, k: &Tensor, v: &Tensor, at: &Attention) -> Re
             ];
             args.extend(sizes(a));
             let smem = tiles.smem(a.dims.head_dim)[0];
-            c.launch(fwd_kernel(dtype, a.dims.head_dim), tile_grid(a, a.dims.heads, tiles.fwd.1, smem), &args)?;
+            c.launch(fwd_kernel(dtype, a.dims.head_dim), tile_grid(a, a.dims.heads, tiles.fwd, smem), &args)?;
             Ok((out, lse))
         }
     }
@@ -244,11 +244,11 @@ fn backward_cuda(c: &CudaBackend, a: AttnShape, dtype: DType, ins: [&Tensor; 6])
     let mut args = vec![KArg::Ptr(dk.cuda_ptr()?), KArg::Ptr(dv.cuda_ptr()?)];
     args.extend(common);
     args.extend(sizes(a));
-    c.launch(dkdv_kernel(dtype, d.head_dim), tile_grid(a, a.kv_heads, tiles.dkv.1, dkv_smem), &args)?;
+    c.launch(dkdv_kernel(dtype, d.head_dim), tile_grid(a, a.kv_heads, tiles.dkv, dkv_smem), &args)?;
     let mut args = vec![KArg::Ptr(dq.cuda_ptr()?)];
     args.extend(common);
     args.extend(sizes(a));
-    c.launch(dq_kernel(dtype, d.head_dim), tile_grid(a, d.heads, tiles.dq.1, dq_smem), &args)?;
+    c.launch(dq_kernel(dtype, d.head_dim), tile_grid(a, d.heads, tiles.dq, dq_smem), &args)?;
     Ok((dq, dk, dv))
 }
 
@@ -280,14 +280,10 @@ fn sizes(a: AttnShape) -> [KArg; 5] {
     ]
 }
 
-/// One block of `16 · warps` rows per tile of the sequence, per head, per sequence.
-fn tile_grid(a: AttnShape, heads: usize, warps: usize, smem: usize) -> LaunchDims {
-    let tiles = a.dims.seq.div_ceil(16 * warps) as u32;
-    LaunchDims {
-        grid: (tiles, heads as u32, a.dims.batch as u32),
-        block: (32 * warps as u32, 1, 1),
-        shared: smem as u32,
-    }
+/// One block per tile of the sequence (`FlashTiles::rows` rows), per head, per sequence.
+fn tile_grid(a: AttnShape, heads: usize, shape: (usize, usize, usize), smem: usize) -> LaunchDims {
+    let tiles = a.dims.seq.div_ceil(FlashTiles::rows(shape)) as u32;
+    LaunchDims { grid: (tiles, heads as u32, a.dims.batch as u32), block: (32 * shape.1 as u32, 1, 1), shared: smem as u32 }
 }
 
 fn fwd_kernel(dtype: DType, head_dim: usize) -> B {

@@ -317,7 +317,7 @@ pub fn swiglu_backward(dy: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tenso
         }
         Exec::Cuda(c) => c.launch(
             k::SWIGLU_BWD.get(dtype),
-            LaunchDims::elementwise(n as usize),
+            LaunchDims::vectorized(n as usize, dtype),
             &[
                 KArg::Ptr(dgate.cuda_ptr()?),
                 KArg::Ptr(dup.cuda_ptr()?),

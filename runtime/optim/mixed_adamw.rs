@@ -132,7 +132,7 @@ impl Master for AdamW {
                     KArg::U32(zero as u32),
                     KArg::U32(n),
                 ]);
-                c.launch(kernel, LaunchDims::elementwise(n as usize), &args)
+                c.launch(kernel, LaunchDims::elementwise((n as usize).div_ceil(4)), &args)
             }
         }
     }

@@ -138,53 +138,57 @@ __device__ __forceinline__ void fa_frag_b(u32* b, const u16* s, int k0, int dp) 
     fa_ldsm_t(b, s + fa_off<D>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
 }
 
-// acc (16 x 8*NT8 f32 per warp) += A (16 x 16*KS, from registers) * tile (rows k, columns n).
-template <bool BF16, int D, int KS>
-__device__ __forceinline__ void fa_mma_rows_b(float (*acc)[4], const u32 (*a)[4], const u16* s, int k0) {
+// acc[mt] (16 x D f32 each) += A[mt] (16 x 16*KS, fragments in registers) * tile (rows k0.. are
+// k, its D columns n), for MT row blocks: each B fragment loaded once serves all MT.
+template <bool BF16, int D, int KS, int MT>
+__device__ __forceinline__ void fa_mma_rows_b(float (*acc)[D / 8][4], const u32 (*a)[KS][4], const u16* s, int k0) {
 #pragma unroll
     for (int kc = 0; kc < KS; ++kc) {
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
             u32 b[4];
             fa_frag_b<D>(b, s, k0 + kc * 16, dp);
-            fa_mma<BF16>(acc[2 * dp], a[kc], b[0], b[1]);
-            fa_mma<BF16>(acc[2 * dp + 1], a[kc], b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                fa_mma<BF16>(acc[mt][2 * dp], a[mt][kc], b[0], b[1]);
+                fa_mma<BF16>(acc[mt][2 * dp + 1], a[mt][kc], b[2], b[3]);
+            }
         }
     }
 }
 
-// acc (16 x N) = A (16 x D, fragments in registers) * tileᵀ (N rows of D).
-template <bool BF16, int D, int N>
-__device__ __forceinline__ void fa_mma_bt(float (*acc)[4], const u32 (*a)[4], const u16* s) {
+// acc[mt] (16 x N f32 each) = A[mt] (16 x D) * tileᵀ (N rows of D), for MT row blocks. A comes
+// from registers (`areg`, when AREG) or from rows a_row0 + 16*mt.. of the shared tile `sa`.
+template <bool BF16, int D, int N, int MT, bool AREG>
+__device__ __forceinline__ void fa_mma_bt(float (*acc)[N / 8][4], const u32 (*areg)[D / 16][4], const u16* sa, int a_row0, const u16* s) {
 #pragma unroll
-    for (int nt = 0; nt < N / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-        for (int np = 0; np < N / 16; ++np) {
-            u32 b[4];
-            fa_frag_bt<D>(b, s, np * 16, kk);
-            fa_mma<BF16>(acc[2 * np], a[kk], b[0], b[1]);
-            fa_mma<BF16>(acc[2 * np + 1], a[kk], b[2], b[3]);
-        }
+        for (int nt = 0; nt < N / 8; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
     }
-}
-
-// Same with A read from a shared tile (rows a_row0..a_row0+16) instead of registers.
-template <bool BF16, int D, int N>
-__device__ __forceinline__ void fa_mma_bt_s(float (*acc)[4], const u16* sa, int a_row0, const u16* s) {
-#pragma unroll
-    for (int nt = 0; nt < N / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-        u32 a[4];
-        fa_frag_a<D>(a, sa, a_row0, kk);
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            if constexpr (AREG) {
+                a[mt][0] = areg[mt][kk][0];
+                a[mt][1] = areg[mt][kk][1];
+                a[mt][2] = areg[mt][kk][2];
+                a[mt][3] = areg[mt][kk][3];
+            } else {
+                fa_frag_a<D>(a[mt], sa, a_row0 + 16 * mt, kk);
+            }
+        }
 #pragma unroll
         for (int np = 0; np < N / 16; ++np) {
             u32 b[4];
             fa_frag_bt<D>(b, s, np * 16, kk);
-            fa_mma<BF16>(acc[2 * np], a, b[0], b[1]);
-            fa_mma<BF16>(acc[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                fa_mma<BF16>(acc[mt][2 * np], a[mt], b[0], b[1]);
+                fa_mma<BF16>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
         }
     }
 }
@@ -198,6 +202,25 @@ __device__ __forceinline__ void fa_to_a(u32 (*a)[4], const float (*c)[4]) {
         a[kc][1] = fa_pack<BF16>(c[2 * kc][2], c[2 * kc][3]);
         a[kc][2] = fa_pack<BF16>(c[2 * kc + 1][0], c[2 * kc + 1][1]);
         a[kc][3] = fa_pack<BF16>(c[2 * kc + 1][2], c[2 * kc + 1][3]);
+    }
+}
+
+// A warp's A fragments of MT row blocks (rows row0 + 16*mt..) of a shared tile, all k steps.
+template <int D, int MT>
+__device__ __forceinline__ void fa_frags(u32 (*a)[D / 16][4], const u16* s, int row0) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) fa_frag_a<D>(a[mt][kk], s, row0 + 16 * mt, kk);
+    }
+}
+
+template <int D, int MT>
+__device__ __forceinline__ void fa_zero(float (*acc)[D / 8][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
     }
 }
 
@@ -224,11 +247,13 @@ __device__ __forceinline__ void fa_store(u16* g, u64 stride, u32 row0, u32 rows,
 
 // ------------------------------------------------------------------------------ forward
 //
-// BM = 16 * NW query rows a block, BN keys a tile. Shared: Q (BM x D), then two stages of K and
-// V (BN x D each).
-template <bool BF16, int D, int BN, int NW>
+// Each warp owns RW = 16 * MT query rows (MT row blocks share every K/V fragment it loads), a
+// block BM = RW * NW rows; BN keys a tile. Shared: Q (BM x D), then two stages of K and V (BN x
+// D each). Q's fragments stay in registers when they are few (QREG), else they are re-read.
+template <bool BF16, int D, int BN, int NW, int MT>
 __device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) {
-    constexpr int BM = NW * 16, NT = NW * 32;
+    constexpr int RW = 16 * MT, BM = RW * NW, NT = NW * 32;
+    constexpr bool QREG = MT * D <= 128;
     u16* sQ = reinterpret_cast<u16*>(fa_smem);
     u16* sK = sQ + BM * D;
     u16* sV = sK + 2 * BN * D;
@@ -240,7 +265,7 @@ __device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const
     const u16* qb = q + (u64)b * seq * qs + (u64)h * D;
     const u16* kb = k + (u64)b * seq * ks + (u64)kvh * D;
     const u16* vb = v + (u64)b * seq * ks + (u64)kvh * D;
-    const u32 q0 = qt * BM;
+    const u32 q0 = qt * BM, w0 = q0 + warp * RW;
     const u32 kend = causal ? fa_min(seq, q0 + BM) : seq;
     const u32 ntiles = (kend + BN - 1) / BN;
 
@@ -251,16 +276,15 @@ __device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const
     fa_commit();
     fa_wait1();
     __syncthreads();
-    u32 qf[D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) fa_frag_a<D>(qf[kk], sQ, warp * 16, kk);
+    u32 qf[QREG ? MT : 1][D / 16][4];
+    if constexpr (QREG) fa_frags<D, MT>(qf, sQ, warp * RW);
 
-    float o[D / 8][4];
+    float o[MT][D / 8][4];
+    fa_zero<D, MT>(o);
+    float m[MT][2], l[MT][2];
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-    float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f};
+    for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = FA_NEG_INF, l[mt][0] = l[mt][1] = 0.0f;
     const float sl2 = scale * FA_LOG2E;
-    const u32 row[2] = {q0 + warp * 16 + gr, q0 + warp * 16 + gr + 8};
 
     for (u32 j = 0; j < ntiles; ++j) {
         const int st = j & 1;
@@ -273,63 +297,75 @@ __device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const
         __syncthreads();
         const u16* cK = sK + st * BN * D;
         const u16* cV = sV + st * BN * D;
-        float s[BN / 8][4];
-        fa_mma_bt<BF16, D, BN>(s, qf, cK);
+        float s[MT][BN / 8][4];
+        fa_mma_bt<BF16, D, BN, MT, QREG>(s, qf, sQ, warp * RW, cK);
         const u32 k0 = j * BN;
-        if (k0 + BN > seq || (causal && k0 + BN - 1 > q0 + warp * 16)) {
+        if (k0 + BN > seq || (causal && k0 + BN - 1 > w0)) {
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
+            for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const u32 col = k0 + nt * 8 + 2 * t + (e & 1);
-                    if (col >= seq || (causal && col > row[e >> 1])) s[nt][e] = FA_NEG_INF;
+                for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const u32 col = k0 + nt * 8 + 2 * t + (e & 1), row = w0 + mt * 16 + gr + 8 * (e >> 1);
+                        if (col >= seq || (causal && col > row)) s[mt][nt][e] = FA_NEG_INF;
+                    }
                 }
             }
         }
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            float mx = FA_NEG_INF;
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mnew = fmaxf(m[i], mx * sl2);
-            const float base = mnew == FA_NEG_INF ? 0.0f : mnew;
-            const float alpha = fa_exp2(m[i] - base);
-            m[i] = mnew;
-            float sum = 0.0f;
+            for (int i = 0; i < 2; ++i) {
+                float mx = FA_NEG_INF;
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
-                s[nt][2 * i] = fa_exp2(s[nt][2 * i] * sl2 - base);
-                s[nt][2 * i + 1] = fa_exp2(s[nt][2 * i + 1] * sl2 - base);
-                sum += s[nt][2 * i] + s[nt][2 * i + 1];
-            }
-            l[i] = l[i] * alpha + sum;
+                for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * i], s[mt][nt][2 * i + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mnew = fmaxf(m[mt][i], mx * sl2);
+                const float base = mnew == FA_NEG_INF ? 0.0f : mnew;
+                const float alpha = fa_exp2(m[mt][i] - base);
+                m[mt][i] = mnew;
+                float sum = 0.0f;
 #pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-                o[dt][2 * i] *= alpha;
-                o[dt][2 * i + 1] *= alpha;
+                for (int nt = 0; nt < BN / 8; ++nt) {
+                    s[mt][nt][2 * i] = fa_exp2(s[mt][nt][2 * i] * sl2 - base);
+                    s[mt][nt][2 * i + 1] = fa_exp2(s[mt][nt][2 * i + 1] * sl2 - base);
+                    sum += s[mt][nt][2 * i] + s[mt][nt][2 * i + 1];
+                }
+                l[mt][i] = l[mt][i] * alpha + sum;
+#pragma unroll
+                for (int dt = 0; dt < D / 8; ++dt) {
+                    o[mt][dt][2 * i] *= alpha;
+                    o[mt][dt][2 * i + 1] *= alpha;
+                }
             }
         }
-        u32 pa[BN / 16][4];
-        fa_to_a<BF16, BN>(pa, s);
-        fa_mma_rows_b<BF16, D, BN / 16>(o, pa, cV, 0);
+        u32 pa[MT][BN / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, BN>(pa[mt], s[mt]);
+        fa_mma_rows_b<BF16, D, BN / 16, MT>(o, pa, cV, 0);
         __syncthreads();
     }
     fa_wait0();
 
-    float inv[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-        inv[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-        if (t == 0 && row[i] < seq) {
-            lse[((u64)b * heads + h) * seq + row[i]] = l[i] > 0.0f ? (m[i] + __log2f(l[i])) * FA_LN2 : FA_NEG_INF;
-        }
-    }
     u16* ob = out + (u64)b * seq * qs + (u64)h * D;
-    fa_store<BF16, D>(ob, qs, q0 + warp * 16, seq, sQ, warp * 16, o, inv[0], inv[1]);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        float inv[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float li = l[mt][i];
+            li += __shfl_xor_sync(0xffffffffu, li, 1);
+            li += __shfl_xor_sync(0xffffffffu, li, 2);
+            inv[i] = li > 0.0f ? 1.0f / li : 0.0f;
+            const u32 row = w0 + mt * 16 + gr + 8 * i;
+            if (t == 0 && row < seq) {
+                lse[((u64)b * heads + h) * seq + row] = li > 0.0f ? (m[mt][i] + __log2f(li)) * FA_LN2 : FA_NEG_INF;
+            }
+        }
+        fa_store<BF16, D>(ob, qs, w0 + mt * 16, seq, sQ, warp * RW + mt * 16, o[mt], inv[0], inv[1]);
+    }
 }
 
 // ------------------------------------------------------------------------------ backward
@@ -348,11 +384,13 @@ __device__ __forceinline__ void fa_bwd_prep(float* dsum, const T* dout, const T*
     }
 }
 
-// dQ for a tile of BM = 16 * NW query rows, over the key tiles. Shared: Q, dO (BM x D), two
-// stages of K and V (BN x D).
-template <bool BF16, int D, int BN, int NW>
+// dQ for a tile of BM = 16 * MT * NW query rows (RW = 16 * MT a warp), over the key tiles.
+// Shared: Q, dO (BM x D), two stages of K and V (BN x D). Q's and dO's fragments stay in
+// registers when they are few (FREG).
+template <bool BF16, int D, int BN, int NW, int MT>
 __device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) {
-    constexpr int BM = NW * 16, NT = NW * 32;
+    constexpr int RW = 16 * MT, BM = RW * NW, NT = NW * 32;
+    constexpr bool FREG = MT * D <= 128;
     u16* sQ = reinterpret_cast<u16*>(fa_smem);
     u16* sO = sQ + BM * D;
     u16* sK = sO + BM * D;
@@ -365,7 +403,7 @@ __device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, c
     const u64 qoff = (u64)b * seq * qs + (u64)h * D;
     const u16* kb = k + (u64)b * seq * ks + (u64)kvh * D;
     const u16* vb = v + (u64)b * seq * ks + (u64)kvh * D;
-    const u32 q0 = qt * BM;
+    const u32 q0 = qt * BM, w0 = q0 + warp * RW;
     const u32 kend = causal ? fa_min(seq, q0 + BM) : seq;
     const u32 ntiles = (kend + BN - 1) / BN;
 
@@ -377,24 +415,24 @@ __device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, c
     fa_commit();
     fa_wait1();
     __syncthreads();
-    u32 qf[D / 16][4], df[D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        fa_frag_a<D>(qf[kk], sQ, warp * 16, kk);
-        fa_frag_a<D>(df[kk], sO, warp * 16, kk);
+    u32 qf[FREG ? MT : 1][D / 16][4], df[FREG ? MT : 1][D / 16][4];
+    if constexpr (FREG) {
+        fa_frags<D, MT>(qf, sQ, warp * RW);
+        fa_frags<D, MT>(df, sO, warp * RW);
     }
-    const u32 row[2] = {q0 + warp * 16 + gr, q0 + warp * 16 + gr + 8};
     const float sl2 = scale * FA_LOG2E;
-    float lse2[2], dd[2];
+    float lse2[MT][2], dd[MT][2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const u64 at = ((u64)b * heads + h) * seq + fa_min(row[i], seq - 1);
-        lse2[i] = lse[at] * FA_LOG2E;
-        dd[i] = dsum[at];
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const u64 at = ((u64)b * heads + h) * seq + fa_min(w0 + mt * 16 + gr + 8 * i, seq - 1);
+            lse2[mt][i] = lse[at] * FA_LOG2E;
+            dd[mt][i] = dsum[at];
+        }
     }
-    float acc[D / 8][4];
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.0f;
+    float acc[MT][D / 8][4];
+    fa_zero<D, MT>(acc);
 
     for (u32 j = 0; j < ntiles; ++j) {
         const int st = j & 1;
@@ -407,36 +445,42 @@ __device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, c
         __syncthreads();
         const u16* cK = sK + st * BN * D;
         const u16* cV = sV + st * BN * D;
-        float s[BN / 8][4], dp[BN / 8][4];
-        fa_mma_bt<BF16, D, BN>(s, qf, cK);
-        fa_mma_bt<BF16, D, BN>(dp, df, cV);
+        float s[MT][BN / 8][4], dp[MT][BN / 8][4];
+        fa_mma_bt<BF16, D, BN, MT, FREG>(s, qf, sQ, warp * RW, cK);
+        fa_mma_bt<BF16, D, BN, MT, FREG>(dp, df, sO, warp * RW, cV);
         const u32 k0 = j * BN;
-        const bool edge = k0 + BN > seq || (causal && k0 + BN - 1 > q0 + warp * 16);
+        const bool edge = k0 + BN > seq || (causal && k0 + BN - 1 > w0);
 #pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = e >> 1;
-                const u32 col = k0 + nt * 8 + 2 * t + (e & 1);
-                const bool masked = edge && (col >= seq || (causal && col > row[i]));
-                const float p = masked ? 0.0f : fa_exp2(s[nt][e] * sl2 - lse2[i]);
-                s[nt][e] = p * (dp[nt][e] - dd[i]);
+            for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = e >> 1;
+                    const u32 col = k0 + nt * 8 + 2 * t + (e & 1), row = w0 + mt * 16 + gr + 8 * i;
+                    const bool masked = edge && (col >= seq || (causal && col > row));
+                    const float p = masked ? 0.0f : fa_exp2(s[mt][nt][e] * sl2 - lse2[mt][i]);
+                    s[mt][nt][e] = p * (dp[mt][nt][e] - dd[mt][i]);
+                }
             }
         }
-        u32 sa[BN / 16][4];
-        fa_to_a<BF16, BN>(sa, s);
-        fa_mma_rows_b<BF16, D, BN / 16>(acc, sa, cK, 0);
+        u32 sa[MT][BN / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, BN>(sa[mt], s[mt]);
+        fa_mma_rows_b<BF16, D, BN / 16, MT>(acc, sa, cK, 0);
         __syncthreads();
     }
     fa_wait0();
-    fa_store<BF16, D>(dq + qoff, qs, q0 + warp * 16, seq, sQ, warp * 16, acc, scale, scale);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) fa_store<BF16, D>(dq + qoff, qs, w0 + mt * 16, seq, sQ, warp * RW + mt * 16, acc[mt], scale, scale);
 }
 
-// dK and dV for a tile of BN = 16 * NW keys, over the query tiles (BM rows) of every query head
-// of its group. Shared: K, V (BN x D), two stages of Q and dO (BM x D) and of lse, dsum (BM).
-template <bool BF16, int D, int BM, int NW>
+// dK and dV for a tile of BN = 16 * MT * NW keys (RW = 16 * MT a warp), over the query tiles
+// (BM rows) of every query head of its group. Shared: K, V (BN x D), two stages of Q and dO
+// (BM x D) and of lse, dsum (BM).
+template <bool BF16, int D, int BM, int NW, int MT>
 __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) {
-    constexpr int BN = NW * 16, NT = NW * 32;
+    constexpr int RW = 16 * MT, BN = RW * NW, NT = NW * 32;
     u16* sK = reinterpret_cast<u16*>(fa_smem);
     u16* sV = sK + BN * D;
     u16* sQ = sV + BN * D;
@@ -447,7 +491,7 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
     const u32 kvh = blockIdx.y, b = blockIdx.z, group = heads / kv_heads;
     const u64 qs = (u64)heads * D, ks = (u64)kv_heads * D;
     const u64 koff = (u64)b * seq * ks + (u64)kvh * D;
-    const u32 k0 = blockIdx.x * BN;
+    const u32 k0 = blockIdx.x * BN, w0 = k0 + warp * RW;
     const u32 qtiles = (seq + BM - 1) / BM;
     const u32 first = causal ? k0 / BM : 0;  // the first query tile that sees these keys
     const u32 per_head = qtiles - first, iters = per_head * group;
@@ -467,14 +511,10 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
     load_q(0, 0);
     fa_commit();
 
-    float dka[D / 8][4], dva[D / 8][4];
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-        dka[dt][0] = dka[dt][1] = dka[dt][2] = dka[dt][3] = 0.0f;
-        dva[dt][0] = dva[dt][1] = dva[dt][2] = dva[dt][3] = 0.0f;
-    }
+    float dka[MT][D / 8][4], dva[MT][D / 8][4];
+    fa_zero<D, MT>(dka);
+    fa_zero<D, MT>(dva);
     const float sl2 = scale * FA_LOG2E;
-    const u32 key[2] = {k0 + warp * 16 + gr, k0 + warp * 16 + gr + 8};
 
     for (u32 it = 0; it < iters; ++it) {
         const int st = it & 1;
@@ -487,44 +527,53 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
         const u16* cO = sO + st * BM * D;
         const float* cL = sL + st * BM;
         const float* cD = sD + st * BM;
-        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys x BM queries a warp).
-        float s[BM / 8][4], dp[BM / 8][4];
-        fa_mma_bt_s<BF16, D, BM>(s, sK, warp * 16, cQ);
-        fa_mma_bt_s<BF16, D, BM>(dp, sV, warp * 16, cO);
-        const bool edge = q0 + BM > seq || (causal && q0 < k0 + warp * 16 + 15);
+        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (RW keys x BM queries a warp).
+        float s[MT][BM / 8][4], dp[MT][BM / 8][4];
+        fa_mma_bt<BF16, D, BM, MT, false>(s, nullptr, sK, warp * RW, cQ);
+        fa_mma_bt<BF16, D, BM, MT, false>(dp, nullptr, sV, warp * RW, cO);
+        const bool edge = q0 + BM > seq || (causal && q0 < w0 + RW - 1);
 #pragma unroll
-        for (int nt = 0; nt < BM / 8; ++nt) {
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int qc = nt * 8 + 2 * t + (e & 1);
-                const u32 qi = q0 + qc;
-                const bool masked = edge && (qi >= seq || (causal && qi < key[e >> 1]));
-                const float p = masked ? 0.0f : fa_exp2(s[nt][e] * sl2 - cL[qc] * FA_LOG2E);
-                s[nt][e] = p;
-                dp[nt][e] = p * (dp[nt][e] - cD[qc]);
+            for (int nt = 0; nt < BM / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int qc = nt * 8 + 2 * t + (e & 1);
+                    const u32 qi = q0 + qc, key = w0 + mt * 16 + gr + 8 * (e >> 1);
+                    const bool masked = edge && (qi >= seq || (causal && qi < key));
+                    const float p = masked ? 0.0f : fa_exp2(s[mt][nt][e] * sl2 - cL[qc] * FA_LOG2E);
+                    s[mt][nt][e] = p;
+                    dp[mt][nt][e] = p * (dp[mt][nt][e] - cD[qc]);
+                }
             }
         }
-        u32 pa[BM / 16][4];
-        fa_to_a<BF16, BM>(pa, s);
-        fa_mma_rows_b<BF16, D, BM / 16>(dva, pa, cO, 0);
-        fa_to_a<BF16, BM>(pa, dp);
-        fa_mma_rows_b<BF16, D, BM / 16>(dka, pa, cQ, 0);
+        u32 pa[MT][BM / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, BM>(pa[mt], s[mt]);
+        fa_mma_rows_b<BF16, D, BM / 16, MT>(dva, pa, cO, 0);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, BM>(pa[mt], dp[mt]);
+        fa_mma_rows_b<BF16, D, BM / 16, MT>(dka, pa, cQ, 0);
         __syncthreads();
     }
     fa_wait0();
-    fa_store<BF16, D>(dk + koff, ks, k0 + warp * 16, seq, sK, warp * 16, dka, scale, scale);
-    fa_store<BF16, D>(dv + koff, ks, k0 + warp * 16, seq, sV, warp * 16, dva, 1.0f, 1.0f);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        fa_store<BF16, D>(dk + koff, ks, w0 + mt * 16, seq, sK, warp * RW + mt * 16, dka[mt], scale, scale);
+        fa_store<BF16, D>(dv + koff, ks, w0 + mt * 16, seq, sV, warp * RW + mt * 16, dva[mt], 1.0f, 1.0f);
+    }
 }
 
 // ------------------------------------------------------------------------------ entry points
 //
-// Tile shapes: the host passes -DFA_<KIND><D>=tile,warps for the forward (keys a tile, warps of
-// 16 query rows), dQ (the same) and dK/dV (queries a tile, warps of 16 keys) at D = 64 and 128
+// Tile shapes: the host passes -DFA_<KIND><D>=tile,warps,mt for the forward (keys a tile, warps
+// of 16 * mt query rows), dQ (the same) and dK/dV (queries a tile, warps of 16 * mt keys) at D =
+// 64 and 128
 // (FlashTiles in backend/kernels.rs, which also sizes the grids and shared memory). Below
 // sm_80 (no bf16 mma, ldmatrix or cp.async) the entry points are empty and the op refuses the
 // device before launching.
 #if !defined(FA_FWD64) || !defined(FA_FWD128) || !defined(FA_DQ64) || !defined(FA_DQ128) || !defined(FA_DKV64) || !defined(FA_DKV128)
-#error "flash.cu needs the tile shapes: -DFA_FWD64=tile,warps and the other five (FlashTiles)"
+#error "flash.cu needs the tile shapes: -DFA_FWD64=tile,warps,mt and the other five (FlashTiles)"
 #endif
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define FA_BODY(...) __VA_ARGS__
@@ -532,7 +581,7 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
 #define FA_BODY(...)
 #endif
 
-#define FA_NW(A, B) B
+#define FA_NW(A, B, C) B
 #define FA_NW_OF(CFG) FA_NW(CFG)
 
 extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD64)) flash_fwd_bf16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_fwd<true, 64, FA_FWD64>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }

@@ -64,12 +64,20 @@ extern "C" __global__ void adamw_prepare_mixed(float* st, const float* scaler, f
 
 // adamw_step_f32 on the f32 master weights, then the 16-bit model weights rewritten from them
 // (rounded to nearest even); nothing changes when the scaler flagged an overflow. zero_g != 0
-// also zeroes each grad once read (skipped steps too).
+// also zeroes each grad once read (skipped steps too). Four elements a thread and iteration
+// (16-byte loads and stores of the f32 tensors, 8 bytes of the 16-bit weights) when every
+// pointer allows it (pool blocks are 256-byte aligned; a wrapped foreign buffer may not be),
+// the rest one by one: the same arithmetic per element either way.
+template <typename T> union Pack4 { uint2 raw; T e[4]; };
 template <typename T>
 __device__ __forceinline__ void adamw_mixed_t(float* p, T* model, float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g, u32 n) {
+    const bool vec = al16(p) && al16(g) && al16(m) && al16(v) && ((u64)model & 7) == 0;
+    const u64 nv = vec ? n / 4 : 0;
+    const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (scaler[1] != 0.0f) {
         if (zero_g != 0u) {
-            for (u64 i = gr_tid(); i < n; i += gr_stride()) g[i] = 0.0f;
+            for (u64 i = gr_tid(); i < nv; i += gr_stride()) reinterpret_cast<float4*>(g)[i] = zero4;
+            for (u64 i = nv * 4 + gr_tid(); i < n; i += gr_stride()) g[i] = 0.0f;
         }
         return;
     }
@@ -77,7 +85,24 @@ __device__ __forceinline__ void adamw_mixed_t(float* p, T* model, float* g, floa
     const float step_size = rate / sta[1];
     const float bc2_sqrt = sqrtf(sta[2]);
     const float decay = 1.0f - rate * wd;
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+    for (u64 i = gr_tid(); i < nv; i += gr_stride()) {
+        float4 pv = reinterpret_cast<const float4*>(p)[i], gv = reinterpret_cast<const float4*>(g)[i];
+        float4 mv = reinterpret_cast<const float4*>(m)[i], vv = reinterpret_cast<const float4*>(v)[i];
+        float pe[4] = {pv.x, pv.y, pv.z, pv.w}, ge[4] = {gv.x, gv.y, gv.z, gv.w};
+        float me[4] = {mv.x, mv.y, mv.z, mv.w}, ve[4] = {vv.x, vv.y, vv.z, vv.w};
+        Pack4<T> out;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            pe[e] = adamw_elem(pe[e], ge[e], &me[e], &ve[e], step_size, bc2_sqrt, decay, beta1, beta2, eps);
+            st(out.e, e, pe[e]);
+        }
+        reinterpret_cast<float4*>(p)[i] = make_float4(pe[0], pe[1], pe[2], pe[3]);
+        reinterpret_cast<float4*>(m)[i] = make_float4(me[0], me[1], me[2], me[3]);
+        reinterpret_cast<float4*>(v)[i] = make_float4(ve[0], ve[1], ve[2], ve[3]);
+        reinterpret_cast<uint2*>(model)[i] = out.raw;
+        if (zero_g != 0u) reinterpret_cast<float4*>(g)[i] = zero4;
+    }
+    for (u64 i = nv * 4 + gr_tid(); i < n; i += gr_stride()) {
         const float pi = adamw_elem(p[i], g[i], &m[i], &v[i], step_size, bc2_sqrt, decay, beta1, beta2, eps);
         p[i] = pi;
         st(model, i, pi);

@@ -86,29 +86,78 @@ __device__ __forceinline__ void embedding_bwd_t(TG* dtable, const T* dy, const f
 // y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps); one warp per row.
 template <typename T>
 __device__ __forceinline__ void rms_norm_t(T* y, float* rstd_out, const T* x, const T* gamma, u32 rows, u32 d, float eps) {
+    constexpr u32 W = 16 / sizeof(T);
     const u32 lane = threadIdx.x & 31;
+    // 16 bytes a load and store when the rows allow it (every row start 16-byte aligned).
+    const bool vec = d % W == 0 && al16(x) && al16(y) && al16(gamma);
     GR_WARP_ROWS(r, rows) {
         const T* xr = x + r * d;
         float s = 0.0f;
-        for (u32 j = lane; j < d; j += 32) s += ld(xr, j) * ld(xr, j);
+        if (vec) {
+            for (u32 c = lane; c < d / W; c += 32) {
+                Pack<T> px;
+                px.raw = reinterpret_cast<const uint4*>(xr)[c];
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) s += ld(px.e, k) * ld(px.e, k);
+            }
+        } else {
+            for (u32 j = lane; j < d; j += 32) s += ld(xr, j) * ld(xr, j);
+        }
         const float rstd = 1.0f / sqrtf(warp_sum(s) / (float)d + eps);
-        for (u32 j = lane; j < d; j += 32) st(y, r * d + j, ld(xr, j) * rstd * ld(gamma, j));
+        if (vec) {
+            for (u32 c = lane; c < d / W; c += 32) {
+                Pack<T> px, pg, py;
+                px.raw = reinterpret_cast<const uint4*>(xr)[c];
+                pg.raw = reinterpret_cast<const uint4*>(gamma)[c];
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) st(py.e, k, ld(px.e, k) * rstd * ld(pg.e, k));
+                reinterpret_cast<uint4*>(y + r * d)[c] = py.raw;
+            }
+        } else {
+            for (u32 j = lane; j < d; j += 32) st(y, r * d + j, ld(xr, j) * rstd * ld(gamma, j));
+        }
         if (lane == 0) rstd_out[r] = rstd;
     }
 }
 
-// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * gamma, xhat = x * rstd; one warp per row.
+// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * gamma, xhat = x * rstd; one warp per row,
+// 16 bytes a load and store when the rows allow it.
 template <typename T>
 __device__ __forceinline__ void rms_norm_bwd_t(T* dx, const T* dy, const T* x, const T* gamma, const float* rstd, u32 rows, u32 d) {
+    constexpr u32 W = 16 / sizeof(T);
     const u32 lane = threadIdx.x & 31;
+    const bool vec = d % W == 0 && al16(dx) && al16(dy) && al16(x) && al16(gamma);
     GR_WARP_ROWS(r, rows) {
         const float rs = rstd[r];
         float s = 0.0f;
-        for (u32 j = lane; j < d; j += 32) s += ld(dy, r * d + j) * ld(gamma, j) * ld(x, r * d + j) * rs;
+        if (vec) {
+            for (u32 c = lane; c < d / W; c += 32) {
+                Pack<T> pd, px, pg;
+                pd.raw = reinterpret_cast<const uint4*>(dy + r * d)[c];
+                px.raw = reinterpret_cast<const uint4*>(x + r * d)[c];
+                pg.raw = reinterpret_cast<const uint4*>(gamma)[c];
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) s += ld(pd.e, k) * ld(pg.e, k) * ld(px.e, k) * rs;
+            }
+        } else {
+            for (u32 j = lane; j < d; j += 32) s += ld(dy, r * d + j) * ld(gamma, j) * ld(x, r * d + j) * rs;
+        }
         const float m = warp_sum(s) / (float)d;
-        for (u32 j = lane; j < d; j += 32) {
-            const float xh = ld(x, r * d + j) * rs;
-            st(dx, r * d + j, rs * (ld(dy, r * d + j) * ld(gamma, j) - xh * m));
+        if (vec) {
+            for (u32 c = lane; c < d / W; c += 32) {
+                Pack<T> pd, px, pg, po;
+                pd.raw = reinterpret_cast<const uint4*>(dy + r * d)[c];
+                px.raw = reinterpret_cast<const uint4*>(x + r * d)[c];
+                pg.raw = reinterpret_cast<const uint4*>(gamma)[c];
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) st(po.e, k, rs * (ld(pd.e, k) * ld(pg.e, k) - ld(px.e, k) * rs * m));
+                reinterpret_cast<uint4*>(dx + r * d)[c] = po.raw;
+            }
+        } else {
+            for (u32 j = lane; j < d; j += 32) {
+                const float xh = ld(x, r * d + j) * rs;
+                st(dx, r * d + j, rs * (ld(dy, r * d + j) * ld(gamma, j) - xh * m));
+            }
         }
     }
 }
@@ -177,15 +226,41 @@ template <typename T> __device__ __forceinline__ void swiglu_t(T* y, const T* ga
     map2(y, gate, up, n, [](u64, float g, float u) { return g * sigmoidf(g) * u; });
 }
 
-// dgate = dy * up * s * (1 + g * (1 - s)), dup = dy * g * s, s = sigmoid(g).
+// dgate = dy * up * s * (1 + g * (1 - s)), dup = dy * g * s, s = sigmoid(g): 16 bytes a load and
+// store (as half.cu's maps), then the tail element by element, the same math either way.
+__device__ __forceinline__ void swiglu_bwd_elem(float d, float g, float u, float& dg, float& du) {
+    const float s = sigmoidf(g);
+    dg = d * u * s * (1.0f + g * (1.0f - s));
+    du = d * g * s;
+}
 template <typename T>
 __device__ __forceinline__ void swiglu_bwd_t(T* dgate, T* dup, const T* dy, const T* gate, const T* up, u32 n) {
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        const float g = ld(gate, i);
-        const float s = sigmoidf(g);
-        const float d = ld(dy, i);
-        st(dgate, i, d * ld(up, i) * s * (1.0f + g * (1.0f - s)));
-        st(dup, i, d * g * s);
+    constexpr u32 W = 16 / sizeof(T);
+    u64 done = 0;
+    if (al16(dgate) && al16(dup) && al16(dy) && al16(gate) && al16(up)) {
+        const u64 nv = n / W;
+        for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
+            Pack<T> pd, pg, pu, og, ou;
+            pd.raw = reinterpret_cast<const uint4*>(dy)[v];
+            pg.raw = reinterpret_cast<const uint4*>(gate)[v];
+            pu.raw = reinterpret_cast<const uint4*>(up)[v];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                float dg, du;
+                swiglu_bwd_elem(ld(pd.e, k), ld(pg.e, k), ld(pu.e, k), dg, du);
+                st(og.e, k, dg);
+                st(ou.e, k, du);
+            }
+            reinterpret_cast<uint4*>(dgate)[v] = og.raw;
+            reinterpret_cast<uint4*>(dup)[v] = ou.raw;
+        }
+        done = nv * W;
+    }
+    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) {
+        float dg, du;
+        swiglu_bwd_elem(ld(dy, i), ld(gate, i), ld(up, i), dg, du);
+        st(dgate, i, dg);
+        st(dup, i, du);
     }
 }
 
