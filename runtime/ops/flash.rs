@@ -283,7 +283,11 @@ fn sizes(a: AttnShape) -> [KArg; 5] {
 /// One block per tile of the sequence (`FlashTiles::rows` rows), per head, per sequence.
 fn tile_grid(a: AttnShape, heads: usize, shape: (usize, usize, usize), smem: usize) -> LaunchDims {
     let tiles = a.dims.seq.div_ceil(FlashTiles::rows(shape)) as u32;
-    LaunchDims { grid: (tiles, heads as u32, a.dims.batch as u32), block: (32 * shape.1 as u32, 1, 1), shared: smem as u32 }
+    LaunchDims {
+        grid: (tiles, heads as u32, a.dims.batch as u32),
+        block: (32 * shape.1 as u32, 1, 1),
+        shared: smem as u32,
+    }
 }
 
 fn fwd_kernel(dtype: DType, head_dim: usize) -> B {
