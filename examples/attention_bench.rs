@@ -6,9 +6,10 @@
 //! 2.5 times that (FlashAttention's convention: five products; our backward runs seven, so it
 //! stays free of atomics). `bench/flash_sweep.py` prints PyTorch's SDPA beside these.
 //!
-//! `cargo run --release --example attention_bench [-- --quick] [--json FILE]` (a GPU is needed;
+//! `cargo run --release --example attention_bench [-- --quick] [--json FILE]` (`--help`; a GPU is needed;
 //! on the host backend it runs one small case of each kind as a smoke test).
 
+use clap::Parser;
 use graphed::ops::{self, Attention};
 use graphed::{CaptureMode, DType, Device, Graph, Result, Tensor};
 
@@ -48,11 +49,25 @@ fn time_ms(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<()>) -> Resu
     Ok(ms as f64 / (reps * LAUNCHES) as f64)
 }
 
+/// TFLOP/s of `ops::flash_attention` and its backward at sequence 512 to 8192, head dim 64 and
+/// 128, causal and not, in bf16 (a GPU is needed for a measurement; on the host backend it runs
+/// one small case of each kind).
+#[derive(Parser)]
+#[command(name = "attention_bench")]
+struct Args {
+    /// Fewer cases (always so on the host backend).
+    #[arg(long)]
+    quick: bool,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<String>,
+}
+
 fn main() -> Result<()> {
+    let args = Args::parse();
     let dev = Device::default_device();
-    let args: Vec<String> = std::env::args().collect();
-    let quick = args.iter().any(|a| a == "--quick") || !dev.is_cuda();
-    let json = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1).cloned());
+    let quick = args.quick || !dev.is_cuda();
+    let json = args.json;
     println!("fused attention on {}, bf16, TFLOP/s (forward / backward)", dev.name());
     println!("| seq | head dim | causal | forward | backward | forward ms | backward ms |");
     println!("|---|---|---|---|---|---|---|");

@@ -5,75 +5,48 @@
 //! bytes (and the bytes that must be live), and the CPU time to issue one graphed call.
 //!
 //! `cargo run --release --example bench -- [--shapes 8x256x32,...] [--steps N] [--warmup N] [--dtype f32|bf16|f16] [--out ours.json]`
+//! (`--help` for each flag)
 //! runs the model in f32 (default) or with bf16/f16 weights and activations (f32 grads of the
 //! weights, f32 accumulation in the GEMMs). `--gemm` instead prints GEMM TFLOP/s at 4096^3 and
 //! 8192^3 for `--dtype` (bf16 by default there).
 //! scripts/bench.sh runs it next to PyTorch on the GPU machine and draws the chart.
 
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/model.rs"]
 mod model;
 
 use std::time::Instant;
 
+use clap::builder::TypedValueParser;
+use clap::Parser;
 use graphed::{make_graphed, ops, CaptureMode, Cx, DType, Device, Graph, GraphOptions, Module, Result, Tensor};
 use model::{random, Stack};
 
+/// The benchmark: eager, per-block graphs, fused, whole-stack graph and the single-graph floor
+/// of L blocks of Linear(H, H) + GELU, per shape (or GEMM TFLOP/s with `--gemm`).
+#[derive(Parser)]
+#[command(name = "bench")]
 struct Args {
+    /// Shapes to measure, LxHxB (L blocks of width H, batch B), comma-separated.
+    #[arg(long, value_name = "LxHxB,...", value_delimiter = ',', value_parser = cli::shape,
+          default_value = "8x256x32,32x256x32,16x1024x128,8x4096x512")]
     shapes: Vec<(usize, usize, usize)>,
+    /// Timed steps per variant (each timed with CUDA events; the median is reported).
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
     steps: usize,
+    /// Untimed warm-up steps before each variant.
+    #[arg(long, value_name = "N", default_value_t = 20)]
     warmup: usize,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
     out: Option<String>,
+    /// Weights and activations [default: f32; bf16 with --gemm].
+    #[arg(long, value_parser = cli::dtype())]
     dtype: Option<DType>,
+    /// Measure GEMM TFLOP/s at 4096^3 and 8192^3 instead of the model.
+    #[arg(long)]
     gemm: bool,
-}
-
-fn parse_dtype(v: &str) -> std::result::Result<DType, String> {
-    match v {
-        "f32" => Ok(DType::F32),
-        "bf16" => Ok(DType::BF16),
-        "f16" => Ok(DType::F16),
-        other => Err(format!("--dtype {other}: want f32, bf16 or f16")),
-    }
-}
-
-fn parse_args() -> std::result::Result<Args, String> {
-    let mut a = Args {
-        shapes: vec![(8, 256, 32), (32, 256, 32), (16, 1024, 128), (8, 4096, 512)],
-        steps: 200,
-        warmup: 20,
-        out: None,
-        dtype: None,
-        gemm: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        if flag == "--gemm" {
-            a.gemm = true;
-            continue;
-        }
-        let val = it.next().ok_or(format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--shapes" => {
-                a.shapes = val
-                    .split(',')
-                    .map(|s| {
-                        let v: Vec<usize> = s.split('x').filter_map(|n| n.parse().ok()).collect();
-                        if v.len() == 3 {
-                            Ok((v[0], v[1], v[2]))
-                        } else {
-                            Err(format!("bad shape {s}, want LxHxB"))
-                        }
-                    })
-                    .collect::<std::result::Result<_, _>>()?
-            }
-            "--steps" => a.steps = val.parse().map_err(|e| format!("--steps: {e}"))?,
-            "--warmup" => a.warmup = val.parse().map_err(|e| format!("--warmup: {e}"))?,
-            "--out" => a.out = Some(val),
-            "--dtype" => a.dtype = Some(parse_dtype(&val)?),
-            other => return Err(format!("unknown flag {other}")),
-        }
-    }
-    Ok(a)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -284,7 +257,7 @@ fn gemm_main(dev: &Device, args: &Args) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    let args = parse_args().map_err(graphed::Error::msg)?;
+    let args = Args::parse();
     let dev = Device::default_device();
     if args.gemm {
         return gemm_main(&dev, &args);

@@ -8,9 +8,11 @@
 //! the same init, one eager and one graphed, must agree bit for bit (every loss and every
 //! final parameter); then the trained parameters go through a safetensors file and back.
 //!
-//! `cargo run --release --example custom_kernel` (`--steps N`; `GRAPHED_DEVICE=host` forces
+//! `cargo run --release --example custom_kernel` (`--steps N`, `--help`; `GRAPHED_DEVICE=host` forces
 //! the host backend).
 
+use clap::builder::TypedValueParser;
+use clap::Parser;
 use graphed::optim::{AdamW, AdamWConfig};
 use graphed::KernelArg::{In, InOut, Out, F32, U32};
 use graphed::{
@@ -384,17 +386,22 @@ fn bits(m: &impl Parameters) -> Result<Vec<(String, Vec<u32>)>> {
     m.parameters().into_iter().map(|(n, p)| Ok((n, p.value.to_vec()?.iter().map(|v| v.to_bits()).collect()))).collect()
 }
 
+/// Your own CUDA C kernels (RMSNorm, SwiGLU) and parameters inside a `#[graphed]` MLP, graphed
+/// == eager bit for bit, then a safetensors round trip.
+#[derive(Parser)]
+#[command(name = "custom_kernel", after_help = "Set GRAPHED_DEVICE=host to run on the CPU when a GPU is present.")]
+struct Args {
+    /// AdamW steps of each run [default: 500 on a GPU, 200 on the host].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    steps: Option<usize>,
+}
+
 fn main() -> Result<()> {
+    let args = Args::parse();
     let dev = Device::default_device();
     let s =
         if dev.is_cuda() { Sizes { batch: 64, d: 256, hidden: 512 } } else { Sizes { batch: 16, d: 32, hidden: 64 } };
-    let default_steps = if dev.is_cuda() { 500 } else { 200 };
-    let steps = std::env::args()
-        .skip_while(|a| a != "--steps")
-        .nth(1)
-        .map(|v| v.parse().map_err(|e| Error::msg(format!("--steps: {e}"))))
-        .transpose()?
-        .unwrap_or(default_steps);
+    let steps = args.steps.unwrap_or(if dev.is_cuda() { 500 } else { 200 });
     println!(
         "custom kernels on {}: 2 x (RMSNorm + SwiGLU MLP {} -> {} -> {}), batch {}, AdamW, {steps} steps",
         dev.name(),

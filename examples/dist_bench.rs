@@ -7,73 +7,54 @@
 //! backward, as in `examples/bench.rs`; times are medians of CUDA-event step times on rank 0.
 //!
 //! `cargo run --release --example dist_bench -- [--shapes 32x256x32,16x1024x128] [--gpus 2]
-//!  [--steps N] [--warmup N] [--out dist.json]`
+//!  [--steps N] [--warmup N] [--out dist.json]` (`--help` for each flag)
 //!
 //! Without GPUs, `--emulated` runs the same code on emulated host ranks (a smoke test, not a
 //! measurement). scripts/gpu-multi.sh runs it next to bench/pytorch_ddp_bench.py.
 
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/model.rs"]
 mod model;
 
 use std::time::Duration;
 
+use clap::builder::TypedValueParser;
+use clap::Parser;
 use graphed::dist::{self, Communicator, Config, DataParallel, LaunchOptions, RankEnv, ReduceOp};
 use graphed::{make_graphed, ops, Device, Error, GraphOptions, Module, Result, Tensor};
 use model::{random, Stack};
 
-#[derive(Clone)]
+/// Data-parallel scaling: the benchmark model with one graph per block on 1 GPU and on N GPUs
+/// (one process each), the grads all-reduced inside the backward graphs.
+#[derive(Clone, Parser)]
+#[command(name = "dist_bench", args_override_self = true)]
 struct Args {
+    /// Shapes to measure, LxHxB (L blocks of width H, batch B per GPU), comma-separated.
+    #[arg(long, value_name = "LxHxB,...", value_delimiter = ',', value_parser = cli::shape,
+          default_value = "32x256x32,16x1024x128")]
     shapes: Vec<(usize, usize, usize)>,
+    /// GPUs of the N-GPU run (one process each).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
     gpus: usize,
+    /// Timed steps per variant (median of CUDA-event step times on rank 0).
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
     steps: usize,
+    /// Untimed warm-up steps before each variant.
+    #[arg(long, value_name = "N", default_value_t = 20)]
     warmup: usize,
+    /// Write the results as JSON to this file (default: print them).
+    #[arg(long, value_name = "FILE")]
     out: Option<String>,
+    /// Run the ranks as threads on the host backend (a smoke test without GPUs, not a measurement).
+    #[arg(long)]
     emulated: bool,
     /// Internal: this process is a rank writing its rows here.
+    #[arg(long, hide = true)]
     rank_out: Option<String>,
     /// Internal: the world size of this rank's run.
+    #[arg(long, hide = true, default_value_t = 1)]
     world: usize,
-}
-
-fn parse_args() -> std::result::Result<Args, String> {
-    let mut a = Args {
-        shapes: vec![(32, 256, 32), (16, 1024, 128)],
-        gpus: 2,
-        steps: 200,
-        warmup: 20,
-        out: None,
-        emulated: false,
-        rank_out: None,
-        world: 1,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        if flag == "--emulated" {
-            a.emulated = true;
-            continue;
-        }
-        let val = it.next().ok_or(format!("{flag} needs a value"))?;
-        let num = |v: &str| v.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
-        match flag.as_str() {
-            "--shapes" => a.shapes = val.split(',').map(parse_shape).collect::<std::result::Result<_, _>>()?,
-            "--gpus" => a.gpus = num(&val)?,
-            "--steps" => a.steps = num(&val)?.max(1),
-            "--warmup" => a.warmup = num(&val)?,
-            "--out" => a.out = Some(val),
-            "--rank-out" => a.rank_out = Some(val),
-            "--world" => a.world = num(&val)?,
-            other => return Err(format!("unknown flag {other}")),
-        }
-    }
-    Ok(a)
-}
-
-fn parse_shape(s: &str) -> std::result::Result<(usize, usize, usize), String> {
-    let v: Vec<usize> = s.split('x').filter_map(|n| n.parse().ok()).collect();
-    match v[..] {
-        [l, h, b] => Ok((l, h, b)),
-        _ => Err(format!("bad shape {s}, want LxHxB")),
-    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -221,7 +202,7 @@ fn measure(args: &Args, world: usize) -> Result<Vec<Vec<f64>>> {
 }
 
 fn main() -> Result<()> {
-    let args = parse_args().map_err(Error::msg)?;
+    let args = Args::parse();
     if let Some(env) = RankEnv::from_env()? {
         return run_rank(env, &args);
     }

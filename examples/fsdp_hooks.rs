@@ -17,6 +17,7 @@ mod model;
 
 use std::time::Duration;
 
+use clap::Parser;
 use fsdp_model::FsdpBlock;
 use graphed::dist::{self, Communicator, Config, DataParallel, LaunchOptions, ReduceOp};
 use graphed::optim::{AdamW, AdamWConfig};
@@ -123,7 +124,17 @@ fn rank_main(comm: Communicator, s: &Sizes) -> Result<()> {
     comm.barrier()
 }
 
+/// FSDP-style sharding on 2 ranks (GPUs, or emulated host ranks): all-gather and reduce-scatter
+/// captured in each layer's graphs, bitwise equal to data parallel.
+#[derive(Parser)]
+#[command(
+    name = "fsdp_hooks",
+    after_help = "It takes no flags. With fewer than 2 GPUs it runs 2 emulated ranks on the host backend."
+)]
+struct Args {}
+
 fn main() -> Result<()> {
+    Args::parse();
     if dist::gpu_count() >= 2 || dist::RankEnv::from_env()?.is_some() {
         let options =
             LaunchOptions { args: Some(Vec::new()), deadline: Duration::from_secs(600), ..Default::default() };

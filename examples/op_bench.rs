@@ -13,6 +13,7 @@
 //! Run: `cargo run --release --example op_bench` (on the host backend it uses small sizes;
 //! `GRAPHED_DEVICE=host` forces it).
 
+use clap::Parser;
 use graphed::ops::{self, Gelu};
 use graphed::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
 use graphed::{CaptureMode, DType, Device, Generator, Graph, Param, Result, Tensor};
@@ -59,7 +60,17 @@ fn time_per_launch(dev: &Device, reps: usize, f: &mut OpFn<'_>) -> Result<f64> {
     Ok(ms as f64 * 1e3 / (reps * LAUNCHES) as f64)
 }
 
+/// Each op's GPU time against its device-memory bandwidth floor, in f32 and bf16 (small sizes
+/// on the host backend).
+#[derive(Parser)]
+#[command(
+    name = "op_bench",
+    after_help = "It takes no flags. Set GRAPHED_DEVICE=host to run on the CPU when a GPU is present."
+)]
+struct Args {}
+
 fn main() -> Result<()> {
+    Args::parse();
     let dev = Device::default_device();
     let gpu = dev.is_cuda();
     println!("op_bench on {}", dev.name());

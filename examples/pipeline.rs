@@ -9,6 +9,7 @@ mod model;
 
 use std::collections::VecDeque;
 
+use clap::Parser;
 use graphed::{graphed, ops, Device, Result, Tensor};
 use model::{random, Block, BlockGradOutputs, BlockInputs};
 
@@ -21,7 +22,17 @@ pub struct TwoStage {
 
 const ORDER: [i32; 12] = [1, 2, 1, 2, -2, -1, 1, 2, -2, -1, -2, -1];
 
+/// A 2-chunk x 3-microbatch pipeline declared with `#[graphed(order = [...])]`: per-(chunk,
+/// microbatch) graphs, FIFO backwards.
+#[derive(Parser)]
+#[command(
+    name = "pipeline",
+    after_help = "It takes no flags. Set GRAPHED_DEVICE=host to run on the CPU when a GPU is present."
+)]
+struct Args {}
+
 fn main() -> Result<()> {
+    Args::parse();
     let dev = Device::default_device();
     let (batch, width) = (32, 128);
     println!("pipeline on {}: 2 chunks x 3 microbatches, order {ORDER:?}", dev.name());

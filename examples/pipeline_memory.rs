@@ -6,22 +6,33 @@
 //! without, the pool's reserved bytes, the bytes that must be live, and how many sets of
 //! static surfaces each chunk has.
 //!
-//! `cargo run --release --example pipeline_memory [-- --microbatches 16 --width 512]`
+//! `cargo run --release --example pipeline_memory [-- --microbatches 16 --width 512]` (`--help`)
 
 #[path = "common/model.rs"]
 mod model;
 
+use clap::builder::TypedValueParser;
+use clap::Parser;
 use graphed::{make_graphed, Device, GraphOptions, Module, OrderEntry, Result, Tensor};
 use model::{random, Stack};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+/// How the graph pool grows with the microbatches in flight of a 2-chunk pipeline schedule,
+/// with and without reuse of static surfaces.
+#[derive(Parser)]
+#[command(name = "pipeline_memory")]
+struct Args {
+    /// Microbatches of the schedule (windows of 2, 4 and all of them in flight are measured).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u64).range(4..).map(|n| n as usize))]
+    microbatches: usize,
+    /// Width of each block's Linear(width, width).
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    width: usize,
 }
 
 fn main() -> Result<()> {
+    let args = Args::parse();
     let dev = Device::default_device();
-    let (microbatches, width, batch) = (arg("--microbatches", 16), arg("--width", 512), 64);
+    let (microbatches, width, batch) = (args.microbatches, args.width, 64);
     println!("device {}; 2 chunks x 4 blocks, width {width}, batch {batch}, {microbatches} microbatches", dev.name());
     println!(
         "{:>8} {:>6} {:>12} {:>10} {:>10} {:>13}",

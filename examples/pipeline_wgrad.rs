@@ -8,6 +8,7 @@
 #[path = "common/split_linear.rs"]
 mod split_linear;
 
+use clap::Parser;
 use graphed::{graphed, Device, OrderEntry, Param, Result, Tensor};
 use split_linear::{Split, SplitGradOutputs, SplitInputs};
 
@@ -26,7 +27,17 @@ fn linear(dev: &Device, width: usize, seed: f32) -> Result<Split> {
     })
 }
 
+/// Split backwards: input-grad and weight-grad graphs per (chunk, microbatch), weight grads
+/// replayed with `backward_weights_<field>`.
+#[derive(Parser)]
+#[command(
+    name = "pipeline_wgrad",
+    after_help = "It takes no flags. Set GRAPHED_DEVICE=host to run on the CPU when a GPU is present."
+)]
+struct Args {}
+
 fn main() -> Result<()> {
+    Args::parse();
     let dev = Device::default_device();
     let (batch, width) = (16, 64);
     let x = Tensor::full(&dev, &[batch, width], 0.5)?.with_requires_grad(true);

@@ -15,6 +15,7 @@ mod model;
 
 use std::sync::{Arc, Mutex};
 
+use clap::Parser;
 use graphed::{ops, Device, GraphOptions, HookKind, HookRegistry, Param, Result, Tensor};
 use model::{random, Block, BlockInputs, GraphedBlock};
 
@@ -51,7 +52,17 @@ impl Shards {
     }
 }
 
+/// Capture-time hooks registered at run time that gather a sharded weight before forward and
+/// release it after backward.
+#[derive(Parser)]
+#[command(
+    name = "sharded_hooks",
+    after_help = "It takes no flags. Set GRAPHED_DEVICE=host to run on the CPU when a GPU is present."
+)]
+struct Args {}
+
 fn main() -> Result<()> {
+    Args::parse();
     let dev = Device::default_device();
     let (rows, cols, batch) = (64, 64, 16);
     println!("sharded hooks on {}", dev.name());

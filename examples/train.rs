@@ -4,7 +4,7 @@
 //! same data. Prints the loss going down, the step
 //! time of each, and whether the two runs agree bit for bit.
 //!
-//! `cargo run --release --example train -- [--steps N] [--dtype f32|bf16|f16]`: on the GPU when
+//! `cargo run --release --example train -- [--steps N] [--dtype f32|bf16|f16]` (`--help`): on the GPU when
 //! one is usable, on the host backend otherwise (`GRAPHED_DEVICE=host` forces it).
 //!
 //! With `--dtype bf16` (or `f16`) the student's weights and activations are 16-bit, its weight
@@ -13,11 +13,15 @@
 //! (`LossScaler`). An f32 eager run is made first as the reference, and the summary prints the
 //! final loss against it.
 
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/model.rs"]
 mod model;
 
 use std::time::Instant;
 
+use clap::builder::TypedValueParser;
+use clap::Parser;
 use graphed::optim::{AdamW, AdamWConfig, LossScaler, LossScalerConfig, MixedAdamW};
 use graphed::{ops, Cx, DType, Device, Generator, GraphedModules, Param, Result, Tensor};
 use model::{GraphedStack, Stack, StackInputs};
@@ -38,7 +42,8 @@ enum Student {
     Graphed(GraphedStack),
 }
 
-/// f32 AdamW for f32 weights; AdamW over f32 masters for 16-bit ones (with loss scaling for f16).
+/// f32 AdamW for f32 weights; AdamW over f32 masters for 16-bit ones (with loss scaling for
+/// f16).
 enum Optimizer {
     F32(AdamW),
     Mixed(MixedAdamW),
@@ -130,23 +135,24 @@ fn train(dev: &Device, graphed: bool, steps: usize, dtype: DType, teacher: &mut 
     Ok(Run { losses, ms_per_step, capture_ms, pool_bytes })
 }
 
-fn arg(name: &str) -> Option<String> {
-    std::env::args().skip_while(|a| a != name).nth(1)
+/// The MLP job: a 4-block MLP trained eagerly and with graphs on the same data, bit for bit.
+#[derive(Parser)]
+#[command(name = "train", after_help = "Set GRAPHED_DEVICE=host to run on the CPU when a GPU is present.")]
+struct Args {
+    /// AdamW steps of each run [default: 1000 on a GPU, 100 on the host].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    steps: Option<usize>,
+    /// The student's weights and activations (bf16 and f16 keep f32 master weights; f16 adds
+    /// loss scaling; both are compared with an f32 reference run).
+    #[arg(long, value_parser = cli::dtype(), default_value = "f32")]
+    dtype: DType,
 }
 
 fn main() -> Result<()> {
+    let args = Args::parse();
     let dev = Device::default_device();
-    let default_steps = if dev.is_cuda() { 1000 } else { 100 };
-    let steps = arg("--steps")
-        .map(|s| s.parse().map_err(|e| graphed::Error::msg(format!("--steps: {e}"))))
-        .transpose()?
-        .unwrap_or(default_steps);
-    let dtype = match arg("--dtype").as_deref() {
-        None | Some("f32") => DType::F32,
-        Some("bf16") => DType::BF16,
-        Some("f16") => DType::F16,
-        Some(other) => return Err(graphed::Error::msg(format!("--dtype {other}: want f32, bf16 or f16"))),
-    };
+    let steps = args.steps.unwrap_or(if dev.is_cuda() { 1000 } else { 100 });
+    let dtype = args.dtype;
     println!(
         "graphed MLP job on {}: {LAYERS} x Linear({WIDTH}, {WIDTH}) + GELU in {dtype}, batch {BATCH}, AdamW, {steps} steps",
         dev.name()

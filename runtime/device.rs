@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
 use crate::backend::Backend;
+use crate::capabilities::Capabilities;
 use crate::{Error, Generator, GraphPool, Result};
 
 struct DeviceInner {
@@ -87,11 +88,47 @@ impl Device {
 
     /// GPU 0 when it is usable, the host backend otherwise; never panics.
     /// Set `GRAPHED_DEVICE=host` to force the host backend.
+    ///
+    /// When it falls back, the first call in the process prints the reason to stderr (the
+    /// [`Error::CudaUnavailable`] or CUDA error that [`Device::cuda`] returned: a library that
+    /// does not load, no GPU, a driver too old), so a program that runs on the CPU says why.
+    /// Setting `GRAPHED_DEVICE=host` chooses the host backend without that message.
     pub fn default_device() -> Device {
         if std::env::var("GRAPHED_DEVICE").is_ok_and(|v| v == "host") {
             return Device::host();
         }
-        Device::cuda(0).unwrap_or_else(|_| Device::host())
+        Device::cuda(0).unwrap_or_else(|e| {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            let why = match &e {
+                Error::CudaUnavailable { reason } => reason.clone(),
+                other => other.to_string(),
+            };
+            SAID.call_once(|| {
+                eprintln!(
+                    "graphed: running on the host backend (CPU), no usable GPU: {why} \
+                     (GRAPHED_DEVICE=host chooses the host without this message)"
+                )
+            });
+            Device::host()
+        })
+    }
+
+    /// What this device's CUDA stack offers: the driver's CUDA version, conditional graph
+    /// nodes, cublasLt, NCCL (see [`Capabilities`]). On the host backend, nothing.
+    ///
+    /// ```
+    /// let caps = graphed::Device::host().capabilities();
+    /// assert_eq!(caps.driver, None);
+    /// assert_eq!(caps.to_string(), "host backend (no CUDA)");
+    /// ```
+    pub fn capabilities(&self) -> Capabilities {
+        match self.0.backend.cuda() {
+            None => Capabilities::host(),
+            Some(c) => {
+                let nccl = crate::dist::nccl_version().ok().and_then(|v| u32::try_from(v).ok());
+                Capabilities::cuda(c.driver_version, c.lt.is_some(), nccl)
+            }
+        }
     }
 
     /// Whether this is the host backend.

@@ -1,4 +1,4 @@
-//! make_graphed semantics (DESIGN.md's ten), through `#[graphed]` modules, on each backend:
+//! make_graphed semantics (the README's Semantics list), through `#[graphed]` modules, on each backend:
 //! hooks, parity with eager, interleaved pipelines, None outputs, forward-only, train/eval,
 //! unused inputs, grad accumulation, stale handles, replay order, warm-up and RNG.
 

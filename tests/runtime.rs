@@ -4,7 +4,7 @@
 mod common;
 
 use common::{on_each_backend, random};
-use graphed::{ops, CaptureMode, Device, Error, Generator, Graph, NodeKind, Result, Tensor};
+use graphed::{ops, CaptureMode, CudaVersion, Device, Error, Generator, Graph, NodeKind, Result, Tensor};
 
 /// y = 2x + y, then y *= 0.5, as the captured work.
 fn work(y: &Tensor, x: &Tensor) -> Result<()> {
@@ -273,6 +273,23 @@ fn default_device_never_panics_and_cuda_errors_cleanly_without_gpu() {
     assert!(!dev.name().is_empty());
     if let Err(e) = Device::cuda(64) {
         assert!(matches!(e, Error::CudaUnavailable { .. }), "{e}");
+    }
+}
+
+#[test]
+fn capabilities_report_the_driver_on_each_backend() {
+    for b in common::backends() {
+        let caps = b.device.capabilities();
+        if b.device.is_host() {
+            assert_eq!(caps, Device::host().capabilities());
+            assert_eq!(caps.driver, None);
+            assert!(!caps.conditional_nodes && !caps.cublas_lt && caps.nccl.is_none());
+        } else {
+            let driver = caps.driver.expect("a CUDA device knows its driver's version");
+            assert!(driver >= CudaVersion::MIN_DRIVER, "{caps}");
+            assert_eq!(caps.conditional_nodes, driver >= CudaVersion::CONDITIONAL_NODES);
+            eprintln!("{}: {caps}", b.device.name());
+        }
     }
 }
 

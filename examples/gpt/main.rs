@@ -1,9 +1,9 @@
-//! A byte-level GPT trained with one graphed module per transformer block (#13): the main job.
+//! A byte-level GPT trained with one graphed module per transformer block: the main job.
 //!
-//! `cargo run --release --example gpt -- [--steps N] [--data FILE] [--size tiny|gpu]
-//! [--context N] [--batch N] [--dtype f32|bf16]
-//! [--mode eager|graphed|fused|floor|pipeline|pipeline-eager] [--no-checkpoint] [--dropout P]
-//! [--eval-every N] [--warmup N] [--plot FILE.png] [--json FILE]`
+//! `cargo run --release --example gpt -- --help` lists the flags: `--steps`, `--data`,
+//! `--size tiny|gpu`, `--context`, `--batch`, `--dtype f32|bf16`,
+//! `--mode eager|graphed|fused|floor|pipeline|pipeline-eager` (`--eager` is `--mode eager`),
+//! `--no-checkpoint`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`, `--json FILE`.
 //!
 //! The text is, by default, the repository's own README.md, docs/*.md and Rust sources, read
 //! from the directory the binary runs in (run it from the repository root); `--data FILE`
@@ -11,18 +11,20 @@
 //! backend the tiny configuration (3 layers, d_model 96, context 96, f32) trains 500 steps in
 //! about a minute; on a GPU the default is 8 layers, d_model 512, 8 heads, context 256, batch
 //! 16, in bf16 with f32 master weights and grads (`MixedAdamW`). Prints step, loss, tokens/s and
-//! ETA, the validation loss every `--eval-every` steps, 200 sampled bytes at the end, and writes
-//! the loss curve as a PNG (`--plot`, default in the temp directory).
+//! ETA, the validation loss every `--eval-every` steps, 200 sampled bytes at the end, and draws
+//! the loss chart as a PNG (`--plot`, default in the temp directory).
 //!
 //! `--mode`: `graphed` (default) captures the embedding, every block and the head (the chunks
 //! of one `#[graphed(chained)]` struct, `model::Gpt`), odd blocks checkpointed (their activations
 //! recomputed inside the backward graph; `--no-checkpoint` keeps them), and the optimizer step as
 //! one more graph;
 //! `fused` replays those graphs as one launch per step; `floor` captures the whole step as one
-//! graph; `eager` runs it op by op. All four train bit for bit alike (tests/gpt.rs).
+//! graph; `eager` runs it op by op. These four train bit for bit alike (tests/gpt.rs).
 //! `pipeline` splits the model into two chunks (embedding + first half of the blocks, second
 //! half + head) over 4 microbatches in an interleaved order, graphed per (chunk, microbatch)
-//! and replayed as one launch; `pipeline-eager` runs that schedule op by op.
+//! and replayed as one launch; `pipeline-eager` runs that schedule op by op, and the two train
+//! bit for bit alike. The pipeline modes split each batch into microbatches, so their losses
+//! differ from the other four modes' (same data, another summation order).
 //!
 //! The learning rate warms up linearly over `--warmup` steps (default 5%) to its peak (3e-3 for
 //! the tiny model, 6e-4 for the GPU one), then follows a cosine to a tenth of it, computed on the
@@ -40,6 +42,8 @@ mod runner;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use clap::builder::TypedValueParser;
+use clap::{Parser, ValueEnum};
 use graphed::optim::WarmupCosine;
 use graphed::{DType, Device, Error, Result};
 use model::Config;
@@ -54,70 +58,140 @@ fn peak_lr(cfg: &Config) -> f32 {
     }
 }
 
-fn arg(name: &str) -> Option<String> {
-    std::env::args().skip_while(|a| a != name).nth(1)
+/// How a step runs (`runner::Mode`), as the command line spells it.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ModeArg {
+    /// op by op, no graphs
+    Eager,
+    /// one graph per module (embedding, each block, head) and one for the optimizer step
+    Graphed,
+    /// the per-module graphs replayed as one launch per step
+    Fused,
+    /// the whole step captured as one graph
+    Floor,
+    /// two pipeline chunks x 4 microbatches, graphed per (chunk, microbatch), one launch
+    Pipeline,
+    /// the pipeline schedule, op by op
+    PipelineEager,
 }
 
-fn num(name: &str, default: usize) -> Result<usize> {
-    arg(name).map_or(Ok(default), |s| s.parse().map_err(|e| Error::msg(format!("{name} {s}: {e}"))))
-}
-
-fn flag(name: &str) -> bool {
-    std::env::args().any(|a| a == name)
-}
-
-/// `--mode` (default graphed; `--eager` is `--mode eager`).
-fn mode() -> Result<Mode> {
-    if flag("--eager") {
-        return Ok(Mode::Eager);
-    }
-    match arg("--mode").as_deref() {
-        None | Some("graphed") => Ok(Mode::Graphed),
-        Some("eager") => Ok(Mode::Eager),
-        Some("fused") => Ok(Mode::Fused),
-        Some("floor") => Ok(Mode::Floor),
-        Some("pipeline") => Ok(Mode::Pipeline),
-        Some("pipeline-eager") => Ok(Mode::PipelineEager),
-        Some(other) => Err(Error::msg(format!(
-            "--mode {other}: expected eager, graphed, fused, floor, pipeline or pipeline-eager"
-        ))),
-    }
-}
-
-/// `--dtype` (default bf16 on a GPU, f32 on the host).
-fn dtype(dev: &Device) -> Result<DType> {
-    match arg("--dtype").as_deref() {
-        None => Ok(if dev.is_cuda() { DType::BF16 } else { DType::F32 }),
-        Some("f32") => Ok(DType::F32),
-        Some("bf16") => Ok(DType::BF16),
-        Some(other) => Err(Error::msg(format!("--dtype {other}: expected f32 or bf16"))),
-    }
-}
-
-fn config(dev: &Device) -> Result<Config> {
-    let dropout =
-        arg("--dropout").map_or(Ok(0.0), |s| s.parse().map_err(|e| Error::msg(format!("--dropout {s}: {e}"))))?;
-    let dtype = dtype(dev)?;
-    let tiny = Config { layers: 3, d_model: 96, heads: 4, context: 96, batch: 8, hidden: 256, dropout, dtype };
-    let gpu = Config { layers: 8, d_model: 512, heads: 8, context: 256, batch: 16, hidden: 1368, dropout, dtype };
-    let c = match arg("--size").as_deref() {
-        Some("tiny") => tiny,
-        Some("gpu") => gpu,
-        None => {
-            if dev.is_cuda() {
-                gpu
-            } else {
-                tiny
-            }
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Mode {
+        match m {
+            ModeArg::Eager => Mode::Eager,
+            ModeArg::Graphed => Mode::Graphed,
+            ModeArg::Fused => Mode::Fused,
+            ModeArg::Floor => Mode::Floor,
+            ModeArg::Pipeline => Mode::Pipeline,
+            ModeArg::PipelineEager => Mode::PipelineEager,
         }
-        Some(other) => return Err(Error::msg(format!("--size {other}: expected tiny or gpu"))),
-    };
-    // `--context N` and `--batch N` change the size's sequence length and batch.
-    let (context, batch) = (num("--context", c.context)?, num("--batch", c.batch)?);
-    if context == 0 || batch == 0 {
-        return Err(Error::msg(format!("--context {context} --batch {batch}: both must be at least 1")));
     }
-    Ok(Config { context, batch, ..c })
+}
+
+/// The model's size.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Size {
+    /// 3 layers, d_model 96, 4 heads, context 96, batch 8 (the host default).
+    Tiny,
+    /// 8 layers, d_model 512, 8 heads, context 256, batch 16 (the GPU default).
+    Gpu,
+}
+
+/// The dtype of weights and activations.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum DTypeArg {
+    /// float32 throughout (the host default).
+    F32,
+    /// bf16 weights and activations, f32 master weights and grads (the GPU default).
+    Bf16,
+}
+
+/// Trains a byte-level GPT, one graphed module per transformer block, on this repository's
+/// text (run it from the repository root) or on `--data FILE`.
+#[derive(Debug, Parser)]
+#[command(name = "gpt", after_help = "Set GRAPHED_DEVICE=host to run on the CPU when a GPU is present.")]
+struct Args {
+    /// Training steps [default: 2000 on a GPU, 500 on the host].
+    #[arg(long, value_name = "N")]
+    steps: Option<usize>,
+    /// Train on this text file instead of the repository's README, docs and Rust sources.
+    #[arg(long, value_name = "FILE")]
+    data: Option<PathBuf>,
+    /// Model size [default: gpu on a GPU, tiny on the host].
+    #[arg(long, value_enum)]
+    size: Option<Size>,
+    /// Sequence length: the size's context unless given (the tiny size 96, the gpu size 256).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    context: Option<usize>,
+    /// Sequences per step: the size's batch unless given (the tiny size 8, the gpu size 16).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    batch: Option<usize>,
+    /// Weights and activations [default: bf16 on a GPU, f32 on the host].
+    #[arg(long, value_enum)]
+    dtype: Option<DTypeArg>,
+    /// How a step runs.
+    #[arg(long, value_enum, default_value = "graphed")]
+    mode: ModeArg,
+    /// The same as `--mode eager`.
+    #[arg(long, conflicts_with = "mode")]
+    eager: bool,
+    /// Keep every block's activations (graphed and fused modes checkpoint the odd blocks).
+    #[arg(long)]
+    no_checkpoint: bool,
+    /// Dropout probability on each block's two residual branches while training.
+    #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = probability)]
+    dropout: f32,
+    /// Validation loss every N steps [default: a tenth of --steps].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    eval_every: Option<u64>,
+    /// Learning-rate warm-up steps [default: a twentieth of --steps].
+    #[arg(long, value_name = "N")]
+    warmup: Option<usize>,
+    /// Where to write the loss chart [default: graphed-gpt-loss.png in the temp directory].
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
+    /// Also write the run's figures (tokens/s, ms/step, losses, pool) as one JSON line here.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+/// A dropout probability in [0, 1).
+fn probability(s: &str) -> std::result::Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(p) if (0.0..1.0).contains(&p) => Ok(p),
+        Ok(p) => Err(format!("{p} is not in [0, 1)")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl Args {
+    fn mode(&self) -> Mode {
+        if self.eager {
+            Mode::Eager
+        } else {
+            self.mode.into()
+        }
+    }
+
+    fn config(&self, dev: &Device) -> Config {
+        let dtype = match self.dtype {
+            Some(DTypeArg::F32) => DType::F32,
+            Some(DTypeArg::Bf16) => DType::BF16,
+            None if dev.is_cuda() => DType::BF16,
+            None => DType::F32,
+        };
+        let dropout = self.dropout;
+        let tiny = Config { layers: 3, d_model: 96, heads: 4, context: 96, batch: 8, hidden: 256, dropout, dtype };
+        let gpu = Config { layers: 8, d_model: 512, heads: 8, context: 256, batch: 16, hidden: 1368, dropout, dtype };
+        let c = match self.size {
+            Some(Size::Tiny) => tiny,
+            Some(Size::Gpu) => gpu,
+            None if dev.is_cuda() => gpu,
+            None => tiny,
+        };
+        // `--context N` and `--batch N` change the size's sequence length and batch.
+        Config { context: self.context.unwrap_or(c.context), batch: self.batch.unwrap_or(c.batch), ..c }
+    }
 }
 
 /// What a run measured.
@@ -172,15 +246,15 @@ fn train(trainer: &mut Trainer, splits: &corpus::Splits, steps: usize, eval_ever
 }
 
 fn main() -> Result<()> {
+    let args = Args::parse();
     let dev = Device::default_device();
-    let cfg = config(&dev)?;
-    let mode = mode()?;
-    let steps = num("--steps", if dev.is_cuda() { 2000 } else { 500 })?;
-    let eval_every = num("--eval-every", (steps / 10).max(1))?.max(1);
-    let data = arg("--data").map(PathBuf::from);
-    let text = corpus::load(Path::new("."), data.as_deref())?;
+    let cfg = args.config(&dev);
+    let mode = args.mode();
+    let steps = args.steps.unwrap_or(if dev.is_cuda() { 2000 } else { 500 });
+    let eval_every = args.eval_every.map_or((steps / 10).max(1), |n| n as usize);
+    let text = corpus::load(Path::new("."), args.data.as_deref())?;
     let splits = corpus::Splits::new(text, cfg.context)?;
-    let checkpoint = matches!(mode, Mode::Graphed | Mode::Fused) && !flag("--no-checkpoint");
+    let checkpoint = matches!(mode, Mode::Graphed | Mode::Fused) && !args.no_checkpoint;
     let ck = if checkpoint { ", odd blocks checkpointed" } else { "" };
     println!(
         "GPT on {}: {} layers, d_model {}, {} heads, context {}, batch {}, vocab 256 (bytes), {}; {} training / {} validation bytes; {}{ck}",
@@ -196,7 +270,7 @@ fn main() -> Result<()> {
         mode.name(),
     );
     let t0 = Instant::now();
-    let warmup = num("--warmup", (steps / 20).max(1))?.min(steps);
+    let warmup = args.warmup.unwrap_or((steps / 20).max(1)).min(steps);
     let (peak, total) = (peak_lr(&cfg), u32::try_from(steps).map_err(|e| Error::msg(format!("--steps: {e}")))?);
     let schedule = WarmupCosine { peak, floor: peak / 10.0, warmup: warmup as u32, total };
     let mut trainer = Trainer::new(&dev, cfg, 7, peak, mode, checkpoint)?.with_schedule(schedule)?;
@@ -211,18 +285,26 @@ fn main() -> Result<()> {
     let rate = tokens * m.steady_steps as f64 / m.steady_secs.max(1e-9);
     let step_ms = m.steady_secs / m.steady_steps.max(1) as f64 * 1e3;
     println!("trained {steps} steps in {:.1} s: {rate:.0} tokens/s, {step_ms:.2} ms/step after step 10 (evaluation excluded); graph pool {pool_mb:.1} MB", t0.elapsed().as_secs_f64() - setup);
-    if let Some(path) = arg("--json") {
+    if let Some(path) = &args.json {
         let (first, last) = (m.train_curve.first().map_or(0.0, |p| p.1), m.train_curve.last().map_or(0.0, |p| p.1));
         let val = m.val_curve.last().map_or(0.0, |p| p.1);
         let json = format!(
             "{{\"mode\": \"{mode:?}\", \"dtype\": \"{}\", \"checkpoint\": {checkpoint}, \"tokens_per_s\": {rate:.1}, \"step_ms\": {step_ms:.4}, \"setup_s\": {setup:.3}, \"pool_mb\": {pool_mb:.2}, \"loss_first\": {first}, \"loss_last\": {last}, \"val_last\": {val}}}\n",
             cfg.dtype
         );
-        std::fs::write(&path, json).map_err(|e| Error::msg(format!("--json {path}: {e}")))?;
+        std::fs::write(path, json).map_err(|e| Error::msg(format!("--json {}: {e}", path.display())))?;
     }
-    let png = arg("--plot").map_or_else(|| std::env::temp_dir().join("graphed-gpt-loss.png"), PathBuf::from);
-    plot::write_loss_png(&png, &m.train_curve, &m.val_curve)?;
-    println!("loss curve (training blue, validation red): {}", png.display());
+    let png = args.plot.clone().unwrap_or_else(|| std::env::temp_dir().join("graphed-gpt-loss.png"));
+    let title = format!(
+        "GPT loss: {} layers, d_model {}, {} on {}, {}{ck}",
+        cfg.layers,
+        cfg.d_model,
+        cfg.dtype,
+        dev.name(),
+        mode.name()
+    );
+    plot::write_loss_png(&png, &title, &m.train_curve, &m.val_curve)?;
+    println!("loss chart: {}", png.display());
     let prompt = &splits.val[..cfg.context.min(32)];
     let sample = trainer.generate(prompt, 200, &mut Rng(3))?;
     println!(

@@ -13,6 +13,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use super::fault::{self, FaultPoint, Faults};
 use super::kernels::{BuiltinKernel, FlashTiles, KArg};
 use super::{DropErrors, StreamGate};
+use crate::capabilities::CudaVersion;
 use crate::{Error, Result};
 
 /// The CUDA C sources compiled once per context. BuiltinKernel names are `extern "C"`.
@@ -107,6 +108,15 @@ pub(crate) trait StreamWatch: Send + Sync {
     fn check(&self, waited: Option<Duration>) -> Result<()>;
 }
 
+/// The newest CUDA version the loaded driver supports. The caller checked that libcuda loads.
+pub(crate) fn driver_version() -> Result<CudaVersion> {
+    let mut v = 0i32;
+    // SAFETY: libcuda is present (probed first); `cuDriverGetVersion` exists in every driver
+    // since CUDA 2.2, needs no `cuInit`, and writes one int.
+    check("cuDriverGetVersion", unsafe { sys::cuDriverGetVersion(&mut v) })?;
+    Ok(CudaVersion(v.max(0) as u32))
+}
+
 /// A cuBLAS handle. Calls on one handle must not run concurrently, so it lives in a `Mutex`.
 pub(crate) struct CublasHandle(pub(crate) cublas_sys::cublasHandle_t);
 
@@ -129,6 +139,9 @@ pub(crate) struct CudaBackend {
     err_word: sys::CUdeviceptr,
     /// cublasLt (fused epilogues), when the library loads.
     pub(crate) lt: Option<std::sync::Mutex<super::cublaslt::Lt>>,
+    /// The CUDA version the driver supports; driver functions newer than
+    /// [`CudaVersion::MIN_DRIVER`] are only called when it has them.
+    pub(crate) driver_version: CudaVersion,
     name: String,
     /// Compute capability (major, minor).
     pub(crate) capability: (i32, i32),
@@ -158,6 +171,15 @@ impl CudaBackend {
         faults: Arc<Faults>,
     ) -> Result<CudaBackend> {
         probe_libraries()?;
+        let driver_version = driver_version()?;
+        if driver_version < CudaVersion::MIN_DRIVER {
+            return Err(Error::CudaUnavailable {
+                reason: format!(
+                    "the driver supports CUDA {driver_version}; graphed needs a driver for CUDA {} or newer",
+                    CudaVersion::MIN_DRIVER
+                ),
+            });
+        }
         let count = CudaContext::device_count().map_err(|e| Error::CudaUnavailable { reason: format!("{e:?}") })?;
         if ordinal as i32 >= count {
             return Err(Error::CudaUnavailable { reason: format!("no CUDA device {ordinal} ({count} found)") });
@@ -238,6 +260,7 @@ impl CudaBackend {
             cublas_workspace,
             err_word,
             lt: super::cublaslt::Lt::open().map(std::sync::Mutex::new),
+            driver_version,
             name,
             capability: (major, minor),
             max_shared_optin,

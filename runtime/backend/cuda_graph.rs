@@ -10,7 +10,11 @@ use cudarc::driver::{result, sys, CudaContext};
 use super::cuda::{check, driver_err, CudaBackend};
 use super::DropErrors;
 use super::{CaptureMode, GraphNode, NodeKind};
+use crate::capabilities::CudaVersion;
 use crate::{Error, Result};
+
+/// The driver version that has `cuFuncGetName` (kernel names in [`CudaBackend::nodes`]).
+const FUNC_GET_NAME: CudaVersion = CudaVersion(12030);
 
 /// A captured CUDA graph and, once instantiated, its executable. Owns both handles.
 pub(crate) struct RawGraph {
@@ -169,7 +173,11 @@ impl CudaBackend {
                     let name = unsafe {
                         check("cuGraphKernelNodeGetParams", sys::cuGraphKernelNodeGetParams_v2(node, &mut p))?;
                         let mut cname: *const std::ffi::c_char = std::ptr::null();
-                        if sys::cuFuncGetName(&mut cname, p.func) == sys::CUresult::CUDA_SUCCESS && !cname.is_null() {
+                        // `cuFuncGetName` is CUDA 12.3's: an older driver lacks the symbol.
+                        if self.driver_version >= FUNC_GET_NAME
+                            && sys::cuFuncGetName(&mut cname, p.func) == sys::CUresult::CUDA_SUCCESS
+                            && !cname.is_null()
+                        {
                             CStr::from_ptr(cname).to_string_lossy().into_owned()
                         } else {
                             "?".into()
@@ -185,21 +193,21 @@ impl CudaBackend {
                 _ => (NodeKind::Other, None),
             };
             let mut ndeps = 0usize;
-            // SAFETY: sizing call, then a fill into buffers of that size (skipped when empty:
-            // the driver rejects a non-null buffer with a zero count).
+            // SAFETY: sizing call, then a fill into a buffer of that size (skipped when empty:
+            // the driver rejects a non-null buffer with a zero count). The first version of
+            // the call (no edge data, which we do not read) is in every driver.
             unsafe {
                 check(
                     "cuGraphNodeGetDependencies",
-                    sys::cuGraphNodeGetDependencies_v2(node, std::ptr::null_mut(), std::ptr::null_mut(), &mut ndeps),
+                    sys::cuGraphNodeGetDependencies(node, std::ptr::null_mut(), &mut ndeps),
                 )?
             };
             let mut deps = vec![std::ptr::null_mut(); ndeps];
             if ndeps > 0 {
-                let mut edges: Vec<sys::CUgraphEdgeData> = vec![unsafe { std::mem::zeroed() }; ndeps];
                 unsafe {
                     check(
                         "cuGraphNodeGetDependencies",
-                        sys::cuGraphNodeGetDependencies_v2(node, deps.as_mut_ptr(), edges.as_mut_ptr(), &mut ndeps),
+                        sys::cuGraphNodeGetDependencies(node, deps.as_mut_ptr(), &mut ndeps),
                     )?
                 };
             }
