@@ -5,19 +5,22 @@
 # kernels), and the GPT at three contexts of 4096 tokens a step against PyTorch's per-layer
 # graphs and torch.compile. Logs go to $OUT as one tarball (the device tool returns few files)
 # plus the summary on stdout.
-#   bash scripts/gpu-validate.sh [gpt-steps]
+#   bash scripts/gpu-validate.sh tests|bench|all [gpt-steps]
+# (tests: the test binaries, the sanitizers, the main job; bench: the benchmarks. Each part fits
+# one device call.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -d gpu-bin ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 out=${OUT:-/tmp/graphed-out}; logs=$(mktemp -d); mkdir -p "$out"
-steps=${1:-300}
+part=${1:-all}; steps=${2:-300}
 fail=0
 t0=$(date +%s)
 note() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 
 note "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+if [ "$part" != bench ]; then
 note "test binaries (GRAPHED_REQUIRE_CUDA=1)"
 passed=0; failed=0
 for t in gpu-bin/tests/*; do
@@ -27,20 +30,30 @@ for t in gpu-bin/tests/*; do
   passed=$((passed + ${p% *})); failed=$((failed + ${p#* }))
 done
 note "tests: $passed passed, $failed failed"
-grep -h -E "fault points|swept|inputs" "$logs"/test-faults.log "$logs"/test-checkpoint_fuzz.log 2>/dev/null | head -6
+for t in faults checkpoint_fuzz; do
+  GRAPHED_REQUIRE_CUDA=1 timeout 120 "gpu-bin/tests/$t" --test-threads=1 --nocapture > "$logs/nocapture-$t.log" 2>&1
+  grep -h -E "fault point|swept|inputs|refused" "$logs/nocapture-$t.log" | head -4
+done
+GRAPHED_REQUIRE_CUDA=1 gpu-bin/tests/runtime capabilities --nocapture 2>&1 | grep -viE "^(running|test |$)" | head -8
 
 for spec in "memcheck ops_flash" "racecheck ops_flash" "memcheck faults"; do
   set -- $spec
   note "compute-sanitizer $1 $2"
-  GRAPHED_REQUIRE_CUDA=1 compute-sanitizer --tool "$1" --error-exitcode 3 "gpu-bin/tests/$2" --test-threads=1 > "$logs/sanitize-$1-$2.log" 2>&1 || { fail=1; echo "FAILED: $1 $2"; }
+  GRAPHED_REQUIRE_CUDA=1 timeout 150 compute-sanitizer --tool "$1" --error-exitcode 3 "gpu-bin/tests/$2" --test-threads=1 > "$logs/sanitize-$1-$2.log" 2>&1 || { fail=1; echo "FAILED: $1 $2"; }
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^test result" "$logs/sanitize-$1-$2.log" | tail -2
 done
 
+note "the main job (defaults: 2000 steps, graphed, odd blocks checkpointed)"
+gpu-bin/examples/gpt --help > "$logs/gpt-help.txt" 2>&1
+gpu-bin/examples/gpt --plot "$out/gpt-loss.png" --json "$logs/gpt-main.json" > "$logs/gpt-main.log" 2>&1 || { fail=1; echo "FAILED: main job"; }
+grep -E "^(GPT on|captured|step +2000|trained)" "$logs/gpt-main.log"
+fi
+if [ "$part" != tests ]; then
 note "attention benchmark through the runtime"
 gpu-bin/examples/attention_bench --json "$out/attention_bench.json" > "$logs/attention_bench.log" 2>&1 || fail=1
 tail -22 "$logs/attention_bench.log"
 note "PyTorch SDPA beside the same kernels"
-python3 gpu-bin/bench/flash_sweep.py --no-sweep --out "$logs" > "$logs/flash_sweep.log" 2>&1 || { fail=1; echo "FAILED: flash_sweep"; }
+python3 gpu-bin/bench/flash_sweep.py --no-sweep --quick --out "$logs" > "$logs/flash_sweep.log" 2>&1 || { fail=1; echo "FAILED: flash_sweep"; }
 grep -E "correctness|FAIL|^\|" "$logs/flash_sweep.log" | tail -24
 
 for shape in 256x16 1024x4 4096x1; do
@@ -58,8 +71,9 @@ for shape in 256x16 1024x4 4096x1; do
     grep -E "^trained" "$logs/gpt_unfused_${shape}.log"
   fi
   python3 gpu-bin/bench/pytorch_gpt_bench.py --steps "$steps" --dtype bf16 --context "$ctx" --batch "$batch" \
-    --variants per_layer,compile --out "$logs/gpt_torch_${shape}.json" 2>&1 | grep -E "^\[torch" || fail=1
+    --variants compile --out "$logs/gpt_torch_${shape}.json" 2>&1 | grep -E "^\[torch" || fail=1
 done
+fi
 cat "$logs"/gpt_*.json > "$out/gpt_runs.jsonl" 2>/dev/null
 tar -C "$logs" -czf "$out/logs.tar.gz" .
 note "done (fail=$fail)"

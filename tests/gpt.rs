@@ -25,8 +25,17 @@ use graphed::{DType, Device, Error, Result, Tensor};
 use model::Config;
 use runner::{Mode, Rng, Trainer};
 
-const TINY: Config =
-    Config { layers: 2, d_model: 32, heads: 4, context: 16, batch: 4, hidden: 48, dropout: 0.1, dtype: DType::F32 };
+const TINY: Config = Config {
+    layers: 2,
+    d_model: 32,
+    heads: 4,
+    context: 16,
+    batch: 4,
+    hidden: 48,
+    dropout: 0.1,
+    dtype: DType::F32,
+    fused_attention: true,
+};
 
 /// Repetitive text a tiny model learns quickly.
 fn text() -> Vec<u8> {

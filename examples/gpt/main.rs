@@ -97,6 +97,15 @@ enum Size {
     Gpu,
 }
 
+/// Which attention kernels the blocks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum AttentionArg {
+    /// `ops::flash_attention` where it runs (bf16 at head dim 64 or 128), else unfused.
+    Fused,
+    /// `ops::causal_attention` everywhere.
+    Unfused,
+}
+
 /// The dtype of weights and activations.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum DTypeArg {
@@ -135,6 +144,10 @@ struct Args {
     /// The same as `--mode eager`.
     #[arg(long, conflicts_with = "mode")]
     eager: bool,
+    /// Attention kernels: fused (FlashAttention-2 tiles, where the dtype and head dimension
+    /// allow) or unfused (`causal_attention`: GEMMs around a softmax kernel).
+    #[arg(long, value_enum, default_value = "fused")]
+    attention: AttentionArg,
     /// Keep every block's activations (graphed and fused modes checkpoint the odd blocks).
     #[arg(long)]
     no_checkpoint: bool,
@@ -180,9 +193,29 @@ impl Args {
             None if dev.is_cuda() => DType::BF16,
             None => DType::F32,
         };
-        let dropout = self.dropout;
-        let tiny = Config { layers: 3, d_model: 96, heads: 4, context: 96, batch: 8, hidden: 256, dropout, dtype };
-        let gpu = Config { layers: 8, d_model: 512, heads: 8, context: 256, batch: 16, hidden: 1368, dropout, dtype };
+        let (dropout, fused_attention) = (self.dropout, self.attention == AttentionArg::Fused);
+        let tiny = Config {
+            layers: 3,
+            d_model: 96,
+            heads: 4,
+            context: 96,
+            batch: 8,
+            hidden: 256,
+            dropout,
+            dtype,
+            fused_attention,
+        };
+        let gpu = Config {
+            layers: 8,
+            d_model: 512,
+            heads: 8,
+            context: 256,
+            batch: 16,
+            hidden: 1368,
+            dropout,
+            dtype,
+            fused_attention,
+        };
         let c = match self.size {
             Some(Size::Tiny) => tiny,
             Some(Size::Gpu) => gpu,

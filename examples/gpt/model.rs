@@ -37,6 +37,9 @@ pub struct Config {
     pub dropout: f32,
     /// The weights' and activations' dtype: f32, or bf16/f16 with f32 grads and master weights.
     pub dtype: DType,
+    /// Attention through the fused kernels (`flash_attention`) where they run; false keeps
+    /// `causal_attention` everywhere (to compare the two).
+    pub fused_attention: bool,
 }
 
 /// A weight of `dims` with fan-in scaling, in the config's dtype (its grad is f32).
@@ -54,6 +57,7 @@ pub fn ones(dev: &Device, c: &Config) -> Result<Param> {
 pub struct Block {
     pub heads: usize,
     pub dropout: f32,
+    pub fused_attention: bool,
     pub norm1: Param,
     pub wq: Param,
     pub wk: Param,
@@ -75,6 +79,7 @@ impl Block {
         Ok(Block {
             heads: c.heads,
             dropout: c.dropout,
+            fused_attention: c.fused_attention,
             norm1: ones(dev, c)?,
             wq: init(dev, c, &[d, d], d, seed * 16 + 1)?,
             wk: init(dev, c, &[d, d], d, seed * 16 + 2)?,
@@ -98,10 +103,15 @@ impl Block {
     }
 }
 
-/// Causal attention: the fused kernels (`flash_attention`) where they run (bf16/f16, head dim
-/// 64 or 128), else `causal_attention` (f32, the tiny host configuration).
-fn attend(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize) -> Result<(Tensor, Tensor)> {
-    if ops::Attention::supports(q.dtype(), q.dims()[2] / heads) {
+/// Whether a block's attention runs the fused kernels: asked for, and they run these inputs
+/// (bf16/f16, head dim 64 or 128); else `causal_attention` (f32, the tiny host configuration).
+fn fused(fused_attention: bool, q: &Tensor, heads: usize) -> bool {
+    fused_attention && ops::Attention::supports(q.dtype(), q.dims()[2] / heads)
+}
+
+/// Causal attention, fused where [`fused`] says.
+fn attend(fused_attention: bool, q: &Tensor, k: &Tensor, v: &Tensor, heads: usize) -> Result<(Tensor, Tensor)> {
+    if fused(fused_attention, q, heads) {
         ops::flash_attention(q, k, v, &ops::Attention::causal(heads))
     } else {
         ops::causal_attention(q, k, v, heads)
@@ -109,8 +119,13 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize) -> Result<(Tensor, T
 }
 
 /// The backward of [`attend`] from `[q, k, v, out, lse]`.
-fn attend_backward(dout: &Tensor, [q, k, v, out, lse]: [&Tensor; 5], heads: usize) -> Result<(Tensor, Tensor, Tensor)> {
-    if ops::Attention::supports(q.dtype(), q.dims()[2] / heads) {
+fn attend_backward(
+    fused_attention: bool,
+    dout: &Tensor,
+    [q, k, v, out, lse]: [&Tensor; 5],
+    heads: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    if fused(fused_attention, q, heads) {
         ops::flash_attention_backward(dout, q, k, v, out, lse, &ops::Attention::causal(heads))
     } else {
         ops::causal_attention_backward(dout, q, k, v, out, lse, heads)
@@ -129,7 +144,7 @@ impl Block {
         let q = ops::linear(&h1, &self.wq.value, None)?;
         let k = ops::linear(&h1, &self.wk.value, None)?;
         let v = ops::linear(&h1, &self.wv.value, None)?;
-        let (att, lse) = attend(&q, &k, &v, self.heads)?;
+        let (att, lse) = attend(self.fused_attention, &q, &k, &v, self.heads)?;
         let (a, mask1) = self.drop(cx, &ops::linear(&att, &self.wo.value, None)?)?;
         let x2 = ops::add(x, &a)?;
         let (h2, rstd2) = ops::rms_norm(&x2, &self.norm2.value, EPS)?;
@@ -164,7 +179,7 @@ impl Block {
         )?;
         let dx2 = ops::add(dy, &ops::rms_norm_backward(&dh2, x2, &self.norm2.value, rstd2, &self.norm2.grad)?)?;
         let datt = dx_of(ops::linear_backward(&undrop(&dx2, 0)?, att, &self.wo.value, &self.wo.grad, None, true)?)?;
-        let (dq, dk, dv) = attend_backward(&datt, [q, k, v, att, lse], self.heads)?;
+        let (dq, dk, dv) = attend_backward(self.fused_attention, &datt, [q, k, v, att, lse], self.heads)?;
         let mut dh1 = dx_of(ops::linear_backward(&dq, h1, &self.wq.value, &self.wq.grad, None, true)?)?;
         for (d, w) in [(&dk, &self.wk), (&dv, &self.wv)] {
             dh1 = ops::add(&dh1, &dx_of(ops::linear_backward(d, h1, &w.value, &w.grad, None, true)?)?)?;
