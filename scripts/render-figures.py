@@ -38,9 +38,15 @@ BF16 = ("ours-2026-11-30.json", "ours-bf16-2026-11-30.json", "torch-bf16-2026-11
 GEMM = ("ours-gemm-2026-11-30.json", "torch-gemm-2026-11-30.json")
 DIST = ("dist-2026-11-30.json", "torch-ddp-2026-11-30.json")
 MLP = "train-2026-11-29.txt"
-GPT_MAIN = "gpt-main-2026-11-30.txt"
+GPT_MAIN = "gpt-main-2026-12-01.txt"
 GPT_OURS, GPT_TORCH = "gpt-ours-bf16-2026-11-30.jsonl", "gpt-torch-bf16-2026-11-30.json"
 GPT_SHAPES = "gpt-shapes-2026-12-01.json"
+# The fused attention's call of 2026-12-01: the GPT at three shapes next to torch.compile, and
+# the attention kernels next to PyTorch's SDPA (the same kernels through CuPy) and through the
+# runtime.
+GPT_NOW = "gpt-shapes-2026-12-01b.json"
+FLASH = "flash-vs-torch-2026-12-01.json"
+FLASH_RT = "attention-bench-2026-12-01.json"
 
 
 def load(name):
@@ -106,6 +112,11 @@ def mlp_job():
     )
 
 
+def train_bytes(lines):
+    """The training bytes the main job's first line reports."""
+    return int(re.search(r"(\d+) training", lines[0]).group(1))
+
+
 def gpt_main_log():
     """The README's excerpt of the main job's GPU log, and what it shows."""
     lines = text(GPT_MAIN).splitlines()
@@ -119,8 +130,8 @@ def gpt_main_log():
         "```\n" + "\n".join(keep) + "\n```\n\n"
         f"The training loss falls from {train[0][1]:.2f} to {train[-1][1]:.2f} and the validation loss "
         f"from {val[0][1]:.2f} (step {val[0][0]}) to {val[-1][1]:.2f} at step {last} (it wanders between "
-        f"{min(tail):.2f} and {max(tail):.2f} over the last 800 steps: the model starts to fit its 1 MB "
-        f"of text; {rel(GPT_MAIN)})."
+        f"{min(tail):.2f} and {max(tail):.2f} over the last 800 steps: the model starts to fit its "
+        f"{train_bytes(lines) / 1e6:.1f} MB of text; {rel(GPT_MAIN)})."
     )
 
 
@@ -245,7 +256,86 @@ def gpt_summary():
     )
 
 
+def gpt_now():
+    """The GPT with fused attention at three shapes, ours and torch.compile in one call."""
+    doc = load(GPT_NOW)
+    out = [
+        "| context x batch | ours, one graph per layer | ours, whole step (floor) | per layer / floor | "
+        "`torch.compile` (reduce-overhead) | ours / it | our pool MB | its peak reserved MB | pool / it |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in doc["rows"]:
+        g, f, c = r["ours_graphed"], r["ours_floor"], r["torch"]["compile"]
+        out.append(
+            f"| {r['context']}x{r['batch']} | {g['tokens_per_s'] / 1e3:,.0f}k | {f['tokens_per_s'] / 1e3:,.0f}k | "
+            f"{x(f['tokens_per_s'] / g['tokens_per_s'], 3)} | {c['tokens_per_s'] / 1e3:,.0f}k | "
+            f"{x(g['tokens_per_s'] / c['tokens_per_s'])} | {g['pool_mb']:,.0f} | {c['reserved_mb']:,.0f} | "
+            f"{x(g['pool_mb'] / c['reserved_mb'])} |"
+        )
+    return "\n".join(out) + f"\n\n({doc['steps']} steps a run, bf16, {rel(GPT_NOW)}.)"
+
+
+def gpt_unfused():
+    """The same GPT with the unfused attention, same call: speed and loss."""
+    r = load(GPT_NOW)["rows"][0]
+    g, u = r["ours_graphed"], r["ours_unfused"]
+    return (
+        f"at {r['context']} x {r['batch']} the fused kernels make the per-layer step "
+        f"{x(g['tokens_per_s'] / u['tokens_per_s'])} as fast as the unfused attention "
+        f"({g['tokens_per_s'] / 1e3:,.0f}k against {u['tokens_per_s'] / 1e3:,.0f}k tokens/s, pool "
+        f"{g['pool_mb']:,.0f} against {u['pool_mb']:,.0f} MB), and after 300 steps the training loss is "
+        f"{g['loss_last']:.4f} against {u['loss_last']:.4f} and the validation loss {g['val_last']:.4f} "
+        f"against {u['val_last']:.4f} ({rel(GPT_NOW)})"
+    )
+
+
+def attention_table():
+    """Fused attention TFLOP/s next to PyTorch's SDPA backends, one call."""
+    doc = load(FLASH)
+    fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+    out = [
+        "| seq | head dim | causal | ours fwd | SDPA flash fwd | SDPA cuDNN fwd | ours bwd | SDPA flash bwd | SDPA cuDNN bwd |",
+        "|---:|---:|:---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in doc["table"]:
+        out.append(
+            f"| {r['seq']} | {r['d']} | {'yes' if r['causal'] else 'no'} | {r['fwd']:.0f} | {fmt(r['torch_flash_fwd'])} | "
+            f"{fmt(r['torch_cudnn_fwd'])} | {r['bwd']:.0f} | {fmt(r['torch_flash_bwd'])} | {fmt(r['torch_cudnn_bwd'])} |"
+        )
+    return "\n".join(out) + f"\n\n(TFLOP/s, bf16, 16384 tokens x 2048 features a call; {rel(FLASH)}.)"
+
+
+def attention_runtime():
+    """The runtime's attention benchmark (graph replays), the same call."""
+    rows = load(FLASH_RT)["rows"]
+    out = ["| seq | head dim | causal | forward TFLOP/s | backward TFLOP/s | forward ms | backward ms |", "|---:|---:|:---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(
+            f"| {r['seq']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['fwd_tflops']:.0f} | {r['bwd_tflops']:.0f} | "
+            f"{r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} |"
+        )
+    return "\n".join(out) + f"\n\n({rel(FLASH_RT)}.)"
+
+
+def gpt_now_summary():
+    """The README's sentence on the GPT against torch.compile, from the latest call."""
+    doc = load(GPT_NOW)
+    parts = [
+        f"{x(r['ours_graphed']['tokens_per_s'] / r['torch']['compile']['tokens_per_s'])} at {r['context']} x {r['batch']}"
+        for r in doc["rows"]
+    ]
+    return (
+        f"with the fused attention kernels, one graph per layer runs at {', '.join(parts)} the tokens/s of "
+        f"`torch.compile` (reduce-overhead) in the same call ({doc['date']}, {rel(GPT_NOW)})"
+    )
+
+
 BLOCKS = {
+    "gpt-now": gpt_now,
+    "gpt-unfused": gpt_unfused,
+    "attention-table": attention_table,
+    "attention-runtime": attention_runtime,
+    "gpt-now-summary": gpt_now_summary,
     "gpt-summary": gpt_summary,
     "issue-us": issue_us,
     "mlp-job": mlp_job,
