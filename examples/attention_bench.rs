@@ -10,8 +10,11 @@
 //! on the host backend it runs one small case of each kind as a smoke test).
 
 use clap::Parser;
+#[path = "common/timing.rs"]
+mod timing;
+
 use graphed::ops::{self, Attention};
-use graphed::{CaptureMode, DType, Device, Graph, Result, Tensor};
+use graphed::{DType, Device, Result, Tensor};
 
 const LAUNCHES: usize = 5;
 
@@ -27,26 +30,6 @@ fn random(dev: &Device, dims: &[usize], seed: u64) -> Result<Tensor> {
         })
         .collect();
     Tensor::from_slice_as(dev, &v, dims, DType::BF16)
-}
-
-/// Milliseconds per call of `f`, from a graph of `LAUNCHES` calls replayed `reps` times.
-fn time_ms(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let mut g = Graph::new(dev);
-    g.capture(CaptureMode::Global, || {
-        for _ in 0..LAUNCHES {
-            f()?;
-        }
-        Ok(())
-    })?;
-    g.replay()?;
-    dev.synchronize()?;
-    let ms = dev.time_ms(|| {
-        for _ in 0..reps {
-            g.replay()?;
-        }
-        Ok(())
-    })?;
-    Ok(ms as f64 / (reps * LAUNCHES) as f64)
 }
 
 /// TFLOP/s of `ops::flash_attention` and its backward at sequence 512 to 8192, head dim 64 and
@@ -94,9 +77,11 @@ fn main() -> Result<()> {
                 let at = if causal { Attention::causal(heads) } else { Attention::full(heads) };
                 let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
                 let reps = if dev.is_cuda() { 20 } else { 1 };
-                let fwd = time_ms(&dev, reps, || ops::flash_attention(&q, &k, &v, &at).map(drop))?;
-                let bwd =
-                    time_ms(&dev, reps, || ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &at).map(drop))?;
+                let fwd =
+                    timing::ms_per_call(&dev, LAUNCHES, reps, || ops::flash_attention(&q, &k, &v, &at).map(drop))?;
+                let bwd = timing::ms_per_call(&dev, LAUNCHES, reps, || {
+                    ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &at).map(drop)
+                })?;
                 let flops = 4.0 * (batch * heads * seq * seq * head_dim) as f64 / if causal { 2.0 } else { 1.0 };
                 let (tf, tb) = (flops / fwd / 1e9, 2.5 * flops / bwd / 1e9);
                 println!("| {seq} | {head_dim} | {} | {tf:.0} | {tb:.0} | {fwd:.3} | {bwd:.3} |", causal as u8);

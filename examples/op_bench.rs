@@ -13,10 +13,13 @@
 //! Run: `cargo run --release --example op_bench` (on the host backend it uses small sizes;
 //! `GRAPHED_DEVICE=host` forces it).
 
+#[path = "common/timing.rs"]
+mod timing;
+
 use clap::Parser;
 use graphed::ops::{self, Gelu};
 use graphed::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
-use graphed::{CaptureMode, DType, Device, Generator, Graph, Param, Result, Tensor};
+use graphed::{DType, Device, Generator, Param, Result, Tensor};
 
 /// Launches of the op per captured graph.
 const LAUNCHES: usize = 20;
@@ -42,22 +45,7 @@ fn elementwise<'a>(name: &'static str, size: &str, bytes: f64, run: OpFn<'a>) ->
 /// Device time per launch in microseconds: a graph of `LAUNCHES` launches, replayed `reps`
 /// times after one warm-up replay.
 fn time_per_launch(dev: &Device, reps: usize, f: &mut OpFn<'_>) -> Result<f64> {
-    let mut g = Graph::new(dev);
-    g.capture(CaptureMode::Global, || {
-        for _ in 0..LAUNCHES {
-            f()?;
-        }
-        Ok(())
-    })?;
-    g.replay()?;
-    dev.synchronize()?;
-    let ms = dev.time_ms(|| {
-        for _ in 0..reps {
-            g.replay()?;
-        }
-        Ok(())
-    })?;
-    Ok(ms as f64 * 1e3 / (reps * LAUNCHES) as f64)
+    Ok(timing::ms_per_call(dev, LAUNCHES, reps, f)? * 1e3)
 }
 
 /// Each op's GPU time against its device-memory bandwidth floor, in f32 and bf16 (small sizes

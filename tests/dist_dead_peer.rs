@@ -114,31 +114,6 @@ fn a_dead_peer_on_emulated_ranks_is_a_typed_error_within_the_deadline() -> Resul
 // ---------------------------------------------------------------------------------------
 // Two GPUs.
 
-/// Whether the GPU half runs here (in a rank process it always does); says why not.
-fn gpus_here(test: &str) -> bool {
-    if std::env::var(dist::ENV_RANK).is_ok() {
-        return true;
-    }
-    let required = std::env::var("GRAPHED_REQUIRE_MULTI_GPU").is_ok_and(|v| v == "1");
-    let wanted = required || std::env::var("GRAPHED_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    let gpus = dist::gpu_count();
-    if required && gpus < RANKS {
-        panic!("GRAPHED_REQUIRE_MULTI_GPU=1 but only {gpus} GPU(s) are usable");
-    }
-    if !wanted || gpus < RANKS {
-        println!("{test}: skipped: {gpus} GPU(s) usable here, it needs {RANKS} (set GRAPHED_REQUIRE_CUDA=1 on a machine with {RANKS}+)");
-        return false;
-    }
-    match dist::nccl_version() {
-        Ok(_) => true,
-        Err(e) if required => panic!("GRAPHED_REQUIRE_MULTI_GPU=1 but {e}"),
-        Err(e) => {
-            println!("{test}: skipped: {e}");
-            false
-        }
-    }
-}
-
 /// Where rank 0 of `test` writes its report: named after the test process (the ranks' parent).
 fn report_path(test: &str, parent: u32) -> PathBuf {
     std::env::temp_dir().join(format!("graphed-dead-peer-{test}-{parent}.txt"))
@@ -198,7 +173,7 @@ fn a_dead_peer_on_gpus_without_the_launcher() -> Result<()> {
     if let Some(env) = RankEnv::from_env()? {
         return gpu_rank(TEST, env);
     }
-    if !gpus_here(TEST) {
+    if !common::gpus_here(TEST, RANKS) {
         return Ok(());
     }
     let exe = std::env::current_exe().map_err(|e| Error::msg(e.to_string()))?;
@@ -251,7 +226,7 @@ fn a_dead_peer_on_gpus_without_the_launcher() -> Result<()> {
 #[test]
 fn a_dead_peer_on_gpus_with_the_launcher() -> Result<()> {
     const TEST: &str = "a_dead_peer_on_gpus_with_the_launcher";
-    if RankEnv::from_env()?.is_none() && !gpus_here(TEST) {
+    if RankEnv::from_env()?.is_none() && !common::gpus_here(TEST, RANKS) {
         return Ok(());
     }
     let options = LaunchOptions {

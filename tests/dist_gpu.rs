@@ -16,34 +16,9 @@ use graphed::{Error, Result};
 
 const RANKS: usize = 2;
 
-/// Whether the GPU half runs here (in a rank process it always does).
-fn gpus_here(test: &str) -> bool {
-    if std::env::var(dist::ENV_RANK).is_ok() {
-        return true;
-    }
-    let required = std::env::var("GRAPHED_REQUIRE_MULTI_GPU").is_ok_and(|v| v == "1");
-    let wanted = required || std::env::var("GRAPHED_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    let gpus = dist::gpu_count();
-    if required && gpus < RANKS {
-        panic!("GRAPHED_REQUIRE_MULTI_GPU=1 but only {gpus} GPU(s) are usable");
-    }
-    if !wanted || gpus < RANKS {
-        eprintln!("note: {test} skipped ({gpus} GPU(s); set GRAPHED_REQUIRE_CUDA=1 on a machine with {RANKS}+)");
-        return false;
-    }
-    match dist::nccl_version() {
-        Ok(_) => true,
-        Err(e) if required => panic!("GRAPHED_REQUIRE_MULTI_GPU=1 but {e}"),
-        Err(e) => {
-            eprintln!("note: {test} skipped: {e}");
-            false
-        }
-    }
-}
-
 /// Runs `program` on `RANKS` processes, one GPU each.
 fn on_gpus(test: &str, program: fn(RankEnv) -> Result<()>) -> Result<()> {
-    if !gpus_here(test) {
+    if !common::gpus_here(test, RANKS) {
         return Ok(());
     }
     let args = [test, "--exact", "--nocapture", "--test-threads=1"].map(String::from).to_vec();

@@ -60,3 +60,31 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den.max(1e-30)).sqrt()
 }
+
+/// Whether a test that needs `ranks` GPUs runs here (in a rank process it always does); when it
+/// does not, says so and why. `GRAPHED_REQUIRE_MULTI_GPU=1` makes too few GPUs (or no NCCL) a
+/// failure instead of a skip.
+pub fn gpus_here(test: &str, ranks: usize) -> bool {
+    use graphed::dist;
+    if std::env::var(dist::ENV_RANK).is_ok() {
+        return true;
+    }
+    let required = std::env::var("GRAPHED_REQUIRE_MULTI_GPU").is_ok_and(|v| v == "1");
+    let wanted = required || std::env::var("GRAPHED_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    let gpus = dist::gpu_count();
+    if required && gpus < ranks {
+        panic!("GRAPHED_REQUIRE_MULTI_GPU=1 but only {gpus} GPU(s) are usable");
+    }
+    if !wanted || gpus < ranks {
+        println!("{test}: skipped: {gpus} GPU(s) usable here, it needs {ranks} (set GRAPHED_REQUIRE_CUDA=1 on a machine with {ranks}+)");
+        return false;
+    }
+    match dist::nccl_version() {
+        Ok(_) => true,
+        Err(e) if required => panic!("GRAPHED_REQUIRE_MULTI_GPU=1 but {e}"),
+        Err(e) => {
+            println!("{test}: skipped: {e}");
+            false
+        }
+    }
+}

@@ -205,6 +205,16 @@ __device__ __forceinline__ void fa_to_a(u32 (*a)[4], const float (*c)[4]) {
     }
 }
 
+// acc[mt] += C[mt] * tile, with C (MT blocks of 16 x N f32 accumulators, from a product) rounded
+// to A fragments first: O += P·V, dQ += dS·K, dV += Pᵀ·dO, dK += dSᵀ·Q.
+template <bool BF16, int D, int N, int MT>
+__device__ __forceinline__ void fa_acc_product(float (*acc)[D / 8][4], const float (*c)[N / 8][4], const u16* s) {
+    u32 a[MT][N / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, N>(a[mt], c[mt]);
+    fa_mma_rows_b<BF16, D, N / 16, MT>(acc, a, s, 0);
+}
+
 // A warp's A fragments of MT row blocks (rows row0 + 16*mt..) of a shared tile, all k steps.
 template <int D, int MT>
 __device__ __forceinline__ void fa_frags(u32 (*a)[D / 16][4], const u16* s, int row0) {
@@ -243,6 +253,20 @@ __device__ __forceinline__ void fa_store(u16* g, u64 stride, u32 row0, u32 rows,
             *reinterpret_cast<uint4*>(g + (u64)(row0 + r) * stride + c * 8) = *reinterpret_cast<const uint4*>(s + fa_off<D>(srow0 + r, c));
         }
     }
+}
+
+// The K/V pipeline of the forward and dQ loops: starts loading tile j + 1 into the other stage
+// (when there is one), then waits for tile j and makes it visible to the whole block.
+template <int D, int BN, int NT>
+__device__ __forceinline__ void fa_next_kv(u16* sK, u16* sV, const u16* kb, const u16* vb, u64 ks, u32 j, u32 ntiles, u32 seq) {
+    const int other = (j & 1) ^ 1;
+    if (j + 1 < ntiles) {
+        fa_load<D, BN, NT>(sK + other * BN * D, kb, ks, (j + 1) * BN, seq);
+        fa_load<D, BN, NT>(sV + other * BN * D, vb, ks, (j + 1) * BN, seq);
+    }
+    fa_commit();
+    fa_wait1();
+    __syncthreads();
 }
 
 // ------------------------------------------------------------------------------ forward
@@ -288,13 +312,7 @@ __device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const
 
     for (u32 j = 0; j < ntiles; ++j) {
         const int st = j & 1;
-        if (j + 1 < ntiles) {
-            fa_load<D, BN, NT>(sK + (st ^ 1) * BN * D, kb, ks, (j + 1) * BN, seq);
-            fa_load<D, BN, NT>(sV + (st ^ 1) * BN * D, vb, ks, (j + 1) * BN, seq);
-        }
-        fa_commit();
-        fa_wait1();
-        __syncthreads();
+        fa_next_kv<D, BN, NT>(sK, sV, kb, vb, ks, j, ntiles, seq);
         const u16* cK = sK + st * BN * D;
         const u16* cV = sV + st * BN * D;
         float s[MT][BN / 8][4];
@@ -341,10 +359,7 @@ __device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const
                 }
             }
         }
-        u32 pa[MT][BN / 16][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, BN>(pa[mt], s[mt]);
-        fa_mma_rows_b<BF16, D, BN / 16, MT>(o, pa, cV, 0);
+        fa_acc_product<BF16, D, BN, MT>(o, s, cV);
         __syncthreads();
     }
     fa_wait0();
@@ -448,13 +463,7 @@ __device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, c
 
     for (u32 j = 0; j < ntiles; ++j) {
         const int st = j & 1;
-        if (j + 1 < ntiles) {
-            fa_load<D, BN, NT>(sK + (st ^ 1) * BN * D, kb, ks, (j + 1) * BN, seq);
-            fa_load<D, BN, NT>(sV + (st ^ 1) * BN * D, vb, ks, (j + 1) * BN, seq);
-        }
-        fa_commit();
-        fa_wait1();
-        __syncthreads();
+        fa_next_kv<D, BN, NT>(sK, sV, kb, vb, ks, j, ntiles, seq);
         const u16* cK = sK + st * BN * D;
         const u16* cV = sV + st * BN * D;
         float s[MT][BN / 8][4], dp[MT][BN / 8][4];
@@ -476,10 +485,7 @@ __device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, c
                 }
             }
         }
-        u32 sa[MT][BN / 16][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, BN>(sa[mt], s[mt]);
-        fa_mma_rows_b<BF16, D, BN / 16, MT>(acc, sa, cK, 0);
+        fa_acc_product<BF16, D, BN, MT>(acc, s, cK);
         __syncthreads();
     }
     fa_wait0();
@@ -571,13 +577,8 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
                     }
                 }
             }
-            u32 pa[MT][QC / 16][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, QC>(pa[mt], s[mt]);
-            fa_mma_rows_b<BF16, D, QC / 16, MT>(dva, pa, cO, 0);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) fa_to_a<BF16, QC>(pa[mt], dp[mt]);
-            fa_mma_rows_b<BF16, D, QC / 16, MT>(dka, pa, cQ, 0);
+            fa_acc_product<BF16, D, QC, MT>(dva, s, cO);
+            fa_acc_product<BF16, D, QC, MT>(dka, dp, cQ);
         }
         __syncthreads();
     }
