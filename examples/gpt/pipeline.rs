@@ -99,7 +99,7 @@ pub struct Pipeline {
 impl Pipeline {
     /// The stages of `gpt`, graphed (the whole schedule fused into one launch) or eager.
     pub fn new(dev: &Device, cfg: &Config, gpt: Gpt, graphed: bool) -> Result<Pipeline> {
-        if cfg.batch % MICROBATCHES != 0 || cfg.layers < 2 {
+        if !cfg.batch.is_multiple_of(MICROBATCHES) || cfg.layers < 2 {
             return Err(Error::msg(format!(
                 "the pipeline needs a batch divisible by {MICROBATCHES} and at least 2 layers"
             )));

@@ -111,7 +111,7 @@ impl Field {
     pub fn checkpoints(&self, layer: usize) -> bool {
         match self.checkpoint {
             Checkpointing::None => false,
-            Checkpointing::Every(k) => (layer + 1) % k == 0,
+            Checkpointing::Every(k) => (layer + 1).is_multiple_of(k),
         }
     }
 }

@@ -67,7 +67,7 @@ fn check_qkv(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor, at: &Attentio
     if v.dims() != k.dims() {
         return Err(Error::shape(op, format!("v {:?} must have k's shape {:?}", v.dims(), k.dims())));
     }
-    if at.heads == 0 || at.kv_heads == 0 || at.heads % at.kv_heads != 0 {
+    if at.heads == 0 || at.kv_heads == 0 || !at.heads.is_multiple_of(at.kv_heads) {
         return Err(Error::shape(
             op,
             format!("kv_heads = {} must divide heads = {} (both nonzero)", at.kv_heads, at.heads),
