@@ -28,8 +28,8 @@
 //!
 //! `#[graphed]` on an inherent impl with `forward(&self, cx: &mut Cx, inputs...)` and
 //! `backward(&mut self, cx: &mut Cx, grads...)` makes the type a [`Module`] and generates
-//! `make_graphed` (warm-up, then capture) and a wrapper with the same `forward`/`backward`,
-//! which replays the graphs. `backward` accumulates into each [`Param`]'s grad and returns the
+//! `make_graphed` (warm-up, then capture) and a wrapper whose `forward`/`backward` take the
+//! same tensors (and no `Cx`: the graphs keep what forward saved) and replay the graphs. `backward` accumulates into each [`Param`]'s grad and returns the
 //! input grads (`None` where an input needs none).
 //!
 //! ```
@@ -61,9 +61,8 @@
 //!     let b = Param::new(Tensor::zeros(&dev, &[4])?)?;
 //!     let x = Tensor::full(&dev, &[2, 4], 1.0)?.with_requires_grad(true);
 //!     let mut g = Block { w, b }.make_graphed(&x)?; // warm-up + capture
-//!     let mut cx = Cx::new(&dev);
-//!     let y = g.forward(&mut cx, &x)?; // copies x into the static input, replays
-//!     let dx = g.backward(&mut cx, &Tensor::full(&dev, &[2, 4], 1.0)?)?; // grads accumulate
+//!     let y = g.forward(&x)?; // copies x into the static input, replays
+//!     let dx = g.backward(&Tensor::full(&dev, &[2, 4], 1.0)?)?; // grads accumulate
 //!     assert_eq!(y.dims(), &[2, 4]);
 //!     assert!(dx.is_some());
 //!     Ok(())
