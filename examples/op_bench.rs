@@ -18,7 +18,7 @@ mod timing;
 
 use clap::Parser;
 use graphed::ops::{self, Gelu};
-use graphed::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
+use graphed::optim::{AdamW, AdamWConfig, MixedAdamW, Sgd, SgdConfig};
 use graphed::{DType, Device, Generator, Param, Result, Tensor};
 
 /// Launches of the op per captured graph.
@@ -123,6 +123,14 @@ fn main() -> Result<()> {
         lin_dy: h(&ly)?,
         mask: mask16.expect("training dropout has a mask"),
     };
+    // The GPT's row and elementwise kernels in bf16 (RMSNorm, SwiGLU) and AdamW over bf16
+    // weights with f32 masters and grads.
+    let rstd16 = ops::rms_norm(&t16.a, &t16.bias, 1e-5)?.1;
+    let dgamma16 = Tensor::zeros(&dev, &[cols])?;
+    let mixed_p = Param::new(h(&rand(&[rows, cols], 12)?)?)?;
+    ops::fill_(&mixed_p.grad, 1e-3)?;
+    let mixed = MixedAdamW::new(&[mixed_p], AdamWConfig::default(), None)?;
+    let gpt = GptOps { rstd: &rstd16, dgamma: &dgamma16, adamw: &mixed };
 
     let gemm_bytes = 3.0 * (lin * lin * 4) as f64;
     let gemm_flops = 2.0 * (lin as f64).powi(3);
@@ -179,6 +187,7 @@ fn main() -> Result<()> {
     ];
 
     cases.extend(bf16_cases(&t16, &a, &rng, (&dw, &db), &size, lin));
+    cases.extend(gpt_cases(&t16, &gpt, &size));
 
     let mut rows_out = Vec::new();
     let total = cases.len();
@@ -252,6 +261,33 @@ fn bf16_cases<'a>(
             2.0 * gemm_flops,
             Box::new(|| ops::linear_backward(&t.lin_dy, &t.x, &t.w, dw, Some(db), true).map(drop)),
         ),
+    ]
+}
+
+/// What the GPT's kernels need beside [`Bf16Inputs`].
+struct GptOps<'a> {
+    rstd: &'a Tensor,
+    dgamma: &'a Tensor,
+    adamw: &'a MixedAdamW,
+}
+
+/// RMSNorm (forward, backward with the f32 gamma grad), SwiGLU (forward, backward) in bf16,
+/// and one AdamW step over bf16 weights: the least bytes each must move (the gamma and the row
+/// statistics are negligible; AdamW reads the f32 master, moments and grad and writes the
+/// master, moments and the bf16 weight: 30 bytes an element).
+fn gpt_cases<'a>(t: &'a Bf16Inputs, g: &'a GptOps<'a>, size: &str) -> Vec<Case<'a>> {
+    let n = t.a.numel() as f64;
+    let ew16 = |name: &'static str, bytes: f64, run| Case { dtype: DType::BF16, ..elementwise(name, size, bytes, run) };
+    vec![
+        ew16("rms_norm", 4.0 * n, Box::new(|| ops::rms_norm(&t.a, &t.bias, 1e-5).map(drop))),
+        ew16(
+            "rms_norm_backward",
+            6.0 * n,
+            Box::new(|| ops::rms_norm_backward(&t.dy, &t.a, &t.bias, g.rstd, g.dgamma).map(drop)),
+        ),
+        ew16("swiglu", 6.0 * n, Box::new(|| ops::swiglu(&t.a, &t.b).map(drop))),
+        ew16("swiglu_backward", 10.0 * n, Box::new(|| ops::swiglu_backward(&t.dy, &t.a, &t.b).map(drop))),
+        ew16("MixedAdamW::step", 30.0 * n, Box::new(|| g.adamw.step())),
     ]
 }
 
