@@ -47,6 +47,7 @@ GPT_SHAPES = "gpt-shapes-2026-12-01.json"
 GPT_NOW = "gpt-shapes-2026-12-01b.json"
 FLASH = "flash-vs-torch-2026-12-01.json"
 FLASH_RT = "attention-bench-2026-12-01.json"
+OPS_NOW = "op_bench-2026-12-01.txt"
 
 
 def load(name):
@@ -330,7 +331,17 @@ def gpt_now_summary():
     )
 
 
+def ops_now():
+    """The latest op benchmark's table, as examples/op_bench printed it."""
+    lines = text(OPS_NOW).splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("op "))
+    body = [l.rstrip() for l in lines[start:] if l.strip() and not l.startswith("[")]
+    head = next(l for l in lines if "launches per graph" in l)
+    return f"```\n{head}\n" + "\n".join(body) + f"\n```\n\n({rel(OPS_NOW)}.)"
+
+
 BLOCKS = {
+    "ops-now": ops_now,
     "gpt-now": gpt_now,
     "gpt-unfused": gpt_unfused,
     "attention-table": attention_table,
