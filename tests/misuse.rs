@@ -14,7 +14,7 @@ mod common;
 use common::model::{Block, BlockGradOutputs, BlockInputs, GraphedBlock};
 use common::{on_each_backend, random};
 use graphed::{
-    graphed, make_graphed, ops, CaptureMode, Cx, Device, Error, Graph, GraphOptions, GraphedModules, HookKind,
+    graphed, make_graphed, ops, CaptureMode, Cx, DType, Device, Error, Graph, GraphOptions, GraphedModules, HookKind,
     HookRegistry, Module, Param, PoolStats, Result, Slot, SlotKind, Tensor,
 };
 
@@ -669,6 +669,48 @@ fn refused_memory_requests_change_nothing() {
         // With room, the same module captures.
         let mut g = err.into_inner().make_graphed(&x)?;
         g.forward(&x)?;
+        Ok(())
+    });
+}
+
+/// Fused attention refuses what its kernels are not built for, and a wrong layout, before it
+/// allocates or launches anything: the pool and the device memory are as before.
+#[test]
+fn refused_attention_calls_change_nothing() {
+    use graphed::ops::Attention;
+    on_each_backend(|dev| {
+        let bf = |dims: &[usize]| Tensor::zeros_as(dev, dims, DType::BF16);
+        let (x, narrow, f) = (bf(&[2, 8, 128])?, bf(&[2, 8, 64])?, Tensor::zeros(dev, &[2, 8, 128])?);
+        let (out, lse) = ops::flash_attention(&x, &x, &x, &Attention::causal(2))?;
+        let before = (dev.default_pool().stats(), dev.reserved_bytes());
+        let at = Attention::causal(2);
+        let refusals = [
+            ops::flash_attention(&x, &x, &x, &Attention::causal(4)).map(drop), // head dim 32
+            ops::flash_attention(&f, &f, &f, &at).map(drop),                   // f32
+            ops::flash_attention(&x, &f, &f, &at).map(drop),                   // dtypes mixed
+            ops::flash_attention(&x, &x, &x, &at.kv_heads(3)).map(drop),       // 3 does not divide 2
+            ops::flash_attention(&x, &narrow, &narrow, &at).map(drop),         // k, v too narrow
+            ops::flash_attention_backward(&narrow, &x, &x, &x, &out, &lse, &at).map(drop),
+            ops::flash_attention_backward(&x, &x, &x, &x, &out, &out, &at).map(drop), // lse not f32
+        ];
+        for (i, r) in refusals.into_iter().enumerate() {
+            let e = r.expect_err("refused");
+            assert!(
+                matches!(
+                    e,
+                    Error::AttentionUnsupported { .. }
+                        | Error::Shape { .. }
+                        | Error::DType { .. }
+                        | Error::DTypeMismatch { .. }
+                ),
+                "refusal {i}: {e:?}"
+            );
+        }
+        assert_eq!(
+            (dev.default_pool().stats(), dev.reserved_bytes()),
+            before,
+            "refused attention calls left memory alone"
+        );
         Ok(())
     });
 }

@@ -130,8 +130,9 @@ pub fn flash_attention(q: &Tensor, k: &Tensor, v: &Tensor, at: &Attention) -> Re
     let (a, dtype) = check_qkv(OP, q, k, v, at)?;
     match exec(q.device()) {
         Exec::Host(h) => {
+            let (qp, kp, vp) = (q.host_ptr()?, k.host_ptr()?, v.host_ptr()?);
             let (out, lse) = (Tensor::empty_like(q)?, Tensor::empty(q.device(), &lse_dims(a))?);
-            let (qp, kp, vp, op, lp) = (q.host_ptr()?, k.host_ptr()?, v.host_ptr()?, out.host_ptr()?, lse.host_ptr()?);
+            let (op, lp) = (out.host_ptr()?, lse.host_ptr()?);
             h.run(fwd_kernel(dtype, a.dims.head_dim), move || {
                 let (o, l) = cpu::attention(&qp.read(), &kp.read(), &vp.read(), a, dtype);
                 op.write(&o);
@@ -291,29 +292,42 @@ fn tile_grid(a: AttnShape, heads: usize, shape: (usize, usize, usize), smem: usi
     }
 }
 
-fn fwd_kernel(dtype: DType, head_dim: usize) -> B {
+/// One of a kernel's four builds: `[bf16 d64, bf16 d128, f16 d64, f16 d128]`.
+fn build(dtype: DType, head_dim: usize, [b64, b128, h64, h128]: [B; 4]) -> B {
     match (dtype == DType::BF16, head_dim == 64) {
-        (true, true) => B::FlashFwdBf16D64,
-        (true, false) => B::FlashFwdBf16D128,
-        (false, true) => B::FlashFwdF16D64,
-        (false, false) => B::FlashFwdF16D128,
+        (true, true) => b64,
+        (true, false) => b128,
+        (false, true) => h64,
+        (false, false) => h128,
     }
+}
+
+fn fwd_kernel(dtype: DType, head_dim: usize) -> B {
+    build(dtype, head_dim, [B::FlashFwdBf16D64, B::FlashFwdBf16D128, B::FlashFwdF16D64, B::FlashFwdF16D128])
 }
 
 fn dq_kernel(dtype: DType, head_dim: usize) -> B {
-    match (dtype == DType::BF16, head_dim == 64) {
-        (true, true) => B::FlashBwdDqBf16D64,
-        (true, false) => B::FlashBwdDqBf16D128,
-        (false, true) => B::FlashBwdDqF16D64,
-        (false, false) => B::FlashBwdDqF16D128,
-    }
+    build(dtype, head_dim, [B::FlashBwdDqBf16D64, B::FlashBwdDqBf16D128, B::FlashBwdDqF16D64, B::FlashBwdDqF16D128])
 }
 
 fn dkdv_kernel(dtype: DType, head_dim: usize) -> B {
-    match (dtype == DType::BF16, head_dim == 64) {
-        (true, true) => B::FlashBwdDkdvBf16D64,
-        (true, false) => B::FlashBwdDkdvBf16D128,
-        (false, true) => B::FlashBwdDkdvF16D64,
-        (false, false) => B::FlashBwdDkdvF16D128,
+    let builds = [B::FlashBwdDkdvBf16D64, B::FlashBwdDkdvBf16D128, B::FlashBwdDkdvF16D64, B::FlashBwdDkdvF16D128];
+    build(dtype, head_dim, builds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each (dtype, head dim) picks the build of its own name, for all three kernels.
+    #[test]
+    fn every_build_is_picked_by_its_dtype_and_head_dim() {
+        for (dtype, tag) in [(DType::BF16, "_bf16_"), (DType::F16, "_f16_")] {
+            for d in Attention::HEAD_DIMS {
+                for k in [fwd_kernel(dtype, d), dq_kernel(dtype, d), dkdv_kernel(dtype, d)] {
+                    assert!(k.name().contains(tag) && k.name().ends_with(&format!("_d{d}")), "{}", k.name());
+                }
+            }
+        }
     }
 }
