@@ -25,6 +25,8 @@ pub struct Cx {
     saved: Vec<Tensor>,
     needs_input_grad: Vec<bool>,
     children: Vec<Cx>,
+    /// With shape buckets: the call's real size along the bucketed axis (f32 `[1]`).
+    bucket_length: Option<Tensor>,
 }
 
 impl Cx {
@@ -36,6 +38,7 @@ impl Cx {
             saved: Vec::new(),
             needs_input_grad: Vec::new(),
             children: Vec::new(),
+            bucket_length: None,
         }
     }
 
@@ -95,6 +98,7 @@ impl Cx {
         while self.children.len() <= index {
             let mut c = Cx::new(&self.device);
             c.training = self.training;
+            c.bucket_length = self.bucket_length.clone();
             self.children.push(c);
         }
         &mut self.children[index]
@@ -109,5 +113,23 @@ impl Cx {
     /// Declares which forward inputs need grads.
     pub fn set_needs_input_grad(&mut self, needs: Vec<bool>) {
         self.needs_input_grad = needs;
+    }
+
+    /// With shape buckets ([`crate::Buckets`]): the real size of this call along the bucketed
+    /// axis, as an f32 `[1]` tensor on the device. The inputs a module sees are padded up to
+    /// their bucket's size; one captured graph serves every real size in the bucket because
+    /// the size is read on the device, from this tensor, which each graphed call updates
+    /// before it replays. `None` without buckets.
+    ///
+    /// A module that must ignore the padding (a mean over real positions, a non-causal
+    /// attention) reads it here; one whose padding is harmless (causal attention over padding
+    /// at the end, a loss whose padded labels are ignored) need not.
+    pub fn bucket_length(&self) -> Option<&Tensor> {
+        self.bucket_length.as_ref()
+    }
+
+    /// Sets [`Cx::bucket_length`] (graphed calls with shape buckets do).
+    pub(crate) fn set_bucket_length(&mut self, length: Option<Tensor>) {
+        self.bucket_length = length;
     }
 }

@@ -230,9 +230,12 @@ pub use checkpoint::Checkpoint;
 pub use cx::Cx;
 pub use device::Device;
 pub use dtype::DType;
-pub use error::{CheckpointProblem, CudaFailure, DistError, Error, Result, Slot, SlotKind};
+pub use error::{BucketError, CheckpointProblem, CudaFailure, DistError, Error, Result, Slot, SlotKind};
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
-pub use graphed::{backward_unsplit, make_graphed, CaptureError, GraphOptions, GraphedModules, OrderEntry, Sequence};
+pub use graphed::{
+    backward_unsplit, make_graphed, AboveLargest, BucketReport, Buckets, CaptureError, GraphOptions, GraphedModules,
+    OrderEntry, Sequence,
+};
 pub use graphed_macros::{capture_time_hook, graphed, Parameters};
 /// The `half` crate, whose [`half::bf16`] and [`half::f16`] are the host types of
 /// [`DType::BF16`] and [`DType::F16`].

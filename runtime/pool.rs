@@ -58,14 +58,45 @@ struct Slab {
     free: BTreeMap<usize, usize>,
 }
 
+/// The order replays must follow: the captured graphs in capture order, split into groups
+/// that are alternatives of each other (the shape buckets of one capture). Replays go around
+/// their group as a cycle; starting a group over, or starting another group, is always
+/// allowed at the group's first graph.
 #[derive(Default)]
 struct ReplayOrder {
-    /// Graph ids and labels in capture order.
-    captured: Vec<(u64, String)>,
+    /// Graph ids, labels and groups in capture order (groups are consecutive runs).
+    captured: Vec<(u64, String, u64)>,
     /// Index into `captured` of the graph expected next.
     next: usize,
     /// Bumped whenever `captured` changes, so an old ticket cannot move `next`.
     serial: u64,
+    /// The group graphs captured from now on join ([`GraphPool::begin_replay_group`]).
+    group: u64,
+}
+
+impl ReplayOrder {
+    /// The indices `[start, end)` of the group holding index `i`.
+    fn group_of(&self, i: usize) -> (usize, usize) {
+        let g = self.captured[i].2;
+        let start = self.captured[..i].iter().rposition(|x| x.2 != g).map_or(0, |p| p + 1);
+        let end = self.captured[i..].iter().position(|x| x.2 != g).map_or(self.captured.len(), |p| i + p);
+        (start, end)
+    }
+
+    /// The index after `i` going around `i`'s group.
+    fn after(&self, i: usize) -> usize {
+        let (start, end) = self.group_of(i);
+        if i + 1 < end {
+            i + 1
+        } else {
+            start
+        }
+    }
+
+    /// Whether index `i` is the first graph of its group.
+    fn starts_group(&self, i: usize) -> bool {
+        i == 0 || self.captured[i - 1].2 != self.captured[i].2
+    }
 }
 
 struct PoolState {
@@ -394,15 +425,24 @@ impl GraphPool {
     /// Records that graph `id` was captured into this pool, after all earlier ones.
     pub(crate) fn register_capture(&self, id: u64, label: &str) {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.order.captured.push((id, label.to_string()));
+        let group = st.order.group;
+        st.order.captured.push((id, label.to_string(), group));
         st.order.next = 0;
         st.order.serial += 1;
+    }
+
+    /// Graphs captured from now on form a new replay group: an alternative to the graphs
+    /// captured before (another shape bucket of the same modules), whose replays may start at
+    /// its first graph whenever the previous group is between iterations.
+    pub(crate) fn begin_replay_group(&self) {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.order.group += 1;
     }
 
     /// Forgets graph `id` (it was reset).
     pub(crate) fn unregister_capture(&self, id: u64) {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.order.captured.retain(|(g, _)| *g != id);
+        st.order.captured.retain(|(g, _, _)| *g != id);
         st.order.next = 0;
         st.order.serial += 1;
     }
@@ -411,9 +451,10 @@ impl GraphPool {
     /// the returned ticket advances the order once the replay has launched
     /// ([`GraphPool::advance_replay`]).
     ///
-    /// Replays must go around the capture order as a cycle. Starting again at the first graph
-    /// is always allowed (an iteration abandoned half-way); the caller invalidates handles to
-    /// the abandoned iteration's outputs.
+    /// Replays must go around the capture order as a cycle (around their group's part of it,
+    /// when the pool holds several replay groups). Starting at the first graph of a group is
+    /// always allowed: when the expected graph was not the first of a group, an iteration was
+    /// abandoned half-way (`restarted`), and the caller invalidates handles to its outputs.
     pub(crate) fn check_replay(&self, id: u64) -> Result<ReplayTicket> {
         let st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         let order = &st.order;
@@ -423,21 +464,19 @@ impl GraphPool {
         }
         let expected = order.next;
         if order.captured[expected].0 == id {
-            return Ok(ReplayTicket { next: (expected + 1) % n, restarted: false, serial: order.serial });
+            return Ok(ReplayTicket { next: order.after(expected), restarted: false, serial: order.serial });
         }
-        if order.captured[0].0 == id {
-            return Ok(ReplayTicket { next: 1 % n, restarted: true, serial: order.serial });
+        let at = order.captured.iter().position(|(g, _, _)| *g == id);
+        if let Some(i) = at.filter(|i| order.starts_group(*i)) {
+            let restarted = !order.starts_group(expected);
+            return Ok(ReplayTicket { next: order.after(i), restarted, serial: order.serial });
         }
-        let got = order
-            .captured
-            .iter()
-            .find(|(g, _)| *g == id)
-            .map(|(_, l)| l.clone())
-            .unwrap_or_else(|| format!("graph #{id}"));
+        let got = at.map(|i| order.captured[i].1.clone()).unwrap_or_else(|| format!("graph #{id}"));
+        let (start, end) = order.group_of(at.unwrap_or(expected));
         Err(Error::ReplayOrder {
             got,
             expected: order.captured[expected].1.clone(),
-            order: order.captured.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join(" -> "),
+            order: order.captured[start..end].iter().map(|(_, l, _)| l.as_str()).collect::<Vec<_>>().join(" -> "),
         })
     }
 
@@ -457,7 +496,7 @@ impl GraphPool {
     /// Whether `ids` are a run of this pool's capture order (consecutive, in order).
     pub(crate) fn is_capture_run(&self, ids: &[u64]) -> bool {
         let st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        let captured: Vec<u64> = st.order.captured.iter().map(|(g, _)| *g).collect();
+        let captured: Vec<u64> = st.order.captured.iter().map(|(g, _, _)| *g).collect();
         match ids.first().and_then(|first| captured.iter().position(|g| g == first)) {
             Some(start) => captured.get(start..start + ids.len()) == Some(ids),
             None => false,
@@ -469,9 +508,8 @@ impl GraphPool {
     pub(crate) fn advance_replay_past(&self, ticket: ReplayTicket, last: u64) -> bool {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.order.serial == ticket.serial {
-            let n = st.order.captured.len().max(1);
-            if let Some(i) = st.order.captured.iter().position(|(g, _)| *g == last) {
-                st.order.next = (i + 1) % n;
+            if let Some(i) = st.order.captured.iter().position(|(g, _, _)| *g == last) {
+                st.order.next = st.order.after(i);
             }
         }
         ticket.restarted

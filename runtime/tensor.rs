@@ -215,6 +215,17 @@ impl Tensor {
         Ok(Tensor { shape, ..self.clone() })
     }
 
+    /// The first elements of the same memory seen with `dims` (no more elements than this
+    /// tensor has): a trimmed view that shares the buffer, its staleness included.
+    pub(crate) fn prefix_view(&self, dims: &[usize]) -> Result<Tensor> {
+        let shape = Shape::new(dims)
+            .ok_or_else(|| Error::shape("prefix_view", format!("{dims:?} has more than 6 dimensions")))?;
+        match shape.checked_numel() {
+            Some(n) if n <= self.numel() => Ok(Tensor { shape, ..self.clone() }),
+            _ => Err(Error::shape("prefix_view", format!("{dims:?} does not fit in {:?}", self.shape))),
+        }
+    }
+
     /// The shape.
     pub fn shape(&self) -> Shape {
         self.shape

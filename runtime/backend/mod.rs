@@ -39,6 +39,15 @@ pub(crate) enum BackendKind {
     Cuda(Box<CudaBackend>),
 }
 
+/// The layout [`Backend::resize_axis`] works on: `[outer, len, inner]`, `len` differing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AxisResize {
+    pub(crate) outer: usize,
+    pub(crate) dst_len: usize,
+    pub(crate) src_len: usize,
+    pub(crate) inner: usize,
+}
+
 /// Errors from drop paths (freeing a slab, destroying a graph), which cannot be returned where
 /// they happen; each is also printed once to stderr. [`crate::Device::take_drop_errors`] reads
 /// them.
@@ -194,6 +203,53 @@ impl Backend {
             }
             (Ptr::Cuda(d), Ptr::Cuda(s), BackendKind::Cuda(c)) => c.copy_device(*d, *s, n * dtype.size()),
             _ => Err(Error::invalid("copy_", "pointers of another backend")),
+        }
+    }
+
+    /// Copies `src`, seen as `[outer, src_len, inner]` values of `dtype`, into `dst` seen as
+    /// `[outer, dst_len, inner]`: the first `min(src_len, dst_len)` positions of each row, the
+    /// rest of `dst` set to `pad` (rounded for 16-bit dtypes). On the stream (one kernel on
+    /// CUDA, so it captures like any other). Pads inputs into shape buckets, trims outputs.
+    pub(crate) fn resize_axis(&self, dst: &Ptr, src: &Ptr, axis: AxisResize, pad: f32, dtype: DType) -> Result<()> {
+        let AxisResize { outer, dst_len, src_len, inner } = axis;
+        match (dst, src, &self.kind) {
+            (Ptr::Host(d), Ptr::Host(s), BackendKind::Host(host)) => {
+                let d = HostPtr { len: outer * dst_len * inner, dtype, ..d.clone() };
+                let s = HostPtr { len: outer * src_len * inner, dtype, ..s.clone() };
+                host.run_as(FaultPoint::Copy, "resize_axis", move || {
+                    let (x, keep) = (s.read(), src_len.min(dst_len) * inner);
+                    let mut y = vec![pad; d.len];
+                    for r in 0..outer {
+                        y[r * dst_len * inner..][..keep].copy_from_slice(&x[r * src_len * inner..][..keep]);
+                    }
+                    d.write(&y);
+                    Ok(())
+                })
+            }
+            (Ptr::Cuda(d), Ptr::Cuda(s), BackendKind::Cuda(c)) => {
+                let (kernel, bits) = match dtype {
+                    DType::F32 => (BuiltinKernel::ResizeAxisU32, pad.to_bits()),
+                    _ => (BuiltinKernel::ResizeAxisU16, dtype.round_bits16(pad) as u32),
+                };
+                let dims = [outer, dst_len, src_len, inner].map(|v| u32::try_from(v).ok());
+                let [Some(o), Some(dl), Some(sl), Some(i)] = dims else {
+                    return Err(Error::invalid("resize_axis", "more than 2^32 elements along one axis"));
+                };
+                c.launch(
+                    kernel,
+                    LaunchDims::elementwise(outer * dst_len * inner),
+                    &[
+                        KArg::Ptr(*d),
+                        KArg::Ptr(*s),
+                        KArg::U32(o),
+                        KArg::U32(dl),
+                        KArg::U32(sl),
+                        KArg::U32(i),
+                        KArg::U32(bits),
+                    ],
+                )
+            }
+            _ => Err(Error::invalid("resize_axis", "pointers of another backend")),
         }
     }
 

@@ -1,11 +1,13 @@
 //! The one error type of the crate.
 
+mod bucket;
 mod build;
 mod checkpoint;
 mod cuda;
 mod dist;
 mod slot;
 
+pub use bucket::BucketError;
 pub use checkpoint::CheckpointProblem;
 pub use cuda::CudaFailure;
 pub use dist::DistError;
@@ -501,6 +503,9 @@ pub enum Error {
     /// A communicator, launcher or rendezvous failed (see [`DistError`]).
     #[error(transparent)]
     Dist(#[from] DistError),
+    /// Shape buckets refused their options or a call (see [`BucketError`]).
+    #[error(transparent)]
+    Bucket(#[from] BucketError),
     // Precision (#12).
     /// Tensors of different dtypes were mixed in one op without a cast.
     #[error(

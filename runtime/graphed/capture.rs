@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use super::buckets::{bucket_samples, bucketed_inputs};
 use super::reuse::{adopt, reusable, SlotPlan};
 use super::schedule::{Pass, Step};
 use super::{Config, GraphOptions, GraphedModules, Schedule, Surface};
@@ -15,7 +16,7 @@ pub use super::capture_error::CaptureError;
 pub type Modules = Vec<Box<dyn Module>>;
 
 /// Sample inputs: `[chunk][microbatch][input]`.
-type Samples = Vec<Vec<Vec<Option<Tensor>>>>;
+pub(super) type Samples = Vec<Vec<Vec<Option<Tensor>>>>;
 
 /// Warms up and captures `modules` into graphs sharing one pool.
 ///
@@ -80,13 +81,29 @@ pub fn make_graphed(
         modules,
         config: Box::new(Config::new(options, schedule.clone(), plan, checkpointed)),
         chain_slots: Vec::new(),
+        buckets: None,
+        lengths: Default::default(),
     };
-    let captured = device.with_pool(&pool, || -> Result<()> {
-        g.make_surfaces(&samples, schedule.microbatches())?;
-        for _ in 0..g.config.options.warmup {
-            g.iterate(&schedule, Phase::WarmUp)?;
-        }
-        g.iterate(&schedule, Phase::Capture)
+    // Each bucket's samples, made before the pool is current (they are not the graphs').
+    let bucketed = match &g.config.options.buckets {
+        None => Ok(None),
+        Some(spec) => bucketed_inputs(&samples, spec).and_then(|flags| {
+            let per_size = spec.sizes().iter().map(|s| bucket_samples(&samples, &flags, spec.axis(), *s));
+            let per_size = per_size.collect::<Result<Vec<_>>>()?;
+            Ok(Some((spec.clone(), flags, per_size)))
+        }),
+    };
+    let captured = bucketed.and_then(|bucketed| {
+        device.with_pool(&pool, || -> Result<()> {
+            if let Some((spec, flags, per_size)) = bucketed {
+                return g.capture_buckets(&spec, &per_size, flags, &schedule);
+            }
+            g.make_surfaces(&samples, schedule.microbatches())?;
+            for _ in 0..g.config.options.warmup {
+                g.iterate(&schedule, Phase::WarmUp)?;
+            }
+            g.iterate(&schedule, Phase::Capture)
+        })
     });
     // Put the RNG state and the parameter grads back, whether the capture worked or not.
     let restore = || {
@@ -186,6 +203,14 @@ fn validate(
     if device.is_capturing() {
         return Err(Error::IllegalDuringCapture { op: "make_graphed" });
     }
+    if let Some(spec) = &options.buckets {
+        spec.validate()?;
+        if options.pool.is_some() {
+            let why = "the buckets' graphs are alternatives that share a pool of their own";
+            return Err(crate::BucketError::Unsupported { option: "GraphOptions::pool", why }.into());
+        }
+        bucketed_inputs(samples, spec)?;
+    }
     if let Some(pool) = &options.pool {
         if !pool.is_on(&device) {
             return Err(Error::invalid("make_graphed", format!("the pool given is not on {}", device.name())));
@@ -252,7 +277,7 @@ fn saved_bytes(cx: &Cx, inputs: &[Option<Tensor>], outputs: &[Option<Tensor>], p
 
 /// Which pass over the schedule: an eager warm-up iteration or the capture.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Phase {
+pub(super) enum Phase {
     WarmUp,
     Capture,
 }
@@ -260,7 +285,7 @@ enum Phase {
 impl GraphedModules {
     /// Static inputs for every (chunk, microbatch): copies of the samples, in the pool; a
     /// microbatch that reuses an earlier one's surfaces shares its buffers where they match.
-    fn make_surfaces(&mut self, samples: &Samples, microbatches: usize) -> Result<()> {
+    pub(super) fn make_surfaces(&mut self, samples: &Samples, microbatches: usize) -> Result<()> {
         for (c, s) in samples.iter().enumerate() {
             let mut row: Vec<Surface> = Vec::with_capacity(microbatches);
             for m in 0..microbatches {
@@ -312,7 +337,7 @@ impl GraphedModules {
 
     /// One pass over the schedule: eager with zero grad outputs (warm-up), or each step
     /// captured into its own graph. Hooks run around every step, outside any capture.
-    fn iterate(&mut self, schedule: &Schedule, phase: Phase) -> Result<()> {
+    pub(super) fn iterate(&mut self, schedule: &Schedule, phase: Phase) -> Result<()> {
         // Per (chunk, microbatch): what the forward saved and returned this iteration.
         let mut done: Vec<Vec<Option<ForwardDone>>> =
             self.surfaces.iter().map(|r| r.iter().map(|_| None).collect()).collect();
@@ -325,7 +350,8 @@ impl GraphedModules {
                     let prev = if c > 0 { firsts[c - 1][m].take() } else { None };
                     let inputs = self.chained_inputs(c, m, prev)?;
                     self.run_hooks(c, HookKind::PreForward)?;
-                    let cx = self.new_cx(self.captured_training, &inputs);
+                    let mut cx = self.new_cx(self.captured_training, &inputs);
+                    cx.set_bucket_length(self.length_tensor(m));
                     let outs = match phase {
                         Phase::WarmUp => {
                             let mut cx = cx.clone();

@@ -9,9 +9,24 @@
 //! runs: the capture is chained, the schedule runs each microbatch through the chain back to
 //! back, and the last chunk's extra inputs fit its surface.
 
-use super::replay::check_slot;
+use super::buckets::{CopyIn, Route, SlotsAt};
+use super::staging::Bound;
+use super::Surface;
+
+fn inp(s: &Surface) -> &Vec<Option<Tensor>> {
+    &s.inputs
+}
+fn inp_b(b: &Bound) -> &Vec<Option<Tensor>> {
+    &b.inputs
+}
+fn gr(s: &Surface) -> &Vec<Option<Tensor>> {
+    &s.grad_outputs
+}
+fn gr_b(b: &Bound) -> &Vec<Option<Tensor>> {
+    &b.grad_outputs
+}
 use super::GraphedModules;
-use crate::{Error, Result, Slot, SlotKind, Tensor};
+use crate::{Error, Result, SlotKind, Tensor};
 
 impl GraphedModules {
     /// The first slot of chunk `c`'s result: what a chained chunk hands the next one.
@@ -76,11 +91,24 @@ impl GraphedModules {
             }
             return self.forward(0, inputs);
         }
-        self.check_extras(last, extras)?;
-        let outputs = self.forward(0, inputs)?;
+        let route = if self.training == self.captured_training { self.route(0, inputs)? } else { Route::Plain };
+        let (bucket, len) = match route {
+            Route::Plain => (None, None),
+            Route::Bucket { index, len } => (Some(index), Some(len)),
+            Route::Eager { len } => return self.eager_chain(inputs, extras, len),
+        };
+        match bucket {
+            Some(index) => self.in_bucket(index, |g| g.check_extras(last, extras, len))?,
+            None => self.check_extras(last, extras, None)?,
+        }
+        let step = |g: &mut Self, c: usize, slots: &[Option<Tensor>], trim: bool| match (bucket, len) {
+            (Some(index), Some(len)) => g.forward_in_bucket(c, slots, index, len, trim),
+            _ => g.forward(c, slots),
+        };
+        let outputs = step(self, 0, inputs, false)?;
         let mut h = self.first_slot(outputs, 0, "output")?;
         for c in 1..last {
-            let outputs = self.forward(c, &[Some(h)])?;
+            let outputs = step(self, c, &[Some(h)], false)?;
             h = self.first_slot(outputs, c, "output")?;
         }
         // The last chunk's slots, in a buffer kept between calls (no allocation per step).
@@ -88,26 +116,50 @@ impl GraphedModules {
         slots.clear();
         slots.push(Some(h));
         slots.extend_from_slice(extras);
-        let outputs = self.forward(last, &slots);
+        let outputs = step(self, last, &slots, true);
         slots.clear();
         self.chain_slots = slots;
         outputs
     }
 
+    /// A whole-chain forward above the largest shape bucket, run eagerly chunk by chunk.
+    fn eager_chain(
+        &mut self,
+        inputs: &[Option<Tensor>],
+        extras: &[Option<Tensor>],
+        len: usize,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let last = self.modules.len() - 1;
+        let outputs = self.eager_forward(0, inputs, Some(len))?;
+        let mut h = self.first_slot(outputs, 0, "output")?;
+        for c in 1..last {
+            let outputs = self.eager_forward(c, &[Some(h)], Some(len))?;
+            h = self.first_slot(outputs, c, "output")?;
+        }
+        let mut slots = vec![Some(h)];
+        slots.extend_from_slice(extras);
+        self.eager_forward(last, &slots, Some(len))
+    }
+
     /// The last chunk's extras against the surface its next forward replays on.
-    fn check_extras(&self, last: usize, extras: &[Option<Tensor>]) -> Result<()> {
+    fn check_extras(&self, last: usize, extras: &[Option<Tensor>], len: Option<usize>) -> Result<()> {
         let s = &self.surfaces[last][self.next_forward[last]];
         if extras.len() + 1 != s.inputs.len() {
             let (expected, got) = (s.inputs.len(), extras.len() + 1);
             return Err(Error::Arity { module: s.label.clone(), kind: SlotKind::Input, expected, got });
         }
-        if self.training == self.captured_training {
-            for (i, (x, st)) in extras.iter().zip(&s.inputs[1..]).enumerate() {
-                let slot = Slot { kind: SlotKind::Input, index: i + 1 };
-                check_slot(&s.label, slot, x, st, self.captured_training)?;
-            }
+        if self.training != self.captured_training {
+            return Ok(());
         }
-        Ok(())
+        let at = SlotsAt {
+            chunk: last,
+            module: &s.label,
+            kind: SlotKind::Input,
+            from: 1,
+            len,
+            requires_grad: self.captured_training,
+        };
+        self.copies_in(at, extras, &s.inputs).map(drop)
     }
 
     /// The backward of every chunk for the oldest outstanding microbatch, last chunk first, as
@@ -117,10 +169,10 @@ impl GraphedModules {
     pub fn backward_chain(&mut self, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         self.check_chain("backward_chain")?;
         let last = self.modules.len() - 1;
-        let mut grads = self.backward(last, grad_outputs)?;
+        let mut grads = self.backward_trimmed(last, grad_outputs, last == 0)?;
         for c in (0..last).rev() {
             let d = self.first_slot(grads, c + 1, "input grad")?;
-            grads = self.backward(c, &[Some(d)])?;
+            grads = self.backward_trimmed(c, &[Some(d)], c == 0)?;
         }
         Ok(grads)
     }
@@ -152,17 +204,65 @@ impl GraphedModules {
                 ));
             }
         }
-        let mut copies = Vec::new();
-        let (input, grad) = (SlotKind::Input, SlotKind::GradOutput);
-        for m in 0..microbatches {
-            self.check_step_slots((0, m), input, |s| &s.inputs, |b| &b.inputs, 0, inputs[m], &mut copies)?;
-            // The last chunk's first input is the previous chunk's output: only its extras.
-            let (from, extras) = if last > 0 { (1, extras[m]) } else { (inputs[m].len(), extras[m]) };
-            self.check_step_slots((last, m), input, |s| &s.inputs, |b| &b.inputs, from, extras, &mut copies)?;
-            let grads = grad_outputs[m];
-            self.check_step_slots((last, m), grad, |s| &s.grad_outputs, |b| &b.grad_outputs, 0, grads, &mut copies)?;
+        // With shape buckets: each microbatch's real size, and the bucket of the largest.
+        let mut lens = Vec::with_capacity(microbatches);
+        let mut bucket = None;
+        for set in inputs {
+            match self.route(0, set)? {
+                Route::Plain => lens.push(None),
+                Route::Bucket { index, len } => {
+                    lens.push(Some(len));
+                    bucket = bucket.max(Some(index));
+                }
+                Route::Eager { .. } => return self.eager_steps(inputs, extras, grad_outputs),
+            }
+        }
+        let check = |g: &mut Self| -> Result<Vec<CopyIn>> {
+            let mut copies = Vec::new();
+            let (input, grad) = (SlotKind::Input, SlotKind::GradOutput);
+            for (m, &len) in lens.iter().enumerate() {
+                g.check_step_slots((0, m), input, inp, inp_b, (0, len), inputs[m], &mut copies)?;
+                // The last chunk's first input is the previous chunk's output: only its extras.
+                let from = if last > 0 { 1 } else { inputs[m].len() };
+                g.check_step_slots((last, m), input, inp, inp_b, (from, len), extras[m], &mut copies)?;
+                g.check_step_slots((last, m), grad, gr, gr_b, (0, len), grad_outputs[m], &mut copies)?;
+            }
+            g.check_step()?;
+            Ok(copies)
+        };
+        let copies = match bucket {
+            None => check(self)?,
+            Some(index) => {
+                if self.active_bucket_index() != Some(index) {
+                    self.check_step()?; // the bucket left must not be half-way through either
+                }
+                self.in_bucket(index, check)?
+            }
+        };
+        for (m, len) in lens.iter().enumerate() {
+            for c in 0..=last {
+                self.set_length(c, m, *len)?;
+            }
         }
         self.step_copying(&copies)?;
-        (0..microbatches).map(|m| self.outputs(last, m)).collect()
+        let outputs = (0..microbatches).map(|m| self.outputs(last, m));
+        outputs.zip(&lens).map(|(o, len)| self.trim(last, SlotKind::GradOutput, o?, *len)).collect()
+    }
+
+    /// A fused step above the largest shape bucket ([`crate::AboveLargest::Eager`]): each
+    /// microbatch's forward and backward through the chain, eagerly.
+    fn eager_steps(
+        &mut self,
+        inputs: &[&[Option<Tensor>]],
+        extras: &[&[Option<Tensor>]],
+        grad_outputs: &[&[Option<Tensor>]],
+    ) -> Result<Vec<Vec<Option<Tensor>>>> {
+        self.check_step()?;
+        let mut outputs = Vec::with_capacity(inputs.len());
+        for m in 0..inputs.len() {
+            outputs.push(self.forward_chain(inputs[m], extras[m])?);
+            self.backward_chain(grad_outputs[m])?;
+        }
+        Ok(outputs)
     }
 }

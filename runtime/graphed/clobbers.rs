@@ -31,8 +31,9 @@ impl GraphedModules {
     pub(super) fn clobbered_by(&self, temps: &[MemRange], own: &[Option<Tensor>]) -> Vec<Tensor> {
         let pool_id = self.pool.id();
         let mut v: Vec<Tensor> = own.iter().flatten().cloned().collect();
+        let parked = self.parked_handed_out();
         let handed = self.surfaces.iter().flatten().flat_map(|s| s.outputs.iter().chain(&s.grad_inputs)).flatten();
-        for t in handed {
+        for t in handed.chain(&parked) {
             let (pid, r) = t.mem_range();
             if pid == pool_id && temps.iter().any(|x| x.overlaps(&r)) && !v.iter().any(|o| o.same_buffer(t)) {
                 v.push(t.clone());

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 
+use super::buckets::{CopyIn, SlotsAt};
 use super::schedule::{Pass, Step};
 use super::staging::Bound;
 use super::{GraphedModules, Surface};
@@ -110,7 +111,37 @@ impl GraphedModules {
     /// Where microbatches share surfaces (`GraphOptions::reuse_buffers`), the step gets bound
     /// buffers per microbatch and copies around the shared surfaces (see `staging`); the
     /// accessors below then hand out those buffers.
+    ///
+    /// With shape buckets, every bucket gets its own fused step (all or none: a failure
+    /// leaves every bucket as it was); [`GraphedModules::step_chain`] picks the bucket from
+    /// its inputs, [`GraphedModules::step`] runs the active one.
     pub fn fuse(&mut self) -> Result<()> {
+        let Some(n) = self.bucket_count() else { return self.fuse_active() };
+        let mut built = Vec::new();
+        let result = (0..n).try_for_each(|index| {
+            self.in_bucket(index, |g| {
+                let fresh = !g.is_fused();
+                g.fuse_active()?;
+                if fresh {
+                    built.push(index);
+                }
+                Ok(())
+            })
+        });
+        if result.is_err() {
+            for index in built {
+                self.in_bucket(index, |g| {
+                    g.config.fused = None;
+                    g.config.staging = None;
+                    Ok(())
+                })?;
+            }
+        }
+        result
+    }
+
+    /// [`GraphedModules::fuse`] for the active bucket (all the graphs without buckets).
+    fn fuse_active(&mut self) -> Result<()> {
         if self.config.fused.is_none() {
             let fresh = self.config.staging.is_none();
             let mark = self.pool.mark();
@@ -146,18 +177,29 @@ impl GraphedModules {
 
     /// [`GraphedModules::step`], with `copies` (destination, source) made into the bound
     /// buffers once the step is known to be allowed, just before the launch.
-    pub(super) fn step_copying(&mut self, copies: &[(Tensor, Tensor)]) -> Result<()> {
+    pub(super) fn step_copying(&mut self, copies: &[CopyIn]) -> Result<()> {
         let Some(mut fused) = self.config.fused.take() else {
             let module = self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
             return Err(Error::NotFused { module });
         };
         let members = [&*self];
         let result = fused.check(&members).and_then(|tickets| {
-            copies.iter().try_for_each(|(dst, src)| dst.copy_(src))?;
+            copies.iter().try_for_each(CopyIn::run)?;
             fused.launch(tickets, &members)
         });
         self.config.fused = Some(fused);
         result
+    }
+
+    /// Whether a step may run now, with no side effect (see [`GraphedModules::step`]).
+    pub(super) fn check_step(&self) -> Result<()> {
+        match &self.config.fused {
+            None => {
+                let module = self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
+                Err(Error::NotFused { module })
+            }
+            Some(fused) => fused.check(&[self]).map(drop),
+        }
     }
 
     /// The graph of one step of the schedule (`None`: a backward that was not captured).
@@ -216,7 +258,8 @@ impl GraphedModules {
 
     /// Checks `given` against slots `from..` of one part of the step's buffers of (chunk,
     /// microbatch) (bound where the step has its own, as [`GraphedModules::static_inputs`]
-    /// hands out), adding the copies a step needs to `copies`; allocates nothing else.
+    /// hands out), for a microbatch of real size `len` with shape buckets, adding the copies
+    /// a step needs to `copies`; allocates nothing else.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn check_step_slots(
         &self,
@@ -224,25 +267,18 @@ impl GraphedModules {
         kind: crate::SlotKind,
         part: impl Fn(&Surface) -> &Vec<Option<Tensor>>,
         bound: impl Fn(&Bound) -> &Vec<Option<Tensor>>,
-        from: usize,
+        (from, len): (usize, Option<usize>),
         given: &[Option<Tensor>],
-        copies: &mut Vec<(Tensor, Tensor)>,
+        copies: &mut Vec<CopyIn>,
     ) -> Result<()> {
         let surface = self.surface_checked(chunk, microbatch)?;
         let (s, label) = (part(surface), &surface.label);
-        if from + given.len() != s.len() {
-            let (expected, got) = (s.len(), from + given.len());
-            return Err(Error::Arity { module: label.clone(), kind, expected, got });
-        }
         let b = self.config.staging.as_ref().and_then(|st| st.bound(chunk, microbatch)).map(bound);
-        for (i, x) in given.iter().enumerate() {
-            let index = from + i;
-            let st = b.and_then(|b| b.get(index)).filter(|t| t.is_some()).unwrap_or(&s[index]);
-            let slot = crate::Slot { kind, index };
-            if let Some((x, st)) = super::replay::check_slot(label, slot, x, st, false)? {
-                copies.push((st.refreshed(), x.clone()));
-            }
-        }
+        let slots: Vec<Option<Tensor>> = (0..s.len())
+            .map(|index| b.and_then(|b| b.get(index)).filter(|t| t.is_some()).unwrap_or(&s[index]).clone())
+            .collect();
+        let at = SlotsAt { chunk, module: label, kind, from, len, requires_grad: false };
+        copies.extend(self.copies_in(at, given, &slots)?);
         Ok(())
     }
 

@@ -13,9 +13,11 @@
 //! - `reuse`: which microbatches share static surfaces (`GraphOptions::reuse_buffers`).
 //! - `staging`: a fused step's own per-microbatch buffers where microbatches share surfaces.
 //! - `sequence`: separately graphed modules fused into one launch (`Sequence`).
+//! - `buckets`: shape buckets, one capture per size of a declared axis in one pool.
 //! - `order_entry`, `wgrad`: `w(c)` schedule entries and the separate weight-grad graphs of
 //!   modules that split their backward.
 
+mod buckets;
 mod capture;
 mod capture_error;
 mod chain;
@@ -36,6 +38,7 @@ use std::time::Duration;
 use crate::pool::MemRange;
 use crate::{Cx, Device, Error, Graph, GraphPool, HookKind, Module, Result, Tensor};
 
+pub use buckets::{AboveLargest, BucketReport, Buckets};
 pub use capture::{make_graphed, CaptureError};
 pub use options::GraphOptions;
 pub use order_entry::OrderEntry;
@@ -93,6 +96,10 @@ pub struct GraphedModules {
     config: Box<Config>,
     /// The last chunk's inputs of a whole-chain forward, kept to be reused (see `chain`).
     chain_slots: Vec<Option<Tensor>>,
+    /// With shape buckets: the parked buckets and the lookup table (see `buckets`).
+    buckets: Option<Box<buckets::BucketSet>>,
+    /// With shape buckets: the active bucket's real sizes, on the device and per microbatch.
+    lengths: buckets::Lengths,
 }
 
 /// The settled facts of a capture.

@@ -1,6 +1,6 @@
 //! `GraphOptions`: how `make_graphed` warms up and captures.
 
-use super::OrderEntry;
+use super::{Buckets, OrderEntry};
 use crate::{CaptureMode, GraphPool, HookRegistry};
 
 /// How `make_graphed` warms up and captures.
@@ -24,6 +24,7 @@ pub struct GraphOptions {
     pub(crate) reuse_buffers: bool,
     /// 1-indexed chunks whose forward is recomputed inside their backward; `None`: not set.
     pub(crate) checkpoint: Option<Vec<usize>>,
+    pub(crate) buckets: Option<Buckets>,
 }
 
 impl Default for GraphOptions {
@@ -40,6 +41,7 @@ impl Default for GraphOptions {
             pool_limit: None,
             reuse_buffers: true,
             checkpoint: None,
+            buckets: None,
         }
     }
 }
@@ -123,6 +125,27 @@ impl GraphOptions {
     pub fn checkpointed_chunks(&self) -> Option<&[usize]> {
         self.checkpoint.as_deref()
     }
+    /// Shape buckets: capture the modules once per size of one input axis, largest first,
+    /// into one pool, so that calls of any size up to the largest replay graphs (see
+    /// [`Buckets`]). Samples are given at the largest size. A call is padded up to its
+    /// bucket (with [`Buckets::pad`]'s value) and its outputs come back trimmed to its size;
+    /// the modules see the real size through [`crate::Cx::bucket_length`].
+    ///
+    /// ```
+    /// use graphed::{Buckets, GraphOptions};
+    /// let opts = GraphOptions::new().buckets(Buckets::powers_of_two(1, 128, 4096));
+    /// assert_eq!(opts.bucket_spec().map(|b| b.sizes().len()), Some(6));
+    /// ```
+    pub fn buckets(mut self, buckets: Buckets) -> Self {
+        self.buckets = Some(buckets);
+        self
+    }
+
+    /// The buckets given with [`GraphOptions::buckets`], if any.
+    pub fn bucket_spec(&self) -> Option<&Buckets> {
+        self.buckets.as_ref()
+    }
+
     /// Capture into an existing pool (PyTorch's `pool=` argument), shared with graphs captured
     /// before: separately built modules then share memory, and all of their graphs must
     /// replay in the order they were captured (a divergence is `Error::ReplayOrder`). By

@@ -7,40 +7,21 @@
 
 use std::collections::VecDeque;
 
+use super::buckets::{CopyIn, Route, SlotsAt};
 use super::{GraphedModules, Pending};
 use crate::pool::ReplayTicket;
 use crate::{Cx, Error, HookKind, Result, Slot, SlotKind, Tensor};
 
 /// A checked call, ready to act: the copies into static buffers and the launch permission.
-struct Plan {
-    copies: Vec<(Tensor, Tensor)>,
+pub(super) struct Plan {
+    copies: Vec<CopyIn>,
     ticket: ReplayTicket,
 }
 
 impl Plan {
     fn copy_in(&self) -> Result<()> {
-        self.copies.iter().try_for_each(|(dst, src)| dst.copy_(src))
+        self.copies.iter().try_for_each(CopyIn::run)
     }
-}
-
-/// Checks `given` against the static buffers of a surface; the copies a replay needs.
-pub(super) fn check_slots(
-    module: &str,
-    kind: SlotKind,
-    given: &[Option<Tensor>],
-    captured: &[Option<Tensor>],
-    check_requires_grad: bool,
-) -> Result<Vec<(Tensor, Tensor)>> {
-    if given.len() != captured.len() {
-        return Err(Error::Arity { module: module.into(), kind, expected: captured.len(), got: given.len() });
-    }
-    let mut copies = Vec::new();
-    for (index, (x, st)) in given.iter().zip(captured).enumerate() {
-        if let Some((x, st)) = check_slot(module, Slot { kind, index }, x, st, check_requires_grad)? {
-            copies.push((st.refreshed(), x.clone()));
-        }
-    }
-    Ok(copies)
 }
 
 /// Checks one given tensor against its static buffer; both when a replay must copy it in.
@@ -111,12 +92,44 @@ impl GraphedModules {
     pub fn forward(&mut self, chunk: usize, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         self.check_chunk(chunk)?;
         if self.training != self.captured_training {
-            return self.eager_forward(chunk, inputs);
+            return self.eager_forward(chunk, inputs, None);
         }
+        match self.route(chunk, inputs)? {
+            Route::Plain => {
+                let plan = self.check_forward(chunk, self.next_forward[chunk], inputs, None)?;
+                self.forward_planned(chunk, plan, None, true)
+            }
+            Route::Eager { len } => self.eager_forward(chunk, inputs, Some(len)),
+            Route::Bucket { index, len } => self.forward_in_bucket(chunk, inputs, index, len, true),
+        }
+    }
+
+    /// The forward of `chunk` in shape bucket `index` for a call of real size `len`; the
+    /// outputs trimmed to it when `trim` (a whole-chain call hands the next chunk the
+    /// bucket-sized static output instead).
+    pub(super) fn forward_in_bucket(
+        &mut self,
+        chunk: usize,
+        inputs: &[Option<Tensor>],
+        index: usize,
+        len: usize,
+        trim: bool,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let plan = self.in_bucket(index, |g| g.check_forward(chunk, g.next_forward[chunk], inputs, Some(len)))?;
+        self.forward_planned(chunk, plan, Some(len), trim)
+    }
+
+    /// Acts on a checked forward: copies in, replays, commits; the static outputs.
+    fn forward_planned(
+        &mut self,
+        chunk: usize,
+        plan: Plan,
+        len: Option<usize>,
+        trim: bool,
+    ) -> Result<Vec<Option<Tensor>>> {
         let m = self.next_forward[chunk];
-        let plan = self.check_forward(chunk, m, inputs)?;
-        // Act.
         plan.copy_in()?;
+        self.set_length(chunk, m, len)?;
         let s = &mut self.surfaces[chunk][m];
         let restarted = s.forward.launch(plan.ticket)?;
         if restarted {
@@ -135,12 +148,25 @@ impl GraphedModules {
         if self.has_backward {
             self.pending[chunk].push_back(Pending::Graphed(m));
         }
-        Ok(s.outputs.iter().map(|o| o.as_ref().map(Tensor::refreshed)).collect())
+        let outputs = s.outputs.iter().map(|o| o.as_ref().map(Tensor::refreshed)).collect();
+        if trim {
+            self.trim(chunk, SlotKind::GradOutput, outputs, len)
+        } else {
+            Ok(outputs)
+        }
     }
 
-    fn check_forward(&self, chunk: usize, m: usize, inputs: &[Option<Tensor>]) -> Result<Plan> {
+    fn check_forward(&self, chunk: usize, m: usize, inputs: &[Option<Tensor>], len: Option<usize>) -> Result<Plan> {
         let s = &self.surfaces[chunk][m];
-        let copies = check_slots(&s.label, SlotKind::Input, inputs, &s.inputs, self.captured_training)?;
+        let at = SlotsAt {
+            chunk,
+            module: &s.label,
+            kind: SlotKind::Input,
+            from: 0,
+            len,
+            requires_grad: self.captured_training,
+        };
+        let copies = self.copies_in(at, inputs, &s.inputs)?;
         let ticket = s.forward.check_replay()?;
         Ok(Plan { copies, ticket })
     }
@@ -151,6 +177,18 @@ impl GraphedModules {
     /// Parameter grads accumulate. A refused call changes nothing: the microbatch stays
     /// outstanding.
     pub fn backward(&mut self, chunk: usize, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        self.backward_trimmed(chunk, grad_outputs, true)
+    }
+
+    /// [`GraphedModules::backward`]; with shape buckets, the grads of bucketed inputs trimmed
+    /// to the forward's real size when `trim` (a whole-chain call hands the previous chunk
+    /// the bucket-sized static grad instead).
+    pub(super) fn backward_trimmed(
+        &mut self,
+        chunk: usize,
+        grad_outputs: &[Option<Tensor>],
+        trim: bool,
+    ) -> Result<Vec<Option<Tensor>>> {
         self.check_chunk(chunk)?;
         let m = match self.pending[chunk].front() {
             None if !self.has_backward && self.training == self.captured_training => {
@@ -168,7 +206,9 @@ impl GraphedModules {
         };
         let s = &self.surfaces[chunk][m];
         let graph = s.backward.as_ref().ok_or_else(|| Error::ForwardOnly { module: s.label.clone() })?;
-        let copies = check_slots(&s.label, SlotKind::GradOutput, grad_outputs, &s.grad_outputs, false)?;
+        let len = self.real_length(chunk, m);
+        let at = SlotsAt { chunk, module: &s.label, kind: SlotKind::GradOutput, from: 0, len, requires_grad: false };
+        let copies = self.copies_in(at, grad_outputs, &s.grad_outputs)?;
         let plan = Plan { copies, ticket: graph.check_replay()? };
         // Act.
         plan.copy_in()?;
@@ -184,7 +224,12 @@ impl GraphedModules {
         for t in &s.backward_clobbers {
             t.bump_generation();
         }
-        Ok(s.grad_inputs.iter().map(|g| g.as_ref().map(Tensor::refreshed)).collect())
+        let grads = s.grad_inputs.iter().map(|g| g.as_ref().map(Tensor::refreshed)).collect();
+        if trim {
+            self.trim(chunk, SlotKind::Input, grads, len)
+        } else {
+            Ok(grads)
+        }
     }
 
     /// An abandoned cycle: every handed-out buffer may be overwritten out of turn.
@@ -197,7 +242,14 @@ impl GraphedModules {
     }
 
     /// The module's own forward, with its hooks, for a call in the mode not captured.
-    fn eager_forward(&mut self, chunk: usize, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+    /// With shape buckets, `len` is the call's size (above the largest bucket), which the
+    /// module reads from [`Cx::bucket_length`].
+    pub(super) fn eager_forward(
+        &mut self,
+        chunk: usize,
+        inputs: &[Option<Tensor>],
+        len: Option<usize>,
+    ) -> Result<Vec<Option<Tensor>>> {
         let module = &self.modules[chunk];
         if inputs.len() != module.num_inputs() {
             let (expected, got) = (module.num_inputs(), inputs.len());
@@ -205,6 +257,9 @@ impl GraphedModules {
         }
         self.run_hooks(chunk, HookKind::PreForward)?;
         let mut cx = self.new_cx(self.training, inputs);
+        if let Some(len) = len {
+            cx.set_bucket_length(Some(self.eager_length(len)?));
+        }
         let checkpointed = self.config.checkpointed[chunk];
         let outs = crate::checkpoint::forward_of(self.modules[chunk].as_ref(), checkpointed, &mut cx, inputs)?;
         self.run_hooks(chunk, HookKind::Forward)?;

@@ -113,6 +113,29 @@ extern "C" __global__ void fill_u16(u16* y, u32 bits, u32 n) {
     fill_t(reinterpret_cast<bf16_t*>(y), __uint_as_float(bits << 16), n);
 }
 
+// One axis of a [outer, len, inner] tensor resized: the first min(src_len, dst_len) positions
+// of each row copied, the rest of dst set to the bit pattern `pad`. Pads a call's inputs into a
+// shape bucket's static buffers and trims the bucket's outputs back to the real size.
+template <typename T>
+__device__ __forceinline__ void resize_axis_t(T* dst, const T* src, u32 outer, u32 dst_len, u32 src_len, u32 inner,
+                                              T pad) {
+    const u64 n = (u64)outer * dst_len * inner;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const u64 k = i % inner, rj = i / inner, j = rj % dst_len, r = rj / dst_len;
+        dst[i] = j < src_len ? src[(r * src_len + j) * inner + k] : pad;
+    }
+}
+
+extern "C" __global__ void resize_axis_u32(u32* dst, const u32* src, u32 outer, u32 dst_len, u32 src_len, u32 inner,
+                                           u32 pad) {
+    resize_axis_t(dst, src, outer, dst_len, src_len, inner, pad);
+}
+
+extern "C" __global__ void resize_axis_u16(u16* dst, const u16* src, u32 outer, u32 dst_len, u32 src_len, u32 inner,
+                                           u32 pad) {
+    resize_axis_t(dst, src, outer, dst_len, src_len, inner, (u16)pad);
+}
+
 // 8 elements per thread and iteration: 16 or 32 bytes each side, in whole uint4s.
 template <typename T> union Pack8 { uint4 raw[8 * sizeof(T) / 16]; T e[8]; };
 

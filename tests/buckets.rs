@@ -1,0 +1,244 @@
+//! Shape buckets (`GraphOptions::buckets`): every bucket captured, largest first, into one
+//! pool; a call of any size up to the largest replays its bucket's graphs on padded inputs and
+//! gets trimmed outputs, bit for bit what the eager modules compute on the same padded inputs;
+//! the module reads the real size on the device; refusals change nothing.
+
+mod common;
+
+use common::model::Block;
+use common::{on_each_backend, random_vec};
+use graphed::{
+    make_graphed, ops, AboveLargest, BucketError, Buckets, Cx, Device, Error, GraphOptions, GraphedModules, Module,
+    Result, Tensor,
+};
+
+const H: usize = 8;
+const SIZES: [usize; 3] = [4, 8, 16];
+
+/// `y = x · len`, where `len` is the call's real size, read on the device.
+struct ScaleByLength;
+
+#[graphed::graphed(warmup = 2)]
+impl ScaleByLength {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        let len = cx.bucket_length().ok_or_else(|| Error::msg("no bucket length"))?.clone();
+        let y = ops::scale(x, 1.0)?;
+        ops::scale_by_(&y, &len)?;
+        cx.save(&len);
+        Ok(y)
+    }
+
+    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        let dx = ops::scale(dy, 1.0)?;
+        ops::scale_by_(&dx, &cx.saved(0)?)?;
+        Ok(Some(dx))
+    }
+}
+
+/// `[rows, H]` values from a seed.
+fn rows(dev: &Device, n: usize, seed: u64) -> Result<Tensor> {
+    Tensor::from_slice(dev, &random_vec(n * H, seed), &[n, H])
+}
+
+/// `x` (`[n, H]`) padded with zero rows up to `size`.
+fn padded(x: &Tensor, size: usize) -> Result<Tensor> {
+    let mut v = x.to_vec()?;
+    v.resize(size * H, 0.0);
+    Tensor::from_slice(x.device(), &v, &[size, H])
+}
+
+/// A block graphed with buckets along axis 0 (the rows), training.
+fn graphed_block(dev: &Device, above: AboveLargest) -> Result<GraphedModules> {
+    let x = rows(dev, 16, 1)?.with_requires_grad(true);
+    let opts = GraphOptions::new().buckets(Buckets::new(0, SIZES).above_largest(above));
+    Ok(make_graphed(vec![Box::new(Block::new(dev, H, H, 7)?)], vec![vec![vec![Some(x)]]], opts)?)
+}
+
+/// Forward and backward of `n` rows through the graphed block; (y, dx, dW) as read back.
+fn graphed_step(g: &mut GraphedModules, dev: &Device, n: usize, seed: u64) -> Result<[Vec<f32>; 3]> {
+    let x = rows(dev, n, seed)?.with_requires_grad(true);
+    let y = g.forward(0, &[Some(x)])?.remove(0).ok_or_else(|| Error::msg("y"))?;
+    assert_eq!(y.dims(), &[n, H], "outputs come back at the call's size");
+    let dy = rows(dev, n, seed + 100)?;
+    let dx = g.backward(0, &[Some(dy)])?.remove(0).ok_or_else(|| Error::msg("dx"))?;
+    assert_eq!(dx.dims(), &[n, H], "input grads come back at the call's size");
+    let block = g.module::<Block>(0).ok_or_else(|| Error::msg("block"))?;
+    let dw = block.w.grad.to_vec()?;
+    block.w.grad.copy_from_slice(&vec![0.0; H * H])?;
+    block.b.grad.copy_from_slice(&vec![0.0; H])?;
+    Ok([y.to_vec()?, dx.to_vec()?, dw])
+}
+
+/// The same on an eager block, at the padded size `size`, trimmed back to `n` rows.
+fn eager_step(block: &mut Block, dev: &Device, n: usize, size: usize, seed: u64) -> Result<[Vec<f32>; 3]> {
+    let x = padded(&rows(dev, n, seed)?, size)?.with_requires_grad(true);
+    let mut cx = Cx::new(dev);
+    let y = block.forward(&mut cx, &x)?;
+    let dy = padded(&rows(dev, n, seed + 100)?, size)?;
+    let dx = block.backward(&mut cx, &dy)?.ok_or_else(|| Error::msg("dx"))?;
+    let dw = block.w.grad.to_vec()?;
+    block.w.grad.copy_from_slice(&vec![0.0; H * H])?;
+    block.b.grad.copy_from_slice(&vec![0.0; H])?;
+    let trim = |v: Vec<f32>| v[..n * H].to_vec();
+    Ok([trim(y.to_vec()?), trim(dx.to_vec()?), dw])
+}
+
+#[test]
+fn every_bucket_boundary_matches_eager_on_the_padded_shape_bit_for_bit() {
+    on_each_backend(|dev| {
+        let mut g = graphed_block(dev, AboveLargest::Error)?;
+        let mut eager = Block::new(dev, H, H, 7)?;
+        assert_eq!(g.bucket_reports().iter().map(|r| r.size).collect::<Vec<_>>(), SIZES);
+        // Exact sizes, one below and one above each boundary, out of order.
+        for (k, n) in [4, 3, 5, 8, 7, 9, 16, 15, 1, 16, 2].into_iter().enumerate() {
+            let size = SIZES.into_iter().find(|s| *s >= n).expect("a bucket");
+            let got = graphed_step(&mut g, dev, n, 10 * k as u64)?;
+            assert_eq!(g.active_bucket(), Some(size), "{n} rows replay the {size} bucket");
+            let want = eager_step(&mut eager, dev, n, size, 10 * k as u64)?;
+            assert_eq!(got, want, "{n} rows in the {size} bucket on {}", dev.name());
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn above_the_largest_bucket_is_a_typed_error_or_eager_as_chosen() {
+    on_each_backend(|dev| {
+        let mut g = graphed_block(dev, AboveLargest::Error)?;
+        graphed_step(&mut g, dev, 5, 1)?;
+        let x = rows(dev, 17, 2)?.with_requires_grad(true);
+        let e = g.forward(0, &[Some(x)]).expect_err("17 rows are above the largest bucket");
+        assert!(matches!(e, Error::Bucket(BucketError::AboveLargest { size: 17, largest: 16 })), "{e}");
+        assert_eq!(g.active_bucket(), Some(8), "the refusal left the active bucket alone");
+        // The eager choice: 17 rows run eagerly, exactly as the module does.
+        let mut g = graphed_block(dev, AboveLargest::Eager)?;
+        let mut eager = Block::new(dev, H, H, 7)?;
+        for n in [17, 3, 20] {
+            let got = graphed_step(&mut g, dev, n, 40 + n as u64)?;
+            let want =
+                eager_step(&mut eager, dev, n, n.max(SIZES.into_iter().find(|s| *s >= n).unwrap_or(n)), 40 + n as u64)?;
+            assert_eq!(got, want, "{n} rows");
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn refused_calls_change_nothing() {
+    on_each_backend(|dev| {
+        let mut g = graphed_block(dev, AboveLargest::Error)?;
+        let mut eager = Block::new(dev, H, H, 7)?;
+        graphed_step(&mut g, dev, 3, 1)?;
+        eager_step(&mut eager, dev, 3, 4, 1)?;
+        let before = g.pool().stats();
+        // Wrong width in a bucket other than the active one: refused, the bucket not switched.
+        let bad = Tensor::zeros(dev, &[10, H + 1])?;
+        let e = g.forward(0, &[Some(bad)]).expect_err("wrong width");
+        assert!(matches!(e, Error::SlotShape { .. }), "{e}");
+        assert_eq!(g.active_bucket(), Some(4));
+        // A stale handle, a backward with no forward pending, above the largest.
+        let e = g.backward(0, &[Some(rows(dev, 3, 2)?)]).expect_err("no forward pending");
+        assert!(matches!(e, Error::NoPendingForward { .. }), "{e}");
+        let e = g.forward(0, &[Some(rows(dev, 40, 2)?)]).expect_err("above");
+        assert!(matches!(e, Error::Bucket(BucketError::AboveLargest { .. })), "{e}");
+        // A grad output whose size is not the forward's.
+        g.forward(0, &[Some(rows(dev, 6, 3)?.with_requires_grad(true))])?;
+        let e = g.backward(0, &[Some(rows(dev, 5, 4)?)]).expect_err("the forward had 6 rows");
+        assert!(matches!(e, Error::SlotShape { .. }), "{e}");
+        assert_eq!(g.pool().stats().reserved, before.reserved, "no refusal grew the pool");
+        // The step goes on with correct calls, and still matches eager.
+        let dx = g.backward(0, &[Some(rows(dev, 6, 3 + 100)?)])?;
+        assert_eq!(dx[0].as_ref().map(|t| t.dims().to_vec()), Some(vec![6, H]));
+        let eager_6 = eager_step(&mut eager, dev, 6, 8, 3)?;
+        assert_eq!(dx[0].as_ref().map(Tensor::to_vec).transpose()?, Some(eager_6[1].clone()));
+        let block = g.module::<Block>(0).ok_or_else(|| Error::msg("block"))?;
+        assert_eq!(block.w.grad.to_vec()?, eager_6[2]);
+        block.w.grad.copy_from_slice(&vec![0.0; H * H])?;
+        block.b.grad.copy_from_slice(&vec![0.0; H])?;
+        let got = graphed_step(&mut g, dev, 7, 9)?;
+        let want = eager_step(&mut eager, dev, 7, 8, 9)?;
+        assert_eq!(got, want);
+        Ok(())
+    });
+}
+
+#[test]
+fn switching_buckets_mid_iteration_abandons_the_pending_backward() {
+    on_each_backend(|dev| {
+        let mut g = graphed_block(dev, AboveLargest::Error)?;
+        g.forward(0, &[Some(rows(dev, 12, 1)?.with_requires_grad(true))])?;
+        g.forward(0, &[Some(rows(dev, 2, 2)?.with_requires_grad(true))])?;
+        // The 4 bucket's microbatch is the one waiting; the 16 bucket's was abandoned.
+        let dx = g.backward(0, &[Some(rows(dev, 2, 3)?)])?;
+        assert_eq!(dx[0].as_ref().map(|t| t.dims().to_vec()), Some(vec![2, H]));
+        let e = g.backward(0, &[Some(rows(dev, 12, 3)?)]).expect_err("abandoned");
+        assert!(matches!(e, Error::NoPendingForward { .. }), "{e}");
+        // Back in the 16 bucket, a whole iteration works.
+        graphed_step(&mut g, dev, 12, 5)?;
+        Ok(())
+    });
+}
+
+#[test]
+fn the_module_reads_the_real_size_on_the_device() {
+    on_each_backend(|dev| {
+        let x = rows(dev, 16, 1)?.with_requires_grad(true);
+        let opts = GraphOptions::new().buckets(Buckets::powers_of_two(0, 4, 16));
+        let mut g = make_graphed(vec![Box::new(ScaleByLength)], vec![vec![vec![Some(x)]]], opts)?;
+        for n in [3, 4, 16, 11, 1] {
+            let x = rows(dev, n, n as u64)?.with_requires_grad(true);
+            let y = g.forward(0, &[Some(x.clone())])?.remove(0).ok_or_else(|| Error::msg("y"))?;
+            let want: Vec<f32> = x.to_vec()?.iter().map(|v| v * n as f32).collect();
+            assert_eq!(y.to_vec()?, want, "{n} rows");
+            let dx = g.backward(0, &[Some(x.clone())])?.remove(0).ok_or_else(|| Error::msg("dx"))?;
+            assert_eq!(dx.to_vec()?, want, "the backward reads the same length");
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn buckets_share_one_pool_captured_largest_first() {
+    on_each_backend(|dev| {
+        let g = graphed_block(dev, AboveLargest::Error)?;
+        let reports = g.bucket_reports();
+        let shared = g.pool().stats().reserved;
+        assert_eq!(reports.last().map(|r| r.reserved_bytes), Some(reports[2].reserved_bytes));
+        // The largest alone, in a pool of its own.
+        let x = rows(dev, 16, 1)?.with_requires_grad(true);
+        let alone =
+            make_graphed(vec![Box::new(Block::new(dev, H, H, 7)?)], vec![vec![vec![Some(x)]]], GraphOptions::new())?;
+        let largest = alone.pool().stats().reserved;
+        println!("pool: {shared} B for {SIZES:?}, {largest} B for the largest alone; per bucket {reports:?}");
+        assert!(shared < 2 * largest, "the smaller buckets reuse the largest one's memory");
+        assert!(reports[2].capture_time > std::time::Duration::ZERO);
+        Ok(())
+    });
+}
+
+#[test]
+fn refused_options() {
+    let dev = Device::host();
+    let x = || Ok::<_, Error>(vec![vec![vec![Some(rows(&dev, 16, 1)?)]]]);
+    let block = || -> Result<Vec<Box<dyn Module>>> { Ok(vec![Box::new(Block::new(&dev, H, H, 7)?)]) };
+    let cases: Vec<(GraphOptions, fn(&Error) -> bool)> = vec![
+        (GraphOptions::new().buckets(Buckets::new(0, [])), |e| matches!(e, Error::Bucket(BucketError::NoSizes { .. }))),
+        (GraphOptions::new().buckets(Buckets::new(0, [0, 4])), |e| {
+            matches!(e, Error::Bucket(BucketError::NoSizes { .. }))
+        }),
+        (GraphOptions::new().buckets(Buckets::powers_of_two(0, 32, 16)), |e| {
+            matches!(e, Error::Bucket(BucketError::BadRule { .. }))
+        }),
+        (GraphOptions::new().buckets(Buckets::new(0, [4, 32])), |e| {
+            matches!(e, Error::Bucket(BucketError::NoBucketedInput { axis: 0, largest: 32 }))
+        }),
+        (GraphOptions::new().buckets(Buckets::new(0, [4, 16])).pool(&dev.new_pool()), |e| {
+            matches!(e, Error::Bucket(BucketError::Unsupported { .. }))
+        }),
+    ];
+    for (opts, want) in cases {
+        let e = make_graphed(block().expect("block"), x().expect("x"), opts).expect_err("refused");
+        assert!(want(e.error()), "{}", e.error());
+        assert_eq!(e.into_parts().1.len(), 1, "the modules come back");
+    }
+}
