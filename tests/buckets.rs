@@ -64,8 +64,8 @@ fn graphed_step(g: &mut GraphedModules, dev: &Device, n: usize, seed: u64) -> Re
     assert_eq!(dx.dims(), &[n, H], "input grads come back at the call's size");
     let block = g.module::<Block>(0).ok_or_else(|| Error::msg("block"))?;
     let dw = block.w.grad.to_vec()?;
-    block.w.grad.copy_from_slice(&vec![0.0; H * H])?;
-    block.b.grad.copy_from_slice(&vec![0.0; H])?;
+    block.w.grad.copy_from_slice(&[0.0; H * H])?;
+    block.b.grad.copy_from_slice(&[0.0; H])?;
     Ok([y.to_vec()?, dx.to_vec()?, dw])
 }
 
@@ -77,8 +77,8 @@ fn eager_step(block: &mut Block, dev: &Device, n: usize, size: usize, seed: u64)
     let dy = padded(&rows(dev, n, seed + 100)?, size)?;
     let dx = block.backward(&mut cx, &dy)?.ok_or_else(|| Error::msg("dx"))?;
     let dw = block.w.grad.to_vec()?;
-    block.w.grad.copy_from_slice(&vec![0.0; H * H])?;
-    block.b.grad.copy_from_slice(&vec![0.0; H])?;
+    block.w.grad.copy_from_slice(&[0.0; H * H])?;
+    block.b.grad.copy_from_slice(&[0.0; H])?;
     let trim = |v: Vec<f32>| v[..n * H].to_vec();
     Ok([trim(y.to_vec()?), trim(dx.to_vec()?), dw])
 }
@@ -153,8 +153,8 @@ fn refused_calls_change_nothing() {
         assert_eq!(dx[0].as_ref().map(Tensor::to_vec).transpose()?, Some(eager_6[1].clone()));
         let block = g.module::<Block>(0).ok_or_else(|| Error::msg("block"))?;
         assert_eq!(block.w.grad.to_vec()?, eager_6[2]);
-        block.w.grad.copy_from_slice(&vec![0.0; H * H])?;
-        block.b.grad.copy_from_slice(&vec![0.0; H])?;
+        block.w.grad.copy_from_slice(&[0.0; H * H])?;
+        block.b.grad.copy_from_slice(&[0.0; H])?;
         let got = graphed_step(&mut g, dev, 7, 9)?;
         let want = eager_step(&mut eager, dev, 7, 8, 9)?;
         assert_eq!(got, want);
@@ -221,7 +221,8 @@ fn refused_options() {
     let dev = Device::host();
     let x = || Ok::<_, Error>(vec![vec![vec![Some(rows(&dev, 16, 1)?)]]]);
     let block = || -> Result<Vec<Box<dyn Module>>> { Ok(vec![Box::new(Block::new(&dev, H, H, 7)?)]) };
-    let cases: Vec<(GraphOptions, fn(&Error) -> bool)> = vec![
+    type Case = (GraphOptions, fn(&Error) -> bool);
+    let cases: Vec<Case> = vec![
         (GraphOptions::new().buckets(Buckets::new(0, [])), |e| matches!(e, Error::Bucket(BucketError::NoSizes { .. }))),
         (GraphOptions::new().buckets(Buckets::new(0, [0, 4])), |e| {
             matches!(e, Error::Bucket(BucketError::NoSizes { .. }))
@@ -241,4 +242,158 @@ fn refused_options() {
         assert!(want(e.error()), "{}", e.error());
         assert_eq!(e.into_parts().1.len(), 1, "the modules come back");
     }
+}
+
+const B: usize = 3;
+
+/// A block over `[batch, seq, H]`: the bucketed axis is 1, so trimming copies (not a view).
+struct SeqBlock(Block);
+
+#[graphed::graphed(warmup = 2)]
+impl SeqBlock {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        let d = x.dims().to_vec();
+        self.0.forward(cx, &x.reshape(&[d[0] * d[1], H])?)?.reshape(&d)
+    }
+
+    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        let d = dy.dims().to_vec();
+        self.0.backward(cx, &dy.reshape(&[d[0] * d[1], H])?)?.map(|g| g.reshape(&d)).transpose()
+    }
+}
+
+/// The mean squared error against a target of the same shape.
+struct Mse;
+
+#[graphed::graphed(warmup = 2)]
+impl Mse {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor, target: &Tensor) -> Result<Tensor> {
+        cx.save(x);
+        cx.save(target);
+        ops::mse_loss(x, target)
+    }
+
+    pub fn backward(&mut self, cx: &mut Cx, dloss: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let d = ops::mse_backward(&cx.saved(0)?, &cx.saved(1)?, 1.0)?;
+        ops::scale_by_(&d, dloss)?;
+        Ok((Some(d), None))
+    }
+}
+
+/// `[B, t, H]` values from a seed.
+fn seq(dev: &Device, t: usize, seed: u64) -> Result<Tensor> {
+    Tensor::from_slice(dev, &random_vec(B * t * H, seed), &[B, t, H])
+}
+
+/// `x` (`[B, t, H]`) padded along the sequence with `value` up to `size`.
+fn seq_padded(x: &Tensor, size: usize, value: f32) -> Result<Tensor> {
+    let (t, v) = (x.dims()[1], x.to_vec()?);
+    let mut out = vec![value; B * size * H];
+    for b in 0..B {
+        out[b * size * H..][..t * H].copy_from_slice(&v[b * t * H..][..t * H]);
+    }
+    Tensor::from_slice(x.device(), &out, &[B, size, H])
+}
+
+/// The first `t` positions of `[B, size, H]` values.
+fn seq_trim(v: &[f32], size: usize, t: usize) -> Vec<f32> {
+    (0..B).flat_map(|b| v[b * size * H..][..t * H].to_vec()).collect()
+}
+
+/// Two sequence blocks and a loss, chained, bucketed along the sequence (axis 1).
+fn chain_modules(dev: &Device) -> Result<Vec<Box<dyn Module>>> {
+    Ok(vec![
+        Box::new(SeqBlock(Block::new(dev, H, H, 3)?)),
+        Box::new(SeqBlock(Block::new(dev, H, H, 4)?)),
+        Box::new(Mse),
+    ])
+}
+
+/// The loss, the first input's grad and the first block's weight grad of one iteration on
+/// `t` positions: graphed (forward_chain + backward_chain, or one fused step) or eager at the
+/// bucket's size on padded inputs.
+fn chain_iteration(
+    g: Option<&mut GraphedModules>,
+    eager: &mut [Box<dyn Module>],
+    dev: &Device,
+    t: usize,
+    size: usize,
+    fused: bool,
+) -> Result<[Vec<f32>; 3]> {
+    let x = seq(dev, t, t as u64)?.with_requires_grad(true);
+    let target = seq(dev, t, 1000 + t as u64)?;
+    let dloss = Tensor::from_slice(dev, &[1.0], &[1])?;
+    let (loss, dx, first) = match g {
+        Some(g) => {
+            let (loss, dx) = if fused {
+                let out = g.step_chain(&[&[Some(x)]], &[&[Some(target)]], &[&[Some(dloss)]])?;
+                let dx = g.grad_inputs(0, 0)?.remove(0).ok_or_else(|| Error::msg("dx"))?;
+                (out[0][0].clone().ok_or_else(|| Error::msg("loss"))?, seq_trim(&dx.to_vec()?, size, t))
+            } else {
+                let loss = g.forward_chain(&[Some(x)], &[Some(target)])?.remove(0).ok_or_else(|| Error::msg("loss"))?;
+                let loss = loss.to_vec()?;
+                let dx = g.backward_chain(&[Some(dloss)])?.remove(0).ok_or_else(|| Error::msg("dx"))?;
+                assert_eq!(dx.dims(), &[B, t, H]);
+                (Tensor::from_slice(dev, &loss, &[1])?, dx.to_vec()?)
+            };
+            let block = g.module::<SeqBlock>(0).ok_or_else(|| Error::msg("block"))?;
+            let w = block.0.w.grad.to_vec()?;
+            for c in 0..2 {
+                let b = &g.module::<SeqBlock>(c).ok_or_else(|| Error::msg("block"))?.0;
+                b.w.grad.copy_from_slice(&[0.0; H * H])?;
+                b.b.grad.copy_from_slice(&[0.0; H])?;
+            }
+            (loss.to_vec()?, dx, w)
+        }
+        None => {
+            let xp = seq_padded(&x, size, 0.0)?.with_requires_grad(true);
+            let tp = seq_padded(&target, size, 0.0)?;
+            let mut cxs = [Cx::new(dev), Cx::new(dev), Cx::new(dev)];
+            let h1 = eager[0].forward(&mut cxs[0], &[Some(xp)])?.remove(0);
+            let h2 = eager[1].forward(&mut cxs[1], &[h1])?.remove(0);
+            let loss = eager[2].forward(&mut cxs[2], &[h2, Some(tp)])?.remove(0).ok_or_else(|| Error::msg("loss"))?;
+            let d2 = eager[2].backward(&mut cxs[2], &[Some(dloss)])?.remove(0);
+            let d1 = eager[1].backward(&mut cxs[1], &[d2])?.remove(0);
+            let dx = eager[0].backward(&mut cxs[0], &[d1])?.remove(0).ok_or_else(|| Error::msg("dx"))?;
+            let block =
+                (eager[0].as_ref() as &dyn std::any::Any).downcast_ref::<SeqBlock>().ok_or_else(|| Error::msg("b"))?;
+            let w = block.0.w.grad.to_vec()?;
+            for m in &eager[..2] {
+                let b =
+                    &(m.as_ref() as &dyn std::any::Any).downcast_ref::<SeqBlock>().ok_or_else(|| Error::msg("b"))?.0;
+                b.w.grad.copy_from_slice(&[0.0; H * H])?;
+                b.b.grad.copy_from_slice(&[0.0; H])?;
+            }
+            (loss.to_vec()?, seq_trim(&dx.to_vec()?, size, t), w)
+        }
+    };
+    Ok([loss, dx, first])
+}
+
+#[test]
+fn chained_calls_and_fused_steps_per_bucket_match_eager_bit_for_bit() {
+    on_each_backend(|dev| {
+        let sizes = [4, 8, 12];
+        let x = seq(dev, 12, 1)?.with_requires_grad(true);
+        let samples = vec![
+            vec![vec![Some(x.clone())]],
+            vec![vec![Some(x.clone())]],
+            vec![vec![Some(x.clone()), Some(seq(dev, 12, 2)?)]],
+        ];
+        let opts = GraphOptions::new().chained(true).buckets(Buckets::new(1, sizes));
+        let mut g = make_graphed(chain_modules(dev)?, samples, opts)?;
+        let mut eager = chain_modules(dev)?;
+        for fused in [false, true] {
+            if fused {
+                g.fuse()?;
+            }
+            for t in [12, 3, 9, 4, 5, 12, 1] {
+                let size = sizes.into_iter().find(|s| *s >= t).expect("a bucket");
+                let got = chain_iteration(Some(&mut g), &mut eager, dev, t, size, fused)?;
+                let want = chain_iteration(None, &mut eager, dev, t, size, fused)?;
+                assert_eq!(got, want, "{t} positions in the {size} bucket, fused: {fused}, on {}", dev.name());
+            }
+        }
+        Ok(())
+    });
 }

@@ -173,7 +173,7 @@ pub(super) struct BucketState {
     wgrad: super::wgrad::Wgrad,
     fused: Option<super::fused::Fused>,
     staging: Option<super::staging::Staging>,
-    lengths: Lengths,
+    lengths: Box<Lengths>,
 }
 
 /// The buckets of a capture: the options, the lookup table and the parked buckets.
@@ -325,7 +325,7 @@ impl GraphedModules {
             if index + 1 < n {
                 self.pool.begin_replay_group();
             }
-            self.lengths = self.new_lengths(spec.sizes[index], schedule.microbatches())?;
+            *self.lengths = self.new_lengths(spec.sizes[index], schedule.microbatches())?;
             self.make_surfaces(&samples[index], schedule.microbatches())?;
             for _ in 0..self.config.options.warmup {
                 self.iterate(schedule, super::capture::Phase::WarmUp)?;

@@ -99,7 +99,7 @@ pub struct GraphedModules {
     /// With shape buckets: the parked buckets and the lookup table (see `buckets`).
     buckets: Option<Box<buckets::BucketSet>>,
     /// With shape buckets: the active bucket's real sizes, on the device and per microbatch.
-    lengths: buckets::Lengths,
+    lengths: Box<buckets::Lengths>,
 }
 
 /// The settled facts of a capture.
