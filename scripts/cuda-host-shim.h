@@ -27,6 +27,7 @@ inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline unsigned long long __cvta_generic_to_shared(const void* p) { return (unsigned long long)p; }
 inline void __syncwarp() {}
 inline float __log2f(float x) { return std::log2(x); }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 using std::fmaxf;
 // mixed.cu's vectorised AdamW.
 struct float4 { float x, y, z, w; };

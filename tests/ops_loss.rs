@@ -50,6 +50,56 @@ fn softmax_cross_entropy_matches_reference() {
 }
 
 #[test]
+fn ignored_labels_add_nothing_and_are_not_counted() {
+    on_each_backend(|dev| {
+        for (i, &(n, c)) in SHAPES.iter().enumerate() {
+            let seed = 70 + 10 * i as u64;
+            let x = logits(dev, n, c, seed)?;
+            // Every third row ignored (padding), and the same rows left out entirely.
+            let lv: Vec<f32> = labels(n, c, seed + 1)
+                .into_iter()
+                .enumerate()
+                .map(|(r, l)| if r % 3 == 1 { ops::IGNORE_LABEL } else { l })
+                .collect();
+            let l = Tensor::from_slice(dev, &lv, &[n])?;
+            let (loss, probs) = ops::softmax_cross_entropy(&x, &l)?;
+            let kept: Vec<usize> = (0..n).filter(|r| r % 3 != 1).collect();
+            let xv = x.to_vec()?;
+            let kept_x: Vec<f32> = kept.iter().flat_map(|r| xv[r * c..(r + 1) * c].to_vec()).collect();
+            let kept_l: Vec<f32> = kept.iter().map(|r| lv[*r]).collect();
+            let (rloss, _) = cpu::softmax_cross_entropy(&kept_x, &kept_l, c)?;
+            let what = format!("softmax_cross_entropy {n}x{c} with ignored rows");
+            check_ref(dev, &what, &loss.to_vec()?, &[rloss], TOL)?;
+            let d = ops::softmax_cross_entropy_backward(&probs, &l, 1.0)?.to_vec()?;
+            let rd = cpu::softmax_cross_entropy_backward(&probs.to_vec()?, &lv, c, 1.0)?;
+            check_ref(dev, &format!("{what} backward"), &d, &rd, TOL)?;
+            for r in (1..n).step_by(3) {
+                assert!(d[r * c..(r + 1) * c].iter().all(|v| *v == 0.0), "{what}: row {r} gets no grad");
+            }
+            // Nothing ignored: bit for bit the plain mean (the device divides as the host did).
+            let plain = Tensor::from_slice(dev, &labels(n, c, seed + 1), &[n])?;
+            let (a, pa) = ops::softmax_cross_entropy(&x, &plain)?;
+            let (b, _) = ops::softmax_cross_entropy(&x, &plain)?;
+            assert_eq!(a.to_vec()?, b.to_vec()?);
+            let da = ops::softmax_cross_entropy_backward(&pa, &plain, 0.5)?.to_vec()?;
+            let scale = 0.5 / n as f32;
+            let pv = pa.to_vec()?;
+            for (j, v) in da.iter().enumerate() {
+                let hot = if j % c == labels(n, c, seed + 1)[j / c] as usize { 1.0 } else { 0.0 };
+                assert_eq!(*v, (pv[j] - hot) * scale, "{what}: the plain grad scale is dloss/rows exactly");
+            }
+        }
+        // Every row ignored: a zero loss and zero grads, never NaN.
+        let x = logits(dev, 4, 3, 1)?;
+        let l = Tensor::from_slice(dev, &[ops::IGNORE_LABEL; 4], &[4])?;
+        let (loss, probs) = ops::softmax_cross_entropy(&x, &l)?;
+        assert_eq!(loss.to_vec()?, vec![0.0]);
+        assert!(ops::softmax_cross_entropy_backward(&probs, &l, 1.0)?.to_vec()?.iter().all(|v| *v == 0.0));
+        ops::validate_labels(&l, 3)
+    });
+}
+
+#[test]
 fn softmax_cross_entropy_backward_matches_finite_differences() {
     on_each_backend(|dev| {
         let (n, c) = (5, 7);

@@ -83,6 +83,8 @@ kernels! {
     GeluBwdF32 = "gelu_bwd_f32" (Ptr, Ptr, Ptr, U32, U32);
     DropoutF32 = "dropout_f32" (Ptr, Ptr, Ptr, Ptr, F32, F32, U32);
     SumPartialF32 = "sum_partial_f32" (Ptr, Ptr, U32);
+    CountLabelsPartialF32 = "count_labels_partial_f32" (Ptr, Ptr, U32);
+    MeanFinalF32 = "mean_final_f32" (Ptr, Ptr, Ptr, U32);
     SqdiffPartialF32 = "sqdiff_partial_f32" (Ptr, Ptr, Ptr, U32);
     SumFinalF32 = "sum_final_f32" (Ptr, Ptr, U32, F32);
     ColSumAccF32 = "col_sum_acc_f32" (Ptr, Ptr, U32, U32);
@@ -90,7 +92,7 @@ kernels! {
     LayerNormBwdF32 = "layer_norm_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     LayerNormBwdParamsF32 = "layer_norm_bwd_params_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     SoftmaxXentF32 = "softmax_xent_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
-    SoftmaxXentBwdF32 = "softmax_xent_bwd_f32" (Ptr, Ptr, Ptr, F32, U32, U32);
+    SoftmaxXentBwdF32 = "softmax_xent_bwd_f32" (Ptr, Ptr, Ptr, F32, Ptr, U32, U32);
     MseBwdF32 = "mse_bwd_f32" (Ptr, Ptr, Ptr, F32, U32);
     SgdStepF32 = "sgd_step_f32" (Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
     AdamwPrepareF32 = "adamw_prepare_f32" (Ptr, F32, F32);
@@ -154,8 +156,8 @@ kernels! {
     LayerNormBwdParamsF16 = "layer_norm_bwd_params_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     SoftmaxXentBf16 = "softmax_xent_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SoftmaxXentF16 = "softmax_xent_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
-    SoftmaxXentBwdBf16 = "softmax_xent_bwd_bf16" (Ptr, Ptr, Ptr, F32, U32, U32);
-    SoftmaxXentBwdF16 = "softmax_xent_bwd_f16" (Ptr, Ptr, Ptr, F32, U32, U32);
+    SoftmaxXentBwdBf16 = "softmax_xent_bwd_bf16" (Ptr, Ptr, Ptr, F32, Ptr, U32, U32);
+    SoftmaxXentBwdF16 = "softmax_xent_bwd_f16" (Ptr, Ptr, Ptr, F32, Ptr, U32, U32);
     // Transformer (#13): kernels/transformer.cu.
     EmbeddingF32 = "embedding_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     EmbeddingBf16 = "embedding_bf16" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);

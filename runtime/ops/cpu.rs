@@ -288,22 +288,31 @@ pub fn label_index(label: f32, classes: usize) -> Option<usize> {
     (label >= 0.0 && label < classes as f32 && label == label.floor()).then_some(label as usize)
 }
 
-fn labels_checked(op: &'static str, labels: &[f32], classes: usize) -> Result<Vec<usize>> {
+/// Each row's class id, or `None` for a row the loss ignores ([`crate::ops::IGNORE_LABEL`]).
+fn labels_checked(op: &'static str, labels: &[f32], classes: usize) -> Result<Vec<Option<usize>>> {
     labels
         .iter()
         .enumerate()
-        .map(|(r, l)| {
-            label_index(*l, classes)
-                .ok_or_else(|| Error::invalid(op, format!("label {l} of row {r} is not a class id in 0..{classes}")))
+        .map(|(r, l)| match label_index(*l, classes) {
+            Some(id) => Ok(Some(id)),
+            None if *l == crate::ops::IGNORE_LABEL => Ok(None),
+            None => Err(Error::invalid(op, format!("label {l} of row {r} is not a class id in 0..{classes}"))),
         })
         .collect()
 }
 
-/// Softmax cross-entropy over rows of `classes` logits: `(mean loss, probs)`; a label that is
-/// not an integer in `0..classes` is an [`Error::InvalidArgument`].
+/// The rows a mean over labels counts: those not ignored.
+fn counted(ids: &[Option<usize>]) -> usize {
+    ids.iter().flatten().count()
+}
+
+/// Softmax cross-entropy over rows of `classes` logits: `(mean loss, probs)`, the mean over
+/// the rows whose label is not [`crate::ops::IGNORE_LABEL`] (0 when every row is ignored); a
+/// label that is neither an integer in `0..classes` nor the ignore label is an
+/// [`Error::InvalidArgument`].
 pub fn softmax_cross_entropy(logits: &[f32], labels: &[f32], classes: usize) -> Result<(f32, Vec<f32>)> {
     let ids = labels_checked("softmax_cross_entropy", labels, classes)?;
-    let rows = labels.len();
+    let rows = counted(&ids);
     let mut probs = vec![0.0f32; logits.len()];
     let mut total = 0.0f64;
     for (r, id) in ids.iter().enumerate() {
@@ -313,12 +322,16 @@ pub fn softmax_cross_entropy(logits: &[f32], labels: &[f32], classes: usize) -> 
         for j in 0..classes {
             probs[r * classes + j] = ((xr[j] as f64 - m).exp() / s) as f32;
         }
-        total += m + s.ln() - xr[*id] as f64;
+        if let Some(id) = id {
+            total += m + s.ln() - xr[*id] as f64;
+        }
     }
-    Ok(((total / rows as f64) as f32, probs))
+    let loss = if rows == 0 { 0.0 } else { (total / rows as f64) as f32 };
+    Ok((loss, probs))
 }
 
-/// `(probs - onehot(labels)) * (dloss_scale / rows)`, in f32 exactly as the kernel computes it.
+/// `(probs - onehot(labels)) * (dloss_scale / rows)`, in f32 exactly as the kernel computes it,
+/// `rows` counting the rows not ignored; ignored rows get 0.
 pub fn softmax_cross_entropy_backward(
     probs: &[f32],
     labels: &[f32],
@@ -326,9 +339,10 @@ pub fn softmax_cross_entropy_backward(
     dloss_scale: f32,
 ) -> Result<Vec<f32>> {
     let ids = labels_checked("softmax_cross_entropy_backward", labels, classes)?;
-    let scale = dloss_scale / labels.len() as f32;
+    let scale = dloss_scale / counted(&ids) as f32;
     let mut d = vec![0.0f32; probs.len()];
     for (r, id) in ids.iter().enumerate() {
+        let Some(id) = id else { continue };
         for j in 0..classes {
             let hot = if j == *id { 1.0 } else { 0.0 };
             d[r * classes + j] = (probs[r * classes + j] - hot) * scale;

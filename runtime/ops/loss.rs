@@ -1,7 +1,9 @@
 //! Losses: softmax cross-entropy and mean squared error.
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
-use crate::ops::{check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, row_dims, Exec};
+use crate::ops::{
+    check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, reduce_blocks, row_dims, Exec,
+};
 use crate::{Error, Result, Tensor};
 
 /// Checks `logits` `[N, C]` against `labels` `[N]`; returns `(N, C)`.
@@ -44,7 +46,7 @@ fn check_xent(op: &'static str, logits: &Tensor, labels: &Tensor) -> Result<(usi
 pub fn validate_labels(labels: &Tensor, classes: usize) -> Result<()> {
     check_same("validate_labels", &[labels])?;
     for (r, l) in labels.to_vec()?.into_iter().enumerate() {
-        if cpu::label_index(l, classes).is_none() {
+        if cpu::label_index(l, classes).is_none() && l != IGNORE_LABEL {
             return Err(Error::invalid(
                 "validate_labels",
                 format!("label {l} of row {r} is not a class id in 0..{classes}"),
@@ -53,6 +55,11 @@ pub fn validate_labels(labels: &Tensor, classes: usize) -> Result<()> {
     }
     Ok(())
 }
+
+/// The label of a row that [`softmax_cross_entropy`] ignores (PyTorch's default
+/// `ignore_index`): the row adds nothing to the loss, is not counted in its mean, and gets a
+/// zero grad. Padding up to a shape bucket uses it for the labels.
+pub const IGNORE_LABEL: f32 = -100.0;
 
 /// Softmax cross-entropy: `loss = mean_rows(logsumexp(logits) - logits[label])` as a `[1]`
 /// tensor, and `probs = softmax(logits)` (`[N, C]`), which the backward takes.
@@ -105,15 +112,32 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
                     KArg::U32(classes as u32),
                 ],
             )?;
-            let rows32 = rows as u32;
-            cuda_reduce(
-                c,
-                logits.device(),
+            // The mean over the rows not ignored: partial sums of the row losses and partial
+            // counts of the labels, then one block divides.
+            let blocks = reduce_blocks(rows);
+            let partial = Tensor::empty(logits.device(), &[blocks as usize])?;
+            let counts = Tensor::empty(logits.device(), &[blocks as usize])?;
+            let grid = LaunchDims { grid: (blocks, 1, 1), block: (256, 1, 1), shared: 0 };
+            let n = KArg::U32(rows as u32);
+            c.launch(
                 BuiltinKernel::SumPartialF32,
-                &[KArg::Ptr(row_loss.cuda_ptr()?)],
-                rows32,
-                loss.cuda_ptr()?,
-                1.0 / rows as f32,
+                grid,
+                &[KArg::Ptr(partial.cuda_ptr()?), KArg::Ptr(row_loss.cuda_ptr()?), n],
+            )?;
+            c.launch(
+                BuiltinKernel::CountLabelsPartialF32,
+                grid,
+                &[KArg::Ptr(counts.cuda_ptr()?), KArg::Ptr(labels.cuda_ptr()?), n],
+            )?;
+            c.launch(
+                BuiltinKernel::MeanFinalF32,
+                LaunchDims { grid: (1, 1, 1), block: (256, 1, 1), shared: 0 },
+                &[
+                    KArg::Ptr(loss.cuda_ptr()?),
+                    KArg::Ptr(partial.cuda_ptr()?),
+                    KArg::Ptr(counts.cuda_ptr()?),
+                    KArg::U32(blocks),
+                ],
             )?;
         }
     }
@@ -136,7 +160,6 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
 pub fn softmax_cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss_scale: f32) -> Result<Tensor> {
     const OP: &str = "softmax_cross_entropy_backward";
     let (rows, classes) = check_xent(OP, probs, labels)?;
-    let scale = dloss_scale / rows as f32;
     let d = Tensor::empty_like(probs)?;
     match exec(probs.device()) {
         Exec::Host(h) => {
@@ -146,18 +169,32 @@ pub fn softmax_cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss_sca
                 Ok(())
             })?;
         }
-        Exec::Cuda(c) => c.launch(
-            k::SOFTMAX_XENT_BWD.get(probs.dtype()),
-            LaunchDims::elementwise(rows * classes),
-            &[
-                KArg::Ptr(d.cuda_ptr()?),
-                KArg::Ptr(probs.cuda_ptr()?),
-                KArg::Ptr(labels.cuda_ptr()?),
-                KArg::F32(scale),
-                KArg::U32(rows as u32),
-                KArg::U32(classes as u32),
-            ],
-        )?,
+        Exec::Cuda(c) => {
+            // The rows the mean counts, on the device: the grad divides by them.
+            let count = Tensor::empty(probs.device(), &[1])?;
+            cuda_reduce(
+                c,
+                probs.device(),
+                BuiltinKernel::CountLabelsPartialF32,
+                &[KArg::Ptr(labels.cuda_ptr()?)],
+                rows as u32,
+                count.cuda_ptr()?,
+                1.0,
+            )?;
+            c.launch(
+                k::SOFTMAX_XENT_BWD.get(probs.dtype()),
+                LaunchDims::elementwise(rows * classes),
+                &[
+                    KArg::Ptr(d.cuda_ptr()?),
+                    KArg::Ptr(probs.cuda_ptr()?),
+                    KArg::Ptr(labels.cuda_ptr()?),
+                    KArg::F32(dloss_scale),
+                    KArg::Ptr(count.cuda_ptr()?),
+                    KArg::U32(rows as u32),
+                    KArg::U32(classes as u32),
+                ],
+            )?
+        }
     }
     Ok(d)
 }

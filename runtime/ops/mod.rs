@@ -28,7 +28,9 @@ pub use flash::{flash_attention, flash_attention_backward, Attention};
 pub use fused::{linear_fused, linear_fused_backward, Epilogue};
 pub use linear::{bias_add, linear, linear_backward, linear_to};
 pub(crate) use linear::{check_linear, out_dims};
-pub use loss::{mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels};
+pub use loss::{
+    mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels, IGNORE_LABEL,
+};
 pub use norm::{layer_norm, layer_norm_backward};
 pub use transformer::{embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu, swiglu_backward};
 

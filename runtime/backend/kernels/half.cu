@@ -426,14 +426,17 @@ __device__ __forceinline__ void softmax_xent_t(T* probs, float* row_loss, const 
         for (u32 j = threadIdx.x; j < c; j += blockDim.x) st(pr, j, expf(ld(xr, j) - m) * inv);
         if (threadIdx.x == 0) {
             const float l = labels[r];
-            row_loss[r] = label_ok(l, c) ? (m + logf(s)) - ld(xr, (u32)l) : gr_nan();
+            row_loss[r] = label_ok(l, c) ? (m + logf(s)) - ld(xr, (u32)l) : l == IGNORE_LABEL ? 0.0f : gr_nan();
         }
     }
 }
 
 template <typename T>
-__device__ __forceinline__ void softmax_xent_bwd_t(T* dlogits, const T* probs, const float* labels, float scale, u32 rows, u32 c) {
+__device__ __forceinline__ void softmax_xent_bwd_t(T* dlogits, const T* probs, const float* labels, float dloss_scale,
+                                                   const float* count, u32 rows, u32 c) {
     const u64 n = (u64)rows * c;
+    // The grad of a mean over the rows not ignored, rounded as the host rounds dloss/rows.
+    const float scale = __fdiv_rn(dloss_scale, *count);
     for (u64 i = gr_tid(); i < n; i += gr_stride()) {
         const u64 r = i / c;
         const u32 j = (u32)(i - r * c);
@@ -442,7 +445,7 @@ __device__ __forceinline__ void softmax_xent_bwd_t(T* dlogits, const T* probs, c
             const float hot = (j == (u32)l) ? 1.0f : 0.0f;
             st(dlogits, i, (ld(probs, i) - hot) * scale);
         } else {
-            st(dlogits, i, gr_nan());
+            st(dlogits, i, l == IGNORE_LABEL ? 0.0f : gr_nan());
         }
     }
 }
@@ -451,7 +454,7 @@ extern "C" __global__ void layer_norm_f32(float* y, float* mean_out, float* rstd
 extern "C" __global__ void layer_norm_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
 extern "C" __global__ void layer_norm_bwd_params_f32(float* dgamma, float* dbeta, const float* dy, const float* x, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
 extern "C" __global__ void softmax_xent_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
-extern "C" __global__ void softmax_xent_bwd_f32(float* dlogits, const float* probs, const float* labels, float scale, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, scale, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_f32(float* dlogits, const float* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }
 extern "C" __global__ void layer_norm_bf16(bf16_t* y, float* mean_out, float* rstd_out, const bf16_t* x, const bf16_t* gamma, const bf16_t* beta, u32 rows, u32 d, float eps) { layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
 extern "C" __global__ void layer_norm_f16(f16_t* y, float* mean_out, float* rstd_out, const f16_t* x, const f16_t* gamma, const f16_t* beta, u32 rows, u32 d, float eps) { layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
 extern "C" __global__ void layer_norm_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
@@ -460,5 +463,5 @@ extern "C" __global__ void layer_norm_bwd_params_bf16(float* dgamma, float* dbet
 extern "C" __global__ void layer_norm_bwd_params_f16(float* dgamma, float* dbeta, const f16_t* dy, const f16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
 extern "C" __global__ void softmax_xent_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void softmax_xent_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
-extern "C" __global__ void softmax_xent_bwd_bf16(bf16_t* dlogits, const bf16_t* probs, const float* labels, float scale, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, scale, rows, c); }
-extern "C" __global__ void softmax_xent_bwd_f16(f16_t* dlogits, const f16_t* probs, const float* labels, float scale, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, scale, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_bf16(bf16_t* dlogits, const bf16_t* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_f16(f16_t* dlogits, const f16_t* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }

@@ -146,6 +146,31 @@ __device__ __forceinline__ bool label_ok(float l, u32 c) {
     return l >= 0.0f && l < (float)c && l == floorf(l);
 }
 
+// The label of a row the loss ignores (padding): PyTorch's default ignore_index.
+#define IGNORE_LABEL (-100.0f)
+
+// Per-block partial counts of the rows the loss does not ignore.
+extern "C" __global__ void count_labels_partial_f32(float* partial, const float* labels, u32 n) {
+    __shared__ float sh[32];
+    float s = 0.0f;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) s += labels[i] != IGNORE_LABEL ? 1.0f : 0.0f;
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// The mean loss over the rows not ignored: the partial sums' total times 1/count, rounded as
+// the host rounds 1/rows (so a batch with nothing ignored gives the plain mean bit for bit);
+// 0 when every row is ignored.
+extern "C" __global__ void mean_final_f32(float* out, const float* partial, const float* partial_count, u32 m) {
+    __shared__ float sh[32];
+    float s = 0.0f, n = 0.0f;
+    for (u32 i = threadIdx.x; i < m; i += blockDim.x) s += partial[i];
+    s = block_sum(s, sh);
+    for (u32 i = threadIdx.x; i < m; i += blockDim.x) n += partial_count[i];
+    n = block_sum(n, sh);
+    if (threadIdx.x == 0) out[0] = n > 0.0f ? s * __fdiv_rn(1.0f, n) : 0.0f;
+}
+
 // The f32 softmax cross-entropy kernels are the float instantiations of the templates in
 // half.cu (one block per row: probs = softmax(logits), row_loss = logsumexp - logit[label], NaN
 // for a label that is not a class id; dlogits = (probs - onehot(label)) * scale).
