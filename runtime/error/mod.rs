@@ -4,11 +4,13 @@ mod build;
 mod checkpoint;
 mod cuda;
 mod dist;
+mod launcher;
 mod slot;
 
 pub use checkpoint::CheckpointProblem;
 pub use cuda::CudaFailure;
 pub use dist::DistError;
+pub use launcher::Launcher;
 pub use slot::{Slot, SlotKind};
 
 /// Everything that can go wrong in `graphed`, as values a caller can match on.
