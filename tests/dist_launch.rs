@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{free_port, free_port_pair, play_launcher};
 
-use graphed::dist::{self, LaunchOptions, Launcher, RankEnv, Rendezvous};
+use graphed::dist::{self, LaunchOptions, RankEnv, Rendezvous};
 use graphed::{Error, Result};
 
 /// Whether this process is a rank (started by a launch, or with another launcher's variables).

@@ -210,7 +210,7 @@ fn spawn_ranks(world_size: usize, options: &LaunchOptions) -> Result<()> {
         return Err(invalid("a world of 0 ranks".into()));
     }
     let (nnodes, node_rank) = (options.nnodes, options.node_rank);
-    if nnodes == 0 || node_rank >= nnodes || world_size % nnodes != 0 {
+    if nnodes == 0 || node_rank >= nnodes || !world_size.is_multiple_of(nnodes) {
         return Err(invalid(format!(
             "node {node_rank} of {nnodes} nodes for {world_size} ranks: nnodes must be at least 1 and divide the world size, node_rank below nnodes"
         )));
