@@ -293,13 +293,17 @@ fn ranks_under_open_mpi_variables() -> Result<()> {
 fn a_partial_launcher_environment_fails_the_rank() -> Result<()> {
     const TEST: &str = "a_partial_launcher_environment_fails_the_rank";
     if std::env::var("RANK").is_ok() {
-        // RANK without WORLD_SIZE: the rank sees a typed error, it does not guess.
+        // RANK without WORLD_SIZE: the rank gets a typed error instead of guessing; it exits
+        // with status 7 when (and only when) that is the error, for the test to check.
         let r = dist::launch(2, &LaunchOptions::default(), |_| Ok(()));
-        let ok = matches!(&r, Err(Error::Dist(graphed::DistError::RankVarMissing { var: "WORLD_SIZE", .. })));
-        return if ok { Err(Error::msg("refused as expected")) } else { Ok(()) };
+        if let Err(e @ Error::Dist(graphed::DistError::RankVarMissing { var: "WORLD_SIZE", .. })) = &r {
+            println!("the rank refused, as expected: {e}");
+            std::process::exit(7);
+        }
+        return r;
     }
     let r = play_launcher(TEST, 1, Duration::from_secs(60), |_| vec![("RANK", "0".into())]);
-    assert!(matches!(&r, Err(Error::Msg(m)) if m.contains("rank 0 exited")), "{r:?}");
+    assert!(matches!(&r, Err(Error::Msg(m)) if m.contains("rank 0 exited") && m.contains('7')), "{r:?}");
     Ok(())
 }
 

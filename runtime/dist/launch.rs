@@ -139,6 +139,21 @@ fn listen_addr(addr: &str) -> String {
 }
 
 /// How [`launch`] starts the ranks.
+///
+/// Two hosts, eight GPUs each, as `torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8`:
+///
+/// ```
+/// use graphed::dist::{LaunchOptions, Rendezvous};
+/// // This host is node 1; global rank 0 runs on node0 and listens at port 29500 there.
+/// let options = LaunchOptions {
+///     nnodes: 2,
+///     node_rank: 1,
+///     rendezvous: Some(Rendezvous::Tcp("node0:29500".into())),
+///     ..Default::default()
+/// };
+/// // dist::launch(16, &options, |env| ..) here starts ranks 8..16 on local GPUs 0..8.
+/// # let _ = options;
+/// ```
 #[derive(Clone, Debug)]
 pub struct LaunchOptions {
     /// Arguments for each rank process (default: this process's own arguments).

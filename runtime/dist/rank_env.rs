@@ -22,6 +22,15 @@ pub const ENV_LOCAL_RANK: &str = "GRAPHED_LOCAL_RANK";
 pub const ENV_RENDEZVOUS: &str = "GRAPHED_RENDEZVOUS";
 /// Which launchers' variables to look for besides graphed's own: `auto` (the default: all),
 /// `none`, or one of `torchrun`, `slurm`, `mpirun`. `GRAPHED_RANK` is always honoured.
+///
+/// ```
+/// use graphed::dist::{RankEnv, ENV_LAUNCHER};
+/// // Inside a Slurm batch script, a test run that must not take itself for task 0:
+/// let vars = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4"), (ENV_LAUNCHER, "none")];
+/// let env = RankEnv::detect(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))?;
+/// assert_eq!(env, None);
+/// # Ok::<(), graphed::Error>(())
+/// ```
 pub const ENV_LAUNCHER: &str = "GRAPHED_LAUNCHER";
 
 /// Under torchrun, the rendezvous listens at `MASTER_ADDR:MASTER_PORT + TORCHRUN_PORT_OFFSET`:
@@ -33,6 +42,16 @@ pub const TORCHRUN_PORT_OFFSET: u16 = 1;
 /// and 29500.
 pub const SLURM_PORT_BASE: u16 = 30000;
 /// See [`SLURM_PORT_BASE`].
+///
+/// ```
+/// use graphed::dist::{RankEnv, Rendezvous, SLURM_PORT_BASE, SLURM_PORT_SPAN};
+/// let vars = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_LOCALID", "0"),
+///             ("SLURM_NODELIST", "gpu[07-08]"), ("SLURM_JOB_ID", "4242")];
+/// let env = RankEnv::detect(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))?;
+/// let port = SLURM_PORT_BASE + 4242 % SLURM_PORT_SPAN;
+/// assert_eq!(env.map(|e| e.rendezvous), Some(Rendezvous::Tcp(format!("gpu07:{port}"))));
+/// # Ok::<(), graphed::Error>(())
+/// ```
 pub const SLURM_PORT_SPAN: u16 = 2000;
 
 /// This process's place in a group, from the environment `launch` or another launcher set.
