@@ -101,3 +101,54 @@ fn gpu_fsdp_equals_data_parallel() -> Result<()> {
         comm.barrier()
     })
 }
+
+/// Data parallel on GPUs whose ranks were started as torchrun, srun and mpirun start them
+/// (their variables, not graphed's): each rank finds its GPU and the rendezvous from them.
+#[test]
+fn gpu_data_parallel_under_each_launchers_variables() -> Result<()> {
+    const TEST: &str = "gpu_data_parallel_under_each_launchers_variables";
+    if let Some(env) = RankEnv::from_env()? {
+        let comm = env.communicator(&config())?;
+        let got = dist_programs::dp_rank(comm.clone())?;
+        comm.synchronize()?;
+        let want = dist_programs::dp_reference(comm.device())?;
+        check(&format!("data parallel under {}", env.launcher), comm.rank(), &got, &want)?;
+        return comm.barrier();
+    }
+    if !common::gpus_here(TEST, RANKS) {
+        return Ok(());
+    }
+    let deadline = Duration::from_secs(300);
+    let world = RANKS.to_string();
+    let port = common::free_port_pair();
+    common::play_launcher(TEST, RANKS, deadline, |r| {
+        let (r, addr, port) = (r.to_string(), "127.0.0.1".to_string(), port.to_string());
+        vec![
+            ("RANK", r.clone()),
+            ("WORLD_SIZE", world.clone()),
+            ("LOCAL_RANK", r),
+            ("MASTER_ADDR", addr),
+            ("MASTER_PORT", port),
+        ]
+    })?;
+    let port = common::free_port();
+    common::play_launcher(TEST, RANKS, deadline, |r| {
+        vec![
+            ("SLURM_PROCID", r.to_string()),
+            ("SLURM_NTASKS", world.clone()),
+            ("SLURM_LOCALID", r.to_string()),
+            ("SLURM_NODELIST", "127.0.0.[1-2]".into()),
+            ("MASTER_PORT", port.to_string()),
+        ]
+    })?;
+    let port = common::free_port();
+    common::play_launcher(TEST, RANKS, deadline, |r| {
+        vec![
+            ("OMPI_COMM_WORLD_RANK", r.to_string()),
+            ("OMPI_COMM_WORLD_SIZE", world.clone()),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", r.to_string()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.to_string()),
+        ]
+    })
+}

@@ -1,5 +1,5 @@
-//! One process per GPU: the rank environment, the rendezvous that shares the communicator id,
-//! and `launch`, which re-executes the current binary once per rank.
+//! One process per GPU: the rendezvous that shares the communicator id, and `launch`, which
+//! re-executes the current binary once per rank of this host.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -7,23 +7,18 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use super::rank_env::{RankEnv, ENV_LOCAL_RANK, ENV_RANK, ENV_RENDEZVOUS, ENV_WORLD_SIZE};
 use crate::{Error, Result};
-
-/// The rank of this process (from 0).
-pub const ENV_RANK: &str = "GRAPHED_RANK";
-/// The number of ranks.
-pub const ENV_WORLD_SIZE: &str = "GRAPHED_WORLD_SIZE";
-/// The rank's index on its host: the GPU ordinal it uses.
-pub const ENV_LOCAL_RANK: &str = "GRAPHED_LOCAL_RANK";
-/// Where ranks meet: a file path (shared by every rank) or `host:port` (rank 0 listens there).
-pub const ENV_RENDEZVOUS: &str = "GRAPHED_RENDEZVOUS";
 
 /// Where the ranks of one group meet to agree on the communicator id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rendezvous {
     /// A file every rank can read: rank 0 writes the id, the others poll for it.
     File(PathBuf),
-    /// `host:port`: rank 0 listens there and hands the id to every other rank.
+    /// `host:port`: rank 0 listens on that port and hands the id to every other rank, which
+    /// connects to `host`. Rank 0 listens on every interface (on loopback only when `host` is a
+    /// loopback address): a host name may resolve to another address on rank 0's own host
+    /// (`127.0.1.1` in many `/etc/hosts`) than on its peers'.
     Tcp(String),
 }
 
@@ -79,7 +74,8 @@ impl Rendezvous {
                 std::fs::rename(&tmp, path).map_err(|e| self.err(format!("cannot rename into place: {e}")))
             }
             Rendezvous::Tcp(addr) => {
-                let listener = TcpListener::bind(addr).map_err(|e| self.err(format!("rank 0 cannot listen: {e}")))?;
+                let listener =
+                    TcpListener::bind(listen_addr(addr)).map_err(|e| self.err(format!("rank 0 cannot listen: {e}")))?;
                 listener.set_nonblocking(true).map_err(|e| self.err(e))?;
                 let deadline = Instant::now() + timeout;
                 let mut served = 1;
@@ -128,59 +124,36 @@ impl Rendezvous {
     }
 }
 
-/// This process's place in a group, from the environment `launch` (or another launcher) set.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RankEnv {
-    /// This rank.
-    pub rank: usize,
-    /// The number of ranks.
-    pub world_size: usize,
-    /// The rank's index on its host (the GPU ordinal).
-    pub local_rank: usize,
-    /// Where the ranks meet.
-    pub rendezvous: Rendezvous,
-}
-
-/// A malformed or missing rank variable.
-fn env_err(var: &'static str, detail: impl std::fmt::Display) -> Error {
-    Error::Dist(crate::DistError::Rendezvous {
-        address: format!("environment variable {var}"),
-        detail: format!("{detail}; start the program through dist::launch or set {ENV_RANK}, {ENV_WORLD_SIZE}, {ENV_LOCAL_RANK} and {ENV_RENDEZVOUS}"),
-    })
-}
-
-fn var(name: &'static str) -> Result<Option<String>> {
-    match std::env::var(name) {
-        Ok(v) => Ok(Some(v)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(e) => Err(env_err(name, e)),
-    }
-}
-
-fn number(name: &'static str, v: &str) -> Result<usize> {
-    v.trim().parse().map_err(|_| env_err(name, format!("`{v}` is not a non-negative integer")))
-}
-
-impl RankEnv {
-    /// Reads the rank variables; `Ok(None)` when `GRAPHED_RANK` is not set (not a rank).
-    pub fn from_env() -> Result<Option<RankEnv>> {
-        let Some(rank) = var(ENV_RANK)? else { return Ok(None) };
-        let rank = number(ENV_RANK, &rank)?;
-        let world = var(ENV_WORLD_SIZE)?.ok_or_else(|| env_err(ENV_WORLD_SIZE, "not set"))?;
-        let world_size = number(ENV_WORLD_SIZE, &world)?;
-        let local_rank = match var(ENV_LOCAL_RANK)? {
-            Some(v) => number(ENV_LOCAL_RANK, &v)?,
-            None => rank,
-        };
-        let rdv = var(ENV_RENDEZVOUS)?.ok_or_else(|| env_err(ENV_RENDEZVOUS, "not set"))?;
-        if world_size == 0 || rank >= world_size {
-            return Err(env_err(ENV_RANK, format!("rank {rank} of a world of {world_size}")));
-        }
-        Ok(Some(RankEnv { rank, world_size, local_rank, rendezvous: Rendezvous::parse(&rdv) }))
+/// Where rank 0 listens for a `host:port` rendezvous: the port on every interface, or on the
+/// given loopback address.
+fn listen_addr(addr: &str) -> String {
+    let Some((host, port)) = addr.rsplit_once(':') else { return addr.to_string() };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback =
+        host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    match () {
+        _ if loopback => addr.to_string(),
+        _ if host.parse::<std::net::Ipv6Addr>().is_ok() => format!("[::]:{port}"),
+        _ => format!("0.0.0.0:{port}"),
     }
 }
 
 /// How [`launch`] starts the ranks.
+///
+/// Two hosts, eight GPUs each, as `torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8`:
+///
+/// ```
+/// use graphed::dist::{LaunchOptions, Rendezvous};
+/// // This host is node 1; global rank 0 runs on node0 and listens at port 29500 there.
+/// let options = LaunchOptions {
+///     nnodes: 2,
+///     node_rank: 1,
+///     rendezvous: Some(Rendezvous::Tcp("node0:29500".into())),
+///     ..Default::default()
+/// };
+/// // dist::launch(16, &options, |env| ..) here starts ranks 8..16 on local GPUs 0..8.
+/// # let _ = options;
+/// ```
 #[derive(Clone, Debug)]
 pub struct LaunchOptions {
     /// Arguments for each rank process (default: this process's own arguments).
@@ -193,23 +166,39 @@ pub struct LaunchOptions {
     /// error from its communicator within its deadline, and may report it or save its state)
     /// before they are killed. Default: none, they are killed at once.
     pub grace: Duration,
+    /// How many hosts (nodes) run ranks, each with its own `launch` (torchrun's `--nnodes`).
+    /// Default 1. With several, every node starts `world_size / nnodes` ranks and the
+    /// rendezvous must be one every node reaches: set [`LaunchOptions::rendezvous`].
+    pub nnodes: usize,
+    /// Which node this launch is, from 0 (torchrun's `--node_rank`): its ranks are
+    /// `node_rank * per_node ..` with local ranks (GPU ordinals) `0..per_node`. Default 0.
+    pub node_rank: usize,
 }
 
 impl Default for LaunchOptions {
     fn default() -> Self {
-        LaunchOptions { args: None, rendezvous: None, deadline: Duration::from_secs(600), grace: Duration::ZERO }
+        LaunchOptions {
+            args: None,
+            rendezvous: None,
+            deadline: Duration::from_secs(600),
+            grace: Duration::ZERO,
+            nnodes: 1,
+            node_rank: 0,
+        }
     }
 }
 
 /// Runs `rank_main` as one rank of `world_size`, one process per rank.
 ///
-/// In a rank process (the rank variables are set, by an earlier `launch` or by another
-/// launcher) it calls `rank_main` with this rank's [`RankEnv`] and returns its result. In the
-/// parent it starts `world_size` copies of the current binary with `GRAPHED_RANK`,
-/// `GRAPHED_WORLD_SIZE`, `GRAPHED_LOCAL_RANK`, `GRAPHED_RENDEZVOUS` and `NCCL_NVLS_ENABLE=0`
-/// set, and waits for all of them: the first rank to fail (after [`LaunchOptions::grace`]), or
-/// the deadline, kills the others and gives [`DistError::RankFailed`](crate::DistError::RankFailed)
-/// naming the first rank that failed.
+/// In a rank process (a launcher's rank variables are set: an earlier `launch`'s, or
+/// torchrun's, Slurm's or Open MPI's, see [`RankEnv::detect`]) it calls `rank_main` with this
+/// rank's [`RankEnv`] and returns its result; `world_size` and `options` are then unused, the
+/// launcher's say. In the parent it starts this node's ranks (all `world_size` of them, or
+/// `world_size / nnodes` with [`LaunchOptions::nnodes`]) as copies of the current binary with
+/// `GRAPHED_RANK`, `GRAPHED_WORLD_SIZE`, `GRAPHED_LOCAL_RANK`, `GRAPHED_RENDEZVOUS` and
+/// `NCCL_NVLS_ENABLE=0` set, and waits for all of them: the first rank to fail (after
+/// [`LaunchOptions::grace`]), or the deadline, kills the others and gives
+/// [`DistError::RankFailed`](crate::DistError::RankFailed) naming the first rank that failed.
 ///
 /// ```no_run
 /// use graphed::dist::{self, LaunchOptions, ReduceOp};
@@ -231,9 +220,23 @@ pub fn launch(world_size: usize, options: &LaunchOptions, rank_main: impl FnOnce
 }
 
 fn spawn_ranks(world_size: usize, options: &LaunchOptions) -> Result<()> {
+    let invalid = |detail: String| Error::InvalidArgument { op: "launch", detail };
     if world_size == 0 {
-        return Err(Error::InvalidArgument { op: "launch", detail: "a world of 0 ranks".into() });
+        return Err(invalid("a world of 0 ranks".into()));
     }
+    let (nnodes, node_rank) = (options.nnodes, options.node_rank);
+    if nnodes == 0 || node_rank >= nnodes || !world_size.is_multiple_of(nnodes) {
+        return Err(invalid(format!(
+            "node {node_rank} of {nnodes} nodes for {world_size} ranks: nnodes must be at least 1 and divide the world size, node_rank below nnodes"
+        )));
+    }
+    if nnodes > 1 && options.rendezvous.is_none() {
+        return Err(invalid(format!(
+            "{nnodes} nodes need a rendezvous every node reaches: set LaunchOptions::rendezvous to Rendezvous::Tcp(\"node0:port\") or a file on a shared file system"
+        )));
+    }
+    let per_node = world_size / nnodes;
+    let first = node_rank * per_node;
     let exe =
         std::env::current_exe().map_err(|e| Error::msg(format!("launch: cannot find the current binary: {e}")))?;
     let args = options.args.clone().unwrap_or_else(|| std::env::args().skip(1).collect());
@@ -241,16 +244,19 @@ fn spawn_ranks(world_size: usize, options: &LaunchOptions) -> Result<()> {
         let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         Rendezvous::File(std::env::temp_dir().join(format!("graphed-rdv-{}-{nonce}", std::process::id())))
     });
-    if let Rendezvous::File(p) = &rdv {
+    // Node 0 owns a file rendezvous: a stale id from an earlier run must not be read.
+    let owns_file = node_rank == 0;
+    if let (Rendezvous::File(p), true) = (&rdv, owns_file) {
         let _ = std::fs::remove_file(p);
     }
-    let mut children: Vec<Child> = Vec::with_capacity(world_size);
-    for rank in 0..world_size {
+    let mut children: Vec<Child> = Vec::with_capacity(per_node);
+    for local in 0..per_node {
+        let rank = first + local;
         let child = Command::new(&exe)
             .args(&args)
             .env(ENV_RANK, rank.to_string())
             .env(ENV_WORLD_SIZE, world_size.to_string())
-            .env(ENV_LOCAL_RANK, rank.to_string())
+            .env(ENV_LOCAL_RANK, local.to_string())
             .env(ENV_RENDEZVOUS, rdv.to_env())
             // NVLink SHARP (multicast) objects fail under CUDA graphs on some drivers, and
             // reserve memory per communicator; see docs/DESIGN-DECISIONS.md.
@@ -267,8 +273,8 @@ fn spawn_ranks(world_size: usize, options: &LaunchOptions) -> Result<()> {
             }
         }
     }
-    let result = wait_all(&mut children, options.deadline, options.grace);
-    if let Rendezvous::File(p) = &rdv {
+    let result = wait_all(&mut children, first, options.deadline, options.grace);
+    if let (Rendezvous::File(p), true) = (&rdv, owns_file) {
         let _ = std::fs::remove_file(p);
     }
     result
@@ -281,9 +287,9 @@ fn kill_all(children: &mut [Child]) {
     }
 }
 
-/// Polls every child until all exit; the first failure (after `grace` for the others to end
-/// on their own) or the deadline kills the rest.
-fn wait_all(children: &mut [Child], deadline: Duration, grace: Duration) -> Result<()> {
+/// Polls every child (rank `first + index`) until all exit; the first failure (after `grace`
+/// for the others to end on their own) or the deadline kills the rest.
+fn wait_all(children: &mut [Child], first_rank: usize, deadline: Duration, grace: Duration) -> Result<()> {
     let mut end = Instant::now() + deadline;
     let mut done = vec![false; children.len()];
     let mut first: Option<(usize, String)> = None;
@@ -300,7 +306,7 @@ fn wait_all(children: &mut [Child], deadline: Duration, grace: Duration) -> Resu
             };
             done[rank] = true;
             if let (Some(status), None) = (failed, &first) {
-                first = Some((rank, status));
+                first = Some((first_rank + rank, status));
                 end = end.min(Instant::now() + grace);
             }
         }
@@ -308,7 +314,7 @@ fn wait_all(children: &mut [Child], deadline: Duration, grace: Duration) -> Resu
             break;
         }
         if Instant::now() >= end {
-            let rank = done.iter().position(|d| !d).unwrap_or(0);
+            let rank = first_rank + done.iter().position(|d| !d).unwrap_or(0);
             kill_all(children);
             let (rank, status) =
                 first.unwrap_or((rank, format!("was still running after the deadline of {deadline:?}")));

@@ -5,7 +5,9 @@
 //! - `agree`: [`Collectives`], what `make_graphed` checks across ranks before capturing.
 //! - `host`: emulated ranks (threads sharing memory).
 //! - `nccl`: the NCCL communicator (non-blocking, with deadlines and abort).
-//! - `launch`: the rank environment, the rendezvous and [`launch`].
+//! - `rank_env`: [`RankEnv`], this process's rank as graphed's `launch`, torchrun, Slurm or
+//!   Open MPI set it.
+//! - `launch`: the rendezvous and [`launch`].
 //! - `data_parallel`: [`DataParallel`], grads all-reduced in buckets inside the backward graph.
 //! - `pipeline`: [`PipelineStage`], a chunk of a pipeline with send/recv into static buffers.
 //! - `shard`: [`ShardedParams`], FSDP-style shards gathered and reduced by capture-time hooks.
@@ -17,20 +19,23 @@ mod host;
 mod launch;
 mod nccl;
 mod pipeline;
+mod rank_env;
 mod shard;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::error::Launcher;
 pub(crate) use agree::check_schedules;
 pub use agree::Collectives;
 pub use comm::{Communicator, ReduceOp};
 pub use data_parallel::{DataParallel, DEFAULT_BUCKET_BYTES};
-pub use launch::{
-    launch, LaunchOptions, RankEnv, Rendezvous, ENV_LOCAL_RANK, ENV_RANK, ENV_RENDEZVOUS, ENV_WORLD_SIZE,
-};
-
+pub use launch::{launch, LaunchOptions, Rendezvous};
 pub use pipeline::{stage_order, PipelineStage, StageRole};
+pub use rank_env::{
+    RankEnv, ENV_LAUNCHER, ENV_LOCAL_RANK, ENV_RANK, ENV_RENDEZVOUS, ENV_WORLD_SIZE, SLURM_PORT_BASE, SLURM_PORT_SPAN,
+    TORCHRUN_PORT_OFFSET,
+};
 pub use shard::ShardedParams;
 
 use crate::{Device, Error, Result};

@@ -65,6 +65,40 @@ pub enum DistError {
         /// What went wrong.
         detail: String,
     },
+    /// A launcher's rank variable is set but another one this rank needs is not.
+    #[error("{launcher} environment: {var} is not set; {hint}")]
+    RankVarMissing {
+        /// The launcher whose variables were found.
+        launcher: super::Launcher,
+        /// The variable that is missing.
+        var: &'static str,
+        /// What sets it, or what to set instead.
+        hint: String,
+    },
+    /// A rank variable (or `GRAPHED_LAUNCHER`) does not parse.
+    #[error("{launcher} environment: {var}=`{value}` is not {expected}")]
+    RankVarMalformed {
+        /// The launcher whose variables were found.
+        launcher: super::Launcher,
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What it should be.
+        expected: String,
+    },
+    /// A rank (or local rank) is not below the world size.
+    #[error("{launcher} environment: {var}={rank} is not below the world size {world_size}; each rank must be in 0..{world_size}")]
+    RankOutOfRange {
+        /// The launcher whose variables were found.
+        launcher: super::Launcher,
+        /// The variable holding the rank.
+        var: &'static str,
+        /// Its value.
+        rank: usize,
+        /// The world size the launcher gave.
+        world_size: usize,
+    },
     /// A rank process of a launch failed; the others were stopped.
     #[error("launch: rank {rank} {status}; the other ranks were stopped")]
     RankFailed {

@@ -5,12 +5,14 @@ mod build;
 mod checkpoint;
 mod cuda;
 mod dist;
+mod launcher;
 mod slot;
 
 pub use bucket::BucketError;
 pub use checkpoint::CheckpointProblem;
 pub use cuda::CudaFailure;
 pub use dist::DistError;
+pub use launcher::Launcher;
 pub use slot::{Slot, SlotKind};
 
 /// Everything that can go wrong in `graphed`, as values a caller can match on.

@@ -1,9 +1,11 @@
 //! Shared test helpers: the backends to run each behaviour on, and deterministic data.
 #![allow(dead_code)]
 
+use std::process::{Child, Command};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use graphed::{Device, Result, Tensor};
+use graphed::{Device, Error, Result, Tensor};
 
 /// CUDA tests share one device and one stream: run them one at a time.
 static CUDA_LOCK: Mutex<()> = Mutex::new(());
@@ -66,7 +68,7 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 /// failure instead of a skip.
 pub fn gpus_here(test: &str, ranks: usize) -> bool {
     use graphed::dist;
-    if std::env::var(dist::ENV_RANK).is_ok() {
+    if matches!(dist::RankEnv::from_env(), Ok(Some(_))) {
         return true;
     }
     let required = std::env::var("GRAPHED_REQUIRE_MULTI_GPU").is_ok_and(|v| v == "1");
@@ -87,4 +89,89 @@ pub fn gpus_here(test: &str, ranks: usize) -> bool {
             false
         }
     }
+}
+
+/// A free loopback port (free when asked; a test binds it soon after).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+    l.local_addr().expect("an address").port()
+}
+
+/// A port whose next port is free too (torchrun's store holds the first, we the second).
+pub fn free_port_pair() -> u16 {
+    loop {
+        let p = free_port();
+        if p > 1 && std::net::TcpListener::bind(("127.0.0.1", p - 1)).is_ok() {
+            return p - 1;
+        }
+    }
+}
+
+/// Every variable a launcher might have left in this process, removed from the ranks' so that
+/// each test's ranks see only the launcher it plays.
+const LAUNCHER_VARS: [&str; 21] = [
+    "GRAPHED_RANK",
+    "GRAPHED_WORLD_SIZE",
+    "GRAPHED_LOCAL_RANK",
+    "GRAPHED_RENDEZVOUS",
+    "GRAPHED_LAUNCHER",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NODELIST",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NODELIST",
+    "SLURM_JOB_NODELIST",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+];
+
+/// Plays another launcher: starts `world` copies of this binary running `test`, rank `r` with
+/// the variables `vars(r)` (and none of graphed's), and waits for all of them, each until
+/// `deadline` has passed since the start.
+pub fn play_launcher(
+    test: &str,
+    world: usize,
+    deadline: Duration,
+    vars: impl Fn(usize) -> Vec<(&'static str, String)>,
+) -> Result<()> {
+    let exe = std::env::current_exe().map_err(|e| Error::msg(e.to_string()))?;
+    let mut children: Vec<Child> = Vec::new();
+    for rank in 0..world {
+        let mut cmd = Command::new(&exe);
+        cmd.args([test, "--exact", "--nocapture", "--test-threads=1"]);
+        for v in LAUNCHER_VARS {
+            cmd.env_remove(v);
+        }
+        let child = cmd.envs(vars(rank)).env("NCCL_NVLS_ENABLE", "0").spawn();
+        children.push(child.map_err(|e| Error::msg(format!("rank {rank} could not start: {e}")))?);
+    }
+    let end = Instant::now() + deadline;
+    let mut failed = None;
+    for (rank, mut child) in children.into_iter().enumerate() {
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => break,
+                Ok(Some(status)) => {
+                    failed.get_or_insert(format!("rank {rank} exited with {status}"));
+                    break;
+                }
+                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(10)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    failed.get_or_insert(format!("rank {rank} did not end within {deadline:?}"));
+                    break;
+                }
+            }
+        }
+    }
+    failed.map_or(Ok(()), |f| Err(Error::msg(f)))
 }
