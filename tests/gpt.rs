@@ -76,6 +76,47 @@ fn every_mode_trains_bit_for_bit_like_eager(cfg: Config) {
     });
 }
 
+/// Ragged rows (cut at line boundaries, each step's batch as long as its longest row):
+/// `mode` with sequence `buckets`, or eager on the same batches padded to the bucket each
+/// step's graphs replay. Per-step loss bits and the buckets used.
+fn train_ragged(dev: &Device, cfg: Config, mode: Mode, buckets: &[usize], steps: usize) -> Result<(Vec<u32>, Vec<usize>, Trainer)> {
+    let splits = corpus::Splits::new(b"a line\nand a longer line of text\nshort\n".repeat(40), cfg.context)?;
+    let graphed = mode != Mode::Eager;
+    let mut trainer =
+        Trainer::with_buckets(dev, cfg, 5, 3e-3, mode, true, graphed.then(|| buckets.to_vec()))?;
+    dev.rng()?.manual_seed(99)?;
+    let mut rng = Rng(11);
+    let (mut losses, mut used) = (Vec::new(), Vec::new());
+    for _ in 0..steps {
+        let r = corpus::ragged_batch(dev, &splits.train, cfg.batch, cfg.context, 3, &mut rng)?;
+        let size = buckets.iter().copied().find(|s| *s >= r.ids.dims()[1]).expect("a bucket");
+        let batch = if graphed { (r.ids, r.labels) } else { trainer.padded(&r.ids, &r.labels, size)? };
+        losses.push(trainer.step(&[batch])?.to_vec()?[0].to_bits());
+        used.push(size);
+    }
+    Ok((losses, used, trainer))
+}
+
+#[test]
+fn ragged_rows_in_sequence_buckets_train_bit_for_bit_like_eager_on_the_padded_shapes() {
+    on_each_backend(|dev| {
+        let buckets = [4, 8, 12, 16];
+        let (want, used, eager) = train_ragged(dev, TINY, Mode::Eager, &buckets, 16)?;
+        let mut seen = used.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        assert!(seen.len() >= 3, "the steps should use several buckets, used {used:?}");
+        for mode in [Mode::Graphed, Mode::Fused] {
+            let (losses, _, t) = train_ragged(dev, TINY, mode, &buckets, 16)?;
+            assert_eq!(want, losses, "{mode:?}: losses differ from eager on the padded shapes");
+            assert!(eager.param_bits()? == t.param_bits()?, "{mode:?}: parameters differ from eager");
+            let reports = t.bucket_reports();
+            assert_eq!(reports.iter().map(|r| r.size).collect::<Vec<_>>(), buckets);
+        }
+        Ok(())
+    });
+}
+
 #[test]
 fn f32_graphed_fused_and_floor_train_bit_for_bit_like_eager() {
     every_mode_trains_bit_for_bit_like_eager(TINY);

@@ -80,7 +80,8 @@ impl Embed {
 }
 
 /// The final RMSNorm, the head and the loss: the last block's output and the next-byte labels
-/// `[batch · seq]` to the mean cross-entropy (`[1]`, f32).
+/// `[batch, seq]` to the mean cross-entropy (`[1]`, f32) over the labels that are not
+/// `ops::IGNORE_LABEL` (the padding of a shorter sequence).
 #[derive(Parameters)]
 pub struct Head {
     pub norm: Param,
@@ -105,6 +106,7 @@ impl Head {
 impl Head {
     pub fn forward(&self, cx: &mut Cx, x: &Tensor, labels: &Tensor) -> Result<Tensor> {
         let (logits, hf, rstd) = self.logits(x)?;
+        let labels = &labels.reshape(&[labels.numel()])?;
         let (loss, probs) = ops::softmax_cross_entropy(&logits, labels)?;
         for t in [x, &hf, &rstd, &probs, labels] {
             cx.save(t);

@@ -3,7 +3,8 @@
 //! `cargo run --release --example gpt -- --help` lists the flags: `--steps`, `--data`,
 //! `--size tiny|gpu`, `--context`, `--batch`, `--dtype f32|bf16`,
 //! `--mode eager|graphed|fused|floor|pipeline|pipeline-eager` (`--eager` is `--mode eager`),
-//! `--no-checkpoint`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`, `--json FILE`.
+//! `--no-checkpoint`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`, `--json FILE`,
+//! `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`.
 //!
 //! The text is, by default, the repository's own README.md, docs/*.md and Rust sources, read
 //! from the directory the binary runs in (run it from the repository root); `--data FILE`
@@ -31,6 +32,15 @@
 //! device inside AdamW's step from its step count (`optim::WarmupCosine`). `--dropout P` drops
 //! each block's two residual branches while training (graph-safe RNG: every replay draws a
 //! fresh mask; a checkpointed block recomputes the same one).
+//!
+//! `--lengths ragged` trains on rows of different lengths, cut at line boundaries (a length
+//! drawn per step, log-uniform from `--bucket-min` to the context), as documents are. The
+//! graphed modes then capture the model once per sequence bucket (`--buckets N` sizes from
+//! `--bucket-min` to the context, geometric, largest first, in one pool: `GraphOptions::buckets`)
+//! and each step replays the smallest bucket that holds its longest row, padded (ids with byte
+//! 0, labels with `ops::IGNORE_LABEL`, which the loss leaves out); `--buckets 1` pads every
+//! step to the context instead. The progress lines report the padding waste, and tokens/s
+//! counts real tokens only.
 
 mod corpus;
 mod ends;
@@ -166,6 +176,43 @@ struct Args {
     /// Also write the run's figures (tokens/s, ms/step, losses, pool) as one JSON line here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Training rows: fixed windows of the context, or ragged rows cut at line boundaries.
+    #[arg(long, value_enum, default_value = "fixed")]
+    lengths: LengthsArg,
+    /// With ragged rows, the number of sequence buckets the graphed modes capture (1: pad every
+    /// step to the context).
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=64).map(|n| n as usize))]
+    buckets: usize,
+    /// With ragged rows, the smallest bucket and the shortest length drawn [default: the
+    /// context / 8, at least 16].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..).map(|n| n as usize))]
+    bucket_min: Option<usize>,
+}
+
+/// How training rows are cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum LengthsArg {
+    /// windows of exactly the context
+    Fixed,
+    /// rows of different lengths cut at line boundaries, padded to a sequence bucket
+    Ragged,
+}
+
+/// `n` sequence buckets from `min` to `context`, geometric, each rounded up to a multiple of 16
+/// (of 64 from 256 on: whole attention tiles), without repeats; the last is the context.
+fn bucket_sizes(min: usize, context: usize, n: usize) -> Vec<usize> {
+    let min = min.clamp(1, context) as f64;
+    let mut sizes: Vec<usize> = (0..n)
+        .map(|k| {
+            let s = if n == 1 { context as f64 } else { min * (context as f64 / min).powf(k as f64 / (n - 1) as f64) };
+            let unit = if s >= 256.0 { 64 } else { 16 };
+            (s.round() as usize).div_ceil(unit).saturating_mul(unit).min(context)
+        })
+        .collect();
+    sizes.push(context);
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
 }
 
 /// A dropout probability in [0, 1).
@@ -234,18 +281,51 @@ struct Measured {
     /// Seconds of training after the first 10 steps (evaluation excluded).
     steady_secs: f64,
     steady_steps: usize,
+    /// Real tokens trained on after the first 10 steps.
+    steady_tokens: f64,
+    /// Token positions computed (real and padding) after the first 10 steps.
+    steady_positions: f64,
 }
 
 /// The training loop: progress lines, validation every `eval_every` steps.
-fn train(trainer: &mut Trainer, splits: &corpus::Splits, steps: usize, eval_every: usize) -> Result<Measured> {
+fn train(trainer: &mut Trainer, splits: &corpus::Splits, steps: usize, eval_every: usize, lengths: Lengths) -> Result<Measured> {
     let (cfg, dev) = (trainer.cfg, trainer.device().clone());
     let (mut rng, mut val_rng) = (Rng(0x9E37_79B9_7F4A_7C15), Rng(42));
-    let tokens = (cfg.batch * cfg.context) as f64;
-    let mut m = Measured { train_curve: Vec::new(), val_curve: Vec::new(), steady_secs: 0.0, steady_steps: 0 };
+    let mut m = Measured {
+        train_curve: Vec::new(),
+        val_curve: Vec::new(),
+        steady_secs: 0.0,
+        steady_steps: 0,
+        steady_tokens: 0.0,
+        steady_positions: 0.0,
+    };
     let (t0, mut lap) = (Instant::now(), Instant::now());
+    let (mut tokens_all, mut positions_all) = (0.0, 0.0);
     for step in 1..=steps {
         let n = trainer.mode.microbatches();
-        let loss = trainer.step(&corpus::microbatches(&dev, &splits.train, cfg.batch, n, cfg.context, &mut rng)?)?;
+        let (batches, tokens, positions) = match lengths {
+            Lengths::Fixed => {
+                let tokens = (cfg.batch * cfg.context) as f64;
+                (corpus::microbatches(&dev, &splits.train, cfg.batch, n, cfg.context, &mut rng)?, tokens, tokens)
+            }
+            Lengths::Ragged { min } => {
+                let r = corpus::ragged_batch(&dev, &splits.train, cfg.batch, cfg.context, min, &mut rng)?;
+                let bucket = trainer.bucket_of(r.ids.dims()[1]);
+                let batch = if trainer.mode == Mode::Eager || trainer.buckets().is_some() {
+                    (r.ids, r.labels)
+                } else {
+                    trainer.padded(&r.ids, &r.labels, cfg.context)?
+                };
+                (vec![batch], r.tokens as f64, (cfg.batch * bucket) as f64)
+            }
+        };
+        let loss = trainer.step(&batches)?;
+        tokens_all += tokens;
+        positions_all += positions;
+        if step > 10.min(steps) {
+            m.steady_tokens += tokens;
+            m.steady_positions += positions;
+        }
         if step == 10.min(steps) {
             dev.synchronize()?;
             lap = Instant::now();
@@ -256,8 +336,16 @@ fn train(trainer: &mut Trainer, splits: &corpus::Splits, steps: usize, eval_ever
         if step == 1 || step % (steps / 20).max(1) == 0 || step == steps {
             let (l, secs) = (loss.to_vec()?[0], t0.elapsed().as_secs_f64());
             let eta = secs / step as f64 * (steps - step) as f64;
-            let rate = tokens * step as f64 / secs;
-            println!("step {step:>5}/{steps}  loss {l:.4}  {rate:>9.0} tokens/s  ETA {eta:>6.1} s");
+            let rate = tokens_all / secs;
+            let waste = match lengths {
+                Lengths::Fixed => String::new(),
+                Lengths::Ragged { .. } => format!(
+                    "  padding {:>4.1}% (this step {:>4.1}%)",
+                    100.0 * (1.0 - tokens_all / positions_all),
+                    100.0 * (1.0 - tokens / positions)
+                ),
+            };
+            println!("step {step:>5}/{steps}  loss {l:.4}  {rate:>9.0} tokens/s  ETA {eta:>6.1} s{waste}");
         }
         if step % eval_every == 0 || step == steps {
             dev.synchronize()?;
@@ -276,6 +364,14 @@ fn train(trainer: &mut Trainer, splits: &corpus::Splits, steps: usize, eval_ever
     }
     m.steady_steps = steps.saturating_sub(10);
     Ok(m)
+}
+
+/// How a run cuts its training rows.
+#[derive(Clone, Copy, Debug)]
+enum Lengths {
+    Fixed,
+    /// Ragged rows, the shortest length drawn `min`.
+    Ragged { min: usize },
 }
 
 fn main() -> Result<()> {
@@ -306,24 +402,57 @@ fn main() -> Result<()> {
     let warmup = args.warmup.unwrap_or((steps / 20).max(1)).min(steps);
     let (peak, total) = (peak_lr(&cfg), u32::try_from(steps).map_err(|e| Error::msg(format!("--steps: {e}")))?);
     let schedule = WarmupCosine { peak, floor: peak / 10.0, warmup: warmup as u32, total };
-    let mut trainer = Trainer::new(&dev, cfg, 7, peak, mode, checkpoint)?.with_schedule(schedule)?;
-    let setup = t0.elapsed().as_secs_f64();
-    if matches!(mode, Mode::Graphed | Mode::Fused) {
-        let mb = trainer.pool_bytes() as f64 / 1e6;
-        println!("captured {} modules in {setup:.1} s; graph pool {mb:.1} MB", cfg.layers + 2);
+    let graphed_mode = matches!(mode, Mode::Graphed | Mode::Fused);
+    let lengths = match args.lengths {
+        LengthsArg::Fixed => Lengths::Fixed,
+        LengthsArg::Ragged => Lengths::Ragged { min: args.bucket_min.unwrap_or((cfg.context / 8).max(16)) },
+    };
+    if matches!(lengths, Lengths::Ragged { .. }) && matches!(mode, Mode::Pipeline | Mode::PipelineEager) {
+        return Err(Error::msg("--lengths ragged runs one batch per step: use --mode graphed, fused, floor or eager"));
     }
-    let m = train(&mut trainer, &splits, steps, eval_every)?;
+    let buckets = match lengths {
+        Lengths::Ragged { min } if graphed_mode && args.buckets > 1 => Some(bucket_sizes(min, cfg.context, args.buckets)),
+        _ => None,
+    };
+    let mut trainer =
+        Trainer::with_buckets(&dev, cfg, 7, peak, mode, checkpoint, buckets)?.with_schedule(schedule)?;
+    let setup = t0.elapsed().as_secs_f64();
+    let pool_at_start = trainer.pool_bytes();
+    if graphed_mode {
+        let mb = pool_at_start as f64 / 1e6;
+        println!("captured {} modules in {setup:.1} s; graph pool {mb:.1} MB", cfg.layers + 2);
+        for r in trainer.bucket_reports() {
+            println!(
+                "  sequence bucket {:>5}: captured in {:>6.1} ms, pool +{:>7.1} MB (reserved {:.1} MB)",
+                r.size,
+                r.capture_time.as_secs_f64() * 1e3,
+                r.added_bytes as f64 / 1e6,
+                r.reserved_bytes as f64 / 1e6
+            );
+        }
+    }
+    let m = train(&mut trainer, &splits, steps, eval_every, lengths)?;
     dev.synchronize()?;
-    let (tokens, pool_mb) = ((cfg.batch * cfg.context) as f64, trainer.pool_bytes() as f64 / 1e6);
-    let rate = tokens * m.steady_steps as f64 / m.steady_secs.max(1e-9);
+    let pool_mb = trainer.pool_bytes() as f64 / 1e6;
+    if graphed_mode && trainer.pool_bytes() != pool_at_start {
+        return Err(Error::msg("the graph pool grew during training: something was captured again"));
+    }
+    let rate = m.steady_tokens / m.steady_secs.max(1e-9);
+    let waste = 1.0 - m.steady_tokens / m.steady_positions.max(1.0);
     let step_ms = m.steady_secs / m.steady_steps.max(1) as f64 * 1e3;
     println!("trained {steps} steps in {:.1} s: {rate:.0} tokens/s, {step_ms:.2} ms/step after step 10 (evaluation excluded); graph pool {pool_mb:.1} MB", t0.elapsed().as_secs_f64() - setup);
+    if let Lengths::Ragged { .. } = lengths {
+        let buckets = trainer.buckets().map_or(String::from("none (every step padded to the context)"), |b| format!("{b:?}"));
+        println!("ragged rows: {:.1}% of the computed positions were padding; sequence buckets {buckets}; no capture after setup", 100.0 * waste);
+    }
     if let Some(path) = &args.json {
         let (first, last) = (m.train_curve.first().map_or(0.0, |p| p.1), m.train_curve.last().map_or(0.0, |p| p.1));
         let val = m.val_curve.last().map_or(0.0, |p| p.1);
         let json = format!(
-            "{{\"mode\": \"{mode:?}\", \"dtype\": \"{}\", \"checkpoint\": {checkpoint}, \"tokens_per_s\": {rate:.1}, \"step_ms\": {step_ms:.4}, \"setup_s\": {setup:.3}, \"pool_mb\": {pool_mb:.2}, \"loss_first\": {first}, \"loss_last\": {last}, \"val_last\": {val}}}\n",
-            cfg.dtype
+            "{{\"mode\": \"{mode:?}\", \"dtype\": \"{}\", \"checkpoint\": {checkpoint}, \"lengths\": \"{:?}\", \"buckets\": {}, \"padding\": {waste:.4}, \"tokens_per_s\": {rate:.1}, \"step_ms\": {step_ms:.4}, \"setup_s\": {setup:.3}, \"pool_mb\": {pool_mb:.2}, \"loss_first\": {first}, \"loss_last\": {last}, \"val_last\": {val}}}\n",
+            cfg.dtype,
+            args.lengths,
+            trainer.buckets().map_or(1, <[usize]>::len),
         );
         std::fs::write(path, json).map_err(|e| Error::msg(format!("--json {}: {e}", path.display())))?;
     }

@@ -110,7 +110,7 @@ impl Pipeline {
         let stages = if graphed {
             let mb = cfg.batch / MICROBATCHES;
             let ids = Tensor::zeros(dev, &[mb, cfg.context])?;
-            let labels = Tensor::zeros(dev, &[mb * cfg.context])?;
+            let labels = Tensor::zeros(dev, &[mb, cfg.context])?;
             let mut g = stages.make_graphed(PipelinedGptInputs { ids }, PipelinedGptExtraInputs { labels })?;
             g.fuse()?;
             Stages::Graphed(g)

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use graphed::optim::{AdamW, AdamWConfig, MixedAdamW, WarmupCosine};
-use graphed::{CaptureMode, Cx, DType, Device, Error, Graph, Parameters, Result, Tensor};
+use graphed::{ops, BucketReport, Buckets, CaptureMode, Cx, DType, Device, Error, Graph, Parameters, Result, Tensor};
 
 use crate::model::{Block, Config, Embed, Gpt, GptExtraInputs, GptGradOutputs, GptInputs, GraphedGpt, Head, VOCAB};
 use crate::pipeline::{Pipeline, Stages, MICROBATCHES};
@@ -110,6 +110,8 @@ pub struct Trainer {
     /// `[1]` f32 ones: the loss grad.
     one: Tensor,
     dev: Device,
+    /// The sequence buckets the graphed modes captured, ascending (`None`: the context only).
+    buckets: Option<Vec<usize>>,
 }
 
 /// A small deterministic generator (xorshift64*) for batch offsets and sampling.
@@ -132,10 +134,28 @@ impl Rng {
 /// Graphs the model (`GraphedGpt`: the embedding, each block and the head, chained, in one
 /// pool); blocks 2, 4, ... recompute their activations in their backward unless `checkpoint` is
 /// off.
-fn graph_model(dev: &Device, cfg: &Config, gpt: Gpt, checkpoint: bool) -> Result<GraphedGpt> {
+fn graph_model(
+    dev: &Device,
+    cfg: &Config,
+    mut gpt: Gpt,
+    checkpoint: bool,
+    buckets: Option<&[usize]>,
+) -> Result<GraphedGpt> {
     let ids = Tensor::zeros(dev, &[cfg.batch, cfg.context])?;
-    let labels = Tensor::zeros(dev, &[cfg.batch * cfg.context])?;
+    let labels = Tensor::zeros(dev, &[cfg.batch, cfg.context])?;
     let options = if checkpoint { GraphedGpt::options() } else { GraphedGpt::options().no_checkpoint() };
+    let options = match buckets {
+        Some(sizes) => {
+            // The embedding's position ids of every bucket's shape, made before the capture.
+            for &s in sizes {
+                gpt.embed.cache_positions(cfg.batch, s)?;
+            }
+            // Ids (the first chunk's input 0) pad with byte 0, labels (the head's input 1) with
+            // the label the loss ignores.
+            options.buckets(Buckets::new(1, sizes.iter().copied()).pad(1, ops::IGNORE_LABEL))
+        }
+        None => options,
+    };
     Ok(GraphedGpt::new(gpt, GptInputs { ids }, GptExtraInputs { labels }, options)?)
 }
 
@@ -143,11 +163,31 @@ impl Trainer {
     /// A fresh model from `seed`, run as `mode` (graphs are captured here; `checkpoint`
     /// checkpoints blocks 1, 3, 5, ... in the graphed modes).
     pub fn new(dev: &Device, cfg: Config, seed: u64, lr: f32, mode: Mode, checkpoint: bool) -> Result<Trainer> {
+        Trainer::with_buckets(dev, cfg, seed, lr, mode, checkpoint, None)
+    }
+
+    /// [`Trainer::new`] for sequences of any length up to the context: the graphed modes
+    /// capture one bucket per length in `buckets` (ascending, the last the context) into one
+    /// pool, and a step of a shorter batch replays the smallest bucket that holds it.
+    pub fn with_buckets(
+        dev: &Device,
+        cfg: Config,
+        seed: u64,
+        lr: f32,
+        mode: Mode,
+        checkpoint: bool,
+        buckets: Option<Vec<usize>>,
+    ) -> Result<Trainer> {
+        if buckets.as_ref().is_some_and(|b| b.last() != Some(&cfg.context)) {
+            return Err(Error::msg(format!("the largest sequence bucket must be the context, {}", cfg.context)));
+        }
         let gpt = Gpt::new(dev, &cfg, seed)?;
         let opt = Optimizer::new(&gpt, lr, cfg.dtype)?;
         let modules = match mode {
             Mode::Eager | Mode::Floor => Modules::Eager(Box::new(gpt)),
-            Mode::Graphed | Mode::Fused => Modules::Graphed(graph_model(dev, &cfg, gpt, checkpoint)?),
+            Mode::Graphed | Mode::Fused => {
+                Modules::Graphed(graph_model(dev, &cfg, gpt, checkpoint, buckets.as_deref())?)
+            }
             Mode::Pipeline | Mode::PipelineEager => {
                 Modules::Pipeline(Pipeline::new(dev, &cfg, gpt, mode == Mode::Pipeline)?)
             }
@@ -155,14 +195,14 @@ impl Trainer {
         let floor = (mode == Mode::Floor)
             .then(|| -> Result<Floor> {
                 let ids = Tensor::zeros(dev, &[cfg.batch, cfg.context])?;
-                let labels = Tensor::zeros(dev, &[cfg.batch * cfg.context])?;
+                let labels = Tensor::zeros(dev, &[cfg.batch, cfg.context])?;
                 let mut graph = Graph::new(dev);
                 graph.set_label("GPT step");
                 Ok(Floor { graph, loss: None, ids, labels, eager_left: 2 })
             })
             .transpose()?;
         let one = Tensor::full(dev, &[1], 1.0)?;
-        let mut t = Trainer { cfg, mode, modules, opt, opt_graph: None, floor, one, dev: dev.clone() };
+        let mut t = Trainer { cfg, mode, modules, opt, opt_graph: None, floor, one, dev: dev.clone(), buckets };
         if let (Mode::Fused, Modules::Graphed(g)) = (mode, &mut t.modules) {
             g.fuse()?;
         }
@@ -187,6 +227,41 @@ impl Trainer {
             (_, Some(Floor { graph, loss: Some(_), .. })) => graph.pool().stats().reserved,
             _ => 0,
         }
+    }
+
+    /// The sequence buckets, ascending, if any.
+    pub fn buckets(&self) -> Option<&[usize]> {
+        self.buckets.as_deref()
+    }
+
+    /// What capturing each bucket took (graphed modes with buckets).
+    pub fn bucket_reports(&self) -> Vec<BucketReport> {
+        match &self.modules {
+            Modules::Graphed(g) => g.inner().bucket_reports().to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The bucket a batch of `seq` positions runs in: the smallest that holds it (the
+    /// context without buckets).
+    pub fn bucket_of(&self, seq: usize) -> usize {
+        self.buckets.as_ref().and_then(|b| b.iter().copied().find(|s| *s >= seq)).unwrap_or(self.cfg.context)
+    }
+
+    /// Ids and labels `[batch, seq]` padded to `[batch, len]` as a graphed bucket pads them
+    /// (ids with byte 0, labels with the ignored label): what eager runs to compare bit for bit.
+    pub fn padded(&self, ids: &Tensor, labels: &Tensor, len: usize) -> Result<(Tensor, Tensor)> {
+        let pad = |t: &Tensor, value: f32| -> Result<Tensor> {
+            let (&[batch, seq], v) = (t.dims(), t.to_vec()?) else {
+                return Err(Error::msg(format!("[batch, seq] expected, got {:?}", t.dims())));
+            };
+            let mut out = vec![value; batch * len];
+            for b in 0..batch {
+                out[b * len..][..seq].copy_from_slice(&v[b * seq..][..seq]);
+            }
+            Tensor::from_slice(t.device(), &out, &[batch, len])
+        };
+        Ok((pad(ids, 0.0)?, pad(labels, graphed::ops::IGNORE_LABEL)?))
     }
 
     /// Block `i`, wherever it lives.
@@ -341,7 +416,8 @@ impl Trainer {
     /// The mean loss on a batch, without training (eager, so any batch size works).
     pub fn eval_loss(&self, ids: &Tensor, labels: &Tensor) -> Result<f32> {
         let (logits, _, _) = self.head()?.logits(&self.hidden(ids)?)?;
-        Ok(graphed::ops::softmax_cross_entropy(&logits, labels)?.0.to_vec()?[0])
+        let labels = labels.reshape(&[labels.numel()])?;
+        Ok(graphed::ops::softmax_cross_entropy(&logits, &labels)?.0.to_vec()?[0])
     }
 
     /// `n` bytes sampled after `prompt` (at temperature 0.8), reading at most the context.
