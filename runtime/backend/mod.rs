@@ -171,6 +171,11 @@ impl Backend {
                 LaunchDims::vectorized(n as usize, dtype),
                 &[KArg::Ptr(*p), KArg::F32(value), KArg::U32(n)],
             ),
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) if dtype == DType::I32 => c.launch(
+                BuiltinKernel::FillU32,
+                LaunchDims::vectorized(n as usize, dtype),
+                &[KArg::Ptr(*p), KArg::U32(crate::dtype::to_i32(value) as u32), KArg::U32(n)],
+            ),
             (Ptr::Cuda(p), BackendKind::Cuda(c)) => c.launch(
                 BuiltinKernel::FillU16,
                 LaunchDims::vectorized(n as usize, dtype),
@@ -197,11 +202,15 @@ impl Backend {
         }
     }
 
-    /// Writes `data` as `dtype` values (rounded for 16-bit dtypes) to `ptr` and waits.
+    /// Writes `data` as `dtype` values (rounded for 16-bit dtypes and `I32`) to `ptr` and waits.
     pub(crate) fn write_values(&self, ptr: &Ptr, data: &[f32], dtype: DType) -> Result<()> {
         self.forbid_during_capture("copy from host memory")?;
         match (ptr, &self.kind) {
             (Ptr::Cuda(p), BackendKind::Cuda(c)) if dtype == DType::F32 => c.copy_to_device(*p, data),
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) if dtype == DType::I32 => {
+                let ints: Vec<i32> = data.iter().map(|v| crate::dtype::to_i32(*v)).collect();
+                c.copy_to_device(*p, &ints)
+            }
             (Ptr::Cuda(p), BackendKind::Cuda(c)) => {
                 let bits: Vec<u16> = data.iter().map(|v| dtype.round_bits16(*v)).collect();
                 c.copy_to_device(*p, &bits)
@@ -225,6 +234,11 @@ impl Backend {
                 let mut out = vec![0.0; len];
                 c.copy_to_host(&mut out, *p)?;
                 Ok(out)
+            }
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) if dtype == DType::I32 => {
+                let mut out = vec![0i32; len];
+                c.copy_to_host(&mut out, *p)?;
+                Ok(out.into_iter().map(|v| v as f32).collect())
             }
             (Ptr::Cuda(p), BackendKind::Cuda(c)) => {
                 let mut bits = vec![0u16; len];

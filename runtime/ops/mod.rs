@@ -9,6 +9,7 @@ mod attention;
 pub(crate) mod basic;
 mod cast;
 pub mod cpu;
+mod decode;
 mod dropout;
 mod elementwise;
 mod flash;
@@ -22,6 +23,7 @@ pub use activation::{gelu, gelu_backward, relu, relu_backward, Gelu};
 pub use attention::{causal_attention, causal_attention_backward};
 pub use basic::{axpy_, copy_, fill_, scale_, scale_by_};
 pub use cast::cast;
+pub use decode::{decode_attention, kv_cache_append};
 pub use dropout::{dropout, dropout_backward};
 pub use elementwise::{add, mean, mul, scale, sum};
 pub use flash::{flash_attention, flash_attention_backward, Attention};
@@ -56,10 +58,14 @@ pub(crate) fn check_same(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
     Ok(())
 }
 
-/// Checks that all tensors have the dtype and device of the first (any dtype: ops with bf16
-/// and f16 kernels); returns that dtype. Mixing dtypes is [`Error::DTypeMismatch`].
+/// Checks that all tensors have the dtype and device of the first (any float dtype: ops with
+/// bf16 and f16 kernels); returns that dtype. Mixing dtypes is [`Error::DTypeMismatch`], an
+/// `I32` tensor [`Error::DType`].
 pub(crate) fn check_like(op: &'static str, tensors: &[&Tensor]) -> Result<DType> {
     let Some(first) = tensors.first() else { return Ok(DType::F32) };
+    if !first.dtype().is_float() {
+        return Err(Error::DType { op, got: first.dtype(), expected: DType::F32 });
+    }
     for t in tensors {
         if t.dtype() != first.dtype() {
             return Err(Error::DTypeMismatch { op, a: first.dtype(), b: t.dtype() });
