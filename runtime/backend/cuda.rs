@@ -134,6 +134,9 @@ pub(crate) struct CudaBackend {
     pub(crate) stream: Arc<CudaStream>,
     /// The loaded kernels, in `BuiltinKernel::ALL` order.
     functions: Vec<CudaFunction>,
+    /// The kernel that sets a conditional node's condition (`kernels/conditional.cu`),
+    /// compiled the first time a conditional graph is built on this device.
+    conditional_fn: Mutex<Option<CudaFunction>>,
     cublas: std::sync::Mutex<CublasHandle>,
     pub(crate) cublas_workspace: sys::CUdeviceptr,
     /// The device's error word: eight u32 that kernels report bad input in (bad token ids,
@@ -259,6 +262,7 @@ impl CudaBackend {
             ctx,
             stream,
             functions,
+            conditional_fn: Mutex::new(None),
             cublas: std::sync::Mutex::new(CublasHandle(cublas)),
             cublas_workspace,
             err_word,
@@ -335,6 +339,25 @@ impl CudaBackend {
             )
         }
         .map_err(driver_err("cuLaunchKernel"))
+    }
+
+    /// The kernel that sets a conditional node's condition, compiled (NVRTC) and loaded the
+    /// first time it is asked for; never during a capture (the caller checked).
+    pub(crate) fn conditional_kernel(&self) -> Result<CudaFunction> {
+        let mut slot = self.conditional_fn.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = slot.as_ref() {
+            return Ok(f.clone());
+        }
+        self.bind()?;
+        let (major, minor) = self.capability;
+        let options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
+        let opts = CompileOptions { options, ..Default::default() };
+        let ptx = compile_ptx_with_opts(include_str!("kernels/conditional.cu"), opts)
+            .map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
+        let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
+        let f = module.load_function("graphed_set_conditional").map_err(driver_err("cuModuleGetFunction"))?;
+        *slot = Some(f.clone());
+        Ok(f)
     }
 
     /// `C = alpha * op(A) * op(B) + beta * C` in cuBLAS's column-major terms.

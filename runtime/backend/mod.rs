@@ -359,6 +359,39 @@ impl Backend {
     }
 }
 
+/// The kind of a conditional node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CondKind {
+    /// Runs the body while the condition holds (tested before each pass).
+    While,
+    /// Runs the body once if the condition holds.
+    If,
+}
+
+/// What a conditional node tests: the first element of a one-element f32 or i32 tensor,
+/// `value < limit` when `below` is set, else `value != 0`.
+#[derive(Clone, Debug)]
+pub(crate) struct CondTest {
+    /// The device address of the value (CUDA).
+    pub(crate) ptr: u64,
+    /// The value on the host backend.
+    pub(crate) host: Option<HostPtr>,
+    pub(crate) is_i32: bool,
+    pub(crate) below: Option<f32>,
+}
+
+impl CondTest {
+    /// The test on the host backend's value (the same comparison as the kernel's: in f64).
+    fn holds_on_host(&self) -> bool {
+        let Some(h) = &self.host else { return false };
+        let v = if self.is_i32 { h.read_i32()[0] as f64 } else { h.read()[0] as f64 };
+        match self.below {
+            Some(limit) => v < limit as f64,
+            None => v != 0.0,
+        }
+    }
+}
+
 /// What a capture recorded: the host backend's op list or a CUDA graph.
 #[derive(Debug)]
 pub(crate) enum Recorded {
@@ -392,6 +425,37 @@ impl Recorded {
                 }
                 c.fuse_graphs(&raws).map(Recorded::Cuda)
             }
+        }
+    }
+
+    /// A recording that runs `body` as a conditional node (see [`CondKind`]): on CUDA a new
+    /// graph with a WHILE or IF node (one launch runs every pass); on the host one op that
+    /// tests the value and runs the body's ops as long (or if) it holds.
+    pub(crate) fn conditional(backend: &Backend, kind: CondKind, test: CondTest, body: &Recorded) -> Result<Recorded> {
+        match (body, &backend.kind) {
+            (Recorded::Host(ops), BackendKind::Host(_)) => {
+                let (ops, name) = (ops.clone(), if kind == CondKind::While { "while_loop" } else { "if_then" });
+                let run = move || -> Result<()> {
+                    let mut passes = 0;
+                    while (kind == CondKind::While || passes == 0) && test.holds_on_host() {
+                        ops.iter().try_for_each(|op| (op.run)())?;
+                        passes += 1;
+                    }
+                    Ok(())
+                };
+                Ok(Recorded::Host(vec![Arc::new(host::HostOp { name, run: Box::new(run) })]))
+            }
+            (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.conditional_graph(kind, &test, raw).map(Recorded::Cuda),
+            _ => Err(Error::invalid("conditional graph", "a recording of another backend")),
+        }
+    }
+
+    /// Why this recording cannot be the body of a conditional node, if it cannot (see
+    /// `GraphNode::conditional_body_violation`; on CUDA child graphs are searched too).
+    pub(crate) fn conditional_body_violation(&self, backend: &Backend) -> Result<Option<String>> {
+        match (self, &backend.kind) {
+            (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.conditional_body_violation(raw),
+            _ => Ok(self.nodes(backend)?.iter().find_map(GraphNode::conditional_body_violation)),
         }
     }
 

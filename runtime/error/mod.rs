@@ -588,6 +588,22 @@ pub enum Error {
         /// The cache's positions per sequence.
         max_len: usize,
     },
+    /// A graph cannot be the body of a conditional node ([`crate::ConditionalGraph`]).
+    #[error("graph `{graph}` cannot be the body of a conditional node: it holds {node}; bodies hold kernels, copies and memsets only (no memory allocation or free, host or collective nodes)")]
+    ConditionalBody {
+        /// The body graph's label.
+        graph: String,
+        /// The node that is not allowed there.
+        node: String,
+    },
+    /// Conditional graph nodes need a newer CUDA driver.
+    #[error("conditional graph nodes need a driver for CUDA {needed} or newer; this one supports CUDA {driver}")]
+    ConditionalUnsupported {
+        /// The CUDA version the driver supports.
+        driver: String,
+        /// The version conditional nodes need.
+        needed: String,
+    },
     /// A sequence is longer than the model's context.
     #[error("{op}: a sequence of {len} tokens is longer than the context of {context}; shorten it")]
     SequenceTooLong {
