@@ -328,3 +328,43 @@ fn float_ops_refuse_i32_tensors() {
 fn dtype_err_f32(e: &Error) -> bool {
     matches!(e, Error::DType { got: DType::F32, expected: DType::I32, .. })
 }
+
+/// Greedy sampling: the reference's indices on both backends (bitwise: indices), across dtypes
+/// and vocabularies that are not multiples of the block, with ties (the lower index), NaN
+/// (never chosen) and rows of -inf and of NaN.
+#[test]
+fn argmax_matches_the_reference() {
+    on_each_backend(|dev| {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for (batch, vocab) in [(1, 1), (3, 7), (4, 1000), (2, 50257)] {
+                let mut x: Vec<f32> =
+                    random_vec(batch * vocab, vocab as u64).into_iter().map(|v| dtype.round(v)).collect();
+                if vocab >= 7 {
+                    // Row 0: a tie far apart and a NaN above both; the last row all -inf but one NaN.
+                    x[3] = 5.0;
+                    x[vocab - 1] = 5.0;
+                    x[1] = f32::NAN;
+                    let last = (batch - 1) * vocab;
+                    x[last..].fill(f32::NEG_INFINITY);
+                    x[last + 2] = f32::NAN;
+                }
+                let t = Tensor::from_slice_as(dev, &x, &[batch, vocab], dtype)?;
+                let got = ops::argmax(&t)?;
+                assert_eq!(got.dtype(), DType::I32);
+                let want = cpu::argmax(&t.to_vec()?, batch, vocab);
+                assert_eq!(got.to_i32_vec()?, want, "{dtype} [{batch}, {vocab}]");
+                if vocab >= 7 {
+                    assert_eq!((want[0], want[batch - 1]), (3, 0));
+                }
+            }
+        }
+        let nan = Tensor::from_slice(dev, &[f32::NAN; 4], &[1, 4])?;
+        assert_eq!(ops::argmax(&nan)?.to_i32_vec()?, vec![0]);
+        expect_err("rank", ops::argmax(&Tensor::zeros(dev, &[4])?), is_shape)?;
+        expect_err("empty", ops::argmax(&Tensor::zeros(dev, &[2, 0])?), is_shape)?;
+        let ints = Tensor::from_i32(dev, &[1, 2], &[1, 2])?;
+        expect_err("i32 logits", ops::argmax(&ints), |e| matches!(e, Error::DType { .. }))?;
+        let x = Tensor::from_slice(dev, &random_vec(3 * 300, 4), &[3, 300])?;
+        eager_vs_replay(dev, || Ok(vec![ops::argmax(&x)?]))
+    });
+}

@@ -216,6 +216,9 @@ kernels! {
     DecodeCombineF16 = "decode_combine_f16" (Ptr, Ptr, Ptr, U32, U32, U32);
     KvCacheAppendU16 = "kv_cache_append_u16" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     KvCacheAppendU32 = "kv_cache_append_u32" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
+    ArgmaxRowsF32 = "argmax_rows_f32" (Ptr, Ptr, U32, U32);
+    ArgmaxRowsBf16 = "argmax_rows_bf16" (Ptr, Ptr, U32, U32);
+    ArgmaxRowsF16 = "argmax_rows_f16" (Ptr, Ptr, U32, U32);
 }
 
 /// The tile shapes of the fused attention kernels (`kernels/flash.cu`), one place for both

@@ -458,4 +458,4 @@ pub use attention::{
 
 #[path = "cpu_decode.rs"]
 mod decode;
-pub use decode::{decode_attention, kv_cache_append, CacheShape};
+pub use decode::{argmax, decode_attention, kv_cache_append, CacheShape};

@@ -129,3 +129,20 @@ pub fn kv_cache_append(
     }
     bad
 }
+
+/// Greedy sampling: for each of `rows` rows of `cols` values, the index of the largest value,
+/// the lowest index among equal ones; NaN is never chosen, and a row of NaN only gives 0.
+pub fn argmax(x: &[f32], rows: usize, cols: usize) -> Vec<i32> {
+    (0..rows)
+        .map(|r| {
+            let row = &x[r * cols..(r + 1) * cols];
+            let mut best: Option<(usize, f32)> = None;
+            for (j, &v) in row.iter().enumerate() {
+                if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+                    best = Some((j, v));
+                }
+            }
+            best.map_or(0, |(j, _)| j as i32)
+        })
+        .collect()
+}

@@ -17,6 +17,7 @@ mod fused;
 mod linear;
 mod loss;
 mod norm;
+mod sample;
 mod transformer;
 
 pub use activation::{gelu, gelu_backward, relu, relu_backward, Gelu};
@@ -32,6 +33,7 @@ pub use linear::{bias_add, linear, linear_backward, linear_to};
 pub(crate) use linear::{check_linear, out_dims};
 pub use loss::{mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels};
 pub use norm::{layer_norm, layer_norm_backward};
+pub use sample::argmax;
 pub use transformer::{embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu, swiglu_backward};
 
 use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, Typed};
@@ -214,6 +216,7 @@ pub(crate) mod k {
         Typed(B::RmsNormBwdParamsPartialF32, B::RmsNormBwdParamsPartialBf16, B::RmsNormBwdParamsPartialF16);
     /// The second pass: the partial sums added in order into a grad, by the grad's dtype.
     pub(crate) const COL_PARTIALS_ACC: Typed = Typed(B::ColPartialsAccF32, B::ColPartialsAccBf16, B::ColPartialsAccF16);
+    pub(crate) const ARGMAX_ROWS: Typed = Typed(B::ArgmaxRowsF32, B::ArgmaxRowsBf16, B::ArgmaxRowsF16);
     pub(crate) const SWAP12: Typed = Typed(B::Swap12F32, B::Swap12Bf16, B::Swap12F16);
     pub(crate) const SWIGLU: Typed = Typed(B::SwigluF32, B::SwigluBf16, B::SwigluF16);
     pub(crate) const SWIGLU_BWD: Typed = Typed(B::SwigluBwdF32, B::SwigluBwdBf16, B::SwigluBwdF16);

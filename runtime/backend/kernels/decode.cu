@@ -145,6 +145,44 @@ __device__ __forceinline__ void kv_append_t(W* kc, W* vc, int* lengths, const W*
     }
 }
 
+// Greedy sampling: out[r] = the index of the largest value of row r of x ([rows, cols]), the
+// lowest index among equal ones, NaN never chosen (a row of NaN only gives 0). One block of 256
+// threads per row: each thread scans its columns in order, then a fixed tree merges the
+// threads; (value, lower index) is a total order, so the result is the same on every run.
+#define ARGMAX_NONE 0xffffffffu
+__device__ __forceinline__ bool argmax_better(float v, u32 i, float bv, u32 bi) {
+    return i != ARGMAX_NONE && (bi == ARGMAX_NONE || v > bv || (v == bv && i < bi));
+}
+
+template <typename T>
+__device__ __forceinline__ void argmax_rows_t(int* out, const T* x, u32 rows, u32 cols) {
+    __shared__ float s_v[256];
+    __shared__ u32 s_i[256];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        float bv = gr_neg_inf();
+        u32 bi = ARGMAX_NONE;
+        for (u32 j = threadIdx.x; j < cols; j += blockDim.x) {
+            const float v = ld(x, r * cols + j);
+            if (v == v && argmax_better(v, j, bv, bi)) {
+                bv = v;
+                bi = j;
+            }
+        }
+        s_v[threadIdx.x] = bv;
+        s_i[threadIdx.x] = bi;
+        __syncthreads();
+        for (u32 s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s && argmax_better(s_v[threadIdx.x + s], s_i[threadIdx.x + s], s_v[threadIdx.x], s_i[threadIdx.x])) {
+                s_v[threadIdx.x] = s_v[threadIdx.x + s];
+                s_i[threadIdx.x] = s_i[threadIdx.x + s];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) out[r] = s_i[0] == ARGMAX_NONE ? 0 : (int)s_i[0];
+        __syncthreads();
+    }
+}
+
 // ---------------------------------------------------------------- instantiations
 
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16_d64(float* part_o, float* part_lse, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<bf16_t, 64>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
@@ -158,3 +196,6 @@ extern "C" __global__ void kv_cache_append_u32(u32* kc, u32* vc, int* lengths, c
 extern "C" __global__ void fill_u32(u32* y, u32 bits, u32 n) {
     for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = bits;
 }
+extern "C" __global__ void __launch_bounds__(256) argmax_rows_f32(int* out, const float* x, u32 rows, u32 cols) { argmax_rows_t(out, x, rows, cols); }
+extern "C" __global__ void __launch_bounds__(256) argmax_rows_bf16(int* out, const bf16_t* x, u32 rows, u32 cols) { argmax_rows_t(out, x, rows, cols); }
+extern "C" __global__ void __launch_bounds__(256) argmax_rows_f16(int* out, const f16_t* x, u32 rows, u32 cols) { argmax_rows_t(out, x, rows, cols); }
