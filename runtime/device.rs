@@ -150,8 +150,10 @@ impl Device {
     ///
     /// On CUDA, bad input a kernel found since the last check (a token id outside the
     /// vocabulary in [`crate::ops::embedding`] or its backward, eagerly or in a replayed graph)
-    /// is returned here as [`Error::TokenOutOfRange`], and cleared; every read to the host
-    /// ([`crate::Tensor::to_vec`] and friends) checks the same.
+    /// is returned here as [`Error::TokenOutOfRange`]; a KV cache length out of range or a full
+    /// cache ([`crate::ops::decode_attention`], [`crate::ops::kv_cache_append`]) as
+    /// [`Error::CacheLengthOutOfRange`] or [`Error::CacheFull`]. The report is cleared; every
+    /// read to the host ([`crate::Tensor::to_vec`] and friends) checks the same.
     pub fn synchronize(&self) -> Result<()> {
         self.0.backend.synchronize()
     }

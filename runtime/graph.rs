@@ -230,6 +230,11 @@ impl Graph {
         recorded.launch(self.device.backend())
     }
 
+    /// The captured recording, if any.
+    pub(crate) fn recorded(&self) -> Option<&Recorded> {
+        self.captured.as_ref()
+    }
+
     /// The graph's id in its pool's capture order.
     pub(crate) fn id(&self) -> u64 {
         self.id

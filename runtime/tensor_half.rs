@@ -1,4 +1,5 @@
-//! bf16 and f16 tensors: constructors from 16-bit values and from f32, and read-back.
+//! bf16, f16 and i32 tensors: constructors from 16-bit values, from i32 and from f32, and
+//! read-back.
 
 use half::{bf16, f16};
 
@@ -111,6 +112,61 @@ impl Tensor {
             BackendKind::Host(_) => t.host_ptr()?.write_bits16(bits),
         }
         Ok(t)
+    }
+
+    /// An [`DType::I32`] tensor holding `data` exactly (lengths and positions the device reads).
+    /// Illegal during capture.
+    ///
+    /// ```
+    /// use graphed::{DType, Device, Tensor};
+    /// let t = Tensor::from_i32(&Device::host(), &[3, -1, i32::MAX], &[3])?;
+    /// assert_eq!((t.dtype(), t.to_i32_vec()?), (DType::I32, vec![3, -1, i32::MAX]));
+    /// assert_eq!(t.to_vec()?, vec![3.0, -1.0, 2147483648.0]); // as f32: rounded
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn from_i32(device: &Device, data: &[i32], dims: &[usize]) -> Result<Tensor> {
+        let t = Tensor::empty_as(device, dims, DType::I32)?;
+        if t.numel() != data.len() {
+            return Err(Error::shape("Tensor::from_i32", format!("{} values for shape {dims:?}", data.len())));
+        }
+        t.write_i32(data)?;
+        Ok(t)
+    }
+
+    /// Overwrites an [`DType::I32`] tensor with `data`, exactly. Illegal during capture.
+    pub fn copy_from_i32(&self, data: &[i32]) -> Result<()> {
+        self.expect_dtype("Tensor::copy_from_i32", DType::I32)?;
+        if self.numel() != data.len() {
+            return Err(Error::shape("Tensor::copy_from_i32", format!("{} values into {:?}", data.len(), self.dims())));
+        }
+        self.write_i32(data)
+    }
+
+    fn write_i32(&self, data: &[i32]) -> Result<()> {
+        let backend = self.device().backend();
+        backend.forbid_during_capture("copy from host memory")?;
+        match &backend.kind {
+            BackendKind::Cuda(c) => c.copy_to_device(self.cuda_ptr()?, data),
+            BackendKind::Host(_) => {
+                self.host_ptr()?.write_i32(data);
+                Ok(())
+            }
+        }
+    }
+
+    /// The contents of an [`DType::I32`] tensor, exactly. Illegal during capture.
+    pub fn to_i32_vec(&self) -> Result<Vec<i32>> {
+        self.expect_dtype("Tensor::to_i32_vec", DType::I32)?;
+        let backend = self.device().backend();
+        backend.forbid_during_capture("copy to host memory")?;
+        match &backend.kind {
+            BackendKind::Cuda(c) => {
+                let mut out = vec![0i32; self.numel()];
+                c.copy_to_host(&mut out, self.cuda_ptr()?)?;
+                Ok(out)
+            }
+            BackendKind::Host(_) => Ok(self.host_ptr()?.read_i32()),
+        }
     }
 
     /// The raw 16-bit patterns of a bf16 or f16 tensor.

@@ -79,11 +79,16 @@ fn every_mode_trains_bit_for_bit_like_eager(cfg: Config) {
 /// Ragged rows (cut at line boundaries, each step's batch as long as its longest row):
 /// `mode` with sequence `buckets`, or eager on the same batches padded to the bucket each
 /// step's graphs replay. Per-step loss bits and the buckets used.
-fn train_ragged(dev: &Device, cfg: Config, mode: Mode, buckets: &[usize], steps: usize) -> Result<(Vec<u32>, Vec<usize>, Trainer)> {
+fn train_ragged(
+    dev: &Device,
+    cfg: Config,
+    mode: Mode,
+    buckets: &[usize],
+    steps: usize,
+) -> Result<(Vec<u32>, Vec<usize>, Trainer)> {
     let splits = corpus::Splits::new(b"a line\nand a longer line of text\nshort\n".repeat(40), cfg.context)?;
     let graphed = mode != Mode::Eager;
-    let mut trainer =
-        Trainer::with_buckets(dev, cfg, 5, 3e-3, mode, true, graphed.then(|| buckets.to_vec()))?;
+    let mut trainer = Trainer::with_buckets(dev, cfg, 5, 3e-3, mode, true, graphed.then(|| buckets.to_vec()))?;
     dev.rng()?.manual_seed(99)?;
     let mut rng = Rng(11);
     let (mut losses, mut used) = (Vec::new(), Vec::new());

@@ -112,7 +112,14 @@ pub struct Ragged {
 /// line and ends after the last newline within that length (or at the length, for a longer
 /// line). Rows shorter than the longest are padded here (ids 0, ignored labels); the graphed
 /// model pads the batch further, up to its sequence bucket.
-pub fn ragged_batch(dev: &Device, part: &[u8], batch: usize, context: usize, min: usize, rng: &mut Rng) -> Result<Ragged> {
+pub fn ragged_batch(
+    dev: &Device,
+    part: &[u8],
+    batch: usize,
+    context: usize,
+    min: usize,
+    rng: &mut Rng,
+) -> Result<Ragged> {
     let (lo, hi) = ((min.clamp(2, context)) as f64, context as f64);
     let len = ((lo.ln() + rng.uniform() * (hi.ln() - lo.ln())).exp().round() as usize).clamp(2, context);
     let mut rows = Vec::with_capacity(batch);

@@ -288,7 +288,13 @@ struct Measured {
 }
 
 /// The training loop: progress lines, validation every `eval_every` steps.
-fn train(trainer: &mut Trainer, splits: &corpus::Splits, steps: usize, eval_every: usize, lengths: Lengths) -> Result<Measured> {
+fn train(
+    trainer: &mut Trainer,
+    splits: &corpus::Splits,
+    steps: usize,
+    eval_every: usize,
+    lengths: Lengths,
+) -> Result<Measured> {
     let (cfg, dev) = (trainer.cfg, trainer.device().clone());
     let (mut rng, mut val_rng) = (Rng(0x9E37_79B9_7F4A_7C15), Rng(42));
     let mut m = Measured {
@@ -371,7 +377,9 @@ fn train(trainer: &mut Trainer, splits: &corpus::Splits, steps: usize, eval_ever
 enum Lengths {
     Fixed,
     /// Ragged rows, the shortest length drawn `min`.
-    Ragged { min: usize },
+    Ragged {
+        min: usize,
+    },
 }
 
 fn main() -> Result<()> {
@@ -411,11 +419,12 @@ fn main() -> Result<()> {
         return Err(Error::msg("--lengths ragged runs one batch per step: use --mode graphed, fused, floor or eager"));
     }
     let buckets = match lengths {
-        Lengths::Ragged { min } if graphed_mode && args.buckets > 1 => Some(bucket_sizes(min, cfg.context, args.buckets)),
+        Lengths::Ragged { min } if graphed_mode && args.buckets > 1 => {
+            Some(bucket_sizes(min, cfg.context, args.buckets))
+        }
         _ => None,
     };
-    let mut trainer =
-        Trainer::with_buckets(&dev, cfg, 7, peak, mode, checkpoint, buckets)?.with_schedule(schedule)?;
+    let mut trainer = Trainer::with_buckets(&dev, cfg, 7, peak, mode, checkpoint, buckets)?.with_schedule(schedule)?;
     let setup = t0.elapsed().as_secs_f64();
     let pool_at_start = trainer.pool_bytes();
     if graphed_mode {
@@ -442,7 +451,8 @@ fn main() -> Result<()> {
     let step_ms = m.steady_secs / m.steady_steps.max(1) as f64 * 1e3;
     println!("trained {steps} steps in {:.1} s: {rate:.0} tokens/s, {step_ms:.2} ms/step after step 10 (evaluation excluded); graph pool {pool_mb:.1} MB", t0.elapsed().as_secs_f64() - setup);
     if let Lengths::Ragged { .. } = lengths {
-        let buckets = trainer.buckets().map_or(String::from("none (every step padded to the context)"), |b| format!("{b:?}"));
+        let buckets =
+            trainer.buckets().map_or(String::from("none (every step padded to the context)"), |b| format!("{b:?}"));
         println!("ragged rows: {:.1}% of the computed positions were padding; sequence buckets {buckets}; no capture after setup", 100.0 * waste);
     }
     if let Some(path) = &args.json {

@@ -93,6 +93,8 @@ fn data_type(d: DType) -> sys::cudaDataType {
         DType::F32 => sys::cudaDataType::CUDA_R_32F,
         DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
         DType::F16 => sys::cudaDataType::CUDA_R_16F,
+        // Never reached: the GEMM ops take float dtypes only (check_like); cuBLAS refuses it.
+        DType::I32 => sys::cudaDataType::CUDA_R_32I,
     }
 }
 

@@ -24,10 +24,12 @@ pub(crate) const KERNEL_SOURCES: &[&str] = &[
     include_str!("kernels/mixed.cu"),
     include_str!("kernels/transformer.cu"),
     include_str!("kernels/flash.cu"),
+    include_str!("kernels/decode.cu"),
 ];
 
-/// The clear state of the device's error word (see `kernels/transformer.cu`): no bad token.
-const ERR_CLEAR: [u32; 4] = [u32::MAX, u32::MAX, 0, 0];
+/// The clear state of the device's error word (see `kernels/transformer.cu` and
+/// `kernels/decode.cu`): no bad token, no bad cache length.
+const ERR_CLEAR: [u32; 8] = [u32::MAX, u32::MAX, 0, 0, u32::MAX, u32::MAX, 0, 0];
 
 /// Bytes of the explicit cuBLAS workspace; with it set, GEMMs never allocate, so they capture.
 pub(crate) const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
@@ -132,9 +134,13 @@ pub(crate) struct CudaBackend {
     pub(crate) stream: Arc<CudaStream>,
     /// The loaded kernels, in `BuiltinKernel::ALL` order.
     functions: Vec<CudaFunction>,
+    /// The kernel that sets a conditional node's condition (`kernels/conditional.cu`),
+    /// compiled the first time a conditional graph is built on this device.
+    conditional_fn: Mutex<Option<CudaFunction>>,
     cublas: std::sync::Mutex<CublasHandle>,
     pub(crate) cublas_workspace: sys::CUdeviceptr,
-    /// The device's error word: four u32 that kernels report bad input in (bad token ids);
+    /// The device's error word: eight u32 that kernels report bad input in (bad token ids,
+    /// bad cache lengths);
     /// its address is fixed for the device's life, so graphs capture it.
     err_word: sys::CUdeviceptr,
     /// cublasLt (fused epilogues), when the library loads.
@@ -256,6 +262,7 @@ impl CudaBackend {
             ctx,
             stream,
             functions,
+            conditional_fn: Mutex::new(None),
             cublas: std::sync::Mutex::new(CublasHandle(cublas)),
             cublas_workspace,
             err_word,
@@ -332,6 +339,25 @@ impl CudaBackend {
             )
         }
         .map_err(driver_err("cuLaunchKernel"))
+    }
+
+    /// The kernel that sets a conditional node's condition, compiled (NVRTC) and loaded the
+    /// first time it is asked for; never during a capture (the caller checked).
+    pub(crate) fn conditional_kernel(&self) -> Result<CudaFunction> {
+        let mut slot = self.conditional_fn.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = slot.as_ref() {
+            return Ok(f.clone());
+        }
+        self.bind()?;
+        let (major, minor) = self.capability;
+        let options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
+        let opts = CompileOptions { options, ..Default::default() };
+        let ptx = compile_ptx_with_opts(include_str!("kernels/conditional.cu"), opts)
+            .map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
+        let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
+        let f = module.load_function("graphed_set_conditional").map_err(driver_err("cuModuleGetFunction"))?;
+        *slot = Some(f.clone());
+        Ok(f)
     }
 
     /// `C = alpha * op(A) * op(B) + beta * C` in cuBLAS's column-major terms.
@@ -549,24 +575,34 @@ impl CudaBackend {
     }
 
     /// Reads the error word (the stream is idle); a report becomes [`Error::TokenOutOfRange`]
+    /// (a bad token id) or a cache error ([`Error::CacheFull`], [`Error::CacheLengthOutOfRange`]),
     /// and the word is cleared.
     fn take_reported_error(&self) -> Result<()> {
-        let mut w = [0u32; 4];
+        let mut w = [0u32; 8];
         // SAFETY: `err_word` is a live 16-byte allocation of this context; the stream is idle
         // (the caller synchronized) and both copies complete before the calls return.
         unsafe {
             result::memcpy_dtoh_async(&mut w, self.err_word, self.stream.cu_stream())
                 .map_err(driver_err("cuMemcpyDtoHAsync"))?;
             self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))?;
-            if w[3] == 0 {
+            if w[3] == 0 && w[7] == 0 {
                 return Ok(());
             }
             result::memcpy_htod_async(self.err_word, &ERR_CLEAR, self.stream.cu_stream())
                 .map_err(driver_err("cuMemcpyHtoDAsync"))?;
             self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))?;
         }
-        let op = if w[3] & 1 != 0 { "embedding" } else { "embedding_backward" };
-        Err(Error::TokenOutOfRange { op, id: f32::from_bits(w[0]), pos: w[1] as usize, vocab: w[2] as usize })
+        if w[3] != 0 {
+            let op = if w[3] & 1 != 0 { "embedding" } else { "embedding_backward" };
+            return Err(Error::TokenOutOfRange {
+                op,
+                id: f32::from_bits(w[0]),
+                pos: w[1] as usize,
+                vocab: w[2] as usize,
+            });
+        }
+        let op = if w[7] & 2 != 0 { "kv_cache_append" } else { "decode_attention" };
+        Err(Error::cache_length(op, w[5] as usize, w[4] as i32, w[6] as usize))
     }
 
     /// Creates a timing event pair and returns elapsed ms of `f`'s stream work.

@@ -40,6 +40,8 @@ fn data_type(d: DType) -> cublas_sys::cudaDataType {
         DType::F32 => cublas_sys::cudaDataType::CUDA_R_32F,
         DType::BF16 => cublas_sys::cudaDataType::CUDA_R_16BF,
         DType::F16 => cublas_sys::cudaDataType::CUDA_R_16F,
+        // Never reached: the GEMM ops take float dtypes only (check_like); cuBLAS refuses it.
+        DType::I32 => cublas_sys::cudaDataType::CUDA_R_32I,
     }
 }
 

@@ -5,11 +5,13 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::sync::Arc;
 
-use cudarc::driver::{result, sys, CudaContext};
+use std::ffi::c_void;
+
+use cudarc::driver::{result, sys, CudaContext, CudaFunction};
 
 use super::cuda::{check, driver_err, CudaBackend};
 use super::DropErrors;
-use super::{CaptureMode, GraphNode, NodeKind};
+use super::{CaptureMode, CondKind, CondTest, GraphNode, NodeKind};
 use crate::capabilities::CudaVersion;
 use crate::{Error, Result};
 
@@ -144,6 +146,78 @@ impl CudaBackend {
         Ok(fused)
     }
 
+    /// A new graph, instantiated, that runs `body` as a conditional node: `[set condition] ->
+    /// WHILE/IF { body [-> set condition, for WHILE] }`. The condition kernel
+    /// (`kernels/conditional.cu`) reads `test` on the device before the node and, for WHILE,
+    /// after each pass of the body; the body is cloned into the node's own body graph as a
+    /// child graph, so `body` stays independent. The caller checked the driver (CUDA 12.4) and
+    /// the body's nodes.
+    pub(crate) fn conditional_graph(&self, kind: CondKind, test: &CondTest, body: &RawGraph) -> Result<RawGraph> {
+        let func = self.conditional_kernel()?;
+        let _entered = self.gate.enter()?;
+        self.bind()?;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: creates an empty graph we own from here on (the RawGraph below destroys it).
+        unsafe { check("cuGraphCreate", sys::cuGraphCreate(&mut graph, 0))? };
+        let mut out = RawGraph {
+            graph,
+            exec: std::ptr::null_mut(),
+            ctx: self.ctx.clone(),
+            drop_errors: self.drop_errors.clone(),
+        };
+        let mut handle: sys::CUgraphConditionalHandle = 0;
+        // SAFETY: `out.graph` is valid and the context is current; the handle belongs to the
+        // graph (no default value is assigned at launch: the kernel before the node sets it).
+        unsafe {
+            check(
+                "cuGraphConditionalHandleCreate",
+                sys::cuGraphConditionalHandleCreate(&mut handle, out.graph, self.ctx.cu_ctx(), 0, 0),
+            )?
+        };
+        let set = add_set_conditional(out.graph, &[], &func, handle, test)?;
+        // SAFETY: zeroed node params are valid (plain data and null pointers); we set the type
+        // and the conditional member, the one the driver reads for this type.
+        let mut params: sys::CUgraphNodeParams = unsafe { std::mem::zeroed() };
+        params.type_ = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL;
+        params.__bindgen_anon_1.conditional = sys::CUDA_CONDITIONAL_NODE_PARAMS {
+            handle,
+            type_: match kind {
+                CondKind::While => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_WHILE,
+                CondKind::If => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_IF,
+            },
+            size: 1,
+            phGraph_out: std::ptr::null_mut(),
+            ctx: self.ctx.cu_ctx(),
+        };
+        let mut node: sys::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: valid graph, one valid dependency, params as above; the driver fills
+        // `phGraph_out` with an array (owned by the node) of `size` body graphs.
+        unsafe { check("cuGraphAddNode", sys::cuGraphAddNode(&mut node, out.graph, &set, 1, &mut params))? };
+        // SAFETY: reading the member we wrote, which the driver updated.
+        let bodies = unsafe { params.__bindgen_anon_1.conditional.phGraph_out };
+        if bodies.is_null() {
+            return Err(Error::invalid(
+                "conditional graph",
+                "the driver returned no body graph for the conditional node",
+            ));
+        }
+        // SAFETY: `bodies` points to `size` (1) graphs owned by the node, alive as long as it is.
+        let body_graph = unsafe { *bodies };
+        let mut child: sys::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: both graphs are valid; the body is cloned into the node's body graph.
+        unsafe {
+            check(
+                "cuGraphAddChildGraphNode",
+                sys::cuGraphAddChildGraphNode(&mut child, body_graph, std::ptr::null(), 0, body.graph),
+            )?
+        };
+        if kind == CondKind::While {
+            add_set_conditional(body_graph, &[child], &func, handle, test)?;
+        }
+        self.instantiate(&mut out)?;
+        Ok(out)
+    }
+
     pub(crate) fn launch_graph(&self, g: &RawGraph) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
@@ -155,11 +229,43 @@ impl CudaBackend {
     /// The graph's nodes with their kinds, kernel names and dependencies.
     pub(crate) fn nodes(&self, g: &RawGraph) -> Result<Vec<GraphNode>> {
         self.bind()?;
+        self.nodes_of(g.graph).map(|(nodes, _)| nodes)
+    }
+
+    /// Why `g` cannot be the body of a conditional node, if it cannot: the first node (in its
+    /// child graphs too) that [`GraphNode::conditional_body_violation`] refuses.
+    pub(crate) fn conditional_body_violation(&self, g: &RawGraph) -> Result<Option<String>> {
+        self.bind()?;
+        self.violation_in(g.graph, 0)
+    }
+
+    fn violation_in(&self, graph: sys::CUgraph, depth: usize) -> Result<Option<String>> {
+        let (nodes, handles) = self.nodes_of(graph)?;
+        for (node, &handle) in nodes.iter().zip(&handles) {
+            if let Some(why) = node.conditional_body_violation() {
+                return Ok(Some(if depth == 0 { why } else { format!("{why} of a child graph") }));
+            }
+            if node.kind == NodeKind::ChildGraph {
+                let mut child: sys::CUgraph = std::ptr::null_mut();
+                // SAFETY: `handle` is a child-graph node of `graph`; the child stays owned by it.
+                unsafe {
+                    check("cuGraphChildGraphNodeGetGraph", sys::cuGraphChildGraphNodeGetGraph(handle, &mut child))?
+                };
+                if let Some(why) = self.violation_in(child, depth + 1)? {
+                    return Ok(Some(why));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The nodes of `graph` (the context is bound) and their driver handles, in one order.
+    fn nodes_of(&self, graph: sys::CUgraph) -> Result<(Vec<GraphNode>, Vec<sys::CUgraphNode>)> {
         let mut count = 0usize;
         // SAFETY: first call sizes, second fills a buffer of that size.
-        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(g.graph, std::ptr::null_mut(), &mut count))? };
+        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count))? };
         let mut nodes = vec![std::ptr::null_mut(); count];
-        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(g.graph, nodes.as_mut_ptr(), &mut count))? };
+        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count))? };
         let index: HashMap<usize, usize> = nodes.iter().enumerate().map(|(i, n)| (*n as usize, i)).collect();
         let mut out = Vec::with_capacity(count);
         for (i, &node) in nodes.iter().enumerate() {
@@ -190,6 +296,9 @@ impl CudaBackend {
                 sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY => (NodeKind::Empty, None),
                 sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => (NodeKind::MemAlloc, None),
                 sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => (NodeKind::MemFree, None),
+                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST => (NodeKind::Host, None),
+                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH => (NodeKind::ChildGraph, None),
+                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL => (NodeKind::Conditional, None),
                 _ => (NodeKind::Other, None),
             };
             let mut ndeps = 0usize;
@@ -214,7 +323,7 @@ impl CudaBackend {
             let dependencies = deps.iter().filter_map(|d| index.get(&(*d as usize)).copied()).collect();
             out.push(GraphNode { index: i, kind, kernel, dependencies });
         }
-        Ok(out)
+        Ok((out, nodes))
     }
 
     /// Writes CUDA's own DOT dump of the graph to `path`.
@@ -224,4 +333,44 @@ impl CudaBackend {
         // SAFETY: valid graph and NUL-terminated path.
         unsafe { check("cuGraphDebugDotPrint", sys::cuGraphDebugDotPrint(g.graph, c.as_ptr(), 1)) }
     }
+}
+
+/// Adds a one-thread kernel node that sets the conditional `handle` from `test`, after `deps`.
+fn add_set_conditional(
+    graph: sys::CUgraph,
+    deps: &[sys::CUgraphNode],
+    func: &CudaFunction,
+    handle: sys::CUgraphConditionalHandle,
+    test: &CondTest,
+) -> Result<sys::CUgraphNode> {
+    // The kernel's parameters: (handle, const void* value, u32 is_i32, u32 below, float limit).
+    let (mut h, mut value, mut is_i32, mut below, mut limit) =
+        (handle, test.ptr, test.is_i32 as u32, test.below.is_some() as u32, test.below.unwrap_or(0.0));
+    let mut args: [*mut c_void; 5] = [
+        (&mut h) as *mut u64 as *mut c_void,
+        (&mut value) as *mut u64 as *mut c_void,
+        (&mut is_i32) as *mut u32 as *mut c_void,
+        (&mut below) as *mut u32 as *mut c_void,
+        (&mut limit) as *mut f32 as *mut c_void,
+    ];
+    let p = sys::CUDA_KERNEL_NODE_PARAMS {
+        func: func.cu_function(),
+        gridDimX: 1,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: 1,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        kernelParams: args.as_mut_ptr(),
+        extra: std::ptr::null_mut(),
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    };
+    let mut node: sys::CUgraphNode = std::ptr::null_mut();
+    let deps_ptr = if deps.is_empty() { std::ptr::null() } else { deps.as_ptr() };
+    // SAFETY: a valid graph and function loaded on the current context; the argument values
+    // and the pointer array outlive the call, which copies them into the node.
+    unsafe { check("cuGraphAddKernelNode", sys::cuGraphAddKernelNode_v2(&mut node, graph, deps_ptr, deps.len(), &p))? };
+    Ok(node)
 }

@@ -69,6 +69,10 @@ impl HostPtr {
                 let w = self.offset / 4;
                 data[w..w + self.len].iter().map(|b| f32::from_bits(*b)).collect()
             }
+            DType::I32 => {
+                let w = self.offset / 4;
+                data[w..w + self.len].iter().map(|b| *b as i32 as f32).collect()
+            }
             dt => (0..self.len).map(|i| dt.widen_bits16(half_at(&data, self.offset / 2 + i))).collect(),
         }
     }
@@ -83,6 +87,12 @@ impl HostPtr {
                 let w = self.offset / 4;
                 for (d, v) in data[w..w + n].iter_mut().zip(values) {
                     *d = v.to_bits();
+                }
+            }
+            DType::I32 => {
+                let w = self.offset / 4;
+                for (d, v) in data[w..w + n].iter_mut().zip(values) {
+                    *d = crate::dtype::to_i32(*v) as u32;
                 }
             }
             dt => {
@@ -105,6 +115,16 @@ impl HostPtr {
         for (i, b) in bits.iter().take(self.len).enumerate() {
             set_half(&mut data, self.offset / 2 + i, *b);
         }
+    }
+
+    /// The elements of an `I32` range.
+    pub(crate) fn read_i32(&self) -> Vec<i32> {
+        self.read_u32().into_iter().map(|w| w as i32).collect()
+    }
+
+    /// Overwrites an `I32` range.
+    pub(crate) fn write_i32(&self, values: &[i32]) {
+        self.write_u32(&values.iter().map(|v| *v as u32).collect::<Vec<_>>());
     }
 
     /// The elements as raw 32-bit words (the RNG state is stored as u32 words).

@@ -112,6 +112,7 @@ kernels! {
     FillU16 = "fill_u16" (Ptr, U32, U32);
     ResizeAxisU32 = "resize_axis_u32" (Ptr, Ptr, U32, U32, U32, U32, U32);
     ResizeAxisU16 = "resize_axis_u16" (Ptr, Ptr, U32, U32, U32, U32, U32);
+    FillU32 = "fill_u32" (Ptr, U32, U32);
     CastF32Bf16 = "cast_f32_bf16" (Ptr, Ptr, U32);
     CastF32F16 = "cast_f32_f16" (Ptr, Ptr, U32);
     CastBf16F32 = "cast_bf16_f32" (Ptr, Ptr, U32);
@@ -210,6 +211,18 @@ kernels! {
     FlashBwdDkdvBf16D128 = "flash_bwd_dkdv_bf16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
     FlashBwdDkdvF16D64 = "flash_bwd_dkdv_f16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
     FlashBwdDkdvF16D128 = "flash_bwd_dkdv_f16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    // Decoding with a KV cache: kernels/decode.cu.
+    DecodePartialBf16D64 = "decode_partial_bf16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32, Ptr);
+    DecodePartialBf16D128 = "decode_partial_bf16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32, Ptr);
+    DecodePartialF16D64 = "decode_partial_f16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32, Ptr);
+    DecodePartialF16D128 = "decode_partial_f16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32, Ptr);
+    DecodeCombineBf16 = "decode_combine_bf16" (Ptr, Ptr, Ptr, U32, U32, U32);
+    DecodeCombineF16 = "decode_combine_f16" (Ptr, Ptr, Ptr, U32, U32, U32);
+    KvCacheAppendU16 = "kv_cache_append_u16" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
+    KvCacheAppendU32 = "kv_cache_append_u32" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
+    ArgmaxRowsF32 = "argmax_rows_f32" (Ptr, Ptr, U32, U32);
+    ArgmaxRowsBf16 = "argmax_rows_bf16" (Ptr, Ptr, U32, U32);
+    ArgmaxRowsF16 = "argmax_rows_f16" (Ptr, Ptr, U32, U32);
 }
 
 /// The tile shapes of the fused attention kernels (`kernels/flash.cu`), one place for both
@@ -277,6 +290,9 @@ impl Typed {
             crate::DType::F32 => self.0,
             crate::DType::BF16 => self.1,
             crate::DType::F16 => self.2,
+            // The float ops refuse I32 before they pick a kernel (`ops::check_like`); were one
+            // to get here, the f32 kernel reads the 4-byte elements in bounds.
+            crate::DType::I32 => self.0,
         }
     }
 }

@@ -180,6 +180,11 @@ impl Backend {
                 LaunchDims::vectorized(n as usize, dtype),
                 &[KArg::Ptr(*p), KArg::F32(value), KArg::U32(n)],
             ),
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) if dtype == DType::I32 => c.launch(
+                BuiltinKernel::FillU32,
+                LaunchDims::vectorized(n as usize, dtype),
+                &[KArg::Ptr(*p), KArg::U32(crate::dtype::to_i32(value) as u32), KArg::U32(n)],
+            ),
             (Ptr::Cuda(p), BackendKind::Cuda(c)) => c.launch(
                 BuiltinKernel::FillU16,
                 LaunchDims::vectorized(n as usize, dtype),
@@ -229,7 +234,8 @@ impl Backend {
             (Ptr::Cuda(d), Ptr::Cuda(s), BackendKind::Cuda(c)) => {
                 let (kernel, bits) = match dtype {
                     DType::F32 => (BuiltinKernel::ResizeAxisU32, pad.to_bits()),
-                    _ => (BuiltinKernel::ResizeAxisU16, dtype.round_bits16(pad) as u32),
+                    DType::I32 => (BuiltinKernel::ResizeAxisU32, crate::dtype::to_i32(pad) as u32),
+                    DType::BF16 | DType::F16 => (BuiltinKernel::ResizeAxisU16, dtype.round_bits16(pad) as u32),
                 };
                 let dims = [outer, dst_len, src_len, inner].map(|v| u32::try_from(v).ok());
                 let [Some(o), Some(dl), Some(sl), Some(i)] = dims else {
@@ -253,11 +259,15 @@ impl Backend {
         }
     }
 
-    /// Writes `data` as `dtype` values (rounded for 16-bit dtypes) to `ptr` and waits.
+    /// Writes `data` as `dtype` values (rounded for 16-bit dtypes and `I32`) to `ptr` and waits.
     pub(crate) fn write_values(&self, ptr: &Ptr, data: &[f32], dtype: DType) -> Result<()> {
         self.forbid_during_capture("copy from host memory")?;
         match (ptr, &self.kind) {
             (Ptr::Cuda(p), BackendKind::Cuda(c)) if dtype == DType::F32 => c.copy_to_device(*p, data),
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) if dtype == DType::I32 => {
+                let ints: Vec<i32> = data.iter().map(|v| crate::dtype::to_i32(*v)).collect();
+                c.copy_to_device(*p, &ints)
+            }
             (Ptr::Cuda(p), BackendKind::Cuda(c)) => {
                 let bits: Vec<u16> = data.iter().map(|v| dtype.round_bits16(*v)).collect();
                 c.copy_to_device(*p, &bits)
@@ -281,6 +291,11 @@ impl Backend {
                 let mut out = vec![0.0; len];
                 c.copy_to_host(&mut out, *p)?;
                 Ok(out)
+            }
+            (Ptr::Cuda(p), BackendKind::Cuda(c)) if dtype == DType::I32 => {
+                let mut out = vec![0i32; len];
+                c.copy_to_host(&mut out, *p)?;
+                Ok(out.into_iter().map(|v| v as f32).collect())
             }
             (Ptr::Cuda(p), BackendKind::Cuda(c)) => {
                 let mut bits = vec![0u16; len];
@@ -401,6 +416,39 @@ impl Backend {
     }
 }
 
+/// The kind of a conditional node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CondKind {
+    /// Runs the body while the condition holds (tested before each pass).
+    While,
+    /// Runs the body once if the condition holds.
+    If,
+}
+
+/// What a conditional node tests: the first element of a one-element f32 or i32 tensor,
+/// `value < limit` when `below` is set, else `value != 0`.
+#[derive(Clone, Debug)]
+pub(crate) struct CondTest {
+    /// The device address of the value (CUDA).
+    pub(crate) ptr: u64,
+    /// The value on the host backend.
+    pub(crate) host: Option<HostPtr>,
+    pub(crate) is_i32: bool,
+    pub(crate) below: Option<f32>,
+}
+
+impl CondTest {
+    /// The test on the host backend's value (the same comparison as the kernel's: in f64).
+    fn holds_on_host(&self) -> bool {
+        let Some(h) = &self.host else { return false };
+        let v = if self.is_i32 { h.read_i32()[0] as f64 } else { h.read()[0] as f64 };
+        match self.below {
+            Some(limit) => v < limit as f64,
+            None => v != 0.0,
+        }
+    }
+}
+
 /// What a capture recorded: the host backend's op list or a CUDA graph.
 #[derive(Debug)]
 pub(crate) enum Recorded {
@@ -434,6 +482,37 @@ impl Recorded {
                 }
                 c.fuse_graphs(&raws).map(Recorded::Cuda)
             }
+        }
+    }
+
+    /// A recording that runs `body` as a conditional node (see [`CondKind`]): on CUDA a new
+    /// graph with a WHILE or IF node (one launch runs every pass); on the host one op that
+    /// tests the value and runs the body's ops as long (or if) it holds.
+    pub(crate) fn conditional(backend: &Backend, kind: CondKind, test: CondTest, body: &Recorded) -> Result<Recorded> {
+        match (body, &backend.kind) {
+            (Recorded::Host(ops), BackendKind::Host(_)) => {
+                let (ops, name) = (ops.clone(), if kind == CondKind::While { "while_loop" } else { "if_then" });
+                let run = move || -> Result<()> {
+                    let mut passes = 0;
+                    while (kind == CondKind::While || passes == 0) && test.holds_on_host() {
+                        ops.iter().try_for_each(|op| (op.run)())?;
+                        passes += 1;
+                    }
+                    Ok(())
+                };
+                Ok(Recorded::Host(vec![Arc::new(host::HostOp { name, run: Box::new(run) })]))
+            }
+            (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.conditional_graph(kind, &test, raw).map(Recorded::Cuda),
+            _ => Err(Error::invalid("conditional graph", "a recording of another backend")),
+        }
+    }
+
+    /// Why this recording cannot be the body of a conditional node, if it cannot (see
+    /// `GraphNode::conditional_body_violation`; on CUDA child graphs are searched too).
+    pub(crate) fn conditional_body_violation(&self, backend: &Backend) -> Result<Option<String>> {
+        match (self, &backend.kind) {
+            (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.conditional_body_violation(raw),
+            _ => Ok(self.nodes(backend)?.iter().find_map(GraphNode::conditional_body_violation)),
         }
     }
 

@@ -29,6 +29,12 @@ pub enum NodeKind {
     MemAlloc,
     /// A graph memory free.
     MemFree,
+    /// A host function.
+    Host,
+    /// A child graph (a fused step's parts).
+    ChildGraph,
+    /// A conditional node (`ConditionalGraph`): WHILE or IF over a body graph.
+    Conditional,
     /// Anything else.
     Other,
 }
@@ -44,4 +50,29 @@ pub struct GraphNode {
     pub kernel: Option<String>,
     /// Indices of the nodes this one waits for.
     pub dependencies: Vec<usize>,
+}
+
+/// The names of the host backend's recorded collectives (`dist`'s emulated ranks): a
+/// conditional body may not hold them, as it may not hold NCCL kernels.
+const HOST_COLLECTIVES: [&str; 7] =
+    ["all_reduce", "all_reduce_bucket", "all_gather", "reduce_scatter", "broadcast", "send", "recv"];
+
+impl GraphNode {
+    /// Why this node cannot be in the body of a conditional node, if it cannot: memory
+    /// allocation and free nodes, host nodes, collectives (NCCL kernels, the host backend's
+    /// emulated ones) and the kinds CUDA does not allow there (events and the like).
+    pub(crate) fn conditional_body_violation(&self) -> Option<String> {
+        let kernel = self.kernel.as_deref().unwrap_or("?");
+        match self.kind {
+            NodeKind::MemAlloc | NodeKind::MemFree => {
+                Some(format!("a memory {:?} node (node {})", self.kind, self.index))
+            }
+            NodeKind::Host => Some(format!("a host node (node {})", self.index)),
+            NodeKind::Other => Some(format!("a node of a kind bodies cannot hold (node {})", self.index)),
+            NodeKind::Kernel if kernel.starts_with("nccl") || HOST_COLLECTIVES.contains(&kernel) => {
+                Some(format!("the collective `{kernel}` (node {})", self.index))
+            }
+            _ => None,
+        }
+    }
 }

@@ -24,6 +24,16 @@ impl Error {
         Error::Shape { op, detail: detail.to_string() }
     }
 
+    /// The cache error for `length` of `sequence`: [`Error::CacheFull`] when `kv_cache_append`
+    /// found a full cache, [`Error::CacheLengthOutOfRange`] otherwise.
+    pub(crate) fn cache_length(op: &'static str, sequence: usize, length: i32, max_len: usize) -> Error {
+        if op == "kv_cache_append" && length >= 0 && length as usize == max_len {
+            Error::CacheFull { op, sequence, max_len }
+        } else {
+            Error::CacheLengthOutOfRange { op, sequence, length: length as i64, max_len }
+        }
+    }
+
     pub(crate) fn invalid(op: &'static str, detail: impl fmt::Display) -> Error {
         Error::InvalidArgument { op, detail: detail.to_string() }
     }

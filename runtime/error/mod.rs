@@ -571,6 +571,46 @@ pub enum Error {
         /// Empty, or why the device cannot run the kernels.
         device: String,
     },
+    /// A KV cache had no room for one more step: sequence `sequence` already holds `max_len`
+    /// positions. Sequences with room were appended; this one is unchanged.
+    #[error("{op}: the KV cache of sequence {sequence} is full ({max_len} positions); start a new sequence or use a longer cache")]
+    CacheFull {
+        /// The operation.
+        op: &'static str,
+        /// The sequence (batch index).
+        sequence: usize,
+        /// The cache's positions per sequence.
+        max_len: usize,
+    },
+    /// A KV cache length is not in `0..=max_len` (on the device, it was read there). The
+    /// sequence was treated as empty (zero output) or left unchanged.
+    #[error("{op}: the cache length {length} of sequence {sequence} is not in 0..={max_len}")]
+    CacheLengthOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The sequence (batch index).
+        sequence: usize,
+        /// The length it holds.
+        length: i64,
+        /// The cache's positions per sequence.
+        max_len: usize,
+    },
+    /// A graph cannot be the body of a conditional node ([`crate::ConditionalGraph`]).
+    #[error("graph `{graph}` cannot be the body of a conditional node: it holds {node}; bodies hold kernels, copies and memsets only (no memory allocation or free, host or collective nodes)")]
+    ConditionalBody {
+        /// The body graph's label.
+        graph: String,
+        /// The node that is not allowed there.
+        node: String,
+    },
+    /// Conditional graph nodes need a newer CUDA driver.
+    #[error("conditional graph nodes need a driver for CUDA {needed} or newer; this one supports CUDA {driver}")]
+    ConditionalUnsupported {
+        /// The CUDA version the driver supports.
+        driver: String,
+        /// The version conditional nodes need.
+        needed: String,
+    },
     /// A sequence is longer than the model's context.
     #[error("{op}: a sequence of {len} tokens is longer than the context of {context}; shorten it")]
     SequenceTooLong {

@@ -2,7 +2,7 @@
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{exec, n32, Exec};
-use crate::{DType, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 /// The kernel that converts `from` to `to` (`None` when they are equal: a copy).
 fn cast_kernel(from: DType, to: DType) -> Option<BuiltinKernel> {
@@ -36,6 +36,10 @@ fn cast_kernel(from: DType, to: DType) -> Option<BuiltinKernel> {
 pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     const OP: &str = "cast";
     x.check_fresh()?;
+    if x.dtype() != dtype && !(x.dtype().is_float() && dtype.is_float()) {
+        let got = if x.dtype().is_float() { dtype } else { x.dtype() };
+        return Err(Error::DType { op: OP, got, expected: DType::F32 });
+    }
     let n = n32(OP, x.numel())?;
     let Some(kernel) = cast_kernel(x.dtype(), dtype) else { return x.deep_clone() };
     let y = Tensor::empty_as(x.device(), x.dims(), dtype)?;

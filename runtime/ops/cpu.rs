@@ -469,3 +469,7 @@ mod attention;
 pub use attention::{
     attention, attention_backward, causal_attention, causal_attention_backward, AttnDims, AttnSaved, AttnShape,
 };
+
+#[path = "cpu_decode.rs"]
+mod decode;
+pub use decode::{argmax, decode_attention, kv_cache_append, CacheShape};

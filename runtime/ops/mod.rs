@@ -9,6 +9,7 @@ mod attention;
 pub(crate) mod basic;
 mod cast;
 pub mod cpu;
+mod decode;
 mod dropout;
 mod elementwise;
 mod flash;
@@ -16,12 +17,14 @@ mod fused;
 mod linear;
 mod loss;
 mod norm;
+mod sample;
 mod transformer;
 
 pub use activation::{gelu, gelu_backward, relu, relu_backward, Gelu};
 pub use attention::{causal_attention, causal_attention_backward};
 pub use basic::{axpy_, copy_, fill_, scale_, scale_by_};
 pub use cast::cast;
+pub use decode::{decode_attention, kv_cache_append};
 pub use dropout::{dropout, dropout_backward};
 pub use elementwise::{add, mean, mul, scale, sum};
 pub use flash::{flash_attention, flash_attention_backward, Attention};
@@ -32,6 +35,7 @@ pub use loss::{
     mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels, IGNORE_LABEL,
 };
 pub use norm::{layer_norm, layer_norm_backward};
+pub use sample::argmax;
 pub use transformer::{embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu, swiglu_backward};
 
 use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, Typed};
@@ -58,10 +62,14 @@ pub(crate) fn check_same(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
     Ok(())
 }
 
-/// Checks that all tensors have the dtype and device of the first (any dtype: ops with bf16
-/// and f16 kernels); returns that dtype. Mixing dtypes is [`Error::DTypeMismatch`].
+/// Checks that all tensors have the dtype and device of the first (any float dtype: ops with
+/// bf16 and f16 kernels); returns that dtype. Mixing dtypes is [`Error::DTypeMismatch`], an
+/// `I32` tensor [`Error::DType`].
 pub(crate) fn check_like(op: &'static str, tensors: &[&Tensor]) -> Result<DType> {
     let Some(first) = tensors.first() else { return Ok(DType::F32) };
+    if !first.dtype().is_float() {
+        return Err(Error::DType { op, got: first.dtype(), expected: DType::F32 });
+    }
     for t in tensors {
         if t.dtype() != first.dtype() {
             return Err(Error::DTypeMismatch { op, a: first.dtype(), b: t.dtype() });
@@ -210,6 +218,7 @@ pub(crate) mod k {
         Typed(B::RmsNormBwdParamsPartialF32, B::RmsNormBwdParamsPartialBf16, B::RmsNormBwdParamsPartialF16);
     /// The second pass: the partial sums added in order into a grad, by the grad's dtype.
     pub(crate) const COL_PARTIALS_ACC: Typed = Typed(B::ColPartialsAccF32, B::ColPartialsAccBf16, B::ColPartialsAccF16);
+    pub(crate) const ARGMAX_ROWS: Typed = Typed(B::ArgmaxRowsF32, B::ArgmaxRowsBf16, B::ArgmaxRowsF16);
     pub(crate) const SWAP12: Typed = Typed(B::Swap12F32, B::Swap12Bf16, B::Swap12F16);
     pub(crate) const SWIGLU: Typed = Typed(B::SwigluF32, B::SwigluBf16, B::SwigluF16);
     pub(crate) const SWIGLU_BWD: Typed = Typed(B::SwigluBwdF32, B::SwigluBwdBf16, B::SwigluBwdF16);

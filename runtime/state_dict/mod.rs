@@ -168,6 +168,7 @@ pub fn load_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
         let data = &bytes[entry.bytes.clone()];
         let data: Vec<f32> = match dtype {
             DType::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            DType::I32 => data.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32).collect(),
             _ => data.chunks_exact(2).map(|b| dtype.widen_bits16(u16::from_le_bytes([b[0], b[1]]))).collect(),
         };
         values.push((p, data));
@@ -203,5 +204,6 @@ fn file_dtype(dtype: DType) -> Dtype {
         DType::F32 => Dtype::F32,
         DType::BF16 => Dtype::BF16,
         DType::F16 => Dtype::F16,
+        DType::I32 => Dtype::I32,
     }
 }

@@ -1,0 +1,201 @@
+// Decoding with a KV cache: attention of one new query token per sequence against the cache
+// (flash-decoding: the cache split across blocks, then a combine), appending a step's keys and
+// values at each sequence's length, and filling 32-bit words. NVRTC compiles this file after
+// core.cu, ops.cu, half.cu, transformer.cu and flash.cu in one program: u16, u32, u64, ld, st,
+// warp_sum, gr_neg_inf and the 16-bit types come from there.
+//
+// Layout: q and out are [batch, heads, D], the caches [batch, kv_heads, max_len, D] (kv_heads
+// divides heads: query head h reads key/value head h / (heads / kv_heads)), lengths an i32
+// [batch]: sequence b attends to cache positions 0..lengths[b]. Lengths are read on the device
+// only, so one captured graph serves every length; the launch shape depends on max_len alone.
+// Scores, softmax and sums are f32; the output rounds to the cache's dtype. No atomics on data:
+// every sum runs in an order fixed by the sizes, so results are bitwise reproducible.
+
+// ---------------------------------------------------------------- cache errors in the error word
+//
+// Words 4-7 of the device's error word (see transformer.cu for words 0-3): words 4-5, one u64,
+// the minimum over reports of (sequence << 32 | length bits), all ones when clear; word 6
+// max_len (the largest reported); word 7 the op bits (1: decode_attention, 2: kv_cache_append),
+// zero when clear. CudaBackend reads and clears it on synchronize.
+__device__ __forceinline__ void gr_report_cache(u32* err, u32 seq, int len, u32 max_len, u32 op_bit) {
+    atomicMin(reinterpret_cast<unsigned long long*>(err + 4), ((u64)seq << 32) | (u64)(u32)len);
+    atomicMax(err + 6, max_len);
+    atomicOr(err + 7, op_bit);
+}
+
+#define DEC_WARPS 4
+
+// One block of DEC_WARPS warps per (split, query head, sequence): the split's keys
+// [split * split_len, min(len, (split + 1) * split_len)) go to the warps in turn (key j to warp
+// j % DEC_WARPS), each warp keeps an online softmax (max m, sum l, unnormalised P·V in
+// registers: lane owns columns lane + 32 e), then the block merges its warps in warp order.
+// Writes the split's normalised output (f32 [batch, heads, splits, D]) and its logsumexp
+// (f32 [batch, heads, splits]; -inf when the split holds no key). A length outside 0..max_len
+// counts as 0 keys and is reported by the block of split 0, head 0.
+template <typename T, int D>
+__device__ __forceinline__ void decode_partial_t(float* part_o, float* part_lse, const T* q, const T* kc, const T* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) {
+    constexpr int E = D / 32;
+    __shared__ float s_m[DEC_WARPS], s_l[DEC_WARPS];
+    __shared__ float s_acc[DEC_WARPS][D];
+    const u32 s = blockIdx.x, h = blockIdx.y, b = blockIdx.z, splits = gridDim.x;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int raw = lengths[b];
+    const bool bad = raw < 0 || raw > (int)max_len;
+    if (bad && s == 0 && h == 0 && threadIdx.x == 0) gr_report_cache(err, b, raw, max_len, 1u);
+    const u32 len = bad ? 0u : (u32)raw;
+    const u32 kvh = h / (heads / kv_heads);
+    const u64 qo = ((u64)b * heads + h) * D;
+    float qr[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) qr[e] = ld(q, qo + lane + 32 * e) * scale;
+    const u64 base = ((u64)b * kv_heads + kvh) * (u64)max_len * D;
+    const u32 j0 = s * split_len;
+    const u32 j1 = len < j0 + split_len ? len : j0 + split_len;
+    float m = gr_neg_inf(), l = 0.0f;
+    float acc[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+    for (u32 j = j0 + warp; j < j1; j += DEC_WARPS) {
+        const u64 ko = base + (u64)j * D;
+        float sc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) sc += qr[e] * ld(kc, ko + lane + 32 * e);
+        sc = warp_sum(sc);
+        const float mn = fmaxf(m, sc);
+        const float c = expf(m - mn);
+        const float p = expf(sc - mn);
+        l = l * c + p;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = acc[e] * c + p * ld(vc, ko + lane + 32 * e);
+        m = mn;
+    }
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_l[warp] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) s_acc[warp][lane + 32 * e] = acc[e];
+    __syncthreads();
+    float mx = gr_neg_inf();
+    for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, s_m[w]);
+    const u64 po = ((u64)b * heads + h) * splits + s;
+    for (u32 d = threadIdx.x; d < (u32)D; d += blockDim.x) {
+        float sum = 0.0f, o = 0.0f;
+        if (mx != gr_neg_inf()) {
+            for (int w = 0; w < DEC_WARPS; ++w) {
+                const float c = s_m[w] == gr_neg_inf() ? 0.0f : expf(s_m[w] - mx);
+                sum += s_l[w] * c;
+                o += s_acc[w][d] * c;
+            }
+        }
+        part_o[po * D + d] = sum > 0.0f ? o / sum : 0.0f;
+        if (d == 0) part_lse[po] = sum > 0.0f ? mx + logf(sum) : gr_neg_inf();
+    }
+}
+
+// One block of d threads per (query head, sequence): the splits' outputs weighted by
+// exp(lse_split - max lse), in split order. A sequence with no key (length 0, or a reported bad
+// length) gets zeros.
+template <typename T>
+__device__ __forceinline__ void decode_combine_t(T* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) {
+    const u64 row = (u64)blockIdx.y * heads + blockIdx.x;
+    const float* lse = part_lse + row * splits;
+    float mx = gr_neg_inf();
+    for (u32 s = 0; s < splits; ++s) mx = fmaxf(mx, lse[s]);
+    for (u32 c = threadIdx.x; c < d; c += blockDim.x) {
+        float wsum = 0.0f, o = 0.0f;
+        if (mx != gr_neg_inf()) {
+            for (u32 s = 0; s < splits; ++s) {
+                if (lse[s] == gr_neg_inf()) continue;
+                const float w = expf(lse[s] - mx);
+                wsum += w;
+                o += w * part_o[(row * splits + s) * d + c];
+            }
+        }
+        st(out, row * d + c, wsum > 0.0f ? o / wsum : 0.0f);
+    }
+}
+
+// One block per sequence: copies the step's keys and values ([batch, kv_heads, d], raw words W)
+// to cache position lengths[b], then thread 0 increments lengths[b] (after the barrier, so every
+// thread has read the old length). A full cache (length == max_len) or a length outside
+// 0..max_len is left unchanged and reported.
+template <typename W>
+__device__ __forceinline__ void kv_append_t(W* kc, W* vc, int* lengths, const W* k, const W* v, u32 kv_heads, u32 max_len, u32 d, u32* err) {
+    const u32 b = blockIdx.x;
+    const int len = lengths[b];
+    const bool ok = len >= 0 && len < (int)max_len;
+    if (ok) {
+        const u64 n = (u64)kv_heads * d;
+        for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
+            const u64 h = i / d, e = i % d;
+            const u64 dst = (((u64)b * kv_heads + h) * max_len + (u64)len) * d + e;
+            const u64 src = (u64)b * n + i;
+            kc[dst] = k[src];
+            vc[dst] = v[src];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (ok) {
+            lengths[b] = len + 1;
+        } else {
+            gr_report_cache(err, b, len, max_len, 2u);
+        }
+    }
+}
+
+// Greedy sampling: out[r] = the index of the largest value of row r of x ([rows, cols]), the
+// lowest index among equal ones, NaN never chosen (a row of NaN only gives 0). One block of 256
+// threads per row: each thread scans its columns in order, then a fixed tree merges the
+// threads; (value, lower index) is a total order, so the result is the same on every run.
+#define ARGMAX_NONE 0xffffffffu
+__device__ __forceinline__ bool argmax_better(float v, u32 i, float bv, u32 bi) {
+    return i != ARGMAX_NONE && (bi == ARGMAX_NONE || v > bv || (v == bv && i < bi));
+}
+
+template <typename T>
+__device__ __forceinline__ void argmax_rows_t(int* out, const T* x, u32 rows, u32 cols) {
+    __shared__ float s_v[256];
+    __shared__ u32 s_i[256];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        float bv = gr_neg_inf();
+        u32 bi = ARGMAX_NONE;
+        for (u32 j = threadIdx.x; j < cols; j += blockDim.x) {
+            const float v = ld(x, r * cols + j);
+            if (v == v && argmax_better(v, j, bv, bi)) {
+                bv = v;
+                bi = j;
+            }
+        }
+        s_v[threadIdx.x] = bv;
+        s_i[threadIdx.x] = bi;
+        __syncthreads();
+        for (u32 s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s && argmax_better(s_v[threadIdx.x + s], s_i[threadIdx.x + s], s_v[threadIdx.x], s_i[threadIdx.x])) {
+                s_v[threadIdx.x] = s_v[threadIdx.x + s];
+                s_i[threadIdx.x] = s_i[threadIdx.x + s];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) out[r] = s_i[0] == ARGMAX_NONE ? 0 : (int)s_i[0];
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------- instantiations
+
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16_d64(float* part_o, float* part_lse, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<bf16_t, 64>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16_d128(float* part_o, float* part_lse, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<bf16_t, 128>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f16_d64(float* part_o, float* part_lse, const f16_t* q, const f16_t* kc, const f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<f16_t, 64>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f16_d128(float* part_o, float* part_lse, const f16_t* q, const f16_t* kc, const f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<f16_t, 128>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
+extern "C" __global__ void decode_combine_bf16(bf16_t* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) { decode_combine_t(out, part_o, part_lse, heads, splits, d); }
+extern "C" __global__ void decode_combine_f16(f16_t* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) { decode_combine_t(out, part_o, part_lse, heads, splits, d); }
+extern "C" __global__ void kv_cache_append_u16(u16* kc, u16* vc, int* lengths, const u16* k, const u16* v, u32 kv_heads, u32 max_len, u32 d, u32* err) { kv_append_t(kc, vc, lengths, k, v, kv_heads, max_len, d, err); }
+extern "C" __global__ void kv_cache_append_u32(u32* kc, u32* vc, int* lengths, const u32* k, const u32* v, u32 kv_heads, u32 max_len, u32 d, u32* err) { kv_append_t(kc, vc, lengths, k, v, kv_heads, max_len, d, err); }
+extern "C" __global__ void fill_u32(u32* y, u32 bits, u32 n) {
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = bits;
+}
+extern "C" __global__ void __launch_bounds__(256) argmax_rows_f32(int* out, const float* x, u32 rows, u32 cols) { argmax_rows_t(out, x, rows, cols); }
+extern "C" __global__ void __launch_bounds__(256) argmax_rows_bf16(int* out, const bf16_t* x, u32 rows, u32 cols) { argmax_rows_t(out, x, rows, cols); }
+extern "C" __global__ void __launch_bounds__(256) argmax_rows_f16(int* out, const f16_t* x, u32 rows, u32 cols) { argmax_rows_t(out, x, rows, cols); }

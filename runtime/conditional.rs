@@ -1,0 +1,244 @@
+//! Conditional graphs: a captured graph run as the body of a WHILE or IF node whose condition
+//! the device evaluates, so one launch runs the body as many times as the device decides
+//! (CUDA 12.4 conditional nodes; the host backend runs the same loop on the CPU).
+
+use crate::backend::{CondKind, CondTest, Ptr, Recorded};
+use crate::{Capabilities, CudaVersion, DType, Device, Error, Graph, Result, Tensor};
+
+/// What a conditional graph tests on the device, before each pass of its body: the value of a
+/// one-element `f32` or [`DType::I32`] tensor, nonzero or below a limit. The body (or the
+/// work before the launch) writes the tensor; nothing is read on the host.
+///
+/// ```
+/// use graphed::{Condition, DType, Device, Tensor};
+/// let dev = Device::host();
+/// let step = Tensor::from_i32(&dev, &[0], &[1])?;
+/// let cond = Condition::below(&step, 16.0)?; // while step < 16
+/// let flag = Tensor::zeros(&dev, &[1])?;
+/// let cond = Condition::nonzero(&flag)?; // if flag != 0
+/// assert!(Condition::nonzero(&Tensor::zeros(&dev, &[2])?).is_err()); // one element only
+/// # Ok::<(), graphed::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Condition {
+    value: Tensor,
+    below: Option<f32>,
+}
+
+impl Condition {
+    /// Holds while `flag[0] != 0`. `flag` is a one-element f32 or i32 tensor.
+    pub fn nonzero(flag: &Tensor) -> Result<Condition> {
+        Condition::new("Condition::nonzero", flag, None)
+    }
+
+    /// Holds while `value[0] < limit` (compared in f64, so every i32 is exact). `value` is a
+    /// one-element f32 or i32 tensor.
+    pub fn below(value: &Tensor, limit: f32) -> Result<Condition> {
+        Condition::new("Condition::below", value, Some(limit))
+    }
+
+    fn new(op: &'static str, value: &Tensor, below: Option<f32>) -> Result<Condition> {
+        if value.dtype() != DType::F32 && value.dtype() != DType::I32 {
+            return Err(Error::DType { op, got: value.dtype(), expected: DType::I32 });
+        }
+        if value.numel() != 1 {
+            return Err(Error::shape(
+                op,
+                format!("the condition is one value, got a tensor of shape {:?}", value.dims()),
+            ));
+        }
+        value.check_fresh()?;
+        Ok(Condition { value: value.clone(), below })
+    }
+
+    /// The tensor the condition reads.
+    pub fn value(&self) -> &Tensor {
+        &self.value
+    }
+
+    fn test(&self) -> Result<CondTest> {
+        let (ptr, host) = match self.value.ptr()? {
+            Ptr::Cuda(p) => (p, None),
+            Ptr::Host(h) => (0, Some(h)),
+        };
+        Ok(CondTest { ptr, host, is_i32: self.value.dtype() == DType::I32, below: self.below })
+    }
+}
+
+/// A captured graph run as the body of a conditional node: [`Graph::while_loop`] runs it as
+/// long as its [`Condition`] holds (tested before each pass), [`Graph::if_then`] once if it
+/// holds, all in one launch ([`ConditionalGraph::launch`]) with the condition evaluated on the
+/// device. It owns the body graph (and so the pool memory the body's captured work uses).
+///
+/// On CUDA it is a graph with a CUDA 12.4 conditional node (a driver for an older CUDA is
+/// [`Error::ConditionalUnsupported`]): a kernel before the node and, for a loop, one after
+/// each pass of the body set the condition with `cudaGraphSetConditional`. The body must hold
+/// kernels, copies and memsets only: a body with memory allocation or free nodes, host nodes,
+/// or collectives (NCCL, or the host backend's emulated ones) is refused when the conditional
+/// graph is built ([`Error::ConditionalBody`]). On the host backend one op tests the value and
+/// runs the body's recorded ops as long (or if) it holds.
+///
+/// A loop whose body never makes its condition false never ends, on either backend.
+///
+/// ```
+/// use graphed::{ops, CaptureMode, Condition, Device, Graph, Tensor};
+/// let dev = Device::host();
+/// let counter = Tensor::zeros(&dev, &[1])?;
+/// let one = Tensor::full(&dev, &[1], 1.0)?;
+/// let mut body = Graph::new(&dev);
+/// body.capture(CaptureMode::Global, || ops::axpy_(&counter, 1.0, &one))?;
+/// let mut lp = body.while_loop(&Condition::below(&counter, 5.0)?)?;
+/// lp.launch()?; // one launch: the body runs while counter < 5
+/// assert_eq!(counter.to_vec()?, vec![5.0]);
+/// counter.copy_from_slice(&[3.0])?;
+/// lp.launch()?;
+/// assert_eq!(counter.to_vec()?, vec![5.0]); // twice more
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub struct ConditionalGraph {
+    body: Graph,
+    condition: Condition,
+    kind: CondKind,
+    recorded: Recorded,
+}
+
+impl std::fmt::Debug for ConditionalGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ConditionalGraph({:?} over {:?})", self.kind, self.body)
+    }
+}
+
+impl ConditionalGraph {
+    /// Checks everything, then builds: the body is captured, not capturing, on the
+    /// condition's device, and holds only what conditional bodies may; on CUDA the driver
+    /// supports CUDA 12.4. A refused call gives nothing back but the error (the body is
+    /// dropped with it; use [`ConditionalGraph::check_body`] first to keep it).
+    fn build(body: Graph, condition: &Condition, kind: CondKind) -> Result<ConditionalGraph> {
+        ConditionalGraph::check_body(&body, condition)?;
+        let device = body.device().clone();
+        let recorded = body
+            .recorded()
+            .ok_or_else(|| Error::NotCaptured { graph: body.label().to_string() })
+            .and_then(|r| Recorded::conditional(device.backend(), kind, condition.test()?, r))?;
+        Ok(ConditionalGraph { body, condition: condition.clone(), kind, recorded })
+    }
+
+    /// The checks [`Graph::while_loop`] and [`Graph::if_then`] make before they build, without
+    /// taking the body: the same typed errors.
+    pub fn check_body(body: &Graph, condition: &Condition) -> Result<()> {
+        let device = body.device();
+        device.backend().forbid_during_capture("building a conditional graph")?;
+        let recorded = body.recorded().ok_or_else(|| Error::NotCaptured { graph: body.label().to_string() })?;
+        if condition.value.device() != device {
+            return Err(Error::DeviceMismatch {
+                op: "conditional graph",
+                a: device.name(),
+                b: condition.value.device().name(),
+            });
+        }
+        check_driver(device)?;
+        if let Some(node) = recorded.conditional_body_violation(device.backend())? {
+            return Err(Error::ConditionalBody { graph: body.label().to_string(), node });
+        }
+        Ok(())
+    }
+
+    /// Runs the conditional graph once on the device stream: the condition is tested on the
+    /// device and the body runs as many times as it holds (a loop) or at most once. The body's
+    /// pool order is checked and advanced as for a replay of the body (so it is refused while
+    /// another graph of a shared pool is due); refused during a capture.
+    pub fn launch(&mut self) -> Result<()> {
+        let ticket = self.body.check_replay()?;
+        self.condition.value.check_fresh()?;
+        let device = self.body.device().clone();
+        self.recorded.launch(device.backend())?;
+        self.body.pool().advance_replay(ticket);
+        Ok(())
+    }
+
+    /// The body graph.
+    pub fn body(&self) -> &Graph {
+        &self.body
+    }
+
+    /// The condition.
+    pub fn condition(&self) -> &Condition {
+        &self.condition
+    }
+
+    /// Whether this is a loop (`while_loop`) rather than a branch (`if_then`).
+    pub fn is_loop(&self) -> bool {
+        self.kind == CondKind::While
+    }
+
+    /// Gives the body graph back (the conditional graph is destroyed).
+    pub fn into_body(self) -> Graph {
+        self.body
+    }
+}
+
+/// Refuses a CUDA device whose driver predates conditional nodes (the host backend runs them
+/// itself).
+fn check_driver(device: &Device) -> Result<()> {
+    driver_refusal(device.capabilities())
+}
+
+fn driver_refusal(caps: Capabilities) -> Result<()> {
+    match caps.driver {
+        Some(driver) if !caps.conditional_nodes => Err(Error::ConditionalUnsupported {
+            driver: driver.to_string(),
+            needed: CudaVersion::CONDITIONAL_NODES.to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+impl Graph {
+    /// This captured graph as the body of a loop that runs while `condition` holds, tested on
+    /// the device before each pass; see [`ConditionalGraph`].
+    pub fn while_loop(self, condition: &Condition) -> Result<ConditionalGraph> {
+        ConditionalGraph::build(self, condition, CondKind::While)
+    }
+
+    /// This captured graph as the body of a branch that runs once if `condition` holds
+    /// (tested on the device); see [`ConditionalGraph`].
+    ///
+    /// ```
+    /// use graphed::{ops, CaptureMode, Condition, Device, Graph, Tensor};
+    /// let dev = Device::host();
+    /// let (flag, x) = (Tensor::zeros(&dev, &[1])?, Tensor::zeros(&dev, &[1])?);
+    /// let one = Tensor::full(&dev, &[1], 1.0)?;
+    /// let mut body = Graph::new(&dev);
+    /// body.capture(CaptureMode::Global, || ops::axpy_(&x, 1.0, &one))?;
+    /// let mut skip = body.if_then(&Condition::nonzero(&flag)?)?;
+    /// skip.launch()?;
+    /// assert_eq!(x.to_vec()?, vec![0.0]); // flag is 0: skipped
+    /// flag.copy_from_slice(&[1.0])?;
+    /// skip.launch()?;
+    /// assert_eq!(x.to_vec()?, vec![1.0]);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn if_then(self, condition: &Condition) -> Result<ConditionalGraph> {
+        ConditionalGraph::build(self, condition, CondKind::If)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A driver older than CUDA 12.4 is refused with a typed error; 12.4, 13.0 and the host
+    /// backend are not.
+    #[test]
+    fn drivers_before_cuda_12_4_are_refused() {
+        let refused = driver_refusal(Capabilities::cuda(CudaVersion(12030), true, None));
+        assert!(
+            matches!(&refused, Err(Error::ConditionalUnsupported { driver, needed }) if driver == "12.3" && needed == "12.4"),
+            "{refused:?}"
+        );
+        for v in [12040, 13000] {
+            assert!(driver_refusal(Capabilities::cuda(CudaVersion(v), true, None)).is_ok());
+        }
+        assert!(driver_refusal(Capabilities::host()).is_ok());
+    }
+}

@@ -1,0 +1,148 @@
+//! The CPU references of decoding with a KV cache: attention of one query token per sequence
+//! over the first `lengths[b]` cache positions, and appending one step at each sequence's
+//! length. Included in [`crate::ops::cpu`]; products and sums in f64, the softmax unrounded
+//! (the CUDA kernels keep it in f32).
+
+/// The sizes of a KV cache and of the queries that read it: `q` and the output are
+/// `[batch, heads, head_dim]`, the caches `[batch, kv_heads, max_len, head_dim]`, the lengths
+/// `[batch]`. `kv_heads` divides `heads`: query head `h` reads key/value head
+/// `h / (heads / kv_heads)` (grouped-query attention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheShape {
+    /// Sequences in the batch.
+    pub batch: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads: divides `heads`.
+    pub kv_heads: usize,
+    /// Positions each sequence's cache holds.
+    pub max_len: usize,
+    /// Features per head.
+    pub head_dim: usize,
+}
+
+impl CacheShape {
+    /// `1 / sqrt(head_dim)`, the score scale, in f32 (as the kernels use it).
+    pub fn scale(self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// The dims of the caches: `[batch, kv_heads, max_len, head_dim]`.
+    pub fn cache_dims(self) -> [usize; 4] {
+        [self.batch, self.kv_heads, self.max_len, self.head_dim]
+    }
+
+    /// The dims of the queries and the output: `[batch, heads, head_dim]`.
+    pub fn query_dims(self) -> [usize; 3] {
+        [self.batch, self.heads, self.head_dim]
+    }
+
+    /// The dims of one step's keys and values: `[batch, kv_heads, head_dim]`.
+    pub fn step_dims(self) -> [usize; 3] {
+        [self.batch, self.kv_heads, self.head_dim]
+    }
+
+    /// The length of sequence `b` when it is in `0..=max_len`.
+    fn valid(self, len: i32) -> Option<usize> {
+        usize::try_from(len).ok().filter(|&l| l <= self.max_len)
+    }
+}
+
+/// One query token per sequence against its cache: for sequence `b` and head `h`,
+/// `p = softmax(q[b, h] · k[b, kv(h), j] · scale)` over `j < lengths[b]` and
+/// `out[b, h] = Σ_j p_j v[b, kv(h), j]`. A sequence whose length is 0, or not in `0..=max_len`,
+/// gets zeros. Returns the output and the first sequence whose length is out of range, with
+/// that length (the op reports it as [`crate::Error::CacheLengthOutOfRange`]).
+pub fn decode_attention(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    lengths: &[i32],
+    s: CacheShape,
+) -> (Vec<f32>, Option<(usize, i32)>) {
+    let (dh, scale) = (s.head_dim, s.scale() as f64);
+    let group = s.heads / s.kv_heads;
+    let mut out = vec![0.0f32; s.batch * s.heads * dh];
+    let mut bad = None;
+    let mut scores = Vec::with_capacity(s.max_len);
+    for (b, &raw) in lengths.iter().enumerate().take(s.batch) {
+        let Some(len) = s.valid(raw) else {
+            bad = bad.or(Some((b, raw)));
+            continue;
+        };
+        for h in 0..s.heads {
+            let qrow = &q[(b * s.heads + h) * dh..][..dh];
+            let base = (b * s.kv_heads + h / group) * s.max_len * dh;
+            scores.clear();
+            for j in 0..len {
+                let krow = &k_cache[base + j * dh..][..dh];
+                scores.push(qrow.iter().zip(krow).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale);
+            }
+            let m = scores.iter().fold(f64::NEG_INFINITY, |m, x| m.max(*x));
+            let z: f64 = scores.iter().map(|x| (x - m).exp()).sum();
+            let o = &mut out[(b * s.heads + h) * dh..][..dh];
+            let mut acc = vec![0.0f64; dh];
+            for (j, x) in scores.iter().enumerate() {
+                let p = (x - m).exp() / z;
+                for (a, v) in acc.iter_mut().zip(&v_cache[base + j * dh..][..dh]) {
+                    *a += p * *v as f64;
+                }
+            }
+            for (o, a) in o.iter_mut().zip(&acc) {
+                *o = *a as f32;
+            }
+        }
+    }
+    (out, bad)
+}
+
+/// Writes one step's keys and values (`[batch, kv_heads, head_dim]`) at position `lengths[b]`
+/// of each sequence's cache and increments `lengths[b]`. A sequence whose cache is full
+/// (`lengths[b] == max_len`) or whose length is out of range is left unchanged; the first such
+/// sequence and its length are returned (the op reports [`crate::Error::CacheFull`] or
+/// [`crate::Error::CacheLengthOutOfRange`]).
+pub fn kv_cache_append(
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    lengths: &mut [i32],
+    k: &[f32],
+    v: &[f32],
+    s: CacheShape,
+) -> Option<(usize, i32)> {
+    let dh = s.head_dim;
+    let mut bad = None;
+    for (b, len) in lengths.iter_mut().enumerate().take(s.batch) {
+        let pos = match s.valid(*len) {
+            Some(pos) if pos < s.max_len => pos,
+            _ => {
+                bad = bad.or(Some((b, *len)));
+                continue;
+            }
+        };
+        for h in 0..s.kv_heads {
+            let src = (b * s.kv_heads + h) * dh;
+            let dst = ((b * s.kv_heads + h) * s.max_len + pos) * dh;
+            k_cache[dst..dst + dh].copy_from_slice(&k[src..src + dh]);
+            v_cache[dst..dst + dh].copy_from_slice(&v[src..src + dh]);
+        }
+        *len += 1;
+    }
+    bad
+}
+
+/// Greedy sampling: for each of `rows` rows of `cols` values, the index of the largest value,
+/// the lowest index among equal ones; NaN is never chosen, and a row of NaN only gives 0.
+pub fn argmax(x: &[f32], rows: usize, cols: usize) -> Vec<i32> {
+    (0..rows)
+        .map(|r| {
+            let row = &x[r * cols..(r + 1) * cols];
+            let mut best: Option<(usize, f32)> = None;
+            for (j, &v) in row.iter().enumerate() {
+                if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+                    best = Some((j, v));
+                }
+            }
+            best.map_or(0, |(j, _)| j as i32)
+        })
+        .collect()
+}

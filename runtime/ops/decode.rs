@@ -1,0 +1,292 @@
+//! Decoding with a KV cache (`kernels/decode.cu`): attention of one new query token per
+//! sequence against the cache, and appending a step's keys and values to it. The lengths live
+//! in an `I32` tensor on the device and are read there only, so one captured graph serves
+//! every length.
+
+use crate::backend::{BuiltinKernel as B, KArg, LaunchDims};
+use crate::ops::cpu::{self, CacheShape};
+use crate::ops::{check_like, exec, Attention, Exec};
+use crate::{DType, Error, Result, Tensor};
+
+/// Keys per block of the decode kernels' first pass, and how many blocks split one sequence's
+/// cache: at least 256 keys a block and at most 64 blocks. A function of `max_len` only, so
+/// the launch shape (and the summation order) is the same for every length.
+pub(crate) fn decode_splits(max_len: usize) -> (usize, usize) {
+    let split_len = max_len.div_ceil(64).div_ceil(64).max(4) * 64;
+    (split_len, max_len.div_ceil(split_len).max(1))
+}
+
+/// Checks that `lengths` is the `I32` vector `[batch]` on `like`'s device.
+fn check_lengths(op: &'static str, lengths: &Tensor, like: &Tensor, batch: usize) -> Result<()> {
+    if lengths.dtype() != DType::I32 {
+        return Err(Error::DType { op, got: lengths.dtype(), expected: DType::I32 });
+    }
+    if lengths.device() != like.device() {
+        return Err(Error::DeviceMismatch { op, a: like.device().name(), b: lengths.device().name() });
+    }
+    if lengths.dims() != [batch] {
+        return Err(Error::shape(
+            op,
+            format!("lengths must be [{batch}] (one per sequence), got {:?}", lengths.dims()),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the caches (`[batch, kv_heads, max_len, head_dim]`, both the same) and `lengths`;
+/// returns the cache's sizes with `heads` query heads, and the dtype.
+fn check_cache(op: &'static str, k_cache: &Tensor, v_cache: &Tensor, lengths: &Tensor) -> Result<(CacheShape, DType)> {
+    let dtype = check_like(op, &[k_cache, v_cache])?;
+    let &[batch, kv_heads, max_len, head_dim] = k_cache.dims() else {
+        return Err(Error::shape(
+            op,
+            format!("the caches must be [batch, kv_heads, max_len, head_dim], got {:?}", k_cache.dims()),
+        ));
+    };
+    if v_cache.dims() != k_cache.dims() {
+        return Err(Error::shape(
+            op,
+            format!("v_cache {:?} must have k_cache's shape {:?}", v_cache.dims(), k_cache.dims()),
+        ));
+    }
+    if batch == 0 || kv_heads == 0 || max_len == 0 || head_dim == 0 {
+        return Err(Error::shape(op, format!("cache {:?}: every dimension must be nonzero", k_cache.dims())));
+    }
+    if batch > 65535 || kv_heads > 65535 || max_len > i32::MAX as usize {
+        return Err(Error::invalid(
+            op,
+            format!("batch and kv_heads at most 65535, max_len below 2^31: {:?}", k_cache.dims()),
+        ));
+    }
+    check_lengths(op, lengths, k_cache, batch)?;
+    Ok((CacheShape { batch, heads: kv_heads, kv_heads, max_len, head_dim }, dtype))
+}
+
+/// Attention of one new query token per sequence against a KV cache (flash-decoding).
+///
+/// `q` is `[batch, heads, head_dim]`, `k_cache` and `v_cache` `[batch, kv_heads, max_len,
+/// head_dim]` (grouped-query attention when `kv_heads < heads`: query head `h` reads key/value
+/// head `h / (heads / kv_heads)`), all bf16 or f16 with head_dim 64 or 128 (else
+/// [`Error::AttentionUnsupported`]), and `lengths` an [`DType::I32`] tensor `[batch]`: sequence
+/// `b` attends to cache positions `0..lengths[b]` (append the step's keys and values first, with
+/// [`kv_cache_append`], so the token sees itself). Returns `[batch, heads, head_dim]` in the
+/// input dtype: `softmax(q·Kᵀ / sqrt(head_dim))·V`, scores and softmax in f32.
+///
+/// The lengths are read on the device only, and the launch shape depends on `max_len` alone,
+/// so one captured graph serves every length. On CUDA the cache is split across blocks (each
+/// keeps its softmax max and sum) and a second kernel combines the splits in a fixed order: no
+/// atomics, bitwise reproducible. A length of 0 gives zeros; a length outside `0..=max_len`
+/// reads nothing, gives zeros, and is [`Error::CacheLengthOutOfRange`]: on CUDA at the next
+/// synchronize (any read to the host), on the host backend from this call (or from the replay
+/// of a graph that captured it). On the host backend the CPU reference
+/// ([`cpu::decode_attention`]) runs.
+///
+/// ```
+/// # use graphed::{ops, DType, Device, Tensor};
+/// let dev = Device::host();
+/// let (batch, kv_heads, max_len, d) = (2, 1, 8, 64);
+/// let k_cache = Tensor::zeros_as(&dev, &[batch, kv_heads, max_len, d], DType::BF16)?;
+/// let v_cache = Tensor::zeros_as(&dev, &[batch, kv_heads, max_len, d], DType::BF16)?;
+/// let lengths = Tensor::from_i32(&dev, &[0, 0], &[batch])?;
+/// // One step: append the token's key and value, then attend (2 query heads share the kv head).
+/// let k = Tensor::full_as(&dev, &[batch, kv_heads, d], 0.5, DType::BF16)?;
+/// let v = Tensor::full_as(&dev, &[batch, kv_heads, d], 2.0, DType::BF16)?;
+/// ops::kv_cache_append(&k_cache, &v_cache, &lengths, &k, &v)?;
+/// assert_eq!(lengths.to_i32_vec()?, vec![1, 1]);
+/// let q = Tensor::full_as(&dev, &[batch, 2, d], 1.0, DType::BF16)?;
+/// let out = ops::decode_attention(&q, &k_cache, &v_cache, &lengths)?;
+/// assert_eq!(out.dims(), &[batch, 2, d][..]);
+/// assert!(out.to_vec()?.iter().all(|&x| x == 2.0)); // one key: its value
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn decode_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, lengths: &Tensor) -> Result<Tensor> {
+    const OP: &str = "decode_attention";
+    let (mut s, dtype) = check_cache(OP, k_cache, v_cache, lengths)?;
+    check_like(OP, &[k_cache, q])?;
+    let &[qb, heads, qd] = q.dims() else {
+        return Err(Error::shape(OP, format!("q must be [batch, heads, head_dim], got {:?}", q.dims())));
+    };
+    if qb != s.batch || qd != s.head_dim || heads == 0 || !heads.is_multiple_of(s.kv_heads) || heads > 65535 {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "q {:?} must be [{}, heads, {}] with heads a multiple of kv_heads = {} (at most 65535)",
+                q.dims(),
+                s.batch,
+                s.head_dim,
+                s.kv_heads
+            ),
+        ));
+    }
+    s.heads = heads;
+    if !Attention::supports(dtype, s.head_dim) {
+        return Err(Error::AttentionUnsupported { op: OP, dtype, head_dim: s.head_dim, device: String::new() });
+    }
+    match exec(q.device()) {
+        Exec::Host(h) => {
+            let (qp, kp, vp, lp) = (q.host_ptr()?, k_cache.host_ptr()?, v_cache.host_ptr()?, lengths.host_ptr()?);
+            let out = Tensor::empty_like(q)?;
+            let op = out.host_ptr()?;
+            h.run(partial_kernel(dtype, s.head_dim), move || {
+                let (o, bad) = cpu::decode_attention(&qp.read(), &kp.read(), &vp.read(), &lp.read_i32(), s);
+                op.write(&o);
+                match bad {
+                    Some((b, len)) => Err(Error::cache_length(OP, b, len, s.max_len)),
+                    None => Ok(()),
+                }
+            })?;
+            Ok(out)
+        }
+        Exec::Cuda(c) => {
+            let (qp, kp, vp, lp) = (q.cuda_ptr()?, k_cache.cuda_ptr()?, v_cache.cuda_ptr()?, lengths.cuda_ptr()?);
+            let (split_len, splits) = decode_splits(s.max_len);
+            let part_o = Tensor::empty(q.device(), &[s.batch, heads, splits, s.head_dim])?;
+            let part_lse = Tensor::empty(q.device(), &[s.batch, heads, splits])?;
+            let out = Tensor::empty_like(q)?;
+            let (pop, plp) = (part_o.cuda_ptr()?, part_lse.cuda_ptr()?);
+            let args = [
+                KArg::Ptr(pop),
+                KArg::Ptr(plp),
+                KArg::Ptr(qp),
+                KArg::Ptr(kp),
+                KArg::Ptr(vp),
+                KArg::Ptr(lp),
+                KArg::U32(heads as u32),
+                KArg::U32(s.kv_heads as u32),
+                KArg::U32(s.max_len as u32),
+                KArg::U32(split_len as u32),
+                KArg::F32(s.scale()),
+                KArg::Ptr(c.err_word()),
+            ];
+            // 4 warps a block (DEC_WARPS in decode.cu).
+            let dims =
+                LaunchDims { grid: (splits as u32, heads as u32, s.batch as u32), block: (128, 1, 1), shared: 0 };
+            c.launch(partial_kernel(dtype, s.head_dim), dims, &args)?;
+            let combine = if dtype == DType::BF16 { B::DecodeCombineBf16 } else { B::DecodeCombineF16 };
+            let args = [
+                KArg::Ptr(out.cuda_ptr()?),
+                KArg::Ptr(pop),
+                KArg::Ptr(plp),
+                KArg::U32(heads as u32),
+                KArg::U32(splits as u32),
+                KArg::U32(s.head_dim as u32),
+            ];
+            let dims =
+                LaunchDims { grid: (heads as u32, s.batch as u32, 1), block: (s.head_dim as u32, 1, 1), shared: 0 };
+            c.launch(combine, dims, &args)?;
+            // The partials go back to the pool here; later work on the stream is ordered after
+            // the combine, so reusing their memory is safe.
+            Ok(out)
+        }
+    }
+}
+
+/// Appends one decoding step to a KV cache, on the device: writes `k` and `v`
+/// (`[batch, kv_heads, head_dim]`) at position `lengths[b]` of sequence `b`'s cache
+/// (`[batch, kv_heads, max_len, head_dim]`, any float dtype, the same as `k` and `v`) and
+/// increments `lengths[b]` (an [`DType::I32`] tensor `[batch]`). Nothing is read on the host,
+/// so the call captures into a graph that then serves every step.
+///
+/// A sequence whose cache is full (`lengths[b] == max_len`) is left unchanged and is
+/// [`Error::CacheFull`] (a length outside `0..=max_len`: [`Error::CacheLengthOutOfRange`]);
+/// the other sequences are appended. On CUDA the error comes with the next synchronize (it is
+/// reported through the device's error word), on the host backend from this call or from the
+/// replay that ran it. See [`decode_attention`] for an example.
+///
+/// ```
+/// # use graphed::{ops, DType, Device, Error, Tensor};
+/// let dev = Device::host();
+/// let cache = || Tensor::zeros(&dev, &[1, 1, 2, 4]);
+/// let (kc, vc) = (cache()?, cache()?);
+/// let lengths = Tensor::from_i32(&dev, &[2], &[1])?; // already full
+/// let step = Tensor::full(&dev, &[1, 1, 4], 1.0)?;
+/// let full = ops::kv_cache_append(&kc, &vc, &lengths, &step, &step);
+/// assert!(matches!(full, Err(Error::CacheFull { sequence: 0, max_len: 2, .. })));
+/// assert_eq!(lengths.to_i32_vec()?, vec![2]); // unchanged
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn kv_cache_append(k_cache: &Tensor, v_cache: &Tensor, lengths: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
+    const OP: &str = "kv_cache_append";
+    let (s, dtype) = check_cache(OP, k_cache, v_cache, lengths)?;
+    check_like(OP, &[k_cache, k, v])?;
+    let want = s.step_dims();
+    for (name, t) in [("k", k), ("v", v)] {
+        if t.dims() != want {
+            return Err(Error::shape(
+                OP,
+                format!("{name} must be {want:?} (batch, kv_heads, head_dim), got {:?}", t.dims()),
+            ));
+        }
+    }
+    let kernel = if dtype.size() == 2 { B::KvCacheAppendU16 } else { B::KvCacheAppendU32 };
+    match exec(k.device()) {
+        Exec::Host(h) => {
+            let ptrs = [k_cache, v_cache, lengths, k, v].map(|t| t.host_ptr());
+            let [kcp, vcp, lp, kp, vp] = ptrs;
+            let (kcp, vcp, lp, kp, vp) = (kcp?, vcp?, lp?, kp?, vp?);
+            h.run(kernel, move || {
+                let (mut kc, mut vc, mut lens) = (kcp.read(), vcp.read(), lp.read_i32());
+                let bad = cpu::kv_cache_append(&mut kc, &mut vc, &mut lens, &kp.read(), &vp.read(), s);
+                kcp.write(&kc);
+                vcp.write(&vc);
+                lp.write_i32(&lens);
+                match bad {
+                    Some((b, len)) => Err(Error::cache_length(OP, b, len, s.max_len)),
+                    None => Ok(()),
+                }
+            })
+        }
+        Exec::Cuda(c) => {
+            let ptrs = [k_cache, v_cache, lengths, k, v].map(|t| t.cuda_ptr());
+            let [kcp, vcp, lp, kp, vp] = ptrs;
+            let args = [
+                KArg::Ptr(kcp?),
+                KArg::Ptr(vcp?),
+                KArg::Ptr(lp?),
+                KArg::Ptr(kp?),
+                KArg::Ptr(vp?),
+                KArg::U32(s.kv_heads as u32),
+                KArg::U32(s.max_len as u32),
+                KArg::U32(s.head_dim as u32),
+                KArg::Ptr(c.err_word()),
+            ];
+            let threads = (s.kv_heads * s.head_dim).div_ceil(32).clamp(1, 8) as u32 * 32;
+            c.launch(kernel, LaunchDims::rows(s.batch, threads), &args)
+        }
+    }
+}
+
+fn partial_kernel(dtype: DType, head_dim: usize) -> B {
+    match (dtype == DType::BF16, head_dim == 64) {
+        (true, true) => B::DecodePartialBf16D64,
+        (true, false) => B::DecodePartialBf16D128,
+        (false, true) => B::DecodePartialF16D64,
+        (false, false) => B::DecodePartialF16D128,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The split is a function of max_len alone: at least 256 keys, at most 64 splits, and the
+    /// splits cover the cache.
+    #[test]
+    fn splits_cover_the_cache_within_their_bounds() {
+        for max_len in [1, 63, 256, 257, 4096, 16384, 16385, 100_000, 1 << 20] {
+            let (split_len, splits) = decode_splits(max_len);
+            assert!(split_len >= 256 && split_len % 64 == 0 && splits <= 64, "{max_len}: {split_len} x {splits}");
+            assert!(split_len * splits >= max_len && split_len * (splits - 1) < max_len, "{max_len}");
+        }
+    }
+
+    #[test]
+    fn every_build_is_picked_by_its_dtype_and_head_dim() {
+        for (dtype, tag) in [(DType::BF16, "_bf16_"), (DType::F16, "_f16_")] {
+            for d in Attention::HEAD_DIMS {
+                let k = partial_kernel(dtype, d);
+                assert!(k.name().contains(tag) && k.name().ends_with(&format!("_d{d}")), "{}", k.name());
+            }
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! Conditional graphs (WHILE and IF nodes whose condition the device sets): a body that counts
+//! runs n times in one launch, zero times when the condition starts false, again after the
+//! counter is reset; a decoding loop appends to a KV cache until a length; IF runs or skips;
+//! bodies and conditions that cannot work are refused with typed errors before anything runs.
+
+mod common;
+mod ops_support;
+
+use common::{on_each_backend, random_vec};
+use graphed::dist::{self, Communicator, ReduceOp};
+use graphed::{ops, CaptureMode, Condition, ConditionalGraph, DType, Device, Error, Graph, Result, Tensor};
+use ops_support::*;
+
+/// A graph whose one op adds `by` to `counter`.
+fn counting_body(dev: &Device, counter: &Tensor, by: &Tensor) -> Result<Graph> {
+    let mut body = Graph::new(dev);
+    body.set_label("count");
+    body.capture(CaptureMode::Global, || ops::axpy_(counter, 1.0, by))?;
+    Ok(body)
+}
+
+/// The counter example: the body increments a device counter, the condition is
+/// `counter < n`, and ONE launch runs the body n times.
+#[test]
+fn a_while_loop_runs_its_body_until_the_condition_fails_in_one_launch() {
+    on_each_backend(|dev| {
+        let counter = Tensor::zeros(dev, &[1])?;
+        let one = Tensor::full(dev, &[1], 1.0)?;
+        let mut lp = counting_body(dev, &counter, &one)?.while_loop(&Condition::below(&counter, 10.0)?)?;
+        assert!(lp.is_loop());
+        lp.launch()?;
+        assert_eq!(counter.to_vec()?, vec![10.0], "one launch, ten passes");
+        // Tested before the first pass: a condition that starts false runs nothing.
+        lp.launch()?;
+        assert_eq!(counter.to_vec()?, vec![10.0]);
+        // The condition is read on the device at every launch.
+        counter.copy_from_slice(&[-3.5])?;
+        lp.launch()?;
+        assert_eq!(counter.to_vec()?, vec![10.5]);
+        // The body graph is still the body: it replays on its own once given back.
+        let mut body = lp.into_body();
+        body.replay()?;
+        assert_eq!(counter.to_vec()?, vec![11.5]);
+        Ok(())
+    });
+}
+
+/// An i32 counter (a KV cache length, counted up by kv_cache_append on the device): a decoding
+/// loop that appends and attends until the cache holds n positions, in one launch.
+#[test]
+fn a_decoding_loop_fills_the_cache_up_to_a_length_in_one_launch() {
+    on_each_backend(|dev| {
+        let (max_len, d, dtype) = (32, 64, DType::BF16);
+        let cache = || Tensor::zeros_as(dev, &[1, 1, max_len, d], dtype);
+        let (kc, vc) = (cache()?, cache()?);
+        let lengths = Tensor::from_i32(dev, &[0], &[1])?;
+        let k = Tensor::from_slice_as(dev, &random_vec(d, 1), &[1, 1, d], dtype)?;
+        let v = Tensor::from_slice_as(dev, &random_vec(d, 2), &[1, 1, d], dtype)?;
+        let q = Tensor::from_slice_as(dev, &random_vec(2 * d, 3), &[1, 2, d], dtype)?;
+        let mut body = Graph::new(dev);
+        let out = body.capture(CaptureMode::Global, || {
+            ops::kv_cache_append(&kc, &vc, &lengths, &k, &v)?;
+            ops::decode_attention(&q, &kc, &vc, &lengths)
+        })?;
+        let mut lp = body.while_loop(&Condition::below(&lengths, 20.0)?)?;
+        lp.launch()?;
+        assert_eq!(lengths.to_i32_vec()?, vec![20]);
+        // Every position holds the same key and value: the output is that value.
+        let want: Vec<f32> = v.to_vec()?.repeat(2);
+        let got = out.to_vec()?;
+        let err = common::rel_err(&got, &want);
+        assert!(err < 1e-2, "relative error {err}");
+        Ok(())
+    });
+}
+
+#[test]
+fn if_then_runs_its_body_once_when_the_condition_holds() {
+    on_each_backend(|dev| {
+        let (x, one) = (Tensor::zeros(dev, &[1])?, Tensor::full(dev, &[1], 1.0)?);
+        let flag = Tensor::from_i32(dev, &[0], &[1])?;
+        let mut branch = counting_body(dev, &x, &one)?.if_then(&Condition::nonzero(&flag)?)?;
+        assert!(!branch.is_loop());
+        branch.launch()?;
+        assert_eq!(x.to_vec()?, vec![0.0], "skipped");
+        flag.copy_from_i32(&[7])?;
+        branch.launch()?;
+        branch.launch()?;
+        assert_eq!(x.to_vec()?, vec![2.0], "once per launch");
+        Ok(())
+    });
+}
+
+/// A conditional graph replays inside the pool order of its body like the body itself, and
+/// is refused during a capture.
+#[test]
+fn a_conditional_graph_launches_in_its_body_pool_order() {
+    on_each_backend(|dev| {
+        let counter = Tensor::zeros(dev, &[1])?;
+        let one = Tensor::full(dev, &[1], 1.0)?;
+        let pool = dev.new_pool();
+        let mut first = Graph::with_pool(dev, &pool);
+        first.capture(CaptureMode::Global, || ops::axpy_(&counter, 1.0, &one))?;
+        let mut body = Graph::with_pool(dev, &pool);
+        body.capture(CaptureMode::Global, || ops::axpy_(&counter, 1.0, &one))?;
+        let mut lp = body.while_loop(&Condition::below(&counter, 4.0)?)?;
+        // The body was captured second: the first graph is due.
+        expect_err("out of order", lp.launch(), |e| matches!(e, Error::ReplayOrder { .. }))?;
+        first.replay()?;
+        lp.launch()?;
+        assert_eq!(counter.to_vec()?, vec![4.0]);
+        let mut outer = Graph::new(dev);
+        let during = outer.capture(CaptureMode::Global, || lp.launch());
+        expect_err("during a capture", during, |e| matches!(e, Error::IllegalDuringCapture { .. }))?;
+        Ok(())
+    });
+}
+
+#[test]
+fn bad_bodies_and_conditions_are_refused_with_typed_errors() {
+    on_each_backend(|dev| {
+        let counter = Tensor::zeros(dev, &[1])?;
+        let cond = Condition::below(&counter, 3.0)?;
+        // An uncaptured body.
+        let empty = Graph::new(dev);
+        expect_err("uncaptured", ConditionalGraph::check_body(&empty, &cond), |e| {
+            matches!(e, Error::NotCaptured { .. })
+        })?;
+        expect_err("uncaptured", empty.while_loop(&cond).map(|_| ()), |e| matches!(e, Error::NotCaptured { .. }))?;
+        // Conditions: one f32 or i32 value.
+        expect_err("two values", Condition::nonzero(&Tensor::zeros(dev, &[2])?), is_shape)?;
+        let bf = Tensor::zeros_as(dev, &[1], DType::BF16)?;
+        expect_err("bf16", Condition::below(&bf, 1.0), |e| matches!(e, Error::DType { .. }))?;
+        // A condition on another device.
+        if !dev.is_host() {
+            let there = Condition::nonzero(&Tensor::zeros(&Device::host(), &[1])?)?;
+            let body = counting_body(dev, &counter, &Tensor::full(dev, &[1], 1.0)?)?;
+            expect_err("device", ConditionalGraph::check_body(&body, &there), |e| {
+                matches!(e, Error::DeviceMismatch { .. })
+            })?;
+        }
+        Ok(())
+    });
+}
+
+/// A body with a collective (here an emulated rank's all-reduce, recorded on the host backend)
+/// is refused: conditional bodies hold no collectives.
+#[test]
+fn a_body_with_a_collective_is_refused() -> Result<()> {
+    let comms = Communicator::emulated(1, &dist::Config::default())?;
+    let comm = &comms[0];
+    let dev = comm.device();
+    let t = Tensor::zeros(dev, &[4])?;
+    let mut body = Graph::new(dev);
+    body.set_label("reduce");
+    body.capture(CaptureMode::Global, || comm.all_reduce(&t, ReduceOp::Sum))?;
+    let cond = Condition::nonzero(&Tensor::zeros(dev, &[1])?)?;
+    let refused = body.if_then(&cond).map(|_| ());
+    expect_err(
+        "collective",
+        refused,
+        |e| matches!(e, Error::ConditionalBody { graph, node } if graph == "reduce" && node.contains("all_reduce")),
+    )
+}
