@@ -235,8 +235,8 @@ pub use dtype::DType;
 pub use error::{BucketError, CheckpointProblem, CudaFailure, DistError, Error, Result, Slot, SlotKind};
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{
-    backward_unsplit, make_graphed, AboveLargest, BucketReport, Buckets, CaptureError, GraphOptions, GraphedModules,
-    OrderEntry, Sequence,
+    backward_unsplit, estimate_pool, make_graphed, AboveLargest, BucketReport, Buckets, CaptureError, GraphOptions,
+    GraphedModules, OrderEntry, PoolEstimate, Sequence,
 };
 pub use graphed_macros::{capture_time_hook, graphed, Parameters};
 /// The `half` crate, whose [`half::bf16`] and [`half::f16`] are the host types of

@@ -175,6 +175,14 @@ fn switching_buckets_mid_iteration_abandons_the_pending_backward() {
         assert!(matches!(e, Error::NoPendingForward { .. }), "{e}");
         // Back in the 16 bucket, a whole iteration works.
         graphed_step(&mut g, dev, 12, 5)?;
+        // The buckets share buffers: a handle from one goes stale when another replays, never
+        // silently reading the other bucket's numbers.
+        let big = g.forward(0, &[Some(rows(dev, 16, 6)?.with_requires_grad(true))])?.remove(0).expect("y");
+        assert!(big.to_vec().is_ok());
+        let small = g.forward(0, &[Some(rows(dev, 3, 7)?.with_requires_grad(true))])?.remove(0).expect("y");
+        assert!(matches!(big.to_vec(), Err(Error::StaleTensor { .. })), "the 16 bucket's output after the 4 bucket ran");
+        g.forward(0, &[Some(rows(dev, 16, 8)?.with_requires_grad(true))])?;
+        assert!(matches!(small.to_vec(), Err(Error::StaleTensor { .. })), "the 4 bucket's output after the 16 bucket ran");
         Ok(())
     });
 }
@@ -394,6 +402,41 @@ fn chained_calls_and_fused_steps_per_bucket_match_eager_bit_for_bit() {
                 assert_eq!(got, want, "{t} positions in the {size} bucket, fused: {fused}, on {}", dev.name());
             }
         }
+        Ok(())
+    });
+}
+
+#[test]
+fn the_pool_estimate_is_within_ten_percent_of_the_real_pool() {
+    on_each_backend(|dev| {
+        // Wide enough that the pool is not all slab rounding.
+        let (rows_max, width) = (512, 64);
+        let samples = || -> Result<Vec<Vec<Vec<Option<Tensor>>>>> {
+            let x = Tensor::from_slice(dev, &random_vec(rows_max * width, 5), &[rows_max, width])?;
+            let x = x.with_requires_grad(true);
+            Ok(vec![vec![vec![Some(x.clone())]], vec![vec![Some(x)]]])
+        };
+        let modules = || -> Result<Vec<Box<dyn Module>>> {
+            Ok(vec![Box::new(Block::new(dev, width, width, 1)?), Box::new(Block::new(dev, width, width, 2)?)])
+        };
+        let opts = GraphOptions::new().buckets(Buckets::powers_of_two(0, 32, rows_max));
+        let (estimate, back) = graphed::estimate_pool(modules()?, samples()?, opts.clone())?;
+        assert_eq!(back.len(), 2, "the modules come back");
+        assert_eq!(estimate.probes.iter().map(|p| p.0).collect::<Vec<_>>(), [32, 64, 128]);
+        let g = make_graphed(back, samples()?, opts)?;
+        let real = g.pool().stats().reserved;
+        let x = samples()?;
+        let alone = make_graphed(modules()?, x, GraphOptions::new())?.pool().stats().reserved;
+        let off = (estimate.bytes as f64 - real as f64) / real as f64;
+        println!(
+            "{}: estimate {} B, real {real} B ({:+.1}%); the largest bucket alone {alone} B (shared/alone {:.3})",
+            dev.name(),
+            estimate.bytes,
+            100.0 * off,
+            real as f64 / alone as f64
+        );
+        assert!(off.abs() < 0.10, "estimate {estimate:?} against the real {real} B");
+        assert!(real as f64 <= 1.1 * alone as f64, "the buckets share the largest one's memory");
         Ok(())
     });
 }

@@ -5,6 +5,11 @@
 //! outputs back trimmed to its real size; the module reads the real size on the device
 //! ([`crate::Cx::bucket_length`]), so one graph serves every size in its bucket.
 //!
+//! The smaller buckets' static buffers (inputs, outputs, grads) are the first elements of the
+//! largest bucket's (`reuse::Slot::prefix`), and their temporaries and saved activations lie
+//! in memory the larger buckets' captures released, so the whole list costs little more pool
+//! than the largest bucket alone.
+//!
 //! Only one bucket is active at a time: its graphs, surfaces and queues sit in
 //! [`GraphedModules`]' fields, the others are parked here and swapped in when a call needs
 //! them. Switching buckets while the active one has microbatches waiting for their backward
@@ -101,6 +106,11 @@ impl Buckets {
     pub fn above_largest(mut self, above: AboveLargest) -> Buckets {
         self.above = above;
         self
+    }
+
+    /// The same buckets (axis, pads, what happens above) with other sizes.
+    pub(super) fn with_sizes(&self, sizes: impl IntoIterator<Item = usize>) -> Buckets {
+        Buckets { pads: self.pads.clone(), above: self.above, ..Buckets::new(self.axis, sizes) }
     }
 
     /// The bucketed axis.
@@ -338,7 +348,15 @@ impl GraphedModules {
                 added_bytes: reserved.saturating_sub(before),
                 reserved_bytes: reserved,
             });
-            parked[index] = Some(self.take_bucket_state());
+            let mut state = self.take_bucket_state();
+            if index + 1 == n {
+                // The smaller buckets take the first elements of the largest one's buffers.
+                self.alias = Some(Box::new(std::mem::take(&mut state.surfaces)));
+            }
+            parked[index] = Some(state);
+        }
+        if let (Some(largest), Some(surfaces)) = (parked[n - 1].as_mut(), self.alias.take()) {
+            largest.surfaces = *surfaces;
         }
         reports.reverse();
         let outputs = self.bucketed_outputs(spec, &parked);

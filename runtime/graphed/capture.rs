@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::buckets::{bucket_samples, bucketed_inputs};
-use super::reuse::{adopt, reusable, SlotPlan};
+use super::reuse::{adopt, reusable, Slot, SlotPlan};
 use super::schedule::{Pass, Step};
 use super::{Config, GraphOptions, GraphedModules, Schedule, Surface};
 use crate::{Cx, Device, Error, Graph, HookKind, Module, Result, Tensor};
@@ -83,6 +83,7 @@ pub fn make_graphed(
         chain_slots: Vec::new(),
         buckets: None,
         lengths: Default::default(),
+        alias: None,
     };
     // Each bucket's samples, made before the pool is current (they are not the graphs').
     let bucketed = match &g.config.options.buckets {
@@ -292,13 +293,19 @@ impl GraphedModules {
                 let set = &s[m.min(s.len() - 1)];
                 let label = format!("{}[chunk {}, microbatch {}]", self.modules[c].name(), c + 1, m);
                 let owner = self.config.plan.owner(c, m);
-                let slot = if owner == m { &[][..] } else { &row[owner].inputs[..] };
+                let slot = if owner == m { self.slot_of(c, m, |s| &s.inputs) } else { Slot::of(&row[owner].inputs) };
                 let mut inputs = Vec::with_capacity(set.len());
                 for (i, t) in set.iter().enumerate() {
                     inputs.push(match t {
                         Some(t) if self.is_chained_input(c, i) => None, // filled in at capture
-                        Some(t) if reusable(slot, i, t).is_some() => {
-                            reusable(slot, i, t).map(|st| st.with_requires_grad(t.requires_grad()))
+                        Some(t) if reusable(&slot, i, t).is_some() => {
+                            let st = reusable(&slot, i, t).map(|st| st.with_requires_grad(t.requires_grad()));
+                            // A larger bucket's buffer: this bucket's sample goes in (an
+                            // earlier microbatch's already holds a sample of the shape).
+                            if let Some(st) = st.as_ref().filter(|_| slot.prefix) {
+                                st.copy_(t)?;
+                            }
+                            st
                         }
                         Some(t) => {
                             // Static inputs are bound buffers (a fused step reads them as the

@@ -13,7 +13,8 @@
 //! - `reuse`: which microbatches share static surfaces (`GraphOptions::reuse_buffers`).
 //! - `staging`: a fused step's own per-microbatch buffers where microbatches share surfaces.
 //! - `sequence`: separately graphed modules fused into one launch (`Sequence`).
-//! - `buckets`: shape buckets, one capture per size of a declared axis in one pool.
+//! - `buckets`: shape buckets, one capture per size of a declared axis in one pool;
+//!   `estimate`: the pool a bucket list will need, from its smallest buckets.
 //! - `order_entry`, `wgrad`: `w(c)` schedule entries and the separate weight-grad graphs of
 //!   modules that split their backward.
 
@@ -22,6 +23,7 @@ mod capture;
 mod capture_error;
 mod chain;
 mod clobbers;
+mod estimate;
 mod fused;
 mod options;
 mod order_entry;
@@ -40,6 +42,7 @@ use crate::{Cx, Device, Error, Graph, GraphPool, HookKind, Module, Result, Tenso
 
 pub use buckets::{AboveLargest, BucketReport, Buckets};
 pub use capture::{make_graphed, CaptureError};
+pub use estimate::{estimate_pool, PoolEstimate};
 pub use options::GraphOptions;
 pub use order_entry::OrderEntry;
 pub(crate) use schedule::Schedule;
@@ -100,6 +103,9 @@ pub struct GraphedModules {
     buckets: Option<Box<buckets::BucketSet>>,
     /// With shape buckets: the active bucket's real sizes, on the device and per microbatch.
     lengths: Box<buckets::Lengths>,
+    /// While a smaller shape bucket is captured: the largest bucket's surfaces, whose buffers
+    /// it takes the first elements of (see `reuse::Slot`).
+    alias: Option<Box<Vec<Vec<Surface>>>>,
 }
 
 /// The settled facts of a capture.

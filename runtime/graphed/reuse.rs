@@ -106,32 +106,55 @@ impl GraphedModules {
         }
     }
 
-    /// The buffers `part` picks from the surfaces that (chunk, microbatch) reuses: empty when
-    /// it owns its surfaces.
-    pub(super) fn slot_of(
-        &self,
-        c: usize,
-        m: usize,
-        part: impl Fn(&Surface) -> &Vec<Option<Tensor>>,
-    ) -> Vec<Option<Tensor>> {
+    /// The buffers `part` picks from the surfaces that (chunk, microbatch) reuses: an earlier
+    /// microbatch's, or while a smaller shape bucket is captured the largest bucket's (see
+    /// [`Slot::prefix`]); empty when it owns its surfaces.
+    pub(super) fn slot_of(&self, c: usize, m: usize, part: impl Fn(&Surface) -> &Vec<Option<Tensor>>) -> Slot {
         let owner = self.config.plan.owner(c, m);
-        if owner == m {
-            Vec::new()
-        } else {
-            part(&self.surfaces[c][owner]).clone()
+        if owner != m {
+            return Slot { bufs: part(&self.surfaces[c][owner]).clone(), prefix: false };
+        }
+        match self.alias.as_ref().and_then(|a| a.get(c)?.get(m)) {
+            Some(largest) => Slot { bufs: part(largest).clone(), prefix: true },
+            None => Slot::default(),
         }
     }
 }
 
-/// `slot`'s buffer for position `i` if it can stand in for `like`: same shape and dtype.
-pub(super) fn reusable(slot: &[Option<Tensor>], i: usize, like: &Tensor) -> Option<Tensor> {
-    slot.get(i).cloned().flatten().filter(|t| t.dims() == like.dims() && t.dtype() == like.dtype())
+/// Buffers a (chunk, microbatch) takes over instead of keeping its own.
+#[derive(Default)]
+pub(super) struct Slot {
+    pub(super) bufs: Vec<Option<Tensor>>,
+    /// The largest shape bucket's buffers, which a smaller bucket's buffer of the same dtype
+    /// occupies the first elements of (the buckets never run at the same time, and each
+    /// replay lists the buffers it writes as clobbered, so handles to the other's go stale).
+    pub(super) prefix: bool,
+}
+
+impl Slot {
+    /// An earlier microbatch's buffers.
+    pub(super) fn of(bufs: &[Option<Tensor>]) -> Slot {
+        Slot { bufs: bufs.to_vec(), prefix: false }
+    }
+}
+
+/// `slot`'s buffer for position `i` if it can stand in for `like`: same shape and dtype (or,
+/// in a larger bucket's slot, room for `like`'s elements: a view of its first ones).
+pub(super) fn reusable(slot: &Slot, i: usize, like: &Tensor) -> Option<Tensor> {
+    let t = slot.bufs.get(i).cloned().flatten().filter(|t| t.dtype() == like.dtype())?;
+    if t.dims() == like.dims() {
+        Some(t)
+    } else if slot.prefix && t.numel() >= like.numel() {
+        t.prefix_view(like.dims()).ok()
+    } else {
+        None
+    }
 }
 
 /// Inside a capture: the buffers a microbatch hands out. Where `slot` (the buffers of the
 /// microbatch it reuses; empty for an owner) has a matching buffer, the fresh value is copied
 /// into it and the slot's buffer is handed out instead; otherwise the fresh one is kept.
-pub(super) fn adopt(fresh: Vec<Option<Tensor>>, slot: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+pub(super) fn adopt(fresh: Vec<Option<Tensor>>, slot: &Slot) -> Result<Vec<Option<Tensor>>> {
     let mut out = Vec::with_capacity(fresh.len());
     for (i, t) in fresh.into_iter().enumerate() {
         out.push(match t {

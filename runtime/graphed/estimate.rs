@@ -1,0 +1,104 @@
+//! How much pool a list of shape buckets will need, before capturing it: the smallest buckets
+//! are captured alone (cheap, and their memory given back), the most bytes each had in use
+//! fitted against the bucket size, and the fit extrapolated to the largest bucket. The smaller
+//! buckets add almost nothing to the largest one's pool (their buffers are the first elements
+//! of its buffers, their temporaries lie in memory it released), so that is the estimate.
+
+use super::buckets::{bucket_samples, bucketed_inputs};
+use super::capture::{Modules, Samples};
+use super::{make_graphed, CaptureError, GraphOptions};
+use crate::{BucketError, Error};
+
+/// An estimate of the pool that [`make_graphed`] with [`GraphOptions::buckets`] will reserve
+/// ([`estimate_pool`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolEstimate {
+    /// The buckets probed, captured alone: (size, reserved bytes, the most bytes in use).
+    pub probes: Vec<(usize, usize, usize)>,
+    /// The whole list's shared pool: the largest bucket's bytes in use at most, extrapolated
+    /// from the probes.
+    pub bytes: usize,
+}
+
+/// Estimates the pool [`make_graphed`]`(modules, samples, options)` will reserve for the
+/// shape buckets of `options`, before committing that memory: the (up to) three smallest
+/// buckets are captured one at a time, each alone in a pool that is freed at once, and the
+/// most bytes each had in use are fitted with a polynomial in the bucket size (degree: probes
+/// - 1, so quadratic when attention memory grows with the square of the length) and
+/// extrapolated to the largest. The modules come back unchanged (grads and RNG state as
+/// `make_graphed` restores them), with the estimate.
+///
+/// ```
+/// # use graphed::{estimate_pool, make_graphed, ops, Buckets, Cx, Device, GraphOptions, Module, Result, Tensor};
+/// # struct Double;
+/// # impl Module for Double {
+/// #     fn name(&self) -> &'static str { "Double" }
+/// #     fn num_inputs(&self) -> usize { 1 }
+/// #     fn forward(&self, _cx: &mut Cx, x: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+/// #         let x = x[0].as_ref().ok_or_else(|| graphed::Error::msg("x"))?;
+/// #         Ok(vec![Some(ops::scale(x, 2.0)?)])
+/// #     }
+/// #     fn backward(&mut self, _cx: &mut Cx, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> { Ok(vec![None]) }
+/// # }
+/// let dev = Device::host();
+/// let samples = || Ok::<_, graphed::Error>(vec![vec![vec![Some(Tensor::zeros(&dev, &[1024, 64])?)]]]);
+/// let opts = GraphOptions::new().inference().buckets(Buckets::powers_of_two(0, 64, 1024));
+/// let (estimate, modules) = estimate_pool(vec![Box::new(Double)], samples()?, opts.clone())?;
+/// let g = make_graphed(modules, samples()?, opts)?;
+/// let real = g.pool().stats().reserved as f64;
+/// assert!((estimate.bytes as f64 - real).abs() / real < 0.10, "{estimate:?} against {real}");
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn estimate_pool(
+    modules: Modules,
+    samples: Samples,
+    options: GraphOptions,
+) -> std::result::Result<(PoolEstimate, Modules), CaptureError<Modules>> {
+    let spec = match options.bucket_spec() {
+        Some(spec) => spec.clone(),
+        None => {
+            let why = "estimate_pool needs the buckets to estimate (GraphOptions::buckets)";
+            return Err(CaptureError::new(
+                Error::Bucket(BucketError::Unsupported { option: "no buckets", why }),
+                modules,
+            ));
+        }
+    };
+    let plan = spec.validate().and_then(|()| bucketed_inputs(&samples, &spec));
+    let flags = match plan {
+        Ok(flags) => flags,
+        Err(e) => return Err(CaptureError::new(e, modules)),
+    };
+    let sizes = spec.sizes().to_vec();
+    let mut modules = modules;
+    let mut probes = Vec::new();
+    for &size in sizes.iter().take(3) {
+        let probe = bucket_samples(&samples, &flags, spec.axis(), size);
+        let probe = match probe {
+            Ok(p) => p,
+            Err(e) => return Err(CaptureError::new(e, modules)),
+        };
+        let alone = options.clone().buckets(spec.with_sizes([size]));
+        let g = make_graphed(modules, probe, alone)?;
+        let st = g.pool().stats();
+        probes.push((size, st.reserved, st.peak_in_use));
+        modules = g.into_modules();
+    }
+    let bytes = fit(&probes, *sizes.last().unwrap_or(&0));
+    Ok((PoolEstimate { probes, bytes }, modules))
+}
+
+/// The polynomial through the probes' (size, most bytes in use) points (degree: points - 1),
+/// evaluated at `x` (Lagrange form, in f64), never below 0.
+fn fit(probes: &[(usize, usize, usize)], x: usize) -> usize {
+    let pts: Vec<(f64, f64)> = probes.iter().map(|p| (p.0 as f64, p.2 as f64)).collect();
+    let x = x as f64;
+    let y: f64 = (0..pts.len())
+        .map(|i| {
+            let basis: f64 =
+                (0..pts.len()).filter(|j| *j != i).map(|j| (x - pts[j].0) / (pts[i].0 - pts[j].0)).product();
+            pts[i].1 * basis
+        })
+        .sum();
+    y.max(0.0).round() as usize
+}
