@@ -180,9 +180,15 @@ fn switching_buckets_mid_iteration_abandons_the_pending_backward() {
         let big = g.forward(0, &[Some(rows(dev, 16, 6)?.with_requires_grad(true))])?.remove(0).expect("y");
         assert!(big.to_vec().is_ok());
         let small = g.forward(0, &[Some(rows(dev, 3, 7)?.with_requires_grad(true))])?.remove(0).expect("y");
-        assert!(matches!(big.to_vec(), Err(Error::StaleTensor { .. })), "the 16 bucket's output after the 4 bucket ran");
+        assert!(
+            matches!(big.to_vec(), Err(Error::StaleTensor { .. })),
+            "the 16 bucket's output after the 4 bucket ran"
+        );
         g.forward(0, &[Some(rows(dev, 16, 8)?.with_requires_grad(true))])?;
-        assert!(matches!(small.to_vec(), Err(Error::StaleTensor { .. })), "the 4 bucket's output after the 16 bucket ran");
+        assert!(
+            matches!(small.to_vec(), Err(Error::StaleTensor { .. })),
+            "the 4 bucket's output after the 16 bucket ran"
+        );
         Ok(())
     });
 }

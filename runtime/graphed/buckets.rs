@@ -183,7 +183,7 @@ pub(super) struct BucketState {
     wgrad: super::wgrad::Wgrad,
     fused: Option<super::fused::Fused>,
     staging: Option<super::staging::Staging>,
-    lengths: Box<Lengths>,
+    lengths: Lengths,
 }
 
 /// The buckets of a capture: the options, the lookup table and the parked buckets.
@@ -200,6 +200,11 @@ pub(super) struct BucketSet {
     inputs: Vec<Vec<bool>>,
     /// `[chunk][output]`: whether the output changes size with the bucket.
     outputs: Vec<Vec<bool>>,
+    /// The active bucket's real sizes, on the device and per microbatch.
+    lengths: Lengths,
+    /// While a smaller bucket is captured: the largest bucket's surfaces, whose buffers it
+    /// takes the first elements of (see `reuse::Slot`).
+    alias: Option<Vec<Vec<Surface>>>,
 }
 
 /// Where a call goes.
@@ -327,6 +332,21 @@ impl GraphedModules {
         schedule: &Schedule,
     ) -> Result<()> {
         let n = spec.sizes.len();
+        let mut table = vec![0u32; spec.largest() + 1];
+        for (size, slot) in table.iter_mut().enumerate() {
+            *slot = spec.sizes.iter().position(|s| *s >= size).unwrap_or(0) as u32;
+        }
+        self.buckets = Some(Box::new(BucketSet {
+            spec: spec.clone(),
+            table,
+            active: n - 1,
+            parked: (0..n).map(|_| None).collect(),
+            reports: Vec::with_capacity(n),
+            inputs: bucketed,
+            outputs: Vec::new(),
+            lengths: Lengths::default(),
+            alias: None,
+        }));
         let mut parked: Vec<Option<BucketState>> = (0..n).map(|_| None).collect();
         let mut reports = Vec::with_capacity(n);
         for index in (0..n).rev() {
@@ -335,7 +355,8 @@ impl GraphedModules {
             if index + 1 < n {
                 self.pool.begin_replay_group();
             }
-            *self.lengths = self.new_lengths(spec.sizes[index], schedule.microbatches())?;
+            let lengths = self.new_lengths(spec.sizes[index], schedule.microbatches())?;
+            self.set_mut()?.lengths = lengths;
             self.make_surfaces(&samples[index], schedule.microbatches())?;
             for _ in 0..self.config.options.warmup {
                 self.iterate(schedule, super::capture::Phase::WarmUp)?;
@@ -351,26 +372,26 @@ impl GraphedModules {
             let mut state = self.take_bucket_state();
             if index + 1 == n {
                 // The smaller buckets take the first elements of the largest one's buffers.
-                self.alias = Some(Box::new(std::mem::take(&mut state.surfaces)));
+                self.set_mut()?.alias = Some(std::mem::take(&mut state.surfaces));
             }
             parked[index] = Some(state);
         }
-        if let (Some(largest), Some(surfaces)) = (parked[n - 1].as_mut(), self.alias.take()) {
-            largest.surfaces = *surfaces;
+        if let (Some(largest), Some(surfaces)) = (parked[n - 1].as_mut(), self.set_mut()?.alias.take()) {
+            largest.surfaces = surfaces;
         }
         reports.reverse();
         let outputs = self.bucketed_outputs(spec, &parked);
-        let mut table = vec![0u32; spec.largest() + 1];
-        for (size, slot) in table.iter_mut().enumerate() {
-            *slot = spec.sizes.iter().position(|s| *s >= size).unwrap_or(0) as u32;
-        }
-        let mut set =
-            BucketSet { spec: spec.clone(), table, active: n - 1, parked, reports, inputs: bucketed, outputs };
-        let mut largest = set.parked[n - 1].take().unwrap_or_default();
+        let mut largest = parked[n - 1].take().unwrap_or_default();
+        let set = self.set_mut()?;
+        (set.parked, set.reports, set.outputs) = (parked, reports, outputs);
         self.swap_bucket(&mut largest);
-        self.buckets = Some(Box::new(set));
         self.bucket_clobbers();
         Ok(())
+    }
+
+    /// The bucket set, while capturing the buckets.
+    fn set_mut(&mut self) -> Result<&mut BucketSet> {
+        self.buckets.as_deref_mut().ok_or_else(|| Error::invalid("shape buckets", "capturing without a bucket set"))
     }
 
     /// The device length tensors of a new bucket (one per microbatch, outside the memory any
@@ -406,20 +427,25 @@ impl GraphedModules {
         std::mem::swap(&mut self.wgrad, &mut state.wgrad);
         std::mem::swap(&mut self.config.fused, &mut state.fused);
         std::mem::swap(&mut self.config.staging, &mut state.staging);
-        std::mem::swap(&mut self.lengths, &mut state.lengths);
+        if let Some(set) = self.buckets.as_deref_mut() {
+            std::mem::swap(&mut set.lengths, &mut state.lengths);
+        }
     }
 
     /// Makes bucket `index` the active one: a move, undone by activating the previous one.
     fn activate(&mut self, index: usize) {
-        let Some(mut set) = self.buckets.take() else { return };
-        if set.active != index {
-            if let Some(mut state) = set.parked.get_mut(index).and_then(Option::take) {
-                self.swap_bucket(&mut state);
-                set.parked[set.active] = Some(state);
-                set.active = index;
-            }
+        let Some(set) = self.buckets.as_deref_mut() else { return };
+        if set.active == index {
+            return;
         }
-        self.buckets = Some(set);
+        let (previous, Some(mut state)) = (set.active, set.parked.get_mut(index).and_then(Option::take)) else {
+            return;
+        };
+        set.active = index;
+        self.swap_bucket(&mut state);
+        if let Some(set) = self.buckets.as_deref_mut() {
+            set.parked[previous] = Some(state);
+        }
     }
 
     /// Which outputs follow the bucket's size: those whose size along the axis is the
@@ -578,13 +604,14 @@ impl GraphedModules {
     /// for its backward.
     pub(super) fn set_length(&mut self, chunk: usize, m: usize, len: Option<usize>) -> Result<()> {
         let Some(len) = len else { return Ok(()) };
-        if let Some((t, written)) = self.lengths.device.get_mut(m) {
+        let Some(set) = self.buckets.as_deref_mut() else { return Ok(()) };
+        if let Some((t, written)) = set.lengths.device.get_mut(m) {
             if *written != len {
                 t.device().backend().write_values(&t.ptr()?, &[len as f32], crate::DType::F32)?;
                 *written = len;
             }
         }
-        if let Some(r) = self.lengths.real.get_mut(chunk).and_then(|row| row.get_mut(m)) {
+        if let Some(r) = set.lengths.real.get_mut(chunk).and_then(|row| row.get_mut(m)) {
             *r = len;
         }
         Ok(())
@@ -592,13 +619,12 @@ impl GraphedModules {
 
     /// The real size of the microbatch in flight at (chunk, microbatch), with buckets.
     pub(super) fn real_length(&self, chunk: usize, m: usize) -> Option<usize> {
-        self.buckets.as_ref()?;
-        self.lengths.real.get(chunk)?.get(m).copied()
+        self.buckets.as_ref()?.lengths.real.get(chunk)?.get(m).copied()
     }
 
     /// The device length tensor the graphs of microbatch `m` read (with buckets).
     pub(super) fn length_tensor(&self, m: usize) -> Option<Tensor> {
-        self.lengths.device.get(m).map(|(t, _)| t.clone())
+        self.buckets.as_ref()?.lengths.device.get(m).map(|(t, _)| t.clone())
     }
 
     /// `slots` handed back for a call of real size `len`: the bucketed ones trimmed. `kind`
@@ -658,6 +684,11 @@ impl GraphedModules {
     /// ```
     pub fn bucket_reports(&self) -> &[BucketReport] {
         self.buckets.as_ref().map_or(&[], |s| &s.reports)
+    }
+
+    /// While a smaller bucket is captured: the largest bucket's surface of (chunk, microbatch).
+    pub(super) fn bucket_alias(&self, c: usize, m: usize) -> Option<&Surface> {
+        self.buckets.as_ref()?.alias.as_ref()?.get(c)?.get(m)
     }
 
     /// The number of buckets, with shape buckets.

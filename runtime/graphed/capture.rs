@@ -82,8 +82,6 @@ pub fn make_graphed(
         config: Box::new(Config::new(options, schedule.clone(), plan, checkpointed)),
         chain_slots: Vec::new(),
         buckets: None,
-        lengths: Default::default(),
-        alias: None,
     };
     // Each bucket's samples, made before the pool is current (they are not the graphs').
     let bucketed = match &g.config.options.buckets {

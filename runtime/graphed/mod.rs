@@ -101,11 +101,6 @@ pub struct GraphedModules {
     chain_slots: Vec<Option<Tensor>>,
     /// With shape buckets: the parked buckets and the lookup table (see `buckets`).
     buckets: Option<Box<buckets::BucketSet>>,
-    /// With shape buckets: the active bucket's real sizes, on the device and per microbatch.
-    lengths: Box<buckets::Lengths>,
-    /// While a smaller shape bucket is captured: the largest bucket's surfaces, whose buffers
-    /// it takes the first elements of (see `reuse::Slot`).
-    alias: Option<Box<Vec<Vec<Surface>>>>,
 }
 
 /// The settled facts of a capture.

@@ -114,7 +114,7 @@ impl GraphedModules {
         if owner != m {
             return Slot { bufs: part(&self.surfaces[c][owner]).clone(), prefix: false };
         }
-        match self.alias.as_ref().and_then(|a| a.get(c)?.get(m)) {
+        match self.bucket_alias(c, m) {
             Some(largest) => Slot { bufs: part(largest).clone(), prefix: true },
             None => Slot::default(),
         }
