@@ -4,7 +4,7 @@
 //! `--size tiny|gpu`, `--context`, `--batch`, `--dtype f32|bf16`,
 //! `--mode eager|graphed|fused|floor|pipeline|pipeline-eager` (`--eager` is `--mode eager`),
 //! `--no-checkpoint`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`, `--json FILE`,
-//! `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`.
+//! `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`, `--estimate`.
 //!
 //! The text is, by default, the repository's own README.md, docs/*.md and Rust sources, read
 //! from the directory the binary runs in (run it from the repository root); `--data FILE`
@@ -183,6 +183,9 @@ struct Args {
     /// step to the context).
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=64).map(|n| n as usize))]
     buckets: usize,
+    /// With ragged rows and buckets, estimate the graph pool before capturing (and compare).
+    #[arg(long)]
+    estimate: bool,
     /// With ragged rows, the smallest bucket and the shortest length drawn [default: the
     /// context / 8, at least 16].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..).map(|n| n as usize))]
@@ -424,12 +427,26 @@ fn main() -> Result<()> {
         }
         _ => None,
     };
+    // The pool the buckets will need, estimated before they are captured.
+    let estimate = match &buckets {
+        Some(b) if args.estimate => {
+            let e = runner::estimate_bucket_pool(&dev, &cfg, checkpoint, b)?;
+            let mb = e.bytes as f64 / 1e6;
+            println!("estimated graph pool for sequence buckets {b:?}: {mb:.1} MB (probes {:?})", e.probes);
+            Some(e.bytes)
+        }
+        _ => None,
+    };
     let mut trainer = Trainer::with_buckets(&dev, cfg, 7, peak, mode, checkpoint, buckets)?.with_schedule(schedule)?;
     let setup = t0.elapsed().as_secs_f64();
     let pool_at_start = trainer.pool_bytes();
     if graphed_mode {
         let mb = pool_at_start as f64 / 1e6;
         println!("captured {} modules in {setup:.1} s; graph pool {mb:.1} MB", cfg.layers + 2);
+        if let Some(e) = estimate {
+            let off = 100.0 * (e as f64 - pool_at_start as f64) / pool_at_start.max(1) as f64;
+            println!("  the estimate was {:.1} MB: {off:+.1}% of the real pool", e as f64 / 1e6);
+        }
         for r in trainer.bucket_reports() {
             println!(
                 "  sequence bucket {:>5}: captured in {:>6.1} ms, pool +{:>7.1} MB (reserved {:.1} MB)",

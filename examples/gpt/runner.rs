@@ -4,7 +4,10 @@
 #![allow(dead_code)]
 
 use graphed::optim::{AdamW, AdamWConfig, MixedAdamW, WarmupCosine};
-use graphed::{ops, BucketReport, Buckets, CaptureMode, Cx, DType, Device, Error, Graph, Parameters, Result, Tensor};
+use graphed::{
+    ops, BucketReport, Buckets, CaptureMode, Cx, DType, Device, Error, Graph, Module, Parameters, PoolEstimate, Result,
+    Tensor,
+};
 
 use crate::model::{Block, Config, Embed, Gpt, GptExtraInputs, GptGradOutputs, GptInputs, GraphedGpt, Head, VOCAB};
 use crate::pipeline::{Pipeline, Stages, MICROBATCHES};
@@ -157,6 +160,39 @@ fn graph_model(
         None => options,
     };
     Ok(GraphedGpt::new(gpt, GptInputs { ids }, GptExtraInputs { labels }, options)?)
+}
+
+/// The pool the graphed modes will reserve for `buckets` (ascending, the last the context),
+/// estimated before capturing them (`graphed::estimate_pool`: the three smallest buckets
+/// captured alone, their use fitted and extrapolated): the same modules, samples and options
+/// `GraphedGpt` captures with, on a model of the same sizes.
+pub fn estimate_bucket_pool(dev: &Device, cfg: &Config, checkpoint: bool, buckets: &[usize]) -> Result<PoolEstimate> {
+    let mut gpt = Gpt::new(dev, cfg, 7)?;
+    for &s in buckets {
+        gpt.embed.cache_positions(cfg.batch, s)?;
+    }
+    let Gpt { embed, blocks, head } = gpt;
+    let layers = blocks.len();
+    let mut modules: Vec<Box<dyn Module>> = vec![Box::new(embed)];
+    modules.extend(blocks.into_iter().map(|b| Box::new(b) as Box<dyn Module>));
+    modules.push(Box::new(head));
+    // A chained struct's samples: the first chunk's ids, nothing for the chained inputs, the
+    // head's labels.
+    let (ids, labels) =
+        (Tensor::zeros(dev, &[cfg.batch, cfg.context])?, Tensor::zeros(dev, &[cfg.batch, cfg.context])?);
+    let mut samples = vec![vec![vec![Some(ids)]]];
+    samples.extend((0..layers).map(|_| vec![vec![None]]));
+    samples.push(vec![vec![None, Some(labels)]]);
+    // Blocks 2, 4, ... checkpointed, as `#[graphed(checkpoint_every = 2)]` says (chunk 1 is
+    // the embedding).
+    let checkpointed: Vec<usize> =
+        if checkpoint { (1..layers).step_by(2).map(|layer| layer + 2).collect() } else { Vec::new() };
+    let options = GraphedGpt::options()
+        .chained(true)
+        .checkpoint(checkpointed)
+        .buckets(Buckets::new(1, buckets.iter().copied()).pad(1, ops::IGNORE_LABEL));
+    let (estimate, _modules) = graphed::estimate_pool(modules, samples, options)?;
+    Ok(estimate)
 }
 
 impl Trainer {
