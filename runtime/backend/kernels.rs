@@ -277,13 +277,15 @@ impl FlashTiles {
 /// `kernels/transformer.cu`), one place for both sides: NVRTC gets the words a thread holds as
 /// `-DRN_FWD_VPT` / `-DRN_BWD_VPT`, and the launches size their blocks and grids from the rest.
 /// A row of `d` values is spread over `tpr` threads (a power of two, the fewest that hold it
-/// with `vpt` 16-byte words each), `threads / tpr` rows a block. The forward launches one block
-/// per row group; the backward a fixed number of blocks (at most `bwd.2`), each writing one row
-/// of weight-grad partials, which a second kernel adds in order. Sweep: `bench/row_sweep.py`.
+/// with `vpt` 16-byte words each), `threads / tpr` rows a block, grid-stride over the row
+/// groups. The forward launches a block per row group up to a cap; the backward a fixed number
+/// of blocks (at most `bwd.2`), each writing one row of weight-grad partials, which a second
+/// kernel adds in order. Chosen by judgement, to be confirmed by sweeping `bench/row_sweep.py`
+/// on an H200 (it prints the best values in this form).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RowTiles {
-    /// Forward: 16-byte words a thread holds, threads a block.
-    pub(crate) fwd: (usize, usize),
+    /// Forward: 16-byte words a thread holds, threads a block, blocks at most.
+    pub(crate) fwd: (usize, usize, usize),
     /// Backward: 16-byte words a thread holds, threads a block, blocks at most.
     pub(crate) bwd: (usize, usize, usize),
 }
@@ -298,7 +300,7 @@ pub(crate) struct RowLaunch {
 
 impl RowTiles {
     /// The shapes the runtime builds and launches with.
-    pub(crate) const CHOSEN: RowTiles = RowTiles { fwd: (4, 256), bwd: (2, 512, 264) };
+    pub(crate) const CHOSEN: RowTiles = RowTiles { fwd: (4, 256, 1 << 20), bwd: (2, 512, 264) };
 
     /// Threads a row for rows of `d` values of `elem` bytes at `vpt` words a thread, or `None`
     /// when a row needs more than 1024 (the ops then run the plain kernels).
@@ -317,7 +319,7 @@ impl RowTiles {
     /// The forward's launch over `rows` rows of `d` values of `elem` bytes, if the row fits.
     pub(crate) fn fwd_launch(self, rows: usize, d: usize, elem: usize) -> Option<RowLaunch> {
         let tpr = Self::row_threads(d, elem, self.fwd.0)?;
-        Some(Self::launch(rows, tpr, self.fwd.1, 1 << 20, 0))
+        Some(Self::launch(rows, tpr, self.fwd.1, self.fwd.2, 0))
     }
 
     /// The backward's launch, with its dynamic shared memory (a 16-byte word's values, as f32,
