@@ -379,6 +379,7 @@ def per_vpt(v):
 
 # ---------------------------------------------------------------- timing
 
+_SAID = False
 L2_BYTES = 256 << 20  # rotate buffers until the working set passes this (the L2 holds ~50-60 MB)
 
 
@@ -396,8 +397,17 @@ def time_graph(launch, sets, launches, reps):
             for i in range(launches):
                 launch(sets[i % len(sets)])
             graph = s.end_capture()
-        except Exception:  # CuPy without stream capture: time plain launches
+        except Exception as e:  # CuPy without stream capture: time plain launches
+            try:
+                s.end_capture()
+            except Exception:
+                pass
+            s.synchronize()
             graph = None
+            global _SAID
+            if not _SAID:
+                print(f"note: no CUDA graph capture ({str(e).splitlines()[0][:80]}); timing plain launches", flush=True)
+                _SAID = True
         run = (lambda: graph.launch(s)) if graph is not None else (lambda: [launch(sets[i % len(sets)]) for i in range(launches)])
         run()
         a, e = cp.cuda.Event(), cp.cuda.Event()
