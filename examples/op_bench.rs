@@ -126,11 +126,12 @@ fn main() -> Result<()> {
     // The GPT's row and elementwise kernels in bf16 (RMSNorm, SwiGLU) and AdamW over bf16
     // weights with f32 masters and grads.
     let rstd16 = ops::rms_norm(&t16.a, &t16.bias, 1e-5)?.1;
+    let (sum16, _, sum_rstd16) = ops::add_rms_norm(&t16.a, &t16.b, &t16.bias, 1e-5)?;
     let dgamma16 = Tensor::zeros(&dev, &[cols])?;
     let mixed_p = Param::new(h(&rand(&[rows, cols], 12)?)?)?;
     ops::fill_(&mixed_p.grad, 1e-3)?;
     let mixed = MixedAdamW::new(&[mixed_p], AdamWConfig::default(), None)?;
-    let gpt = GptOps { rstd: &rstd16, dgamma: &dgamma16, adamw: &mixed };
+    let gpt = GptOps { rstd: &rstd16, sum: &sum16, sum_rstd: &sum_rstd16, dgamma: &dgamma16, adamw: &mixed };
 
     let gemm_bytes = 3.0 * (lin * lin * 4) as f64;
     let gemm_flops = 2.0 * (lin as f64).powi(3);
@@ -267,13 +268,18 @@ fn bf16_cases<'a>(
 /// What the GPT's kernels need beside [`Bf16Inputs`].
 struct GptOps<'a> {
     rstd: &'a Tensor,
+    /// `a + b` and its rstd, from `add_rms_norm`.
+    sum: &'a Tensor,
+    sum_rstd: &'a Tensor,
     dgamma: &'a Tensor,
     adamw: &'a MixedAdamW,
 }
 
-/// RMSNorm (forward, backward with the f32 gamma grad), SwiGLU (forward, backward) in bf16,
-/// and one AdamW step over bf16 weights: the least bytes each must move (the gamma and the row
-/// statistics are negligible; AdamW reads the f32 master, moments and grad and writes the
+/// RMSNorm (forward, backward with the f32 gamma grad), the residual add fused with it (reads
+/// x and the residual, writes the sum and the norm; its backward reads dy, the residual grad and
+/// the sum and writes one grad), SwiGLU (forward, backward) in bf16, and one AdamW step over
+/// bf16 weights: the least bytes each must move (the gamma, the row statistics and the gamma
+/// grad's partial sums are left out; AdamW reads the f32 master, moments and grad and writes the
 /// master, moments and the bf16 weight: 30 bytes an element).
 fn gpt_cases<'a>(t: &'a Bf16Inputs, g: &'a GptOps<'a>, size: &str) -> Vec<Case<'a>> {
     let n = t.a.numel() as f64;
@@ -284,6 +290,12 @@ fn gpt_cases<'a>(t: &'a Bf16Inputs, g: &'a GptOps<'a>, size: &str) -> Vec<Case<'
             "rms_norm_backward",
             6.0 * n,
             Box::new(|| ops::rms_norm_backward(&t.dy, &t.a, &t.bias, g.rstd, g.dgamma).map(drop)),
+        ),
+        ew16("add_rms_norm", 8.0 * n, Box::new(|| ops::add_rms_norm(&t.a, &t.b, &t.bias, 1e-5).map(drop))),
+        ew16(
+            "add_rms_norm_backward",
+            8.0 * n,
+            Box::new(|| ops::add_rms_norm_backward(&t.dy, &t.b, g.sum, &t.bias, g.sum_rstd, g.dgamma).map(drop)),
         ),
         ew16("swiglu", 6.0 * n, Box::new(|| ops::swiglu(&t.a, &t.b).map(drop))),
         ew16("swiglu_backward", 10.0 * n, Box::new(|| ops::swiglu_backward(&t.dy, &t.a, &t.b).map(drop))),

@@ -89,7 +89,10 @@ fn a_bad_id_in_a_replayed_graph_is_an_error() {
 #[test]
 fn rms_norm_matches_reference_and_finite_differences() {
     on_each_backend(|dev| {
-        for (i, &(n, d)) in [(1, 1), (3, 5), (7, 33), (33, 257), (130, 768), (2, 4099)].iter().enumerate() {
+        // (1200, 1000): more row groups than the backward's blocks; (3, 9000) and (2, 20000): rows
+        // too wide for the register kernels on CUDA (backward, then both), the plain kernels.
+        let shapes = [(1, 1), (3, 5), (7, 33), (33, 257), (130, 768), (2, 4099), (1200, 1000), (3, 9000), (2, 20000)];
+        for (i, &(n, d)) in shapes.iter().enumerate() {
             let seed = 100 + 10 * i as u64;
             let xv: Vec<f32> = random_vec(n * d, seed).into_iter().map(|v| 3.0 * v + 0.7).collect();
             let x = Tensor::from_slice(dev, &xv, &[n, d])?;
@@ -236,5 +239,70 @@ fn transformer_ops_in_half_precision_track_f32() {
             expect_err("gamma dtype", ops::rms_norm(&x16, &bad, EPS), mismatch)?;
         }
         Ok(())
+    });
+}
+
+/// add_rms_norm and its backward give the bits of the unfused ops (add, then rms_norm; then
+/// rms_norm_backward, then add), in every dtype, for narrow, wide and too-wide rows, with the
+/// gamma grad in f32 and in the parameter's dtype; and they replay bit for bit.
+#[test]
+fn add_rms_norm_equals_the_unfused_ops_bitwise() {
+    on_each_backend(|dev| {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for (i, &(n, d)) in
+                [(1, 1), (5, 7), (64, 512), (33, 1030), (300, 96), (3, 9000), (2, 20000)].iter().enumerate()
+            {
+                let seed = 500 + 10 * i as u64;
+                let what = format!("add_rms_norm {dtype} {n}x{d}");
+                let (x, _) = pair(dev, &[n, d], seed, dtype)?;
+                let (r, _) = pair(dev, &[n, d], seed + 1, dtype)?;
+                let (g, _) = pair(dev, &[d], seed + 2, dtype)?;
+                let (sum, y, rstd) = ops::add_rms_norm(&x, &r, &g, EPS)?;
+                let s2 = ops::add(&x, &r)?;
+                let (y2, rstd2) = ops::rms_norm(&s2, &g, EPS)?;
+                bitwise_eq(&format!("{what} sum"), &sum.to_vec()?, &s2.to_vec()?)?;
+                bitwise_eq(&format!("{what} normed"), &y.to_vec()?, &y2.to_vec()?)?;
+                bitwise_eq(&format!("{what} rstd"), &rstd.to_vec()?, &rstd2.to_vec()?)?;
+                let (dy, _) = pair(dev, &[n, d], seed + 3, dtype)?;
+                let (dsum, _) = pair(dev, &[n, d], seed + 4, dtype)?;
+                for grad_dtype in [DType::F32, dtype] {
+                    let g0 = random_vec(d, seed + 5);
+                    let dg = Tensor::from_slice_as(dev, &g0, &[d], grad_dtype)?;
+                    let dg2 = Tensor::from_slice_as(dev, &g0, &[d], grad_dtype)?;
+                    let dx = ops::add_rms_norm_backward(&dy, &dsum, &sum, &g, &rstd, &dg)?;
+                    let dx2 = ops::add(&dsum, &ops::rms_norm_backward(&dy, &s2, &g, &rstd2, &dg2)?)?;
+                    bitwise_eq(&format!("{what} backward dx"), &dx.to_vec()?, &dx2.to_vec()?)?;
+                    bitwise_eq(&format!("{what} backward dgamma ({grad_dtype})"), &dg.to_vec()?, &dg2.to_vec()?)?;
+                }
+            }
+        }
+        let (x, r, g) = (random(dev, &[3, 8], 1)?, random(dev, &[3, 8], 2)?, random(dev, &[8], 3)?);
+        eager_vs_replay(dev, || {
+            let (sum, y, rstd) = ops::add_rms_norm(&x, &r, &g, EPS)?;
+            let dg = Tensor::zeros(dev, &[8])?;
+            let dx = ops::add_rms_norm_backward(&y, &x, &sum, &g, &rstd, &dg)?;
+            Ok(vec![sum, y, rstd, dx, dg])
+        })
+    });
+}
+
+#[test]
+fn add_rms_norm_rejects_bad_arguments() {
+    on_each_backend(|dev| {
+        let (x, g) = (random(dev, &[3, 8], 1)?, random(dev, &[8], 2)?);
+        expect_err("residual shape", ops::add_rms_norm(&x, &random(dev, &[3, 7], 3)?, &g, EPS), is_shape)?;
+        expect_err("residual shape", ops::add_rms_norm(&x, &random(dev, &[24], 3)?, &g, EPS), is_shape)?;
+        let half = Tensor::zeros_as(dev, &[3, 8], DType::BF16)?;
+        let mismatch = |e: &Error| matches!(e, Error::DTypeMismatch { .. });
+        expect_err("residual dtype", ops::add_rms_norm(&x, &half, &g, EPS), mismatch)?;
+        expect_err("gamma shape", ops::add_rms_norm(&x, &x, &random(dev, &[9], 4)?, EPS), is_shape)?;
+        expect_err("bad eps", ops::add_rms_norm(&x, &x, &g, f32::NAN), |e| matches!(e, Error::InvalidArgument { .. }))?;
+        let (sum, _, rstd) = ops::add_rms_norm(&x, &x, &g, EPS)?;
+        let dg = Tensor::zeros(dev, &[8])?;
+        let r = ops::add_rms_norm_backward(&x, &random(dev, &[3, 9], 5)?, &sum, &g, &rstd, &dg);
+        expect_err("dsum shape", r, is_shape)?;
+        expect_err("dsum dtype", ops::add_rms_norm_backward(&x, &half, &sum, &g, &rstd, &dg), mismatch)?;
+        let r = ops::add_rms_norm_backward(&x, &x, &sum, &g, &random(dev, &[4], 6)?, &dg);
+        expect_err("rstd shape", r, is_shape)
     });
 }

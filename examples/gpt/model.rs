@@ -146,8 +146,8 @@ impl Block {
         let v = ops::linear(&h1, &self.wv.value, None)?;
         let (att, lse) = attend(self.fused_attention, &q, &k, &v, self.heads)?;
         let (a, mask1) = self.drop(cx, &ops::linear(&att, &self.wo.value, None)?)?;
-        let x2 = ops::add(x, &a)?;
-        let (h2, rstd2) = ops::rms_norm(&x2, &self.norm2.value, EPS)?;
+        // The residual add and the second norm in one pass (bit for bit add, then rms_norm).
+        let (x2, h2, rstd2) = ops::add_rms_norm(x, &a, &self.norm2.value, EPS)?;
         let gate = ops::linear(&h2, &self.w_gate.value, None)?;
         let up = ops::linear(&h2, &self.w_up.value, None)?;
         let s = ops::swiglu(&gate, &up)?;
@@ -177,14 +177,15 @@ impl Block {
             &dx_of(ops::linear_backward(&dgate, h2, &self.w_gate.value, &self.w_gate.grad, None, true)?)?,
             &dx_of(ops::linear_backward(&dup, h2, &self.w_up.value, &self.w_up.grad, None, true)?)?,
         )?;
-        let dx2 = ops::add(dy, &ops::rms_norm_backward(&dh2, x2, &self.norm2.value, rstd2, &self.norm2.grad)?)?;
+        let dx2 = ops::add_rms_norm_backward(&dh2, dy, x2, &self.norm2.value, rstd2, &self.norm2.grad)?;
         let datt = dx_of(ops::linear_backward(&undrop(&dx2, 0)?, att, &self.wo.value, &self.wo.grad, None, true)?)?;
         let (dq, dk, dv) = attend_backward(self.fused_attention, &datt, [q, k, v, att, lse], self.heads)?;
         let mut dh1 = dx_of(ops::linear_backward(&dq, h1, &self.wq.value, &self.wq.grad, None, true)?)?;
         for (d, w) in [(&dk, &self.wk), (&dv, &self.wv)] {
             dh1 = ops::add(&dh1, &dx_of(ops::linear_backward(d, h1, &w.value, &w.grad, None, true)?)?)?;
         }
-        let dx = ops::add(&dx2, &ops::rms_norm_backward(&dh1, x, &self.norm1.value, rstd1, &self.norm1.grad)?)?;
+        // The first norm's backward and the residual grad in one pass.
+        let dx = ops::add_rms_norm_backward(&dh1, &dx2, x, &self.norm1.value, rstd1, &self.norm1.grad)?;
         Ok(Some(dx))
     }
 }

@@ -11,7 +11,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use super::fault::{self, FaultPoint, Faults};
-use super::kernels::{BuiltinKernel, FlashTiles, KArg};
+use super::kernels::{BuiltinKernel, FlashTiles, KArg, RowTiles};
 use super::{DropErrors, StreamGate};
 use crate::capabilities::CudaVersion;
 use crate::{Error, Result};
@@ -207,6 +207,7 @@ impl CudaBackend {
         let src = KERNEL_SOURCES.join("\n");
         let mut options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
         options.extend(FlashTiles::nvrtc_defines());
+        options.extend(RowTiles::nvrtc_defines());
         let opts = CompileOptions { options, ..Default::default() };
         let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
         let module = ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;

@@ -193,6 +193,12 @@ kernels! {
     AttnBwdScoresF32 = "attn_bwd_scores_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
     AttnBwdScoresBf16 = "attn_bwd_scores_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
     AttnBwdScoresF16 = "attn_bwd_scores_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    RmsRowsF32 = "rms_rows_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    RmsRowsBf16 = "rms_rows_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    RmsRowsF16 = "rms_rows_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    RmsRowsBwdF32 = "rms_rows_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    RmsRowsBwdBf16 = "rms_rows_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    RmsRowsBwdF16 = "rms_rows_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     EmbeddingBwdBf16F32 = "embedding_bwd_bf16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     EmbeddingBwdF16F32 = "embedding_bwd_f16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     LrWarmupCosineF32 = "lr_warmup_cosine_f32" (Ptr, Ptr, F32, F32, U32, U32);
@@ -277,6 +283,69 @@ impl FlashTiles {
                 [("FWD", t.fwd), ("DQ", t.dq), ("DKV", t.dkv)].map(|(k, (a, b, c))| format!("-DFA_{k}{d}={a},{b},{c}"))
             })
             .collect()
+    }
+}
+
+/// The launch shapes of the RMSNorm row kernels (`rms_rows_*`, `rms_rows_bwd_*` in
+/// `kernels/transformer.cu`), one place for both sides: NVRTC gets the words a thread holds as
+/// `-DRN_FWD_VPT` / `-DRN_BWD_VPT`, and the launches size their blocks and grids from the rest.
+/// A row of `d` values is spread over `tpr` threads (a power of two, the fewest that hold it
+/// with `vpt` 16-byte words each), `threads / tpr` rows a block, grid-stride over the row
+/// groups. The forward launches a block per row group up to a cap; the backward a fixed number
+/// of blocks (at most `bwd.2`), each writing one row of weight-grad partials, which a second
+/// kernel adds in order. Chosen by judgement, to be confirmed by sweeping `bench/row_sweep.py`
+/// on an H200 (it prints the best values in this form).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RowTiles {
+    /// Forward: 16-byte words a thread holds, threads a block, blocks at most.
+    pub(crate) fwd: (usize, usize, usize),
+    /// Backward: 16-byte words a thread holds, threads a block, blocks at most.
+    pub(crate) bwd: (usize, usize, usize),
+}
+
+/// The launch of one row kernel: the block is `(tpr, rows a block)`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowLaunch {
+    pub(crate) dims: super::LaunchDims,
+    /// Blocks in the grid (the backward's partial rows).
+    pub(crate) blocks: usize,
+}
+
+impl RowTiles {
+    /// The shapes the runtime builds and launches with.
+    pub(crate) const CHOSEN: RowTiles = RowTiles { fwd: (4, 256, 1 << 20), bwd: (2, 512, 264) };
+
+    /// Threads a row for rows of `d` values of `elem` bytes at `vpt` words a thread, or `None`
+    /// when a row needs more than 1024 (the ops then run the plain kernels).
+    pub(crate) fn row_threads(d: usize, elem: usize, vpt: usize) -> Option<usize> {
+        let tpr = d.div_ceil(vpt * (16 / elem)).max(1).next_power_of_two();
+        (tpr <= 1024).then_some(tpr)
+    }
+
+    fn launch(rows: usize, tpr: usize, threads: usize, max_blocks: usize, shared: usize) -> RowLaunch {
+        let rpb = (threads / tpr).max(1);
+        let blocks = rows.div_ceil(rpb).clamp(1, max_blocks);
+        let dims = super::LaunchDims { grid: (blocks as u32, 1, 1), block: (tpr as u32, rpb as u32, 1), shared: 0 };
+        RowLaunch { dims: super::LaunchDims { shared: (shared * tpr * rpb) as u32, ..dims }, blocks }
+    }
+
+    /// The forward's launch over `rows` rows of `d` values of `elem` bytes, if the row fits.
+    pub(crate) fn fwd_launch(self, rows: usize, d: usize, elem: usize) -> Option<RowLaunch> {
+        let tpr = Self::row_threads(d, elem, self.fwd.0)?;
+        Some(Self::launch(rows, tpr, self.fwd.1, self.fwd.2, 0))
+    }
+
+    /// The backward's launch, with its dynamic shared memory (a 16-byte word's values, as f32,
+    /// per thread), if the row fits.
+    pub(crate) fn bwd_launch(self, rows: usize, d: usize, elem: usize) -> Option<RowLaunch> {
+        let tpr = Self::row_threads(d, elem, self.bwd.0)?;
+        Some(Self::launch(rows, tpr, self.bwd.1, self.bwd.2, 4 * (16 / elem)))
+    }
+
+    /// The NVRTC options that build the row kernels with these shapes.
+    pub(crate) fn nvrtc_defines() -> Vec<String> {
+        let t = Self::CHOSEN;
+        vec![format!("-DRN_FWD_VPT={}", t.fwd.0), format!("-DRN_BWD_VPT={}", t.bwd.0)]
     }
 }
 

@@ -30,7 +30,7 @@ pub(crate) use cuda_graph::RawGraph;
 pub(crate) use fault::Faults;
 pub use fault::{FaultCounts, FaultPlan, FaultPoint};
 pub(crate) use host::{HostBackend, HostPtr, HostSlab};
-pub(crate) use kernels::{BuiltinKernel, FlashTiles, KArg, Typed};
+pub(crate) use kernels::{BuiltinKernel, FlashTiles, KArg, RowTiles, Typed};
 
 /// Which machine runs the ops.
 #[derive(Debug)]

@@ -36,7 +36,10 @@ pub use loss::{
 };
 pub use norm::{layer_norm, layer_norm_backward};
 pub use sample::argmax;
-pub use transformer::{embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu, swiglu_backward};
+pub use transformer::{
+    add_rms_norm, add_rms_norm_backward, embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu,
+    swiglu_backward,
+};
 
 use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, Typed};
 use crate::{DType, Device, Error, Result, Tensor};
@@ -216,6 +219,9 @@ pub(crate) mod k {
     /// The first pass of RMSNorm's gamma grad (partial column sums in f32), by the dtype of `dy`.
     pub(crate) const RMS_NORM_BWD_PARAMS_PARTIAL: Typed =
         Typed(B::RmsNormBwdParamsPartialF32, B::RmsNormBwdParamsPartialBf16, B::RmsNormBwdParamsPartialF16);
+    /// RMSNorm (and residual add + RMSNorm) with rows in registers, forward and backward.
+    pub(crate) const RMS_ROWS: Typed = Typed(B::RmsRowsF32, B::RmsRowsBf16, B::RmsRowsF16);
+    pub(crate) const RMS_ROWS_BWD: Typed = Typed(B::RmsRowsBwdF32, B::RmsRowsBwdBf16, B::RmsRowsBwdF16);
     /// The second pass: the partial sums added in order into a grad, by the grad's dtype.
     pub(crate) const COL_PARTIALS_ACC: Typed = Typed(B::ColPartialsAccF32, B::ColPartialsAccBf16, B::ColPartialsAccF16);
     pub(crate) const ARGMAX_ROWS: Typed = Typed(B::ArgmaxRowsF32, B::ArgmaxRowsBf16, B::ArgmaxRowsF16);

@@ -1,6 +1,6 @@
 //! Token embedding, RMSNorm and SwiGLU (#13) in f32, bf16 and f16, with their backwards.
 
-use crate::backend::{KArg, LaunchDims};
+use crate::backend::{KArg, LaunchDims, RowTiles};
 use crate::ops::{
     as_rows, check_f32_on, check_grad_of, check_like, check_rank1, check_shape, check_vector, col_chunks, col_dims,
     cpu, exec, k, n32, row_dims, warp_rows, Exec,
@@ -133,8 +133,8 @@ pub fn embedding_backward(dy: &Tensor, ids: &Tensor, dtable: &Tensor) -> Result<
 /// RMSNorm over the last dimension: `y = x · rstd · gamma` per row with
 /// `rstd = 1 / sqrt(mean(x²) + eps)`. `x` is `[..., D]`, `gamma` `[D]`; returns `(y, rstd)`,
 /// `rstd` of shape `[rows]`, which [`rms_norm_backward`] takes. `x` and `gamma` share one dtype
-/// (f32, bf16 or f16), as `y` does; `rstd` is f32 and computed in f32. On CUDA one block per
-/// row with a fixed-order reduction.
+/// (f32, bf16 or f16), as `y` does; `rstd` is f32 and computed in f32. On CUDA each row is read
+/// once into registers by the threads that share it, and summed in a fixed order.
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -148,50 +148,141 @@ pub fn embedding_backward(dy: &Tensor, ids: &Tensor, dtable: &Tensor) -> Result<
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
-    const OP: &str = "rms_norm";
-    let dtype = check_like(OP, &[x, gamma])?;
-    check_rank1(OP, "x", x)?;
+    let (_, y, rstd) = rms_norm_rows("rms_norm", x, None, gamma, eps)?;
+    Ok((y, rstd))
+}
+
+/// Residual add and RMSNorm in one pass: `sum = x + residual` (rounded to the dtype: the next
+/// residual stream) and `(normed, rstd)` = [`rms_norm`] of `sum`, bit for bit what
+/// [`crate::ops::add`] then [`rms_norm`] give, with one read of each input. Returns
+/// `(sum, normed, rstd)`; [`add_rms_norm_backward`] takes `sum` and `rstd`. `x`, `residual`
+/// and `gamma` share one dtype; `x` and `residual` one shape `[..., D]`.
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let x = Tensor::from_slice(&dev, &[1.0, 3.0], &[1, 2])?;
+/// let residual = Tensor::from_slice(&dev, &[2.0, 1.0], &[1, 2])?;
+/// let gamma = Tensor::full(&dev, &[2], 1.0)?;
+/// let (sum, normed, rstd) = ops::add_rms_norm(&x, &residual, &gamma, 0.0)?;
+/// assert_eq!(sum.to_vec()?, vec![3.0, 4.0]);
+/// let (y, r) = ops::rms_norm(&sum, &gamma, 0.0)?;
+/// assert_eq!((normed.to_vec()?, rstd.to_vec()?), (y.to_vec()?, r.to_vec()?));
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn add_rms_norm(x: &Tensor, residual: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, Tensor, Tensor)> {
+    const OP: &str = "add_rms_norm";
+    check_like(OP, &[x, residual])?;
+    check_shape(OP, x, residual)?;
+    let (sum, y, rstd) = rms_norm_rows(OP, x, Some(residual), gamma, eps)?;
+    Ok((sum.unwrap_or_else(|| x.clone()), y, rstd))
+}
+
+/// The checks of the RMSNorm forwards: (dtype, rows, row length).
+fn check_rms_norm(op: &'static str, x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(DType, usize, usize)> {
+    let dtype = check_like(op, &[x, gamma])?;
+    check_rank1(op, "x", x)?;
     let (rows, d) = as_rows(x);
     if d == 0 {
-        return Err(Error::shape(OP, format!("x {:?} has an empty last dimension", x.dims())));
+        return Err(Error::shape(op, format!("x {:?} has an empty last dimension", x.dims())));
     }
-    check_vector(OP, "gamma", gamma, d)?;
+    check_vector(op, "gamma", gamma, d)?;
     if !(eps >= 0.0 && eps.is_finite()) {
-        return Err(Error::invalid(OP, format!("eps = {eps} must be finite and >= 0")));
+        return Err(Error::invalid(op, format!("eps = {eps} must be finite and >= 0")));
     }
-    n32(OP, x.numel())?;
+    n32(op, x.numel())?;
+    Ok((dtype, rows, d))
+}
+
+/// RMSNorm of `x` (+ `residual`, whose sum is returned first when given).
+fn rms_norm_rows(
+    op: &'static str,
+    x: &Tensor,
+    residual: Option<&Tensor>,
+    gamma: &Tensor,
+    eps: f32,
+) -> Result<(Option<Tensor>, Tensor, Tensor)> {
+    let (dtype, rows, d) = check_rms_norm(op, x, gamma, eps)?;
+    let sum = residual.map(|_| Tensor::empty_like(x)).transpose()?;
     let (y, rstd) = (Tensor::empty_like(x)?, Tensor::empty(x.device(), &[rows])?);
     match exec(x.device()) {
         Exec::Host(h) => {
             let (xp, gp, yp, rp) = (x.host_ptr()?, gamma.host_ptr()?, y.host_ptr()?, rstd.host_ptr()?);
-            h.run(k::RMS_NORM.get(dtype), move || {
-                let (yv, rv) = cpu::rms_norm(&xp.read(), &gp.read(), d, eps);
+            let rs = residual.map(|r| r.host_ptr()).transpose()?;
+            let sp = sum.as_ref().map(|s| s.host_ptr()).transpose()?;
+            let kernel = if residual.is_some() { k::RMS_ROWS } else { k::RMS_NORM };
+            h.run(kernel.get(dtype), move || {
+                let mut xv = xp.read();
+                if let (Some(rs), Some(sp)) = (&rs, &sp) {
+                    // The sum as the dtype stores it: what an add followed by rms_norm reads.
+                    xv = cpu::add(&xv, &rs.read()).into_iter().map(|v| dtype.round(v)).collect();
+                    sp.write(&xv);
+                }
+                let (yv, rv) = cpu::rms_norm(&xv, &gp.read(), d, eps);
                 yp.write(&yv);
                 rp.write(&rv);
                 Ok(())
             })?;
         }
-        Exec::Cuda(c) => c.launch(
-            k::RMS_NORM.get(dtype),
-            warp_rows(rows),
-            &[
-                KArg::Ptr(y.cuda_ptr()?),
-                KArg::Ptr(rstd.cuda_ptr()?),
-                KArg::Ptr(x.cuda_ptr()?),
-                KArg::Ptr(gamma.cuda_ptr()?),
-                KArg::U32(rows as u32),
-                KArg::U32(d as u32),
-                KArg::F32(eps),
-            ],
-        )?,
+        Exec::Cuda(c) => {
+            let ptr = |t: Option<&Tensor>| t.map_or(Ok(0), |t| t.cuda_ptr());
+            match RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()) {
+                Some(l) => c.launch(
+                    k::RMS_ROWS.get(dtype),
+                    l.dims,
+                    &[
+                        KArg::Ptr(y.cuda_ptr()?),
+                        KArg::Ptr(rstd.cuda_ptr()?),
+                        KArg::Ptr(ptr(sum.as_ref())?),
+                        KArg::Ptr(x.cuda_ptr()?),
+                        KArg::Ptr(ptr(residual)?),
+                        KArg::Ptr(gamma.cuda_ptr()?),
+                        KArg::U32(rows as u32),
+                        KArg::U32(d as u32),
+                        KArg::F32(eps),
+                    ],
+                )?,
+                // Rows too wide to hold in registers: the sum, then the one-warp-a-row kernel.
+                None => {
+                    let src = match (residual, &sum) {
+                        (Some(r), Some(s)) => {
+                            let n = n32(op, x.numel())?;
+                            let args = [
+                                KArg::Ptr(s.cuda_ptr()?),
+                                KArg::Ptr(x.cuda_ptr()?),
+                                KArg::Ptr(r.cuda_ptr()?),
+                                KArg::U32(n),
+                            ];
+                            c.launch(k::ADD.get(dtype), LaunchDims::vectorized(n as usize, dtype), &args)?;
+                            s
+                        }
+                        _ => x,
+                    };
+                    c.launch(
+                        k::RMS_NORM.get(dtype),
+                        warp_rows(rows),
+                        &[
+                            KArg::Ptr(y.cuda_ptr()?),
+                            KArg::Ptr(rstd.cuda_ptr()?),
+                            KArg::Ptr(src.cuda_ptr()?),
+                            KArg::Ptr(gamma.cuda_ptr()?),
+                            KArg::U32(rows as u32),
+                            KArg::U32(d as u32),
+                            KArg::F32(eps),
+                        ],
+                    )?
+                }
+            }
+        }
     }
-    Ok((y, rstd))
+    Ok((sum, y, rstd))
 }
 
 /// The backward of [`rms_norm`] from its saved `rstd`: returns `dx` and accumulates
-/// `dgamma += Σ_rows dy · x · rstd`. On CUDA a row kernel and a column-reduction kernel, both
-/// in a fixed order (deterministic). `dy`, `x` and `gamma` share one dtype, as `dx` does;
-/// `rstd` is f32; `dgamma` is gamma's dtype or f32 (summed in f32 either way).
+/// `dgamma += Σ_rows dy · x · rstd`. On CUDA one row kernel writes `dx` and each block's partial
+/// sums of the gamma grad, then a second kernel adds the partials in a fixed order
+/// (deterministic, no atomics). `dy`, `x` and `gamma` share one dtype, as `dx` does; `rstd` is
+/// f32; `dgamma` is gamma's dtype or f32 (summed in f32 either way).
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -206,25 +297,79 @@ pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, Tensor)
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn rms_norm_backward(dy: &Tensor, x: &Tensor, gamma: &Tensor, rstd: &Tensor, dgamma: &Tensor) -> Result<Tensor> {
-    const OP: &str = "rms_norm_backward";
-    let dtype = check_like(OP, &[x, dy, gamma])?;
-    check_f32_on(OP, rstd, x)?;
-    let gdtype = check_grad_of(OP, dgamma, gamma)?;
-    check_rank1(OP, "x", x)?;
-    check_shape(OP, dy, x)?;
+    rms_norm_rows_backward("rms_norm_backward", dy, None, x, gamma, rstd, dgamma)
+}
+
+/// The backward of [`add_rms_norm`]: the grad of `sum` (so of `x` and of `residual` alike),
+/// `rms_norm_backward(dy, sum, ..) + dsum`, where `dy` is the grad of `normed` and `dsum` the
+/// grad `sum` gets from its other reader (the residual stream); accumulates the gamma grad as
+/// [`rms_norm_backward`] does. One pass on CUDA, bit for bit what [`rms_norm_backward`] then
+/// [`crate::ops::add`] give (the norm's grad is rounded to the dtype before the add, as there).
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let (x, r) = (Tensor::from_slice(&dev, &[1.0, 3.0], &[1, 2])?, Tensor::from_slice(&dev, &[2.0, 1.0], &[1, 2])?);
+/// let gamma = Tensor::full(&dev, &[2], 1.0)?;
+/// let (sum, _, rstd) = ops::add_rms_norm(&x, &r, &gamma, 1e-5)?;
+/// let (dy, dsum) = (Tensor::from_slice(&dev, &[0.5, -1.0], &[1, 2])?, Tensor::full(&dev, &[1, 2], 1.0)?);
+/// let (dg1, dg2) = (Tensor::zeros(&dev, &[2])?, Tensor::zeros(&dev, &[2])?);
+/// let dx = ops::add_rms_norm_backward(&dy, &dsum, &sum, &gamma, &rstd, &dg1)?;
+/// let unfused = ops::add(&dsum, &ops::rms_norm_backward(&dy, &sum, &gamma, &rstd, &dg2)?)?;
+/// assert_eq!(dx.to_vec()?, unfused.to_vec()?);
+/// assert_eq!(dg1.to_vec()?, dg2.to_vec()?);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn add_rms_norm_backward(
+    dy: &Tensor,
+    dsum: &Tensor,
+    sum: &Tensor,
+    gamma: &Tensor,
+    rstd: &Tensor,
+    dgamma: &Tensor,
+) -> Result<Tensor> {
+    const OP: &str = "add_rms_norm_backward";
+    check_like(OP, &[sum, dsum])?;
+    check_shape(OP, dsum, sum)?;
+    rms_norm_rows_backward(OP, dy, Some(dsum), sum, gamma, rstd, dgamma)
+}
+
+/// The backward of RMSNorm (+ `dsum`, added to `dx` when given).
+fn rms_norm_rows_backward(
+    op: &'static str,
+    dy: &Tensor,
+    dsum: Option<&Tensor>,
+    x: &Tensor,
+    gamma: &Tensor,
+    rstd: &Tensor,
+    dgamma: &Tensor,
+) -> Result<Tensor> {
+    let dtype = check_like(op, &[x, dy, gamma])?;
+    check_f32_on(op, rstd, x)?;
+    let gdtype = check_grad_of(op, dgamma, gamma)?;
+    check_rank1(op, "x", x)?;
+    check_shape(op, dy, x)?;
     let (rows, d) = as_rows(x);
-    check_vector(OP, "gamma", gamma, d)?;
-    check_vector(OP, "dgamma", dgamma, d)?;
-    check_vector(OP, "rstd", rstd, rows)?;
-    n32(OP, x.numel())?;
+    check_vector(op, "gamma", gamma, d)?;
+    check_vector(op, "dgamma", dgamma, d)?;
+    check_vector(op, "rstd", rstd, rows)?;
+    n32(op, x.numel())?;
     let dx = Tensor::empty_like(x)?;
     match exec(x.device()) {
         Exec::Host(h) => {
             let (dyp, xp, gp, rp) = (dy.host_ptr()?, x.host_ptr()?, gamma.host_ptr()?, rstd.host_ptr()?);
             let (dgp, dxp) = (dgamma.host_ptr()?, dx.host_ptr()?);
-            h.run(k::RMS_NORM_BWD.get(dtype), move || {
+            let dsp = dsum.map(|t| t.host_ptr()).transpose()?;
+            let kernel = if dsum.is_some() { k::RMS_ROWS_BWD } else { k::RMS_NORM_BWD };
+            h.run(kernel.get(dtype), move || {
                 let mut dg = dgp.read();
-                dxp.write(&cpu::rms_norm_backward(&dyp.read(), &xp.read(), &gp.read(), &rp.read(), d, &mut dg));
+                let mut v = cpu::rms_norm_backward(&dyp.read(), &xp.read(), &gp.read(), &rp.read(), d, &mut dg);
+                if let Some(dsp) = &dsp {
+                    // The norm's grad as the dtype stores it, then the add: the unfused ops' bits.
+                    let rounded: Vec<f32> = v.iter().map(|g| dtype.round(*g)).collect();
+                    v = cpu::add(&rounded, &dsp.read());
+                }
+                dxp.write(&v);
                 dgp.write(&dg);
                 Ok(())
             })?;
@@ -232,18 +377,41 @@ pub fn rms_norm_backward(dy: &Tensor, x: &Tensor, gamma: &Tensor, rstd: &Tensor,
         Exec::Cuda(c) => {
             let (dyp, xp, rp) = (KArg::Ptr(dy.cuda_ptr()?), KArg::Ptr(x.cuda_ptr()?), KArg::Ptr(rstd.cuda_ptr()?));
             let (r32, d32) = (KArg::U32(rows as u32), KArg::U32(d as u32));
-            let args = [KArg::Ptr(dx.cuda_ptr()?), dyp, xp, KArg::Ptr(gamma.cuda_ptr()?), rp, r32, d32];
-            c.launch(k::RMS_NORM_BWD.get(dtype), warp_rows(rows), &args)?;
-            // dgamma in two passes (partial sums of row chunks, then the chunks in order), so
-            // the reduction over rows spreads over the GPU.
-            let (chunks, chunk) = col_chunks(rows);
-            let partial = Tensor::empty(x.device(), &[chunks, d])?;
-            let pp = KArg::Ptr(partial.cuda_ptr()?);
-            let args = [pp, dyp, xp, rp, r32, d32, KArg::U32(chunk as u32)];
-            let grid = LaunchDims { grid: (d.div_ceil(32) as u32, chunks as u32, 1), ..col_dims(d) };
-            c.launch(k::RMS_NORM_BWD_PARAMS_PARTIAL.get(dtype), grid, &args)?;
-            let args = [KArg::Ptr(dgamma.cuda_ptr()?), pp, KArg::U32(chunks as u32), d32];
-            c.launch(k::COL_PARTIALS_ACC.get(gdtype), LaunchDims::elementwise(d), &args)?;
+            let dsp = KArg::Ptr(dsum.map_or(Ok(0), |t| t.cuda_ptr())?);
+            let (partial, chunks) = match RowTiles::CHOSEN.bwd_launch(rows, d, dtype.size()) {
+                // dx and each block's partial gamma grad in one pass over dy and x.
+                Some(l) => {
+                    let partial = Tensor::empty(x.device(), &[l.blocks, d])?;
+                    let gp = KArg::Ptr(gamma.cuda_ptr()?);
+                    let args =
+                        [KArg::Ptr(dx.cuda_ptr()?), KArg::Ptr(partial.cuda_ptr()?), dyp, dsp, xp, gp, rp, r32, d32];
+                    c.launch(k::RMS_ROWS_BWD.get(dtype), l.dims, &args)?;
+                    (partial, l.blocks)
+                }
+                // Rows too wide to hold in registers: one warp a row for dx, then partial sums of
+                // row chunks for the gamma grad.
+                None => {
+                    let args = [KArg::Ptr(dx.cuda_ptr()?), dyp, xp, KArg::Ptr(gamma.cuda_ptr()?), rp, r32, d32];
+                    c.launch(k::RMS_NORM_BWD.get(dtype), warp_rows(rows), &args)?;
+                    if let Some(ds) = dsum {
+                        let n = n32(op, x.numel())?;
+                        let (p, s) = (KArg::Ptr(dx.cuda_ptr()?), KArg::Ptr(ds.cuda_ptr()?));
+                        c.launch(
+                            k::ADD.get(dtype),
+                            LaunchDims::vectorized(n as usize, dtype),
+                            &[p, p, s, KArg::U32(n)],
+                        )?;
+                    }
+                    let (chunks, chunk) = col_chunks(rows);
+                    let partial = Tensor::empty(x.device(), &[chunks, d])?;
+                    let args = [KArg::Ptr(partial.cuda_ptr()?), dyp, xp, rp, r32, d32, KArg::U32(chunk as u32)];
+                    let grid = LaunchDims { grid: (d.div_ceil(32) as u32, chunks as u32, 1), ..col_dims(d) };
+                    c.launch(k::RMS_NORM_BWD_PARAMS_PARTIAL.get(dtype), grid, &args)?;
+                    (partial, chunks)
+                }
+            };
+            let args = [KArg::Ptr(dgamma.cuda_ptr()?), KArg::Ptr(partial.cuda_ptr()?), KArg::U32(chunks as u32), d32];
+            c.launch(k::COL_PARTIALS_ACC.get(gdtype), col_dims(d), &args)?;
         }
     }
     Ok(dx)

@@ -17,20 +17,43 @@ __device__ __forceinline__ void philox_round(u32& c0, u32& c1, u32& c2, u32& c3,
     c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
 }
 
-__device__ __forceinline__ u32 philox_u32(u64 seed, u64 counter) {
-    u32 c0 = (u32)counter, c1 = (u32)(counter >> 32), c2 = 0, c3 = 0;
+// The four words of Philox block `block` under `seed`: counter (block lo, block hi, 0, 0), key
+// (seed lo, seed hi).
+__device__ __forceinline__ uint4 philox4(u64 seed, u64 block) {
+    u32 c0 = (u32)block, c1 = (u32)(block >> 32), c2 = 0, c3 = 0;
     u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
+#pragma unroll
     for (int r = 0; r < 10; ++r) {
         philox_round(c0, c1, c2, c3, k0, k1);
         k0 += 0x9E3779B9u;
         k1 += 0xBB67AE85u;
     }
-    return c0;
+    uint4 out;
+    out.x = c0;
+    out.y = c1;
+    out.z = c2;
+    out.w = c3;
+    return out;
 }
 
 // Uniform in [0, 1) with 24 random bits: exact in float on every backend.
+__device__ __forceinline__ float philox_unit(u32 bits) { return (float)(bits >> 8) * (1.0f / 16777216.0f); }
+
+// The generator's stream: counter `e` is word e % 4 of block e / 4, so one Philox call serves
+// four consecutive counters (the vectorised dropout draws whole blocks).
 __device__ __forceinline__ float philox_uniform(u64 seed, u64 counter) {
-    return (float)(philox_u32(seed, counter) >> 8) * (1.0f / 16777216.0f);
+    const uint4 b = philox4(seed, counter >> 2);
+    const u32 k = (u32)(counter & 3);
+    return philox_unit(k == 0 ? b.x : k == 1 ? b.y : k == 2 ? b.z : b.w);
+}
+
+// The uniforms of counters 4 * block .. 4 * block + 3.
+__device__ __forceinline__ void philox_uniform4(u64 seed, u64 block, float& u0, float& u1, float& u2, float& u3) {
+    const uint4 b = philox4(seed, block);
+    u0 = philox_unit(b.x);
+    u1 = philox_unit(b.y);
+    u2 = philox_unit(b.z);
+    u3 = philox_unit(b.w);
 }
 
 // The generator state lives in device memory as 4 words: seed lo, seed hi, offset lo, offset hi.

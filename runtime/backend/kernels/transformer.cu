@@ -184,13 +184,240 @@ __device__ __forceinline__ void rms_norm_bwd_params_partial_t(float* partial, co
     }
 }
 
-// out[c] += sum over k < chunks of partial[k, c], in k order; out is T or f32.
+// out[c] += sum over k < chunks of partial[k, c], in k order; out is T or f32. Blocks of
+// (32, GR_COL_Y) threads over column blocks (col_dims): thread (x, y) adds the chunks k = y mod
+// GR_COL_Y in order, four loads in flight, then row y = 0 adds the GR_COL_Y sums in order.
 template <typename TG>
 __device__ __forceinline__ void col_partials_acc_t(TG* out, const float* partial, u32 chunks, u32 d) {
-    for (u64 c = gr_tid(); c < d; c += gr_stride()) {
-        float t = 0.0f;
-        for (u64 k = 0; k < chunks; ++k) t += partial[k * d + c];
-        st(out, c, ld(out, c) + t);
+    __shared__ float sh[GR_COL_Y][33];
+    for (u64 c0 = (u64)blockIdx.x * 32; c0 < d; c0 += (u64)gridDim.x * 32) {
+        const u64 c = c0 + threadIdx.x;
+        float s = 0.0f;
+        if (c < d) {
+            u64 k = threadIdx.y;
+            for (; k + 3 * GR_COL_Y < chunks; k += 4 * GR_COL_Y) {
+                const float a0 = partial[k * d + c];
+                const float a1 = partial[(k + GR_COL_Y) * d + c];
+                const float a2 = partial[(k + 2 * GR_COL_Y) * d + c];
+                const float a3 = partial[(k + 3 * GR_COL_Y) * d + c];
+                s += a0;
+                s += a1;
+                s += a2;
+                s += a3;
+            }
+            for (; k < chunks; k += GR_COL_Y) s += partial[k * d + c];
+        }
+        sh[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < d) {
+            float t = 0.0f;
+            for (int k = 0; k < GR_COL_Y; ++k) t += sh[k][threadIdx.x];
+            st(out, c, ld(out, c) + t);
+        }
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------- RMSNorm with rows in registers
+//
+// Blocks of (tpr, rpb) threads: tpr = blockDim.x threads (a power of two) on each of rpb =
+// blockDim.y rows. Each thread holds V 16-byte words of its row (V * W values, scattered by tpr,
+// when the row is not made of whole aligned 16-byte words), so a row is read from memory once
+// however wide it is. The host picks tpr so that tpr * V * W >= d (RowTiles in
+// backend/kernels.rs; V is RN_FWD_VPT or RN_BWD_VPT, given as NVRTC defines). Row sums: each
+// thread adds its values in order, then a butterfly over the row's lanes and, for rows wider
+// than a warp, the row's warps in order through shared memory; the order depends on d only.
+// add_rms_norm is the same kernel with a residual (the sum is rounded to T before its
+// statistics, so fused and unfused agree bit for bit), and so is its backward.
+#if !defined(RN_FWD_VPT) || !defined(RN_BWD_VPT)
+#error "RN_FWD_VPT and RN_BWD_VPT (16-byte words a thread holds) must be defined"
+#endif
+
+// The backward's per-block weight-grad reduction: blockDim.x * blockDim.y * W floats.
+extern __shared__ __align__(16) float gr_row_smem[];
+
+// The column of value k of word i of this thread's slice.
+__device__ __forceinline__ u32 rn_col(bool vec, u32 i, u32 k, u32 w) {
+    return vec ? (threadIdx.x + i * blockDim.x) * w + k : threadIdx.x + (i * w + k) * blockDim.x;
+}
+
+// This thread's slice of a row (zeros past d, or everywhere when !ok).
+template <typename T, u32 V>
+__device__ __forceinline__ void rn_load(Pack<T> (&p)[V], const T* row, u32 d, bool vec, bool ok) {
+    constexpr u32 W = 16 / sizeof(T);
+#pragma unroll
+    for (u32 i = 0; i < V; ++i) {
+        if (vec) {
+            const u32 c = threadIdx.x + i * blockDim.x;
+            if (ok && c < d / W) {
+                p[i].raw = reinterpret_cast<const uint4*>(row)[c];
+            } else {
+                p[i].raw.x = 0u;
+                p[i].raw.y = 0u;
+                p[i].raw.z = 0u;
+                p[i].raw.w = 0u;
+            }
+        } else {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const u32 j = rn_col(false, i, k, W);
+                if (ok && j < d) {
+                    p[i].e[k] = row[j];
+                } else {
+                    st(p[i].e, k, 0.0f);
+                }
+            }
+        }
+    }
+}
+
+template <typename T, u32 V>
+__device__ __forceinline__ void rn_store(T* row, const Pack<T> (&p)[V], u32 d, bool vec) {
+    constexpr u32 W = 16 / sizeof(T);
+#pragma unroll
+    for (u32 i = 0; i < V; ++i) {
+        if (vec) {
+            const u32 c = threadIdx.x + i * blockDim.x;
+            if (c < d / W) reinterpret_cast<uint4*>(row)[c] = p[i].raw;
+        } else {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const u32 j = rn_col(false, i, k, W);
+                if (j < d) row[j] = p[i].e[k];
+            }
+        }
+    }
+}
+
+// The sum over this thread's row (every thread of the row gets the same bits). Every thread of
+// the block calls it (it may synchronize the block); `red` is a 32-float shared array.
+__device__ __forceinline__ float rn_row_sum(float v, float* red) {
+    const u32 tpr = blockDim.x;
+    for (u32 o = (tpr < 32u ? tpr : 32u) >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (tpr <= 32u) return v;
+    const u32 lin = threadIdx.y * tpr + threadIdx.x, wpr = tpr >> 5;
+    __syncthreads();
+    if ((lin & 31u) == 0u) red[lin >> 5] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (u32 w = 0; w < wpr; ++w) t += red[threadIdx.y * wpr + w];
+    return t;
+}
+
+// y = s * rstd * gamma, rstd = 1 / sqrt(mean(s^2) + eps), s = x (res null) or x + res rounded
+// to T and stored to sum_out. Row groups of blockDim.y rows, grid-stride over the groups.
+template <typename T>
+__device__ __forceinline__ void rms_rows_t(T* y, float* rstd_out, T* sum_out, const T* x, const T* res, const T* gamma, u32 rows, u32 d, float eps) {
+    constexpr u32 W = 16 / sizeof(T);
+    constexpr u32 V = RN_FWD_VPT;
+    __shared__ float red[32];
+    const bool add = res != nullptr;
+    const bool vec = d % W == 0 && al16(y) && al16(x) && al16(gamma) && (!add || (al16(res) && al16(sum_out)));
+    Pack<T> g[V];
+    rn_load(g, gamma, d, vec, true);
+    const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
+    for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+        const u64 r = grp * blockDim.y + threadIdx.y;
+        const bool ok = r < rows;
+        Pack<T> px[V];
+        rn_load(px, x + r * d, d, vec, ok);
+        if (add) {
+            Pack<T> pr[V];
+            rn_load(pr, res + r * d, d, vec, ok);
+#pragma unroll
+            for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) st(px[i].e, k, ld(px[i].e, k) + ld(pr[i].e, k));
+            }
+            if (ok) rn_store(sum_out + r * d, px, d, vec);
+        }
+        float s = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const float v = ld(px[i].e, k);
+                s += v * v;
+            }
+        }
+        const float rstd = 1.0f / sqrtf(rn_row_sum(s, red) / (float)d + eps);
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) st(px[i].e, k, ld(px[i].e, k) * rstd * ld(g[i].e, k));
+        }
+        if (ok) {
+            rn_store(y + r * d, px, d, vec);
+            if (threadIdx.x == 0) rstd_out[r] = rstd;
+        }
+    }
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)) (+ dsum, after rounding that to T, when dsum is not
+// null), g = dy * gamma, xhat = x * rstd; and partial[blockIdx.x, :] = sum over the block's rows
+// of dy * xhat: each thread adds its rows in order in registers, then the block adds its rows
+// in order (threadIdx.y) through gr_row_smem, one word of each thread at a time. The grid is
+// a fixed number of blocks (RowTiles), so col_partials_acc then adds the partials in a fixed
+// order: the weight grad is deterministic without atomics.
+template <typename T>
+__device__ __forceinline__ void rms_rows_bwd_t(T* dx, float* partial, const T* dy, const T* dsum, const T* x, const T* gamma, const float* rstd, u32 rows, u32 d) {
+    constexpr u32 W = 16 / sizeof(T);
+    constexpr u32 V = RN_BWD_VPT;
+    __shared__ float red[32];
+    const bool add = dsum != nullptr;
+    const bool vec = d % W == 0 && al16(dx) && al16(dy) && al16(x) && al16(gamma) && (!add || al16(dsum));
+    Pack<T> g[V];
+    rn_load(g, gamma, d, vec, true);
+    float acc[V * W];
+#pragma unroll
+    for (u32 e = 0; e < V * W; ++e) acc[e] = 0.0f;
+    const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
+    for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+        const u64 r = grp * blockDim.y + threadIdx.y;
+        const bool ok = r < rows;
+        Pack<T> pd[V], px[V];
+        rn_load(pd, dy + r * d, d, vec, ok);
+        rn_load(px, x + r * d, d, vec, ok);
+        const float rs = ok ? rstd[r] : 0.0f;
+        float s = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) s += ld(pd[i].e, k) * ld(g[i].e, k) * ld(px[i].e, k) * rs;
+        }
+        const float m = rn_row_sum(s, red) / (float)d;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const float dv = ld(pd[i].e, k), xv = ld(px[i].e, k);
+                acc[i * W + k] += dv * (xv * rs);
+                st(px[i].e, k, rs * (dv * ld(g[i].e, k) - xv * rs * m));
+            }
+        }
+        if (add) {
+            rn_load(pd, dsum + r * d, d, vec, ok);
+#pragma unroll
+            for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) st(px[i].e, k, ld(px[i].e, k) + ld(pd[i].e, k));
+            }
+        }
+        if (ok) rn_store(dx + r * d, px, d, vec);
+    }
+    const u32 tpr = blockDim.x, rpb = blockDim.y, lin = threadIdx.y * tpr + threadIdx.x;
+#pragma unroll
+    for (u32 i = 0; i < V; ++i) {
+        __syncthreads();
+#pragma unroll
+        for (u32 k = 0; k < W; ++k) gr_row_smem[lin * W + k] = acc[i * W + k];
+        __syncthreads();
+        for (u32 e = lin; e < tpr * W; e += tpr * rpb) {
+            float t = 0.0f;
+            for (u32 j = 0; j < rpb; ++j) t += gr_row_smem[j * tpr * W + e];
+            const u32 c = vec ? (e / W + i * tpr) * W + e % W : e / W + (i * W + e % W) * tpr;
+            if (c < d) partial[(u64)blockIdx.x * d + c] = t;
+        }
     }
 }
 
@@ -350,6 +577,13 @@ extern "C" __global__ void swiglu_f16(f16_t* y, const f16_t* gate, const f16_t* 
 extern "C" __global__ void swiglu_bwd_f16(f16_t* dgate, f16_t* dup, const f16_t* dy, const f16_t* gate, const f16_t* up, u32 n) { swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
 extern "C" __global__ void attn_softmax_lse_f16(f16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { attn_softmax_lse_t(p, lse, s, rows, t, scale); }
 extern "C" __global__ void attn_bwd_scores_f16(f16_t* p, f16_t* ds, const float* s, const float* dp, const float* lse, const f16_t* dout, const f16_t* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
+// RMSNorm (and residual add + RMSNorm) with rows in registers.
+extern "C" __global__ void rms_rows_f32(float* y, float* rstd_out, float* sum_out, const float* x, const float* res, const float* gamma, u32 rows, u32 d, float eps) { rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
+extern "C" __global__ void rms_rows_bwd_f32(float* dx, float* partial, const float* dy, const float* dsum, const float* x, const float* gamma, const float* rstd, u32 rows, u32 d) { rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
+extern "C" __global__ void rms_rows_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
+extern "C" __global__ void rms_rows_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
+extern "C" __global__ void rms_rows_f16(f16_t* y, float* rstd_out, f16_t* sum_out, const f16_t* x, const f16_t* res, const f16_t* gamma, u32 rows, u32 d, float eps) { rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
+extern "C" __global__ void rms_rows_bwd_f16(f16_t* dx, float* partial, const f16_t* dy, const f16_t* dsum, const f16_t* x, const f16_t* gamma, const float* rstd, u32 rows, u32 d) { rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 // The f32 grads of 16-bit parameters (mixed precision): the embedding table (RMSNorm's gamma
 // accumulates through col_partials_acc_f32).
 extern "C" __global__ void embedding_bwd_bf16_f32(float* dtable, const bf16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
