@@ -5,9 +5,10 @@
 # kernels), and the GPT at three contexts of 4096 tokens a step against PyTorch's per-layer
 # graphs and torch.compile. Logs go to $OUT as one tarball (the device tool returns few files)
 # plus the summary on stdout.
-#   bash scripts/gpu-validate.sh tests|bench|all [gpt-steps]
-# (tests: the test binaries, the sanitizers, the main job; bench: the benchmarks. Each part fits
-# one device call.)
+#   bash scripts/gpu-validate.sh tests|bench|kernels|all [gpt-steps]
+# (tests: the test binaries, the sanitizers, the main job; bench: the benchmarks; kernels: the
+# row-kernel sweep, the op benchmark and the GPT's sequence buckets. Each part fits one device
+# call.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -d gpu-bin ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
@@ -50,7 +51,23 @@ gpu-bin/examples/gpt --help > "$logs/gpt-help.txt" 2>&1
 gpu-bin/examples/gpt --plot "$out/gpt-loss.png" --json "$logs/gpt-main.json" > "$logs/gpt-main.log" 2>&1 || { fail=1; echo "FAILED: main job"; }
 grep -E "^(GPT on|captured|step +2000|trained)" "$logs/gpt-main.log"
 fi
-if [ "$part" != tests ]; then
+if [ "$part" = kernels ] || [ "$part" = all ]; then
+note "row kernels: the NVRTC sweep (RMSNorm, residual + RMSNorm, dropout)"
+timeout 240 python3 gpu-bin/bench/row_sweep.py --quick --out "$logs" > "$logs/row_sweep.log" 2>&1 || { fail=1; echo "FAILED: row_sweep"; }
+tail -40 "$logs/row_sweep.log"
+note "op benchmark (each kernel against its floor)"
+timeout 180 gpu-bin/examples/op_bench > "$logs/op_bench.log" 2>&1 || { fail=1; echo "FAILED: op_bench"; }
+tail -45 "$logs/op_bench.log"
+note "GPT sequence buckets: ragged rows at context 4096, 8 buckets from 128 against every step padded to 4096"
+for b in 8 1; do
+  timeout 200 gpu-bin/examples/gpt --steps "$steps" --eval-every 100000 --context 4096 --batch 1 --lengths ragged --buckets $b \
+    --bucket-min 128 --estimate --json "$logs/gpt_ragged_b$b.json" > "$logs/gpt_ragged_b$b.log" 2>&1 || { fail=1; echo "FAILED: gpt ragged $b"; tail -3 "$logs/gpt_ragged_b$b.log"; }
+  grep -E "estimat|captured|sequence bucket|^trained|ragged rows" "$logs/gpt_ragged_b$b.log"
+done
+timeout 120 gpu-bin/examples/gpt --steps 50 --eval-every 100000 --context 4096 --batch 1 --json "$logs/gpt_fixed_4096.json" > "$logs/gpt_fixed_4096.log" 2>&1 || fail=1
+grep -E "^captured|^trained" "$logs/gpt_fixed_4096.log"
+fi
+if [ "$part" = bench ] || [ "$part" = all ]; then
 note "attention benchmark through the runtime"
 gpu-bin/examples/attention_bench --json "$out/attention_bench.json" > "$logs/attention_bench.log" 2>&1 || fail=1
 tail -22 "$logs/attention_bench.log"
