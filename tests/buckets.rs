@@ -446,3 +446,65 @@ fn the_pool_estimate_is_within_ten_percent_of_the_real_pool() {
         Ok(())
     });
 }
+
+#[test]
+fn a_pipeline_iteration_stays_in_its_first_microbatchs_bucket() {
+    on_each_backend(|dev| {
+        let order = [1, 2, 1, 2, -2, -1, -2, -1];
+        let x = rows(dev, 16, 1)?.with_requires_grad(true);
+        let samples = vec![vec![vec![Some(x.clone())]], vec![vec![Some(x)]]];
+        let opts = GraphOptions::new().order(order).buckets(Buckets::new(0, SIZES));
+        let blocks = || -> Result<Vec<Box<dyn Module>>> {
+            Ok(vec![Box::new(Block::new(dev, H, H, 3)?), Box::new(Block::new(dev, H, H, 4)?)])
+        };
+        let mut g = make_graphed(blocks()?, samples, opts)?;
+        let mut eager = blocks()?;
+        // Microbatch 0 has 7 rows (the 8 bucket); microbatch 1 has 3, and stays in the 8 bucket.
+        let lens = [7, 3];
+        let xs: Vec<Tensor> = lens.iter().map(|&n| rows(dev, n, n as u64)).collect::<Result<_>>()?;
+        let dys: Vec<Tensor> = lens.iter().map(|&n| rows(dev, n, 50 + n as u64)).collect::<Result<_>>()?;
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        let mut hs = vec![None, None];
+        let mut cxs: Vec<[Cx; 2]> = (0..2).map(|_| [Cx::new(dev), Cx::new(dev)]).collect();
+        let mut ehs = vec![None, None];
+        let (mut f, mut b) = ([0usize; 2], [0usize; 2]);
+        for e in order {
+            let c = e.unsigned_abs() as usize - 1;
+            let m = if e > 0 { f[c] } else { b[c] };
+            let input = if c == 0 { Some(xs[m].clone().with_requires_grad(true)) } else { hs[m].clone() };
+            if e > 0 {
+                let out = g.forward(c, &[input])?.remove(0);
+                assert_eq!(g.active_bucket(), Some(8), "microbatch {m} of chunk {c} stays in the 8 bucket");
+                let ein = if c == 0 { Some(padded(&xs[m], 8)?.with_requires_grad(true)) } else { ehs[m].clone() };
+                let eout = eager[c].forward(&mut cxs[m][c], &[ein])?.remove(0);
+                if c == 0 {
+                    hs[m] = out.map(|t| t.deep_clone()).transpose()?.map(|t| t.with_requires_grad(true));
+                    ehs[m] = eout.map(|t| t.with_requires_grad(true));
+                } else {
+                    got.push(out.expect("y").to_vec()?);
+                    want.push(eout.expect("y").to_vec()?[..lens[m] * H].to_vec());
+                }
+                f[c] += 1;
+            } else {
+                let (gd, ed) = if c == 1 {
+                    let gd = g.backward(1, &[Some(dys[m].clone())])?.remove(0);
+                    (gd, eager[1].backward(&mut cxs[m][1], &[Some(padded(&dys[m], 8)?)])?.remove(0))
+                } else {
+                    let gd = g.backward(0, &[hs[m].take()])?.remove(0);
+                    (gd, eager[0].backward(&mut cxs[m][0], &[ehs[m].take()])?.remove(0))
+                };
+                if c == 1 {
+                    // Chunk 1's input grad is chunk 0's grad output.
+                    hs[m] = gd.map(|t| t.deep_clone()).transpose()?;
+                    ehs[m] = ed;
+                } else {
+                    got.push(gd.expect("dx").to_vec()?);
+                    want.push(ed.expect("dx").to_vec()?[..lens[m] * H].to_vec());
+                }
+                b[c] += 1;
+            }
+        }
+        assert_eq!(got, want, "on {}", dev.name());
+        Ok(())
+    });
+}

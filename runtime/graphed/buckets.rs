@@ -10,6 +10,11 @@
 //! in memory the larger buckets' captures released, so the whole list costs little more pool
 //! than the largest bucket alone.
 //!
+//! A call's bucket is the smallest that holds it, except that a forward continuing an
+//! iteration (a later chunk, or a later microbatch of a pipeline schedule) stays in the
+//! iteration's bucket when it fits there; a fused step takes the bucket of its longest
+//! microbatch.
+//!
 //! Only one bucket is active at a time: its graphs, surfaces and queues sit in
 //! [`GraphedModules`]' fields, the others are parked here and swapped in when a call needs
 //! them. Switching buckets while the active one has microbatches waiting for their backward
@@ -515,6 +520,12 @@ impl GraphedModules {
         };
         if sizes.iter().any(|s| *s != len) {
             return Err(BucketError::Lengths { module: self.modules[chunk].name().into(), axis, sizes }.into());
+        }
+        // A forward that continues an iteration (a later chunk, or a later microbatch of the
+        // first) stays in the iteration's bucket where it fits: moving would abandon it.
+        let continuing = chunk > 0 || self.next_forward.get(chunk).is_some_and(|&n| n > 0);
+        if continuing && len <= set.spec.sizes[set.active] {
+            return Ok(Route::Bucket { index: set.active, len });
         }
         match set.table.get(len) {
             Some(&index) => Ok(Route::Bucket { index: index as usize, len }),
