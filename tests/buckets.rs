@@ -464,9 +464,9 @@ fn a_pipeline_iteration_stays_in_its_first_microbatchs_bucket() {
         let xs: Vec<Tensor> = lens.iter().map(|&n| rows(dev, n, n as u64)).collect::<Result<_>>()?;
         let dys: Vec<Tensor> = lens.iter().map(|&n| rows(dev, n, 50 + n as u64)).collect::<Result<_>>()?;
         let (mut got, mut want) = (Vec::new(), Vec::new());
-        let mut hs = vec![None, None];
+        let mut hs = [None, None];
         let mut cxs: Vec<[Cx; 2]> = (0..2).map(|_| [Cx::new(dev), Cx::new(dev)]).collect();
-        let mut ehs = vec![None, None];
+        let mut ehs = [None, None];
         let (mut f, mut b) = ([0usize; 2], [0usize; 2]);
         for e in order {
             let c = e.unsigned_abs() as usize - 1;
