@@ -68,12 +68,14 @@ timeout 120 gpu-bin/examples/gpt --steps 50 --eval-every 100000 --context 4096 -
 grep -E "^captured|^trained" "$logs/gpt_fixed_4096.log"
 fi
 if [ "$part" = bench ] || [ "$part" = all ]; then
+if [ -z "${GRAPHED_SKIP_ATTENTION:-}" ]; then
 note "attention benchmark through the runtime"
 gpu-bin/examples/attention_bench --json "$out/attention_bench.json" > "$logs/attention_bench.log" 2>&1 || fail=1
 tail -22 "$logs/attention_bench.log"
 note "PyTorch SDPA beside the same kernels"
 python3 gpu-bin/bench/flash_sweep.py --no-sweep --quick --out "$logs" > "$logs/flash_sweep.log" 2>&1 || { fail=1; echo "FAILED: flash_sweep"; }
 grep -E "correctness|FAIL|^\|" "$logs/flash_sweep.log" | tail -24
+fi
 
 for shape in 256x16 1024x4 4096x1; do
   ctx=${shape%x*}; batch=${shape#*x}

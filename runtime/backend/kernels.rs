@@ -313,7 +313,7 @@ pub(crate) struct RowLaunch {
 
 impl RowTiles {
     /// The shapes the runtime builds and launches with.
-    pub(crate) const CHOSEN: RowTiles = RowTiles { fwd: (4, 256, 1 << 20), bwd: (2, 512, 264) };
+    pub(crate) const CHOSEN: RowTiles = RowTiles { fwd: (4, 256, 1 << 20), bwd: (2, 256, 264) };
 
     /// Threads a row for rows of `d` values of `elem` bytes at `vpt` words a thread, or `None`
     /// when a row needs more than 1024 (the ops then run the plain kernels).
