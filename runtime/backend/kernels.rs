@@ -293,8 +293,10 @@ impl FlashTiles {
 /// with `vpt` 16-byte words each), `threads / tpr` rows a block, grid-stride over the row
 /// groups. The forward launches a block per row group up to a cap; the backward a fixed number
 /// of blocks (at most `bwd.2`), each writing one row of weight-grad partials, which a second
-/// kernel adds in order. Chosen by judgement, to be confirmed by sweeping `bench/row_sweep.py`
-/// on an H200 (it prints the best values in this form).
+/// kernel adds in order. Chosen by `bench/row_sweep.py --quick` on an H200 (2026-12-01: the
+/// best geometric mean of x-of-floor over 4096x512, 16384x1024 and 4096x4096 in bf16, the
+/// forward with residual add + RMSNorm, the backward with its fused form; 512-thread backward
+/// blocks cannot launch there, they ask for more registers than a block has).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RowTiles {
     /// Forward: 16-byte words a thread holds, threads a block, blocks at most.
@@ -313,7 +315,7 @@ pub(crate) struct RowLaunch {
 
 impl RowTiles {
     /// The shapes the runtime builds and launches with.
-    pub(crate) const CHOSEN: RowTiles = RowTiles { fwd: (4, 256, 1 << 20), bwd: (2, 256, 264) };
+    pub(crate) const CHOSEN: RowTiles = RowTiles { fwd: (4, 256, 528), bwd: (2, 256, 264) };
 
     /// Threads a row for rows of `d` values of `elem` bytes at `vpt` words a thread, or `None`
     /// when a row needs more than 1024 (the ops then run the plain kernels).
