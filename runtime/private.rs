@@ -6,7 +6,8 @@
 //! `::graphed::__private::...`, or through the path given with `#[graphed(crate = "...")]`.
 
 pub use crate::{
-    make_graphed, CaptureError, Cx, Error, GraphOptions, GraphedModules, HookKind, Module, OrderEntry, Result, Tensor,
+    make_graphed, AboveLargest, Buckets, CaptureError, Cx, Error, GraphOptions, GraphedModules, HookKind, Module,
+    OrderEntry, Result, Tensor,
 };
 
 /// What a generated `make_graphed`/`new` returns: the wrapper, or the error with the module.
@@ -141,6 +142,16 @@ pub fn boxed<M: Module>(module: M) -> Box<dyn Module> {
     Box::new(module)
 }
 
+/// `options` with the buckets a `#[graphed(buckets(...))]` attribute declares, unless they
+/// name buckets of their own (what is given at run time wins, as for a struct's `order`).
+pub fn attribute_buckets(options: GraphOptions, buckets: fn() -> Buckets) -> GraphOptions {
+    if options.bucket_spec().is_some() {
+        options
+    } else {
+        options.buckets(buckets())
+    }
+}
+
 /// The module a typed wrapper boxed itself, handed back by a failed capture: it is always there,
 /// with its type.
 pub fn unbox<T: Module>(module: Option<Box<dyn Module>>, name: &'static str) -> T {
@@ -196,11 +207,13 @@ pub struct StructSpec {
     pub microbatches: usize,
     /// Its `order`.
     pub order: SpecOrder,
+    /// Its `buckets(...)`: the wrapper's `buckets()`.
+    pub buckets: Option<fn() -> Buckets>,
 }
 
 /// The options a `#[graphed]` struct captures with: `options` completed from the attribute
-/// where it leaves something unset (the schedule, the checkpointed chunks), once the fields'
-/// chunks are counted (`lens`, per field). Refuses an empty stack, and for a chained struct a
+/// where it leaves something unset (the schedule, the checkpointed chunks, the shape buckets),
+/// once the fields' chunks are counted (`lens`, per field). Refuses an empty stack, and for a chained struct a
 /// schedule of another number of microbatches than its typed calls take.
 pub fn struct_options(spec: &StructSpec, lens: &[usize], mut options: GraphOptions) -> Result<GraphOptions> {
     for (field, &len) in spec.fields.iter().zip(lens) {
@@ -220,6 +233,9 @@ pub fn struct_options(spec: &StructSpec, lens: &[usize], mut options: GraphOptio
                 options = options.order(OrderEntry::windowed(chunks, spec.microbatches, in_flight))
             }
         }
+    }
+    if let Some(buckets) = spec.buckets {
+        options = attribute_buckets(options, buckets);
     }
     if options.checkpointed_chunks().is_none() {
         let mut checkpointed = Vec::new();

@@ -38,7 +38,10 @@ use proc_macro::TokenStream;
 ///
 /// Keys: `warmup = N` (a positive integer, default 3), `order = [..]` or `order =
 /// windowed(microbatches = M, in_flight = K)` (structs only), `chained` (structs only: chunk i's
-/// output is chunk i + 1's first input), `allow_unused_input` (a flag, or `= bool`), `crate =
+/// output is chunk i + 1's first input), `buckets(axis = A, sizes = [..])` (shape buckets, as
+/// `graphed::Buckets`; `sizes = powers_of_two(min = .., max = ..)` or `step(by = .., max = ..)`,
+/// then optionally `pad(input = value, ..)` and `above_largest = eager | error`; the wrapper's
+/// `buckets()`, used by `new` unless its options name others), `allow_unused_input` (a flag, or `= bool`), `crate =
 /// "path"` (where the runtime is, default `::graphed`). On a struct's field:
 /// `#[graphed(checkpoint)]` (recompute the chunk's forward inside its backward) or
 /// `#[graphed(checkpoint_every = k)]` (layers k, 2k, ... of a stack).

@@ -13,8 +13,30 @@ pub const DEFAULT_WARMUP: usize = 3;
 pub struct Options {
     pub warmup: usize,
     pub allow_unused_input: bool,
+    /// `buckets(...)`: shape buckets over one axis of the inputs.
+    pub buckets: Option<Buckets>,
     /// The path generated code reaches the runtime through (`::graphed` unless overridden).
     pub krate: syn::Path,
+}
+
+/// Validated `buckets(...)`, as `graphed::Buckets` is built from it.
+pub struct Buckets {
+    pub axis: usize,
+    pub sizes: BucketSizes,
+    /// `(input, value)`: the value each listed input is padded with, in the order written.
+    pub pads: Vec<(usize, f32)>,
+    /// `above_largest = eager`: a call above the largest bucket runs eagerly (else an error).
+    pub eager_above: bool,
+}
+
+/// The bucket sizes as written: a list, or a rule the runtime lays out.
+pub enum BucketSizes {
+    /// `sizes = [..]`, positive, as written (the runtime sorts them).
+    List(Vec<usize>),
+    /// `sizes = powers_of_two(min = .., max = ..)`: min, 2·min, ... below max, and max.
+    PowersOfTwo { min: usize, max: usize },
+    /// `sizes = step(by = .., max = ..)`: by, 2·by, ... below max, and max.
+    Step { by: usize, max: usize },
 }
 
 /// Whether a tensor slot may be absent.

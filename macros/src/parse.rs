@@ -13,7 +13,13 @@ use syn::{Attribute, Expr, Ident, LitBool, LitStr, Meta, Token};
 use crate::ctxt::Ctxt;
 
 /// The keys `#[graphed(...)]` accepts, in the order error messages list them.
-pub const GRAPHED_KEYS: &[&str] = &["warmup", "order", "chained", "allow_unused_input", "crate"];
+pub const GRAPHED_KEYS: &[&str] = &["warmup", "order", "chained", "buckets", "allow_unused_input", "crate"];
+
+/// The keys `buckets(...)` accepts, in the order error messages list them.
+pub const BUCKETS_KEYS: &[&str] = &["axis", "sizes", "pad", "above_largest"];
+
+/// The rules `sizes = ...` accepts besides a list.
+pub const SIZE_RULES: &[&str] = &["powers_of_two", "step"];
 
 /// The keys `#[graphed(...)]` accepts on a field of a `#[graphed]` struct.
 pub const FIELD_KEYS: &[&str] = &["checkpoint", "checkpoint_every"];
@@ -48,12 +54,63 @@ pub enum OrderArg {
     Windowed(Box<Windowed>),
 }
 
+/// `buckets(axis = A, sizes = ..., pad(i = v, ...), above_largest = eager)`: shape buckets
+/// over one axis of the inputs, as `graphed::Buckets` builds them.
+pub struct BucketsArgs {
+    /// The `buckets` word, for spans.
+    pub name: Ident,
+    pub axis: Option<Arg<Expr>>,
+    pub sizes: Option<Arg<SizesArg>>,
+    pub pad: Option<Arg<Vec<PadEntry>>>,
+    pub above_largest: Option<Arg<Ident>>,
+    /// Whether an unknown sub-key was reported (a missing one is then likely misspelt, and
+    /// not reported again).
+    pub unknown_key: bool,
+}
+
+/// What `sizes = ...` gives: a list of sizes or a rule that lays them out.
+pub enum SizesArg {
+    /// `[128, 256, 512]`: its brackets' span and its entries, still unjudged.
+    List { bracket_span: Span, entries: Vec<Expr> },
+    /// `powers_of_two(min = 8, max = 256)` or `step(by = 64, max = 1024)`.
+    Rule(Box<SizeRule>),
+}
+
+/// A rule of `sizes = ...`: its name and its two arguments (`min`/`by`, then `max`).
+pub struct SizeRule {
+    /// `powers_of_two` or `step`.
+    pub name: Ident,
+    /// `min = N` of `powers_of_two`, `by = N` of `step`.
+    pub first: Option<Arg<Expr>>,
+    pub max: Option<Arg<Expr>>,
+    /// Whether an unknown argument was reported (as for [`BucketsArgs::unknown_key`]).
+    pub unknown_key: bool,
+}
+
+impl SizeRule {
+    /// The name of the rule's first argument.
+    pub fn first_key(&self) -> &'static str {
+        if self.name == "step" {
+            "by"
+        } else {
+            "min"
+        }
+    }
+}
+
+/// One `input = value` of `pad(...)`: the input's index and the value it is padded with.
+pub struct PadEntry {
+    pub input: Expr,
+    pub value: Expr,
+}
+
 /// `#[graphed(...)]` as written.
 #[derive(Default)]
 pub struct GraphedArgs {
     pub warmup: Option<Arg<Expr>>,
     pub order: Option<Arg<OrderArg>>,
     pub chained: Option<Arg<bool>>,
+    pub buckets: Option<Arg<BucketsArgs>>,
     pub allow_unused_input: Option<Arg<bool>>,
     pub krate: Option<Arg<LitStr>>,
 }
@@ -157,6 +214,142 @@ fn parse_windowed(cx: &mut Ctxt, input: ParseStream) -> syn::Result<Windowed> {
     Ok(windowed)
 }
 
+/// `buckets(...)`, after the `buckets` word: the parenthesised sub-keys. Unknown and duplicate
+/// sub-keys are recorded and parsing goes on; whether the values make sense is `validate`'s.
+fn parse_buckets(cx: &mut Ctxt, name: Ident, input: ParseStream) -> syn::Result<BucketsArgs> {
+    if !input.peek(syn::token::Paren) {
+        return Err(syn::Error::new_spanned(
+            &name,
+            "`buckets` takes its sizes in parentheses: `buckets(axis = 1, sizes = [128, 256, 512])`",
+        ));
+    }
+    let content;
+    syn::parenthesized!(content in input);
+    let mut args = BucketsArgs { name, axis: None, sizes: None, pad: None, above_largest: None, unknown_key: false };
+    let parser = syn::meta::parser(|meta| {
+        let Some(key) = meta.path.get_ident().cloned() else {
+            return Err(meta.error(format_args!("expected one of {} in `buckets(...)`", list(BUCKETS_KEYS))));
+        };
+        match key.to_string().as_str() {
+            "axis" => {
+                let value: Expr = meta.value()?.parse()?;
+                set_sub_once(cx, &mut args.axis, key, value);
+            }
+            "sizes" => {
+                let value = parse_sizes(cx, meta.value()?)?;
+                let is_list = |sizes: &SizesArg| matches!(sizes, SizesArg::List { .. });
+                match &args.sizes {
+                    // A list and a rule: say so rather than only "duplicate".
+                    Some(first) if is_list(&first.value) != is_list(&value) => cx.error_spanned_by(
+                        &key,
+                        "the bucket sizes are a list (`sizes = [128, 256]`) or a rule (`sizes = powers_of_two(min = 8, max = 256)`), not both: keep one `sizes`",
+                    ),
+                    _ => set_sub_once(cx, &mut args.sizes, key, value),
+                }
+            }
+            "pad" => {
+                let value = parse_pad(meta.input)?;
+                set_sub_once(cx, &mut args.pad, key, value);
+            }
+            "above_largest" => {
+                let value: Ident = meta.value()?.parse()?;
+                set_sub_once(cx, &mut args.above_largest, key, value);
+            }
+            _ => {
+                args.unknown_key = true;
+                cx.error_spanned_by(
+                    &key,
+                    format_args!("unknown `buckets` argument `{key}`; expected one of {}", list(BUCKETS_KEYS)),
+                );
+                skip_value(meta.input)?;
+            }
+        }
+        Ok(())
+    });
+    parser.parse2(content.parse::<TokenStream>()?)?;
+    Ok(args)
+}
+
+/// As [`set_once`], for the sub-keys of `buckets(...)`.
+fn set_sub_once<T>(cx: &mut Ctxt, slot: &mut Option<Arg<T>>, key: Ident, value: T) {
+    if slot.is_some() {
+        cx.error_spanned_by(&key, format_args!("duplicate `{key}` in `buckets(...)`"));
+    } else {
+        *slot = Some(Arg { key, value });
+    }
+}
+
+/// `sizes = [..]`, `sizes = powers_of_two(min = .., max = ..)` or `sizes = step(by = .., max = ..)`.
+fn parse_sizes(cx: &mut Ctxt, input: ParseStream) -> syn::Result<SizesArg> {
+    const FORMS: &str = "`sizes` is a list (`sizes = [128, 256, 512]`) or a rule: `sizes = powers_of_two(min = 8, max = 256)` or `sizes = step(by = 64, max = 1024)`";
+    if input.peek(syn::token::Bracket) {
+        let content;
+        let bracket = syn::bracketed!(content in input);
+        let entries = Punctuated::<Expr, Token![,]>::parse_terminated(&content)?;
+        return Ok(SizesArg::List { bracket_span: bracket.span.join(), entries: entries.into_iter().collect() });
+    }
+    if !(input.peek(Ident) && input.peek2(syn::token::Paren)) {
+        return Err(input.error(FORMS));
+    }
+    let name: Ident = input.parse()?;
+    if !SIZE_RULES.iter().any(|rule| name == rule) {
+        return Err(syn::Error::new_spanned(
+            &name,
+            format_args!("unknown rule `{name}` for the bucket sizes; expected a list or one of {}", list(SIZE_RULES)),
+        ));
+    }
+    let content;
+    syn::parenthesized!(content in input);
+    let mut rule = SizeRule { name, first: None, max: None, unknown_key: false };
+    let keys = [rule.first_key(), "max"];
+    let rule_name = rule.name.clone();
+    let parser = syn::meta::parser(|meta| {
+        let Some(key) = meta.path.get_ident().cloned() else {
+            return Err(meta.error(format_args!("expected one of {} in `{rule_name}(...)`", list(&keys))));
+        };
+        let slot = if key == keys[0] {
+            &mut rule.first
+        } else if key == "max" {
+            &mut rule.max
+        } else {
+            rule.unknown_key = true;
+            cx.error_spanned_by(
+                &key,
+                format_args!("unknown `{rule_name}` argument `{key}`; expected one of {}", list(&keys)),
+            );
+            return skip_value(meta.input);
+        };
+        let value: Expr = meta.value()?.parse()?;
+        if slot.is_some() {
+            cx.error_spanned_by(&key, format_args!("duplicate `{key}` in `{rule_name}(...)`"));
+        } else {
+            *slot = Some(Arg { key, value });
+        }
+        Ok(())
+    });
+    parser.parse2(content.parse::<TokenStream>()?)?;
+    Ok(SizesArg::Rule(Box::new(rule)))
+}
+
+/// `pad(1 = -100.0, 2 = 0)`: input index `=` value, comma-separated (each pair reads as an
+/// assignment expression, so a negative value needs no quoting).
+fn parse_pad(input: ParseStream) -> syn::Result<Vec<PadEntry>> {
+    const FORM: &str = "`pad` lists input = value pairs: `pad(1 = -100.0)` pads input 1 with -100.0";
+    if !input.peek(syn::token::Paren) {
+        return Err(input.error(FORM));
+    }
+    let content;
+    syn::parenthesized!(content in input);
+    let pairs = Punctuated::<Expr, Token![,]>::parse_terminated(&content)?;
+    pairs
+        .into_iter()
+        .map(|pair| match pair {
+            Expr::Assign(assign) => Ok(PadEntry { input: *assign.left, value: *assign.right }),
+            other => Err(syn::Error::new_spanned(other, FORM)),
+        })
+        .collect()
+}
+
 /// Parses the arguments of `#[graphed(...)]`. Reports every unknown or duplicate key; a
 /// syntax error inside one value stops the parse (the rest could not be read reliably).
 pub fn graphed_args(cx: &mut Ctxt, tokens: TokenStream) -> GraphedArgs {
@@ -175,6 +368,10 @@ pub fn graphed_args(cx: &mut Ctxt, tokens: TokenStream) -> GraphedArgs {
             "chained" => {
                 let value = if meta.input.peek(Token![=]) { meta.value()?.parse::<LitBool>()?.value } else { true };
                 set_once(cx, &mut args.chained, key, value);
+            }
+            "buckets" => {
+                let value = parse_buckets(cx, key.clone(), meta.input)?;
+                set_once(cx, &mut args.buckets, key, value);
             }
             "allow_unused_input" => {
                 let value = if meta.input.peek(Token![=]) { meta.value()?.parse::<LitBool>()?.value } else { true };

@@ -119,6 +119,99 @@ fn chained_model() {
 }
 
 #[test]
+fn bucketed_loss() {
+    let expansion = snapshot(
+        quote!(buckets(axis = 0, sizes = powers_of_two(min = 8, max = 256), pad(1 = -100.0), above_largest = eager)),
+        quote! {
+            impl Loss {
+                pub fn forward(&self, cx: &mut Cx, x: &Tensor, labels: &Tensor) -> Result<Tensor> {
+                    todo!()
+                }
+                pub fn backward(&mut self, cx: &mut Cx, dloss: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+                    todo!()
+                }
+            }
+        },
+    );
+    expect_test::expect_file!["../tests/snapshots/bucketed_loss.rs"].assert_eq(&expansion);
+}
+
+#[test]
+fn bucketed_model() {
+    let expansion = snapshot(
+        quote!(chained, buckets(axis = 1, sizes = [512, 128, 256])),
+        quote! {
+            pub struct Gpt {
+                pub embed: Embed,
+                pub blocks: Vec<Block>,
+                pub head: Head,
+            }
+        },
+    );
+    expect_test::expect_file!["../tests/snapshots/bucketed_model.rs"].assert_eq(&expansion);
+    let code = expansion.split("// Expansion:").nth(1).unwrap_or_default();
+    assert!(code.contains("buckets: ::graphed::__private::Some(Self::buckets)"), "{code}");
+}
+
+#[test]
+fn bucket_rules_and_pads_reach_the_runtime_api() {
+    let code = |args: TokenStream| pretty(expand::graphed(args, ok_impl()));
+    let step = code(quote!(buckets(axis = 1, sizes = step(by = 64, max = 1024))));
+    assert!(step.contains("::graphed::__private::Buckets::step(1, 64, 1024)"), "{step}");
+    let pads = code(quote!(buckets(axis = 0, sizes = [4], pad(0 = 1.5, 2 = -100), above_largest = error)));
+    assert!(pads.contains("Buckets::new(0, [4]).pad(0, 1.5).pad(2, -100.0)\n"), "{pads}");
+    assert!(!pads.contains("AboveLargest"), "`error` is the default: {pads}");
+    let renamed = code(quote!(crate = "renamed", buckets(axis = 0, sizes = [4], above_largest = eager)));
+    assert!(renamed.contains("renamed::__private::AboveLargest::Eager"), "{renamed}");
+    assert!(!renamed.contains("::graphed"), "{renamed}");
+}
+
+#[test]
+fn bucket_checks() {
+    let one = |buckets: TokenStream| {
+        let messages = errors(quote!(buckets #buckets), ok_impl());
+        assert_eq!(messages.len(), 1, "{buckets}: {messages:#?}");
+        messages.into_iter().next().unwrap_or_default()
+    };
+    assert_eq!(errors(quote!(buckets(axis = 1, sizes = [128, 256])), ok_impl()), Vec::<String>::new());
+    assert_eq!(
+        errors(quote!(buckets(axis = 0, sizes = powers_of_two(min = 8, max = 8), pad(1 = -1))), ok_impl()),
+        Vec::<String>::new()
+    );
+    assert!(one(quote!((sizes = [128]))).starts_with("`buckets` needs `axis = N`"));
+    assert!(one(quote!((axis = 1))).starts_with("`buckets` needs its sizes"));
+    assert!(one(quote!((axis = 1, sizes = []))).starts_with("`sizes` lists no bucket"));
+    assert!(one(quote!((axis = 1, sizes = [128, 0]))).contains("0 is not a size"));
+    assert!(one(quote!((axis = 1, sizes = [128, -4]))).contains("not -4"));
+    assert!(one(quote!((axis = 1, sizes = [n]))).contains("an integer literal"));
+    assert!(one(quote!((axis = -1, sizes = [8]))).starts_with("`axis` is the index"));
+    assert!(one(quote!((axis = 1, sizes = [8], sizes = step(by = 8, max = 64)))).contains("not both"));
+    assert!(one(quote!((axis = 1, sizes = [8], sizes = [16]))).starts_with("duplicate `sizes` in `buckets(...)`"));
+    assert!(one(quote!((axis = 1, axis = 2, sizes = [8]))).starts_with("duplicate `axis`"));
+    assert!(one(quote!((axis = 1, sizes = powers_of_two(min = 512, max = 256))))
+        .starts_with("`min = 512` is above `max = 256`"));
+    assert!(one(quote!((axis = 1, sizes = step(by = 0, max = 256)))).contains("0 is not a size"));
+    assert!(one(quote!((axis = 1, sizes = step(by = 64)))).starts_with("`step` needs `by = N` and `max = N`"));
+    assert!(one(quote!((axis = 1, sizes = step(min = 64, max = 128)))).starts_with("unknown `step` argument `min`"));
+    assert!(one(quote!((axis = 1, sizes = halves(min = 64, max = 128)))).starts_with("unknown rule `halves`"));
+    let unknown = one(quote!((axis = 1, sizes = [8], padding(1 = 0.0))));
+    assert_eq!(
+        unknown,
+        "unknown `buckets` argument `padding`; expected one of `axis`, `sizes`, `pad`, `above_largest`"
+    );
+    assert!(one(quote!((axis = 1, sizes = [8], pad(1 = 0.0, 1 = 2.0)))).starts_with("input 1 is padded twice"));
+    assert!(one(quote!((axis = 1, sizes = [8], pad(1 = x)))).contains("a number literal"));
+    assert!(one(quote!((axis = 1, sizes = [8], pad(1)))).starts_with("`pad` lists input = value pairs"));
+    assert!(one(quote!((axis = 1, sizes = [8], above_largest = pad))).contains("one of `error`, `eager`"));
+    assert!(one(quote!()).starts_with("`buckets` takes its sizes in parentheses"));
+    // Every problem at once, the rest of the attribute still read.
+    let all = errors(quote!(buckets(sizes = [0]), warmup = 0, colour = 1), ok_impl());
+    assert_eq!(all.len(), 4, "{all:#?}");
+    // A misspelt sub-key is reported once, not again as a missing one.
+    assert!(one(quote!((axs = 1, sizes = [8]))).starts_with("unknown `buckets` argument `axs`"));
+}
+
+#[test]
 fn a_renamed_crate_reaches_every_path_of_a_model() {
     let tokens = expand::graphed(
         quote!(crate = "renamed", chained, order = [1, 2, 3, -3, -2, -1, w(2)]),

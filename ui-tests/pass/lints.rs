@@ -10,7 +10,7 @@ pub mod layers {
     /// A documented public module.
     pub struct Block;
 
-    #[graphed(warmup = 2)]
+    #[graphed(warmup = 2, buckets(axis = 0, sizes = [4, 8], pad(1 = -1.0), above_largest = eager))]
     impl Block {
         /// The forward.
         pub fn forward(&self, _cx: &mut Cx, x: &Tensor, mask: Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)> {
@@ -104,7 +104,7 @@ pub mod layers {
     }
 
     /// A whole model: stacks, chained, checkpointed layers, a schedule laid out at construction.
-    #[graphed(chained, order = windowed(microbatches = 2, in_flight = 1))]
+    #[graphed(chained, order = windowed(microbatches = 2, in_flight = 1), buckets(axis = 0, sizes = step(by = 4, max = 16)))]
     pub struct Model {
         /// The first chunk.
         pub first: Layer,
@@ -119,7 +119,7 @@ pub mod layers {
     }
 
     /// A private model.
-    #[graphed(chained)]
+    #[graphed(chained, buckets(axis = 1, sizes = powers_of_two(min = 2, max = 8)))]
     struct PrivateModel {
         first: Layer,
         head: Loss,

@@ -23,7 +23,7 @@ use syn::{Ident, Item, ItemImpl};
 
 use crate::ctxt::Ctxt;
 use crate::fallback;
-use crate::model::{ModuleModel, Options, Returned};
+use crate::model::{BucketSizes, Buckets, ModuleModel, Options, Returned};
 use crate::{parse, validate};
 
 /// The one list of lints generated code allows: the wrapper may go unused, absolute paths
@@ -251,20 +251,92 @@ pub(crate) fn options_expr(options: &Options, order: Option<TokenStream>) -> Tok
     let warmup = usize_lit(options.warmup);
     let allow_unused_input = options.allow_unused_input;
     let order = order.map(|order| quote!(.order(#order)));
+    let buckets = options.buckets.as_ref().map(|_| quote!(.buckets(Self::buckets())));
     quote! {
         #krate::__private::GraphOptions::new()
             .warmup(#warmup)
             #order
+            #buckets
             .allow_unused_input(#allow_unused_input)
     }
 }
 
 pub(crate) fn options_text(options: &Options) -> String {
     let mut text = format!("`warmup = {}`", options.warmup);
+    if let Some(buckets) = &options.buckets {
+        text.push_str(&format!(", shape buckets {}", buckets_text(buckets)));
+    }
     if options.allow_unused_input {
         text.push_str(", `allow_unused_input`");
     }
     text
+}
+
+/// The buckets in words, for doc comments: "along axis 1 (128, 256), ...".
+fn buckets_text(buckets: &Buckets) -> String {
+    let sizes = match &buckets.sizes {
+        BucketSizes::List(sizes) => {
+            let mut sizes = sizes.clone();
+            sizes.sort_unstable();
+            sizes.dedup();
+            sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
+        }
+        BucketSizes::PowersOfTwo { min, max } => format!("powers of two from {min} up to {max}"),
+        BucketSizes::Step { by, max } => format!("every {by} up to {max}"),
+    };
+    let mut text = format!("along axis {} ({sizes})", buckets.axis);
+    for (input, value) in &buckets.pads {
+        text.push_str(&format!(", input {input} padded with {value:?}"));
+    }
+    if buckets.eager_above {
+        text.push_str(", eager above the largest");
+    }
+    text
+}
+
+/// `Buckets::new(axis, [..])` (or the rule), then its pads and what happens above the largest,
+/// as the attribute's `buckets(...)` says.
+fn buckets_expr(private: &TokenStream, buckets: &Buckets) -> TokenStream {
+    let axis = usize_lit(buckets.axis);
+    let sizes = match &buckets.sizes {
+        BucketSizes::List(sizes) => {
+            let sizes = sizes.iter().map(|size| usize_lit(*size));
+            quote!(#private::Buckets::new(#axis, [#(#sizes),*]))
+        }
+        BucketSizes::PowersOfTwo { min, max } => {
+            let (min, max) = (usize_lit(*min), usize_lit(*max));
+            quote!(#private::Buckets::powers_of_two(#axis, #min, #max))
+        }
+        BucketSizes::Step { by, max } => {
+            let (by, max) = (usize_lit(*by), usize_lit(*max));
+            quote!(#private::Buckets::step(#axis, #by, #max))
+        }
+    };
+    let pads = buckets.pads.iter().map(|(input, value)| {
+        let input = usize_lit(*input);
+        // An unsuffixed literal is never negative: the sign is its own token.
+        let magnitude = Literal::f32_unsuffixed(value.abs());
+        let sign = value.is_sign_negative().then(|| quote!(-));
+        quote!(.pad(#input, #sign #magnitude))
+    });
+    let above = buckets.eager_above.then(|| quote!(.above_largest(#private::AboveLargest::Eager)));
+    quote!(#sizes #(#pads)* #above)
+}
+
+/// `buckets()`, the buckets the attribute declares, on a wrapper whose attribute has some.
+pub(crate) fn buckets_fn(private: &TokenStream, options: &Options, name: &str) -> TokenStream {
+    let Some(buckets) = &options.buckets else { return TokenStream::new() };
+    let expr = buckets_expr(private, buckets);
+    let buckets_doc = doc(format!(
+        "The shape buckets `#[graphed(buckets(...))]` declares for `{name}`, {}. `new` captures with them unless its options name buckets of their own; samples are at the largest bucket's size.",
+        buckets_text(buckets)
+    ));
+    quote! {
+        #buckets_doc
+        pub fn buckets() -> #private::Buckets {
+            #expr
+        }
+    }
 }
 
 /// `Debug` for a wrapper: its graphs, as `GraphedModules` prints them.

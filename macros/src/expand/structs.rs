@@ -8,7 +8,7 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, ItemStruct};
 
-use super::{allow_lints, common_accessors, debug_impl, doc, options_text, usize_lit};
+use super::{allow_lints, buckets_fn, common_accessors, debug_impl, doc, options_text, usize_lit};
 use crate::model::{Checkpointing, Field, Order, Pass, Stack, StructModel};
 
 /// Names and paths one struct expansion shares.
@@ -209,6 +209,11 @@ fn consts(model: &StructModel, names: &Names) -> TokenStream {
         quote!(#private::FieldSpec { name: #field_name, stack: #stack, checkpoint_every: #every })
     });
     let chained = model.chained;
+    let spec_buckets = match &model.options.buckets {
+        Some(_) => quote!(#private::Some(Self::buckets)),
+        None => quote!(#private::None),
+    };
+    let buckets_fn = buckets_fn(private, &model.options, name);
     let options = options_expr(model, names);
     let options_doc = doc(format!(
         "The options `#[graphed(...)]` gives `{name}` ({}): what `new` captures with unless told otherwise.",
@@ -229,12 +234,15 @@ fn consts(model: &StructModel, names: &Names) -> TokenStream {
             chained: #chained,
             microbatches: Self::MICROBATCHES,
             order: #spec_order,
+            buckets: #spec_buckets,
         };
 
         #options_doc
         pub fn options() -> #private::GraphOptions {
             #options
         }
+
+        #buckets_fn
     }
 }
 
@@ -244,6 +252,7 @@ fn options_expr(model: &StructModel, names: &Names) -> TokenStream {
     let warmup = usize_lit(model.options.warmup);
     let allow_unused_input = model.options.allow_unused_input;
     let chained = model.chained.then(|| quote!(.chained(true)));
+    let buckets = model.options.buckets.as_ref().map(|_| quote!(.buckets(Self::buckets())));
     let order = match (&model.order, model.fixed_chunks()) {
         (Some(Order::List(_)), Some(_)) => Some(quote!(.order(Self::ORDER.iter().copied()))),
         _ => None,
@@ -264,6 +273,7 @@ fn options_expr(model: &StructModel, names: &Names) -> TokenStream {
             #chained
             #order
             #checkpoint
+            #buckets
             .allow_unused_input(#allow_unused_input)
     }
 }
@@ -410,8 +420,9 @@ fn constructor(model: &StructModel, names: &Names) -> (TokenStream, TokenStream)
         ///
         /// `options` is any `GraphOptions`; what it leaves unset comes from the
         /// attribute, as in [`Self::options`]: the schedule (`order`, laid out for the stacks'
-        /// lengths) and the checkpointed chunks (the fields' `#[graphed(checkpoint...)]`;
-        /// `GraphOptions::checkpoint` and `no_checkpoint` override them). `warmup`,
+        /// lengths), the checkpointed chunks (the fields' `#[graphed(checkpoint...)]`;
+        /// `GraphOptions::checkpoint` and `no_checkpoint` override them) and the shape buckets
+        /// (`buckets(...)`, unless `GraphOptions::buckets` names others). `warmup`,
         /// `allow_unused_input`, `reuse_buffers`, `capture_mode`, `pool`, `hooks` and `inference`
         /// are taken as given.
         ///

@@ -5,7 +5,9 @@ use proc_macro2::TokenStream;
 use quote::quote;
 use syn::Ident;
 
-use super::{allow_lints, build, common_accessors, debug_impl, doc, options_expr, options_text, usize_lit, ImplNames};
+use super::{
+    allow_lints, buckets_fn, build, common_accessors, debug_impl, doc, options_expr, options_text, usize_lit, ImplNames,
+};
 use crate::model::{ModuleModel, Slot};
 
 /// The wrapper's definition (next to the user's item) and its impls (inside the `const _`).
@@ -96,19 +98,36 @@ fn constructor(names: &ImplNames, model: &ModuleModel) -> TokenStream {
     let ImplNames { private, self_ty, module, inputs_ty, .. } = names;
     let options = options_expr(&model.options, None);
     let options_doc = doc(format!("The options `#[graphed(...)]` gives `{module}`: {}.", options_text(&model.options)));
+    let buckets_fn = buckets_fn(private, &model.options, module);
+    // The declared buckets complete the options `new` is given, as a struct's schedule does.
+    let (buckets_doc, with_buckets) = match &model.options.buckets {
+        Some(_) => (
+            quote! {
+                ///
+                /// Without buckets of their own, `options` get [`Self::buckets`]; `sample` is
+                /// then at the largest bucket's size.
+            },
+            quote!(let options = #private::attribute_buckets(options, Self::buckets);),
+        ),
+        None => (TokenStream::new(), TokenStream::new()),
+    };
     quote! {
         #options_doc
         pub fn options() -> #private::GraphOptions {
             #options
         }
 
+        #buckets_fn
+
         /// Warms up and captures `module` on `sample` with `options` (see [`Self::options`]
         /// for the ones the attribute gives). On failure the error hands `module` back.
+        #buckets_doc
         pub fn new(
             module: #self_ty,
             sample: #inputs_ty,
             options: #private::GraphOptions,
         ) -> #private::CaptureResult<Self, #self_ty> {
+            #with_buckets
             match #private::make_graphed(
                 #private::vec![#private::boxed(module)],
                 #private::vec![#private::vec![sample.into_slots()]],

@@ -11,6 +11,7 @@ use crate::ctxt::Ctxt;
 use crate::model::{Entry, Hook, ModuleModel, Order, Pass, StructModel};
 use crate::parse::{self, GraphedArgs, HookAttr, OrderArg};
 
+mod buckets;
 mod fields;
 mod options;
 mod order;

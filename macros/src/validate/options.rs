@@ -1,4 +1,5 @@
-//! The attribute's options: `warmup`, `allow_unused_input`, `crate`.
+//! The attribute's options: `warmup`, `buckets` (checked in `buckets`), `allow_unused_input`,
+//! `crate`.
 
 use syn::{Expr, Lit, UnOp};
 
@@ -17,6 +18,7 @@ pub(crate) fn krate_path(args: &GraphedArgs) -> syn::Path {
 /// Validates the keys both forms share.
 pub(super) fn options(cx: &mut Ctxt, args: &GraphedArgs) -> Options {
     let warmup = args.warmup.as_ref().and_then(|arg| warmup(cx, &arg.value)).unwrap_or(DEFAULT_WARMUP);
+    let buckets = args.buckets.as_ref().and_then(|arg| super::buckets::buckets(cx, arg));
     let allow_unused_input = args.allow_unused_input.as_ref().is_some_and(|arg| arg.value);
     let krate = match &args.krate {
         Some(arg) => match arg.value.parse::<syn::Path>() {
@@ -31,7 +33,7 @@ pub(super) fn options(cx: &mut Ctxt, args: &GraphedArgs) -> Options {
         },
         None => syn::parse_quote!(::graphed),
     };
-    Options { warmup, allow_unused_input, krate }
+    Options { warmup, allow_unused_input, buckets, krate }
 }
 
 /// Strips invisible groups that `macro_rules!` transcription leaves around expressions.

@@ -37,7 +37,7 @@ impl Block {
     }
 }
 ::core::compile_error! {
-    "unknown #[graphed] key `bogus`; expected one of `warmup`, `order`, `chained`, `allow_unused_input`, `crate`"
+    "unknown #[graphed] key `bogus`; expected one of `warmup`, `order`, `chained`, `buckets`, `allow_unused_input`, `crate`"
 }
 ::core::compile_error! {
     "`warmup` is the number of eager iterations before capture, a positive integer, not 0"

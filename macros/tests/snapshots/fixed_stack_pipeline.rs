@@ -180,6 +180,7 @@ const _: () = {
             chained: true,
             microbatches: Self::MICROBATCHES,
             order: ::graphed::__private::SpecOrder::List(Self::ORDER),
+            buckets: ::graphed::__private::None,
         };
         /// The options `#[graphed(...)]` gives `Stages` (`warmup = 3`): what `new` captures with unless told otherwise.
         pub fn options() -> ::graphed::__private::GraphOptions {
@@ -194,8 +195,9 @@ const _: () = {
         ///
         /// `options` is any `GraphOptions`; what it leaves unset comes from the
         /// attribute, as in [`Self::options`]: the schedule (`order`, laid out for the stacks'
-        /// lengths) and the checkpointed chunks (the fields' `#[graphed(checkpoint...)]`;
-        /// `GraphOptions::checkpoint` and `no_checkpoint` override them). `warmup`,
+        /// lengths), the checkpointed chunks (the fields' `#[graphed(checkpoint...)]`;
+        /// `GraphOptions::checkpoint` and `no_checkpoint` override them) and the shape buckets
+        /// (`buckets(...)`, unless `GraphOptions::buckets` names others). `warmup`,
         /// `allow_unused_input`, `reuse_buffers`, `capture_mode`, `pool`, `hooks` and `inference`
         /// are taken as given.
         ///

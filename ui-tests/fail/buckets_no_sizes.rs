@@ -1,0 +1,22 @@
+use graphed::{graphed, Cx, Result, Tensor};
+
+struct Block;
+
+#[graphed]
+impl Block {
+    fn forward(&self, _cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        Ok(x.clone())
+    }
+
+    fn backward(&mut self, _cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(dy.clone()))
+    }
+}
+
+#[graphed(chained, buckets(axis = 1))]
+struct Model {
+    first: Block,
+    second: Block,
+}
+
+fn main() {}

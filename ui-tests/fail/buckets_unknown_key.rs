@@ -1,0 +1,16 @@
+use graphed::{graphed, Cx, Result, Tensor};
+
+struct Block;
+
+#[graphed(buckets(axis = 0, sizes = [8], pad(1 = -100.0), above = eager))]
+impl Block {
+    fn forward(&self, _cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        Ok(x.clone())
+    }
+
+    fn backward(&mut self, _cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(dy.clone()))
+    }
+}
+
+fn main() {}
