@@ -5,7 +5,9 @@
 # kernels), and the GPT at three contexts of 4096 tokens a step against PyTorch's per-layer
 # graphs and torch.compile. Logs go to $OUT as one tarball (the device tool returns few files)
 # plus the summary on stdout.
-#   bash scripts/gpu-validate.sh tests|bench|kernels|all [gpt-steps]
+#   bash scripts/gpu-validate.sh tests|bench|kernels|kernels+bench|all [gpt-steps]
+# (GRAPHED_SKIP_ATTENTION=1 and GRAPHED_SKIP_SWEEP=1 leave out the attention benchmarks and the
+# row-kernel sweep.)
 # (tests: the test binaries, the sanitizers, the main job; bench: the benchmarks; kernels: the
 # row-kernel sweep, the op benchmark and the GPT's sequence buckets. Each part fits one device
 # call.)
@@ -21,7 +23,7 @@ t0=$(date +%s)
 note() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 
 note "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-if [ "$part" != bench ]; then
+if [ "$part" = tests ] || [ "$part" = all ]; then
 note "test binaries (GRAPHED_REQUIRE_CUDA=1)"
 passed=0; failed=0
 for t in gpu-bin/tests/*; do
@@ -51,10 +53,12 @@ gpu-bin/examples/gpt --help > "$logs/gpt-help.txt" 2>&1
 gpu-bin/examples/gpt --plot "$out/gpt-loss.png" --json "$logs/gpt-main.json" > "$logs/gpt-main.log" 2>&1 || { fail=1; echo "FAILED: main job"; }
 grep -E "^(GPT on|captured|step +2000|trained)" "$logs/gpt-main.log"
 fi
-if [ "$part" = kernels ] || [ "$part" = all ]; then
+if [ "$part" = kernels ] || [ "$part" = all ] || [ "$part" = kernels+bench ]; then
+if [ -z "${GRAPHED_SKIP_SWEEP:-}" ]; then
 note "row kernels: the NVRTC sweep (RMSNorm, residual + RMSNorm, dropout)"
 timeout 240 python3 gpu-bin/bench/row_sweep.py --quick --out "$logs" > "$logs/row_sweep.log" 2>&1 || { fail=1; echo "FAILED: row_sweep"; }
 tail -40 "$logs/row_sweep.log"
+fi
 note "op benchmark (each kernel against its floor)"
 timeout 180 gpu-bin/examples/op_bench > "$logs/op_bench.log" 2>&1 || { fail=1; echo "FAILED: op_bench"; }
 tail -45 "$logs/op_bench.log"
@@ -67,7 +71,7 @@ done
 timeout 120 gpu-bin/examples/gpt --steps 50 --eval-every 100000 --context 4096 --batch 1 --json "$logs/gpt_fixed_4096.json" > "$logs/gpt_fixed_4096.log" 2>&1 || fail=1
 grep -E "^captured|^trained" "$logs/gpt_fixed_4096.log"
 fi
-if [ "$part" = bench ] || [ "$part" = all ]; then
+if [ "$part" = bench ] || [ "$part" = all ] || [ "$part" = kernels+bench ]; then
 if [ -z "${GRAPHED_SKIP_ATTENTION:-}" ]; then
 note "attention benchmark through the runtime"
 gpu-bin/examples/attention_bench --json "$out/attention_bench.json" > "$logs/attention_bench.log" 2>&1 || fail=1

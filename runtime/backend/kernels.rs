@@ -317,11 +317,17 @@ impl RowTiles {
     /// The shapes the runtime builds and launches with.
     pub(crate) const CHOSEN: RowTiles = RowTiles { fwd: (4, 256, 528), bwd: (2, 256, 264) };
 
+    /// The most threads a row: a block of the row kernels holds at most this many threads,
+    /// since they keep the row in registers (on the H200, 512-thread blocks of the backward ask
+    /// for more registers than a block has).
+    pub(crate) const MAX_ROW_THREADS: usize = 256;
+
     /// Threads a row for rows of `d` values of `elem` bytes at `vpt` words a thread, or `None`
-    /// when a row needs more than 1024 (the ops then run the plain kernels).
+    /// when a row needs more than [`RowTiles::MAX_ROW_THREADS`] (the ops then run the plain
+    /// kernels).
     pub(crate) fn row_threads(d: usize, elem: usize, vpt: usize) -> Option<usize> {
         let tpr = d.div_ceil(vpt * (16 / elem)).max(1).next_power_of_two();
-        (tpr <= 1024).then_some(tpr)
+        (tpr <= Self::MAX_ROW_THREADS).then_some(tpr)
     }
 
     fn launch(rows: usize, tpr: usize, threads: usize, max_blocks: usize, shared: usize) -> RowLaunch {
