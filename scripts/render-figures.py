@@ -44,10 +44,11 @@ GPT_SHAPES = "gpt-shapes-2026-12-01.json"
 # The fused attention's call of 2026-12-01: the GPT at three shapes next to torch.compile, and
 # the attention kernels next to PyTorch's SDPA (the same kernels through CuPy) and through the
 # runtime.
-GPT_NOW = "gpt-shapes-2026-12-01b.json"
+GPT_NOW = "gpt-shapes-2026-12-01c.json"
 FLASH = "flash-vs-torch-2026-12-01.json"
 FLASH_RT = "attention-bench-2026-12-01.json"
-OPS_NOW = "op_bench-2026-12-01.txt"
+OPS_NOW = "op_bench-2026-12-01b.txt"
+BUCKETS = "gpt-buckets-2026-12-01.json"
 
 
 def load(name):
@@ -340,7 +341,28 @@ def ops_now():
     return f"```\n{head}\n" + "\n".join(body) + f"\n```\n\n({rel(OPS_NOW)}.)"
 
 
+def gpt_buckets():
+    """The GPT's sequence buckets against padding every step to the context, one call."""
+    doc = load(BUCKETS)
+    b, pad, alone = doc["ragged_buckets"], doc["ragged_padded"], doc["fixed_largest"]
+    reports = b["bucket_reports"]
+    sizes = ", ".join(str(r[0]) for r in reports)
+    total_ms = sum(r[1] for r in reports)
+    est = b["estimate_mb"]
+    return (
+        f"{len(reports)} sequence buckets ({sizes}) of the GPT at batch {b['batch']} are captured in "
+        f"{total_ms:.0f} ms together (the largest {reports[-1][1]:.0f} ms) into one pool of {b['pool_mb']:.1f} MB, "
+        f"{b['pool_mb'] / alone['pool_mb']:.2f}x the {alone['pool_mb']:.1f} MB of the largest bucket captured alone; "
+        f"the estimate made before capturing was {est:.1f} MB ({100 * (est - b['pool_mb']) / b['pool_mb']:+.1f}%). "
+        f"On ragged rows cut at line boundaries, the bucketed run trains at {b['tokens_per_s'] / 1e3:,.0f}k real "
+        f"tokens/s ({100 * b['padding']:.1f}% of the computed positions are padding) against "
+        f"{pad['tokens_per_s'] / 1e3:,.0f}k with every step padded to {pad['context']} ({100 * pad['padding']:.1f}% padding): "
+        f"{b['tokens_per_s'] / pad['tokens_per_s']:.2f}x, with no capture after setup ({doc['date']}, {rel(BUCKETS)})"
+    )
+
+
 BLOCKS = {
+    "gpt-buckets": gpt_buckets,
     "ops-now": ops_now,
     "gpt-now": gpt_now,
     "gpt-unfused": gpt_unfused,

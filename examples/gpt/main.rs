@@ -475,11 +475,23 @@ fn main() -> Result<()> {
     if let Some(path) = &args.json {
         let (first, last) = (m.train_curve.first().map_or(0.0, |p| p.1), m.train_curve.last().map_or(0.0, |p| p.1));
         let val = m.val_curve.last().map_or(0.0, |p| p.1);
+        // Per bucket: size, capture ms, MB added to the pool; and the estimate, if made.
+        let reports: Vec<String> = trainer
+            .bucket_reports()
+            .iter()
+            .map(|r| {
+                format!("[{}, {:.2}, {:.3}]", r.size, r.capture_time.as_secs_f64() * 1e3, r.added_bytes as f64 / 1e6)
+            })
+            .collect();
+        let estimate_mb = estimate.map_or(String::from("null"), |e| format!("{:.2}", e as f64 / 1e6));
         let json = format!(
-            "{{\"mode\": \"{mode:?}\", \"dtype\": \"{}\", \"checkpoint\": {checkpoint}, \"lengths\": \"{:?}\", \"buckets\": {}, \"padding\": {waste:.4}, \"tokens_per_s\": {rate:.1}, \"step_ms\": {step_ms:.4}, \"setup_s\": {setup:.3}, \"pool_mb\": {pool_mb:.2}, \"loss_first\": {first}, \"loss_last\": {last}, \"val_last\": {val}}}\n",
+            "{{\"mode\": \"{mode:?}\", \"dtype\": \"{}\", \"checkpoint\": {checkpoint}, \"context\": {}, \"batch\": {}, \"lengths\": \"{:?}\", \"buckets\": {}, \"bucket_reports\": [{}], \"estimate_mb\": {estimate_mb}, \"padding\": {waste:.4}, \"tokens_per_s\": {rate:.1}, \"step_ms\": {step_ms:.4}, \"setup_s\": {setup:.3}, \"pool_mb\": {pool_mb:.2}, \"loss_first\": {first}, \"loss_last\": {last}, \"val_last\": {val}}}\n",
             cfg.dtype,
+            cfg.context,
+            cfg.batch,
             args.lengths,
             trainer.buckets().map_or(1, <[usize]>::len),
+            reports.join(", "),
         );
         std::fs::write(path, json).map_err(|e| Error::msg(format!("--json {}: {e}", path.display())))?;
     }
