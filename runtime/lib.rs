@@ -208,22 +208,17 @@ pub mod fault {
 mod graph;
 mod graphed;
 mod hooks;
-pub mod interop;
 mod kernel;
-mod kernel_check;
-mod kernel_host;
 mod module;
 pub mod ops;
 pub mod optim;
 
 mod param;
-mod params;
 mod pool;
 mod rng;
 mod shape;
 mod state_dict;
 mod tensor;
-mod tensor_half;
 
 pub use backend::is_capturing;
 pub use capabilities::{Capabilities, CudaVersion};
@@ -243,14 +238,15 @@ pub use graphed_macros::{capture_time_hook, graphed, Parameters};
 /// [`DType::BF16`] and [`DType::F16`].
 pub use half;
 pub use hooks::{HookHandle, HookRegistry};
+pub use kernel::check::{check_kernel_against_host, CheckArg, KernelCheckReport, OutputCheck};
+pub use kernel::host::{HostArgs, HostFn};
 pub use kernel::{Arg, Kernel, KernelArg, LaunchConfig};
-pub use kernel_check::{check_kernel_against_host, CheckArg, KernelCheckReport, OutputCheck};
-pub use kernel_host::{HostArgs, HostFn};
 pub use module::{ChainIn, ChainLink, ChainOut, HookKind, Module, Slots, TypedModule};
+pub use param::visit::Parameters;
 pub use param::Param;
-pub use params::Parameters;
 pub use pool::{GraphPool, PoolStats};
 pub use rng::{Generator, RngState};
 pub use shape::{Shape, MAX_RANK};
 pub use state_dict::{load_safetensors, save_safetensors};
+pub use tensor::interop;
 pub use tensor::Tensor;

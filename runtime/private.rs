@@ -12,7 +12,7 @@ pub use crate::{
 
 /// What a generated `make_graphed`/`new` returns: the wrapper, or the error with the module.
 pub type CaptureResult<T, M> = Result<T, CaptureError<M>>;
-pub use crate::params::{param_path, ParamsProbe, ParamsViaNothing, ParamsViaTrait};
+pub use crate::param::visit::{param_path, ParamsProbe, ParamsViaNothing, ParamsViaTrait};
 pub use crate::{ChainIn, ChainLink, ChainOut, Param, Parameters, Slots, TypedModule};
 pub use std::boxed::Box;
 pub use std::fmt;

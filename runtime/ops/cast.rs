@@ -60,3 +60,11 @@ pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     }
     Ok(y)
 }
+
+impl Tensor {
+    /// This tensor converted to `dtype` in new memory (see [`cast`]). Defined with the op, so
+    /// that tensors stay storage and the ops build on them, not the reverse.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        cast(self, dtype)
+    }
+}

@@ -1,4 +1,4 @@
-// Op kernels (see runtime/ops and runtime/optim.rs). NVRTC compiles this file after core.cu,
+// Op kernels (see runtime/ops and runtime/optim/). NVRTC compiles this file after core.cu,
 // in one program: philox_uniform and rng_load come from there.
 //
 // Conventions: f32 only (the elementwise kernels of every dtype, f32 included, are the

@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 
-use crate::kernel_host::{HostArgs, HostSlot};
+use super::host::{HostArgs, HostSlot};
 use crate::{Arg, Device, Error, Kernel, KernelArg, LaunchConfig, Result, Tensor};
 
 /// One argument of [`check_kernel_against_host`]: a tensor's dimensions (its contents are

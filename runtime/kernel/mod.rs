@@ -1,5 +1,8 @@
 //! Custom kernels: your own CUDA C, with a host implementation so both backends run it.
 
+pub(crate) mod check;
+pub(crate) mod host;
+
 use std::cell::RefCell;
 use std::collections::HashSet;
 
@@ -8,9 +11,9 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::CudaFunction;
 
 use crate::backend::{Backend, HostBackend, HostPtr, KArg, LaunchDims};
-use crate::kernel_host::{run_host, HostArgs, HostFn, HostSlot};
 use crate::ops::{exec, Exec};
 use crate::{DType, Device, Error, Result, Tensor};
+use host::{run_host, HostArgs, HostFn, HostSlot};
 
 /// The kind of one kernel parameter, as declared in a kernel's signature.
 ///

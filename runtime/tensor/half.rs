@@ -85,11 +85,6 @@ impl Tensor {
         Ok(self.to_bits16()?.into_iter().map(f16::from_bits).collect())
     }
 
-    /// This tensor converted to `dtype` in new memory (see [`crate::ops::cast`]).
-    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
-        crate::ops::cast(self, dtype)
-    }
-
     fn expect_dtype(&self, op: &'static str, dtype: DType) -> Result<()> {
         if self.dtype() != dtype {
             return Err(Error::DType { op, got: self.dtype(), expected: dtype });

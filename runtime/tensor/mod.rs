@@ -1,5 +1,8 @@
 //! `Tensor`: a shaped handle to a block of device (or host-backend) memory.
 
+mod half;
+pub mod interop;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -20,7 +23,7 @@ pub(crate) struct Buffer {
 /// ([`Tensor::from_cuda_slice`]).
 pub(crate) enum Storage {
     Pool(Block),
-    Cuda(crate::interop::ForeignSlice),
+    Cuda(interop::ForeignSlice),
 }
 
 impl Storage {

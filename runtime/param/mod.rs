@@ -1,5 +1,7 @@
 //! `Param`: a trainable tensor and its grad.
 
+pub(crate) mod visit;
+
 use crate::{ops, Result, Tensor};
 
 /// A parameter: its value and the grad that backward passes accumulate into.
