@@ -115,8 +115,8 @@ impl Cx {
         self.needs_input_grad = needs;
     }
 
-    /// With shape buckets ([`crate::Buckets`]): the real size of this call along the bucketed
-    /// axis, as an f32 `[1]` tensor on the device. The inputs a module sees are padded up to
+    /// With shape buckets ([`crate::Buckets`]): the real size of this call along each bucketed
+    /// axis (in declaration order), as an f32 `[axes]` tensor on the device. The inputs a module sees are padded up to
     /// their bucket's size; one captured graph serves every real size in the bucket because
     /// the size is read on the device, from this tensor, which each graphed call updates
     /// before it replays. `None` without buckets.

@@ -231,7 +231,7 @@ pub use error::{BucketError, CheckpointProblem, CudaFailure, DistError, Error, R
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{
     backward_unsplit, estimate_pool, make_graphed, AboveLargest, BucketReport, Buckets, CaptureError, GraphOptions,
-    GraphedModules, OrderEntry, PoolEstimate, Sequence,
+    GraphedModules, OrderEntry, PoolEstimate, PoolProbe, Sequence,
 };
 pub use graphed_macros::{capture_time_hook, graphed, Parameters};
 /// The `half` crate, whose [`half::bf16`] and [`half::f16`] are the host types of

@@ -428,7 +428,7 @@ fn the_pool_estimate_is_within_ten_percent_of_the_real_pool() {
         let opts = GraphOptions::new().buckets(Buckets::powers_of_two(0, 32, rows_max));
         let (estimate, back) = graphed::estimate_pool(modules()?, samples()?, opts.clone())?;
         assert_eq!(back.len(), 2, "the modules come back");
-        assert_eq!(estimate.probes.iter().map(|p| p.0).collect::<Vec<_>>(), [32, 64, 128]);
+        assert_eq!(estimate.probes.iter().map(|p| p.elements).collect::<Vec<_>>(), [32, 64, 128]);
         let g = make_graphed(back, samples()?, opts)?;
         let real = g.pool().stats().reserved;
         let x = samples()?;
@@ -505,6 +505,77 @@ fn a_pipeline_iteration_stays_in_its_first_microbatchs_bucket() {
             }
         }
         assert_eq!(got, want, "on {}", dev.name());
+        Ok(())
+    });
+}
+
+/// `[b, t, H]` values from a seed.
+fn grid(dev: &Device, b: usize, t: usize, seed: u64) -> Result<Tensor> {
+    Tensor::from_slice(dev, &random_vec(b * t * H, seed), &[b, t, H])
+}
+
+/// `x` (`[b, t, H]`) padded with zeros to `[bb, tt, H]`.
+fn grid_padded(x: &Tensor, bb: usize, tt: usize) -> Result<Tensor> {
+    let (b, t, v) = (x.dims()[0], x.dims()[1], x.to_vec()?);
+    let mut out = vec![0.0; bb * tt * H];
+    for i in 0..b {
+        out[i * tt * H..][..t * H].copy_from_slice(&v[i * t * H..][..t * H]);
+    }
+    Tensor::from_slice(x.device(), &out, &[bb, tt, H])
+}
+
+/// The first `[b, t, H]` of `[bb, tt, H]` values.
+fn grid_trim(v: &[f32], tt: usize, b: usize, t: usize) -> Vec<f32> {
+    (0..b).flat_map(|i| v[i * tt * H..][..t * H].to_vec()).collect()
+}
+
+#[test]
+fn buckets_over_a_batch_and_a_sequence_axis_match_eager_on_the_padded_shapes() {
+    on_each_backend(|dev| {
+        let spec = Buckets::new(0, [2, 4]).and(Buckets::new(1, [4, 8]));
+        let x = grid(dev, 4, 8, 1)?.with_requires_grad(true);
+        let opts = GraphOptions::new().buckets(spec.clone());
+        let mut g = make_graphed(vec![Box::new(SeqBlock(Block::new(dev, H, H, 9)?))], vec![vec![vec![Some(x)]]], opts)?;
+        let shapes: Vec<Vec<usize>> = g.bucket_reports().iter().map(|r| r.shape.clone()).collect();
+        assert_eq!(shapes, [[2, 4], [2, 8], [4, 4], [4, 8]]);
+        let mut eager = SeqBlock(Block::new(dev, H, H, 9)?);
+        for (k, (b, t)) in [(3, 5), (1, 3), (2, 8), (4, 4), (4, 8), (1, 1), (3, 8)].into_iter().enumerate() {
+            let bucket = spec.bucket_for(&[b, t]).expect("a bucket");
+            let (bb, tt) = (bucket[0], bucket[1]);
+            let x = grid(dev, b, t, 10 + k as u64)?.with_requires_grad(true);
+            let dy = grid(dev, b, t, 50 + k as u64)?;
+            let y = g.forward(0, &[Some(x.clone())])?.remove(0).expect("y");
+            assert_eq!(g.active_bucket_shape(), Some(bucket.clone()), "({b}, {t})");
+            assert_eq!(y.dims(), &[b, t, H]);
+            let dx = g.backward(0, &[Some(dy.clone())])?.remove(0).expect("dx");
+            assert_eq!(dx.dims(), &[b, t, H]);
+            let mut cx = Cx::new(dev);
+            let ey = eager.forward(&mut cx, &grid_padded(&x, bb, tt)?.with_requires_grad(true))?;
+            let edx = eager.backward(&mut cx, &grid_padded(&dy, bb, tt)?)?.expect("dx");
+            let what = format!("({b}, {t}) in the ({bb}, {tt}) bucket on {}", dev.name());
+            assert_eq!(y.to_vec()?, grid_trim(&ey.to_vec()?, tt, b, t), "{what}: outputs");
+            assert_eq!(dx.to_vec()?, grid_trim(&edx.to_vec()?, tt, b, t), "{what}: input grads");
+            let (gw, ew) = (&g.module::<SeqBlock>(0).expect("block").0.w.grad, &eager.0.w.grad);
+            assert_eq!(gw.to_vec()?, ew.to_vec()?, "{what}: weight grads");
+            for w in [gw, ew] {
+                w.copy_from_slice(&[0.0; H * H])?;
+            }
+            g.module::<SeqBlock>(0).expect("block").0.b.grad.copy_from_slice(&[0.0; H])?;
+            eager.0.b.grad.copy_from_slice(&[0.0; H])?;
+        }
+        // Above the largest along either axis, and inputs that disagree: typed refusals.
+        let e = g.forward(0, &[Some(grid(dev, 5, 2, 1)?)]).expect_err("5 rows");
+        assert!(matches!(e, Error::Bucket(BucketError::AboveLargest { size: 5, largest: 4 })), "{e}");
+        let e = g.forward(0, &[Some(grid(dev, 2, 9, 1)?)]).expect_err("9 positions");
+        assert!(matches!(e, Error::Bucket(BucketError::AboveLargest { size: 9, largest: 8 })), "{e}");
+        let three = Buckets::new(0, [2]).and(Buckets::new(1, [4])).and(Buckets::new(2, [8]));
+        let e = make_graphed(
+            vec![Box::new(Block::new(dev, H, H, 1)?)],
+            vec![vec![vec![Some(rows(dev, 2, 1)?)]]],
+            GraphOptions::new().buckets(three),
+        )
+        .expect_err("three axes");
+        assert!(matches!(e.error(), Error::Bucket(BucketError::BadRule { .. })), "{}", e.error());
         Ok(())
     });
 }

@@ -110,8 +110,8 @@ kernels! {
     SgdMixedBf16 = "sgd_mixed_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
     SgdMixedF16 = "sgd_mixed_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
     FillU16 = "fill_u16" (Ptr, U32, U32);
-    ResizeAxisU32 = "resize_axis_u32" (Ptr, Ptr, U32, U32, U32, U32, U32);
-    ResizeAxisU16 = "resize_axis_u16" (Ptr, Ptr, U32, U32, U32, U32, U32);
+    ResizeAxesU32 = "resize_axes_u32" (Ptr, Ptr, U32, U32, U32, U32, U32, U32, U32, U32);
+    ResizeAxesU16 = "resize_axes_u16" (Ptr, Ptr, U32, U32, U32, U32, U32, U32, U32, U32);
     FillU32 = "fill_u32" (Ptr, U32, U32);
     CastF32Bf16 = "cast_f32_bf16" (Ptr, Ptr, U32);
     CastF32F16 = "cast_f32_f16" (Ptr, Ptr, U32);

@@ -39,13 +39,30 @@ pub(crate) enum BackendKind {
     Cuda(Box<CudaBackend>),
 }
 
-/// The layout [`Backend::resize_axis`] works on: `[outer, len, inner]`, `len` differing.
+/// The layout [`Backend::resize_axes`] works on: `[outer, len1, mid, len2, inner]`, the two
+/// lengths differing between source and destination (one axis: `mid` and both `len2` 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct AxisResize {
+pub(crate) struct AxesResize {
     pub(crate) outer: usize,
-    pub(crate) dst_len: usize,
-    pub(crate) src_len: usize,
+    /// (destination, source) lengths of the first axis.
+    pub(crate) len1: (usize, usize),
+    pub(crate) mid: usize,
+    /// (destination, source) lengths of the second axis.
+    pub(crate) len2: (usize, usize),
     pub(crate) inner: usize,
+}
+
+impl AxesResize {
+    /// One axis: `[outer, len, inner]`.
+    pub(crate) fn one(outer: usize, len: (usize, usize), inner: usize) -> AxesResize {
+        AxesResize { outer, len1: len, mid: 1, len2: (1, 1), inner }
+    }
+
+    /// The elements of the destination and of the source.
+    fn numels(&self) -> (usize, usize) {
+        let common = self.outer * self.mid * self.inner;
+        (common * self.len1.0 * self.len2.0, common * self.len1.1 * self.len2.1)
+    }
 }
 
 /// Errors from drop paths (freeing a slab, destroying a graph), which cannot be returned where
@@ -211,21 +228,29 @@ impl Backend {
         }
     }
 
-    /// Copies `src`, seen as `[outer, src_len, inner]` values of `dtype`, into `dst` seen as
-    /// `[outer, dst_len, inner]`: the first `min(src_len, dst_len)` positions of each row, the
-    /// rest of `dst` set to `pad` (rounded for 16-bit dtypes). On the stream (one kernel on
+    /// Copies `src` into `dst`, both seen as `[outer, len1, mid, len2, inner]` values of `dtype`
+    /// with their own lengths (`layout`): the positions below both of the source's lengths,
+    /// the rest of `dst` set to `pad` (rounded for 16-bit dtypes). On the stream (one kernel on
     /// CUDA, so it captures like any other). Pads inputs into shape buckets, trims outputs.
-    pub(crate) fn resize_axis(&self, dst: &Ptr, src: &Ptr, axis: AxisResize, pad: f32, dtype: DType) -> Result<()> {
-        let AxisResize { outer, dst_len, src_len, inner } = axis;
+    pub(crate) fn resize_axes(&self, dst: &Ptr, src: &Ptr, layout: AxesResize, pad: f32, dtype: DType) -> Result<()> {
+        let AxesResize { outer, len1, mid, len2, inner } = layout;
+        let (dst_n, src_n) = layout.numels();
         match (dst, src, &self.kind) {
             (Ptr::Host(d), Ptr::Host(s), BackendKind::Host(host)) => {
-                let d = HostPtr { len: outer * dst_len * inner, dtype, ..d.clone() };
-                let s = HostPtr { len: outer * src_len * inner, dtype, ..s.clone() };
-                host.run_as(FaultPoint::Copy, "resize_axis", move || {
-                    let (x, keep) = (s.read(), src_len.min(dst_len) * inner);
+                let d = HostPtr { len: dst_n, dtype, ..d.clone() };
+                let s = HostPtr { len: src_n, dtype, ..s.clone() };
+                host.run_as(FaultPoint::Copy, "resize_axes", move || {
+                    let x = s.read();
                     let mut y = vec![pad; d.len];
-                    for r in 0..outer {
-                        y[r * dst_len * inner..][..keep].copy_from_slice(&x[r * src_len * inner..][..keep]);
+                    let (keep1, keep2) = (len1.0.min(len1.1), len2.0.min(len2.1) * inner);
+                    for o in 0..outer {
+                        for j1 in 0..keep1 {
+                            for m in 0..mid {
+                                let to = (((o * len1.0 + j1) * mid + m) * len2.0) * inner;
+                                let from = (((o * len1.1 + j1) * mid + m) * len2.1) * inner;
+                                y[to..to + keep2].copy_from_slice(&x[from..from + keep2]);
+                            }
+                        }
                     }
                     d.write(&y);
                     Ok(())
@@ -233,29 +258,20 @@ impl Backend {
             }
             (Ptr::Cuda(d), Ptr::Cuda(s), BackendKind::Cuda(c)) => {
                 let (kernel, bits) = match dtype {
-                    DType::F32 => (BuiltinKernel::ResizeAxisU32, pad.to_bits()),
-                    DType::I32 => (BuiltinKernel::ResizeAxisU32, crate::dtype::to_i32(pad) as u32),
-                    DType::BF16 | DType::F16 => (BuiltinKernel::ResizeAxisU16, dtype.round_bits16(pad) as u32),
+                    DType::F32 => (BuiltinKernel::ResizeAxesU32, pad.to_bits()),
+                    DType::I32 => (BuiltinKernel::ResizeAxesU32, crate::dtype::to_i32(pad) as u32),
+                    DType::BF16 | DType::F16 => (BuiltinKernel::ResizeAxesU16, dtype.round_bits16(pad) as u32),
                 };
-                let dims = [outer, dst_len, src_len, inner].map(|v| u32::try_from(v).ok());
-                let [Some(o), Some(dl), Some(sl), Some(i)] = dims else {
-                    return Err(Error::invalid("resize_axis", "more than 2^32 elements along one axis"));
+                let dims = [outer, len1.0, len1.1, mid, len2.0, len2.1, inner].map(|v| u32::try_from(v).ok());
+                let [Some(o), Some(d1), Some(s1), Some(m), Some(d2), Some(s2), Some(i)] = dims else {
+                    return Err(Error::invalid("resize_axes", "more than 2^32 elements along one axis"));
                 };
-                c.launch(
-                    kernel,
-                    LaunchDims::elementwise(outer * dst_len * inner),
-                    &[
-                        KArg::Ptr(*d),
-                        KArg::Ptr(*s),
-                        KArg::U32(o),
-                        KArg::U32(dl),
-                        KArg::U32(sl),
-                        KArg::U32(i),
-                        KArg::U32(bits),
-                    ],
-                )
+                let args = [o, d1, s1, m, d2, s2, i, bits].map(KArg::U32);
+                let mut all = vec![KArg::Ptr(*d), KArg::Ptr(*s)];
+                all.extend(args);
+                c.launch(kernel, LaunchDims::elementwise(dst_n), &all)
             }
-            _ => Err(Error::invalid("resize_axis", "pointers of another backend")),
+            _ => Err(Error::invalid("resize_axes", "pointers of another backend")),
         }
     }
 

@@ -87,7 +87,7 @@ pub fn make_graphed(
     let bucketed = match &g.config.options.buckets {
         None => Ok(None),
         Some(spec) => bucketed_inputs(&samples, spec).and_then(|flags| {
-            let per_size = spec.sizes().iter().map(|s| bucket_samples(&samples, &flags, spec.axis(), *s));
+            let per_size = (0..spec.count()).map(|i| bucket_samples(&samples, &flags, spec, &spec.shape(i)));
             let per_size = per_size.collect::<Result<Vec<_>>>()?;
             Ok(Some((spec.clone(), flags, per_size)))
         }),

@@ -9,7 +9,7 @@
 //! runs: the capture is chained, the schedule runs each microbatch through the chain back to
 //! back, and the last chunk's extra inputs fit its surface.
 
-use super::buckets::{CopyIn, Route, SlotsAt};
+use super::buckets::{CopyIn, Lens, Route, SlotsAt};
 use super::staging::Bound;
 use super::Surface;
 
@@ -127,7 +127,7 @@ impl GraphedModules {
         &mut self,
         inputs: &[Option<Tensor>],
         extras: &[Option<Tensor>],
-        len: usize,
+        len: Lens,
     ) -> Result<Vec<Option<Tensor>>> {
         let last = self.modules.len() - 1;
         let outputs = self.eager_forward(0, inputs, Some(len))?;
@@ -142,7 +142,7 @@ impl GraphedModules {
     }
 
     /// The last chunk's extras against the surface its next forward replays on.
-    fn check_extras(&self, last: usize, extras: &[Option<Tensor>], len: Option<usize>) -> Result<()> {
+    fn check_extras(&self, last: usize, extras: &[Option<Tensor>], len: Option<Lens>) -> Result<()> {
         let s = &self.surfaces[last][self.next_forward[last]];
         if extras.len() + 1 != s.inputs.len() {
             let (expected, got) = (s.inputs.len(), extras.len() + 1);

@@ -9,12 +9,25 @@ use super::capture::{Modules, Samples};
 use super::{make_graphed, CaptureError, GraphOptions};
 use crate::{BucketError, Error};
 
+/// One bucket captured alone to estimate the pool of a list ([`estimate_pool`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolProbe {
+    /// Its size along each declared axis.
+    pub shape: Vec<usize>,
+    /// The product of those sizes: what the fit is made against.
+    pub elements: usize,
+    /// The bytes its pool reserved.
+    pub reserved: usize,
+    /// The most bytes its pool had in use.
+    pub peak_in_use: usize,
+}
+
 /// An estimate of the pool that [`make_graphed`] with [`GraphOptions::buckets`] will reserve
 /// ([`estimate_pool`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PoolEstimate {
-    /// The buckets probed, captured alone: (size, reserved bytes, the most bytes in use).
-    pub probes: Vec<(usize, usize, usize)>,
+    /// The buckets probed, each captured alone.
+    pub probes: Vec<PoolProbe>,
     /// The whole list's shared pool: the largest bucket's bytes in use at most, extrapolated
     /// from the probes.
     pub bytes: usize,
@@ -44,7 +57,7 @@ pub struct PoolEstimate {
 /// let samples = || Ok::<_, graphed::Error>(vec![vec![vec![Some(Tensor::zeros(&dev, &[1024, 64])?)]]]);
 /// let opts = GraphOptions::new().inference().buckets(Buckets::powers_of_two(0, 64, 1024));
 /// let (estimate, modules) = estimate_pool(vec![Box::new(Double)], samples()?, opts.clone())?;
-/// assert_eq!(estimate.probes.iter().map(|p| p.0).collect::<Vec<_>>(), [64, 128, 256]);
+/// assert_eq!(estimate.probes.iter().map(|p| p.shape[0]).collect::<Vec<_>>(), [64, 128, 256]);
 /// // Enough for the input and the output of the largest bucket, 1024 x 64 f32 each.
 /// assert!(estimate.bytes >= 2 * 1024 * 64 * 4);
 /// let g = make_graphed(modules, samples()?, opts)?;
@@ -71,29 +84,34 @@ pub fn estimate_pool(
         Ok(flags) => flags,
         Err(e) => return Err(CaptureError::new(e, modules)),
     };
-    let sizes = spec.sizes().to_vec();
+    // The three smallest buckets by their number of positions (the product of their sizes).
+    let elements = |index: usize| spec.shape(index)[..spec.ndims()].iter().product::<usize>();
+    let mut order: Vec<usize> = (0..spec.count()).collect();
+    order.sort_by_key(|&i| elements(i));
     let mut modules = modules;
     let mut probes = Vec::new();
-    for &size in sizes.iter().take(3) {
-        let probe = bucket_samples(&samples, &flags, spec.axis(), size);
+    for &index in order.iter().take(3) {
+        let shape = spec.shape(index);
+        let probe = bucket_samples(&samples, &flags, &spec, &shape);
         let probe = match probe {
             Ok(p) => p,
             Err(e) => return Err(CaptureError::new(e, modules)),
         };
-        let alone = options.clone().buckets(spec.with_sizes([size]));
+        let alone = options.clone().buckets(spec.with_shape(shape));
         let g = make_graphed(modules, probe, alone)?;
         let st = g.pool().stats();
-        probes.push((size, st.reserved, st.peak_in_use));
+        let shape = shape[..spec.ndims()].to_vec();
+        probes.push(PoolProbe { elements: elements(index), shape, reserved: st.reserved, peak_in_use: st.peak_in_use });
         modules = g.into_modules();
     }
-    let bytes = fit(&probes, *sizes.last().unwrap_or(&0));
+    let bytes = fit(&probes, elements(spec.count().saturating_sub(1)));
     Ok((PoolEstimate { probes, bytes }, modules))
 }
 
-/// The polynomial through the probes' (size, most bytes in use) points (degree: points - 1),
-/// evaluated at `x` (Lagrange form, in f64), never below 0.
-fn fit(probes: &[(usize, usize, usize)], x: usize) -> usize {
-    let pts: Vec<(f64, f64)> = probes.iter().map(|p| (p.0 as f64, p.2 as f64)).collect();
+/// The polynomial through the probes' (positions, most bytes in use) points (degree: points
+/// - 1), evaluated at `x` positions (Lagrange form, in f64), never below 0.
+fn fit(probes: &[PoolProbe], x: usize) -> usize {
+    let pts: Vec<(f64, f64)> = probes.iter().map(|p| (p.elements as f64, p.peak_in_use as f64)).collect();
     let x = x as f64;
     let y: f64 = (0..pts.len())
         .map(|i| {

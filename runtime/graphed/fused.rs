@@ -267,7 +267,7 @@ impl GraphedModules {
         kind: crate::SlotKind,
         part: impl Fn(&Surface) -> &Vec<Option<Tensor>>,
         bound: impl Fn(&Bound) -> &Vec<Option<Tensor>>,
-        (from, len): (usize, Option<usize>),
+        (from, len): (usize, Option<super::buckets::Lens>),
         given: &[Option<Tensor>],
         copies: &mut Vec<CopyIn>,
     ) -> Result<()> {

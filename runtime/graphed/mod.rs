@@ -42,7 +42,7 @@ use crate::{Cx, Device, Error, Graph, GraphPool, HookKind, Module, Result, Tenso
 
 pub use buckets::{AboveLargest, BucketReport, Buckets};
 pub use capture::{make_graphed, CaptureError};
-pub use estimate::{estimate_pool, PoolEstimate};
+pub use estimate::{estimate_pool, PoolEstimate, PoolProbe};
 pub use options::GraphOptions;
 pub use order_entry::OrderEntry;
 pub(crate) use schedule::Schedule;

@@ -125,9 +125,10 @@ impl GraphOptions {
     pub fn checkpointed_chunks(&self) -> Option<&[usize]> {
         self.checkpoint.as_deref()
     }
-    /// Shape buckets: capture the modules once per size of one input axis, largest first,
-    /// into one pool, so that calls of any size up to the largest replay graphs (see
-    /// [`Buckets`]). Samples are given at the largest size. A call is padded up to its
+    /// Shape buckets: capture the modules once per size of one input axis (or per combination
+    /// of the sizes of two, [`Buckets::and`]), largest first, into one pool, so that calls of
+    /// any size up to the largest replay graphs (see [`Buckets`]). Samples are given at the
+    /// largest size. A call is padded up to its
     /// bucket (with [`Buckets::pad`]'s value) and its outputs come back trimmed to its size;
     /// the modules see the real size through [`crate::Cx::bucket_length`].
     ///

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use super::buckets::{CopyIn, Route, SlotsAt};
+use super::buckets::{CopyIn, Lens, Route, SlotsAt};
 use super::{GraphedModules, Pending};
 use crate::pool::ReplayTicket;
 use crate::{Cx, Error, HookKind, Result, Slot, SlotKind, Tensor};
@@ -112,7 +112,7 @@ impl GraphedModules {
         chunk: usize,
         inputs: &[Option<Tensor>],
         index: usize,
-        len: usize,
+        len: Lens,
         trim: bool,
     ) -> Result<Vec<Option<Tensor>>> {
         let plan = self.in_bucket(index, |g| g.check_forward(chunk, g.next_forward[chunk], inputs, Some(len)))?;
@@ -124,7 +124,7 @@ impl GraphedModules {
         &mut self,
         chunk: usize,
         plan: Plan,
-        len: Option<usize>,
+        len: Option<Lens>,
         trim: bool,
     ) -> Result<Vec<Option<Tensor>>> {
         let m = self.next_forward[chunk];
@@ -156,7 +156,7 @@ impl GraphedModules {
         }
     }
 
-    fn check_forward(&self, chunk: usize, m: usize, inputs: &[Option<Tensor>], len: Option<usize>) -> Result<Plan> {
+    fn check_forward(&self, chunk: usize, m: usize, inputs: &[Option<Tensor>], len: Option<Lens>) -> Result<Plan> {
         let s = &self.surfaces[chunk][m];
         let at = SlotsAt {
             chunk,
@@ -248,7 +248,7 @@ impl GraphedModules {
         &mut self,
         chunk: usize,
         inputs: &[Option<Tensor>],
-        len: Option<usize>,
+        len: Option<Lens>,
     ) -> Result<Vec<Option<Tensor>>> {
         let module = &self.modules[chunk];
         if inputs.len() != module.num_inputs() {

@@ -113,27 +113,36 @@ extern "C" __global__ void fill_u16(u16* y, u32 bits, u32 n) {
     fill_t(reinterpret_cast<bf16_t*>(y), __uint_as_float(bits << 16), n);
 }
 
-// One axis of a [outer, len, inner] tensor resized: the first min(src_len, dst_len) positions
-// of each row copied, the rest of dst set to the bit pattern `pad`. Pads a call's inputs into a
-// shape bucket's static buffers and trims the bucket's outputs back to the real size.
+// Two axes of an [outer, len1, mid, len2, inner] tensor resized (one axis: mid = len2 = 1): the
+// positions below both source lengths copied, the rest of dst set to the bit pattern `pad`.
+// Pads a call's inputs into a shape bucket's static buffers and trims the bucket's outputs
+// back to the real size.
 template <typename T>
-__device__ __forceinline__ void resize_axis_t(T* dst, const T* src, u32 outer, u32 dst_len, u32 src_len, u32 inner,
-                                              T pad) {
-    const u64 n = (u64)outer * dst_len * inner;
+__device__ __forceinline__ void resize_axes_t(T* dst, const T* src, u32 outer, u32 dl1, u32 sl1, u32 mid, u32 dl2,
+                                              u32 sl2, u32 inner, T pad) {
+    const u64 n = (u64)outer * dl1 * mid * dl2 * inner;
     for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        const u64 k = i % inner, rj = i / inner, j = rj % dst_len, r = rj / dst_len;
-        dst[i] = j < src_len ? src[(r * src_len + j) * inner + k] : pad;
+        u64 q = i;
+        const u64 k = q % inner;
+        q /= inner;
+        const u64 j2 = q % dl2;
+        q /= dl2;
+        const u64 m = q % mid;
+        q /= mid;
+        const u64 j1 = q % dl1;
+        const u64 o = q / dl1;
+        dst[i] = (j1 < sl1 && j2 < sl2) ? src[(((o * sl1 + j1) * mid + m) * sl2 + j2) * inner + k] : pad;
     }
 }
 
-extern "C" __global__ void resize_axis_u32(u32* dst, const u32* src, u32 outer, u32 dst_len, u32 src_len, u32 inner,
-                                           u32 pad) {
-    resize_axis_t(dst, src, outer, dst_len, src_len, inner, pad);
+extern "C" __global__ void resize_axes_u32(u32* dst, const u32* src, u32 outer, u32 dl1, u32 sl1, u32 mid, u32 dl2,
+                                           u32 sl2, u32 inner, u32 pad) {
+    resize_axes_t(dst, src, outer, dl1, sl1, mid, dl2, sl2, inner, pad);
 }
 
-extern "C" __global__ void resize_axis_u16(u16* dst, const u16* src, u32 outer, u32 dst_len, u32 src_len, u32 inner,
-                                           u32 pad) {
-    resize_axis_t(dst, src, outer, dst_len, src_len, inner, (u16)pad);
+extern "C" __global__ void resize_axes_u16(u16* dst, const u16* src, u32 outer, u32 dl1, u32 sl1, u32 mid, u32 dl2,
+                                           u32 sl2, u32 inner, u32 pad) {
+    resize_axes_t(dst, src, outer, dl1, sl1, mid, dl2, sl2, inner, (u16)pad);
 }
 
 // 8 elements per thread and iteration: 16 or 32 bytes each side, in whole uint4s.
