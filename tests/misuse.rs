@@ -15,7 +15,7 @@ use common::model::{Block, BlockGradOutputs, BlockInputs, GraphedBlock};
 use common::{on_each_backend, random};
 use graphed::{
     graphed, make_graphed, ops, CaptureMode, Cx, DType, Device, Error, Graph, GraphOptions, GraphedModules, HookKind,
-    HookRegistry, Module, Param, PoolStats, Result, Slot, SlotKind, Tensor,
+    HookRegistry, Module, Param, PoolStats, Result, SetupError, Slot, SlotKind, Tensor,
 };
 
 const B: usize = 4;
@@ -582,7 +582,9 @@ fn refused_make_graphed_arguments_hand_the_modules_back() {
         let boxed = || -> Result<Vec<Box<dyn Module>>> { Ok(vec![Box::new(Block::new(dev, D, D, 1)?)]) };
         let sample = || vec![vec![vec![Some(x.clone())]]];
         let cases: Vec<(&str, Samples, GraphOptions, Expect)> = vec![
-            ("warmup 0", sample(), GraphOptions::new().warmup(0), |e| matches!(e, Error::InvalidArgument { .. })),
+            ("warmup 0", sample(), GraphOptions::new().warmup(0), |e| {
+                matches!(e, Error::Setup(SetupError::ZeroWarmup))
+            }),
             ("order of the wrong length", sample(), GraphOptions::new().order(vec![1, -1, 1]), |e| {
                 matches!(e, Error::InvalidOrder { .. })
             }),
@@ -592,12 +594,14 @@ fn refused_make_graphed_arguments_hand_the_modules_back() {
             ("order with a backward first", sample(), GraphOptions::new().order(vec![-1, 1]), |e| {
                 matches!(e, Error::InvalidOrder { .. })
             }),
-            ("no samples", vec![], GraphOptions::new(), |e| matches!(e, Error::InvalidArgument { .. })),
+            ("no samples", vec![], GraphOptions::new(), |e| {
+                matches!(e, Error::Setup(SetupError::SampleLists { modules: 1, samples: 0 }))
+            }),
             (
                 "two inputs for a one-input forward",
                 vec![vec![vec![Some(x.clone()), Some(x.clone())]]],
                 GraphOptions::new(),
-                |e| matches!(e, Error::Graphed { .. }),
+                |e| matches!(e, Error::Setup(SetupError::SampleInputs { expected: 1, got: 2, .. })),
             ),
             (
                 "samples on two devices",
@@ -665,7 +669,7 @@ fn refused_memory_requests_change_nothing() {
         // pool_limit with a pool given is refused before anything runs.
         let opts = GraphedFlaky::options().pool(&limited).pool_limit(1 << 20);
         let err = GraphedFlaky::new(flaky, FlakyInputs { x: x.clone() }, opts).expect_err("both");
-        assert!(matches!(err.error(), Error::InvalidArgument { .. }), "{:?}", err.error());
+        assert!(matches!(err.error(), Error::Setup(SetupError::PoolLimitWithPool)), "{:?}", err.error());
         // With room, the same module captures.
         let mut g = err.into_inner().make_graphed(&x)?;
         g.forward(&x)?;

@@ -6,6 +6,7 @@ mod checkpoint;
 mod cuda;
 mod dist;
 mod launcher;
+mod setup;
 mod slot;
 
 pub use bucket::BucketError;
@@ -13,6 +14,7 @@ pub use checkpoint::CheckpointProblem;
 pub use cuda::CudaFailure;
 pub use dist::DistError;
 pub use launcher::Launcher;
+pub use setup::SetupError;
 pub use slot::{Slot, SlotKind};
 
 /// Everything that can go wrong in `graphed`, as values a caller can match on.
@@ -508,6 +510,9 @@ pub enum Error {
     /// Shape buckets refused their options or a call (see [`BucketError`]).
     #[error(transparent)]
     Bucket(#[from] BucketError),
+    /// `make_graphed` refused its own arguments (see [`SetupError`]).
+    #[error(transparent)]
+    Setup(#[from] SetupError),
     // Precision (#12).
     /// Tensors of different dtypes were mixed in one op without a cast.
     #[error(

@@ -8,7 +8,7 @@ use super::buckets::{bucket_samples, bucketed_inputs};
 use super::reuse::{adopt, reusable, Slot, SlotPlan};
 use super::schedule::{Pass, Step};
 use super::{Config, GraphOptions, GraphedModules, Schedule, Surface};
-use crate::{Cx, Device, Error, Graph, HookKind, Module, Result, Tensor};
+use crate::{Cx, Device, Error, Graph, HookKind, Module, Result, SetupError, Tensor};
 
 pub use super::capture_error::CaptureError;
 
@@ -180,19 +180,16 @@ fn validate(
 ) -> Result<(Device, Schedule, Vec<bool>)> {
     let chunks = modules.len();
     if chunks == 0 {
-        return Err(Error::invalid("make_graphed", "no modules"));
+        return Err(SetupError::NoModules.into());
     }
     if options.warmup == 0 {
-        return Err(Error::invalid("make_graphed", "warmup must be at least 1 (kernels must load before capture)"));
+        return Err(SetupError::ZeroWarmup.into());
     }
     if samples.len() != chunks {
-        return Err(Error::invalid("make_graphed", format!("{} sample lists for {chunks} modules", samples.len())));
+        return Err(SetupError::SampleLists { modules: chunks, samples: samples.len() }.into());
     }
     let mut tensors = samples.iter().flatten().flatten().flatten();
-    let device = tensors
-        .next()
-        .map(|t| t.device().clone())
-        .ok_or_else(|| Error::invalid("make_graphed", "no sample tensor to take the device from"))?;
+    let device = tensors.next().map(|t| t.device().clone()).ok_or(SetupError::NoSampleTensor)?;
     for t in samples.iter().flatten().flatten().flatten() {
         if t.device() != &device {
             return Err(Error::DeviceMismatch { op: "make_graphed samples", a: device.name(), b: t.device().name() });
@@ -212,13 +209,10 @@ fn validate(
     }
     if let Some(pool) = &options.pool {
         if !pool.is_on(&device) {
-            return Err(Error::invalid("make_graphed", format!("the pool given is not on {}", device.name())));
+            return Err(SetupError::PoolOnOtherDevice { device: device.name() }.into());
         }
         if options.pool_limit.is_some() {
-            return Err(Error::invalid(
-                "make_graphed",
-                "pool_limit with a pool given: limit that pool instead (GraphPool::with_limit)",
-            ));
+            return Err(SetupError::PoolLimitWithPool.into());
         }
     }
     let schedule = Schedule::new(options.order.as_deref(), chunks, has_backward)?;
@@ -229,28 +223,19 @@ fn validate(
     for &c in options.checkpoint.iter().flatten() {
         match checkpointed.get_mut(c.wrapping_sub(1)) {
             Some(flag) => *flag = true,
-            None => {
-                return Err(Error::invalid(
-                    "make_graphed",
-                    format!("checkpoint: chunk {c} does not exist (chunks are 1..={chunks})"),
-                ))
-            }
+            None => return Err(SetupError::CheckpointChunk { chunk: c, chunks }.into()),
         }
     }
     super::wgrad::check_splits(modules, &schedule, &checkpointed)?;
     for (c, (m, s)) in modules.iter().zip(samples).enumerate() {
         if s.is_empty() || (s.len() != 1 && s.len() != schedule.microbatches()) {
-            return Err(Error::invalid(
-                "make_graphed",
-                format!("chunk {}: {} sample sets for {} microbatches", c + 1, s.len(), schedule.microbatches()),
-            ));
+            let (chunk, sets, microbatches) = (c + 1, s.len(), schedule.microbatches());
+            return Err(SetupError::SampleSets { chunk, sets, microbatches }.into());
         }
         for set in s {
             if set.len() != m.num_inputs() {
-                return Err(Error::Graphed {
-                    module: m.name().into(),
-                    detail: format!("{} sample inputs for a forward of {} tensor arguments", set.len(), m.num_inputs()),
-                });
+                let (module, expected, got) = (m.name().into(), m.num_inputs(), set.len());
+                return Err(SetupError::SampleInputs { module, expected, got }.into());
             }
         }
     }
