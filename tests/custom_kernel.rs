@@ -280,7 +280,7 @@ fn the_device_kernel_agrees_with_its_host_implementation() {
 fn nvrtc_errors_carry_the_compiler_log() {
     on_each_backend(|dev| {
         if dev.is_host() {
-            eprintln!("note: NVRTC is only used on CUDA; the compile-error check is skipped on the host");
+            common::say_skipped("note: NVRTC is only used on CUDA; the compile-error check is skipped on the host");
             return Ok(());
         }
         let broken = "extern \"C\" __global__ void broken(float* y) { y[0] = undeclared_name; }";

@@ -105,7 +105,7 @@ fn steps(dev: &Device, graphed: bool) -> Result<Vec<Vec<u32>>> {
 fn a_kernel_launched_through_cudarc_is_captured_and_replays_like_eager() {
     on_each_backend(|dev| {
         if dev.is_host() {
-            eprintln!("note: cudarc interop needs a CUDA device; skipped on the host");
+            common::say_skipped("note: cudarc interop needs a CUDA device; skipped on the host");
             return Ok(());
         }
         let eager = steps(dev, false)?;
@@ -156,7 +156,7 @@ fn context_stream_and_pointers_exist_exactly_on_cuda() {
 fn a_wrapped_slice_dropped_during_a_capture_does_not_break_it() {
     on_each_backend(|dev| {
         let Some(stream) = dev.cuda_stream() else {
-            eprintln!("note: cudarc interop needs a CUDA device; skipped on the host");
+            common::say_skipped("note: cudarc interop needs a CUDA device; skipped on the host");
             return Ok(());
         };
         let slice = stream.clone_htod(&common::random_vec(6, 2)).map_err(|e| Error::msg(format!("{e:?}")))?;

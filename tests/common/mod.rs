@@ -36,7 +36,7 @@ pub fn backends() -> Vec<Backend> {
                 panic!("GRAPHED_REQUIRE_CUDA=1 but CUDA is unusable: {e}");
             }
             static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| eprintln!("note: the CUDA half of these tests is skipped: {e}"));
+            SAID.call_once(|| say_skipped(&format!("note: the CUDA half of these tests is skipped: {e}")));
         }
     }
     v
@@ -78,17 +78,27 @@ pub fn gpus_here(test: &str, ranks: usize) -> bool {
         panic!("GRAPHED_REQUIRE_MULTI_GPU=1 but only {gpus} GPU(s) are usable");
     }
     if !wanted || gpus < ranks {
-        println!("{test}: skipped: {gpus} GPU(s) usable here, it needs {ranks} (set GRAPHED_REQUIRE_CUDA=1 on a machine with {ranks}+)");
+        say_skipped(&format!(
+            "{test}: skipped: {gpus} GPU(s) usable here, it needs {ranks} (set GRAPHED_REQUIRE_CUDA=1 on a machine with {ranks}+)"
+        ));
         return false;
     }
     match dist::nccl_version() {
         Ok(_) => true,
         Err(e) if required => panic!("GRAPHED_REQUIRE_MULTI_GPU=1 but {e}"),
         Err(e) => {
-            println!("{test}: skipped: {e}");
+            say_skipped(&format!("{test}: skipped: {e}"));
             false
         }
     }
+}
+
+/// Says that (part of) a test was skipped and why, on the process's real stderr: the test
+/// harness captures `println!`/`eprintln!` of a passing test and would hide it, so a skipped
+/// test would pass silently.
+pub fn say_skipped(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// A free loopback port (free when asked; a test binds it soon after).
