@@ -24,7 +24,7 @@ use graphed::dist::{self, Config, DataParallel, ReduceOp};
 use graphed::fault::{FaultPlan, FaultPoint};
 use graphed::{
     graphed, load_safetensors, make_graphed, ops, save_safetensors, Cx, Device, Error, GraphOptions, GraphPool,
-    GraphedModules, Module, OrderEntry, Param, Parameters, Result, Tensor,
+    GraphedModules, Module, OrderEntry, Param, Parameters, Result, SetupError, Tensor,
 };
 use split_linear::Split;
 
@@ -216,7 +216,7 @@ fn a_pool_limit_is_a_typed_error_that_leaves_nothing_behind() {
         let block = Block::new(dev, H, H, 2).expect("block");
         let opts = GraphOptions::new().pool(&pool).pool_limit(1);
         let err = make_graphed(vec![Box::new(block)], vec![vec![vec![Some(x.clone())]]], opts).unwrap_err();
-        assert!(matches!(err.error(), Error::InvalidArgument { .. }), "{:?}", err.error());
+        assert!(matches!(err.error(), Error::Setup(SetupError::PoolLimitWithPool)), "{:?}", err.error());
     }
 }
 

@@ -6,7 +6,9 @@ mod common;
 use common::model::{Block, BlockInputs, GraphedBlock, Stack};
 use common::{on_each_backend, random};
 use graphed::optim::{Sgd, SgdConfig};
-use graphed::{make_graphed, Cx, Device, Error, GraphOptions, GraphedModules, Module, Param, Result, Tensor};
+use graphed::{
+    make_graphed, Cx, Device, Error, GraphOptions, GraphedModules, Module, Param, Result, SetupError, Tensor,
+};
 
 const L: usize = 4;
 const B: usize = 4;
@@ -191,7 +193,7 @@ fn separately_built_modules_share_one_pool_and_its_replay_order() {
             GraphedBlock::options().pool(&other),
         )
         .expect_err("another device's pool");
-        assert!(matches!(err.error(), Error::InvalidArgument { .. }));
+        assert!(matches!(err.error(), Error::Setup(SetupError::PoolOnOtherDevice { .. })), "{:?}", err.error());
         Ok(())
     });
 }
