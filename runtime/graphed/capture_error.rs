@@ -12,7 +12,7 @@ use crate::Error;
 /// let dev = Device::host();
 /// let modules: Vec<Box<dyn Module>> = Vec::new();
 /// let err: CaptureError<_> = make_graphed(modules, vec![], GraphOptions::new()).unwrap_err();
-/// assert!(matches!(err.error(), graphed::Error::InvalidArgument { .. }));
+/// assert!(matches!(err.error(), graphed::Error::Setup(graphed::SetupError::NoModules)));
 /// let modules = err.into_inner(); // nothing is lost
 /// assert!(modules.is_empty());
 /// ```
