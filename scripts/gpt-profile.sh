@@ -17,7 +17,7 @@ name_i, val_i, unit_i = head.index("Kernel Name"), head.index("Metric Value"), h
 ks = []
 for r in rows:
     v = float(r[val_i].replace(",", ""))
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r[unit_i], 1.0)
+    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(r[unit_i], 1.0)
     ks.append((r[name_i], v * scale))
 marks = [i for i, (n, _) in enumerate(ks) if "adamw_prepare" in n]
 if len(marks) < 2:
