@@ -302,14 +302,20 @@ impl GraphedModules {
         let mut len = active;
         for (d, slot) in len.iter_mut().enumerate().take(spec.ndims()) {
             let (axis, _) = spec.dim(d);
-            let sizes: Vec<usize> = inputs
+            let mut sizes = inputs
                 .iter()
                 .zip(flags)
                 .filter(|(_, along)| along[d])
-                .filter_map(|(x, _)| x.as_ref()?.dims().get(axis).copied())
-                .collect();
-            if let Some(&n) = sizes.first() {
-                if sizes.iter().any(|s| *s != n) {
+                .filter_map(|(x, _)| x.as_ref()?.dims().get(axis).copied());
+            // No allocation on the replay path unless the sizes disagree.
+            if let Some(n) = sizes.next() {
+                if sizes.any(|s| s != n) {
+                    let sizes = inputs
+                        .iter()
+                        .zip(flags)
+                        .filter(|(_, along)| along[d])
+                        .filter_map(|(x, _)| x.as_ref()?.dims().get(axis).copied())
+                        .collect();
                     return Err(BucketError::Lengths { module: self.modules[chunk].name().into(), axis, sizes }.into());
                 }
                 *slot = n;
@@ -321,10 +327,16 @@ impl GraphedModules {
         if continuing && (0..spec.ndims()).all(|d| len[d] <= active[d]) {
             return Ok(Route::Bucket { index: set.active, len });
         }
-        let at: Option<Vec<usize>> =
-            set.tables.iter().enumerate().map(|(d, table)| table.get(len[d]).map(|&i| i as usize)).collect();
-        match at {
-            Some(at) => Ok(Route::Bucket { index: spec.index(&at), len }),
+        let mut at = [0; MAX_AXES];
+        let mut fits = true;
+        for (d, table) in set.tables.iter().enumerate() {
+            match table.get(len[d]) {
+                Some(&i) => at[d] = i as usize,
+                None => fits = false,
+            }
+        }
+        match fits.then_some(at) {
+            Some(at) => Ok(Route::Bucket { index: spec.index(&at[..spec.ndims()]), len }),
             None if spec.above() == AboveLargest::Eager => Ok(Route::Eager { len }),
             None => {
                 let largest = spec.largest();
