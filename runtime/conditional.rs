@@ -3,7 +3,7 @@
 //! (CUDA 12.4 conditional nodes; the host backend runs the same loop on the CPU).
 
 use crate::backend::{CondKind, CondTest, Ptr, Recorded};
-use crate::{Capabilities, CudaVersion, DType, Device, Error, Graph, Result, Tensor};
+use crate::{Capabilities, CaptureError, CudaVersion, DType, Device, Error, Graph, Result, Tensor};
 
 /// What a conditional graph tests on the device, before each pass of its body: the value of a
 /// one-element `f32` or [`DType::I32`] tensor, nonzero or below a limit. The body (or the
@@ -113,14 +113,22 @@ impl ConditionalGraph {
     /// condition's device, and holds only what conditional bodies may; on CUDA the driver
     /// supports CUDA 12.4. A refused call gives nothing back but the error (the body is
     /// dropped with it; use [`ConditionalGraph::check_body`] first to keep it).
-    fn build(body: Graph, condition: &Condition, kind: CondKind) -> Result<ConditionalGraph> {
-        ConditionalGraph::check_body(&body, condition)?;
-        let device = body.device().clone();
-        let recorded = body
-            .recorded()
-            .ok_or_else(|| Error::NotCaptured { graph: body.label().to_string() })
-            .and_then(|r| Recorded::conditional(device.backend(), kind, condition.test()?, r))?;
-        Ok(ConditionalGraph { body, condition: condition.clone(), kind, recorded })
+    /// Checks, then builds; a refusal or a failure hands the body back unchanged.
+    fn build(
+        body: Graph,
+        condition: &Condition,
+        kind: CondKind,
+    ) -> std::result::Result<ConditionalGraph, CaptureError<Box<Graph>>> {
+        let built = ConditionalGraph::check_body(&body, condition).and_then(|()| {
+            let device = body.device().clone();
+            body.recorded()
+                .ok_or_else(|| Error::NotCaptured { graph: body.label().to_string() })
+                .and_then(|r| Recorded::conditional(device.backend(), kind, condition.test()?, r))
+        });
+        match built {
+            Ok(recorded) => Ok(ConditionalGraph { body, condition: condition.clone(), kind, recorded }),
+            Err(e) => Err(CaptureError::new(e, Box::new(body))),
+        }
     }
 
     /// The checks [`Graph::while_loop`] and [`Graph::if_then`] make before they build, without
@@ -195,13 +203,15 @@ fn driver_refusal(caps: Capabilities) -> Result<()> {
 
 impl Graph {
     /// This captured graph as the body of a loop that runs while `condition` holds, tested on
-    /// the device before each pass; see [`ConditionalGraph`].
-    pub fn while_loop(self, condition: &Condition) -> Result<ConditionalGraph> {
+    /// the device before each pass; see [`ConditionalGraph`]. A refusal (the checks of
+    /// [`ConditionalGraph::check_body`]) hands the body back (boxed) inside the error.
+    pub fn while_loop(self, condition: &Condition) -> std::result::Result<ConditionalGraph, CaptureError<Box<Graph>>> {
         ConditionalGraph::build(self, condition, CondKind::While)
     }
 
     /// This captured graph as the body of a branch that runs once if `condition` holds
-    /// (tested on the device); see [`ConditionalGraph`].
+    /// (tested on the device); see [`ConditionalGraph`]. A refusal hands the body back (boxed)
+    /// inside the error.
     ///
     /// ```
     /// use graphed::{ops, CaptureMode, Condition, Device, Graph, Tensor};
@@ -218,7 +228,7 @@ impl Graph {
     /// assert_eq!(x.to_vec()?, vec![1.0]);
     /// # Ok::<(), graphed::Error>(())
     /// ```
-    pub fn if_then(self, condition: &Condition) -> Result<ConditionalGraph> {
+    pub fn if_then(self, condition: &Condition) -> std::result::Result<ConditionalGraph, CaptureError<Box<Graph>>> {
         ConditionalGraph::build(self, condition, CondKind::If)
     }
 }

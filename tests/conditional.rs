@@ -126,7 +126,12 @@ fn bad_bodies_and_conditions_are_refused_with_typed_errors() {
         expect_err("uncaptured", ConditionalGraph::check_body(&empty, &cond), |e| {
             matches!(e, Error::NotCaptured { .. })
         })?;
-        expect_err("uncaptured", empty.while_loop(&cond).map(|_| ()), |e| matches!(e, Error::NotCaptured { .. }))?;
+        let refused = empty.while_loop(&cond).map(|_| ()).expect_err("uncaptured");
+        assert!(matches!(refused.error(), Error::NotCaptured { .. }), "{}", refused.error());
+        let empty = *refused.into_inner(); // the refusal hands the body back
+        expect_err("uncaptured", ConditionalGraph::check_body(&empty, &cond), |e| {
+            matches!(e, Error::NotCaptured { .. })
+        })?;
         // Conditions: one f32 or i32 value.
         expect_err("two values", Condition::nonzero(&Tensor::zeros(dev, &[2])?), is_shape)?;
         let bf = Tensor::zeros_as(dev, &[1], DType::BF16)?;
@@ -155,7 +160,7 @@ fn a_body_with_a_collective_is_refused() -> Result<()> {
     body.set_label("reduce");
     body.capture(CaptureMode::Global, || comm.all_reduce(&t, ReduceOp::Sum))?;
     let cond = Condition::nonzero(&Tensor::zeros(dev, &[1])?)?;
-    let refused = body.if_then(&cond).map(|_| ());
+    let refused = body.if_then(&cond).map(|_| ()).map_err(graphed::Error::from);
     expect_err(
         "collective",
         refused,

@@ -781,3 +781,43 @@ fn refused_impl_form_calls_change_nothing() {
         Ok(())
     });
 }
+
+/// Shape buckets: every refused call (above the largest bucket, a size that fits no slot, a
+/// grad output of another size than its forward's, inputs of another width) leaves the
+/// parameters, grads, RNG, pool, the active bucket and the pending microbatch as they were,
+/// and the step then finishes with correct calls.
+#[test]
+fn refused_bucketed_calls_change_nothing() {
+    on_each_backend(|dev| {
+        let rows = |n: usize, seed: u64| random(dev, &[n, D], seed);
+        let x = rows(16, 1)?.with_requires_grad(true);
+        let opts = GraphOptions::new().buckets(graphed::Buckets::new(0, [4, 8, 16]));
+        let mut g = make_graphed(vec![Box::new(Block::new(dev, D, D, 2)?)], vec![vec![vec![Some(x)]]], opts)?;
+        g.forward(0, &[Some(rows(5, 2)?.with_requires_grad(true))])?;
+        let lin = g.module::<Block>(0).ok_or_else(|| Error::msg("block"))?;
+        let (before, pool) = (snapshot(dev, lin)?, g.pool().stats());
+        type Refusal = (&'static str, Result<Vec<Option<Tensor>>>, fn(&Error) -> bool);
+        let refusals: Vec<Refusal> = vec![
+            ("above the largest", g.forward(0, &[Some(rows(17, 3)?)]), |e| {
+                matches!(e, Error::Bucket(graphed::BucketError::AboveLargest { size: 17, largest: 16 }))
+            }),
+            ("another width", g.forward(0, &[Some(random(dev, &[3, D + 1], 3)?)]), |e| {
+                matches!(e, Error::SlotShape { .. })
+            }),
+            ("a grad of another size", g.backward(0, &[Some(rows(6, 4)?)]), |e| matches!(e, Error::SlotShape { .. })),
+            ("no input", g.forward(0, &[None]), |e| matches!(e, Error::SlotPresence { .. })),
+        ];
+        for (what, r, want) in refusals {
+            let e = r.expect_err(what);
+            assert!(want(&e), "{what}: {e}");
+            let lin = g.module::<Block>(0).ok_or_else(|| Error::msg("block"))?;
+            assert_eq!(snapshot(dev, lin)?, before, "{what}: params, grads and the RNG are untouched");
+            assert_eq!(g.pool().stats(), pool, "{what}: the pool is untouched");
+            assert_eq!(g.active_bucket(), Some(8), "{what}: the active bucket is the same");
+        }
+        // The pending microbatch is still there: its backward runs and returns 5 rows.
+        let dx = g.backward(0, &[Some(rows(5, 5)?)])?;
+        assert_eq!(dx[0].as_ref().map(|t| t.dims().to_vec()), Some(vec![5, D]));
+        Ok(())
+    });
+}
