@@ -431,10 +431,37 @@ impl GraphPool {
         st.order.serial += 1;
     }
 
-    /// Graphs captured from now on form a new replay group: an alternative to the graphs
-    /// captured before (another shape bucket of the same modules), whose replays may start at
-    /// its first graph whenever the previous group is between iterations.
-    pub(crate) fn begin_replay_group(&self) {
+    /// Graphs captured into this pool from now on form a new replay group: an alternative to
+    /// the graphs captured before (another shape bucket of the same modules), whose replays may
+    /// start at its first graph whenever the previous group is between iterations.
+    ///
+    /// A graph that is a group by itself replays at any time, before or after any other graph
+    /// of the pool. That is right only when nothing it leaves in the pool is read by another
+    /// graph: its results go to buffers allocated outside the pool (a decoder's KV cache and
+    /// token record, say), and what it allocated during its capture is dead once it ends,
+    /// which the pool then lends to the next capture. Graphs that hand results to each other
+    /// through pool memory (a forward and its backward) belong in one group, where the pool
+    /// enforces their capture order.
+    ///
+    /// ```
+    /// use graphed::{ops, CaptureMode, Device, Graph, Tensor};
+    /// let dev = Device::host();
+    /// let pool = dev.new_pool();
+    /// let (x, y) = (Tensor::full(&dev, &[2], 1.0)?, Tensor::zeros(&dev, &[2])?);
+    /// let mut graphs = Vec::new();
+    /// for a in [1.0, 10.0] {
+    ///     pool.begin_replay_group(); // each graph alone: any replay order
+    ///     let mut g = Graph::with_pool(&dev, &pool);
+    ///     g.capture(CaptureMode::Global, || ops::axpy_(&y, a, &ops::scale(&x, 1.0)?))?;
+    ///     graphs.push(g);
+    /// }
+    /// graphs[1].replay()?; // captured second, replayed first
+    /// graphs[1].replay()?;
+    /// graphs[0].replay()?;
+    /// assert_eq!(y.to_vec()?, vec![21.0, 21.0]);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn begin_replay_group(&self) {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         st.order.group += 1;
     }

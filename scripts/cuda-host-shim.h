@@ -14,6 +14,7 @@ inline float __uint_as_float(unsigned u) { float f; __builtin_memcpy(&f, &u, 4);
 inline float __int_as_float(int u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
 inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 inline void __syncthreads() {}
+inline int __syncthreads_or(int p) { return p; }
 using std::isfinite;
 // Atomics and warp votes (transformer.cu's error word and the embedding backward's compaction).
 inline unsigned long long atomicMin(unsigned long long* a, unsigned long long v) { unsigned long long o = *a; if (v < o) *a = v; return o; }

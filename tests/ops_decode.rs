@@ -1,5 +1,6 @@
-//! Decoding with a KV cache: decode_attention against the CPU reference (both dtypes and head
-//! dims, grouped key/value heads, lengths across the split boundary, empty sequences), one
+//! Decoding with a KV cache: decode_attention against the CPU reference (every float dtype, the
+//! head dims built for and others, grouped key/value heads, lengths across the split boundary,
+//! empty sequences), kv_cache_fill writing a prompt as the reference does, one
 //! captured graph serving every length, bitwise reproducibility, kv_cache_append against the
 //! reference, and the errors: bad shapes and dtypes before anything runs, bad lengths and full
 //! caches reported from the device.
@@ -15,10 +16,10 @@ use ops_support::*;
 /// Relative error allowed on CUDA against the reference: the output rounds to the dtype (half
 /// an ulp: 2^-9 for bf16, 2^-12 for f16) and f32 sums differ from f64 far below that.
 fn tol(dtype: DType) -> f64 {
-    if dtype == DType::BF16 {
-        1e-2
-    } else {
-        2e-3
+    match dtype {
+        DType::BF16 => 1e-2,
+        DType::F16 => 2e-3,
+        _ => 1e-5,
     }
 }
 
@@ -59,10 +60,11 @@ fn compare(dev: &Device, what: &str, got: &[f32], want: &[f32], dtype: DType) ->
 
 /// (batch, heads, kv_heads, max_len, lengths): lengths 1, 63, 0 (an empty slot), 257 and 300
 /// (past the first 256-key split), max_len 1000 with a full cache (4 splits), grouped heads
-/// (4 query heads on 2 and on 1).
+/// (4 query heads on 2 and on 1); head dims 64 and 128 (built for in 16 bits) and 8, 24 and 96
+/// (read at run time).
 fn cases() -> Vec<(CacheShape, Vec<i32>)> {
     let mut v = Vec::new();
-    for head_dim in [64, 128] {
+    for head_dim in [64, 128, 8, 24, 96] {
         let shape = |batch, heads, kv_heads, max_len| CacheShape { batch, heads, kv_heads, max_len, head_dim };
         v.push((shape(4, 4, 2, 300), vec![1, 63, 0, 257]));
         v.push((shape(2, 4, 1, 300), vec![300, 5]));
@@ -74,7 +76,7 @@ fn cases() -> Vec<(CacheShape, Vec<i32>)> {
 #[test]
 fn decode_attention_matches_the_cpu_reference() {
     on_each_backend(|dev| {
-        for dtype in [DType::BF16, DType::F16] {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
             for (i, (s, lens)) in cases().into_iter().enumerate() {
                 let what = format!("decode_attention {dtype} {s:?} lengths {lens:?}");
                 let [q, kc, vc] = inputs(dev, s, dtype, 10 * i as u64)?;
@@ -247,14 +249,55 @@ fn a_captured_decode_step_advances_on_every_replay() {
     });
 }
 
+/// A prompt's keys and values land at positions 0..seq of each sequence, as the reference puts
+/// them, leaving the rest of the cache and the lengths alone; a decode step then attends to
+/// them once the lengths say so.
+#[test]
+fn kv_cache_fill_writes_a_prompt_as_the_reference_does() {
+    on_each_backend(|dev| {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let s = CacheShape { batch: 2, heads: 4, kv_heads: 2, max_len: 9, head_dim: 64 };
+            let seq = 5;
+            let prompt = [s.batch, seq, s.kv_heads, s.head_dim];
+            let n: usize = prompt.iter().product();
+            let round = |v: Vec<f32>| v.into_iter().map(|x| dtype.round(x)).collect::<Vec<_>>();
+            let (kv, vv) = (round(random_vec(n, 71)), round(random_vec(n, 72)));
+            let cache: Vec<f32> = round(random_vec(s.cache_dims().iter().product(), 73));
+            let kc = Tensor::from_slice_as(dev, &cache, &s.cache_dims(), dtype)?;
+            let vc = Tensor::from_slice_as(dev, &cache, &s.cache_dims(), dtype)?;
+            let (k, v) = (Tensor::from_slice_as(dev, &kv, &prompt, dtype)?, Tensor::from_slice_as(dev, &vv, &prompt, dtype)?);
+            let (mut rk, mut rv) = (cache.clone(), cache.clone());
+            cpu::kv_cache_fill(&mut rk, &mut rv, &kv, &vv, s, seq);
+            ops::kv_cache_fill(&kc, &vc, &k, &v)?;
+            bitwise_eq(&format!("{dtype} k_cache"), &kc.to_vec()?, &rk)?;
+            bitwise_eq(&format!("{dtype} v_cache"), &vc.to_vec()?, &rv)?;
+            // Position t of head h of sequence b is k[b, t, h].
+            let (b, t, h) = (1, 3, 1);
+            let at = ((b * s.kv_heads + h) * s.max_len + t) * s.head_dim;
+            let from = ((b * seq + t) * s.kv_heads + h) * s.head_dim;
+            assert_eq!(rk[at..at + s.head_dim], kv[from..from + s.head_dim], "{dtype}: the reference's layout");
+            // Positions past the prompt keep what they held.
+            let past = ((b * s.kv_heads + h) * s.max_len + seq) * s.head_dim;
+            assert_eq!(rk[past..past + s.head_dim], cache[past..past + s.head_dim]);
+            if dtype == DType::BF16 {
+                let lengths = Tensor::from_i32(dev, &[seq as i32, 2], &[2])?;
+                let q = Tensor::from_slice_as(dev, &random_vec(s.query_dims().iter().product(), 74), &s.query_dims(), dtype)?;
+                let out = ops::decode_attention(&q, &kc, &vc, &lengths)?.to_vec()?;
+                compare(dev, "attention after a fill", &out, &reference(&q, &kc, &vc, &[seq as i32, 2], s)?, dtype)?;
+            }
+        }
+        Ok(())
+    });
+}
+
 #[test]
 fn bad_shapes_and_dtypes_are_refused_before_running() {
     on_each_backend(|dev| {
         let s = CacheShape { batch: 2, heads: 4, kv_heads: 2, max_len: 8, head_dim: 64 };
         let [q, kc, vc] = inputs(dev, s, DType::BF16, 1)?;
+        let kc_before = kc.to_vec()?;
         let lengths = Tensor::from_i32(dev, &[1, 2], &[2])?;
         let bf = |dims: &[usize]| Tensor::zeros_as(dev, dims, DType::BF16);
-        let unsupported = |e: &Error| matches!(e, Error::AttentionUnsupported { op: "decode_attention", .. });
         let dtype_err = |e: &Error| matches!(e, Error::DType { .. });
         // Lengths: dtype, shape, device-side type.
         let f32_lengths = Tensor::from_slice(dev, &[1.0, 2.0], &[2])?;
@@ -266,12 +309,11 @@ fn bad_shapes_and_dtypes_are_refused_before_running() {
             ops::decode_attention(&q, &kc, &vc, &Tensor::from_i32(dev, &[1], &[1])?),
             is_shape,
         )?;
-        // Dtypes and head dims the kernels are not built for.
+        // Head dims past what the kernels hold in registers.
         let f = |dims: &[usize]| Tensor::zeros(dev, dims);
         let (qf, cf) = (f(&s.query_dims())?, f(&s.cache_dims())?);
-        expect_err("f32", ops::decode_attention(&qf, &cf, &cf, &lengths), unsupported)?;
-        let (q32, c32) = (bf(&[2, 4, 32])?, bf(&[2, 2, 8, 32])?);
-        expect_err("head_dim 32", ops::decode_attention(&q32, &c32, &c32, &lengths), unsupported)?;
+        let (q256, c256) = (bf(&[2, 4, 256])?, bf(&[2, 2, 8, 256])?);
+        expect_err("head_dim 256", ops::decode_attention(&q256, &c256, &c256, &lengths), is_shape)?;
         expect_err("dtype mix", ops::decode_attention(&qf, &kc, &vc, &lengths), |e| {
             matches!(e, Error::DTypeMismatch { .. })
         })?;
@@ -298,8 +340,15 @@ fn bad_shapes_and_dtypes_are_refused_before_running() {
         expect_err("append dtype mix", ops::kv_cache_append(&kc, &vc, &lengths, &f(&s.step_dims())?, &step), |e| {
             matches!(e, Error::DTypeMismatch { .. })
         })?;
-        // Nothing ran: the lengths are as they were.
+        // kv_cache_fill's: a prompt longer than the cache, another batch, a dtype mix.
+        let fill = |k: &Tensor| ops::kv_cache_fill(&kc, &vc, k, k);
+        expect_err("fill past max_len", fill(&bf(&[2, 9, 2, 64])?), is_shape)?;
+        expect_err("fill batch", fill(&bf(&[3, 4, 2, 64])?), is_shape)?;
+        expect_err("fill rank", fill(&bf(&[2, 4, 128])?), is_shape)?;
+        expect_err("fill dtype mix", fill(&f(&[2, 4, 2, 64])?), |e| matches!(e, Error::DTypeMismatch { .. }))?;
+        // Nothing ran: the lengths and the caches are as they were.
         assert_eq!(lengths.to_i32_vec()?, vec![1, 2]);
+        assert!(kc.to_vec()? == kc_before, "the cache changed");
         Ok(())
     });
 }

@@ -224,6 +224,13 @@ kernels! {
     DecodePartialF16D128 = "decode_partial_f16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32, Ptr);
     DecodeCombineBf16 = "decode_combine_bf16" (Ptr, Ptr, Ptr, U32, U32, U32);
     DecodeCombineF16 = "decode_combine_f16" (Ptr, Ptr, Ptr, U32, U32, U32);
+    DecodePartialF32Any = "decode_partial_f32_any" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32, U32, Ptr);
+    DecodePartialBf16Any = "decode_partial_bf16_any" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32, U32, Ptr);
+    DecodePartialF16Any = "decode_partial_f16_any" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32, U32, Ptr);
+    DecodeCombineF32 = "decode_combine_f32" (Ptr, Ptr, Ptr, U32, U32, U32);
+    KvCacheFillU16 = "kv_cache_fill_u16" (Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, U32);
+    KvCacheFillU32 = "kv_cache_fill_u32" (Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, U32);
+    GenerationStep = "generation_step" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     KvCacheAppendU16 = "kv_cache_append_u16" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     KvCacheAppendU32 = "kv_cache_append_u32" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     ArgmaxRowsF32 = "argmax_rows_f32" (Ptr, Ptr, U32, U32);

@@ -472,4 +472,8 @@ pub use attention::{
 
 #[path = "cpu_decode.rs"]
 mod decode;
-pub use decode::{argmax, decode_attention, kv_cache_append, CacheShape};
+pub use decode::{argmax, decode_attention, kv_cache_append, kv_cache_fill, CacheShape};
+
+#[path = "cpu_generate.rs"]
+mod generate;
+pub use generate::{generation_step, GenerationState};

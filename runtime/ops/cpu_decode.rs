@@ -130,6 +130,22 @@ pub fn kv_cache_append(
     bad
 }
 
+/// Writes the keys and values of positions `0..seq` (`k`, `v`: `[batch, seq, kv_heads,
+/// head_dim]`) into the caches at the same positions; the lengths are not touched.
+pub fn kv_cache_fill(k_cache: &mut [f32], v_cache: &mut [f32], k: &[f32], v: &[f32], s: CacheShape, seq: usize) {
+    let dh = s.head_dim;
+    for b in 0..s.batch {
+        for t in 0..seq {
+            for h in 0..s.kv_heads {
+                let src = ((b * seq + t) * s.kv_heads + h) * dh;
+                let dst = ((b * s.kv_heads + h) * s.max_len + t) * dh;
+                k_cache[dst..dst + dh].copy_from_slice(&k[src..src + dh]);
+                v_cache[dst..dst + dh].copy_from_slice(&v[src..src + dh]);
+            }
+        }
+    }
+}
+
 /// Greedy sampling: for each of `rows` rows of `cols` values, the index of the largest value,
 /// the lowest index among equal ones; NaN is never chosen, and a row of NaN only gives 0.
 pub fn argmax(x: &[f32], rows: usize, cols: usize) -> Vec<i32> {

@@ -5,7 +5,7 @@
 
 use crate::backend::{BuiltinKernel as B, KArg, LaunchDims};
 use crate::ops::cpu::{self, CacheShape};
-use crate::ops::{check_like, exec, Attention, Exec};
+use crate::ops::{check_like, exec, n32, Exec};
 use crate::{DType, Error, Result, Tensor};
 
 /// Keys per block of the decode kernels' first pass, and how many blocks split one sequence's
@@ -66,8 +66,9 @@ fn check_cache(op: &'static str, k_cache: &Tensor, v_cache: &Tensor, lengths: &T
 ///
 /// `q` is `[batch, heads, head_dim]`, `k_cache` and `v_cache` `[batch, kv_heads, max_len,
 /// head_dim]` (grouped-query attention when `kv_heads < heads`: query head `h` reads key/value
-/// head `h / (heads / kv_heads)`), all bf16 or f16 with head_dim 64 or 128 (else
-/// [`Error::AttentionUnsupported`]), and `lengths` an [`DType::I32`] tensor `[batch]`: sequence
+/// head `h / (heads / kv_heads)`), all of one float dtype with head_dim 1 to 128 (bf16 and f16
+/// at head_dim 64 and 128 run kernels built for those sizes; f32 and other head dims a kernel
+/// that reads head_dim at run time), and `lengths` an [`DType::I32`] tensor `[batch]`: sequence
 /// `b` attends to cache positions `0..lengths[b]` (append the step's keys and values first, with
 /// [`kv_cache_append`], so the token sees itself). Returns `[batch, heads, head_dim]` in the
 /// input dtype: `softmax(q·Kᵀ / sqrt(head_dim))·V`, scores and softmax in f32.
@@ -119,15 +120,19 @@ pub fn decode_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, lengths:
         ));
     }
     s.heads = heads;
-    if !Attention::supports(dtype, s.head_dim) {
-        return Err(Error::AttentionUnsupported { op: OP, dtype, head_dim: s.head_dim, device: String::new() });
+    if s.head_dim > MAX_HEAD_DIM {
+        return Err(Error::shape(
+            OP,
+            format!("head_dim {} is above the {MAX_HEAD_DIM} the decode kernels hold in registers", s.head_dim),
+        ));
     }
+    let (partial, any_dim) = partial_kernel(dtype, s.head_dim);
     match exec(q.device()) {
         Exec::Host(h) => {
             let (qp, kp, vp, lp) = (q.host_ptr()?, k_cache.host_ptr()?, v_cache.host_ptr()?, lengths.host_ptr()?);
             let out = Tensor::empty_like(q)?;
             let op = out.host_ptr()?;
-            h.run(partial_kernel(dtype, s.head_dim), move || {
+            h.run(partial, move || {
                 let (o, bad) = cpu::decode_attention(&qp.read(), &kp.read(), &vp.read(), &lp.read_i32(), s);
                 op.write(&o);
                 match bad {
@@ -144,7 +149,7 @@ pub fn decode_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, lengths:
             let part_lse = Tensor::empty(q.device(), &[s.batch, heads, splits])?;
             let out = Tensor::empty_like(q)?;
             let (pop, plp) = (part_o.cuda_ptr()?, part_lse.cuda_ptr()?);
-            let args = [
+            let mut args = vec![
                 KArg::Ptr(pop),
                 KArg::Ptr(plp),
                 KArg::Ptr(qp),
@@ -156,13 +161,20 @@ pub fn decode_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, lengths:
                 KArg::U32(s.max_len as u32),
                 KArg::U32(split_len as u32),
                 KArg::F32(s.scale()),
-                KArg::Ptr(c.err_word()),
             ];
+            if any_dim {
+                args.push(KArg::U32(s.head_dim as u32));
+            }
+            args.push(KArg::Ptr(c.err_word()));
             // 4 warps a block (DEC_WARPS in decode.cu).
             let dims =
                 LaunchDims { grid: (splits as u32, heads as u32, s.batch as u32), block: (128, 1, 1), shared: 0 };
-            c.launch(partial_kernel(dtype, s.head_dim), dims, &args)?;
-            let combine = if dtype == DType::BF16 { B::DecodeCombineBf16 } else { B::DecodeCombineF16 };
+            c.launch(partial, dims, &args)?;
+            let combine = match dtype {
+                DType::BF16 => B::DecodeCombineBf16,
+                DType::F16 => B::DecodeCombineF16,
+                _ => B::DecodeCombineF32,
+            };
             let args = [
                 KArg::Ptr(out.cuda_ptr()?),
                 KArg::Ptr(pop),
@@ -256,18 +268,108 @@ pub fn kv_cache_append(k_cache: &Tensor, v_cache: &Tensor, lengths: &Tensor, k: 
     }
 }
 
-fn partial_kernel(dtype: DType, head_dim: usize) -> B {
-    match (dtype == DType::BF16, head_dim == 64) {
-        (true, true) => B::DecodePartialBf16D64,
-        (true, false) => B::DecodePartialBf16D128,
-        (false, true) => B::DecodePartialF16D64,
-        (false, false) => B::DecodePartialF16D128,
+/// Writes a prompt's keys and values into a KV cache (prefill): `k` and `v`
+/// (`[batch, seq, kv_heads, head_dim]`, which is how a projection `[batch, seq, kv_heads ·
+/// head_dim]` lies in memory) go to positions `0..seq` of each sequence's cache
+/// (`[batch, kv_heads, max_len, head_dim]`, the same float dtype), `seq` at most `max_len`.
+/// The lengths are left to the caller (set them to each prompt's real length; the positions
+/// past it hold the padding's keys, which [`decode_attention`] never reads and
+/// [`kv_cache_append`] overwrites). Every argument is checked on the host, so nothing is
+/// reported from the device; on the host backend the CPU reference ([`cpu::kv_cache_fill`])
+/// runs.
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let (kc, vc) = (Tensor::zeros(&dev, &[1, 2, 3, 1])?, Tensor::zeros(&dev, &[1, 2, 3, 1])?);
+/// // Two positions of two heads, laid out [batch, seq, kv_heads, head_dim].
+/// let k = Tensor::from_slice(&dev, &[1.0, 2.0, 3.0, 4.0], &[1, 2, 2, 1])?;
+/// ops::kv_cache_fill(&kc, &vc, &k, &k)?;
+/// assert_eq!(kc.to_vec()?, vec![1.0, 3.0, 0.0, 2.0, 4.0, 0.0]); // head 0: 1, 3; head 1: 2, 4
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn kv_cache_fill(k_cache: &Tensor, v_cache: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
+    const OP: &str = "kv_cache_fill";
+    let dtype = check_like(OP, &[k_cache, v_cache, k, v])?;
+    let &[batch, kv_heads, max_len, head_dim] = k_cache.dims() else {
+        return Err(Error::shape(
+            OP,
+            format!("the caches must be [batch, kv_heads, max_len, head_dim], got {:?}", k_cache.dims()),
+        ));
+    };
+    if v_cache.dims() != k_cache.dims() {
+        return Err(Error::shape(
+            OP,
+            format!("v_cache {:?} must have k_cache's shape {:?}", v_cache.dims(), k_cache.dims()),
+        ));
+    }
+    let seq = match *k.dims() {
+        [b, seq, h, d] if b == batch && h == kv_heads && d == head_dim && seq <= max_len => seq,
+        _ => {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "k must be [{batch}, seq, {kv_heads}, {head_dim}] with seq at most max_len = {max_len}, got {:?}",
+                    k.dims()
+                ),
+            ))
+        }
+    };
+    if v.dims() != k.dims() {
+        return Err(Error::shape(OP, format!("v {:?} must have k's shape {:?}", v.dims(), k.dims())));
+    }
+    n32(OP, k_cache.numel())?;
+    let s = CacheShape { batch, heads: kv_heads, kv_heads, max_len, head_dim };
+    let kernel = if dtype.size() == 2 { B::KvCacheFillU16 } else { B::KvCacheFillU32 };
+    match exec(k.device()) {
+        Exec::Host(h) => {
+            let (kcp, vcp, kp, vp) = (k_cache.host_ptr()?, v_cache.host_ptr()?, k.host_ptr()?, v.host_ptr()?);
+            h.run(kernel, move || {
+                let (mut kc, mut vc) = (kcp.read(), vcp.read());
+                cpu::kv_cache_fill(&mut kc, &mut vc, &kp.read(), &vp.read(), s, seq);
+                kcp.write(&kc);
+                vcp.write(&vc);
+                Ok(())
+            })
+        }
+        Exec::Cuda(c) => {
+            let args = [
+                KArg::Ptr(k_cache.cuda_ptr()?),
+                KArg::Ptr(v_cache.cuda_ptr()?),
+                KArg::Ptr(k.cuda_ptr()?),
+                KArg::Ptr(v.cuda_ptr()?),
+                KArg::U32(batch as u32),
+                KArg::U32(seq as u32),
+                KArg::U32(kv_heads as u32),
+                KArg::U32(max_len as u32),
+                KArg::U32(head_dim as u32),
+            ];
+            c.launch(kernel, LaunchDims::elementwise(k.numel()), &args)
+        }
+    }
+}
+
+/// The largest head dimension the decode kernels take (a warp's lanes hold 4 columns each).
+const MAX_HEAD_DIM: usize = 128;
+
+/// The first-pass kernel for `dtype` and `head_dim`, and whether it takes the head dimension as
+/// an argument (the run-time build) rather than being built for it.
+fn partial_kernel(dtype: DType, head_dim: usize) -> (B, bool) {
+    match (dtype, head_dim) {
+        (DType::BF16, 64) => (B::DecodePartialBf16D64, false),
+        (DType::BF16, 128) => (B::DecodePartialBf16D128, false),
+        (DType::F16, 64) => (B::DecodePartialF16D64, false),
+        (DType::F16, 128) => (B::DecodePartialF16D128, false),
+        (DType::BF16, _) => (B::DecodePartialBf16Any, true),
+        (DType::F16, _) => (B::DecodePartialF16Any, true),
+        _ => (B::DecodePartialF32Any, true),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::Attention;
 
     /// The split is a function of max_len alone: at least 256 keys, at most 64 splits, and the
     /// splits cover the cache.
@@ -284,9 +386,16 @@ mod tests {
     fn every_build_is_picked_by_its_dtype_and_head_dim() {
         for (dtype, tag) in [(DType::BF16, "_bf16_"), (DType::F16, "_f16_")] {
             for d in Attention::HEAD_DIMS {
-                let k = partial_kernel(dtype, d);
-                assert!(k.name().contains(tag) && k.name().ends_with(&format!("_d{d}")), "{}", k.name());
+                let (k, any) = partial_kernel(dtype, d);
+                assert!(!any && k.name().contains(tag) && k.name().ends_with(&format!("_d{d}")), "{}", k.name());
             }
+            for d in [1, 24, 96, 127] {
+                let (k, any) = partial_kernel(dtype, d);
+                assert!(any && k.name().contains(tag) && k.name().ends_with("_any"), "{}", k.name());
+            }
+        }
+        for d in [8, 64, 128] {
+            assert_eq!(partial_kernel(DType::F32, d), (B::DecodePartialF32Any, true));
         }
     }
 }

@@ -219,8 +219,21 @@ impl Tensor {
     }
 
     /// The first elements of the same memory seen with `dims` (no more elements than this
-    /// tensor has): a trimmed view that shares the buffer, its staleness included.
-    pub(crate) fn prefix_view(&self, dims: &[usize]) -> Result<Tensor> {
+    /// tensor has): a trimmed view that shares the buffer, its staleness included. For a tensor
+    /// whose first dimension is a batch, the first rows: a graph captured for a smaller batch
+    /// reads and writes the first rows of buffers sized for the largest one (a KV cache).
+    ///
+    /// ```
+    /// use graphed::{ops, Device, Tensor};
+    /// let dev = Device::host();
+    /// let cache = Tensor::zeros(&dev, &[4, 3])?; // 4 rows
+    /// let first_two = cache.prefix_view(&[2, 3])?;
+    /// ops::fill_(&first_two, 1.0)?;
+    /// assert_eq!(cache.to_vec()?, [[1.0; 6].as_slice(), &[0.0; 6]].concat());
+    /// assert!(cache.prefix_view(&[5, 3]).is_err()); // more elements than the tensor has
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn prefix_view(&self, dims: &[usize]) -> Result<Tensor> {
         let shape = Shape::new(dims)
             .ok_or_else(|| Error::shape("prefix_view", format!("{dims:?} has more than 6 dimensions")))?;
         match shape.checked_numel() {

@@ -1,6 +1,7 @@
 // Decoding with a KV cache: attention of one new query token per sequence against the cache
 // (flash-decoding: the cache split across blocks, then a combine), appending a step's keys and
-// values at each sequence's length, and filling 32-bit words. NVRTC compiles this file after
+// values at each sequence's length, writing a prompt's keys and values (prefill), the
+// bookkeeping of a generation step, and filling 32-bit words. NVRTC compiles this file after
 // core.cu, ops.cu, half.cu, transformer.cu and flash.cu in one program: u16, u32, u64, ld, st,
 // warp_sum, gr_neg_inf and the 16-bit types come from there.
 //
@@ -93,6 +94,83 @@ __device__ __forceinline__ void decode_partial_t(float* part_o, float* part_lse,
     }
 }
 
+// decode_partial_t for any head dimension d up to 128, read at run time (f32 caches, and the
+// 16-bit head dims the specialised builds above do not cover): lane owns columns lane + 32 e,
+// e < 4, of those below d. The same keys to the same warps in the same order, and the same
+// merge, as decode_partial_t.
+#define DEC_ANY_E 4
+template <typename T>
+__device__ __forceinline__ void decode_partial_any_t(float* part_o, float* part_lse, const T* q, const T* kc, const T* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) {
+    __shared__ float s_m[DEC_WARPS], s_l[DEC_WARPS];
+    __shared__ float s_acc[DEC_WARPS][32 * DEC_ANY_E];
+    const u32 s = blockIdx.x, h = blockIdx.y, b = blockIdx.z, splits = gridDim.x;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int raw = lengths[b];
+    const bool bad = raw < 0 || raw > (int)max_len;
+    if (bad && s == 0 && h == 0 && threadIdx.x == 0) gr_report_cache(err, b, raw, max_len, 1u);
+    const u32 len = bad ? 0u : (u32)raw;
+    const u32 kvh = h / (heads / kv_heads);
+    const u64 qo = ((u64)b * heads + h) * d;
+    float qr[DEC_ANY_E];
+#pragma unroll
+    for (int e = 0; e < DEC_ANY_E; ++e) {
+        const u32 col = lane + 32 * e;
+        qr[e] = col < d ? ld(q, qo + col) * scale : 0.0f;
+    }
+    const u64 base = ((u64)b * kv_heads + kvh) * (u64)max_len * d;
+    const u32 j0 = s * split_len;
+    const u32 j1 = len < j0 + split_len ? len : j0 + split_len;
+    float m = gr_neg_inf(), l = 0.0f;
+    float acc[DEC_ANY_E];
+#pragma unroll
+    for (int e = 0; e < DEC_ANY_E; ++e) acc[e] = 0.0f;
+    for (u32 j = j0 + warp; j < j1; j += DEC_WARPS) {
+        const u64 ko = base + (u64)j * d;
+        float sc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < DEC_ANY_E; ++e) {
+            const u32 col = lane + 32 * e;
+            if (col < d) sc += qr[e] * ld(kc, ko + col);
+        }
+        sc = warp_sum(sc);
+        const float mn = fmaxf(m, sc);
+        const float c = expf(m - mn);
+        const float p = expf(sc - mn);
+        l = l * c + p;
+#pragma unroll
+        for (int e = 0; e < DEC_ANY_E; ++e) {
+            const u32 col = lane + 32 * e;
+            if (col < d) acc[e] = acc[e] * c + p * ld(vc, ko + col);
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_l[warp] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < DEC_ANY_E; ++e) {
+        const u32 col = lane + 32 * e;
+        if (col < d) s_acc[warp][col] = acc[e];
+    }
+    __syncthreads();
+    float mx = gr_neg_inf();
+    for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, s_m[w]);
+    const u64 po = ((u64)b * heads + h) * splits + s;
+    for (u32 col = threadIdx.x; col < d; col += blockDim.x) {
+        float sum = 0.0f, o = 0.0f;
+        if (mx != gr_neg_inf()) {
+            for (int w = 0; w < DEC_WARPS; ++w) {
+                const float c = s_m[w] == gr_neg_inf() ? 0.0f : expf(s_m[w] - mx);
+                sum += s_l[w] * c;
+                o += s_acc[w][col] * c;
+            }
+        }
+        part_o[po * d + col] = sum > 0.0f ? o / sum : 0.0f;
+        if (col == 0) part_lse[po] = sum > 0.0f ? mx + logf(sum) : gr_neg_inf();
+    }
+}
+
 // One block of d threads per (query head, sequence): the splits' outputs weighted by
 // exp(lse_split - max lse), in split order. A sequence with no key (length 0, or a reported bad
 // length) gets zeros.
@@ -145,6 +223,59 @@ __device__ __forceinline__ void kv_append_t(W* kc, W* vc, int* lengths, const W*
     }
 }
 
+// Prefill: the keys and values of positions 0..seq of every sequence ([batch, seq, kv_heads,
+// d], raw words W, as a projection [batch, seq, kv_heads * d] lays them out) into the caches
+// ([batch, kv_heads, max_len, d]) at the same positions. Lengths are the caller's to set.
+template <typename W>
+__device__ __forceinline__ void kv_fill_t(W* kc, W* vc, const W* k, const W* v, u32 batch, u32 seq, u32 kv_heads, u32 max_len, u32 d) {
+    const u64 n = (u64)batch * seq * kv_heads * d;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const u64 e = i % d;
+        u64 r = i / d;
+        const u64 h = r % kv_heads;
+        r /= kv_heads;
+        const u64 t = r % seq, b = r / seq;
+        const u64 dst = ((b * kv_heads + h) * max_len + t) * d + e;
+        kc[dst] = k[i];
+        vc[dst] = v[i];
+    }
+}
+
+// The bookkeeping of one generation step, one block: thread b (strided) records sequence b's
+// token at column `step` of tokens ([batch, max_new]): the sampled one while the sequence is
+// active, the pad token once it is done. An active sequence counts its token and is done when
+// the token is the end token (stop[0], -1 for none) or its count reaches limits[b]. Writes the
+// ids the next step embeds (the recorded token, as a float) and their positions (lengths[b],
+// the cache length after this step's append). Then thread 0 advances step and sets active =
+// (some sequence is active and step < max_new), the loop condition; __syncthreads_or makes
+// every thread read step before it changes.
+extern "C" __global__ void generation_step(int* tokens, int* counts, int* done, const int* limits, const int* stop, int* step, int* active, float* next_ids, float* positions, const int* sampled, const int* lengths, u32 batch, u32 max_new) {
+    const int s = *step;
+    const int end = stop[0], pad = stop[1];
+    int any = 0;
+    for (u32 b = threadIdx.x; b < batch; b += blockDim.x) {
+        const bool was_done = done[b] != 0;
+        const int tok = was_done ? pad : sampled[b];
+        if (s >= 0 && s < (int)max_new) tokens[(u64)b * max_new + s] = tok;
+        if (!was_done) {
+            const int n = counts[b] + 1;
+            counts[b] = n;
+            if (tok == end || n >= limits[b]) {
+                done[b] = 1;
+            } else {
+                any = 1;
+            }
+        }
+        next_ids[b] = (float)tok;
+        positions[b] = (float)lengths[b];
+    }
+    const int any_active = __syncthreads_or(any);
+    if (threadIdx.x == 0) {
+        *step = s + 1;
+        *active = (any_active && s + 1 < (int)max_new) ? 1 : 0;
+    }
+}
+
 // Greedy sampling: out[r] = the index of the largest value of row r of x ([rows, cols]), the
 // lowest index among equal ones, NaN never chosen (a row of NaN only gives 0). One block of 256
 // threads per row: each thread scans its columns in order, then a fixed tree merges the
@@ -189,10 +320,16 @@ extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16_d128(float* part_o, float* part_lse, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<bf16_t, 128>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f16_d64(float* part_o, float* part_lse, const f16_t* q, const f16_t* kc, const f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<f16_t, 64>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f16_d128(float* part_o, float* part_lse, const f16_t* q, const f16_t* kc, const f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<f16_t, 128>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f32_any(float* part_o, float* part_lse, const float* q, const float* kc, const float* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) { decode_partial_any_t<float>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, d, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16_any(float* part_o, float* part_lse, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) { decode_partial_any_t<bf16_t>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, d, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f16_any(float* part_o, float* part_lse, const f16_t* q, const f16_t* kc, const f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) { decode_partial_any_t<f16_t>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, d, err); }
+extern "C" __global__ void decode_combine_f32(float* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) { decode_combine_t(out, part_o, part_lse, heads, splits, d); }
 extern "C" __global__ void decode_combine_bf16(bf16_t* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) { decode_combine_t(out, part_o, part_lse, heads, splits, d); }
 extern "C" __global__ void decode_combine_f16(f16_t* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) { decode_combine_t(out, part_o, part_lse, heads, splits, d); }
 extern "C" __global__ void kv_cache_append_u16(u16* kc, u16* vc, int* lengths, const u16* k, const u16* v, u32 kv_heads, u32 max_len, u32 d, u32* err) { kv_append_t(kc, vc, lengths, k, v, kv_heads, max_len, d, err); }
 extern "C" __global__ void kv_cache_append_u32(u32* kc, u32* vc, int* lengths, const u32* k, const u32* v, u32 kv_heads, u32 max_len, u32 d, u32* err) { kv_append_t(kc, vc, lengths, k, v, kv_heads, max_len, d, err); }
+extern "C" __global__ void kv_cache_fill_u16(u16* kc, u16* vc, const u16* k, const u16* v, u32 batch, u32 seq, u32 kv_heads, u32 max_len, u32 d) { kv_fill_t(kc, vc, k, v, batch, seq, kv_heads, max_len, d); }
+extern "C" __global__ void kv_cache_fill_u32(u32* kc, u32* vc, const u32* k, const u32* v, u32 batch, u32 seq, u32 kv_heads, u32 max_len, u32 d) { kv_fill_t(kc, vc, k, v, batch, seq, kv_heads, max_len, d); }
 extern "C" __global__ void fill_u32(u32* y, u32 bits, u32 n) {
     for (u64 i = gr_tid(); i < n; i += gr_stride()) y[i] = bits;
 }

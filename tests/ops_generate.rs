@@ -1,0 +1,204 @@
+//! Generation's bookkeeping on the device (`ops::Generation`, `ops::generation_step`): the
+//! kernel against the CPU reference step by step (end tokens, limits, padded rows); a toy
+//! decoding loop (embed the last token, pick the next by argmax, record) as the body of a WHILE
+//! graph that stops by itself, equal to the same step replayed one launch at a time and run
+//! eagerly; prefixes for smaller batches; and bad arguments refused before anything changes.
+
+mod common;
+mod ops_support;
+
+use common::on_each_backend;
+use graphed::ops::{self, cpu, Generation, Stop};
+use graphed::{CaptureMode, Condition, DType, Device, Error, Graph, Result, Tensor};
+use ops_support::*;
+
+/// The reference's state after `start(limits, stop)` for `batch` sequences of `max_new`.
+fn started(batch: usize, max_new: usize, limits: &[usize], stop: Stop) -> cpu::GenerationState {
+    let lim: Vec<i32> = (0..batch).map(|b| limits.get(b).map_or(0, |&l| l as i32)).collect();
+    let pad = stop.pad as i32;
+    cpu::GenerationState {
+        tokens: vec![pad; batch * max_new],
+        counts: vec![0; batch],
+        done: lim.iter().map(|&l| i32::from(l == 0)).collect(),
+        limits: lim,
+        stop: [stop.end.map_or(-1, |e| e as i32), pad],
+        step: 0,
+        max_new,
+    }
+}
+
+#[test]
+fn generation_step_matches_the_cpu_reference() {
+    on_each_backend(|dev| {
+        let (batch, max_new) = (5, 6);
+        let g = Generation::new(dev, batch, max_new)?;
+        // Sequence 3 is padding (no limit given), sequence 1 may produce 2 tokens.
+        let (limits, stop) = ([6, 2, 6], Stop { end: Some(9), pad: 4 });
+        let limits = [limits.as_slice(), &[0, 5]].concat();
+        g.start(&limits, stop)?;
+        let mut want = started(batch, max_new, &limits, stop);
+        let lengths = Tensor::from_i32(dev, &[3, 4, 5, 6, 7], &[batch])?;
+        let steps = [[1, 2, 3, 4, 5], [9, 2, 3, 4, 5], [1, 9, 9, 4, 5], [1, 2, 3, 4, 9], [7, 7, 7, 7, 7]];
+        for (i, sampled) in steps.iter().enumerate() {
+            ops::generation_step(&g, &Tensor::from_i32(dev, sampled, &[batch])?, &lengths)?;
+            let (next, positions, active) = cpu::generation_step(&mut want, sampled, &lengths.to_i32_vec()?);
+            let what = format!("step {i}");
+            let record: Vec<i32> = g.record()?.concat();
+            assert_eq!(record, want.tokens, "{what}: tokens");
+            assert_eq!(g.steps()?, want.step as usize, "{what}: steps");
+            assert_eq!(g.is_active()?, active, "{what}: the loop flag");
+            bitwise_eq(&format!("{what}: next ids"), &g.next_ids().to_vec()?, &next)?;
+            bitwise_eq(&format!("{what}: positions"), &g.positions().to_vec()?, &positions)?;
+        }
+        // Sequence 0 stopped on its end token at step 1, 1 on its limit, 2 on the end token at
+        // step 2, 3 never started, 4 on the end token at step 3.
+        assert_eq!(g.tokens()?, vec![vec![1, 9], vec![2, 2], vec![3, 3, 9], vec![], vec![5, 5, 5, 9]]);
+        assert!(!g.is_active()?);
+        Ok(())
+    });
+}
+
+/// A toy model: token `t` is followed by `(3t + 1) mod vocab` (the argmax of row `t` of a
+/// table of logits). The step embeds each sequence's last token (a row of the table), takes
+/// the argmax and records it; as the body of a WHILE loop on the flag it runs until every
+/// sequence reached the end token or its limit, in one launch.
+struct Toy {
+    table: Tensor,
+    lengths: Tensor,
+    vocab: usize,
+}
+
+impl Toy {
+    fn new(dev: &Device, batch: usize, vocab: usize) -> Result<Toy> {
+        let mut logits = vec![0.0f32; vocab * vocab];
+        for t in 0..vocab {
+            logits[t * vocab + (3 * t + 1) % vocab] = 1.0;
+        }
+        let table = Tensor::from_slice_as(dev, &logits, &[vocab, vocab], DType::BF16)?;
+        let lengths = Tensor::from_i32(dev, &vec![0; batch], &[batch])?;
+        Ok(Toy { table, lengths, vocab })
+    }
+
+    fn step(&self, g: &Generation) -> Result<()> {
+        let logits = ops::embedding(g.next_ids(), &self.table)?;
+        let lengths = self.lengths.prefix_view(&[g.batch()])?;
+        ops::generation_step(g, &ops::argmax(&logits)?, &lengths)
+    }
+
+    /// The chain from `first` until `end` or `limit` tokens.
+    fn expected(&self, first: i32, end: i32, limit: usize) -> Vec<i32> {
+        let mut out = vec![first];
+        while *out.last().expect("one token") != end && out.len() < limit {
+            out.push((3 * out.last().expect("one token") + 1) % self.vocab as i32);
+        }
+        out
+    }
+}
+
+#[test]
+fn a_while_loop_generates_until_every_sequence_stopped_in_one_launch() {
+    on_each_backend(|dev| {
+        let (batch, max_new, vocab) = (4, 12, 16);
+        let toy = Toy::new(dev, batch, vocab)?;
+        let g = Generation::new(dev, batch, max_new)?;
+        let stop = Stop { end: Some(15), pad: 0 };
+        // The first token of each sequence is recorded as a prefill would: by a step on it.
+        let begin = |limits: &[usize], first: &[i32]| -> Result<()> {
+            g.start(limits, stop)?;
+            ops::generation_step(&g, &Tensor::from_i32(dev, first, &[batch])?, &toy.lengths)
+        };
+        let (limits, first) = ([12, 12, 3, 12], [2, 5, 1, 15]);
+        let want: Vec<Vec<i32>> =
+            first.iter().zip(limits).map(|(&f, l)| toy.expected(f, 15, l)).collect();
+        // Eager: the host checks the flag after each step.
+        begin(&limits, &first)?;
+        while g.is_active()? {
+            toy.step(&g)?;
+        }
+        let (eager, eager_steps) = (g.record()?, g.steps()?);
+        assert_eq!(g.tokens()?, want, "eager");
+        // One graph of the step, replayed while the flag holds.
+        let mut body = Graph::new(dev);
+        body.capture(CaptureMode::Global, || toy.step(&g))?;
+        begin(&limits, &first)?;
+        while g.is_active()? {
+            body.replay()?;
+        }
+        assert_eq!((g.record()?, g.steps()?), (eager.clone(), eager_steps), "replayed step by step");
+        // The same step as the body of a WHILE loop: one launch.
+        let mut lp = body.while_loop(&Condition::nonzero(g.active())?)?;
+        begin(&limits, &first)?;
+        lp.launch()?;
+        assert_eq!((g.record()?, g.steps()?), (eager, eager_steps), "the WHILE loop");
+        // The longest sequence sets the steps: 5 -> 0 -> 1 -> ... never meets 15 and runs to its
+        // limit of 12.
+        assert_eq!(eager_steps, want.iter().map(Vec::len).max().unwrap_or(0));
+        // Without an end token every sequence runs to its limit, and the loop stops at max_new.
+        g.start(&[max_new; 4], Stop { end: None, pad: 0 })?;
+        ops::generation_step(&g, &Tensor::from_i32(dev, &first, &[batch])?, &toy.lengths)?;
+        lp.launch()?;
+        assert_eq!(g.steps()?, max_new);
+        assert!(g.tokens()?.iter().all(|t| t.len() == max_new));
+        Ok(())
+    });
+}
+
+/// A graph captured on the first 2 sequences of a batch of 4 reads and writes only those; the
+/// step counter and the flag are shared.
+#[test]
+fn a_prefix_runs_the_first_sequences_only() {
+    on_each_backend(|dev| {
+        let (batch, max_new, vocab) = (4, 5, 8);
+        let toy = Toy::new(dev, batch, vocab)?;
+        let g = Generation::new(dev, batch, max_new)?;
+        let two = g.prefix(2)?;
+        assert_eq!((two.batch(), two.max_new()), (2, max_new));
+        let mut body = Graph::new(dev);
+        body.capture(CaptureMode::Global, || toy.step(&two))?;
+        let mut lp = body.while_loop(&Condition::nonzero(two.active())?)?;
+        g.start(&[5, 5], Stop { end: None, pad: 7 })?;
+        ops::generation_step(&two, &Tensor::from_i32(dev, &[1, 2], &[2])?, &toy.lengths.prefix_view(&[2])?)?;
+        lp.launch()?;
+        let tokens = g.tokens()?;
+        assert_eq!(tokens[..2], [toy.expected(1, -1, 5), toy.expected(2, -1, 5)]);
+        assert_eq!(tokens[2..], [Vec::<i32>::new(), Vec::new()], "rows 2 and 3 started stopped");
+        assert_eq!(g.record()?[3], vec![7; max_new], "an unused row holds the pad token");
+        assert_eq!(g.steps()?, 5);
+        Ok(())
+    });
+}
+
+#[test]
+fn bad_arguments_are_refused_before_anything_changes() {
+    on_each_backend(|dev| {
+        let (batch, max_new) = (3, 4);
+        expect_err("no sequences", Generation::new(dev, 0, 4), is_invalid)?;
+        expect_err("no tokens", Generation::new(dev, 3, 0), is_invalid)?;
+        let g = Generation::new(dev, batch, max_new)?;
+        let stop = Stop { end: Some(1), pad: 0 };
+        g.start(&[4, 4, 4], stop)?;
+        expect_err("too many limits", g.start(&[1, 1, 1, 1], stop), is_invalid)?;
+        expect_err("a limit above max_new", g.start(&[5], stop), is_invalid)?;
+        expect_err("an end token past i32", g.start(&[1], Stop { end: Some(u32::MAX), pad: 0 }), is_invalid)?;
+        expect_err("prefix 0", g.prefix(0), is_invalid)?;
+        expect_err("prefix past the batch", g.prefix(4), is_invalid)?;
+        let lengths = Tensor::from_i32(dev, &[0, 0, 0], &[batch])?;
+        let sampled = Tensor::from_i32(dev, &[2, 2, 2], &[batch])?;
+        let dtype = |e: &Error| matches!(e, Error::DType { expected: DType::I32, .. });
+        expect_err("f32 tokens", ops::generation_step(&g, &Tensor::zeros(dev, &[batch])?, &lengths), dtype)?;
+        expect_err("f32 lengths", ops::generation_step(&g, &sampled, &Tensor::zeros(dev, &[batch])?), dtype)?;
+        let two = Tensor::from_i32(dev, &[2, 2], &[2])?;
+        expect_err("tokens of another batch", ops::generation_step(&g, &two, &lengths), is_shape)?;
+        expect_err("lengths of another batch", ops::generation_step(&g, &sampled, &two), is_shape)?;
+        // Starting is a host write: refused during a capture.
+        let mut graph = Graph::new(dev);
+        let during = graph.capture(CaptureMode::Global, || g.start(&[1], stop));
+        expect_err("start during a capture", during, |e| matches!(e, Error::IllegalDuringCapture { .. }))?;
+        // Nothing changed: the state is the first start's.
+        assert_eq!((g.steps()?, g.is_active()?), (0, true));
+        assert_eq!(g.record()?, vec![vec![0; max_new]; batch]);
+        ops::generation_step(&g, &sampled, &lengths)?;
+        assert_eq!(g.tokens()?, vec![vec![2]; 3]);
+        Ok(())
+    });
+}
