@@ -472,4 +472,4 @@ pub use attention::{
 
 #[path = "cpu_decode.rs"]
 mod decode;
-pub use decode::{argmax, decode_attention, kv_cache_append, CacheShape};
+pub use decode::{argmax, decode_attention, kv_cache_append, sample, CacheShape};
