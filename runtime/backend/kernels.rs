@@ -236,6 +236,9 @@ kernels! {
     ArgmaxRowsF32 = "argmax_rows_f32" (Ptr, Ptr, U32, U32);
     ArgmaxRowsBf16 = "argmax_rows_bf16" (Ptr, Ptr, U32, U32);
     ArgmaxRowsF16 = "argmax_rows_f16" (Ptr, Ptr, U32, U32);
+    SampleRowsF32 = "sample_rows_f32" (Ptr, Ptr, Ptr, U32, U32, F32, U32);
+    SampleRowsBf16 = "sample_rows_bf16" (Ptr, Ptr, Ptr, U32, U32, F32, U32);
+    SampleRowsF16 = "sample_rows_f16" (Ptr, Ptr, Ptr, U32, U32, F32, U32);
 }
 
 /// The tile shapes of the fused attention kernels (`kernels/flash.cu`), one place for both

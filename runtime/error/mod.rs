@@ -616,6 +616,12 @@ pub enum Error {
         /// The version conditional nodes need.
         needed: String,
     },
+    /// A sampling temperature that is negative, NaN or infinite ([`crate::ops::Sampling`]).
+    #[error("sampling temperature {temperature} must be finite and at least 0 (0 samples greedily)")]
+    InvalidTemperature {
+        /// The temperature given.
+        temperature: f32,
+    },
     /// A sequence is longer than the model's context.
     #[error("{op}: a sequence of {len} tokens is longer than the context of {context}; shorten it")]
     SequenceTooLong {

@@ -472,7 +472,7 @@ pub use attention::{
 
 #[path = "cpu_decode.rs"]
 mod decode;
-pub use decode::{argmax, decode_attention, kv_cache_append, kv_cache_fill, CacheShape};
+pub use decode::{argmax, decode_attention, kv_cache_append, kv_cache_fill, sample, CacheShape};
 
 #[path = "cpu_generate.rs"]
 mod generate;

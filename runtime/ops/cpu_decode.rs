@@ -162,3 +162,45 @@ pub fn argmax(x: &[f32], rows: usize, cols: usize) -> Vec<i32> {
         })
         .collect()
 }
+
+/// Sampling with a temperature and a top-k cut, by the Gumbel-max trick: for each of `rows`
+/// rows, the candidate `j` with the largest `x[j] / temperature + g(u_j)`, `g(u) = -ln(-ln u)`
+/// (computed in f64, rounded to f32), `u_j` the Philox uniform at counter
+/// `offset + row · cols + j` with 23 random bits, in (0, 1). The candidates are the values at or
+/// above the row's `top_k`-th largest (ties at the cut all stay; `top_k` 0 or at least `cols`
+/// keeps the row), NaN never one; ties of the score go to the lower index. What the
+/// `sample_rows` kernels compute; `temperature` is positive.
+pub fn sample(x: &[f32], rows: usize, cols: usize, temperature: f32, top_k: usize, seed: u64, offset: u64) -> Vec<i32> {
+    (0..rows)
+        .map(|r| {
+            let row = &x[r * cols..(r + 1) * cols];
+            // Order-preserving keys (-0 below +0, as the kernel's radix select sees them).
+            let key = |v: f32| match v.to_bits() {
+                _ if v.is_nan() => 0,
+                b if b >> 31 == 1 => !b,
+                b => b | 0x8000_0000,
+            };
+            let cut = if top_k != 0 && top_k < cols {
+                let mut keys: Vec<u32> = row.iter().map(|&v| key(v)).filter(|&k| k != 0).collect();
+                keys.sort_unstable_by(|a, b| b.cmp(a));
+                keys.get(top_k - 1).copied().unwrap_or(1).max(1)
+            } else {
+                1
+            };
+            let mut best: Option<(usize, f32)> = None;
+            for (j, &v) in row.iter().enumerate() {
+                if key(v) < cut {
+                    continue;
+                }
+                let e = offset + (r * cols + j) as u64;
+                let w = crate::rng::philox4(seed, e >> 2)[(e & 3) as usize];
+                let u = ((w >> 9) as f64 + 0.5) * (1.0 / 8_388_608.0);
+                let s = v / temperature + (-(-u.ln()).ln()) as f32;
+                if best.is_none_or(|(_, b)| s > b) {
+                    best = Some((j, s));
+                }
+            }
+            best.map_or(0, |(j, _)| j as i32)
+        })
+        .collect()
+}

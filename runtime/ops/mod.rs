@@ -37,7 +37,7 @@ pub use loss::{
     mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels, IGNORE_LABEL,
 };
 pub use norm::{layer_norm, layer_norm_backward};
-pub use sample::argmax;
+pub use sample::{argmax, sample, Sampling};
 pub use transformer::{
     add_rms_norm, add_rms_norm_backward, embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu,
     swiglu_backward,
@@ -227,6 +227,7 @@ pub(crate) mod k {
     /// The second pass: the partial sums added in order into a grad, by the grad's dtype.
     pub(crate) const COL_PARTIALS_ACC: Typed = Typed(B::ColPartialsAccF32, B::ColPartialsAccBf16, B::ColPartialsAccF16);
     pub(crate) const ARGMAX_ROWS: Typed = Typed(B::ArgmaxRowsF32, B::ArgmaxRowsBf16, B::ArgmaxRowsF16);
+    pub(crate) const SAMPLE_ROWS: Typed = Typed(B::SampleRowsF32, B::SampleRowsBf16, B::SampleRowsF16);
     pub(crate) const SWAP12: Typed = Typed(B::Swap12F32, B::Swap12Bf16, B::Swap12F16);
     pub(crate) const SWIGLU: Typed = Typed(B::SwigluF32, B::SwigluBf16, B::SwigluF16);
     pub(crate) const SWIGLU_BWD: Typed = Typed(B::SwigluBwdF32, B::SwigluBwdBf16, B::SwigluBwdF16);

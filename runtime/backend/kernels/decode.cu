@@ -314,6 +314,83 @@ __device__ __forceinline__ void argmax_rows_t(int* out, const T* x, u32 rows, u3
     }
 }
 
+// Sampling with a temperature and a top-k cut: out[r] = argmax over the candidates j of row r
+// of x[r, j] / temperature + g(u), g(u) = -log(-log(u)) (Gumbel-max: the argmax is distributed
+// as softmax(x / temperature) over the candidates), u from the generator's Philox stream at
+// counter offset + r * cols + j with 23 random bits, in (0, 1). The candidates are the values
+// not below the row's k-th largest (ties at the cut all stay; top_k 0 keeps the row), NaN never
+// one. The k-th largest is found by a radix select over order-preserving keys, bit by bit, so
+// nothing is sorted. g is computed in double and rounded, as the CPU reference does, so the two
+// agree except where two scores fall within a double rounding of each other. One block of 256
+// threads per row; the argmax merge is argmax_rows_t's fixed tree: deterministic.
+__device__ __forceinline__ u32 sample_key(float v) {
+    if (v != v) return 0u;  // NaN: below every candidate
+    const u32 b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ u32 block_count(u32 c, u32* sh) {
+    for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = c;
+    __syncthreads();
+    u32 t = 0;
+    for (u32 w = 0; w < (blockDim.x >> 5); ++w) t += sh[w];
+    __syncthreads();
+    return t;
+}
+
+template <typename T>
+__device__ __forceinline__ void sample_rows_t(int* out, const T* x, const u32* state, u32 rows, u32 cols, float temperature, u32 top_k) {
+    __shared__ float s_v[256];
+    __shared__ u32 s_i[256];
+    __shared__ u32 s_c[8];
+    u64 seed, offset;
+    rng_load(state, seed, offset);
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* row = x + r * cols;
+        // The cut: the largest key with at least top_k keys at or above it (1: every non-NaN).
+        u32 cut = 1u;
+        if (top_k != 0 && top_k < cols) {
+            u32 t = 0u;
+            for (int bit = 31; bit >= 0; --bit) {
+                const u32 cand = t | (1u << bit);
+                u32 c = 0;
+                for (u32 j = threadIdx.x; j < cols; j += blockDim.x) c += sample_key(ld(row, j)) >= cand;
+                if (block_count(c, s_c) >= top_k) t = cand;
+            }
+            cut = t > 1u ? t : 1u;
+        }
+        float bv = gr_neg_inf();
+        u32 bi = ARGMAX_NONE;
+        for (u32 j = threadIdx.x; j < cols; j += blockDim.x) {
+            const float v = ld(row, j);
+            if (sample_key(v) < cut) continue;
+            const u64 e = offset + r * cols + j;
+            const uint4 b = philox4(seed, e >> 2);
+            const u32 w = (e & 3) == 0 ? b.x : (e & 3) == 1 ? b.y : (e & 3) == 2 ? b.z : b.w;
+            const double u = ((double)(w >> 9) + 0.5) * (1.0 / 8388608.0);
+            const float g = (float)(-log(-log(u)));
+            const float s = __fadd_rn(__fdiv_rn(v, temperature), g);
+            if (argmax_better(s, j, bv, bi)) {
+                bv = s;
+                bi = j;
+            }
+        }
+        s_v[threadIdx.x] = bv;
+        s_i[threadIdx.x] = bi;
+        __syncthreads();
+        for (u32 s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s && argmax_better(s_v[threadIdx.x + s], s_i[threadIdx.x + s], s_v[threadIdx.x], s_i[threadIdx.x])) {
+                s_v[threadIdx.x] = s_v[threadIdx.x + s];
+                s_i[threadIdx.x] = s_i[threadIdx.x + s];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) out[r] = s_i[0] == ARGMAX_NONE ? 0 : (int)s_i[0];
+        __syncthreads();
+    }
+}
+
 // ---------------------------------------------------------------- instantiations
 
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16_d64(float* part_o, float* part_lse, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<bf16_t, 64>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
@@ -336,3 +413,6 @@ extern "C" __global__ void fill_u32(u32* y, u32 bits, u32 n) {
 extern "C" __global__ void __launch_bounds__(256) argmax_rows_f32(int* out, const float* x, u32 rows, u32 cols) { argmax_rows_t(out, x, rows, cols); }
 extern "C" __global__ void __launch_bounds__(256) argmax_rows_bf16(int* out, const bf16_t* x, u32 rows, u32 cols) { argmax_rows_t(out, x, rows, cols); }
 extern "C" __global__ void __launch_bounds__(256) argmax_rows_f16(int* out, const f16_t* x, u32 rows, u32 cols) { argmax_rows_t(out, x, rows, cols); }
+extern "C" __global__ void __launch_bounds__(256) sample_rows_f32(int* out, const float* x, const u32* state, u32 rows, u32 cols, float temperature, u32 top_k) { sample_rows_t(out, x, state, rows, cols, temperature, top_k); }
+extern "C" __global__ void __launch_bounds__(256) sample_rows_bf16(int* out, const bf16_t* x, const u32* state, u32 rows, u32 cols, float temperature, u32 top_k) { sample_rows_t(out, x, state, rows, cols, temperature, top_k); }
+extern "C" __global__ void __launch_bounds__(256) sample_rows_f16(int* out, const f16_t* x, const u32* state, u32 rows, u32 cols, float temperature, u32 top_k) { sample_rows_t(out, x, state, rows, cols, temperature, top_k); }
