@@ -109,8 +109,8 @@ fn fused(fused_attention: bool, q: &Tensor, heads: usize) -> bool {
     fused_attention && ops::Attention::supports(q.dtype(), q.dims()[2] / heads)
 }
 
-/// Causal attention, fused where [`fused`] says.
-fn attend(fused_attention: bool, q: &Tensor, k: &Tensor, v: &Tensor, heads: usize) -> Result<(Tensor, Tensor)> {
+/// Causal attention, fused where [`fused`] says (generation's prefill runs it too).
+pub fn attend(fused_attention: bool, q: &Tensor, k: &Tensor, v: &Tensor, heads: usize) -> Result<(Tensor, Tensor)> {
     if fused(fused_attention, q, heads) {
         ops::flash_attention(q, k, v, &ops::Attention::causal(heads))
     } else {

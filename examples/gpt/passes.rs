@@ -1,0 +1,202 @@
+//! The GPT's two generation passes over a KV cache, as plain functions of the weights and the
+//! state they write: prefill (prompts through the blocks with the model's own causal
+//! attention, their keys and values into the caches, the first new token sampled from each
+//! prompt's last real position) and one decoding step (a token per sequence at its cache
+//! length: embed, per block norm, q/k/v, append, attend to the cache, wo, residual + norm, MLP;
+//! head; sample). Both end with the bookkeeping kernel (`ops::generation_step`), so they run
+//! alike eagerly, as captured graphs and as the body of a WHILE loop. Used by `decode.rs`.
+#![allow(dead_code)]
+
+use graphed::ops::{self, Generation, Sampling};
+use graphed::{DType, Error, Generator, Param, Parameters, Result, Tensor};
+
+use crate::ends::{Embed, Head};
+use crate::model::{attend, Block, EPS};
+
+/// The token and position tables, named as `Embed` names them.
+#[derive(Parameters)]
+pub struct EmbedWeights {
+    pub tok: Param,
+    pub pos: Param,
+}
+
+/// The model's weights as generation reads them: handles to the trained model's own parameters
+/// (no copy), named as `model::Gpt` names them (`embed.tok`, `blocks.0.wq`, `head.head`), so
+/// that `graphed::save_safetensors` and `load_safetensors` on it write and read the model's
+/// checkpoint (a load changes the model, which shares the tensors).
+#[derive(Parameters)]
+pub struct Weights {
+    pub embed: EmbedWeights,
+    pub blocks: Vec<Block>,
+    pub head: Head,
+}
+
+impl Weights {
+    /// Shares the parameters of a model's embedding, blocks and head.
+    pub fn of(embed: &Embed, blocks: &[&Block], head: &Head) -> Weights {
+        let block = |b: &Block| Block {
+            heads: b.heads,
+            dropout: 0.0,
+            fused_attention: b.fused_attention,
+            norm1: b.norm1.clone(),
+            wq: b.wq.clone(),
+            wk: b.wk.clone(),
+            wv: b.wv.clone(),
+            wo: b.wo.clone(),
+            norm2: b.norm2.clone(),
+            w_gate: b.w_gate.clone(),
+            w_up: b.w_up.clone(),
+            w_down: b.w_down.clone(),
+        };
+        Weights {
+            embed: EmbedWeights { tok: embed.tok.clone(), pos: embed.pos.clone() },
+            blocks: blocks.iter().map(|b| block(b)).collect(),
+            head: Head { norm: head.norm.clone(), head: head.head.clone() },
+        }
+    }
+
+    /// The model's width.
+    pub fn d_model(&self) -> usize {
+        self.embed.tok.value.dims()[1]
+    }
+
+    /// The vocabulary (the head's rows).
+    pub fn vocab(&self) -> usize {
+        self.head.head.value.dims()[0]
+    }
+
+    /// The positions the model has learned: the longest sequence it reads.
+    pub fn context(&self) -> usize {
+        self.embed.pos.value.dims()[0]
+    }
+
+    /// Attention heads (those of the first block; `[]` blocks: 1).
+    pub fn heads(&self) -> usize {
+        self.blocks.first().map_or(1, |b| b.heads)
+    }
+
+    /// The dtype of the weights, the activations and the caches.
+    pub fn dtype(&self) -> DType {
+        self.embed.tok.value.dtype()
+    }
+}
+
+/// One layer's KV cache, or the first sequences of one: keys and values
+/// `[batch, heads, max_len, head_dim]` and the lengths (`I32` `[batch]`).
+#[derive(Clone, Debug)]
+pub struct Cache {
+    pub k: Tensor,
+    pub v: Tensor,
+    pub lengths: Tensor,
+}
+
+/// What a pass writes: every layer's cache and the generation's bookkeeping, at one batch.
+#[derive(Clone, Debug)]
+pub struct State {
+    pub caches: Vec<Cache>,
+    pub gen: Generation,
+}
+
+/// A prefill's inputs at one `[batch, len]` (prompts right-padded to `len`): token ids and
+/// their positions (f32 `[batch, len]`), each prompt's last real row in the flattened
+/// `[batch · len]` hidden states (f32 `[batch]`, the first new token is read there), and each
+/// prompt's real length (`I32` `[batch]`, the caches' lengths after the prefill).
+#[derive(Debug)]
+pub struct PrefillInputs {
+    pub ids: Tensor,
+    pub positions: Tensor,
+    pub last: Tensor,
+    pub lengths: Tensor,
+}
+
+/// How a pass picks tokens.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    pub sampling: Sampling,
+    pub rng: Generator,
+}
+
+/// The pre-attention half shared by both passes: the first norm and the q, k, v projections.
+fn qkv(b: &Block, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let (h1, _) = ops::rms_norm(x, &b.norm1.value, EPS)?;
+    Ok((
+        ops::linear(&h1, &b.wq.value, None)?,
+        ops::linear(&h1, &b.wk.value, None)?,
+        ops::linear(&h1, &b.wv.value, None)?,
+    ))
+}
+
+/// The post-attention half shared by both passes: wo, the residual add with the second norm,
+/// the SwiGLU MLP and its residual (the training forward's ops in its order).
+fn finish(b: &Block, x: &Tensor, att: &Tensor) -> Result<Tensor> {
+    let a = ops::linear(att, &b.wo.value, None)?;
+    let (x2, h2, _) = ops::add_rms_norm(x, &a, &b.norm2.value, EPS)?;
+    let gate = ops::linear(&h2, &b.w_gate.value, None)?;
+    let up = ops::linear(&h2, &b.w_up.value, None)?;
+    let m = ops::linear(&ops::swiglu(&gate, &up)?, &b.w_down.value, None)?;
+    ops::add(&x2, &m)
+}
+
+/// Token plus position embeddings of `ids` at `positions` (the same shape, f32 ids).
+fn embed(w: &Weights, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
+    ops::add(&ops::embedding(ids, &w.embed.tok.value)?, &ops::embedding(positions, &w.embed.pos.value)?)
+}
+
+/// Prefill: the prompts through every block with the causal attention the model trains with
+/// (so the prompts' logits are the training forward's), each block's keys and values written
+/// to positions `0..len` of its cache and its lengths set to the prompts' lengths; then the
+/// head on each prompt's last real row, a token sampled there, and the bookkeeping's first
+/// step. Returns those logits (`[batch, vocab]`).
+pub fn prefill(w: &Weights, st: &State, inputs: &PrefillInputs, sampler: &Sampler) -> Result<Tensor> {
+    let &[batch, len] = inputs.ids.dims() else {
+        return Err(Error::msg(format!("prefill ids must be [batch, len], got {:?}", inputs.ids.dims())));
+    };
+    let (d, heads) = (w.d_model(), w.heads());
+    let mut x = embed(w, &inputs.ids, &inputs.positions)?;
+    for (b, cache) in w.blocks.iter().zip(&st.caches) {
+        let (q, k, v) = qkv(b, &x)?;
+        let (att, _) = attend(b.fused_attention, &q, &k, &v, b.heads)?;
+        let split = |t: &Tensor| t.reshape(&[batch, len, heads, d / heads]);
+        ops::kv_cache_fill(&cache.k, &cache.v, &split(&k)?, &split(&v)?)?;
+        cache.lengths.copy_(&inputs.lengths)?;
+        x = finish(b, &x, &att)?;
+    }
+    // Each prompt's last real row (a gather: the rows are an embedding table).
+    let last = ops::embedding(&inputs.last, &x.reshape(&[batch * len, d])?)?;
+    let (logits, _, _) = w.head.logits(&last)?;
+    sample_and_record(st, &logits, sampler)?;
+    Ok(logits)
+}
+
+/// The logits `[batch, vocab]` of one new token per sequence, `ids` at `positions` (f32
+/// `[batch]`), attending to each sequence's cache after appending the token's keys and values
+/// there (the lengths advance by one).
+pub fn step_logits(w: &Weights, st: &State, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
+    let batch = ids.numel();
+    let mut x = embed(w, ids, positions)?;
+    for (b, cache) in w.blocks.iter().zip(&st.caches) {
+        let (q, k, v) = qkv(b, &x)?;
+        let d = q.dims()[1];
+        let split = |t: &Tensor| t.reshape(&[batch, b.heads, d / b.heads]);
+        ops::kv_cache_append(&cache.k, &cache.v, &cache.lengths, &split(&k)?, &split(&v)?)?;
+        let att = ops::decode_attention(&split(&q)?, &cache.k, &cache.v, &cache.lengths)?.reshape(&[batch, d])?;
+        x = finish(b, &x, &att)?;
+    }
+    Ok(w.head.logits(&x)?.0)
+}
+
+/// One decoding step: the tokens the bookkeeping left (its next ids at their positions)
+/// through [`step_logits`], a token sampled per sequence and recorded. Returns the logits.
+pub fn decode_step(w: &Weights, st: &State, sampler: &Sampler) -> Result<Tensor> {
+    let logits = step_logits(w, st, st.gen.next_ids(), st.gen.positions())?;
+    sample_and_record(st, &logits, sampler)?;
+    Ok(logits)
+}
+
+/// Samples a token per row of `logits` and records it: the stop check and the next step's
+/// inputs, their positions being the first cache's lengths.
+fn sample_and_record(st: &State, logits: &Tensor, sampler: &Sampler) -> Result<()> {
+    let lengths = &st.caches.first().ok_or_else(|| Error::msg("a model without blocks"))?.lengths;
+    let tokens = ops::sample(logits, sampler.sampling, &sampler.rng)?;
+    ops::generation_step(&st.gen, &tokens, lengths)
+}
