@@ -4,7 +4,9 @@
 //! `--size tiny|gpu`, `--context`, `--batch`, `--dtype f32|bf16`,
 //! `--mode eager|graphed|fused|floor|pipeline|pipeline-eager` (`--eager` is `--mode eager`),
 //! `--no-checkpoint`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`, `--json FILE`,
-//! `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`, `--estimate`.
+//! `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`, `--estimate`; and for generation
+//! `--save PATH`, `--load PATH`, `--generate`, `--prompts N`, `--prompt-len N`,
+//! `--max-new-tokens N`, `--temperature T`, `--top-k K`, `--max-batch N`, `--decode-bench`.
 //!
 //! The text is, by default, the repository's own README.md, docs/*.md and Rust sources, read
 //! from the directory the binary runs in (run it from the repository root); `--data FILE`
@@ -41,10 +43,27 @@
 //! 0, labels with `ops::IGNORE_LABEL`, which the loss leaves out); `--buckets 1` pads every
 //! step to the context instead. The progress lines report the padding waste, and tokens/s
 //! counts real tokens only.
+//!
+//! Generation (`decode.rs`, `passes.rs`, `generate.rs`): KV caches for `--max-batch`
+//! sequences, a prefill and a one-token decode step, sampling (`--temperature`, `--top-k`)
+//! and stopping on the device; the decode step captured once per batch bucket (1, 2, 4, ...)
+//! and run as the body of a WHILE loop, so all the tokens after the prompt are one launch.
+//! `--save PATH` writes the trained weights as safetensors; `--load PATH` skips training and
+//! reads them (give the `--size`, `--context` and `--dtype` of the run that saved them).
+//! `--generate` continues `--prompts N` prompts of the validation text (at most
+//! `--prompt-len` bytes) by `--max-new-tokens` each, after training or from `--load`.
+//! `--decode-bench` skips training (random weights unless `--load`: the speed does not depend
+//! on them) and times prompts of `--prompt-len` continued by `--max-new-tokens` at batch 1,
+//! 2, 4, ... `--max-batch`, as a WHILE loop, one graph replay per token, and eagerly:
+//! tokens/s, per-token latency, CPU time per token, host launches per request; `--json` gets
+//! the figures, `--plot` the chart of tokens/s by batch size.
 
 mod corpus;
+mod decode;
 mod ends;
+mod generate;
 mod model;
+mod passes;
 mod pipeline;
 mod plot;
 mod runner;
@@ -54,9 +73,11 @@ use std::time::Instant;
 
 use clap::builder::TypedValueParser;
 use clap::{Parser, ValueEnum};
+use decode::{DecodeOptions, Decoder, Weights};
+use graphed::ops::Sampling;
 use graphed::optim::WarmupCosine;
 use graphed::{DType, Device, Error, Result};
-use model::Config;
+use model::{Config, Gpt};
 use runner::{Mode, Rng, Trainer};
 
 /// The learning rate after warm-up; a cosine decays it to a tenth by the last step.
@@ -190,6 +211,41 @@ struct Args {
     /// context / 8, at least 16].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..).map(|n| n as usize))]
     bucket_min: Option<usize>,
+    /// After training, write the weights here (safetensors, named as the model names them).
+    #[arg(long, value_name = "PATH")]
+    save: Option<PathBuf>,
+    /// Skip training and read the weights --save wrote (with that run's --size, --context and
+    /// --dtype).
+    #[arg(long, value_name = "PATH")]
+    load: Option<PathBuf>,
+    /// Continue prompts of the validation text with the KV-cache decoder (after training, or
+    /// from --load).
+    #[arg(long)]
+    generate: bool,
+    /// Prompts --generate continues in one batch (at most --max-batch).
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    prompts: usize,
+    /// The longest prompt of --generate, and every prompt's length in --decode-bench
+    /// [default: a quarter of the context].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    prompt_len: Option<usize>,
+    /// New tokens per prompt; prompt and new tokens must fit the context [default: half the
+    /// context].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    max_new_tokens: Option<usize>,
+    /// Sampling temperature of --generate (0: greedy).
+    #[arg(long, value_name = "T", default_value_t = 0.8)]
+    temperature: f32,
+    /// Sample among the K most likely tokens only (0: all).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    top_k: usize,
+    /// The largest batch the decoder captures graphs for [default: 64 on a GPU, 8 on the host].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024).map(|n| n as usize))]
+    max_batch: Option<usize>,
+    /// Skip training and time decoding at batch 1, 2, 4, ... --max-batch (greedy, no end
+    /// token), writing --json and the --plot chart of tokens/s by batch size.
+    #[arg(long)]
+    decode_bench: bool,
 }
 
 /// How training rows are cut.
@@ -394,6 +450,21 @@ fn main() -> Result<()> {
     let eval_every = args.eval_every.map_or((steps / 10).max(1), |n| n as usize);
     let text = corpus::load(Path::new("."), args.data.as_deref())?;
     let splits = corpus::Splits::new(text, cfg.context)?;
+    if args.load.is_some() || args.decode_bench {
+        // No training: the saved weights, or (for the bench) random ones.
+        let gpt = Gpt::new(&dev, &cfg, 7)?;
+        let blocks: Vec<&model::Block> = gpt.blocks.iter().collect();
+        let weights = Weights::of(&gpt.embed, &blocks, &gpt.head);
+        let what = format!("{} layers, d_model {}, {}", cfg.layers, cfg.d_model, cfg.dtype);
+        match &args.load {
+            Some(path) => {
+                graphed::load_safetensors(&weights, path)?;
+                println!("GPT weights from {}: {what}", path.display());
+            }
+            None => println!("GPT with random weights (decoding speed does not depend on them): {what}"),
+        }
+        return generation(&args, &dev, &cfg, &weights, &splits.val);
+    }
     let checkpoint = matches!(mode, Mode::Graphed | Mode::Fused) && !args.no_checkpoint;
     let ck = if checkpoint { ", odd blocks checkpointed" } else { "" };
     println!(
@@ -506,6 +577,15 @@ fn main() -> Result<()> {
     );
     plot::write_loss_png(&png, &title, &m.train_curve, &m.val_curve)?;
     println!("loss chart: {}", png.display());
+    let blocks = (0..cfg.layers).map(|i| trainer.block(i)).collect::<Result<Vec<_>>>()?;
+    let weights = Weights::of(trainer.embed()?, &blocks, trainer.head()?);
+    if let Some(path) = &args.save {
+        graphed::save_safetensors(&weights, path)?;
+        println!("weights saved to {}", path.display());
+    }
+    if args.generate {
+        return generation(&args, &dev, &cfg, &weights, &splits.val);
+    }
     let prompt = &splits.val[..cfg.context.min(32)];
     let sample = trainer.generate(prompt, 200, &mut Rng(3))?;
     println!(
@@ -513,5 +593,61 @@ fn main() -> Result<()> {
         String::from_utf8_lossy(prompt),
         String::from_utf8_lossy(&sample)
     );
+    Ok(())
+}
+
+/// `--generate` and `--decode-bench` with `weights` (the trained model's, loaded, or random),
+/// prompts cut from `text`.
+fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: &[u8]) -> Result<()> {
+    let max_batch = args.max_batch.unwrap_or(if dev.is_cuda() { 64 } else { 8 });
+    let prompt_len = args.prompt_len.unwrap_or((cfg.context / 4).max(1));
+    let new_tokens = args.max_new_tokens.unwrap_or((cfg.context / 2).max(1));
+    if prompt_len + new_tokens > cfg.context {
+        return Err(Error::SequenceTooLong { op: "gpt --generate", len: prompt_len + new_tokens, context: cfg.context });
+    }
+    if args.generate && args.prompts > max_batch {
+        return Err(Error::msg(format!("--prompts {} is above --max-batch {max_batch}", args.prompts)));
+    }
+    // Prefill buckets: the powers of two from 16 below the prompt length, and the prompt length.
+    let mut prompt_buckets: Vec<usize> = (4..12).map(|i| 1usize << i).filter(|&b| b < prompt_len).collect();
+    prompt_buckets.push(prompt_len);
+    let model = format!("{} layers, d_model {}, {} heads, context {}, {}", cfg.layers, cfg.d_model, cfg.heads, cfg.context, cfg.dtype);
+    let setup = generate::Setup { text, prompt_len, new_tokens };
+    let opts = |sampling| DecodeOptions {
+        max_batch,
+        max_len: cfg.context,
+        prompt_buckets: prompt_buckets.clone(),
+        sampling,
+        seed: 3,
+        graphs: true,
+    };
+    if args.generate {
+        let sampling = Sampling { temperature: args.temperature, top_k: args.top_k };
+        let mut dec = Decoder::new(dev, weights.share(), opts(sampling))?;
+        generate::generate(&mut dec, &setup, args.prompts)?;
+    }
+    if args.decode_bench {
+        let mut dec = Decoder::new(dev, weights.share(), opts(Sampling::greedy()))?;
+        let (capture, graphs, pool) = dec.capture_report();
+        println!(
+            "decoding {model} on {}: {graphs} graphs (decode steps at batches {:?}, prefills at prompt lengths {prompt_buckets:?}) captured in {:.2} s, graph pool {:.1} MB",
+            dev.name(),
+            decode::batch_buckets(max_batch),
+            capture.as_secs_f64(),
+            pool as f64 / 1e6
+        );
+        let rows = generate::bench(&mut dec, &setup, if dev.is_cuda() { 5 } else { 2 })?;
+        let report = generate::BenchReport {
+            device: dev.name(),
+            model,
+            s: &setup,
+            rows: &rows,
+            capture_s: capture.as_secs_f64(),
+            graphs,
+            pool_bytes: pool,
+        };
+        let png = args.plot.clone().unwrap_or_else(|| std::env::temp_dir().join("graphed-gpt-decode.png"));
+        println!("decoding chart: {}", report.write(args.json.as_deref(), &png)?.display());
+    }
     Ok(())
 }

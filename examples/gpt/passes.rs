@@ -31,28 +31,39 @@ pub struct Weights {
     pub head: Head,
 }
 
+/// Another handle to `b`'s parameters, without dropout (generation does not train).
+fn share_block(b: &Block) -> Block {
+    Block {
+        heads: b.heads,
+        dropout: 0.0,
+        fused_attention: b.fused_attention,
+        norm1: b.norm1.clone(),
+        wq: b.wq.clone(),
+        wk: b.wk.clone(),
+        wv: b.wv.clone(),
+        wo: b.wo.clone(),
+        norm2: b.norm2.clone(),
+        w_gate: b.w_gate.clone(),
+        w_up: b.w_up.clone(),
+        w_down: b.w_down.clone(),
+    }
+}
+
 impl Weights {
     /// Shares the parameters of a model's embedding, blocks and head.
     pub fn of(embed: &Embed, blocks: &[&Block], head: &Head) -> Weights {
-        let block = |b: &Block| Block {
-            heads: b.heads,
-            dropout: 0.0,
-            fused_attention: b.fused_attention,
-            norm1: b.norm1.clone(),
-            wq: b.wq.clone(),
-            wk: b.wk.clone(),
-            wv: b.wv.clone(),
-            wo: b.wo.clone(),
-            norm2: b.norm2.clone(),
-            w_gate: b.w_gate.clone(),
-            w_up: b.w_up.clone(),
-            w_down: b.w_down.clone(),
-        };
         Weights {
             embed: EmbedWeights { tok: embed.tok.clone(), pos: embed.pos.clone() },
-            blocks: blocks.iter().map(|b| block(b)).collect(),
+            blocks: blocks.iter().map(|b| share_block(b)).collect(),
             head: Head { norm: head.norm.clone(), head: head.head.clone() },
         }
+    }
+
+    /// Another handle to the same parameters.
+    pub fn share(&self) -> Weights {
+        let embed = EmbedWeights { tok: self.embed.tok.clone(), pos: self.embed.pos.clone() };
+        let head = Head { norm: self.head.norm.clone(), head: self.head.head.clone() };
+        Weights { embed, blocks: self.blocks.iter().map(share_block).collect(), head }
     }
 
     /// The model's width.
