@@ -90,7 +90,9 @@ fn the_while_loop_produces_the_per_token_replay_loops_tokens_in_two_launches() {
     on_each_backend(|dev| {
         let gpt = Gpt::new(dev, &TINY, 4)?;
         let mut dec = decoder(dev, &gpt, &TINY)?;
-        for req in [Request::new(prompts(), 14), Request { max_new_tokens: vec![3, 14, 11], ..Request::new(prompts(), 0) }] {
+        for req in
+            [Request::new(prompts(), 14), Request { max_new_tokens: vec![3, 14, 11], ..Request::new(prompts(), 0) }]
+        {
             let replay = dec.generate(&req, Path::Replay)?;
             let lp = dec.generate(&req, Path::WhileLoop)?;
             assert_eq!(lp.tokens, replay.tokens);
@@ -133,18 +135,20 @@ fn prefill_and_decode_logits_are_the_training_forwards() {
             let got = passes::prefill(dec.weights(), &st, &inputs, dec.sampler())?.to_vec()?;
             let at = |t: usize| &want[t * vocab..(t + 1) * vocab];
             let what = format!("{} on {}", cfg.dtype, dev.name());
+            // Relative error allowed: f32 sums in another order (decode attention against the
+            // causal attention's; on CUDA, GEMMs of other sizes too), and in bf16 roundings
+            // of each layer's output that follow them.
+            let tol = if cfg.dtype == DType::F32 { 1e-4 } else { 3e-2 };
             // The prefill runs the training forward's ops: on the host, the same bits.
             if dev.is_host() {
                 assert!(got == at(prompt - 1), "{what}: prefill logits differ from the forward's");
             } else {
                 let e = rel_err(&got, at(prompt - 1));
-                assert!(e < 1e-3, "{what}: prefill logits, relative error {e}");
+                assert!(e < tol, "{what}: prefill logits, relative error {e}");
             }
-            // Decode steps fed the text's next bytes: attention over the cache instead of the
-            // causal attention (f64 sums on the host, f32 on CUDA; bf16 rounds each layer).
-            let tol = if cfg.dtype == DType::F32 { 1e-4 } else { 3e-2 };
-            for t in prompt..text.len().min(cfg.context) {
-                let id = Tensor::from_slice(dev, &[f32::from(text[t])], &[1])?;
+            // Decode steps fed the text's next bytes.
+            for (t, &byte) in text.iter().enumerate().take(cfg.context).skip(prompt) {
+                let id = Tensor::from_slice(dev, &[f32::from(byte)], &[1])?;
                 let pos = Tensor::from_slice(dev, &[t as f32], &[1])?;
                 let got = passes::step_logits(dec.weights(), &st, &id, &pos)?.to_vec()?;
                 let e = rel_err(&got, at(t));
@@ -240,10 +244,19 @@ fn a_request_the_cache_cannot_hold_is_refused_before_anything_runs() {
             assert!(matches!(r, Err(Error::SequenceTooLong { len: 25, context: 24, .. })), "{}: {r:?}", path.name());
         }
         let five = Request::new(vec![b"x".to_vec(); 5], 2);
-        assert!(matches!(dec.generate(&five, Path::Eager), Err(Error::InvalidArgument { .. })), "more prompts than the largest batch");
+        assert!(
+            matches!(dec.generate(&five, Path::Eager), Err(Error::InvalidArgument { .. })),
+            "more prompts than the largest batch"
+        );
         let long_prompt = Request::new(vec![vec![b'y'; 17]], 2);
-        assert!(matches!(dec.generate(&long_prompt, Path::WhileLoop), Err(Error::InvalidArgument { .. })), "above the largest prompt bucket");
-        assert!(matches!(dec.generate(&Request::new(vec![Vec::new()], 2), Path::Eager), Err(Error::InvalidArgument { .. })), "an empty prompt");
+        assert!(
+            matches!(dec.generate(&long_prompt, Path::WhileLoop), Err(Error::InvalidArgument { .. })),
+            "above the largest prompt bucket"
+        );
+        assert!(
+            matches!(dec.generate(&Request::new(vec![Vec::new()], 2), Path::Eager), Err(Error::InvalidArgument { .. })),
+            "an empty prompt"
+        );
         assert!(before == state(&dec)?, "a refused request changed the decoder's state");
         // The decoder works on.
         assert_eq!(dec.generate(&Request::new(prompts(), 5), Path::WhileLoop)?.tokens, first.tokens);
@@ -261,7 +274,11 @@ fn a_saved_checkpoint_loads_into_a_fresh_model_that_generates_the_same_tokens() 
         let want = dec.generate(&Request::new(prompts(), 8), Path::WhileLoop)?;
         let fresh = Gpt::new(dev, &TINY, 11)?;
         let mut other = decoder(dev, &fresh, &TINY)?;
-        assert_ne!(other.generate(&Request::new(prompts(), 8), Path::Eager)?.tokens, want.tokens, "another seed, other tokens");
+        assert_ne!(
+            other.generate(&Request::new(prompts(), 8), Path::Eager)?.tokens,
+            want.tokens,
+            "another seed, other tokens"
+        );
         // A load writes into the shared tensors: the model itself, and the captured graphs read it.
         let loaded = graphed::load_safetensors(other.weights(), &path);
         let _ = std::fs::remove_file(&path);

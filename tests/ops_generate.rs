@@ -108,8 +108,7 @@ fn a_while_loop_generates_until_every_sequence_stopped_in_one_launch() {
             ops::generation_step(&g, &Tensor::from_i32(dev, first, &[batch])?, &toy.lengths)
         };
         let (limits, first) = ([12, 12, 3, 12], [2, 5, 1, 15]);
-        let want: Vec<Vec<i32>> =
-            first.iter().zip(limits).map(|(&f, l)| toy.expected(f, 15, l)).collect();
+        let want: Vec<Vec<i32>> = first.iter().zip(limits).map(|(&f, l)| toy.expected(f, 15, l)).collect();
         // Eager: the host checks the flag after each step.
         begin(&limits, &first)?;
         while g.is_active()? {

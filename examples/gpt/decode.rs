@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use graphed::ops::{Generation, Sampling, Stop};
 use graphed::{CaptureMode, Condition, ConditionalGraph, Device, Error, Generator, Graph, GraphPool, Result, Tensor};
 
-pub use crate::passes::{Cache, PrefillInputs, Sampler, State, Weights};
 use crate::passes::{decode_step, prefill};
+pub use crate::passes::{Cache, PrefillInputs, Sampler, State, Weights};
 
 /// A host-driven loop (eager or one replay per token) reads the device's "any sequence
 /// active" flag every this many steps: each read waits for the device.
@@ -206,7 +206,10 @@ impl Decoder {
         let (context, heads, d) = (w.context(), w.heads(), w.d_model());
         let bad = |what: String| Err(invalid("Decoder::new", what));
         if opts.max_batch == 0 || opts.max_len == 0 || opts.max_len > context {
-            return bad(format!("max_batch {} and max_len {} (at most the context, {context})", opts.max_batch, opts.max_len));
+            return bad(format!(
+                "max_batch {} and max_len {} (at most the context, {context})",
+                opts.max_batch, opts.max_len
+            ));
         }
         let p = &opts.prompt_buckets;
         if p.first() == Some(&0) || p.windows(2).any(|w| w[0] >= w[1]) || p.last().is_some_and(|&l| l > opts.max_len) {
@@ -220,7 +223,13 @@ impl Decoder {
             let caches = w
                 .blocks
                 .iter()
-                .map(|_| Ok(Cache { k: cache()?, v: cache()?, lengths: Tensor::from_i32(dev, &vec![0; opts.max_batch], &[opts.max_batch])? }))
+                .map(|_| {
+                    Ok(Cache {
+                        k: cache()?,
+                        v: cache()?,
+                        lengths: Tensor::from_i32(dev, &vec![0; opts.max_batch], &[opts.max_batch])?,
+                    })
+                })
                 .collect::<Result<Vec<_>>>()?;
             Ok::<_, Error>(State { caches, gen: Generation::new(dev, opts.max_batch, opts.max_len)? })
         })?;
@@ -313,7 +322,13 @@ impl Decoder {
         }
         let longest = req.prompts.iter().map(Vec::len).max().unwrap_or(1);
         let len = self.prompt_len_for(longest, path).ok_or_else(|| {
-            invalid(OP, format!("a prompt of {longest} tokens: the largest prompt bucket is {:?}", self.opts.prompt_buckets.last()))
+            invalid(
+                OP,
+                format!(
+                    "a prompt of {longest} tokens: the largest prompt bucket is {:?}",
+                    self.opts.prompt_buckets.last()
+                ),
+            )
         })?;
         Ok((self.batch_for(n, path), len))
     }

@@ -603,7 +603,11 @@ fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: 
     let prompt_len = args.prompt_len.unwrap_or((cfg.context / 4).max(1));
     let new_tokens = args.max_new_tokens.unwrap_or((cfg.context / 2).max(1));
     if prompt_len + new_tokens > cfg.context {
-        return Err(Error::SequenceTooLong { op: "gpt --generate", len: prompt_len + new_tokens, context: cfg.context });
+        return Err(Error::SequenceTooLong {
+            op: "gpt --generate",
+            len: prompt_len + new_tokens,
+            context: cfg.context,
+        });
     }
     if args.generate && args.prompts > max_batch {
         return Err(Error::msg(format!("--prompts {} is above --max-batch {max_batch}", args.prompts)));
@@ -611,7 +615,10 @@ fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: 
     // Prefill buckets: the powers of two from 16 below the prompt length, and the prompt length.
     let mut prompt_buckets: Vec<usize> = (4..12).map(|i| 1usize << i).filter(|&b| b < prompt_len).collect();
     prompt_buckets.push(prompt_len);
-    let model = format!("{} layers, d_model {}, {} heads, context {}, {}", cfg.layers, cfg.d_model, cfg.heads, cfg.context, cfg.dtype);
+    let model = format!(
+        "{} layers, d_model {}, {} heads, context {}, {}",
+        cfg.layers, cfg.d_model, cfg.heads, cfg.context, cfg.dtype
+    );
     let setup = generate::Setup { text, prompt_len, new_tokens };
     let opts = |sampling| DecodeOptions {
         max_batch,

@@ -82,7 +82,8 @@ pub type RateSeries = (String, Vec<(usize, f64)>);
 /// size, one line per way of running (log scales on both axes: batches double, and the ways
 /// differ by orders of magnitude).
 pub fn write_rate_png(path: &Path, title: &str, series: &[RateSeries]) -> Result<()> {
-    const COLORS: [RGBColor; 4] = [RGBColor(31, 90, 200), RGBColor(210, 40, 40), RGBColor(40, 150, 60), RGBColor(230, 140, 20)];
+    const COLORS: [RGBColor; 4] =
+        [RGBColor(31, 90, 200), RGBColor(210, 40, 40), RGBColor(40, 150, 60), RGBColor(230, 140, 20)];
     register_font("sans-serif", FontStyle::Normal, FONT)
         .map_err(|_| Error::msg("the bundled chart font does not parse"))?;
     let points = || series.iter().flat_map(|s| s.1.iter()).filter(|p| p.1.is_finite() && p.1 > 0.0);
@@ -113,7 +114,8 @@ pub fn write_rate_png(path: &Path, title: &str, series: &[RateSeries]) -> Result
         .map_err(plot_err)?;
     for (i, (label, pts)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let pts: Vec<(f64, f64)> = pts.iter().filter(|p| p.1.is_finite() && p.1 > 0.0).map(|p| (p.0 as f64, p.1)).collect();
+        let pts: Vec<(f64, f64)> =
+            pts.iter().filter(|p| p.1.is_finite() && p.1 > 0.0).map(|p| (p.0 as f64, p.1)).collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
             .map_err(plot_err)?

@@ -68,7 +68,10 @@ impl Generation {
     pub fn new(device: &Device, batch: usize, max_new: usize) -> Result<Generation> {
         const OP: &str = "Generation::new";
         if batch == 0 || max_new == 0 || batch.checked_mul(max_new).is_none_or(|n| n > i32::MAX as usize) {
-            return Err(Error::invalid(OP, format!("{batch} sequences of {max_new} tokens: both nonzero, the product below 2^31")));
+            return Err(Error::invalid(
+                OP,
+                format!("{batch} sequences of {max_new} tokens: both nonzero, the product below 2^31"),
+            ));
         }
         device.with_pool(&device.default_pool(), || {
             let i32s = |dims: &[usize]| Tensor::from_i32(device, &vec![0; dims.iter().product()], dims);
@@ -101,9 +104,7 @@ impl Generation {
         if let Some(&l) = limits.iter().find(|&&l| l > self.max_new) {
             return Err(Error::invalid(OP, format!("a limit of {l} tokens is above max_new = {}", self.max_new)));
         }
-        let token = |t: u32| {
-            i32::try_from(t).map_err(|_| Error::invalid(OP, format!("token {t} does not fit an i32")))
-        };
+        let token = |t: u32| i32::try_from(t).map_err(|_| Error::invalid(OP, format!("token {t} does not fit an i32")));
         let end = stop.end.map_or(Ok(-1), token)?;
         let pad = token(stop.pad)?;
         self.tokens.device().backend().forbid_during_capture(OP)?;
@@ -265,7 +266,8 @@ pub fn generation_step(generation: &Generation, sampled: &Tensor, lengths: &Tens
         }
         Exec::Cuda(c) => {
             let mut args = Vec::with_capacity(13);
-            for t in [&g.tokens, &g.counts, &g.done, &g.limits, &g.stop, &g.step, &g.active, &g.next_ids, &g.positions] {
+            for t in [&g.tokens, &g.counts, &g.done, &g.limits, &g.stop, &g.step, &g.active, &g.next_ids, &g.positions]
+            {
                 args.push(KArg::Ptr(t.cuda_ptr()?));
             }
             args.extend([
