@@ -127,30 +127,38 @@ pub struct Sampler {
     pub rng: Generator,
 }
 
-/// The pre-attention half shared by both passes: the first norm and the q, k, v projections.
-fn qkv(b: &Block, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-    let (h1, _) = ops::rms_norm(x, &b.norm1.value, EPS)?;
-    Ok((
-        ops::linear(&h1, &b.wq.value, None)?,
-        ops::linear(&h1, &b.wk.value, None)?,
-        ops::linear(&h1, &b.wv.value, None)?,
-    ))
-}
-
-/// The post-attention half shared by both passes: wo, the residual add with the second norm,
-/// the SwiGLU MLP and its residual (the training forward's ops in its order).
-fn finish(b: &Block, x: &Tensor, att: &Tensor) -> Result<Tensor> {
-    let a = ops::linear(att, &b.wo.value, None)?;
-    let (x2, h2, _) = ops::add_rms_norm(x, &a, &b.norm2.value, EPS)?;
-    let gate = ops::linear(&h2, &b.w_gate.value, None)?;
-    let up = ops::linear(&h2, &b.w_up.value, None)?;
-    let m = ops::linear(&ops::swiglu(&gate, &up)?, &b.w_down.value, None)?;
-    ops::add(&x2, &m)
-}
-
 /// Token plus position embeddings of `ids` at `positions` (the same shape, f32 ids).
 fn embed(w: &Weights, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
     ops::add(&ops::embedding(ids, &w.embed.tok.value)?, &ops::embedding(positions, &w.embed.pos.value)?)
+}
+
+/// Every block over `x` (rows of `[..., d_model]`), block `i`'s attention given by
+/// `attention(i, block, q, k, v)`; returns the last block's output normed by the head's norm,
+/// the head's input. The training forward's ops in its order, except that the residual add
+/// ending a block and the norm starting the next (or the head's) are one `add_rms_norm`, bit
+/// for bit the add and the norm, one launch fewer per block.
+fn run_blocks(
+    w: &Weights,
+    x: Tensor,
+    mut attention: impl FnMut(usize, &Block, &Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let head_norm = &w.head.norm.value;
+    let (mut h, _) = ops::rms_norm(&x, w.blocks.first().map_or(head_norm, |b| &b.norm1.value), EPS)?;
+    let mut x = x;
+    for (i, b) in w.blocks.iter().enumerate() {
+        let q = ops::linear(&h, &b.wq.value, None)?;
+        let k = ops::linear(&h, &b.wk.value, None)?;
+        let v = ops::linear(&h, &b.wv.value, None)?;
+        let att = attention(i, b, &q, &k, &v)?;
+        let a = ops::linear(&att, &b.wo.value, None)?;
+        let (x2, h2, _) = ops::add_rms_norm(&x, &a, &b.norm2.value, EPS)?;
+        let gate = ops::linear(&h2, &b.w_gate.value, None)?;
+        let up = ops::linear(&h2, &b.w_up.value, None)?;
+        let m = ops::linear(&ops::swiglu(&gate, &up)?, &b.w_down.value, None)?;
+        let next = w.blocks.get(i + 1).map_or(head_norm, |n| &n.norm1.value);
+        (x, h, _) = ops::add_rms_norm(&x2, &m, next, EPS)?;
+    }
+    Ok(h)
 }
 
 /// Prefill: the prompts through every block with the causal attention the model trains with
@@ -162,19 +170,19 @@ pub fn prefill(w: &Weights, st: &State, inputs: &PrefillInputs, sampler: &Sample
     let &[batch, len] = inputs.ids.dims() else {
         return Err(Error::msg(format!("prefill ids must be [batch, len], got {:?}", inputs.ids.dims())));
     };
-    let (d, heads) = (w.d_model(), w.heads());
-    let mut x = embed(w, &inputs.ids, &inputs.positions)?;
-    for (b, cache) in w.blocks.iter().zip(&st.caches) {
-        let (q, k, v) = qkv(b, &x)?;
-        let (att, _) = attend(b.fused_attention, &q, &k, &v, b.heads)?;
-        let split = |t: &Tensor| t.reshape(&[batch, len, heads, d / heads]);
-        ops::kv_cache_fill(&cache.k, &cache.v, &split(&k)?, &split(&v)?)?;
+    let d = w.d_model();
+    let x = embed(w, &inputs.ids, &inputs.positions)?;
+    let h = run_blocks(w, x, |i, b, q, k, v| {
+        let (att, _) = attend(b.fused_attention, q, k, v, b.heads)?;
+        let cache = st.caches.get(i).ok_or_else(|| Error::msg(format!("no cache for block {i}")))?;
+        let split = |t: &Tensor| t.reshape(&[batch, len, b.heads, d / b.heads]);
+        ops::kv_cache_fill(&cache.k, &cache.v, &split(k)?, &split(v)?)?;
         cache.lengths.copy_(&inputs.lengths)?;
-        x = finish(b, &x, &att)?;
-    }
+        Ok(att)
+    })?;
     // Each prompt's last real row (a gather: the rows are an embedding table).
-    let last = ops::embedding(&inputs.last, &x.reshape(&[batch * len, d])?)?;
-    let (logits, _, _) = w.head.logits(&last)?;
+    let last = ops::embedding(&inputs.last, &h.reshape(&[batch * len, d])?)?;
+    let logits = ops::linear(&last, &w.head.head.value, None)?;
     sample_and_record(st, &logits, sampler)?;
     Ok(logits)
 }
@@ -184,16 +192,14 @@ pub fn prefill(w: &Weights, st: &State, inputs: &PrefillInputs, sampler: &Sample
 /// there (the lengths advance by one).
 pub fn step_logits(w: &Weights, st: &State, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
     let batch = ids.numel();
-    let mut x = embed(w, ids, positions)?;
-    for (b, cache) in w.blocks.iter().zip(&st.caches) {
-        let (q, k, v) = qkv(b, &x)?;
+    let h = run_blocks(w, embed(w, ids, positions)?, |i, b, q, k, v| {
+        let cache = st.caches.get(i).ok_or_else(|| Error::msg(format!("no cache for block {i}")))?;
         let d = q.dims()[1];
         let split = |t: &Tensor| t.reshape(&[batch, b.heads, d / b.heads]);
-        ops::kv_cache_append(&cache.k, &cache.v, &cache.lengths, &split(&k)?, &split(&v)?)?;
-        let att = ops::decode_attention(&split(&q)?, &cache.k, &cache.v, &cache.lengths)?.reshape(&[batch, d])?;
-        x = finish(b, &x, &att)?;
-    }
-    Ok(w.head.logits(&x)?.0)
+        ops::kv_cache_append(&cache.k, &cache.v, &cache.lengths, &split(k)?, &split(v)?)?;
+        ops::decode_attention(&split(q)?, &cache.k, &cache.v, &cache.lengths)?.reshape(&[batch, d])
+    })?;
+    ops::linear(&h, &w.head.head.value, None)
 }
 
 /// One decoding step: the tokens the bookkeeping left (its next ids at their positions)
