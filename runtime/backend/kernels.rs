@@ -237,9 +237,10 @@ kernels! {
 /// The tile shapes of the fused attention kernels (`kernels/flash.cu`), one place for both
 /// sides: NVRTC gets them as `-DFA_<KIND><D>=tile,warps,mt` and the launches size their grids
 /// and shared memory from them. Chosen by sweeping `bench/flash_sweep.py` on an H200
-/// (docs/results/flash-sweep-2026-12-01b.txt and -c.txt): two row blocks a warp at head dim 64
-/// (each fragment loaded serves both), one where the accumulators would spill (dQ and dK/dV at
-/// head dim 128).
+/// (docs/results/flash-sweep-2026-12-01b.txt, -c.txt and -d.txt): two row blocks a warp at head
+/// dim 64 (each fragment loaded serves both), one where the accumulators would spill at head dim
+/// 128 (the forward there: 8 warps of 16 queries, Q's fragments in registers, no spill; 267
+/// against 256 TFLOP/s for 4 warps of 32 at seq 4096, causal).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FlashTiles {
     /// Forward: keys per tile, warps, row blocks of 16 queries per warp.
@@ -258,7 +259,7 @@ impl FlashTiles {
         if head_dim == 64 {
             FlashTiles { fwd: (64, 4, 2), dq: (32, 4, 2), dkv: (128, 4, 2) }
         } else {
-            FlashTiles { fwd: (64, 4, 2), dq: (64, 4, 1), dkv: (64, 4, 1) }
+            FlashTiles { fwd: (128, 8, 1), dq: (64, 4, 1), dkv: (64, 4, 1) }
         }
     }
 
