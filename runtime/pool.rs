@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, FaultPoint, HostPtr, Ptr};
-use crate::graph::CaptureMode;
+use crate::backend::CaptureMode;
 use crate::{Error, Result};
 
 /// Every block is a multiple of this many bytes (and so aligned to it).
