@@ -6,8 +6,8 @@
 //! forward's state to redraw the same dropout mask). The host backend computes the same
 //! Philox4x32-10 function, so both backends draw identical numbers for a seed and offset.
 
-use crate::backend::{BuiltinKernel, KArg};
 use crate::backend::Exec;
+use crate::backend::{BuiltinKernel, KArg};
 use crate::{Device, Error, Result, Tensor};
 
 /// A counter-based random generator whose state is device memory.
