@@ -36,12 +36,16 @@ KDIR = next((p for p in _SOURCES if os.path.isdir(p)), _SOURCES[0])
 # row blocks of 16 a warp. The first entry is the runtime's (FlashTiles in
 # runtime/backend/kernels.rs), chosen by this sweep on an H200 (2026-12-01).
 SWEEP = {
-    "FWD64": [(64, 4, 2)],
-    "FWD128": [(64, 4, 2)],
-    "DQ64": [(32, 4, 2)],
-    "DQ128": [(64, 4, 1)],
-    "DKV64": [(128, 4, 2), (128, 4, 1), (64, 4, 2), (64, 8, 2), (32, 4, 2)],
+    "FWD64": [(64, 4, 2), (64, 8, 1), (32, 4, 2), (64, 4, 1), (64, 8, 2), (32, 4, 1)],
+    "FWD128": [(128, 8, 1), (64, 4, 2), (64, 8, 1), (32, 4, 2), (32, 8, 1)],
+    "DQ64": [(32, 4, 2), (64, 4, 2), (64, 8, 1), (32, 4, 1), (64, 4, 1), (32, 2, 2)],
+    "DQ128": [(64, 4, 1), (64, 8, 1), (32, 4, 1)],
+    "DKV64": [(128, 4, 1), (128, 4, 2), (64, 4, 2), (64, 8, 2), (32, 4, 2), (64, 4, 1)],
     "DKV128": [(64, 4, 1), (32, 4, 1), (64, 8, 1), (128, 4, 1), (32, 8, 1)],
+    # The runtime's small-grid set at head dim 64 (the `_s_` kernels; not swept here).
+    "FWDS64": [(64, 4, 1)],
+    "DQS64": [(64, 4, 1)],
+    "DKVS64": [(128, 4, 1)],
 }
 
 
@@ -233,11 +237,54 @@ def time_torch(s, d, causal, backend):
     return fl / tf / 1e9, 2.5 * fl / tb / 1e9, None
 
 
+def gpt_shapes(lines):
+    """Milliseconds of the forward, dK/dV and dQ kernels of every swept variant at the GPT's
+    shapes (batch x seq: 16 x 256, 4 x 1024, 1 x 4096; 8 heads of 64; causal; bf16): small grids,
+    where the causal rows' unequal work decides more than a kernel's peak rate."""
+    n = max(len(v) for v in SWEEP.values())
+    shapes = ((16, 256), (4, 1024), (1, 4096))
+    for i in range(n):
+        cfgs = {k: v[min(i, len(v) - 1)] for k, v in SWEEP.items()}
+        K = Kernels(cfgs)
+        row = []
+        for b, s in shapes:
+            torch.manual_seed(0)
+            mk = lambda: torch.randn(b, s, 8 * 64, device="cuda").to(torch.bfloat16)
+            q, k, v, dout = mk(), mk(), mk(), mk()
+            out, lse = fwd(K, q, k, v, 8, 8, True)
+            tf = median_ms(lambda: fwd(K, q, k, v, 8, 8, True), reps=50)
+            tkv = median_ms(lambda: bwd(K, dout, q, k, v, out, lse, 8, 8, True, ("dkdv",)), reps=50)
+            tq = median_ms(lambda: bwd(K, dout, q, k, v, out, lse, 8, 8, True, ("dq",)), reps=50)
+            row.append(f"{b}x{s} fwd {tf * 1e3:.0f} dkv {tkv * 1e3:.0f} dq {tq * 1e3:.0f} us")
+        cf = {kk: cfgs[kk + "64"] for kk in ("FWD", "DKV", "DQ")}
+        line = f"gpt shapes v{i} {cf}: " + "  ".join(row)
+        print(line, flush=True)
+        lines.append(line)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        row = []
+        for b, s in shapes:
+            torch.manual_seed(0)
+            mk = lambda: torch.randn(b, 8, s, 64, device="cuda").to(torch.bfloat16).requires_grad_(True)
+            q, k, v, dout = mk(), mk(), mk(), mk()
+            with sdpa_kernel([be]):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                tf = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), reps=50)
+                tb = median_ms(lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True), reps=50)
+            row.append(f"{b}x{s} fwd {tf * 1e3:.0f} bwd {tb * 1e3:.0f} us")
+        line = f"gpt shapes torch {name}: " + "  ".join(row)
+        print(line, flush=True)
+        lines.append(line)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--gpt-shapes", action="store_true",
+                    help="time every variant's kernels at the GPT's attention shapes (8 heads of 64, causal) and stop")
     ap.add_argument("--profile", action="store_true",
                     help="run the runtime's tiles once at seq 4096, head dim 64, causal (for ncu) and stop")
     args = ap.parse_args()
@@ -249,6 +296,8 @@ def main():
         torch.cuda.synchronize()
         return 0
     lines = []
+    if args.gpt_shapes:
+        return gpt_shapes(lines)
 
     def log(s):
         print(s, flush=True)
@@ -308,6 +357,7 @@ def main():
                         best[(kind, d)] = (sc, i)
         log("best: " + ", ".join(f"{k[0]}{k[1]}=v{v[1]} {variants[v[1]].cfgs[k[0] + str(k[1])]}" for k, v in sorted(best.items())))
         cfgs = {f"{k[0]}{k[1]}": variants[v[1]].cfgs[f"{k[0]}{k[1]}"] for k, v in best.items()}
+        cfgs.update({k: v[0] for k, v in SWEEP.items() if k.endswith("S64")})
         KB = Kernels(cfgs)
         for d in (64, 128):
             for causal in (True, False):

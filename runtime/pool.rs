@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::backend::CaptureMode;
 use crate::backend::{Backend, FaultPoint, HostPtr, Ptr};
-use crate::graph::CaptureMode;
 use crate::{Error, Result};
 
 /// Every block is a multiple of this many bytes (and so aligned to it).

@@ -6,8 +6,8 @@
 //! forward's state to redraw the same dropout mask). The host backend computes the same
 //! Philox4x32-10 function, so both backends draw identical numbers for a seed and offset.
 
+use crate::backend::Exec;
 use crate::backend::{BuiltinKernel, KArg};
-use crate::ops::{exec, Exec};
 use crate::{Device, Error, Result, Tensor};
 
 /// A counter-based random generator whose state is device memory.
@@ -94,7 +94,7 @@ impl Generator {
     }
 
     /// Fills `out` (f32) with uniform numbers in [0, 1) and advances the offset by its length.
-    /// Draw into an f32 tensor and [`crate::ops::cast`] it for bf16 or f16; another dtype is
+    /// Draw into an f32 tensor and cast it (`ops::cast`) for bf16 or f16; another dtype is
     /// [`Error::DType`].
     pub fn uniform_(&self, out: &Tensor) -> Result<()> {
         if out.dtype() != crate::DType::F32 {
@@ -115,7 +115,7 @@ impl Generator {
         if out.device() != self.device() {
             return Err(Error::DeviceMismatch { op: "rng", a: out.device().name(), b: self.device().name() });
         }
-        match exec(out.device()) {
+        match out.device().backend().exec() {
             Exec::Host(h) => {
                 let (y, st) = (out.host_ptr()?, self.state.host_ptr()?);
                 h.run(kernel, move || {
@@ -140,7 +140,7 @@ impl Generator {
     /// Advances the offset by `n` on the device stream (capturable): what an op that read the
     /// state directly in its own kernel queues after it, like [`Generator::draw`] does.
     pub(crate) fn advance(&self, n: u64) -> Result<()> {
-        match exec(self.device()) {
+        match self.device().backend().exec() {
             Exec::Host(h) => {
                 let st = self.state.host_ptr()?;
                 h.run(BuiltinKernel::RngAdvance, move || {

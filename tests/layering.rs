@@ -148,6 +148,8 @@ const NEVER: &[(&str, &[&str], &str)] = &[
     ("shape", &["ops", "graph", "graphed", "tensor", "pool"], "shapes are plain values"),
     ("tensor", &["ops", "graph", "graphed", "optim", "dist"], "a tensor is storage; ops work on it, not the reverse"),
     ("error", &["graphed", "graph", "ops", "optim", "tensor", "pool"], "every layer returns these errors"),
+    ("rng", &["ops", "graph", "graphed", "optim"], "the generator is device state that ops draw from, not an op"),
+    ("pool", &["graph", "graphed", "ops"], "the pool hands out memory; graphs use it, it does not know them"),
 ];
 
 #[test]

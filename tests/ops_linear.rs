@@ -174,3 +174,60 @@ fn linear_rejects_bad_shapes() {
         Ok(())
     });
 }
+
+/// linear_backward_acc adds the input grad into a given tensor: in f32 exactly what
+/// linear_backward + add gives on the host (within f32 GEMM rounding on CUDA), in bf16 within one
+/// rounding (the sum is rounded once, not twice); dw and db accumulate as linear_backward's do;
+/// captured, it replays bitwise; bad input is refused before anything runs.
+#[test]
+fn linear_backward_acc_adds_into_dx() {
+    on_each_backend(|dev| {
+        for dtype in [graphed::DType::F32, graphed::DType::BF16] {
+            let (n, k, m) = (64, 257, 129);
+            let t = |dims: &[usize], seed: u64| {
+                Tensor::from_slice_as(dev, &random_vec(dims.iter().product(), seed), dims, dtype)
+            };
+            let (x, w, dy, other) = (t(&[n, k], 1)?, t(&[m, k], 2)?, t(&[n, m], 3)?, t(&[n, k], 4)?);
+            let grads = || -> graphed::Result<(Tensor, Tensor)> {
+                Ok((Tensor::zeros(dev, &[m, k])?, Tensor::zeros(dev, &[m])?))
+            };
+            let (dw1, db1) = grads()?;
+            let dx = ops::linear_backward(&dy, &x, &w, &dw1, Some(&db1), true)?.expect("asked for dx");
+            let want = ops::add(&other, &dx)?.to_vec()?;
+            let (dw2, db2) = grads()?;
+            let acc = other.deep_clone()?;
+            ops::linear_backward_acc(&dy, &x, &w, &dw2, Some(&db2), &acc)?;
+            let what = format!("{dtype} dx");
+            if dtype == graphed::DType::F32 {
+                check_ref(dev, &what, &acc.to_vec()?, &want, 1e-5)?;
+            } else {
+                // One rounding of the sum against two: within a bf16 ulp, on either backend.
+                let e = common::rel_err(&acc.to_vec()?, &want);
+                assert!(e < 1e-2, "{what}: relative error {e:e}");
+            }
+            bitwise_eq("dw", &dw2.to_vec()?, &dw1.to_vec()?)?;
+            bitwise_eq("db", &db2.to_vec()?, &db1.to_vec()?)?;
+            // Refusals change nothing.
+            let before = acc.to_vec()?;
+            let (dw3, _) = grads()?;
+            let overlap = |e: &Error| matches!(e, Error::Overlap { input: "dy", .. });
+            expect_err("dx is dy", ops::linear_backward_acc(&dy, &dy, &w, &dw3, None, &dy), |e| {
+                matches!(e, Error::Shape { .. }) || overlap(e)
+            })?;
+            let x_again = x.deep_clone()?;
+            expect_err("dx is x", ops::linear_backward_acc(&dy, &x_again, &w, &dw3, None, &x_again), |e| {
+                matches!(e, Error::Overlap { input: "x", .. })
+            })?;
+            expect_err("dx shape", ops::linear_backward_acc(&dy, &x, &w, &dw3, None, &t(&[n, k + 1], 5)?), is_shape)?;
+            assert_eq!(acc.to_vec()?, before, "{dtype}: a refused call changed dx");
+            bitwise_eq("dw after refusals", &dw3.to_vec()?, &vec![0.0; m * k])?;
+            eager_vs_replay(dev, || {
+                let (dw, db) = grads()?;
+                let acc = other.deep_clone()?;
+                ops::linear_backward_acc(&dy, &x, &w, &dw, Some(&db), &acc)?;
+                Ok(vec![acc, dw, db])
+            })?;
+        }
+        Ok(())
+    });
+}

@@ -173,16 +173,15 @@ impl Block {
         let dm = undrop(dy, 1)?;
         let ds = dx_of(ops::linear_backward(&dm, s, &self.w_down.value, &self.w_down.grad, None, true)?)?;
         let (dgate, dup) = ops::swiglu_backward(&ds, gate, up)?;
-        let dh2 = ops::add(
-            &dx_of(ops::linear_backward(&dgate, h2, &self.w_gate.value, &self.w_gate.grad, None, true)?)?,
-            &dx_of(ops::linear_backward(&dup, h2, &self.w_up.value, &self.w_up.grad, None, true)?)?,
-        )?;
+        // The two projections' input grads summed inside the second GEMM (beta = 1).
+        let dh2 = dx_of(ops::linear_backward(&dgate, h2, &self.w_gate.value, &self.w_gate.grad, None, true)?)?;
+        ops::linear_backward_acc(&dup, h2, &self.w_up.value, &self.w_up.grad, None, &dh2)?;
         let dx2 = ops::add_rms_norm_backward(&dh2, dy, x2, &self.norm2.value, rstd2, &self.norm2.grad)?;
         let datt = dx_of(ops::linear_backward(&undrop(&dx2, 0)?, att, &self.wo.value, &self.wo.grad, None, true)?)?;
         let (dq, dk, dv) = attend_backward(self.fused_attention, &datt, [q, k, v, att, lse], self.heads)?;
-        let mut dh1 = dx_of(ops::linear_backward(&dq, h1, &self.wq.value, &self.wq.grad, None, true)?)?;
+        let dh1 = dx_of(ops::linear_backward(&dq, h1, &self.wq.value, &self.wq.grad, None, true)?)?;
         for (d, w) in [(&dk, &self.wk), (&dv, &self.wv)] {
-            dh1 = ops::add(&dh1, &dx_of(ops::linear_backward(d, h1, &w.value, &w.grad, None, true)?)?)?;
+            ops::linear_backward_acc(d, h1, &w.value, &w.grad, None, &dh1)?;
         }
         // The first norm's backward and the residual grad in one pass.
         let dx = ops::add_rms_norm_backward(&dh1, &dx2, x, &self.norm1.value, rstd1, &self.norm1.grad)?;

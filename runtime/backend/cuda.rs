@@ -153,6 +153,8 @@ pub(crate) struct CudaBackend {
     pub(crate) capability: (i32, i32),
     /// The most dynamic shared memory a block may opt into, in bytes.
     pub(crate) max_shared_optin: usize,
+    /// Multiprocessors: kernels whose tiles depend on how full the GPU is ask for it.
+    pub(crate) sm_count: usize,
     pub(crate) gate: Arc<StreamGate>,
     pub(crate) drop_errors: Arc<DropErrors>,
     pub(crate) faults: Arc<Faults>,
@@ -219,6 +221,10 @@ impl CudaBackend {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(driver_err("cuDeviceGetAttribute"))?
             .max(0) as usize;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_err("cuDeviceGetAttribute"))?
+            .max(1) as usize;
         // The fused attention kernels take more than the default 48 KB of dynamic shared
         // memory; their launches check their need against this limit first.
         for (k, f) in BuiltinKernel::ALL.iter().zip(&functions) {
@@ -272,6 +278,7 @@ impl CudaBackend {
             name,
             capability: (major, minor),
             max_shared_optin,
+            sm_count,
             gate,
             drop_errors,
             faults,

@@ -217,6 +217,12 @@ kernels! {
     FlashBwdDkdvBf16D128 = "flash_bwd_dkdv_bf16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
     FlashBwdDkdvF16D64 = "flash_bwd_dkdv_f16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
     FlashBwdDkdvF16D128 = "flash_bwd_dkdv_f16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashFwdSBf16D64 = "flash_fwd_s_bf16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashFwdSF16D64 = "flash_fwd_s_f16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashBwdDqSBf16D64 = "flash_bwd_dq_s_bf16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashBwdDqSF16D64 = "flash_bwd_dq_s_f16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashBwdDkdvSBf16D64 = "flash_bwd_dkdv_s_bf16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
+    FlashBwdDkdvSF16D64 = "flash_bwd_dkdv_s_f16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32);
     // Decoding with a KV cache: kernels/decode.cu.
     DecodePartialBf16D64 = "decode_partial_bf16_d64" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32, Ptr);
     DecodePartialBf16D128 = "decode_partial_bf16_d128" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32, Ptr);
@@ -244,9 +250,17 @@ kernels! {
 /// The tile shapes of the fused attention kernels (`kernels/flash.cu`), one place for both
 /// sides: NVRTC gets them as `-DFA_<KIND><D>=tile,warps,mt` and the launches size their grids
 /// and shared memory from them. Chosen by sweeping `bench/flash_sweep.py` on an H200
-/// (docs/results/flash-sweep-2026-12-01b.txt and -c.txt): two row blocks a warp at head dim 64
-/// (each fragment loaded serves both), one where the accumulators would spill (dQ and dK/dV at
-/// head dim 128).
+/// (docs/results/flash-sweep-2026-12-01b.txt, -c.txt and -d.txt): two row blocks a warp at head
+/// dim 64 (each fragment loaded serves both) where that does not spill, one at head dim 128 (the
+/// forward there: 8 warps of 16 queries, Q's fragments in registers; 267 against 256 TFLOP/s for
+/// 4 warps of 32 at seq 4096, causal).
+///
+/// A second set at head dim 64 serves small grids ([`FlashTiles::for_call`]): with few (batch,
+/// head) pairs, a causal call's blocks have very unequal work (a row tile's keys grow with its
+/// position) and too few blocks to balance it; narrower tiles give more, shorter blocks. At the
+/// GPT's shapes (8 heads of 64, 4,096 tokens) they cut the three kernels from 213 to 145 us at
+/// 16 x 256, 241 to 188 at 4 x 1024 and 633 to 533 at 1 x 4096
+/// (docs/results/flash-gpt-shapes-2026-12-01.txt).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FlashTiles {
     /// Forward: keys per tile, warps, row blocks of 16 queries per warp.
@@ -255,17 +269,41 @@ pub(crate) struct FlashTiles {
     pub(crate) dq: (usize, usize, usize),
     /// dK/dV: queries per tile, warps, row blocks of 16 keys per warp.
     pub(crate) dkv: (usize, usize, usize),
+    /// The small-grid builds (`_s_` kernels).
+    pub(crate) small: bool,
 }
 
 impl FlashTiles {
     /// The head dimensions the kernels are built for.
     pub(crate) const HEAD_DIMS: [usize; 2] = [64, 128];
 
+    /// The large-grid set of `head_dim`.
     pub(crate) const fn of(head_dim: usize) -> FlashTiles {
         if head_dim == 64 {
-            FlashTiles { fwd: (64, 4, 2), dq: (32, 4, 2), dkv: (128, 4, 2) }
+            FlashTiles { fwd: (64, 4, 2), dq: (32, 4, 2), dkv: (128, 4, 1), small: false }
         } else {
-            FlashTiles { fwd: (64, 4, 2), dq: (64, 4, 1), dkv: (64, 4, 1) }
+            FlashTiles { fwd: (128, 8, 1), dq: (64, 4, 1), dkv: (64, 4, 1), small: false }
+        }
+    }
+
+    /// The small-grid set of `head_dim`, where there is one (head dim 64).
+    pub(crate) const fn small(head_dim: usize) -> Option<FlashTiles> {
+        if head_dim == 64 {
+            Some(FlashTiles { fwd: (64, 4, 1), dq: (64, 4, 1), dkv: (128, 4, 1), small: true })
+        } else {
+            None
+        }
+    }
+
+    /// The set for a call of `batch · heads` (query head) rows of `seq` tokens on a GPU of
+    /// `sms` multiprocessors: the small-grid one when the large set's forward would launch
+    /// fewer than four blocks a multiprocessor.
+    pub(crate) fn for_call(head_dim: usize, batch_heads: usize, seq: usize, sms: usize) -> FlashTiles {
+        let large = Self::of(head_dim);
+        let blocks = batch_heads.saturating_mul(seq.div_ceil(Self::rows(large.fwd)));
+        match Self::small(head_dim) {
+            Some(small) if blocks < 4 * sms => small,
+            _ => large,
         }
     }
 
@@ -284,15 +322,20 @@ impl FlashTiles {
         ]
     }
 
-    /// The NVRTC options that build the kernels with these shapes.
+    /// The NVRTC options that build the kernels with these shapes (both sets).
     pub(crate) fn nvrtc_defines() -> Vec<String> {
-        Self::HEAD_DIMS
-            .iter()
-            .flat_map(|&d| {
-                let t = Self::of(d);
-                [("FWD", t.fwd), ("DQ", t.dq), ("DKV", t.dkv)].map(|(k, (a, b, c))| format!("-DFA_{k}{d}={a},{b},{c}"))
-            })
-            .collect()
+        let define = |kind: &str, (a, b, c): (usize, usize, usize)| format!("-DFA_{kind}={a},{b},{c}");
+        let mut defines = Vec::new();
+        for d in Self::HEAD_DIMS {
+            let t = Self::of(d);
+            defines.extend([("FWD", t.fwd), ("DQ", t.dq), ("DKV", t.dkv)].map(|(k, s)| define(&format!("{k}{d}"), s)));
+            if let Some(t) = Self::small(d) {
+                defines.extend(
+                    [("FWDS", t.fwd), ("DQS", t.dq), ("DKVS", t.dkv)].map(|(k, s)| define(&format!("{k}{d}"), s)),
+                );
+            }
+        }
+        defines
     }
 }
 

@@ -616,6 +616,16 @@ pub enum Error {
         /// The version conditional nodes need.
         needed: String,
     },
+    /// An op's output buffer shares memory with one of its inputs.
+    #[error("{op}: `{output}` shares memory with `{input}`; give it a buffer of its own")]
+    Overlap {
+        /// The operation.
+        op: &'static str,
+        /// The output argument.
+        output: &'static str,
+        /// The input it overlaps.
+        input: &'static str,
+    },
     /// A sampling temperature that is negative, NaN or infinite ([`crate::ops::Sampling`]).
     #[error("sampling temperature {temperature} must be finite and at least 0 (0 samples greedily)")]
     InvalidTemperature {

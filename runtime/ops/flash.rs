@@ -133,7 +133,7 @@ pub fn flash_attention(q: &Tensor, k: &Tensor, v: &Tensor, at: &Attention) -> Re
             let (qp, kp, vp) = (q.host_ptr()?, k.host_ptr()?, v.host_ptr()?);
             let (out, lse) = (Tensor::empty_like(q)?, Tensor::empty(q.device(), &lse_dims(a))?);
             let (op, lp) = (out.host_ptr()?, lse.host_ptr()?);
-            h.run(fwd_kernel(dtype, a.dims.head_dim), move || {
+            h.run(fwd_kernel(dtype, a.dims.head_dim, FlashTiles::of(a.dims.head_dim)), move || {
                 let (o, l) = cpu::attention(&qp.read(), &kp.read(), &vp.read(), a, dtype);
                 op.write(&o);
                 lp.write(&l);
@@ -142,7 +142,7 @@ pub fn flash_attention(q: &Tensor, k: &Tensor, v: &Tensor, at: &Attention) -> Re
             Ok((out, lse))
         }
         Exec::Cuda(c) => {
-            let tiles = check_device(OP, c, dtype, a.dims.head_dim)?;
+            let tiles = check_device(OP, c, dtype, a)?;
             let ins = [q, k, v].map(|t| t.cuda_ptr());
             let [qp, kp, vp] = ins;
             let (qp, kp, vp) = (qp?, kp?, vp?);
@@ -156,7 +156,7 @@ pub fn flash_attention(q: &Tensor, k: &Tensor, v: &Tensor, at: &Attention) -> Re
             ];
             args.extend(sizes(a));
             let smem = tiles.smem(a.dims.head_dim)[0];
-            c.launch(fwd_kernel(dtype, a.dims.head_dim), tile_grid(a, a.dims.heads, tiles.fwd, smem), &args)?;
+            c.launch(fwd_kernel(dtype, a.dims.head_dim, tiles), tile_grid(a, a.dims.heads, tiles.fwd, smem), &args)?;
             Ok((out, lse))
         }
     }
@@ -208,7 +208,7 @@ pub fn flash_attention_backward(
             let ins = [dop?, qp?, kp?, vp?, op?, lp?];
             let (dq, dk, dv) = (Tensor::empty_like(q)?, Tensor::empty_like(k)?, Tensor::empty_like(v)?);
             let outs = [dq.host_ptr()?, dk.host_ptr()?, dv.host_ptr()?];
-            h.run(dq_kernel(dtype, a.dims.head_dim), move || {
+            h.run(dq_kernel(dtype, a.dims.head_dim, FlashTiles::of(a.dims.head_dim)), move || {
                 let [dout, q, k, v, out, lse] = ins.each_ref().map(|t| t.read());
                 let saved = AttnSaved { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse };
                 let (gq, gk, gv) = cpu::attention_backward(saved, a, dtype);
@@ -226,7 +226,7 @@ pub fn flash_attention_backward(
 fn backward_cuda(c: &CudaBackend, a: AttnShape, dtype: DType, ins: [&Tensor; 6]) -> Result<(Tensor, Tensor, Tensor)> {
     const OP: &str = "flash_attention_backward";
     let d = a.dims;
-    let tiles = check_device(OP, c, dtype, d.head_dim)?;
+    let tiles = check_device(OP, c, dtype, a)?;
     let ptrs = ins.map(|t| t.cuda_ptr());
     let [dop, qp, kp, vp, op, lp] = ptrs;
     let (dop, qp, kp, vp, op, lp) = (dop?, qp?, kp?, vp?, op?, lp?);
@@ -246,17 +246,19 @@ fn backward_cuda(c: &CudaBackend, a: AttnShape, dtype: DType, ins: [&Tensor; 6])
     let mut args = vec![KArg::Ptr(dk.cuda_ptr()?), KArg::Ptr(dv.cuda_ptr()?)];
     args.extend(common);
     args.extend(sizes(a));
-    c.launch(dkdv_kernel(dtype, d.head_dim), tile_grid(a, a.kv_heads, tiles.dkv, dkv_smem), &args)?;
+    c.launch(dkdv_kernel(dtype, d.head_dim, tiles), tile_grid(a, a.kv_heads, tiles.dkv, dkv_smem), &args)?;
     let mut args = vec![KArg::Ptr(dq.cuda_ptr()?)];
     args.extend(common);
     args.extend(sizes(a));
-    c.launch(dq_kernel(dtype, d.head_dim), tile_grid(a, d.heads, tiles.dq, dq_smem), &args)?;
+    c.launch(dq_kernel(dtype, d.head_dim, tiles), tile_grid(a, d.heads, tiles.dq, dq_smem), &args)?;
     Ok((dq, dk, dv))
 }
 
-/// Refuses a GPU the kernels cannot run on (before sm_80, or too little shared memory).
-fn check_device(op: &'static str, c: &CudaBackend, dtype: DType, head_dim: usize) -> Result<FlashTiles> {
-    let tiles = FlashTiles::of(head_dim);
+/// The tiles for this call ([`FlashTiles::for_call`]); refuses a GPU the kernels cannot run on
+/// (before sm_80, or too little shared memory for them).
+fn check_device(op: &'static str, c: &CudaBackend, dtype: DType, a: AttnShape) -> Result<FlashTiles> {
+    let head_dim = a.dims.head_dim;
+    let tiles = FlashTiles::for_call(head_dim, a.dims.batch * a.dims.heads, a.dims.seq, c.sm_count);
     let need = tiles.smem(head_dim).into_iter().max().unwrap_or(0);
     let (major, minor) = c.capability;
     if major < 8 || need > c.max_shared_optin {
@@ -292,42 +294,61 @@ fn tile_grid(a: AttnShape, heads: usize, shape: (usize, usize, usize), smem: usi
     }
 }
 
-/// One of a kernel's four builds: `[bf16 d64, bf16 d128, f16 d64, f16 d128]`.
-fn build(dtype: DType, head_dim: usize, [b64, b128, h64, h128]: [B; 4]) -> B {
-    match (dtype == DType::BF16, head_dim == 64) {
-        (true, true) => b64,
-        (true, false) => b128,
-        (false, true) => h64,
-        (false, false) => h128,
+/// One of a kernel's builds: `[bf16 d64, bf16 d128, f16 d64, f16 d128]` of the large-grid
+/// set, `[bf16, f16]` of the small-grid one (head dim 64 only).
+fn build(dtype: DType, head_dim: usize, tiles: FlashTiles, [b64, b128, h64, h128]: [B; 4], [sb, sh]: [B; 2]) -> B {
+    match (dtype == DType::BF16, tiles.small, head_dim == 64) {
+        (true, true, _) => sb,
+        (false, true, _) => sh,
+        (true, false, true) => b64,
+        (true, false, false) => b128,
+        (false, false, true) => h64,
+        (false, false, false) => h128,
     }
 }
 
-fn fwd_kernel(dtype: DType, head_dim: usize) -> B {
-    build(dtype, head_dim, [B::FlashFwdBf16D64, B::FlashFwdBf16D128, B::FlashFwdF16D64, B::FlashFwdF16D128])
+fn fwd_kernel(dtype: DType, head_dim: usize, tiles: FlashTiles) -> B {
+    let large = [B::FlashFwdBf16D64, B::FlashFwdBf16D128, B::FlashFwdF16D64, B::FlashFwdF16D128];
+    build(dtype, head_dim, tiles, large, [B::FlashFwdSBf16D64, B::FlashFwdSF16D64])
 }
 
-fn dq_kernel(dtype: DType, head_dim: usize) -> B {
-    build(dtype, head_dim, [B::FlashBwdDqBf16D64, B::FlashBwdDqBf16D128, B::FlashBwdDqF16D64, B::FlashBwdDqF16D128])
+fn dq_kernel(dtype: DType, head_dim: usize, tiles: FlashTiles) -> B {
+    let large = [B::FlashBwdDqBf16D64, B::FlashBwdDqBf16D128, B::FlashBwdDqF16D64, B::FlashBwdDqF16D128];
+    build(dtype, head_dim, tiles, large, [B::FlashBwdDqSBf16D64, B::FlashBwdDqSF16D64])
 }
 
-fn dkdv_kernel(dtype: DType, head_dim: usize) -> B {
-    let builds = [B::FlashBwdDkdvBf16D64, B::FlashBwdDkdvBf16D128, B::FlashBwdDkdvF16D64, B::FlashBwdDkdvF16D128];
-    build(dtype, head_dim, builds)
+fn dkdv_kernel(dtype: DType, head_dim: usize, tiles: FlashTiles) -> B {
+    let large = [B::FlashBwdDkdvBf16D64, B::FlashBwdDkdvBf16D128, B::FlashBwdDkdvF16D64, B::FlashBwdDkdvF16D128];
+    build(dtype, head_dim, tiles, large, [B::FlashBwdDkdvSBf16D64, B::FlashBwdDkdvSF16D64])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Each (dtype, head dim) picks the build of its own name, for all three kernels.
+    /// Each (dtype, head dim, tile set) picks the build of its own name, for all three kernels.
     #[test]
-    fn every_build_is_picked_by_its_dtype_and_head_dim() {
+    fn every_build_is_picked_by_its_dtype_head_dim_and_set() {
         for (dtype, tag) in [(DType::BF16, "_bf16_"), (DType::F16, "_f16_")] {
             for d in Attention::HEAD_DIMS {
-                for k in [fwd_kernel(dtype, d), dq_kernel(dtype, d), dkdv_kernel(dtype, d)] {
-                    assert!(k.name().contains(tag) && k.name().ends_with(&format!("_d{d}")), "{}", k.name());
+                let sets = [Some(FlashTiles::of(d)), FlashTiles::small(d)];
+                for tiles in sets.into_iter().flatten() {
+                    for k in [fwd_kernel(dtype, d, tiles), dq_kernel(dtype, d, tiles), dkdv_kernel(dtype, d, tiles)] {
+                        let name = k.name();
+                        assert!(name.contains(tag) && name.ends_with(&format!("_d{d}")), "{name}");
+                        assert_eq!(name.contains("_s_"), tiles.small, "{name}");
+                    }
                 }
             }
         }
+    }
+
+    /// Few (batch, head) pairs take the small-grid set at head dim 64; many, and head dim 128,
+    /// the large one.
+    #[test]
+    fn small_grids_take_the_small_tiles() {
+        assert!(FlashTiles::for_call(64, 8, 4096, 132).small); // the GPT at 4096: 256 blocks
+        assert!(!FlashTiles::for_call(64, 128, 4096, 132).small); // 4096 blocks
+        assert!(!FlashTiles::for_call(128, 8, 4096, 132).small); // no small set at 128
     }
 }

@@ -189,32 +189,92 @@ pub fn linear_backward(
     db: Option<&Tensor>,
     need_dx: bool,
 ) -> Result<Option<Tensor>> {
-    const OP: &str = "linear_backward";
-    let dtype = check_like(OP, &[dy, x, w])?;
-    check_f32_on(OP, dw, x)?;
-    let (rows, input, out) = check_linear(OP, x, w)?;
+    backward("linear_backward", (dy, x, w, dw, db), if need_dx { Dx::New } else { Dx::Skip })
+}
+
+/// [`linear_backward`] that adds the input grad into `dx` (`dx += dy · w`) instead of returning
+/// a new tensor: the sum of several layers' input grads (a residual branch, or projections that
+/// read the same input) in the GEMM itself (`beta = 1`, f32 accumulation, one rounding), with no
+/// separate add. `dx` has `x`'s shape and dtype and shares no memory with `dy`, `x` or `w`
+/// ([`Error::Overlap`]); everything is checked before anything runs.
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let x = Tensor::from_slice(&dev, &[1.0, 2.0], &[1, 2])?;
+/// let w = Tensor::from_slice(&dev, &[1.0, 0.0, 0.0, 1.0], &[2, 2])?;
+/// let dy = Tensor::from_slice(&dev, &[1.0, 3.0], &[1, 2])?;
+/// let dw = Tensor::zeros(&dev, &[2, 2])?;
+/// let dx = Tensor::from_slice(&dev, &[10.0, 20.0], &[1, 2])?; // another branch's grad
+/// ops::linear_backward_acc(&dy, &x, &w, &dw, None, &dx)?;
+/// assert_eq!(dx.to_vec()?, vec![11.0, 23.0]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn linear_backward_acc(
+    dy: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    dw: &Tensor,
+    db: Option<&Tensor>,
+    dx: &Tensor,
+) -> Result<()> {
+    backward("linear_backward_acc", (dy, x, w, dw, db), Dx::Add(dx)).map(|_| ())
+}
+
+/// What a linear backward does with the input grad.
+#[derive(Clone, Copy)]
+enum Dx<'a> {
+    Skip,
+    New,
+    Add(&'a Tensor),
+}
+
+fn backward(
+    op: &'static str,
+    (dy, x, w, dw, db): (&Tensor, &Tensor, &Tensor, &Tensor, Option<&Tensor>),
+    mode: Dx<'_>,
+) -> Result<Option<Tensor>> {
+    let dtype = check_like(op, &[dy, x, w])?;
+    check_f32_on(op, dw, x)?;
+    let (rows, input, out) = check_linear(op, x, w)?;
     if dy.dims() != out_dims(x, out).as_slice() {
         return Err(Error::shape(
-            OP,
+            op,
             format!("dy {:?} must be {:?} for x {:?} and w {:?}", dy.dims(), out_dims(x, out), x.dims(), w.dims()),
         ));
     }
-    check_shape(OP, dw, w)?;
+    check_shape(op, dw, w)?;
     if let Some(db) = db {
-        check_f32_on(OP, db, x)?;
-        check_vector(OP, "db", db, out)?;
+        check_f32_on(op, db, x)?;
+        check_vector(op, "db", db, out)?;
     }
-    n32(OP, rows * out.max(input))?;
-    let dx = if need_dx { Some(Tensor::empty_as(x.device(), x.dims(), dtype)?) } else { None };
+    n32(op, rows * out.max(input))?;
+    if let Dx::Add(acc) = mode {
+        check_like(op, &[x, acc])?;
+        if acc.dims() != x.dims() {
+            return Err(Error::shape(op, format!("dx {:?} must have x's shape {:?}", acc.dims(), x.dims())));
+        }
+        for (name, t) in [("dy", dy), ("x", x), ("w", w)] {
+            let ((pa, ra), (pb, rb)) = (acc.mem_range(), t.mem_range());
+            if pa == pb && ra.overlaps(&rb) {
+                return Err(Error::Overlap { op, output: "dx", input: name });
+            }
+        }
+    }
+    let (dx, beta) = match mode {
+        Dx::Skip => (None, 0.0),
+        Dx::New => (Some(Tensor::empty_as(x.device(), x.dims(), dtype)?), 0.0),
+        Dx::Add(acc) => (Some(acc.clone()), 1.0),
+    };
     match exec(x.device()) {
-        Exec::Host(h) => host_linear_backward(h, (dy, x, w, dw, db, dx.as_ref()), (rows, input, out))?,
+        Exec::Host(h) => host_linear_backward(h, (dy, x, w, dw, db, dx.as_ref()), (rows, input, out), beta)?,
         Exec::Cuda(c) => {
             let tf32 = x.device().tf32();
             // dwᵀ[in, out] += xᵀ[in, N] · dy[N, out] (column-major: x is xᵀ with ld in, dy is
             // dyᵀ with ld out, so it is transposed).
             let (xo, dyo, dwo) = (operand(x, input)?, operand(dy, out)?, operand(dw, input)?);
             let g = GemmEx {
-                op: OP,
+                op,
                 trans_a: false,
                 trans_b: true,
                 m: input,
@@ -239,7 +299,7 @@ pub fn linear_backward(
                 // dxᵀ[in, N] = wᵀ[in, out] · dyᵀ[out, N].
                 let (wo, dxo) = (operand(w, input)?, operand(dx, input)?);
                 let g = GemmEx {
-                    op: OP,
+                    op,
                     trans_a: false,
                     trans_b: false,
                     m: input,
@@ -248,7 +308,7 @@ pub fn linear_backward(
                     alpha: 1.0,
                     a: wo,
                     b: dyo,
-                    beta: 0.0,
+                    beta,
                     c: dxo,
                     tf32,
                 };
@@ -256,17 +316,19 @@ pub fn linear_backward(
             }
         }
     }
-    Ok(dx)
+    Ok(if matches!(mode, Dx::New) { dx } else { None })
 }
 
 type BackwardTensors<'a> = (&'a Tensor, &'a Tensor, &'a Tensor, &'a Tensor, Option<&'a Tensor>, Option<&'a Tensor>);
 
 /// The host half of [`linear_backward`]: f32 math on the widened inputs; `dx` is rounded to
-/// the input dtype on store, `dw` and `db` accumulate in f32.
+/// the input dtype on store (with `beta` 1, after adding what `dx` held), `dw` and `db`
+/// accumulate in f32.
 fn host_linear_backward(
     h: &crate::backend::HostBackend,
     (dy, x, w, dw, db, dx): BackwardTensors<'_>,
     (rows, input, out): (usize, usize, usize),
+    beta: f32,
 ) -> Result<()> {
     let (dyp, xp, wp, dwp) = (dy.host_ptr()?, x.host_ptr()?, w.host_ptr()?, dw.host_ptr()?);
     let dbp = db.map(|b| b.host_ptr()).transpose()?;
@@ -290,7 +352,11 @@ fn host_linear_backward(
             p.write(v);
         }
         if let (Some(p), Some(v)) = (&dxp, &dxv) {
-            p.write(v);
+            if beta == 0.0 {
+                p.write(v);
+            } else {
+                p.write(&p.read().iter().zip(v).map(|(a, b)| a + b).collect::<Vec<f32>>());
+            }
         }
         Ok(())
     })

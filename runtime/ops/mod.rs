@@ -31,7 +31,7 @@ pub use elementwise::{add, mean, mul, scale, sum};
 pub use flash::{flash_attention, flash_attention_backward, Attention};
 pub use fused::{linear_fused, linear_fused_backward, Epilogue};
 pub use generate::{generation_step, Generation, Stop};
-pub use linear::{bias_add, linear, linear_backward, linear_to};
+pub use linear::{bias_add, linear, linear_backward, linear_backward_acc, linear_to};
 pub(crate) use linear::{check_linear, out_dims};
 pub use loss::{
     mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels, IGNORE_LABEL,

@@ -601,6 +601,11 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
 #if !defined(FA_FWD64) || !defined(FA_FWD128) || !defined(FA_DQ64) || !defined(FA_DQ128) || !defined(FA_DKV64) || !defined(FA_DKV128)
 #error "flash.cu needs the tile shapes: -DFA_FWD64=tile,warps,mt and the other five (FlashTiles)"
 #endif
+// The small-grid builds at head dim 64 (`_s_` in their names): narrower tiles for calls with few
+// (batch, head) pairs, where more, shorter blocks balance the causal rows' unequal work.
+#if !defined(FA_FWDS64) || !defined(FA_DQS64) || !defined(FA_DKVS64)
+#error "flash.cu needs the small-grid tile shapes: -DFA_FWDS64=tile,warps,mt, FA_DQS64, FA_DKVS64 (FlashTiles)"
+#endif
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define FA_BODY(...) __VA_ARGS__
 #else
@@ -627,3 +632,10 @@ extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV64)) flash_bwd_
 extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV128)) flash_bwd_dkdv_bf16_d128(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dkdv<true, 128, FA_DKV128>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
 extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV64)) flash_bwd_dkdv_f16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dkdv<false, 64, FA_DKV64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
 extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV128)) flash_bwd_dkdv_f16_d128(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dkdv<false, 128, FA_DKV128>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWDS64)) flash_fwd_s_bf16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_fwd<true, 64, FA_FWDS64>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQS64)) flash_bwd_dq_s_bf16_d64(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dq<true, 64, FA_DQS64>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKVS64)) flash_bwd_dkdv_s_bf16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dkdv<true, 64, FA_DKVS64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWDS64)) flash_fwd_s_f16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_fwd<false, 64, FA_FWDS64>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQS64)) flash_bwd_dq_s_f16_d64(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dq<false, 64, FA_DQS64>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKVS64)) flash_bwd_dkdv_s_f16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { FA_BODY(fa_bwd_dkdv<false, 64, FA_DKVS64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
