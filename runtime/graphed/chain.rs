@@ -11,7 +11,7 @@
 
 use super::buckets::{CopyIn, Lens, Route, SlotsAt};
 use super::staging::Bound;
-use super::Surface;
+use super::surface::Surface;
 
 fn inp(s: &Surface) -> &Vec<Option<Tensor>> {
     &s.inputs
@@ -143,7 +143,7 @@ impl GraphedModules {
 
     /// The last chunk's extras against the surface its next forward replays on.
     fn check_extras(&self, last: usize, extras: &[Option<Tensor>], len: Option<Lens>) -> Result<()> {
-        let s = &self.surfaces[last][self.next_forward[last]];
+        let s = &self.surfaces[last][self.cursor.next_forward(last)];
         if extras.len() + 1 != s.inputs.len() {
             let (expected, got) = (s.inputs.len(), extras.len() + 1);
             return Err(Error::Arity { module: s.label.clone(), kind: SlotKind::Input, expected, got });

@@ -29,6 +29,8 @@ pub(crate) struct Schedule {
     microbatches: usize,
     /// Per chunk: whether the order has `w(c)` entries (its weight grads run as separate steps).
     deferred: Vec<bool>,
+    /// Whether backwards are steps (training) or left out (a forward-only capture).
+    backward: bool,
 }
 
 impl Schedule {
@@ -43,7 +45,7 @@ impl Schedule {
             let forwards = (0..chunks).map(|c| Step { pass: Pass::Forward, chunk: c, microbatch: 0 });
             let backwards = (0..chunks).rev().map(|c| Step { pass: Pass::Backward, chunk: c, microbatch: 0 });
             let steps = if training { forwards.chain(backwards).collect() } else { forwards.collect() };
-            return Ok(Schedule { steps, microbatches: 1, deferred: vec![false; chunks] });
+            return Ok(Schedule { steps, microbatches: 1, deferred: vec![false; chunks], backward: training });
         };
         let passes = order.iter().filter(|e| !matches!(e, OrderEntry::Wgrad(_))).count();
         if passes == 0 || passes % (2 * chunks) != 0 {
@@ -85,7 +87,7 @@ impl Schedule {
             }
         }
         let deferred = counts.iter().map(|[_, _, wgrad]| *wgrad > 0).collect();
-        Ok(Schedule { steps, microbatches, deferred })
+        Ok(Schedule { steps, microbatches, deferred, backward: training })
     }
 
     /// For chained chunks, the data flow: chunk `c + 1`'s forward of a microbatch needs chunk
@@ -158,6 +160,11 @@ impl Schedule {
     /// Microbatches per chunk.
     pub(crate) fn microbatches(&self) -> usize {
         self.microbatches
+    }
+
+    /// Whether the iteration has backward steps (false for a forward-only capture).
+    pub(crate) fn has_backward(&self) -> bool {
+        self.backward
     }
 
     /// Whether `chunk`'s weight grads are separate steps (`w(c)` entries).
