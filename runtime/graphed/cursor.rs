@@ -63,6 +63,11 @@ pub(super) struct Launched {
 }
 
 impl Admitted {
+    /// The step admitted.
+    pub(super) fn step(&self) -> Step {
+        self.step
+    }
+
     /// Launches the admitted step's graph; the pool's order moves past it.
     pub(super) fn launch(self, surfaces: &mut [Vec<Surface>]) -> Result<Launched> {
         let Step { pass, chunk, microbatch } = self.step;
@@ -119,13 +124,7 @@ impl Cursor {
     /// expects next, or the schedule's first step (abandoning an iteration half-way); and
     /// the pool, which other captures may share, lets its graph replay now.
     pub(super) fn admit(&self, schedule: &Schedule, surfaces: &[Vec<Surface>], step: Step) -> Result<Admitted> {
-        let steps = schedule.steps();
-        let after = |i: usize| (i + 1) % steps.len();
-        let (next, restarts) = if steps.get(self.at) == Some(&step) {
-            (after(self.at), false)
-        } else if steps.first() == Some(&step) {
-            (after(0), true)
-        } else {
+        let Some((next, restarts)) = self.turn(schedule, step) else {
             return Err(out_of_turn(schedule, surfaces, step, self.at));
         };
         let s = &surfaces[step.chunk][step.microbatch];
@@ -133,6 +132,21 @@ impl Cursor {
         let graph = pass.ok_or_else(|| Error::NotCaptured { graph: format!("{} {:?}", s.label, step.pass) })?;
         let ticket = graph.graph.check_replay()?;
         Ok(Admitted { step, next, restarts, ticket })
+    }
+
+    /// The schedule's rule for `step` now: `Some((next, restarts))` when it may run (`next`
+    /// the step expected after it; `restarts` when it starts the schedule over with an
+    /// iteration half-way), `None` when it is out of turn.
+    fn turn(&self, schedule: &Schedule, step: Step) -> Option<(usize, bool)> {
+        let steps = schedule.steps();
+        let after = |i: usize| (i + 1) % steps.len();
+        if steps.get(self.at) == Some(&step) {
+            Some((after(self.at), false))
+        } else if steps.first() == Some(&step) {
+            Some((after(0), true))
+        } else {
+            None
+        }
     }
 
     /// Moves past a launched step: the order, the chunk's next forward, the queues. An
@@ -210,4 +224,82 @@ fn out_of_turn(schedule: &Schedule, surfaces: &[Vec<Surface>], step: Step, at: u
     let expected = schedule.steps().get(at).map(label).unwrap_or_default();
     let order = schedule.steps().iter().map(label).collect::<Vec<_>>().join(" -> ");
     Error::ReplayOrder { got: label(&step), expected, order }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graphed::OrderEntry;
+
+    fn schedule(order: &[OrderEntry], chunks: usize) -> Schedule {
+        Schedule::new(Some(order), chunks, true).unwrap()
+    }
+
+    /// Admits and commits `step` as a launch would.
+    fn run(cursor: &mut Cursor, schedule: &Schedule, step: Step) -> Option<bool> {
+        let (next, restarts) = cursor.turn(schedule, step)?;
+        Some(cursor.commit(schedule, Launched { step, next, restarts }))
+    }
+
+    fn step(pass: Pass, chunk: usize, microbatch: usize) -> Step {
+        Step { pass, chunk, microbatch }
+    }
+
+    fn waiting(cursor: &Cursor, chunk: usize, pass: Pass) -> Vec<usize> {
+        let queue = cursor.queue(chunk, pass).into_iter().flatten();
+        queue.map(|p| if let Pending::Graphed(m) = p { *m } else { usize::MAX }).collect()
+    }
+
+    #[test]
+    fn a_whole_iteration_in_order_comes_back_to_the_start() {
+        let s = schedule(&OrderEntry::from_ints(&[1, 2, 1, 2, -2, -1, -2, -1]), 2);
+        let mut cursor = Cursor::new(2);
+        for (i, &st) in s.steps().iter().enumerate() {
+            assert_eq!(run(&mut cursor, &s, st), Some(false), "step {i}");
+            assert_eq!(cursor.admit_step().is_ok(), i + 1 == s.steps().len(), "step {i}");
+        }
+        assert_eq!((cursor.at, cursor.waiting()), (0, 0));
+    }
+
+    #[test]
+    fn out_of_turn_is_refused_and_the_first_step_starts_over() {
+        let s = schedule(&OrderEntry::from_ints(&[1, 2, -2, -1]), 2);
+        let mut cursor = Cursor::new(2);
+        assert_eq!(run(&mut cursor, &s, step(Pass::Forward, 1, 0)), None, "chunk 2 before chunk 1");
+        assert_eq!(run(&mut cursor, &s, step(Pass::Forward, 0, 0)), Some(false));
+        assert_eq!(waiting(&cursor, 0, Pass::Backward), [0]);
+        assert_eq!(run(&mut cursor, &s, step(Pass::Backward, 0, 0)), None, "backward of chunk 1 first");
+        assert_eq!(cursor.at, 1, "a refusal moves nothing");
+        // The first step again abandons the iteration: chunk 1's first microbatch is
+        // queued once, not twice.
+        assert_eq!(run(&mut cursor, &s, step(Pass::Forward, 0, 0)), Some(true));
+        assert_eq!((cursor.at, waiting(&cursor, 0, Pass::Backward)), (1, vec![0]));
+    }
+
+    #[test]
+    fn deferred_weight_grads_wait_in_their_own_queue() {
+        let (f, b, w) = (OrderEntry::Forward, OrderEntry::Backward, OrderEntry::Wgrad);
+        let s = schedule(&[f(1), f(1), b(1), b(1), w(1), w(1)], 1);
+        let mut cursor = Cursor::new(1);
+        for &st in &s.steps()[..4] {
+            assert_eq!(run(&mut cursor, &s, st), Some(false));
+        }
+        assert_eq!(waiting(&cursor, 0, Pass::Wgrad), [0, 1]);
+        assert_eq!(cursor.admit_step(), Err(2), "a fused step waits for the weight grads");
+        assert_eq!(run(&mut cursor, &s, step(Pass::Wgrad, 0, 1)), None, "first in, first out");
+        assert_eq!(run(&mut cursor, &s, step(Pass::Wgrad, 0, 0)), Some(false));
+        assert_eq!(run(&mut cursor, &s, step(Pass::Wgrad, 0, 1)), Some(false));
+        assert_eq!((cursor.at, cursor.admit_step()), (0, Ok(())));
+    }
+
+    #[test]
+    fn a_forward_only_schedule_queues_no_backward() {
+        let s = Schedule::new(Some(&OrderEntry::from_ints(&[1, -1, 1, -1])), 1, false).unwrap();
+        let mut cursor = Cursor::new(1);
+        assert_eq!(run(&mut cursor, &s, step(Pass::Forward, 0, 0)), Some(false));
+        assert_eq!((cursor.waiting(), cursor.next_forward(0)), (0, 1));
+        assert_eq!(cursor.admit_step(), Err(0), "half-way through the microbatches");
+        assert_eq!(run(&mut cursor, &s, step(Pass::Forward, 0, 1)), Some(false));
+        assert_eq!((cursor.at, cursor.next_forward(0), cursor.admit_step()), (0, 0, Ok(())));
+    }
 }

@@ -12,15 +12,18 @@ use super::schedule::{Pass, Step};
 use super::{new_cx, GraphedModules};
 use crate::{Cx, Error, HookKind, Result, Slot, SlotKind, Tensor};
 
-/// A checked call, ready to act: the copies into static buffers and the cursor's admission.
+/// A checked call, ready to act: the copies into static buffers, the real sizes a forward
+/// records with shape buckets, and the cursor's admission.
 pub(super) struct Plan {
     copies: Vec<CopyIn>,
+    len: Option<Lens>,
     admitted: Admitted,
 }
 
 impl Plan {
-    fn copy_in(&self) -> Result<()> {
-        self.copies.iter().try_for_each(CopyIn::run)
+    /// A call with nothing to copy in (weight grads): the admitted launch alone.
+    pub(super) fn launch_only(admitted: Admitted) -> Plan {
+        Plan { copies: Vec::new(), len: None, admitted }
     }
 }
 
@@ -119,7 +122,7 @@ impl GraphedModules {
         self.forward_planned(chunk, plan, Some(len), trim)
     }
 
-    /// Acts on a checked forward: copies in, replays, commits; the static outputs.
+    /// Acts on a checked forward; the static outputs.
     fn forward_planned(
         &mut self,
         chunk: usize,
@@ -127,23 +130,33 @@ impl GraphedModules {
         len: Option<Lens>,
         trim: bool,
     ) -> Result<Vec<Option<Tensor>>> {
-        let m = self.cursor.next_forward(chunk);
-        plan.copy_in()?;
-        self.set_length(chunk, m, len)?;
-        let launched = plan.admitted.launch(&mut self.surfaces)?;
-        if self.cursor.commit(&self.config.schedule, launched) {
-            // An iteration was abandoned half-way: its handles go stale (its microbatches can
-            // no longer run backward: the cursor dropped them).
-            self.invalidate_all();
-        }
-        let s = &self.surfaces[chunk][m];
-        s.passes.forward.invalidate_clobbered();
-        let outputs = s.outputs.iter().map(|o| o.as_ref().map(Tensor::refreshed)).collect();
+        let m = self.replay(plan)?;
+        let outputs = self.surfaces[chunk][m].outputs.iter().map(|o| o.as_ref().map(Tensor::refreshed)).collect();
         if trim {
             self.trim(chunk, SlotKind::GradOutput, outputs, len)
         } else {
             Ok(outputs)
         }
+    }
+
+    /// Acts on a checked call: copies its tensors in, records a forward's real sizes, launches
+    /// the admitted step's graph and commits the cursor; every handle the replay overwrote
+    /// goes stale. Returns the microbatch replayed.
+    pub(super) fn replay(&mut self, plan: Plan) -> Result<usize> {
+        let Plan { copies, len, admitted } = plan;
+        let Step { pass, chunk, microbatch } = admitted.step();
+        copies.iter().try_for_each(CopyIn::run)?;
+        self.set_length(chunk, microbatch, len)?;
+        let launched = admitted.launch(&mut self.surfaces)?;
+        if self.cursor.commit(&self.config.schedule, launched) {
+            // An iteration was abandoned half-way: its handles go stale (the cursor dropped
+            // its microbatches, which can no longer run backward).
+            self.invalidate_all();
+        }
+        if let Some(p) = self.surfaces[chunk][microbatch].passes.get(pass) {
+            p.invalidate_clobbered();
+        }
+        Ok(microbatch)
     }
 
     /// Checks the forward of `chunk` for its next microbatch, with no side effect.
@@ -161,7 +174,7 @@ impl GraphedModules {
         let copies = self.copies_in(at, inputs, &s.inputs)?;
         let step = Step { pass: Pass::Forward, chunk, microbatch };
         let admitted = self.cursor.admit(&self.config.schedule, &self.surfaces, step)?;
-        Ok(Plan { copies, admitted })
+        Ok(Plan { copies, len, admitted })
     }
 
     /// Runs the backward of `chunk` for its oldest outstanding microbatch: copies the grad
@@ -204,18 +217,10 @@ impl GraphedModules {
         let at = SlotsAt { chunk, module: &s.label, kind: SlotKind::GradOutput, from: 0, len, requires_grad: false };
         let copies = self.copies_in(at, grad_outputs, &s.grad_outputs)?;
         let step = Step { pass: Pass::Backward, chunk, microbatch: m };
-        let plan = Plan { copies, admitted: self.cursor.admit(&self.config.schedule, &self.surfaces, step)? };
+        let admitted = self.cursor.admit(&self.config.schedule, &self.surfaces, step)?;
         // Act.
-        plan.copy_in()?;
-        let launched = plan.admitted.launch(&mut self.surfaces)?;
-        if self.cursor.commit(&self.config.schedule, launched) {
-            // Only a forward graph can start a cycle, so this does not happen; stay safe anyway.
-            self.invalidate_all();
-        }
+        self.replay(Plan { copies, len: None, admitted })?;
         let s = &self.surfaces[chunk][m];
-        if let Some(b) = &s.passes.backward {
-            b.invalidate_clobbered();
-        }
         let grads = s.grad_inputs.iter().map(|g| g.as_ref().map(Tensor::refreshed)).collect();
         if trim {
             self.trim(chunk, SlotKind::Input, grads, len)

@@ -8,6 +8,7 @@
 
 use super::capture::Capture;
 use super::cursor::Pending;
+use super::replay::Plan;
 use super::schedule::{Pass, Step};
 use super::{GraphedModules, Schedule};
 use crate::{Cx, Error, Graph, Module, Result, Tensor};
@@ -125,15 +126,6 @@ impl GraphedModules {
             return Err(Error::NotDeferred { module: self.surfaces[chunk][microbatch].label.clone() });
         }
         let admitted = self.cursor.admit(&self.config.schedule, &self.surfaces, step)?;
-        // Act.
-        let launched = admitted.launch(&mut self.surfaces)?;
-        if let Some(w) = &self.surfaces[chunk][microbatch].passes.wgrad {
-            w.invalidate_clobbered();
-        }
-        if self.cursor.commit(&self.config.schedule, launched) {
-            // Only a forward graph can start a cycle, so this does not happen; stay safe anyway.
-            self.invalidate_all();
-        }
-        Ok(())
+        self.replay(Plan::launch_only(admitted)).map(drop)
     }
 }

@@ -15,7 +15,7 @@
 //! iteration's bucket when it fits there; a fused step takes the bucket of its longest
 //! microbatch.
 //!
-//! Only one bucket is active at a time: its graphs, surfaces and queues sit in
+//! Only one bucket is active at a time: its surfaces, its cursor and its fused step sit in
 //! [`GraphedModules`]' fields, the others are parked here and swapped in when a call needs
 //! them. Switching buckets while the active one has microbatches waiting for their backward
 //! abandons them (their backward is then [`Error::NoPendingForward`]): the smaller bucket's
