@@ -9,7 +9,9 @@ use super::reuse::{adopt, reusable, Slot, SlotPlan};
 use super::schedule::{Pass, Step};
 use super::surface::Draft;
 use super::{new_cx, Config, GraphOptions, GraphedModules, Schedule};
-use crate::{Cx, Device, Error, Graph, GraphPool, HookKind, Module, Result, SetupError, Tensor};
+use crate::{
+    Cx, Device, Error, Graph, GraphPool, HookKind, Module, Result, ScheduleError, SetupError, SignatureError, Tensor,
+};
 
 pub use super::capture_error::CaptureError;
 
@@ -205,7 +207,7 @@ fn validate(
             None => return Err(SetupError::CheckpointChunk { chunk: c, chunks }.into()),
         }
     }
-    super::wgrad::check_splits(modules, &schedule, &checkpointed)?;
+    schedule.check_modules(modules, &checkpointed)?;
     for (c, (m, s)) in modules.iter().zip(samples).enumerate() {
         if s.is_empty() || (s.len() != 1 && s.len() != schedule.microbatches()) {
             let (chunk, sets, microbatches) = (c + 1, s.len(), schedule.microbatches());
@@ -411,9 +413,7 @@ impl Capture {
                     self.config.run_hooks(&mut self.modules, c, HookKind::Forward)?;
                 }
                 Pass::Backward => {
-                    let (cx, outs) = done[c][m].take().ok_or_else(|| Error::InvalidOrder {
-                        detail: format!("backward of chunk {} before its forward", c + 1),
-                    })?;
+                    let (cx, outs) = done[c][m].take().ok_or(ScheduleError::BackwardBeforeForward { chunk: c + 1 })?;
                     self.config.run_hooks(&mut self.modules, c, HookKind::PreBackward)?;
                     let deferred = self.config.schedule.defers(c);
                     let cx = match phase {
@@ -433,9 +433,7 @@ impl Capture {
                     self.config.run_hooks(&mut self.modules, c, HookKind::Backward)?;
                 }
                 Pass::Wgrad => {
-                    let (cx, _) = done[c][m].take().ok_or_else(|| Error::InvalidOrder {
-                        detail: format!("weight grads of chunk {} before its backward", c + 1),
-                    })?;
+                    let (cx, _) = done[c][m].take().ok_or(ScheduleError::WgradBeforeBackward { chunk: c + 1 })?;
                     self.wgrad_step(c, m, cx, phase == Phase::Capture)?;
                 }
             }
@@ -451,9 +449,7 @@ impl Capture {
     fn chained_inputs(&self, c: usize, m: usize, prev: Option<Tensor>) -> Result<Vec<Option<Tensor>>> {
         let mut inputs = self.drafts[c][m].inputs.clone();
         if self.config.options.chained && c > 0 {
-            let prev = prev.ok_or_else(|| Error::InvalidOrder {
-                detail: format!("chained: chunk {} microbatch {m} runs before chunk {} produced its output", c + 1, c),
-            })?;
+            let prev = prev.ok_or(ScheduleError::ChainedForward { chunk: c + 1, microbatch: m + 1 })?;
             if let Some(first) = inputs.first_mut() {
                 *first = Some(prev.with_requires_grad(true));
             }
@@ -517,10 +513,8 @@ impl Capture {
         let writes = self.pool.end_tracking();
         let (cx, grads) = captured.map_err(|e| e.context(format!("capturing the backward of {}", s.label)))?;
         if grads.len() != s.inputs.len() {
-            return Err(Error::Graphed {
-                module: name.into(),
-                detail: format!("backward returned {} grads for {} inputs", grads.len(), s.inputs.len()),
-            });
+            let (module, inputs, got) = (name.into(), s.inputs.len(), grads.len());
+            return Err(SignatureError::GradCount { module, inputs, got }.into());
         }
         let mut grad_inputs = Vec::with_capacity(grads.len());
         for (i, (g, x)) in grads.into_iter().zip(&s.inputs).enumerate() {
@@ -587,14 +581,8 @@ impl Capture {
                 None => None,
                 Some(_) if self.config.is_chained_grad_output(c, i) => {
                     let next = &self.drafts[c + 1][m];
-                    let g = next.grad_inputs.first().cloned().flatten().ok_or_else(|| Error::InvalidOrder {
-                        detail: format!(
-                            "chained: the backward of chunk {} microbatch {m} must come before chunk {}'s",
-                            c + 2,
-                            c + 1
-                        ),
-                    })?;
-                    Some(g)
+                    let g = next.grad_inputs.first().cloned().flatten();
+                    Some(g.ok_or(ScheduleError::ChainedBackward { chunk: c + 1, microbatch: m + 1 })?)
                 }
                 Some(o) => match s.grad_outputs.get(i).cloned().flatten() {
                     Some(g) if g.dims() == o.dims() => Some(g),

@@ -13,7 +13,7 @@ use super::staging::Bound;
 use super::surface::Surface;
 use super::GraphedModules;
 use crate::pool::ReplayTicket;
-use crate::{Error, Graph, GraphPool, Result, Tensor};
+use crate::{Error, Graph, GraphPool, Result, ScheduleError, Tensor};
 
 /// A fused graph over one or more graphed modules (each one whole iteration of its schedule)
 /// and what a step needs to check and commit without allocating.
@@ -50,9 +50,7 @@ impl Fused {
         }
         for (pool, ids) in &runs {
             if !pool.is_capture_run(ids) {
-                return Err(Error::InvalidOrder {
-                    detail: format!("fuse: the graphs of {label} do not follow their pool's capture order; list the modules in the order they were captured"),
-                });
+                return Err(ScheduleError::FuseOrder { modules: label }.into());
             }
         }
         let graph = Graph::fuse(&first.device, &first.pool, format!("fused step of {label}"), &parts)?;
@@ -232,7 +230,8 @@ impl GraphedModules {
 
     fn surface_checked(&self, chunk: usize, microbatch: usize) -> Result<&Surface> {
         let row = self.surfaces.get(chunk).ok_or(Error::ChunkOutOfRange { chunk, chunks: self.surfaces.len() })?;
-        row.get(microbatch).ok_or_else(|| Error::invalid("microbatch", format!("{microbatch} of {}", row.len())))
+        row.get(microbatch)
+            .ok_or_else(|| ScheduleError::MicrobatchOutOfRange { microbatch, microbatches: row.len() }.into())
     }
 
     /// Fresh handles to one part of the surfaces of (chunk, microbatch): the fused step's

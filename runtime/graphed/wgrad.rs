@@ -10,7 +10,7 @@ use super::capture::Capture;
 use super::cursor::Pending;
 use super::replay::Plan;
 use super::schedule::{Pass, Step};
-use super::{GraphedModules, Schedule};
+use super::GraphedModules;
 use crate::{Cx, Error, Graph, Module, Result, Tensor};
 
 /// A module's backward as one call: its input grads, then, for a module that splits its
@@ -44,35 +44,6 @@ pub(super) fn run_backward(
     } else {
         backward_unsplit(module, cx, grad_outputs)
     }
-}
-
-/// `w(c)` entries only for chunks whose module splits its backward and that are not
-/// checkpointed (a recomputed chunk's activations live only inside its whole backward).
-pub(super) fn check_splits(modules: &[Box<dyn Module>], schedule: &Schedule, checkpointed: &[bool]) -> Result<()> {
-    for (c, m) in modules.iter().enumerate() {
-        if schedule.defers(c) && checkpointed.get(c).copied().unwrap_or(false) {
-            return Err(Error::InvalidOrder {
-                detail: format!(
-                    "w({}): chunk {} (`{}`) is checkpointed, so its weight grads run inside its backward, after the recompute; drop the w({}) entries or the checkpoint",
-                    c + 1,
-                    c + 1,
-                    m.name(),
-                    c + 1
-                ),
-            });
-        }
-        if schedule.defers(c) && !m.splits_backward() {
-            return Err(Error::InvalidOrder {
-                detail: format!(
-                    "w({}): chunk {} (`{}`) does not split its backward (Module::splits_backward is false), so it has no separate weight grads",
-                    c + 1,
-                    c + 1,
-                    m.name()
-                ),
-            });
-        }
-    }
-    Ok(())
 }
 
 impl Capture {
