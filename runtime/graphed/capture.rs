@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::buckets::{bucket_samples, bucketed_inputs, Lengths};
+use super::buckets::{bucket_samples, bucketed_inputs, BucketsCaptured, Lengths};
 use super::cursor::Cursor;
 use super::reuse::{adopt, reusable, Slot, SlotPlan};
 use super::schedule::{Pass, Step};
@@ -245,14 +245,6 @@ fn saved_bytes(cx: &Cx, inputs: &[Option<Tensor>], outputs: &[Option<Tensor>], p
 enum Phase {
     WarmUp,
     Capture,
-}
-
-/// What shape buckets add to a capture: the declared buckets, along which axes each input
-/// follows them, and what capturing each bucket took.
-pub(super) struct BucketsCaptured {
-    pub(super) spec: crate::Buckets,
-    pub(super) inputs: Vec<Vec<super::buckets::Along>>,
-    pub(super) reports: Vec<crate::BucketReport>,
 }
 
 /// `make_graphed` under way: the modules, what they are captured with, and a draft of every

@@ -3,10 +3,11 @@
 //! A captured schedule replays as a cycle of its steps. The [`Cursor`] knows which step comes
 //! next, which microbatch each chunk's next forward runs, and per chunk the microbatches
 //! waiting for their backward and for their deferred weight grads (first in, first out).
-//! Every graphed call goes through it the same way, whether a forward, a backward, weight
-//! grads or a fused step: [`Cursor::admit`] checks and changes nothing; the call acts (copies
-//! in, launches); [`Cursor::commit`] then moves the cursor on. A refused call leaves it where
-//! it was.
+//! Every graphed call goes through it the same way, whether a forward, a backward or weight
+//! grads: [`Cursor::admit`] checks and changes nothing; the call acts (copies in, launches);
+//! [`Cursor::commit`] then moves the cursor on. A fused step, a whole iteration at once, does
+//! the same with [`Cursor::admit_step`] and [`Cursor::commit_step`]. A refused call leaves the
+//! cursor where it was.
 //!
 //! The schedule's order is the cursor's: a step is admitted when it is the one expected next,
 //! or when it is the schedule's first step (which abandons an iteration left half-way). The

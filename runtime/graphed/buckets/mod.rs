@@ -33,7 +33,7 @@ use std::time::Instant;
 use layout::{any, layout, resized_dims, trimmed};
 use spec::MAX_AXES;
 
-use super::capture::{BucketsCaptured, Capture, Samples};
+use super::capture::{Capture, Samples};
 use super::cursor::Cursor;
 use super::schedule::Schedule;
 use super::surface::{Draft, Surface};
@@ -82,6 +82,14 @@ pub(super) struct BucketSet {
     outputs: Vec<Vec<Along>>,
     /// The active bucket's real sizes, on the device and per microbatch.
     lengths: Lengths,
+}
+
+/// What shape buckets add to a capture: the declared buckets, along which axes each input
+/// follows them, and what capturing each bucket took.
+pub(super) struct BucketsCaptured {
+    pub(super) spec: Buckets,
+    pub(super) inputs: Vec<Vec<Along>>,
+    pub(super) reports: Vec<BucketReport>,
 }
 
 /// Where a call goes.
