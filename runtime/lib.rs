@@ -227,7 +227,10 @@ pub use conditional::{Condition, ConditionalGraph};
 pub use cx::Cx;
 pub use device::Device;
 pub use dtype::DType;
-pub use error::{BucketError, CheckpointProblem, CudaFailure, DistError, Error, Result, SetupError, Slot, SlotKind};
+pub use error::{
+    BucketError, CheckpointProblem, CudaFailure, DistError, Error, PipelineTransfer, Result, ScheduleError, SetupError,
+    SignatureError, Slot, SlotKind,
+};
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{
     backward_unsplit, estimate_pool, make_graphed, AboveLargest, BucketReport, Buckets, CaptureError, GraphOptions,

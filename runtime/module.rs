@@ -146,7 +146,8 @@ impl Slots for () {
         if slots.is_empty() {
             Ok(())
         } else {
-            Err(crate::Error::msg(format!("expected no tensors, got {}", slots.len())))
+            let got = slots.len();
+            Err(crate::SignatureError::Count { module: "()".into(), what: "tensors", expected: 0, got }.into())
         }
     }
 

@@ -3,8 +3,10 @@
 //! Slabs are allocated outside the stream order (`cuMemAlloc`) and carved into blocks; a freed
 //! block goes back to its slab's free list and is handed to the next request that fits. During
 //! a capture, blocks freed by an earlier capture are reused by later ones, exactly as PyTorch's
-//! private graph pools do; that is only safe if replays follow capture order, which the pool
-//! checks (see [`GraphPool::check_replay`]). Why slabs and not CUDA graph memory nodes is in
+//! private graph pools do; that is only safe if replays follow capture order. Graphed modules
+//! keep to their schedule's order (their replay cursor); the pool checks the capture order of
+//! every graph it lends to (see [`GraphPool::check_replay`]), which is what orders raw graphs
+//! and captures sharing one pool. Why slabs and not CUDA graph memory nodes is in
 //! docs/DESIGN-DECISIONS.md.
 
 use std::collections::BTreeMap;

@@ -9,6 +9,7 @@ pub use crate::{
     make_graphed, AboveLargest, Buckets, CaptureError, Cx, Error, GraphOptions, GraphedModules, HookKind, Module,
     OrderEntry, Result, Tensor,
 };
+use crate::{ScheduleError, SignatureError};
 
 /// What a generated `make_graphed`/`new` returns: the wrapper, or the error with the module.
 pub type CaptureResult<T, M> = Result<T, CaptureError<M>>;
@@ -23,8 +24,8 @@ pub use std::string::String;
 pub use std::vec;
 pub use std::vec::Vec;
 
-fn graphed_error(module: &'static str, detail: String) -> Error {
-    Error::Graphed { module: module.to_string(), detail }
+fn count_error(module: &'static str, what: &'static str, expected: usize, got: usize) -> Error {
+    SignatureError::Count { module: module.into(), what, expected, got }.into()
 }
 
 /// Checks the number of slots a `Module` call received and views them as an array.
@@ -33,8 +34,7 @@ pub fn slot_refs<'a, const N: usize>(
     module: &'static str,
     what: &'static str,
 ) -> Result<&'a [Option<Tensor>; N]> {
-    <&[Option<Tensor>; N]>::try_from(slots)
-        .map_err(|_| graphed_error(module, format!("expected {N} {what}, got {}", slots.len())))
+    <&[Option<Tensor>; N]>::try_from(slots).map_err(|_| count_error(module, what, N, slots.len()))
 }
 
 /// Checks the number of slots a call returned and turns them into an array.
@@ -44,7 +44,7 @@ pub fn slots<const N: usize>(
     what: &'static str,
 ) -> Result<[Option<Tensor>; N]> {
     let len = slots.len();
-    <[Option<Tensor>; N]>::try_from(slots).map_err(|_| graphed_error(module, format!("expected {N} {what}, got {len}")))
+    <[Option<Tensor>; N]>::try_from(slots).map_err(|_| count_error(module, what, N, len))
 }
 
 /// A typed argument (`&Tensor` or `Option<&Tensor>`) read from a borrowed slot.
@@ -55,7 +55,7 @@ pub trait FromSlotRef<'a>: Sized {
 
 impl<'a> FromSlotRef<'a> for &'a Tensor {
     fn from_slot_ref(slot: &'a Option<Tensor>, module: &'static str, what: &'static str) -> Result<Self> {
-        slot.as_ref().ok_or_else(|| graphed_error(module, format!("`{what}` is a required tensor but got None")))
+        slot.as_ref().ok_or_else(|| SignatureError::Required { module: module.into(), what }.into())
     }
 }
 
@@ -73,7 +73,7 @@ pub trait FromSlot: Sized {
 
 impl FromSlot for Tensor {
     fn from_slot(slot: Option<Tensor>, module: &'static str, what: &'static str) -> Result<Self> {
-        slot.ok_or_else(|| graphed_error(module, format!("{what} is declared `Tensor` but is None")))
+        slot.ok_or_else(|| SignatureError::DeclaredTensor { module: module.into(), what }.into())
     }
 }
 
@@ -256,12 +256,8 @@ pub fn struct_options(spec: &StructSpec, lens: &[usize], mut options: GraphOptio
             .order_entries()
             .map_or(2 * chunks, |order| order.iter().filter(|entry| !matches!(entry, OrderEntry::Wgrad(_))).count());
         if passes != 2 * chunks * spec.microbatches {
-            return Err(Error::InvalidOrder {
-                detail: format!(
-                    "`{}`'s typed calls take {} microbatch(es) per step (its `order` attribute), but the schedule given has {passes} forward and backward entries for {chunks} chunks",
-                    spec.name, spec.microbatches
-                ),
-            });
+            let (module, microbatches) = (spec.name.to_string(), spec.microbatches);
+            return Err(ScheduleError::StructMicrobatches { module, microbatches, passes, chunks }.into());
         }
     }
     Ok(options)
@@ -317,7 +313,7 @@ pub fn check_pipeline_samples(chunks: &[Box<dyn Module>], samples: &[Vec<Vec<Opt
 /// A `Vec` of exactly `N` values as an array (the typed fused step's per-microbatch results).
 pub fn array_of<T, const N: usize>(values: Vec<T>, module: &'static str) -> Result<[T; N]> {
     let len = values.len();
-    <[T; N]>::try_from(values).map_err(|_| graphed_error(module, format!("expected {N} microbatches, got {len}")))
+    <[T; N]>::try_from(values).map_err(|_| count_error(module, "microbatches", N, len))
 }
 
 /// `T: ChainOut`, checked at compile time (the chunk feeds the next one).

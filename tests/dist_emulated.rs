@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::model::{Block, Stack};
 use graphed::dist::{self, Config, DataParallel, ReduceOp};
-use graphed::{CaptureMode, Error, Graph, Module, Result, Tensor};
+use graphed::{CaptureMode, DistError, Error, Graph, Module, Result, Tensor};
 
 fn quick() -> Config {
     Config::default().timeout(Duration::from_millis(500))
@@ -100,12 +100,15 @@ fn refused_calls_change_nothing() -> Result<()> {
     dist::run_emulated(2, |comm| {
         let dev = comm.device().clone();
         let t = Tensor::full(&dev, &[2], 1.0)?;
-        assert!(matches!(comm.send(&t, comm.rank()), Err(Error::InvalidArgument { .. })));
-        assert!(matches!(comm.recv(&t, 7), Err(Error::InvalidArgument { .. })));
-        assert!(matches!(comm.broadcast(&t, 2), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(comm.send(&t, comm.rank()), Err(Error::Dist(DistError::Peer { op: "send", .. }))));
+        assert!(matches!(comm.recv(&t, 7), Err(Error::Dist(DistError::Peer { peer: 7, world: 2, .. }))));
+        assert!(matches!(comm.broadcast(&t, 2), Err(Error::Dist(DistError::Root { root: 2, world: 2, .. }))));
         assert!(matches!(comm.all_gather(&t, &Tensor::zeros(&dev, &[3])?), Err(Error::Shape { .. })));
         let other = Tensor::zeros(&graphed::Device::host(), &[2])?;
-        assert!(matches!(comm.all_reduce(&other, ReduceOp::Sum), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(
+            comm.all_reduce(&other, ReduceOp::Sum),
+            Err(Error::Dist(DistError::Device { param: None, .. }))
+        ));
         // The group is still healthy: the refused calls never reached the peers.
         comm.all_reduce(&t, ReduceOp::Sum)?;
         assert_eq!(t.to_vec()?, vec![2.0; 2]);
@@ -194,7 +197,11 @@ fn a_dead_peer_is_an_error_on_the_others() -> Result<()> {
             "{r:?}"
         );
     }
-    assert!(matches!(&results[2], Err(Error::Msg(m)) if m.contains("rank 2 dies")));
+    let died = &results[2];
+    assert!(
+        matches!(died, Err(Error::Dist(DistError::RankPanicked { rank: 2, message })) if message == "rank 2 dies"),
+        "{died:?}"
+    );
     Ok(())
 }
 
@@ -269,7 +276,8 @@ fn make_graphed_refuses_different_schedules_on_every_rank() -> Result<()> {
             "another order" => assert!(results.iter().all(refused), "{results:?}"),
             _ => {
                 assert!(refused(&results[0]), "{results:?}");
-                assert!(matches!(results[1], Err(Error::InvalidOrder { .. })), "{results:?}");
+                let out_of_range = graphed::ScheduleError::ChunkOutOfRange { chunk: 2, chunks: 1 };
+                assert!(matches!(&results[1], Err(Error::Schedule(e)) if *e == out_of_range), "{results:?}");
             }
         }
     }
@@ -325,7 +333,7 @@ fn a_chunk_running_backward_twice_before_its_group_reduces_is_refused() -> Resul
             Module::backward(layer, &mut cx, &y).map(drop)
         };
         run(&mut layers[1])?;
-        assert!(matches!(run(&mut layers[1]), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(run(&mut layers[1]), Err(Error::Dist(DistError::BackwardTwice { .. }))));
         run(&mut layers[0])?; // the first chunk flushes the group
         run(&mut layers[1])
     })?;

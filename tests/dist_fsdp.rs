@@ -28,8 +28,8 @@ fn fsdp_equals_data_parallel_bitwise() -> Result<()> {
 fn an_unmaterialised_weight_is_a_typed_error() -> Result<()> {
     dist::run_emulated(2, |comm| {
         let b = FsdpBlock::new(&comm, WIDTH, WIDTH, 1)?;
-        assert!(matches!(b.shards.full(0), Err(Error::InvalidArgument { .. })));
-        assert!(matches!(b.shards.gather(), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(b.shards.full(0), Err(Error::Dist(graphed::DistError::NotMaterialised { .. }))));
+        assert!(matches!(b.shards.gather(), Err(Error::Dist(graphed::DistError::NotMaterialised { .. }))));
         // Nothing reached the peers: a collective still lines up.
         comm.barrier()
     })?;

@@ -29,7 +29,10 @@ fn an_order_that_deadlocks_across_ranks_is_refused_on_every_rank() -> Result<()>
         PipelineStage::new(block, comm, &bad, &[BATCH, WIDTH]).map(|_| ())
     })?;
     for r in &results {
-        assert!(matches!(r, Err(Error::InvalidOrder { detail }) if detail.contains("deadlocks")), "{r:?}");
+        assert!(
+            matches!(r, Err(Error::Dist(graphed::DistError::PipelineDeadlock { stuck, .. })) if !stuck.is_empty()),
+            "{r:?}"
+        );
     }
     Ok(())
 }

@@ -249,7 +249,7 @@ fn separately_graphed_blocks_replay_as_one_launch() {
         let mut members = seq.into_members();
         members.swap(0, 1);
         let err = graphed::Sequence::new(members).expect_err("out of capture order");
-        assert!(matches!(err.error(), Error::InvalidOrder { .. }));
+        assert!(matches!(err.error(), Error::Schedule(graphed::ScheduleError::FuseOrder { .. })), "{}", err.error());
         assert_eq!(err.into_inner().len(), 3);
         Ok(())
     });

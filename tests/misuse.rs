@@ -15,7 +15,7 @@ use common::model::{Block, BlockGradOutputs, BlockInputs, GraphedBlock};
 use common::{on_each_backend, random};
 use graphed::{
     graphed, make_graphed, ops, CaptureMode, Cx, DType, Device, Error, Graph, GraphOptions, GraphedModules, HookKind,
-    HookRegistry, Module, Param, PoolStats, Result, SetupError, Slot, SlotKind, Tensor,
+    HookRegistry, Module, Param, PoolStats, Result, ScheduleError, SetupError, Slot, SlotKind, Tensor,
 };
 
 const B: usize = 4;
@@ -586,13 +586,13 @@ fn refused_make_graphed_arguments_hand_the_modules_back() {
                 matches!(e, Error::Setup(SetupError::ZeroWarmup))
             }),
             ("order of the wrong length", sample(), GraphOptions::new().order(vec![1, -1, 1]), |e| {
-                matches!(e, Error::InvalidOrder { .. })
+                matches!(e, Error::Schedule(ScheduleError::PassCount { passes: 3, chunks: 1 }))
             }),
             ("order with a chunk out of range", sample(), GraphOptions::new().order(vec![2, -2]), |e| {
-                matches!(e, Error::InvalidOrder { .. })
+                matches!(e, Error::Schedule(ScheduleError::ChunkOutOfRange { chunk: 2, chunks: 1 }))
             }),
             ("order with a backward first", sample(), GraphOptions::new().order(vec![-1, 1]), |e| {
-                matches!(e, Error::InvalidOrder { .. })
+                matches!(e, Error::Schedule(ScheduleError::BackwardBeforeForward { chunk: 1 }))
             }),
             ("no samples", vec![], GraphOptions::new(), |e| {
                 matches!(e, Error::Setup(SetupError::SampleLists { modules: 1, samples: 0 }))

@@ -11,7 +11,7 @@ use cudarc::nccl::sys;
 use super::host::HostGroup;
 use super::nccl::NcclComm;
 use crate::backend::BackendKind;
-use crate::{DType, Device, Error, GraphOptions, Result, Tensor};
+use crate::{DType, Device, DistError, Error, GraphOptions, Result, Tensor};
 
 /// How [`Communicator::all_reduce`] and [`Communicator::reduce_scatter`] combine the ranks'
 /// values.
@@ -105,10 +105,8 @@ impl Communicator {
     fn check(&self, op: &'static str, tensors: &[&Tensor]) -> Result<()> {
         for t in tensors {
             if t.device() != &self.0.device {
-                return Err(Error::invalid(
-                    op,
-                    format!("a tensor on {}, the communicator is on {}", t.device().name(), self.0.device.name()),
-                ));
+                let (device, communicator) = (t.device().name(), self.0.device.name());
+                return Err(DistError::Device { op, param: None, device, communicator }.into());
             }
             if t.dtype() != DType::F32 {
                 return Err(Error::DType { op, got: t.dtype(), expected: DType::F32 });
@@ -120,13 +118,7 @@ impl Communicator {
 
     fn check_peer(&self, op: &'static str, peer: usize) -> Result<()> {
         if peer >= self.0.world || peer == self.0.rank {
-            return Err(Error::InvalidArgument {
-                op,
-                detail: format!(
-                    "peer {peer} from rank {} (the peer must be another rank below {})",
-                    self.0.rank, self.0.world
-                ),
-            });
+            return Err(DistError::Peer { op, rank: self.0.rank, peer, world: self.0.world }.into());
         }
         Ok(())
     }
@@ -137,11 +129,12 @@ impl Communicator {
         name: &'static str,
         f: impl Fn(&HostGroup, usize, Duration) -> Result<()> + Send + Sync + 'static,
     ) -> Result<()> {
+        let backend = |communicator| DistError::Backend { op: name, communicator, device: self.0.device.name() };
         let Imp::Host(group) = &self.0.imp else {
-            return Err(Error::invalid(name, "a host op on an NCCL communicator"));
+            return Err(backend("NCCL").into());
         };
         let BackendKind::Host(h) = &self.0.device.backend().kind else {
-            return Err(Error::invalid(name, "an emulated communicator on a CUDA device"));
+            return Err(backend("emulated").into());
         };
         let (group, rank, timeout) = (group.clone(), self.0.rank, self.0.timeout);
         if self.0.device.backend().faults.fires(crate::backend::FaultPoint::Collective) {
@@ -307,10 +300,7 @@ impl Communicator {
     pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<()> {
         self.check("broadcast", &[t])?;
         if root >= self.0.world {
-            return Err(Error::InvalidArgument {
-                op: "broadcast",
-                detail: format!("root {root} of {} ranks", self.0.world),
-            });
+            return Err(DistError::Root { op: "broadcast", root, world: self.0.world }.into());
         }
         let n = t.numel();
         match &self.0.imp {

@@ -6,7 +6,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use super::{Communicator, ReduceOp};
-use crate::{Cx, Error, HookKind, Module, Param, Result, Tensor};
+use crate::{Cx, DistError, HookKind, Module, Param, Result, Tensor};
 
 /// Default bucket size: DDP's 25 MB.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
@@ -109,13 +109,7 @@ impl<M: Module> DataParallel<M> {
     /// size.
     pub fn new(inner: M, comm: Communicator, op: ReduceOp) -> Result<DataParallel<M>> {
         if !inner.exposes_params() {
-            return Err(Error::invalid(
-                "DataParallel::new",
-                format!(
-                    "module `{}` does not expose its parameters (derive Parameters, or use DataParallel::with_params)",
-                    inner.name()
-                ),
-            ));
+            return Err(DistError::ParamsNotExposed { module: inner.name().into() }.into());
         }
         let mut params = Vec::new();
         inner.visit_params(&mut |name, p| params.push((name.to_string(), p.clone())));
@@ -132,14 +126,10 @@ impl<M: Module> DataParallel<M> {
     ) -> Result<DataParallel<M>> {
         for (name, p) in &params {
             if p.grad.device() != comm.device() {
-                return Err(Error::invalid(
-                    "DataParallel",
-                    format!(
-                        "parameter `{name}` is on {}, the communicator on {}",
-                        p.grad.device().name(),
-                        comm.device().name()
-                    ),
-                ));
+                let (device, communicator) = (p.grad.device().name(), comm.device().name());
+                return Err(
+                    DistError::Device { op: "DataParallel", param: Some(name.clone()), device, communicator }.into()
+                );
             }
         }
         let mut hasher = DefaultHasher::new();
@@ -225,13 +215,7 @@ impl<M: Module> DataParallel<M> {
     /// Refuses a backward of a chunk whose grads still wait in the group.
     fn check_not_pending(&self, p: &Pending) -> Result<()> {
         if self.buckets.iter().flatten().any(|t| p.holds(t)) {
-            return Err(Error::invalid(
-                "DataParallel::chunks",
-                format!(
-                    "chunk `{}` ran backward twice before its group reduced (one backward per chunk per step, in module order)",
-                    self.inner.name()
-                ),
-            ));
+            return Err(DistError::BackwardTwice { module: self.inner.name().into() }.into());
         }
         Ok(())
     }

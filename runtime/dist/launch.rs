@@ -8,7 +8,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use super::rank_env::{RankEnv, ENV_LOCAL_RANK, ENV_RANK, ENV_RENDEZVOUS, ENV_WORLD_SIZE};
-use crate::{Error, Result};
+use crate::{DistError, Error, Result};
 
 /// Where the ranks of one group meet to agree on the communicator id.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,7 +60,7 @@ impl Rendezvous {
                 self.serve(world, p, timeout)?;
                 Ok(p.to_vec())
             }
-            (0, None) => Err(Error::invalid("Rendezvous::share", "rank 0 must pass the payload")),
+            (0, None) => Err(DistError::NoPayload.into()),
             (_, _) => self.fetch(timeout),
         }
     }
@@ -220,25 +220,20 @@ pub fn launch(world_size: usize, options: &LaunchOptions, rank_main: impl FnOnce
 }
 
 fn spawn_ranks(world_size: usize, options: &LaunchOptions) -> Result<()> {
-    let invalid = |detail: String| Error::InvalidArgument { op: "launch", detail };
     if world_size == 0 {
-        return Err(invalid("a world of 0 ranks".into()));
+        return Err(DistError::World { op: "launch", rank: 0, world: 0 }.into());
     }
     let (nnodes, node_rank) = (options.nnodes, options.node_rank);
     if nnodes == 0 || node_rank >= nnodes || !world_size.is_multiple_of(nnodes) {
-        return Err(invalid(format!(
-            "node {node_rank} of {nnodes} nodes for {world_size} ranks: nnodes must be at least 1 and divide the world size, node_rank below nnodes"
-        )));
+        return Err(DistError::Nodes { nnodes, node_rank, world: world_size }.into());
     }
     if nnodes > 1 && options.rendezvous.is_none() {
-        return Err(invalid(format!(
-            "{nnodes} nodes need a rendezvous every node reaches: set LaunchOptions::rendezvous to Rendezvous::Tcp(\"node0:port\") or a file on a shared file system"
-        )));
+        return Err(DistError::NodesNeedRendezvous { nnodes }.into());
     }
     let per_node = world_size / nnodes;
     let first = node_rank * per_node;
-    let exe =
-        std::env::current_exe().map_err(|e| Error::msg(format!("launch: cannot find the current binary: {e}")))?;
+    let exe = std::env::current_exe()
+        .map_err(|source| DistError::Io { what: "launch: cannot find the current binary", source })?;
     let args = options.args.clone().unwrap_or_else(|| std::env::args().skip(1).collect());
     let rdv = options.rendezvous.clone().unwrap_or_else(|| {
         let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());

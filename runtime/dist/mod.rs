@@ -38,7 +38,7 @@ pub use rank_env::{
 };
 pub use shard::ShardedParams;
 
-use crate::{Device, Error, Result};
+use crate::{Device, DistError, Error, Result};
 
 /// Settings of a group: how long any wait may take before the group is aborted.
 ///
@@ -108,13 +108,11 @@ impl Communicator {
     /// Joins the group of `env` through NCCL on `device` (a GPU).
     pub fn nccl(device: &Device, env: &RankEnv, config: &Config) -> Result<Communicator> {
         if !device.is_cuda() {
-            return Err(Error::invalid("Communicator::nccl", "a host device (use dist::run_emulated)"));
+            let device = device.name();
+            return Err(DistError::Backend { op: "Communicator::nccl", communicator: "NCCL", device }.into());
         }
         if env.world_size == 0 || env.rank >= env.world_size {
-            return Err(Error::InvalidArgument {
-                op: "Communicator::nccl",
-                detail: format!("rank {} of {}", env.rank, env.world_size),
-            });
+            return Err(DistError::World { op: "Communicator::nccl", rank: env.rank, world: env.world_size }.into());
         }
         let payload = if env.rank == 0 { Some(nccl::unique_id()?) } else { None };
         let id = env.rendezvous.share(env.rank, env.world_size, payload.as_deref(), config.timeout)?;
@@ -132,7 +130,7 @@ impl Communicator {
     /// each on its own thread (see [`run_emulated`]); a rank's calls wait for its peers.
     pub fn emulated(world_size: usize, config: &Config) -> Result<Vec<Communicator>> {
         if world_size == 0 {
-            return Err(Error::InvalidArgument { op: "Communicator::emulated", detail: "a world of 0 ranks".into() });
+            return Err(DistError::World { op: "Communicator::emulated", rank: 0, world: 0 }.into());
         }
         let group = host::HostGroup::new(world_size);
         Ok((0..world_size)
@@ -220,7 +218,7 @@ pub fn run_emulated_each<T: Send>(
                     let rank = comm.rank();
                     let peer = comm.clone();
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rank_main(comm))).unwrap_or_else(
-                        |payload| Err(Error::msg(format!("rank {rank} panicked: {}", panic_message(&payload)))),
+                        |payload| Err(DistError::RankPanicked { rank, message: panic_message(&payload) }.into()),
                     );
                     if let Err(e) = &r {
                         peer.abort(&format!("rank {rank} failed: {e}"));
@@ -231,7 +229,8 @@ pub fn run_emulated_each<T: Send>(
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Error::msg("an emulated rank's thread died"))))
+            .enumerate()
+            .map(|(rank, h)| h.join().unwrap_or_else(|_| Err(DistError::RankThreadDied { rank }.into())))
             .collect()
     }))
 }

@@ -23,7 +23,7 @@ use cudarc::nccl::sys;
 
 use crate::backend::cuda::driver_err;
 use crate::backend::{Backend, BackendKind, CudaBackend, StreamWatch};
-use crate::{Error, Result};
+use crate::{DistError, Error, Result};
 
 /// Bytes of an NCCL unique id, exchanged through the rendezvous.
 pub(crate) const UNIQUE_ID_BYTES: usize = 128;
@@ -315,7 +315,10 @@ impl std::fmt::Debug for NcclComm {
 fn cuda(backend: &Backend) -> Result<&CudaBackend> {
     match &backend.kind {
         BackendKind::Cuda(c) => Ok(c),
-        BackendKind::Host(_) => Err(Error::invalid("NCCL communicator", "a host device (use dist::run_emulated)")),
+        BackendKind::Host(_) => {
+            Err(DistError::Backend { op: "NCCL communicator", communicator: "NCCL", device: "the host backend".into() }
+                .into())
+        }
     }
 }
 
@@ -341,10 +344,7 @@ impl NcclComm {
     ) -> Result<NcclComm> {
         let version = probe()?;
         if id.len() != UNIQUE_ID_BYTES {
-            return Err(Error::invalid(
-                "NCCL init",
-                format!("a unique id of {} bytes, not {UNIQUE_ID_BYTES}", id.len()),
-            ));
+            return Err(DistError::UniqueIdLength { got: id.len(), expected: UNIQUE_ID_BYTES }.into());
         }
         let c = cuda(&backend)?;
         let mut unique = sys::ncclUniqueId { internal: [0; UNIQUE_ID_BYTES] };
@@ -379,7 +379,7 @@ impl NcclComm {
         let spawned = std::thread::Builder::new()
             .name(format!("graphed-nccl-watchdog-{rank}"))
             .spawn(move || watchdog(h, b, timeout));
-        me.watchdog = Some(spawned.map_err(|e| Error::msg(format!("cannot start the NCCL watchdog: {e}")))?);
+        me.watchdog = Some(spawned.map_err(|source| DistError::Io { what: "cannot start the NCCL watchdog", source })?);
         Ok(me)
     }
 

@@ -6,7 +6,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
 use super::Communicator;
-use crate::{Cx, Error, HookKind, Module, Param, Result, Tensor};
+use crate::{Cx, DistError, HookKind, Module, Param, PipelineTransfer, Result, Tensor};
 
 /// Where a stage sits in the pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,10 +61,7 @@ impl<M: Module> PipelineStage<M> {
     pub fn new(inner: M, comm: Communicator, order: &[i32], output_dims: &[usize]) -> Result<PipelineStage<M>> {
         let (rank, world) = (comm.rank(), comm.world_size());
         if inner.num_inputs() != 1 {
-            return Err(Error::invalid(
-                "PipelineStage::new",
-                format!("a chunk of {} inputs (one is supported)", inner.num_inputs()),
-            ));
+            return Err(DistError::StageInputs { module: inner.name().into(), inputs: inner.num_inputs() }.into());
         }
         let mine = stage_order(order, world, rank)?;
         let mut h = DefaultHasher::new();
@@ -108,10 +105,7 @@ impl<M: Module> PipelineStage<M> {
 pub fn stage_order(order: &[i32], chunks: usize, rank: usize) -> Result<Vec<i32>> {
     crate::graphed::Schedule::new(Some(&crate::OrderEntry::from_ints(order)), chunks, true)?;
     if rank >= chunks {
-        return Err(Error::InvalidArgument {
-            op: "stage_order",
-            detail: format!("rank {rank} of a {chunks}-chunk pipeline"),
-        });
+        return Err(DistError::World { op: "stage_order", rank, world: chunks }.into());
     }
     let seqs: Vec<Vec<Transfer>> = (0..chunks).map(|c| transfers(order, chunks, c)).collect();
     check_progress(&seqs, order)?;
@@ -163,23 +157,11 @@ fn check_progress(seqs: &[Vec<Transfer>], order: &[i32]) -> Result<()> {
             return Ok(());
         }
         if !moved {
-            let stuck: Vec<String> = at
-                .iter()
-                .enumerate()
-                .filter_map(|(r, a)| {
-                    seqs[r].get(*a).map(|(s, p, (f, m))| {
-                        let dir = if *s { "sends to" } else { "receives from" };
-                        let pass = if *f { "activation" } else { "grad" };
-                        format!("rank {r} {dir} rank {p} ({pass} of microbatch {m})")
-                    })
-                })
-                .collect();
-            return Err(Error::InvalidOrder {
-                detail: format!(
-                    "{order:?} deadlocks across ranks: {}; order each stage's transfers so that neighbours meet (e.g. all forwards of a chunk before its backwards)",
-                    stuck.join(", ")
-                ),
+            let stuck = at.iter().enumerate().filter_map(|(rank, a)| {
+                let &(sends, peer, (activation, microbatch)) = seqs[rank].get(*a)?;
+                Some(PipelineTransfer { rank, sends, peer, activation, microbatch })
             });
+            return Err(DistError::PipelineDeadlock { order: order.to_vec(), stuck: stuck.collect() }.into());
         }
     }
 }
@@ -197,8 +179,7 @@ impl<M: Module> Module for PipelineStage<M> {
         let rank = self.comm.rank();
         let x = inputs.first().cloned().flatten();
         if matches!(self.role, StageRole::Middle | StageRole::Last) {
-            let x =
-                x.as_ref().ok_or_else(|| Error::invalid("PipelineStage forward", "no input buffer to receive into"))?;
+            let x = x.as_ref().ok_or_else(|| DistError::StageNoInput { module: self.inner.name().into() })?;
             // Straight into the static input: once captured, the graph's receive fills it.
             self.comm.recv(x, rank - 1)?;
         }
@@ -206,12 +187,9 @@ impl<M: Module> Module for PipelineStage<M> {
         match self.role {
             StageRole::Only | StageRole::Last => Ok(outputs),
             StageRole::First | StageRole::Middle => {
-                let y = outputs.first().cloned().flatten().ok_or_else(|| {
-                    Error::invalid(
-                        "PipelineStage forward",
-                        format!("chunk `{}` returned no output to send on", self.inner.name()),
-                    )
-                })?;
+                let y = outputs.first().cloned().flatten();
+                let y =
+                    y.ok_or_else(|| DistError::StageNothingToSend { module: self.inner.name().into(), grad: false })?;
                 self.comm.send(&y, rank + 1)?;
                 cx.save(&y);
                 Ok(vec![None; outputs.len()])
@@ -233,12 +211,9 @@ impl<M: Module> Module for PipelineStage<M> {
         match self.role {
             StageRole::Only | StageRole::First => Ok(grads),
             StageRole::Middle | StageRole::Last => {
-                let dx = grads.first().cloned().flatten().ok_or_else(|| {
-                    Error::invalid(
-                        "PipelineStage backward",
-                        format!("chunk `{}` returned no input grad to send back", self.inner.name()),
-                    )
-                })?;
+                let dx = grads.first().cloned().flatten();
+                let dx =
+                    dx.ok_or_else(|| DistError::StageNothingToSend { module: self.inner.name().into(), grad: true })?;
                 self.comm.send(&dx, rank - 1)?;
                 Ok(grads)
             }

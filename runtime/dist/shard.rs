@@ -7,7 +7,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Communicator, ReduceOp};
-use crate::{ops, Error, Param, Result, Tensor};
+use crate::{ops, DistError, Error, Param, Result, Tensor};
 
 struct Entry {
     name: String,
@@ -78,10 +78,8 @@ impl ShardedParams {
                 ));
             }
             if t.device() != comm.device() {
-                return Err(Error::invalid(
-                    "ShardedParams::new",
-                    format!("parameter `{name}` is not on the communicator's device"),
-                ));
+                let (param, device, communicator) = (Some(name.clone()), t.device().name(), comm.device().name());
+                return Err(DistError::Device { op: "ShardedParams::new", param, device, communicator }.into());
             }
         }
         let mut h = DefaultHasher::new();
@@ -129,15 +127,10 @@ impl ShardedParams {
     /// The full parameter `index` (value and grad buffers), while materialised.
     pub fn full(&self, index: usize) -> Result<Param> {
         let entries = self.lock();
-        let e = entries
-            .get(index)
-            .ok_or_else(|| Error::invalid("ShardedParams::full", format!("parameter {index} of {}", entries.len())))?;
-        e.full.clone().ok_or_else(|| {
-            Error::invalid(
-                "ShardedParams::full",
-                format!("`{}` is not materialised (call materialise() in a pre_forward capture-time hook)", e.name),
-            )
-        })
+        let e = entries.get(index).ok_or(DistError::ParamOutOfRange { index, params: entries.len() })?;
+        e.full
+            .clone()
+            .ok_or_else(|| DistError::NotMaterialised { op: "ShardedParams::full", param: e.name.clone() }.into())
     }
 
     /// Allocates the full value and grad buffers (a no-op for those already there). Outside a
@@ -173,7 +166,7 @@ impl ShardedParams {
             .iter()
             .map(|e| match &e.full {
                 Some(f) => Ok((e.shard.clone(), f.clone())),
-                None => Err(Error::invalid(op, format!("`{}` is not materialised (call materialise() first)", e.name))),
+                None => Err(DistError::NotMaterialised { op, param: e.name.clone() }.into()),
             })
             .collect()
     }

@@ -107,4 +107,192 @@ pub enum DistError {
         /// Its exit status, or why it was killed.
         status: String,
     },
+    /// A tensor or parameter on another device than the communicator's.
+    #[error("{op}: {} is on {device}, the communicator on {communicator}; copy it there first", .param.as_ref().map_or_else(|| "a tensor".to_string(), |p| format!("parameter `{p}`")))]
+    Device {
+        /// The call.
+        op: &'static str,
+        /// The parameter, when it is one.
+        param: Option<String>,
+        /// Its device.
+        device: String,
+        /// The communicator's device.
+        communicator: String,
+    },
+    /// A point-to-point peer that is this rank or not a rank at all.
+    #[error("{op}: peer {peer} from rank {rank} (the peer must be another rank below {world})")]
+    Peer {
+        /// The call.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// The peer given.
+        peer: usize,
+        /// The world size.
+        world: usize,
+    },
+    /// A broadcast root that is not a rank.
+    #[error("{op}: root {root} of {world} ranks")]
+    Root {
+        /// The call.
+        op: &'static str,
+        /// The root given.
+        root: usize,
+        /// The world size.
+        world: usize,
+    },
+    /// A world of no ranks, or a rank not below the world size.
+    #[error("{op}: rank {rank} of {world} (a world has at least one rank, each rank below its size)")]
+    World {
+        /// The call.
+        op: &'static str,
+        /// The rank given (0 for a call that takes none).
+        rank: usize,
+        /// The world size (for a pipeline, its chunks).
+        world: usize,
+    },
+    /// A launch over nodes that do not divide the world, or a node rank not below them.
+    #[error("launch: node {node_rank} of {nnodes} nodes for {world} ranks: nnodes must be at least 1 and divide the world size, node_rank below nnodes")]
+    Nodes {
+        /// The nodes.
+        nnodes: usize,
+        /// This node.
+        node_rank: usize,
+        /// The world size.
+        world: usize,
+    },
+    /// A launch over several nodes without a rendezvous they all reach.
+    #[error("launch: {nnodes} nodes need a rendezvous every node reaches: set LaunchOptions::rendezvous to Rendezvous::Tcp(\"node0:port\") or a file on a shared file system")]
+    NodesNeedRendezvous {
+        /// The nodes.
+        nnodes: usize,
+    },
+    /// Rank 0 of a rendezvous must serve the payload the others fetch.
+    #[error("Rendezvous::share: rank 0 must pass the payload")]
+    NoPayload,
+    /// A communicator used on a device its kind cannot run on.
+    #[error("{op}: an {communicator} communicator cannot run on {device}; NCCL needs a CUDA GPU, emulated ranks (dist::run_emulated) the host backend")]
+    Backend {
+        /// The call.
+        op: &'static str,
+        /// `NCCL` or `emulated`.
+        communicator: &'static str,
+        /// The device.
+        device: String,
+    },
+    /// An NCCL unique id of the wrong length (from a rendezvous).
+    #[error("NCCL init: a unique id of {got} bytes, not {expected}")]
+    UniqueIdLength {
+        /// Its length.
+        got: usize,
+        /// The length NCCL uses.
+        expected: usize,
+    },
+    /// The operating system refused something a rank needs (a thread, the current binary).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was needed.
+        what: &'static str,
+        /// The OS's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An emulated rank panicked; its peers were aborted.
+    #[error("rank {rank} panicked: {message}")]
+    RankPanicked {
+        /// The rank.
+        rank: usize,
+        /// The panic's message.
+        message: String,
+    },
+    /// An emulated rank's thread ended without a result.
+    #[error("the thread of emulated rank {rank} died")]
+    RankThreadDied {
+        /// The rank.
+        rank: usize,
+    },
+    /// `DataParallel::new` on a module that does not expose its parameters.
+    #[error("DataParallel::new: module `{module}` does not expose its parameters (derive Parameters, or use DataParallel::with_params)")]
+    ParamsNotExposed {
+        /// The module.
+        module: String,
+    },
+    /// A chunk of `DataParallel::chunks` ran backward twice before its group reduced.
+    #[error("DataParallel::chunks: chunk `{module}` ran backward twice before its group reduced (one backward per chunk per step, in module order)")]
+    BackwardTwice {
+        /// The chunk's module.
+        module: String,
+    },
+    /// A parameter index past the sharded parameters.
+    #[error("ShardedParams::full: parameter {index} of {params}")]
+    ParamOutOfRange {
+        /// The index given.
+        index: usize,
+        /// The number of parameters.
+        params: usize,
+    },
+    /// A sharded parameter used in full while it is not materialised.
+    #[error("{op}: `{param}` is not materialised (call materialise() first, in a pre_forward capture-time hook when graphed)")]
+    NotMaterialised {
+        /// The call.
+        op: &'static str,
+        /// The parameter.
+        param: String,
+    },
+    /// A pipeline stage around a chunk of another number of inputs than one.
+    #[error("PipelineStage::new: chunk `{module}` takes {inputs} inputs (one is supported)")]
+    StageInputs {
+        /// The chunk's module.
+        module: String,
+        /// Its inputs.
+        inputs: usize,
+    },
+    /// A receiving pipeline stage's forward without an input buffer to receive into.
+    #[error("PipelineStage forward of `{module}`: no input buffer to receive into")]
+    StageNoInput {
+        /// The chunk's module.
+        module: String,
+    },
+    /// A pipeline stage whose chunk returned nothing to send on (its first output, or its
+    /// first input grad, is `None`).
+    #[error("PipelineStage: chunk `{module}` returned no {} to send", if *.grad { "input grad" } else { "output" })]
+    StageNothingToSend {
+        /// The chunk's module.
+        module: String,
+        /// Whether the input grad (backward) rather than the output (forward).
+        grad: bool,
+    },
+    /// A pipeline order whose stages' transfers cannot all meet: following it, every rank
+    /// would wait for a peer that waits too.
+    #[error("pipeline order {order:?} deadlocks across ranks: {}; order each stage's transfers so that neighbours meet (e.g. all forwards of a chunk before its backwards)", .stuck.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+    PipelineDeadlock {
+        /// The order.
+        order: Vec<i32>,
+        /// The transfer each rank is stuck at.
+        stuck: Vec<PipelineTransfer>,
+    },
+}
+
+/// One transfer of a pipeline stage: a send or receive of one microbatch's activation or
+/// grad between neighbouring ranks (in [`DistError::PipelineDeadlock`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PipelineTransfer {
+    /// The rank.
+    pub rank: usize,
+    /// Whether it sends (rather than receives).
+    pub sends: bool,
+    /// The neighbour.
+    pub peer: usize,
+    /// Whether an activation (forward) rather than a grad (backward).
+    pub activation: bool,
+    /// The microbatch.
+    pub microbatch: usize,
+}
+
+impl std::fmt::Display for PipelineTransfer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dir = if self.sends { "sends to" } else { "receives from" };
+        let what = if self.activation { "activation" } else { "grad" };
+        write!(f, "rank {} {dir} rank {} ({what} of microbatch {})", self.rank, self.peer, self.microbatch)
+    }
 }

@@ -6,15 +6,19 @@ mod checkpoint;
 mod cuda;
 mod dist;
 mod launcher;
+mod schedule;
 mod setup;
+mod signature;
 mod slot;
 
 pub use bucket::BucketError;
 pub use checkpoint::CheckpointProblem;
 pub use cuda::CudaFailure;
-pub use dist::DistError;
+pub use dist::{DistError, PipelineTransfer};
 pub use launcher::Launcher;
+pub use schedule::ScheduleError;
 pub use setup::SetupError;
+pub use signature::SignatureError;
 pub use slot::{Slot, SlotKind};
 
 /// Everything that can go wrong in `graphed`, as values a caller can match on.
@@ -285,12 +289,6 @@ pub enum Error {
         /// The number of chunks.
         chunks: usize,
     },
-    /// A pipeline schedule (`order`) that cannot run.
-    #[error("order: {detail}")]
-    InvalidOrder {
-        /// What is wrong with it.
-        detail: String,
-    },
     /// A capture-time hook failed (during warm-up, capture or an eager call).
     #[error("{kind} hook of `{module}` failed: {source}")]
     Hook {
@@ -323,14 +321,6 @@ pub enum Error {
         module: String,
         /// Microbatches whose backward, or whose deferred weight grads, have not run.
         pending: usize,
-    },
-    /// A graphed module was called in a way its capture does not allow.
-    #[error("graphed module `{module}`: {detail}")]
-    Graphed {
-        /// The module.
-        module: String,
-        /// What was wrong.
-        detail: String,
     },
     /// The pool had to grow while a global or thread-local capture was in progress.
     #[error("the graph pool needs {bytes} more bytes during a capture, and allocating would invalidate a global or thread-local capture; make_graphed retries after growing the pool, raw captures should warm up in the pool first or use CaptureMode::Relaxed")]
@@ -368,7 +358,7 @@ pub enum Error {
     /// A user-defined failure (from a hook or a module body).
     #[error("{0}")]
     Msg(String),
-    // Custom kernels, interop, parameters (#11).
+    // Custom kernels, interop, parameters.
     /// A custom kernel's declaration is unusable (bad entry name, source or signature).
     #[error("kernel `{kernel}`: {detail}; fix the Kernel::new arguments")]
     KernelDefinition {
@@ -503,7 +493,7 @@ pub enum Error {
         /// The file's dtype and shape.
         got: String,
     },
-    // Several GPUs (#14).
+    // Errors by domain.
     /// A communicator, launcher or rendezvous failed (see [`DistError`]).
     #[error(transparent)]
     Dist(#[from] DistError),
@@ -513,7 +503,14 @@ pub enum Error {
     /// `make_graphed` refused its own arguments (see [`SetupError`]).
     #[error(transparent)]
     Setup(#[from] SetupError),
-    // Precision (#12).
+    /// A schedule that cannot run, or a call that does not fit the schedule captured (see
+    /// [`ScheduleError`]).
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    /// Tensors that do not fit a module's declared interface (see [`SignatureError`]).
+    #[error(transparent)]
+    Signature(#[from] SignatureError),
+    // Precision.
     /// Tensors of different dtypes were mixed in one op without a cast.
     #[error(
         "{op}: a {a} tensor and a {b} tensor mixed in one op; convert one with ops::cast (Tensor::to_dtype) first"
@@ -550,7 +547,7 @@ pub enum Error {
         /// The operation.
         op: &'static str,
     },
-    // Transformer ops (#13).
+    // Transformer ops.
     /// A token id is not an integer in `0..vocab`.
     #[error("{op}: token id {id} at position {pos} is not in the vocabulary 0..{vocab}")]
     TokenOutOfRange {

@@ -1,14 +1,17 @@
 //! `make_graphed`: validation, static surfaces, warm-up and capture, in that order. A failure
 //! at any point restores the RNG state, frees the graphs' pool and hands the modules back.
 
-use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::buckets::{bucket_samples, bucketed_inputs};
+use super::buckets::{bucket_samples, bucketed_inputs, BucketsCaptured, Lengths};
+use super::cursor::Cursor;
 use super::reuse::{adopt, reusable, Slot, SlotPlan};
 use super::schedule::{Pass, Step};
-use super::{Config, GraphOptions, GraphedModules, Schedule, Surface};
-use crate::{Cx, Device, Error, Graph, HookKind, Module, Result, SetupError, Tensor};
+use super::surface::Draft;
+use super::{new_cx, Config, GraphOptions, GraphedModules, Schedule};
+use crate::{
+    Cx, Device, Error, Graph, GraphPool, HookKind, Module, Result, ScheduleError, SetupError, SignatureError, Tensor,
+};
 
 pub use super::capture_error::CaptureError;
 
@@ -66,25 +69,8 @@ pub fn make_graphed(
         pool.set_limit(options.pool_limit);
     }
     let mark = pool.mark();
-    let chunks = modules.len();
-    let plan = SlotPlan::new(&schedule, chunks, options.reuse_buffers);
-    let mut g = GraphedModules {
-        device: device.clone(),
-        pool: pool.clone(),
-        surfaces: Vec::new(),
-        next_forward: vec![0; chunks],
-        pending: (0..chunks).map(|_| VecDeque::new()).collect(),
-        captured_training: options.training,
-        has_backward,
-        training: options.training,
-        wgrad: Default::default(),
-        modules,
-        config: Box::new(Config::new(options, schedule.clone(), plan, checkpointed)),
-        chain_slots: Vec::new(),
-        buckets: None,
-    };
     // Each bucket's samples, made before the pool is current (they are not the graphs').
-    let bucketed = match &g.config.options.buckets {
+    let bucketed = match &options.buckets {
         None => Ok(None),
         Some(spec) => bucketed_inputs(&samples, spec).and_then(|flags| {
             let per_size = (0..spec.count()).map(|i| bucket_samples(&samples, &flags, spec, &spec.shape(i)));
@@ -92,16 +78,16 @@ pub fn make_graphed(
             Ok(Some((spec.clone(), flags, per_size)))
         }),
     };
+    let plan = SlotPlan::new(&schedule, modules.len(), options.reuse_buffers);
+    let config = Config::new(options, schedule.clone(), plan, checkpointed);
+    let mut capture = Capture::new(device.clone(), pool.clone(), modules, config);
     let captured = bucketed.and_then(|bucketed| {
-        device.with_pool(&pool, || -> Result<()> {
-            if let Some((spec, flags, per_size)) = bucketed {
-                return g.capture_buckets(&spec, &per_size, flags, &schedule);
+        device.with_pool(&pool, || match bucketed {
+            Some((spec, flags, per_size)) => {
+                let reports = capture.buckets(&spec, &per_size, &schedule)?;
+                Ok(Some(BucketsCaptured { spec, inputs: flags, reports }))
             }
-            g.make_surfaces(&samples, schedule.microbatches())?;
-            for _ in 0..g.config.options.warmup {
-                g.iterate(&schedule, Phase::WarmUp)?;
-            }
-            g.iterate(&schedule, Phase::Capture)
+            None => capture.iteration(&samples, &schedule).map(|()| None),
         })
     });
     // Put the RNG state and the parameter grads back, whether the capture worked or not.
@@ -113,13 +99,8 @@ pub fn make_graphed(
             .and_then(|()| device.synchronize())
     };
     let restored = restore();
-    match captured.and(restored) {
-        Ok(()) => {
-            g.compute_clobbers();
-            g.compute_wgrad_clobbers();
-            g.config.capture_time = started.elapsed();
-            Ok(g)
-        }
+    match captured.and_then(|buckets| restored.map(|()| buckets)) {
+        Ok(buckets) => Ok(capture.finish(started.elapsed(), buckets)),
         Err(e) => {
             // Restore once more: the failure may have been in the first restore (a transient
             // fault in a copy), and restoring is idempotent. Should this fail too, the cause
@@ -130,7 +111,7 @@ pub fn make_graphed(
                     .drop_errors
                     .report(again.context("restoring the RNG state and grads after a failed capture"));
             }
-            let modules = g.into_modules();
+            let modules = capture.into_modules();
             // A pool of the caller's gives back the slabs this call grew; our own goes away.
             pool.release_since(mark);
             Err(CaptureError::new(e, modules))
@@ -226,7 +207,7 @@ fn validate(
             None => return Err(SetupError::CheckpointChunk { chunk: c, chunks }.into()),
         }
     }
-    super::wgrad::check_splits(modules, &schedule, &checkpointed)?;
+    schedule.check_modules(modules, &checkpointed)?;
     for (c, (m, s)) in modules.iter().zip(samples).enumerate() {
         if s.is_empty() || (s.len() != 1 && s.len() != schedule.microbatches()) {
             let (chunk, sets, microbatches) = (c + 1, s.len(), schedule.microbatches());
@@ -261,17 +242,82 @@ fn saved_bytes(cx: &Cx, inputs: &[Option<Tensor>], outputs: &[Option<Tensor>], p
 
 /// Which pass over the schedule: an eager warm-up iteration or the capture.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Phase {
+enum Phase {
     WarmUp,
     Capture,
 }
 
-impl GraphedModules {
+/// `make_graphed` under way: the modules, what they are captured with, and a draft of every
+/// (chunk, microbatch) that becomes a surface once everything is captured.
+pub(super) struct Capture {
+    pub(super) device: Device,
+    pub(super) pool: GraphPool,
+    pub(super) modules: Modules,
+    pub(super) config: Box<Config>,
+    /// `[chunk][microbatch]`: the drafts of the bucket being captured (of the whole capture
+    /// without buckets).
+    pub(super) drafts: Vec<Vec<Draft>>,
+    /// With shape buckets: the real sizes the graphs of the bucket being captured read.
+    pub(super) lengths: Option<Lengths>,
+    /// With shape buckets: the buckets captured so far, largest first.
+    pub(super) done: Vec<(Vec<Vec<Draft>>, Lengths)>,
+}
+
+impl Capture {
+    fn new(device: Device, pool: GraphPool, modules: Modules, config: Config) -> Capture {
+        Capture { device, pool, modules, config: Box::new(config), drafts: Vec::new(), lengths: None, done: Vec::new() }
+    }
+
+    /// Gives the modules back, dropping everything captured so far.
+    fn into_modules(self) -> Modules {
+        self.modules
+    }
+
+    /// The schedule's warm-up iterations, then its capture, on `samples`.
+    pub(super) fn iteration(&mut self, samples: &Samples, schedule: &Schedule) -> Result<()> {
+        self.make_drafts(samples, schedule.microbatches())?;
+        for _ in 0..self.config.options.warmup {
+            self.iterate(schedule, Phase::WarmUp)?;
+        }
+        self.iterate(schedule, Phase::Capture)
+    }
+
+    /// The captured modules, every draft made a whole surface (see `clobbers`).
+    fn finish(self, capture_time: Duration, buckets: Option<BucketsCaptured>) -> GraphedModules {
+        let Capture { device, pool, modules, mut config, drafts, done, .. } = self;
+        config.capture_time = capture_time;
+        let chunks = modules.len();
+        let (captured_training, has_backward) = (config.options.training, config.schedule.has_backward());
+        let (surfaces, buckets) = match buckets {
+            None => {
+                let surfaces = super::clobbers::finish(vec![drafts], pool.id()).pop().unwrap_or_default();
+                (surfaces, None)
+            }
+            Some(b) => {
+                let (active, set) = super::buckets::BucketSet::new(b, done, chunks, pool.id());
+                (active, Some(Box::new(set)))
+            }
+        };
+        GraphedModules {
+            device,
+            modules,
+            pool,
+            surfaces,
+            cursor: Cursor::new(chunks),
+            captured_training,
+            has_backward,
+            training: captured_training,
+            config,
+            chain_slots: Vec::new(),
+            buckets,
+        }
+    }
+
     /// Static inputs for every (chunk, microbatch): copies of the samples, in the pool; a
     /// microbatch that reuses an earlier one's surfaces shares its buffers where they match.
-    pub(super) fn make_surfaces(&mut self, samples: &Samples, microbatches: usize) -> Result<()> {
+    fn make_drafts(&mut self, samples: &Samples, microbatches: usize) -> Result<()> {
         for (c, s) in samples.iter().enumerate() {
-            let mut row: Vec<Surface> = Vec::with_capacity(microbatches);
+            let mut row: Vec<Draft> = Vec::with_capacity(microbatches);
             for m in 0..microbatches {
                 let set = &s[m.min(s.len() - 1)];
                 let label = format!("{}[chunk {}, microbatch {}]", self.modules[c].name(), c + 1, m);
@@ -280,7 +326,7 @@ impl GraphedModules {
                 let mut inputs = Vec::with_capacity(set.len());
                 for (i, t) in set.iter().enumerate() {
                     inputs.push(match t {
-                        Some(t) if self.is_chained_input(c, i) => None, // filled in at capture
+                        Some(_) if self.config.is_chained_input(c, i) => None, // filled in at capture
                         Some(t) if reusable(&slot, i, t).is_some() => {
                             let st = reusable(&slot, i, t).map(|st| st.with_requires_grad(t.requires_grad()));
                             // A larger bucket's buffer: this bucket's sample goes in (an
@@ -304,44 +350,41 @@ impl GraphedModules {
                 }
                 let mut forward = Graph::with_pool(&self.device, &self.pool);
                 forward.set_label(format!("{label} forward"));
-                row.push(Surface {
-                    forward,
+                row.push(Draft {
+                    forward: (forward, Vec::new()),
                     backward: None,
+                    wgrad: None,
                     inputs,
                     outputs: Vec::new(),
                     grad_outputs: Vec::new(),
                     grad_inputs: Vec::new(),
                     saved: None,
                     saved_bytes: 0,
-                    forward_clobbers: Vec::new(),
-                    backward_clobbers: Vec::new(),
-                    forward_writes: Vec::new(),
-                    backward_writes: Vec::new(),
                     label,
                 });
             }
-            self.surfaces.push(row);
+            self.drafts.push(row);
         }
         Ok(())
     }
 
     /// One pass over the schedule: eager with zero grad outputs (warm-up), or each step
     /// captured into its own graph. Hooks run around every step, outside any capture.
-    pub(super) fn iterate(&mut self, schedule: &Schedule, phase: Phase) -> Result<()> {
+    fn iterate(&mut self, schedule: &Schedule, phase: Phase) -> Result<()> {
         // Per (chunk, microbatch): what the forward saved and returned this iteration.
         let mut done: Vec<Vec<Option<ForwardDone>>> =
-            self.surfaces.iter().map(|r| r.iter().map(|_| None).collect()).collect();
+            self.drafts.iter().map(|r| r.iter().map(|_| None).collect()).collect();
         // Per (chunk, microbatch): the first output, until a chained next chunk reads it (kept
         // no longer: during warm-up it is an eager tensor holding pool memory).
-        let mut firsts: Vec<Vec<Option<Tensor>>> = self.surfaces.iter().map(|r| vec![None; r.len()]).collect();
+        let mut firsts: Vec<Vec<Option<Tensor>>> = self.drafts.iter().map(|r| vec![None; r.len()]).collect();
         for &Step { pass, chunk: c, microbatch: m } in schedule.steps() {
             match pass {
                 Pass::Forward => {
                     let prev = if c > 0 { firsts[c - 1][m].take() } else { None };
                     let inputs = self.chained_inputs(c, m, prev)?;
-                    self.run_hooks(c, HookKind::PreForward)?;
-                    let mut cx = self.new_cx(self.captured_training, &inputs);
-                    cx.set_bucket_length(self.length_tensor(m));
+                    self.config.run_hooks(&mut self.modules, c, HookKind::PreForward)?;
+                    let mut cx = new_cx(&self.device, self.config.options.training, &inputs);
+                    cx.set_bucket_length(self.lengths.as_ref().and_then(|l| l.tensor(m)));
                     let outs = match phase {
                         Phase::WarmUp => {
                             let mut cx = cx.clone();
@@ -359,13 +402,11 @@ impl GraphedModules {
                     if c + 1 < firsts.len() {
                         firsts[c][m] = outs.into_iter().next().flatten();
                     }
-                    self.run_hooks(c, HookKind::Forward)?;
+                    self.config.run_hooks(&mut self.modules, c, HookKind::Forward)?;
                 }
                 Pass::Backward => {
-                    let (cx, outs) = done[c][m].take().ok_or_else(|| Error::InvalidOrder {
-                        detail: format!("backward of chunk {} before its forward", c + 1),
-                    })?;
-                    self.run_hooks(c, HookKind::PreBackward)?;
+                    let (cx, outs) = done[c][m].take().ok_or(ScheduleError::BackwardBeforeForward { chunk: c + 1 })?;
+                    self.config.run_hooks(&mut self.modules, c, HookKind::PreBackward)?;
                     let deferred = self.config.schedule.defers(c);
                     let cx = match phase {
                         Phase::WarmUp => {
@@ -381,12 +422,10 @@ impl GraphedModules {
                     if deferred {
                         done[c][m] = Some((cx, Vec::new()));
                     }
-                    self.run_hooks(c, HookKind::Backward)?;
+                    self.config.run_hooks(&mut self.modules, c, HookKind::Backward)?;
                 }
                 Pass::Wgrad => {
-                    let (cx, _) = done[c][m].take().ok_or_else(|| Error::InvalidOrder {
-                        detail: format!("weight grads of chunk {} before its backward", c + 1),
-                    })?;
+                    let (cx, _) = done[c][m].take().ok_or(ScheduleError::WgradBeforeBackward { chunk: c + 1 })?;
                     self.wgrad_step(c, m, cx, phase == Phase::Capture)?;
                 }
             }
@@ -400,11 +439,9 @@ impl GraphedModules {
     /// The inputs of (chunk, microbatch): its static inputs, with a chained first input taken
     /// from `prev`, the previous chunk's first output for this microbatch.
     fn chained_inputs(&self, c: usize, m: usize, prev: Option<Tensor>) -> Result<Vec<Option<Tensor>>> {
-        let mut inputs = self.surfaces[c][m].inputs.clone();
+        let mut inputs = self.drafts[c][m].inputs.clone();
         if self.config.options.chained && c > 0 {
-            let prev = prev.ok_or_else(|| Error::InvalidOrder {
-                detail: format!("chained: chunk {} microbatch {m} runs before chunk {} produced its output", c + 1, c),
-            })?;
+            let prev = prev.ok_or(ScheduleError::ChainedForward { chunk: c + 1, microbatch: m + 1 })?;
             if let Some(first) = inputs.first_mut() {
                 *first = Some(prev.with_requires_grad(true));
             }
@@ -422,18 +459,18 @@ impl GraphedModules {
         cx_template: Cx,
     ) -> Result<(Cx, Vec<Option<Tensor>>)> {
         let mode = self.config.options.capture_mode;
-        self.surfaces[c][m].inputs = inputs.clone();
+        self.drafts[c][m].inputs = inputs.clone();
         let slot = self.slot_of(c, m, |s| &s.outputs);
         self.pool.begin_tracking();
         let module = &self.modules[c];
         let checkpointed = self.config.checkpointed[c];
-        let s = &mut self.surfaces[c][m];
-        let captured = s.forward.capture(mode, || {
+        let s = &mut self.drafts[c][m];
+        let captured = s.forward.0.capture(mode, || {
             let mut cx = cx_template.clone();
             let outs = crate::checkpoint::forward_of(module.as_ref(), checkpointed, &mut cx, &inputs)?;
             Ok((cx, adopt(outs, &slot)?))
         });
-        s.forward_writes = self.pool.end_tracking();
+        s.forward.1 = self.pool.end_tracking();
         let (cx, outs) = captured.map_err(|e| e.context(format!("capturing the forward of {}", s.label)))?;
         for (i, o) in outs.iter().enumerate() {
             if let Some(o) = o {
@@ -457,7 +494,7 @@ impl GraphedModules {
         let mut graph = Graph::with_pool(&self.device, &self.pool);
         let module = &mut self.modules[c];
         let name = module.name();
-        let s = &mut self.surfaces[c][m];
+        let s = &mut self.drafts[c][m];
         graph.set_label(format!("{} backward", s.label));
         let (deferred, checkpointed) = (self.config.schedule.defers(c), self.config.checkpointed[c]);
         let captured = graph.capture(mode, || {
@@ -465,13 +502,11 @@ impl GraphedModules {
             let grads = super::wgrad::run_backward(module.as_mut(), &mut cx, &grad_outputs, deferred, checkpointed)?;
             Ok((cx, adopt(grads, &slot)?))
         });
-        s.backward_writes = self.pool.end_tracking();
+        let writes = self.pool.end_tracking();
         let (cx, grads) = captured.map_err(|e| e.context(format!("capturing the backward of {}", s.label)))?;
         if grads.len() != s.inputs.len() {
-            return Err(Error::Graphed {
-                module: name.into(),
-                detail: format!("backward returned {} grads for {} inputs", grads.len(), s.inputs.len()),
-            });
+            let (module, inputs, got) = (name.into(), s.inputs.len(), grads.len());
+            return Err(SignatureError::GradCount { module, inputs, got }.into());
         }
         let mut grad_inputs = Vec::with_capacity(grads.len());
         for (i, (g, x)) in grads.into_iter().zip(&s.inputs).enumerate() {
@@ -487,7 +522,7 @@ impl GraphedModules {
         }
         s.grad_outputs = grad_outputs;
         s.grad_inputs = grad_inputs;
-        s.backward = Some(graph);
+        s.backward = Some((graph, writes));
         // The saved activations go back to the pool: later captures may reuse their memory,
         // which is safe because every graph captured from now on replays after this backward
         // (replay order is enforced) and the graphs that write it list its users as clobbered.
@@ -496,20 +531,20 @@ impl GraphedModules {
         Ok(cx)
     }
 
-    /// Grad-output buffers for (chunk, microbatch): one per `Some` output, none for `None`
-    /// outputs; with chaining, the next chunk's grad input is reused.
     /// Zero grad outputs for a warm-up backward. The first warm-up allocates the static
     /// grad-output buffers of (chunk, microbatch) here, before any capture, so no graph's
     /// temporaries can ever lie in them: the fused step reads them as the caller left them.
+    /// `None` outputs get none; with chaining, the next chunk's grad input stands in at
+    /// capture.
     fn warm_up_grad_outputs(&mut self, c: usize, m: usize, outs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        if self.surfaces[c][m].grad_outputs.is_empty() {
-            let label = self.surfaces[c][m].label.clone();
+        if self.drafts[c][m].grad_outputs.is_empty() {
+            let label = self.drafts[c][m].label.clone();
             // The owner's backward comes before this microbatch's forward: its buffers exist.
             let slot = self.slot_of(c, m, |s| &s.grad_outputs);
             let mut statics = Vec::with_capacity(outs.len());
             for (i, o) in outs.iter().enumerate() {
                 statics.push(match o {
-                    Some(o) if self.is_chained_grad_output(c, i) => None, // filled in at capture
+                    Some(_) if self.config.is_chained_grad_output(c, i) => None, // filled in at capture
                     Some(o) if reusable(&slot, i, o).is_some() => reusable(&slot, i, o),
                     Some(o) => {
                         let g = Tensor::empty_untouched(&self.device, o.dims(), o.dtype())?;
@@ -520,7 +555,7 @@ impl GraphedModules {
                     None => None, // no grad for a None output
                 });
             }
-            self.surfaces[c][m].grad_outputs = statics;
+            self.drafts[c][m].grad_outputs = statics;
         }
         // The static buffers hold zeros during warm-up (nothing has written them yet).
         outs.iter()
@@ -531,21 +566,15 @@ impl GraphedModules {
     /// The static grad outputs of (chunk, microbatch) for its backward capture: the buffers
     /// the warm-up allocated, with a chained slot taken from the next chunk's grad input.
     fn new_grad_outputs(&self, c: usize, m: usize) -> Result<Vec<Option<Tensor>>> {
-        let s = &self.surfaces[c][m];
+        let s = &self.drafts[c][m];
         let mut grads = Vec::with_capacity(s.outputs.len());
         for (i, o) in s.outputs.iter().enumerate() {
             let g = match o {
                 None => None,
-                Some(_) if self.is_chained_grad_output(c, i) => {
-                    let next = &self.surfaces[c + 1][m];
-                    let g = next.grad_inputs.first().cloned().flatten().ok_or_else(|| Error::InvalidOrder {
-                        detail: format!(
-                            "chained: the backward of chunk {} microbatch {m} must come before chunk {}'s",
-                            c + 2,
-                            c + 1
-                        ),
-                    })?;
-                    Some(g)
+                Some(_) if self.config.is_chained_grad_output(c, i) => {
+                    let next = &self.drafts[c + 1][m];
+                    let g = next.grad_inputs.first().cloned().flatten();
+                    Some(g.ok_or(ScheduleError::ChainedBackward { chunk: c + 1, microbatch: m + 1 })?)
                 }
                 Some(o) => match s.grad_outputs.get(i).cloned().flatten() {
                     Some(g) if g.dims() == o.dims() => Some(g),

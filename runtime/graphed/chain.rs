@@ -11,7 +11,7 @@
 
 use super::buckets::{CopyIn, Lens, Route, SlotsAt};
 use super::staging::Bound;
-use super::Surface;
+use super::surface::Surface;
 
 fn inp(s: &Surface) -> &Vec<Option<Tensor>> {
     &s.inputs
@@ -26,40 +26,31 @@ fn gr_b(b: &Bound) -> &Vec<Option<Tensor>> {
     &b.grad_outputs
 }
 use super::GraphedModules;
-use crate::{Error, Result, SlotKind, Tensor};
+use crate::{Error, Result, ScheduleError, SlotKind, Tensor};
 
 impl GraphedModules {
     /// The first slot of chunk `c`'s result: what a chained chunk hands the next one.
     #[inline]
-    fn first_slot(&self, slots: Vec<Option<Tensor>>, c: usize, what: &str) -> Result<Tensor> {
+    /// `grad`: the slots are input grads (a backward's), not outputs.
+    fn first_slot(&self, slots: Vec<Option<Tensor>>, c: usize, grad: bool) -> Result<Tensor> {
         match slots.into_iter().next() {
             Some(Some(t)) => Ok(t),
-            _ => Err(self.nothing_to_hand_on(c, what)),
+            _ => Err(self.nothing_to_hand_on(c, grad)),
         }
     }
 
     #[cold]
-    fn nothing_to_hand_on(&self, c: usize, what: &str) -> Error {
-        Error::Graphed {
-            module: self.modules[c].name().into(),
-            detail: format!("chained: no {what} to hand on (a chained chunk's first {what} must be a tensor)"),
-        }
+    fn nothing_to_hand_on(&self, c: usize, grad: bool) -> Error {
+        ScheduleError::NothingToHandOn { module: self.modules[c].name().into(), grad }.into()
     }
 
     /// The chunks were captured chained and the schedule runs whole chains.
     fn check_chain(&self, call: &'static str) -> Result<()> {
         if !self.config.options.chained {
-            return Err(Error::invalid(
-                call,
-                "the chunks were not captured chained (GraphOptions::chained); call them one by one",
-            ));
+            return Err(ScheduleError::NotChained { call }.into());
         }
         if !self.config.whole_chains {
-            return Err(Error::InvalidOrder {
-                detail: format!(
-                    "{call} runs one microbatch through every chunk, but the schedule interleaves the chunks' steps (or has w(c) entries); call the chunks one by one in its order, or replay the whole schedule with step()"
-                ),
-            });
+            return Err(ScheduleError::NotWholeChains { call }.into());
         }
         Ok(())
     }
@@ -106,10 +97,10 @@ impl GraphedModules {
             _ => g.forward(c, slots),
         };
         let outputs = step(self, 0, inputs, false)?;
-        let mut h = self.first_slot(outputs, 0, "output")?;
+        let mut h = self.first_slot(outputs, 0, false)?;
         for c in 1..last {
             let outputs = step(self, c, &[Some(h)], false)?;
-            h = self.first_slot(outputs, c, "output")?;
+            h = self.first_slot(outputs, c, false)?;
         }
         // The last chunk's slots, in a buffer kept between calls (no allocation per step).
         let mut slots = std::mem::take(&mut self.chain_slots);
@@ -131,10 +122,10 @@ impl GraphedModules {
     ) -> Result<Vec<Option<Tensor>>> {
         let last = self.modules.len() - 1;
         let outputs = self.eager_forward(0, inputs, Some(len))?;
-        let mut h = self.first_slot(outputs, 0, "output")?;
+        let mut h = self.first_slot(outputs, 0, false)?;
         for c in 1..last {
             let outputs = self.eager_forward(c, &[Some(h)], Some(len))?;
-            h = self.first_slot(outputs, c, "output")?;
+            h = self.first_slot(outputs, c, false)?;
         }
         let mut slots = vec![Some(h)];
         slots.extend_from_slice(extras);
@@ -143,7 +134,7 @@ impl GraphedModules {
 
     /// The last chunk's extras against the surface its next forward replays on.
     fn check_extras(&self, last: usize, extras: &[Option<Tensor>], len: Option<Lens>) -> Result<()> {
-        let s = &self.surfaces[last][self.next_forward[last]];
+        let s = &self.surfaces[last][self.cursor.next_forward(last)];
         if extras.len() + 1 != s.inputs.len() {
             let (expected, got) = (s.inputs.len(), extras.len() + 1);
             return Err(Error::Arity { module: s.label.clone(), kind: SlotKind::Input, expected, got });
@@ -171,7 +162,7 @@ impl GraphedModules {
         let last = self.modules.len() - 1;
         let mut grads = self.backward_trimmed(last, grad_outputs, last == 0)?;
         for c in (0..last).rev() {
-            let d = self.first_slot(grads, c + 1, "input grad")?;
+            let d = self.first_slot(grads, c + 1, true)?;
             grads = self.backward_trimmed(c, &[Some(d)], c == 0)?;
         }
         Ok(grads)
@@ -193,15 +184,13 @@ impl GraphedModules {
         grad_outputs: &[&[Option<Tensor>]],
     ) -> Result<Vec<Vec<Option<Tensor>>>> {
         if !self.config.options.chained {
-            return Err(Error::invalid("step_chain", "the chunks were not captured chained (GraphOptions::chained)"));
+            return Err(ScheduleError::NotChained { call: "step_chain" }.into());
         }
         let (last, microbatches) = (self.modules.len() - 1, self.microbatches());
-        for (what, n) in [("inputs", inputs.len()), ("extras", extras.len()), ("grad outputs", grad_outputs.len())] {
-            if n != microbatches {
-                return Err(Error::invalid(
-                    "step_chain",
-                    format!("{n} sets of {what} for a schedule of {microbatches} microbatches"),
-                ));
+        for (what, given) in [("inputs", inputs.len()), ("extras", extras.len()), ("grad outputs", grad_outputs.len())]
+        {
+            if given != microbatches {
+                return Err(ScheduleError::MicrobatchSets { call: "step_chain", what, given, microbatches }.into());
             }
         }
         // With shape buckets: each microbatch's real size, and the bucket of the largest.

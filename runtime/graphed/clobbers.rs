@@ -1,44 +1,62 @@
-//! Clobber lists: which handed-out buffers (outputs, grad inputs) each graph's replay
+//! Clobber lists: which handed-out buffers (outputs, grad inputs) each pass's replay
 //! overwrites, from the pool memory its capture wrote. Handles to them go stale on replay.
+//!
+//! A replay overwrites its own outputs (or input grads), and every other handed-out buffer
+//! that lies in memory it writes: its temporaries, and saved activations released once their
+//! backward was captured, which the pool lends to later captures. That is only known once
+//! every graph of the capture exists, of every shape bucket (a smaller bucket's buffers lie
+//! where a larger one keeps its temporaries), so it is computed once, when the drafts of a
+//! capture become surfaces.
 
-use super::GraphedModules;
+use super::surface::{CapturedPass, Draft, Passes, Surface};
 use crate::pool::MemRange;
-use crate::Tensor;
+use crate::{Graph, Tensor};
 
-impl GraphedModules {
-    /// For each graph, the handed-out buffers its replay overwrites: its own outputs (or grad
-    /// inputs) and any other surface's buffers that lie in memory it uses as temporaries.
-    pub(super) fn compute_clobbers(&mut self) {
-        let clobbers: Vec<(Vec<Tensor>, Vec<Tensor>)> = self
-            .surfaces
-            .iter()
-            .flatten()
-            .map(|s| {
-                (
-                    self.clobbered_by(&s.forward_writes, &s.outputs),
-                    self.clobbered_by(&s.backward_writes, &s.grad_inputs),
-                )
-            })
-            .collect();
-        for (s, (forward, backward)) in self.surfaces.iter_mut().flatten().zip(clobbers) {
-            s.forward_clobbers = forward;
-            s.backward_clobbers = backward;
+/// The surfaces of `drafts` (one list per shape bucket, or one without buckets), each pass
+/// with its clobber list over the handed-out buffers of all of them in pool `pool`.
+pub(super) fn finish(drafts: Vec<Vec<Vec<Draft>>>, pool: usize) -> Vec<Vec<Vec<Surface>>> {
+    let mut handed: Vec<(Tensor, MemRange)> = Vec::new();
+    for t in drafts.iter().flatten().flatten().flat_map(Draft::handed_out) {
+        let (pid, range) = t.mem_range();
+        if pid == pool && !handed.iter().any(|(h, _)| h.same_buffer(t)) {
+            handed.push((t.clone(), range));
         }
     }
-
-    /// The handed-out buffers a graph overwrites: `own` (its outputs or grad inputs) and every
-    /// surface's outputs and grad inputs that lie in `temps`, the pool memory it writes.
-    pub(super) fn clobbered_by(&self, temps: &[MemRange], own: &[Option<Tensor>]) -> Vec<Tensor> {
-        let pool_id = self.pool.id();
-        let mut v: Vec<Tensor> = own.iter().flatten().cloned().collect();
-        let parked = self.parked_handed_out();
-        let handed = self.surfaces.iter().flatten().flat_map(|s| s.outputs.iter().chain(&s.grad_inputs)).flatten();
-        for t in handed.chain(&parked) {
-            let (pid, r) = t.mem_range();
-            if pid == pool_id && temps.iter().any(|x| x.overlaps(&r)) && !v.iter().any(|o| o.same_buffer(t)) {
-                v.push(t.clone());
-            }
+    let surface = |d: Draft| {
+        let pass = |(graph, writes): (Graph, Vec<MemRange>), own: &[Option<Tensor>]| {
+            let clobbers = clobbered(&writes, own, &handed);
+            CapturedPass { graph, clobbers }
+        };
+        let passes = Passes {
+            forward: pass(d.forward, &d.outputs),
+            backward: d.backward.map(|b| pass(b, &d.grad_inputs)),
+            wgrad: d.wgrad.map(|w| pass(w, &[])),
+        };
+        Surface {
+            label: d.label,
+            inputs: d.inputs,
+            outputs: d.outputs,
+            grad_outputs: d.grad_outputs,
+            grad_inputs: d.grad_inputs,
+            passes,
+            saved_bytes: d.saved_bytes,
+            _kept: d.saved,
         }
-        v
+    };
+    drafts
+        .into_iter()
+        .map(|bucket| bucket.into_iter().map(|row| row.into_iter().map(surface).collect()).collect())
+        .collect()
+}
+
+/// The handed-out buffers a pass overwrites: `own` (its outputs or input grads) and every
+/// buffer of `handed` that lies in `writes`, the pool memory it writes.
+fn clobbered(writes: &[MemRange], own: &[Option<Tensor>], handed: &[(Tensor, MemRange)]) -> Vec<Tensor> {
+    let mut v: Vec<Tensor> = own.iter().flatten().cloned().collect();
+    for (t, range) in handed {
+        if writes.iter().any(|w| w.overlaps(range)) && !v.iter().any(|o| o.same_buffer(t)) {
+            v.push(t.clone());
+        }
     }
+    v
 }

@@ -7,14 +7,13 @@
 //! results from [`GraphedModules::outputs`] and [`GraphedModules::grad_inputs`] after
 //! [`GraphedModules::step`]. Replay order and stale handles hold as for per-call replays.
 
-use std::collections::VecDeque;
-
 use super::buckets::{CopyIn, SlotsAt};
-use super::schedule::{Pass, Step};
+use super::schedule::Step;
 use super::staging::Bound;
-use super::{GraphedModules, Surface};
+use super::surface::Surface;
+use super::GraphedModules;
 use crate::pool::ReplayTicket;
-use crate::{Error, Graph, GraphPool, Result, Tensor};
+use crate::{Error, Graph, GraphPool, Result, ScheduleError, Tensor};
 
 /// A fused graph over one or more graphed modules (each one whole iteration of its schedule)
 /// and what a step needs to check and commit without allocating.
@@ -31,7 +30,7 @@ pub(super) struct Fused {
 impl Fused {
     /// Fuses the graphs of `members` in order. Per pool, the members' graphs must be a run of
     /// the pool's capture order, in that order (the order replays must follow).
-    pub(super) fn build(members: &[&GraphedModules]) -> Result<Fused> {
+    pub(super) fn build(members: &[GraphedModules]) -> Result<Fused> {
         let label = members.iter().flat_map(|m| m.modules.iter().map(|x| x.name())).collect::<Vec<_>>().join(", ");
         let parts: Vec<&Graph> = members.iter().flat_map(|m| m.fused_parts()).collect();
         let first = members.first().ok_or_else(|| Error::NotFused { module: label.clone() })?;
@@ -51,9 +50,7 @@ impl Fused {
         }
         for (pool, ids) in &runs {
             if !pool.is_capture_run(ids) {
-                return Err(Error::InvalidOrder {
-                    detail: format!("fuse: the graphs of {label} do not follow their pool's capture order; list the modules in the order they were captured"),
-                });
+                return Err(ScheduleError::FuseOrder { modules: label }.into());
             }
         }
         let graph = Graph::fuse(&first.device, &first.pool, format!("fused step of {label}"), &parts)?;
@@ -67,25 +64,26 @@ impl Fused {
         Ok(Fused { graph, label, runs, clobbers })
     }
 
-    /// Everything a step checks, with no side effect: each member's mode and that none is
-    /// half-way through per-call replays, then each pool's order; the tickets to commit with.
-    fn check(&self, members: &[&GraphedModules]) -> Result<Vec<ReplayTicket>> {
+    /// Everything a step checks, with no side effect: each member's mode, and that its
+    /// cursor is between iterations, then each pool's order; the tickets to commit with.
+    fn check(&self, members: &[GraphedModules]) -> Result<Vec<ReplayTicket>> {
         for m in members {
             if m.training != m.captured_training {
                 return Err(Error::StepMode { module: self.label.clone(), captured_training: m.captured_training });
             }
-            let pending: usize = m.pending.iter().map(VecDeque::len).sum::<usize>() + m.wgrad.pending_count();
-            if pending > 0 || m.next_forward.iter().any(|&n| n != 0) {
+            if let Err(pending) = m.cursor.admit_step() {
                 return Err(Error::StepMidIteration { module: self.label.clone(), pending });
             }
         }
         self.runs.iter().map(|(pool, first, _)| pool.check_replay(*first)).collect()
     }
 
-    /// Launches, then commits: each pool's order moves past the run, members whose pool
-    /// restarted mid-cycle drop their abandoned iteration, and overwritten handles go stale.
-    fn launch(&mut self, tickets: Vec<ReplayTicket>, members: &[&GraphedModules]) -> Result<()> {
+    /// Launches, then commits: each member's cursor and each pool's order move past the
+    /// iteration, members whose pool restarted mid-cycle drop their abandoned iteration,
+    /// and overwritten handles go stale.
+    fn launch(&mut self, tickets: Vec<ReplayTicket>, members: &mut [GraphedModules]) -> Result<()> {
         self.graph.launch_fused()?;
+        members.iter_mut().for_each(|m| m.cursor.commit_step());
         for ((pool, _, last), ticket) in self.runs.iter().zip(tickets) {
             if pool.advance_replay_past(ticket, *last) {
                 members.iter().filter(|m| &m.pool == pool).for_each(|m| m.invalidate_all());
@@ -98,7 +96,7 @@ impl Fused {
     }
 
     /// Checks and launches one step over `members`.
-    pub(super) fn step(&mut self, members: &[&GraphedModules]) -> Result<()> {
+    pub(super) fn step(&mut self, members: &mut [GraphedModules]) -> Result<()> {
         let tickets = self.check(members)?;
         self.launch(tickets, members)
     }
@@ -145,7 +143,7 @@ impl GraphedModules {
         if self.config.fused.is_none() {
             let fresh = self.config.staging.is_none();
             let mark = self.pool.mark();
-            match self.prepare_staging().and_then(|()| Fused::build(&[&*self])) {
+            match self.prepare_staging().and_then(|()| Fused::build(std::slice::from_ref(self))) {
                 Ok(fused) => self.config.fused = Some(fused),
                 Err(e) => {
                     // Refused or failed: nothing changes, and the pool gives back what it grew.
@@ -182,10 +180,9 @@ impl GraphedModules {
             let module = self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
             return Err(Error::NotFused { module });
         };
-        let members = [&*self];
-        let result = fused.check(&members).and_then(|tickets| {
+        let result = fused.check(std::slice::from_ref(self)).and_then(|tickets| {
             copies.iter().try_for_each(CopyIn::run)?;
-            fused.launch(tickets, &members)
+            fused.launch(tickets, std::slice::from_mut(self))
         });
         self.config.fused = Some(fused);
         result
@@ -198,18 +195,13 @@ impl GraphedModules {
                 let module = self.modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ");
                 Err(Error::NotFused { module })
             }
-            Some(fused) => fused.check(&[self]).map(drop),
+            Some(fused) => fused.check(std::slice::from_ref(self)).map(drop),
         }
     }
 
-    /// The graph of one step of the schedule (`None`: a backward that was not captured).
+    /// The graph of one step of the schedule (`None`: a pass that was not captured).
     fn step_graph(&self, step: &Step) -> Option<&Graph> {
-        let s = &self.surfaces[step.chunk][step.microbatch];
-        match step.pass {
-            Pass::Forward => Some(&s.forward),
-            Pass::Backward => s.backward.as_ref(),
-            Pass::Wgrad => self.wgrad.graph(step.chunk, step.microbatch),
-        }
+        self.surfaces[step.chunk][step.microbatch].passes.get(step.pass).map(|p| &p.graph)
     }
 
     /// The graphs of the schedule in capture (and replay) order.
@@ -231,14 +223,15 @@ impl GraphedModules {
 
     /// Every buffer a fused step overwrites: the graphs' clobbers and the bound outputs.
     fn step_clobbers(&self) -> impl Iterator<Item = &Tensor> {
-        let surfaces = self.surfaces.iter().flatten();
-        let graphs = surfaces.flat_map(|s| s.forward_clobbers.iter().chain(&s.backward_clobbers));
-        graphs.chain(self.wgrad.clobbers()).chain(self.config.staging.iter().flat_map(|s| s.written()))
+        let passes = self.surfaces.iter().flatten().flat_map(|s| s.passes.iter());
+        let graphs = passes.flat_map(|p| &p.clobbers);
+        graphs.chain(self.config.staging.iter().flat_map(|s| s.written()))
     }
 
-    fn surface_checked(&self, chunk: usize, microbatch: usize) -> Result<&super::Surface> {
+    fn surface_checked(&self, chunk: usize, microbatch: usize) -> Result<&Surface> {
         let row = self.surfaces.get(chunk).ok_or(Error::ChunkOutOfRange { chunk, chunks: self.surfaces.len() })?;
-        row.get(microbatch).ok_or_else(|| Error::invalid("microbatch", format!("{microbatch} of {}", row.len())))
+        row.get(microbatch)
+            .ok_or_else(|| ScheduleError::MicrobatchOutOfRange { microbatch, microbatches: row.len() }.into())
     }
 
     /// Fresh handles to one part of the surfaces of (chunk, microbatch): the fused step's

@@ -1,28 +1,32 @@
 //! `make_graphed`: warm up, capture and replay modules, the counterpart of PyTorch's
 //! `make_graphed_callables` and Transformer Engine's extension of it.
 //!
-//! - `options`: `GraphOptions`.
-//! - `schedule`: the iteration's steps, validated once.
+//! - `options`, `order_entry`: `GraphOptions`, and the entries of a pipeline `order`.
+//! - `schedule`: the iteration's steps and the rules a schedule follows, validated once.
 //! - `capture`: `make_graphed` itself: validation, static surfaces, warm-up, capture; a failed
 //!   capture restores the RNG, frees its pool and hands the modules back.
-//! - `replay`: graphed forward and backward calls, each checked completely before it copies,
-//!   queues or launches anything.
+//! - `surface`, `clobbers`: what a capture makes of each (chunk, microbatch): its static
+//!   buffers and its passes (forward, backward, weight grads), each a graph with the memory
+//!   it writes and the handed-out buffers that writing makes stale.
+//! - `cursor`: where an iteration stands, the one owner of replay order and of the
+//!   microbatches waiting for their backward or weight grads.
+//! - `replay`, `wgrad`: graphed forward, backward and weight-grad calls, each checked
+//!   completely before it copies, queues or launches anything.
 //! - `chain`: one microbatch through every chunk of a chained capture in one call (forward,
 //!   backward, the fused step on per-microbatch inputs).
-//! - `fused`: the whole schedule as one launch (`fuse`, `step`) on bound static buffers.
+//! - `fused`: the whole schedule as one launch (`fuse`, `step`) on bound static buffers;
+//!   `staging`: its own per-microbatch buffers where microbatches share surfaces;
+//!   `sequence`: separately graphed modules fused into one launch (`Sequence`).
 //! - `reuse`: which microbatches share static surfaces (`GraphOptions::reuse_buffers`).
-//! - `staging`: a fused step's own per-microbatch buffers where microbatches share surfaces.
-//! - `sequence`: separately graphed modules fused into one launch (`Sequence`).
 //! - `buckets`: shape buckets, one capture per size of a declared axis in one pool;
 //!   `estimate`: the pool a bucket list will need, from its smallest buckets.
-//! - `order_entry`, `wgrad`: `w(c)` schedule entries and the separate weight-grad graphs of
-//!   modules that split their backward.
 
 mod buckets;
 mod capture;
 mod capture_error;
 mod chain;
 mod clobbers;
+mod cursor;
 mod estimate;
 mod fused;
 mod options;
@@ -32,12 +36,11 @@ mod reuse;
 mod schedule;
 mod sequence;
 mod staging;
+mod surface;
 mod wgrad;
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::pool::MemRange;
 use crate::{Cx, Device, Error, Graph, GraphPool, HookKind, Module, Result, Tensor};
 
 pub use buckets::{AboveLargest, BucketReport, Buckets};
@@ -49,52 +52,25 @@ pub(crate) use schedule::Schedule;
 pub use sequence::Sequence;
 pub use wgrad::backward_unsplit;
 
-/// The static surfaces and graphs of one (chunk, microbatch).
-pub(super) struct Surface {
-    label: String,
-    forward: Graph,
-    /// `None` when the capture was forward-only.
-    backward: Option<Graph>,
-    inputs: Vec<Option<Tensor>>,
-    outputs: Vec<Option<Tensor>>,
-    grad_outputs: Vec<Option<Tensor>>,
-    grad_inputs: Vec<Option<Tensor>>,
-    /// What the captured forward saved, until its backward is captured (then released: the
-    /// backward graph reads the memory on replay, the pool lends it to later captures).
-    saved: Option<Cx>,
-    /// Bytes of the saved activations that are not static surfaces (pool memory only).
-    saved_bytes: usize,
-    /// Buffers each replay overwrites (its own outputs, and other surfaces' buffers that lie in
-    /// memory it writes: its temporaries and released saved activations): handles to them go
-    /// stale on replay.
-    forward_clobbers: Vec<Tensor>,
-    backward_clobbers: Vec<Tensor>,
-    forward_writes: Vec<MemRange>,
-    backward_writes: Vec<MemRange>,
-}
-
-/// A microbatch whose backward has not run yet.
-enum Pending {
-    Graphed(usize),
-    Eager(Cx),
-}
+use cursor::Cursor;
+use schedule::Pass;
+use surface::Surface;
 
 /// Modules captured into graphs that share one pool; see [`make_graphed`].
 pub struct GraphedModules {
     device: Device,
     modules: Vec<Box<dyn Module>>,
     pool: GraphPool,
+    /// `[chunk][microbatch]`: static buffers and captured passes.
     surfaces: Vec<Vec<Surface>>,
-    next_forward: Vec<usize>,
-    pending: Vec<VecDeque<Pending>>,
+    /// Where the iteration stands: replay order and the microbatches waiting.
+    cursor: Cursor,
     /// The mode the graphs were captured in (dropout on or off).
     captured_training: bool,
     /// Whether backward graphs were captured: false for inference, and for training-mode
     /// captures where neither an input nor a parameter needs a grad.
     has_backward: bool,
     training: bool,
-    /// Weight-grad graphs of chunks whose `order` has `w(c)` entries.
-    wgrad: wgrad::Wgrad,
     /// What the capture was made with and of, boxed so `GraphedModules` stays small.
     config: Box<Config>,
     /// The last chunk's inputs of a whole-chain forward, kept to be reused (see `chain`).
@@ -106,6 +82,7 @@ pub struct GraphedModules {
 /// The settled facts of a capture.
 struct Config {
     options: GraphOptions,
+    chunks: usize,
     capture_time: Duration,
     /// The iteration the graphs were captured for.
     schedule: Schedule,
@@ -128,6 +105,7 @@ impl Config {
         let whole_chains = schedule.runs_whole_chains();
         Config {
             options,
+            chunks: checkpointed.len(),
             capture_time: Duration::ZERO,
             schedule,
             fused: None,
@@ -137,6 +115,36 @@ impl Config {
             whole_chains,
         }
     }
+
+    /// Runs the hooks of `kind` for `chunk`: the registry's around the module's own.
+    fn run_hooks(&self, modules: &mut [Box<dyn Module>], chunk: usize, kind: HookKind) -> Result<()> {
+        let module = &mut modules[chunk];
+        let name = module.name();
+        self.options.hooks.run(chunk, kind, || module.run_hooks(kind)).map_err(|e| Error::Hook {
+            module: name.into(),
+            kind: kind.name(),
+            source: Box::new(e),
+        })
+    }
+
+    /// Whether input `i` of `chunk` is chained: the previous chunk's first output, no buffer
+    /// of its own.
+    fn is_chained_input(&self, chunk: usize, i: usize) -> bool {
+        self.options.chained && chunk > 0 && i == 0
+    }
+
+    /// Whether grad output `i` of `chunk` is chained: the next chunk's first grad input.
+    fn is_chained_grad_output(&self, chunk: usize, i: usize) -> bool {
+        self.options.chained && i == 0 && chunk + 1 < self.chunks
+    }
+}
+
+/// A fresh context for one forward on `inputs`.
+fn new_cx(device: &Device, training: bool, inputs: &[Option<Tensor>]) -> Cx {
+    let mut cx = Cx::new(device);
+    cx.set_training(training);
+    cx.set_needs_input_grad(inputs.iter().map(|t| t.as_ref().is_some_and(|t| t.requires_grad())).collect());
+    cx
 }
 
 impl std::fmt::Debug for GraphedModules {
@@ -147,41 +155,6 @@ impl std::fmt::Debug for GraphedModules {
 }
 
 impl GraphedModules {
-    /// Runs the hooks of `kind` for `chunk`: the registry's around the module's own.
-    fn run_hooks(&mut self, chunk: usize, kind: HookKind) -> Result<()> {
-        let module = &mut self.modules[chunk];
-        let name = module.name();
-        self.config.options.hooks.run(chunk, kind, || module.run_hooks(kind)).map_err(|e| Error::Hook {
-            module: name.into(),
-            kind: kind.name(),
-            source: Box::new(e),
-        })
-    }
-
-    /// Whether input `i` of `chunk` is chained: the previous chunk's first output, no buffer
-    /// of its own.
-    fn is_chained_input(&self, chunk: usize, i: usize) -> bool {
-        self.config.options.chained && chunk > 0 && i == 0
-    }
-
-    /// Whether grad output `i` of `chunk` is chained: the next chunk's first grad input.
-    fn is_chained_grad_output(&self, chunk: usize, i: usize) -> bool {
-        self.config.options.chained && i == 0 && chunk + 1 < self.modules.len()
-    }
-
-    /// Which inputs need a grad.
-    fn needs_input_grad(inputs: &[Option<Tensor>]) -> Vec<bool> {
-        inputs.iter().map(|t| t.as_ref().is_some_and(|t| t.requires_grad())).collect()
-    }
-
-    /// A fresh context for one forward of `chunk`.
-    fn new_cx(&self, training: bool, inputs: &[Option<Tensor>]) -> Cx {
-        let mut cx = Cx::new(&self.device);
-        cx.set_training(training);
-        cx.set_needs_input_grad(Self::needs_input_grad(inputs));
-        cx
-    }
-
     /// Switches to training mode (graphs captured for training replay; otherwise eager).
     pub fn train(&mut self) {
         self.training = true;
@@ -269,15 +242,11 @@ impl GraphedModules {
     /// The graphs: (label, graph), forward and backward per (chunk, microbatch) in capture
     /// order, then the weight-grad graphs.
     pub fn graphs(&self) -> Vec<(&str, &Graph)> {
-        let mut v = Vec::new();
-        for s in self.surfaces.iter().flatten() {
-            v.push((s.forward.label(), &s.forward));
-            if let Some(b) = &s.backward {
-                v.push((b.label(), b));
-            }
-        }
-        v.extend(self.wgrad.graphs().map(|g| (g.label(), g)));
-        v
+        let surfaces = || self.surfaces.iter().flatten();
+        let forward_and_backward =
+            surfaces().flat_map(|s| std::iter::once(&s.passes.forward).chain(&s.passes.backward));
+        let wgrad = surfaces().filter_map(|s| s.passes.wgrad.as_ref());
+        forward_and_backward.chain(wgrad).map(|p| (p.graph.label(), &p.graph)).collect()
     }
 
     /// Gives the modules back, dropping the graphs and their pool.
@@ -303,10 +272,9 @@ impl GraphedModules {
         for step in self.config.schedule.steps() {
             let saved = self.surfaces[step.chunk][step.microbatch].saved_bytes;
             // Saved activations of a chunk with deferred weight grads live until those run.
-            let last =
-                if self.config.schedule.defers(step.chunk) { schedule::Pass::Wgrad } else { schedule::Pass::Backward };
+            let last = if self.config.schedule.defers(step.chunk) { Pass::Wgrad } else { Pass::Backward };
             match step.pass {
-                schedule::Pass::Forward => in_flight += saved,
+                Pass::Forward => in_flight += saved,
                 pass if pass == last => in_flight = in_flight.saturating_sub(saved),
                 _ => {}
             }

@@ -63,7 +63,7 @@ impl GraphOptions {
     /// A pipeline schedule: `+c` the forward of chunk `c` (1-indexed) for its next
     /// microbatch, `-c` the backward of its oldest outstanding one, [`OrderEntry::Wgrad`]`(c)`
     /// the weight grads of a chunk that splits its backward (see [`OrderEntry`]). Checked by
-    /// `make_graphed` (`Error::InvalidOrder`).
+    /// `make_graphed` ([`crate::ScheduleError`]).
     pub fn order<E: Into<OrderEntry>>(mut self, order: impl IntoIterator<Item = E>) -> Self {
         self.order = Some(order.into_iter().map(Into::into).collect());
         self

@@ -1,26 +1,29 @@
 //! Graphed calls: forward and backward of one chunk.
 //!
 //! Every call is checked completely first (chunk, arity, each tensor's presence, device,
-//! dtype, shape, staleness and requires-grad, the pending queue, the pool's replay order) and
-//! only then acts (copies inputs in, launches, advances the order, invalidates handles, changes
-//! the queue). A refused call changes nothing, so the step can continue with correct calls.
-
-use std::collections::VecDeque;
+//! dtype, shape, staleness and requires-grad, then the cursor: the waiting microbatches and
+//! the schedule's order) and only then acts (copies inputs in, launches), after which the
+//! cursor commits (the order advances, the queues change) and overwritten handles go stale.
+//! A refused call changes nothing, so the step can continue with correct calls.
 
 use super::buckets::{CopyIn, Lens, Route, SlotsAt};
-use super::{GraphedModules, Pending};
-use crate::pool::ReplayTicket;
+use super::cursor::{Admitted, Pending};
+use super::schedule::{Pass, Step};
+use super::{new_cx, GraphedModules};
 use crate::{Cx, Error, HookKind, Result, Slot, SlotKind, Tensor};
 
-/// A checked call, ready to act: the copies into static buffers and the launch permission.
+/// A checked call, ready to act: the copies into static buffers, the real sizes a forward
+/// records with shape buckets, and the cursor's admission.
 pub(super) struct Plan {
     copies: Vec<CopyIn>,
-    ticket: ReplayTicket,
+    len: Option<Lens>,
+    admitted: Admitted,
 }
 
 impl Plan {
-    fn copy_in(&self) -> Result<()> {
-        self.copies.iter().try_for_each(CopyIn::run)
+    /// A call with nothing to copy in (weight grads): the admitted launch alone.
+    pub(super) fn launch_only(admitted: Admitted) -> Plan {
+        Plan { copies: Vec::new(), len: None, admitted }
     }
 }
 
@@ -96,7 +99,7 @@ impl GraphedModules {
         }
         match self.route(chunk, inputs)? {
             Route::Plain => {
-                let plan = self.check_forward(chunk, self.next_forward[chunk], inputs, None)?;
+                let plan = self.check_forward(chunk, inputs, None)?;
                 self.forward_planned(chunk, plan, None, true)
             }
             Route::Eager { len } => self.eager_forward(chunk, inputs, Some(len)),
@@ -115,11 +118,11 @@ impl GraphedModules {
         len: Lens,
         trim: bool,
     ) -> Result<Vec<Option<Tensor>>> {
-        let plan = self.in_bucket(index, |g| g.check_forward(chunk, g.next_forward[chunk], inputs, Some(len)))?;
+        let plan = self.in_bucket(index, |g| g.check_forward(chunk, inputs, Some(len)))?;
         self.forward_planned(chunk, plan, Some(len), trim)
     }
 
-    /// Acts on a checked forward: copies in, replays, commits; the static outputs.
+    /// Acts on a checked forward; the static outputs.
     fn forward_planned(
         &mut self,
         chunk: usize,
@@ -127,28 +130,8 @@ impl GraphedModules {
         len: Option<Lens>,
         trim: bool,
     ) -> Result<Vec<Option<Tensor>>> {
-        let m = self.next_forward[chunk];
-        plan.copy_in()?;
-        self.set_length(chunk, m, len)?;
-        let s = &mut self.surfaces[chunk][m];
-        let restarted = s.forward.launch(plan.ticket)?;
-        if restarted {
-            // An iteration was abandoned half-way: its handles go stale and its microbatches
-            // can no longer run backward.
-            self.invalidate_all();
-            self.pending.iter_mut().for_each(VecDeque::clear);
-            self.wgrad.clear_pending();
-            self.next_forward.fill(0);
-        }
-        self.next_forward[chunk] = (m + 1) % self.surfaces[chunk].len();
-        let s = &self.surfaces[chunk][m];
-        for t in &s.forward_clobbers {
-            t.bump_generation();
-        }
-        if self.has_backward {
-            self.pending[chunk].push_back(Pending::Graphed(m));
-        }
-        let outputs = s.outputs.iter().map(|o| o.as_ref().map(Tensor::refreshed)).collect();
+        let m = self.replay(plan)?;
+        let outputs = self.surfaces[chunk][m].outputs.iter().map(|o| o.as_ref().map(Tensor::refreshed)).collect();
         if trim {
             self.trim(chunk, SlotKind::GradOutput, outputs, len)
         } else {
@@ -156,8 +139,30 @@ impl GraphedModules {
         }
     }
 
-    fn check_forward(&self, chunk: usize, m: usize, inputs: &[Option<Tensor>], len: Option<Lens>) -> Result<Plan> {
-        let s = &self.surfaces[chunk][m];
+    /// Acts on a checked call: copies its tensors in, records a forward's real sizes, launches
+    /// the admitted step's graph and commits the cursor; every handle the replay overwrote
+    /// goes stale. Returns the microbatch replayed.
+    pub(super) fn replay(&mut self, plan: Plan) -> Result<usize> {
+        let Plan { copies, len, admitted } = plan;
+        let Step { pass, chunk, microbatch } = admitted.step();
+        copies.iter().try_for_each(CopyIn::run)?;
+        self.set_length(chunk, microbatch, len)?;
+        let launched = admitted.launch(&mut self.surfaces)?;
+        if self.cursor.commit(&self.config.schedule, launched) {
+            // An iteration was abandoned half-way: its handles go stale (the cursor dropped
+            // its microbatches, which can no longer run backward).
+            self.invalidate_all();
+        }
+        if let Some(p) = self.surfaces[chunk][microbatch].passes.get(pass) {
+            p.invalidate_clobbered();
+        }
+        Ok(microbatch)
+    }
+
+    /// Checks the forward of `chunk` for its next microbatch, with no side effect.
+    fn check_forward(&self, chunk: usize, inputs: &[Option<Tensor>], len: Option<Lens>) -> Result<Plan> {
+        let microbatch = self.cursor.next_forward(chunk);
+        let s = &self.surfaces[chunk][microbatch];
         let at = SlotsAt {
             chunk,
             module: &s.label,
@@ -167,8 +172,9 @@ impl GraphedModules {
             requires_grad: self.captured_training,
         };
         let copies = self.copies_in(at, inputs, &s.inputs)?;
-        let ticket = s.forward.check_replay()?;
-        Ok(Plan { copies, ticket })
+        let step = Step { pass: Pass::Forward, chunk, microbatch };
+        let admitted = self.cursor.admit(&self.config.schedule, &self.surfaces, step)?;
+        Ok(Plan { copies, len, admitted })
     }
 
     /// Runs the backward of `chunk` for its oldest outstanding microbatch: copies the grad
@@ -190,7 +196,7 @@ impl GraphedModules {
         trim: bool,
     ) -> Result<Vec<Option<Tensor>>> {
         self.check_chunk(chunk)?;
-        let m = match self.pending[chunk].front() {
+        let m = match self.cursor.front(chunk, Pass::Backward) {
             None if !self.has_backward && self.training == self.captured_training => {
                 return Err(Error::ForwardOnly { module: self.modules[chunk].name().into() })
             }
@@ -198,32 +204,23 @@ impl GraphedModules {
             Some(Pending::Eager(cx)) => {
                 let mut cx = cx.clone();
                 let grads = self.eager_backward(chunk, &mut cx, grad_outputs)?;
-                self.pending[chunk].pop_front();
-                self.dgrad_done(chunk, Pending::Eager(cx));
+                self.cursor.eager_backward(&self.config.schedule, chunk, cx);
                 return Ok(grads);
             }
             Some(Pending::Graphed(m)) => *m,
         };
         let s = &self.surfaces[chunk][m];
-        let graph = s.backward.as_ref().ok_or_else(|| Error::ForwardOnly { module: s.label.clone() })?;
+        if s.passes.backward.is_none() {
+            return Err(Error::ForwardOnly { module: s.label.clone() });
+        }
         let len = self.real_length(chunk, m);
         let at = SlotsAt { chunk, module: &s.label, kind: SlotKind::GradOutput, from: 0, len, requires_grad: false };
         let copies = self.copies_in(at, grad_outputs, &s.grad_outputs)?;
-        let plan = Plan { copies, ticket: graph.check_replay()? };
+        let step = Step { pass: Pass::Backward, chunk, microbatch: m };
+        let admitted = self.cursor.admit(&self.config.schedule, &self.surfaces, step)?;
         // Act.
-        plan.copy_in()?;
-        let s = &mut self.surfaces[chunk][m];
-        let graph = s.backward.as_mut().ok_or_else(|| Error::ForwardOnly { module: s.label.clone() })?;
-        if graph.launch(plan.ticket)? {
-            // Only a forward graph can start a cycle, so this does not happen; stay safe anyway.
-            self.invalidate_all();
-        }
-        self.pending[chunk].pop_front();
-        self.dgrad_done(chunk, Pending::Graphed(m));
+        self.replay(Plan { copies, len: None, admitted })?;
         let s = &self.surfaces[chunk][m];
-        for t in &s.backward_clobbers {
-            t.bump_generation();
-        }
         let grads = s.grad_inputs.iter().map(|g| g.as_ref().map(Tensor::refreshed)).collect();
         if trim {
             self.trim(chunk, SlotKind::Input, grads, len)
@@ -255,16 +252,16 @@ impl GraphedModules {
             let (expected, got) = (module.num_inputs(), inputs.len());
             return Err(Error::Arity { module: module.name().into(), kind: SlotKind::Input, expected, got });
         }
-        self.run_hooks(chunk, HookKind::PreForward)?;
-        let mut cx = self.new_cx(self.training, inputs);
+        self.config.run_hooks(&mut self.modules, chunk, HookKind::PreForward)?;
+        let mut cx = new_cx(&self.device, self.training, inputs);
         if let Some(len) = len {
             cx.set_bucket_length(Some(self.eager_length(len)?));
         }
         let checkpointed = self.config.checkpointed[chunk];
         let outs = crate::checkpoint::forward_of(self.modules[chunk].as_ref(), checkpointed, &mut cx, inputs)?;
-        self.run_hooks(chunk, HookKind::Forward)?;
+        self.config.run_hooks(&mut self.modules, chunk, HookKind::Forward)?;
         if self.training {
-            self.pending[chunk].push_back(Pending::Eager(cx));
+            self.cursor.eager_forward(chunk, cx);
         }
         Ok(outs)
     }
@@ -275,11 +272,11 @@ impl GraphedModules {
         cx: &mut Cx,
         grad_outputs: &[Option<Tensor>],
     ) -> Result<Vec<Option<Tensor>>> {
-        self.run_hooks(chunk, HookKind::PreBackward)?;
+        self.config.run_hooks(&mut self.modules, chunk, HookKind::PreBackward)?;
         let deferred = self.config.schedule.defers(chunk);
         let checkpointed = self.config.checkpointed[chunk];
         let grads = super::wgrad::run_backward(self.modules[chunk].as_mut(), cx, grad_outputs, deferred, checkpointed)?;
-        self.run_hooks(chunk, HookKind::Backward)?;
+        self.config.run_hooks(&mut self.modules, chunk, HookKind::Backward)?;
         Ok(grads)
     }
 }

@@ -22,8 +22,10 @@
 //! which the pool lends to later captures. Each replay that writes a shared buffer lists it as
 //! clobbered, so every handle an earlier microbatch returned for it goes stale.
 
+use super::capture::Capture;
 use super::schedule::{Pass, Schedule};
-use super::{GraphedModules, Surface};
+use super::surface::Draft;
+use super::GraphedModules;
 use crate::{Result, Tensor};
 
 /// For every (chunk, microbatch), the microbatch whose buffers it uses (itself, or an earlier
@@ -105,16 +107,19 @@ impl GraphedModules {
             0
         }
     }
+}
 
+impl Capture {
     /// The buffers `part` picks from the surfaces that (chunk, microbatch) reuses: an earlier
     /// microbatch's, or while a smaller shape bucket is captured the largest bucket's (see
     /// [`Slot::prefix`]); empty when it owns its surfaces.
-    pub(super) fn slot_of(&self, c: usize, m: usize, part: impl Fn(&Surface) -> &Vec<Option<Tensor>>) -> Slot {
+    pub(super) fn slot_of(&self, c: usize, m: usize, part: impl Fn(&Draft) -> &Vec<Option<Tensor>>) -> Slot {
         let owner = self.config.plan.owner(c, m);
         if owner != m {
-            return Slot { bufs: part(&self.surfaces[c][owner]).clone(), prefix: false };
+            return Slot { bufs: part(&self.drafts[c][owner]).clone(), prefix: false };
         }
-        match self.bucket_alias(c, m) {
+        // The buckets are captured largest first.
+        match self.done.first().and_then(|(largest, _)| largest.get(c)?.get(m)) {
             Some(largest) => Slot { bufs: part(largest).clone(), prefix: true },
             None => Slot::default(),
         }

@@ -54,7 +54,7 @@ impl Sequence {
         let fresh: Vec<bool> = members.iter().map(|m| m.config.staging.is_none()).collect();
         let marks: Vec<_> = members.iter().map(|m| m.pool.mark()).collect();
         let staged = members.iter_mut().try_for_each(GraphedModules::prepare_staging);
-        let built = staged.and_then(|()| Fused::build(&members.iter().collect::<Vec<_>>()));
+        let built = staged.and_then(|()| Fused::build(&members));
         match built {
             Ok(fused) => Ok(Sequence { members, fused }),
             Err(e) => {
@@ -71,8 +71,7 @@ impl Sequence {
     /// half-way through per-call replays, each pool's replay order), changing nothing when
     /// refused; afterwards every handle an earlier call returned is stale.
     pub fn step(&mut self) -> Result<()> {
-        let refs: Vec<&GraphedModules> = self.members.iter().collect();
-        self.fused.step(&refs)
+        self.fused.step(&mut self.members)
     }
 
     /// Member `i` (its static buffers, outputs, modules).

@@ -11,7 +11,8 @@
 //! ([`GraphedModules::static_inputs`] and the others) hand out the bound buffers then.
 
 use super::schedule::Pass;
-use super::{GraphedModules, Surface};
+use super::surface::Surface;
+use super::GraphedModules;
 use crate::{Graph, Result, Tensor};
 
 /// Bound buffers of one (chunk, microbatch): `None` where the surface has no buffer of its
@@ -112,8 +113,8 @@ impl GraphedModules {
             Ok(v)
         };
         Ok(Bound {
-            inputs: like(&s.inputs, &|i| !self.is_chained_input(c, i), true)?,
-            grad_outputs: like(&s.grad_outputs, &|i| !self.is_chained_grad_output(c, i), true)?,
+            inputs: like(&s.inputs, &|i| !self.config.is_chained_input(c, i), true)?,
+            grad_outputs: like(&s.grad_outputs, &|i| !self.config.is_chained_grad_output(c, i), true)?,
             outputs: like(&s.outputs, &|_| true, false)?,
             grad_inputs: like(&s.grad_inputs, &|_| true, false)?,
         })

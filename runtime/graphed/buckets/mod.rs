@@ -15,7 +15,7 @@
 //! iteration's bucket when it fits there; a fused step takes the bucket of its longest
 //! microbatch.
 //!
-//! Only one bucket is active at a time: its graphs, surfaces and queues sit in
+//! Only one bucket is active at a time: its surfaces, its cursor and its fused step sit in
 //! [`GraphedModules`]' fields, the others are parked here and swapped in when a call needs
 //! them. Switching buckets while the active one has microbatches waiting for their backward
 //! abandons them (their backward is then [`Error::NoPendingForward`]): the smaller bucket's
@@ -24,18 +24,20 @@
 mod layout;
 mod spec;
 
-pub(crate) use layout::{bucket_samples, bucketed_inputs, CopyIn};
+pub(crate) use layout::{bucket_samples, bucketed_inputs, Along, CopyIn};
 pub(crate) use spec::Lens;
 pub use spec::{AboveLargest, BucketReport, Buckets};
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
-use layout::{any, layout, resized_dims, trimmed, Along};
+use layout::{any, layout, resized_dims, trimmed};
 use spec::MAX_AXES;
 
+use super::capture::{Capture, Samples};
+use super::cursor::Cursor;
 use super::schedule::Schedule;
-use super::{GraphedModules, Pending, Surface};
+use super::surface::{Draft, Surface};
+use super::GraphedModules;
 use crate::{BucketError, DType, Error, Result, Slot, SlotKind, Tensor};
 
 /// The real sizes of a bucket's calls, per microbatch and per (chunk, microbatch).
@@ -48,13 +50,17 @@ pub(super) struct Lengths {
     real: Vec<Vec<Lens>>,
 }
 
-/// One bucket's graphs and queues, parked while another bucket is active.
-#[derive(Default)]
-pub(super) struct BucketState {
+impl Lengths {
+    /// The device length tensor the graphs of microbatch `m` read.
+    pub(super) fn tensor(&self, m: usize) -> Option<Tensor> {
+        self.device.get(m).map(|(t, _)| t.clone())
+    }
+}
+
+/// One bucket's graphs and where its iteration stands, parked while another bucket is active.
+struct BucketState {
     surfaces: Vec<Vec<Surface>>,
-    next_forward: Vec<usize>,
-    pending: Vec<VecDeque<Pending>>,
-    wgrad: super::wgrad::Wgrad,
+    cursor: Cursor,
     fused: Option<super::fused::Fused>,
     staging: Option<super::staging::Staging>,
     lengths: Lengths,
@@ -76,9 +82,14 @@ pub(super) struct BucketSet {
     outputs: Vec<Vec<Along>>,
     /// The active bucket's real sizes, on the device and per microbatch.
     lengths: Lengths,
-    /// While a smaller bucket is captured: the largest bucket's surfaces, whose buffers it
-    /// takes the first elements of (see `reuse::Slot`).
-    alias: Option<Vec<Vec<Surface>>>,
+}
+
+/// What shape buckets add to a capture: the declared buckets, along which axes each input
+/// follows them, and what capturing each bucket took.
+pub(super) struct BucketsCaptured {
+    pub(super) spec: Buckets,
+    pub(super) inputs: Vec<Vec<Along>>,
+    pub(super) reports: Vec<BucketReport>,
 }
 
 /// Where a call goes.
@@ -103,36 +114,16 @@ pub(super) struct SlotsAt<'a> {
     pub(super) requires_grad: bool,
 }
 
-impl GraphedModules {
+impl Capture {
     /// Warms up and captures every bucket, largest first, each into its own replay group of
-    /// the one pool; leaves the largest active. `samples` are at the largest bucket's size.
-    pub(super) fn capture_buckets(
+    /// the one pool (`samples` per bucket index); what each took, smallest first.
+    pub(super) fn buckets(
         &mut self,
         spec: &Buckets,
-        samples: &[super::capture::Samples],
-        bucketed: Vec<Vec<Along>>,
+        samples: &[Samples],
         schedule: &Schedule,
-    ) -> Result<()> {
+    ) -> Result<Vec<BucketReport>> {
         let n = spec.count();
-        let tables = (0..spec.ndims())
-            .map(|d| {
-                let sizes = spec.dim(d).1;
-                let largest = sizes.last().copied().unwrap_or(0);
-                (0..=largest).map(|size| sizes.iter().position(|s| *s >= size).unwrap_or(0) as u32).collect()
-            })
-            .collect();
-        self.buckets = Some(Box::new(BucketSet {
-            spec: spec.clone(),
-            tables,
-            active: n - 1,
-            parked: (0..n).map(|_| None).collect(),
-            reports: Vec::with_capacity(n),
-            inputs: bucketed,
-            outputs: Vec::new(),
-            lengths: Lengths::default(),
-            alias: None,
-        }));
-        let mut parked: Vec<Option<BucketState>> = (0..n).map(|_| None).collect();
         let mut reports = Vec::with_capacity(n);
         for index in (0..n).rev() {
             let started = Instant::now();
@@ -141,13 +132,8 @@ impl GraphedModules {
                 self.pool.begin_replay_group();
             }
             let shape = spec.shape(index);
-            let lengths = self.new_lengths(spec, shape, schedule.microbatches())?;
-            self.set_mut()?.lengths = lengths;
-            self.make_surfaces(&samples[index], schedule.microbatches())?;
-            for _ in 0..self.config.options.warmup {
-                self.iterate(schedule, super::capture::Phase::WarmUp)?;
-            }
-            self.iterate(schedule, super::capture::Phase::Capture)?;
+            self.lengths = Some(self.new_lengths(spec, shape, schedule.microbatches())?);
+            self.iteration(&samples[index], schedule)?;
             let reserved = self.pool.stats().reserved;
             reports.push(BucketReport {
                 size: shape[0],
@@ -156,29 +142,11 @@ impl GraphedModules {
                 added_bytes: reserved.saturating_sub(before),
                 reserved_bytes: reserved,
             });
-            let mut state = self.take_bucket_state();
-            if index + 1 == n {
-                // The smaller buckets take the first elements of the largest one's buffers.
-                self.set_mut()?.alias = Some(std::mem::take(&mut state.surfaces));
-            }
-            parked[index] = Some(state);
-        }
-        if let (Some(largest), Some(surfaces)) = (parked[n - 1].as_mut(), self.set_mut()?.alias.take()) {
-            largest.surfaces = surfaces;
+            let drafts = std::mem::take(&mut self.drafts);
+            self.done.push((drafts, self.lengths.take().unwrap_or_default()));
         }
         reports.reverse();
-        let outputs = self.bucketed_outputs(spec, &parked);
-        let mut largest = parked[n - 1].take().unwrap_or_default();
-        let set = self.set_mut()?;
-        (set.parked, set.reports, set.outputs) = (parked, reports, outputs);
-        self.swap_bucket(&mut largest);
-        self.bucket_clobbers();
-        Ok(())
-    }
-
-    /// The bucket set, while capturing the buckets.
-    fn set_mut(&mut self) -> Result<&mut BucketSet> {
-        self.buckets.as_deref_mut().ok_or_else(|| Error::invalid("shape buckets", "capturing without a bucket set"))
+        Ok(reports)
     }
 
     /// The device length tensors of a new bucket (one per microbatch, outside the memory any
@@ -194,25 +162,84 @@ impl GraphedModules {
         let real = vec![vec![shape; microbatches]; self.modules.len()];
         Ok(Lengths { device, real })
     }
+}
 
-    /// The active bucket's state, moved out (the fields left empty for the next bucket).
-    fn take_bucket_state(&mut self) -> BucketState {
-        let chunks = self.modules.len();
-        let mut state = BucketState {
-            next_forward: vec![0; chunks],
-            pending: (0..chunks).map(|_| VecDeque::new()).collect(),
-            ..Default::default()
+impl BucketSet {
+    /// The buckets of a capture, `done` largest first: every draft made a surface (with
+    /// clobber lists across the buckets), the largest bucket's surfaces returned as the
+    /// active ones, the others parked.
+    pub(super) fn new(
+        captured: BucketsCaptured,
+        done: Vec<(Vec<Vec<Draft>>, Lengths)>,
+        chunks: usize,
+        pool: usize,
+    ) -> (Vec<Vec<Surface>>, BucketSet) {
+        let BucketsCaptured { spec, inputs, reports } = captured;
+        let (drafts, mut lengths): (Vec<_>, Vec<_>) = done.into_iter().rev().unzip();
+        let mut surfaces = super::clobbers::finish(drafts, pool);
+        let tables = (0..spec.ndims())
+            .map(|d| {
+                let sizes = spec.dim(d).1;
+                let largest = sizes.last().copied().unwrap_or(0);
+                (0..=largest).map(|size| sizes.iter().position(|s| *s >= size).unwrap_or(0) as u32).collect()
+            })
+            .collect();
+        let outputs = bucketed_outputs(&spec, &surfaces, chunks);
+        let (active, active_lengths) = (surfaces.pop().unwrap_or_default(), lengths.pop().unwrap_or_default());
+        let mut parked: Vec<Option<BucketState>> = surfaces
+            .into_iter()
+            .zip(lengths)
+            .map(|(surfaces, lengths)| {
+                let cursor = Cursor::new(chunks);
+                Some(BucketState { surfaces, cursor, fused: None, staging: None, lengths })
+            })
+            .collect();
+        parked.push(None);
+        let set = BucketSet {
+            active: parked.len() - 1,
+            spec,
+            tables,
+            parked,
+            reports,
+            inputs,
+            outputs,
+            lengths: active_lengths,
         };
-        self.swap_bucket(&mut state);
-        state
+        (active, set)
     }
+}
 
+/// Along which axes each output follows the buckets: those where its size is the bucket's
+/// in every bucket (`surfaces` per bucket index).
+fn bucketed_outputs(spec: &Buckets, surfaces: &[Vec<Vec<Surface>>], chunks: usize) -> Vec<Vec<Along>> {
+    let first = |c: usize| surfaces.iter().find_map(|b| b.get(c)?.first());
+    (0..chunks)
+        .map(|c| {
+            let width = first(c).map_or(0, |s| s.outputs.len());
+            (0..width)
+                .map(|i| {
+                    let mut along = [false; MAX_AXES];
+                    for (d, flag) in along.iter_mut().enumerate().take(spec.ndims()) {
+                        let (axis, _) = spec.dim(d);
+                        *flag = surfaces.iter().enumerate().all(|(index, bucket)| {
+                            bucket
+                                .get(c)
+                                .and_then(|row| row.first()?.outputs.get(i)?.as_ref())
+                                .is_some_and(|t| t.dims().get(axis) == Some(&spec.shape(index)[d]))
+                        });
+                    }
+                    along
+                })
+                .collect()
+        })
+        .collect()
+}
+
+impl GraphedModules {
     /// Exchanges the active bucket's state with `state`.
     fn swap_bucket(&mut self, state: &mut BucketState) {
         std::mem::swap(&mut self.surfaces, &mut state.surfaces);
-        std::mem::swap(&mut self.next_forward, &mut state.next_forward);
-        std::mem::swap(&mut self.pending, &mut state.pending);
-        std::mem::swap(&mut self.wgrad, &mut state.wgrad);
+        std::mem::swap(&mut self.cursor, &mut state.cursor);
         std::mem::swap(&mut self.config.fused, &mut state.fused);
         std::mem::swap(&mut self.config.staging, &mut state.staging);
         if let Some(set) = self.buckets.as_deref_mut() {
@@ -234,61 +261,6 @@ impl GraphedModules {
         if let Some(set) = self.buckets.as_deref_mut() {
             set.parked[previous] = Some(state);
         }
-    }
-
-    /// Along which axes each output follows the buckets: those where its size is the bucket's
-    /// in every bucket.
-    fn bucketed_outputs(&self, spec: &Buckets, parked: &[Option<BucketState>]) -> Vec<Vec<Along>> {
-        let chunks = self.modules.len();
-        let first = |c: usize| parked.iter().flatten().find_map(|s| s.surfaces.get(c)?.first());
-        (0..chunks)
-            .map(|c| {
-                let width = first(c).map_or(0, |s| s.outputs.len());
-                (0..width)
-                    .map(|i| {
-                        let mut along = [false; MAX_AXES];
-                        for (d, flag) in along.iter_mut().enumerate().take(spec.ndims()) {
-                            let (axis, _) = spec.dim(d);
-                            *flag = parked.iter().enumerate().all(|(index, state)| {
-                                state
-                                    .as_ref()
-                                    .and_then(|s| s.surfaces.get(c)?.first()?.outputs.get(i)?.as_ref())
-                                    .is_some_and(|t| t.dims().get(axis) == Some(&spec.shape(index)[d]))
-                            });
-                        }
-                        along
-                    })
-                    .collect()
-            })
-            .collect()
-    }
-
-    /// Clobber lists across buckets: a bucket's replay overwrites the handed-out buffers of
-    /// other buckets that lie in memory it writes (a smaller bucket's outputs placed where a
-    /// larger one keeps its temporaries).
-    fn bucket_clobbers(&mut self) {
-        let Some(n) = self.buckets.as_ref().map(|s| s.spec.count()) else { return };
-        let active = self.buckets.as_ref().map_or(0, |s| s.active);
-        for index in 0..n {
-            self.activate(index);
-            self.compute_clobbers();
-            self.compute_wgrad_clobbers();
-        }
-        self.activate(active);
-    }
-
-    /// The handed-out buffers (outputs, grad inputs) of the parked buckets, which the active
-    /// bucket's graphs may overwrite.
-    pub(super) fn parked_handed_out(&self) -> Vec<Tensor> {
-        let Some(set) = &self.buckets else { return Vec::new() };
-        set.parked
-            .iter()
-            .flatten()
-            .flat_map(|s| s.surfaces.iter().flatten())
-            .flat_map(|s| s.outputs.iter().chain(&s.grad_inputs))
-            .flatten()
-            .cloned()
-            .collect()
     }
 
     /// Where a call of `chunk` on `inputs` goes: its bucket from the bucketed inputs' sizes.
@@ -323,7 +295,7 @@ impl GraphedModules {
         }
         // A forward that continues an iteration (a later chunk, or a later microbatch of the
         // first) stays in the iteration's bucket where it fits: moving would abandon it.
-        let continuing = chunk > 0 || self.next_forward.get(chunk).is_some_and(|&n| n > 0);
+        let continuing = chunk > 0 || self.cursor.next_forward(chunk) > 0;
         if continuing && (0..spec.ndims()).all(|d| len[d] <= active[d]) {
             return Ok(Route::Bucket { index: set.active, len });
         }
@@ -360,9 +332,7 @@ impl GraphedModules {
             Ok(v) => {
                 if previous != index {
                     if let Some(state) = self.buckets.as_mut().and_then(|s| s.parked[previous].as_mut()) {
-                        state.pending.iter_mut().for_each(VecDeque::clear);
-                        state.wgrad.clear_pending();
-                        state.next_forward.fill(0);
+                        state.cursor.reset();
                     }
                 }
                 Ok(v)
@@ -446,11 +416,6 @@ impl GraphedModules {
         self.buckets.as_ref()?.lengths.real.get(chunk)?.get(m).copied()
     }
 
-    /// The device length tensor the graphs of microbatch `m` read (with buckets).
-    pub(super) fn length_tensor(&self, m: usize) -> Option<Tensor> {
-        self.buckets.as_ref()?.lengths.device.get(m).map(|(t, _)| t.clone())
-    }
-
     /// `slots` handed back for a call of real sizes `len`: the bucketed ones trimmed. `kind`
     /// says which slots they correspond to: `Input` for grad inputs, `GradOutput` for outputs.
     pub(super) fn trim(
@@ -511,11 +476,6 @@ impl GraphedModules {
     /// ```
     pub fn bucket_reports(&self) -> &[BucketReport] {
         self.buckets.as_ref().map_or(&[], |s| &s.reports)
-    }
-
-    /// While a smaller bucket is captured: the largest bucket's surface of (chunk, microbatch).
-    pub(super) fn bucket_alias(&self, c: usize, m: usize) -> Option<&Surface> {
-        self.buckets.as_ref()?.alias.as_ref()?.get(c)?.get(m)
     }
 
     /// The number of buckets, with shape buckets.
