@@ -123,6 +123,9 @@ impl Graph {
         if !self.capturing {
             return Err(Error::NotCapturing { graph: self.label.clone() });
         }
+        if self.device.backend().in_conditional_body() {
+            return Err(Error::IllegalInConditionalBody { op: "Graph::capture_end" });
+        }
         self.capturing = false;
         self.device.pop_pool();
         let mut recorded = self.device.backend().end_capture()?;

@@ -56,6 +56,13 @@ pub enum Error {
         /// The offending operation.
         op: &'static str,
     },
+    /// An operation that is illegal while the body of a conditional node is being captured
+    /// ([`crate::Condition::run_if`]), such as ending the capture the body belongs to.
+    #[error("`{op}` is illegal inside a conditional body being captured (Condition::run_if); do it after the closure returns")]
+    IllegalInConditionalBody {
+        /// The offending operation.
+        op: &'static str,
+    },
     /// Shapes that do not fit together.
     #[error("{op}: shape mismatch: {detail}")]
     Shape {
