@@ -243,24 +243,26 @@ impl CudaBackend {
         let (mut graph, mut deps) = capture_info(stream)?;
         for (branch, handle) in branches.iter_mut().zip(handles) {
             let (node, body) = add_conditional_node(graph, &deps, handle, CondKind::If, self.ctx.cu_ctx())?;
-            let place = BodyPlace { stream, mode: stream_mode(mode), node, body };
-            graph = self.capture_body(place, &mut **branch, gate, nested)?;
-            deps = vec![node];
+            let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps };
+            (graph, deps) = self.capture_body(place, &mut **branch, gate, nested)?;
         }
         Ok(())
     }
 
     /// Captures what `branch` queues into `place.body`, then captures the outer graph again
-    /// after the node, whatever the branch did (an error or a panic is passed on once the
-    /// stream captures the outer graph again). Returns the outer graph's handle.
+    /// after the node, whatever the branch did; returns the outer graph's handle and the nodes
+    /// what comes next depends on. A body that failed (an error or a panic, passed on once
+    /// the stream captures the outer graph again), that holds what a body may not, or that is
+    /// empty, is taken out with its node: the capture goes on as if the node had never been
+    /// added.
     fn capture_body(
         &self,
         place: BodyPlace,
         branch: &mut dyn FnMut() -> Result<()>,
         gate: &StreamGate,
         nested: bool,
-    ) -> Result<sys::CUgraph> {
-        let BodyPlace { stream, mode, node, body } = place;
+    ) -> Result<(sys::CUgraph, Vec<sys::CUgraphNode>)> {
+        let BodyPlace { stream, mode, node, body, deps } = place;
         // Leave the outer capture: its graph keeps every node captured so far, the IF node too.
         let outer = end_stream_capture(stream)?;
         // SAFETY: `body` is the IF node's body graph, owned by the node, which `outer` holds.
@@ -282,12 +284,22 @@ impl CudaBackend {
             Err(_) => Ok(Ok(())),
         };
         let ended = if began.is_ok() { end_stream_capture(stream).map(drop) } else { Ok(()) };
+        let captured = matches!(ran, Ok(Ok(()))) && began.is_ok() && ended.is_ok();
+        let (violation, empty) = match captured {
+            true => (self.violation_in(body, 0), self.node_count(body).map(|n| n == 0)),
+            false => (Ok(None), Ok(false)),
+        };
+        let keep = captured && matches!(violation, Ok(None)) && matches!(empty, Ok(false));
+        // SAFETY: `node` is a node of `outer`, which no capture uses now; destroyed once.
+        let kept = keep || unsafe { sys::cuGraphDestroyNode(node) } != sys::CUresult::CUDA_SUCCESS;
+        let next = if kept { vec![node] } else { deps };
+        let next_ptr = if next.is_empty() { std::ptr::null() } else { next.as_ptr() };
         // SAFETY: `outer` is a live graph (ours since the end above, or a body graph its node
-        // owns when nested) and `node` one of its nodes; the dependency array outlives the call.
+        // owns when nested) and `next` its nodes; the dependency array outlives the call.
         let resumed = unsafe {
             check(
                 "cuStreamBeginCaptureToGraph",
-                sys::cuStreamBeginCaptureToGraph(stream, outer, &node, std::ptr::null(), 1, mode),
+                sys::cuStreamBeginCaptureToGraph(stream, outer, next_ptr, std::ptr::null(), next.len(), mode),
             )
         };
         if let Err(e) = resumed {
@@ -304,10 +316,19 @@ impl CudaBackend {
         }
         began?;
         ended?;
-        if let Some(node) = self.violation_in(body, 0)? {
+        if let Some(node) = violation? {
             return Err(Error::ConditionalBody { graph: CONDITIONAL_BODY.into(), node });
         }
-        Ok(outer)
+        empty?;
+        Ok((outer, next))
+    }
+
+    /// How many nodes `graph` holds (the context is bound).
+    fn node_count(&self, graph: sys::CUgraph) -> Result<usize> {
+        let mut count = 0usize;
+        // SAFETY: a sizing call on a live graph.
+        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count))? };
+        Ok(count)
     }
 
     pub(crate) fn launch_graph(&self, g: &RawGraph) -> Result<()> {
@@ -428,12 +449,13 @@ impl CudaBackend {
 }
 
 /// Where a conditional body is captured: the stream, its capture mode, the IF node (in the
-/// graph the stream captures into) and the node's body graph.
+/// graph the stream captures into), the node's body graph and the nodes the IF node depends on.
 struct BodyPlace {
     stream: sys::CUstream,
     mode: sys::CUstreamCaptureMode,
     node: sys::CUgraphNode,
     body: sys::CUgraph,
+    deps: Vec<sys::CUgraphNode>,
 }
 
 fn stream_mode(mode: CaptureMode) -> sys::CUstreamCaptureMode {

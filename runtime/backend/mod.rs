@@ -408,7 +408,7 @@ impl Backend {
                     bodies.push(ops);
                 }
                 let test = test.clone();
-                let name = if bodies.len() == 1 { "if_then" } else { "if_else" };
+                let name = if bodies.len() == 1 { HOST_IF } else { HOST_IF_ELSE };
                 h.run(name, move || {
                     let body = if test.holds_on_host() { bodies.first() } else { bodies.get(1) };
                     body.map_or(Ok(()), |ops| ops.iter().try_for_each(|op| (op.run)()))
@@ -506,6 +506,13 @@ impl Backend {
     }
 }
 
+/// The names of the host backend's recorded conditional ops: a loop, a branch, a branch with
+/// an else.
+const HOST_WHILE: &str = "while_loop";
+const HOST_IF: &str = "if_then";
+const HOST_IF_ELSE: &str = "if_else";
+const HOST_CONDITIONALS: [&str; 3] = [HOST_WHILE, HOST_IF, HOST_IF_ELSE];
+
 /// The name conditional bodies captured from a running capture go by in
 /// [`Error::ConditionalBody`].
 pub(crate) const CONDITIONAL_BODY: &str = "a conditional body (Condition::run_if)";
@@ -585,7 +592,7 @@ impl Recorded {
     pub(crate) fn conditional(backend: &Backend, kind: CondKind, test: CondTest, body: &Recorded) -> Result<Recorded> {
         match (body, &backend.kind) {
             (Recorded::Host(ops), BackendKind::Host(_)) => {
-                let (ops, name) = (ops.clone(), if kind == CondKind::While { "while_loop" } else { "if_then" });
+                let (ops, name) = (ops.clone(), if kind == CondKind::While { HOST_WHILE } else { HOST_IF });
                 let run = move || -> Result<()> {
                     let mut passes = 0;
                     while (kind == CondKind::While || passes == 0) && test.holds_on_host() {
@@ -599,6 +606,14 @@ impl Recorded {
             (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.conditional_graph(kind, &test, raw).map(Recorded::Cuda),
             _ => Err(Error::invalid("conditional graph", "a recording of another backend")),
         }
+    }
+
+    /// Whether this recording holds a conditional node at its top level (on the host, a
+    /// recorded conditional op), which CUDA cannot embed as a child graph.
+    pub(crate) fn holds_conditional(&self, backend: &Backend) -> Result<bool> {
+        Ok(self.nodes(backend)?.iter().any(|n| {
+            n.kind == NodeKind::Conditional || n.kernel.as_deref().is_some_and(|k| HOST_CONDITIONALS.contains(&k))
+        }))
     }
 
     /// Why this recording cannot be the body of a conditional node, if it cannot (see

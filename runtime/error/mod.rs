@@ -615,6 +615,13 @@ pub enum Error {
         /// The node that is not allowed there.
         node: String,
     },
+    /// A graph holding a conditional node cannot be fused with others: CUDA refuses a graph
+    /// with conditional nodes as a child graph.
+    #[error("graph `{graph}` holds a conditional node (Condition::run_if, while_loop, if_then), which CUDA cannot embed in a fused graph; replay it on its own")]
+    FuseConditional {
+        /// The graph's label.
+        graph: String,
+    },
     /// Conditional graph nodes need a newer CUDA driver.
     #[error("conditional graph nodes need a driver for CUDA {needed} or newer; this one supports CUDA {driver}")]
     ConditionalUnsupported {
