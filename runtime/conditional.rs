@@ -61,6 +61,12 @@ impl Condition {
             return Err(Error::shape(op, format!("element {index} of a tensor of shape {:?}", value.dims())));
         }
         value.check_fresh()?;
+        if !value.device().is_capturing() {
+            // The kernel that sets conditions, loaded here rather than in a capture that uses
+            // the condition (no-op once loaded, on the host, and on drivers without conditional
+            // nodes).
+            warm(value.device())?;
+        }
         Ok(Condition { value: value.clone(), index, below })
     }
 
@@ -95,8 +101,8 @@ impl Condition {
     /// (allocation or host nodes, collectives) is [`Error::ConditionalBody`], and ending the
     /// capture from inside `then` is [`Error::IllegalInConditionalBody`]. When `then` fails
     /// or panics, the stream still captures the outer graph and the error (or panic) is
-    /// passed on. The first call on a CUDA device compiles a small kernel: make it outside a
-    /// capture (an eager run of the same code does).
+    /// passed on. On CUDA a small kernel sets the condition; making a condition outside a
+    /// capture loads it (the first time on a device), so no capture has to.
     ///
     /// ```
     /// use graphed::{ops, CaptureMode, Condition, Device, Graph, Tensor};

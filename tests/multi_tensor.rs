@@ -36,8 +36,8 @@ struct Variant {
 }
 
 enum Opt {
-    F32(AdamW),
-    Mixed(MixedAdamW),
+    F32(Box<AdamW>),
+    Mixed(Box<MixedAdamW>),
 }
 
 impl Opt {
@@ -102,14 +102,14 @@ fn run(dev: &Device, case: Case, variant: Variant) -> Result<Vec<Vec<u32>>> {
         .map(|(i, &n)| Param::new(Tensor::from_slice_as(dev, &random_vec(n, 100 + i as u64), &[n], case.dtype)?))
         .collect::<Result<_>>()?;
     let opt = match case.dtype {
-        DType::F32 => Opt::F32(AdamW::new(&ps, CFG)?.with_launches(variant.launches)),
+        DType::F32 => Opt::F32(Box::new(AdamW::new(&ps, CFG)?.with_launches(variant.launches))),
         _ => {
             let scaler = match case.scaler {
                 true => Some(LossScaler::new(dev, LossScalerConfig { init_scale: SCALE, ..Default::default() })?),
                 false => None,
             };
             let o = MixedAdamW::new(&ps, CFG, scaler)?;
-            Opt::Mixed(o.with_launches(variant.launches).with_conditional_skip(variant.node))
+            Opt::Mixed(Box::new(o.with_launches(variant.launches).with_conditional_skip(variant.node)))
         }
     };
     let mut graph = Graph::new(dev);
