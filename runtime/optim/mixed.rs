@@ -252,14 +252,21 @@ pub struct Mixed<O> {
     model: Vec<Param>,
     inner: O,
     scaler: Option<LossScaler>,
+    /// Boxed, so that an enum of optimizers (f32 or mixed) stays small.
+    inputs: Box<StepInputs>,
+    launches: Launches,
+    /// Whether a captured step with a scaler puts the update under an IF node.
+    conditional_skip: bool,
+}
+
+/// What a mixed step reads besides the optimizer and the scaler.
+#[derive(Debug)]
+struct StepInputs {
     /// `[1, 0, 0, 0]`: the flag the kernels read when there is no scaler (never raised).
     no_scaler: Tensor,
     /// The model's grads as one table (slot `G`): the scaler's unscale and check, the zeroing
     /// of a skipped step's grads and `zero_grad` are one launch each.
     grads: TensorTable,
-    launches: Launches,
-    /// Whether a captured step with a scaler puts the update under an IF node.
-    conditional_skip: bool,
 }
 
 pub(super) mod sealed {
@@ -319,8 +326,7 @@ impl<O: sealed::Master> Mixed<O> {
             model: model.to_vec(),
             inner,
             scaler,
-            no_scaler: state_from(device, &[1.0, 0.0, 0.0, 0.0])?,
-            grads,
+            inputs: Box::new(StepInputs { no_scaler: state_from(device, &[1.0, 0.0, 0.0, 0.0])?, grads }),
             launches: Launches::default(),
             conditional_skip: true,
         })
@@ -376,8 +382,8 @@ impl<O: sealed::Master> Mixed<O> {
     pub fn zero_grad(&self) -> Result<()> {
         match self.launches {
             Launches::MultiTensor => {
-                self.grads.check()?;
-                self.grads.zero_grads(None)
+                self.inputs.grads.check()?;
+                self.inputs.grads.zero_grads(None)
             }
             Launches::PerTensor => self.model.iter().try_for_each(|p| fill_(&p.grad, 0.0)),
         }
@@ -401,13 +407,13 @@ impl<O: sealed::Master> Mixed<O> {
         if self.launches == Launches::PerTensor {
             return self.update_per_tensor(zero);
         }
-        self.grads.check()?;
+        self.inputs.grads.check()?;
         self.inner.check()?;
         let Some(scaler) = &self.scaler else {
-            self.inner.prepare(&self.no_scaler)?;
-            return self.inner.update_all(&self.model, &self.no_scaler, zero_bits(zero));
+            self.inner.prepare(&self.inputs.no_scaler)?;
+            return self.inner.update_all(&self.model, &self.inputs.no_scaler, zero_bits(zero));
         };
-        scaler.unscale_and_check_table(&self.grads)?;
+        scaler.unscale_and_check_table(&self.inputs.grads)?;
         let flag = &scaler.state;
         let update = |zero: u32| {
             self.inner.prepare(flag)?;
@@ -417,7 +423,7 @@ impl<O: sealed::Master> Mixed<O> {
             let finite = Condition::element("Mixed::step", flag, 1, Some(0.5))?;
             if zero {
                 // The grads of a skipped step are zeroed by the other branch.
-                finite.run_if_else(|| update(ZERO_UPDATED), || self.grads.zero_grads(Some(flag)))?;
+                finite.run_if_else(|| update(ZERO_UPDATED), || self.inputs.grads.zero_grads(Some(flag)))?;
             } else {
                 finite.run_if(|| update(0))?;
             }
@@ -430,7 +436,7 @@ impl<O: sealed::Master> Mixed<O> {
     /// Whether this step puts the update under an IF node: asked to, inside a capture (an
     /// eager step launches the kernels anyway), on a device that has conditional nodes.
     fn skips_with_a_node(&self) -> bool {
-        let device = self.no_scaler.device();
+        let device = self.inputs.no_scaler.device();
         self.conditional_skip && device.is_capturing() && conditional::supported(device)
     }
 
@@ -442,7 +448,7 @@ impl<O: sealed::Master> Mixed<O> {
                 s.unscale_and_check(&grads)?;
                 &s.state
             }
-            None => &self.no_scaler,
+            None => &self.inputs.no_scaler,
         };
         self.inner.prepare(flag)?;
         for (i, p) in self.model.iter().enumerate() {
