@@ -10,16 +10,24 @@
 //! the summary prints the worst ratio per dtype against the 1.3x target of #12; GEMMs run in f32
 //! and bf16 (tensor cores, f32 accumulation).
 //!
-//! Run: `cargo run --release --example op_bench` (on the host backend it uses small sizes;
-//! `GRAPHED_DEVICE=host` forces it).
+//! Then the optimizer over the GPT's parameter set (the example's default GPU configuration: 8
+//! layers, d_model 512, hidden 1368, context 256, 76 tensors, 25.6M weights in bf16 with f32
+//! masters): one `step_and_zero_grad` with the multi-tensor launch against one launch per
+//! tensor, with its bytes against the bandwidth floor and its kernels a step; and the f16 step
+//! with a loss scaler: without a scaler (no check), with the update launched at every step
+//! (its kernels read the overflow flag), and with the update under the IF node, on good steps
+//! and on overflowed ones (every step skipped). `--optimizer` runs only this part.
+//!
+//! Run: `cargo run --release --example op_bench [-- --optimizer]` (on the host backend it uses
+//! small sizes; `GRAPHED_DEVICE=host` forces it).
 
 #[path = "common/timing.rs"]
 mod timing;
 
 use clap::Parser;
 use graphed::ops::{self, Gelu};
-use graphed::optim::{AdamW, AdamWConfig, MixedAdamW, Sgd, SgdConfig};
-use graphed::{DType, Device, Generator, Param, Result, Tensor};
+use graphed::optim::{AdamW, AdamWConfig, Launches, LossScaler, LossScalerConfig, MixedAdamW, Sgd, SgdConfig};
+use graphed::{CaptureMode, DType, Device, Generator, Graph, Param, Result, Tensor};
 
 /// Launches of the op per captured graph.
 const LAUNCHES: usize = 20;
@@ -51,14 +59,16 @@ fn time_per_launch(dev: &Device, reps: usize, f: &mut OpFn<'_>) -> Result<f64> {
 /// Each op's GPU time against its device-memory bandwidth floor, in f32 and bf16 (small sizes
 /// on the host backend).
 #[derive(Parser)]
-#[command(
-    name = "op_bench",
-    after_help = "It takes no flags. Set GRAPHED_DEVICE=host to run on the CPU when a GPU is present."
-)]
-struct Args {}
+#[command(name = "op_bench", after_help = "Set GRAPHED_DEVICE=host to run on the CPU when a GPU is present.")]
+struct Args {
+    /// Only the optimizer over the GPT's parameters: multi-tensor against per-tensor AdamW, and
+    /// the loss scaler's IF node against the step without it.
+    #[arg(long)]
+    optimizer: bool,
+}
 
 fn main() -> Result<()> {
-    Args::parse();
+    let args = Args::parse();
     let dev = Device::default_device();
     let gpu = dev.is_cuda();
     println!("op_bench on {}", dev.name());
@@ -76,6 +86,9 @@ fn main() -> Result<()> {
     let copy_us = time_per_launch(&dev, reps, &mut copy)?;
     let bandwidth = 2.0 * nb / (copy_us * 1e-6);
     println!("copy: {copy_us:.1} us per {size} copy = {:.0} GB/s (read + write)", bandwidth / 1e9);
+    if args.optimizer {
+        return optimizer_bench(&dev, reps, bandwidth);
+    }
 
     println!("preparing inputs...");
     let rand = |dims: &[usize], seed: u64| -> Result<Tensor> {
@@ -199,6 +212,110 @@ fn main() -> Result<()> {
     }
 
     report(rows_out, reps, bandwidth);
+    optimizer_bench(&dev, reps, bandwidth)
+}
+
+/// The GPT's parameter shapes (examples/gpt: embeddings, per block two norms, four attention
+/// and three MLP weights, the final norm and the head): the GPU default configuration, or a
+/// small one on the host backend.
+fn gpt_shapes(gpu: bool) -> Vec<Vec<usize>> {
+    let (layers, d, hidden, context, vocab) = if gpu { (8, 512, 1368, 256, 256) } else { (2, 64, 160, 32, 256) };
+    let mut shapes = vec![vec![vocab, d], vec![context, d]];
+    for _ in 0..layers {
+        shapes.extend([vec![d], vec![d, d], vec![d, d], vec![d, d], vec![d, d], vec![d]]);
+        shapes.extend([vec![hidden, d], vec![hidden, d], vec![d, hidden]]);
+    }
+    shapes.extend([vec![d], vec![vocab, d]]);
+    shapes
+}
+
+/// The GPT's parameters in `dtype` with small grads.
+fn gpt_params(dev: &Device, dtype: DType) -> Result<Vec<Param>> {
+    gpt_shapes(dev.is_cuda())
+        .iter()
+        .map(|dims| {
+            let p = Param::new(Tensor::full_as(dev, dims, 0.5, dtype)?)?;
+            graphed::ops::fill_(&p.grad, 1e-3)?;
+            Ok(p)
+        })
+        .collect()
+}
+
+/// Kernel launches in one captured call of `f` (the graph's top-level kernel nodes).
+fn kernels_per_call(dev: &Device, f: &mut OpFn<'_>) -> Result<usize> {
+    let mut g = Graph::new(dev);
+    g.capture(CaptureMode::Global, f)?;
+    Ok(g.nodes()?.iter().filter(|n| n.kernel.is_some()).count())
+}
+
+/// AdamW over the GPT's parameters, multi-tensor against per-tensor, and the loss scaler's IF
+/// node against the f16 step without a check and with the update always launched.
+fn optimizer_bench(dev: &Device, reps: usize, bandwidth: f64) -> Result<()> {
+    let cfg = AdamWConfig::default();
+    let bf16 = gpt_params(dev, DType::BF16)?;
+    let elements: usize = bf16.iter().map(|p| p.value.numel()).sum();
+    let multi = MixedAdamW::new(&bf16, cfg, None)?;
+    let per_tensor = MixedAdamW::new(&bf16, cfg, None)?.with_launches(Launches::PerTensor);
+    // Read: master, grad, two moments; written: master, moments, the bf16 weight, the zeroed grad.
+    let bytes = (elements * (16 + 12 + 2 + 4)) as f64;
+    let floor = bytes / bandwidth * 1e6;
+    println!();
+    println!(
+        "AdamW step_and_zero_grad over the GPT's parameters: {} tensors, {:.1}M weights (bf16, f32 masters), {:.0} MB moved, floor {floor:.1} us",
+        bf16.len(),
+        elements as f64 / 1e6,
+        bytes / 1e6
+    );
+    let mut ran: Vec<(&str, f64, usize)> = Vec::new();
+    for (name, opt) in [("multi-tensor", &multi), ("per-tensor", &per_tensor)] {
+        let mut step: OpFn = Box::new(|| opt.step_and_zero_grad());
+        let launches = kernels_per_call(dev, &mut step)?;
+        let us = time_per_launch(dev, reps, &mut step)?;
+        println!("  {name:<13} {us:>9.1} us  {launches:>3} kernels a step  {:.2}x the floor", us / floor);
+        ran.push((name, us, launches));
+    }
+    if let [(_, mt, _), (_, pt, _)] = ran[..] {
+        println!("  multi-tensor saves {:.1} us a step ({:.2}x faster)", pt - mt, pt / mt);
+    }
+
+    // The f16 step with a loss scaler, its grads finite (good steps) or not (every step skipped).
+    let plain = MixedAdamW::new(&gpt_params(dev, DType::BF16)?, cfg, None)?;
+    let scaled = |node: bool| -> Result<(Vec<Param>, MixedAdamW)> {
+        let ps = gpt_params(dev, DType::F16)?;
+        let scaler = LossScaler::new(
+            dev,
+            LossScalerConfig { init_scale: 1.0, growth_interval: u32::MAX, ..Default::default() },
+        )?;
+        let opt = MixedAdamW::new(&ps, cfg, Some(scaler))?.with_conditional_skip(node);
+        Ok((ps, opt))
+    };
+    let ((_, launched), (_, under_if)) = (scaled(false)?, scaled(true)?);
+    let ((bad_ps, bad_launched), (bad_ps_if, bad_under_if)) = (scaled(false)?, scaled(true)?);
+    for ps in [&bad_ps, &bad_ps_if] {
+        ps[1].grad.copy_from_slice(&vec![f32::INFINITY; ps[1].grad.numel()])?;
+    }
+    println!("the f16 step with a loss scaler (same weights; overflowed steps run step(), so every step skips):");
+    let cases: [(&str, &MixedAdamW, bool); 5] = [
+        ("no scaler (no check; bf16)", &plain, true),
+        ("scaler, update launched", &launched, true),
+        ("scaler, IF node", &under_if, true),
+        ("overflow, update launched", &bad_launched, false),
+        ("overflow, IF node", &bad_under_if, false),
+    ];
+    let mut us = Vec::new();
+    for (name, opt, zero) in cases {
+        let mut step: OpFn = Box::new(move || if zero { opt.step_and_zero_grad() } else { opt.step() });
+        let launches = kernels_per_call(dev, &mut step)?;
+        let t = time_per_launch(dev, reps, &mut step)?;
+        println!("  {name:<28} {t:>9.1} us  {launches:>3} top-level kernels a step");
+        us.push(t);
+    }
+    let overhead = us[2] - us[1];
+    let verdict = if overhead <= 5.0 { "PASS" } else { "MISS" };
+    println!(
+        "  IF node: {overhead:+.1} us on a good step against the update launched (target <= 5 us: {verdict}); a skipped step {:.1} us against {:.1} us; the check (unscale pass, flag, IF node) costs {:+.1} us over no scaler",
+        us[4], us[3], us[2] - us[0]
+    );
     Ok(())
 }
 

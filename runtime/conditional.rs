@@ -1,8 +1,10 @@
 //! Conditional graphs: a captured graph run as the body of a WHILE or IF node whose condition
 //! the device evaluates, so one launch runs the body as many times as the device decides
-//! (CUDA 12.4 conditional nodes; the host backend runs the same loop on the CPU).
+//! (CUDA 12.4 conditional nodes; the host backend runs the same loop on the CPU). And work
+//! captured straight into an IF node inside a running capture ([`Condition::run_if`]), as
+//! the mixed-precision optimizers skip their update after an overflow.
 
-use crate::backend::{CondKind, CondTest, Ptr, Recorded};
+use crate::backend::{CondKind, CondTest, HostPtr, Ptr, Recorded};
 use crate::{Capabilities, CaptureError, CudaVersion, DType, Device, Error, Graph, Result, Tensor};
 
 /// What a conditional graph tests on the device, before each pass of its body: the value of a
@@ -22,6 +24,8 @@ use crate::{Capabilities, CaptureError, CudaVersion, DType, Device, Error, Graph
 #[derive(Clone, Debug)]
 pub struct Condition {
     value: Tensor,
+    /// The element tested (0 for the public constructors).
+    index: usize,
     below: Option<f32>,
 }
 
@@ -38,17 +42,32 @@ impl Condition {
     }
 
     fn new(op: &'static str, value: &Tensor, below: Option<f32>) -> Result<Condition> {
-        if value.dtype() != DType::F32 && value.dtype() != DType::I32 {
-            return Err(Error::DType { op, got: value.dtype(), expected: DType::I32 });
-        }
         if value.numel() != 1 {
             return Err(Error::shape(
                 op,
                 format!("the condition is one value, got a tensor of shape {:?}", value.dims()),
             ));
         }
+        Condition::element(op, value, 0, below)
+    }
+
+    /// A condition on element `index` of `value` (the loss scaler's overflow flag is element
+    /// 1 of its state): `value[index] < limit` with `below`, else `value[index] != 0`.
+    pub(crate) fn element(op: &'static str, value: &Tensor, index: usize, below: Option<f32>) -> Result<Condition> {
+        if value.dtype() != DType::F32 && value.dtype() != DType::I32 {
+            return Err(Error::DType { op, got: value.dtype(), expected: DType::I32 });
+        }
+        if index >= value.numel() {
+            return Err(Error::shape(op, format!("element {index} of a tensor of shape {:?}", value.dims())));
+        }
         value.check_fresh()?;
-        Ok(Condition { value: value.clone(), below })
+        if !value.device().is_capturing() {
+            // The kernel that sets conditions, loaded here rather than in a capture that uses
+            // the condition (no-op once loaded, on the host, and on drivers without conditional
+            // nodes). Best effort: a failure shows, typed, where the condition is used.
+            let _ = warm(value.device());
+        }
+        Ok(Condition { value: value.clone(), index, below })
     }
 
     /// The tensor the condition reads.
@@ -57,11 +76,135 @@ impl Condition {
     }
 
     fn test(&self) -> Result<CondTest> {
+        // Both dtypes are 4 bytes an element.
+        let offset = 4 * self.index;
         let (ptr, host) = match self.value.ptr()? {
-            Ptr::Cuda(p) => (p, None),
-            Ptr::Host(h) => (0, Some(h)),
+            Ptr::Cuda(p) => (p + offset as u64, None),
+            Ptr::Host(h) => (0, Some(HostPtr { offset: h.offset + offset, len: 1, ..h })),
         };
         Ok(CondTest { ptr, host, is_i32: self.value.dtype() == DType::I32, below: self.below })
+    }
+
+    /// Runs `then` so that, inside a capture, its device work happens only where this
+    /// condition holds: on CUDA it is captured into the body of an IF node whose condition a
+    /// kernel sets on the device at every replay (one launch of a graph that skips the work
+    /// launches none of its kernels); on the host backend into one recorded op that tests the
+    /// value and runs the body's ops if it holds. Outside a capture `then` just runs, on both
+    /// backends: nothing on the device can skip a launch there. So `then`'s work must itself
+    /// leave everything as it was when the condition does not hold (its kernels read the
+    /// condition, as the optimizers' do the loss scaler's flag): the IF node saves the
+    /// launches, it does not change what the work does. It must not change the condition's
+    /// value either.
+    ///
+    /// Refused inside a capture on CUDA when the driver predates conditional nodes
+    /// ([`Error::ConditionalUnsupported`]); a body that holds what a conditional body may not
+    /// (allocation or host nodes, collectives) is [`Error::ConditionalBody`], and ending the
+    /// capture from inside `then` is [`Error::IllegalInConditionalBody`]. When `then` fails
+    /// or panics, the stream still captures the outer graph and the error (or panic) is
+    /// passed on. On CUDA a small kernel sets the condition; making a condition outside a
+    /// capture loads it (the first time on a device), so no capture has to.
+    ///
+    /// ```
+    /// use graphed::{ops, CaptureMode, Condition, Device, Graph, Tensor};
+    /// let dev = Device::host();
+    /// let (flag, x, one) = (Tensor::zeros(&dev, &[1])?, Tensor::zeros(&dev, &[1])?, Tensor::full(&dev, &[1], 1.0)?);
+    /// let when = Condition::nonzero(&flag)?;
+    /// let mut g = Graph::new(&dev);
+    /// g.capture(CaptureMode::Global, || {
+    ///     when.run_if(|| ops::axpy_(&x, 1.0, &one))?; // x += 1, only while flag != 0
+    ///     ops::axpy_(&x, 10.0, &one) // always
+    /// })?;
+    /// g.replay()?;
+    /// assert_eq!(x.to_vec()?, vec![10.0]); // the body was skipped
+    /// flag.copy_from_slice(&[1.0])?;
+    /// g.replay()?;
+    /// assert_eq!(x.to_vec()?, vec![21.0]);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn run_if<R>(&self, then: impl FnOnce() -> Result<R>) -> Result<R> {
+        let mut then = Some(then);
+        let mut out = None;
+        self.run_branches(&mut [&mut || {
+            if let Some(f) = then.take() {
+                out = Some(f()?);
+            }
+            Ok(())
+        }])?;
+        out.ok_or_else(|| Error::invalid("Condition::run_if", "the body was not run"))
+    }
+
+    /// [`Condition::run_if`] with an else branch: inside a capture `then`'s work happens where
+    /// the condition holds and `otherwise`'s where it does not, the condition evaluated once,
+    /// on the device, before either (on CUDA one kernel sets the conditions of two IF nodes,
+    /// one a branch; CUDA 12.4 has no else branch). Outside a capture both run, in order, and
+    /// each must do nothing where its branch is not taken.
+    ///
+    /// ```
+    /// use graphed::{ops, CaptureMode, Condition, Device, Graph, Tensor};
+    /// let dev = Device::host();
+    /// let (flag, x, one) = (Tensor::zeros(&dev, &[1])?, Tensor::zeros(&dev, &[1])?, Tensor::full(&dev, &[1], 1.0)?);
+    /// let when = Condition::nonzero(&flag)?;
+    /// let mut g = Graph::new(&dev);
+    /// g.capture(CaptureMode::Global, || {
+    ///     when.run_if_else(|| ops::axpy_(&x, 1.0, &one), || ops::axpy_(&x, -1.0, &one)).map(drop)
+    /// })?;
+    /// g.replay()?;
+    /// flag.copy_from_slice(&[1.0])?;
+    /// g.replay()?;
+    /// g.replay()?;
+    /// assert_eq!(x.to_vec()?, vec![1.0]); // -1, then +1 twice
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn run_if_else<A, B>(
+        &self,
+        then: impl FnOnce() -> Result<A>,
+        otherwise: impl FnOnce() -> Result<B>,
+    ) -> Result<(A, B)> {
+        let (mut then, mut otherwise) = (Some(then), Some(otherwise));
+        let (mut a, mut b) = (None, None);
+        self.run_branches(&mut [
+            &mut || {
+                if let Some(f) = then.take() {
+                    a = Some(f()?);
+                }
+                Ok(())
+            },
+            &mut || {
+                if let Some(f) = otherwise.take() {
+                    b = Some(f()?);
+                }
+                Ok(())
+            },
+        ])?;
+        a.zip(b).ok_or_else(|| Error::invalid("Condition::run_if_else", "a branch was not run"))
+    }
+
+    /// Checks, then runs each branch eagerly or captures them into conditional nodes.
+    fn run_branches(&self, branches: &mut [&mut dyn FnMut() -> Result<()>]) -> Result<()> {
+        let device = self.value.device();
+        let test = self.test()?;
+        let backend = device.backend();
+        if !backend.is_capturing() {
+            warm(device)?;
+            return branches.iter_mut().try_for_each(|b| b());
+        }
+        check_driver(device)?;
+        backend.capture_conditional(&test, branches)
+    }
+}
+
+/// Whether `device` can put captured work under a conditional node: the host backend always, a
+/// CUDA device when its driver has conditional nodes (CUDA 12.4).
+pub(crate) fn supported(device: &Device) -> bool {
+    device.backend().cuda().is_none_or(|c| c.driver_version >= CudaVersion::CONDITIONAL_NODES)
+}
+
+/// Loads the kernels that set conditions on `device` (CUDA, when its driver has conditional
+/// nodes), so that no capture has to: a no-op once they are loaded, and on the host.
+pub(crate) fn warm(device: &Device) -> Result<()> {
+    match device.backend().cuda() {
+        Some(c) if supported(device) => c.conditional_kernels().map(drop),
+        _ => Ok(()),
     }
 }
 

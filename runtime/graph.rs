@@ -123,6 +123,9 @@ impl Graph {
         if !self.capturing {
             return Err(Error::NotCapturing { graph: self.label.clone() });
         }
+        if self.device.backend().in_conditional_body() {
+            return Err(Error::IllegalInConditionalBody { op: "Graph::capture_end" });
+        }
         self.capturing = false;
         self.device.pop_pool();
         let mut recorded = self.device.backend().end_capture()?;
@@ -215,7 +218,11 @@ impl Graph {
     pub(crate) fn fuse(device: &Device, pool: &GraphPool, label: String, parts: &[&Graph]) -> Result<Graph> {
         let mut recorded = Vec::with_capacity(parts.len());
         for part in parts {
-            recorded.push(part.captured.as_ref().ok_or_else(|| Error::NotCaptured { graph: part.label.clone() })?);
+            let r = part.captured.as_ref().ok_or_else(|| Error::NotCaptured { graph: part.label.clone() })?;
+            if r.holds_conditional(device.backend())? {
+                return Err(Error::FuseConditional { graph: part.label.clone() });
+            }
+            recorded.push(r);
         }
         let fused = Recorded::fuse(device.backend(), &recorded)?;
         let mut graph = Graph::with_pool(device, pool);
@@ -296,5 +303,29 @@ impl Drop for Graph {
         if let Err(e) = ended.and(self.reset()) {
             self.device.backend().drop_errors.report(e.context(format!("dropping graph {}", self.label)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ops, CaptureMode, Condition, Tensor};
+
+    /// CUDA refuses a graph with conditional nodes as a child graph, so fusing one is a typed
+    /// error on every backend, before anything is built.
+    #[test]
+    fn a_graph_holding_a_conditional_node_is_not_fused() -> Result<()> {
+        let dev = Device::host();
+        let (flag, x, one) = (Tensor::zeros(&dev, &[1])?, Tensor::zeros(&dev, &[1])?, Tensor::full(&dev, &[1], 1.0)?);
+        let when = Condition::nonzero(&flag)?;
+        let mut skips = Graph::new(&dev);
+        skips.set_label("skips");
+        skips.capture(CaptureMode::Global, || when.run_if(|| ops::axpy_(&x, 1.0, &one)))?;
+        let mut plain = Graph::new(&dev);
+        plain.capture(CaptureMode::Global, || ops::axpy_(&x, 1.0, &one))?;
+        let refused = Graph::fuse(&dev, plain.pool(), "fused".into(), &[&plain, &skips]);
+        assert!(matches!(&refused, Err(Error::FuseConditional { graph }) if graph == "skips"), "{refused:?}");
+        assert!(Graph::fuse(&dev, plain.pool(), "fused".into(), &[&plain]).is_ok());
+        Ok(())
     }
 }

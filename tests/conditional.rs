@@ -167,3 +167,124 @@ fn a_body_with_a_collective_is_refused() -> Result<()> {
         |e| matches!(e, Error::ConditionalBody { graph, node } if graph == "reduce" && node.contains("all_reduce")),
     )
 }
+
+/// `Condition::run_if` inside a running capture: the work it captures runs at a replay only
+/// where the condition holds, tested on the device at each replay, while the work around it
+/// always runs; its value comes back. Outside a capture the closure just runs (its work must
+/// honour the condition itself; nothing can skip a launch there).
+#[test]
+fn run_if_captures_work_that_runs_only_where_the_condition_holds() {
+    on_each_backend(|dev| {
+        let (flag, x, one) = (Tensor::zeros(dev, &[1])?, Tensor::zeros(dev, &[1])?, Tensor::full(dev, &[1], 1.0)?);
+        let when = Condition::nonzero(&flag)?;
+        // An eager call (and the warm-up that loads the condition kernel on CUDA).
+        assert_eq!(when.run_if(|| ops::axpy_(&x, 100.0, &one).map(|()| 7))?, 7);
+        assert_eq!(x.to_vec()?, vec![100.0]);
+        x.copy_from_slice(&[0.0])?;
+        let mut g = Graph::new(dev);
+        let got = g.capture(CaptureMode::Global, || {
+            let v = when.run_if(|| ops::axpy_(&x, 1.0, &one).map(|()| 5))?;
+            ops::axpy_(&x, 10.0, &one)?;
+            Ok(v)
+        })?;
+        assert_eq!(got, 5);
+        assert_eq!(x.to_vec()?, vec![0.0], "capturing records");
+        g.replay()?;
+        assert_eq!(x.to_vec()?, vec![10.0], "flag 0: the body is skipped");
+        flag.copy_from_slice(&[2.0])?;
+        g.replay()?;
+        assert_eq!(x.to_vec()?, vec![21.0], "flag 2: the body runs");
+        flag.copy_from_slice(&[0.0])?;
+        g.replay()?;
+        assert_eq!(x.to_vec()?, vec![31.0]);
+        Ok(())
+    });
+}
+
+/// `run_if_else` takes one branch at each replay, the condition (an i32 below a limit here)
+/// evaluated once before either; a `run_if` nested in a branch needs both conditions.
+#[test]
+fn run_if_else_takes_one_branch_and_nested_bodies_need_every_condition() {
+    on_each_backend(|dev| {
+        let step = Tensor::from_i32(dev, &[0], &[1])?;
+        let inner = Tensor::zeros(dev, &[1])?;
+        let (x, y, one) = (Tensor::zeros(dev, &[1])?, Tensor::zeros(dev, &[1])?, Tensor::full(dev, &[1], 1.0)?);
+        let early = Condition::below(&step, 3.0)?;
+        let nested = Condition::nonzero(&inner)?;
+        let mut g = Graph::new(dev);
+        g.capture(CaptureMode::Global, || {
+            early
+                .run_if_else(
+                    || {
+                        ops::axpy_(&x, 1.0, &one)?;
+                        nested.run_if(|| ops::axpy_(&x, 100.0, &one))
+                    },
+                    || ops::axpy_(&y, 1.0, &one),
+                )
+                .map(drop)
+        })?;
+        let mut want = (0.0, 0.0);
+        for (s, inner_on) in [(0, 0.0), (2, 1.0), (3, 1.0), (7, 0.0), (1, 0.0)] {
+            step.copy_from_i32(&[s])?;
+            inner.copy_from_slice(&[inner_on])?;
+            g.replay()?;
+            match s < 3 {
+                true => want.0 += 1.0 + if inner_on != 0.0 { 100.0 } else { 0.0 },
+                false => want.1 += 1.0,
+            }
+            assert_eq!((x.to_vec()?[0], y.to_vec()?[0]), want, "step {s}, inner {inner_on}");
+        }
+        Ok(())
+    });
+}
+
+/// Misuse inside a body: ending the capture from inside is refused (and the capture goes on to
+/// end normally), a body that fails or panics leaves the stream capturing the outer graph (the
+/// scoped capture then discards it) and usable afterwards.
+#[test]
+fn a_failing_body_leaves_the_capture_and_the_stream_usable() {
+    on_each_backend(|dev| {
+        let (flag, x, one) = (Tensor::full(dev, &[1], 1.0)?, Tensor::zeros(dev, &[1])?, Tensor::full(dev, &[1], 1.0)?);
+        let when = Condition::nonzero(&flag)?;
+        let mut g = Graph::new(dev);
+        g.capture_begin(CaptureMode::Global)?;
+        let refused = when.run_if(|| g.capture_end());
+        assert!(matches!(refused, Err(Error::IllegalInConditionalBody { .. })), "{refused:?}");
+        ops::axpy_(&x, 1.0, &one)?;
+        g.capture_end()?;
+        g.replay()?;
+        assert_eq!(x.to_vec()?, vec![1.0]);
+
+        let mut failed = Graph::new(dev);
+        let r = failed.capture(CaptureMode::Global, || when.run_if(|| Err::<(), _>(Error::msg("the body failed"))));
+        assert!(matches!(&r, Err(Error::Msg(m)) if m == "the body failed"), "{r:?}");
+        assert!(!failed.is_captured() && !graphed::is_capturing());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut p = Graph::new(dev);
+            p.capture(CaptureMode::Global, || when.run_if(|| -> graphed::Result<()> { panic!("in the body") }))
+        }));
+        assert!(panicked.is_err() && !graphed::is_capturing());
+        // The stream still captures and replays.
+        let mut again = Graph::new(dev);
+        again.capture(CaptureMode::Global, || when.run_if(|| ops::axpy_(&x, 1.0, &one)))?;
+        again.replay()?;
+        assert_eq!(x.to_vec()?, vec![2.0]);
+        Ok(())
+    });
+}
+
+/// A collective captured into a body is refused (conditional bodies hold none); the capture
+/// it happened in is discarded.
+#[test]
+fn a_collective_in_a_run_if_body_is_refused() -> Result<()> {
+    let comms = Communicator::emulated(1, &dist::Config::default())?;
+    let comm = &comms[0];
+    let dev = comm.device();
+    let t = Tensor::zeros(dev, &[4])?;
+    let when = Condition::nonzero(&Tensor::zeros(dev, &[1])?)?;
+    let mut g = Graph::new(dev);
+    let r = g.capture(CaptureMode::Global, || when.run_if(|| comm.all_reduce(&t, ReduceOp::Sum)));
+    expect_err("collective", r, |e| matches!(e, Error::ConditionalBody { node, .. } if node.contains("all_reduce")))?;
+    assert!(!g.is_captured());
+    Ok(())
+}

@@ -263,3 +263,69 @@ fn mixed_sgd_follows_f32_masters_and_skips_overflows() {
         Ok(())
     });
 }
+
+/// Every value the step writes, as bits: the model weights, the masters and the moments.
+fn written(opt: &MixedAdamW, model: &[Param]) -> Result<Vec<Vec<u32>>> {
+    let (m, v) = opt.moments();
+    let tensors = model.iter().map(|p| &p.value).chain(opt.masters().iter().map(|p| &p.value)).chain(m).chain(v);
+    tensors.map(|t| Ok(t.to_vec()?.iter().map(|x| x.to_bits()).collect())).collect()
+}
+
+/// A captured f16 step with a loss scaler puts its update under an IF node: the update's
+/// kernels are not among the graph's nodes (they are in the node's body), and a replay after an
+/// overflow leaves the weights, masters and moments bitwise as they were while it counts the
+/// skip, zeroes the grads and halves the scale. (Bitwise equality with the step that launches
+/// the update at every replay, eager and replayed: `tests/multi_tensor.rs`.)
+#[test]
+fn an_overflowed_captured_step_skips_its_update_under_an_if_node() {
+    on_each_backend(|dev| {
+        let model: Vec<Param> =
+            (0..3).map(|i| param(dev, 1000 + 37 * i, 60 + i as u64, DType::F16)).collect::<Result<_>>()?;
+        let cfg = LossScalerConfig { init_scale: 1024.0, ..Default::default() };
+        let opt = MixedAdamW::new(&model, CFG, Some(LossScaler::new(dev, cfg)?))?;
+        let scaler = opt.scaler().expect("a scaler");
+        let mut graph = Graph::new(dev);
+        graph.capture(CaptureMode::Global, || opt.step_and_zero_grad())?;
+        let nodes = graph.nodes()?;
+        let kernels: Vec<&str> = nodes.iter().filter_map(|n| n.kernel.as_deref()).collect();
+        assert!(!kernels.iter().any(|k| k.starts_with("adamw")), "the update is outside the IF node: {kernels:?}");
+        let conditionals = match dev.is_host() {
+            // One recorded op tests the flag and runs one of the two bodies.
+            true => kernels.iter().filter(|k| **k == "if_else").count(),
+            // One IF node a branch (CUDA 12.4 has no else branch).
+            false => nodes.iter().filter(|n| n.kind == graphed::NodeKind::Conditional).count(),
+        };
+        assert_eq!(conditionals, if dev.is_host() { 1 } else { 2 }, "{nodes:?}");
+        let set_grads = |seed: u64, overflow: bool| -> Result<()> {
+            for (i, p) in model.iter().enumerate() {
+                let mut g: Vec<f32> = random_vec(p.grad.numel(), seed + i as u64).iter().map(|v| v * 1024.0).collect();
+                if overflow && i == 1 {
+                    g[5] = f32::NAN;
+                }
+                p.grad.copy_from_slice(&g)?;
+            }
+            Ok(())
+        };
+        // A good step moves the weights.
+        let before = written(&opt, &model)?;
+        set_grads(70, false)?;
+        graph.replay()?;
+        let moved = written(&opt, &model)?;
+        assert!(moved != before, "a good step changes the weights");
+        assert_eq!((opt.step_count()?, scaler.skipped_steps()?), (1, 0));
+        // An overflow: nothing the update writes changes.
+        set_grads(80, true)?;
+        graph.replay()?;
+        assert!(written(&opt, &model)? == moved, "a skipped step changed a weight, master or moment");
+        assert_eq!((opt.step_count()?, scaler.skipped_steps()?, scaler.scale()?), (1, 1, 512.0));
+        for p in &model {
+            assert!(p.grad.to_vec()?.iter().all(|v| v.to_bits() == 0), "a skipped step zeroes the grads");
+        }
+        // The next good step updates again.
+        set_grads(90, false)?;
+        graph.replay()?;
+        assert!(written(&opt, &model)? != moved);
+        assert_eq!((opt.step_count()?, scaler.skipped_steps()?), (2, 1));
+        Ok(())
+    });
+}

@@ -8,6 +8,9 @@
 //! (with a deadline, so a capture that never ends is an error, not a hang). A capture begins
 //! only once no other thread is inside a primitive, so none of their work is half-captured.
 //! Without a capture, passing the gate costs two atomic operations.
+//!
+//! A capture may be inside the body of a conditional node for a while (`Condition::run_if`):
+//! the gate counts those bodies, so that nothing ends the capture from inside one.
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -71,6 +74,9 @@ struct GateState {
     capture: Option<(CaptureMode, ThreadId)>,
     /// A thread waiting for the stream to drain before its capture begins.
     beginning: Option<ThreadId>,
+    /// Conditional bodies of the capture in progress being captured now (nested ones count
+    /// each).
+    bodies: usize,
 }
 
 /// The capture state of one stream and the gate every stream primitive passes.
@@ -105,6 +111,19 @@ impl Drop for Entered<'_> {
                 gate.notify();
             }
         }
+    }
+}
+
+/// Held while the capturing thread captures the body of a conditional node; leaving the body
+/// drops it.
+pub(crate) struct Body<'a> {
+    gate: &'a StreamGate,
+}
+
+impl Drop for Body<'_> {
+    fn drop(&mut self) {
+        let mut st = self.gate.lock();
+        st.bodies = st.bodies.saturating_sub(1);
     }
 }
 
@@ -194,6 +213,28 @@ impl StreamGate {
         self.lock().capture.filter(|(_, owner)| *owner == me).map(|(mode, _)| mode)
     }
 
+    /// Marks the capture in progress, which must be this thread's, as capturing the body of a
+    /// conditional node until the guard drops.
+    pub(crate) fn enter_body(&self) -> Result<Body<'_>> {
+        let me = std::thread::current().id();
+        let mut st = self.lock();
+        if !st.capture.is_some_and(|(_, owner)| owner == me) {
+            return Err(Error::NotCapturing { graph: "this device's stream".into() });
+        }
+        st.bodies += 1;
+        Ok(Body { gate: self })
+    }
+
+    /// Whether this thread is capturing the body of a conditional node.
+    pub(crate) fn in_body(&self) -> bool {
+        if !self.capturing.load(Ordering::SeqCst) {
+            return false;
+        }
+        let me = std::thread::current().id();
+        let st = self.lock();
+        st.bodies > 0 && st.capture.is_some_and(|(_, owner)| owner == me)
+    }
+
     /// Marks the stream as capturing for this thread, once no other thread is inside a
     /// primitive; `start` begins the backend's own capture while the gate is held.
     pub(crate) fn begin(&self, mode: CaptureMode, start: impl FnOnce() -> Result<()>) -> Result<()> {
@@ -242,6 +283,9 @@ impl StreamGate {
         let mut st = self.lock();
         if !st.capture.is_some_and(|(_, owner)| owner == me) {
             return Err(Error::NotCapturing { graph: "this device's stream".into() });
+        }
+        if st.bodies > 0 {
+            return Err(Error::IllegalInConditionalBody { op: "ending the capture" });
         }
         let out = finish();
         st.capture = None;

@@ -22,6 +22,7 @@ pub(crate) const KERNEL_SOURCES: &[&str] = &[
     include_str!("kernels/ops.cu"),
     include_str!("kernels/half.cu"),
     include_str!("kernels/mixed.cu"),
+    include_str!("kernels/multi_tensor.cu"),
     include_str!("kernels/transformer.cu"),
     include_str!("kernels/flash.cu"),
     include_str!("kernels/decode.cu"),
@@ -119,6 +120,14 @@ pub(crate) fn driver_version() -> Result<CudaVersion> {
     Ok(CudaVersion(v.max(0) as u32))
 }
 
+/// The kernels of `kernels/conditional.cu`: `one` sets one IF or WHILE node's condition from
+/// a test, `two` sets a pair (the test's outcome and its opposite: an if/else).
+#[derive(Clone, Debug)]
+pub(crate) struct CondKernels {
+    pub(crate) one: CudaFunction,
+    pub(crate) two: CudaFunction,
+}
+
 /// A cuBLAS handle. Calls on one handle must not run concurrently, so it lives in a `Mutex`.
 pub(crate) struct CublasHandle(pub(crate) cublas_sys::cublasHandle_t);
 
@@ -134,9 +143,9 @@ pub(crate) struct CudaBackend {
     pub(crate) stream: Arc<CudaStream>,
     /// The loaded kernels, in `BuiltinKernel::ALL` order.
     functions: Vec<CudaFunction>,
-    /// The kernel that sets a conditional node's condition (`kernels/conditional.cu`),
+    /// The kernels that set conditional nodes' conditions (`kernels/conditional.cu`),
     /// compiled the first time a conditional graph is built on this device.
-    conditional_fn: Mutex<Option<CudaFunction>>,
+    conditional_fn: Mutex<Option<CondKernels>>,
     cublas: std::sync::Mutex<CublasHandle>,
     pub(crate) cublas_workspace: sys::CUdeviceptr,
     /// The device's error word: eight u32 that kernels report bad input in (bad token ids,
@@ -349,9 +358,11 @@ impl CudaBackend {
         .map_err(driver_err("cuLaunchKernel"))
     }
 
-    /// The kernel that sets a conditional node's condition, compiled (NVRTC) and loaded the
-    /// first time it is asked for; never during a capture (the caller checked).
-    pub(crate) fn conditional_kernel(&self) -> Result<CudaFunction> {
+    /// The kernels that set conditional nodes' conditions, compiled (NVRTC) and loaded the
+    /// first time they are asked for. Building a conditional graph asks outside any capture;
+    /// `Condition::run_if` asks at every eager call, so that a warm-up loads them before the
+    /// capture that needs them (loading a module inside a capture is best avoided).
+    pub(crate) fn conditional_kernels(&self) -> Result<CondKernels> {
         let mut slot = self.conditional_fn.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(f) = slot.as_ref() {
             return Ok(f.clone());
@@ -363,9 +374,10 @@ impl CudaBackend {
         let ptx = compile_ptx_with_opts(include_str!("kernels/conditional.cu"), opts)
             .map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
         let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
-        let f = module.load_function("graphed_set_conditional").map_err(driver_err("cuModuleGetFunction"))?;
-        *slot = Some(f.clone());
-        Ok(f)
+        let load = |name: &str| module.load_function(name).map_err(driver_err("cuModuleGetFunction"));
+        let kernels = CondKernels { one: load("graphed_set_conditional")?, two: load("graphed_set_conditional2")? };
+        *slot = Some(kernels.clone());
+        Ok(kernels)
     }
 
     /// `C = alpha * op(A) * op(B) + beta * C` in cuBLAS's column-major terms.

@@ -9,9 +9,12 @@ use std::ffi::c_void;
 
 use cudarc::driver::{result, sys, CudaContext, CudaFunction};
 
-use super::cuda::{check, driver_err, CudaBackend};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+
+use super::cuda::{check, driver_err, CudaBackend, LaunchDims};
+use super::kernels::KArg;
 use super::DropErrors;
-use super::{CaptureMode, CondKind, CondTest, GraphNode, NodeKind};
+use super::{CaptureMode, CondKind, CondTest, GraphNode, NodeKind, StreamGate, CONDITIONAL_BODY};
 use crate::capabilities::CudaVersion;
 use crate::{Error, Result};
 
@@ -73,13 +76,8 @@ impl Drop for RawGraph {
 
 impl CudaBackend {
     pub(crate) fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
-        let mode = match mode {
-            CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-            CaptureMode::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-        };
         self.bind()?;
-        self.stream.begin_capture(mode).map_err(driver_err("cuStreamBeginCapture"))
+        self.stream.begin_capture(stream_mode(mode)).map_err(driver_err("cuStreamBeginCapture"))
     }
 
     /// Ends the capture; the graph, or the error that invalidated the capture.
@@ -153,7 +151,7 @@ impl CudaBackend {
     /// child graph, so `body` stays independent. The caller checked the driver (CUDA 12.4) and
     /// the body's nodes.
     pub(crate) fn conditional_graph(&self, kind: CondKind, test: &CondTest, body: &RawGraph) -> Result<RawGraph> {
-        let func = self.conditional_kernel()?;
+        let func = self.conditional_kernels()?.one;
         let _entered = self.gate.enter()?;
         self.bind()?;
         let mut graph: sys::CUgraph = std::ptr::null_mut();
@@ -175,34 +173,7 @@ impl CudaBackend {
             )?
         };
         let set = add_set_conditional(out.graph, &[], &func, handle, test)?;
-        // SAFETY: zeroed node params are valid (plain data and null pointers); we set the type
-        // and the conditional member, the one the driver reads for this type.
-        let mut params: sys::CUgraphNodeParams = unsafe { std::mem::zeroed() };
-        params.type_ = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL;
-        params.__bindgen_anon_1.conditional = sys::CUDA_CONDITIONAL_NODE_PARAMS {
-            handle,
-            type_: match kind {
-                CondKind::While => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_WHILE,
-                CondKind::If => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_IF,
-            },
-            size: 1,
-            phGraph_out: std::ptr::null_mut(),
-            ctx: self.ctx.cu_ctx(),
-        };
-        let mut node: sys::CUgraphNode = std::ptr::null_mut();
-        // SAFETY: valid graph, one valid dependency, params as above; the driver fills
-        // `phGraph_out` with an array (owned by the node) of `size` body graphs.
-        unsafe { check("cuGraphAddNode", sys::cuGraphAddNode(&mut node, out.graph, &set, 1, &mut params))? };
-        // SAFETY: reading the member we wrote, which the driver updated.
-        let bodies = unsafe { params.__bindgen_anon_1.conditional.phGraph_out };
-        if bodies.is_null() {
-            return Err(Error::invalid(
-                "conditional graph",
-                "the driver returned no body graph for the conditional node",
-            ));
-        }
-        // SAFETY: `bodies` points to `size` (1) graphs owned by the node, alive as long as it is.
-        let body_graph = unsafe { *bodies };
+        let (_, body_graph) = add_conditional_node(out.graph, &[set], handle, kind, self.ctx.cu_ctx())?;
         let mut child: sys::CUgraphNode = std::ptr::null_mut();
         // SAFETY: both graphs are valid; the body is cloned into the node's body graph.
         unsafe {
@@ -216,6 +187,148 @@ impl CudaBackend {
         }
         self.instantiate(&mut out)?;
         Ok(out)
+    }
+
+    /// Captures `branches` into IF nodes of the capture in progress on the stream (see
+    /// `Backend::capture_conditional`): one kernel, captured like any other, sets every node's
+    /// condition from `test`; then each branch is captured into its node's body.
+    ///
+    /// A stream captures one graph at a time, so a body is captured by leaving the outer
+    /// capture (its graph already holds the IF node), capturing the node's body graph on the
+    /// same stream (`cuStreamBeginCaptureToGraph`), and then capturing the outer graph again
+    /// from the node on: what the caller queues next depends on the node, as it would on a
+    /// kernel. PyTorch's `begin_capture_to_if_node` captures the body on a second stream
+    /// instead; one stream keeps every launch of this backend (kernels, cuBLAS, copies) on the
+    /// stream it always uses. The caller checked the driver (CUDA 12.4, which has every call
+    /// used here).
+    pub(crate) fn capture_conditional(
+        &self,
+        mode: CaptureMode,
+        test: &CondTest,
+        branches: &mut [&mut dyn FnMut() -> Result<()>],
+        gate: &StreamGate,
+    ) -> Result<()> {
+        let kernels = self.conditional_kernels()?;
+        self.bind()?;
+        let stream = self.stream.cu_stream();
+        let nested = gate.in_body();
+        let (graph, _) = capture_info(stream)?;
+        let mut handles = Vec::with_capacity(branches.len());
+        for _ in 0..branches.len() {
+            let mut handle: sys::CUgraphConditionalHandle = 0;
+            // SAFETY: `graph` is the graph the stream captures into, live while it captures;
+            // the handle belongs to it. No default value: the kernel below sets it at every
+            // launch, before the node reads it.
+            unsafe {
+                check(
+                    "cuGraphConditionalHandleCreate",
+                    sys::cuGraphConditionalHandleCreate(&mut handle, graph, self.ctx.cu_ctx(), 0, 0),
+                )?
+            };
+            handles.push(handle);
+        }
+        let (func, mut args) = match handles[..] {
+            [one] => (&kernels.one, vec![KArg::U64(one)]),
+            [then, otherwise] => (&kernels.two, vec![KArg::U64(then), KArg::U64(otherwise)]),
+            _ => return Err(Error::invalid("conditional body", "one branch, or two (then and else)")),
+        };
+        args.extend([
+            KArg::Ptr(test.ptr),
+            KArg::U32(test.is_i32 as u32),
+            KArg::U32(test.below.is_some() as u32),
+            KArg::F32(test.below.unwrap_or(0.0)),
+        ]);
+        let one_thread = LaunchDims { grid: (1, 1, 1), block: (1, 1, 1), shared: 0 };
+        self.launch_function(func, one_thread, &args)?;
+        let (mut graph, mut deps) = capture_info(stream)?;
+        for (branch, handle) in branches.iter_mut().zip(handles) {
+            let (node, body) = add_conditional_node(graph, &deps, handle, CondKind::If, self.ctx.cu_ctx())?;
+            let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps };
+            (graph, deps) = self.capture_body(place, &mut **branch, gate, nested)?;
+        }
+        Ok(())
+    }
+
+    /// Captures what `branch` queues into `place.body`, then captures the outer graph again
+    /// after the node, whatever the branch did; returns the outer graph's handle and the nodes
+    /// what comes next depends on. A body that failed (an error or a panic, passed on once
+    /// the stream captures the outer graph again), that holds what a body may not, or that is
+    /// empty, is taken out with its node: the capture goes on as if the node had never been
+    /// added.
+    fn capture_body(
+        &self,
+        place: BodyPlace,
+        branch: &mut dyn FnMut() -> Result<()>,
+        gate: &StreamGate,
+        nested: bool,
+    ) -> Result<(sys::CUgraph, Vec<sys::CUgraphNode>)> {
+        let BodyPlace { stream, mode, node, body, deps } = place;
+        // Leave the outer capture: its graph keeps every node captured so far, the IF node too.
+        let outer = end_stream_capture(stream)?;
+        // SAFETY: `body` is the IF node's body graph, owned by the node, which `outer` holds.
+        let began = unsafe {
+            check(
+                "cuStreamBeginCaptureToGraph",
+                sys::cuStreamBeginCaptureToGraph(stream, body, std::ptr::null(), std::ptr::null(), 0, mode),
+            )
+        };
+        let ran = match &began {
+            Ok(()) => match gate.enter_body() {
+                Ok(inside) => {
+                    let ran = catch_unwind(AssertUnwindSafe(&mut *branch));
+                    drop(inside);
+                    ran
+                }
+                Err(e) => Ok(Err(e)),
+            },
+            Err(_) => Ok(Ok(())),
+        };
+        let ended = if began.is_ok() { end_stream_capture(stream).map(drop) } else { Ok(()) };
+        let captured = matches!(ran, Ok(Ok(()))) && began.is_ok() && ended.is_ok();
+        let (violation, empty) = match captured {
+            true => (self.violation_in(body, 0), self.node_count(body).map(|n| n == 0)),
+            false => (Ok(None), Ok(false)),
+        };
+        let keep = captured && matches!(violation, Ok(None)) && matches!(empty, Ok(false));
+        // SAFETY: `node` is a node of `outer`, which no capture uses now; destroyed once.
+        let kept = keep || unsafe { sys::cuGraphDestroyNode(node) } != sys::CUresult::CUDA_SUCCESS;
+        let next = if kept { vec![node] } else { deps };
+        let next_ptr = if next.is_empty() { std::ptr::null() } else { next.as_ptr() };
+        // SAFETY: `outer` is a live graph (ours since the end above, or a body graph its node
+        // owns when nested) and `next` its nodes; the dependency array outlives the call.
+        let resumed = unsafe {
+            check(
+                "cuStreamBeginCaptureToGraph",
+                sys::cuStreamBeginCaptureToGraph(stream, outer, next_ptr, std::ptr::null(), next.len(), mode),
+            )
+        };
+        if let Err(e) = resumed {
+            if !nested {
+                // No capture will end with the outer graph any more: it is ours to destroy.
+                // SAFETY: created by the driver for the capture, ours since it ended, destroyed once.
+                let _ = unsafe { result::graph::destroy(outer) };
+            }
+            return Err(e.context("capturing again after a conditional body; the capture is lost"));
+        }
+        match ran {
+            Err(panic) => resume_unwind(panic),
+            Ok(result) => result?,
+        }
+        began?;
+        ended?;
+        if let Some(node) = violation? {
+            return Err(Error::ConditionalBody { graph: CONDITIONAL_BODY.into(), node });
+        }
+        empty?;
+        Ok((outer, next))
+    }
+
+    /// How many nodes `graph` holds (the context is bound).
+    fn node_count(&self, graph: sys::CUgraph) -> Result<usize> {
+        let mut count = 0usize;
+        // SAFETY: a sizing call on a live graph.
+        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count))? };
+        Ok(count)
     }
 
     pub(crate) fn launch_graph(&self, g: &RawGraph) -> Result<()> {
@@ -333,6 +446,116 @@ impl CudaBackend {
         // SAFETY: valid graph and NUL-terminated path.
         unsafe { check("cuGraphDebugDotPrint", sys::cuGraphDebugDotPrint(g.graph, c.as_ptr(), 1)) }
     }
+}
+
+/// Where a conditional body is captured: the stream, its capture mode, the IF node (in the
+/// graph the stream captures into), the node's body graph and the nodes the IF node depends on.
+struct BodyPlace {
+    stream: sys::CUstream,
+    mode: sys::CUstreamCaptureMode,
+    node: sys::CUgraphNode,
+    body: sys::CUgraph,
+    deps: Vec<sys::CUgraphNode>,
+}
+
+fn stream_mode(mode: CaptureMode) -> sys::CUstreamCaptureMode {
+    match mode {
+        CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        CaptureMode::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    }
+}
+
+/// The graph `stream` captures into and the nodes the next captured node will depend on
+/// (`cuStreamGetCaptureInfo`, CUDA 12.3's third version). The context is bound.
+fn capture_info(stream: sys::CUstream) -> Result<(sys::CUgraph, Vec<sys::CUgraphNode>)> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let mut deps: *const sys::CUgraphNode = std::ptr::null();
+    let mut count = 0usize;
+    // SAFETY: every output points to a local; the id and edge data are optional outputs left
+    // null (our edges carry no data). The dependency array is valid until the next call on
+    // the stream, and is copied before that.
+    unsafe {
+        check(
+            "cuStreamGetCaptureInfo",
+            sys::cuStreamGetCaptureInfo_v3(
+                stream,
+                &mut status,
+                std::ptr::null_mut(),
+                &mut graph,
+                &mut deps,
+                std::ptr::null_mut(),
+                &mut count,
+            ),
+        )?
+    };
+    match status {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => {}
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED => {
+            return Err(Error::CaptureInvalidated {
+                detail: "the capture was already invalidated when a conditional body began".into(),
+            })
+        }
+        _ => return Err(Error::NotCapturing { graph: "this device's stream".into() }),
+    }
+    let deps = if count == 0 || deps.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: the driver's array of `count` nodes, read at once (see above).
+        unsafe { std::slice::from_raw_parts(deps, count) }.to_vec()
+    };
+    Ok((graph, deps))
+}
+
+/// Ends the stream's capture; the graph it captured into (a null graph: the capture was
+/// invalidated).
+fn end_stream_capture(stream: sys::CUstream) -> Result<sys::CUgraph> {
+    // SAFETY: the stream is ours and capturing (the caller's state says so).
+    let g = unsafe { result::stream::end_capture(stream) }.map_err(driver_err("cuStreamEndCapture"))?;
+    if g.is_null() {
+        return Err(Error::CaptureInvalidated {
+            detail: "an operation illegal during capture ran on the stream in a conditional body".into(),
+        });
+    }
+    Ok(g)
+}
+
+/// Adds a WHILE or IF node over `handle` to `graph` after `deps`; the node and its body graph
+/// (owned by the node).
+fn add_conditional_node(
+    graph: sys::CUgraph,
+    deps: &[sys::CUgraphNode],
+    handle: sys::CUgraphConditionalHandle,
+    kind: CondKind,
+    ctx: sys::CUcontext,
+) -> Result<(sys::CUgraphNode, sys::CUgraph)> {
+    // SAFETY: zeroed node params are valid (plain data and null pointers); we set the type
+    // and the conditional member, the one the driver reads for this type.
+    let mut params: sys::CUgraphNodeParams = unsafe { std::mem::zeroed() };
+    params.type_ = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    params.__bindgen_anon_1.conditional = sys::CUDA_CONDITIONAL_NODE_PARAMS {
+        handle,
+        type_: match kind {
+            CondKind::While => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_WHILE,
+            CondKind::If => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_IF,
+        },
+        size: 1,
+        phGraph_out: std::ptr::null_mut(),
+        ctx,
+    };
+    let mut node: sys::CUgraphNode = std::ptr::null_mut();
+    let deps_ptr = if deps.is_empty() { std::ptr::null() } else { deps.as_ptr() };
+    // SAFETY: a valid graph, valid dependencies (outliving the call), params as above; the
+    // driver fills `phGraph_out` with an array (owned by the node) of `size` body graphs.
+    unsafe { check("cuGraphAddNode", sys::cuGraphAddNode(&mut node, graph, deps_ptr, deps.len(), &mut params))? };
+    // SAFETY: reading the member we wrote, which the driver updated.
+    let bodies = unsafe { params.__bindgen_anon_1.conditional.phGraph_out };
+    if bodies.is_null() {
+        return Err(Error::invalid("conditional graph", "the driver returned no body graph for the conditional node"));
+    }
+    // SAFETY: `bodies` points to `size` (1) graphs owned by the node, alive as long as it is.
+    Ok((node, unsafe { *bodies }))
 }
 
 /// Adds a one-thread kernel node that sets the conditional `handle` from `test`, after `deps`.

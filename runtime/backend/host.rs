@@ -226,4 +226,19 @@ impl HostBackend {
     pub(crate) fn end_capture(&self) -> Vec<HostOp> {
         self.recording.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default()
     }
+
+    /// Starts recording the body of a conditional op: the ops recorded so far are set aside
+    /// (returned, for [`HostBackend::end_body`]) and the recording goes on into an empty list.
+    pub(crate) fn begin_body(&self) -> Result<Vec<HostOp>> {
+        match self.recording.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            Some(ops) => Ok(std::mem::take(ops)),
+            None => Err(Error::NotCapturing { graph: "the host stream".into() }),
+        }
+    }
+
+    /// Ends a body begun by [`HostBackend::begin_body`]: the recording goes back to `outer`,
+    /// and the body's ops are returned.
+    pub(crate) fn end_body(&self, outer: Vec<HostOp>) -> Vec<HostOp> {
+        self.recording.lock().unwrap_or_else(|e| e.into_inner()).replace(outer).unwrap_or_default()
+    }
 }

@@ -109,6 +109,12 @@ kernels! {
     AdamwMixedF16 = "adamw_mixed_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32, U32);
     SgdMixedBf16 = "sgd_mixed_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
     SgdMixedF16 = "sgd_mixed_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
+    // Multi-tensor launches over a table of tensors: kernels/multi_tensor.cu (MultiTensor below).
+    AdamwMtF32 = "adamw_mt_f32" (Ptr, Ptr, U32, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
+    AdamwMtBf16 = "adamw_mt_bf16" (Ptr, Ptr, U32, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
+    AdamwMtF16 = "adamw_mt_f16" (Ptr, Ptr, U32, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
+    AmpUnscaleCheckMt = "amp_unscale_check_mt" (Ptr, Ptr, U32, Ptr);
+    ZeroGradsMt = "zero_grads_mt" (Ptr, Ptr, U32, Ptr);
     FillU16 = "fill_u16" (Ptr, U32, U32);
     ResizeAxesU32 = "resize_axes_u32" (Ptr, Ptr, U32, U32, U32, U32, U32, U32, U32, U32);
     ResizeAxesU16 = "resize_axes_u16" (Ptr, Ptr, U32, U32, U32, U32, U32, U32, U32, U32);
@@ -407,6 +413,32 @@ impl RowTiles {
     pub(crate) fn nvrtc_defines() -> Vec<String> {
         let t = Self::CHOSEN;
         vec![format!("-DRN_FWD_VPT={}", t.fwd.0), format!("-DRN_BWD_VPT={}", t.bwd.0)]
+    }
+}
+
+/// The launch shape of the multi-tensor kernels (`kernels/multi_tensor.cu`), one place for both
+/// sides: the optimizers cut their tensors into chunks of [`MultiTensor::CHUNK`] elements when
+/// they build their tables, and each launch runs one block of [`MultiTensor::THREADS`] threads
+/// per chunk (each thread 8 groups of 4 elements). A chunk is small next to a large weight, so
+/// the blocks fill every SM in a few even waves, and large next to a norm's gain, so few blocks
+/// idle.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MultiTensor;
+
+impl MultiTensor {
+    /// Elements a chunk (a multiple of 4, so every chunk starts as aligned as its tensor).
+    pub(crate) const CHUNK: usize = 8192;
+    /// Threads a block.
+    pub(crate) const THREADS: u32 = 256;
+    /// The words of one tensor's entry in a table: five 8-byte pointers and an 8-byte count
+    /// (`struct MtTensor`).
+    pub(crate) const ENTRY_WORDS: usize = 12;
+    /// The pointer slots of an entry.
+    pub(crate) const SLOTS: usize = 5;
+
+    /// The launch over `chunks` chunks.
+    pub(crate) fn dims(chunks: u32) -> super::LaunchDims {
+        super::LaunchDims { grid: (chunks, 1, 1), block: (Self::THREADS, 1, 1), shared: 0 }
     }
 }
 

@@ -15,6 +15,7 @@ pub(crate) mod host;
 mod kernels;
 mod nodes;
 
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -30,7 +31,7 @@ pub(crate) use cuda_graph::RawGraph;
 pub(crate) use fault::Faults;
 pub use fault::{FaultCounts, FaultPlan, FaultPoint};
 pub(crate) use host::{HostBackend, HostPtr, HostSlab};
-pub(crate) use kernels::{BuiltinKernel, FlashTiles, KArg, RowTiles, Typed};
+pub(crate) use kernels::{BuiltinKernel, FlashTiles, KArg, MultiTensor, RowTiles, Typed};
 
 /// Which machine runs the ops.
 #[derive(Debug)]
@@ -363,6 +364,79 @@ impl Backend {
         })
     }
 
+    /// Whether the calling thread is capturing the body of a conditional node on this stream.
+    pub(crate) fn in_conditional_body(&self) -> bool {
+        self.gate.in_body()
+    }
+
+    /// Captures `branches` into conditional nodes of this thread's capture in progress: the
+    /// first runs when `test` holds, the second (if given) when it does not. The test is
+    /// evaluated once, on the device, before either: on CUDA one kernel sets the handle of an
+    /// IF node per branch and the branches are captured into the nodes' bodies; on the host
+    /// one recorded op tests the value and runs the branch's recorded ops. A branch that fails
+    /// (or panics) leaves the stream capturing the outer graph, and its error (or panic) is
+    /// passed on; a body holding what a conditional body may not hold is
+    /// [`Error::ConditionalBody`]. The caller checked the driver and that this thread captures.
+    pub(crate) fn capture_conditional(
+        &self,
+        test: &CondTest,
+        branches: &mut [&mut dyn FnMut() -> Result<()>],
+    ) -> Result<()> {
+        let Some(mode) = self.capture_mode() else {
+            return Err(Error::NotCapturing { graph: "this device's stream".into() });
+        };
+        if branches.is_empty() || branches.len() > 2 {
+            return Err(Error::invalid("conditional body", "one branch, or two (then and else)"));
+        }
+        match &self.kind {
+            BackendKind::Host(h) => {
+                let mut bodies = Vec::with_capacity(branches.len());
+                for branch in branches.iter_mut() {
+                    let ops = self.capture_host_body(h, &mut **branch)?;
+                    let violation = ops.iter().enumerate().find_map(|(index, op)| {
+                        let node = GraphNode {
+                            index,
+                            kind: NodeKind::Kernel,
+                            kernel: Some(op.name.to_string()),
+                            dependencies: vec![],
+                        };
+                        node.conditional_body_violation()
+                    });
+                    if let Some(node) = violation {
+                        return Err(Error::ConditionalBody { graph: CONDITIONAL_BODY.into(), node });
+                    }
+                    bodies.push(ops);
+                }
+                let test = test.clone();
+                let name = if bodies.len() == 1 { HOST_IF } else { HOST_IF_ELSE };
+                h.run(name, move || {
+                    let body = if test.holds_on_host() { bodies.first() } else { bodies.get(1) };
+                    body.map_or(Ok(()), |ops| ops.iter().try_for_each(|op| (op.run)()))
+                })
+            }
+            BackendKind::Cuda(c) => c.capture_conditional(mode, test, branches, &self.gate),
+        }
+    }
+
+    /// Records what `branch` queues as a body of its own (host backend), the outer recording
+    /// restored whatever the branch does.
+    fn capture_host_body(&self, h: &HostBackend, branch: &mut dyn FnMut() -> Result<()>) -> Result<Vec<host::HostOp>> {
+        let outer = h.begin_body()?;
+        let ran = match self.gate.enter_body() {
+            Ok(inside) => {
+                let ran = catch_unwind(AssertUnwindSafe(&mut *branch));
+                drop(inside);
+                ran
+            }
+            Err(e) => Ok(Err(e)),
+        };
+        let ops = h.end_body(outer);
+        match ran {
+            Err(panic) => resume_unwind(panic),
+            Ok(result) => result.map(|()| ops),
+        }
+    }
+
     /// Allocates a slab of at least `bytes`; when the device (or the host) has no room,
     /// [`Error::OutOfMemory`], never a panic or an abort.
     pub(crate) fn alloc_slab(&self, bytes: usize) -> Result<Ptr> {
@@ -431,6 +505,17 @@ impl Backend {
         }
     }
 }
+
+/// The names of the host backend's recorded conditional ops: a loop, a branch, a branch with
+/// an else.
+const HOST_WHILE: &str = "while_loop";
+const HOST_IF: &str = "if_then";
+const HOST_IF_ELSE: &str = "if_else";
+const HOST_CONDITIONALS: [&str; 3] = [HOST_WHILE, HOST_IF, HOST_IF_ELSE];
+
+/// The name conditional bodies captured from a running capture go by in
+/// [`Error::ConditionalBody`].
+pub(crate) const CONDITIONAL_BODY: &str = "a conditional body (Condition::run_if)";
 
 /// The kind of a conditional node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -507,7 +592,7 @@ impl Recorded {
     pub(crate) fn conditional(backend: &Backend, kind: CondKind, test: CondTest, body: &Recorded) -> Result<Recorded> {
         match (body, &backend.kind) {
             (Recorded::Host(ops), BackendKind::Host(_)) => {
-                let (ops, name) = (ops.clone(), if kind == CondKind::While { "while_loop" } else { "if_then" });
+                let (ops, name) = (ops.clone(), if kind == CondKind::While { HOST_WHILE } else { HOST_IF });
                 let run = move || -> Result<()> {
                     let mut passes = 0;
                     while (kind == CondKind::While || passes == 0) && test.holds_on_host() {
@@ -521,6 +606,14 @@ impl Recorded {
             (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.conditional_graph(kind, &test, raw).map(Recorded::Cuda),
             _ => Err(Error::invalid("conditional graph", "a recording of another backend")),
         }
+    }
+
+    /// Whether this recording holds a conditional node at its top level (on the host, a
+    /// recorded conditional op), which CUDA cannot embed as a child graph.
+    pub(crate) fn holds_conditional(&self, backend: &Backend) -> Result<bool> {
+        Ok(self.nodes(backend)?.iter().any(|n| {
+            n.kind == NodeKind::Conditional || n.kernel.as_deref().is_some_and(|k| HOST_CONDITIONALS.contains(&k))
+        }))
     }
 
     /// Why this recording cannot be the body of a conditional node, if it cannot (see

@@ -60,6 +60,13 @@ pub enum Error {
         /// The offending operation.
         op: &'static str,
     },
+    /// An operation that is illegal while the body of a conditional node is being captured
+    /// ([`crate::Condition::run_if`]), such as ending the capture the body belongs to.
+    #[error("`{op}` is illegal inside a conditional body being captured (Condition::run_if); do it after the closure returns")]
+    IllegalInConditionalBody {
+        /// The offending operation.
+        op: &'static str,
+    },
     /// Shapes that do not fit together.
     #[error("{op}: shape mismatch: {detail}")]
     Shape {
@@ -604,6 +611,13 @@ pub enum Error {
         graph: String,
         /// The node that is not allowed there.
         node: String,
+    },
+    /// A graph holding a conditional node cannot be fused with others: CUDA refuses a graph
+    /// with conditional nodes as a child graph.
+    #[error("graph `{graph}` holds a conditional node (Condition::run_if, while_loop, if_then), which CUDA cannot embed in a fused graph; replay it on its own")]
+    FuseConditional {
+        /// The graph's label.
+        graph: String,
     },
     /// Conditional graph nodes need a newer CUDA driver.
     #[error("conditional graph nodes need a driver for CUDA {needed} or newer; this one supports CUDA {driver}")]

@@ -1,8 +1,10 @@
 //! Mixed precision: f32 master weights behind 16-bit model weights, and dynamic loss scaling
 //! decided on the device.
 
-use super::state_from;
+use super::multi_tensor::{Row, TensorTable, G};
+use super::{state_from, zero_bits, Launches, ZERO_UPDATED};
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
+use crate::conditional::{self, Condition};
 use crate::ops::{cpu, exec, fill_, n32, Exec};
 use crate::{DType, Device, Error, Param, Result, Tensor};
 
@@ -93,23 +95,37 @@ impl LossScaler {
         self.config
     }
 
-    /// Clears the overflow flag, then unscales each grad in place and raises the flag on a
-    /// non-finite value.
-    pub(super) fn unscale_and_check(&self, grads: &[Tensor]) -> Result<()> {
+    /// Clears the overflow flag, then unscales every grad of `grads` (slot `G`) in place and
+    /// raises the flag on a non-finite value: two launches. The caller checked the table.
+    pub(super) fn unscale_and_check_table(&self, grads: &TensorTable) -> Result<()> {
+        self.begin()?;
         match exec(self.state.device()) {
             Exec::Host(h) => {
-                let sp = self.state.host_ptr()?;
-                h.run(BuiltinKernel::AmpBegin, move || {
+                let (rows, sp) = (grads.host_rows()?, self.state.host_ptr()?);
+                h.run(BuiltinKernel::AmpUnscaleCheckMt, move || {
                     let mut s = sp.read();
-                    s[1] = 0.0;
-                    sp.write(&s);
+                    let inv = 1.0 / s[0];
+                    let mut bad = false;
+                    for g in rows.iter().filter_map(|row| row[G].as_ref()) {
+                        let v: Vec<f32> = g.read().into_iter().map(|x| x * inv).collect();
+                        bad = bad || v.iter().any(|x| !x.is_finite());
+                        g.write(&v);
+                    }
+                    if bad {
+                        s[1] = 1.0;
+                        sp.write(&s);
+                    }
                     Ok(())
-                })?;
+                })
             }
-            Exec::Cuda(c) => {
-                c.launch(BuiltinKernel::AmpBegin, LaunchDims::rows(1, 32), &[KArg::Ptr(self.state.cuda_ptr()?)])?
-            }
+            Exec::Cuda(c) => grads.launch(c, BuiltinKernel::AmpUnscaleCheckMt, &[KArg::Ptr(self.state.cuda_ptr()?)]),
         }
+    }
+
+    /// Clears the overflow flag, then unscales each grad in place and raises the flag on a
+    /// non-finite value: one launch a grad ([`Launches::PerTensor`]).
+    pub(super) fn unscale_and_check(&self, grads: &[Tensor]) -> Result<()> {
+        self.begin()?;
         for g in grads {
             let n = n32("LossScaler::unscale", g.numel())?;
             match exec(g.device()) {
@@ -135,6 +151,24 @@ impl LossScaler {
             }
         }
         Ok(())
+    }
+
+    /// Clears the overflow flag (one launch).
+    fn begin(&self) -> Result<()> {
+        match exec(self.state.device()) {
+            Exec::Host(h) => {
+                let sp = self.state.host_ptr()?;
+                h.run(BuiltinKernel::AmpBegin, move || {
+                    let mut s = sp.read();
+                    s[1] = 0.0;
+                    sp.write(&s);
+                    Ok(())
+                })
+            }
+            Exec::Cuda(c) => {
+                c.launch(BuiltinKernel::AmpBegin, LaunchDims::rows(1, 32), &[KArg::Ptr(self.state.cuda_ptr()?)])
+            }
+        }
     }
 
     /// Backs off (and counts a skipped step) after an overflow, else grows every interval.
@@ -206,20 +240,41 @@ pub(super) fn make_masters(
 /// update. With a [`LossScaler`] the grads are unscaled first and an overflow skips the update on
 /// the device. `O` is the f32 optimizer over the masters: [`MixedAdamW`](super::MixedAdamW) and [`MixedSgd`](super::MixedSgd) name
 /// the two there are.
+///
+/// A captured step with a scaler puts the update under an IF node whose condition is "no
+/// overflow" ([`Condition::run_if`]): a replay after an overflow launches none of the update's
+/// kernels (it unscales, checks, zeroes the grads for `step_and_zero_grad`, and backs the
+/// scale off). The kernels still read the flag, so eager steps, graphs that do not use the node
+/// ([`Mixed::with_conditional_skip`]) and drivers older than CUDA 12.4 skip the same way,
+/// launching them.
 #[derive(Debug)]
 pub struct Mixed<O> {
     model: Vec<Param>,
     inner: O,
     scaler: Option<LossScaler>,
+    /// Boxed, so that an enum of optimizers (f32 or mixed) stays small.
+    inputs: Box<StepInputs>,
+    launches: Launches,
+    /// Whether a captured step with a scaler puts the update under an IF node.
+    conditional_skip: bool,
+}
+
+/// What a mixed step reads besides the optimizer and the scaler.
+#[derive(Debug)]
+struct StepInputs {
     /// `[1, 0, 0, 0]`: the flag the kernels read when there is no scaler (never raised).
     no_scaler: Tensor,
+    /// The model's grads as one table (slot `G`): the scaler's unscale and check, the zeroing
+    /// of a skipped step's grads and `zero_grad` are one launch each.
+    grads: TensorTable,
 }
 
 pub(super) mod sealed {
+    use super::super::Launches;
     use crate::{Param, Result, Tensor};
 
     /// What a mixed-precision optimizer needs of its f32 optimizer over the masters.
-    pub trait Master {
+    pub trait Master: Sized {
         /// The masters.
         fn masters(&self) -> &[Param];
         /// Sets the learning rate.
@@ -232,13 +287,49 @@ pub(super) mod sealed {
         /// Updates master `i` and model parameter `p` (skipped on the device when `flag[1]` is
         /// set); with `zero`, also zeroes `p`'s grad (skipped or not).
         fn update_param(&self, i: usize, p: &Param, flag: &Tensor, zero: bool) -> Result<()>;
+        /// Updates every master and model parameter (skipped on the device when `flag[1]` is
+        /// set); `zero` holds the `ZERO_UPDATED` and `ZERO_SKIPPED` bits. One launch per
+        /// parameter unless the optimizer has a multi-tensor kernel.
+        fn update_all(&self, model: &[Param], flag: &Tensor, zero: u32) -> Result<()> {
+            model.iter().enumerate().try_for_each(|(i, p)| self.update_param(i, p, flag, zero != 0))
+        }
+        /// Checks what the update's launches will read (no device work).
+        fn check(&self) -> Result<()> {
+            Ok(())
+        }
+        /// The same optimizer launching as `launches` says (where it has a choice).
+        fn launching(self, launches: Launches) -> Self {
+            let _ = launches;
+            self
+        }
     }
 }
 
 impl<O: sealed::Master> Mixed<O> {
     /// Wraps `inner`, built over `masters` (from [`make_masters`]).
     pub(super) fn wrap(model: &[Param], inner: O, scaler: Option<LossScaler>, device: &Device) -> Result<Mixed<O>> {
-        Ok(Mixed { model: model.to_vec(), inner, scaler, no_scaler: state_from(device, &[1.0, 0.0, 0.0, 0.0])? })
+        let rows = model
+            .iter()
+            .map(|p| {
+                let mut row = Row::default();
+                row[G] = Some(p.grad.clone());
+                row
+            })
+            .collect();
+        let grads = TensorTable::new("Mixed::new", device, rows)?;
+        if scaler.is_some() {
+            // A captured step puts its update under an IF node: load the kernel that sets
+            // its condition now, not inside the capture.
+            conditional::warm(device)?;
+        }
+        Ok(Mixed {
+            model: model.to_vec(),
+            inner,
+            scaler,
+            inputs: Box::new(StepInputs { no_scaler: state_from(device, &[1.0, 0.0, 0.0, 0.0])?, grads }),
+            launches: Launches::default(),
+            conditional_skip: true,
+        })
     }
 
     /// The f32 master weights (their grads are the model's grads).
@@ -256,13 +347,52 @@ impl<O: sealed::Master> Mixed<O> {
         self.inner.set_master_lr(lr)
     }
 
-    /// Zeros every grad (capturable).
-    pub fn zero_grad(&self) -> Result<()> {
-        self.model.iter().try_for_each(|p| fill_(&p.grad, 0.0))
+    /// The same optimizer launching as `launches` says: the grads' unscale and check, and
+    /// AdamW's update (SGD updates one parameter a launch either way).
+    ///
+    /// ```
+    /// use graphed::optim::{AdamWConfig, Launches, MixedAdamW};
+    /// use graphed::{DType, Device, Param, Tensor};
+    /// let dev = Device::host();
+    /// let p = Param::new(Tensor::zeros_as(&dev, &[4], DType::BF16)?)?;
+    /// let opt = MixedAdamW::new(&[p], AdamWConfig::default(), None)?.with_launches(Launches::PerTensor);
+    /// assert_eq!(opt.launches(), Launches::PerTensor);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn with_launches(self, launches: Launches) -> Mixed<O> {
+        Mixed { inner: self.inner.launching(launches), launches, ..self }
     }
 
-    /// One update: unscale and check (with a scaler), the optimizer's per-step work, one kernel
-    /// per parameter (master and model weights), and the scale update. Capturable; no host sync.
+    /// How the unscale and the update are launched.
+    pub fn launches(&self) -> Launches {
+        self.launches
+    }
+
+    /// Whether a captured step with a loss scaler puts the update under an IF node (`true`,
+    /// the default) or launches the update's kernels at every replay, where they read the
+    /// overflow flag and leave everything as it was after an overflow (`false`: what the IF
+    /// node saves, to measure it). The results are bitwise the same. The IF node needs the
+    /// multi-tensor launches and a driver for CUDA 12.4 (the host backend always has it);
+    /// without them a step launches the kernels.
+    pub fn with_conditional_skip(self, on: bool) -> Mixed<O> {
+        Mixed { conditional_skip: on, ..self }
+    }
+
+    /// Zeros every grad (capturable): one launch (one a grad with [`Launches::PerTensor`]).
+    pub fn zero_grad(&self) -> Result<()> {
+        match self.launches {
+            Launches::MultiTensor => {
+                self.inputs.grads.check()?;
+                self.inputs.grads.zero_grads(None)
+            }
+            Launches::PerTensor => self.model.iter().try_for_each(|p| fill_(&p.grad, 0.0)),
+        }
+    }
+
+    /// One update: unscale and check (with a scaler), the optimizer's per-step work, the
+    /// update of every parameter (master and model weights; one kernel for AdamW, one a
+    /// parameter for SGD or with [`Launches::PerTensor`]), and the scale update. Capturable; no
+    /// host sync.
     pub fn step(&self) -> Result<()> {
         self.update(false)
     }
@@ -274,13 +404,51 @@ impl<O: sealed::Master> Mixed<O> {
     }
 
     fn update(&self, zero: bool) -> Result<()> {
+        if self.launches == Launches::PerTensor {
+            return self.update_per_tensor(zero);
+        }
+        self.inputs.grads.check()?;
+        self.inner.check()?;
+        let Some(scaler) = &self.scaler else {
+            self.inner.prepare(&self.inputs.no_scaler)?;
+            return self.inner.update_all(&self.model, &self.inputs.no_scaler, zero_bits(zero));
+        };
+        scaler.unscale_and_check_table(&self.inputs.grads)?;
+        let flag = &scaler.state;
+        let update = |zero: u32| {
+            self.inner.prepare(flag)?;
+            self.inner.update_all(&self.model, flag, zero)
+        };
+        if self.skips_with_a_node() {
+            let finite = Condition::element("Mixed::step", flag, 1, Some(0.5))?;
+            if zero {
+                // The grads of a skipped step are zeroed by the other branch.
+                finite.run_if_else(|| update(ZERO_UPDATED), || self.inputs.grads.zero_grads(Some(flag)))?;
+            } else {
+                finite.run_if(|| update(0))?;
+            }
+        } else {
+            update(zero_bits(zero))?;
+        }
+        scaler.update()
+    }
+
+    /// Whether this step puts the update under an IF node: asked to, inside a capture (an
+    /// eager step launches the kernels anyway), on a device that has conditional nodes.
+    fn skips_with_a_node(&self) -> bool {
+        let device = self.inputs.no_scaler.device();
+        self.conditional_skip && device.is_capturing() && conditional::supported(device)
+    }
+
+    /// The step one launch a tensor ([`Launches::PerTensor`]).
+    fn update_per_tensor(&self, zero: bool) -> Result<()> {
         let flag = match &self.scaler {
             Some(s) => {
                 let grads: Vec<Tensor> = self.model.iter().map(|p| p.grad.clone()).collect();
                 s.unscale_and_check(&grads)?;
                 &s.state
             }
-            None => &self.no_scaler,
+            None => &self.inputs.no_scaler,
         };
         self.inner.prepare(flag)?;
         for (i, p) in self.model.iter().enumerate() {

@@ -1,7 +1,7 @@
 //! AdamW over f32 master weights behind bf16/f16 model weights.
 
 use super::mixed::{make_masters, sealed::Master, LossScaler, Mixed};
-use super::{check_hyper, AdamW, AdamWConfig, WarmupCosine};
+use super::{check_hyper, AdamW, AdamWConfig, Launches, WarmupCosine};
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{cpu, exec, n32, Exec};
 use crate::{DType, Param, Result, Tensor};
@@ -31,7 +31,12 @@ impl Mixed<AdamW> {
         const OP: &str = "MixedAdamW::new";
         check_hyper(OP, "lr", config.lr, None)?;
         let (device, masters) = make_masters(OP, model, scaler.as_ref())?;
-        Mixed::wrap(model, AdamW::new(&masters, config)?, scaler, &device)
+        Mixed::wrap(model, AdamW::build(OP, &masters, config, Some(model))?, scaler, &device)
+    }
+
+    /// The moments of the masters (see [`AdamW::moments`]).
+    pub fn moments(&self) -> (&[Tensor], &[Tensor]) {
+        self.inner().moments()
     }
 
     /// Steps taken (skipped ones not counted), read back from the device.
@@ -89,6 +94,23 @@ impl Master for AdamW {
             )?,
         }
         self.schedule.as_ref().map_or(Ok(()), |s| s.apply(&self.lr, state))
+    }
+
+    fn update_all(&self, model: &[Param], flag: &Tensor, zero: u32) -> Result<()> {
+        match self.launches {
+            Launches::MultiTensor => self.update_tables(Some(flag), zero),
+            Launches::PerTensor => {
+                model.iter().enumerate().try_for_each(|(i, p)| self.update_param(i, p, flag, zero != 0))
+            }
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        self.check_tables()
+    }
+
+    fn launching(self, launches: Launches) -> AdamW {
+        self.with_launches(launches)
     }
 
     fn update_param(&self, i: usize, p: &Param, flag: &Tensor, zero: bool) -> Result<()> {

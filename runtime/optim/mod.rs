@@ -27,6 +27,7 @@
 mod mixed;
 mod mixed_adamw;
 mod mixed_sgd;
+mod multi_tensor;
 mod schedule;
 
 pub use mixed::{LossScaler, LossScalerConfig, Mixed};
@@ -36,7 +37,48 @@ pub use schedule::WarmupCosine;
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
-use crate::{Device, Error, Param, Parameters, Result, Tensor};
+use crate::{DType, Device, Error, Param, Parameters, Result, Tensor};
+use multi_tensor::{Row, TensorTable, G, M, MODEL, P, V};
+
+/// How [`AdamW`] and [`MixedAdamW`] launch their update kernels.
+///
+/// ```
+/// use graphed::optim::{AdamW, AdamWConfig, Launches};
+/// use graphed::{Device, Param, Tensor};
+/// let dev = Device::host();
+/// let p = Param::new(Tensor::zeros(&dev, &[3])?)?;
+/// let opt = AdamW::new(&[p], AdamWConfig::default())?;
+/// assert_eq!(opt.launches(), Launches::MultiTensor);
+/// let opt = opt.with_launches(Launches::PerTensor);
+/// assert_eq!(opt.launches(), Launches::PerTensor);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Launches {
+    /// One kernel updates every element of every parameter (PyTorch's `fused=True`), from a
+    /// table of the tensors built in device memory when the optimizer is made; the grads'
+    /// unscale and overflow check of a [`LossScaler`] is one launch too. The default.
+    #[default]
+    MultiTensor,
+    /// One kernel a parameter, and one unscale a grad: the form the multi-tensor launches
+    /// replace, kept as their reference (the two give bitwise equal results) and to measure
+    /// them against.
+    PerTensor,
+}
+
+/// `zero_g` bits of the multi-tensor AdamW kernel: zero each grad once an update read it...
+const ZERO_UPDATED: u32 = 1;
+/// ...and on a skipped step too.
+const ZERO_SKIPPED: u32 = 2;
+
+/// The `zero_g` bits of a step that zeroes its grads (or not) whether it updates or skips.
+fn zero_bits(zero: bool) -> u32 {
+    if zero {
+        ZERO_UPDATED | ZERO_SKIPPED
+    } else {
+        0
+    }
+}
 
 /// Hyper-parameters of [`Sgd`]; the defaults are PyTorch's (with `lr = 0.01`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -236,7 +278,8 @@ impl Sgd {
 ///
 /// Each `step()` first runs a one-thread kernel that increments the step count `t` held in
 /// device memory and computes the bias corrections `1 - beta1^t` and `1 - beta2^t` from it,
-/// then one update kernel per parameter: `p *= 1 - lr·weight_decay`,
+/// then one update kernel over every parameter (a table of their tensors built by `new`; see
+/// [`Launches`]): `p *= 1 - lr·weight_decay`,
 /// `m = beta1·m + (1 - beta1)·g`, `v = beta2·v + (1 - beta2)·g²`,
 /// `p -= lr / (1 - beta1^t) · m / (sqrt(v) / sqrt(1 - beta2^t) + eps)`. So a captured step,
 /// replayed, counts its own steps, and follows [`AdamW::set_lr`].
@@ -264,6 +307,10 @@ pub struct AdamW {
     m: Vec<Tensor>,
     v: Vec<Tensor>,
     schedule: Option<WarmupCosine>,
+    launches: Launches,
+    /// The multi-tensor kernels' tables with their kernel: one, or one per 16-bit dtype of
+    /// mixed-precision model weights.
+    tables: Vec<(BuiltinKernel, TensorTable)>,
 }
 
 impl AdamW {
@@ -271,15 +318,43 @@ impl AdamW {
     /// [`Error::InvalidArgument`] for no params or hyper-parameters out of range (betas in
     /// `[0, 1)`, the rest finite and >= 0).
     pub fn new(params: &[Param], config: AdamWConfig) -> Result<AdamW> {
-        const OP: &str = "AdamW::new";
-        let device = check_params(OP, params)?;
-        check_hyper(OP, "lr", config.lr, None)?;
-        check_hyper(OP, "beta1", config.beta1, Some(1.0))?;
-        check_hyper(OP, "beta2", config.beta2, Some(1.0))?;
-        check_hyper(OP, "eps", config.eps, None)?;
-        check_hyper(OP, "weight_decay", config.weight_decay, None)?;
-        let m = params.iter().map(|p| state_zeros(&device, p.value.dims())).collect::<Result<_>>()?;
-        let v = params.iter().map(|p| state_zeros(&device, p.value.dims())).collect::<Result<_>>()?;
+        AdamW::build("AdamW::new", params, config, None)
+    }
+
+    /// [`AdamW::new`], the tables of the multi-tensor kernels built over `params` and, with
+    /// `model` (mixed precision: `params` are the masters), the 16-bit model weights the
+    /// update rewrites (one table per model dtype; the caller checked the model).
+    fn build(op: &'static str, params: &[Param], config: AdamWConfig, model: Option<&[Param]>) -> Result<AdamW> {
+        let device = check_params(op, params)?;
+        check_hyper(op, "lr", config.lr, None)?;
+        check_hyper(op, "beta1", config.beta1, Some(1.0))?;
+        check_hyper(op, "beta2", config.beta2, Some(1.0))?;
+        check_hyper(op, "eps", config.eps, None)?;
+        check_hyper(op, "weight_decay", config.weight_decay, None)?;
+        let m: Vec<Tensor> = params.iter().map(|p| state_zeros(&device, p.value.dims())).collect::<Result<_>>()?;
+        let v: Vec<Tensor> = params.iter().map(|p| state_zeros(&device, p.value.dims())).collect::<Result<_>>()?;
+        // Tensors in table order, grouped by the kernel that updates them.
+        let mut groups: Vec<(BuiltinKernel, Vec<Row>)> = Vec::new();
+        for (i, p) in params.iter().enumerate() {
+            let model_value = model.and_then(|ms| ms.get(i)).map(|mp| mp.value.clone());
+            let kernel = match model_value.as_ref().map(Tensor::dtype) {
+                None | Some(DType::F32) | Some(DType::I32) => BuiltinKernel::AdamwMtF32,
+                Some(DType::BF16) => BuiltinKernel::AdamwMtBf16,
+                Some(DType::F16) => BuiltinKernel::AdamwMtF16,
+            };
+            let mut row = Row::default();
+            row[P] = Some(p.value.clone());
+            row[G] = Some(p.grad.clone());
+            row[M] = Some(m[i].clone());
+            row[V] = Some(v[i].clone());
+            row[MODEL] = model_value;
+            match groups.iter_mut().find(|(k, _)| *k == kernel) {
+                Some((_, rows)) => rows.push(row),
+                None => groups.push((kernel, vec![row])),
+            }
+        }
+        let tables =
+            groups.into_iter().map(|(k, rows)| Ok((k, TensorTable::new(op, &device, rows)?))).collect::<Result<_>>()?;
         Ok(AdamW {
             params: params.to_vec(),
             config,
@@ -288,7 +363,27 @@ impl AdamW {
             m,
             v,
             schedule: None,
+            launches: Launches::default(),
+            tables,
         })
+    }
+
+    /// The same optimizer launching its kernels as `launches` says (multi-tensor by default).
+    pub fn with_launches(mut self, launches: Launches) -> AdamW {
+        self.launches = launches;
+        self
+    }
+
+    /// How the update kernels are launched.
+    pub fn launches(&self) -> Launches {
+        self.launches
+    }
+
+    /// The moments, one tensor per parameter in [`AdamW::params`] order: the first
+    /// (PyTorch's `exp_avg`) and the second (`exp_avg_sq`). Read them; writing them changes
+    /// the next steps.
+    pub fn moments(&self) -> (&[Tensor], &[Tensor]) {
+        (&self.m, &self.v)
     }
 
     /// Computes the learning rate on the device at every `step()` from the step count (see
@@ -357,7 +452,8 @@ impl AdamW {
     }
 
     /// One update of every parameter: the step-count kernel, the schedule kernel (with
-    /// [`AdamW::with_schedule`]), then one kernel per parameter. Capturable.
+    /// [`AdamW::with_schedule`]), then one kernel over every parameter (one per parameter with
+    /// [`Launches::PerTensor`]). Capturable.
     pub fn step(&self) -> Result<()> {
         self.update(false)
     }
@@ -381,6 +477,9 @@ impl AdamW {
     }
 
     fn update(&self, zero: bool) -> Result<()> {
+        if self.launches == Launches::MultiTensor {
+            self.check_tables()?;
+        }
         let AdamWConfig { beta1, beta2, eps, weight_decay, .. } = self.config;
         match exec(self.state.device()) {
             Exec::Host(h) => {
@@ -400,6 +499,9 @@ impl AdamW {
         }
         if let Some(s) = &self.schedule {
             s.apply(&self.lr, &self.state)?;
+        }
+        if self.launches == Launches::MultiTensor {
+            return self.update_tables(None, zero_bits(zero));
         }
         for ((p, m), v) in self.params.iter().zip(&self.m).zip(&self.v) {
             let n = n32("AdamW::step", p.value.numel())?;
@@ -456,8 +558,95 @@ impl AdamW {
         Ok(())
     }
 
-    /// Sets every parameter's grad to zero (capturable).
+    /// Sets every parameter's grad to zero (capturable): one launch (one per parameter with
+    /// [`Launches::PerTensor`]).
     pub fn zero_grad(&self) -> Result<()> {
-        self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0))
+        match self.launches {
+            Launches::MultiTensor => {
+                self.check_tables()?;
+                self.tables.iter().try_for_each(|(_, t)| t.zero_grads(None))
+            }
+            Launches::PerTensor => self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0)),
+        }
+    }
+
+    /// Checks every table before a launch reads one (no device work).
+    fn check_tables(&self) -> Result<()> {
+        self.tables.iter().try_for_each(|(_, t)| t.check())
+    }
+
+    /// The update of every parameter, one launch a table: skipped on the device when `flag`
+    /// (the loss scaler's state; `None`: never) has its overflow flag set; `zero`: the
+    /// [`ZERO_UPDATED`] and [`ZERO_SKIPPED`] bits. The caller checked the tables.
+    fn update_tables(&self, flag: Option<&Tensor>, zero: u32) -> Result<()> {
+        let AdamWConfig { beta1, beta2, eps, weight_decay, .. } = self.config;
+        for (kernel, table) in &self.tables {
+            match exec(self.state.device()) {
+                Exec::Host(h) => {
+                    let rows = table.host_rows()?;
+                    let (lp, st) = (self.lr.host_ptr()?, self.state.host_ptr()?);
+                    let fl = flag.map(Tensor::host_ptr).transpose()?;
+                    h.run(*kernel, move || {
+                        let skip = fl.as_ref().is_some_and(|f| f.read()[1] != 0.0);
+                        let (lr, s) = (lp.read()[0], st.read());
+                        for row in &rows {
+                            let (Some(p), Some(g), Some(m), Some(v)) = (&row[P], &row[G], &row[M], &row[V]) else {
+                                continue;
+                            };
+                            let zeros = || g.write(&vec![0.0; g.len]);
+                            if skip {
+                                if zero & ZERO_SKIPPED != 0 {
+                                    zeros();
+                                }
+                                continue;
+                            }
+                            let (mut pv, mut mv, mut vv) = (p.read(), m.read(), v.read());
+                            let gv = g.read();
+                            cpu::adamw_update(
+                                &mut pv,
+                                &gv,
+                                &mut mv,
+                                &mut vv,
+                                lr,
+                                s[1],
+                                s[2],
+                                beta1,
+                                beta2,
+                                eps,
+                                weight_decay,
+                            );
+                            p.write(&pv);
+                            if let Some(model) = &row[MODEL] {
+                                model.write(&pv);
+                            }
+                            m.write(&mv);
+                            v.write(&vv);
+                            if zero & ZERO_UPDATED != 0 {
+                                zeros();
+                            }
+                        }
+                        Ok(())
+                    })?;
+                }
+                Exec::Cuda(c) => {
+                    let flag = flag.map(Tensor::cuda_ptr).transpose()?.unwrap_or(0);
+                    table.launch(
+                        c,
+                        *kernel,
+                        &[
+                            KArg::Ptr(self.lr.cuda_ptr()?),
+                            KArg::Ptr(self.state.cuda_ptr()?),
+                            KArg::Ptr(flag),
+                            KArg::F32(beta1),
+                            KArg::F32(beta2),
+                            KArg::F32(eps),
+                            KArg::F32(weight_decay),
+                            KArg::U32(zero),
+                        ],
+                    )?;
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -15,3 +15,12 @@ extern "C" __global__ void graphed_set_conditional(cudaGraphConditionalHandle ha
     const bool on = below ? v < (double)limit : v != 0.0;
     cudaGraphSetConditional(handle, on ? 1u : 0u);
 }
+
+// The same test, setting two conditions at once: `then` to its outcome and `otherwise` to the
+// opposite (the two IF nodes of an if/else, evaluated once before either body runs).
+extern "C" __global__ void graphed_set_conditional2(cudaGraphConditionalHandle then, cudaGraphConditionalHandle otherwise, const void* value, unsigned int is_i32, unsigned int below, float limit) {
+    const double v = is_i32 ? (double)*(const int*)value : (double)*(const float*)value;
+    const bool on = below ? v < (double)limit : v != 0.0;
+    cudaGraphSetConditional(then, on ? 1u : 0u);
+    cudaGraphSetConditional(otherwise, on ? 0u : 1u);
+}
