@@ -251,6 +251,38 @@ impl Drop for PoolInner {
 
 /// A memory pool that several graphs share. Cloning gives another handle to the same pool.
 ///
+/// Memory a capture allocated and freed (its temporaries) is lent to later captures, and its
+/// graph writes it again on every replay. So graphs sharing a pool replay in capture order
+/// ([`Error::ReplayOrder`] otherwise), and a buffer a later capture hands out (an output, an
+/// input grad) may lie in memory an earlier graph writes. Then each replay of that earlier
+/// graph overwrites it, and from then on every handle to it is stale
+/// ([`Tensor::is_fresh`](crate::Tensor::is_fresh) is false, using it is
+/// [`Error::StaleTensor`] with `overwritten_by_another_capture`), until the graph that made it
+/// writes it again: a raw graph's handles are then valid again, a graphed module hands out
+/// fresh ones as always. The graphs of one `make_graphed` call keep track of this among
+/// themselves (a replay stales the handles it overwrites); the pool does it between captures:
+/// separately graphed modules sharing it ([`GraphOptions::pool`](crate::GraphOptions::pool)),
+/// raw graphs ([`Graph::with_pool`](crate::Graph::with_pool)), or both. Static inputs and grad
+/// outputs of graphed modules are placed where no graph writes, so they are never overwritten.
+///
+/// ```
+/// use graphed::{ops, CaptureMode, Device, Graph, Tensor};
+/// let dev = Device::host();
+/// let pool = dev.new_pool();
+/// let x = Tensor::full(&dev, &[1024], 1.0)?;
+/// let y = Tensor::zeros(&dev, &[1024])?;
+/// let mut first = Graph::with_pool(&dev, &pool);
+/// first.capture(CaptureMode::Global, || ops::axpy_(&y, 1.0, &ops::scale(&x, 2.0)?))?; // a temporary
+/// let mut second = Graph::with_pool(&dev, &pool);
+/// let out = second.capture(CaptureMode::Global, || ops::scale(&x, 3.0))?; // where it was
+/// first.replay()?;
+/// assert!(!out.is_fresh()); // the first graph's temporary overwrote it
+/// assert!(out.to_vec().is_err());
+/// second.replay()?;
+/// assert_eq!(out.to_vec()?, vec![3.0; 1024]); // written again
+/// # Ok::<(), graphed::Error>(())
+/// ```
+///
 /// ```
 /// use graphed::{Device, Tensor};
 /// let dev = Device::host();
