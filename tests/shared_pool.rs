@@ -14,7 +14,7 @@ use graphed::{ops, CaptureMode, Cx, Device, Error, Graph, Result, Tensor};
 const B: usize = 4;
 const H: usize = 8;
 
-/// Whether `t` is an `Error::StaleTensor` that another capture's graph caused.
+/// Whether `r` is an `Error::StaleTensor` that another capture's graph caused.
 fn overwritten_by_another_capture<T>(r: Result<T>) -> bool {
     matches!(r, Err(Error::StaleTensor { overwritten_by_another_capture: true, .. }))
 }
