@@ -5,10 +5,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::Recorded;
 pub use crate::backend::{CaptureMode, GraphNode, NodeKind};
-use crate::pool::ReplayTicket;
+use crate::pool::{MemRange, ReplayTicket};
 use crate::{Device, Error, GraphPool, Result};
 
+/// Ids of graphs and of capture sets, from one counter so they never meet.
 static NEXT_GRAPH_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Graphs that track among themselves which handed-out buffers their replays overwrite: the
+/// graphs of one `make_graphed` call, through their clobber lists. Between sets, the pool
+/// does it (`GraphPool::register_capture`). A graph that joins none is a set of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CaptureSet(u64);
+
+impl CaptureSet {
+    pub(crate) fn new() -> CaptureSet {
+        CaptureSet(NEXT_GRAPH_ID.fetch_add(1, Ordering::Relaxed))
+    }
+}
 
 /// A captured graph of device work.
 ///
@@ -16,7 +29,10 @@ static NEXT_GRAPH_ID: AtomicU64 = AtomicU64::new(1);
 /// and leaves the stream usable) or with [`Graph::capture_begin`]/[`Graph::capture_end`];
 /// replay with [`Graph::replay`]. Memory allocated during capture comes from the graph's pool,
 /// which several graphs may share ([`Graph::with_pool`]); graphs sharing a pool must replay in
-/// capture order, and a divergence is an [`Error::ReplayOrder`].
+/// capture order, and a divergence is an [`Error::ReplayOrder`]. A tensor a capture allocates
+/// and hands back (an output) is written by each replay; where it lies in memory an earlier
+/// graph of the pool writes, its handles are stale from that graph's replay until this one's
+/// (see [`GraphPool`]).
 ///
 /// ```
 /// use graphed::{ops, CaptureMode, Device, Graph, Tensor};
@@ -39,6 +55,10 @@ pub struct Graph {
     keep_graph: bool,
     captured: Option<Recorded>,
     capturing: bool,
+    /// Its capture set: its own id unless it joined one ([`Graph::join`]).
+    set: u64,
+    /// The pool memory its capture allocated, which each replay writes.
+    writes: Vec<MemRange>,
 }
 
 impl std::fmt::Debug for Graph {
@@ -64,7 +84,21 @@ impl Graph {
             keep_graph: false,
             captured: None,
             capturing: false,
+            set: id,
+            writes: Vec::new(),
         }
+    }
+
+    /// Makes this graph one of `set`, before it captures: the pool leaves the handles among
+    /// the set's graphs to the set (see [`CaptureSet`]).
+    pub(crate) fn join(&mut self, set: CaptureSet) {
+        self.set = set.0;
+    }
+
+    /// The pool memory the capture allocated (temporaries included), which each replay
+    /// writes; empty until captured.
+    pub(crate) fn writes(&self) -> &[MemRange] {
+        &self.writes
     }
 
     /// Names the graph in messages and dumps.
@@ -113,6 +147,7 @@ impl Graph {
         self.device.synchronize()?;
         self.device.backend().begin_capture(mode)?;
         self.device.push_pool(&self.pool);
+        self.pool.begin_tracking();
         self.capturing = true;
         Ok(())
     }
@@ -128,12 +163,13 @@ impl Graph {
         }
         self.capturing = false;
         self.device.pop_pool();
+        let tracked = self.pool.end_tracking();
         let mut recorded = self.device.backend().end_capture()?;
         if !self.keep_graph {
             recorded.instantiate(self.device.backend())?;
         }
         self.captured = Some(recorded);
-        self.pool.register_capture(self.id, &self.label);
+        self.writes = self.pool.register_capture(self.id, &self.label, self.set, tracked);
         Ok(())
     }
 
@@ -255,6 +291,7 @@ impl Graph {
         if self.captured.take().is_some() {
             self.pool.unregister_capture(self.id);
         }
+        self.writes = Vec::new();
         drained
     }
 
@@ -326,6 +363,46 @@ mod tests {
         let refused = Graph::fuse(&dev, plain.pool(), "fused".into(), &[&plain, &skips]);
         assert!(matches!(&refused, Err(Error::FuseConditional { graph }) if graph == "skips"), "{refused:?}");
         assert!(Graph::fuse(&dev, plain.pool(), "fused".into(), &[&plain]).is_ok());
+        Ok(())
+    }
+
+
+    /// Captures into a new pool a graph that allocates one buffer, freed at the end of the
+    /// capture (a temporary) unless `keep`, then a graph that returns a buffer of the same
+    /// size, which the pool places in the first one's memory when it was freed. Both graphs
+    /// join `set` if given; each is a set of its own otherwise.
+    fn lend(set: Option<CaptureSet>, keep: bool) -> Result<(GraphPool, Graph, Graph, Vec<Tensor>)> {
+        let dev = Device::host();
+        let pool = dev.new_pool();
+        let x = Tensor::full(&dev, &[1024], 1.0)?;
+        let mut first = Graph::with_pool(&dev, &pool);
+        let mut second = Graph::with_pool(&dev, &pool);
+        if let Some(set) = set {
+            first.join(set);
+            second.join(set);
+        }
+        let kept = first.capture(CaptureMode::Global, || ops::scale(&x, 2.0))?;
+        let mut outs = Vec::from_iter(keep.then_some(kept));
+        outs.insert(0, second.capture(CaptureMode::Global, || ops::scale(&x, 3.0))?);
+        Ok((pool, first, second, outs))
+    }
+
+    #[test]
+    fn only_a_buffer_in_memory_another_sets_graph_writes_is_tracked_for_replays() -> Result<()> {
+        let (pool, mut first, _second, outs) = lend(None, false)?;
+        assert!(pool.lends_between_captures(), "two raw graphs: sets of their own");
+        first.replay()?;
+        assert!(!outs[0].is_fresh());
+        // One set: its own clobber lists cover it (graphed modules), the pool adds nothing.
+        let (pool, mut first, _second, outs) = lend(Some(CaptureSet::new()), false)?;
+        assert!(!pool.lends_between_captures());
+        first.replay()?;
+        assert!(outs[0].is_fresh());
+        // The first graph's buffer is still alive: the second output lies elsewhere.
+        let (pool, mut first, _second, outs) = lend(None, true)?;
+        assert!(!pool.lends_between_captures());
+        first.replay()?;
+        assert!(outs.iter().all(Tensor::is_fresh));
         Ok(())
     }
 }

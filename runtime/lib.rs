@@ -84,7 +84,8 @@
 //! order (or `order` exactly); a call copies its inputs into the static inputs unless they
 //! already are them, replays, and returns the static outputs; graphs sharing a pool must replay
 //! in capture order ([`Error::ReplayOrder`] otherwise); an output handed back is never
-//! overwritten silently ([`Error::StaleTensor`] after the next replay, `deep_clone` to keep it);
+//! overwritten silently ([`Error::StaleTensor`] after the next replay that overwrites it, its
+//! own or that of another capture sharing the pool, `deep_clone` to keep it);
 //! every call validates everything before its first side effect, so a refused call changes
 //! nothing; a failed capture hands the module back inside [`CaptureError`].
 //!
@@ -136,7 +137,8 @@
 //! - **`SlotShape`, `SlotDType`**: a call's tensor differs from the one captured; shapes are
 //!   fixed per capture.
 //! - **`ReplayOrder`, `StaleTensor`**: replay follows capture order; a handle from before a
-//!   replay is stale.
+//!   replay is stale, and so is one held across the replay of another module sharing the pool
+//!   whose temporaries lie where the buffer does ([`GraphPool`]).
 //! - **`KernelNotCompiled`**: a user [`Kernel`] first used inside a capture; warm it up first.
 //! - **`Dist(NcclUnavailable)`**: cudarc opens `libnccl.so`; where only `libnccl.so.2` is
 //!   installed, put a `libnccl.so` symlink to it on `LD_LIBRARY_PATH`.

@@ -8,10 +8,18 @@
 //! every graph it lends to (see [`GraphPool::check_replay`]), which is what orders raw graphs
 //! and captures sharing one pool. Why slabs and not CUDA graph memory nodes is in
 //! docs/DESIGN-DECISIONS.md.
+//!
+//! Lending memory between captures has a second consequence: a buffer a later capture hands
+//! out (an output) can lie where an earlier graph keeps a temporary, and then each replay of
+//! the earlier graph overwrites it. The pool remembers what each graph's capture allocated
+//! (the memory its replays write) and the buffers each capture made; when a capture ends, its
+//! buffers that lie in memory an earlier graph of another capture set writes are registered
+//! with that graph, whose replays make every handle to them stale, and with their own graph,
+//! whose replays write them again (see [`Resident`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::backend::CaptureMode;
 use crate::backend::{Backend, FaultPoint, HostPtr, Ptr};
@@ -66,22 +74,85 @@ struct Slab {
 /// allowed at the group's first graph.
 #[derive(Default)]
 struct ReplayOrder {
-    /// Graph ids, labels and groups in capture order (groups are consecutive runs).
-    captured: Vec<(u64, String, u64)>,
+    /// The graphs in capture order (groups are consecutive runs).
+    captured: Vec<Captured>,
     /// Index into `captured` of the graph expected next.
     next: usize,
     /// Bumped whenever `captured` changes, so an old ticket cannot move `next`.
     serial: u64,
     /// The group graphs captured from now on join ([`GraphPool::begin_replay_group`]).
     group: u64,
+    /// Per graph of `captured` (same index): the buffers its replays overwrite or write
+    /// again, for a replay to read without allocating. `None` while no graph has any (no
+    /// capture left a buffer in memory another capture set's graph writes), so a replay then
+    /// costs nothing more than the order's check.
+    residents: Option<Arc<[Residents]>>,
+}
+
+/// A graph in a pool's capture order.
+struct Captured {
+    id: u64,
+    label: String,
+    /// Its replay group ([`GraphPool::begin_replay_group`]).
+    group: u64,
+    /// Its capture set (see [`GraphPool::register_capture`]).
+    set: u64,
+    /// The memory its capture allocated, which each replay writes.
+    writes: Vec<MemRange>,
+    residents: Residents,
+}
+
+/// The buffers one graph's replay makes stale or valid again.
+#[derive(Clone, Default)]
+struct Residents {
+    /// Buffers of later captures (of other sets) that lie in memory this graph writes: each
+    /// replay overwrites them, so every handle to them goes stale.
+    overwrites: Vec<Weak<dyn Resident>>,
+    /// Buffers this graph's capture made in memory that graphs of other sets write: each
+    /// replay writes them again, so handles to them are valid again.
+    rewrites: Vec<Weak<dyn Resident>>,
+}
+
+impl Residents {
+    fn is_empty(&self) -> bool {
+        self.overwrites.is_empty() && self.rewrites.is_empty()
+    }
+
+    /// After the graph's replay. Never called with the pool's lock held: upgrading makes a
+    /// strong handle, whose drop may free the buffer, which returns its block to the pool.
+    fn replayed(&self) {
+        for b in self.overwrites.iter().filter_map(Weak::upgrade) {
+            b.overwritten();
+        }
+        for b in self.rewrites.iter().filter_map(Weak::upgrade) {
+            b.rewritten();
+        }
+    }
+
+    /// Forgets buffers that no longer exist.
+    fn prune(&mut self) {
+        self.overwrites.retain(|b| b.strong_count() > 0);
+        self.rewrites.retain(|b| b.strong_count() > 0);
+    }
+}
+
+/// A buffer made on pool memory (a tensor's), whose handles the pool makes stale when a graph
+/// of another capture overwrites that memory, and valid again when the graph whose capture
+/// made it writes it again (see [`GraphPool::register_capture`]).
+pub(crate) trait Resident: Send + Sync {
+    /// A replay overwrote the memory: every handle to the buffer is stale.
+    fn overwritten(&self);
+    /// The graph that made the buffer wrote it again: handles are valid again, unless a
+    /// replay of their own made them stale meanwhile.
+    fn rewritten(&self);
 }
 
 impl ReplayOrder {
     /// The indices `[start, end)` of the group holding index `i`.
     fn group_of(&self, i: usize) -> (usize, usize) {
-        let g = self.captured[i].2;
-        let start = self.captured[..i].iter().rposition(|x| x.2 != g).map_or(0, |p| p + 1);
-        let end = self.captured[i..].iter().position(|x| x.2 != g).map_or(self.captured.len(), |p| i + p);
+        let g = self.captured[i].group;
+        let start = self.captured[..i].iter().rposition(|x| x.group != g).map_or(0, |p| p + 1);
+        let end = self.captured[i..].iter().position(|x| x.group != g).map_or(self.captured.len(), |p| i + p);
         (start, end)
     }
 
@@ -97,7 +168,33 @@ impl ReplayOrder {
 
     /// Whether index `i` is the first graph of its group.
     fn starts_group(&self, i: usize) -> bool {
-        i == 0 || self.captured[i - 1].2 != self.captured[i].2
+        i == 0 || self.captured[i - 1].group != self.captured[i].group
+    }
+
+    /// The index of graph `id`, expected at `at`.
+    fn index_of(&self, id: u64, at: usize) -> Option<usize> {
+        match self.captured.get(at) {
+            Some(c) if c.id == id => Some(at),
+            _ => self.captured.iter().position(|c| c.id == id),
+        }
+    }
+
+    /// After `captured` changed: the cycle starts over, old tickets no longer move it, and
+    /// the per-index view of the residents is rebuilt (without the buffers gone since).
+    fn changed(&mut self) {
+        self.next = 0;
+        self.serial += 1;
+        self.captured.iter_mut().for_each(|c| c.residents.prune());
+        let any = self.captured.iter().any(|c| !c.residents.is_empty());
+        self.residents = any.then(|| self.captured.iter().map(|c| c.residents.clone()).collect());
+    }
+
+    /// The residents of the graphs from `id` (expected at index `at`) to index `last`, for a
+    /// replay that ran them, to apply once the lock is released.
+    fn residents_of(&self, id: u64, at: usize, last: Option<usize>) -> Option<(Arc<[Residents]>, usize, usize)> {
+        let all = self.residents.as_ref()?;
+        let first = self.index_of(id, at)?;
+        Some((all.clone(), first, last.unwrap_or(first)))
     }
 }
 
@@ -105,13 +202,22 @@ struct PoolState {
     slabs: Vec<Slab>,
     stats: PoolStats,
     order: ReplayOrder,
-    /// While tracking (a capture): the ranges of every block allocated, which the captured
-    /// graph writes on each replay, whether freed during the capture (temporaries) or later
-    /// (saved activations released once the backward is captured).
-    tracking: Option<Vec<MemRange>>,
+    /// While a capture is in progress: what it allocates.
+    tracking: Option<Tracked>,
     /// Every range some capture wrote (the union of what tracking returned): bound static
     /// buffers are placed outside it, so no graph's replay can overwrite them.
     written: Vec<MemRange>,
+}
+
+/// What a capture allocated ([`GraphPool::begin_tracking`]).
+#[derive(Default)]
+pub(crate) struct Tracked {
+    /// Every block: the memory the captured graph writes on each replay, whether freed during
+    /// the capture (temporaries) or later (saved activations released once the backward is
+    /// captured).
+    writes: Vec<MemRange>,
+    /// The buffers made on those blocks, some of which outlive the capture (its outputs).
+    made: Vec<(MemRange, Weak<dyn Resident>)>,
 }
 
 /// A range of pool memory: (slab, offset, bytes).
@@ -145,6 +251,38 @@ impl Drop for PoolInner {
 
 /// A memory pool that several graphs share. Cloning gives another handle to the same pool.
 ///
+/// Memory a capture allocated and freed (its temporaries) is lent to later captures, and its
+/// graph writes it again on every replay. So graphs sharing a pool replay in capture order
+/// ([`Error::ReplayOrder`] otherwise), and a buffer a later capture hands out (an output, an
+/// input grad) may lie in memory an earlier graph writes. Then each replay of that earlier
+/// graph overwrites it, and from then on every handle to it is stale
+/// ([`Tensor::is_fresh`](crate::Tensor::is_fresh) is false, using it is
+/// [`Error::StaleTensor`] with `overwritten_by_another_capture`), until the graph that made it
+/// writes it again: a raw graph's handles are then valid again, a graphed module hands out
+/// fresh ones as always. The graphs of one `make_graphed` call keep track of this among
+/// themselves (a replay stales the handles it overwrites); the pool does it between captures:
+/// separately graphed modules sharing it ([`GraphOptions::pool`](crate::GraphOptions::pool)),
+/// raw graphs ([`Graph::with_pool`](crate::Graph::with_pool)), or both. Static inputs and grad
+/// outputs of graphed modules are placed where no graph writes, so they are never overwritten.
+///
+/// ```
+/// use graphed::{ops, CaptureMode, Device, Graph, Tensor};
+/// let dev = Device::host();
+/// let pool = dev.new_pool();
+/// let x = Tensor::full(&dev, &[1024], 1.0)?;
+/// let y = Tensor::zeros(&dev, &[1024])?;
+/// let mut first = Graph::with_pool(&dev, &pool);
+/// first.capture(CaptureMode::Global, || ops::axpy_(&y, 1.0, &ops::scale(&x, 2.0)?))?; // a temporary
+/// let mut second = Graph::with_pool(&dev, &pool);
+/// let out = second.capture(CaptureMode::Global, || ops::scale(&x, 3.0))?; // where it was
+/// first.replay()?;
+/// assert!(!out.is_fresh()); // the first graph's temporary overwrote it
+/// assert!(out.to_vec().is_err());
+/// second.replay()?;
+/// assert_eq!(out.to_vec()?, vec![3.0; 1024]); // written again
+/// # Ok::<(), graphed::Error>(())
+/// ```
+///
 /// ```
 /// use graphed::{Device, Tensor};
 /// let dev = Device::host();
@@ -176,12 +314,26 @@ pub(crate) struct Block {
     slab: usize,
     offset: usize,
     bytes: usize,
+    /// Whether it was allocated during a capture (see [`Block::made`]).
+    tracked: bool,
     pub(crate) ptr: Ptr,
 }
 
 impl Block {
     pub(crate) fn range(&self) -> MemRange {
         MemRange { slab: self.slab, offset: self.offset, bytes: self.bytes }
+    }
+
+    /// Records `buffer`, just made on this block, with the capture that allocated the block
+    /// (nothing when no capture did).
+    pub(crate) fn made(&self, buffer: impl FnOnce() -> Weak<dyn Resident>) {
+        if !self.tracked {
+            return;
+        }
+        let mut st = self.pool.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = st.tracking.as_mut() {
+            t.made.push((self.range(), buffer()));
+        }
     }
 
     pub(crate) fn pool_id(&self) -> usize {
@@ -330,10 +482,14 @@ impl GraphPool {
         };
         st.stats.in_use += bytes;
         st.stats.peak_in_use = st.stats.peak_in_use.max(st.stats.in_use);
-        if let Some(ranges) = st.tracking.as_mut() {
-            ranges.push(MemRange { slab, offset, bytes });
-        }
-        Ok(Block { pool: self.0.clone(), slab, offset, bytes, ptr })
+        let tracked = match st.tracking.as_mut() {
+            Some(t) => {
+                t.writes.push(MemRange { slab, offset, bytes });
+                true
+            }
+            None => false,
+        };
+        Ok(Block { pool: self.0.clone(), slab, offset, bytes, tracked, ptr })
     }
 
     /// Adds a free slab with room for a block of `bytes`.
@@ -404,33 +560,62 @@ impl GraphPool {
             }
             let slabs = st.slabs.len();
             st.written.retain(|r| r.slab < slabs);
+            st.order.captured.iter_mut().for_each(|c| c.writes.retain(|r| r.slab < slabs));
         }
         for slab in freed {
             self.0.backend.free_slab(&slab.mem, slab.bytes);
         }
     }
 
-    /// Starts recording the blocks allocated from now on (the memory a capture writes).
+    /// Starts recording the blocks allocated from now on, and the buffers made on them (what
+    /// a capture writes and makes).
     pub(crate) fn begin_tracking(&self) {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.tracking = Some(Vec::new());
+        st.tracking = Some(Tracked::default());
     }
 
-    /// Stops recording; the ranges of every block allocated since `begin_tracking`.
-    pub(crate) fn end_tracking(&self) -> Vec<MemRange> {
+    /// Stops recording; what was allocated since `begin_tracking`. Static buffers placed from
+    /// now on avoid that memory ([`GraphPool::alloc_untouched`]).
+    pub(crate) fn end_tracking(&self) -> Tracked {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        let ranges = st.tracking.take().unwrap_or_default();
-        st.written.extend(ranges.iter().copied());
-        ranges
+        let tracked = st.tracking.take().unwrap_or_default();
+        st.written.extend(tracked.writes.iter().copied());
+        tracked
     }
 
-    /// Records that graph `id` was captured into this pool, after all earlier ones.
-    pub(crate) fn register_capture(&self, id: u64, label: &str) {
+    /// Records that graph `id` of capture set `set` was captured into this pool, after all
+    /// earlier ones, having allocated `tracked`; returns the memory its replays write.
+    ///
+    /// A capture set is graphs that track among themselves which handed-out buffers their
+    /// replays overwrite (the graphs of one `make_graphed` call, through their clobber
+    /// lists); a raw graph is a set of its own. Between sets the pool does it: each buffer
+    /// the capture made that is still alive (an output, which outlives the capture) and lies
+    /// in memory an earlier graph of another set writes is registered with that graph, whose
+    /// replays overwrite it (its handles go stale), and with this one, whose replays write it
+    /// again (they are valid again). The other way round cannot happen: an earlier capture's
+    /// live buffer was never free for this one to allocate.
+    pub(crate) fn register_capture(&self, id: u64, label: &str, set: u64, tracked: Tracked) -> Vec<MemRange> {
+        let Tracked { writes, made } = tracked;
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        let group = st.order.group;
-        st.order.captured.push((id, label.to_string(), group));
-        st.order.next = 0;
-        st.order.serial += 1;
+        let order = &mut st.order;
+        let mut rewrites = Vec::new();
+        for (range, buffer) in made.into_iter().filter(|(_, b)| b.strong_count() > 0) {
+            let mut lent = false;
+            for earlier in order.captured.iter_mut().filter(|c| c.set != set) {
+                if earlier.writes.iter().any(|w| w.overlaps(&range)) {
+                    earlier.residents.overwrites.push(buffer.clone());
+                    lent = true;
+                }
+            }
+            if lent {
+                rewrites.push(buffer);
+            }
+        }
+        let (label, group, residents) =
+            (label.to_string(), order.group, Residents { overwrites: Vec::new(), rewrites });
+        order.captured.push(Captured { id, label, group, set, writes: writes.clone(), residents });
+        order.changed();
+        writes
     }
 
     /// Graphs captured into this pool from now on form a new replay group: an alternative to
@@ -468,12 +653,12 @@ impl GraphPool {
         st.order.group += 1;
     }
 
-    /// Forgets graph `id` (it was reset).
+    /// Forgets graph `id` (it was reset). Buffers it made that other graphs overwrite stay
+    /// stale from then on: no replay writes them again.
     pub(crate) fn unregister_capture(&self, id: u64) {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.order.captured.retain(|(g, _, _)| *g != id);
-        st.order.next = 0;
-        st.order.serial += 1;
+        st.order.captured.retain(|c| c.id != id);
+        st.order.changed();
     }
 
     /// Checks that replaying graph `id` now follows capture order, without changing anything:
@@ -488,34 +673,44 @@ impl GraphPool {
         let st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         let order = &st.order;
         let n = order.captured.len();
+        let serial = order.serial;
         if n <= 1 {
-            return Ok(ReplayTicket { next: 0, restarted: false, serial: order.serial });
+            return Ok(ReplayTicket { id, at: 0, next: 0, restarted: false, serial });
         }
         let expected = order.next;
-        if order.captured[expected].0 == id {
-            return Ok(ReplayTicket { next: order.after(expected), restarted: false, serial: order.serial });
+        if order.captured[expected].id == id {
+            return Ok(ReplayTicket { id, at: expected, next: order.after(expected), restarted: false, serial });
         }
-        let at = order.captured.iter().position(|(g, _, _)| *g == id);
+        let at = order.captured.iter().position(|c| c.id == id);
         if let Some(i) = at.filter(|i| order.starts_group(*i)) {
             let restarted = !order.starts_group(expected);
-            return Ok(ReplayTicket { next: order.after(i), restarted, serial: order.serial });
+            return Ok(ReplayTicket { id, at: i, next: order.after(i), restarted, serial });
         }
-        let got = at.map(|i| order.captured[i].1.clone()).unwrap_or_else(|| format!("graph #{id}"));
+        let got = at.map(|i| order.captured[i].label.clone()).unwrap_or_else(|| format!("graph #{id}"));
         let (start, end) = order.group_of(at.unwrap_or(expected));
         Err(Error::ReplayOrder {
             got,
-            expected: order.captured[expected].1.clone(),
-            order: order.captured[start..end].iter().map(|(_, l, _)| l.as_str()).collect::<Vec<_>>().join(" -> "),
+            expected: order.captured[expected].label.clone(),
+            order: order.captured[start..end].iter().map(|c| c.label.as_str()).collect::<Vec<_>>().join(" -> "),
         })
     }
 
-    /// Advances the replay order as `ticket` says; returns whether the replay restarted the
-    /// cycle in the middle. A ticket from before a capture or reset changed the order is
-    /// ignored (the order restarted anyway).
+    /// Advances the replay order as `ticket` says, once its graph has launched; returns
+    /// whether the replay restarted the cycle in the middle. A ticket from before a capture
+    /// or reset changed the order does not move it (the order restarted anyway). Handles to
+    /// the buffers of other captures that the graph overwrites go stale, and to those of its
+    /// own capture that it writes again are valid again; with none (no capture set lent
+    /// memory to another), that costs one branch: no allocation, no scan.
     pub(crate) fn advance_replay(&self, ticket: ReplayTicket) -> bool {
-        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.order.serial == ticket.serial {
-            st.order.next = ticket.next;
+        let residents = {
+            let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.order.serial == ticket.serial {
+                st.order.next = ticket.next;
+            }
+            st.order.residents_of(ticket.id, ticket.at, None)
+        };
+        if let Some((residents, i, _)) = residents {
+            residents[i].replayed();
         }
         ticket.restarted
     }
@@ -525,21 +720,35 @@ impl GraphPool {
     /// Whether `ids` are a run of this pool's capture order (consecutive, in order).
     pub(crate) fn is_capture_run(&self, ids: &[u64]) -> bool {
         let st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        let captured: Vec<u64> = st.order.captured.iter().map(|(g, _, _)| *g).collect();
+        let captured: Vec<u64> = st.order.captured.iter().map(|c| c.id).collect();
         match ids.first().and_then(|first| captured.iter().position(|g| g == first)) {
             Some(start) => captured.get(start..start + ids.len()) == Some(ids),
             None => false,
         }
     }
 
-    /// After a fused launch that stood for a run of graphs ending with `last`: the order
-    /// continues after `last`. Returns whether the run restarted the cycle (`ticket`).
+    /// Whether some graph's replays make handles of another capture stale or valid again
+    /// (otherwise a replay does nothing beyond the order's bookkeeping).
+    #[cfg(test)]
+    pub(crate) fn lends_between_captures(&self) -> bool {
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner()).order.residents.is_some()
+    }
+
+    /// After a fused launch that stood for a run of graphs from the ticket's to `last`: the
+    /// order continues after `last`, and each graph of the run makes handles stale or valid
+    /// again as its own replay would ([`GraphPool::advance_replay`]). Returns whether the run
+    /// restarted the cycle (`ticket`).
     pub(crate) fn advance_replay_past(&self, ticket: ReplayTicket, last: u64) -> bool {
-        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.order.serial == ticket.serial {
-            if let Some(i) = st.order.captured.iter().position(|(g, _, _)| *g == last) {
+        let residents = {
+            let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+            let end = st.order.captured.iter().position(|c| c.id == last);
+            if let Some(i) = end.filter(|_| st.order.serial == ticket.serial) {
                 st.order.next = st.order.after(i);
             }
+            end.and_then(|end| st.order.residents_of(ticket.id, ticket.at, Some(end)))
+        };
+        if let Some((residents, first, end)) = residents {
+            residents.get(first..=end).into_iter().flatten().for_each(Residents::replayed);
         }
         ticket.restarted
     }
@@ -553,6 +762,9 @@ pub(crate) struct PoolMark(usize);
 #[derive(Clone, Copy, Debug)]
 #[must_use]
 pub(crate) struct ReplayTicket {
+    /// The graph, and its index in the capture order when the ticket was issued.
+    id: u64,
+    at: usize,
     next: usize,
     restarted: bool,
     serial: u64,

@@ -104,7 +104,7 @@ pub enum Error {
         detail: String,
     },
     /// A handle to a static buffer that a later graph replay has overwritten.
-    #[error("stale tensor: this handle to the static buffer of `{owner}` was overwritten by a later replay (generation {held}, buffer now at {current}); clone the tensor (Tensor::deep_clone) before the next call if you need to keep it")]
+    #[error("stale tensor: this handle to the static buffer of `{owner}` {}; clone the tensor (Tensor::deep_clone) before the next call if you need to keep it", stale_cause(*held, *current, *overwritten_by_another_capture))]
     StaleTensor {
         /// The graph surface the buffer belongs to.
         owner: String,
@@ -112,6 +112,9 @@ pub enum Error {
         held: u64,
         /// The buffer's generation now.
         current: u64,
+        /// Whether a graph of another capture sharing the buffer's pool has overwritten it
+        /// since the graph that made it last wrote it (see [`crate::GraphPool`]).
+        overwritten_by_another_capture: bool,
     },
     /// Graphs sharing a pool were replayed out of their capture order.
     #[error("replay order: `{got}` was replayed but `{expected}` is next; graphs that share a pool must replay in capture order ({order}), or memory reused between them would be corrupted")]
@@ -661,6 +664,17 @@ fn bytes_text(bytes: usize) -> String {
         "more bytes than the address space holds".into()
     } else {
         format!("{bytes} bytes")
+    }
+}
+
+/// What made a handle stale, for [`Error::StaleTensor`]'s message.
+fn stale_cause(held: u64, current: u64, overwritten_by_another_capture: bool) -> String {
+    if overwritten_by_another_capture && held == current {
+        "lies in pool memory that a graph of another capture sharing the pool overwrote after the \
+         buffer's own graph wrote it"
+            .into()
+    } else {
+        format!("was overwritten by a later replay (generation {held}, buffer now at {current})")
     }
 }
 

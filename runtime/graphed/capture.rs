@@ -9,6 +9,7 @@ use super::reuse::{adopt, reusable, Slot, SlotPlan};
 use super::schedule::{Pass, Step};
 use super::surface::Draft;
 use super::{new_cx, Config, GraphOptions, GraphedModules, Schedule};
+use crate::graph::CaptureSet;
 use crate::{
     Cx, Device, Error, Graph, GraphPool, HookKind, Module, Result, ScheduleError, SetupError, SignatureError, Tensor,
 };
@@ -261,11 +262,24 @@ pub(super) struct Capture {
     pub(super) lengths: Option<Lengths>,
     /// With shape buckets: the buckets captured so far, largest first.
     pub(super) done: Vec<(Vec<Vec<Draft>>, Lengths)>,
+    /// The capture set of every graph this call captures: their clobber lists cover the
+    /// handles among them, the pool those of other captures sharing it.
+    set: CaptureSet,
 }
 
 impl Capture {
     fn new(device: Device, pool: GraphPool, modules: Modules, config: Config) -> Capture {
-        Capture { device, pool, modules, config: Box::new(config), drafts: Vec::new(), lengths: None, done: Vec::new() }
+        let config = Box::new(config);
+        let set = CaptureSet::new();
+        Capture { device, pool, modules, config, drafts: Vec::new(), lengths: None, done: Vec::new(), set }
+    }
+
+    /// An empty graph of this capture, in its pool and set.
+    pub(super) fn new_graph(&self, label: String) -> Graph {
+        let mut graph = Graph::with_pool(&self.device, &self.pool);
+        graph.set_label(label);
+        graph.join(self.set);
+        graph
     }
 
     /// Gives the modules back, dropping everything captured so far.
@@ -348,10 +362,9 @@ impl Capture {
                         None => None, // an absent optional input
                     });
                 }
-                let mut forward = Graph::with_pool(&self.device, &self.pool);
-                forward.set_label(format!("{label} forward"));
+                let forward = self.new_graph(format!("{label} forward"));
                 row.push(Draft {
-                    forward: (forward, Vec::new()),
+                    forward,
                     backward: None,
                     wgrad: None,
                     inputs,
@@ -461,16 +474,14 @@ impl Capture {
         let mode = self.config.options.capture_mode;
         self.drafts[c][m].inputs = inputs.clone();
         let slot = self.slot_of(c, m, |s| &s.outputs);
-        self.pool.begin_tracking();
         let module = &self.modules[c];
         let checkpointed = self.config.checkpointed[c];
         let s = &mut self.drafts[c][m];
-        let captured = s.forward.0.capture(mode, || {
+        let captured = s.forward.capture(mode, || {
             let mut cx = cx_template.clone();
             let outs = crate::checkpoint::forward_of(module.as_ref(), checkpointed, &mut cx, &inputs)?;
             Ok((cx, adopt(outs, &slot)?))
         });
-        s.forward.1 = self.pool.end_tracking();
         let (cx, outs) = captured.map_err(|e| e.context(format!("capturing the forward of {}", s.label)))?;
         for (i, o) in outs.iter().enumerate() {
             if let Some(o) = o {
@@ -490,19 +501,16 @@ impl Capture {
         let grad_outputs = self.new_grad_outputs(c, m)?;
         let allow_unused = self.config.options.allow_unused_input;
         let slot = self.slot_of(c, m, |s| &s.grad_inputs);
-        self.pool.begin_tracking();
-        let mut graph = Graph::with_pool(&self.device, &self.pool);
+        let mut graph = self.new_graph(format!("{} backward", self.drafts[c][m].label));
         let module = &mut self.modules[c];
         let name = module.name();
         let s = &mut self.drafts[c][m];
-        graph.set_label(format!("{} backward", s.label));
         let (deferred, checkpointed) = (self.config.schedule.defers(c), self.config.checkpointed[c]);
         let captured = graph.capture(mode, || {
             let mut cx = cx_template.clone();
             let grads = super::wgrad::run_backward(module.as_mut(), &mut cx, &grad_outputs, deferred, checkpointed)?;
             Ok((cx, adopt(grads, &slot)?))
         });
-        let writes = self.pool.end_tracking();
         let (cx, grads) = captured.map_err(|e| e.context(format!("capturing the backward of {}", s.label)))?;
         if grads.len() != s.inputs.len() {
             let (module, inputs, got) = (name.into(), s.inputs.len(), grads.len());
@@ -522,7 +530,7 @@ impl Capture {
         }
         s.grad_outputs = grad_outputs;
         s.grad_inputs = grad_inputs;
-        s.backward = Some((graph, writes));
+        s.backward = Some(graph);
         // The saved activations go back to the pool: later captures may reuse their memory,
         // which is safe because every graph captured from now on replays after this backward
         // (replay order is enforced) and the graphs that write it list its users as clobbered.
@@ -579,8 +587,10 @@ impl Capture {
                 Some(o) => match s.grad_outputs.get(i).cloned().flatten() {
                     Some(g) if g.dims() == o.dims() => Some(g),
                     _ => {
-                        // The captured output's shape differs from the warm-up's: allocate now.
-                        let g = Tensor::zeros_as(&self.device, o.dims(), o.dtype())?;
+                        // The captured output's shape differs from the warm-up's: allocate now,
+                        // outside the memory graphs write, as the warm-up does.
+                        let g = Tensor::empty_untouched(&self.device, o.dims(), o.dtype())?;
+                        crate::ops::fill_(&g, 0.0)?;
                         g.set_owner(format!("{} grad output {i}", s.label));
                         Some(g)
                     }

@@ -23,8 +23,8 @@ pub(super) fn finish(drafts: Vec<Vec<Vec<Draft>>>, pool: usize) -> Vec<Vec<Vec<S
         }
     }
     let surface = |d: Draft| {
-        let pass = |(graph, writes): (Graph, Vec<MemRange>), own: &[Option<Tensor>]| {
-            let clobbers = clobbered(&writes, own, &handed);
+        let pass = |graph: Graph, own: &[Option<Tensor>]| {
+            let clobbers = clobbered(graph.writes(), own, &handed);
             CapturedPass { graph, clobbers }
         };
         let passes = Passes {

@@ -152,6 +152,14 @@ impl GraphOptions {
     /// replay in the order they were captured (a divergence is `Error::ReplayOrder`). By
     /// default each `make_graphed` call gets a new pool.
     ///
+    /// This capture's outputs and input grads may then lie in memory an earlier module's
+    /// graphs use for temporaries (the pool lends it). Each replay of such a graph overwrites
+    /// them, so a handle held across it is stale (`Error::StaleTensor` with
+    /// `overwritten_by_another_capture`, never a silent read of the other module's data);
+    /// this module's next replay hands out fresh ones. Keep a copy
+    /// ([`Tensor::deep_clone`](crate::Tensor::deep_clone)) to read a result after the other
+    /// modules' next calls. See [`GraphPool`].
+    ///
     /// ```
     /// use graphed::{Device, GraphOptions};
     /// let dev = Device::host();

@@ -12,7 +12,6 @@
 //! drafts become surfaces all at once, whole (see `clobbers`).
 
 use super::schedule::Pass;
-use crate::pool::MemRange;
 use crate::{Cx, Graph, Tensor};
 
 /// One captured pass of a (chunk, microbatch).
@@ -88,11 +87,11 @@ pub(super) struct Draft {
     pub(super) grad_outputs: Vec<Option<Tensor>>,
     /// Empty until the backward is captured.
     pub(super) grad_inputs: Vec<Option<Tensor>>,
-    /// Each pass's graph and the pool memory its capture allocated (which its replays
-    /// write). The forward's graph is made with the draft and captured in its turn.
-    pub(super) forward: (Graph, Vec<MemRange>),
-    pub(super) backward: Option<(Graph, Vec<MemRange>)>,
-    pub(super) wgrad: Option<(Graph, Vec<MemRange>)>,
+    /// Each pass's graph, which knows the pool memory its capture allocated (which its
+    /// replays write). The forward's graph is made with the draft and captured in its turn.
+    pub(super) forward: Graph,
+    pub(super) backward: Option<Graph>,
+    pub(super) wgrad: Option<Graph>,
     /// What the captured forward saved, until its backward is captured (then released: the
     /// backward graph reads the memory on replay, the pool lends it to later captures).
     pub(super) saved: Option<Cx>,

@@ -11,7 +11,7 @@ use super::cursor::Pending;
 use super::replay::Plan;
 use super::schedule::{Pass, Step};
 use super::GraphedModules;
-use crate::{Cx, Error, Graph, Module, Result, Tensor};
+use crate::{Cx, Error, Module, Result, Tensor};
 
 /// A module's backward as one call: its input grads, then, for a module that splits its
 /// backward, its weight grads (on the context `backward` left). This is the ordinary, unsplit
@@ -55,14 +55,11 @@ impl Capture {
         }
         let mode = self.config.options.capture_mode;
         let label = format!("{} weight grads", self.drafts[c][m].label);
-        let mut graph = Graph::with_pool(&self.device, &self.pool);
-        graph.set_label(label.clone());
-        self.pool.begin_tracking();
+        let mut graph = self.new_graph(label.clone());
         let module = &mut self.modules[c];
         let captured = graph.capture(mode, || module.backward_weights(&mut cx.clone()));
-        let writes = self.pool.end_tracking();
         captured.map_err(|e| e.context(format!("capturing {label}")))?;
-        self.drafts[c][m].wgrad = Some((graph, writes));
+        self.drafts[c][m].wgrad = Some(graph);
         Ok(())
     }
 }

@@ -4,19 +4,39 @@ mod half;
 pub mod interop;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 use crate::backend::{HostPtr, Ptr};
-use crate::pool::Block;
+use crate::pool::{Block, Resident};
 use crate::{DType, Device, Error, Result, Shape};
+
+/// The low bit of a buffer's generation word: set while the memory holds what a graph of
+/// another capture sharing its pool wrote there (see [`Resident`]). Generations count in the
+/// bits above it, so handles (which hold a generation with this bit clear) go stale while it
+/// is set and are valid again once it is cleared.
+const OVERWRITTEN: u64 = 1;
+/// One generation in the generation word.
+const GENERATION: u64 = 2;
 
 pub(crate) struct Buffer {
     device: Device,
     block: Storage,
-    /// Bumped each time a graph replay overwrites this buffer as a static output.
+    /// The generation (bumped each time a graph replay overwrites this buffer as a static
+    /// output) times [`GENERATION`], plus [`OVERWRITTEN`] while another capture's graph
+    /// has overwritten it.
     generation: AtomicU64,
     /// The graph surface this buffer belongs to, for stale-handle messages.
     owner: OnceLock<String>,
+}
+
+impl Resident for Buffer {
+    fn overwritten(&self) {
+        self.generation.fetch_or(OVERWRITTEN, Ordering::AcqRel);
+    }
+
+    fn rewritten(&self) {
+        self.generation.fetch_and(!OVERWRITTEN, Ordering::AcqRel);
+    }
 }
 
 /// What owns a buffer's memory: a pool block, or a CUDA slice handed over by the user
@@ -131,18 +151,17 @@ impl Tensor {
     }
 
     pub(crate) fn from_storage(device: &Device, block: Storage, shape: Shape, dtype: DType) -> Tensor {
-        Tensor {
-            buf: Arc::new(Buffer {
-                device: device.clone(),
-                block,
-                generation: AtomicU64::new(0),
-                owner: OnceLock::new(),
-            }),
-            shape,
-            dtype,
-            generation: 0,
-            requires_grad: false,
+        let buf =
+            Arc::new(Buffer { device: device.clone(), block, generation: AtomicU64::new(0), owner: OnceLock::new() });
+        if let Storage::Pool(block) = &buf.block {
+            // Made during a capture: the pool decides at its end whether other captures'
+            // graphs overwrite it (see `GraphPool::register_capture`).
+            block.made(|| {
+                let weak: Weak<dyn Resident> = Arc::downgrade(&buf) as Weak<Buffer>;
+                weak
+            });
         }
+        Tensor { buf, shape, dtype, generation: 0, requires_grad: false }
     }
 
     /// A tensor of zeros.
@@ -283,7 +302,9 @@ impl Tensor {
         Arc::ptr_eq(&self.buf, &other.buf)
     }
 
-    /// Whether this handle is still valid (no replay overwrote its static buffer since).
+    /// Whether this handle is still valid: no replay overwrote its static buffer since, and
+    /// the buffer does not lie in memory that a graph of another capture sharing its pool has
+    /// overwritten since its own graph last wrote it (see [`crate::GraphPool`]).
     pub fn is_fresh(&self) -> bool {
         self.buf.generation.load(Ordering::Acquire) == self.generation
     }
@@ -298,9 +319,10 @@ impl Tensor {
         let current = self.buf.generation.load(Ordering::Acquire);
         if current != self.generation {
             return Err(Error::StaleTensor {
-                owner: self.buf.owner.get().cloned().unwrap_or_else(|| "a graphed module".into()),
-                held: self.generation,
-                current,
+                owner: self.buf.owner.get().cloned().unwrap_or_else(|| "a captured graph".into()),
+                held: self.generation / GENERATION,
+                current: current / GENERATION,
+                overwritten_by_another_capture: current & OVERWRITTEN != 0,
             });
         }
         Ok(self.buf.block.ptr())
@@ -336,14 +358,16 @@ impl Tensor {
         let _ = self.buf.owner.set(owner.into());
     }
 
-    /// Invalidates every handle to this buffer issued so far; returns a fresh one.
+    /// Invalidates every handle to this buffer issued so far; returns a fresh one (stale at
+    /// once if another capture's graph has overwritten the buffer).
     pub(crate) fn bump_generation(&self) -> Tensor {
-        let g = self.buf.generation.fetch_add(1, Ordering::AcqRel) + 1;
-        Tensor { generation: g, ..self.clone() }
+        let g = self.buf.generation.fetch_add(GENERATION, Ordering::AcqRel) + GENERATION;
+        Tensor { generation: g & !OVERWRITTEN, ..self.clone() }
     }
 
-    /// A valid handle to the buffer as it is now (for the runtime's own static handles).
+    /// A handle to the buffer as it is now (for the runtime's own static handles): valid,
+    /// unless another capture's graph has overwritten the buffer since its own wrote it.
     pub(crate) fn refreshed(&self) -> Tensor {
-        Tensor { generation: self.buf.generation.load(Ordering::Acquire), ..self.clone() }
+        Tensor { generation: self.buf.generation.load(Ordering::Acquire) & !OVERWRITTEN, ..self.clone() }
     }
 }
