@@ -366,7 +366,6 @@ mod tests {
         Ok(())
     }
 
-
     /// Captures into a new pool a graph that allocates one buffer, freed at the end of the
     /// capture (a temporary) unless `keep`, then a graph that returns a buffer of the same
     /// size, which the pool places in the first one's memory when it was freed. Both graphs

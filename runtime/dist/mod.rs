@@ -82,7 +82,7 @@ pub fn gpu_count() -> usize {
 }
 
 /// The version of the NCCL library that loads here (e.g. 22805 for 2.28.5), or
-/// [`DistError::NcclUnavailable`](crate::DistError::NcclUnavailable); never panics.
+/// [`DistError::NcclUnavailable`]; never panics.
 ///
 /// ```
 /// match graphed::dist::nccl_version() {
@@ -160,7 +160,7 @@ pub fn run_emulated<T: Send>(
 /// Runs `rank_main` on `world_size` emulated ranks and returns their results in rank order.
 ///
 /// A rank that returns an error or panics aborts the group, so its peers get
-/// [`DistError::CommAborted`](crate::DistError::CommAborted) instead of waiting; the error returned is the first failing rank's
+/// [`DistError::CommAborted`] instead of waiting; the error returned is the first failing rank's
 /// own (the cause). [`run_emulated_each`] gives every rank's result.
 ///
 /// ```
