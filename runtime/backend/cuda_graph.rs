@@ -212,7 +212,7 @@ impl CudaBackend {
         self.bind()?;
         let stream = self.stream.cu_stream();
         let nested = gate.in_body();
-        let (graph, before) = capture_info(stream)?;
+        let (graph, _) = capture_info(stream)?;
         let mut handles = Vec::with_capacity(branches.len());
         for _ in 0..branches.len() {
             let mut handle: sys::CUgraphConditionalHandle = 0;
@@ -241,60 +241,10 @@ impl CudaBackend {
         let one_thread = LaunchDims { grid: (1, 1, 1), block: (1, 1, 1), shared: 0 };
         self.launch_function(func, one_thread, &args)?;
         let (mut graph, mut deps) = capture_info(stream)?;
-        // The set-condition kernel and the nodes of the branches kept so far: all taken out
-        // again when a branch is not kept (the kernel sets every branch's handle, and a handle
-        // whose node is gone makes the graph fail to instantiate).
-        let mut added = deps.clone();
         for (branch, handle) in branches.iter_mut().zip(handles) {
             let (node, body) = add_conditional_node(graph, &deps, handle, CondKind::If, self.ctx.cu_ctx())?;
-            let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps: deps.clone() };
-            match self.capture_body(place, &mut **branch, gate, nested) {
-                Ok(next) => {
-                    (graph, deps) = next;
-                    added.push(node);
-                }
-                Err(e) => {
-                    // A capture that was lost in the branch has nothing left to clean.
-                    if capture_info(stream).is_ok() {
-                        self.take_out(stream, stream_mode(mode), &added, &before, nested)?;
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Takes `nodes` out of the graph the stream captures into and resumes the capture after
-    /// `resume_after` (the dependencies from before they were added).
-    fn take_out(
-        &self,
-        stream: sys::CUstream,
-        mode: sys::CUstreamCaptureMode,
-        nodes: &[sys::CUgraphNode],
-        resume_after: &[sys::CUgraphNode],
-        nested: bool,
-    ) -> Result<()> {
-        let outer = end_stream_capture(stream)?;
-        for &node in nodes.iter().rev() {
-            // SAFETY: `node` is a node of `outer`, which no capture uses now; destroyed once.
-            let _ = unsafe { sys::cuGraphDestroyNode(node) };
-        }
-        let deps = if resume_after.is_empty() { std::ptr::null() } else { resume_after.as_ptr() };
-        // SAFETY: `outer` is live (ours since the end above, or a body graph its node owns when
-        // nested) and `resume_after` its nodes, which outlive the call.
-        let resumed = unsafe {
-            check(
-                "cuStreamBeginCaptureToGraph",
-                sys::cuStreamBeginCaptureToGraph(stream, outer, deps, std::ptr::null(), resume_after.len(), mode),
-            )
-        };
-        if let Err(e) = resumed {
-            if !nested {
-                // SAFETY: created by the driver for the capture, ours since it ended, destroyed once.
-                let _ = unsafe { result::graph::destroy(outer) };
-            }
-            return Err(e.context("capturing again after taking a conditional out; the capture is lost"));
+            let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps };
+            (graph, deps) = self.capture_body(place, &mut **branch, gate, nested)?;
         }
         Ok(())
     }
@@ -302,10 +252,9 @@ impl CudaBackend {
     /// Captures what `branch` queues into `place.body`, then captures the outer graph again
     /// after the node, whatever the branch did; returns the outer graph's handle and the nodes
     /// what comes next depends on. A body that failed (an error or a panic, passed on once
-    /// the stream captures the outer graph again) or that holds what a body may not is taken
-    /// out with its node (and, by the caller, with the set-condition kernel and the other
-    /// branch): the capture goes on as if the conditional had never been added. An empty body
-    /// gets an empty node.
+    /// the stream captures the outer graph again) or that holds what a body may not is
+    /// emptied: the node stays and runs nothing, so the capture goes on as if the branch had
+    /// queued no work. An empty body gets an empty node.
     fn capture_body(
         &self,
         place: BodyPlace,
@@ -338,15 +287,18 @@ impl CudaBackend {
         let captured = matches!(ran, Ok(Ok(()))) && began.is_ok() && ended.is_ok();
         let violation = if captured { self.violation_in(body, 0) } else { Ok(None) };
         let keep = captured && matches!(violation, Ok(None));
-        // An empty branch (nothing queued, or an if-else's idle side) gets one empty node: a
-        // body must hold a node.
-        let emptied = match keep && self.node_count(body).is_ok_and(|n| n == 0) {
+        // The node stays: its handle belongs to the outer graph, and a handle without its node
+        // fails the graph's instantiation (no call frees a handle). A failed or refused body is
+        // emptied instead, so the node runs nothing; a body must hold a node, so an empty one
+        // gets an empty node. Only if that fails is the node taken out (and the graph will not
+        // instantiate: the capture's error says so).
+        let emptied = match keep {
+            true if self.node_count(body).is_ok_and(|n| n > 0) => Ok(()),
             true => add_empty_node(body),
-            false => Ok(()),
+            false => self.clear_graph(body).and_then(|()| add_empty_node(body)),
         };
-        let keep = keep && emptied.is_ok();
         // SAFETY: `node` is a node of `outer`, which no capture uses now; destroyed once.
-        let kept = keep || unsafe { sys::cuGraphDestroyNode(node) } != sys::CUresult::CUDA_SUCCESS;
+        let kept = emptied.is_ok() || unsafe { sys::cuGraphDestroyNode(node) } != sys::CUresult::CUDA_SUCCESS;
         let next = if kept { vec![node] } else { deps };
         let next_ptr = if next.is_empty() { std::ptr::null() } else { next.as_ptr() };
         // SAFETY: `outer` is a live graph (ours since the end above, or a body graph its node
@@ -376,6 +328,20 @@ impl CudaBackend {
         }
         emptied?;
         Ok((outer, next))
+    }
+
+    /// Destroys every top-level node of `graph` (a body being emptied; the context is bound).
+    fn clear_graph(&self, graph: sys::CUgraph) -> Result<()> {
+        let count = self.node_count(graph)?;
+        let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); count];
+        let mut got = count;
+        // SAFETY: `nodes` holds `count` slots; the driver writes at most `got` of them.
+        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut got))? };
+        for &n in &nodes[..got.min(count)] {
+            // SAFETY: a node of `graph`, which no capture uses now; each destroyed once.
+            unsafe { check("cuGraphDestroyNode", sys::cuGraphDestroyNode(n))? };
+        }
+        Ok(())
     }
 
     /// How many nodes `graph` holds (the context is bound).
