@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::Recorded;
 pub use crate::backend::{CaptureMode, GraphNode, NodeKind};
-use crate::pool::{MemRange, ReplayTicket};
 use crate::error::GraphError;
+use crate::pool::{MemRange, ReplayTicket};
 use crate::{Device, Error, GraphPool, Result};
 
 /// Ids of graphs and of capture sets, from one counter so they never meet.

@@ -330,7 +330,13 @@ impl CudaBackend {
         let mut values = [0u64; 16];
         let mut ptrs = [std::ptr::null_mut::<c_void>(); 16];
         if args.len() > values.len() {
-            return Err(OpError::TooLarge { op: "launch", what: "kernel argument count", got: args.len(), max: values.len() }.into());
+            return Err(OpError::TooLarge {
+                op: "launch",
+                what: "kernel argument count",
+                got: args.len(),
+                max: values.len(),
+            }
+            .into());
         }
         for (i, a) in args.iter().enumerate() {
             values[i] = match *a {

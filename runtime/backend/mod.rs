@@ -571,7 +571,9 @@ impl Recorded {
                 for part in parts {
                     match part {
                         Recorded::Host(part_ops) => ops.extend(part_ops.iter().cloned()),
-                        Recorded::Cuda(_) => return Err(DeviceError::OtherBackend { op: "fuse", what: "a CUDA graph" }.into()),
+                        Recorded::Cuda(_) => {
+                            return Err(DeviceError::OtherBackend { op: "fuse", what: "a CUDA graph" }.into())
+                        }
                     }
                 }
                 Ok(Recorded::Host(ops))
@@ -581,7 +583,9 @@ impl Recorded {
                 for part in parts {
                     match part {
                         Recorded::Cuda(raw) => raws.push(raw),
-                        Recorded::Host(_) => return Err(DeviceError::OtherBackend { op: "fuse", what: "a host recording" }.into()),
+                        Recorded::Host(_) => {
+                            return Err(DeviceError::OtherBackend { op: "fuse", what: "a host recording" }.into())
+                        }
                     }
                 }
                 c.fuse_graphs(&raws).map(Recorded::Cuda)
@@ -653,7 +657,9 @@ impl Recorded {
                 c.instantiate(raw)?;
                 c.launch_graph(raw)
             }
-            (Recorded::Cuda(_), BackendKind::Host(_)) => Err(DeviceError::OtherBackend { op: "graph replay", what: "a CUDA graph" }.into()),
+            (Recorded::Cuda(_), BackendKind::Host(_)) => {
+                Err(DeviceError::OtherBackend { op: "graph replay", what: "a CUDA graph" }.into())
+            }
         }
     }
 
@@ -671,7 +677,9 @@ impl Recorded {
                 })
                 .collect()),
             (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.nodes(raw),
-            (Recorded::Cuda(_), BackendKind::Host(_)) => Err(DeviceError::OtherBackend { op: "graph nodes", what: "a CUDA graph" }.into()),
+            (Recorded::Cuda(_), BackendKind::Host(_)) => {
+                Err(DeviceError::OtherBackend { op: "graph nodes", what: "a CUDA graph" }.into())
+            }
         }
     }
 

@@ -32,7 +32,9 @@ pub enum GraphError {
     ConditionalWithoutBody,
     /// A [`crate::Condition`] branch that the backend did not run although it reported
     /// success (a bug in graphed: please report it).
-    #[error("{op}: a branch was not run, yet the capture reported success; this is a bug in graphed, please report it")]
+    #[error(
+        "{op}: a branch was not run, yet the capture reported success; this is a bug in graphed, please report it"
+    )]
     BranchNotRun {
         /// The call.
         op: &'static str,

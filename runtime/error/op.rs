@@ -30,7 +30,9 @@ pub enum OpError {
         p: f32,
     },
     /// A label that is neither a class id in `0..classes` nor [`crate::ops::IGNORE_LABEL`].
-    #[error("{op}: label {label} of row {row} is not a class id in 0..{classes} (nor ops::IGNORE_LABEL); fix the labels")]
+    #[error(
+        "{op}: label {label} of row {row} is not a class id in 0..{classes} (nor ops::IGNORE_LABEL); fix the labels"
+    )]
     Label {
         /// The op.
         op: &'static str,
@@ -64,7 +66,9 @@ pub enum OpError {
     },
     /// `Generation::new` with no sequences, no tokens, or more tokens in all than an `i32`
     /// counts.
-    #[error("Generation::new: {batch} sequences of {max_new} tokens; both must be nonzero and their product below 2^31")]
+    #[error(
+        "Generation::new: {batch} sequences of {max_new} tokens; both must be nonzero and their product below 2^31"
+    )]
     GenerationSize {
         /// The sequences asked for.
         batch: usize,

@@ -14,7 +14,9 @@
 #[non_exhaustive]
 pub enum OptimError {
     /// An optimizer over no parameters.
-    #[error("{op}: no parameters to optimize; pass at least one Param (a module whose parameters are all frozen has none)")]
+    #[error(
+        "{op}: no parameters to optimize; pass at least one Param (a module whose parameters are all frozen has none)"
+    )]
     NoParams {
         /// The constructor.
         op: &'static str,

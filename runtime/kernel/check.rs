@@ -109,7 +109,9 @@ pub fn check_kernel_against_host(
 ) -> Result<KernelCheckReport> {
     let sig = kernel.signature();
     if args.len() != sig.len() {
-        return Err(KernelError::ArgCount { kernel: kernel.name().to_string(), expected: sig.len(), got: args.len() }.into());
+        return Err(
+            KernelError::ArgCount { kernel: kernel.name().to_string(), expected: sig.len(), got: args.len() }.into()
+        );
     }
     let data: Vec<Option<Vec<f32>>> = args
         .iter()

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::CudaFunction;
 
 use crate::backend::{Backend, HostBackend, HostPtr, KArg, LaunchDims};
-use crate::ops::{exec, Exec};
 use crate::error::KernelError;
+use crate::ops::{exec, Exec};
 use crate::{DType, Device, Error, Result, Tensor};
 use host::{run_host, HostArgs, HostFn, HostSlot};
 

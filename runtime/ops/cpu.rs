@@ -5,9 +5,9 @@
 //! elementwise formulas that the kernels compute in f32 are computed the same way here.
 //! Matrices are row-major; `rows x cols` sizes are passed explicitly.
 
+use crate::error::OpError;
 use crate::ops::Gelu;
 use crate::rng::philox_uniform;
-use crate::error::OpError;
 use crate::Result;
 
 /// A row-major f64 matrix view for [`dgemm`]: the data and its (row, column) strides.

@@ -1,9 +1,9 @@
 //! Dropout with a graph-safe mask from the Philox generator.
 
 use crate::backend::{KArg, LaunchDims};
+use crate::error::OpError;
 use crate::ops::activation::binary;
 use crate::ops::{check_like, cpu, exec, k, n32, Exec};
-use crate::error::OpError;
 use crate::{Error, Generator, Result, Tensor};
 
 /// Dropout: in training, zeroes each element with probability `p` and scales the rest by

@@ -1,8 +1,8 @@
 //! Linear layers with their bias and GELU fused into the GEMM (cublasLt epilogues).
 
 use crate::backend::{LtEpilogue, LtLinear};
-use crate::ops::{self, check_like, check_linear, cpu, exec, out_dims, Exec, Gelu};
 use crate::error::OpError;
+use crate::ops::{self, check_like, check_linear, cpu, exec, out_dims, Exec, Gelu};
 use crate::{Result, Tensor};
 
 /// What [`linear_fused`] applies to `x · wᵀ` inside the GEMM.

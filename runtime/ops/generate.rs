@@ -3,9 +3,9 @@
 //! memory and updated by one kernel per step, so a decoding loop never reads the host.
 
 use crate::backend::{BuiltinKernel as B, KArg, LaunchDims};
+use crate::error::OpError;
 use crate::ops::cpu::{self, GenerationState};
 use crate::ops::{at_most, exec, n32, Exec};
-use crate::error::OpError;
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// When the sequences of a batch stop: on `end` (a token id; `None`, only on their length),

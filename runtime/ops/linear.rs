@@ -12,7 +12,6 @@ fn operand(t: &Tensor, ld: usize) -> Result<Operand> {
     Ok(Operand { ptr: t.cuda_ptr()?, dtype: t.dtype(), ld })
 }
 
-
 /// The output dims: `x`'s with the last dimension replaced by `out`.
 pub(crate) fn out_dims(x: &Tensor, out: usize) -> Vec<usize> {
     let mut d = x.dims().to_vec();

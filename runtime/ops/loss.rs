@@ -1,10 +1,10 @@
 //! Losses: softmax cross-entropy and mean squared error.
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
+use crate::error::OpError;
 use crate::ops::{
     check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, reduce_blocks, row_dims, Exec,
 };
-use crate::error::OpError;
 use crate::{Error, Result, Tensor};
 
 /// Checks `logits` `[N, C]` against `labels` `[N]`; returns `(N, C)`.

@@ -1,11 +1,11 @@
 //! Layer normalization over the last dimension.
 
 use crate::backend::KArg;
+use crate::error::OpError;
 use crate::ops::{
     as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, row_dims,
     Exec,
 };
-use crate::error::OpError;
 use crate::{Error, Result, Tensor};
 
 /// Layer norm over the last dimension: `y = (x - mean) · rstd · gamma + beta` per row, with

@@ -1,11 +1,11 @@
 //! Token embedding, RMSNorm and SwiGLU (#13) in f32, bf16 and f16, with their backwards.
 
 use crate::backend::{KArg, LaunchDims, RowTiles};
+use crate::error::OpError;
 use crate::ops::{
     as_rows, check_f32_on, check_grad_of, check_like, check_rank1, check_shape, check_vector, col_chunks, col_dims,
     cpu, exec, k, n32, row_dims, warp_rows, Exec,
 };
-use crate::error::OpError;
 use crate::{DType, Error, Result, Tensor};
 
 /// Checks `table` is `[vocab, d]` with both nonzero; returns `(vocab, d)`.

@@ -5,8 +5,8 @@ use super::multi_tensor::{Row, TensorTable, G};
 use super::{state_from, zero_bits, Launches, ZERO_UPDATED};
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::conditional::{self, Condition};
-use crate::ops::{cpu, exec, fill_, n32, Exec};
 use crate::error::OptimError;
+use crate::ops::{cpu, exec, fill_, n32, Exec};
 use crate::{DType, Device, Error, Param, Result, Tensor};
 
 /// Hyper-parameters of [`LossScaler`]; the defaults are PyTorch's `GradScaler`'s.

@@ -36,8 +36,8 @@ pub use mixed_sgd::MixedSgd;
 pub use schedule::WarmupCosine;
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
-use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
 use crate::error::OptimError;
+use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
 use crate::{DType, Device, Param, Parameters, Result, Tensor};
 use multi_tensor::{Row, TensorTable, G, M, MODEL, P, V};
 

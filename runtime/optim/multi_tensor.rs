@@ -12,8 +12,8 @@
 //! replay.
 
 use crate::backend::{BuiltinKernel, CudaBackend, HostPtr, KArg, MultiTensor};
-use crate::ops::{exec, Exec};
 use crate::error::{DeviceError, OpError};
+use crate::ops::{exec, Exec};
 use crate::{Device, Result, Tensor};
 
 /// The slot of the f32 weights (the master weights in mixed precision).
@@ -138,20 +138,25 @@ impl DeviceTable {
                 entries.extend(words(ptr));
             }
             entries.extend(words(n as u64));
-            let index = u32::try_from(i)
-                .map_err(|_| OpError::TooLarge { op, what: "tensor count", got: rows.len(), max: u32::MAX as usize })?;
+            let index = u32::try_from(i).map_err(|_| OpError::TooLarge {
+                op,
+                what: "tensor count",
+                got: rows.len(),
+                max: u32::MAX as usize,
+            })?;
             for start in (0..n).step_by(MultiTensor::CHUNK) {
                 // Element counts fit in a u32 (the optimizers check), so starts do too.
                 chunks.extend([index as i32, start as u32 as i32]);
             }
         }
         // One block a chunk: the grid's x dimension holds at most 2^31 - 1 blocks.
-        let count = u32::try_from(chunks.len() / 2).ok().filter(|c| *c <= i32::MAX as u32).ok_or(OpError::TooLarge {
-            op,
-            what: "chunk count of one launch",
-            got: chunks.len() / 2,
-            max: i32::MAX as usize,
-        })?;
+        let count =
+            u32::try_from(chunks.len() / 2).ok().filter(|c| *c <= i32::MAX as u32).ok_or(OpError::TooLarge {
+                op,
+                what: "chunk count of one launch",
+                got: chunks.len() / 2,
+                max: i32::MAX as usize,
+            })?;
         let store = |words: &[i32]| {
             // Never empty: a zero-length tensor still gets an allocation the kernels never read.
             let words = if words.is_empty() { &[0][..] } else { words };

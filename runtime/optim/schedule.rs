@@ -1,8 +1,8 @@
 //! A learning-rate schedule computed on the device from AdamW's step counter (#13).
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
-use crate::ops::{exec, Exec};
 use crate::error::OptimError;
+use crate::ops::{exec, Exec};
 use crate::{Result, Tensor};
 
 /// Linear warm-up from 0 to `peak` over the first `warmup` steps, then a cosine from `peak`

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use crate::backend::{HostPtr, Ptr};
-use crate::pool::{Block, Resident};
 use crate::error::DeviceError;
+use crate::pool::{Block, Resident};
 use crate::{DType, Device, Error, Result, Shape};
 
 /// The low bit of a buffer's generation word: set while the memory holds what a graph of
