@@ -6,8 +6,8 @@
 ///
 /// ```
 /// use graphed::{ops, Device, Error, OpError, Tensor};
-/// let x = Tensor::zeros(&Device::host(), &[2, 4])?;
-/// let g = Tensor::full(&Device::host(), &[4], 1.0)?;
+/// let dev = Device::host();
+/// let (x, g) = (Tensor::zeros(&dev, &[2, 4])?, Tensor::full(&dev, &[4], 1.0)?);
 /// let e = ops::rms_norm(&x, &g, -1.0).unwrap_err();
 /// assert!(matches!(e, Error::Op(OpError::Eps { op: "rms_norm", .. })));
 /// # Ok::<(), graphed::Error>(())
