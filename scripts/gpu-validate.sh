@@ -5,12 +5,13 @@
 # kernels), and the GPT at three contexts of 4096 tokens a step against PyTorch's per-layer
 # graphs and torch.compile. Logs go to $OUT as one tarball (the device tool returns few files)
 # plus the summary on stdout.
-#   bash scripts/gpu-validate.sh tests|bench|kernels|kernels+bench|all [gpt-steps]
+#   bash scripts/gpu-validate.sh tests|bench|kernels|kernels+bench|decode|all [gpt-steps]
 # (GRAPHED_SKIP_ATTENTION=1 and GRAPHED_SKIP_SWEEP=1 leave out the attention benchmarks and the
 # row-kernel sweep.)
 # (tests: the test binaries, the sanitizers, the main job; bench: the benchmarks; kernels: the
-# row-kernel sweep, the op benchmark and the GPT's sequence buckets. Each part fits one device
-# call.)
+# row-kernel sweep, the op benchmark and the GPT's sequence buckets; decode: GPT decoding against
+# PyTorch's compiled decode, the optimizer step's figures and the replay issue cost. Each part fits
+# one device call.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -d gpu-bin ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
@@ -98,6 +99,18 @@ for shape in 256x16 1024x4 4096x1; do
   python3 gpu-bin/bench/pytorch_gpt_bench.py --steps "$steps" --dtype bf16 --context "$ctx" --batch "$batch" \
     --variants compile --out "$logs/gpt_torch_${shape}.json" 2>&1 | grep -E "^\[torch" || fail=1
 done
+fi
+if [ "$part" = decode ] || [ "$part" = all ]; then
+note "GPT decoding: ours (WHILE loop, per-token replay, eager) then PyTorch's compiled decode, batch 1..64"
+OUT="$logs" timeout 400 bash scripts/gpt-decode-bench.sh 64 128 > "$logs/decode_bench.log" 2>&1 || { fail=1; echo "FAILED: decode bench"; tail -5 "$logs/decode_bench.log"; }
+grep -vE "^\[|^ *$" "$logs/decode_bench.log" | tail -30
+cp "$logs"/decode_bench.md "$logs"/decode_*.json "$logs"/decode_bench.png "$out/" 2>/dev/null
+note "optimizer step: multi-tensor AdamW and the loss scaler's IF node"
+timeout 120 gpu-bin/examples/op_bench --optimizer > "$logs/op_bench_optimizer.log" 2>&1 || { fail=1; echo "FAILED: op_bench --optimizer"; }
+tail -16 "$logs/op_bench_optimizer.log"
+note "replay issue cost (examples/bench)"
+timeout 120 gpu-bin/examples/bench > "$logs/bench.log" 2>&1 || { fail=1; echo "FAILED: bench"; }
+grep -iE "issue|replay" "$logs/bench.log" | head -12
 fi
 cat "$logs"/gpt_*.json > "$out/gpt_runs.jsonl" 2>/dev/null
 tar -C "$logs" -czf "$out/logs.tar.gz" .

@@ -215,7 +215,7 @@ impl CudaBackend {
         self.bind()?;
         let stream = self.stream.cu_stream();
         let nested = gate.in_body();
-        let (graph, _) = capture_info(stream)?;
+        let (graph, before) = capture_info(stream)?;
         let new_handle = || -> Result<sys::CUgraphConditionalHandle> {
             let mut handle: sys::CUgraphConditionalHandle = 0;
             // SAFETY: `graph` is the graph the stream captures into, live while it captures;
@@ -244,10 +244,60 @@ impl CudaBackend {
         let one_thread = LaunchDims { grid: (1, 1, 1), block: (1, 1, 1), shared: 0 };
         self.launch_function(func, one_thread, &args)?;
         let (mut graph, mut deps) = capture_info(stream)?;
+        // The set-condition kernel and the nodes of the branches kept so far: all taken out
+        // again when a branch is not kept (the kernel sets every branch's handle, and a handle
+        // whose node is gone makes the graph fail to instantiate).
+        let mut added = deps.clone();
         for (branch, handle) in std::iter::once((then, then_handle)).chain(otherwise.zip(else_handle)) {
             let (node, body) = add_conditional_node(graph, &deps, handle, CondKind::If, self.ctx.cu_ctx())?;
-            let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps };
-            (graph, deps) = self.capture_body(place, branch, gate, nested)?;
+            let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps: deps.clone() };
+            match self.capture_body(place, branch, gate, nested) {
+                Ok(next) => {
+                    (graph, deps) = next;
+                    added.push(node);
+                }
+                Err(e) => {
+                    // A capture that was lost in the branch has nothing left to clean.
+                    if capture_info(stream).is_ok() {
+                        self.take_out(stream, stream_mode(mode), &added, &before, nested)?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes `nodes` out of the graph the stream captures into and resumes the capture after
+    /// `resume_after` (the dependencies from before they were added).
+    fn take_out(
+        &self,
+        stream: sys::CUstream,
+        mode: sys::CUstreamCaptureMode,
+        nodes: &[sys::CUgraphNode],
+        resume_after: &[sys::CUgraphNode],
+        nested: bool,
+    ) -> Result<()> {
+        let outer = end_stream_capture(stream)?;
+        for &node in nodes.iter().rev() {
+            // SAFETY: `node` is a node of `outer`, which no capture uses now; destroyed once.
+            let _ = unsafe { sys::cuGraphDestroyNode(node) };
+        }
+        let deps = if resume_after.is_empty() { std::ptr::null() } else { resume_after.as_ptr() };
+        // SAFETY: `outer` is live (ours since the end above, or a body graph its node owns when
+        // nested) and `resume_after` its nodes, which outlive the call.
+        let resumed = unsafe {
+            check(
+                "cuStreamBeginCaptureToGraph",
+                sys::cuStreamBeginCaptureToGraph(stream, outer, deps, std::ptr::null(), resume_after.len(), mode),
+            )
+        };
+        if let Err(e) = resumed {
+            if !nested {
+                // SAFETY: created by the driver for the capture, ours since it ended, destroyed once.
+                let _ = unsafe { result::graph::destroy(outer) };
+            }
+            return Err(e.context("capturing again after taking a conditional out; the capture is lost"));
         }
         Ok(())
     }
@@ -255,9 +305,10 @@ impl CudaBackend {
     /// Captures what `branch` queues into `place.body`, then captures the outer graph again
     /// after the node, whatever the branch did; returns the outer graph's handle and the nodes
     /// what comes next depends on. A body that failed (an error or a panic, passed on once
-    /// the stream captures the outer graph again), that holds what a body may not, or that is
-    /// empty, is taken out with its node: the capture goes on as if the node had never been
-    /// added.
+    /// the stream captures the outer graph again) or that holds what a body may not is taken
+    /// out with its node (and, by the caller, with the set-condition kernel and the other
+    /// branch): the capture goes on as if the conditional had never been added. An empty body
+    /// gets an empty node.
     fn capture_body(
         &self,
         place: BodyPlace,
@@ -288,11 +339,15 @@ impl CudaBackend {
         };
         let ended = if began.is_ok() { end_stream_capture(stream).map(drop) } else { Ok(()) };
         let captured = matches!(ran, Ok(Ok(()))) && began.is_ok() && ended.is_ok();
-        let (violation, empty) = match captured {
-            true => (self.violation_in(body, 0), self.node_count(body).map(|n| n == 0)),
-            false => (Ok(None), Ok(false)),
+        let violation = if captured { self.violation_in(body, 0) } else { Ok(None) };
+        let keep = captured && matches!(violation, Ok(None));
+        // An empty branch (nothing queued, or an if-else's idle side) gets one empty node: a
+        // body must hold a node.
+        let emptied = match keep && self.node_count(body).is_ok_and(|n| n == 0) {
+            true => add_empty_node(body),
+            false => Ok(()),
         };
-        let keep = captured && matches!(violation, Ok(None)) && matches!(empty, Ok(false));
+        let keep = keep && emptied.is_ok();
         // SAFETY: `node` is a node of `outer`, which no capture uses now; destroyed once.
         let kept = keep || unsafe { sys::cuGraphDestroyNode(node) } != sys::CUresult::CUDA_SUCCESS;
         let next = if kept { vec![node] } else { deps };
@@ -322,7 +377,7 @@ impl CudaBackend {
         if let Some(node) = violation? {
             return Err(Error::ConditionalBody { graph: CONDITIONAL_BODY.into(), node });
         }
-        empty?;
+        emptied?;
         Ok((outer, next))
     }
 
@@ -522,6 +577,13 @@ fn end_stream_capture(stream: sys::CUstream) -> Result<sys::CUgraph> {
         });
     }
     Ok(g)
+}
+
+/// Adds an empty node (no work) to `graph`, with no dependencies.
+fn add_empty_node(graph: sys::CUgraph) -> Result<()> {
+    let mut node: sys::CUgraphNode = std::ptr::null_mut();
+    // SAFETY: `graph` is live and no capture uses it; the node is owned by the graph.
+    unsafe { check("cuGraphAddEmptyNode", sys::cuGraphAddEmptyNode(&mut node, graph, std::ptr::null(), 0)) }
 }
 
 /// Adds a WHILE or IF node over `handle` to `graph` after `deps`; the node and its body graph

@@ -84,7 +84,7 @@ __device__ __forceinline__ void adamw_mixed_t(float* p, T* model, float* g, floa
     const float rate = lr[0];
     const float step_size = rate / sta[1];
     const float bc2_sqrt = sqrtf(sta[2]);
-    const float decay = 1.0f - rate * wd;
+    const float decay = __fsub_rn(1.0f, __fmul_rn(rate, wd));
     for (u64 i = gr_tid(); i < nv; i += gr_stride()) {
         float4 pv = reinterpret_cast<const float4*>(p)[i], gv = reinterpret_cast<const float4*>(g)[i];
         float4 mv = reinterpret_cast<const float4*>(m)[i], vv = reinterpret_cast<const float4*>(v)[i];

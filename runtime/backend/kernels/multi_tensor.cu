@@ -66,7 +66,7 @@ __device__ __forceinline__ void adamw_mt_t(const MtTensor* table, const MtChunk*
     const float rate = lr[0];
     const float step_size = rate / sta[1];
     const float bc2_sqrt = sqrtf(sta[2]);
-    const float decay = 1.0f - rate * wd;
+    const float decay = __fsub_rn(1.0f, __fmul_rn(rate, wd));
     const bool vec = al16(p) && al16(g) && al16(m) && al16(v) && (!MODEL || ((u64)model & 7) == 0);
     const u32 nv = vec ? n / 4 : 0;
     const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

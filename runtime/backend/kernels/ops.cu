@@ -207,13 +207,16 @@ extern "C" __global__ void adamw_prepare_f32(float* st, float beta1, float beta2
 // sqrt(bc2) + eps).
 // One AdamW element update (shared with the mixed-precision kernels of mixed.cu); returns the
 // new parameter and updates the moments in place.
+// Every operation rounded on its own (no FMA contraction, which NVRTC would decide per call
+// site): the per-parameter and multi-tensor kernels give the same bits, and so does the CPU
+// reference's f32 arithmetic for the same step size and bias corrections.
 __device__ __forceinline__ float adamw_elem(float p, float g, float* m, float* v, float step_size, float bc2_sqrt, float decay, float beta1, float beta2, float eps) {
-    const float mi = beta1 * *m + (1.0f - beta1) * g;
-    const float vi = beta2 * *v + (1.0f - beta2) * g * g;
+    const float mi = __fadd_rn(__fmul_rn(beta1, *m), __fmul_rn(__fsub_rn(1.0f, beta1), g));
+    const float vi = __fadd_rn(__fmul_rn(beta2, *v), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, beta2), g), g));
     *m = mi;
     *v = vi;
-    const float denom = sqrtf(vi) / bc2_sqrt + eps;
-    return p * decay - step_size * (mi / denom);
+    const float denom = __fadd_rn(__fdiv_rn(sqrtf(vi), bc2_sqrt), eps);
+    return __fsub_rn(__fmul_rn(p, decay), __fmul_rn(step_size, __fdiv_rn(mi, denom)));
 }
 
 // zero_g != 0 also zeroes each grad once read (optimizer.step_and_zero_grad: no fill launches).
@@ -221,7 +224,7 @@ extern "C" __global__ void adamw_step_f32(float* p, float* g, float* m, float* v
     const float rate = lr[0];
     const float step_size = rate / st[1];
     const float bc2_sqrt = sqrtf(st[2]);
-    const float decay = 1.0f - rate * wd;
+    const float decay = __fsub_rn(1.0f, __fmul_rn(rate, wd));
     for (u64 i = gr_tid(); i < n; i += gr_stride()) {
         p[i] = adamw_elem(p[i], g[i], &m[i], &v[i], step_size, bc2_sqrt, decay, beta1, beta2, eps);
         if (zero_g != 0u) g[i] = 0.0f;
