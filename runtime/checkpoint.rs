@@ -1,6 +1,7 @@
 //! Activation checkpointing: keep a module's inputs in forward and recompute the rest inside
 //! backward, with the forward's random numbers reproduced exactly.
 
+use crate::error::SignatureError;
 use crate::{Cx, HookKind, Module, Result, RngState, Tensor};
 
 /// Wraps a module so that its forward saves only its inputs (and the device RNG state) and its
@@ -149,9 +150,7 @@ pub(crate) fn checkpointed_backward(
 ) -> Result<Vec<Option<Tensor>>> {
     let n = inner.num_inputs();
     let saved = cx.saved_tensors();
-    let state = RngState::from_tensor(saved.get(n).cloned().ok_or_else(|| {
-        crate::Error::msg("Checkpoint::backward: the forward of this context did not run under Checkpoint")
-    })?);
+    let state = RngState::from_tensor(saved.get(n).cloned().ok_or(SignatureError::NotCheckpointed)?);
     let inputs: Vec<Option<Tensor>> = (0..n).map(|i| saved.get(i).cloned()).collect();
     // Absent optional inputs were saved as placeholders of the state's shape.
     let inputs: Vec<Option<Tensor>> =

@@ -5,6 +5,7 @@
 //! the mixed-precision optimizers skip their update after an overflow.
 
 use crate::backend::{CondKind, CondTest, HostPtr, Ptr, Recorded};
+use crate::error::GraphError;
 use crate::{Capabilities, CaptureError, CudaVersion, DType, Device, Error, Graph, Result, Tensor};
 
 /// What a conditional graph tests on the device, before each pass of its body: the value of a
@@ -124,13 +125,16 @@ impl Condition {
     pub fn run_if<R>(&self, then: impl FnOnce() -> Result<R>) -> Result<R> {
         let mut then = Some(then);
         let mut out = None;
-        self.run_branches(&mut [&mut || {
-            if let Some(f) = then.take() {
-                out = Some(f()?);
-            }
-            Ok(())
-        }])?;
-        out.ok_or_else(|| Error::invalid("Condition::run_if", "the body was not run"))
+        self.run_branches(
+            &mut || {
+                if let Some(f) = then.take() {
+                    out = Some(f()?);
+                }
+                Ok(())
+            },
+            None,
+        )?;
+        Ok(out.ok_or(GraphError::BranchNotRun { op: "Condition::run_if" })?)
     }
 
     /// [`Condition::run_if`] with an else branch: inside a capture `then`'s work happens where
@@ -162,34 +166,38 @@ impl Condition {
     ) -> Result<(A, B)> {
         let (mut then, mut otherwise) = (Some(then), Some(otherwise));
         let (mut a, mut b) = (None, None);
-        self.run_branches(&mut [
+        self.run_branches(
             &mut || {
                 if let Some(f) = then.take() {
                     a = Some(f()?);
                 }
                 Ok(())
             },
-            &mut || {
+            Some(&mut || {
                 if let Some(f) = otherwise.take() {
                     b = Some(f()?);
                 }
                 Ok(())
-            },
-        ])?;
-        a.zip(b).ok_or_else(|| Error::invalid("Condition::run_if_else", "a branch was not run"))
+            }),
+        )?;
+        Ok(a.zip(b).ok_or(GraphError::BranchNotRun { op: "Condition::run_if_else" })?)
     }
 
     /// Checks, then runs each branch eagerly or captures them into conditional nodes.
-    fn run_branches(&self, branches: &mut [&mut dyn FnMut() -> Result<()>]) -> Result<()> {
+    fn run_branches<'a>(
+        &self,
+        then: &'a mut dyn FnMut() -> Result<()>,
+        otherwise: Option<&'a mut dyn FnMut() -> Result<()>>,
+    ) -> Result<()> {
         let device = self.value.device();
         let test = self.test()?;
         let backend = device.backend();
         if !backend.is_capturing() {
             warm(device)?;
-            return branches.iter_mut().try_for_each(|b| b());
+            return std::iter::once(then).chain(otherwise).try_for_each(|b| b());
         }
         check_driver(device)?;
-        backend.capture_conditional(&test, branches)
+        backend.capture_conditional(&test, then, otherwise)
     }
 }
 

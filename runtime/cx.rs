@@ -1,7 +1,8 @@
 //! `Cx`, the per-call context: the device, the mode and the tensors a forward saves for its
 //! backward.
 
-use crate::{Device, Error, Result, Tensor};
+use crate::error::SignatureError;
+use crate::{Device, Result, Tensor};
 
 /// The context of one forward/backward pair (one microbatch of one module).
 ///
@@ -64,12 +65,7 @@ impl Cx {
 
     /// The `index`-th saved tensor.
     pub fn saved(&self, index: usize) -> Result<Tensor> {
-        self.saved.get(index).cloned().ok_or_else(|| {
-            Error::msg(format!(
-                "Cx::saved({index}): only {} tensors were saved by the forward of this context",
-                self.saved.len()
-            ))
-        })
+        Ok(self.saved.get(index).cloned().ok_or(SignatureError::Saved { index, saved: self.saved.len() })?)
     }
 
     /// Everything saved, in order.

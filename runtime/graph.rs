@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::Recorded;
 pub use crate::backend::{CaptureMode, GraphNode, NodeKind};
+use crate::error::GraphError;
 use crate::pool::{MemRange, ReplayTicket};
 use crate::{Device, Error, GraphPool, Result};
 
@@ -329,8 +330,7 @@ impl Graph {
         if recorded.debug_dot(self.device.backend(), path)? {
             return Ok(());
         }
-        std::fs::write(path, self.to_dot()?)
-            .map_err(|e| Error::msg(format!("debug_dump: writing {}: {e}", path.display())))
+        Ok(std::fs::write(path, self.to_dot()?).map_err(|e| GraphError::debug_dump(path, &e))?)
     }
 }
 

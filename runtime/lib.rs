@@ -139,7 +139,7 @@
 //! - **`ReplayOrder`, `StaleTensor`**: replay follows capture order; a handle from before a
 //!   replay is stale, and so is one held across the replay of another module sharing the pool
 //!   whose temporaries lie where the buffer does ([`GraphPool`]).
-//! - **`KernelNotCompiled`**: a user [`Kernel`] first used inside a capture; warm it up first.
+//! - **`Kernel(NotCompiled)`**: a user [`Kernel`] first used inside a capture; warm it up first.
 //! - **`Dist(NcclUnavailable)`**: cudarc opens `libnccl.so`; where only `libnccl.so.2` is
 //!   installed, put a `libnccl.so` symlink to it on `LD_LIBRARY_PATH`.
 //!
@@ -230,8 +230,8 @@ pub use cx::Cx;
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{
-    BucketError, CheckpointProblem, CudaFailure, DistError, Error, PipelineTransfer, Result, ScheduleError, SetupError,
-    SignatureError, Slot, SlotKind,
+    BucketError, CheckpointProblem, CudaFailure, DeviceError, DistError, Error, GraphError, KernelError, OpError,
+    OptimError, PipelineTransfer, Result, ScheduleError, SetupError, SignatureError, Slot, SlotKind,
 };
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{

@@ -10,7 +10,7 @@ use common::{on_each_backend, random};
 use graphed::KernelArg::{In, InOut, Out, F32, U32};
 use graphed::{
     check_kernel_against_host, graphed, Arg, CaptureMode, CheckArg, Cx, Device, Error, Graph, HostArgs, Kernel,
-    LaunchConfig, Param, Result, Tensor,
+    KernelError, LaunchConfig, Param, Result, Tensor,
 };
 
 const SOURCE: &str = r#"
@@ -152,20 +152,29 @@ fn wrong_argument_count_kind_or_device_is_a_typed_error_and_runs_nothing() {
         let (x, w, y) = (random(dev, &[N], 3)?, random(dev, &[N], 4)?, Tensor::full(dev, &[N], 7.0)?);
         let cfg = LaunchConfig::for_elements(N);
         let e = FWD.launch(cfg, &[Out(&y), In(&x), In(&w)]).unwrap_err();
-        assert!(matches!(&e, Error::KernelArgCount { kernel, expected: 4, got: 3 } if kernel == "sqscale_fwd"), "{e}");
+        assert!(
+            matches!(&e, Error::Kernel(KernelError::ArgCount { kernel, expected: 4, got: 3 }) if kernel == "sqscale_fwd"),
+            "{e}"
+        );
         let e = FWD.launch(cfg, &[Out(&y), In(&x), In(&w), F32(1.0)]).unwrap_err();
-        assert!(matches!(&e, Error::KernelArgKind { position: 3, expected: Arg::U32, got: Arg::F32, .. }), "{e}");
+        assert!(
+            matches!(&e, Error::Kernel(KernelError::ArgKind { position: 3, expected: Arg::U32, got: Arg::F32, .. })),
+            "{e}"
+        );
         let e = FWD.launch(cfg, &[In(&y), In(&x), In(&w), U32(N as u32)]).unwrap_err();
         assert!(
-            matches!(&e, Error::KernelArgKind { position: 0, expected: Arg::TensorOut, got: Arg::TensorIn, .. }),
+            matches!(
+                &e,
+                Error::Kernel(KernelError::ArgKind { position: 0, expected: Arg::TensorOut, got: Arg::TensorIn, .. })
+            ),
             "{e}"
         );
         let elsewhere = random(&Device::host(), &[N], 4)?;
         let e = FWD.launch(cfg, &[Out(&y), In(&x), In(&elsewhere), U32(N as u32)]).unwrap_err();
-        assert!(matches!(&e, Error::KernelDeviceMismatch { position: 2, .. }), "{e}");
+        assert!(matches!(&e, Error::Kernel(KernelError::DeviceMismatch { position: 2, .. })), "{e}");
         let zero = LaunchConfig { grid: (0, 1, 1), ..cfg };
         let e = FWD.launch(zero, &[Out(&y), In(&x), In(&w), U32(N as u32)]).unwrap_err();
-        assert!(matches!(&e, Error::InvalidArgument { .. }), "{e}");
+        assert!(matches!(&e, Error::Kernel(KernelError::ZeroLaunchDim { grid: (0, 1, 1), .. })), "{e}");
         assert_eq!(y.to_vec()?, vec![7.0; N], "a refused launch wrote nothing");
         Ok(())
     });
@@ -180,7 +189,10 @@ fn first_use_inside_a_capture_asks_for_a_warm_up() {
         let cfg = LaunchConfig::for_elements(N);
         let mut g = Graph::new(dev);
         let e = g.capture(CaptureMode::Global, || fresh.launch(cfg, &args)).unwrap_err();
-        assert!(matches!(e.root(), Error::KernelNotCompiled { kernel, .. } if kernel == "sqscale_fwd"), "{e}");
+        assert!(
+            matches!(e.root(), Error::Kernel(KernelError::NotCompiled { kernel, .. }) if kernel == "sqscale_fwd"),
+            "{e}"
+        );
         assert!(!dev.is_capturing(), "the failed capture was ended");
         assert!(!fresh.is_compiled(dev));
         fresh.compile(dev)?;
@@ -214,18 +226,18 @@ fn a_panicking_host_implementation_is_an_error_and_leaves_outputs_unchanged() {
         let t = CheckArg::Tensor(&dims);
         let e = check_kernel_against_host(&k, dev, cfg, &[t, t, t, CheckArg::U32(N as u32)], 1, 1e-6).unwrap_err();
         assert!(
-            matches!(e.root(), Error::KernelHostPanic { kernel, message } if kernel == "sqscale_fwd" && message.contains("gave up at element 1")),
+            matches!(e.root(), Error::Kernel(KernelError::HostPanic { kernel, message }) if kernel == "sqscale_fwd" && message.contains("gave up at element 1")),
             "{e}"
         );
         if dev.is_host() {
             let e = k.launch(cfg, &[Out(&y), In(&x), In(&w), U32(N as u32)]).unwrap_err();
-            assert!(matches!(&e, Error::KernelHostPanic { .. }), "{e}");
+            assert!(matches!(&e, Error::Kernel(KernelError::HostPanic { .. })), "{e}");
             assert_eq!(y.to_vec()?, vec![7.0; N]);
             // Recorded into a graph, the panic surfaces at replay, again without writing.
             let mut g = Graph::new(dev);
             g.capture(CaptureMode::Global, || k.launch(cfg, &[Out(&y), In(&x), In(&w), U32(N as u32)]))?;
             let e = g.replay().unwrap_err();
-            assert!(matches!(e.root(), Error::KernelHostPanic { .. }), "{e}");
+            assert!(matches!(e.root(), Error::Kernel(KernelError::HostPanic { .. })), "{e}");
             assert_eq!(y.to_vec()?, vec![7.0; N]);
         }
         Ok(())
@@ -245,7 +257,7 @@ fn a_host_implementation_asking_for_the_wrong_kind_gets_a_typed_error() {
         let cfg = LaunchConfig::for_elements(N);
         let e = check_kernel_against_host(&k, dev, cfg, &[t, t, t, CheckArg::U32(N as u32)], 1, 1e-6).unwrap_err();
         assert!(
-            matches!(e.root(), Error::KernelArgKind { position: 3, expected: Arg::F32, got: Arg::U32, kernel } if kernel == "sqscale_fwd"),
+            matches!(e.root(), Error::Kernel(KernelError::ArgKind { position: 3, expected: Arg::F32, got: Arg::U32, kernel }) if kernel == "sqscale_fwd"),
             "{e}"
         );
         Ok(())
@@ -287,12 +299,12 @@ fn nvrtc_errors_carry_the_compiler_log() {
         let k = Kernel::new("broken", broken, &[Arg::TensorOut], |_| Ok(()))?;
         let e = k.compile(dev).unwrap_err();
         assert!(
-            matches!(&e, Error::KernelCompile { kernel, log, .. } if kernel == "broken" && log.contains("undeclared_name")),
+            matches!(&e, Error::Kernel(KernelError::Compile { kernel, log, .. }) if kernel == "broken" && log.contains("undeclared_name")),
             "{e}"
         );
         let y = Tensor::zeros(dev, &[1])?;
         let e = k.launch(LaunchConfig::new(1, 1), &[Out(&y)]).unwrap_err();
-        assert!(matches!(&e, Error::KernelCompile { .. }), "{e}");
+        assert!(matches!(&e, Error::Kernel(KernelError::Compile { .. })), "{e}");
         // The entry is only in a comment: compiles, but has no such function.
         let k = Kernel::new(
             "absent",
@@ -301,7 +313,7 @@ fn nvrtc_errors_carry_the_compiler_log() {
             |_| Ok(()),
         )?;
         let e = k.compile(dev).unwrap_err();
-        assert!(matches!(&e, Error::KernelCompile { log, .. } if log.contains("absent")), "{e}");
+        assert!(matches!(&e, Error::Kernel(KernelError::Compile { log, .. }) if log.contains("absent")), "{e}");
         Ok(())
     });
 }
@@ -310,11 +322,11 @@ fn nvrtc_errors_carry_the_compiler_log() {
 fn bad_declarations_are_refused() {
     let ok = |_: &HostArgs| Ok(());
     let e = Kernel::new("2fast", "extern \"C\" __global__ void 2fast(float* y) {}", &[Arg::TensorOut], ok).unwrap_err();
-    assert!(matches!(&e, Error::KernelDefinition { kernel, .. } if kernel == "2fast"), "{e}");
+    assert!(matches!(&e, Error::Kernel(KernelError::EntryNotIdentifier { kernel }) if kernel == "2fast"), "{e}");
     let e = Kernel::new("f", "extern \"C\" __global__ void f(unsigned n) {}", &[Arg::U32], ok).unwrap_err();
-    assert!(matches!(&e, Error::KernelDefinition { detail, .. } if detail.contains("tensor")), "{e}");
+    assert!(matches!(&e, Error::Kernel(KernelError::NoTensorArg { .. })), "{e}");
     let e = Kernel::new("g", "extern \"C\" __global__ void f(float* y) {}", &[Arg::TensorOut], ok).unwrap_err();
-    assert!(matches!(&e, Error::KernelDefinition { detail, .. } if detail.contains("mention")), "{e}");
+    assert!(matches!(&e, Error::Kernel(KernelError::EntryNotInSource { .. })), "{e}");
 }
 
 #[test]
@@ -348,17 +360,17 @@ fn host_argument_misuse_is_an_error_not_a_panic() {
             Ok(())
         })?;
         let e = check_kernel_against_host(&twice, dev, cfg, &args, 1, 1e-6).unwrap_err();
-        assert!(
-            matches!(e.root(), Error::InvalidArgument { detail, .. } if detail.contains("already borrowed")),
-            "{e}"
-        );
+        assert!(matches!(e.root(), Error::Kernel(KernelError::ArgBorrowed { position: 0, .. })), "{e}");
         let out_of_range = Kernel::new("sqscale_fwd", SOURCE, &sig, |a| a.input(9).map(drop))?;
         let e = check_kernel_against_host(&out_of_range, dev, cfg, &args, 1, 1e-6).unwrap_err();
-        assert!(matches!(e.root(), Error::InvalidArgument { detail, .. } if detail.contains("out of range")), "{e}");
+        assert!(matches!(e.root(), Error::Kernel(KernelError::ArgPosition { position: 9, count: 4, .. })), "{e}");
         let write_input = Kernel::new("sqscale_fwd", SOURCE, &sig, |a| a.output(1).map(drop))?;
         let e = check_kernel_against_host(&write_input, dev, cfg, &args, 1, 1e-6).unwrap_err();
         assert!(
-            matches!(e.root(), Error::KernelArgKind { position: 1, expected: Arg::TensorOut, got: Arg::TensorIn, .. }),
+            matches!(
+                e.root(),
+                Error::Kernel(KernelError::ArgKind { position: 1, expected: Arg::TensorOut, got: Arg::TensorIn, .. })
+            ),
             "{e}"
         );
         Ok(())

@@ -6,7 +6,7 @@ mod ops_support;
 
 use common::on_each_backend;
 use graphed::optim::{AdamW, AdamWConfig, WarmupCosine};
-use graphed::{ops, CaptureMode, Error, Graph, Param, Tensor};
+use graphed::{ops, CaptureMode, Error, Graph, OptimError, Param, Tensor};
 use ops_support::*;
 
 const S: WarmupCosine = WarmupCosine { peak: 3e-3, floor: 3e-4, warmup: 5, total: 25 };
@@ -50,7 +50,9 @@ fn a_bad_schedule_is_a_typed_error() {
             WarmupCosine { floor: -1.0, ..S },
         ] {
             let r = AdamW::new(std::slice::from_ref(&p), AdamWConfig::default())?.with_schedule(bad);
-            expect_err("bad schedule", r.map(|_| ()), |e| matches!(e, Error::InvalidArgument { .. }))?;
+            expect_err("bad schedule", r.map(|_| ()), |e| {
+                matches!(e, Error::Optim(OptimError::Schedule { op: "AdamW::with_schedule", .. }))
+            })?;
         }
         Ok(())
     });

@@ -7,7 +7,7 @@ mod common;
 use common::{on_each_backend, random_vec, rel_err};
 use graphed::ops::{self, cpu};
 use graphed::optim::{AdamWConfig, LossScaler, LossScalerConfig, MixedAdamW};
-use graphed::{CaptureMode, DType, Device, Error, Graph, Param, Result, Tensor};
+use graphed::{CaptureMode, DType, Device, Error, Graph, OptimError, Param, Result, Tensor};
 
 const CFG: AdamWConfig = AdamWConfig { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 1e-2 };
 
@@ -111,7 +111,7 @@ fn f16_without_loss_scaling_is_refused() {
         let f = param(dev, 8, 2, DType::F32)?;
         assert!(matches!(MixedAdamW::new(&[f], CFG, None), Err(Error::DType { .. })));
         let bad = LossScaler::new(dev, LossScalerConfig { backoff_factor: 1.5, ..Default::default() });
-        assert!(matches!(bad, Err(Error::InvalidArgument { .. })));
+        assert!(matches!(bad, Err(Error::Optim(OptimError::HyperParameter { name: "backoff_factor", .. }))));
         let scaler = LossScaler::new(dev, LossScalerConfig::default())?;
         MixedAdamW::new(&[p], CFG, Some(scaler)).map(|_| ())
     });

@@ -7,7 +7,7 @@ mod ops_support;
 
 use common::{on_each_backend, random_vec};
 use graphed::ops::{self, cpu, Epilogue, Gelu};
-use graphed::{DType, Error, Tensor};
+use graphed::{DType, Error, OpError, Tensor};
 use ops_support::*;
 
 /// Tolerance on CUDA: cublasLt's GELU and summation order differ from the reference in the
@@ -91,9 +91,9 @@ fn fused_argument_errors() {
         let x = Tensor::from_slice(dev, &random_vec(32, 1), &[4, 8])?;
         let w = Tensor::from_slice(dev, &random_vec(24, 2), &[3, 8])?;
         let b = Tensor::from_slice(dev, &random_vec(3, 3), &[3])?;
-        let invalid = |e: &Error| matches!(e, Error::InvalidArgument { op: "linear_fused", .. });
-        expect_err("bias epilogue without a bias", ops::linear_fused(&x, &w, None, Epilogue::Bias), invalid)?;
-        expect_err("gelu epilogue with a bias", ops::linear_fused(&x, &w, Some(&b), Epilogue::Gelu), invalid)?;
+        let bias = |needs_bias| move |e: &Error| matches!(e, Error::Op(OpError::EpilogueBias { needs_bias: n, .. }) if *n == needs_bias);
+        expect_err("bias epilogue without a bias", ops::linear_fused(&x, &w, None, Epilogue::Bias), bias(true))?;
+        expect_err("gelu epilogue with a bias", ops::linear_fused(&x, &w, Some(&b), Epilogue::Gelu), bias(false))?;
         let b16 = b.to_dtype(DType::BF16)?;
         let r = ops::linear_fused(&x, &w, Some(&b16), Epilogue::BiasGelu);
         expect_err("bf16 bias on f32", r, |e| matches!(e, Error::DTypeMismatch { .. }))?;

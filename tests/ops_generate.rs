@@ -9,7 +9,7 @@ mod ops_support;
 
 use common::on_each_backend;
 use graphed::ops::{self, cpu, Generation, Stop};
-use graphed::{CaptureMode, Condition, DType, Device, Error, Graph, Result, Tensor};
+use graphed::{CaptureMode, Condition, DType, Device, Error, Graph, OpError, Result, Tensor};
 use ops_support::*;
 
 /// The reference's state after `start(limits, stop)` for `batch` sequences of `max_new`.
@@ -171,16 +171,24 @@ fn a_prefix_runs_the_first_sequences_only() {
 fn bad_arguments_are_refused_before_anything_changes() {
     on_each_backend(|dev| {
         let (batch, max_new) = (3, 4);
-        expect_err("no sequences", Generation::new(dev, 0, 4), is_invalid)?;
-        expect_err("no tokens", Generation::new(dev, 3, 0), is_invalid)?;
+        let size = |e: &Error| matches!(e, Error::Op(OpError::GenerationSize { .. }));
+        expect_err("no sequences", Generation::new(dev, 0, 4), size)?;
+        expect_err("no tokens", Generation::new(dev, 3, 0), size)?;
         let g = Generation::new(dev, batch, max_new)?;
         let stop = Stop { end: Some(1), pad: 0 };
         g.start(&[4, 4, 4], stop)?;
-        expect_err("too many limits", g.start(&[1, 1, 1, 1], stop), is_invalid)?;
-        expect_err("a limit above max_new", g.start(&[5], stop), is_invalid)?;
-        expect_err("an end token past i32", g.start(&[1], Stop { end: Some(u32::MAX), pad: 0 }), is_invalid)?;
-        expect_err("prefix 0", g.prefix(0), is_invalid)?;
-        expect_err("prefix past the batch", g.prefix(4), is_invalid)?;
+        expect_err("too many limits", g.start(&[1, 1, 1, 1], stop), |e| {
+            matches!(e, Error::Op(OpError::GenerationLimits { limits: 4, batch: 3 }))
+        })?;
+        expect_err("a limit above max_new", g.start(&[5], stop), |e| {
+            matches!(e, Error::Op(OpError::GenerationLimit { limit: 5, .. }))
+        })?;
+        expect_err("an end token past i32", g.start(&[1], Stop { end: Some(u32::MAX), pad: 0 }), |e| {
+            matches!(e, Error::Op(OpError::TooLarge { what: "token id", .. }))
+        })?;
+        let prefix = |e: &Error| matches!(e, Error::Op(OpError::GenerationPrefix { sequences: 3, .. }));
+        expect_err("prefix 0", g.prefix(0), prefix)?;
+        expect_err("prefix past the batch", g.prefix(4), prefix)?;
         let lengths = Tensor::from_i32(dev, &[0, 0, 0], &[batch])?;
         let sampled = Tensor::from_i32(dev, &[2, 2, 2], &[batch])?;
         let dtype = |e: &Error| matches!(e, Error::DType { expected: DType::I32, .. });

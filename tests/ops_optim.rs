@@ -7,8 +7,13 @@ mod ops_support;
 use common::{on_each_backend, random_vec};
 use graphed::ops::cpu;
 use graphed::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
-use graphed::{CaptureMode, Device, Error, Graph, Param, Result, Tensor};
+use graphed::{CaptureMode, Device, Error, Graph, OptimError, Param, Result, Tensor};
 use ops_support::*;
+
+/// Matches [`OptimError::HyperParameter`] for the field `name`.
+fn hyper(name: &'static str) -> impl Fn(&Error) -> bool {
+    move |e| matches!(e, Error::Optim(OptimError::HyperParameter { name: n, .. }) if *n == name)
+}
 
 /// Parameter shapes, including sizes that are not multiples of 256.
 const SHAPES: &[&[usize]] = &[&[1], &[7, 33], &[257], &[300, 301]];
@@ -170,8 +175,8 @@ fn zero_grad_and_set_lr_rules() {
         assert!(ps[0].grad.to_vec()?.iter().any(|v| *v != 0.0), "capture only records");
         g.replay()?;
         assert!(ps.iter().all(|p| p.grad.to_vec().unwrap().iter().all(|v| *v == 0.0)));
-        expect_err("negative lr", sgd.set_lr(-1.0), is_invalid)?;
-        expect_err("nan lr", adam.set_lr(f32::NAN), is_invalid)?;
+        expect_err("negative lr", sgd.set_lr(-1.0), hyper("lr"))?;
+        expect_err("nan lr", adam.set_lr(f32::NAN), hyper("lr"))?;
         Ok(())
     });
 }
@@ -180,12 +185,13 @@ fn zero_grad_and_set_lr_rules() {
 fn optimizers_reject_bad_configuration() {
     on_each_backend(|dev| {
         let ps = params(dev, 6)?;
-        expect_err("no params", Sgd::new(&[], SgdConfig::default()), is_invalid)?;
-        expect_err("no params", AdamW::new(&[], AdamWConfig::default()), is_invalid)?;
-        expect_err("momentum", Sgd::new(&ps, SgdConfig { momentum: -0.5, ..Default::default() }), is_invalid)?;
-        expect_err("beta1", AdamW::new(&ps, AdamWConfig { beta1: 1.0, ..Default::default() }), is_invalid)?;
-        expect_err("beta2", AdamW::new(&ps, AdamWConfig { beta2: -0.1, ..Default::default() }), is_invalid)?;
-        expect_err("eps", AdamW::new(&ps, AdamWConfig { eps: f32::INFINITY, ..Default::default() }), is_invalid)?;
+        let no_params = |e: &Error| matches!(e, Error::Optim(OptimError::NoParams { .. }));
+        expect_err("no params", Sgd::new(&[], SgdConfig::default()), no_params)?;
+        expect_err("no params", AdamW::new(&[], AdamWConfig::default()), no_params)?;
+        expect_err("momentum", Sgd::new(&ps, SgdConfig { momentum: -0.5, ..Default::default() }), hyper("momentum"))?;
+        expect_err("beta1", AdamW::new(&ps, AdamWConfig { beta1: 1.0, ..Default::default() }), hyper("beta1"))?;
+        expect_err("beta2", AdamW::new(&ps, AdamWConfig { beta2: -0.1, ..Default::default() }), hyper("beta2"))?;
+        expect_err("eps", AdamW::new(&ps, AdamWConfig { eps: f32::INFINITY, ..Default::default() }), hyper("eps"))?;
         // A grad of the wrong shape.
         let bad = Param { value: Tensor::zeros(dev, &[3])?, grad: Tensor::zeros(dev, &[4])? };
         expect_err("grad shape", Sgd::new(&[bad], SgdConfig::default()), is_shape)?;

@@ -6,7 +6,7 @@ mod ops_support;
 
 use common::{on_each_backend, random, random_vec};
 use graphed::ops::{self, cpu};
-use graphed::{CaptureMode, DType, Device, Error, Graph, Result, Tensor};
+use graphed::{CaptureMode, DType, Device, Error, Graph, OpError, Result, Tensor};
 use ops_support::*;
 
 const EPS: f32 = 1e-5;
@@ -122,7 +122,7 @@ fn rms_norm_matches_reference_and_finite_differences() {
         check_fd("rms_norm dx", &dx.to_vec()?, &fd_grad(&xv, |x| loss(x, &gv)))?;
         check_fd("rms_norm dgamma", &dg.to_vec()?, &fd_grad(&gv, |g| loss(&xv, g)))?;
         expect_err("gamma shape", ops::rms_norm(&x, &Tensor::zeros(dev, &[d + 1])?, EPS), is_shape)?;
-        expect_err("bad eps", ops::rms_norm(&x, &g, -1.0), |e| matches!(e, Error::InvalidArgument { .. }))
+        expect_err("bad eps", ops::rms_norm(&x, &g, -1.0), |e| matches!(e, Error::Op(OpError::Eps { .. })))
     });
 }
 
@@ -296,7 +296,9 @@ fn add_rms_norm_rejects_bad_arguments() {
         let mismatch = |e: &Error| matches!(e, Error::DTypeMismatch { .. });
         expect_err("residual dtype", ops::add_rms_norm(&x, &half, &g, EPS), mismatch)?;
         expect_err("gamma shape", ops::add_rms_norm(&x, &x, &random(dev, &[9], 4)?, EPS), is_shape)?;
-        expect_err("bad eps", ops::add_rms_norm(&x, &x, &g, f32::NAN), |e| matches!(e, Error::InvalidArgument { .. }))?;
+        expect_err("bad eps", ops::add_rms_norm(&x, &x, &g, f32::NAN), |e| {
+            matches!(e, Error::Op(OpError::Eps { .. }))
+        })?;
         let (sum, _, rstd) = ops::add_rms_norm(&x, &x, &g, EPS)?;
         let dg = Tensor::zeros(dev, &[8])?;
         let r = ops::add_rms_norm_backward(&x, &random(dev, &[3, 9], 5)?, &sum, &g, &rstd, &dg);

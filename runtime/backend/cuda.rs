@@ -14,6 +14,7 @@ use super::fault::{self, FaultPoint, Faults};
 use super::kernels::{BuiltinKernel, FlashTiles, KArg, RowTiles};
 use super::{DropErrors, StreamGate};
 use crate::capabilities::CudaVersion;
+use crate::error::OpError;
 use crate::{Error, Result};
 
 /// The CUDA C sources compiled once per context. BuiltinKernel names are `extern "C"`.
@@ -329,7 +330,13 @@ impl CudaBackend {
         let mut values = [0u64; 16];
         let mut ptrs = [std::ptr::null_mut::<c_void>(); 16];
         if args.len() > values.len() {
-            return Err(Error::invalid("launch", format!("{} kernel arguments, at most 16", args.len())));
+            return Err(OpError::TooLarge {
+                op: "launch",
+                what: "kernel argument count",
+                got: args.len(),
+                max: values.len(),
+            }
+            .into());
         }
         for (i, a) in args.iter().enumerate() {
             values[i] = match *a {

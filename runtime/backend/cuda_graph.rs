@@ -16,6 +16,7 @@ use super::kernels::KArg;
 use super::DropErrors;
 use super::{CaptureMode, CondKind, CondTest, GraphNode, NodeKind, StreamGate, CONDITIONAL_BODY};
 use crate::capabilities::CudaVersion;
+use crate::error::GraphError;
 use crate::{Error, Result};
 
 /// The driver version that has `cuFuncGetName` (kernel names in [`CudaBackend::nodes`]).
@@ -189,9 +190,10 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// Captures `branches` into IF nodes of the capture in progress on the stream (see
-    /// `Backend::capture_conditional`): one kernel, captured like any other, sets every node's
-    /// condition from `test`; then each branch is captured into its node's body.
+    /// Captures `then` and `otherwise` (if given) into IF nodes of the capture in progress on
+    /// the stream (see `Backend::capture_conditional`): one kernel, captured like any other,
+    /// sets every node's condition from `test`; then each branch is captured into its node's
+    /// body.
     ///
     /// A stream captures one graph at a time, so a body is captured by leaving the outer
     /// capture (its graph already holds the IF node), capturing the node's body graph on the
@@ -201,11 +203,12 @@ impl CudaBackend {
     /// instead; one stream keeps every launch of this backend (kernels, cuBLAS, copies) on the
     /// stream it always uses. The caller checked the driver (CUDA 12.4, which has every call
     /// used here).
-    pub(crate) fn capture_conditional(
+    pub(crate) fn capture_conditional<'a>(
         &self,
         mode: CaptureMode,
         test: &CondTest,
-        branches: &mut [&mut dyn FnMut() -> Result<()>],
+        then: &'a mut dyn FnMut() -> Result<()>,
+        otherwise: Option<&'a mut dyn FnMut() -> Result<()>>,
         gate: &StreamGate,
     ) -> Result<()> {
         let kernels = self.conditional_kernels()?;
@@ -213,8 +216,7 @@ impl CudaBackend {
         let stream = self.stream.cu_stream();
         let nested = gate.in_body();
         let (graph, _) = capture_info(stream)?;
-        let mut handles = Vec::with_capacity(branches.len());
-        for _ in 0..branches.len() {
+        let new_handle = || -> Result<sys::CUgraphConditionalHandle> {
             let mut handle: sys::CUgraphConditionalHandle = 0;
             // SAFETY: `graph` is the graph the stream captures into, live while it captures;
             // the handle belongs to it. No default value: the kernel below sets it at every
@@ -225,12 +227,13 @@ impl CudaBackend {
                     sys::cuGraphConditionalHandleCreate(&mut handle, graph, self.ctx.cu_ctx(), 0, 0),
                 )?
             };
-            handles.push(handle);
-        }
-        let (func, mut args) = match handles[..] {
-            [one] => (&kernels.one, vec![KArg::U64(one)]),
-            [then, otherwise] => (&kernels.two, vec![KArg::U64(then), KArg::U64(otherwise)]),
-            _ => return Err(Error::invalid("conditional body", "one branch, or two (then and else)")),
+            Ok(handle)
+        };
+        let then_handle = new_handle()?;
+        let else_handle = if otherwise.is_some() { Some(new_handle()?) } else { None };
+        let (func, mut args) = match else_handle {
+            None => (&kernels.one, vec![KArg::U64(then_handle)]),
+            Some(else_handle) => (&kernels.two, vec![KArg::U64(then_handle), KArg::U64(else_handle)]),
         };
         args.extend([
             KArg::Ptr(test.ptr),
@@ -241,10 +244,10 @@ impl CudaBackend {
         let one_thread = LaunchDims { grid: (1, 1, 1), block: (1, 1, 1), shared: 0 };
         self.launch_function(func, one_thread, &args)?;
         let (mut graph, mut deps) = capture_info(stream)?;
-        for (branch, handle) in branches.iter_mut().zip(handles) {
+        for (branch, handle) in std::iter::once((then, then_handle)).chain(otherwise.zip(else_handle)) {
             let (node, body) = add_conditional_node(graph, &deps, handle, CondKind::If, self.ctx.cu_ctx())?;
             let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps };
-            (graph, deps) = self.capture_body(place, &mut **branch, gate, nested)?;
+            (graph, deps) = self.capture_body(place, branch, gate, nested)?;
         }
         Ok(())
     }
@@ -463,7 +466,7 @@ impl CudaBackend {
     /// Writes CUDA's own DOT dump of the graph to `path`.
     pub(crate) fn debug_dot(&self, g: &RawGraph, path: &std::path::Path) -> Result<()> {
         let c = std::ffi::CString::new(path.to_string_lossy().as_bytes())
-            .map_err(|_| Error::invalid("debug_dump", "path contains a NUL byte"))?;
+            .map_err(|e| GraphError::debug_dump(path, &std::io::Error::from(e)))?;
         // SAFETY: valid graph and NUL-terminated path.
         unsafe { check("cuGraphDebugDotPrint", sys::cuGraphDebugDotPrint(g.graph, c.as_ptr(), 1)) }
     }
@@ -580,7 +583,7 @@ fn add_conditional_node(
     // SAFETY: reading the member we wrote, which the driver updated.
     let bodies = unsafe { params.__bindgen_anon_1.conditional.phGraph_out };
     if bodies.is_null() {
-        return Err(Error::invalid("conditional graph", "the driver returned no body graph for the conditional node"));
+        return Err(GraphError::ConditionalWithoutBody.into());
     }
     // SAFETY: `bodies` points to `size` (1) graphs owned by the node, alive as long as it is.
     Ok((node, unsafe { *bodies }))

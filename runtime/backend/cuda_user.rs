@@ -7,6 +7,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
 use super::cuda::{driver_err, CudaBackend, LaunchDims};
 use super::kernels::KArg;
+use crate::error::KernelError;
 use crate::{Error, Result};
 
 impl CudaBackend {
@@ -22,7 +23,9 @@ impl CudaBackend {
     /// Compiles `source` for this device's architecture and loads its function `entry`.
     /// Synchronous module loading: never call it while the stream captures.
     pub(crate) fn compile_user_kernel(&self, entry: &str, source: &str, device: &str) -> Result<CudaFunction> {
-        let failed = |log: String| Error::KernelCompile { kernel: entry.to_string(), device: device.to_string(), log };
+        let failed = |log: String| -> Error {
+            KernelError::Compile { kernel: entry.to_string(), device: device.to_string(), log }.into()
+        };
         // Loading a module is synchronous: wait for another thread's capture to end.
         let _entered = self.gate.enter()?;
         self.ctx.bind_to_thread().map_err(driver_err("cuCtxSetCurrent"))?;

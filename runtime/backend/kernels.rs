@@ -2,7 +2,8 @@
 //! launch with a wrong argument list is an error naming the kernel on any machine, and a unit
 //! test (run in CI, without a GPU) checks the table against the CUDA sources.
 
-use crate::{Error, Result};
+use crate::error::KernelError;
+use crate::Result;
 
 /// The kind of one kernel argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -471,11 +472,12 @@ impl BuiltinKernel {
         let params = self.params();
         let kinds = args.iter().map(|a| a.kind());
         if args.len() != params.len() || !kinds.clone().eq(params.iter().copied()) {
-            return Err(Error::KernelArgs {
-                kernel: self.name().to_string(),
+            return Err(KernelError::Builtin {
+                kernel: self.name(),
                 expected: format!("{params:?}"),
                 got: format!("{:?}", kinds.collect::<Vec<_>>()),
-            });
+            }
+            .into());
         }
         Ok(())
     }
@@ -484,6 +486,7 @@ impl BuiltinKernel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
 
     /// (name, parameter kinds) of every `extern "C" __global__` function in a CUDA source.
     fn parse(src: &str) -> Vec<(String, Vec<ArgKind>)> {
@@ -539,11 +542,11 @@ mod tests {
         assert!(BuiltinKernel::FillF32.check_args(&[KArg::Ptr(0), KArg::F32(1.0), KArg::U32(3)]).is_ok());
         assert!(matches!(
             BuiltinKernel::FillF32.check_args(&[KArg::Ptr(0), KArg::U32(3)]),
-            Err(Error::KernelArgs { .. })
+            Err(Error::Kernel(KernelError::Builtin { kernel: "fill_f32", .. }))
         ));
         assert!(matches!(
             BuiltinKernel::FillF32.check_args(&[KArg::Ptr(0), KArg::U32(1), KArg::U32(3)]),
-            Err(Error::KernelArgs { .. })
+            Err(Error::Kernel(KernelError::Builtin { .. }))
         ));
     }
 }

@@ -19,6 +19,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::error::{DeviceError, OpError};
 use crate::{DType, Error, Result};
 pub use nodes::{CaptureMode, GraphNode, NodeKind};
 
@@ -208,7 +209,7 @@ impl Backend {
                 LaunchDims::vectorized(n as usize, dtype),
                 &[KArg::Ptr(*p), KArg::U32(dtype.round_bits16(value) as u32), KArg::U32(n)],
             ),
-            _ => Err(Error::invalid("fill_", "a pointer of another backend")),
+            _ => Err(DeviceError::OtherBackend { op: "fill_", what: "a pointer" }.into()),
         }
     }
 
@@ -225,7 +226,7 @@ impl Backend {
                 })
             }
             (Ptr::Cuda(d), Ptr::Cuda(s), BackendKind::Cuda(c)) => c.copy_device(*d, *s, n * dtype.size()),
-            _ => Err(Error::invalid("copy_", "pointers of another backend")),
+            _ => Err(DeviceError::OtherBackend { op: "copy_", what: "a pointer" }.into()),
         }
     }
 
@@ -263,16 +264,20 @@ impl Backend {
                     DType::I32 => (BuiltinKernel::ResizeAxesU32, crate::dtype::to_i32(pad) as u32),
                     DType::BF16 | DType::F16 => (BuiltinKernel::ResizeAxesU16, dtype.round_bits16(pad) as u32),
                 };
-                let dims = [outer, len1.0, len1.1, mid, len2.0, len2.1, inner].map(|v| u32::try_from(v).ok());
-                let [Some(o), Some(d1), Some(s1), Some(m), Some(d2), Some(s2), Some(i)] = dims else {
-                    return Err(Error::invalid("resize_axes", "more than 2^32 elements along one axis"));
+                let lens = [outer, len1.0, len1.1, mid, len2.0, len2.1, inner];
+                let [Some(o), Some(d1), Some(s1), Some(m), Some(d2), Some(s2), Some(i)] =
+                    lens.map(|v| u32::try_from(v).ok())
+                else {
+                    let got = lens.into_iter().max().unwrap_or(0);
+                    let max = u32::MAX as usize;
+                    return Err(OpError::TooLarge { op: "resize_axes", what: "length along one axis", got, max }.into());
                 };
                 let args = [o, d1, s1, m, d2, s2, i, bits].map(KArg::U32);
                 let mut all = vec![KArg::Ptr(*d), KArg::Ptr(*s)];
                 all.extend(args);
                 c.launch(kernel, LaunchDims::elementwise(dst_n), &all)
             }
-            _ => Err(Error::invalid("resize_axes", "pointers of another backend")),
+            _ => Err(DeviceError::OtherBackend { op: "resize_axes", what: "a pointer" }.into()),
         }
     }
 
@@ -296,7 +301,7 @@ impl Backend {
                 HostPtr { len: data.len(), dtype, ..h.clone() }.write(data);
                 Ok(())
             }
-            _ => Err(Error::invalid("copy from host memory", "a pointer of another backend")),
+            _ => Err(DeviceError::OtherBackend { op: "copy from host memory", what: "a pointer" }.into()),
         }
     }
 
@@ -325,7 +330,7 @@ impl Backend {
                 }
                 Ok(HostPtr { len, dtype, ..h.clone() }.read())
             }
-            _ => Err(Error::invalid("copy to host memory", "a pointer of another backend")),
+            _ => Err(DeviceError::OtherBackend { op: "copy to host memory", what: "a pointer" }.into()),
         }
     }
 
@@ -369,30 +374,28 @@ impl Backend {
         self.gate.in_body()
     }
 
-    /// Captures `branches` into conditional nodes of this thread's capture in progress: the
-    /// first runs when `test` holds, the second (if given) when it does not. The test is
+    /// Captures the branches into conditional nodes of this thread's capture in progress:
+    /// `then` runs when `test` holds, `otherwise` (if given) when it does not. The test is
     /// evaluated once, on the device, before either: on CUDA one kernel sets the handle of an
     /// IF node per branch and the branches are captured into the nodes' bodies; on the host
     /// one recorded op tests the value and runs the branch's recorded ops. A branch that fails
     /// (or panics) leaves the stream capturing the outer graph, and its error (or panic) is
     /// passed on; a body holding what a conditional body may not hold is
     /// [`Error::ConditionalBody`]. The caller checked the driver and that this thread captures.
-    pub(crate) fn capture_conditional(
+    pub(crate) fn capture_conditional<'a>(
         &self,
         test: &CondTest,
-        branches: &mut [&mut dyn FnMut() -> Result<()>],
+        then: &'a mut dyn FnMut() -> Result<()>,
+        otherwise: Option<&'a mut dyn FnMut() -> Result<()>>,
     ) -> Result<()> {
         let Some(mode) = self.capture_mode() else {
             return Err(Error::NotCapturing { graph: "this device's stream".into() });
         };
-        if branches.is_empty() || branches.len() > 2 {
-            return Err(Error::invalid("conditional body", "one branch, or two (then and else)"));
-        }
         match &self.kind {
             BackendKind::Host(h) => {
-                let mut bodies = Vec::with_capacity(branches.len());
-                for branch in branches.iter_mut() {
-                    let ops = self.capture_host_body(h, &mut **branch)?;
+                let mut bodies = Vec::with_capacity(2);
+                for branch in std::iter::once(then).chain(otherwise) {
+                    let ops = self.capture_host_body(h, branch)?;
                     let violation = ops.iter().enumerate().find_map(|(index, op)| {
                         let node = GraphNode {
                             index,
@@ -414,7 +417,7 @@ impl Backend {
                     body.map_or(Ok(()), |ops| ops.iter().try_for_each(|op| (op.run)()))
                 })
             }
-            BackendKind::Cuda(c) => c.capture_conditional(mode, test, branches, &self.gate),
+            BackendKind::Cuda(c) => c.capture_conditional(mode, test, then, otherwise, &self.gate),
         }
     }
 
@@ -568,7 +571,9 @@ impl Recorded {
                 for part in parts {
                     match part {
                         Recorded::Host(part_ops) => ops.extend(part_ops.iter().cloned()),
-                        Recorded::Cuda(_) => return Err(Error::invalid("fuse", "a CUDA graph on a host device")),
+                        Recorded::Cuda(_) => {
+                            return Err(DeviceError::OtherBackend { op: "fuse", what: "a CUDA graph" }.into())
+                        }
                     }
                 }
                 Ok(Recorded::Host(ops))
@@ -578,7 +583,9 @@ impl Recorded {
                 for part in parts {
                     match part {
                         Recorded::Cuda(raw) => raws.push(raw),
-                        Recorded::Host(_) => return Err(Error::invalid("fuse", "host ops on a CUDA device")),
+                        Recorded::Host(_) => {
+                            return Err(DeviceError::OtherBackend { op: "fuse", what: "a host recording" }.into())
+                        }
                     }
                 }
                 c.fuse_graphs(&raws).map(Recorded::Cuda)
@@ -604,7 +611,7 @@ impl Recorded {
                 Ok(Recorded::Host(vec![Arc::new(host::HostOp { name, run: Box::new(run) })]))
             }
             (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.conditional_graph(kind, &test, raw).map(Recorded::Cuda),
-            _ => Err(Error::invalid("conditional graph", "a recording of another backend")),
+            _ => Err(DeviceError::OtherBackend { op: "conditional graph", what: "a recording" }.into()),
         }
     }
 
@@ -651,7 +658,7 @@ impl Recorded {
                 c.launch_graph(raw)
             }
             (Recorded::Cuda(_), BackendKind::Host(_)) => {
-                Err(Error::invalid("graph replay", "a CUDA graph on a host device"))
+                Err(DeviceError::OtherBackend { op: "graph replay", what: "a CUDA graph" }.into())
             }
         }
     }
@@ -671,7 +678,7 @@ impl Recorded {
                 .collect()),
             (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.nodes(raw),
             (Recorded::Cuda(_), BackendKind::Host(_)) => {
-                Err(Error::invalid("graph nodes", "a CUDA graph on a host device"))
+                Err(DeviceError::OtherBackend { op: "graph nodes", what: "a CUDA graph" }.into())
             }
         }
     }

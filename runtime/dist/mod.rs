@@ -187,8 +187,8 @@ pub fn run_emulated_with<T: Send>(
 }
 
 /// Runs `rank_main` on `world_size` emulated ranks and returns each rank's own result, in rank
-/// order (a panic becomes an [`Error::Msg`] naming the rank). A failing rank aborts the
-/// group, so the others end with an error too instead of waiting.
+/// order (a panic becomes [`DistError::RankPanicked`] naming the rank). A failing rank aborts
+/// the group, so the others end with an error too instead of waiting.
 ///
 /// ```
 /// use graphed::dist::{self, Config};

@@ -15,7 +15,8 @@ impl Error {
         Error::Context { context: context.to_string(), source: Box::new(self) }
     }
 
-    /// A user-level error with a message.
+    /// An error of your own code with a message ([`Error::Msg`]); graphed itself never
+    /// returns one.
     pub fn msg(message: impl fmt::Display) -> Error {
         Error::Msg(message.to_string())
     }
@@ -32,10 +33,6 @@ impl Error {
         } else {
             Error::CacheLengthOutOfRange { op, sequence, length: length as i64, max_len }
         }
-    }
-
-    pub(crate) fn invalid(op: &'static str, detail: impl fmt::Display) -> Error {
-        Error::InvalidArgument { op, detail: detail.to_string() }
     }
 
     /// The innermost error, under any layers of context.

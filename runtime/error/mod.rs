@@ -4,8 +4,13 @@ mod bucket;
 mod build;
 mod checkpoint;
 mod cuda;
+mod device;
 mod dist;
+mod graph;
+mod kernel;
 mod launcher;
+mod op;
+mod optim;
 mod schedule;
 mod setup;
 mod signature;
@@ -14,8 +19,13 @@ mod slot;
 pub use bucket::BucketError;
 pub use checkpoint::CheckpointProblem;
 pub use cuda::CudaFailure;
+pub use device::DeviceError;
 pub use dist::{DistError, PipelineTransfer};
+pub use graph::GraphError;
+pub use kernel::KernelError;
 pub use launcher::Launcher;
+pub use op::OpError;
+pub use optim::OptimError;
 pub use schedule::ScheduleError;
 pub use setup::SetupError;
 pub use signature::SignatureError;
@@ -23,7 +33,29 @@ pub use slot::{Slot, SlotKind};
 
 /// Everything that can go wrong in `graphed`, as values a caller can match on.
 ///
-/// Every message says what went wrong and, where there is one, what to do about it.
+/// Every message says what went wrong and, where there is one, what to do about it. What
+/// graphed refuses or detects itself is a typed variant, most of them grouped by domain in an
+/// enum of their own joined in with `#[from]` ([`OpError`], [`OptimError`], [`KernelError`],
+/// [`GraphError`], [`DeviceError`], [`ScheduleError`], [`SignatureError`], [`SetupError`],
+/// [`BucketError`], [`DistError`]); [`Error::InvalidArgument`] and [`Error::Msg`] are left to
+/// your own code. An error passed up through a host implementation or a capture carries
+/// lines of [`Error::Context`]; match on [`Error::root`] to see through them:
+///
+/// ```
+/// use graphed::optim::{Sgd, SgdConfig};
+/// use graphed::{Arg, Device, Error, Kernel, KernelArg, KernelError, LaunchConfig, OptimError, Tensor};
+/// let e = Sgd::new(&[], SgdConfig::default()).unwrap_err();
+/// assert!(matches!(e.root(), Error::Optim(OptimError::NoParams { .. })));
+/// // A host implementation's error comes back with the kernel's name as context.
+/// let src = r#"extern "C" __global__ void k(float* y) {}"#;
+/// let k = Kernel::new("k", src, &[Arg::TensorOut], |args| args.f32(1).map(drop))?; // no argument 1
+/// let y = Tensor::zeros(&Device::host(), &[4])?;
+/// let e = k.launch(LaunchConfig::for_elements(4), &[KernelArg::Out(&y)]).unwrap_err();
+/// assert!(matches!(e.root(), Error::Kernel(KernelError::ArgPosition { position: 1, count: 1, .. })));
+/// // Your misuse, or the device failing: the variant tells.
+/// assert!(!matches!(e.root(), Error::Cuda { .. } | Error::OutOfMemory { .. } | Error::Device(_)));
+/// # Ok::<(), graphed::Error>(())
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -43,16 +75,6 @@ pub enum Error {
         /// The library's error.
         #[source]
         source: CudaFailure,
-    },
-    /// A kernel launched with an argument list that does not match its parameters.
-    #[error("kernel `{kernel}`: arguments {got} do not match its parameters {expected}")]
-    KernelArgs {
-        /// The kernel.
-        kernel: String,
-        /// The parameter kinds it takes.
-        expected: String,
-        /// The argument kinds it was given.
-        got: String,
     },
     /// An operation that is illegal while a stream is being captured.
     #[error("`{op}` is illegal while the stream is capturing a graph; do it before capture begins or after it ends")]
@@ -95,7 +117,20 @@ pub enum Error {
         /// The other device.
         b: String,
     },
-    /// An argument out of its valid range (a label, a probability, a length).
+    /// An argument your own code refused: for the host implementation of a custom
+    /// [`crate::Kernel`], a module or a hook to return. graphed itself never returns it; what
+    /// it refuses has a typed variant ([`Error::Op`], [`Error::Optim`], [`Error::Kernel`], ...).
+    ///
+    /// ```
+    /// use graphed::{Error, Result};
+    /// fn check_vocab(vocab: usize) -> Result<()> {
+    ///     if vocab == 0 {
+    ///         return Err(Error::InvalidArgument { op: "my_tokenizer", detail: "an empty vocabulary".into() });
+    ///     }
+    ///     Ok(())
+    /// }
+    /// assert!(matches!(check_vocab(0), Err(Error::InvalidArgument { op: "my_tokenizer", .. })));
+    /// ```
     #[error("{op}: invalid argument: {detail}")]
     InvalidArgument {
         /// The operation.
@@ -365,78 +400,11 @@ pub enum Error {
         /// Bytes of the pool in blocks handed out now.
         in_use: usize,
     },
-    /// A user-defined failure (from a hook or a module body).
+    /// A failure your own code reports with [`Error::msg`] (from a hook, a module body, a
+    /// rank's closure); graphed itself never returns it.
     #[error("{0}")]
     Msg(String),
-    // Custom kernels, interop, parameters.
-    /// A custom kernel's declaration is unusable (bad entry name, source or signature).
-    #[error("kernel `{kernel}`: {detail}; fix the Kernel::new arguments")]
-    KernelDefinition {
-        /// The kernel's entry name.
-        kernel: String,
-        /// What is wrong with the declaration.
-        detail: String,
-    },
-    /// NVRTC rejected a custom kernel's source.
-    #[error("kernel `{kernel}` failed to compile for {device}; fix the CUDA source. NVRTC log:\n{log}")]
-    KernelCompile {
-        /// The kernel's entry name.
-        kernel: String,
-        /// The device it was compiled for.
-        device: String,
-        /// NVRTC's log (or the loader's message when the module did not load).
-        log: String,
-    },
-    /// A custom kernel's first use on a device came while the device was capturing.
-    #[error("kernel `{kernel}` is used for the first time on {device} inside a graph capture, where it cannot be compiled; warm up first: call kernel.compile(&device) or run it eagerly once before capturing")]
-    KernelNotCompiled {
-        /// The kernel's entry name.
-        kernel: String,
-        /// The capturing device.
-        device: String,
-    },
-    /// A launch passed a different number of arguments than the kernel declares.
-    #[error("kernel `{kernel}`: launched with {got} arguments but its signature declares {expected}; pass one argument per declared Arg")]
-    KernelArgCount {
-        /// The kernel's entry name.
-        kernel: String,
-        /// Arguments declared.
-        expected: usize,
-        /// Arguments passed.
-        got: usize,
-    },
-    /// A launch argument of the wrong kind for its position.
-    #[error("kernel `{kernel}`: argument {position} is {got:?} but the signature declares {expected:?}; pass the declared kind")]
-    KernelArgKind {
-        /// The kernel's entry name.
-        kernel: String,
-        /// The argument's position (0-based).
-        position: usize,
-        /// The declared kind.
-        expected: crate::Arg,
-        /// The kind passed.
-        got: crate::Arg,
-    },
-    /// A tensor argument on another device than the launch's (the first tensor's).
-    #[error("kernel `{kernel}`: argument {position} lives on {got} but the launch runs on {expected}; copy it to {expected} first")]
-    KernelDeviceMismatch {
-        /// The kernel's entry name.
-        kernel: String,
-        /// The argument's position (0-based).
-        position: usize,
-        /// The launch's device.
-        expected: String,
-        /// The argument's device.
-        got: String,
-    },
-    /// A custom kernel's host implementation panicked; its outputs were left unchanged.
-    #[error("kernel `{kernel}`: the host implementation panicked: {message}; its output tensors were left unchanged")]
-    KernelHostPanic {
-        /// The kernel's entry name.
-        kernel: String,
-        /// The panic's message.
-        message: String,
-    },
+    // Interop, parameters.
     /// A cudarc interop call on a device or tensor that is not on a CUDA GPU, or with a
     /// foreign object from another context.
     #[error("{op}: {detail}")]
@@ -520,6 +488,22 @@ pub enum Error {
     /// Tensors that do not fit a module's declared interface (see [`SignatureError`]).
     #[error(transparent)]
     Signature(#[from] SignatureError),
+    /// An op refused the value of an argument (see [`OpError`]).
+    #[error(transparent)]
+    Op(#[from] OpError),
+    /// An optimizer refused its parameters or configuration (see [`OptimError`]).
+    #[error(transparent)]
+    Optim(#[from] OptimError),
+    /// A custom kernel cannot be declared, compiled or launched as asked (see
+    /// [`KernelError`]).
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// A graph cannot be built or dumped (see [`GraphError`]).
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    /// A device failure that is neither misuse nor a failed CUDA call (see [`DeviceError`]).
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     // Precision.
     /// Tensors of different dtypes were mixed in one op without a cast.
     #[error(

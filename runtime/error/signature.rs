@@ -1,6 +1,6 @@
 //! `SignatureError`: tensors given to or returned by a module that do not fit its declared
-//! interface (a `#[graphed]` signature, or `Module`'s one grad per input), inside
-//! [`super::Error::Signature`].
+//! interface (a `#[graphed]` signature, `Module`'s one grad per input, the tensors its
+//! forward saved for its backward), inside [`super::Error::Signature`].
 
 /// A module call whose tensors do not fit the module's declared interface, as values a
 /// caller can match on.
@@ -52,4 +52,16 @@ pub enum SignatureError {
         /// The grads its backward returned.
         got: usize,
     },
+    /// [`crate::Cx::saved`] asked for a tensor past those the forward of the context saved.
+    #[error("Cx::saved({index}): only {saved} tensors were saved by the forward of this context; save it there (Cx::save) or ask for one of those")]
+    Saved {
+        /// The position asked for.
+        index: usize,
+        /// The tensors saved.
+        saved: usize,
+    },
+    /// A checkpointed backward on a context whose forward did not run under
+    /// [`crate::Checkpoint`] (so it holds no RNG state to recompute with).
+    #[error("Checkpoint::backward: the forward of this context did not run under Checkpoint; run the forward through the same Checkpoint")]
+    NotCheckpointed,
 }

@@ -3,7 +3,8 @@
 use std::cell::RefCell;
 
 use super::host::{HostArgs, HostSlot};
-use crate::{Arg, Device, Error, Kernel, KernelArg, LaunchConfig, Result, Tensor};
+use crate::error::KernelError;
+use crate::{Arg, Device, Kernel, KernelArg, LaunchConfig, Result, Tensor};
 
 /// One argument of [`check_kernel_against_host`]: a tensor's dimensions (its contents are
 /// random) or a scalar's value.
@@ -108,7 +109,9 @@ pub fn check_kernel_against_host(
 ) -> Result<KernelCheckReport> {
     let sig = kernel.signature();
     if args.len() != sig.len() {
-        return Err(Error::KernelArgCount { kernel: kernel.name().to_string(), expected: sig.len(), got: args.len() });
+        return Err(
+            KernelError::ArgCount { kernel: kernel.name().to_string(), expected: sig.len(), got: args.len() }.into()
+        );
     }
     let data: Vec<Option<Vec<f32>>> = args
         .iter()

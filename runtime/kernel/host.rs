@@ -4,14 +4,16 @@
 use std::cell::{Ref, RefCell, RefMut};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::{Arg, Error, LaunchConfig, Result};
+use super::{Arg, LaunchConfig};
+use crate::error::KernelError;
+use crate::{Error, Result};
 
 /// What a host implementation sees: the launch's arguments by position, tensors as slices.
 ///
 /// Tensor arguments are copies: read inputs with [`HostArgs::input`], write outputs through
 /// [`HostArgs::output`] (initialised with the tensor's contents); the outputs are written back
 /// to the tensors only when the implementation returns `Ok`. Asking for a position of another
-/// kind is [`Error::KernelArgKind`].
+/// kind is [`KernelError::ArgKind`], a position past the arguments [`KernelError::ArgPosition`].
 ///
 /// ```
 /// use graphed::{HostArgs, Result};
@@ -56,25 +58,29 @@ impl HostArgs {
         HostArgs { kernel, slots, launch }
     }
 
+    /// Argument `i`, when `ok` accepts its kind; [`KernelError::ArgKind`] naming `want` otherwise.
     fn slot(&self, i: usize, want: Arg, ok: impl Fn(Arg) -> bool) -> Result<&HostSlot> {
-        let slot = self.slots.get(i).ok_or_else(|| {
-            Error::invalid("HostArgs", format!("position {i} out of range: the kernel has {} arguments", self.len()))
+        let slot = self.slots.get(i).ok_or_else(|| KernelError::ArgPosition {
+            kernel: self.kernel.to_string(),
+            position: i,
+            count: self.len(),
         })?;
         if !ok(slot.kind()) {
-            return Err(Error::KernelArgKind {
-                kernel: self.kernel.to_string(),
-                position: i,
-                expected: want,
-                got: slot.kind(),
-            });
+            return Err(self.wrong_kind(i, want));
         }
         Ok(slot)
+    }
+
+    /// [`KernelError::ArgKind`]: argument `i` asked for as `want`, which it is not.
+    fn wrong_kind(&self, i: usize, want: Arg) -> Error {
+        let got = self.slots.get(i).map_or(want, HostSlot::kind);
+        KernelError::ArgKind { kernel: self.kernel.to_string(), position: i, expected: want, got }.into()
     }
 
     fn data(&self, i: usize, want: Arg, ok: impl Fn(Arg) -> bool) -> Result<&RefCell<Vec<f32>>> {
         match self.slot(i, want, ok)? {
             HostSlot::Tensor { data, .. } => Ok(data),
-            _ => Err(Error::invalid("HostArgs", format!("position {i} is not a tensor"))),
+            _ => Err(self.wrong_kind(i, want)),
         }
     }
 
@@ -91,7 +97,7 @@ impl HostArgs {
     /// The elements of tensor argument `i` (any tensor kind), for reading.
     pub fn input(&self, i: usize) -> Result<Ref<'_, [f32]>> {
         let cell = self.data(i, Arg::TensorIn, Arg::is_tensor)?;
-        let data = cell.try_borrow().map_err(|_| busy(i))?;
+        let data = cell.try_borrow().map_err(|_| self.busy(i))?;
         Ok(Ref::map(data, Vec::as_slice))
     }
 
@@ -99,7 +105,7 @@ impl HostArgs {
     /// for writing; they start as the tensor's current contents.
     pub fn output(&self, i: usize) -> Result<RefMut<'_, [f32]>> {
         let cell = self.data(i, Arg::TensorOut, Arg::is_output)?;
-        let data = cell.try_borrow_mut().map_err(|_| busy(i))?;
+        let data = cell.try_borrow_mut().map_err(|_| self.busy(i))?;
         Ok(RefMut::map(data, Vec::as_mut_slice))
     }
 
@@ -107,7 +113,7 @@ impl HostArgs {
     pub fn dims(&self, i: usize) -> Result<&[usize]> {
         match self.slot(i, Arg::TensorIn, Arg::is_tensor)? {
             HostSlot::Tensor { dims, .. } => Ok(dims),
-            _ => Err(Error::invalid("HostArgs", format!("position {i} is not a tensor"))),
+            _ => Err(self.wrong_kind(i, Arg::TensorIn)),
         }
     }
 
@@ -115,7 +121,7 @@ impl HostArgs {
     pub fn f32(&self, i: usize) -> Result<f32> {
         match self.slot(i, Arg::F32, |k| k == Arg::F32)? {
             HostSlot::F32(v) => Ok(*v),
-            _ => Err(Error::invalid("HostArgs", format!("position {i} is not an f32"))),
+            _ => Err(self.wrong_kind(i, Arg::F32)),
         }
     }
 
@@ -123,7 +129,7 @@ impl HostArgs {
     pub fn u32(&self, i: usize) -> Result<u32> {
         match self.slot(i, Arg::U32, |k| k == Arg::U32)? {
             HostSlot::U32(v) => Ok(*v),
-            _ => Err(Error::invalid("HostArgs", format!("position {i} is not a u32"))),
+            _ => Err(self.wrong_kind(i, Arg::U32)),
         }
     }
 
@@ -131,8 +137,13 @@ impl HostArgs {
     pub fn i32(&self, i: usize) -> Result<i32> {
         match self.slot(i, Arg::I32, |k| k == Arg::I32)? {
             HostSlot::I32(v) => Ok(*v),
-            _ => Err(Error::invalid("HostArgs", format!("position {i} is not an i32"))),
+            _ => Err(self.wrong_kind(i, Arg::I32)),
         }
+    }
+
+    /// [`KernelError::ArgBorrowed`]: argument `i` is borrowed for writing.
+    fn busy(&self, i: usize) -> Error {
+        KernelError::ArgBorrowed { kernel: self.kernel.to_string(), position: i }.into()
     }
 
     /// The launch configuration the kernel was launched with.
@@ -152,10 +163,6 @@ impl HostArgs {
     }
 }
 
-fn busy(i: usize) -> Error {
-    Error::invalid("HostArgs", format!("argument {i} is already borrowed for writing (drop the output guard first)"))
-}
-
 /// A host implementation: computes the outputs from the inputs of one launch.
 ///
 /// ```
@@ -165,7 +172,7 @@ fn busy(i: usize) -> Error {
 /// ```
 pub type HostFn = dyn Fn(&HostArgs) -> Result<()> + Send + Sync;
 
-/// Calls a host implementation, turning a panic into [`Error::KernelHostPanic`]; the output
+/// Calls a host implementation, turning a panic into [`KernelError::HostPanic`]; the output
 /// buffers only when it succeeded.
 pub(crate) fn run_host(host: &HostFn, entry: &str, args: HostArgs) -> Result<Vec<(usize, Vec<f32>)>> {
     match catch_unwind(AssertUnwindSafe(|| host(&args))) {
@@ -177,7 +184,7 @@ pub(crate) fn run_host(host: &HostFn, entry: &str, args: HostArgs) -> Result<Vec
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic with a non-string payload".into());
-            Err(Error::KernelHostPanic { kernel: entry.to_string(), message })
+            Err(KernelError::HostPanic { kernel: entry.to_string(), message }.into())
         }
     }
 }

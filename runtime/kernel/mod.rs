@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::CudaFunction;
 
 use crate::backend::{Backend, HostBackend, HostPtr, KArg, LaunchDims};
+use crate::error::KernelError;
 use crate::ops::{exec, Exec};
 use crate::{DType, Device, Error, Result, Tensor};
 use host::{run_host, HostArgs, HostFn, HostSlot};
@@ -145,7 +146,7 @@ impl LaunchConfig {
     fn check(&self, kernel: &str) -> Result<()> {
         let (g, b) = (self.grid, self.block);
         if [g.0, g.1, g.2, b.0, b.1, b.2].contains(&0) {
-            return Err(Error::invalid("Kernel::launch", format!("kernel `{kernel}`: {self:?} has a zero dimension")));
+            return Err(KernelError::ZeroLaunchDim { kernel: kernel.to_string(), grid: g, block: b }.into());
         }
         Ok(())
     }
@@ -177,7 +178,7 @@ struct KernelInner {
 /// - On a GPU the source is compiled by NVRTC for the device's architecture the first time the
 ///   kernel is used on that device (or at [`Kernel::compile`]) and cached per device. Compiling
 ///   is never done inside a capture: a first use while the device captures is
-///   [`Error::KernelNotCompiled`] (warm up first; `make_graphed`'s warm-up does).
+///   [`KernelError::NotCompiled`] (warm up first; `make_graphed`'s warm-up does).
 /// - On the host backend the host implementation is run, or recorded during a capture and run
 ///   on every replay, exactly like the built-in ops; it sees copies of the tensors and its
 ///   outputs are written back only when it returns `Ok`, so a failing or panicking host
@@ -237,28 +238,29 @@ impl Kernel {
     /// `signature` lists its parameters in order (at least one tensor); `host` computes the
     /// same thing on the host backend. Nothing is compiled yet.
     ///
-    /// [`Error::KernelDefinition`] when `entry` is not a C identifier, does not appear in the
-    /// source, the source contains a NUL byte, or the signature has no tensor.
+    /// [`KernelError::EntryNotIdentifier`] when `entry` is not a C identifier,
+    /// [`KernelError::SourceHasNul`], [`KernelError::EntryNotInSource`] when the source does
+    /// not mention it, [`KernelError::NoTensorArg`] when the signature has no tensor.
     pub fn new(
         entry: &str,
         source: &str,
         signature: &[Arg],
         host: impl Fn(&HostArgs) -> Result<()> + Send + Sync + 'static,
     ) -> Result<Kernel> {
-        let bad = |detail: &str| Error::KernelDefinition { kernel: entry.to_string(), detail: detail.to_string() };
+        let kernel = entry.to_string();
         let ident = entry.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && entry.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !ident {
-            return Err(bad("the entry name must be a C identifier"));
+            return Err(KernelError::EntryNotIdentifier { kernel }.into());
         }
         if source.contains('\0') {
-            return Err(bad("the source contains a NUL byte"));
+            return Err(KernelError::SourceHasNul { kernel }.into());
         }
         if !mentions_identifier(source, entry) {
-            return Err(bad("the source does not mention the entry name"));
+            return Err(KernelError::EntryNotInSource { kernel }.into());
         }
         if !signature.iter().any(|a| a.is_tensor()) {
-            return Err(bad("the signature must have at least one tensor argument (it picks the device)"));
+            return Err(KernelError::NoTensorArg { kernel }.into());
         }
         Ok(Kernel(Arc::new(KernelInner {
             entry: intern(entry),
@@ -295,7 +297,7 @@ impl Kernel {
 
     /// Compiles the kernel for `device` now (NVRTC for its architecture, then a module load)
     /// and caches it; a no-op when already done. On the host backend it only marks the kernel
-    /// warmed up. [`Error::KernelNotCompiled`] while `device` captures, [`Error::KernelCompile`]
+    /// warmed up. [`KernelError::NotCompiled`] while `device` captures, [`KernelError::Compile`]
     /// with NVRTC's log when the source does not compile.
     ///
     /// ```
@@ -311,7 +313,7 @@ impl Kernel {
             return Ok(());
         }
         if device.is_capturing() {
-            return Err(Error::KernelNotCompiled { kernel: self.0.entry.to_string(), device: device.name() });
+            return Err(KernelError::NotCompiled { kernel: self.0.entry.to_string(), device: device.name() }.into());
         }
         let function = match device.backend().cuda() {
             None => None,
@@ -338,15 +340,15 @@ impl Kernel {
     /// against the signature, compiles on first use (outside captures only), then queues the
     /// kernel (or runs/records the host implementation). Capturable once compiled.
     ///
-    /// Errors, all before anything runs: [`Error::KernelArgCount`], [`Error::KernelArgKind`],
-    /// [`Error::KernelDeviceMismatch`], [`Error::DType`], [`Error::StaleTensor`],
-    /// [`Error::InvalidArgument`] for a zero launch dimension, [`Error::KernelNotCompiled`] for a
-    /// first use inside a capture, [`Error::KernelCompile`]; on the host backend also the host
-    /// implementation's own error or [`Error::KernelHostPanic`].
+    /// Errors, all before anything runs: [`KernelError::ArgCount`], [`KernelError::ArgKind`],
+    /// [`KernelError::DeviceMismatch`], [`Error::DType`], [`Error::StaleTensor`],
+    /// [`KernelError::ZeroLaunchDim`], [`KernelError::NotCompiled`] for a first use inside a
+    /// capture, [`KernelError::Compile`]; on the host backend also the host implementation's
+    /// own error (with the kernel's name as [`Error::Context`]) or [`KernelError::HostPanic`].
     ///
     /// ```
     /// use graphed::KernelArg::{In, Out, U32};
-    /// use graphed::{Arg, Device, Error, Kernel, LaunchConfig, Tensor};
+    /// use graphed::{Arg, Device, Error, Kernel, KernelError, LaunchConfig, Tensor};
     /// let src = "extern \"C\" __global__ void copy(float* y, const float* x, unsigned n) {
     ///     unsigned i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = x[i]; }";
     /// let copy = Kernel::new("copy", src, &[Arg::TensorOut, Arg::TensorIn, Arg::U32], |a| {
@@ -358,7 +360,7 @@ impl Kernel {
     /// copy.launch(LaunchConfig::for_elements(4), &[Out(&y), In(&x), U32(4)])?;
     /// assert_eq!(y.to_vec()?, vec![2.0; 4]);
     /// let wrong = copy.launch(LaunchConfig::for_elements(4), &[In(&y), In(&x), U32(4)]);
-    /// assert!(matches!(wrong, Err(Error::KernelArgKind { position: 0, .. })));
+    /// assert!(matches!(wrong, Err(Error::Kernel(KernelError::ArgKind { position: 0, .. }))));
     /// # Ok::<(), graphed::Error>(())
     /// ```
     pub fn launch(&self, config: LaunchConfig, args: &[KernelArg<'_>]) -> Result<()> {
@@ -382,7 +384,7 @@ impl Kernel {
                 let dims = LaunchDims { grid: config.grid, block: config.block, shared: config.shared_mem_bytes };
                 let launched = self.lookup(&device, |f| f.map(|f| c.launch_user_kernel(f, dims, &kargs)));
                 launched.flatten().unwrap_or_else(|| {
-                    Err(Error::KernelNotCompiled { kernel: self.0.entry.to_string(), device: device.name() })
+                    Err(KernelError::NotCompiled { kernel: self.0.entry.to_string(), device: device.name() }.into())
                 })
             }
         }
@@ -393,11 +395,11 @@ impl Kernel {
         let kernel = || self.0.entry.to_string();
         let sig = &self.0.signature;
         if args.len() != sig.len() {
-            return Err(Error::KernelArgCount { kernel: kernel(), expected: sig.len(), got: args.len() });
+            return Err(KernelError::ArgCount { kernel: kernel(), expected: sig.len(), got: args.len() }.into());
         }
         for (position, (a, want)) in args.iter().zip(sig).enumerate() {
             if a.kind() != *want {
-                return Err(Error::KernelArgKind { kernel: kernel(), position, expected: *want, got: a.kind() });
+                return Err(KernelError::ArgKind { kernel: kernel(), position, expected: *want, got: a.kind() }.into());
             }
         }
         let mut device: Option<&Device> = None;
@@ -409,17 +411,18 @@ impl Kernel {
             match device {
                 None => device = Some(t.device()),
                 Some(d) if d != t.device() => {
-                    return Err(Error::KernelDeviceMismatch {
+                    return Err(KernelError::DeviceMismatch {
                         kernel: kernel(),
                         position,
                         expected: d.name(),
                         got: t.device().name(),
-                    })
+                    }
+                    .into())
                 }
                 Some(_) => {}
             }
         }
-        device.cloned().ok_or_else(|| Error::KernelDefinition { kernel: kernel(), detail: "no tensor argument".into() })
+        Ok(device.cloned().ok_or_else(|| KernelError::NoTensorArg { kernel: kernel() })?)
     }
 
     /// Runs the host implementation now, or records it into the capture in progress.

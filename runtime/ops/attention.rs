@@ -3,7 +3,7 @@
 
 use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, RowGemmBatched, RowMat};
 use crate::ops::cpu::{self, AttnDims, AttnSaved};
-use crate::ops::{check_f32_on, check_like, check_shape, exec, k, n32, warp_rows, Exec};
+use crate::ops::{check_f32_on, check_like, check_shape, exec, gemm_dim, k, n32, warp_rows, Exec};
 use crate::{DType, Error, Result, Tensor};
 
 /// Checks `q`, `k`, `v` are one `[batch, seq, heads · head_dim]` shape of one dtype; returns
@@ -20,9 +20,7 @@ fn check_qkv(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor, heads: usize)
     }
     n32(op, batch * heads * seq * seq)?;
     for s in [seq, width] {
-        if s > i32::MAX as usize {
-            return Err(Error::invalid(op, format!("dimension {s} exceeds the i32 range cuBLAS supports")));
-        }
+        gemm_dim(op, s)?;
     }
     Ok((AttnDims { batch, seq, heads, head_dim: width / heads }, dtype))
 }

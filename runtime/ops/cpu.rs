@@ -5,9 +5,10 @@
 //! elementwise formulas that the kernels compute in f32 are computed the same way here.
 //! Matrices are row-major; `rows x cols` sizes are passed explicitly.
 
+use crate::error::OpError;
 use crate::ops::Gelu;
 use crate::rng::philox_uniform;
-use crate::{Error, Result};
+use crate::Result;
 
 /// A row-major f64 matrix view for [`dgemm`]: the data and its (row, column) strides.
 #[derive(Clone, Copy)]
@@ -296,7 +297,7 @@ fn labels_checked(op: &'static str, labels: &[f32], classes: usize) -> Result<Ve
         .map(|(r, l)| match label_index(*l, classes) {
             Some(id) => Ok(Some(id)),
             None if *l == crate::ops::IGNORE_LABEL => Ok(None),
-            None => Err(Error::invalid(op, format!("label {l} of row {r} is not a class id in 0..{classes}"))),
+            None => Err(OpError::Label { op, label: *l, row: r, classes }.into()),
         })
         .collect()
 }
@@ -308,8 +309,8 @@ fn counted(ids: &[Option<usize>]) -> usize {
 
 /// Softmax cross-entropy over rows of `classes` logits: `(mean loss, probs)`, the mean over
 /// the rows whose label is not [`crate::ops::IGNORE_LABEL`] (0 when every row is ignored); a
-/// label that is neither an integer in `0..classes` nor the ignore label is an
-/// [`Error::InvalidArgument`].
+/// label that is neither an integer in `0..classes` nor the ignore label is
+/// [`OpError::Label`].
 pub fn softmax_cross_entropy(logits: &[f32], labels: &[f32], classes: usize) -> Result<(f32, Vec<f32>)> {
     let ids = labels_checked("softmax_cross_entropy", labels, classes)?;
     let rows = counted(&ids);

@@ -5,7 +5,7 @@
 
 use crate::backend::{BuiltinKernel as B, KArg, LaunchDims};
 use crate::ops::cpu::{self, CacheShape};
-use crate::ops::{check_like, exec, n32, Exec};
+use crate::ops::{at_most, check_like, exec, n32, Exec};
 use crate::{DType, Error, Result, Tensor};
 
 /// Keys per block of the decode kernels' first pass, and how many blocks split one sequence's
@@ -52,12 +52,10 @@ fn check_cache(op: &'static str, k_cache: &Tensor, v_cache: &Tensor, lengths: &T
     if batch == 0 || kv_heads == 0 || max_len == 0 || head_dim == 0 {
         return Err(Error::shape(op, format!("cache {:?}: every dimension must be nonzero", k_cache.dims())));
     }
-    if batch > 65535 || kv_heads > 65535 || max_len > i32::MAX as usize {
-        return Err(Error::invalid(
-            op,
-            format!("batch and kv_heads at most 65535, max_len below 2^31: {:?}", k_cache.dims()),
-        ));
-    }
+    // The grid's y and z dimensions hold at most 65535 blocks; lengths are i32.
+    at_most(op, "batch", batch, 65535)?;
+    at_most(op, "kv head count", kv_heads, 65535)?;
+    at_most(op, "cache length", max_len, i32::MAX as usize)?;
     check_lengths(op, lengths, k_cache, batch)?;
     Ok((CacheShape { batch, heads: kv_heads, kv_heads, max_len, head_dim }, dtype))
 }

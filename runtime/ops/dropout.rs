@@ -1,6 +1,7 @@
 //! Dropout with a graph-safe mask from the Philox generator.
 
 use crate::backend::{KArg, LaunchDims};
+use crate::error::OpError;
 use crate::ops::activation::binary;
 use crate::ops::{check_like, cpu, exec, k, n32, Exec};
 use crate::{Error, Generator, Result, Tensor};
@@ -16,7 +17,7 @@ use crate::{Error, Generator, Result, Tensor};
 /// ([`Generator::save`]/[`Generator::restore`], capturable) redraws the same mask (what
 /// activation recomputation needs). The host backend draws the identical numbers.
 ///
-/// `p` outside `[0, 1)` is an [`Error::InvalidArgument`].
+/// `p` outside `[0, 1)` is [`OpError::DropoutP`].
 ///
 /// ```
 /// # use graphed::{ops, Device, Generator, Tensor};
@@ -40,7 +41,7 @@ pub fn dropout(x: &Tensor, p: f32, rng: &Generator, training: bool) -> Result<(T
     let dtype = check_like(OP, &[x])?;
     let kernel = k::DROPOUT.get(dtype);
     if !(0.0..1.0).contains(&p) {
-        return Err(Error::invalid(OP, format!("p = {p} must be in [0, 1)")));
+        return Err(OpError::DropoutP { p }.into());
     }
     if rng.device() != x.device() {
         return Err(Error::DeviceMismatch { op: OP, a: x.device().name(), b: rng.device().name() });

@@ -4,7 +4,7 @@
 
 use crate::backend::{BuiltinKernel as B, CudaBackend, FlashTiles, KArg, LaunchDims};
 use crate::ops::cpu::{self, AttnDims, AttnSaved, AttnShape};
-use crate::ops::{check_f32_on, check_like, exec, Exec};
+use crate::ops::{at_most, check_f32_on, check_like, exec, Exec};
 use crate::{DType, Error, Result, Tensor};
 
 /// What [`flash_attention`] computes: how many query heads, how many key/value heads (grouped-
@@ -87,12 +87,10 @@ fn check_qkv(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor, at: &Attentio
     if !Attention::supports(dtype, head_dim) {
         return Err(Error::AttentionUnsupported { op, dtype, head_dim, device: String::new() });
     }
-    if batch > 65535 || at.heads > 65535 || seq > u32::MAX as usize / 2 {
-        return Err(Error::invalid(
-            op,
-            format!("batch {batch} and heads {} at most 65535, seq {seq} below 2^31", at.heads),
-        ));
-    }
+    // The grid's y and z dimensions hold at most 65535 blocks; positions are 31-bit.
+    at_most(op, "batch", batch, 65535)?;
+    at_most(op, "head count", at.heads, 65535)?;
+    at_most(op, "sequence length", seq, u32::MAX as usize / 2)?;
     let dims = AttnDims { batch, seq, heads: at.heads, head_dim };
     Ok((AttnShape { dims, kv_heads: at.kv_heads, causal: at.causal }, dtype))
 }

@@ -1,8 +1,9 @@
 //! Linear layers with their bias and GELU fused into the GEMM (cublasLt epilogues).
 
 use crate::backend::{LtEpilogue, LtLinear};
+use crate::error::OpError;
 use crate::ops::{self, check_like, check_linear, cpu, exec, out_dims, Exec, Gelu};
-use crate::{Error, Result, Tensor};
+use crate::{Result, Tensor};
 
 /// What [`linear_fused`] applies to `x · wᵀ` inside the GEMM.
 ///
@@ -19,6 +20,17 @@ pub enum Epilogue {
     BiasGelu,
 }
 
+impl Epilogue {
+    /// The variant's name, for [`OpError::EpilogueBias`].
+    fn name(self) -> &'static str {
+        match self {
+            Epilogue::Bias => "Bias",
+            Epilogue::Gelu => "Gelu",
+            Epilogue::BiasGelu => "BiasGelu",
+        }
+    }
+}
+
 /// `epilogue(x · wᵀ [+ b])` as one cublasLt GEMM on CUDA: returns `(y, pre)`, where `pre` is
 /// the pre-activation `x · wᵀ [+ b]` for the GELU epilogues (what [`linear_fused_backward`]
 /// needs) and `None` for [`Epilogue::Bias`].
@@ -28,8 +40,8 @@ pub enum Epilogue {
 /// rounding to the output dtype (the host reference does the same). Without cublasLt, or for
 /// a shape it has no algorithm for, the CUDA path runs the unfused ops (GEMM, bias kernel,
 /// GELU kernel), which round in between. Shapes, dtypes and devices are checked as in
-/// [`ops::linear`]; a `b` the epilogue needs but is missing (or one it does not take) is an
-/// [`Error::InvalidArgument`].
+/// [`ops::linear`]; a `b` the epilogue needs but is missing (or one it does not take) is
+/// [`OpError::EpilogueBias`].
 ///
 /// ```
 /// # use graphed::{ops, ops::{Epilogue, Gelu}, Device, Tensor};
@@ -54,8 +66,9 @@ pub fn linear_fused(
     let (rows, input, out) = check_linear(OP, x, w)?;
     let wants_bias = epilogue != Epilogue::Gelu;
     match (wants_bias, b) {
-        (true, None) => return Err(Error::invalid(OP, format!("{epilogue:?} needs a bias"))),
-        (false, Some(_)) => return Err(Error::invalid(OP, "Epilogue::Gelu takes no bias (use BiasGelu)")),
+        (true, None) | (false, Some(_)) => {
+            return Err(OpError::EpilogueBias { epilogue: epilogue.name(), needs_bias: wants_bias }.into())
+        }
         (_, Some(b)) => {
             check_like(OP, &[x, b])?;
             ops::check_vector(OP, "b", b, out)?;

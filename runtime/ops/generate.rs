@@ -3,8 +3,9 @@
 //! memory and updated by one kernel per step, so a decoding loop never reads the host.
 
 use crate::backend::{BuiltinKernel as B, KArg, LaunchDims};
+use crate::error::OpError;
 use crate::ops::cpu::{self, GenerationState};
-use crate::ops::{exec, n32, Exec};
+use crate::ops::{at_most, exec, n32, Exec};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// When the sequences of a batch stop: on `end` (a token id; `None`, only on their length),
@@ -66,12 +67,8 @@ impl Generation {
     /// until [`Generation::start`]. Both sizes must be nonzero and `batch · max_new` below
     /// 2³¹.
     pub fn new(device: &Device, batch: usize, max_new: usize) -> Result<Generation> {
-        const OP: &str = "Generation::new";
         if batch == 0 || max_new == 0 || batch.checked_mul(max_new).is_none_or(|n| n > i32::MAX as usize) {
-            return Err(Error::invalid(
-                OP,
-                format!("{batch} sequences of {max_new} tokens: both nonzero, the product below 2^31"),
-            ));
+            return Err(OpError::GenerationSize { batch, max_new }.into());
         }
         device.with_pool(&device.default_pool(), || {
             let i32s = |dims: &[usize]| Tensor::from_i32(device, &vec![0; dims.iter().product()], dims);
@@ -99,12 +96,15 @@ impl Generation {
     pub fn start(&self, limits: &[usize], stop: Stop) -> Result<()> {
         const OP: &str = "Generation::start";
         if limits.len() > self.batch {
-            return Err(Error::invalid(OP, format!("{} limits for {} sequences", limits.len(), self.batch)));
+            return Err(OpError::GenerationLimits { limits: limits.len(), batch: self.batch }.into());
         }
         if let Some(&l) = limits.iter().find(|&&l| l > self.max_new) {
-            return Err(Error::invalid(OP, format!("a limit of {l} tokens is above max_new = {}", self.max_new)));
+            return Err(OpError::GenerationLimit { limit: l, max_new: self.max_new }.into());
         }
-        let token = |t: u32| i32::try_from(t).map_err(|_| Error::invalid(OP, format!("token {t} does not fit an i32")));
+        let token = |t: u32| -> Result<i32> {
+            at_most(OP, "token id", t as usize, i32::MAX as usize)?;
+            Ok(t as i32)
+        };
         let end = stop.end.map_or(Ok(-1), token)?;
         let pad = token(stop.pad)?;
         self.tokens.device().backend().forbid_during_capture(OP)?;
@@ -128,7 +128,7 @@ impl Generation {
     /// are shared): what a graph captured for a smaller batch reads and writes.
     pub fn prefix(&self, batch: usize) -> Result<Generation> {
         if batch == 0 || batch > self.batch {
-            return Err(Error::invalid("Generation::prefix", format!("{batch} of {} sequences", self.batch)));
+            return Err(OpError::GenerationPrefix { batch, sequences: self.batch }.into());
         }
         let rows = |t: &Tensor| t.prefix_view(&[batch]);
         Ok(Generation {

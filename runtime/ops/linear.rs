@@ -2,21 +2,14 @@
 
 use crate::backend::{GemmEx, KArg, LaunchDims, Operand};
 use crate::ops::{
-    as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, Exec,
+    as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, gemm_dim, k, n32,
+    Exec,
 };
 use crate::{DType, Error, Result, Tensor};
 
 /// A GEMM operand of tensor `t` with leading dimension `ld`.
 fn operand(t: &Tensor, ld: usize) -> Result<Operand> {
     Ok(Operand { ptr: t.cuda_ptr()?, dtype: t.dtype(), ld })
-}
-
-/// cuBLAS takes `int` sizes.
-fn gemm_dim(op: &'static str, v: usize) -> Result<()> {
-    if v > i32::MAX as usize {
-        return Err(Error::invalid(op, format!("dimension {v} exceeds the i32 range cuBLAS supports")));
-    }
-    Ok(())
 }
 
 /// The output dims: `x`'s with the last dimension replaced by `out`.

@@ -1,6 +1,7 @@
 //! Losses: softmax cross-entropy and mean squared error.
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
+use crate::error::OpError;
 use crate::ops::{
     check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, reduce_blocks, row_dims, Exec,
 };
@@ -28,7 +29,7 @@ fn check_xent(op: &'static str, logits: &Tensor, labels: &Tensor) -> Result<(usi
 }
 
 /// Checks that every label is an integer class id in `0..classes`, reading the labels back to
-/// the host: [`Error::InvalidArgument`] naming the first bad one.
+/// the host: [`OpError::Label`] naming the first bad one.
 ///
 /// This synchronizes with the device, so it is illegal during a capture
 /// ([`Error::IllegalDuringCapture`]): call it on the data before copying it into a graph's
@@ -47,10 +48,7 @@ pub fn validate_labels(labels: &Tensor, classes: usize) -> Result<()> {
     check_same("validate_labels", &[labels])?;
     for (r, l) in labels.to_vec()?.into_iter().enumerate() {
         if cpu::label_index(l, classes).is_none() && l != IGNORE_LABEL {
-            return Err(Error::invalid(
-                "validate_labels",
-                format!("label {l} of row {r} is not a class id in 0..{classes}"),
-            ));
+            return Err(OpError::Label { op: "validate_labels", label: l, row: r, classes }.into());
         }
     }
     Ok(())
@@ -66,7 +64,7 @@ pub const IGNORE_LABEL: f32 = -100.0;
 ///
 /// `labels` is `[N]` holding integer class ids as f32. `logits` may be f32, bf16 or f16: the
 /// math is f32, `probs` has the logits' dtype and the loss is f32. A label that is not an integer in
-/// `0..C` is an [`Error::InvalidArgument`] on the host backend (raised when the op runs: at
+/// `0..C` is [`OpError::Label`] on the host backend (raised when the op runs: at
 /// the call, or at the replay of a graph that captured it). On CUDA the kernel makes that
 /// row's loss NaN instead of reading out of bounds; check labels with [`validate_labels`]
 /// before they enter a graph. The mean is a deterministic reduction (no atomics).
@@ -80,7 +78,8 @@ pub const IGNORE_LABEL: f32 = -100.0;
 /// assert!((loss.to_vec()?[0] - std::f32::consts::LN_2).abs() < 1e-6);
 /// assert_eq!(probs.to_vec()?, vec![0.5; 4]);
 /// let bad = Tensor::from_slice(&dev, &[0.0, 2.0], &[2])?;
-/// assert!(matches!(ops::softmax_cross_entropy(&logits, &bad), Err(graphed::Error::InvalidArgument { .. })));
+/// let e = ops::softmax_cross_entropy(&logits, &bad).unwrap_err();
+/// assert!(matches!(e, graphed::Error::Op(graphed::OpError::Label { row: 1, classes: 2, .. })));
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {

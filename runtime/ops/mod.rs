@@ -44,6 +44,7 @@ pub use transformer::{
 };
 
 use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, Typed};
+use crate::error::OpError;
 use crate::{DType, Device, Error, Result, Tensor};
 
 pub(crate) use crate::backend::Exec;
@@ -117,9 +118,22 @@ pub(crate) fn check_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()
     Ok(())
 }
 
-/// The element count as a kernel argument; errors past u32 range.
+/// The element count as a kernel argument; [`OpError::TooLarge`] past u32 range.
 pub(crate) fn n32(op: &'static str, n: usize) -> Result<u32> {
-    u32::try_from(n).map_err(|_| Error::invalid(op, format!("{n} elements exceed the 2^32 kernels support")))
+    Ok(u32::try_from(n).map_err(|_| OpError::TooLarge { op, what: "element count", got: n, max: u32::MAX as usize })?)
+}
+
+/// [`OpError::TooLarge`] when `got` is above `max`.
+pub(crate) fn at_most(op: &'static str, what: &'static str, got: usize, max: usize) -> Result<()> {
+    if got > max {
+        return Err(OpError::TooLarge { op, what, got, max }.into());
+    }
+    Ok(())
+}
+
+/// [`OpError::TooLarge`] when `v` is past the `int` range cuBLAS takes its sizes in.
+pub(crate) fn gemm_dim(op: &'static str, v: usize) -> Result<()> {
+    at_most(op, "GEMM dimension", v, i32::MAX as usize)
 }
 
 /// Threads of a one-block-per-row kernel for rows of `d` elements: a multiple of 32, at most 512.

@@ -1,6 +1,7 @@
 //! Layer normalization over the last dimension.
 
 use crate::backend::KArg;
+use crate::error::OpError;
 use crate::ops::{
     as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, row_dims,
     Exec,
@@ -39,7 +40,7 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
     check_vector(OP, "gamma", gamma, d)?;
     check_vector(OP, "beta", beta, d)?;
     if !(eps >= 0.0 && eps.is_finite()) {
-        return Err(Error::invalid(OP, format!("eps = {eps} must be finite and >= 0")));
+        return Err(OpError::Eps { op: OP, eps }.into());
     }
     n32(OP, x.numel())?;
     let y = Tensor::empty_like(x)?;

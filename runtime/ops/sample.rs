@@ -2,7 +2,7 @@
 //! read to the host, so a decoding loop stays inside one graph.
 
 use crate::backend::{KArg, LaunchDims};
-use crate::ops::{check_like, cpu, exec, k, n32, Exec};
+use crate::ops::{at_most, check_like, cpu, exec, k, n32, Exec};
 use crate::{DType, Error, Generator, Result, Tensor};
 
 /// Greedy sampling: for each row of `logits` (`[batch, vocab]`, f32, bf16 or f16), the index
@@ -27,9 +27,7 @@ pub fn argmax(logits: &Tensor) -> Result<Tensor> {
         return Err(Error::shape(OP, format!("logits {:?}: batch and vocab must be nonzero", logits.dims())));
     }
     n32(OP, batch * vocab)?;
-    if vocab > i32::MAX as usize {
-        return Err(Error::invalid(OP, format!("a vocabulary of {vocab} does not fit an i32 index")));
-    }
+    at_most(OP, "vocabulary size", vocab, i32::MAX as usize)?;
     let out = Tensor::empty_as(logits.device(), &[batch], DType::I32)?;
     let kernel = k::ARGMAX_ROWS.get(dtype);
     match exec(logits.device()) {

@@ -1,6 +1,7 @@
 //! Token embedding, RMSNorm and SwiGLU (#13) in f32, bf16 and f16, with their backwards.
 
 use crate::backend::{KArg, LaunchDims, RowTiles};
+use crate::error::OpError;
 use crate::ops::{
     as_rows, check_f32_on, check_grad_of, check_like, check_rank1, check_shape, check_vector, col_chunks, col_dims,
     cpu, exec, k, n32, row_dims, warp_rows, Exec,
@@ -188,7 +189,7 @@ fn check_rms_norm(op: &'static str, x: &Tensor, gamma: &Tensor, eps: f32) -> Res
     }
     check_vector(op, "gamma", gamma, d)?;
     if !(eps >= 0.0 && eps.is_finite()) {
-        return Err(Error::invalid(op, format!("eps = {eps} must be finite and >= 0")));
+        return Err(OpError::Eps { op, eps }.into());
     }
     n32(op, x.numel())?;
     Ok((dtype, rows, d))

@@ -5,6 +5,7 @@ use super::multi_tensor::{Row, TensorTable, G};
 use super::{state_from, zero_bits, Launches, ZERO_UPDATED};
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::conditional::{self, Condition};
+use crate::error::OptimError;
 use crate::ops::{cpu, exec, fill_, n32, Exec};
 use crate::{DType, Device, Error, Param, Result, Tensor};
 
@@ -53,23 +54,23 @@ pub struct LossScaler {
 }
 
 impl LossScaler {
-    /// A scaler at `config.init_scale`. [`Error::InvalidArgument`] for a scale that is not
+    /// A scaler at `config.init_scale`. [`OptimError::HyperParameter`] for a scale that is not
     /// positive and finite, a growth factor under 1, a backoff outside `(0, 1)` or a zero interval.
     pub fn new(device: &Device, config: LossScalerConfig) -> Result<LossScaler> {
         const OP: &str = "LossScaler::new";
         let LossScalerConfig { init_scale, growth_factor, backoff_factor, growth_interval } = config;
+        let refuse = |name, value, expected| Err(OptimError::HyperParameter { op: OP, name, value, expected }.into());
         if !(init_scale.is_finite() && init_scale > 0.0) {
-            return Err(Error::invalid(OP, format!("init_scale = {init_scale} must be positive and finite")));
+            return refuse("init_scale", init_scale, "positive and finite");
         }
-        let ok = growth_factor.is_finite() && growth_factor >= 1.0 && backoff_factor > 0.0 && backoff_factor < 1.0;
-        if !ok {
-            return Err(Error::invalid(
-                OP,
-                format!("growth_factor = {growth_factor} must be >= 1 and backoff_factor = {backoff_factor} in (0, 1)"),
-            ));
+        if !(growth_factor.is_finite() && growth_factor >= 1.0) {
+            return refuse("growth_factor", growth_factor, "finite and >= 1");
+        }
+        if !(backoff_factor > 0.0 && backoff_factor < 1.0) {
+            return refuse("backoff_factor", backoff_factor, "in (0, 1)");
         }
         if growth_interval == 0 {
-            return Err(Error::invalid(OP, "growth_interval must be at least 1"));
+            return refuse("growth_interval", 0.0, "at least 1");
         }
         Ok(LossScaler { config, state: state_from(device, &[init_scale, 0.0, 0.0, 0.0])? })
     }
@@ -203,7 +204,7 @@ pub(super) fn make_masters(
     model: &[Param],
     scaler: Option<&LossScaler>,
 ) -> Result<(Device, Vec<Param>)> {
-    let Some(first) = model.first() else { return Err(Error::invalid(op, "no parameters to optimize")) };
+    let Some(first) = model.first() else { return Err(OptimError::NoParams { op }.into()) };
     let device = first.value.device().clone();
     for p in model {
         if p.value.dtype() == DType::F32 {

@@ -29,7 +29,7 @@ impl Mixed<AdamW> {
     /// model values widened to f32.
     pub fn new(model: &[Param], config: AdamWConfig, scaler: Option<LossScaler>) -> Result<MixedAdamW> {
         const OP: &str = "MixedAdamW::new";
-        check_hyper(OP, "lr", config.lr, None)?;
+        check_hyper(OP, "lr", config.lr, false)?;
         let (device, masters) = make_masters(OP, model, scaler.as_ref())?;
         Mixed::wrap(model, AdamW::build(OP, &masters, config, Some(model))?, scaler, &device)
     }

@@ -36,8 +36,9 @@ pub use mixed_sgd::MixedSgd;
 pub use schedule::WarmupCosine;
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
+use crate::error::OptimError;
 use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
-use crate::{DType, Device, Error, Param, Parameters, Result, Tensor};
+use crate::{DType, Device, Param, Parameters, Result, Tensor};
 use multi_tensor::{Row, TensorTable, G, M, MODEL, P, V};
 
 /// How [`AdamW`] and [`MixedAdamW`] launch their update kernels.
@@ -118,11 +119,12 @@ impl Default for AdamWConfig {
     }
 }
 
-fn check_hyper(op: &'static str, name: &str, v: f32, max: Option<f32>) -> Result<()> {
-    let ok = v.is_finite() && v >= 0.0 && max.is_none_or(|m| v < m);
+/// `v` finite and at least 0, and below 1 for a beta ([`OptimError::HyperParameter`]).
+fn check_hyper(op: &'static str, name: &'static str, v: f32, beta: bool) -> Result<()> {
+    let ok = v.is_finite() && v >= 0.0 && (!beta || v < 1.0);
     if !ok {
-        let range = max.map_or("finite and >= 0".to_string(), |m| format!("in [0, {m})"));
-        return Err(Error::invalid(op, format!("{name} = {v} must be {range}")));
+        let expected = if beta { "in [0, 1)" } else { "finite and >= 0" };
+        return Err(OptimError::HyperParameter { op, name, value: v, expected }.into());
     }
     Ok(())
 }
@@ -130,7 +132,7 @@ fn check_hyper(op: &'static str, name: &str, v: f32, max: Option<f32>) -> Result
 /// Checks the params (non-empty, f32, one device, grads shaped like values); their device.
 fn check_params(op: &'static str, params: &[Param]) -> Result<Device> {
     let Some(first) = params.first() else {
-        return Err(Error::invalid(op, "no parameters to optimize"));
+        return Err(OptimError::NoParams { op }.into());
     };
     for p in params {
         check_same(op, &[&first.value, &p.value, &p.grad])?;
@@ -169,13 +171,14 @@ pub struct Sgd {
 
 impl Sgd {
     /// An optimizer over `params` (handles: it updates their values in place).
-    /// [`Error::InvalidArgument`] for no params or negative/non-finite hyper-parameters.
+    /// [`OptimError::NoParams`] for no params, [`OptimError::HyperParameter`] for a negative or
+    /// non-finite hyper-parameter.
     pub fn new(params: &[Param], config: SgdConfig) -> Result<Sgd> {
         const OP: &str = "Sgd::new";
         let device = check_params(OP, params)?;
-        check_hyper(OP, "lr", config.lr, None)?;
-        check_hyper(OP, "momentum", config.momentum, None)?;
-        check_hyper(OP, "weight_decay", config.weight_decay, None)?;
+        check_hyper(OP, "lr", config.lr, false)?;
+        check_hyper(OP, "momentum", config.momentum, false)?;
+        check_hyper(OP, "weight_decay", config.weight_decay, false)?;
         let bufs = params
             .iter()
             .map(|p| if config.momentum != 0.0 { state_zeros(&device, p.value.dims()).map(Some) } else { Ok(None) })
@@ -203,7 +206,7 @@ impl Sgd {
     /// Sets the learning rate that the next `step()` — eager or a replay of a captured one —
     /// uses. A host-to-device write: illegal during a capture.
     pub fn set_lr(&self, lr: f32) -> Result<()> {
-        check_hyper("Sgd::set_lr", "lr", lr, None)?;
+        check_hyper("Sgd::set_lr", "lr", lr, false)?;
         self.lr.copy_from_slice(&[lr])
     }
 
@@ -315,8 +318,8 @@ pub struct AdamW {
 
 impl AdamW {
     /// An optimizer over `params`, with zero moments and step count 0.
-    /// [`Error::InvalidArgument`] for no params or hyper-parameters out of range (betas in
-    /// `[0, 1)`, the rest finite and >= 0).
+    /// [`OptimError::NoParams`] for no params, [`OptimError::HyperParameter`] for one out of
+    /// range (betas in `[0, 1)`, the rest finite and >= 0).
     pub fn new(params: &[Param], config: AdamWConfig) -> Result<AdamW> {
         AdamW::build("AdamW::new", params, config, None)
     }
@@ -326,11 +329,11 @@ impl AdamW {
     /// update rewrites (one table per model dtype; the caller checked the model).
     fn build(op: &'static str, params: &[Param], config: AdamWConfig, model: Option<&[Param]>) -> Result<AdamW> {
         let device = check_params(op, params)?;
-        check_hyper(op, "lr", config.lr, None)?;
-        check_hyper(op, "beta1", config.beta1, Some(1.0))?;
-        check_hyper(op, "beta2", config.beta2, Some(1.0))?;
-        check_hyper(op, "eps", config.eps, None)?;
-        check_hyper(op, "weight_decay", config.weight_decay, None)?;
+        check_hyper(op, "lr", config.lr, false)?;
+        check_hyper(op, "beta1", config.beta1, true)?;
+        check_hyper(op, "beta2", config.beta2, true)?;
+        check_hyper(op, "eps", config.eps, false)?;
+        check_hyper(op, "weight_decay", config.weight_decay, false)?;
         let m: Vec<Tensor> = params.iter().map(|p| state_zeros(&device, p.value.dims())).collect::<Result<_>>()?;
         let v: Vec<Tensor> = params.iter().map(|p| state_zeros(&device, p.value.dims())).collect::<Result<_>>()?;
         // Tensors in table order, grouped by the kernel that updates them.
@@ -427,7 +430,7 @@ impl AdamW {
     /// Sets the learning rate that the next `step()` — eager or replayed — uses. Illegal
     /// during a capture.
     pub fn set_lr(&self, lr: f32) -> Result<()> {
-        check_hyper("AdamW::set_lr", "lr", lr, None)?;
+        check_hyper("AdamW::set_lr", "lr", lr, false)?;
         self.lr.copy_from_slice(&[lr])
     }
 

@@ -12,8 +12,9 @@
 //! replay.
 
 use crate::backend::{BuiltinKernel, CudaBackend, HostPtr, KArg, MultiTensor};
+use crate::error::{DeviceError, OpError};
 use crate::ops::{exec, Exec};
-use crate::{Device, Error, Result, Tensor};
+use crate::{Device, Result, Tensor};
 
 /// The slot of the f32 weights (the master weights in mixed precision).
 pub(super) const P: usize = 0;
@@ -86,7 +87,7 @@ impl TensorTable {
     /// chunk list and the chunk length, then `args`.
     pub(super) fn launch(&self, c: &CudaBackend, kernel: BuiltinKernel, args: &[KArg]) -> Result<()> {
         let Some(t) = &self.table else {
-            return Err(Error::invalid(kernel.name(), "a host table on a CUDA device"));
+            return Err(DeviceError::OtherBackend { op: kernel.name(), what: "a host tensor table" }.into());
         };
         if t.count == 0 {
             return Ok(());
@@ -137,17 +138,25 @@ impl DeviceTable {
                 entries.extend(words(ptr));
             }
             entries.extend(words(n as u64));
-            let index = u32::try_from(i).map_err(|_| Error::invalid(op, "more than 2^32 tensors"))?;
+            let index = u32::try_from(i).map_err(|_| OpError::TooLarge {
+                op,
+                what: "tensor count",
+                got: rows.len(),
+                max: u32::MAX as usize,
+            })?;
             for start in (0..n).step_by(MultiTensor::CHUNK) {
                 // Element counts fit in a u32 (the optimizers check), so starts do too.
                 chunks.extend([index as i32, start as u32 as i32]);
             }
         }
         // One block a chunk: the grid's x dimension holds at most 2^31 - 1 blocks.
-        let count = u32::try_from(chunks.len() / 2)
-            .ok()
-            .filter(|c| *c <= i32::MAX as u32)
-            .ok_or_else(|| Error::invalid(op, format!("{} chunks for one launch", chunks.len() / 2)))?;
+        let count =
+            u32::try_from(chunks.len() / 2).ok().filter(|c| *c <= i32::MAX as u32).ok_or(OpError::TooLarge {
+                op,
+                what: "chunk count of one launch",
+                got: chunks.len() / 2,
+                max: i32::MAX as usize,
+            })?;
         let store = |words: &[i32]| {
             // Never empty: a zero-length tensor still gets an allocation the kernels never read.
             let words = if words.is_empty() { &[0][..] } else { words };

@@ -1,8 +1,9 @@
 //! A learning-rate schedule computed on the device from AdamW's step counter (#13).
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
+use crate::error::OptimError;
 use crate::ops::{exec, Exec};
-use crate::{Error, Result, Tensor};
+use crate::{Result, Tensor};
 
 /// Linear warm-up from 0 to `peak` over the first `warmup` steps, then a cosine from `peak`
 /// down to `floor` at step `total` (and `floor` after it). Given to
@@ -45,7 +46,8 @@ impl WarmupCosine {
     pub(super) fn check(&self, op: &'static str) -> Result<()> {
         let ok = self.peak.is_finite() && self.floor.is_finite() && self.floor >= 0.0 && self.floor <= self.peak;
         if !ok || self.warmup > self.total {
-            return Err(Error::invalid(op, format!("{self:?}: need 0 <= floor <= peak (finite) and warmup <= total")));
+            let WarmupCosine { peak, floor, warmup, total } = *self;
+            return Err(OptimError::Schedule { op, peak, floor, warmup, total }.into());
         }
         Ok(())
     }

@@ -4,6 +4,7 @@
 use half::{bf16, f16};
 
 use crate::backend::BackendKind;
+use crate::error::OpError;
 use crate::{DType, Device, Error, Result, Tensor};
 
 impl Tensor {
@@ -61,8 +62,11 @@ impl Tensor {
     /// ```
     pub fn full_as(device: &Device, dims: &[usize], value: f32, dtype: DType) -> Result<Tensor> {
         let t = Tensor::empty_as(device, dims, dtype)?;
-        let n = u32::try_from(t.numel()).map_err(|_| {
-            Error::invalid("Tensor::full", format!("{} elements exceed the 2^32 kernels support", t.numel()))
+        let n = u32::try_from(t.numel()).map_err(|_| OpError::TooLarge {
+            op: "Tensor::full",
+            what: "element count",
+            got: t.numel(),
+            max: u32::MAX as usize,
         })?;
         device.backend().fill(&t.ptr()?, n, value, dtype)?;
         Ok(t)

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use crate::backend::{HostPtr, Ptr};
+use crate::error::DeviceError;
 use crate::pool::{Block, Resident};
 use crate::{DType, Device, Error, Result, Shape};
 
@@ -332,7 +333,7 @@ impl Tensor {
     pub(crate) fn cuda_ptr(&self) -> Result<u64> {
         match self.ptr()? {
             Ptr::Cuda(p) => Ok(p),
-            Ptr::Host(_) => Err(Error::invalid("cuda_ptr", "a host tensor on a CUDA op")),
+            Ptr::Host(_) => Err(DeviceError::OtherBackend { op: "cuda_ptr", what: "a host tensor" }.into()),
         }
     }
 
@@ -344,7 +345,7 @@ impl Tensor {
                 h.dtype = self.dtype;
                 Ok(h)
             }
-            Ptr::Cuda(_) => Err(Error::invalid("host_ptr", "a CUDA tensor on a host op")),
+            Ptr::Cuda(_) => Err(DeviceError::OtherBackend { op: "host_ptr", what: "a CUDA tensor" }.into()),
         }
     }
 

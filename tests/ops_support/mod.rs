@@ -119,7 +119,3 @@ pub fn expect_err<T: std::fmt::Debug>(what: &str, r: Result<T>, matches: impl Fn
 pub fn is_shape(e: &Error) -> bool {
     matches!(e, Error::Shape { .. })
 }
-
-pub fn is_invalid(e: &Error) -> bool {
-    matches!(e, Error::InvalidArgument { .. })
-}
