@@ -117,7 +117,9 @@ fn edges() -> BTreeMap<String, BTreeSet<String>> {
             continue;
         }
         let src = fs::read_to_string(f).expect("readable source");
-        for name in crate_paths(&src) {
+        // A file's unit tests (its trailing `#[cfg(test)] mod tests`) are not its dependencies.
+        let src = src.find("\n#[cfg(test)]\nmod tests").map_or(&src[..], |end| &src[..end]);
+        for name in crate_paths(src) {
             let to = if modules.contains(&name) { Some(name) } else { re.get(&name).cloned() };
             if let Some(to) = to.filter(|t| *t != from) {
                 deps.entry(from.clone()).or_default().insert(to);
