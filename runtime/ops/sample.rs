@@ -5,6 +5,21 @@ use crate::backend::{KArg, LaunchDims};
 use crate::ops::{at_most, check_like, cpu, exec, k, n32, Exec};
 use crate::{DType, Error, Generator, Result, Tensor};
 
+/// Checks `logits` (`[batch, vocab]`, both nonzero, a float dtype, indices that fit an i32);
+/// returns its dtype, batch and vocabulary size.
+fn check_logits(op: &'static str, logits: &Tensor) -> Result<(DType, usize, usize)> {
+    let dtype = check_like(op, &[logits])?;
+    let &[batch, vocab] = logits.dims() else {
+        return Err(Error::shape(op, format!("logits must be [batch, vocab], got {:?}", logits.dims())));
+    };
+    if batch == 0 || vocab == 0 {
+        return Err(Error::shape(op, format!("logits {:?}: batch and vocab must be nonzero", logits.dims())));
+    }
+    n32(op, batch * vocab)?;
+    at_most(op, "vocabulary size", vocab, i32::MAX as usize)?;
+    Ok((dtype, batch, vocab))
+}
+
 /// Greedy sampling: for each row of `logits` (`[batch, vocab]`, f32, bf16 or f16), the index
 /// of its largest value, as an [`DType::I32`] tensor `[batch]`. Ties go to the lowest index;
 /// NaN is never chosen (a row of NaN only gives 0). Deterministic: the same on every run, and
@@ -19,15 +34,7 @@ use crate::{DType, Error, Generator, Result, Tensor};
 /// ```
 pub fn argmax(logits: &Tensor) -> Result<Tensor> {
     const OP: &str = "argmax";
-    let dtype = check_like(OP, &[logits])?;
-    let &[batch, vocab] = logits.dims() else {
-        return Err(Error::shape(OP, format!("logits must be [batch, vocab], got {:?}", logits.dims())));
-    };
-    if batch == 0 || vocab == 0 {
-        return Err(Error::shape(OP, format!("logits {:?}: batch and vocab must be nonzero", logits.dims())));
-    }
-    n32(OP, batch * vocab)?;
-    at_most(OP, "vocabulary size", vocab, i32::MAX as usize)?;
+    let (dtype, batch, vocab) = check_logits(OP, logits)?;
     let out = Tensor::empty_as(logits.device(), &[batch], DType::I32)?;
     let kernel = k::ARGMAX_ROWS.get(dtype);
     match exec(logits.device()) {
@@ -116,14 +123,7 @@ pub fn sample(logits: &Tensor, sampling: Sampling, rng: &Generator) -> Result<Te
     if sampling.is_greedy() {
         return argmax(logits);
     }
-    let dtype = check_like(OP, &[logits])?;
-    let &[batch, vocab] = logits.dims() else {
-        return Err(Error::shape(OP, format!("logits must be [batch, vocab], got {:?}", logits.dims())));
-    };
-    if batch == 0 || vocab == 0 {
-        return Err(Error::shape(OP, format!("logits {:?}: batch and vocab must be nonzero", logits.dims())));
-    }
-    n32(OP, batch * vocab)?;
+    let (dtype, batch, vocab) = check_logits(OP, logits)?;
     let top_k = top_k.min(vocab);
     let out = Tensor::empty_as(logits.device(), &[batch], DType::I32)?;
     let kernel = k::SAMPLE_ROWS.get(dtype);

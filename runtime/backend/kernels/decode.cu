@@ -285,6 +285,23 @@ __device__ __forceinline__ bool argmax_better(float v, u32 i, float bv, u32 bi) 
     return i != ARGMAX_NONE && (bi == ARGMAX_NONE || v > bv || (v == bv && i < bi));
 }
 
+// The block's (value, index) pairs merged by a fixed tree into out[0] (0 when every thread's
+// index is none); a total order, so the result is the same on every run.
+__device__ __forceinline__ void argmax_block_merge(int* out, float bv, u32 bi, float* s_v, u32* s_i) {
+    s_v[threadIdx.x] = bv;
+    s_i[threadIdx.x] = bi;
+    __syncthreads();
+    for (u32 s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s && argmax_better(s_v[threadIdx.x + s], s_i[threadIdx.x + s], s_v[threadIdx.x], s_i[threadIdx.x])) {
+            s_v[threadIdx.x] = s_v[threadIdx.x + s];
+            s_i[threadIdx.x] = s_i[threadIdx.x + s];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = s_i[0] == ARGMAX_NONE ? 0 : (int)s_i[0];
+    __syncthreads();
+}
+
 template <typename T>
 __device__ __forceinline__ void argmax_rows_t(int* out, const T* x, u32 rows, u32 cols) {
     __shared__ float s_v[256];
@@ -299,18 +316,7 @@ __device__ __forceinline__ void argmax_rows_t(int* out, const T* x, u32 rows, u3
                 bi = j;
             }
         }
-        s_v[threadIdx.x] = bv;
-        s_i[threadIdx.x] = bi;
-        __syncthreads();
-        for (u32 s = blockDim.x / 2; s > 0; s >>= 1) {
-            if (threadIdx.x < s && argmax_better(s_v[threadIdx.x + s], s_i[threadIdx.x + s], s_v[threadIdx.x], s_i[threadIdx.x])) {
-                s_v[threadIdx.x] = s_v[threadIdx.x + s];
-                s_i[threadIdx.x] = s_i[threadIdx.x + s];
-            }
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) out[r] = s_i[0] == ARGMAX_NONE ? 0 : (int)s_i[0];
-        __syncthreads();
+        argmax_block_merge(out + r, bv, bi, s_v, s_i);
     }
 }
 
@@ -376,18 +382,7 @@ __device__ __forceinline__ void sample_rows_t(int* out, const T* x, const u32* s
                 bi = j;
             }
         }
-        s_v[threadIdx.x] = bv;
-        s_i[threadIdx.x] = bi;
-        __syncthreads();
-        for (u32 s = blockDim.x / 2; s > 0; s >>= 1) {
-            if (threadIdx.x < s && argmax_better(s_v[threadIdx.x + s], s_i[threadIdx.x + s], s_v[threadIdx.x], s_i[threadIdx.x])) {
-                s_v[threadIdx.x] = s_v[threadIdx.x + s];
-                s_i[threadIdx.x] = s_i[threadIdx.x + s];
-            }
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) out[r] = s_i[0] == ARGMAX_NONE ? 0 : (int)s_i[0];
-        __syncthreads();
+        argmax_block_merge(out + r, bv, bi, s_v, s_i);
     }
 }
 
