@@ -102,7 +102,9 @@ impl Condition {
     /// (allocation or host nodes, collectives) is [`Error::ConditionalBody`], and ending the
     /// capture from inside `then` is [`Error::IllegalInConditionalBody`]. When `then` fails
     /// or panics, the stream still captures the outer graph and the error (or panic) is
-    /// passed on. On CUDA a small kernel sets the condition; making a condition outside a
+    /// passed on; on CUDA that capture then ends discarded ([`Error::CaptureInvalidated`]: a
+    /// conditional node cannot be taken back out of a graph), on the host it ends as usual.
+    /// On CUDA a small kernel sets the condition; making a condition outside a
     /// capture loads it (the first time on a device), so no capture has to.
     ///
     /// ```

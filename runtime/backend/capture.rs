@@ -77,6 +77,9 @@ struct GateState {
     /// Conditional bodies of the capture in progress being captured now (nested ones count
     /// each).
     bodies: usize,
+    /// A conditional branch of the capture in progress failed on CUDA: its node cannot be
+    /// taken back out (no call frees a conditional handle), so the capture ends discarded.
+    failed_branch: bool,
 }
 
 /// The capture state of one stream and the gate every stream primitive passes.
@@ -287,13 +290,26 @@ impl StreamGate {
         if st.bodies > 0 {
             return Err(Error::IllegalInConditionalBody { op: "ending the capture" });
         }
+        let failed_branch = std::mem::take(&mut st.failed_branch);
         let out = finish();
         st.capture = None;
         self.capturing.store(false, Ordering::SeqCst);
         CAPTURES.with(|c| c.set(c.get().saturating_sub(1)));
         drop(st);
         self.changed.notify_all();
-        out
+        match (out, failed_branch) {
+            (Ok(_), true) => Err(Error::CaptureInvalidated {
+                detail: "a conditional branch failed inside this capture, and CUDA cannot take its node back \
+                         out; the graph is discarded: capture again"
+                    .into(),
+            }),
+            (out, _) => out,
+        }
+    }
+
+    /// Marks the capture in progress as ending discarded (a conditional branch failed on CUDA).
+    pub(crate) fn fail_branch(&self) {
+        self.lock().failed_branch = true;
     }
 }
 

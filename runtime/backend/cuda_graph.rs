@@ -247,7 +247,15 @@ impl CudaBackend {
         for (branch, handle) in std::iter::once((then, then_handle)).chain(otherwise.zip(else_handle)) {
             let (node, body) = add_conditional_node(graph, &deps, handle, CondKind::If, self.ctx.cu_ctx())?;
             let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps };
-            (graph, deps) = self.capture_body(place, branch, gate, nested)?;
+            match self.capture_body(place, branch, gate, nested) {
+                Ok(next) => (graph, deps) = next,
+                Err(e) => {
+                    // The node stays (its handle cannot be freed, and one without its node
+                    // fails instantiation): the capture ends discarded, with a typed error.
+                    gate.fail_branch();
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }
