@@ -196,7 +196,7 @@ impl BenchReport<'_> {
             .into_iter()
             .map(|p| {
                 let pts = self.rows.iter().filter(|r| r.path == p).map(|r| (r.batch, r.tokens_per_s)).collect();
-                (format!("graphed: {}", p.name()), pts)
+                (format!("ours: {}", p.name()), pts)
             })
             .collect();
         let title = format!(

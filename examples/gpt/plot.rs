@@ -21,6 +21,24 @@ fn plot_err(e: impl std::fmt::Display) -> Error {
     Error::msg(format!("drawing a chart: {e}"))
 }
 
+/// Draws a chart's legend at `position`, in the charts' one style.
+fn finish<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font(("sans-serif", 15))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(plot_err)
+}
+
 /// Writes the training and validation losses (step, loss) to `path` as a PNG titled `title`
 /// (say what ran: model, device, dtype, mode). The x axis runs from step 0 to the last step,
 /// the y axis from 0 to a little above the largest finite loss.
@@ -64,14 +82,7 @@ pub fn write_loss_png(path: &Path, title: &str, train: &[(usize, f32)], val: &[(
         .label(format!("validation (last {:.3})", val.last().map_or(f32::NAN, |p| p.1)))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], VAL.stroke_width(2)));
     chart.draw_series(val_points.iter().map(|&p| Circle::new(p, 3, VAL.filled()))).map_err(plot_err)?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", 15))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_err)?;
+    finish(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present().map_err(|e| Error::msg(format!("writing {}: {e}", path.display())))
 }
 
@@ -123,13 +134,6 @@ pub fn write_rate_png(path: &Path, title: &str, series: &[RateSeries]) -> Result
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(2)));
         chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(plot_err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 15))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_err)?;
+    finish(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(|e| Error::msg(format!("writing {}: {e}", path.display())))
 }
