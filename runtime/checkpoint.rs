@@ -94,7 +94,7 @@ impl<M: Module> Module for Checkpoint<M> {
         self.inner.run_hooks(kind)
     }
 
-    fn collectives(&self) -> Option<crate::dist::Collectives> {
+    fn collectives(&self) -> Option<crate::module::Collectives> {
         self.inner.collectives()
     }
 }
@@ -166,7 +166,7 @@ pub(crate) fn checkpointed_backward(
     // The recomputed activations live only inside this backward, so an inner module that
     // splits its backward runs its weight grads here too: a checkpointed module does not
     // split (a `w(c)` entry for it is refused by `make_graphed`).
-    crate::backward_unsplit(inner, &mut inner_cx, grad_outputs)
+    crate::module::backward_unsplit(inner, &mut inner_cx, grad_outputs)
 }
 
 /// A checkpointed module takes and returns what the module does.

@@ -1,12 +1,13 @@
 //! `Device`: where tensors live and ops run (a CUDA GPU or the host backend).
 
+use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 use std::thread::ThreadId;
 
 use crate::backend::Backend;
 use crate::capabilities::Capabilities;
-use crate::{Error, Generator, GraphPool, Result};
+use crate::{Error, GraphPool, Result};
 
 struct DeviceInner {
     backend: Arc<Backend>,
@@ -14,7 +15,9 @@ struct DeviceInner {
     /// Per thread, the pools that its allocations go to instead of the default one, innermost
     /// last (a capture on one thread must not capture another thread's allocations).
     pool_stack: Mutex<Vec<(ThreadId, GraphPool)>>,
-    rng: Mutex<Option<Generator>>,
+    /// The default random generator, made on first use by `Device::rng` (rng.rs); kept
+    /// type-erased so that this layer, below the tensors a generator holds, names none of them.
+    rng: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 /// A device: the CUDA GPU of an ordinal, or the host backend.
@@ -125,7 +128,7 @@ impl Device {
         match self.0.backend.cuda() {
             None => Capabilities::host(),
             Some(c) => {
-                let nccl = crate::dist::nccl_version().ok().and_then(|v| u32::try_from(v).ok());
+                let nccl = crate::backend::cuda::probe_nccl().ok().and_then(|v| u32::try_from(v).ok());
                 Capabilities::cuda(c.driver_version, c.lt.is_some(), nccl)
             }
         }
@@ -207,17 +210,6 @@ impl Device {
         f()
     }
 
-    /// The device's default random generator (seed 0 until [`Generator::manual_seed`]).
-    pub fn rng(&self) -> Result<Generator> {
-        let mut slot = self.0.rng.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(g) = slot.as_ref() {
-            return Ok(g.clone());
-        }
-        let g = self.with_pool(&self.0.default_pool, || Generator::new(self, 0))?;
-        *slot = Some(g.clone());
-        Ok(g)
-    }
-
     /// Runs `f` and returns the device time its work took, in milliseconds (CUDA events on a
     /// GPU; wall time on the host backend).
     pub fn time_ms(&self, mut f: impl FnMut() -> Result<()>) -> Result<f32> {
@@ -259,5 +251,10 @@ impl Device {
 
     pub(crate) fn backend(&self) -> &Arc<Backend> {
         &self.0.backend
+    }
+
+    /// The slot of the device's default random generator (see `Device::rng`, in rng.rs).
+    pub(crate) fn rng_slot(&self) -> &Mutex<Option<Box<dyn Any + Send>>> {
+        &self.0.rng
     }
 }

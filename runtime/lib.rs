@@ -230,13 +230,13 @@ pub use cx::Cx;
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{
-    BucketError, CheckpointProblem, CudaFailure, DeviceError, DistError, Error, GraphError, KernelError, OpError,
-    OptimError, PipelineTransfer, Result, ScheduleError, SetupError, SignatureError, Slot, SlotKind,
+    BucketError, CheckpointProblem, CudaFailure, DeviceError, DistError, Error, GraphError, KernelError, NcclProblem,
+    OpError, OptimError, PipelineTransfer, Result, ScheduleError, SetupError, SignatureError, Slot, SlotKind,
 };
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{
-    backward_unsplit, estimate_pool, make_graphed, AboveLargest, BucketReport, Buckets, CaptureError, GraphOptions,
-    GraphedModules, OrderEntry, PoolEstimate, PoolProbe, Sequence,
+    estimate_pool, make_graphed, AboveLargest, BucketReport, Buckets, CaptureError, GraphOptions, GraphedModules,
+    OrderEntry, PoolEstimate, PoolProbe, Sequence,
 };
 pub use graphed_macros::{capture_time_hook, graphed, Parameters};
 /// The `half` crate, whose [`half::bf16`] and [`half::f16`] are the host types of
@@ -246,7 +246,7 @@ pub use hooks::{HookHandle, HookRegistry};
 pub use kernel::check::{check_kernel_against_host, CheckArg, KernelCheckReport, OutputCheck};
 pub use kernel::host::{HostArgs, HostFn};
 pub use kernel::{Arg, Kernel, KernelArg, LaunchConfig};
-pub use module::{ChainIn, ChainLink, ChainOut, HookKind, Module, Slots, TypedModule};
+pub use module::{backward_unsplit, ChainIn, ChainLink, ChainOut, HookKind, Module, Slots, TypedModule};
 pub use param::visit::Parameters;
 pub use param::Param;
 pub use pool::{GraphPool, PoolStats};

@@ -1,5 +1,9 @@
 //! The type-erased module interface that `#[graphed]` implements and `make_graphed` drives.
 
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
 use crate::{Cx, Param, Result, Tensor};
 
 /// The four points of an iteration at which capture-time hooks run.
@@ -96,9 +100,65 @@ pub trait Module: std::any::Any {
     /// [`crate::Checkpoint`] forwards its module's). `make_graphed` then checks, before
     /// anything runs, that every rank captures the same schedule, and refuses on every rank
     /// otherwise ([`crate::DistError::ScheduleMismatch`]). Default: none.
-    fn collectives(&self) -> Option<crate::dist::Collectives> {
+    fn collectives(&self) -> Option<Collectives> {
         None
     }
+}
+
+/// A module's backward as one call: its input grads, then, for a module that splits its
+/// backward, its weight grads (on the context `backward` left). This is the ordinary, unsplit
+/// backward of any module; eager training loops call it instead of `backward`.
+pub fn backward_unsplit(
+    module: &mut dyn Module,
+    cx: &mut Cx,
+    grad_outputs: &[Option<Tensor>],
+) -> Result<Vec<Option<Tensor>>> {
+    let grads = module.backward(cx, grad_outputs)?;
+    if module.splits_backward() {
+        module.backward_weights(cx)?;
+    }
+    Ok(grads)
+}
+
+/// A module's group of ranks, as [`Module::collectives`] reports it, and how its ranks'
+/// captures must agree: all alike (data parallel), or each with its part of a pipeline's
+/// order (a [`crate::dist::PipelineStage`]). Made from a communicator by
+/// `graphed::dist::Collectives::new` and `::stage`.
+///
+/// ```
+/// use graphed::dist::{self, Collectives};
+/// dist::run_emulated(2, |comm| {
+///     let c = Collectives::new(comm.clone());
+///     assert_eq!(c.communicator().rank(), comm.rank());
+///     Ok(())
+/// })?;
+/// # Ok::<(), graphed::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Collectives {
+    pub(crate) group: Arc<dyn RankGroup>,
+    /// A pipeline stage: the order its rank captures (its part of the pipeline's order).
+    pub(crate) stage: Option<Vec<i32>>,
+}
+
+impl fmt::Debug for Collectives {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Collectives").field("group", &self.group).field("stage", &self.stage).finish()
+    }
+}
+
+/// What `make_graphed` asks of a group of ranks before it captures, so that this layer names
+/// no communicator: `graphed::dist`'s communicator implements it.
+pub(crate) trait RankGroup: Any + Send + Sync + fmt::Debug {
+    /// Every rank of the group passes its `hash` of `what`; an error on every rank when they
+    /// differ (a [`crate::DistError::ScheduleMismatch`]).
+    fn check_same(&self, what: &str, hash: u64) -> Result<()>;
+
+    /// Whether `other` is a handle to the same group.
+    fn same_group(&self, other: &dyn RankGroup) -> bool;
+
+    /// The group as `Any`, for the communicator's own module to read back.
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// A typed surface: a struct of tensors that converts to and from the positional slots of

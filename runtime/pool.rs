@@ -423,9 +423,9 @@ impl GraphPool {
         self.0.state.lock().unwrap_or_else(|e| e.into_inner()).stats.limit = limit;
     }
 
-    /// Whether the pool's memory is on `device`.
-    pub(crate) fn is_on(&self, device: &crate::Device) -> bool {
-        Arc::ptr_eq(&self.0.backend, device.backend())
+    /// Whether the pool's memory is on `backend` (a device's: `pool.is_on(device.backend())`).
+    pub(crate) fn is_on(&self, backend: &Arc<Backend>) -> bool {
+        Arc::ptr_eq(&self.0.backend, backend)
     }
 
     /// A number that identifies the pool in messages.

@@ -60,6 +60,25 @@ pub(crate) fn decode_state(w: &[u32]) -> (u64, u64) {
     (w[0] as u64 | ((w[1] as u64) << 32), w[2] as u64 | ((w[3] as u64) << 32))
 }
 
+impl Device {
+    /// The device's default random generator (seed 0 until [`Generator::manual_seed`]).
+    ///
+    /// ```
+    /// let dev = graphed::Device::host();
+    /// assert_eq!(dev.rng()?.seed_and_offset()?, (0, 0));
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn rng(&self) -> Result<Generator> {
+        let mut slot = self.rng_slot().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = slot.as_ref().and_then(|g| g.downcast_ref::<Generator>()) {
+            return Ok(g.clone());
+        }
+        let g = self.with_pool(&self.default_pool(), || Generator::new(self, 0))?;
+        *slot = Some(Box::new(g.clone()));
+        Ok(g)
+    }
+}
+
 impl Generator {
     /// A generator on `device` seeded with `seed`, offset 0.
     pub fn new(device: &Device, seed: u64) -> Result<Generator> {

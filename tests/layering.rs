@@ -27,16 +27,26 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// `name -> defining module` for every `pub use module::{A, B}` / `pub use module::A` in lib.rs.
+/// `name -> defining module` for every `pub use module::{A, B}` / `pub use module::A` in lib.rs,
+/// a group spread over several lines included.
 fn reexports() -> BTreeMap<String, String> {
     let lib = fs::read_to_string(format!("{RUNTIME}/lib.rs")).expect("lib.rs");
+    reexports_of(&lib)
+}
+
+fn reexports_of(lib: &str) -> BTreeMap<String, String> {
+    let code: String = lib.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join(" ");
     let mut map = BTreeMap::new();
-    for line in lib.lines().map(str::trim).filter(|l| l.starts_with("pub use ")) {
-        let rest = line.trim_start_matches("pub use ").trim_end_matches(';');
+    for stmt in code.split(';').map(str::trim) {
+        let Some(at) = stmt.find("pub use ") else { continue };
+        let rest = stmt[at + "pub use ".len()..].trim_start_matches("crate::");
         let Some((module, names)) = rest.split_once("::") else { continue };
-        let names = names.trim_start_matches('{').trim_end_matches('}');
+        let names = match names.split_once('{') {
+            Some((_, group)) => group.trim_end_matches('}'),
+            None => names,
+        };
         for n in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            map.insert(n.rsplit("::").next().unwrap_or(n).to_string(), module.to_string());
+            map.insert(n.rsplit("::").next().unwrap_or(n).to_string(), module.trim().to_string());
         }
     }
     map
@@ -121,6 +131,7 @@ fn edges() -> BTreeMap<String, BTreeSet<String>> {
         let src = src.find("\n#[cfg(test)]\nmod tests").map_or(&src[..], |end| &src[..end]);
         for name in crate_paths(src) {
             let to = if modules.contains(&name) { Some(name) } else { re.get(&name).cloned() };
+            let to = to.filter(|t| modules.contains(t)); // not an outside crate (`half`, the macros)
             if let Some(to) = to.filter(|t| *t != from) {
                 deps.entry(from.clone()).or_default().insert(to);
             }
@@ -133,7 +144,7 @@ fn edges() -> BTreeMap<String, BTreeSet<String>> {
 const NEVER: &[(&str, &[&str], &str)] = &[
     (
         "backend",
-        &["graphed", "graph", "ops", "optim", "dist", "checkpoint", "hooks", "module", "params", "state_dict"],
+        &["graphed", "graph", "ops", "optim", "dist", "checkpoint", "hooks", "module", "param", "state_dict"],
         "backend/ is the bottom layer: it knows CUDA from host and nothing of what runs on it",
     ),
     (
@@ -151,8 +162,60 @@ const NEVER: &[(&str, &[&str], &str)] = &[
     ("tensor", &["ops", "graph", "graphed", "optim", "dist"], "a tensor is storage; ops work on it, not the reverse"),
     ("error", &["graphed", "graph", "ops", "optim", "tensor", "pool"], "every layer returns these errors"),
     ("rng", &["ops", "graph", "graphed", "optim"], "the generator is device state that ops draw from, not an op"),
-    ("pool", &["graph", "graphed", "ops"], "the pool hands out memory; graphs use it, it does not know them"),
+    ("pool", &["graph", "graphed", "ops", "device"], "the pool hands out memory; graphs use it, it does not know them"),
+    (
+        "device",
+        &["tensor", "rng", "ops", "graph", "graphed", "dist", "module"],
+        "a device holds the backend and its pools; tensors and generators live on it, not in it",
+    ),
+    (
+        "error",
+        &["backend", "device", "kernel", "module", "dist", "capabilities", "cx", "param"],
+        "errors are the bottom layer: what they name (Arg, Slot, Launcher) lives in error/",
+    ),
+    (
+        "module",
+        &["graphed", "graph", "dist", "checkpoint", "hooks"],
+        "the module interface is what graphed, dist and the wrappers build on",
+    ),
+    ("checkpoint", &["graphed", "dist"], "a checkpointed module is a module; make_graphed captures it like any other"),
+    ("graphed", &["dist"], "dist builds on make_graphed; graphed asks ranks to agree through Module::collectives"),
 ];
+
+/// Whether `name` is a top-level module of the runtime (a file or a folder).
+fn is_module(name: &str) -> bool {
+    Path::new(&format!("{RUNTIME}/{name}.rs")).exists() || Path::new(&format!("{RUNTIME}/{name}")).is_dir()
+}
+
+/// The modules of a cycle in `deps`, if there is one (a depth-first search).
+fn cycle(deps: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        m: &str,
+        deps: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == m) {
+            let mut c = path[i..].to_vec();
+            c.push(m.to_string());
+            return Some(c);
+        }
+        if done.contains(m) {
+            return None;
+        }
+        path.push(m.to_string());
+        for n in deps.get(m).into_iter().flatten() {
+            if let Some(c) = visit(n, deps, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(m.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    deps.keys().find_map(|m| visit(m, deps, &mut Vec::new(), &mut done))
+}
 
 #[test]
 fn the_runtime_keeps_its_layers() {
@@ -177,19 +240,18 @@ fn the_runtime_keeps_its_layers() {
     let mut broken = Vec::new();
     for (module, never, why) in NEVER {
         let named = deps.get(*module).cloned().unwrap_or_default();
-        assert!(
-            deps.contains_key(*module)
-                || Path::new(&format!("{RUNTIME}/{module}.rs")).exists()
-                || Path::new(&format!("{RUNTIME}/{module}")).is_dir(),
-            "rule for `{module}`, which is no module of the runtime"
-        );
+        assert!(is_module(module), "rule for `{module}`, which is no module of the runtime");
         for n in *never {
+            assert!(is_module(n), "rule for `{module}` names `{n}`, which is no module of the runtime");
             if named.contains(*n) {
                 broken.push(format!("{module} names {n} ({why})"));
             }
         }
     }
     assert!(broken.is_empty(), "layering rules broken:\n{}", broken.join("\n"));
+    assert!(mutual.is_empty(), "modules that name each other (move the item to the lower one): {mutual:?}");
+    let cycle = cycle(&deps);
+    assert!(cycle.is_none(), "the modules name each other in a cycle: {}", cycle.unwrap_or_default().join(" -> "));
 }
 
 #[test]
@@ -204,4 +266,31 @@ fn the_macro_crate_never_depends_on_the_runtime() {
 fn the_scanner_reads_groups_and_paths() {
     let src = "use crate::{ops::cpu, Error, Result};\nuse crate::backend::Exec; // crate::dist in a comment\nlet x = crate::pool::GraphPool::new;";
     assert_eq!(crate_paths(src), ["ops", "Error", "Result", "backend", "pool"]);
+}
+
+#[test]
+fn the_cycle_finder_finds_cycles() {
+    let deps = |edges: &[(&str, &str)]| {
+        let mut d: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in edges {
+            d.entry(a.to_string()).or_default().insert(b.to_string());
+        }
+        d
+    };
+    assert_eq!(cycle(&deps(&[("a", "b"), ("b", "c"), ("a", "c")])), None);
+    assert_eq!(
+        cycle(&deps(&[("a", "b"), ("b", "c"), ("c", "a")])),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+}
+
+#[test]
+fn the_scanner_reads_reexports_over_several_lines() {
+    let lib = "pub use dtype::DType;\npub use error::{\n    BucketError, Error, // the one error\n    Result,\n};\n#[doc(hidden)]\npub use kernel::host::{HostArgs};";
+    let map = reexports_of(lib);
+    let got: Vec<(&str, &str)> = map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(
+        got,
+        [("BucketError", "error"), ("DType", "dtype"), ("Error", "error"), ("HostArgs", "kernel"), ("Result", "error")]
+    );
 }

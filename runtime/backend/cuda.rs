@@ -14,8 +14,8 @@ use super::fault::{self, FaultPoint, Faults};
 use super::kernels::{BuiltinKernel, FlashTiles, KArg, RowTiles};
 use super::{DropErrors, StreamGate};
 use crate::capabilities::CudaVersion;
-use crate::error::OpError;
-use crate::{Error, Result};
+use crate::error::{NcclProblem, OpError};
+use crate::{DistError, Error, Result};
 
 /// The CUDA C sources compiled once per context. BuiltinKernel names are `extern "C"`.
 pub(crate) const KERNEL_SOURCES: &[&str] = &[
@@ -96,6 +96,22 @@ fn probe_libraries() -> Result<()> {
             ),
         })
     }
+}
+
+/// The version of the NCCL library that loads here (e.g. 22805 for 2.28.5), after checking
+/// that libnccl loads, so that cudarc never panics on a missing library.
+pub(crate) fn probe_nccl() -> Result<i32> {
+    // SAFETY: only tries to dlopen the library by name.
+    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+        return Err(DistError::NcclUnavailable { reason: NcclProblem::NotLoadable }.into());
+    }
+    let mut version = 0;
+    // SAFETY: the library is present; ncclGetVersion writes one int.
+    let r = unsafe { cudarc::nccl::sys::ncclGetVersion(&mut version) };
+    if r != cudarc::nccl::sys::ncclResult_t::ncclSuccess {
+        return Err(DistError::NcclUnavailable { reason: NcclProblem::call("ncclGetVersion", r) }.into());
+    }
+    Ok(version)
 }
 
 /// Something that can tell a stuck stream from a slow one: an NCCL communicator whose

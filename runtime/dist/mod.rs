@@ -2,7 +2,8 @@
 //! graphs like any other op), and emulated ranks on the host backend with the same semantics.
 //!
 //! - `comm`: [`Communicator`] and its collectives.
-//! - `agree`: [`Collectives`], what `make_graphed` checks across ranks before capturing.
+//! - `agree`: [`Collectives`] made from a communicator, which `make_graphed` asks whether
+//!   every rank captures the same schedule.
 //! - `host`: emulated ranks (threads sharing memory).
 //! - `nccl`: the NCCL communicator (non-blocking, with deadlines and abort).
 //! - `rank_env`: [`RankEnv`], this process's rank as graphed's `launch`, torchrun, Slurm or
@@ -26,8 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::error::Launcher;
-pub(crate) use agree::check_schedules;
-pub use agree::Collectives;
+pub use crate::module::Collectives;
 pub use comm::{Communicator, ReduceOp};
 pub use data_parallel::{DataParallel, DEFAULT_BUCKET_BYTES};
 pub use launch::{launch, LaunchOptions, Rendezvous};

@@ -22,31 +22,13 @@ use cudarc::driver::{sys as cu, CudaEvent, CudaStream};
 use cudarc::nccl::sys;
 
 use crate::backend::cuda::driver_err;
+pub(crate) use crate::backend::cuda::probe_nccl as probe;
 use crate::backend::{Backend, BackendKind, CudaBackend, StreamWatch};
+use crate::error::NcclProblem;
 use crate::{DistError, Error, Result};
 
 /// Bytes of an NCCL unique id, exchanged through the rendezvous.
 pub(crate) const UNIQUE_ID_BYTES: usize = 128;
-
-/// Checks that libnccl loads, so that cudarc never panics on a missing library.
-pub(crate) fn probe() -> Result<i32> {
-    // SAFETY: only tries to dlopen the library by name.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(Error::Dist(crate::DistError::NcclUnavailable {
-            reason: "cannot load libnccl.so (cudarc loads NCCL by that name; where only libnccl.so.2 is \
-                     installed, put a libnccl.so symlink to it in a directory on LD_LIBRARY_PATH, as \
-                     scripts/gpu-multi.sh does)"
-                .into(),
-        }));
-    }
-    let mut version = 0;
-    // SAFETY: the library is present; ncclGetVersion writes one int.
-    let r = unsafe { sys::ncclGetVersion(&mut version) };
-    if r != sys::ncclResult_t::ncclSuccess {
-        return Err(Error::Dist(crate::DistError::NcclUnavailable { reason: format!("ncclGetVersion failed: {r:?}") }));
-    }
-    Ok(version)
-}
 
 /// The number of CUDA GPUs here; 0 when the driver cannot be loaded or has none.
 pub(crate) fn gpu_count() -> usize {
@@ -61,7 +43,7 @@ pub(crate) fn gpu_count() -> usize {
 pub(crate) fn unique_id() -> Result<Vec<u8>> {
     probe()?;
     let id = cudarc::nccl::result::get_uniqueid().map_err(|e| {
-        Error::Dist(crate::DistError::NcclUnavailable { reason: format!("ncclGetUniqueId failed: {:?}", e.0) })
+        Error::Dist(crate::DistError::NcclUnavailable { reason: NcclProblem::call("ncclGetUniqueId", e.0) })
     })?;
     Ok(id.internal.iter().map(|c| *c as u8).collect())
 }

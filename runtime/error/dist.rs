@@ -9,7 +9,7 @@ pub enum DistError {
     #[error("NCCL is not available: {reason}. Install libnccl (libnccl.so.2) and put it on LD_LIBRARY_PATH, or use dist::run_emulated on the host backend")]
     NcclUnavailable {
         /// Why NCCL could not be used.
-        reason: String,
+        reason: NcclProblem,
     },
     /// An NCCL call failed (the communicator was aborted; every rank sees an error).
     #[error("rank {rank}: NCCL call `{call}` failed: {message}")]
@@ -271,6 +271,30 @@ pub enum DistError {
         /// The transfer each rank is stuck at.
         stuck: Vec<PipelineTransfer>,
     },
+}
+
+/// Why NCCL cannot be used here, in [`DistError::NcclUnavailable`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NcclProblem {
+    /// `libnccl.so` does not load.
+    #[error("cannot load libnccl.so (cudarc loads NCCL by that name; where only libnccl.so.2 is installed, put a libnccl.so symlink to it in a directory on LD_LIBRARY_PATH, as scripts/gpu-multi.sh does)")]
+    NotLoadable,
+    /// The library loads, but a call that asks it for its version or a unique id failed.
+    #[error("{call} failed: {result}")]
+    Call {
+        /// The call.
+        call: &'static str,
+        /// NCCL's result code.
+        result: String,
+    },
+}
+
+impl NcclProblem {
+    /// [`NcclProblem::Call`] for NCCL's result code `result`.
+    pub(crate) fn call(call: &'static str, result: impl std::fmt::Debug) -> NcclProblem {
+        NcclProblem::Call { call, result: format!("{result:?}") }
+    }
 }
 
 /// One transfer of a pipeline stage: a send or receive of one microbatch's activation or

@@ -2,7 +2,7 @@
 //! launched as asked, or whose host implementation misuses its [`crate::HostArgs`], inside
 //! [`super::Error::Kernel`].
 
-use crate::kernel::Arg;
+use super::Arg;
 
 /// What went wrong with a custom kernel, as values a caller can match on. A refused launch
 /// runs nothing and writes no output.

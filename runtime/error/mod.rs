@@ -1,5 +1,6 @@
 //! The one error type of the crate.
 
+mod arg;
 mod bucket;
 mod build;
 mod checkpoint;
@@ -16,11 +17,12 @@ mod setup;
 mod signature;
 mod slot;
 
+pub use arg::Arg;
 pub use bucket::BucketError;
 pub use checkpoint::CheckpointProblem;
 pub use cuda::CudaFailure;
 pub use device::DeviceError;
-pub use dist::{DistError, PipelineTransfer};
+pub use dist::{DistError, NcclProblem, PipelineTransfer};
 pub use graph::GraphError;
 pub use kernel::KernelError;
 pub use launcher::Launcher;

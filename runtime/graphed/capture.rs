@@ -50,7 +50,7 @@ pub fn make_graphed(
     // Modules that talk to other ranks: every rank must be about to capture the same schedule
     // (a typed error on every rank otherwise, before anything runs). A rank whose own
     // arguments are refused takes part all the same, so its peers hear of it at once.
-    let agreed = crate::dist::check_schedules(&modules, &options, has_backward, validated.is_ok());
+    let agreed = super::agree::check_schedules(&modules, &options, has_backward, validated.is_ok());
     let (device, schedule, checkpointed) = match (validated, agreed) {
         (Ok(v), Ok(())) => v,
         (Err(e), _) | (Ok(_), Err(e)) => return Err(CaptureError::new(e, modules)),
@@ -190,7 +190,7 @@ fn validate(
         bucketed_inputs(samples, spec)?;
     }
     if let Some(pool) = &options.pool {
-        if !pool.is_on(&device) {
+        if !pool.is_on(device.backend()) {
             return Err(SetupError::PoolOnOtherDevice { device: device.name() }.into());
         }
         if options.pool_limit.is_some() {

@@ -5,6 +5,7 @@
 //! - `schedule`: the iteration's steps and the rules a schedule follows, validated once.
 //! - `capture`: `make_graphed` itself: validation, static surfaces, warm-up, capture; a failed
 //!   capture restores the RNG, frees its pool and hands the modules back.
+//! - `agree`: before any of that, ranks that capture together compare their schedules.
 //! - `surface`, `clobbers`: what a capture makes of each (chunk, microbatch): its static
 //!   buffers and its passes (forward, backward, weight grads), each a graph with the memory
 //!   it writes and the handed-out buffers that writing makes stale.
@@ -21,6 +22,7 @@
 //! - `buckets`: shape buckets, one capture per size of a declared axis in one pool;
 //!   `estimate`: the pool a bucket list will need, from its smallest buckets.
 
+mod agree;
 mod buckets;
 mod capture;
 mod capture_error;
@@ -50,7 +52,6 @@ pub use options::GraphOptions;
 pub use order_entry::OrderEntry;
 pub(crate) use schedule::Schedule;
 pub use sequence::Sequence;
-pub use wgrad::backward_unsplit;
 
 use cursor::Cursor;
 use schedule::Pass;

@@ -11,22 +11,8 @@ use super::cursor::Pending;
 use super::replay::Plan;
 use super::schedule::{Pass, Step};
 use super::GraphedModules;
+use crate::module::backward_unsplit;
 use crate::{Cx, Error, Module, Result, Tensor};
-
-/// A module's backward as one call: its input grads, then, for a module that splits its
-/// backward, its weight grads (on the context `backward` left). This is the ordinary, unsplit
-/// backward of any module; eager training loops call it instead of `backward`.
-pub fn backward_unsplit(
-    module: &mut dyn Module,
-    cx: &mut Cx,
-    grad_outputs: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
-    let grads = module.backward(cx, grad_outputs)?;
-    if module.splits_backward() {
-        module.backward_weights(cx)?;
-    }
-    Ok(grads)
-}
 
 /// The backward step of a chunk: the input-grad half only when its weight grads are deferred,
 /// the recompute and the whole backward when it is checkpointed, the whole backward otherwise.
