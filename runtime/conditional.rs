@@ -44,10 +44,7 @@ impl Condition {
 
     fn new(op: &'static str, value: &Tensor, below: Option<f32>) -> Result<Condition> {
         if value.numel() != 1 {
-            return Err(Error::shape(
-                op,
-                format!("the condition is one value, got a tensor of shape {:?}", value.dims()),
-            ));
+            return Err(Error::shape(op, crate::ShapeProblem::layout("the condition", "one value", value.dims())));
         }
         Condition::element(op, value, 0, below)
     }
@@ -59,7 +56,7 @@ impl Condition {
             return Err(Error::DType { op, got: value.dtype(), expected: DType::I32 });
         }
         if index >= value.numel() {
-            return Err(Error::shape(op, format!("element {index} of a tensor of shape {:?}", value.dims())));
+            return Err(Error::shape(op, crate::ShapeProblem::Index { index, got: value.dims().to_vec() }));
         }
         value.check_fresh()?;
         if !value.device().is_capturing() {

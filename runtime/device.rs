@@ -103,7 +103,7 @@ impl Device {
         Device::cuda(0).unwrap_or_else(|e| {
             static SAID: std::sync::Once = std::sync::Once::new();
             let why = match &e {
-                Error::CudaUnavailable { reason } => reason.clone(),
+                Error::CudaUnavailable { reason } => reason.to_string(),
                 other => other.to_string(),
             };
             SAID.call_once(|| {

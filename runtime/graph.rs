@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::Recorded;
 pub use crate::backend::{CaptureMode, GraphNode, NodeKind};
-use crate::error::GraphError;
+use crate::error::{GraphError, Invalidation};
 use crate::pool::{MemRange, ReplayTicket};
 use crate::{Device, Error, GraphPool, Result};
 
@@ -210,7 +210,7 @@ impl Graph {
             }
         }
         Err(Error::CaptureInvalidated {
-            detail: format!("{}: the pool kept growing over {ATTEMPTS} capture attempts", self.label),
+            cause: Invalidation::PoolKeptGrowing { graph: self.label.clone(), attempts: ATTEMPTS },
         })
     }
 

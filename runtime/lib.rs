@@ -229,10 +229,7 @@ pub use conditional::{Condition, ConditionalGraph};
 pub use cx::Cx;
 pub use device::Device;
 pub use dtype::DType;
-pub use error::{
-    BucketError, CheckpointProblem, CudaFailure, DeviceError, DistError, Error, GraphError, KernelError, NcclProblem,
-    OpError, OptimError, PipelineTransfer, Result, ScheduleError, SetupError, SignatureError, Slot, SlotKind,
-};
+pub use error::{BodyNode, BucketError, BucketRule, CheckpointProblem, CudaFailure, DeviceError, DistError, Error, GpuShortfall, GraphError, InteropProblem, Invalidation, KernelError, NcclProblem, NoCuda, OpError, OptimError, PipelineTransfer, RankExit, RendezvousFailure, RendezvousStep, Result, ScheduleError, SetupError, ShapeProblem, SignatureError, Slot, SlotKind, TensorLayout};
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{
     estimate_pool, make_graphed, AboveLargest, BucketReport, Buckets, CaptureError, GraphOptions, GraphedModules,

@@ -691,7 +691,7 @@ impl GraphPool {
         Err(Error::ReplayOrder {
             got,
             expected: order.captured[expected].label.clone(),
-            order: order.captured[start..end].iter().map(|c| c.label.as_str()).collect::<Vec<_>>().join(" -> "),
+            order: order.captured[start..end].iter().map(|c| c.label.clone()).collect(),
         })
     }
 

@@ -19,6 +19,7 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use super::CaptureMode;
+use crate::error::Invalidation;
 use crate::{Error, Result};
 
 /// How long a thread waits for another thread's capture to end before giving up.
@@ -298,11 +299,7 @@ impl StreamGate {
         drop(st);
         self.changed.notify_all();
         match (out, failed_branch) {
-            (Ok(_), true) => Err(Error::CaptureInvalidated {
-                detail: "a conditional branch failed inside this capture, and CUDA cannot take its node back \
-                         out; the graph is discarded: capture again"
-                    .into(),
-            }),
+            (Ok(_), true) => Err(Error::CaptureInvalidated { cause: Invalidation::FailedConditionalBranch }),
             (out, _) => out,
         }
     }

@@ -14,7 +14,7 @@ use super::fault::{self, FaultPoint, Faults};
 use super::kernels::{BuiltinKernel, FlashTiles, KArg, RowTiles};
 use super::{DropErrors, StreamGate};
 use crate::capabilities::CudaVersion;
-use crate::error::{NcclProblem, OpError};
+use crate::error::{NcclProblem, NoCuda, OpError};
 use crate::{DistError, Error, Result};
 
 /// The CUDA C sources compiled once per context. BuiltinKernel names are `extern "C"`.
@@ -81,20 +81,15 @@ fn probe_libraries() -> Result<()> {
     // SAFETY: these only try to dlopen the libraries by name.
     let (driver, nvrtc, cublas) =
         unsafe { (sys::is_culib_present(), cudarc::nvrtc::sys::is_culib_present(), cublas_sys::is_culib_present()) };
-    let missing: Vec<&str> = [(driver, "libcuda"), (nvrtc, "libnvrtc"), (cublas, "libcublas")]
+    let libraries: Vec<&'static str> = [(driver, "libcuda"), (nvrtc, "libnvrtc"), (cublas, "libcublas")]
         .iter()
         .filter(|(ok, _)| !ok)
         .map(|(_, name)| *name)
         .collect();
-    if missing.is_empty() {
+    if libraries.is_empty() {
         Ok(())
     } else {
-        Err(Error::CudaUnavailable {
-            reason: format!(
-                "cannot load {} (set LD_LIBRARY_PATH to the CUDA libraries, e.g. /usr/local/cuda/lib64)",
-                missing.join(", ")
-            ),
-        })
+        Err(Error::CudaUnavailable { reason: NoCuda::Libraries { libraries } })
     }
 }
 
@@ -208,17 +203,18 @@ impl CudaBackend {
         let driver_version = driver_version()?;
         if driver_version < CudaVersion::MIN_DRIVER {
             return Err(Error::CudaUnavailable {
-                reason: format!(
-                    "the driver supports CUDA {driver_version}; graphed needs a driver for CUDA {} or newer",
-                    CudaVersion::MIN_DRIVER
-                ),
+                reason: NoCuda::DriverTooOld { driver: driver_version, needed: CudaVersion::MIN_DRIVER },
             });
         }
-        let count = CudaContext::device_count().map_err(|e| Error::CudaUnavailable { reason: format!("{e:?}") })?;
+        let refused = |call: &'static str| {
+            move |e: result::DriverError| Error::CudaUnavailable { reason: NoCuda::Driver { call, message: format!("{e:?}") } }
+        };
+        let count = CudaContext::device_count().map_err(refused("cuDeviceGetCount"))?;
         if ordinal as i32 >= count {
-            return Err(Error::CudaUnavailable { reason: format!("no CUDA device {ordinal} ({count} found)") });
+            let count = count.max(0) as usize;
+            return Err(Error::CudaUnavailable { reason: NoCuda::NoDevice { ordinal, count } });
         }
-        let ctx = CudaContext::new(ordinal).map_err(|e| Error::CudaUnavailable { reason: format!("{e:?}") })?;
+        let ctx = CudaContext::new(ordinal).map_err(refused("cuCtxCreate"))?;
         // We order all work on one stream ourselves; cudarc's per-slice events would be
         // recorded inside captures.
         // SAFETY: we never share cudarc slices between streams.

@@ -16,7 +16,7 @@ use super::kernels::KArg;
 use super::DropErrors;
 use super::{CaptureMode, CondKind, CondTest, GraphNode, NodeKind, StreamGate, CONDITIONAL_BODY};
 use crate::capabilities::CudaVersion;
-use crate::error::GraphError;
+use crate::error::{BodyNode, GraphError, Invalidation};
 use crate::{Error, Result};
 
 /// The driver version that has `cuFuncGetName` (kernel names in [`CudaBackend::nodes`]).
@@ -88,9 +88,7 @@ impl CudaBackend {
         let g = unsafe { result::stream::end_capture(self.stream.cu_stream()) }
             .map_err(driver_err("cuStreamEndCapture"))?;
         if g.is_null() {
-            return Err(Error::CaptureInvalidated {
-                detail: "an operation illegal during capture ran on the stream".into(),
-            });
+            return Err(Error::CaptureInvalidated { cause: Invalidation::IllegalOperation });
         }
         Ok(RawGraph {
             graph: g,
@@ -379,16 +377,16 @@ impl CudaBackend {
 
     /// Why `g` cannot be the body of a conditional node, if it cannot: the first node (in its
     /// child graphs too) that [`GraphNode::conditional_body_violation`] refuses.
-    pub(crate) fn conditional_body_violation(&self, g: &RawGraph) -> Result<Option<String>> {
+    pub(crate) fn conditional_body_violation(&self, g: &RawGraph) -> Result<Option<BodyNode>> {
         self.bind()?;
         self.violation_in(g.graph, 0)
     }
 
-    fn violation_in(&self, graph: sys::CUgraph, depth: usize) -> Result<Option<String>> {
+    fn violation_in(&self, graph: sys::CUgraph, depth: usize) -> Result<Option<BodyNode>> {
         let (nodes, handles) = self.nodes_of(graph)?;
         for (node, &handle) in nodes.iter().zip(&handles) {
             if let Some(why) = node.conditional_body_violation() {
-                return Ok(Some(if depth == 0 { why } else { format!("{why} of a child graph") }));
+                return Ok(Some(if depth == 0 { why } else { BodyNode::InChildGraph(Box::new(why)) }));
             }
             if node.kind == NodeKind::ChildGraph {
                 let mut child: sys::CUgraph = std::ptr::null_mut();
@@ -525,9 +523,7 @@ fn capture_info(stream: sys::CUstream) -> Result<(sys::CUgraph, Vec<sys::CUgraph
     match status {
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => {}
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED => {
-            return Err(Error::CaptureInvalidated {
-                detail: "the capture was already invalidated when a conditional body began".into(),
-            })
+            return Err(Error::CaptureInvalidated { cause: Invalidation::BeforeConditionalBody })
         }
         _ => return Err(Error::NotCapturing { graph: "this device's stream".into() }),
     }
@@ -546,9 +542,7 @@ fn end_stream_capture(stream: sys::CUstream) -> Result<sys::CUgraph> {
     // SAFETY: the stream is ours and capturing (the caller's state says so).
     let g = unsafe { result::stream::end_capture(stream) }.map_err(driver_err("cuStreamEndCapture"))?;
     if g.is_null() {
-        return Err(Error::CaptureInvalidated {
-            detail: "an operation illegal during capture ran on the stream in a conditional body".into(),
-        });
+        return Err(Error::CaptureInvalidated { cause: Invalidation::IllegalInConditionalBody });
     }
     Ok(g)
 }

@@ -28,6 +28,18 @@ pub(crate) enum KArg {
     U64(u64),
 }
 
+impl ArgKind {
+    /// The kind's name in messages: `ptr`, `f32`, `u32`, `u64`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ArgKind::Ptr => "ptr",
+            ArgKind::F32 => "f32",
+            ArgKind::U32 => "u32",
+            ArgKind::U64 => "u64",
+        }
+    }
+}
+
 impl KArg {
     pub(crate) fn kind(self) -> ArgKind {
         match self {
@@ -474,8 +486,8 @@ impl BuiltinKernel {
         if args.len() != params.len() || !kinds.clone().eq(params.iter().copied()) {
             return Err(KernelError::Builtin {
                 kernel: self.name(),
-                expected: format!("{params:?}"),
-                got: format!("{:?}", kinds.collect::<Vec<_>>()),
+                expected: params.iter().map(|k| k.name()).collect(),
+                got: kinds.map(ArgKind::name).collect(),
             }
             .into());
         }

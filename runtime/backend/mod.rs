@@ -625,7 +625,7 @@ impl Recorded {
 
     /// Why this recording cannot be the body of a conditional node, if it cannot (see
     /// `GraphNode::conditional_body_violation`; on CUDA child graphs are searched too).
-    pub(crate) fn conditional_body_violation(&self, backend: &Backend) -> Result<Option<String>> {
+    pub(crate) fn conditional_body_violation(&self, backend: &Backend) -> Result<Option<crate::error::BodyNode>> {
         match (self, &backend.kind) {
             (Recorded::Cuda(raw), BackendKind::Cuda(c)) => c.conditional_body_violation(raw),
             _ => Ok(self.nodes(backend)?.iter().find_map(GraphNode::conditional_body_violation)),

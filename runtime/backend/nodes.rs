@@ -1,5 +1,7 @@
 //! What a capture is made of: the capture mode and the nodes of a captured graph.
 
+use crate::error::BodyNode;
+
 /// How strictly CUDA guards a capture against unsafe calls from other threads
 /// (`cudaStreamCaptureMode`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,16 +63,15 @@ impl GraphNode {
     /// Why this node cannot be in the body of a conditional node, if it cannot: memory
     /// allocation and free nodes, host nodes, collectives (NCCL kernels, the host backend's
     /// emulated ones) and the kinds CUDA does not allow there (events and the like).
-    pub(crate) fn conditional_body_violation(&self) -> Option<String> {
-        let kernel = self.kernel.as_deref().unwrap_or("?");
+    pub(crate) fn conditional_body_violation(&self) -> Option<BodyNode> {
+        let (kernel, index) = (self.kernel.as_deref().unwrap_or("?"), self.index);
         match self.kind {
-            NodeKind::MemAlloc | NodeKind::MemFree => {
-                Some(format!("a memory {:?} node (node {})", self.kind, self.index))
-            }
-            NodeKind::Host => Some(format!("a host node (node {})", self.index)),
-            NodeKind::Other => Some(format!("a node of a kind bodies cannot hold (node {})", self.index)),
+            NodeKind::MemAlloc => Some(BodyNode::MemAlloc { index }),
+            NodeKind::MemFree => Some(BodyNode::MemFree { index }),
+            NodeKind::Host => Some(BodyNode::Host { index }),
+            NodeKind::Other => Some(BodyNode::Other { index }),
             NodeKind::Kernel if kernel.starts_with("nccl") || HOST_COLLECTIVES.contains(&kernel) => {
-                Some(format!("the collective `{kernel}` (node {})", self.index))
+                Some(BodyNode::Collective { kernel: kernel.to_string(), index })
             }
             _ => None,
         }

@@ -11,7 +11,7 @@ use cudarc::nccl::sys;
 use super::host::HostGroup;
 use super::nccl::NcclComm;
 use crate::backend::BackendKind;
-use crate::{DType, Device, DistError, Error, GraphOptions, Result, Tensor};
+use crate::{DType, Device, DistError, Error, GraphOptions, Result, ShapeProblem, Tensor};
 
 /// How [`Communicator::all_reduce`] and [`Communicator::reduce_scatter`] combine the ranks'
 /// values.
@@ -240,10 +240,8 @@ impl Communicator {
         self.check("all_gather", &[input, output])?;
         let n = input.numel();
         if output.numel() != n * self.0.world {
-            return Err(Error::shape(
-                "all_gather",
-                format!("{} elements gathered from {} ranks of {n} each", output.numel(), self.0.world),
-            ));
+            let problem = ShapeProblem::Ranks { arg: "output", got: output.numel(), ranks: self.0.world, part: n };
+            return Err(Error::shape("all_gather", problem));
         }
         match &self.0.imp {
             Imp::Host(_) => {
@@ -270,10 +268,8 @@ impl Communicator {
         self.check("reduce_scatter", &[input, output])?;
         let (n, world) = (output.numel(), self.0.world);
         if input.numel() != n * world {
-            return Err(Error::shape(
-                "reduce_scatter",
-                format!("{} elements scattered to {world} ranks of {n} each", input.numel()),
-            ));
+            let problem = ShapeProblem::Ranks { arg: "input", got: input.numel(), ranks: world, part: n };
+            return Err(Error::shape("reduce_scatter", problem));
         }
         match &self.0.imp {
             Imp::Host(_) => {

@@ -8,7 +8,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use super::rank_env::{RankEnv, ENV_LOCAL_RANK, ENV_RANK, ENV_RENDEZVOUS, ENV_WORLD_SIZE};
-use crate::{DistError, Error, Result};
+use crate::{DistError, Error, RankExit, RendezvousFailure, RendezvousStep, Result};
 
 /// Where the ranks of one group meet to agree on the communicator id.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,12 +44,17 @@ impl Rendezvous {
         }
     }
 
-    fn err(&self, detail: impl std::fmt::Display) -> Error {
+    fn err(&self, failure: RendezvousFailure) -> Error {
         let address = match self {
             Rendezvous::File(p) => p.display().to_string(),
             Rendezvous::Tcp(a) => a.clone(),
         };
-        Error::Dist(crate::DistError::Rendezvous { address, detail: detail.to_string() })
+        Error::Dist(crate::DistError::Rendezvous { address, failure })
+    }
+
+    /// The error of `step`, which the operating system refused.
+    fn io(&self, step: RendezvousStep) -> impl Fn(std::io::Error) -> Error + '_ {
+        move |source| self.err(RendezvousFailure::Io { step, source })
     }
 
     /// Shares `payload` from rank 0 with every rank of `world`: rank 0 passes `Some`, the
@@ -70,31 +75,29 @@ impl Rendezvous {
             Rendezvous::File(path) => {
                 // Write then rename, so a reader never sees half a file.
                 let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-                std::fs::write(&tmp, payload).map_err(|e| self.err(format!("cannot write: {e}")))?;
-                std::fs::rename(&tmp, path).map_err(|e| self.err(format!("cannot rename into place: {e}")))
+                std::fs::write(&tmp, payload).map_err(self.io(RendezvousStep::WriteFile))?;
+                std::fs::rename(&tmp, path).map_err(self.io(RendezvousStep::RenameFile))
             }
             Rendezvous::Tcp(addr) => {
-                let listener =
-                    TcpListener::bind(listen_addr(addr)).map_err(|e| self.err(format!("rank 0 cannot listen: {e}")))?;
-                listener.set_nonblocking(true).map_err(|e| self.err(e))?;
+                let listener = TcpListener::bind(listen_addr(addr)).map_err(self.io(RendezvousStep::Listen))?;
+                listener.set_nonblocking(true).map_err(self.io(RendezvousStep::Configure))?;
                 let deadline = Instant::now() + timeout;
                 let mut served = 1;
                 while served < world {
                     match listener.accept() {
                         Ok((mut stream, _)) => {
-                            stream.set_nonblocking(false).map_err(|e| self.err(e))?;
-                            stream.write_all(payload).map_err(|e| self.err(format!("cannot send the id: {e}")))?;
+                            stream.set_nonblocking(false).map_err(self.io(RendezvousStep::Configure))?;
+                            stream.write_all(payload).map_err(self.io(RendezvousStep::Send))?;
                             served += 1;
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             if Instant::now() >= deadline {
-                                return Err(
-                                    self.err(format!("only {served} of {world} ranks arrived within {timeout:?}"))
-                                );
+                                let failure = RendezvousFailure::RanksMissing { arrived: served, world, waited: timeout };
+                                return Err(self.err(failure));
                             }
                             std::thread::sleep(Duration::from_millis(5));
                         }
-                        Err(e) => return Err(self.err(format!("accept failed: {e}"))),
+                        Err(e) => return Err(self.io(RendezvousStep::Accept)(e)),
                     }
                 }
                 Ok(())
@@ -117,7 +120,7 @@ impl Rendezvous {
                 return Ok(bytes);
             }
             if Instant::now() >= deadline {
-                return Err(self.err(format!("rank 0 did not publish the id within {timeout:?}")));
+                return Err(self.err(RendezvousFailure::NotPublished { waited: timeout }));
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -261,10 +264,7 @@ fn spawn_ranks(world_size: usize, options: &LaunchOptions) -> Result<()> {
             Ok(c) => children.push(c),
             Err(e) => {
                 kill_all(&mut children);
-                return Err(Error::Dist(crate::DistError::RankFailed {
-                    rank,
-                    status: format!("could not start: {e}"),
-                }));
+                return Err(Error::Dist(crate::DistError::RankFailed { rank, status: RankExit::NotStarted(e) }));
             }
         }
     }
@@ -287,7 +287,7 @@ fn kill_all(children: &mut [Child]) {
 fn wait_all(children: &mut [Child], first_rank: usize, deadline: Duration, grace: Duration) -> Result<()> {
     let mut end = Instant::now() + deadline;
     let mut done = vec![false; children.len()];
-    let mut first: Option<(usize, String)> = None;
+    let mut first: Option<(usize, RankExit)> = None;
     while done.iter().any(|d| !d) {
         for (rank, c) in children.iter_mut().enumerate() {
             if done[rank] {
@@ -295,9 +295,9 @@ fn wait_all(children: &mut [Child], first_rank: usize, deadline: Duration, grace
             }
             let failed = match c.try_wait() {
                 Ok(Some(status)) if status.success() => None,
-                Ok(Some(status)) => Some(format!("exited with {status}")),
+                Ok(Some(status)) => Some(RankExit::Exited(status)),
                 Ok(None) => continue,
-                Err(e) => Some(format!("could not be waited for: {e}")),
+                Err(e) => Some(RankExit::NotWaited(e)),
             };
             done[rank] = true;
             if let (Some(status), None) = (failed, &first) {
@@ -311,8 +311,7 @@ fn wait_all(children: &mut [Child], first_rank: usize, deadline: Duration, grace
         if Instant::now() >= end {
             let rank = first_rank + done.iter().position(|d| !d).unwrap_or(0);
             kill_all(children);
-            let (rank, status) =
-                first.unwrap_or((rank, format!("was still running after the deadline of {deadline:?}")));
+            let (rank, status) = first.unwrap_or((rank, RankExit::Deadline { deadline }));
             return Err(Error::Dist(crate::DistError::RankFailed { rank, status }));
         }
         std::thread::sleep(Duration::from_millis(10));

@@ -169,15 +169,7 @@ impl Vars<'_> {
     }
 
     fn required(&self, launcher: Launcher, var: &'static str) -> Result<String> {
-        self.get(var).ok_or_else(|| {
-            let hint = format!(
-                "{} is set, so {} started this process and should have set {var} too; set it, or unset {} (or set {ENV_LAUNCHER}=none) if this process is not a rank",
-                launcher.rank_var(),
-                launcher.name(),
-                launcher.rank_var()
-            );
-            Error::Dist(DistError::RankVarMissing { launcher, var, hint })
-        })
+        self.get(var).ok_or_else(|| Error::Dist(DistError::RankVarMissing { launcher, var, hint: None }))
     }
 
     fn number(&self, launcher: Launcher, var: &'static str) -> Result<usize> {
@@ -232,9 +224,8 @@ impl Vars<'_> {
 
     /// The rendezvous a launcher's own variables give (`GRAPHED_RENDEZVOUS` unset).
     fn rendezvous(&self, launcher: Launcher) -> Result<Rendezvous> {
-        let missing = |var: &'static str, hint: &str| {
-            Error::Dist(DistError::RankVarMissing { launcher, var, hint: hint.to_string() })
-        };
+        let missing =
+            |var: &'static str, hint: &'static str| Error::Dist(DistError::RankVarMissing { launcher, var, hint: Some(hint) });
         match launcher {
             Launcher::Graphed => Err(missing(
                 ENV_RENDEZVOUS,
@@ -276,7 +267,9 @@ impl Vars<'_> {
                             })?;
                         let list = self.get(var).unwrap_or_default();
                         first_host(&list).map_err(|why| {
-                            malformed(launcher, var, &list, &format!("a Slurm host list such as `gpu[01-04,07],cpu3` ({why})"))
+                            let expected = "a Slurm host list such as `gpu[01-04,07],cpu3`";
+                            let value = list.clone();
+                            Error::Dist(DistError::RankVarMalformed { launcher, var, value, expected, why: Some(why) })
                         })?
                     }
                 };
@@ -299,8 +292,8 @@ impl Vars<'_> {
     }
 }
 
-fn malformed(launcher: Launcher, var: &'static str, value: &str, expected: &str) -> Error {
-    Error::Dist(DistError::RankVarMalformed { launcher, var, value: value.to_string(), expected: expected.to_string() })
+fn malformed(launcher: Launcher, var: &'static str, value: &str, expected: &'static str) -> Error {
+    Error::Dist(DistError::RankVarMalformed { launcher, var, value: value.to_string(), expected, why: None })
 }
 
 /// `host:port`, with an IPv6 literal in brackets.
@@ -315,26 +308,26 @@ fn host_port(host: &str, port: u16) -> String {
 /// The first host of a Slurm host list: `gpu[01-04,07],cpu3` gives `gpu01`, `a[2-3]-b[5,9]`
 /// gives `a2-b5`. Every entry of the list is checked: brackets hold numbers and ranges
 /// (`lo-hi`, `lo <= hi`), zero padding kept, and do not nest; no entry is empty.
-fn first_host(list: &str) -> std::result::Result<String, String> {
+fn first_host(list: &str) -> std::result::Result<String, &'static str> {
     // Entries end at commas outside brackets.
     let mut entries = Vec::new();
     let (mut open, mut start) = (false, 0);
     for (i, c) in list.char_indices() {
         match c {
-            '[' if open => return Err("a `[` inside brackets".into()),
+            '[' if open => return Err("a `[` inside brackets"),
             '[' => open = true,
-            ']' if !open => return Err("a `]` without its `[`".into()),
+            ']' if !open => return Err("a `]` without its `[`"),
             ']' => open = false,
             ',' if !open => {
                 entries.push(&list[start..i]);
                 start = i + 1;
             }
-            c if c.is_whitespace() => return Err("a space in a host name".into()),
+            c if c.is_whitespace() => return Err("a space in a host name"),
             _ => {}
         }
     }
     if open {
-        return Err("a `[` without its `]`".into());
+        return Err("a `[` without its `]`");
     }
     entries.push(&list[start..]);
     let firsts = entries.into_iter().map(first_of_entry).collect::<std::result::Result<Vec<_>, _>>()?;
@@ -342,7 +335,7 @@ fn first_host(list: &str) -> std::result::Result<String, String> {
 }
 
 /// The first host of one entry of a host list (brackets already known to be balanced).
-fn first_of_entry(entry: &str) -> std::result::Result<String, String> {
+fn first_of_entry(entry: &str) -> std::result::Result<String, &'static str> {
     let mut host = String::new();
     let mut rest = entry;
     while let Some(at) = rest.find('[') {
@@ -355,7 +348,7 @@ fn first_of_entry(entry: &str) -> std::result::Result<String, String> {
             let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
             let ordered = matches!((lo.parse::<u64>(), hi.parse::<u64>()), (Ok(a), Ok(b)) if a <= b);
             if !(digits(lo) && digits(hi) && ordered) {
-                return Err(format!("`[{inner}]` is not a list of numbers and ascending ranges such as `[01-04,07]`"));
+                return Err("brackets that do not hold numbers and ascending ranges");
             }
             first.get_or_insert(lo);
         }
@@ -364,7 +357,7 @@ fn first_of_entry(entry: &str) -> std::result::Result<String, String> {
     }
     host.push_str(rest);
     if host.is_empty() {
-        return Err("an empty entry".into());
+        return Err("an empty entry");
     }
     Ok(host)
 }

@@ -7,7 +7,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Communicator, ReduceOp};
-use crate::{ops, DistError, Error, Param, Result, Tensor};
+use crate::{ops, DistError, Error, Param, Result, ShapeProblem, Tensor};
 
 struct Entry {
     name: String,
@@ -72,10 +72,8 @@ impl ShardedParams {
         let world = comm.world_size();
         for (name, t) in &full_values {
             if t.numel() % world != 0 {
-                return Err(Error::shape(
-                    "ShardedParams::new",
-                    format!("parameter `{name}` has {} elements, not a multiple of {world} ranks (pad it)", t.numel()),
-                ));
+                let problem = ShapeProblem::Shard { param: name.clone(), elements: t.numel(), ranks: world };
+                return Err(Error::shape("ShardedParams::new", problem));
             }
             if t.device() != comm.device() {
                 let (param, device, communicator) = (Some(name.clone()), t.device().name(), comm.device().name());

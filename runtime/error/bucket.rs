@@ -7,6 +7,10 @@
 /// use graphed::{BucketError, Error};
 /// let e = Error::from(BucketError::AboveLargest { size: 5000, largest: 4096 });
 /// assert!(matches!(e, Error::Bucket(BucketError::AboveLargest { size: 5000, .. })));
+/// // A rule that makes no list names its bounds.
+/// use graphed::BucketRule;
+/// let e = Error::from(BucketError::NoList { rule: BucketRule::PowersOfTwo { min: 32, max: 16 } });
+/// assert!(e.to_string().contains("powers of two from 32 to 16 makes no list of sizes"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -17,11 +21,25 @@ pub enum BucketError {
         /// The sizes given.
         sizes: Vec<usize>,
     },
-    /// A rule whose bounds do not make a list (`min > max`, a step of zero).
-    #[error("shape buckets: {detail}")]
-    BadRule {
-        /// What is wrong with the rule.
-        detail: String,
+    /// A rule whose bounds make no list of sizes (`min > max`, a step of zero).
+    #[error("shape buckets: {rule} makes no list of sizes; give 0 < {} <= max", rule.first_name())]
+    NoList {
+        /// The rule, with the bounds given.
+        rule: BucketRule,
+    },
+    /// More axes than buckets span, or a tensor that differs from its bucket along more.
+    #[error("shape buckets: {axes} axes, but buckets span at most {max} (a batch and a sequence)")]
+    TooManyAxes {
+        /// The axes declared (or along which a tensor differs from its bucket).
+        axes: usize,
+        /// The most buckets span.
+        max: usize,
+    },
+    /// One axis declared twice ([`crate::Buckets::and`]).
+    #[error("shape buckets: axis {axis} declared twice; declare each axis once")]
+    AxisTwice {
+        /// The axis.
+        axis: usize,
     },
     /// No sample input has the bucketed axis at the largest bucket's size, so nothing would
     /// change size between buckets.
@@ -58,4 +76,44 @@ pub enum BucketError {
         /// Why not.
         why: &'static str,
     },
+}
+
+/// A rule that makes a list of bucket sizes, with the bounds it was given (in
+/// [`BucketError::NoList`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BucketRule {
+    /// [`crate::Buckets::powers_of_two`]: `min`, `2·min`, ... up to `max`.
+    PowersOfTwo {
+        /// The smallest size.
+        min: usize,
+        /// The largest size.
+        max: usize,
+    },
+    /// [`crate::Buckets::step`]: `step`, `2·step`, ... up to `max`.
+    Step {
+        /// The step.
+        step: usize,
+        /// The largest size.
+        max: usize,
+    },
+}
+
+impl BucketRule {
+    /// The name of the rule's first bound, for messages.
+    fn first_name(&self) -> &'static str {
+        match self {
+            BucketRule::PowersOfTwo { .. } => "min",
+            BucketRule::Step { .. } => "step",
+        }
+    }
+}
+
+impl std::fmt::Display for BucketRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BucketRule::PowersOfTwo { min, max } => write!(f, "powers of two from {min} to {max}"),
+            BucketRule::Step { step, max } => write!(f, "a step of {step} up to {max}"),
+        }
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{CudaFailure, Error};
+use super::{CudaFailure, Error, ShapeProblem};
 
 impl Error {
     /// A failed CUDA library call.
@@ -21,8 +21,9 @@ impl Error {
         Error::Msg(message.to_string())
     }
 
-    pub(crate) fn shape(op: &'static str, detail: impl fmt::Display) -> Error {
-        Error::Shape { op, detail: detail.to_string() }
+    /// [`Error::Shape`]: `op` refused shapes that do not fit as `problem` says.
+    pub(crate) fn shape(op: &'static str, problem: ShapeProblem) -> Error {
+        Error::Shape { op, problem }
     }
 
     /// The cache error for `length` of `sequence`: [`Error::CacheFull`] when `kv_cache_append`

@@ -27,12 +27,16 @@ pub enum CheckpointProblem {
         /// The bytes its header length says are there (8 plus the header).
         needed: u64,
     },
-    /// The header is not UTF-8 JSON mapping names to tensors.
+    /// The header is not UTF-8 JSON mapping names to tensors (or the safetensors crate
+    /// refused what a save would write).
     #[error("the header is not a JSON object of tensors ({detail})")]
     Header {
-        /// What the JSON parser said.
+        /// What the UTF-8 decoder, the JSON parser or the safetensors crate said.
         detail: String,
     },
+    /// The header's `__metadata__` entry is not a JSON object.
+    #[error("its `__metadata__` entry is not a JSON object")]
+    Metadata,
     /// A tensor's entry lacks a field, or has one of the wrong type.
     #[error("its entry has no valid `{field}`")]
     Field {
@@ -75,4 +79,20 @@ pub enum CheckpointProblem {
         /// Where it starts (or the data section's end, for bytes left over).
         found: u64,
     },
+}
+
+/// A tensor's dtype and shape as a safetensors file stores them (in
+/// [`super::Error::CheckpointTensorMismatch`]): the dtype by its safetensors name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorLayout {
+    /// The safetensors dtype: `F32`, `BF16`, `F16`, `I32`, ...
+    pub dtype: String,
+    /// The dimensions.
+    pub shape: Vec<u64>,
+}
+
+impl std::fmt::Display for TensorLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {:?}", self.dtype, self.shape)
+    }
 }

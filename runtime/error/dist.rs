@@ -57,26 +57,28 @@ pub enum DistError {
         /// Each rank's hash, by rank.
         hashes: Vec<u64>,
     },
-    /// The rendezvous (a shared file, a TCP address, the rank variables) failed.
-    #[error("rendezvous at {address}: {detail}")]
+    /// The rendezvous (a shared file or a TCP address) failed.
+    #[error("rendezvous at {address}: {failure}")]
     Rendezvous {
-        /// The file path, host:port, or environment variable.
+        /// The file path, or host:port.
         address: String,
         /// What went wrong.
-        detail: String,
+        #[source]
+        failure: RendezvousFailure,
     },
     /// A launcher's rank variable is set but another one this rank needs is not.
-    #[error("{launcher} environment: {var} is not set; {hint}")]
+    #[error("{launcher} environment: {var} is not set; {}", match hint { Some(h) => h.to_string(), None => format!("{} is set, so {} started this process and should have set {var} too; set it, or unset {} (or set GRAPHED_LAUNCHER=none) if this process is not a rank", launcher.rank_var(), launcher.name(), launcher.rank_var()) })]
     RankVarMissing {
         /// The launcher whose variables were found.
         launcher: super::Launcher,
         /// The variable that is missing.
         var: &'static str,
-        /// What sets it, or what to set instead.
-        hint: String,
+        /// What sets it, or what to set instead; `None` when the launcher sets it with its
+        /// rank variable (the message then says to set it, or to unset the rank variable).
+        hint: Option<&'static str>,
     },
     /// A rank variable (or `GRAPHED_LAUNCHER`) does not parse.
-    #[error("{launcher} environment: {var}=`{value}` is not {expected}")]
+    #[error("{launcher} environment: {var}=`{value}` is not {expected}{}", why.map_or_else(String::new, |w| format!(" ({w})")))]
     RankVarMalformed {
         /// The launcher whose variables were found.
         launcher: super::Launcher,
@@ -85,7 +87,10 @@ pub enum DistError {
         /// Its value.
         value: String,
         /// What it should be.
-        expected: String,
+        expected: &'static str,
+        /// Where the value breaks that form, when the parser can tell (a Slurm host list's
+        /// unclosed bracket, say).
+        why: Option<&'static str>,
     },
     /// A rank (or local rank) is not below the world size.
     #[error("{launcher} environment: {var}={rank} is not below the world size {world_size}; each rank must be in 0..{world_size}")]
@@ -104,8 +109,8 @@ pub enum DistError {
     RankFailed {
         /// The first rank that failed.
         rank: usize,
-        /// Its exit status, or why it was killed.
-        status: String,
+        /// How it failed.
+        status: RankExit,
     },
     /// A tensor or parameter on another device than the communicator's.
     #[error("{op}: {} is on {device}, the communicator on {communicator}; copy it there first", .param.as_ref().map_or_else(|| "a tensor".to_string(), |p| format!("parameter `{p}`")))]
@@ -270,6 +275,90 @@ pub enum DistError {
         order: Vec<i32>,
         /// The transfer each rank is stuck at.
         stuck: Vec<PipelineTransfer>,
+    },
+}
+
+/// What went wrong at a rendezvous, in [`DistError::Rendezvous`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RendezvousFailure {
+    /// The operating system refused a step of the rendezvous.
+    #[error("{step}: {source}")]
+    Io {
+        /// The step.
+        step: RendezvousStep,
+        /// The OS's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Rank 0 waited for the other ranks to fetch the id, and not all came.
+    #[error("only {arrived} of {world} ranks arrived within {waited:?}; start every rank with the same rendezvous, or raise dist::Config::timeout")]
+    RanksMissing {
+        /// The ranks that fetched the id (rank 0 included).
+        arrived: usize,
+        /// The ranks of the group.
+        world: usize,
+        /// How long rank 0 waited.
+        waited: std::time::Duration,
+    },
+    /// A rank waited for rank 0 to publish the id, and it did not.
+    #[error("rank 0 did not publish the id within {waited:?}; check that rank 0 runs and uses the same rendezvous, or raise dist::Config::timeout")]
+    NotPublished {
+        /// How long the rank waited.
+        waited: std::time::Duration,
+    },
+}
+
+/// A step of a rendezvous that the operating system can refuse (in
+/// [`RendezvousFailure::Io`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RendezvousStep {
+    /// Rank 0 writing the id to a temporary file beside the rendezvous file.
+    WriteFile,
+    /// Rank 0 renaming that file into place.
+    RenameFile,
+    /// Rank 0 listening on the TCP port.
+    Listen,
+    /// Rank 0 accepting a connection.
+    Accept,
+    /// Rank 0 setting a socket's blocking mode.
+    Configure,
+    /// Rank 0 sending the id to a rank.
+    Send,
+}
+
+impl std::fmt::Display for RendezvousStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RendezvousStep::WriteFile => "rank 0 cannot write the id",
+            RendezvousStep::RenameFile => "rank 0 cannot rename the id file into place",
+            RendezvousStep::Listen => "rank 0 cannot listen",
+            RendezvousStep::Accept => "rank 0 cannot accept a connection",
+            RendezvousStep::Configure => "rank 0 cannot set a socket's mode",
+            RendezvousStep::Send => "rank 0 cannot send the id",
+        })
+    }
+}
+
+/// How a rank process of a launch failed, in [`DistError::RankFailed`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RankExit {
+    /// It exited with a failure status (or was killed by a signal).
+    #[error("exited with {0}")]
+    Exited(std::process::ExitStatus),
+    /// It could not be started.
+    #[error("could not start: {0}")]
+    NotStarted(#[source] std::io::Error),
+    /// Waiting for it failed.
+    #[error("could not be waited for: {0}")]
+    NotWaited(#[source] std::io::Error),
+    /// It was still running at the launch's deadline, and was killed.
+    #[error("was still running after the deadline of {deadline:?}")]
+    Deadline {
+        /// The launch's deadline (`LaunchOptions::deadline`).
+        deadline: std::time::Duration,
     },
 }
 

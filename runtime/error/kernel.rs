@@ -132,13 +132,13 @@ pub enum KernelError {
     },
     /// One of graphed's own kernels launched with arguments that do not match its parameters
     /// (a bug in graphed: please report it).
-    #[error("built-in kernel `{kernel}`: arguments {got} do not match its parameters {expected}; this is a bug in graphed, please report it")]
+    #[error("built-in kernel `{kernel}`: arguments {got:?} do not match its parameters {expected:?}; this is a bug in graphed, please report it")]
     Builtin {
         /// The kernel.
         kernel: &'static str,
-        /// The parameter kinds it takes.
-        expected: String,
+        /// The parameter kinds it takes (`ptr`, `f32`, `u32`, `u64`).
+        expected: Vec<&'static str>,
         /// The argument kinds it was given.
-        got: String,
+        got: Vec<&'static str>,
     },
 }

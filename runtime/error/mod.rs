@@ -3,33 +3,39 @@
 mod arg;
 mod bucket;
 mod build;
+mod capture;
 mod checkpoint;
 mod cuda;
 mod device;
 mod dist;
 mod graph;
+mod interop;
 mod kernel;
 mod launcher;
 mod op;
 mod optim;
 mod schedule;
 mod setup;
+mod shape;
 mod signature;
 mod slot;
 
 pub use arg::Arg;
-pub use bucket::BucketError;
-pub use checkpoint::CheckpointProblem;
-pub use cuda::CudaFailure;
+pub use bucket::{BucketError, BucketRule};
+pub use capture::{BodyNode, Invalidation};
+pub use checkpoint::{CheckpointProblem, TensorLayout};
+pub use cuda::{CudaFailure, NoCuda};
 pub use device::DeviceError;
-pub use dist::{DistError, NcclProblem, PipelineTransfer};
+pub use dist::{DistError, NcclProblem, PipelineTransfer, RankExit, RendezvousFailure, RendezvousStep};
 pub use graph::GraphError;
+pub use interop::InteropProblem;
 pub use kernel::KernelError;
 pub use launcher::Launcher;
-pub use op::OpError;
+pub use op::{GpuShortfall, OpError};
 pub use optim::OptimError;
 pub use schedule::ScheduleError;
 pub use setup::SetupError;
+pub use shape::ShapeProblem;
 pub use signature::SignatureError;
 pub use slot::{Slot, SlotKind};
 
@@ -67,7 +73,7 @@ pub enum Error {
     )]
     CudaUnavailable {
         /// Why CUDA could not be used.
-        reason: String,
+        reason: NoCuda,
     },
     /// A CUDA driver, NVRTC or cuBLAS call failed; the library's own error is the source.
     #[error("CUDA call `{call}` failed: {source}")]
@@ -91,13 +97,13 @@ pub enum Error {
         /// The offending operation.
         op: &'static str,
     },
-    /// Shapes that do not fit together.
-    #[error("{op}: shape mismatch: {detail}")]
+    /// Shapes that do not fit together (see [`ShapeProblem`]).
+    #[error("{op}: shape mismatch: {problem}")]
     Shape {
         /// The operation that rejected the shapes.
         op: &'static str,
-        /// The shapes involved.
-        detail: String,
+        /// How they do not fit.
+        problem: ShapeProblem,
     },
     /// A dtype the operation does not support.
     #[error("{op}: dtype {got:?} is not supported here (expected {expected:?})")]
@@ -154,14 +160,14 @@ pub enum Error {
         overwritten_by_another_capture: bool,
     },
     /// Graphs sharing a pool were replayed out of their capture order.
-    #[error("replay order: `{got}` was replayed but `{expected}` is next; graphs that share a pool must replay in capture order ({order}), or memory reused between them would be corrupted")]
+    #[error("replay order: `{got}` was replayed but `{expected}` is next; graphs that share a pool must replay in capture order ({}), or memory reused between them would be corrupted", order.join(" -> "))]
     ReplayOrder {
         /// The graph that was replayed.
         got: String,
         /// The graph that should have come next.
         expected: String,
-        /// The full capture order.
-        order: String,
+        /// The graphs' labels in their capture order.
+        order: Vec<String>,
     },
     /// A replay, node listing or instantiation of a graph that holds no capture (never
     /// captured, or reset since).
@@ -188,11 +194,11 @@ pub enum Error {
         /// The graph (or stream).
         graph: String,
     },
-    /// The driver invalidated a capture (an illegal call reached the stream while capturing).
-    #[error("the capture was invalidated: {detail}")]
+    /// A capture that ended invalidated: nothing of it is kept (see [`Invalidation`]).
+    #[error("the capture was invalidated: {cause}")]
     CaptureInvalidated {
         /// What invalidated it.
-        detail: String,
+        cause: Invalidation,
     },
     /// Another thread's capture on this device did not end in time.
     #[error("waited {waited:?} for {waiting} on this device; a capture on another thread never ended")]
@@ -408,13 +414,13 @@ pub enum Error {
     Msg(String),
     // Interop, parameters.
     /// A cudarc interop call on a device or tensor that is not on a CUDA GPU, or with a
-    /// foreign object from another context.
-    #[error("{op}: {detail}")]
+    /// foreign object from another context (see [`InteropProblem`]).
+    #[error("{op}: {problem}")]
     Interop {
         /// The interop call.
         op: &'static str,
         /// What is wrong, and what to do.
-        detail: String,
+        problem: InteropProblem,
     },
     /// Two parameters of a module got the same name.
     #[error(
@@ -468,10 +474,10 @@ pub enum Error {
         path: String,
         /// The tensor name.
         tensor: String,
-        /// The parameter's dtype and shape.
-        expected: String,
+        /// The parameter's dtype and shape, as the file would store them.
+        expected: TensorLayout,
         /// The file's dtype and shape.
-        got: String,
+        got: TensorLayout,
     },
     // Errors by domain.
     /// A communicator, launcher or rendezvous failed (see [`DistError`]).
@@ -558,7 +564,7 @@ pub enum Error {
     },
     /// Fused attention was asked for a dtype, head dimension or device its kernels are not
     /// built for.
-    #[error("{op}: fused attention runs bf16 or f16 with head_dim 64 or 128 on GPUs of compute capability 8.0 or newer (got {dtype:?}, head_dim {head_dim}{device}); use ops::causal_attention for other cases")]
+    #[error("{op}: fused attention runs bf16 or f16 with head_dim 64 or 128 on GPUs of compute capability 8.0 or newer (got {dtype:?}, head_dim {head_dim}{}); use ops::causal_attention for other cases", .device.map_or_else(String::new, |g| format!("; {g}")))]
     AttentionUnsupported {
         /// The operation.
         op: &'static str,
@@ -566,8 +572,9 @@ pub enum Error {
         dtype: crate::DType,
         /// Their head dimension.
         head_dim: usize,
-        /// Empty, or why the device cannot run the kernels.
-        device: String,
+        /// What the GPU lacks, when the dtype and head dimension are supported but the device
+        /// is not.
+        device: Option<GpuShortfall>,
     },
     /// A KV cache had no room for one more step: sequence `sequence` already holds `max_len`
     /// positions. Sequences with room were appended; this one is unchanged.
@@ -599,7 +606,7 @@ pub enum Error {
         /// The body graph's label.
         graph: String,
         /// The node that is not allowed there.
-        node: String,
+        node: BodyNode,
     },
     /// A graph holding a conditional node cannot be fused with others: CUDA refuses a graph
     /// with conditional nodes as a child graph.

@@ -100,3 +100,27 @@ pub enum OpError {
         sequences: usize,
     },
 }
+
+/// What a GPU lacks for the fused attention kernels, in
+/// [`super::Error::AttentionUnsupported`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuShortfall {
+    /// The GPU's compute capability (major, minor).
+    pub capability: (u32, u32),
+    /// Bytes of shared memory a block may use on it.
+    pub shared_bytes: usize,
+    /// Bytes of shared memory a block of the kernels needs.
+    pub needed_bytes: usize,
+}
+
+impl std::fmt::Display for GpuShortfall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (major, minor) = self.capability;
+        write!(
+            f,
+            "this GPU is sm_{major}{minor} with {} KB of shared memory a block, the kernels need sm_80 and {} KB",
+            self.shared_bytes / 1024,
+            self.needed_bytes.div_ceil(1024)
+        )
+    }
+}

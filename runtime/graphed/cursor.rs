@@ -223,7 +223,7 @@ fn out_of_turn(schedule: &Schedule, surfaces: &[Vec<Surface>], step: Step, at: u
         surface.passes.get(s.pass).map_or_else(|| format!("{} {:?}", surface.label, s.pass), |p| p.graph.label().into())
     };
     let expected = schedule.steps().get(at).map(label).unwrap_or_default();
-    let order = schedule.steps().iter().map(label).collect::<Vec<_>>().join(" -> ");
+    let order = schedule.steps().iter().map(label).collect();
     Error::ReplayOrder { got: label(&step), expected, order }
 }
 

@@ -4,7 +4,7 @@
 use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, RowGemmBatched, RowMat};
 use crate::ops::cpu::{self, AttnDims, AttnSaved};
 use crate::ops::{check_f32_on, check_like, check_shape, exec, gemm_dim, k, n32, warp_rows, Exec};
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, Result, ShapeProblem, Tensor};
 
 /// Checks `q`, `k`, `v` are one `[batch, seq, heads · head_dim]` shape of one dtype; returns
 /// the sizes and the dtype.
@@ -13,10 +13,10 @@ fn check_qkv(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor, heads: usize)
     check_shape(op, q, k)?;
     check_shape(op, q, v)?;
     let &[batch, seq, width] = q.dims() else {
-        return Err(Error::shape(op, format!("q, k and v must be [batch, seq, width], got {:?}", q.dims())));
+        return Err(Error::shape(op, ShapeProblem::layout("q, k and v", "[batch, seq, width]", q.dims())));
     };
     if heads == 0 || width == 0 || width % heads != 0 || seq == 0 {
-        return Err(Error::shape(op, format!("width {width} must be a nonzero multiple of heads = {heads}, seq > 0")));
+        return Err(Error::shape(op, ShapeProblem::Width { arg: "q", got: q.dims().to_vec(), heads }));
     }
     n32(op, batch * heads * seq * seq)?;
     for s in [seq, width] {
@@ -129,7 +129,7 @@ pub fn causal_attention_backward(
     check_shape(OP, out, q)?;
     check_f32_on(OP, lse, q)?;
     if lse.dims() != lse_dims(a) {
-        return Err(Error::shape(OP, format!("lse {:?} must be {:?}", lse.dims(), lse_dims(a))));
+        return Err(Error::shape(OP, ShapeProblem::expected("lse", &lse_dims(a), "[batch, heads, seq]", lse.dims())));
     }
     let (dq, dk, dv) = (Tensor::empty_like(q)?, Tensor::empty_like(q)?, Tensor::empty_like(q)?);
     let kernel = k::ATTN_BWD_SCORES.get(dtype);

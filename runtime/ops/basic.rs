@@ -3,7 +3,7 @@
 
 use crate::backend::{KArg, LaunchDims};
 use crate::ops::{check_f32_on, check_like, check_shape, exec, k, n32, Exec};
-use crate::{Error, Result, Tensor};
+use crate::{Error, Result, ShapeProblem, Tensor};
 
 /// Sets every element of `y` to `value`, in place.
 ///
@@ -88,7 +88,7 @@ pub fn scale_(y: &Tensor, a: f32) -> Result<()> {
 /// ```
 pub fn scale_by_(y: &Tensor, s: &Tensor) -> Result<()> {
     if s.numel() != 1 {
-        return Err(Error::shape("scale_by_", format!("the scale must have one element, got {:?}", s.dims())));
+        return Err(Error::shape("scale_by_", ShapeProblem::layout("the scale", "one element", s.dims())));
     }
     scale_by_first_("scale_by_", y, s)
 }
@@ -99,7 +99,7 @@ pub(crate) fn scale_by_first_(op: &'static str, y: &Tensor, s: &Tensor) -> Resul
     let dtype = check_like(op, &[y])?;
     check_f32_on(op, s, y)?;
     if s.numel() == 0 {
-        return Err(Error::shape(op, "the scale tensor is empty"));
+        return Err(Error::shape(op, ShapeProblem::layout("the scale", "at least one element", s.dims())));
     }
     let n = n32(op, y.numel())?;
     let kernel = k::SCALE_BY.get(dtype);

@@ -6,7 +6,7 @@
 use crate::backend::{BuiltinKernel as B, KArg, LaunchDims};
 use crate::ops::cpu::{self, CacheShape};
 use crate::ops::{at_most, check_like, exec, n32, Exec};
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, Result, ShapeProblem, Tensor};
 
 /// Keys per block of the decode kernels' first pass, and how many blocks split one sequence's
 /// cache: at least 256 keys a block and at most 64 blocks. A function of `max_len` only, so
@@ -25,32 +25,31 @@ fn check_lengths(op: &'static str, lengths: &Tensor, like: &Tensor, batch: usize
         return Err(Error::DeviceMismatch { op, a: like.device().name(), b: lengths.device().name() });
     }
     if lengths.dims() != [batch] {
-        return Err(Error::shape(
-            op,
-            format!("lengths must be [{batch}] (one per sequence), got {:?}", lengths.dims()),
-        ));
+        return Err(Error::shape(op, ShapeProblem::expected("lengths", &[batch], "one per sequence", lengths.dims())));
     }
     Ok(())
+}
+
+/// The caches' dimensions `[batch, kv_heads, max_len, head_dim]`, the same for both.
+fn cache_dims(op: &'static str, k_cache: &Tensor, v_cache: &Tensor) -> Result<[usize; 4]> {
+    let &[batch, kv_heads, max_len, head_dim] = k_cache.dims() else {
+        let layout = "[batch, kv_heads, max_len, head_dim]";
+        return Err(Error::shape(op, ShapeProblem::layout("the caches", layout, k_cache.dims())));
+    };
+    if v_cache.dims() != k_cache.dims() {
+        return Err(Error::shape(op, ShapeProblem::same("v_cache", v_cache.dims(), "k_cache", k_cache.dims())));
+    }
+    Ok([batch, kv_heads, max_len, head_dim])
 }
 
 /// Checks the caches (`[batch, kv_heads, max_len, head_dim]`, both the same) and `lengths`;
 /// returns the cache's sizes with `heads` query heads, and the dtype.
 fn check_cache(op: &'static str, k_cache: &Tensor, v_cache: &Tensor, lengths: &Tensor) -> Result<(CacheShape, DType)> {
     let dtype = check_like(op, &[k_cache, v_cache])?;
-    let &[batch, kv_heads, max_len, head_dim] = k_cache.dims() else {
-        return Err(Error::shape(
-            op,
-            format!("the caches must be [batch, kv_heads, max_len, head_dim], got {:?}", k_cache.dims()),
-        ));
-    };
-    if v_cache.dims() != k_cache.dims() {
-        return Err(Error::shape(
-            op,
-            format!("v_cache {:?} must have k_cache's shape {:?}", v_cache.dims(), k_cache.dims()),
-        ));
-    }
+    let [batch, kv_heads, max_len, head_dim] = cache_dims(op, k_cache, v_cache)?;
     if batch == 0 || kv_heads == 0 || max_len == 0 || head_dim == 0 {
-        return Err(Error::shape(op, format!("cache {:?}: every dimension must be nonzero", k_cache.dims())));
+        let layout = "[batch, kv_heads, max_len, head_dim], every one nonzero";
+        return Err(Error::shape(op, ShapeProblem::layout("the caches", layout, k_cache.dims())));
     }
     // The grid's y and z dimensions hold at most 65535 blocks; lengths are i32.
     at_most(op, "batch", batch, 65535)?;
@@ -103,26 +102,15 @@ pub fn decode_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, lengths:
     let (mut s, dtype) = check_cache(OP, k_cache, v_cache, lengths)?;
     check_like(OP, &[k_cache, q])?;
     let &[qb, heads, qd] = q.dims() else {
-        return Err(Error::shape(OP, format!("q must be [batch, heads, head_dim], got {:?}", q.dims())));
+        return Err(Error::shape(OP, ShapeProblem::layout("q", "[batch, heads, head_dim]", q.dims())));
     };
     if qb != s.batch || qd != s.head_dim || heads == 0 || !heads.is_multiple_of(s.kv_heads) || heads > 65535 {
-        return Err(Error::shape(
-            OP,
-            format!(
-                "q {:?} must be [{}, heads, {}] with heads a multiple of kv_heads = {} (at most 65535)",
-                q.dims(),
-                s.batch,
-                s.head_dim,
-                s.kv_heads
-            ),
-        ));
+        let (batch, head_dim, kv_heads) = (s.batch, s.head_dim, s.kv_heads);
+        return Err(Error::shape(OP, ShapeProblem::Query { got: q.dims().to_vec(), batch, head_dim, kv_heads }));
     }
     s.heads = heads;
     if s.head_dim > MAX_HEAD_DIM {
-        return Err(Error::shape(
-            OP,
-            format!("head_dim {} is above the {MAX_HEAD_DIM} the decode kernels hold in registers", s.head_dim),
-        ));
+        return Err(Error::shape(OP, ShapeProblem::HeadDim { head_dim: s.head_dim, max: MAX_HEAD_DIM }));
     }
     let (partial, any_dim) = partial_kernel(dtype, s.head_dim);
     match exec(q.device()) {
@@ -222,10 +210,7 @@ pub fn kv_cache_append(k_cache: &Tensor, v_cache: &Tensor, lengths: &Tensor, k: 
     let want = s.step_dims();
     for (name, t) in [("k", k), ("v", v)] {
         if t.dims() != want {
-            return Err(Error::shape(
-                OP,
-                format!("{name} must be {want:?} (batch, kv_heads, head_dim), got {:?}", t.dims()),
-            ));
+            return Err(Error::shape(OP, ShapeProblem::expected(name, &want, "[batch, kv_heads, head_dim]", t.dims())));
         }
     }
     let kernel = if dtype.size() == 2 { B::KvCacheAppendU16 } else { B::KvCacheAppendU32 };
@@ -289,32 +274,16 @@ pub fn kv_cache_append(k_cache: &Tensor, v_cache: &Tensor, lengths: &Tensor, k: 
 pub fn kv_cache_fill(k_cache: &Tensor, v_cache: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
     const OP: &str = "kv_cache_fill";
     let dtype = check_like(OP, &[k_cache, v_cache, k, v])?;
-    let &[batch, kv_heads, max_len, head_dim] = k_cache.dims() else {
-        return Err(Error::shape(
-            OP,
-            format!("the caches must be [batch, kv_heads, max_len, head_dim], got {:?}", k_cache.dims()),
-        ));
-    };
-    if v_cache.dims() != k_cache.dims() {
-        return Err(Error::shape(
-            OP,
-            format!("v_cache {:?} must have k_cache's shape {:?}", v_cache.dims(), k_cache.dims()),
-        ));
-    }
+    let [batch, kv_heads, max_len, head_dim] = cache_dims(OP, k_cache, v_cache)?;
     let seq = match *k.dims() {
         [b, seq, h, d] if b == batch && h == kv_heads && d == head_dim && seq <= max_len => seq,
         _ => {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "k must be [{batch}, seq, {kv_heads}, {head_dim}] with seq at most max_len = {max_len}, got {:?}",
-                    k.dims()
-                ),
-            ))
+            let got = k.dims().to_vec();
+            return Err(Error::shape(OP, ShapeProblem::Append { got, batch, kv_heads, head_dim, max_len }));
         }
     };
     if v.dims() != k.dims() {
-        return Err(Error::shape(OP, format!("v {:?} must have k's shape {:?}", v.dims(), k.dims())));
+        return Err(Error::shape(OP, ShapeProblem::same("v", v.dims(), "k", k.dims())));
     }
     n32(OP, k_cache.numel())?;
     let s = CacheShape { batch, heads: kv_heads, kv_heads, max_len, head_dim };

@@ -5,7 +5,7 @@
 use crate::backend::{BuiltinKernel as B, CudaBackend, FlashTiles, KArg, LaunchDims};
 use crate::ops::cpu::{self, AttnDims, AttnSaved, AttnShape};
 use crate::ops::{at_most, check_f32_on, check_like, exec, Exec};
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, GpuShortfall, Result, ShapeProblem, Tensor};
 
 /// What [`flash_attention`] computes: how many query heads, how many key/value heads (grouped-
 /// query attention when fewer; each serves `heads / kv_heads` consecutive query heads), and
@@ -59,33 +59,25 @@ impl Attention {
 fn check_qkv(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor, at: &Attention) -> Result<(AttnShape, DType)> {
     let dtype = check_like(op, &[q, k, v])?;
     let (&[batch, seq, width], &[kb, ks, kw]) = (q.dims(), k.dims()) else {
-        return Err(Error::shape(
-            op,
-            format!("q, k and v must be [batch, seq, width], got {:?} and {:?}", q.dims(), k.dims()),
-        ));
+        let (arg, t) = if q.dims().len() != 3 { ("q", q) } else { ("k", k) };
+        return Err(Error::shape(op, ShapeProblem::layout(arg, "[batch, seq, width]", t.dims())));
     };
     if v.dims() != k.dims() {
-        return Err(Error::shape(op, format!("v {:?} must have k's shape {:?}", v.dims(), k.dims())));
+        return Err(Error::shape(op, ShapeProblem::same("v", v.dims(), "k", k.dims())));
     }
     if at.heads == 0 || at.kv_heads == 0 || !at.heads.is_multiple_of(at.kv_heads) {
-        return Err(Error::shape(
-            op,
-            format!("kv_heads = {} must divide heads = {} (both nonzero)", at.kv_heads, at.heads),
-        ));
+        return Err(Error::shape(op, ShapeProblem::Heads { heads: at.heads, kv_heads: at.kv_heads }));
     }
     if batch == 0 || seq == 0 || width == 0 || width % at.heads != 0 {
-        return Err(Error::shape(
-            op,
-            format!("q {:?}: batch, seq > 0 and width a nonzero multiple of heads = {}", q.dims(), at.heads),
-        ));
+        return Err(Error::shape(op, ShapeProblem::Width { arg: "q", got: q.dims().to_vec(), heads: at.heads }));
     }
     let head_dim = width / at.heads;
     if (kb, ks, kw) != (batch, seq, at.kv_heads * head_dim) {
         let want = [batch, seq, at.kv_heads * head_dim];
-        return Err(Error::shape(op, format!("k and v must be {want:?} (kv_heads · head_dim), got {:?}", k.dims())));
+        return Err(Error::shape(op, ShapeProblem::expected("k", &want, "[batch, seq, kv_heads · head_dim]", k.dims())));
     }
     if !Attention::supports(dtype, head_dim) {
-        return Err(Error::AttentionUnsupported { op, dtype, head_dim, device: String::new() });
+        return Err(Error::AttentionUnsupported { op, dtype, head_dim, device: None });
     }
     // The grid's y and z dimensions hold at most 65535 blocks; positions are 31-bit.
     at_most(op, "batch", batch, 65535)?;
@@ -192,12 +184,12 @@ pub fn flash_attention_backward(
     check_like(OP, &[q, dout, out])?;
     for (name, t) in [("dout", dout), ("out", out)] {
         if t.dims() != q.dims() {
-            return Err(Error::shape(OP, format!("{name} {:?} must have q's shape {:?}", t.dims(), q.dims())));
+            return Err(Error::shape(OP, ShapeProblem::same(name, t.dims(), "q", q.dims())));
         }
     }
     check_f32_on(OP, lse, q)?;
     if lse.dims() != lse_dims(a) {
-        return Err(Error::shape(OP, format!("lse {:?} must be {:?}", lse.dims(), lse_dims(a))));
+        return Err(Error::shape(OP, ShapeProblem::expected("lse", &lse_dims(a), "[batch, heads, seq]", lse.dims())));
     }
     match exec(q.device()) {
         Exec::Host(h) => {
@@ -260,12 +252,12 @@ fn check_device(op: &'static str, c: &CudaBackend, dtype: DType, a: AttnShape) -
     let need = tiles.smem(head_dim).into_iter().max().unwrap_or(0);
     let (major, minor) = c.capability;
     if major < 8 || need > c.max_shared_optin {
-        let device = format!(
-            "; this GPU is sm_{major}{minor} with {} KB of shared memory a block, the kernels need sm_80 and {} KB",
-            c.max_shared_optin / 1024,
-            need.div_ceil(1024)
-        );
-        return Err(Error::AttentionUnsupported { op, dtype, head_dim, device });
+        let device = GpuShortfall {
+            capability: (major as u32, minor as u32),
+            shared_bytes: c.max_shared_optin,
+            needed_bytes: need,
+        };
+        return Err(Error::AttentionUnsupported { op, dtype, head_dim, device: Some(device) });
     }
     Ok(tiles)
 }

@@ -6,7 +6,7 @@ use crate::backend::{BuiltinKernel as B, KArg, LaunchDims};
 use crate::error::OpError;
 use crate::ops::cpu::{self, GenerationState};
 use crate::ops::{at_most, exec, n32, Exec};
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{DType, Device, Error, Result, ShapeProblem, Tensor};
 
 /// When the sequences of a batch stop: on `end` (a token id; `None`, only on their length),
 /// after which each records `pad` at every later step.
@@ -203,7 +203,7 @@ impl Generation {
 }
 
 /// Checks that `t` is an `I32` vector `[batch]` on `like`'s device.
-fn check_i32_rows(op: &'static str, name: &str, t: &Tensor, like: &Tensor, batch: usize) -> Result<()> {
+fn check_i32_rows(op: &'static str, name: &'static str, t: &Tensor, like: &Tensor, batch: usize) -> Result<()> {
     if t.dtype() != DType::I32 {
         return Err(Error::DType { op, got: t.dtype(), expected: DType::I32 });
     }
@@ -211,7 +211,7 @@ fn check_i32_rows(op: &'static str, name: &str, t: &Tensor, like: &Tensor, batch
         return Err(Error::DeviceMismatch { op, a: like.device().name(), b: t.device().name() });
     }
     if t.dims() != [batch] {
-        return Err(Error::shape(op, format!("{name} must be [{batch}] (one per sequence), got {:?}", t.dims())));
+        return Err(Error::shape(op, ShapeProblem::expected(name, &[batch], "one per sequence", t.dims())));
     }
     t.check_fresh()
 }

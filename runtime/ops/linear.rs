@@ -5,7 +5,7 @@ use crate::ops::{
     as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, gemm_dim, k, n32,
     Exec,
 };
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, Result, ShapeProblem, Tensor};
 
 /// A GEMM operand of tensor `t` with leading dimension `ld`.
 fn operand(t: &Tensor, ld: usize) -> Result<Operand> {
@@ -25,18 +25,19 @@ pub(crate) fn out_dims(x: &Tensor, out: usize) -> Vec<usize> {
 pub(crate) fn check_linear(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
     check_rank1(op, "x", x)?;
     if w.dims().len() != 2 {
-        return Err(Error::shape(op, format!("w must be [out, in], got {:?}", w.dims())));
+        return Err(Error::shape(op, ShapeProblem::layout("w", "[out, in]", w.dims())));
     }
     let (rows, input) = as_rows(x);
     let (out, w_in) = (w.dims()[0], w.dims()[1]);
     if w_in != input {
+        let axis = x.dims().len() - 1;
         return Err(Error::shape(
             op,
-            format!("x {:?} has {input} features but w {:?} expects {w_in}", x.dims(), w.dims()),
+            ShapeProblem::Axis { arg: "x", got: x.dims().to_vec(), axis, expected: w_in, from: "w [out, in]" },
         ));
     }
     if input == 0 || out == 0 {
-        return Err(Error::shape(op, format!("w {:?} must have nonzero in and out features", w.dims())));
+        return Err(Error::shape(op, ShapeProblem::layout("w", "[out, in] with both nonzero", w.dims())));
     }
     for v in [rows, input, out] {
         gemm_dim(op, v)?;
@@ -231,10 +232,7 @@ fn backward(
     check_f32_on(op, dw, x)?;
     let (rows, input, out) = check_linear(op, x, w)?;
     if dy.dims() != out_dims(x, out).as_slice() {
-        return Err(Error::shape(
-            op,
-            format!("dy {:?} must be {:?} for x {:?} and w {:?}", dy.dims(), out_dims(x, out), x.dims(), w.dims()),
-        ));
+        return Err(Error::shape(op, ShapeProblem::expected("dy", &out_dims(x, out), "the output of x and w", dy.dims())));
     }
     check_shape(op, dw, w)?;
     if let Some(db) = db {
@@ -245,7 +243,7 @@ fn backward(
     if let Dx::Add(acc) = mode {
         check_like(op, &[x, acc])?;
         if acc.dims() != x.dims() {
-            return Err(Error::shape(op, format!("dx {:?} must have x's shape {:?}", acc.dims(), x.dims())));
+            return Err(Error::shape(op, ShapeProblem::same("dx", acc.dims(), "x", x.dims())));
         }
         for (name, t) in [("dy", dy), ("x", x), ("w", w)] {
             let ((pa, ra), (pb, rb)) = (acc.mem_range(), t.mem_range());

@@ -5,7 +5,7 @@ use crate::error::OpError;
 use crate::ops::{
     check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, reduce_blocks, row_dims, Exec,
 };
-use crate::{Error, Result, Tensor};
+use crate::{Error, Result, ShapeProblem, Tensor};
 
 /// Checks `logits` `[N, C]` against `labels` `[N]`; returns `(N, C)`.
 /// `logits` (or `probs`) may be f32, bf16 or f16; `labels` are f32 class ids.
@@ -13,16 +13,13 @@ fn check_xent(op: &'static str, logits: &Tensor, labels: &Tensor) -> Result<(usi
     logits.check_fresh()?;
     check_f32_on(op, labels, logits)?;
     let &[rows, classes] = logits.dims() else {
-        return Err(Error::shape(op, format!("logits must be [N, C], got {:?}", logits.dims())));
+        return Err(Error::shape(op, ShapeProblem::layout("logits", "[N, C]", logits.dims())));
     };
     if classes == 0 {
-        return Err(Error::shape(op, format!("logits {:?} must have at least one class", logits.dims())));
+        return Err(Error::shape(op, ShapeProblem::layout("logits", "[N, C] with at least one class", logits.dims())));
     }
     if labels.dims() != [rows] {
-        return Err(Error::shape(
-            op,
-            format!("labels must be [{rows}] for logits {:?}, got {:?}", logits.dims(), labels.dims()),
-        ));
+        return Err(Error::shape(op, ShapeProblem::expected("labels", &[rows], "one per row of logits", labels.dims())));
     }
     n32(op, logits.numel())?;
     Ok((rows, classes))

@@ -45,7 +45,7 @@ pub use transformer::{
 
 use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, Typed};
 use crate::error::OpError;
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{DType, Device, Error, Result, ShapeProblem, Tensor};
 
 pub(crate) use crate::backend::Exec;
 
@@ -113,7 +113,7 @@ pub(crate) fn check_grad_of(op: &'static str, grad: &Tensor, param: &Tensor) -> 
 /// Checks that two tensors have the same shape.
 pub(crate) fn check_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     if a.dims() != b.dims() {
-        return Err(Error::shape(op, format!("{:?} and {:?} must match", a.dims(), b.dims())));
+        return Err(Error::shape(op, ShapeProblem::Differ { a: a.dims().to_vec(), b: b.dims().to_vec() }));
     }
     Ok(())
 }
@@ -256,17 +256,17 @@ pub(crate) fn as_rows(t: &Tensor) -> (usize, usize) {
 }
 
 /// Requires `t` to have rank at least 1.
-pub(crate) fn check_rank1(op: &'static str, name: &str, t: &Tensor) -> Result<()> {
+pub(crate) fn check_rank1(op: &'static str, name: &'static str, t: &Tensor) -> Result<()> {
     if t.dims().is_empty() {
-        return Err(Error::shape(op, format!("{name} must have at least one dimension, got a scalar {:?}", t.dims())));
+        return Err(Error::shape(op, ShapeProblem::layout(name, "at least one dimension", t.dims())));
     }
     Ok(())
 }
 
 /// Requires `t` to be the vector `[len]`.
-pub(crate) fn check_vector(op: &'static str, name: &str, t: &Tensor, len: usize) -> Result<()> {
+pub(crate) fn check_vector(op: &'static str, name: &'static str, t: &Tensor, len: usize) -> Result<()> {
     if t.dims() != [len] {
-        return Err(Error::shape(op, format!("{name} must be [{len}], got {:?}", t.dims())));
+        return Err(Error::shape(op, ShapeProblem::expected(name, &[len], "", t.dims())));
     }
     Ok(())
 }

@@ -6,7 +6,7 @@ use crate::ops::{
     as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, row_dims,
     Exec,
 };
-use crate::{Error, Result, Tensor};
+use crate::{Error, Result, ShapeProblem, Tensor};
 
 /// Layer norm over the last dimension: `y = (x - mean) · rstd · gamma + beta` per row, with
 /// `rstd = 1 / sqrt(var + eps)` and the biased variance (PyTorch's `F.layer_norm`).
@@ -35,7 +35,7 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
     check_rank1(OP, "x", x)?;
     let (rows, d) = as_rows(x);
     if d == 0 {
-        return Err(Error::shape(OP, format!("x {:?} has an empty last dimension", x.dims())));
+        return Err(Error::shape(OP, ShapeProblem::layout("x", "a nonempty last dimension", x.dims())));
     }
     check_vector(OP, "gamma", gamma, d)?;
     check_vector(OP, "beta", beta, d)?;

@@ -3,17 +3,17 @@
 
 use crate::backend::{KArg, LaunchDims};
 use crate::ops::{at_most, check_like, cpu, exec, k, n32, Exec};
-use crate::{DType, Error, Generator, Result, Tensor};
+use crate::{DType, Error, Generator, Result, ShapeProblem, Tensor};
 
 /// Checks `logits` (`[batch, vocab]`, both nonzero, a float dtype, indices that fit an i32);
 /// returns its dtype, batch and vocabulary size.
 fn check_logits(op: &'static str, logits: &Tensor) -> Result<(DType, usize, usize)> {
     let dtype = check_like(op, &[logits])?;
     let &[batch, vocab] = logits.dims() else {
-        return Err(Error::shape(op, format!("logits must be [batch, vocab], got {:?}", logits.dims())));
+        return Err(Error::shape(op, ShapeProblem::layout("logits", "[batch, vocab]", logits.dims())));
     };
     if batch == 0 || vocab == 0 {
-        return Err(Error::shape(op, format!("logits {:?}: batch and vocab must be nonzero", logits.dims())));
+        return Err(Error::shape(op, ShapeProblem::layout("logits", "[batch, vocab] with both nonzero", logits.dims())));
     }
     n32(op, batch * vocab)?;
     at_most(op, "vocabulary size", vocab, i32::MAX as usize)?;

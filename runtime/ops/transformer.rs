@@ -6,13 +6,13 @@ use crate::ops::{
     as_rows, check_f32_on, check_grad_of, check_like, check_rank1, check_shape, check_vector, col_chunks, col_dims,
     cpu, exec, k, n32, row_dims, warp_rows, Exec,
 };
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, Result, ShapeProblem, Tensor};
 
 /// Checks `table` is `[vocab, d]` with both nonzero; returns `(vocab, d)`.
 fn check_table(op: &'static str, table: &Tensor) -> Result<(usize, usize)> {
     match *table.dims() {
         [vocab, d] if vocab > 0 && d > 0 => Ok((vocab, d)),
-        _ => Err(Error::shape(op, format!("table must be [vocab, d] with both nonzero, got {:?}", table.dims()))),
+        _ => Err(Error::shape(op, ShapeProblem::layout("table", "[vocab, d] with both nonzero", table.dims()))),
     }
 }
 
@@ -99,7 +99,7 @@ pub fn embedding_backward(dy: &Tensor, ids: &Tensor, dtable: &Tensor) -> Result<
     let gdtype = check_grad_of(OP, dtable, dy)?;
     let (vocab, d) = check_table(OP, dtable)?;
     if dy.dims() != embedded_dims(ids, d).as_slice() {
-        return Err(Error::shape(OP, format!("dy {:?} must be ids {:?} + [{d}]", dy.dims(), ids.dims())));
+        return Err(Error::shape(OP, ShapeProblem::expected("dy", &embedded_dims(ids, d), "ids' shape + [d]", dy.dims())));
     }
     let tokens = ids.numel();
     n32(OP, tokens * d)?;
@@ -185,7 +185,7 @@ fn check_rms_norm(op: &'static str, x: &Tensor, gamma: &Tensor, eps: f32) -> Res
     check_rank1(op, "x", x)?;
     let (rows, d) = as_rows(x);
     if d == 0 {
-        return Err(Error::shape(op, format!("x {:?} has an empty last dimension", x.dims())));
+        return Err(Error::shape(op, ShapeProblem::layout("x", "a nonempty last dimension", x.dims())));
     }
     check_vector(op, "gamma", gamma, d)?;
     if !(eps >= 0.0 && eps.is_finite()) {

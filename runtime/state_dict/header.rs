@@ -43,8 +43,7 @@ pub(super) fn parse(file: &[u8]) -> Result<Vec<Entry>, Problem> {
     for (name, value) in map {
         if name == "__metadata__" {
             if !value.is_object() {
-                let detail = "`__metadata__` is not an object".to_string();
-                return Err((None, CheckpointProblem::Header { detail }));
+                return Err((None, CheckpointProblem::Metadata));
             }
             continue;
         }

@@ -13,7 +13,7 @@ use std::path::Path;
 use safetensors::tensor::{Dtype, TensorView};
 
 use crate::backend::FaultPoint;
-use crate::{DType, Device, Error, Param, Parameters, Result};
+use crate::{DType, Device, Error, Param, Parameters, Result, TensorLayout};
 
 /// The module's parameters by name; two with one name is [`Error::DuplicateParamName`].
 fn named_params<M: Parameters + ?Sized>(module: &M) -> Result<Vec<(String, Param)>> {
@@ -160,8 +160,11 @@ pub fn load_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
             return Err(Error::CheckpointTensorMismatch {
                 path: file_name(),
                 tensor: name.clone(),
-                expected: format!("{:?} {:?}", file_dtype(dtype), p.value.dims()),
-                got: format!("{:?} {:?}", entry.dtype, entry.shape),
+                expected: TensorLayout {
+                    dtype: format!("{:?}", file_dtype(dtype)),
+                    shape: p.value.dims().iter().map(|&d| d as u64).collect(),
+                },
+                got: TensorLayout { dtype: format!("{:?}", entry.dtype), shape: entry.shape.clone() },
             });
         }
         // 16-bit values are widened here and rounded back (exactly) by copy_from_slice.

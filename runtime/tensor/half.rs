@@ -5,7 +5,7 @@ use half::{bf16, f16};
 
 use crate::backend::BackendKind;
 use crate::error::OpError;
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{DType, Device, Error, Result, ShapeProblem, Tensor};
 
 impl Tensor {
     /// A tensor of `dtype` holding `data` rounded to it (round to nearest even, as the GPU
@@ -20,7 +20,7 @@ impl Tensor {
     pub fn from_slice_as(device: &Device, data: &[f32], dims: &[usize], dtype: DType) -> Result<Tensor> {
         let t = Tensor::empty_as(device, dims, dtype)?;
         if t.numel() != data.len() {
-            return Err(Error::shape("Tensor::from_slice_as", format!("{} values for shape {dims:?}", data.len())));
+            return Err(Error::shape("Tensor::from_slice_as", ShapeProblem::values(data.len(), dims)));
         }
         t.copy_from_slice(data)?;
         Ok(t)
@@ -99,10 +99,7 @@ impl Tensor {
     fn from_bits16(device: &Device, bits: &[u16], dims: &[usize], dtype: DType) -> Result<Tensor> {
         let t = Tensor::empty_as(device, dims, dtype)?;
         if t.numel() != bits.len() {
-            return Err(Error::shape(
-                "Tensor::from_bf16/from_f16",
-                format!("{} values for shape {dims:?}", bits.len()),
-            ));
+            return Err(Error::shape("Tensor::from_bf16/from_f16", ShapeProblem::values(bits.len(), dims)));
         }
         let backend = device.backend();
         backend.forbid_during_capture("copy from host memory")?;
@@ -126,7 +123,7 @@ impl Tensor {
     pub fn from_i32(device: &Device, data: &[i32], dims: &[usize]) -> Result<Tensor> {
         let t = Tensor::empty_as(device, dims, DType::I32)?;
         if t.numel() != data.len() {
-            return Err(Error::shape("Tensor::from_i32", format!("{} values for shape {dims:?}", data.len())));
+            return Err(Error::shape("Tensor::from_i32", ShapeProblem::values(data.len(), dims)));
         }
         t.write_i32(data)?;
         Ok(t)
@@ -136,7 +133,7 @@ impl Tensor {
     pub fn copy_from_i32(&self, data: &[i32]) -> Result<()> {
         self.expect_dtype("Tensor::copy_from_i32", DType::I32)?;
         if self.numel() != data.len() {
-            return Err(Error::shape("Tensor::copy_from_i32", format!("{} values into {:?}", data.len(), self.dims())));
+            return Err(Error::shape("Tensor::copy_from_i32", ShapeProblem::values(data.len(), self.dims())));
         }
         self.write_i32(data)
     }

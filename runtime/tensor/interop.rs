@@ -50,7 +50,7 @@ pub use cudarc;
 
 use crate::backend::{Backend, Ptr};
 use crate::tensor::Storage;
-use crate::{Device, Error, Result, Shape, Tensor};
+use crate::{Device, Error, InteropProblem, Result, Shape, ShapeProblem, Tensor};
 
 /// Slices whose tensors were dropped while their device captured; freed at the next chance.
 static PARKED: Mutex<Vec<CudaSlice<f32>>> = Mutex::new(Vec::new());
@@ -142,11 +142,7 @@ impl Tensor {
     pub fn cuda_device_ptr(&self) -> Result<u64> {
         match self.ptr()? {
             Ptr::Cuda(p) => Ok(p),
-            Ptr::Host(_) => Err(Error::Interop {
-                op: "Tensor::cuda_device_ptr",
-                detail: "this tensor lives on the host backend, which has no device addresses; use a CUDA device"
-                    .into(),
-            }),
+            Ptr::Host(_) => Err(Error::Interop { op: "Tensor::cuda_device_ptr", problem: InteropProblem::HostBackend }),
         }
     }
 
@@ -170,24 +166,16 @@ impl Tensor {
     pub fn from_cuda_slice(device: &Device, slice: CudaSlice<f32>, dims: &[usize]) -> Result<Tensor> {
         const OP: &str = "Tensor::from_cuda_slice";
         let Some(c) = device.backend().cuda() else {
-            return Err(Error::Interop {
-                op: OP,
-                detail: "the host backend cannot own a CudaSlice; use a CUDA device".into(),
-            });
+            return Err(Error::Interop { op: OP, problem: InteropProblem::HostBackend });
         };
         if slice.context().cu_ctx() != c.ctx.cu_ctx() {
-            return Err(Error::Interop {
-                op: OP,
-                detail: format!(
-                    "the slice belongs to the context of device {}, not {}'s; allocate it on device.cuda_stream()",
-                    slice.context().ordinal(),
-                    device.name()
-                ),
-            });
+            let problem =
+                InteropProblem::OtherContext { slice_ordinal: slice.context().ordinal(), device: device.name() };
+            return Err(Error::Interop { op: OP, problem });
         }
-        let shape = Shape::new(dims).ok_or_else(|| Error::shape(OP, format!("{dims:?} has more than 6 dimensions")))?;
+        let shape = Shape::new(dims).ok_or_else(|| Error::shape(OP, ShapeProblem::rank(dims)))?;
         if shape.checked_numel() != Some(slice.len()) {
-            return Err(Error::shape(OP, format!("a slice of {} elements as {dims:?}", slice.len())));
+            return Err(Error::shape(OP, ShapeProblem::elements("elements of the slice", slice.len(), dims)));
         }
         let (ptr, record) = slice.device_ptr(&c.stream);
         drop(record);

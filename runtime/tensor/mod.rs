@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use crate::backend::{HostPtr, Ptr};
 use crate::error::DeviceError;
 use crate::pool::{Block, Resident};
-use crate::{DType, Device, Error, Result, Shape};
+use crate::{DType, Device, Error, Result, Shape, ShapeProblem};
 
 /// The low bit of a buffer's generation word: set while the memory holds what a graph of
 /// another capture sharing its pool wrote there (see [`Resident`]). Generations count in the
@@ -145,7 +145,7 @@ impl Tensor {
     /// The shape of `dims` and its bytes in `dtype`, every product checked.
     fn layout(device: &Device, dims: &[usize], dtype: DType) -> Result<(Shape, usize)> {
         let shape = Shape::new(dims)
-            .ok_or_else(|| Error::shape("Tensor::empty", format!("{dims:?} has more than 6 dimensions")))?;
+            .ok_or_else(|| Error::shape("Tensor::empty", ShapeProblem::rank(dims)))?;
         let bytes = shape.checked_numel().and_then(|n| n.checked_mul(dtype.size()));
         let bytes = bytes.ok_or_else(|| device.backend().out_of_memory(usize::MAX))?;
         Ok((shape, bytes))
@@ -184,7 +184,7 @@ impl Tensor {
     pub fn from_slice(device: &Device, data: &[f32], dims: &[usize]) -> Result<Tensor> {
         let t = Tensor::empty(device, dims)?;
         if t.numel() != data.len() {
-            return Err(Error::shape("Tensor::from_slice", format!("{} values for shape {dims:?}", data.len())));
+            return Err(Error::shape("Tensor::from_slice", ShapeProblem::values(data.len(), dims)));
         }
         t.copy_from_slice(data)?;
         Ok(t)
@@ -195,7 +195,7 @@ impl Tensor {
     pub fn copy_from_slice(&self, data: &[f32]) -> Result<()> {
         self.device().backend().forbid_during_capture("copy from host memory")?;
         if data.len() != self.numel() {
-            return Err(Error::shape("copy_from_slice", format!("{} values into {:?}", data.len(), self.shape)));
+            return Err(Error::shape("copy_from_slice", ShapeProblem::values(data.len(), self.dims())));
         }
         self.device().backend().write_values(&self.ptr()?, data, self.dtype)
     }
@@ -223,7 +223,7 @@ impl Tensor {
             return Err(Error::DTypeMismatch { op: OP, a: self.dtype(), b: src.dtype() });
         }
         if self.dims() != src.dims() {
-            return Err(Error::shape(OP, format!("{:?} and {:?} must match", self.dims(), src.dims())));
+            return Err(Error::shape(OP, ShapeProblem::same("src", src.dims(), "self", self.dims())));
         }
         self.device().backend().copy(&self.ptr()?, &src.ptr()?, self.numel(), self.dtype)
     }
@@ -231,9 +231,9 @@ impl Tensor {
     /// The same memory seen with another shape of the same number of elements.
     pub fn reshape(&self, dims: &[usize]) -> Result<Tensor> {
         let shape =
-            Shape::new(dims).ok_or_else(|| Error::shape("reshape", format!("{dims:?} has more than 6 dimensions")))?;
+            Shape::new(dims).ok_or_else(|| Error::shape("reshape", ShapeProblem::rank(dims)))?;
         if shape.checked_numel() != Some(self.numel()) {
-            return Err(Error::shape("reshape", format!("{:?} ({} elements) to {dims:?}", self.shape, self.numel())));
+            return Err(Error::shape("reshape", ShapeProblem::elements("elements of the tensor", self.numel(), dims)));
         }
         Ok(Tensor { shape, ..self.clone() })
     }
@@ -255,10 +255,10 @@ impl Tensor {
     /// ```
     pub fn prefix_view(&self, dims: &[usize]) -> Result<Tensor> {
         let shape = Shape::new(dims)
-            .ok_or_else(|| Error::shape("prefix_view", format!("{dims:?} has more than 6 dimensions")))?;
+            .ok_or_else(|| Error::shape("prefix_view", ShapeProblem::rank(dims)))?;
         match shape.checked_numel() {
             Some(n) if n <= self.numel() => Ok(Tensor { shape, ..self.clone() }),
-            _ => Err(Error::shape("prefix_view", format!("{dims:?} does not fit in {:?}", self.shape))),
+            _ => Err(Error::shape("prefix_view", ShapeProblem::Prefix { got: dims.to_vec(), within: self.dims().to_vec() })),
         }
     }
 

@@ -27,21 +27,21 @@ pub(crate) fn resized_dims(dims: &[usize], spec: &Buckets, along: &Along, lens: 
 }
 
 /// The layout that moves a tensor of `src` dims into one of `dst` dims, which differ along at
-/// most two axes; `None` when they differ along more.
-pub(crate) fn layout(dst: &[usize], src: &[usize]) -> Option<AxesResize> {
+/// most two axes ([`BucketError::TooManyAxes`] when they differ along more).
+pub(crate) fn layout(dst: &[usize], src: &[usize]) -> Result<AxesResize> {
     let differ: Vec<usize> = (0..dst.len()).filter(|&a| dst[a] != src[a]).collect();
     let prod = |r: std::ops::Range<usize>| dst[r].iter().product::<usize>();
     match differ[..] {
-        [] => Some(AxesResize::one(1, (1, 1), dst.iter().product())),
-        [a] => Some(AxesResize::one(prod(0..a), (dst[a], src[a]), prod(a + 1..dst.len()))),
-        [a, b] => Some(AxesResize {
+        [] => Ok(AxesResize::one(1, (1, 1), dst.iter().product())),
+        [a] => Ok(AxesResize::one(prod(0..a), (dst[a], src[a]), prod(a + 1..dst.len()))),
+        [a, b] => Ok(AxesResize {
             outer: prod(0..a),
             len1: (dst[a], src[a]),
             mid: prod(a + 1..b),
             len2: (dst[b], src[b]),
             inner: prod(b + 1..dst.len()),
         }),
-        _ => None,
+        _ => Err(BucketError::TooManyAxes { axes: differ.len(), max: MAX_AXES }.into()),
     }
 }
 
@@ -57,9 +57,7 @@ pub(crate) fn trimmed(t: &Tensor, dims: &[usize]) -> Result<Tensor> {
     if only_first {
         return t.prefix_view(dims);
     }
-    let layout = layout(dims, t.dims()).ok_or_else(|| {
-        crate::Error::from(BucketError::BadRule { detail: "a tensor bucketed along more than two axes".into() })
-    })?;
+    let layout = layout(dims, t.dims())?;
     let out = Tensor::empty_as(t.device(), dims, t.dtype())?.with_requires_grad(t.requires_grad());
     t.device().backend().resize_axes(&out.ptr()?, &t.ptr()?, layout, 0.0, t.dtype())?;
     Ok(out)

@@ -382,9 +382,7 @@ impl GraphedModules {
             }
             let view = Some(stt.prefix_view(&expected)?);
             super::replay::check_slot(module, slot, x, &view, requires_grad)?;
-            let layout = layout(stt.dims(), &expected).ok_or_else(|| {
-                Error::from(BucketError::BadRule { detail: "a tensor bucketed along more than two axes".into() })
-            })?;
+            let layout = layout(stt.dims(), &expected)?;
             let value = if kind == SlotKind::Input { set.spec.pad_value(index) } else { 0.0 };
             copies.push(CopyIn::Pad { dst: stt.refreshed(), src: xt.clone(), layout, value });
         }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::{BucketError, Result};
+use crate::{BucketError, BucketRule, Result};
 
 /// The most axes shape buckets may span (a batch and a sequence).
 pub(crate) const MAX_AXES: usize = 2;
@@ -51,7 +51,7 @@ pub struct Buckets {
     pads: Vec<(usize, f32)>,
     above: AboveLargest,
     /// A rule that made no list (kept to be reported by `make_graphed`).
-    rule_error: Option<String>,
+    rule_error: Option<BucketRule>,
 }
 
 impl Buckets {
@@ -66,7 +66,7 @@ impl Buckets {
     /// `min`, `2·min`, `4·min`, ... up to `max`, and `max` itself.
     pub fn powers_of_two(axis: usize, min: usize, max: usize) -> Buckets {
         if min == 0 || min > max {
-            return Buckets::refused(axis, format!("powers of two from {min} to {max}"));
+            return Buckets::refused(axis, BucketRule::PowersOfTwo { min, max });
         }
         let sizes = std::iter::successors(Some(min), |s| s.checked_mul(2)).take_while(|s| *s < max);
         Buckets::new(axis, sizes.chain([max]))
@@ -75,13 +75,13 @@ impl Buckets {
     /// `step`, `2·step`, ... up to `max`, and `max` itself.
     pub fn step(axis: usize, step: usize, max: usize) -> Buckets {
         if step == 0 || step > max {
-            return Buckets::refused(axis, format!("a step of {step} up to {max}"));
+            return Buckets::refused(axis, BucketRule::Step { step, max });
         }
         Buckets::new(axis, (1..).map(|k| k * step).take_while(|s| *s < max).chain([max]))
     }
 
-    fn refused(axis: usize, rule: String) -> Buckets {
-        Buckets { rule_error: Some(format!("{rule} makes no list of sizes")), ..Buckets::new(axis, []) }
+    fn refused(axis: usize, rule: BucketRule) -> Buckets {
+        Buckets { rule_error: Some(rule), ..Buckets::new(axis, []) }
     }
 
     /// These buckets and `other`'s axes together: every combination of their sizes (at most
@@ -196,17 +196,15 @@ impl Buckets {
 
     /// The list makes sense (checked by `make_graphed` before anything runs).
     pub(crate) fn validate(&self) -> Result<()> {
-        if let Some(detail) = &self.rule_error {
-            return Err(BucketError::BadRule { detail: detail.clone() }.into());
+        if let Some(rule) = self.rule_error {
+            return Err(BucketError::NoList { rule }.into());
         }
         if self.axes.len() > MAX_AXES {
-            let detail =
-                format!("{} axes declared; buckets span at most {MAX_AXES} (a batch and a sequence)", self.axes.len());
-            return Err(BucketError::BadRule { detail }.into());
+            return Err(BucketError::TooManyAxes { axes: self.axes.len(), max: MAX_AXES }.into());
         }
         for (i, (axis, sizes)) in self.axes.iter().enumerate() {
             if self.axes[..i].iter().any(|(a, _)| a == axis) {
-                return Err(BucketError::BadRule { detail: format!("axis {axis} declared twice") }.into());
+                return Err(BucketError::AxisTwice { axis: *axis }.into());
             }
             if sizes.is_empty() || sizes[0] == 0 {
                 return Err(BucketError::NoSizes { sizes: sizes.clone() }.into());
