@@ -132,8 +132,9 @@
 //!   the driver (`cuModuleLoadData` fails with `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`). Call
 //!   `Device::cuda(0)` to get the error as a value; set `GRAPHED_DEVICE=host` to choose the
 //!   host quietly, and `GRAPHED_REQUIRE_CUDA=1` to make the tests fail rather than skip.
-//! - **`CaptureInvalidated`**: something illegal during capture ran on the stream (a
-//!   synchronize, a pageable host copy); do it before capture or after.
+//! - **`CaptureInvalidated`**: its [`Invalidation`] says why; most often something illegal
+//!   during capture ran on the stream (a synchronize, a pageable host copy): do it before
+//!   capture or after.
 //! - **`SlotShape`, `SlotDType`**: a call's tensor differs from the one captured; shapes are
 //!   fixed per capture.
 //! - **`ReplayOrder`, `StaleTensor`**: replay follows capture order; a handle from before a

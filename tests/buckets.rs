@@ -8,7 +8,7 @@ mod common;
 use common::model::Block;
 use common::{on_each_backend, random_vec};
 use graphed::{
-    make_graphed, ops, AboveLargest, BucketError, Buckets, Cx, Device, Error, GraphOptions, GraphedModules, Module,
+    make_graphed, ops, AboveLargest, BucketError, BucketRule, Buckets, Cx, Device, Error, GraphOptions, GraphedModules, Module,
     Result, Tensor,
 };
 
@@ -245,7 +245,7 @@ fn refused_options() {
             matches!(e, Error::Bucket(BucketError::NoSizes { .. }))
         }),
         (GraphOptions::new().buckets(Buckets::powers_of_two(0, 32, 16)), |e| {
-            matches!(e, Error::Bucket(BucketError::BadRule { .. }))
+            matches!(e, Error::Bucket(BucketError::NoList { rule: BucketRule::PowersOfTwo { min: 32, max: 16 } }))
         }),
         (GraphOptions::new().buckets(Buckets::new(0, [4, 32])), |e| {
             matches!(e, Error::Bucket(BucketError::NoBucketedInput { axis: 0, largest: 32 }))
@@ -578,7 +578,7 @@ fn buckets_over_a_batch_and_a_sequence_axis_match_eager_on_the_padded_shapes() {
             GraphOptions::new().buckets(three),
         )
         .expect_err("three axes");
-        assert!(matches!(e.error(), Error::Bucket(BucketError::BadRule { .. })), "{}", e.error());
+        assert!(matches!(e.error(), Error::Bucket(BucketError::TooManyAxes { axes: 3, max: 2 })), "{}", e.error());
         Ok(())
     });
 }

@@ -56,9 +56,10 @@ fn with(
     v
 }
 
+/// The launcher, the variable and the message (which holds the hint).
 fn missing(vars: &[(&str, &str)]) -> (Launcher, &'static str, String) {
     match detect(vars) {
-        Err(Error::Dist(DistError::RankVarMissing { launcher, var, hint })) => (launcher, var, hint),
+        Err(e @ Error::Dist(DistError::RankVarMissing { launcher, var, .. })) => (launcher, var, e.to_string()),
         other => panic!("{vars:?}: expected RankVarMissing, got {other:?}"),
     }
 }

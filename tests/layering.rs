@@ -170,8 +170,9 @@ const NEVER: &[(&str, &[&str], &str)] = &[
     ),
     (
         "error",
-        &["backend", "device", "kernel", "module", "dist", "capabilities", "cx", "param"],
-        "errors are the bottom layer: what they name (Arg, Slot, Launcher) lives in error/",
+        &["backend", "device", "kernel", "module", "dist", "cx", "param"],
+        "errors sit below everything that returns them: what they name (Arg, Slot, Launcher) lives in error/, \
+         beside the plain values dtype and capabilities",
     ),
     (
         "module",

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use graphed::ops;
-use graphed::{graphed, Cx, Device, Error, Param, Parameters, Result, Tensor};
+use graphed::{graphed, Cx, Device, Error, Param, Parameters, Result, ShapeProblem, Tensor};
 
 use crate::model::{dx_of, init, ones, random, Config, EPS, VOCAB};
 
@@ -47,7 +47,8 @@ impl Embed {
     /// [`Error::SequenceTooLong`]; a token outside the vocabulary is [`Error::TokenOutOfRange`].
     pub fn embed(&self, ids: &Tensor) -> Result<(Tensor, Tensor)> {
         let (&[batch, seq], context) = (ids.dims(), self.pos.value.dims()[0]) else {
-            return Err(Error::Shape { op: "gpt", detail: format!("ids must be [batch, seq], got {:?}", ids.dims()) });
+            let problem = ShapeProblem::Layout { arg: "ids", expected: "[batch, seq]", got: ids.dims().to_vec() };
+            return Err(Error::Shape { op: "gpt", problem });
         };
         if seq > context {
             return Err(Error::SequenceTooLong { op: "gpt", len: seq, context });
