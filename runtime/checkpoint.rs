@@ -2,7 +2,7 @@
 //! backward, with the forward's random numbers reproduced exactly.
 
 use crate::error::SignatureError;
-use crate::{Cx, HookKind, Module, Result, RngState, Tensor};
+use crate::{Cx, Module, Result, RngState, Tensor};
 
 /// Wraps a module so that its forward saves only its inputs (and the device RNG state) and its
 /// backward recomputes the forward before back-propagating.
@@ -74,14 +74,6 @@ impl<M: Module> Module for Checkpoint<M> {
         self.inner.num_inputs()
     }
 
-    fn visit_params(&self, f: &mut dyn FnMut(&str, &crate::Param)) {
-        self.inner.visit_params(f);
-    }
-
-    fn exposes_params(&self) -> bool {
-        self.inner.exposes_params()
-    }
-
     fn forward(&self, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         checkpointed_forward(&self.inner, cx, inputs)
     }
@@ -90,9 +82,7 @@ impl<M: Module> Module for Checkpoint<M> {
         checkpointed_backward(&mut self.inner, cx, grad_outputs)
     }
 
-    fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
-        self.inner.run_hooks(kind)
-    }
+    crate::module::forward_params_and_hooks!();
 
     fn collectives(&self) -> Option<crate::module::Collectives> {
         self.inner.collectives()

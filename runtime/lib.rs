@@ -230,7 +230,12 @@ pub use conditional::{Condition, ConditionalGraph};
 pub use cx::Cx;
 pub use device::Device;
 pub use dtype::DType;
-pub use error::{BodyNode, BucketError, BucketRule, CheckpointProblem, CudaFailure, DeviceError, DistError, Error, GpuShortfall, GraphError, InteropProblem, Invalidation, KernelError, NcclProblem, NoCuda, OpError, OptimError, PipelineTransfer, RankExit, RendezvousFailure, RendezvousStep, Result, ScheduleError, SetupError, ShapeProblem, SignatureError, Slot, SlotKind, TensorLayout};
+pub use error::{
+    BodyNode, BucketError, BucketRule, CheckpointProblem, CudaFailure, DeviceError, DistError, Error, GpuShortfall,
+    GraphError, InteropProblem, Invalidation, KernelError, NcclProblem, NoCuda, OpError, OptimError, PipelineTransfer,
+    RankExit, RendezvousFailure, RendezvousStep, Result, ScheduleError, SetupError, ShapeProblem, SignatureError, Slot,
+    SlotKind, TensorLayout,
+};
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{
     estimate_pool, make_graphed, AboveLargest, BucketReport, Buckets, CaptureError, GraphOptions, GraphedModules,

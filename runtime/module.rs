@@ -105,6 +105,26 @@ pub trait Module: std::any::Any {
     }
 }
 
+/// The [`Module`] methods of a wrapper that only forward to the module it wraps (its `inner`
+/// field): the parameters it exposes and the capture-time hooks it runs. Used inside an
+/// `impl Module` block (`Checkpoint`, `dist::DataParallel`, `dist::PipelineStage`).
+macro_rules! forward_params_and_hooks {
+    () => {
+        fn visit_params(&self, f: &mut dyn FnMut(&str, &$crate::Param)) {
+            self.inner.visit_params(f);
+        }
+
+        fn exposes_params(&self) -> bool {
+            self.inner.exposes_params()
+        }
+
+        fn run_hooks(&mut self, kind: $crate::HookKind) -> $crate::Result<()> {
+            self.inner.run_hooks(kind)
+        }
+    };
+}
+pub(crate) use forward_params_and_hooks;
+
 /// A module's backward as one call: its input grads, then, for a module that splits its
 /// backward, its weight grads (on the context `backward` left). This is the ordinary, unsplit
 /// backward of any module; eager training loops call it instead of `backward`.

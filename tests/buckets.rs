@@ -8,8 +8,8 @@ mod common;
 use common::model::Block;
 use common::{on_each_backend, random_vec};
 use graphed::{
-    make_graphed, ops, AboveLargest, BucketError, BucketRule, Buckets, Cx, Device, Error, GraphOptions, GraphedModules, Module,
-    Result, Tensor,
+    make_graphed, ops, AboveLargest, BucketError, BucketRule, Buckets, Cx, Device, Error, GraphOptions, GraphedModules,
+    Module, Result, Tensor,
 };
 
 const H: usize = 8;

@@ -161,14 +161,10 @@ fn a_body_with_a_collective_is_refused() -> Result<()> {
     body.capture(CaptureMode::Global, || comm.all_reduce(&t, ReduceOp::Sum))?;
     let cond = Condition::nonzero(&Tensor::zeros(dev, &[1])?)?;
     let refused = body.if_then(&cond).map(|_| ()).map_err(graphed::Error::from);
-    expect_err(
-        "collective",
-        refused,
-        |e| {
-            matches!(e, Error::ConditionalBody { graph, node: BodyNode::Collective { kernel, .. } }
+    expect_err("collective", refused, |e| {
+        matches!(e, Error::ConditionalBody { graph, node: BodyNode::Collective { kernel, .. } }
                 if graph == "reduce" && kernel.contains("all_reduce"))
-        },
-    )
+    })
 }
 
 /// `Condition::run_if` inside a running capture: the work it captures runs at a replay only
@@ -297,9 +293,11 @@ fn a_collective_in_a_run_if_body_is_refused() -> Result<()> {
     let when = Condition::nonzero(&Tensor::zeros(dev, &[1])?)?;
     let mut g = Graph::new(dev);
     let r = g.capture(CaptureMode::Global, || when.run_if(|| comm.all_reduce(&t, ReduceOp::Sum)));
-    expect_err("collective", r, |e| {
-        matches!(e, Error::ConditionalBody { node: BodyNode::Collective { kernel, .. }, .. } if kernel.contains("all_reduce"))
-    })?;
+    expect_err(
+        "collective",
+        r,
+        |e| matches!(e, Error::ConditionalBody { node: BodyNode::Collective { kernel, .. }, .. } if kernel.contains("all_reduce")),
+    )?;
     assert!(!g.is_captured());
     Ok(())
 }

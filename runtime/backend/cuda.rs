@@ -207,7 +207,9 @@ impl CudaBackend {
             });
         }
         let refused = |call: &'static str| {
-            move |e: result::DriverError| Error::CudaUnavailable { reason: NoCuda::Driver { call, message: format!("{e:?}") } }
+            move |e: result::DriverError| Error::CudaUnavailable {
+                reason: NoCuda::Driver { call, message: format!("{e:?}") },
+            }
         };
         let count = CudaContext::device_count().map_err(refused("cuDeviceGetCount"))?;
         if ordinal as i32 >= count {

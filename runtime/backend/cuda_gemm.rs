@@ -83,55 +83,71 @@ impl CudaBackend {
             cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH
         };
         let (alpha, beta) = (g.alpha, g.beta);
-        // SAFETY: the handle is locked for this call; the op checked that every operand is a
-        // live block holding the matrix its dimensions and leading dimension describe; alpha
-        // and beta are f32 as the compute type requires, and live until the call returns
-        // (cuBLAS reads them on the host).
-        let status = unsafe {
-            let set = cublas_sys::cublasSetMathMode(handle.0, math);
-            if set != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                return Err(Error::cuda("cublasSetMathMode", cudarc::cublas::result::CublasError(set)));
+        let status = with_math(&handle, Some(math), || {
+            // SAFETY: the handle is locked for this call; the op checked that every operand is
+            // a live block holding the matrix its dimensions and leading dimension describe;
+            // alpha and beta are f32 as the compute type requires, and live until the call
+            // returns (cuBLAS reads them on the host).
+            unsafe {
+                cublas_sys::cublasGemmEx(
+                    handle.0,
+                    trans(g.trans_a),
+                    trans(g.trans_b),
+                    g.m as i32,
+                    g.n as i32,
+                    g.k as i32,
+                    (&alpha) as *const f32 as *const c_void,
+                    g.a.ptr as *const c_void,
+                    data_type(g.a.dtype),
+                    g.a.ld as i32,
+                    g.b.ptr as *const c_void,
+                    data_type(g.b.dtype),
+                    g.b.ld as i32,
+                    (&beta) as *const f32 as *const c_void,
+                    g.c.ptr as *mut c_void,
+                    data_type(g.c.dtype),
+                    g.c.ld as i32,
+                    compute,
+                    cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+                )
             }
-            let status = cublas_sys::cublasGemmEx(
-                handle.0,
-                trans(g.trans_a),
-                trans(g.trans_b),
-                g.m as i32,
-                g.n as i32,
-                g.k as i32,
-                (&alpha) as *const f32 as *const c_void,
-                g.a.ptr as *const c_void,
-                data_type(g.a.dtype),
-                g.a.ld as i32,
-                g.b.ptr as *const c_void,
-                data_type(g.b.dtype),
-                g.b.ld as i32,
-                (&beta) as *const f32 as *const c_void,
-                g.c.ptr as *mut c_void,
-                data_type(g.c.dtype),
-                g.c.ld as i32,
-                compute,
-                cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
-            );
-            let restored = cublas_sys::cublasSetMathMode(handle.0, cublas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH);
-            if restored != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                return Err(Error::cuda("cublasSetMathMode", cudarc::cublas::result::CublasError(restored)));
-            }
-            status
-        };
-        if status == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        })?;
+        gemm_result(g.op, g.a.dtype, [g.m, g.n, g.k], status)
+    }
+}
+
+/// Runs `call` on the locked `handle` in math mode `math` (the handle's pedantic math when
+/// `None`), and restores pedantic math after: the f32 paths rely on the handle staying in it.
+/// A host-side setting, legal in capture.
+fn with_math(
+    handle: &CublasHandle,
+    math: Option<cublas_sys::cublasMath_t>,
+    call: impl FnOnce() -> cublas_sys::cublasStatus_t,
+) -> Result<cublas_sys::cublasStatus_t> {
+    let set = |math| {
+        // SAFETY: the handle is locked by the caller.
+        let s = unsafe { cublas_sys::cublasSetMathMode(handle.0, math) };
+        if s == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             Ok(())
         } else {
-            Err(Error::GemmRejected {
-                op: g.op,
-                dtype: g.a.dtype,
-                m: g.m,
-                n: g.n,
-                k: g.k,
-                status: format!("{status:?}"),
-            })
+            Err(Error::cuda("cublasSetMathMode", cudarc::cublas::result::CublasError(s)))
         }
+    };
+    let Some(math) = math else { return Ok(call()) };
+    set(math)?;
+    let status = call();
+    set(cublas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH)?;
+    Ok(status)
+}
+
+/// A GEMM's cuBLAS status as a result: [`Error::GemmRejected`] unless it succeeded (`mnk`: the
+/// column-major dimensions cuBLAS was given).
+fn gemm_result(op: &'static str, dtype: DType, mnk: [usize; 3], status: cublas_sys::cublasStatus_t) -> Result<()> {
+    if status == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Ok(());
     }
+    let [m, n, k] = mnk;
+    Err(Error::GemmRejected { op, dtype, m, n, k, status: format!("{status:?}") })
 }
 
 /// One operand of a row-major strided-batched GEMM: the address of batch 0's matrix, its
@@ -162,99 +178,57 @@ pub(crate) struct RowGemmBatched {
 }
 
 impl CudaBackend {
-    /// Runs `g`: all-f32 with `cublasSgemmStridedBatched` (pedantic f32), 16-bit inputs with
-    /// `cublasGemmStridedBatchedEx` and f32 accumulation (`CUBLAS_COMPUTE_32F`). Row-major
-    /// `C = op(A)·op(B)` is column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`, and a row-major matrix read
-    /// column-major is its transpose, so B goes first and each keeps its own transpose flag.
+    /// Runs `g` with `cublasGemmStridedBatchedEx` and f32 accumulation: all-f32 in pedantic f32
+    /// (`CUBLAS_COMPUTE_32F_PEDANTIC`, no tensor cores, as `cublasSgemmStridedBatched` in the
+    /// handle's pedantic math), 16-bit inputs on tensor cores (`CUBLAS_COMPUTE_32F`, default
+    /// math for this call). Row-major `C = op(A)·op(B)` is column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`,
+    /// and a row-major matrix read column-major is its transpose, so B goes first and each
+    /// keeps its own transpose flag.
     pub(crate) fn gemm_strided_batched(&self, g: &RowGemmBatched) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.injected_gemm("cublasGemmStridedBatchedEx")?;
         let handle = self.cublas_handle();
         self.bind()?;
         let all_f32 = [g.a.dtype, g.b.dtype, g.c.dtype].iter().all(|d| *d == DType::F32);
-        let status = if all_f32 {
-            let (alpha, beta) = (1.0f32, g.beta);
+        let (compute, math) = if all_f32 {
+            (cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC, None)
+        } else {
+            (cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, Some(cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH))
+        };
+        let (alpha, beta) = (1.0f32, g.beta);
+        let status = with_math(&handle, math, || {
             // SAFETY: the handle is locked for this call; the op checked that every operand's
-            // batch of matrices (dimensions, leading dimension and stride) lies inside its live
-            // block; alpha and beta live until the call returns (cuBLAS reads them on the host).
+            // batch of matrices (dimensions, dtype, leading dimension and stride) lies inside
+            // its live block; alpha and beta are f32 as both compute types require and live
+            // until the call returns (cuBLAS reads them on the host).
             unsafe {
-                cublas_sys::cublasSgemmStridedBatched(
+                cublas_sys::cublasGemmStridedBatchedEx(
                     handle.0,
                     trans(g.b.trans),
                     trans(g.a.trans),
                     g.n as i32,
                     g.m as i32,
                     g.k as i32,
-                    &alpha,
-                    g.b.ptr as *const f32,
+                    (&alpha) as *const f32 as *const c_void,
+                    g.b.ptr as *const c_void,
+                    data_type(g.b.dtype),
                     g.b.ld as i32,
                     g.b.stride as i64,
-                    g.a.ptr as *const f32,
+                    g.a.ptr as *const c_void,
+                    data_type(g.a.dtype),
                     g.a.ld as i32,
                     g.a.stride as i64,
-                    &beta,
-                    g.c.ptr as *mut f32,
+                    (&beta) as *const f32 as *const c_void,
+                    g.c.ptr as *mut c_void,
+                    data_type(g.c.dtype),
                     g.c.ld as i32,
                     g.c.stride as i64,
                     g.batch as i32,
+                    compute,
+                    cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
                 )
             }
-        } else {
-            gemm_strided_batched_ex(&handle, g)?
-        };
-        if status == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            Ok(())
-        } else {
-            let status = format!("{status:?}");
-            Err(Error::GemmRejected { op: g.op, dtype: g.a.dtype, m: g.n, n: g.m, k: g.k, status })
-        }
+        })?;
+        gemm_result(g.op, g.a.dtype, [g.n, g.m, g.k], status)
     }
-}
-
-/// The 16-bit path of [`CudaBackend::gemm_strided_batched`] on a locked handle: default math
-/// (tensor cores) for this call, pedantic math restored after.
-fn gemm_strided_batched_ex(handle: &CublasHandle, g: &RowGemmBatched) -> Result<cublas_sys::cublasStatus_t> {
-    let (alpha, beta) = (1.0f32, g.beta);
-    let set_math = |math| {
-        // SAFETY: the handle is locked by the caller; a host-side setting, legal in capture.
-        let s = unsafe { cublas_sys::cublasSetMathMode(handle.0, math) };
-        if s == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            Ok(())
-        } else {
-            Err(Error::cuda("cublasSetMathMode", cudarc::cublas::result::CublasError(s)))
-        }
-    };
-    set_math(cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH)?;
-    // SAFETY: the handle is locked by the caller; the op checked that every operand's batch of
-    // matrices (dimensions, dtype, leading dimension and stride) lies inside its live block;
-    // alpha and beta are f32 as CUBLAS_COMPUTE_32F requires and live until the call returns.
-    let status = unsafe {
-        cublas_sys::cublasGemmStridedBatchedEx(
-            handle.0,
-            trans(g.b.trans),
-            trans(g.a.trans),
-            g.n as i32,
-            g.m as i32,
-            g.k as i32,
-            (&alpha) as *const f32 as *const c_void,
-            g.b.ptr as *const c_void,
-            data_type(g.b.dtype),
-            g.b.ld as i32,
-            g.b.stride as i64,
-            g.a.ptr as *const c_void,
-            data_type(g.a.dtype),
-            g.a.ld as i32,
-            g.a.stride as i64,
-            (&beta) as *const f32 as *const c_void,
-            g.c.ptr as *mut c_void,
-            data_type(g.c.dtype),
-            g.c.ld as i32,
-            g.c.stride as i64,
-            g.batch as i32,
-            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
-        )
-    };
-    set_math(cublas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH)?;
-    Ok(status)
 }

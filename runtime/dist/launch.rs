@@ -92,7 +92,8 @@ impl Rendezvous {
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             if Instant::now() >= deadline {
-                                let failure = RendezvousFailure::RanksMissing { arrived: served, world, waited: timeout };
+                                let failure =
+                                    RendezvousFailure::RanksMissing { arrived: served, world, waited: timeout };
                                 return Err(self.err(failure));
                             }
                             std::thread::sleep(Duration::from_millis(5));

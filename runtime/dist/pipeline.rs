@@ -6,7 +6,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
 use super::Communicator;
-use crate::{Cx, DistError, HookKind, Module, Param, PipelineTransfer, Result, Tensor};
+use crate::{Cx, DistError, Module, PipelineTransfer, Result, Tensor};
 
 /// Where a stage sits in the pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,17 +220,7 @@ impl<M: Module> Module for PipelineStage<M> {
         }
     }
 
-    fn visit_params(&self, f: &mut dyn FnMut(&str, &Param)) {
-        self.inner.visit_params(f);
-    }
-
-    fn exposes_params(&self) -> bool {
-        self.inner.exposes_params()
-    }
-
-    fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
-        self.inner.run_hooks(kind)
-    }
+    crate::module::forward_params_and_hooks!();
 
     fn collectives(&self) -> Option<super::Collectives> {
         Some(super::Collectives::stage(self.comm.clone(), self.order.clone()))

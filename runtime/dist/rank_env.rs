@@ -224,8 +224,9 @@ impl Vars<'_> {
 
     /// The rendezvous a launcher's own variables give (`GRAPHED_RENDEZVOUS` unset).
     fn rendezvous(&self, launcher: Launcher) -> Result<Rendezvous> {
-        let missing =
-            |var: &'static str, hint: &'static str| Error::Dist(DistError::RankVarMissing { launcher, var, hint: Some(hint) });
+        let missing = |var: &'static str, hint: &'static str| {
+            Error::Dist(DistError::RankVarMissing { launcher, var, hint: Some(hint) })
+        };
         match launcher {
             Launcher::Graphed => Err(missing(
                 ENV_RENDEZVOUS,

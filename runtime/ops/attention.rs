@@ -1,7 +1,7 @@
 //! Causal scaled-dot-product attention (#13): strided-batched GEMMs around a causal softmax that
 //! keeps only the row statistics (`lse`); the backward recomputes the scores from them.
 
-use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, RowGemmBatched, RowMat};
+use crate::backend::{BuiltinKernel, CudaBackend, HostBackend, KArg, LaunchDims, RowGemmBatched, RowMat};
 use crate::ops::cpu::{self, AttnDims, AttnSaved};
 use crate::ops::{check_f32_on, check_like, check_shape, exec, gemm_dim, k, n32, warp_rows, Exec};
 use crate::{DType, Error, Result, ShapeProblem, Tensor};
@@ -31,6 +31,38 @@ fn square_dims(a: AttnDims) -> [usize; 4] {
 
 fn lse_dims(a: AttnDims) -> [usize; 3] {
     [a.batch, a.heads, a.seq]
+}
+
+/// Checks that `lse` is an f32 `[batch, heads, seq]` (`dims`) on `q`'s device.
+pub(crate) fn check_lse(op: &'static str, lse: &Tensor, q: &Tensor, dims: [usize; 3]) -> Result<()> {
+    check_f32_on(op, lse, q)?;
+    if lse.dims() != dims {
+        return Err(Error::shape(op, ShapeProblem::expected("lse", &dims, "[batch, heads, seq]", lse.dims())));
+    }
+    Ok(())
+}
+
+/// The host half of an attention backward: reads `ins` (dout, q, k, v, out, lse), runs the
+/// CPU reference `backward` on them and writes the grads it returns into `outs` (dq, dk, dv).
+pub(crate) fn host_backward(
+    h: &HostBackend,
+    kernel: BuiltinKernel,
+    ins: [&Tensor; 6],
+    outs: [&Tensor; 3],
+    backward: impl Fn(AttnSaved<'_>) -> (Vec<f32>, Vec<f32>, Vec<f32>) + Send + Sync + 'static,
+) -> Result<()> {
+    let [dop, qp, kp, vp, op, lp] = ins.map(|t| t.host_ptr());
+    let ins = [dop?, qp?, kp?, vp?, op?, lp?];
+    let [gq, gk, gv] = outs.map(|t| t.host_ptr());
+    let outs = [gq?, gk?, gv?];
+    h.run(kernel, move || {
+        let [dout, q, k, v, out, lse] = ins.each_ref().map(|t| t.read());
+        let (gq, gk, gv) = backward(AttnSaved { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse });
+        outs[0].write(&gq);
+        outs[1].write(&gk);
+        outs[2].write(&gv);
+        Ok(())
+    })
 }
 
 /// Causal scaled-dot-product attention: per head, `P = softmax(Q·Kᵀ / sqrt(head_dim))` with
@@ -127,26 +159,13 @@ pub fn causal_attention_backward(
     check_like(OP, &[q, dout, out])?;
     check_shape(OP, dout, q)?;
     check_shape(OP, out, q)?;
-    check_f32_on(OP, lse, q)?;
-    if lse.dims() != lse_dims(a) {
-        return Err(Error::shape(OP, ShapeProblem::expected("lse", &lse_dims(a), "[batch, heads, seq]", lse.dims())));
-    }
+    check_lse(OP, lse, q, lse_dims(a))?;
     let (dq, dk, dv) = (Tensor::empty_like(q)?, Tensor::empty_like(q)?, Tensor::empty_like(q)?);
     let kernel = k::ATTN_BWD_SCORES.get(dtype);
     match exec(q.device()) {
         Exec::Host(h) => {
-            let ins = [dout, q, k, v, out, lse].map(|t| t.host_ptr());
-            let [dop, qp, kp, vp, op, lp] = ins;
-            let ins = [dop?, qp?, kp?, vp?, op?, lp?];
-            let outs = [dq.host_ptr()?, dk.host_ptr()?, dv.host_ptr()?];
-            h.run(kernel, move || {
-                let [dout, q, k, v, out, lse] = ins.each_ref().map(|t| t.read());
-                let saved = AttnSaved { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse };
-                let (gq, gk, gv) = cpu::causal_attention_backward(saved, a, dtype);
-                outs[0].write(&gq);
-                outs[1].write(&gk);
-                outs[2].write(&gv);
-                Ok(())
+            host_backward(h, kernel, [dout, q, k, v, out, lse], [&dq, &dk, &dv], move |saved| {
+                cpu::causal_attention_backward(saved, a, dtype)
             })?;
         }
         Exec::Cuda(c) => backward_cuda(c, OP, a, dtype, [dout, q, k, v, out, lse], [&dq, &dk, &dv])?,

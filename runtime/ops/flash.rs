@@ -3,8 +3,9 @@
 //! keeps the row logsumexp, the backward recomputes the probabilities tile by tile.
 
 use crate::backend::{BuiltinKernel as B, CudaBackend, FlashTiles, KArg, LaunchDims};
-use crate::ops::cpu::{self, AttnDims, AttnSaved, AttnShape};
-use crate::ops::{at_most, check_f32_on, check_like, exec, Exec};
+use crate::ops::attention::{check_lse, host_backward};
+use crate::ops::cpu::{self, AttnDims, AttnShape};
+use crate::ops::{at_most, check_like, exec, Exec};
 use crate::{DType, Error, GpuShortfall, Result, ShapeProblem, Tensor};
 
 /// What [`flash_attention`] computes: how many query heads, how many key/value heads (grouped-
@@ -74,7 +75,10 @@ fn check_qkv(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor, at: &Attentio
     let head_dim = width / at.heads;
     if (kb, ks, kw) != (batch, seq, at.kv_heads * head_dim) {
         let want = [batch, seq, at.kv_heads * head_dim];
-        return Err(Error::shape(op, ShapeProblem::expected("k", &want, "[batch, seq, kv_heads · head_dim]", k.dims())));
+        return Err(Error::shape(
+            op,
+            ShapeProblem::expected("k", &want, "[batch, seq, kv_heads · head_dim]", k.dims()),
+        ));
     }
     if !Attention::supports(dtype, head_dim) {
         return Err(Error::AttentionUnsupported { op, dtype, head_dim, device: None });
@@ -187,25 +191,13 @@ pub fn flash_attention_backward(
             return Err(Error::shape(OP, ShapeProblem::same(name, t.dims(), "q", q.dims())));
         }
     }
-    check_f32_on(OP, lse, q)?;
-    if lse.dims() != lse_dims(a) {
-        return Err(Error::shape(OP, ShapeProblem::expected("lse", &lse_dims(a), "[batch, heads, seq]", lse.dims())));
-    }
+    check_lse(OP, lse, q, lse_dims(a))?;
     match exec(q.device()) {
         Exec::Host(h) => {
-            let ins = [dout, q, k, v, out, lse].map(|t| t.host_ptr());
-            let [dop, qp, kp, vp, op, lp] = ins;
-            let ins = [dop?, qp?, kp?, vp?, op?, lp?];
             let (dq, dk, dv) = (Tensor::empty_like(q)?, Tensor::empty_like(k)?, Tensor::empty_like(v)?);
-            let outs = [dq.host_ptr()?, dk.host_ptr()?, dv.host_ptr()?];
-            h.run(dq_kernel(dtype, a.dims.head_dim, FlashTiles::of(a.dims.head_dim)), move || {
-                let [dout, q, k, v, out, lse] = ins.each_ref().map(|t| t.read());
-                let saved = AttnSaved { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse };
-                let (gq, gk, gv) = cpu::attention_backward(saved, a, dtype);
-                outs[0].write(&gq);
-                outs[1].write(&gk);
-                outs[2].write(&gv);
-                Ok(())
+            let kernel = dq_kernel(dtype, a.dims.head_dim, FlashTiles::of(a.dims.head_dim));
+            host_backward(h, kernel, [dout, q, k, v, out, lse], [&dq, &dk, &dv], move |saved| {
+                cpu::attention_backward(saved, a, dtype)
             })?;
             Ok((dq, dk, dv))
         }

@@ -1,6 +1,6 @@
 //! Linear layers through cuBLAS, and the bias add and bias grad around them.
 
-use crate::backend::{GemmEx, KArg, LaunchDims, Operand};
+use crate::backend::{CudaBackend, GemmEx, KArg, LaunchDims, Operand};
 use crate::ops::{
     as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, gemm_dim, k, n32,
     Exec,
@@ -141,12 +141,7 @@ fn linear_impl(op: &'static str, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out
                 tf32,
             })?;
             if let Some(bias) = bias {
-                let yp = cm.ptr;
-                c.launch(
-                    k::BIAS_ADD.get(dtype),
-                    LaunchDims::vectorized(n as usize, dtype),
-                    &[KArg::Ptr(yp), KArg::Ptr(yp), KArg::Ptr(bias), KArg::U32(n), KArg::U32(out as u32)],
-                )?;
+                launch_bias_add(c, dtype, [cm.ptr, cm.ptr, bias], n, out)?;
             }
         }
     }
@@ -232,7 +227,10 @@ fn backward(
     check_f32_on(op, dw, x)?;
     let (rows, input, out) = check_linear(op, x, w)?;
     if dy.dims() != out_dims(x, out).as_slice() {
-        return Err(Error::shape(op, ShapeProblem::expected("dy", &out_dims(x, out), "the output of x and w", dy.dims())));
+        return Err(Error::shape(
+            op,
+            ShapeProblem::expected("dy", &out_dims(x, out), "the output of x and w", dy.dims()),
+        ));
     }
     check_shape(op, dw, w)?;
     if let Some(db) = db {
@@ -381,17 +379,14 @@ pub fn bias_add(x: &Tensor, b: &Tensor) -> Result<Tensor> {
                 Ok(())
             })?;
         }
-        Exec::Cuda(c) => c.launch(
-            kernel,
-            LaunchDims::vectorized(n as usize, dtype),
-            &[
-                KArg::Ptr(y.cuda_ptr()?),
-                KArg::Ptr(x.cuda_ptr()?),
-                KArg::Ptr(b.cuda_ptr()?),
-                KArg::U32(n),
-                KArg::U32(d as u32),
-            ],
-        )?,
+        Exec::Cuda(c) => launch_bias_add(c, dtype, [y.cuda_ptr()?, x.cuda_ptr()?, b.cuda_ptr()?], n, d)?,
     }
     Ok(y)
+}
+
+/// `y = x + b` on CUDA, `b` broadcast over rows of `d`: `ptrs` are y, x and b (y may be x).
+fn launch_bias_add(c: &CudaBackend, dtype: DType, ptrs: [u64; 3], n: u32, d: usize) -> Result<()> {
+    let [y, x, b] = ptrs.map(KArg::Ptr);
+    let args = [y, x, b, KArg::U32(n), KArg::U32(d as u32)];
+    c.launch(k::BIAS_ADD.get(dtype), LaunchDims::vectorized(n as usize, dtype), &args)
 }

@@ -19,7 +19,10 @@ fn check_xent(op: &'static str, logits: &Tensor, labels: &Tensor) -> Result<(usi
         return Err(Error::shape(op, ShapeProblem::layout("logits", "[N, C] with at least one class", logits.dims())));
     }
     if labels.dims() != [rows] {
-        return Err(Error::shape(op, ShapeProblem::expected("labels", &[rows], "one per row of logits", labels.dims())));
+        return Err(Error::shape(
+            op,
+            ShapeProblem::expected("labels", &[rows], "one per row of logits", labels.dims()),
+        ));
     }
     n32(op, logits.numel())?;
     Ok((rows, classes))

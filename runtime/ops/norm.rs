@@ -105,7 +105,7 @@ pub fn layer_norm_backward(
     dgamma: &Tensor,
     dbeta: &Tensor,
 ) -> Result<Tensor> {
-    let (dtype, rows, d) = check_layer_norm_backward(dy, x, gamma, mean, rstd, dgamma, dbeta)?;
+    let (dtype, rows, d) = check_layer_norm_backward([dy, x, gamma, mean, rstd, dgamma, dbeta])?;
     let dx = Tensor::empty_like(x)?;
     match exec(x.device()) {
         Exec::Host(h) => {
@@ -165,17 +165,10 @@ pub fn layer_norm_backward(
     Ok(dx)
 }
 
-/// The checks of [`layer_norm_backward`]: (dtype, rows, row length).
-fn check_layer_norm_backward(
-    dy: &Tensor,
-    x: &Tensor,
-    gamma: &Tensor,
-    mean: &Tensor,
-    rstd: &Tensor,
-    dgamma: &Tensor,
-    dbeta: &Tensor,
-) -> Result<(crate::DType, usize, usize)> {
+/// The checks of [`layer_norm_backward`] on its arguments, in order: (dtype, rows, row length).
+fn check_layer_norm_backward(args: [&Tensor; 7]) -> Result<(crate::DType, usize, usize)> {
     const OP: &str = "layer_norm_backward";
+    let [dy, x, gamma, mean, rstd, dgamma, dbeta] = args;
     let dtype = check_like(OP, &[dy, x, gamma])?;
     for t in [mean, rstd, dgamma, dbeta] {
         check_f32_on(OP, t, x)?;

@@ -1,7 +1,7 @@
 //! Sampling on the device: the next token of each sequence chosen from its logits without a
 //! read to the host, so a decoding loop stays inside one graph.
 
-use crate::backend::{KArg, LaunchDims};
+use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims};
 use crate::ops::{at_most, check_like, cpu, exec, k, n32, Exec};
 use crate::{DType, Error, Generator, Result, ShapeProblem, Tensor};
 
@@ -13,11 +13,24 @@ fn check_logits(op: &'static str, logits: &Tensor) -> Result<(DType, usize, usiz
         return Err(Error::shape(op, ShapeProblem::layout("logits", "[batch, vocab]", logits.dims())));
     };
     if batch == 0 || vocab == 0 {
-        return Err(Error::shape(op, ShapeProblem::layout("logits", "[batch, vocab] with both nonzero", logits.dims())));
+        return Err(Error::shape(
+            op,
+            ShapeProblem::layout("logits", "[batch, vocab] with both nonzero", logits.dims()),
+        ));
     }
     n32(op, batch * vocab)?;
     at_most(op, "vocabulary size", vocab, i32::MAX as usize)?;
     Ok((dtype, batch, vocab))
+}
+
+/// Launches a kernel with one block of 256 threads per row of `logits` (the argmax and
+/// sampling kernels' merge trees and counts are sized for it); its arguments are `out`, then
+/// `logits` (`tensors`), then `rest`.
+fn launch_rows(c: &CudaBackend, kernel: BuiltinKernel, tensors: [&Tensor; 2], rest: &[KArg]) -> Result<()> {
+    let [out, logits] = tensors;
+    let mut args = vec![KArg::Ptr(out.cuda_ptr()?), KArg::Ptr(logits.cuda_ptr()?)];
+    args.extend_from_slice(rest);
+    c.launch(kernel, LaunchDims::rows(logits.dims()[0].min(1 << 20), 256), &args)
 }
 
 /// Greedy sampling: for each row of `logits` (`[batch, vocab]`, f32, bf16 or f16), the index
@@ -45,16 +58,7 @@ pub fn argmax(logits: &Tensor) -> Result<Tensor> {
                 Ok(())
             })?;
         }
-        Exec::Cuda(c) => {
-            let args = [
-                KArg::Ptr(out.cuda_ptr()?),
-                KArg::Ptr(logits.cuda_ptr()?),
-                KArg::U32(batch as u32),
-                KArg::U32(vocab as u32),
-            ];
-            // 256 threads: the kernel's tree merge is sized for it.
-            c.launch(kernel, LaunchDims::rows(batch.min(1 << 20), 256), &args)?;
-        }
+        Exec::Cuda(c) => launch_rows(c, kernel, [&out, logits], &[KArg::U32(batch as u32), KArg::U32(vocab as u32)])?,
     }
     Ok(out)
 }
@@ -137,17 +141,14 @@ pub fn sample(logits: &Tensor, sampling: Sampling, rng: &Generator) -> Result<Te
             })?;
         }
         Exec::Cuda(c) => {
-            let args = [
-                KArg::Ptr(out.cuda_ptr()?),
-                KArg::Ptr(logits.cuda_ptr()?),
+            let rest = [
                 KArg::Ptr(rng.state().cuda_ptr()?),
                 KArg::U32(batch as u32),
                 KArg::U32(vocab as u32),
                 KArg::F32(temperature),
                 KArg::U32(top_k as u32),
             ];
-            // 256 threads: the kernel's merge tree and counts are sized for it.
-            c.launch(kernel, LaunchDims::rows(batch.min(1 << 20), 256), &args)?;
+            launch_rows(c, kernel, [&out, logits], &rest)?;
         }
     }
     rng.advance((batch * vocab) as u64)?;

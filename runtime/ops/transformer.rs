@@ -99,7 +99,10 @@ pub fn embedding_backward(dy: &Tensor, ids: &Tensor, dtable: &Tensor) -> Result<
     let gdtype = check_grad_of(OP, dtable, dy)?;
     let (vocab, d) = check_table(OP, dtable)?;
     if dy.dims() != embedded_dims(ids, d).as_slice() {
-        return Err(Error::shape(OP, ShapeProblem::expected("dy", &embedded_dims(ids, d), "ids' shape + [d]", dy.dims())));
+        return Err(Error::shape(
+            OP,
+            ShapeProblem::expected("dy", &embedded_dims(ids, d), "ids' shape + [d]", dy.dims()),
+        ));
     }
     let tokens = ids.numel();
     n32(OP, tokens * d)?;

@@ -1,7 +1,7 @@
 //! AdamW over f32 master weights behind bf16/f16 model weights.
 
 use super::mixed::{make_masters, sealed::Master, LossScaler, Mixed};
-use super::{check_hyper, AdamW, AdamWConfig, Launches, WarmupCosine};
+use super::{check_hyper, ptr_args, AdamW, AdamWConfig, Launches, WarmupCosine};
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{cpu, exec, n32, Exec};
 use crate::{DType, Param, Result, Tensor};
@@ -114,7 +114,7 @@ impl Master for AdamW {
     }
 
     fn update_param(&self, i: usize, p: &Param, flag: &Tensor, zero: bool) -> Result<()> {
-        let AdamWConfig { beta1, beta2, eps, weight_decay, .. } = self.config;
+        let config = self.config;
         let (master, m, v) = (&self.params[i].value, &self.m[i], &self.v[i]);
         let (lr, state) = (&self.lr, &self.state);
         let n = n32("MixedAdamW::step", p.value.numel())?;
@@ -135,7 +135,7 @@ impl Master for AdamW {
                     }
                     let (lr, s) = (lp.read()[0], st.read());
                     let (mut pv, mut mv, mut vv) = (pp.read(), mp.read(), vp.read());
-                    cpu::adamw_update(&mut pv, &g, &mut mv, &mut vv, lr, s[1], s[2], beta1, beta2, eps, weight_decay);
+                    config.update(&mut pv, &g, &mut mv, &mut vv, lr, &s);
                     pp.write(&pv);
                     mod_p.write(&pv);
                     mp.write(&mv);
@@ -144,16 +144,9 @@ impl Master for AdamW {
                 })
             }
             Exec::Cuda(c) => {
-                let ptrs = [master, &p.value, &p.grad, m, v, lr, state, flag];
-                let mut args = ptrs.iter().map(|t| t.cuda_ptr().map(KArg::Ptr)).collect::<Result<Vec<_>>>()?;
-                args.extend([
-                    KArg::F32(beta1),
-                    KArg::F32(beta2),
-                    KArg::F32(eps),
-                    KArg::F32(weight_decay),
-                    KArg::U32(zero as u32),
-                    KArg::U32(n),
-                ]);
+                let mut args = ptr_args(&[master, &p.value, &p.grad, m, v, lr, state, flag])?;
+                args.extend(config.kernel_args(zero as u32));
+                args.push(KArg::U32(n));
                 c.launch(kernel, LaunchDims::elementwise((n as usize).div_ceil(4)), &args)
             }
         }

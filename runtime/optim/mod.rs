@@ -113,6 +113,31 @@ pub struct AdamWConfig {
     pub weight_decay: f32,
 }
 
+impl AdamWConfig {
+    /// The update of one parameter (on the host), with the step's `lr` and bias corrections
+    /// `state[1]`, `state[2]` (AdamW's state, see [`AdamW`]).
+    fn update(&self, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], lr: f32, state: &[f32]) {
+        let AdamWConfig { beta1, beta2, eps, weight_decay, .. } = *self;
+        cpu::adamw_update(p, g, m, v, lr, state[1], state[2], beta1, beta2, eps, weight_decay);
+    }
+
+    /// The AdamW kernels' hyper-parameter arguments, then the `zero` flags.
+    fn kernel_args(&self, zero: u32) -> [KArg; 5] {
+        [
+            KArg::F32(self.beta1),
+            KArg::F32(self.beta2),
+            KArg::F32(self.eps),
+            KArg::F32(self.weight_decay),
+            KArg::U32(zero),
+        ]
+    }
+}
+
+/// Device pointer arguments of `tensors`, in order.
+fn ptr_args(tensors: &[&Tensor]) -> Result<Vec<KArg>> {
+    tensors.iter().map(|t| t.cuda_ptr().map(KArg::Ptr)).collect()
+}
+
 impl Default for AdamWConfig {
     fn default() -> AdamWConfig {
         AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 1e-2 }
@@ -155,6 +180,36 @@ fn read_scalar(t: &Tensor) -> Result<f32> {
     Ok(t.to_vec()?[0])
 }
 
+/// A learning rate in device memory: steps read it there, so a rate set between replays takes
+/// effect in the next replayed step. It derefs to its one-element tensor.
+#[derive(Debug)]
+struct DeviceLr(Tensor);
+
+impl DeviceLr {
+    fn new(device: &Device, lr: f32) -> Result<DeviceLr> {
+        Ok(DeviceLr(state_from(device, &[lr])?))
+    }
+
+    /// Writes a new rate (a host-to-device write: illegal during a capture).
+    fn set(&self, op: &'static str, lr: f32) -> Result<()> {
+        check_hyper(op, "lr", lr, false)?;
+        self.0.copy_from_slice(&[lr])
+    }
+
+    /// The rate, read back from the device (illegal during a capture).
+    fn get(&self) -> Result<f32> {
+        read_scalar(&self.0)
+    }
+}
+
+impl std::ops::Deref for DeviceLr {
+    type Target = Tensor;
+
+    fn deref(&self) -> &Tensor {
+        &self.0
+    }
+}
+
 /// Stochastic gradient descent with momentum and weight decay (PyTorch's `torch.optim.SGD`
 /// with dampening 0, not Nesterov), capturable.
 ///
@@ -165,7 +220,7 @@ fn read_scalar(t: &Tensor) -> Result<f32> {
 pub struct Sgd {
     params: Vec<Param>,
     config: SgdConfig,
-    lr: Tensor,
+    lr: DeviceLr,
     bufs: Vec<Option<Tensor>>,
 }
 
@@ -183,7 +238,7 @@ impl Sgd {
             .iter()
             .map(|p| if config.momentum != 0.0 { state_zeros(&device, p.value.dims()).map(Some) } else { Ok(None) })
             .collect::<Result<_>>()?;
-        Ok(Sgd { params: params.to_vec(), config, lr: state_from(&device, &[config.lr])?, bufs })
+        Ok(Sgd { params: params.to_vec(), config, lr: DeviceLr::new(&device, config.lr)?, bufs })
     }
 
     /// An optimizer over the module's trainable parameters ([`Parameters::trainable_params`]:
@@ -206,13 +261,12 @@ impl Sgd {
     /// Sets the learning rate that the next `step()` — eager or a replay of a captured one —
     /// uses. A host-to-device write: illegal during a capture.
     pub fn set_lr(&self, lr: f32) -> Result<()> {
-        check_hyper("Sgd::set_lr", "lr", lr, false)?;
-        self.lr.copy_from_slice(&[lr])
+        self.lr.set("Sgd::set_lr", lr)
     }
 
     /// The current learning rate, read back from the device (illegal during a capture).
     pub fn lr(&self) -> Result<f32> {
-        read_scalar(&self.lr)
+        self.lr.get()
     }
 
     /// The hyper-parameters it was built with (`lr` is the initial rate).
@@ -304,7 +358,7 @@ impl Sgd {
 pub struct AdamW {
     params: Vec<Param>,
     config: AdamWConfig,
-    lr: Tensor,
+    lr: DeviceLr,
     /// `[t as u32 bits, 1 - beta1^t, 1 - beta2^t]`.
     state: Tensor,
     m: Vec<Tensor>,
@@ -361,7 +415,7 @@ impl AdamW {
         Ok(AdamW {
             params: params.to_vec(),
             config,
-            lr: state_from(&device, &[config.lr])?,
+            lr: DeviceLr::new(&device, config.lr)?,
             state: state_from(&device, &[f32::from_bits(0), 0.0, 0.0])?,
             m,
             v,
@@ -430,13 +484,12 @@ impl AdamW {
     /// Sets the learning rate that the next `step()` — eager or replayed — uses. Illegal
     /// during a capture.
     pub fn set_lr(&self, lr: f32) -> Result<()> {
-        check_hyper("AdamW::set_lr", "lr", lr, false)?;
-        self.lr.copy_from_slice(&[lr])
+        self.lr.set("AdamW::set_lr", lr)
     }
 
     /// The current learning rate, read back from the device (illegal during a capture).
     pub fn lr(&self) -> Result<f32> {
-        read_scalar(&self.lr)
+        self.lr.get()
     }
 
     /// How many steps have run (eager and replayed), read back from the device.
@@ -483,7 +536,8 @@ impl AdamW {
         if self.launches == Launches::MultiTensor {
             self.check_tables()?;
         }
-        let AdamWConfig { beta1, beta2, eps, weight_decay, .. } = self.config;
+        let config = self.config;
+        let (beta1, beta2) = (config.beta1, config.beta2);
         match exec(self.state.device()) {
             Exec::Host(h) => {
                 let st = self.state.host_ptr()?;
@@ -519,43 +573,19 @@ impl AdamW {
                         if zero {
                             gp.write(&vec![0.0; g.len()]);
                         }
-                        cpu::adamw_update(
-                            &mut pv,
-                            &g,
-                            &mut mv,
-                            &mut vv,
-                            lr,
-                            s[1],
-                            s[2],
-                            beta1,
-                            beta2,
-                            eps,
-                            weight_decay,
-                        );
+                        config.update(&mut pv, &g, &mut mv, &mut vv, lr, &s);
                         pp.write(&pv);
                         mp.write(&mv);
                         vp.write(&vv);
                         Ok(())
                     })?;
                 }
-                Exec::Cuda(c) => c.launch(
-                    BuiltinKernel::AdamwStepF32,
-                    LaunchDims::elementwise(n as usize),
-                    &[
-                        KArg::Ptr(p.value.cuda_ptr()?),
-                        KArg::Ptr(p.grad.cuda_ptr()?),
-                        KArg::Ptr(m.cuda_ptr()?),
-                        KArg::Ptr(v.cuda_ptr()?),
-                        KArg::Ptr(self.lr.cuda_ptr()?),
-                        KArg::Ptr(self.state.cuda_ptr()?),
-                        KArg::F32(beta1),
-                        KArg::F32(beta2),
-                        KArg::F32(eps),
-                        KArg::F32(weight_decay),
-                        KArg::U32(zero as u32),
-                        KArg::U32(n),
-                    ],
-                )?,
+                Exec::Cuda(c) => {
+                    let mut args = ptr_args(&[&p.value, &p.grad, m, v, &self.lr, &self.state])?;
+                    args.extend(config.kernel_args(zero as u32));
+                    args.push(KArg::U32(n));
+                    c.launch(BuiltinKernel::AdamwStepF32, LaunchDims::elementwise(n as usize), &args)?;
+                }
             }
         }
         Ok(())
@@ -582,7 +612,7 @@ impl AdamW {
     /// (the loss scaler's state; `None`: never) has its overflow flag set; `zero`: the
     /// [`ZERO_UPDATED`] and [`ZERO_SKIPPED`] bits. The caller checked the tables.
     fn update_tables(&self, flag: Option<&Tensor>, zero: u32) -> Result<()> {
-        let AdamWConfig { beta1, beta2, eps, weight_decay, .. } = self.config;
+        let config = self.config;
         for (kernel, table) in &self.tables {
             match exec(self.state.device()) {
                 Exec::Host(h) => {
@@ -605,19 +635,7 @@ impl AdamW {
                             }
                             let (mut pv, mut mv, mut vv) = (p.read(), m.read(), v.read());
                             let gv = g.read();
-                            cpu::adamw_update(
-                                &mut pv,
-                                &gv,
-                                &mut mv,
-                                &mut vv,
-                                lr,
-                                s[1],
-                                s[2],
-                                beta1,
-                                beta2,
-                                eps,
-                                weight_decay,
-                            );
+                            config.update(&mut pv, &gv, &mut mv, &mut vv, lr, &s);
                             p.write(&pv);
                             if let Some(model) = &row[MODEL] {
                                 model.write(&pv);
@@ -633,20 +651,10 @@ impl AdamW {
                 }
                 Exec::Cuda(c) => {
                     let flag = flag.map(Tensor::cuda_ptr).transpose()?.unwrap_or(0);
-                    table.launch(
-                        c,
-                        *kernel,
-                        &[
-                            KArg::Ptr(self.lr.cuda_ptr()?),
-                            KArg::Ptr(self.state.cuda_ptr()?),
-                            KArg::Ptr(flag),
-                            KArg::F32(beta1),
-                            KArg::F32(beta2),
-                            KArg::F32(eps),
-                            KArg::F32(weight_decay),
-                            KArg::U32(zero),
-                        ],
-                    )?;
+                    let mut args = ptr_args(&[&self.lr, &self.state])?;
+                    args.push(KArg::Ptr(flag));
+                    args.extend(config.kernel_args(zero));
+                    table.launch(c, *kernel, &args)?;
                 }
             }
         }

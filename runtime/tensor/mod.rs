@@ -144,8 +144,7 @@ impl Tensor {
 
     /// The shape of `dims` and its bytes in `dtype`, every product checked.
     fn layout(device: &Device, dims: &[usize], dtype: DType) -> Result<(Shape, usize)> {
-        let shape = Shape::new(dims)
-            .ok_or_else(|| Error::shape("Tensor::empty", ShapeProblem::rank(dims)))?;
+        let shape = Shape::new(dims).ok_or_else(|| Error::shape("Tensor::empty", ShapeProblem::rank(dims)))?;
         let bytes = shape.checked_numel().and_then(|n| n.checked_mul(dtype.size()));
         let bytes = bytes.ok_or_else(|| device.backend().out_of_memory(usize::MAX))?;
         Ok((shape, bytes))
@@ -230,8 +229,7 @@ impl Tensor {
 
     /// The same memory seen with another shape of the same number of elements.
     pub fn reshape(&self, dims: &[usize]) -> Result<Tensor> {
-        let shape =
-            Shape::new(dims).ok_or_else(|| Error::shape("reshape", ShapeProblem::rank(dims)))?;
+        let shape = Shape::new(dims).ok_or_else(|| Error::shape("reshape", ShapeProblem::rank(dims)))?;
         if shape.checked_numel() != Some(self.numel()) {
             return Err(Error::shape("reshape", ShapeProblem::elements("elements of the tensor", self.numel(), dims)));
         }
@@ -254,11 +252,13 @@ impl Tensor {
     /// # Ok::<(), graphed::Error>(())
     /// ```
     pub fn prefix_view(&self, dims: &[usize]) -> Result<Tensor> {
-        let shape = Shape::new(dims)
-            .ok_or_else(|| Error::shape("prefix_view", ShapeProblem::rank(dims)))?;
+        let shape = Shape::new(dims).ok_or_else(|| Error::shape("prefix_view", ShapeProblem::rank(dims)))?;
         match shape.checked_numel() {
             Some(n) if n <= self.numel() => Ok(Tensor { shape, ..self.clone() }),
-            _ => Err(Error::shape("prefix_view", ShapeProblem::Prefix { got: dims.to_vec(), within: self.dims().to_vec() })),
+            _ => Err(Error::shape(
+                "prefix_view",
+                ShapeProblem::Prefix { got: dims.to_vec(), within: self.dims().to_vec() },
+            )),
         }
     }
 

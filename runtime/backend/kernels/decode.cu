@@ -33,76 +33,13 @@ __device__ __forceinline__ void gr_report_cache(u32* err, u32 seq, int len, u32 
 // Writes the split's normalised output (f32 [batch, heads, splits, D]) and its logsumexp
 // (f32 [batch, heads, splits]; -inf when the split holds no key). A length outside 0..max_len
 // counts as 0 keys and is reported by the block of split 0, head 0.
-template <typename T, int D>
-__device__ __forceinline__ void decode_partial_t(float* part_o, float* part_lse, const T* q, const T* kc, const T* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) {
-    constexpr int E = D / 32;
+template <typename T, int E, bool FIXED>
+__device__ __forceinline__ void decode_partial_body(float* part_o, float* part_lse, const T* q, const T* kc, const T* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d_any, u32* err) {
+    // FIXED: the head dimension is 32 E, known when compiling (every column below it is the
+    // lane's); else d_any, at most 32 E, read at run time.
+    const u32 d = FIXED ? 32u * E : d_any;
     __shared__ float s_m[DEC_WARPS], s_l[DEC_WARPS];
-    __shared__ float s_acc[DEC_WARPS][D];
-    const u32 s = blockIdx.x, h = blockIdx.y, b = blockIdx.z, splits = gridDim.x;
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int raw = lengths[b];
-    const bool bad = raw < 0 || raw > (int)max_len;
-    if (bad && s == 0 && h == 0 && threadIdx.x == 0) gr_report_cache(err, b, raw, max_len, 1u);
-    const u32 len = bad ? 0u : (u32)raw;
-    const u32 kvh = h / (heads / kv_heads);
-    const u64 qo = ((u64)b * heads + h) * D;
-    float qr[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) qr[e] = ld(q, qo + lane + 32 * e) * scale;
-    const u64 base = ((u64)b * kv_heads + kvh) * (u64)max_len * D;
-    const u32 j0 = s * split_len;
-    const u32 j1 = len < j0 + split_len ? len : j0 + split_len;
-    float m = gr_neg_inf(), l = 0.0f;
-    float acc[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-    for (u32 j = j0 + warp; j < j1; j += DEC_WARPS) {
-        const u64 ko = base + (u64)j * D;
-        float sc = 0.0f;
-#pragma unroll
-        for (int e = 0; e < E; ++e) sc += qr[e] * ld(kc, ko + lane + 32 * e);
-        sc = warp_sum(sc);
-        const float mn = fmaxf(m, sc);
-        const float c = expf(m - mn);
-        const float p = expf(sc - mn);
-        l = l * c + p;
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = acc[e] * c + p * ld(vc, ko + lane + 32 * e);
-        m = mn;
-    }
-    if (lane == 0) {
-        s_m[warp] = m;
-        s_l[warp] = l;
-    }
-#pragma unroll
-    for (int e = 0; e < E; ++e) s_acc[warp][lane + 32 * e] = acc[e];
-    __syncthreads();
-    float mx = gr_neg_inf();
-    for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, s_m[w]);
-    const u64 po = ((u64)b * heads + h) * splits + s;
-    for (u32 d = threadIdx.x; d < (u32)D; d += blockDim.x) {
-        float sum = 0.0f, o = 0.0f;
-        if (mx != gr_neg_inf()) {
-            for (int w = 0; w < DEC_WARPS; ++w) {
-                const float c = s_m[w] == gr_neg_inf() ? 0.0f : expf(s_m[w] - mx);
-                sum += s_l[w] * c;
-                o += s_acc[w][d] * c;
-            }
-        }
-        part_o[po * D + d] = sum > 0.0f ? o / sum : 0.0f;
-        if (d == 0) part_lse[po] = sum > 0.0f ? mx + logf(sum) : gr_neg_inf();
-    }
-}
-
-// decode_partial_t for any head dimension d up to 128, read at run time (f32 caches, and the
-// 16-bit head dims the specialised builds above do not cover): lane owns columns lane + 32 e,
-// e < 4, of those below d. The same keys to the same warps in the same order, and the same
-// merge, as decode_partial_t.
-#define DEC_ANY_E 4
-template <typename T>
-__device__ __forceinline__ void decode_partial_any_t(float* part_o, float* part_lse, const T* q, const T* kc, const T* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) {
-    __shared__ float s_m[DEC_WARPS], s_l[DEC_WARPS];
-    __shared__ float s_acc[DEC_WARPS][32 * DEC_ANY_E];
+    __shared__ float s_acc[DEC_WARPS][32 * E];
     const u32 s = blockIdx.x, h = blockIdx.y, b = blockIdx.z, splits = gridDim.x;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int raw = lengths[b];
@@ -111,26 +48,26 @@ __device__ __forceinline__ void decode_partial_any_t(float* part_o, float* part_
     const u32 len = bad ? 0u : (u32)raw;
     const u32 kvh = h / (heads / kv_heads);
     const u64 qo = ((u64)b * heads + h) * d;
-    float qr[DEC_ANY_E];
+    float qr[E];
 #pragma unroll
-    for (int e = 0; e < DEC_ANY_E; ++e) {
+    for (int e = 0; e < E; ++e) {
         const u32 col = lane + 32 * e;
-        qr[e] = col < d ? ld(q, qo + col) * scale : 0.0f;
+        qr[e] = FIXED || col < d ? ld(q, qo + col) * scale : 0.0f;
     }
     const u64 base = ((u64)b * kv_heads + kvh) * (u64)max_len * d;
     const u32 j0 = s * split_len;
     const u32 j1 = len < j0 + split_len ? len : j0 + split_len;
     float m = gr_neg_inf(), l = 0.0f;
-    float acc[DEC_ANY_E];
+    float acc[E];
 #pragma unroll
-    for (int e = 0; e < DEC_ANY_E; ++e) acc[e] = 0.0f;
+    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
     for (u32 j = j0 + warp; j < j1; j += DEC_WARPS) {
         const u64 ko = base + (u64)j * d;
         float sc = 0.0f;
 #pragma unroll
-        for (int e = 0; e < DEC_ANY_E; ++e) {
+        for (int e = 0; e < E; ++e) {
             const u32 col = lane + 32 * e;
-            if (col < d) sc += qr[e] * ld(kc, ko + col);
+            if (FIXED || col < d) sc += qr[e] * ld(kc, ko + col);
         }
         sc = warp_sum(sc);
         const float mn = fmaxf(m, sc);
@@ -138,9 +75,9 @@ __device__ __forceinline__ void decode_partial_any_t(float* part_o, float* part_
         const float p = expf(sc - mn);
         l = l * c + p;
 #pragma unroll
-        for (int e = 0; e < DEC_ANY_E; ++e) {
+        for (int e = 0; e < E; ++e) {
             const u32 col = lane + 32 * e;
-            if (col < d) acc[e] = acc[e] * c + p * ld(vc, ko + col);
+            if (FIXED || col < d) acc[e] = acc[e] * c + p * ld(vc, ko + col);
         }
         m = mn;
     }
@@ -149,9 +86,9 @@ __device__ __forceinline__ void decode_partial_any_t(float* part_o, float* part_
         s_l[warp] = l;
     }
 #pragma unroll
-    for (int e = 0; e < DEC_ANY_E; ++e) {
+    for (int e = 0; e < E; ++e) {
         const u32 col = lane + 32 * e;
-        if (col < d) s_acc[warp][col] = acc[e];
+        if (FIXED || col < d) s_acc[warp][col] = acc[e];
     }
     __syncthreads();
     float mx = gr_neg_inf();
@@ -169,6 +106,20 @@ __device__ __forceinline__ void decode_partial_any_t(float* part_o, float* part_
         part_o[po * d + col] = sum > 0.0f ? o / sum : 0.0f;
         if (col == 0) part_lse[po] = sum > 0.0f ? mx + logf(sum) : gr_neg_inf();
     }
+}
+template <typename T, int D>
+__device__ __forceinline__ void decode_partial_t(float* part_o, float* part_lse, const T* q, const T* kc, const T* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) {
+    decode_partial_body<T, D / 32, true>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, D, err);
+}
+
+// decode_partial_t for any head dimension d up to 128, read at run time (f32 caches, and the
+// 16-bit head dims the specialised builds above do not cover): lane owns columns lane + 32 e,
+// e < 4, of those below d. The same keys to the same warps in the same order, and the same
+// merge, as decode_partial_t (one body, decode_partial_body).
+#define DEC_ANY_E 4
+template <typename T>
+__device__ __forceinline__ void decode_partial_any_t(float* part_o, float* part_lse, const T* q, const T* kc, const T* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) {
+    decode_partial_body<T, DEC_ANY_E, false>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, d, err);
 }
 
 // One block of d threads per (query head, sequence): the splits' outputs weighted by

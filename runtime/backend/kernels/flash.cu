@@ -25,6 +25,14 @@
 
 extern __shared__ __align__(128) unsigned char fa_smem[];
 
+// The loops over the elements of a warp's MT_ x (N_ / 8) score fragments, four each, fully
+// unrolled: `FA_EACH_ELEM(MT, BN) { ... s[mt][nt][e] ... }`. Element e of fragment (mt, nt) is
+// column nt * 8 + 2 * t + (e & 1) and row mt * 16 + gr + 8 * (e >> 1) of the warp's part.
+#define FA_EACH_ELEM(MT_, N_)                                   \
+    _Pragma("unroll") for (int mt = 0; mt < (MT_); ++mt)        \
+        _Pragma("unroll") for (int nt = 0; nt < (N_) / 8; ++nt) \
+            _Pragma("unroll") for (int e = 0; e < 4; ++e)
+
 __device__ __forceinline__ u32 fa_min(u32 a, u32 b) { return a < b ? a : b; }
 
 __device__ __forceinline__ u32 fa_saddr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
@@ -257,8 +265,9 @@ __device__ __forceinline__ void fa_store(u16* g, u64 stride, u32 row0, u32 rows,
 
 // The K/V pipeline of the forward and dQ loops: starts loading tile j + 1 into the other stage
 // (when there is one), then waits for tile j and makes it visible to the whole block.
+// Returns the offset of tile j's stage in sK and sV.
 template <int D, int BN, int NT>
-__device__ __forceinline__ void fa_next_kv(u16* sK, u16* sV, const u16* kb, const u16* vb, u64 ks, u32 j, u32 ntiles, u32 seq) {
+__device__ __forceinline__ int fa_next_kv(u16* sK, u16* sV, const u16* kb, const u16* vb, u64 ks, u32 j, u32 ntiles, u32 seq) {
     const int other = (j & 1) ^ 1;
     if (j + 1 < ntiles) {
         fa_load<D, BN, NT>(sK + other * BN * D, kb, ks, (j + 1) * BN, seq);
@@ -267,6 +276,49 @@ __device__ __forceinline__ void fa_next_kv(u16* sK, u16* sV, const u16* kb, cons
     fa_commit();
     fa_wait1();
     __syncthreads();
+    return (j & 1) * BN * D;
+}
+
+// The first K/V tile of the forward and dQ loops into stage 0, after the caller committed its
+// own loads (Q, and dO): waits for those and makes them visible to the whole block; tile 0 may
+// still be in flight (fa_next_kv waits for it).
+template <int D, int BN, int NT>
+__device__ __forceinline__ void fa_first_kv(u16* sK, u16* sV, const u16* kb, const u16* vb, u64 ks, u32 seq) {
+    fa_load<D, BN, NT>(sK, kb, ks, 0, seq);
+    fa_load<D, BN, NT>(sV, vb, ks, 0, seq);
+    fa_commit();
+    fa_wait1();
+    __syncthreads();
+}
+
+// Where a block of the forward or the dQ kernel stands: its query tile of BM rows (the longest
+// rows first when causal), head h and batch b; the row strides of q (qs) and of k and v (ks);
+// the offset of the head's first q row (qoff); the key/value head's first K and V rows; the
+// first row of this warp's RW (w0); the key tiles of BN the block visits.
+struct FaQTile {
+    u32 h, b, q0, w0, ntiles;
+    u64 qs, ks, qoff;
+    const u16* kb;
+    const u16* vb;
+};
+template <int D, int BN, int BM, int RW>
+__device__ __forceinline__ FaQTile fa_qtile(const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, int warp) {
+    FaQTile g;
+    const u32 qtiles = (seq + BM - 1) / BM;
+    const u32 qt = causal ? qtiles - 1 - blockIdx.x : blockIdx.x;
+    g.h = blockIdx.y;
+    g.b = blockIdx.z;
+    const u32 kvh = g.h / (heads / kv_heads);
+    g.qs = (u64)heads * D;
+    g.ks = (u64)kv_heads * D;
+    g.qoff = (u64)g.b * seq * g.qs + (u64)g.h * D;
+    g.kb = k + (u64)g.b * seq * g.ks + (u64)kvh * D;
+    g.vb = v + (u64)g.b * seq * g.ks + (u64)kvh * D;
+    g.q0 = qt * BM;
+    g.w0 = g.q0 + warp * RW;
+    const u32 kend = causal ? fa_min(seq, g.q0 + BM) : seq;
+    g.ntiles = (kend + BN - 1) / BN;
+    return g;
 }
 
 // ------------------------------------------------------------------------------ forward
@@ -282,24 +334,13 @@ __device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const
     u16* sK = sQ + BM * D;
     u16* sV = sK + 2 * BN * D;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
-    const u32 qtiles = (seq + BM - 1) / BM;
-    const u32 qt = causal ? qtiles - 1 - blockIdx.x : blockIdx.x;  // the longest rows first
-    const u32 h = blockIdx.y, b = blockIdx.z, kvh = h / (heads / kv_heads);
-    const u64 qs = (u64)heads * D, ks = (u64)kv_heads * D;
-    const u16* qb = q + (u64)b * seq * qs + (u64)h * D;
-    const u16* kb = k + (u64)b * seq * ks + (u64)kvh * D;
-    const u16* vb = v + (u64)b * seq * ks + (u64)kvh * D;
-    const u32 q0 = qt * BM, w0 = q0 + warp * RW;
-    const u32 kend = causal ? fa_min(seq, q0 + BM) : seq;
-    const u32 ntiles = (kend + BN - 1) / BN;
+    const FaQTile g = fa_qtile<D, BN, BM, RW>(k, v, seq, heads, kv_heads, causal, warp);
+    const u32 h = g.h, b = g.b, w0 = g.w0, ntiles = g.ntiles;
+    const u64 qs = g.qs;
 
-    fa_load<D, BM, NT>(sQ, qb, qs, q0, seq);
+    fa_load<D, BM, NT>(sQ, q + g.qoff, qs, g.q0, seq);
     fa_commit();
-    fa_load<D, BN, NT>(sK, kb, ks, 0, seq);
-    fa_load<D, BN, NT>(sV, vb, ks, 0, seq);
-    fa_commit();
-    fa_wait1();
-    __syncthreads();
+    fa_first_kv<D, BN, NT>(sK, sV, g.kb, g.vb, g.ks, seq);
     u32 qf[QREG ? MT : 1][D / 16][4];
     if constexpr (QREG) fa_frags<D, MT>(qf, sQ, warp * RW);
 
@@ -311,24 +352,16 @@ __device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const
     const float sl2 = scale * FA_LOG2E;
 
     for (u32 j = 0; j < ntiles; ++j) {
-        const int st = j & 1;
-        fa_next_kv<D, BN, NT>(sK, sV, kb, vb, ks, j, ntiles, seq);
-        const u16* cK = sK + st * BN * D;
-        const u16* cV = sV + st * BN * D;
+        const int st = fa_next_kv<D, BN, NT>(sK, sV, g.kb, g.vb, g.ks, j, ntiles, seq);
+        const u16* cK = sK + st;
+        const u16* cV = sV + st;
         float s[MT][BN / 8][4];
         fa_mma_bt<BF16, D, BN, MT, QREG>(s, qf, sQ, warp * RW, cK);
         const u32 k0 = j * BN;
         if (k0 + BN > seq || (causal && k0 + BN - 1 > w0)) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const u32 col = k0 + nt * 8 + 2 * t + (e & 1), row = w0 + mt * 16 + gr + 8 * (e >> 1);
-                        if (col >= seq || (causal && col > row)) s[mt][nt][e] = FA_NEG_INF;
-                    }
-                }
+            FA_EACH_ELEM(MT, BN) {
+                const u32 col = k0 + nt * 8 + 2 * t + (e & 1), row = w0 + mt * 16 + gr + 8 * (e >> 1);
+                if (col >= seq || (causal && col > row)) s[mt][nt][e] = FA_NEG_INF;
             }
         }
 #pragma unroll
@@ -364,7 +397,7 @@ __device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const
     }
     fa_wait0();
 
-    u16* ob = out + (u64)b * seq * qs + (u64)h * D;
+    u16* ob = out + g.qoff;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
         float inv[2];
@@ -423,25 +456,14 @@ __device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, c
     u16* sK = sO + BM * D;
     u16* sV = sK + 2 * BN * D;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
-    const u32 qtiles = (seq + BM - 1) / BM;
-    const u32 qt = causal ? qtiles - 1 - blockIdx.x : blockIdx.x;
-    const u32 h = blockIdx.y, b = blockIdx.z, kvh = h / (heads / kv_heads);
-    const u64 qs = (u64)heads * D, ks = (u64)kv_heads * D;
-    const u64 qoff = (u64)b * seq * qs + (u64)h * D;
-    const u16* kb = k + (u64)b * seq * ks + (u64)kvh * D;
-    const u16* vb = v + (u64)b * seq * ks + (u64)kvh * D;
-    const u32 q0 = qt * BM, w0 = q0 + warp * RW;
-    const u32 kend = causal ? fa_min(seq, q0 + BM) : seq;
-    const u32 ntiles = (kend + BN - 1) / BN;
+    const FaQTile g = fa_qtile<D, BN, BM, RW>(k, v, seq, heads, kv_heads, causal, warp);
+    const u32 h = g.h, b = g.b, w0 = g.w0, ntiles = g.ntiles;
+    const u64 qs = g.qs, qoff = g.qoff;
 
-    fa_load<D, BM, NT>(sQ, q + qoff, qs, q0, seq);
-    fa_load<D, BM, NT>(sO, dout + qoff, qs, q0, seq);
+    fa_load<D, BM, NT>(sQ, q + qoff, qs, g.q0, seq);
+    fa_load<D, BM, NT>(sO, dout + qoff, qs, g.q0, seq);
     fa_commit();
-    fa_load<D, BN, NT>(sK, kb, ks, 0, seq);
-    fa_load<D, BN, NT>(sV, vb, ks, 0, seq);
-    fa_commit();
-    fa_wait1();
-    __syncthreads();
+    fa_first_kv<D, BN, NT>(sK, sV, g.kb, g.vb, g.ks, seq);
     u32 qf[FREG ? MT : 1][D / 16][4], df[FREG ? MT : 1][D / 16][4];
     if constexpr (FREG) {
         fa_frags<D, MT>(qf, sQ, warp * RW);
@@ -462,28 +484,20 @@ __device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, c
     fa_zero<D, MT>(acc);
 
     for (u32 j = 0; j < ntiles; ++j) {
-        const int st = j & 1;
-        fa_next_kv<D, BN, NT>(sK, sV, kb, vb, ks, j, ntiles, seq);
-        const u16* cK = sK + st * BN * D;
-        const u16* cV = sV + st * BN * D;
+        const int st = fa_next_kv<D, BN, NT>(sK, sV, g.kb, g.vb, g.ks, j, ntiles, seq);
+        const u16* cK = sK + st;
+        const u16* cV = sV + st;
         float s[MT][BN / 8][4], dp[MT][BN / 8][4];
         fa_mma_bt<BF16, D, BN, MT, FREG>(s, qf, sQ, warp * RW, cK);
         fa_mma_bt<BF16, D, BN, MT, FREG>(dp, df, sO, warp * RW, cV);
         const u32 k0 = j * BN;
         const bool edge = k0 + BN > seq || (causal && k0 + BN - 1 > w0);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int i = e >> 1;
-                    const u32 col = k0 + nt * 8 + 2 * t + (e & 1), row = w0 + mt * 16 + gr + 8 * i;
-                    const bool masked = edge && (col >= seq || (causal && col > row));
-                    const float p = masked ? 0.0f : fa_exp2(s[mt][nt][e] * sl2 - lse2[mt][i]);
-                    s[mt][nt][e] = p * (dp[mt][nt][e] - dd[mt][i]);
-                }
-            }
+        FA_EACH_ELEM(MT, BN) {
+            const int i = e >> 1;
+            const u32 col = k0 + nt * 8 + 2 * t + (e & 1), row = w0 + mt * 16 + gr + 8 * i;
+            const bool masked = edge && (col >= seq || (causal && col > row));
+            const float p = masked ? 0.0f : fa_exp2(s[mt][nt][e] * sl2 - lse2[mt][i]);
+            s[mt][nt][e] = p * (dp[mt][nt][e] - dd[mt][i]);
         }
         fa_acc_product<BF16, D, BN, MT>(acc, s, cK);
         __syncthreads();
@@ -562,20 +576,13 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
             fa_mma_bt<BF16, D, QC, MT, KREG>(s, kf, sK, warp * RW, cQ);
             fa_mma_bt<BF16, D, QC, MT, false>(dp, nullptr, sV, warp * RW, cO);
             const bool edge = c0 + QC > seq || (causal && c0 < w0 + RW - 1);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-                for (int nt = 0; nt < QC / 8; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int qc = nt * 8 + 2 * t + (e & 1);
-                        const u32 qi = c0 + qc, key = w0 + mt * 16 + gr + 8 * (e >> 1);
-                        const bool masked = edge && (qi >= seq || (causal && qi < key));
-                        const float p = masked ? 0.0f : fa_exp2(s[mt][nt][e] * sl2 - cL[qc] * FA_LOG2E);
-                        s[mt][nt][e] = p;
-                        dp[mt][nt][e] = p * (dp[mt][nt][e] - cD[qc]);
-                    }
-                }
+            FA_EACH_ELEM(MT, QC) {
+                const int qc = nt * 8 + 2 * t + (e & 1);
+                const u32 qi = c0 + qc, key = w0 + mt * 16 + gr + 8 * (e >> 1);
+                const bool masked = edge && (qi >= seq || (causal && qi < key));
+                const float p = masked ? 0.0f : fa_exp2(s[mt][nt][e] * sl2 - cL[qc] * FA_LOG2E);
+                s[mt][nt][e] = p;
+                dp[mt][nt][e] = p * (dp[mt][nt][e] - cD[qc]);
             }
             fa_acc_product<BF16, D, QC, MT>(dva, s, cO);
             fa_acc_product<BF16, D, QC, MT>(dka, dp, cQ);

@@ -306,6 +306,8 @@ extern "C" __global__ void mse_bwd_f16(f16_t* dp, const f16_t* p, const f16_t* t
 
 // ---------------------------------------------------------------- reductions (f32 out)
 
+// Per-block partial sums over a grid-stride range (sum_final_f32 adds the partials), of x and
+// of (a - b)^2.
 template <typename T> __device__ __forceinline__ void sum_partial_t(float* partial, const T* x, u32 n) {
     __shared__ float sh[32];
     float s = 0.0f;
@@ -323,7 +325,8 @@ template <typename T> __device__ __forceinline__ void sqdiff_partial_t(float* pa
     s = block_sum(s, sh);
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
-// As col_sum_acc_f32, reading 16-bit rows into an f32 accumulator (the bias grad).
+// out[c] += sum over rows of a[r, c], in an f32 accumulator (the bias grad). Blocks of (32,
+// GR_COL_Y) threads: x picks the column, y a stripe of rows; the stripes are added in order of y.
 template <typename T> __device__ __forceinline__ void col_sum_acc_t(float* out, const T* a, u32 rows, u32 cols) {
     __shared__ float sh[GR_COL_Y][33];
     for (u64 c0 = (u64)blockIdx.x * 32; c0 < cols; c0 += (u64)gridDim.x * 32) {
@@ -343,6 +346,9 @@ template <typename T> __device__ __forceinline__ void col_sum_acc_t(float* out, 
     }
 }
 
+extern "C" __global__ void sum_partial_f32(float* partial, const float* x, u32 n) { sum_partial_t(partial, x, n); }
+extern "C" __global__ void sqdiff_partial_f32(float* partial, const float* a, const float* b, u32 n) { sqdiff_partial_t(partial, a, b, n); }
+extern "C" __global__ void col_sum_acc_f32(float* out, const float* a, u32 rows, u32 cols) { col_sum_acc_t(out, a, rows, cols); }
 extern "C" __global__ void sum_partial_bf16(float* partial, const bf16_t* x, u32 n) { sum_partial_t(partial, x, n); }
 extern "C" __global__ void sum_partial_f16(float* partial, const f16_t* x, u32 n) { sum_partial_t(partial, x, n); }
 extern "C" __global__ void sqdiff_partial_bf16(float* partial, const bf16_t* a, const bf16_t* b, u32 n) { sqdiff_partial_t(partial, a, b, n); }

@@ -120,12 +120,7 @@ __device__ __forceinline__ void sgd_mixed_t(float* p, T* model, const float* g, 
     if (scaler[1] != 0.0f) return;
     const float rate = lr[0];
     for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        float gi = g[i] + wd * p[i];
-        if (use_momentum != 0u) {
-            gi = momentum * buf[i] + gi;
-            buf[i] = gi;
-        }
-        const float pi = p[i] - rate * gi;
+        const float pi = sgd_elem(p[i], g[i], buf, i, rate, momentum, wd, use_momentum);
         p[i] = pi;
         st(model, i, pi);
     }

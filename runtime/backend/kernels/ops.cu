@@ -84,26 +84,8 @@ __device__ __forceinline__ float gelu_grad(float x, u32 approx) {
 
 // ---------------------------------------------------------------- reductions
 
-// Per-block partial sums over a grid-stride range; sum_final_f32 adds the partials.
-extern "C" __global__ void sum_partial_f32(float* partial, const float* x, u32 n) {
-    __shared__ float sh[32];
-    float s = 0.0f;
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) s += x[i];
-    s = block_sum(s, sh);
-    if (threadIdx.x == 0) partial[blockIdx.x] = s;
-}
-
-// Per-block partial sums of (a - b)^2.
-extern "C" __global__ void sqdiff_partial_f32(float* partial, const float* a, const float* b, u32 n) {
-    __shared__ float sh[32];
-    float s = 0.0f;
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        float d = a[i] - b[i];
-        s += d * d;
-    }
-    s = block_sum(s, sh);
-    if (threadIdx.x == 0) partial[blockIdx.x] = s;
-}
+// Per-block partial sums (sum_partial_f32, sqdiff_partial_f32 of (a - b)^2) are the float
+// instantiations of the templates in half.cu; sum_final_f32 adds the partials.
 
 // out[0] = scale * sum(partial[0..m]); launched with one block.
 extern "C" __global__ void sum_final_f32(float* out, const float* partial, u32 m, float scale) {
@@ -114,26 +96,8 @@ extern "C" __global__ void sum_final_f32(float* out, const float* partial, u32 m
     if (threadIdx.x == 0) out[0] = s * scale;
 }
 
-// out[c] += sum over rows of a[r, c]. Blocks of (32, GR_COL_Y) threads: x picks the column,
-// y a stripe of rows; the stripes are added in order of y.
-extern "C" __global__ void col_sum_acc_f32(float* out, const float* a, u32 rows, u32 cols) {
-    __shared__ float sh[GR_COL_Y][33];
-    for (u64 c0 = (u64)blockIdx.x * 32; c0 < cols; c0 += (u64)gridDim.x * 32) {
-        u64 c = c0 + threadIdx.x;
-        float s = 0.0f;
-        if (c < cols) {
-            for (u64 r = threadIdx.y; r < rows; r += GR_COL_Y) s += a[r * cols + c];
-        }
-        sh[threadIdx.y][threadIdx.x] = s;
-        __syncthreads();
-        if (threadIdx.y == 0 && c < cols) {
-            float t = 0.0f;
-            for (int k = 0; k < GR_COL_Y; ++k) t += sh[k][threadIdx.x];
-            out[c] += t;
-        }
-        __syncthreads();
-    }
-}
+// out[c] += sum over rows of a[r, c] (col_sum_acc_f32): the float instantiation of
+// col_sum_acc_t in half.cu.
 
 // ---------------------------------------------------------------- layer norm
 
@@ -180,16 +144,19 @@ extern "C" __global__ void mean_final_f32(float* out, const float* partial, cons
 // SGD (PyTorch semantics, dampening 0): g += wd * p; buf = momentum * buf + g; p -= lr * buf.
 // lr is read from device memory so a captured step follows a changing schedule. buf is unused
 // (may be null) when use_momentum is 0.
+// One SGD element update, shared with the mixed-precision kernel of mixed.cu: the new value of
+// parameter element i, whose grad is gi; buf[i] is read and written only with momentum.
+__device__ __forceinline__ float sgd_elem(float p, float gi, float* buf, u64 i, float rate, float momentum, float wd, u32 use_momentum) {
+    gi = gi + wd * p;
+    if (use_momentum != 0u) {
+        gi = momentum * buf[i] + gi;
+        buf[i] = gi;
+    }
+    return p - rate * gi;
+}
 extern "C" __global__ void sgd_step_f32(float* p, const float* g, float* buf, const float* lr, float momentum, float wd, u32 use_momentum, u32 n) {
     const float rate = lr[0];
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        float gi = g[i] + wd * p[i];
-        if (use_momentum != 0u) {
-            gi = momentum * buf[i] + gi;
-            buf[i] = gi;
-        }
-        p[i] = p[i] - rate * gi;
-    }
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) p[i] = sgd_elem(p[i], g[i], buf, i, rate, momentum, wd, use_momentum);
 }
 
 // AdamW's per-step scalars: st[0] holds the step count as u32 bits; increments it and stores
