@@ -13,7 +13,7 @@ use clap::Parser;
 #[path = "common/timing.rs"]
 mod timing;
 
-use graphed::ops::{self, Attention};
+use graphed::ops::{self, Attention, AttentionEngine};
 use graphed::{DType, Device, Result, Tensor};
 
 const LAUNCHES: usize = 5;
@@ -44,6 +44,13 @@ struct Args {
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<String>,
+    /// The engine: auto (cuDNN where it runs, else portable), portable or cudnn.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "portable", "cudnn"])]
+    engine: String,
+    /// The GPT example's attention shapes instead (8 heads of 64, causal, 4096 tokens a call:
+    /// 16 x 256, 4 x 1024, 1 x 4096), timed in microseconds.
+    #[arg(long)]
+    gpt: bool,
 }
 
 fn main() -> Result<()> {
@@ -51,7 +58,15 @@ fn main() -> Result<()> {
     let dev = Device::default_device();
     let quick = args.quick || !dev.is_cuda();
     let json = args.json;
-    println!("fused attention on {}, bf16, TFLOP/s (forward / backward)", dev.name());
+    let engine = match args.engine.as_str() {
+        "portable" => AttentionEngine::Portable,
+        "cudnn" => AttentionEngine::Cudnn,
+        _ => AttentionEngine::Auto,
+    };
+    if args.gpt {
+        return gpt_shapes(&dev, engine);
+    }
+    println!("fused attention on {}, bf16, TFLOP/s (forward / backward), engine {engine:?}", dev.name());
     println!("| seq | head dim | causal | forward | backward | forward ms | backward ms |");
     println!("|---|---|---|---|---|---|---|");
     let (tokens, width) = if dev.is_cuda() { (16384, 2048) } else { (256, 256) };
@@ -75,6 +90,7 @@ fn main() -> Result<()> {
                     random(&dev, &dims, 4)?,
                 );
                 let at = if causal { Attention::causal(heads) } else { Attention::full(heads) };
+                let at = at.engine(engine);
                 let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
                 let reps = if dev.is_cuda() { 20 } else { 1 };
                 let fwd =
@@ -84,9 +100,14 @@ fn main() -> Result<()> {
                 })?;
                 let flops = 4.0 * (batch * heads * seq * seq * head_dim) as f64 / if causal { 2.0 } else { 1.0 };
                 let (tf, tb) = (flops / fwd / 1e9, 2.5 * flops / bwd / 1e9);
-                println!("| {seq} | {head_dim} | {} | {tf:.0} | {tb:.0} | {fwd:.3} | {bwd:.3} |", causal as u8);
+                let ran = ops::attention_engines(&q, &at)?;
+                println!(
+                    "| {seq} | {head_dim} | {} | {tf:.0} | {tb:.0} | {fwd:.3} | {bwd:.3} | {:?}/{:?}",
+                    causal as u8, ran.forward, ran.backward
+                );
                 rows.push(format!(
-                    "{{\"seq\": {seq}, \"head_dim\": {head_dim}, \"causal\": {causal}, \"fwd_tflops\": {tf:.1}, \"bwd_tflops\": {tb:.1}, \"fwd_ms\": {fwd:.4}, \"bwd_ms\": {bwd:.4}}}"
+                    "{{\"seq\": {seq}, \"head_dim\": {head_dim}, \"causal\": {causal}, \"fwd_tflops\": {tf:.1}, \"bwd_tflops\": {tb:.1}, \"fwd_ms\": {fwd:.4}, \"bwd_ms\": {bwd:.4}, \"engines\": \"{:?}/{:?}\"}}",
+                    ran.forward, ran.backward
                 ));
             }
         }
@@ -94,6 +115,29 @@ fn main() -> Result<()> {
     if let Some(path) = json {
         let body = format!("{{\"device\": \"{}\", \"rows\": [\n{}\n]}}\n", dev.name(), rows.join(",\n"));
         std::fs::write(&path, body).map_err(|e| graphed::Error::msg(format!("--json {path}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// `--gpt`: forward and backward microseconds at the GPT example's attention shapes.
+fn gpt_shapes(dev: &Device, engine: AttentionEngine) -> Result<()> {
+    println!("the GPT's attention on {}, bf16, 8 heads of 64, causal, engine {engine:?}", dev.name());
+    println!("| context x batch | forward us | backward us | engines |");
+    println!("|---|---|---|---|");
+    let shapes: &[(usize, usize)] = if dev.is_cuda() { &[(256, 16), (1024, 4), (4096, 1)] } else { &[(64, 2)] };
+    for &(seq, batch) in shapes {
+        let dims = [batch, seq, 512];
+        let (q, k, v, d) =
+            (random(dev, &dims, 1)?, random(dev, &dims, 2)?, random(dev, &dims, 3)?, random(dev, &dims, 4)?);
+        let at = Attention::causal(8).engine(engine);
+        let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
+        let reps = if dev.is_cuda() { 20 } else { 1 };
+        let fwd = timing::ms_per_call(dev, LAUNCHES, reps, || ops::flash_attention(&q, &k, &v, &at).map(drop))?;
+        let bwd = timing::ms_per_call(dev, LAUNCHES, reps, || {
+            ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &at).map(drop)
+        })?;
+        let ran = ops::attention_engines(&q, &at)?;
+        println!("| {seq} x {batch} | {:.1} | {:.1} | {:?}/{:?} |", fwd * 1e3, bwd * 1e3, ran.forward, ran.backward);
     }
     Ok(())
 }

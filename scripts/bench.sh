@@ -4,7 +4,7 @@
 #   bash scripts/bench.sh [steps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
 out=${OUT:-/tmp/graphed-out}; mkdir -p "$out"
 steps=${1:-200}
 gpu-bin/examples/bench --steps "$steps" --out "$out/ours.json"

@@ -5,7 +5,7 @@
 #   bash scripts/gpt-bench.sh [steps] [dtype]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
 out=${OUT:-/tmp/graphed-out}; mkdir -p "$out"
 steps=${1:-300}; dtype=${2:-bf16}
 runs=()

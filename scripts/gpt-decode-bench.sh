@@ -8,7 +8,7 @@
 #   bash scripts/gpt-decode-bench.sh [prompt_len] [new_tokens] [weights.safetensors]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
 out=${OUT:-/tmp/graphed-out}; mkdir -p "$out"
 plen=${1:-64}; new=${2:-128}; weights=${3:-}
 load=(); [ -n "$weights" ] && load=(--load "$weights")

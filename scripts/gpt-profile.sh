@@ -5,7 +5,7 @@
 #   bash scripts/gpt-profile.sh [extra gpt args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
 out=${OUT:-/tmp/graphed-out}; mkdir -p "$out"
 ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 3000 \
   gpu-bin/examples/gpt --mode eager --steps 3 --eval-every 1000 "$@" > "$out/gpt_ncu.csv" 2> "$out/gpt_ncu.err" || true

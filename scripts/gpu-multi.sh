@@ -7,7 +7,7 @@
 # Logs and JSON go to $OUT (default /tmp/graphed-out). Exit status 1 if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
 # libnccl: cudarc loads it as `libnccl.so` (not the soname libnccl.so.2, which is all a runtime
 # install or PyTorch's wheel ships), so point a libnccl.so symlink at the system's library, else
 # at the wheel's.

@@ -3,7 +3,7 @@
 # then the examples given as arguments (default: none). Logs go to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
 export GRAPHED_REQUIRE_CUDA=1
 out=${OUT:-/tmp/graphed-out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"

@@ -5,7 +5,7 @@
 #   bash scripts/gpu-sanitize.sh [test-binary-name...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
 export GRAPHED_REQUIRE_CUDA=1
 out=${OUT:-/tmp/graphed-out}; mkdir -p "$out"
 tests=("$@"); [ ${#tests[@]} -gt 0 ] || tests=(misuse threads)

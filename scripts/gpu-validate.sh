@@ -15,7 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -d gpu-bin ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 out=${OUT:-/tmp/graphed-out}; logs=$(mktemp -d); mkdir -p "$out"
 part=${1:-all}; steps=${2:-300}

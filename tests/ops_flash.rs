@@ -5,8 +5,8 @@
 mod common;
 mod ops_support;
 
-use common::{backends, on_each_backend, random_vec};
-use graphed::ops::{self, cpu, cpu::AttnDims, cpu::AttnSaved, cpu::AttnShape, Attention};
+use common::{backends, on_each_backend, random_vec, say_skipped};
+use graphed::ops::{self, cpu, cpu::AttnDims, cpu::AttnSaved, cpu::AttnShape, Attention, AttentionEngine};
 use graphed::{DType, Device, Error, Result, Tensor};
 use ops_support::*;
 
@@ -54,6 +54,10 @@ impl Case {
         at.kv_heads(self.kv_heads)
     }
 
+    fn attention_on(&self, engine: AttentionEngine) -> Attention {
+        self.attention().engine(engine)
+    }
+
     /// q, k, v and dout in `dtype`, from fixed seeds.
     fn inputs(&self, dev: &Device, dtype: DType, seed: u64) -> Result<[Tensor; 4]> {
         let (q, kv) =
@@ -64,6 +68,33 @@ impl Case {
         };
         Ok([t(&q, seed)?, t(&kv, seed + 1)?, t(&kv, seed + 2)?, t(&q, seed + 3)?])
     }
+}
+
+/// The engines to test on `dev`: the host backend has one path (the reference); on CUDA the
+/// portable kernels, and cuDNN where it runs (else said skipped, with why).
+fn engines(dev: &Device) -> Result<Vec<AttentionEngine>> {
+    if dev.is_host() {
+        return Ok(vec![AttentionEngine::Auto]);
+    }
+    let q = Tensor::zeros_as(dev, &[1, 64, 128], DType::BF16)?;
+    let e = ops::attention_engines(&q, &Attention::causal(2))?;
+    if e.forward == AttentionEngine::Cudnn && e.backward == AttentionEngine::Cudnn {
+        Ok(vec![AttentionEngine::Portable, AttentionEngine::Cudnn])
+    } else {
+        say_skipped(&format!(
+            "ops_flash: the cuDNN engine is skipped on {}: it runs forward {:?} / backward {:?} here \
+             (libcudnn 9.10+ on the library path runs both)",
+            dev.name(),
+            e.forward,
+            e.backward
+        ));
+        Ok(vec![AttentionEngine::Portable])
+    }
+}
+
+/// The cases an engine runs: cuDNN takes equal query and key/value head counts only.
+fn cases_for(engine: AttentionEngine) -> Vec<Case> {
+    cases().into_iter().filter(|c| engine != AttentionEngine::Cudnn || c.kv_heads == c.heads).collect()
 }
 
 /// Lengths 1, 63, 130 and 257 (none a multiple of the 64- or 128-row tiles, so the last tile of
@@ -85,37 +116,47 @@ fn cases() -> Vec<Case> {
 #[test]
 fn flash_attention_matches_the_cpu_reference() {
     on_each_backend(|dev| {
-        for dtype in [DType::BF16, DType::F16] {
-            for (i, c) in cases().iter().enumerate() {
-                let what = format!("flash_attention {dtype} {:?} causal={}", c.shape().dims, c.causal);
-                let [q, k, v, d] = c.inputs(dev, dtype, 100 * i as u64)?;
-                let (out, lse) = ops::flash_attention(&q, &k, &v, &c.attention())?;
-                assert_eq!((out.dtype(), lse.dtype(), lse.dims()), (dtype, DType::F32, &[c.batch, c.heads, c.seq][..]));
-                let (dq, dk, dv) = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &c.attention())?;
-                assert_eq!((dq.dims(), dk.dims(), dv.dims()), (q.dims(), k.dims(), v.dims()));
-                let [qv, kv, vv, dov] = [&q, &k, &v, &d].map(|t| t.to_vec());
-                let [qv, kv, vv, dov] = [qv?, kv?, vv?, dov?];
-                let (ro, rl) = cpu::attention(&qv, &kv, &vv, c.shape(), dtype);
-                // The reference's output rounded to the dtype, as the kernel stores it.
-                let ro: Vec<f32> = ro.iter().map(|&x| dtype.round(x)).collect();
-                let (ov, lv) = (out.to_vec()?, lse.to_vec()?);
-                let saved = AttnSaved { dout: &dov, q: &qv, k: &kv, v: &vv, out: &ov, lse: &lv };
-                let (rq, rk, rv) = cpu::attention_backward(saved, c.shape(), dtype);
-                let round = |x: Vec<f32>| x.into_iter().map(|x| dtype.round(x)).collect::<Vec<f32>>();
-                let (rq, rk, rv) = (round(rq), round(rk), round(rv));
-                if dev.is_host() {
-                    // The host backend runs the reference itself.
-                    for (name, got, want) in [("out", &ov, &ro), ("lse", &lv, &rl)] {
-                        bitwise_eq(&format!("{what} {name}"), got, want)?;
+        for engine in engines(dev)? {
+            for dtype in [DType::BF16, DType::F16] {
+                for (i, c) in cases_for(engine).iter().enumerate() {
+                    let what = format!("flash_attention {engine:?} {dtype} {:?} causal={}", c.shape().dims, c.causal);
+                    let [q, k, v, d] = c.inputs(dev, dtype, 100 * i as u64)?;
+                    let at = c.attention_on(engine);
+                    let ran = ops::attention_engines(&q, &at)?;
+                    if engine == AttentionEngine::Cudnn {
+                        assert_eq!((ran.forward, ran.backward), (engine, engine), "{what}: engines");
                     }
-                    for (name, got, want) in [("dq", &dq, &rq), ("dk", &dk, &rk), ("dv", &dv, &rv)] {
-                        bitwise_eq(&format!("{what} {name}"), &got.to_vec()?, want)?;
-                    }
-                } else {
-                    check_close(&format!("{what} out"), &ov, &ro, tol(dtype))?;
-                    check_close(&format!("{what} lse"), &lv, &rl, 1e-5)?;
-                    for (name, got, want) in [("dq", &dq, &rq), ("dk", &dk, &rk), ("dv", &dv, &rv)] {
-                        check_close(&format!("{what} {name}"), &got.to_vec()?, want, tol(dtype))?;
+                    let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
+                    assert_eq!(
+                        (out.dtype(), lse.dtype(), lse.dims()),
+                        (dtype, DType::F32, &[c.batch, c.heads, c.seq][..])
+                    );
+                    let (dq, dk, dv) = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &at)?;
+                    assert_eq!((dq.dims(), dk.dims(), dv.dims()), (q.dims(), k.dims(), v.dims()));
+                    let [qv, kv, vv, dov] = [&q, &k, &v, &d].map(|t| t.to_vec());
+                    let [qv, kv, vv, dov] = [qv?, kv?, vv?, dov?];
+                    let (ro, rl) = cpu::attention(&qv, &kv, &vv, c.shape(), dtype);
+                    // The reference's output rounded to the dtype, as the kernel stores it.
+                    let ro: Vec<f32> = ro.iter().map(|&x| dtype.round(x)).collect();
+                    let (ov, lv) = (out.to_vec()?, lse.to_vec()?);
+                    let saved = AttnSaved { dout: &dov, q: &qv, k: &kv, v: &vv, out: &ov, lse: &lv };
+                    let (rq, rk, rv) = cpu::attention_backward(saved, c.shape(), dtype);
+                    let round = |x: Vec<f32>| x.into_iter().map(|x| dtype.round(x)).collect::<Vec<f32>>();
+                    let (rq, rk, rv) = (round(rq), round(rk), round(rv));
+                    if dev.is_host() {
+                        // The host backend runs the reference itself.
+                        for (name, got, want) in [("out", &ov, &ro), ("lse", &lv, &rl)] {
+                            bitwise_eq(&format!("{what} {name}"), got, want)?;
+                        }
+                        for (name, got, want) in [("dq", &dq, &rq), ("dk", &dk, &rk), ("dv", &dv, &rv)] {
+                            bitwise_eq(&format!("{what} {name}"), &got.to_vec()?, want)?;
+                        }
+                    } else {
+                        check_close(&format!("{what} out"), &ov, &ro, tol(dtype))?;
+                        check_close(&format!("{what} lse"), &lv, &rl, 1e-5)?;
+                        for (name, got, want) in [("dq", &dq, &rq), ("dk", &dk, &rk), ("dv", &dv, &rv)] {
+                            check_close(&format!("{what} {name}"), &got.to_vec()?, want, tol(dtype))?;
+                        }
                     }
                 }
             }
@@ -169,10 +210,12 @@ fn causal_flash_attention_is_causal_attention() {
 #[test]
 fn flash_attention_is_bitwise_reproducible_and_replays_equal_to_eager() {
     on_each_backend(|dev| {
-        for causal in [true, false] {
-            let c = Case { batch: 2, seq: 200, heads: 4, kv_heads: 2, head_dim: 128, causal };
+        for (engine, causal) in engines(dev)?.into_iter().flat_map(|e| [(e, true), (e, false)]) {
+            // Grouped heads on the portable kernels; cuDNN takes equal head counts.
+            let kv_heads = if engine == AttentionEngine::Cudnn { 4 } else { 2 };
+            let c = Case { batch: 2, seq: 200, heads: 4, kv_heads, head_dim: 128, causal };
             let [q, k, v, d] = c.inputs(dev, DType::BF16, 11)?;
-            let at = c.attention();
+            let at = c.attention_on(engine);
             let run = || -> Result<Vec<Tensor>> {
                 let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
                 let (dq, dk, dv) = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &at)?;
@@ -180,7 +223,7 @@ fn flash_attention_is_bitwise_reproducible_and_replays_equal_to_eager() {
             };
             let (a, b) = (run()?, run()?);
             for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-                bitwise_eq(&format!("causal={causal} run-to-run output {i}"), &x.to_vec()?, &y.to_vec()?)?;
+                bitwise_eq(&format!("{engine:?} causal={causal} run-to-run output {i}"), &x.to_vec()?, &y.to_vec()?)?;
             }
             eager_vs_replay(dev, run)?;
         }
@@ -209,6 +252,8 @@ fn tiles_agree(dev: &Device) -> Result<()> {
     let tensor = |v: &[f32], b: usize| Tensor::from_slice_as(dev, v, &[b, seq, width], DType::BF16);
     for causal in [true, false] {
         let at = if causal { Attention::causal(heads) } else { Attention::full(heads) };
+        // The tile sets are the portable kernels' own.
+        let at = at.engine(AttentionEngine::Portable);
         let run = |ins: [&[f32]; 4], b: usize| -> Result<Vec<Vec<f32>>> {
             let [q, k, v, dout] = ins.map(|x| tensor(x, b));
             let (q, k, v, dout) = (q?, k?, v?, dout?);
@@ -254,6 +299,12 @@ fn flash_attention_refuses_bad_input_before_running() {
         expect_err("seq", ops::flash_attention(&x, &bf(&[2, 7, 128])?, &bf(&[2, 7, 128])?, &at), is_shape)?;
         expect_err("rank", ops::flash_attention(&bf(&[16, 128])?, &x, &x, &at), is_shape)?;
         expect_err("empty", ops::flash_attention(&bf(&[2, 0, 128])?, &x, &x, &at), is_shape)?;
+        if dev.is_cuda() {
+            // cuDNN's graphs take equal query and key/value head counts: asked for it with
+            // grouped heads (or where libcudnn is missing), the call is refused, not rerouted.
+            let gqa = at.kv_heads(1).engine(AttentionEngine::Cudnn);
+            expect_err("cuDNN, grouped heads", ops::flash_attention(&x, &narrow, &narrow, &gqa), is_unsupported)?;
+        }
         // The backward's own arguments.
         let (out, lse) = ops::flash_attention(&x, &x, &x, &at)?;
         expect_err("dout", ops::flash_attention_backward(&narrow, &x, &x, &x, &out, &lse, &at), is_shape)?;

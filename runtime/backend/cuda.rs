@@ -166,6 +166,9 @@ pub(crate) struct CudaBackend {
     err_word: sys::CUdeviceptr,
     /// cublasLt (fused epilogues), when the library loads.
     pub(crate) lt: Option<std::sync::Mutex<super::cublaslt::Lt>>,
+    /// cuDNN (fused attention), opened the first time attention asks for it: `None` inside
+    /// when libcudnn is not there.
+    pub(crate) cudnn: std::sync::OnceLock<Option<std::sync::Mutex<super::cudnn::Cudnn>>>,
     /// The CUDA version the driver supports; driver functions newer than
     /// [`CudaVersion::MIN_DRIVER`] are only called when it has them.
     pub(crate) driver_version: CudaVersion,
@@ -298,6 +301,7 @@ impl CudaBackend {
             cublas_workspace,
             err_word,
             lt: super::cublaslt::Lt::open().map(std::sync::Mutex::new),
+            cudnn: std::sync::OnceLock::new(),
             driver_version,
             name,
             capability: (major, minor),

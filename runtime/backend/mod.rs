@@ -10,6 +10,7 @@ pub(crate) mod cuda;
 mod cuda_gemm;
 mod cuda_graph;
 mod cuda_user;
+pub(crate) mod cudnn;
 pub(crate) mod fault;
 pub(crate) mod host;
 mod kernels;

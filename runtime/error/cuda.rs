@@ -14,6 +14,9 @@ pub enum CudaFailure {
     /// cublasLt.
     #[error(transparent)]
     CublasLt(#[from] cudarc::cublaslt::result::CublasError),
+    /// cuDNN (its fused attention).
+    #[error(transparent)]
+    Cudnn(#[from] cudarc::cudnn::result::CudnnError),
     /// NVRTC compiling a program.
     #[error(transparent)]
     Nvrtc(#[from] cudarc::nvrtc::CompileError),

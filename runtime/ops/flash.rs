@@ -8,6 +8,8 @@ use crate::ops::cpu::{self, AttnDims, AttnShape};
 use crate::ops::{at_most, check_like, exec, Exec};
 use crate::{DType, Error, GpuShortfall, Result, ShapeProblem, Tensor};
 
+use super::flash_engine::{self, AttentionEngine};
+
 /// What [`flash_attention`] computes: how many query heads, how many key/value heads (grouped-
 /// query attention when fewer; each serves `heads / kv_heads` consecutive query heads), and
 /// whether position `i` attends to positions `j <= i` only.
@@ -27,22 +29,29 @@ pub struct Attention {
     pub kv_heads: usize,
     /// Causal mask.
     pub causal: bool,
+    /// Which implementation runs it on CUDA ([`AttentionEngine::Auto`] unless set).
+    pub engine: AttentionEngine,
 }
 
 impl Attention {
     /// Causal attention with `heads` query and key/value heads.
     pub fn causal(heads: usize) -> Attention {
-        Attention { heads, kv_heads: heads, causal: true }
+        Attention { heads, kv_heads: heads, causal: true, engine: AttentionEngine::Auto }
     }
 
     /// Attention without a mask, `heads` query and key/value heads.
     pub fn full(heads: usize) -> Attention {
-        Attention { heads, kv_heads: heads, causal: false }
+        Attention { heads, kv_heads: heads, causal: false, engine: AttentionEngine::Auto }
     }
 
     /// The same with `kv_heads` key/value heads (grouped-query attention).
     pub fn kv_heads(self, kv_heads: usize) -> Attention {
         Attention { kv_heads, ..self }
+    }
+
+    /// The same, run by `engine` on CUDA.
+    pub fn engine(self, engine: AttentionEngine) -> Attention {
+        Attention { engine, ..self }
     }
 
     /// The head dimensions the fused kernels are built for.
@@ -57,7 +66,13 @@ impl Attention {
 
 /// Checks q (`[batch, seq, heads · D]`), k and v (`[batch, seq, kv_heads · D]`); returns the
 /// shape and dtype.
-fn check_qkv(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor, at: &Attention) -> Result<(AttnShape, DType)> {
+pub(super) fn check_qkv(
+    op: &'static str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    at: &Attention,
+) -> Result<(AttnShape, DType)> {
     let dtype = check_like(op, &[q, k, v])?;
     let (&[batch, seq, width], &[kb, ks, kw]) = (q.dims(), k.dims()) else {
         let (arg, t) = if q.dims().len() != 3 { ("q", q) } else { ("k", k) };
@@ -136,6 +151,9 @@ pub fn flash_attention(q: &Tensor, k: &Tensor, v: &Tensor, at: &Attention) -> Re
             Ok((out, lse))
         }
         Exec::Cuda(c) => {
+            if let Some(done) = flash_engine::forward(c, at, a, dtype, [q, k, v], &lse_dims(a))? {
+                return Ok(done);
+            }
             let tiles = check_device(OP, c, dtype, a)?;
             let ins = [q, k, v].map(|t| t.cuda_ptr());
             let [qp, kp, vp] = ins;
@@ -201,7 +219,13 @@ pub fn flash_attention_backward(
             })?;
             Ok((dq, dk, dv))
         }
-        Exec::Cuda(c) => backward_cuda(c, a, dtype, [dout, q, k, v, out, lse]),
+        Exec::Cuda(c) => {
+            let ins = [dout, q, k, v, out, lse];
+            match flash_engine::backward(c, at, a, dtype, ins)? {
+                Some(done) => Ok(done),
+                None => backward_cuda(c, a, dtype, ins),
+            }
+        }
     }
 }
 

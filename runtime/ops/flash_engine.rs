@@ -1,0 +1,193 @@
+//! Which implementation runs fused attention on CUDA: the portable kernels (`kernels/flash.cu`)
+//! or cuDNN's fused attention (`backend/cudnn.rs`), chosen per call and pass.
+
+use std::sync::OnceLock;
+
+use crate::backend::cudnn::{SdpaGrads, SdpaKey, SdpaPass, SdpaPointers};
+use crate::backend::CudaBackend;
+use crate::ops::cpu::AttnShape;
+use crate::ops::{exec, Exec};
+use crate::{DType, Device, Error, Result, Tensor};
+
+use super::flash::Attention;
+
+/// Which implementation runs [`flash_attention`](crate::ops::flash_attention) and its
+/// backward on a CUDA device (the host backend always runs the CPU reference).
+///
+/// - `Portable`: graphed's own kernels (FlashAttention-2 on `mma.sync`, compiled by NVRTC):
+///   every shape the op takes, on every GPU from sm_80 on.
+/// - `Cudnn`: cuDNN's fused attention (libcudnn 9.10 or newer, loaded at run time), the kernels
+///   PyTorch's cuDNN backend and Transformer Engine run on Hopper: 1.5x to 2.9x faster there.
+///   Its backward is cuDNN's variant without atomics, so grads are the same bits run to run and
+///   between eager runs and replays, as the portable kernels'. Equal numbers of query and
+///   key/value heads only. Asking for it where it cannot run is
+///   [`Error::AttentionUnsupported`].
+/// - `Auto` (the default): cuDNN where it runs the call, else the portable kernels, decided
+///   for each pass on its own. `GRAPHED_ATTENTION=portable` (or `cudnn`) in the environment
+///   makes `Auto` mean that engine, for every call of the process.
+///
+/// Engines agree within the dtype's rounding, not bit for bit; a given shape always runs on
+/// the same engine, so a replay equals its eager run.
+///
+/// ```
+/// use graphed::ops::{Attention, AttentionEngine};
+/// let at = Attention::causal(8).engine(AttentionEngine::Portable);
+/// assert_eq!(at.engine, AttentionEngine::Portable);
+/// assert_eq!(Attention::causal(8).engine, AttentionEngine::Auto);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AttentionEngine {
+    /// cuDNN where it runs the call, else the portable kernels.
+    #[default]
+    Auto,
+    /// graphed's own kernels.
+    Portable,
+    /// cuDNN's fused attention.
+    Cudnn,
+}
+
+impl AttentionEngine {
+    /// `Auto` as `GRAPHED_ATTENTION` sets it (read once per process); other engines as they are.
+    fn resolved(self) -> AttentionEngine {
+        static FROM_ENV: OnceLock<AttentionEngine> = OnceLock::new();
+        if self != AttentionEngine::Auto {
+            return self;
+        }
+        *FROM_ENV.get_or_init(|| match std::env::var("GRAPHED_ATTENTION").as_deref() {
+            Ok("portable") => AttentionEngine::Portable,
+            Ok("cudnn") => AttentionEngine::Cudnn,
+            _ => AttentionEngine::Auto,
+        })
+    }
+}
+
+/// The engines that run a call's forward and backward (see [`attention_engines`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionEngines {
+    /// The forward's: `Portable` or `Cudnn`.
+    pub forward: AttentionEngine,
+    /// The backward's: `Portable` or `Cudnn`.
+    pub backward: AttentionEngine,
+}
+
+/// Which engine would run [`flash_attention`](crate::ops::flash_attention) and its backward
+/// for queries shaped and typed as `q` (`[batch, seq, heads · head_dim]`) on `q`'s device:
+/// never `Auto`. On the host backend both are `Portable` (the CPU reference runs). Builds
+/// cuDNN's plans for the shape if they were not built yet, as the first call would.
+///
+/// ```
+/// use graphed::ops::{self, Attention, AttentionEngine};
+/// use graphed::{DType, Device, Tensor};
+/// let q = Tensor::zeros_as(&Device::host(), &[1, 16, 128], DType::BF16)?;
+/// let e = ops::attention_engines(&q, &Attention::causal(2))?;
+/// assert_eq!((e.forward, e.backward), (AttentionEngine::Portable, AttentionEngine::Portable));
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn attention_engines(q: &Tensor, at: &Attention) -> Result<AttentionEngines> {
+    let (a, dtype) = super::flash::check_qkv("attention_engines", q, q, q, &Attention { kv_heads: at.heads, ..*at })?;
+    let a = AttnShape { kv_heads: at.kv_heads, ..a };
+    let pick = |pass| -> Result<AttentionEngine> {
+        Ok(match exec(q.device()) {
+            Exec::Host(_) => AttentionEngine::Portable,
+            Exec::Cuda(c) => match cudnn_plan("attention_engines", c, at, a, dtype, pass)? {
+                Some(_) => AttentionEngine::Cudnn,
+                None => AttentionEngine::Portable,
+            },
+        })
+    };
+    Ok(AttentionEngines { forward: pick(SdpaPass::Forward)?, backward: pick(SdpaPass::Backward)? })
+}
+
+/// cuDNN's plan key and workspace bytes when cuDNN runs this pass, `None` when the portable
+/// kernels do; `Cudnn` asked for where it cannot run is [`Error::AttentionUnsupported`].
+fn cudnn_plan(
+    op: &'static str,
+    c: &CudaBackend,
+    at: &Attention,
+    a: AttnShape,
+    dtype: DType,
+    pass: SdpaPass,
+) -> Result<Option<(SdpaKey, usize)>> {
+    let engine = at.engine.resolved();
+    if engine == AttentionEngine::Portable {
+        return Ok(None);
+    }
+    let d = a.dims;
+    let key =
+        SdpaKey { pass, dtype, batch: d.batch, seq: d.seq, heads: d.heads, head_dim: d.head_dim, causal: a.causal };
+    let plan = if a.kv_heads == d.heads { c.cudnn_sdpa_workspace(key)?.map(|w| (key, w)) } else { None };
+    if plan.is_none() && engine == AttentionEngine::Cudnn {
+        let device = "; cuDNN's fused attention does not run it here (it needs libcudnn 9.10 or newer on the \
+                      library path, equal query and key/value head counts, and an engine for the shape)";
+        return Err(Error::AttentionUnsupported { op, dtype, head_dim: d.head_dim, device: device.into() });
+    }
+    Ok(plan)
+}
+
+/// cuDNN's scratch for one call: `bytes` from the pool, as f32 words.
+fn workspace(dev: &Device, bytes: usize) -> Result<Tensor> {
+    Tensor::empty(dev, &[bytes.div_ceil(4).max(1)])
+}
+
+/// The forward through cuDNN, or `None` when the portable kernels run it.
+pub(super) fn forward(
+    c: &CudaBackend,
+    at: &Attention,
+    a: AttnShape,
+    dtype: DType,
+    [q, k, v]: [&Tensor; 3],
+    lse_dims: &[usize],
+) -> Result<Option<(Tensor, Tensor)>> {
+    let Some((key, bytes)) = cudnn_plan("flash_attention", c, at, a, dtype, SdpaPass::Forward)? else {
+        return Ok(None);
+    };
+    let (out, lse) = (Tensor::empty_like(q)?, Tensor::empty(q.device(), lse_dims)?);
+    let work = workspace(q.device(), bytes)?;
+    let ptrs = SdpaPointers {
+        q: q.cuda_ptr()?,
+        k: k.cuda_ptr()?,
+        v: v.cuda_ptr()?,
+        o: out.cuda_ptr()?,
+        stats: lse.cuda_ptr()?,
+        grads: None,
+    };
+    // SAFETY: q, k, v and out are `[batch, seq, heads · head_dim]` of `dtype` (checked by the
+    // op; out made here), lse f32 `[batch, heads, seq]`, the workspace holds `bytes`.
+    unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
+    Ok(Some((out, lse)))
+}
+
+/// The backward through cuDNN, or `None` when the portable kernels run it.
+pub(super) fn backward(
+    c: &CudaBackend,
+    at: &Attention,
+    a: AttnShape,
+    dtype: DType,
+    [dout, q, k, v, out, lse]: [&Tensor; 6],
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    let Some((key, bytes)) = cudnn_plan("flash_attention_backward", c, at, a, dtype, SdpaPass::Backward)? else {
+        return Ok(None);
+    };
+    let (dq, dk, dv) = (Tensor::empty_like(q)?, Tensor::empty_like(k)?, Tensor::empty_like(v)?);
+    let dsum = Tensor::empty(q.device(), lse.dims())?;
+    let work = workspace(q.device(), bytes)?;
+    let grads = SdpaGrads {
+        dout: dout.cuda_ptr()?,
+        dq: dq.cuda_ptr()?,
+        dk: dk.cuda_ptr()?,
+        dv: dv.cuda_ptr()?,
+        dsum: dsum.cuda_ptr()?,
+    };
+    let ptrs = SdpaPointers {
+        q: q.cuda_ptr()?,
+        k: k.cuda_ptr()?,
+        v: v.cuda_ptr()?,
+        o: out.cuda_ptr()?,
+        stats: lse.cuda_ptr()?,
+        grads: Some(grads),
+    };
+    // SAFETY: every tensor was checked by the op (or made here) against the key's shape and
+    // dtype; dsum is f32 `[batch, heads, seq]`; the workspace holds `bytes`.
+    unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
+    Ok(Some((dq, dk, dv)))
+}
