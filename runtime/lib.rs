@@ -231,7 +231,7 @@ pub use cx::Cx;
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{
-    BodyNode, BucketError, BucketRule, CheckpointProblem, CudaFailure, DeviceError, DistError, Error, GpuShortfall,
+    AttentionLimit, BodyNode, BucketError, BucketRule, CheckpointProblem, CudaFailure, DeviceError, DistError, Error,
     GraphError, InteropProblem, Invalidation, KernelError, NcclProblem, NoCuda, OpError, OptimError, PipelineTransfer,
     RankExit, RendezvousFailure, RendezvousStep, Result, ScheduleError, SetupError, ShapeProblem, SignatureError, Slot,
     SlotKind, TensorLayout,

@@ -31,7 +31,7 @@ pub use graph::GraphError;
 pub use interop::InteropProblem;
 pub use kernel::KernelError;
 pub use launcher::Launcher;
-pub use op::{GpuShortfall, OpError};
+pub use op::{AttentionLimit, OpError};
 pub use optim::OptimError;
 pub use schedule::ScheduleError;
 pub use setup::SetupError;
@@ -564,7 +564,7 @@ pub enum Error {
     },
     /// Fused attention was asked for a dtype, head dimension or device its kernels are not
     /// built for.
-    #[error("{op}: fused attention runs bf16 or f16 with head_dim 64 or 128 on GPUs of compute capability 8.0 or newer (got {dtype:?}, head_dim {head_dim}{}); use ops::causal_attention for other cases", .device.map_or_else(String::new, |g| format!("; {g}")))]
+    #[error("{op}: fused attention runs bf16 or f16 with head_dim 64 or 128 on GPUs of compute capability 8.0 or newer (got {dtype:?}, head_dim {head_dim}{}); use ops::causal_attention for other cases", .limit.map_or_else(String::new, |g| format!("; {g}")))]
     AttentionUnsupported {
         /// The operation.
         op: &'static str,
@@ -572,9 +572,8 @@ pub enum Error {
         dtype: crate::DType,
         /// Their head dimension.
         head_dim: usize,
-        /// What the GPU lacks, when the dtype and head dimension are supported but the device
-        /// is not.
-        device: Option<GpuShortfall>,
+        /// Why it does not run here, when the dtype and head dimension are supported.
+        limit: Option<AttentionLimit>,
     },
     /// A KV cache had no room for one more step: sequence `sequence` already holds `max_len`
     /// positions. Sequences with room were appended; this one is unchanged.

@@ -101,26 +101,39 @@ pub enum OpError {
     },
 }
 
-/// What a GPU lacks for the fused attention kernels, in
-/// [`super::Error::AttentionUnsupported`].
+/// Why fused attention does not run on this device although its dtype and head dimension are
+/// supported, in [`super::Error::AttentionUnsupported`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GpuShortfall {
-    /// The GPU's compute capability (major, minor).
-    pub capability: (u32, u32),
-    /// Bytes of shared memory a block may use on it.
-    pub shared_bytes: usize,
-    /// Bytes of shared memory a block of the kernels needs.
-    pub needed_bytes: usize,
+#[non_exhaustive]
+pub enum AttentionLimit {
+    /// The GPU lacks what the portable kernels need: compute capability 8.0 and the shared
+    /// memory of their tiles.
+    Gpu {
+        /// The GPU's compute capability (major, minor).
+        capability: (u32, u32),
+        /// Bytes of shared memory a block may use on it.
+        shared_bytes: usize,
+        /// Bytes of shared memory a block of the kernels needs.
+        needed_bytes: usize,
+    },
+    /// `AttentionEngine::Cudnn` was asked for, and cuDNN's fused attention does not run the
+    /// call here.
+    Cudnn,
 }
 
-impl std::fmt::Display for GpuShortfall {
+impl std::fmt::Display for AttentionLimit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (major, minor) = self.capability;
-        write!(
-            f,
-            "this GPU is sm_{major}{minor} with {} KB of shared memory a block, the kernels need sm_80 and {} KB",
-            self.shared_bytes / 1024,
-            self.needed_bytes.div_ceil(1024)
-        )
+        match *self {
+            AttentionLimit::Gpu { capability: (major, minor), shared_bytes, needed_bytes } => write!(
+                f,
+                "this GPU is sm_{major}{minor} with {} KB of shared memory a block, the kernels need sm_80 and {} KB",
+                shared_bytes / 1024,
+                needed_bytes.div_ceil(1024)
+            ),
+            AttentionLimit::Cudnn => f.write_str(
+                "cuDNN's fused attention does not run it here (it needs libcudnn 9.10 or newer on the library path, \
+                 equal query and key/value head counts, and an engine for the shape)",
+            ),
+        }
     }
 }

@@ -6,7 +6,7 @@ use crate::backend::{BuiltinKernel as B, CudaBackend, FlashTiles, KArg, LaunchDi
 use crate::ops::attention::{check_lse, host_backward};
 use crate::ops::cpu::{self, AttnDims, AttnShape};
 use crate::ops::{at_most, check_like, exec, Exec};
-use crate::{DType, Error, GpuShortfall, Result, ShapeProblem, Tensor};
+use crate::{AttentionLimit, DType, Error, Result, ShapeProblem, Tensor};
 
 use super::flash_engine::{self, AttentionEngine};
 
@@ -96,7 +96,7 @@ pub(super) fn check_qkv(
         ));
     }
     if !Attention::supports(dtype, head_dim) {
-        return Err(Error::AttentionUnsupported { op, dtype, head_dim, device: None });
+        return Err(Error::AttentionUnsupported { op, dtype, head_dim, limit: None });
     }
     // The grid's y and z dimensions hold at most 65535 blocks; positions are 31-bit.
     at_most(op, "batch", batch, 65535)?;
@@ -268,12 +268,12 @@ fn check_device(op: &'static str, c: &CudaBackend, dtype: DType, a: AttnShape) -
     let need = tiles.smem(head_dim).into_iter().max().unwrap_or(0);
     let (major, minor) = c.capability;
     if major < 8 || need > c.max_shared_optin {
-        let device = GpuShortfall {
+        let limit = AttentionLimit::Gpu {
             capability: (major as u32, minor as u32),
             shared_bytes: c.max_shared_optin,
             needed_bytes: need,
         };
-        return Err(Error::AttentionUnsupported { op, dtype, head_dim, device: Some(device) });
+        return Err(Error::AttentionUnsupported { op, dtype, head_dim, limit: Some(limit) });
     }
     Ok(tiles)
 }

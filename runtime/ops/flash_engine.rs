@@ -7,7 +7,7 @@ use crate::backend::cudnn::{SdpaGrads, SdpaKey, SdpaPass, SdpaPointers};
 use crate::backend::CudaBackend;
 use crate::ops::cpu::AttnShape;
 use crate::ops::{exec, Exec};
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{AttentionLimit, DType, Device, Error, Result, Tensor};
 
 use super::flash::Attention;
 
@@ -117,9 +117,8 @@ fn cudnn_plan(
         SdpaKey { pass, dtype, batch: d.batch, seq: d.seq, heads: d.heads, head_dim: d.head_dim, causal: a.causal };
     let plan = if a.kv_heads == d.heads { c.cudnn_sdpa_workspace(key)?.map(|w| (key, w)) } else { None };
     if plan.is_none() && engine == AttentionEngine::Cudnn {
-        let device = "; cuDNN's fused attention does not run it here (it needs libcudnn 9.10 or newer on the \
-                      library path, equal query and key/value head counts, and an engine for the shape)";
-        return Err(Error::AttentionUnsupported { op, dtype, head_dim: d.head_dim, device: device.into() });
+        let limit = Some(AttentionLimit::Cudnn);
+        return Err(Error::AttentionUnsupported { op, dtype, head_dim: d.head_dim, limit });
     }
     Ok(plan)
 }
@@ -127,6 +126,12 @@ fn cudnn_plan(
 /// cuDNN's scratch for one call: `bytes` from the pool, as f32 words.
 fn workspace(dev: &Device, bytes: usize) -> Result<Tensor> {
     Tensor::empty(dev, &[bytes.div_ceil(4).max(1)])
+}
+
+/// The device addresses of q, k, v, out and lse (`tensors`), and of the grads for a backward.
+fn pointers(tensors: [&Tensor; 5], grads: Option<SdpaGrads>) -> Result<SdpaPointers> {
+    let [q, k, v, o, stats] = tensors.map(Tensor::cuda_ptr);
+    Ok(SdpaPointers { q: q?, k: k?, v: v?, o: o?, stats: stats?, grads })
 }
 
 /// The forward through cuDNN, or `None` when the portable kernels run it.
@@ -143,14 +148,7 @@ pub(super) fn forward(
     };
     let (out, lse) = (Tensor::empty_like(q)?, Tensor::empty(q.device(), lse_dims)?);
     let work = workspace(q.device(), bytes)?;
-    let ptrs = SdpaPointers {
-        q: q.cuda_ptr()?,
-        k: k.cuda_ptr()?,
-        v: v.cuda_ptr()?,
-        o: out.cuda_ptr()?,
-        stats: lse.cuda_ptr()?,
-        grads: None,
-    };
+    let ptrs = pointers([q, k, v, &out, &lse], None)?;
     // SAFETY: q, k, v and out are `[batch, seq, heads · head_dim]` of `dtype` (checked by the
     // op; out made here), lse f32 `[batch, heads, seq]`, the workspace holds `bytes`.
     unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
@@ -178,14 +176,7 @@ pub(super) fn backward(
         dv: dv.cuda_ptr()?,
         dsum: dsum.cuda_ptr()?,
     };
-    let ptrs = SdpaPointers {
-        q: q.cuda_ptr()?,
-        k: k.cuda_ptr()?,
-        v: v.cuda_ptr()?,
-        o: out.cuda_ptr()?,
-        stats: lse.cuda_ptr()?,
-        grads: Some(grads),
-    };
+    let ptrs = pointers([q, k, v, out, lse], Some(grads))?;
     // SAFETY: every tensor was checked by the op (or made here) against the key's shape and
     // dtype; dsum is f32 `[batch, heads, seq]`; the workspace holds `bytes`.
     unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
