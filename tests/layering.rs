@@ -1,7 +1,8 @@
 //! The runtime's layering, checked from its sources: which top-level modules each module names
 //! (through `crate::module::...` paths, `use crate::{...}` groups, and names `lib.rs` re-exports,
-//! resolved to the module that defines them), and the "never" rules docs/ARCHITECTURE.md states.
-//! Prints the dependency table (`--nocapture`), so a review can see every edge.
+//! resolved to the module that defines them), the "never" rules docs/ARCHITECTURE.md states, and
+//! that no two modules name each other, directly or around a longer cycle. Prints the dependency
+//! table (`--nocapture`), so a review can see every edge.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
