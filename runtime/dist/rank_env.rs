@@ -169,7 +169,7 @@ impl Vars<'_> {
     }
 
     fn required(&self, launcher: Launcher, var: &'static str) -> Result<String> {
-        self.get(var).ok_or_else(|| Error::Dist(DistError::RankVarMissing { launcher, var, hint: None }))
+        self.get(var).ok_or(Error::Dist(DistError::RankVarMissing { launcher, var, hint: None }))
     }
 
     fn number(&self, launcher: Launcher, var: &'static str) -> Result<usize> {

@@ -82,13 +82,14 @@ pub enum CheckpointProblem {
 }
 
 /// A tensor's dtype and shape as a safetensors file stores them (in
-/// [`super::Error::CheckpointTensorMismatch`]): the dtype by its safetensors name.
+/// [`super::Error::CheckpointTensorMismatch`]): the dtype by its safetensors name. (Boxed
+/// slices keep [`super::Error`] small.)
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorLayout {
     /// The safetensors dtype: `F32`, `BF16`, `F16`, `I32`, ...
-    pub dtype: String,
+    pub dtype: Box<str>,
     /// The dimensions.
-    pub shape: Vec<u64>,
+    pub shape: Box<[u64]>,
 }
 
 impl std::fmt::Display for TensorLayout {

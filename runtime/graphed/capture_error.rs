@@ -17,14 +17,15 @@ use crate::Error;
 /// assert!(modules.is_empty());
 /// ```
 pub struct CaptureError<M> {
-    error: Error,
+    /// Boxed, so that a `Result` carrying the modules stays small.
+    error: Box<Error>,
     modules: M,
 }
 
 impl<M> CaptureError<M> {
     /// An error with the modules it hands back.
     pub fn new(error: Error, modules: M) -> CaptureError<M> {
-        CaptureError { error, modules }
+        CaptureError { error: Box::new(error), modules }
     }
 
     /// What went wrong.
@@ -39,7 +40,7 @@ impl<M> CaptureError<M> {
 
     /// The error and the modules.
     pub fn into_parts(self) -> (Error, M) {
-        (self.error, self.modules)
+        (*self.error, self.modules)
     }
 
     /// The same error with the modules turned into another form (a typed wrapper's module).
@@ -62,12 +63,12 @@ impl<M> std::fmt::Display for CaptureError<M> {
 
 impl<M> std::error::Error for CaptureError<M> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
+        Some(self.error.as_ref())
     }
 }
 
 impl<M> From<CaptureError<M>> for Error {
     fn from(e: CaptureError<M>) -> Error {
-        e.error
+        *e.error
     }
 }

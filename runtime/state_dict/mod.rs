@@ -161,10 +161,10 @@ pub fn load_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
                 path: file_name(),
                 tensor: name.clone(),
                 expected: TensorLayout {
-                    dtype: format!("{:?}", file_dtype(dtype)),
+                    dtype: format!("{:?}", file_dtype(dtype)).into(),
                     shape: p.value.dims().iter().map(|&d| d as u64).collect(),
                 },
-                got: TensorLayout { dtype: format!("{:?}", entry.dtype), shape: entry.shape.clone() },
+                got: TensorLayout { dtype: format!("{:?}", entry.dtype).into(), shape: entry.shape.clone().into() },
             });
         }
         // 16-bit values are widened here and rounded back (exactly) by copy_from_slice.
