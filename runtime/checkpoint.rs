@@ -66,14 +66,6 @@ impl<M: Module> Checkpoint<M> {
 }
 
 impl<M: Module> Module for Checkpoint<M> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn num_inputs(&self) -> usize {
-        self.inner.num_inputs()
-    }
-
     fn forward(&self, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         checkpointed_forward(&self.inner, cx, inputs)
     }
@@ -82,7 +74,7 @@ impl<M: Module> Module for Checkpoint<M> {
         checkpointed_backward(&mut self.inner, cx, grad_outputs)
     }
 
-    crate::module::forward_params_and_hooks!();
+    crate::module::forward_to_inner!();
 
     fn collectives(&self) -> Option<crate::module::Collectives> {
         self.inner.collectives()

@@ -106,10 +106,19 @@ pub trait Module: std::any::Any {
 }
 
 /// The [`Module`] methods of a wrapper that only forward to the module it wraps (its `inner`
-/// field): the parameters it exposes and the capture-time hooks it runs. Used inside an
-/// `impl Module` block (`Checkpoint`, `dist::DataParallel`, `dist::PipelineStage`).
-macro_rules! forward_params_and_hooks {
+/// field): its name and inputs, the parameters it exposes and the capture-time hooks it runs.
+/// Used inside an `impl Module` block (`Checkpoint`, `dist::DataParallel`,
+/// `dist::PipelineStage`).
+macro_rules! forward_to_inner {
     () => {
+        fn name(&self) -> &'static str {
+            self.inner.name()
+        }
+
+        fn num_inputs(&self) -> usize {
+            self.inner.num_inputs()
+        }
+
         fn visit_params(&self, f: &mut dyn FnMut(&str, &$crate::Param)) {
             self.inner.visit_params(f);
         }
@@ -123,7 +132,7 @@ macro_rules! forward_params_and_hooks {
         }
     };
 }
-pub(crate) use forward_params_and_hooks;
+pub(crate) use forward_to_inner;
 
 /// A module's backward as one call: its input grads, then, for a module that splits its
 /// backward, its weight grads (on the context `backward` left). This is the ordinary, unsplit

@@ -333,14 +333,6 @@ fn buckets<'a>(grads: impl Iterator<Item = &'a Tensor>, bucket_bytes: usize) -> 
 }
 
 impl<M: Module> Module for DataParallel<M> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn num_inputs(&self) -> usize {
-        self.inner.num_inputs()
-    }
-
     fn forward(&self, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         self.inner.forward(cx, inputs)
     }
@@ -356,7 +348,7 @@ impl<M: Module> Module for DataParallel<M> {
         Ok(grads)
     }
 
-    crate::module::forward_params_and_hooks!();
+    crate::module::forward_to_inner!();
 
     fn collectives(&self) -> Option<super::Collectives> {
         Some(super::Collectives::new(self.comm.clone()))

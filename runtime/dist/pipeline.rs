@@ -167,14 +167,6 @@ fn check_progress(seqs: &[Vec<Transfer>], order: &[i32]) -> Result<()> {
 }
 
 impl<M: Module> Module for PipelineStage<M> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn num_inputs(&self) -> usize {
-        self.inner.num_inputs()
-    }
-
     fn forward(&self, cx: &mut Cx, inputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let rank = self.comm.rank();
         let x = inputs.first().cloned().flatten();
@@ -220,7 +212,7 @@ impl<M: Module> Module for PipelineStage<M> {
         }
     }
 
-    crate::module::forward_params_and_hooks!();
+    crate::module::forward_to_inner!();
 
     fn collectives(&self) -> Option<super::Collectives> {
         Some(super::Collectives::stage(self.comm.clone(), self.order.clone()))
