@@ -397,14 +397,20 @@ fn a_bad_length_in_the_fused_step_is_reported() {
     });
 }
 
+/// What the refusal tests start from: a small bf16 cache (`q`, `k_cache`, `v_cache`), the
+/// cache's values, and lengths `[1, 2]`.
+fn refusal_case(dev: &Device) -> Result<(CacheShape, [Tensor; 3], Vec<f32>, Tensor)> {
+    let s = CacheShape { batch: 2, heads: 4, kv_heads: 2, max_len: 8, head_dim: 64 };
+    let t = inputs(dev, s, DType::BF16, 1)?;
+    let before = t[1].to_vec()?;
+    Ok((s, t, before, Tensor::from_i32(dev, &[1, 2], &[2])?))
+}
+
 /// The fused step checks its rows, heads and dtypes before anything runs.
 #[test]
 fn the_fused_step_refuses_bad_rows_before_running() {
     on_each_backend(|dev| {
-        let s = CacheShape { batch: 2, heads: 4, kv_heads: 2, max_len: 8, head_dim: 64 };
-        let [_, kc, vc] = inputs(dev, s, DType::BF16, 1)?;
-        let kc_before = kc.to_vec()?;
-        let lengths = Tensor::from_i32(dev, &[1, 2], &[2])?;
+        let (_, [_, kc, vc], kc_before, lengths) = refusal_case(dev)?;
         let bf = |dims: &[usize]| Tensor::zeros_as(dev, dims, DType::BF16);
         let width = (4 + 2 * 2) * 64;
         let step = |qkv: &Tensor, heads| ops::decode_attention_append(qkv, &kc, &vc, &lengths, heads);
@@ -476,10 +482,7 @@ fn kv_cache_fill_writes_a_prompt_as_the_reference_does() {
 #[test]
 fn bad_shapes_and_dtypes_are_refused_before_running() {
     on_each_backend(|dev| {
-        let s = CacheShape { batch: 2, heads: 4, kv_heads: 2, max_len: 8, head_dim: 64 };
-        let [q, kc, vc] = inputs(dev, s, DType::BF16, 1)?;
-        let kc_before = kc.to_vec()?;
-        let lengths = Tensor::from_i32(dev, &[1, 2], &[2])?;
+        let (s, [q, kc, vc], kc_before, lengths) = refusal_case(dev)?;
         let bf = |dims: &[usize]| Tensor::zeros_as(dev, dims, DType::BF16);
         let dtype_err = |e: &Error| matches!(e, Error::DType { .. });
         // Lengths: dtype, shape, device-side type.

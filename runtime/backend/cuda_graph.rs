@@ -274,13 +274,16 @@ impl CudaBackend {
         args.extend(test_args);
         let one_thread = LaunchDims { grid: (1, 1, 1), block: (1, 1, 1), shared: 0 };
         self.launch_function(func, one_thread, &args)?;
+        // A failed body ends the capture discarded: its node stays (the handle cannot be freed,
+        // and a handle without its node fails instantiation), so the capture ends with a typed
+        // error.
         let (mut graph, mut deps) = capture_info(stream)?;
         if one_node {
             // One node, two bodies: the branches in order, each captured as a single node's.
             let (node, bodies) = add_conditional_node(graph, &deps, then_handle, CondKind::If, 2, self.ctx.cu_ctx())?;
             for (branch, body) in std::iter::once(then).chain(otherwise).zip(bodies) {
                 let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps: deps.clone() };
-                self.capture_branch(place, branch, gate, nested)?;
+                self.capture_body(place, branch, gate, nested).inspect_err(|_| gate.fail_branch())?;
             }
             return Ok(());
         }
@@ -288,22 +291,9 @@ impl CudaBackend {
         {
             let (node, bodies) = add_conditional_node(graph, &deps, handle, CondKind::If, 1, self.ctx.cu_ctx())?;
             let place = BodyPlace { stream, mode: stream_mode(mode), node, body: bodies[0], deps };
-            (graph, deps) = self.capture_branch(place, branch, gate, nested)?;
+            (graph, deps) = self.capture_body(place, branch, gate, nested).inspect_err(|_| gate.fail_branch())?;
         }
         Ok(())
-    }
-
-    /// [`CudaBackend::capture_body`], the capture ending discarded when it fails: the node
-    /// stays (its handle cannot be freed, and one without its node fails instantiation), so
-    /// the capture ends with a typed error.
-    fn capture_branch(
-        &self,
-        place: BodyPlace,
-        branch: &mut dyn FnMut() -> Result<()>,
-        gate: &StreamGate,
-        nested: bool,
-    ) -> Result<(sys::CUgraph, Vec<sys::CUgraphNode>)> {
-        self.capture_body(place, branch, gate, nested).inspect_err(|_| gate.fail_branch())
     }
 
     /// Captures what `branch` queues into `place.body`, then captures the outer graph again

@@ -16,6 +16,11 @@ pub(crate) fn decode_splits(max_len: usize) -> (usize, usize) {
     (split_len, max_len.div_ceil(split_len).max(1))
 }
 
+/// The error a CPU reference's first bad sequence (and its length) makes for `op`, if any.
+fn reported(op: &'static str, bad: Option<(usize, i32)>, max_len: usize) -> Result<()> {
+    bad.map_or(Ok(()), |(b, len)| Err(Error::cache_length(op, b, len, max_len)))
+}
+
 /// Checks that `lengths` is the `I32` vector `[batch]` on `like`'s device.
 fn check_lengths(op: &'static str, lengths: &Tensor, like: &Tensor, batch: usize) -> Result<()> {
     if lengths.dtype() != DType::I32 {
@@ -119,10 +124,7 @@ pub fn decode_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, lengths:
             h.run(partial, move || {
                 let (o, bad) = cpu::decode_attention(&qp.read(), &kp.read(), &vp.read(), &lp.read_i32(), s);
                 op.write(&o);
-                match bad {
-                    Some((b, len)) => Err(Error::cache_length(OP, b, len, s.max_len)),
-                    None => Ok(()),
-                }
+                reported(OP, bad, s.max_len)
             })?;
             Ok(out)
         }
@@ -291,10 +293,7 @@ pub fn decode_attention_append(
                 vcp.write(&vc);
                 lp.write_i32(&lens);
                 op.write(&o);
-                match bad {
-                    Some((b, len)) => Err(Error::cache_length(APPEND, b, len, s.max_len)),
-                    None => Ok(()),
-                }
+                reported(APPEND, bad, s.max_len)
             })?;
             Ok(out)
         }
@@ -384,10 +383,7 @@ pub fn kv_cache_append(k_cache: &Tensor, v_cache: &Tensor, lengths: &Tensor, k: 
                 kcp.write(&kc);
                 vcp.write(&vc);
                 lp.write_i32(&lens);
-                match bad {
-                    Some((b, len)) => Err(Error::cache_length(OP, b, len, s.max_len)),
-                    None => Ok(()),
-                }
+                reported(OP, bad, s.max_len)
             })
         }
         Exec::Cuda(c) => {
