@@ -132,9 +132,10 @@ pub struct Sampler {
     pub rng: Generator,
 }
 
-/// Token plus position embeddings of `ids` at `positions` (the same shape, f32 ids).
-fn embed(w: &Weights, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
-    ops::add(&ops::embedding(ids, &w.embed.tok.value)?, &ops::embedding(positions, &w.embed.pos.value)?)
+/// The token and the position embeddings of `ids` at `positions` (the same shape, f32 ids),
+/// which [`run_blocks`] adds.
+fn embed(w: &Weights, ids: &Tensor, positions: &Tensor) -> Result<[Tensor; 2]> {
+    Ok([ops::embedding(ids, &w.embed.tok.value)?, ops::embedding(positions, &w.embed.pos.value)?])
 }
 
 /// Each block's projections stacked for the fused decoding step: `wq`, `wk` and `wv` as one
@@ -205,22 +206,22 @@ impl Stacked {
     }
 }
 
-/// Every block over `x` (rows of `[..., d_model]`): block `i`'s attention output is
-/// `attention(i, block, h)` of its normed input `h`, its MLP's SwiGLU output (the down
-/// projection's input) `gated(i, block, h2)` of the second norm's output; returns the last
-/// block's output normed by the head's norm, the head's input. The training forward's ops in
-/// its order, except that the residual add ending a block and the norm starting the next (or
-/// the head's) are one `add_rms_norm`, bit for bit the add and the norm, one launch fewer per
-/// block.
+/// Every block over the sum of the token and position embeddings (rows of `[..., d_model]`):
+/// block `i`'s attention output is `attention(i, block, h)` of its normed input `h`, its MLP's
+/// SwiGLU output (the down projection's input) `gated(i, block, h2)` of the second norm's
+/// output; returns the last block's output normed by the head's norm, the head's input. The training forward's ops in
+/// its order, except that each residual add and the norm after it (the embeddings' sum and the
+/// first block's norm, a block's end and the next block's or the head's norm) are one
+/// `add_rms_norm`, bit for bit the add and the norm, one launch fewer each.
 fn run_blocks(
     w: &Weights,
-    x: Tensor,
+    [tok, pos]: [Tensor; 2],
     mut attention: impl FnMut(usize, &Block, &Tensor) -> Result<Tensor>,
     mut gated: impl FnMut(usize, &Block, &Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let head_norm = &w.head.norm.value;
-    let (mut h, _) = ops::rms_norm(&x, w.blocks.first().map_or(head_norm, |b| &b.norm1.value), EPS)?;
-    let mut x = x;
+    let first = w.blocks.first().map_or(head_norm, |b| &b.norm1.value);
+    let (mut x, mut h, _) = ops::add_rms_norm(&tok, &pos, first, EPS)?;
     for (i, b) in w.blocks.iter().enumerate() {
         let att = attention(i, b, &h)?;
         let a = ops::linear(&att, &b.wo.value, None)?;
