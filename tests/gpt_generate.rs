@@ -309,7 +309,8 @@ fn a_saved_checkpoint_loads_into_a_fresh_model_that_generates_the_same_tokens() 
 
 /// The fused decode step produces the unfused step's tokens, eagerly, replayed and in the
 /// WHILE loop, for both kinds of model (the bf16 one takes the one-pass attention kernel on
-/// CUDA); on the host each step's logits are bitwise the unfused step's.
+/// CUDA), with 4 kernels fewer a block; a step's logits are bitwise the unfused step's on the
+/// host, within the dtype's rounding on CUDA.
 #[test]
 fn the_fused_decode_step_produces_the_unfused_steps_tokens() {
     for cfg in [TINY, TINY_BF16] {
@@ -327,12 +328,19 @@ fn the_fused_decode_step_produces_the_unfused_steps_tokens() {
             // The graphs of the fused step launch fewer kernels: 4 a block.
             let nodes = |d: &Decoder| d.step_nodes(4).ok_or_else(|| Error::msg("no decode graph at batch 4"));
             assert!(nodes(&fused)? + 4 * cfg.layers <= nodes(&unfused)?, "{} vs {}", nodes(&fused)?, nodes(&unfused)?);
+            // One more step from the states the requests left (the same tokens, so the same
+            // caches up to the projections' rounding): on the host the same logits, bit for
+            // bit; on CUDA, where the stacked GEMMs may round differently, within the dtype's
+            // rounding.
+            let (a, b) = (fused.state().prefix(4)?, unfused.state().prefix(4)?);
+            let lf = passes::decode_step(fused.weights(), fused.stacked(), &a, fused.sampler())?.to_vec()?;
+            let lu = passes::decode_step(unfused.weights(), None, &b, unfused.sampler())?.to_vec()?;
             if dev.is_host() {
-                // One step from the same state: the same logits, bit for bit.
-                let (a, b) = (fused.state().prefix(4)?, unfused.state().prefix(4)?);
-                let lf = passes::decode_step(fused.weights(), fused.stacked(), &a, fused.sampler())?.to_vec()?;
-                let lu = passes::decode_step(unfused.weights(), None, &b, unfused.sampler())?.to_vec()?;
                 assert!(lf == lu, "{}: fused logits differ from the unfused step's", cfg.dtype);
+            } else {
+                let tol = if cfg.dtype == DType::F32 { 1e-5 } else { 1e-2 };
+                let e = rel_err(&lf, &lu);
+                assert!(e < tol, "{}: fused logits, relative error {e} against the unfused step's", cfg.dtype);
             }
             Ok(())
         });
