@@ -9,7 +9,8 @@
 //!   Open MPI set it.
 //! - `launch`: the rendezvous and [`launch`].
 //! - `data_parallel`: [`DataParallel`], grads all-reduced in buckets inside the backward graph.
-//! - `pipeline`: [`PipelineStage`], a chunk of a pipeline with send/recv into static buffers.
+//! - `pipeline`: [`PipelineStage`], a chunk of a pipeline with send/recv into static buffers,
+//!   grouped where neighbours would wait on each other; [`PipelineSchedule`], 1F1B orders.
 //! - `shard`: [`ShardedParams`], FSDP-style shards gathered and reduced by capture-time hooks.
 
 mod agree;
@@ -28,10 +29,10 @@ use std::time::Duration;
 pub use crate::error::Launcher;
 pub(crate) use agree::check_schedules;
 pub use agree::Collectives;
-pub use comm::{Communicator, ReduceOp};
+pub use comm::{Communicator, P2pOp, ReduceOp};
 pub use data_parallel::{DataParallel, DEFAULT_BUCKET_BYTES};
 pub use launch::{launch, LaunchOptions, Rendezvous};
-pub use pipeline::{stage_order, PipelineStage, StageRole};
+pub use pipeline::{stage_order, PipelineSchedule, PipelineStage, StageRole};
 pub use rank_env::{
     RankEnv, ENV_LAUNCHER, ENV_LOCAL_RANK, ENV_RANK, ENV_RENDEZVOUS, ENV_WORLD_SIZE, SLURM_PORT_BASE, SLURM_PORT_SPAN,
     TORCHRUN_PORT_OFFSET,
