@@ -416,7 +416,8 @@ impl Communicator {
                 })
             }
             Imp::Nccl(c) => {
-                let calls = ops.iter().map(|o| Ok((o, NcclComm::ptr(o.parts().0.cuda_ptr()?)))).collect::<Result<Vec<_>>>()?;
+                let calls =
+                    ops.iter().map(|o| Ok((o, NcclComm::ptr(o.parts().0.cuda_ptr()?)))).collect::<Result<Vec<_>>>()?;
                 let issue = || {
                     for (o, p) in &calls {
                         let (t, peer) = o.parts();

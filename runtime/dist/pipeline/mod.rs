@@ -374,8 +374,8 @@ impl<M: Module> Module for PipelineStage<M> {
         }
         let y = outputs.first().cloned().flatten();
         let y = y.ok_or_else(|| DistError::StageNothingToSend { module: self.inner.name().into(), grad: false })?;
-        // Kept until this microbatch's backward: a send held back reads it later.
-        cx.save(&y);
+        // Nothing is saved in `cx` (the chunk's saved tensors are its own, by index): a send
+        // held back keeps `y` alive until a later step's graph sends it.
         self.send(y, self.next, hold)?;
         Ok(vec![None; outputs.len()])
     }
@@ -392,7 +392,8 @@ impl<M: Module> Module for PipelineStage<M> {
         let grads = self.inner.backward(cx, &dy)?;
         if self.receives_input() {
             let dx = grads.first().cloned().flatten();
-            let dx = dx.ok_or_else(|| DistError::StageNothingToSend { module: self.inner.name().into(), grad: true })?;
+            let dx =
+                dx.ok_or_else(|| DistError::StageNothingToSend { module: self.inner.name().into(), grad: true })?;
             self.send(dx, self.prev, hold)?;
         }
         Ok(grads)
