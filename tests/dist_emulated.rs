@@ -179,6 +179,68 @@ fn two_sends_facing_each_other_time_out_instead_of_hanging() -> Result<()> {
     Ok(())
 }
 
+/// What deadlocks as two sends completes as one group each: every transfer is posted, then
+/// all complete; captured, the group runs on every replay. Three ranks in a ring too.
+#[test]
+fn sends_and_receives_grouped_meet_facing_each_other() -> Result<()> {
+    use graphed::dist::P2pOp;
+    let out = dist::run_emulated_each(2, &quick(), |comm| {
+        let dev = comm.device().clone();
+        let peer = 1 - comm.rank();
+        let (mine, theirs) = (Tensor::zeros(&dev, &[3])?, Tensor::zeros(&dev, &[3])?);
+        let group = [P2pOp::Send(mine.clone(), peer), P2pOp::Recv(theirs.clone(), peer)];
+        let mut g = Graph::new(&dev);
+        g.capture(CaptureMode::Global, || comm.send_recv_group(&group))?;
+        let mut seen = Vec::new();
+        for step in 0..3 {
+            mine.copy_from_slice(&[(comm.rank() * 10 + step) as f32; 3])?;
+            g.replay()?;
+            seen.push(theirs.to_vec()?[0]);
+        }
+        Ok(seen)
+    })?;
+    assert_eq!(out[0].as_ref().ok(), Some(&vec![10.0, 11.0, 12.0]), "{out:?}");
+    assert_eq!(out[1].as_ref().ok(), Some(&vec![0.0, 1.0, 2.0]), "{out:?}");
+    let ring = dist::run_emulated(3, |comm| {
+        let (dev, r, n) = (comm.device().clone(), comm.rank(), comm.world_size());
+        let got = Tensor::zeros(&dev, &[1])?;
+        let ops = [P2pOp::Send(Tensor::full(&dev, &[1], r as f32)?, (r + 1) % n), P2pOp::Recv(got.clone(), (r + n - 1) % n)];
+        comm.send_recv_group(&ops)?;
+        got.to_vec()
+    })?;
+    assert_eq!(ring, vec![vec![2.0], vec![0.0], vec![1.0]]);
+    Ok(())
+}
+
+/// A group with a receive into a buffer another transfer uses, or a bad peer, is refused
+/// before anything is posted: the peers never see it, and the group stays usable.
+#[test]
+fn refused_groups_post_nothing() -> Result<()> {
+    use graphed::dist::P2pOp;
+    dist::run_emulated(2, |comm| {
+        let dev = comm.device().clone();
+        let peer = 1 - comm.rank();
+        let t = Tensor::full(&dev, &[2], comm.rank() as f32)?;
+        let aliased = [P2pOp::Send(t.clone(), peer), P2pOp::Recv(t.clone(), peer)];
+        assert!(matches!(
+            comm.send_recv_group(&aliased),
+            Err(Error::Dist(DistError::GroupAliased { receive: 1, other: 0 }))
+        ));
+        let bad_peer = [P2pOp::Send(t.clone(), peer), P2pOp::Recv(Tensor::zeros(&dev, &[2])?, 5)];
+        assert!(matches!(
+            comm.send_recv_group(&bad_peer),
+            Err(Error::Dist(DistError::Peer { op: "send_recv_group", peer: 5, .. }))
+        ));
+        comm.send_recv_group(&[])?;
+        // Nothing was posted: the first message each rank receives is the one sent now.
+        let got = Tensor::zeros(&dev, &[2])?;
+        comm.send_recv_group(&[P2pOp::Send(t.clone(), peer), P2pOp::Recv(got.clone(), peer)])?;
+        assert_eq!(got.to_vec()?, vec![peer as f32; 2]);
+        Ok(())
+    })?;
+    Ok(())
+}
+
 #[test]
 fn a_dead_peer_is_an_error_on_the_others() -> Result<()> {
     let results = dist::run_emulated_each(3, &Config::default().timeout(Duration::from_secs(30)), |comm| {
@@ -231,7 +293,7 @@ fn different_parameter_layouts_are_refused_on_every_rank() -> Result<()> {
 #[test]
 fn make_graphed_refuses_different_schedules_on_every_rank() -> Result<()> {
     use graphed::dist::{stage_order, PipelineStage};
-    use graphed::{make_graphed, DistError, GraphOptions};
+    use graphed::{make_graphed, DistError, GraphOptions, OrderEntry};
     let refused = |r: &Result<bool>| matches!(r, Err(Error::Dist(DistError::ScheduleMismatch { what, .. })) if what.contains("graph options"));
     // Data parallel: warm-up 2 on rank 0, 3 on rank 1.
     let results = dist::run_emulated_each(2, &quick(), |comm| {
@@ -263,8 +325,8 @@ fn make_graphed_refuses_different_schedules_on_every_rank() -> Result<()> {
             let rank = comm.rank();
             let stage = PipelineStage::new(Block::new(&dev, 4, 4, 1)?, comm, &ORDER, &[2, 4])?;
             let order = match case {
-                "another order" if rank == 1 => vec![1, -1, 1, -1],
-                "an invalid order" if rank == 1 => ORDER.to_vec(),
+                "another order" if rank == 1 => OrderEntry::from_ints(&[1, -1, 1, -1]),
+                "an invalid order" if rank == 1 => OrderEntry::from_ints(&ORDER),
                 _ => stage_order(&ORDER, 2, rank)?,
             };
             let x = Tensor::zeros(&dev, &[2, 4])?.with_requires_grad(rank == 1);
