@@ -204,7 +204,8 @@ fn sends_and_receives_grouped_meet_facing_each_other() -> Result<()> {
     let ring = dist::run_emulated(3, |comm| {
         let (dev, r, n) = (comm.device().clone(), comm.rank(), comm.world_size());
         let got = Tensor::zeros(&dev, &[1])?;
-        let ops = [P2pOp::Send(Tensor::full(&dev, &[1], r as f32)?, (r + 1) % n), P2pOp::Recv(got.clone(), (r + n - 1) % n)];
+        let ops =
+            [P2pOp::Send(Tensor::full(&dev, &[1], r as f32)?, (r + 1) % n), P2pOp::Recv(got.clone(), (r + n - 1) % n)];
         comm.send_recv_group(&ops)?;
         got.to_vec()
     })?;
@@ -323,11 +324,11 @@ fn make_graphed_refuses_different_schedules_on_every_rank() -> Result<()> {
         let results = dist::run_emulated_each(2, &quick(), |comm| {
             let dev = comm.device().clone();
             let rank = comm.rank();
-            let stage = PipelineStage::new(Block::new(&dev, 4, 4, 1)?, comm, &ORDER, &[2, 4])?;
+            let stage = PipelineStage::new(Block::new(&dev, 4, 4, 1)?, comm, ORDER, &[2, 4])?;
             let order = match case {
                 "another order" if rank == 1 => OrderEntry::from_ints(&[1, -1, 1, -1]),
                 "an invalid order" if rank == 1 => OrderEntry::from_ints(&ORDER),
-                _ => stage_order(&ORDER, 2, rank)?,
+                _ => stage_order(ORDER, 2, rank)?,
             };
             let x = Tensor::zeros(&dev, &[2, 4])?.with_requires_grad(rank == 1);
             let opts = GraphOptions::new().warmup(1).order(order);

@@ -112,7 +112,8 @@ fn gpu_one_f_one_b_with_wgrad_equals_one_gpu() -> Result<()> {
             let chunks = order.iter().map(|e| e.chunk()).max().unwrap_or(0);
             let reference = dist_programs::pipeline_split_reference(comm.device(), &order)?;
             let want = reference.of_rank(comm.rank(), RANKS, chunks);
-            dist_programs::same_trace(&got, &want).map_err(|e| Error::msg(format!("{what}, rank {}: {e}", comm.rank())))?;
+            dist_programs::same_trace(&got, &want)
+                .map_err(|e| Error::msg(format!("{what}, rank {}: {e}", comm.rank())))?;
             println!("{what}, rank {}: losses, grads and parameters bitwise equal to one GPU", comm.rank());
         }
         comm.barrier()

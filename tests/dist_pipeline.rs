@@ -88,7 +88,7 @@ fn an_order_that_deadlocks_across_ranks_is_refused_on_every_rank() -> Result<()>
     let bad = [1, -1, 1, -1, 2, 2, -2, -2];
     let results = dist::run_emulated_each(2, &dist::Config::default(), |comm| {
         let block = Block::new(comm.device(), WIDTH, WIDTH, 5)?;
-        PipelineStage::new(block, comm, &bad, &[BATCH, WIDTH]).map(|_| ())
+        PipelineStage::new(block, comm, bad, &[BATCH, WIDTH]).map(|_| ())
     })?;
     for r in &results {
         assert!(

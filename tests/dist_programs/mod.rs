@@ -155,9 +155,9 @@ pub fn pipeline_rank(comm: Communicator) -> Result<Vec<Vec<f32>>> {
     let block = Block::new(&dev, WIDTH, WIDTH, 5 + rank as u64)?;
     let params = block.params();
     let opt = adamw(&params)?;
-    let stage = PipelineStage::new(block, comm, &ORDER, &[BATCH, WIDTH])?;
+    let stage = PipelineStage::new(block, comm, ORDER, &[BATCH, WIDTH])?;
     let role = stage.role();
-    let mine = stage_order(&ORDER, 2, rank)?;
+    let mine = stage_order(ORDER, 2, rank)?;
     // A later stage's input is received, and its grad sent back: it needs a grad.
     let sample = Tensor::zeros(&dev, &[BATCH, WIDTH])?.with_requires_grad(role != StageRole::First);
     let options = GraphOptions::new().warmup(2).order(mine.clone());
@@ -348,7 +348,7 @@ pub fn pipeline_split_rank(comm: Communicator, order: &[OrderEntry]) -> Result<P
 /// otherwise.
 pub fn same_trace(got: &PipeTrace, want: &PipeTrace) -> std::result::Result<(), String> {
     for (step, (a, b)) in got.losses.iter().zip(&want.losses).enumerate() {
-        bitwise(&[a.clone()], &[b.clone()]).map_err(|e| format!("losses of step {step}: {e}"))?;
+        bitwise(std::slice::from_ref(a), std::slice::from_ref(b)).map_err(|e| format!("losses of step {step}: {e}"))?;
     }
     if got.losses.len() != want.losses.len() || got.grads.len() != want.grads.len() {
         return Err(format!("{} steps, expected {}", got.grads.len(), want.grads.len()));
