@@ -402,3 +402,64 @@ fn a_chunk_running_backward_twice_before_its_group_reduces_is_refused() -> Resul
     })?;
     Ok(())
 }
+
+/// The cost model through exact samples of a latency and a cost per byte gives them back, and
+/// its bucket is the smallest reaching the efficiency asked; what cannot be fitted or used is
+/// refused.
+#[test]
+fn the_all_reduce_cost_model_fits_latency_and_bandwidth() -> Result<()> {
+    use graphed::dist::{AllReduceCost, COST_SIZES};
+    let r = common::random_vec(2, 77);
+    // Some positive latency (ms) and cost per byte (ms).
+    let truth = AllReduceCost {
+        alpha_ms: 1e-2 * (1.0 + r[0].abs() as f64),
+        beta_ms_per_byte: 1e-8 * (1.0 + r[1].abs() as f64),
+    };
+    let samples: Vec<(usize, f64)> = COST_SIZES.iter().map(|&b| (b, truth.time_ms(b))).collect();
+    let fit = AllReduceCost::fit(&samples)?;
+    let close = |a: f64, b: f64| ((a - b) / b).abs() < 1e-6;
+    assert!(
+        close(fit.alpha_ms, truth.alpha_ms) && close(fit.beta_ms_per_byte, truth.beta_ms_per_byte),
+        "{fit:?} vs {truth:?}"
+    );
+    for efficiency in [0.5, 0.8, 0.95] {
+        let b = fit.bucket_bytes(efficiency)?;
+        assert!(b % 4 == 0 && fit.efficiency(b) >= efficiency && fit.efficiency(b - 4) < efficiency, "{b}");
+    }
+    let refused = |r: Result<AllReduceCost>| matches!(r, Err(Error::Dist(DistError::CostModel { .. })));
+    assert!(refused(AllReduceCost::fit(&samples[..1])));
+    assert!(refused(AllReduceCost::fit(&[(4, 1.0), (4, 2.0)])));
+    assert!(refused(AllReduceCost::fit(&[(4, 1.0), (8, 0.0)])));
+    assert!(refused(AllReduceCost::fit(&[(4, 2.0), (8, 1.0)])), "times falling with the size");
+    for efficiency in [0.0, 1.0, f64::NAN] {
+        assert!(matches!(fit.bucket_bytes(efficiency), Err(Error::Dist(DistError::CostModel { .. }))));
+    }
+    Ok(())
+}
+
+/// Measured on emulated ranks: every rank fits the same model (the times are averaged over
+/// the ranks) and so picks the same bucket, which `DataParallel`'s layout check accepts.
+#[test]
+fn the_measured_bucket_size_is_the_same_on_every_rank() -> Result<()> {
+    use graphed::dist::{AllReduceCost, COST_SIZES};
+    let out = dist::run_emulated(2, |comm| {
+        let cost = AllReduceCost::measure(&comm, &COST_SIZES, 2)?;
+        let bucket = dist::measured_bucket_bytes(&comm)?;
+        let block = Block::new(comm.device(), 4, 4, 1)?;
+        let named = dist_programs::named(&block.params());
+        DataParallel::with_params(block, named, comm, ReduceOp::Sum, bucket)?;
+        Ok((cost, bucket))
+    })?;
+    assert_eq!(out[0], out[1]);
+    let (cost, bucket) = out[0];
+    assert!(cost.beta_ms_per_byte > 0.0 && cost.alpha_ms >= 0.0, "{cost:?}");
+    assert!(bucket % 4 == 0 && bucket >= 4, "{bucket}");
+    // Refused before anything is sent: the peers are not waited for.
+    dist::run_emulated(2, |comm| {
+        let refused = AllReduceCost::measure(&comm, &[64, 64], 2);
+        assert!(matches!(refused, Err(Error::Dist(DistError::CostModel { .. }))));
+        assert!(matches!(AllReduceCost::measure(&comm, &COST_SIZES, 0), Err(Error::Dist(DistError::CostModel { .. }))));
+        comm.barrier()
+    })?;
+    Ok(())
+}

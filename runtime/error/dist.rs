@@ -319,6 +319,12 @@ pub enum DistError {
         /// The other transfer's index.
         other: usize,
     },
+    /// An all-reduce cost model that cannot be measured, fitted or used as asked.
+    #[error("all-reduce cost model: {why}")]
+    CostModel {
+        /// What is wrong.
+        why: &'static str,
+    },
 }
 
 /// One transfer of a pipeline stage: a send or receive of one microbatch's activation or
