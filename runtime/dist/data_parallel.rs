@@ -6,7 +6,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use super::{AllReduceCost, Communicator, ReduceOp, COST_SIZES};
-use crate::{Cx, DistError, HookKind, Module, Param, Result, Tensor};
+use crate::{Cx, DistError, Module, Param, Result, Tensor};
 
 /// Default bucket size: DDP's 25 MB.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
@@ -378,17 +378,7 @@ impl<M: Module> Module for DataParallel<M> {
         Ok(grads)
     }
 
-    fn visit_params(&self, f: &mut dyn FnMut(&str, &Param)) {
-        self.inner.visit_params(f);
-    }
-
-    fn exposes_params(&self) -> bool {
-        self.inner.exposes_params()
-    }
-
-    fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
-        self.inner.run_hooks(kind)
-    }
+    super::wrapped_module!(inner);
 
     fn collectives(&self) -> Option<super::Collectives> {
         Some(super::Collectives::new(self.comm.clone()))

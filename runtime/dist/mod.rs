@@ -16,6 +16,26 @@
 //!   grouped where neighbours would wait on each other; [`PipelineSchedule`], 1F1B orders.
 //! - `shard`: [`ShardedParams`], FSDP-style shards gathered and reduced by capture-time hooks.
 
+/// The [`Module`](crate::Module) methods a wrapper of this module (`DataParallel`,
+/// `PipelineStage`) forwards to the module it wraps, in its field `$inner`: its parameters and
+/// its capture-time hooks.
+macro_rules! wrapped_module {
+    ($inner:ident) => {
+        fn visit_params(&self, f: &mut dyn FnMut(&str, &crate::Param)) {
+            self.$inner.visit_params(f);
+        }
+
+        fn exposes_params(&self) -> bool {
+            self.$inner.exposes_params()
+        }
+
+        fn run_hooks(&mut self, kind: crate::HookKind) -> crate::Result<()> {
+            self.$inner.run_hooks(kind)
+        }
+    };
+}
+use wrapped_module;
+
 mod agree;
 mod comm;
 mod cost;

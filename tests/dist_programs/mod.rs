@@ -241,6 +241,14 @@ fn trace_step(trace: &mut PipeTrace, losses: Vec<f32>, params: &[Param], opt: &A
     opt.zero_grad()
 }
 
+/// The last chunk's output for a microbatch: its loss, and the grad its backward takes.
+fn last_chunk_out(y: Option<Tensor>, target: &Tensor, losses: &mut Vec<f32>, dys: &mut VecDeque<Tensor>) -> Result<()> {
+    let y = y.expect("the last chunk's output");
+    losses.push(ops::mse_loss(&y, target)?.to_vec()?[0]);
+    dys.push_back(ops::mse_backward(&y, target, 1.0)?);
+    Ok(())
+}
+
 fn split_params(chunks: &[&Split]) -> Vec<Param> {
     chunks.iter().flat_map(|s| [s.w.clone(), s.b.clone()]).collect()
 }
@@ -272,9 +280,7 @@ pub fn pipeline_split_reference(dev: &Device, order: &[OrderEntry]) -> Result<Pi
                     let input = if c == 1 { Some(x) } else { g.outputs(c - 2, m)?.remove(0) };
                     let y = g.forward(c - 1, &[input])?.remove(0);
                     if c == chunks {
-                        let y = y.expect("the last chunk's output");
-                        losses.push(ops::mse_loss(&y, &target)?.to_vec()?[0]);
-                        dys.push_back(ops::mse_backward(&y, &target, 1.0)?);
+                        last_chunk_out(y, &target, &mut losses, &mut dys)?;
                     }
                 }
                 OrderEntry::Backward(c) => {
@@ -326,9 +332,7 @@ pub fn pipeline_split_rank(comm: Communicator, order: &[OrderEntry]) -> Result<P
                     let input = if c == 1 { Some(x) } else { g.static_input(l - 1, m, 0) };
                     let y = g.forward(l - 1, &[input])?.remove(0);
                     if c == chunks {
-                        let y = y.expect("the last chunk's output");
-                        losses.push(ops::mse_loss(&y, &target)?.to_vec()?[0]);
-                        dys.push_back(ops::mse_backward(&y, &target, 1.0)?);
+                        last_chunk_out(y, &target, &mut losses, &mut dys)?;
                     }
                 }
                 OrderEntry::Backward(l) => {

@@ -15,7 +15,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Collectives, Communicator, P2pOp};
-use crate::{Cx, DistError, HookKind, Module, OrderEntry, Param, Result, ScheduleError, Tensor};
+use crate::{Cx, DistError, Module, OrderEntry, Result, ScheduleError, Tensor};
 use plan::RankPlan;
 pub use schedule::PipelineSchedule;
 
@@ -408,17 +408,7 @@ impl<M: Module> Module for PipelineStage<M> {
         self.inner.backward_weights(cx)
     }
 
-    fn visit_params(&self, f: &mut dyn FnMut(&str, &Param)) {
-        self.inner.visit_params(f);
-    }
-
-    fn exposes_params(&self) -> bool {
-        self.inner.exposes_params()
-    }
-
-    fn run_hooks(&mut self, kind: HookKind) -> Result<()> {
-        self.inner.run_hooks(kind)
-    }
+    super::wrapped_module!(inner);
 
     fn collectives(&self) -> Option<Collectives> {
         let order = self.stages.plan.local.clone();
