@@ -438,20 +438,26 @@ fn the_all_reduce_cost_model_fits_latency_and_bandwidth() -> Result<()> {
 }
 
 /// Measured on emulated ranks: every rank fits the same model (the times are averaged over
-/// the ranks) and so picks the same bucket, which `DataParallel`'s layout check accepts.
+/// the ranks) and so picks the same bucket, which `DataParallel`'s layout check accepts and
+/// trains with as one rank does.
 #[test]
 fn the_measured_bucket_size_is_the_same_on_every_rank() -> Result<()> {
     use graphed::dist::{AllReduceCost, COST_SIZES};
     let out = dist::run_emulated(2, |comm| {
         let cost = AllReduceCost::measure(&comm, &COST_SIZES, 2)?;
         let bucket = dist::measured_bucket_bytes(&comm)?;
-        let block = Block::new(comm.device(), 4, 4, 1)?;
-        let named = dist_programs::named(&block.params());
-        DataParallel::with_params(block, named, comm, ReduceOp::Sum, bucket)?;
-        Ok((cost, bucket))
+        // DataParallel compares the bucket size across ranks; training with it is bitwise
+        // the one-rank reference.
+        let got = dist_programs::dp_chunks_rank(comm, bucket, true)?;
+        Ok((cost, bucket, got))
     })?;
-    assert_eq!(out[0], out[1]);
-    let (cost, bucket) = out[0];
+    let reference = dist_programs::dp_reference(&graphed::Device::host())?;
+    for (_, _, got) in &out {
+        dist_programs::bitwise(got, &reference).map_err(Error::msg)?;
+    }
+    assert_eq!((out[0].0, out[0].1), (out[1].0, out[1].1));
+    let (cost, bucket, _) = &out[0];
+    let (cost, bucket) = (*cost, *bucket);
     assert!(cost.beta_ms_per_byte > 0.0 && cost.alpha_ms >= 0.0, "{cost:?}");
     assert!(bucket % 4 == 0 && bucket >= 4, "{bucket}");
     // Refused before anything is sent: the peers are not waited for.

@@ -120,6 +120,30 @@ fn gpu_one_f_one_b_with_wgrad_equals_one_gpu() -> Result<()> {
     })
 }
 
+/// The all-reduce cost of two GPUs, measured and fitted: every rank picks the same bucket
+/// size, and data parallelism with it (one chunk per block, overlapped) is bitwise the
+/// single-GPU reference.
+#[test]
+fn gpu_measured_bucket_size_trains_like_one_gpu() -> Result<()> {
+    on_gpus("gpu_measured_bucket_size_trains_like_one_gpu", |env| {
+        use graphed::dist::{AllReduceCost, BUCKET_EFFICIENCY, COST_SIZES};
+        let comm = env.communicator(&config())?;
+        let cost = AllReduceCost::measure(&comm, &COST_SIZES, 5)?;
+        let bucket = cost.bucket_bytes(BUCKET_EFFICIENCY)?;
+        let gbps = 1e-6 / cost.beta_ms_per_byte;
+        println!(
+            "rank {}: all-reduce {:.4} ms + bytes / {gbps:.1} GB/s: buckets of {bucket} B",
+            comm.rank(),
+            cost.alpha_ms
+        );
+        let got = dist_programs::dp_chunks_rank(comm.clone(), bucket, true)?;
+        comm.synchronize()?;
+        let want = dist_programs::dp_reference(comm.device())?;
+        check(&format!("data parallel, measured buckets of {bucket} B"), comm.rank(), &got, &want)?;
+        comm.barrier()
+    })
+}
+
 #[test]
 fn gpu_fsdp_equals_data_parallel() -> Result<()> {
     on_gpus("gpu_fsdp_equals_data_parallel", |env| {
