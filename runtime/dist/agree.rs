@@ -7,6 +7,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use super::pipeline::RankStages;
 use super::Communicator;
 use crate::{GraphOptions, Module, OrderEntry, Result};
 
@@ -26,8 +27,20 @@ use crate::{GraphOptions, Module, OrderEntry, Result};
 #[derive(Clone, Debug)]
 pub struct Collectives {
     comm: Communicator,
-    /// A pipeline stage: the order its rank captures (its part of the pipeline's order).
-    stage: Option<Vec<i32>>,
+    /// A pipeline stage: what its rank captures.
+    stage: Option<Stage>,
+}
+
+/// A pipeline stage's part of a capture.
+#[derive(Clone, Debug)]
+struct Stage {
+    /// The order its rank captures (its part of the pipeline's order).
+    order: Vec<OrderEntry>,
+    /// Which of the rank's chunks it is (0-indexed), when known: its module's place in the
+    /// capture.
+    chunk: Option<usize>,
+    /// The rank's stages, told when their capture begins.
+    stages: Option<Arc<RankStages>>,
 }
 
 impl Collectives {
@@ -38,10 +51,21 @@ impl Collectives {
     }
 
     /// A pipeline stage, captured with `order`, its rank's part of the pipeline's order
-    /// ([`super::stage_order`]): the ranks compare the warm-up, the mode and the number of
-    /// chunks, and each rank whether it captures with its own part.
-    pub fn stage(comm: Communicator, order: Vec<i32>) -> Collectives {
-        Collectives { comm, stage: Some(order) }
+    /// ([`super::stage_order`], integers or [`OrderEntry`]s): the ranks compare the warm-up,
+    /// the mode and the number of chunks, and each rank whether it captures with its own part.
+    pub fn stage<E: Into<OrderEntry>>(comm: Communicator, order: impl IntoIterator<Item = E>) -> Collectives {
+        let order = order.into_iter().map(Into::into).collect();
+        Collectives { comm, stage: Some(Stage { order, chunk: None, stages: None }) }
+    }
+
+    /// A [`super::PipelineStage`]: chunk `chunk` (0-indexed) of its rank's `stages`.
+    pub(crate) fn pipeline_stage(
+        comm: Communicator,
+        order: Vec<OrderEntry>,
+        chunk: usize,
+        stages: Arc<RankStages>,
+    ) -> Collectives {
+        Collectives { comm, stage: Some(Stage { order, chunk: Some(chunk), stages: Some(stages) }) }
     }
 
     /// The group's communicator (this rank's handle).
@@ -60,13 +84,16 @@ pub(crate) fn check_schedules(
     has_backward: bool,
     valid: bool,
 ) -> Result<()> {
-    let mut groups: Vec<Collectives> = Vec::new();
-    for c in modules.iter().filter_map(|m| m.collectives()) {
-        if !groups.iter().any(|g| Arc::ptr_eq(&g.comm.0, &c.comm.0)) {
-            groups.push(c);
+    // The modules of each group, with their places in the capture.
+    let mut groups: Vec<Vec<(usize, Collectives)>> = Vec::new();
+    for (i, c) in modules.iter().enumerate().filter_map(|(i, m)| Some((i, m.collectives()?))) {
+        match groups.iter_mut().find(|g| Arc::ptr_eq(&g[0].1.comm.0, &c.comm.0)) {
+            Some(g) => g.push((i, c)),
+            None => groups.push(vec![(i, c)]),
         }
     }
-    for g in &groups {
+    for members in &groups {
+        let g = &members[0].1;
         let o = options;
         let mut h = DefaultHasher::new();
         (valid, o.warmup, o.allow_unused_input, o.training, has_backward, modules.len()).hash(&mut h);
@@ -77,15 +104,26 @@ pub(crate) fn check_schedules(
                 // Stages capture different parts of one order: each checks its own, and a
                 // rank with the wrong one hashes differently, so every rank hears of it.
                 let keep = |e: &OrderEntry| has_backward || matches!(e, OrderEntry::Forward(_));
-                let expected: Vec<OrderEntry> = OrderEntry::from_ints(stage).into_iter().filter(keep).collect();
+                let expected: Vec<OrderEntry> = stage.order.iter().copied().filter(keep).collect();
                 let given: Vec<OrderEntry> = match &o.order {
                     Some(order) => order.iter().copied().filter(keep).collect(),
                     None => OrderEntry::from_ints(&[1, -1]).into_iter().filter(keep).collect(),
                 };
-                (given == expected).hash(&mut h);
+                // A rank's stages are captured together, each as the module of its chunk.
+                let placed = members.iter().all(|(i, m)| {
+                    m.stage.as_ref().is_some_and(|s| s.order == stage.order && s.chunk.is_none_or(|c| c == *i))
+                });
+                (given == expected && placed).hash(&mut h);
             }
         }
         g.comm.check_same("graph options (warm-up, order, mode, chunks)", h.finish())?;
+    }
+    if valid {
+        for stage in groups.iter().flatten().filter_map(|(_, c)| c.stage.as_ref()) {
+            if let Some(stages) = &stage.stages {
+                stages.restart(has_backward);
+            }
+        }
     }
     Ok(())
 }

@@ -3,17 +3,42 @@
 //!
 //! - `comm`: [`Communicator`] and its collectives.
 //! - `agree`: [`Collectives`], what `make_graphed` checks across ranks before capturing.
+//! - `cost`: [`AllReduceCost`], the all-reduce time of a group as latency plus bandwidth,
+//!   measured, and the bucket size it implies.
 //! - `host`: emulated ranks (threads sharing memory).
 //! - `nccl`: the NCCL communicator (non-blocking, with deadlines and abort).
 //! - `rank_env`: [`RankEnv`], this process's rank as graphed's `launch`, torchrun, Slurm or
 //!   Open MPI set it.
 //! - `launch`: the rendezvous and [`launch`].
-//! - `data_parallel`: [`DataParallel`], grads all-reduced in buckets inside the backward graph.
-//! - `pipeline`: [`PipelineStage`], a chunk of a pipeline with send/recv into static buffers.
+//! - `data_parallel`: [`DataParallel`], grads all-reduced in buckets inside the backward graph;
+//!   [`measured_bucket_bytes`], a bucket size from the group's measured cost.
+//! - `pipeline`: [`PipelineStage`], a chunk of a pipeline with send/recv into static buffers,
+//!   grouped where neighbours would wait on each other; [`PipelineSchedule`], 1F1B orders.
 //! - `shard`: [`ShardedParams`], FSDP-style shards gathered and reduced by capture-time hooks.
+
+/// The [`Module`](crate::Module) methods a wrapper of this module (`DataParallel`,
+/// `PipelineStage`) forwards to the module it wraps, in its field `$inner`: its parameters and
+/// its capture-time hooks.
+macro_rules! wrapped_module {
+    ($inner:ident) => {
+        fn visit_params(&self, f: &mut dyn FnMut(&str, &crate::Param)) {
+            self.$inner.visit_params(f);
+        }
+
+        fn exposes_params(&self) -> bool {
+            self.$inner.exposes_params()
+        }
+
+        fn run_hooks(&mut self, kind: crate::HookKind) -> crate::Result<()> {
+            self.$inner.run_hooks(kind)
+        }
+    };
+}
+use wrapped_module;
 
 mod agree;
 mod comm;
+mod cost;
 mod data_parallel;
 mod host;
 mod launch;
@@ -28,10 +53,11 @@ use std::time::Duration;
 pub use crate::error::Launcher;
 pub(crate) use agree::check_schedules;
 pub use agree::Collectives;
-pub use comm::{Communicator, ReduceOp};
-pub use data_parallel::{DataParallel, DEFAULT_BUCKET_BYTES};
+pub use comm::{Communicator, P2pOp, ReduceOp};
+pub use cost::{AllReduceCost, COST_SIZES};
+pub use data_parallel::{measured_bucket_bytes, DataParallel, BUCKET_EFFICIENCY, DEFAULT_BUCKET_BYTES};
 pub use launch::{launch, LaunchOptions, Rendezvous};
-pub use pipeline::{stage_order, PipelineStage, StageRole};
+pub use pipeline::{stage_order, PipelineSchedule, PipelineStage, StageRole};
 pub use rank_env::{
     RankEnv, ENV_LAUNCHER, ENV_LOCAL_RANK, ENV_RANK, ENV_RENDEZVOUS, ENV_WORLD_SIZE, SLURM_PORT_BASE, SLURM_PORT_SPAN,
     TORCHRUN_PORT_OFFSET,

@@ -108,6 +108,13 @@ impl From<&i32> for OrderEntry {
     }
 }
 
+impl From<&OrderEntry> for OrderEntry {
+    /// A copy, so that `&[OrderEntry]` is an order wherever `&[i32]` is.
+    fn from(e: &OrderEntry) -> OrderEntry {
+        *e
+    }
+}
+
 impl PartialEq<i32> for OrderEntry {
     /// Equal to the integer that converts to it (a `Wgrad` entry equals none).
     fn eq(&self, other: &i32) -> bool {
