@@ -38,13 +38,13 @@ BF16 = ("ours-2026-11-30.json", "ours-bf16-2026-11-30.json", "torch-bf16-2026-11
 GEMM = ("ours-gemm-2026-11-30.json", "torch-gemm-2026-11-30.json")
 DIST = ("dist-2026-11-30.json", "torch-ddp-2026-11-30.json")
 MLP = "train-2026-11-29.txt"
-GPT_MAIN = "gpt-main-2026-12-01c.txt"
+GPT_MAIN = "gpt-main-2026-12-01d.txt"
 GPT_OURS, GPT_TORCH = "gpt-ours-bf16-2026-11-30.jsonl", "gpt-torch-bf16-2026-11-30.json"
 GPT_SHAPES = "gpt-shapes-2026-12-01.json"
 # The fused attention's call of 2026-12-01: the GPT at three shapes next to torch.compile, and
 # the attention kernels next to PyTorch's SDPA (the same kernels through CuPy) and through the
 # runtime.
-GPT_NOW = "gpt-shapes-2026-12-01d.json"
+GPT_NOW = "gpt-shapes-2026-12-01e.json"
 FLASH = "flash-vs-torch-2026-12-01.json"
 FLASH_RT = "attention-bench-2026-12-01.json"
 OPS_NOW = "op_bench-2026-12-01b.txt"
