@@ -74,7 +74,7 @@ impl<M: Module> Module for Checkpoint<M> {
         checkpointed_backward(&mut self.inner, cx, grad_outputs)
     }
 
-    crate::module::forward_to_inner!();
+    crate::module::forward_to_inner!(inner);
 
     fn collectives(&self) -> Option<crate::module::Collectives> {
         self.inner.collectives()

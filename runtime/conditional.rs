@@ -4,7 +4,7 @@
 //! captured straight into an IF node inside a running capture ([`Condition::run_if`]), as
 //! the mixed-precision optimizers skip their update after an overflow.
 
-use crate::backend::{CondKind, CondTest, HostPtr, Ptr, Recorded};
+use crate::backend::{CondKind, CondTest, HostPtr, Ptr, Recorded, ScaleUpdate};
 use crate::error::GraphError;
 use crate::{Capabilities, CaptureError, CudaVersion, DType, Device, Error, Graph, Result, Tensor};
 
@@ -122,9 +122,15 @@ impl Condition {
     /// # Ok::<(), graphed::Error>(())
     /// ```
     pub fn run_if<R>(&self, then: impl FnOnce() -> Result<R>) -> Result<R> {
+        self.run_if_after(None, then)
+    }
+
+    /// [`Condition::run_if`], `before` run right before the test (see [`Before`]).
+    pub(crate) fn run_if_after<R>(&self, before: Option<&Before>, then: impl FnOnce() -> Result<R>) -> Result<R> {
         let mut then = Some(then);
         let mut out = None;
         self.run_branches(
+            before,
             &mut || {
                 if let Some(f) = then.take() {
                     out = Some(f()?);
@@ -138,9 +144,11 @@ impl Condition {
 
     /// [`Condition::run_if`] with an else branch: inside a capture `then`'s work happens where
     /// the condition holds and `otherwise`'s where it does not, the condition evaluated once,
-    /// on the device, before either (on CUDA one kernel sets the conditions of two IF nodes,
-    /// one a branch; CUDA 12.4 has no else branch). Outside a capture both run, in order, and
-    /// each must do nothing where its branch is not taken.
+    /// on the device, before either. On CUDA that is one IF node with an else body where the
+    /// driver has them (CUDA 12.8), else two IF nodes (one a branch) whose conditions one
+    /// kernel sets; setting `GRAPHED_IF_ELSE_NODE=0` asks for the two nodes on any driver
+    /// (to test that form). Outside a capture both run, in order, and each must do nothing
+    /// where its branch is not taken.
     ///
     /// ```
     /// use graphed::{ops, CaptureMode, Condition, Device, Graph, Tensor};
@@ -163,9 +171,20 @@ impl Condition {
         then: impl FnOnce() -> Result<A>,
         otherwise: impl FnOnce() -> Result<B>,
     ) -> Result<(A, B)> {
+        self.run_if_else_after(None, then, otherwise)
+    }
+
+    /// [`Condition::run_if_else`], `before` run right before the test (see [`Before`]).
+    pub(crate) fn run_if_else_after<A, B>(
+        &self,
+        before: Option<&Before>,
+        then: impl FnOnce() -> Result<A>,
+        otherwise: impl FnOnce() -> Result<B>,
+    ) -> Result<(A, B)> {
         let (mut then, mut otherwise) = (Some(then), Some(otherwise));
         let (mut a, mut b) = (None, None);
         self.run_branches(
+            before,
             &mut || {
                 if let Some(f) = then.take() {
                     a = Some(f()?);
@@ -182,9 +201,11 @@ impl Condition {
         Ok(a.zip(b).ok_or(GraphError::BranchNotRun { op: "Condition::run_if_else" })?)
     }
 
-    /// Checks, then runs each branch eagerly or captures them into conditional nodes.
+    /// Checks, then runs `before` and each branch eagerly, or captures them into conditional
+    /// nodes (`before` inside the kernel that sets the conditions on CUDA).
     fn run_branches<'a>(
         &self,
+        before: Option<&Before>,
         then: &'a mut dyn FnMut() -> Result<()>,
         otherwise: Option<&'a mut dyn FnMut() -> Result<()>>,
     ) -> Result<()> {
@@ -193,11 +214,29 @@ impl Condition {
         let backend = device.backend();
         if !backend.is_capturing() {
             warm(device)?;
+            before.map_or(Ok(()), |b| (b.ops)())?;
             return std::iter::once(then).chain(otherwise).try_for_each(|b| b());
         }
         check_driver(device)?;
-        backend.capture_conditional(&test, then, otherwise)
+        let update = match before {
+            Some(b) if backend.cuda().is_some() => Some(b.update),
+            Some(b) => (b.ops)().map(|()| None)?,
+            None => None,
+        };
+        backend.capture_conditional(&test, update, then, otherwise)
     }
+}
+
+/// Work that runs right before a conditional's test and changes nothing the test or the
+/// branches read but the test's value, which it reads: the loss scaler's update, which ends a
+/// mixed-precision step. Inside a capture on CUDA the kernel that sets the conditions does it
+/// first (one launch for both); elsewhere `ops` launch it (eagerly, or recorded on the host
+/// backend) before the test.
+pub(crate) struct Before<'a> {
+    /// The work as ops.
+    pub(crate) ops: &'a dyn Fn() -> Result<()>,
+    /// The same work done by the condition kernel.
+    pub(crate) update: ScaleUpdate,
 }
 
 /// Whether `device` can put captured work under a conditional node: the host backend always, a

@@ -215,6 +215,7 @@ mod kernel;
 mod module;
 pub mod ops;
 pub mod optim;
+mod order_entry;
 
 mod param;
 mod pool;
@@ -239,7 +240,7 @@ pub use error::{
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{
     estimate_pool, make_graphed, AboveLargest, BucketReport, Buckets, CaptureError, GraphOptions, GraphedModules,
-    OrderEntry, PoolEstimate, PoolProbe, Sequence,
+    PoolEstimate, PoolProbe, Sequence,
 };
 pub use graphed_macros::{capture_time_hook, graphed, Parameters};
 /// The `half` crate, whose [`half::bf16`] and [`half::f16`] are the host types of
@@ -250,6 +251,7 @@ pub use kernel::check::{check_kernel_against_host, CheckArg, KernelCheckReport, 
 pub use kernel::host::{HostArgs, HostFn};
 pub use kernel::{Arg, Kernel, KernelArg, LaunchConfig};
 pub use module::{backward_unsplit, ChainIn, ChainLink, ChainOut, HookKind, Module, Slots, TypedModule};
+pub use order_entry::OrderEntry;
 pub use param::visit::Parameters;
 pub use param::Param;
 pub use pool::{GraphPool, PoolStats};

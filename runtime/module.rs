@@ -4,6 +4,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::order_entry::OrderEntry;
 use crate::{Cx, Param, Result, Tensor};
 
 /// The four points of an iteration at which capture-time hooks run.
@@ -105,30 +106,30 @@ pub trait Module: std::any::Any {
     }
 }
 
-/// The [`Module`] methods of a wrapper that only forward to the module it wraps (its `inner`
-/// field): its name and inputs, the parameters it exposes and the capture-time hooks it runs.
+/// The [`Module`] methods of a wrapper that only forward to the module it wraps (the field
+/// named by the argument): its name and inputs, the parameters it exposes and the capture-time hooks it runs.
 /// Used inside an `impl Module` block (`Checkpoint`, `dist::DataParallel`,
 /// `dist::PipelineStage`).
 macro_rules! forward_to_inner {
-    () => {
+    ($inner:ident) => {
         fn name(&self) -> &'static str {
-            self.inner.name()
+            self.$inner.name()
         }
 
         fn num_inputs(&self) -> usize {
-            self.inner.num_inputs()
+            self.$inner.num_inputs()
         }
 
         fn visit_params(&self, f: &mut dyn FnMut(&str, &$crate::Param)) {
-            self.inner.visit_params(f);
+            self.$inner.visit_params(f);
         }
 
         fn exposes_params(&self) -> bool {
-            self.inner.exposes_params()
+            self.$inner.exposes_params()
         }
 
         fn run_hooks(&mut self, kind: $crate::HookKind) -> $crate::Result<()> {
-            self.inner.run_hooks(kind)
+            self.$inner.run_hooks(kind)
         }
     };
 }
@@ -163,17 +164,32 @@ pub fn backward_unsplit(
 /// })?;
 /// # Ok::<(), graphed::Error>(())
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Collectives {
     pub(crate) group: Arc<dyn RankGroup>,
-    /// A pipeline stage: the order its rank captures (its part of the pipeline's order).
-    pub(crate) stage: Option<Vec<i32>>,
+    /// A pipeline stage: what its rank captures.
+    pub(crate) stage: Option<Stage>,
 }
 
-impl fmt::Debug for Collectives {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Collectives").field("group", &self.group).field("stage", &self.stage).finish()
-    }
+/// A pipeline stage's part of a capture.
+#[derive(Clone, Debug)]
+pub(crate) struct Stage {
+    /// The order its rank captures (its part of the pipeline's order).
+    pub(crate) order: Vec<OrderEntry>,
+    /// Which of the rank's chunks it is (0-indexed), when known: its module's place in the
+    /// capture.
+    pub(crate) chunk: Option<usize>,
+    /// The rank's stages, told when their capture begins.
+    pub(crate) stages: Option<Arc<dyn StagePlan>>,
+}
+
+/// The stages of one rank, as `make_graphed` sees them: told when a capture begins (once the
+/// ranks agreed), so their calls follow the rank's plan from its start. `dist`'s pipeline
+/// implements it.
+pub(crate) trait StagePlan: Send + Sync + fmt::Debug {
+    /// A capture begins: calls follow the plan from its start, or, without backwards
+    /// (`backward` false), ignore it.
+    fn restart(&self, backward: bool);
 }
 
 /// What `make_graphed` asks of a group of ranks before it captures, so that this layer names

@@ -38,15 +38,16 @@ BF16 = ("ours-2026-11-30.json", "ours-bf16-2026-11-30.json", "torch-bf16-2026-11
 GEMM = ("ours-gemm-2026-11-30.json", "torch-gemm-2026-11-30.json")
 DIST = ("dist-2026-11-30.json", "torch-ddp-2026-11-30.json")
 MLP = "train-2026-11-29.txt"
-GPT_MAIN = "gpt-main-2026-12-01c.txt"
+GPT_MAIN = "gpt-main-2026-12-01d.txt"
 GPT_OURS, GPT_TORCH = "gpt-ours-bf16-2026-11-30.jsonl", "gpt-torch-bf16-2026-11-30.json"
 GPT_SHAPES = "gpt-shapes-2026-12-01.json"
 # The fused attention's call of 2026-12-01: the GPT at three shapes next to torch.compile, and
 # the attention kernels next to PyTorch's SDPA (the same kernels through CuPy) and through the
 # runtime.
-GPT_NOW = "gpt-shapes-2026-12-01d.json"
+GPT_NOW = "gpt-shapes-2026-12-01e.json"
 FLASH = "flash-vs-torch-2026-12-01.json"
 FLASH_RT = "attention-bench-2026-12-01.json"
+FLASH_CUDNN = "attention-cudnn-2026-12-01.json"
 OPS_NOW = "op_bench-2026-12-01b.txt"
 BUCKETS = "gpt-buckets-2026-12-01.json"
 
@@ -310,13 +311,18 @@ def attention_table():
 def attention_runtime():
     """The runtime's attention benchmark (graph replays), the same call."""
     rows = load(FLASH_RT)["rows"]
-    out = ["| seq | head dim | causal | forward TFLOP/s | backward TFLOP/s | forward ms | backward ms |", "|---:|---:|:---:|---:|---:|---:|---:|"]
+    dnn = {(r["seq"], r["head_dim"], r["causal"]): r for r in load(FLASH_CUDNN)["rows"]}
+    out = [
+        "| seq | head dim | causal | portable fwd TFLOP/s | portable bwd TFLOP/s | cuDNN fwd TFLOP/s | cuDNN bwd TFLOP/s | cuDNN fwd ms | cuDNN bwd ms |",
+        "|---:|---:|:---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
+        c = dnn[(r["seq"], r["head_dim"], r["causal"])]
         out.append(
             f"| {r['seq']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['fwd_tflops']:.0f} | {r['bwd_tflops']:.0f} | "
-            f"{r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} |"
+            f"{c['fwd_tflops']:.0f} | {c['bwd_tflops']:.0f} | {c['fwd_ms']:.3f} | {c['bwd_ms']:.3f} |"
         )
-    return "\n".join(out) + f"\n\n({rel(FLASH_RT)}.)"
+    return "\n".join(out) + f"\n\n(portable: {rel(FLASH_RT)}; cuDNN: {rel(FLASH_CUDNN)}, a later call.)"
 
 
 def gpt_now_summary():

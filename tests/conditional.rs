@@ -1,12 +1,13 @@
 //! Conditional graphs (WHILE and IF nodes whose condition the device sets): a body that counts
 //! runs n times in one launch, zero times when the condition starts false, again after the
 //! counter is reset; a decoding loop appends to a KV cache until a length; IF runs or skips;
+//! an if/else is one node with an else body where the driver has them (nested ones too);
 //! bodies and conditions that cannot work are refused with typed errors before anything runs.
 
 mod common;
 mod ops_support;
 
-use common::{on_each_backend, random_vec};
+use common::{if_else_in_one_node, on_each_backend, random_vec};
 use graphed::dist::{self, Communicator, ReduceOp};
 use graphed::{ops, BodyNode, CaptureMode, Condition, ConditionalGraph, DType, Device, Error, Graph, Result, Tensor};
 use ops_support::*;
@@ -232,6 +233,52 @@ fn run_if_else_takes_one_branch_and_nested_bodies_need_every_condition() {
                 false => want.1 += 1.0,
             }
             assert_eq!((x.to_vec()?[0], y.to_vec()?[0]), want, "step {s}, inner {inner_on}");
+        }
+        Ok(())
+    });
+}
+
+/// An if/else captured on CUDA is one IF node with an else body where the driver has them
+/// (CUDA 12.8), two IF nodes otherwise (or with `GRAPHED_IF_ELSE_NODE=0`), its condition(s) set
+/// by one kernel; on the host one recorded op. An if/else nested in the else body takes the
+/// right one of the three bodies at every replay.
+#[test]
+fn an_if_else_is_one_node_with_an_else_body_where_the_driver_has_them() {
+    on_each_backend(|dev| {
+        let (flag, inner, one) = (Tensor::zeros(dev, &[1])?, Tensor::zeros(dev, &[1])?, Tensor::full(dev, &[1], 1.0)?);
+        let sums = [Tensor::zeros(dev, &[1])?, Tensor::zeros(dev, &[1])?, Tensor::zeros(dev, &[1])?];
+        let (when, nested) = (Condition::nonzero(&flag)?, Condition::nonzero(&inner)?);
+        let add = |i: usize| ops::axpy_(&sums[i], 1.0, &one);
+        let mut g = Graph::new(dev);
+        g.capture(CaptureMode::Global, || {
+            when.run_if_else(|| add(0), || nested.run_if_else(|| add(1), || add(2)).map(drop)).map(drop)
+        })?;
+        let nodes = g.nodes()?;
+        let kernels: Vec<&str> = nodes.iter().filter_map(|n| n.kernel.as_deref()).collect();
+        if dev.is_cuda() {
+            let conditionals = nodes.iter().filter(|n| n.kind == graphed::NodeKind::Conditional).count();
+            let (want, setter) = match if_else_in_one_node(dev) {
+                true => (1, "graphed_set_conditional"),
+                false => (2, "graphed_set_conditional2"),
+            };
+            assert_eq!((conditionals, kernels), (want, vec![setter]), "{nodes:?}");
+        } else {
+            assert_eq!(kernels, ["if_else"], "{nodes:?}");
+        }
+        let mut want = [0.0f32; 3];
+        for (f, i) in [(1.0, 0.0), (0.0, 1.0), (0.0, 0.0), (2.0, 1.0), (0.0, 1.0), (0.0, 0.0)] {
+            flag.copy_from_slice(&[f])?;
+            inner.copy_from_slice(&[i])?;
+            g.replay()?;
+            want[if f != 0.0 {
+                0
+            } else if i != 0.0 {
+                1
+            } else {
+                2
+            }] += 1.0;
+            let got = sums.iter().map(|t| Ok(t.to_vec()?[0])).collect::<Result<Vec<f32>>>()?;
+            assert_eq!(got, want, "flag {f}, inner {i}");
         }
         Ok(())
     });

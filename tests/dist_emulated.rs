@@ -179,6 +179,69 @@ fn two_sends_facing_each_other_time_out_instead_of_hanging() -> Result<()> {
     Ok(())
 }
 
+/// What deadlocks as two sends completes as one group each: every transfer is posted, then
+/// all complete; captured, the group runs on every replay. Three ranks in a ring too.
+#[test]
+fn sends_and_receives_grouped_meet_facing_each_other() -> Result<()> {
+    use graphed::dist::P2pOp;
+    let out = dist::run_emulated_each(2, &quick(), |comm| {
+        let dev = comm.device().clone();
+        let peer = 1 - comm.rank();
+        let (mine, theirs) = (Tensor::zeros(&dev, &[3])?, Tensor::zeros(&dev, &[3])?);
+        let group = [P2pOp::Send(mine.clone(), peer), P2pOp::Recv(theirs.clone(), peer)];
+        let mut g = Graph::new(&dev);
+        g.capture(CaptureMode::Global, || comm.send_recv_group(&group))?;
+        let mut seen = Vec::new();
+        for step in 0..3 {
+            mine.copy_from_slice(&[(comm.rank() * 10 + step) as f32; 3])?;
+            g.replay()?;
+            seen.push(theirs.to_vec()?[0]);
+        }
+        Ok(seen)
+    })?;
+    assert_eq!(out[0].as_ref().ok(), Some(&vec![10.0, 11.0, 12.0]), "{out:?}");
+    assert_eq!(out[1].as_ref().ok(), Some(&vec![0.0, 1.0, 2.0]), "{out:?}");
+    let ring = dist::run_emulated(3, |comm| {
+        let (dev, r, n) = (comm.device().clone(), comm.rank(), comm.world_size());
+        let got = Tensor::zeros(&dev, &[1])?;
+        let ops =
+            [P2pOp::Send(Tensor::full(&dev, &[1], r as f32)?, (r + 1) % n), P2pOp::Recv(got.clone(), (r + n - 1) % n)];
+        comm.send_recv_group(&ops)?;
+        got.to_vec()
+    })?;
+    assert_eq!(ring, vec![vec![2.0], vec![0.0], vec![1.0]]);
+    Ok(())
+}
+
+/// A group with a receive into a buffer another transfer uses, or a bad peer, is refused
+/// before anything is posted: the peers never see it, and the group stays usable.
+#[test]
+fn refused_groups_post_nothing() -> Result<()> {
+    use graphed::dist::P2pOp;
+    dist::run_emulated(2, |comm| {
+        let dev = comm.device().clone();
+        let peer = 1 - comm.rank();
+        let t = Tensor::full(&dev, &[2], comm.rank() as f32)?;
+        let aliased = [P2pOp::Send(t.clone(), peer), P2pOp::Recv(t.clone(), peer)];
+        assert!(matches!(
+            comm.send_recv_group(&aliased),
+            Err(Error::Dist(DistError::GroupAliased { receive: 1, other: 0 }))
+        ));
+        let bad_peer = [P2pOp::Send(t.clone(), peer), P2pOp::Recv(Tensor::zeros(&dev, &[2])?, 5)];
+        assert!(matches!(
+            comm.send_recv_group(&bad_peer),
+            Err(Error::Dist(DistError::Peer { op: "send_recv_group", peer: 5, .. }))
+        ));
+        comm.send_recv_group(&[])?;
+        // Nothing was posted: the first message each rank receives is the one sent now.
+        let got = Tensor::zeros(&dev, &[2])?;
+        comm.send_recv_group(&[P2pOp::Send(t.clone(), peer), P2pOp::Recv(got.clone(), peer)])?;
+        assert_eq!(got.to_vec()?, vec![peer as f32; 2]);
+        Ok(())
+    })?;
+    Ok(())
+}
+
 #[test]
 fn a_dead_peer_is_an_error_on_the_others() -> Result<()> {
     let results = dist::run_emulated_each(3, &Config::default().timeout(Duration::from_secs(30)), |comm| {
@@ -231,7 +294,7 @@ fn different_parameter_layouts_are_refused_on_every_rank() -> Result<()> {
 #[test]
 fn make_graphed_refuses_different_schedules_on_every_rank() -> Result<()> {
     use graphed::dist::{stage_order, PipelineStage};
-    use graphed::{make_graphed, DistError, GraphOptions};
+    use graphed::{make_graphed, DistError, GraphOptions, OrderEntry};
     let refused = |r: &Result<bool>| matches!(r, Err(Error::Dist(DistError::ScheduleMismatch { what, .. })) if what.contains("graph options"));
     // Data parallel: warm-up 2 on rank 0, 3 on rank 1.
     let results = dist::run_emulated_each(2, &quick(), |comm| {
@@ -261,11 +324,11 @@ fn make_graphed_refuses_different_schedules_on_every_rank() -> Result<()> {
         let results = dist::run_emulated_each(2, &quick(), |comm| {
             let dev = comm.device().clone();
             let rank = comm.rank();
-            let stage = PipelineStage::new(Block::new(&dev, 4, 4, 1)?, comm, &ORDER, &[2, 4])?;
+            let stage = PipelineStage::new(Block::new(&dev, 4, 4, 1)?, comm, ORDER, &[2, 4])?;
             let order = match case {
-                "another order" if rank == 1 => vec![1, -1, 1, -1],
-                "an invalid order" if rank == 1 => ORDER.to_vec(),
-                _ => stage_order(&ORDER, 2, rank)?,
+                "another order" if rank == 1 => OrderEntry::from_ints(&[1, -1, 1, -1]),
+                "an invalid order" if rank == 1 => OrderEntry::from_ints(&ORDER),
+                _ => stage_order(ORDER, 2, rank)?,
             };
             let x = Tensor::zeros(&dev, &[2, 4])?.with_requires_grad(rank == 1);
             let opts = GraphOptions::new().warmup(1).order(order);
@@ -336,6 +399,73 @@ fn a_chunk_running_backward_twice_before_its_group_reduces_is_refused() -> Resul
         assert!(matches!(run(&mut layers[1]), Err(Error::Dist(DistError::BackwardTwice { .. }))));
         run(&mut layers[0])?; // the first chunk flushes the group
         run(&mut layers[1])
+    })?;
+    Ok(())
+}
+
+/// The cost model through exact samples of a latency and a cost per byte gives them back, and
+/// its bucket is the smallest reaching the efficiency asked; what cannot be fitted or used is
+/// refused.
+#[test]
+fn the_all_reduce_cost_model_fits_latency_and_bandwidth() -> Result<()> {
+    use graphed::dist::{AllReduceCost, COST_SIZES};
+    let r = common::random_vec(2, 77);
+    // Some positive latency (ms) and cost per byte (ms).
+    let truth = AllReduceCost {
+        alpha_ms: 1e-2 * (1.0 + r[0].abs() as f64),
+        beta_ms_per_byte: 1e-8 * (1.0 + r[1].abs() as f64),
+    };
+    let samples: Vec<(usize, f64)> = COST_SIZES.iter().map(|&b| (b, truth.time_ms(b))).collect();
+    let fit = AllReduceCost::fit(&samples)?;
+    let close = |a: f64, b: f64| ((a - b) / b).abs() < 1e-6;
+    assert!(
+        close(fit.alpha_ms, truth.alpha_ms) && close(fit.beta_ms_per_byte, truth.beta_ms_per_byte),
+        "{fit:?} vs {truth:?}"
+    );
+    for efficiency in [0.5, 0.8, 0.95] {
+        let b = fit.bucket_bytes(efficiency)?;
+        assert!(b % 4 == 0 && fit.efficiency(b) >= efficiency && fit.efficiency(b - 4) < efficiency, "{b}");
+    }
+    let refused = |r: Result<AllReduceCost>| matches!(r, Err(Error::Dist(DistError::CostModel { .. })));
+    assert!(refused(AllReduceCost::fit(&samples[..1])));
+    assert!(refused(AllReduceCost::fit(&[(4, 1.0), (4, 2.0)])));
+    assert!(refused(AllReduceCost::fit(&[(4, 1.0), (8, 0.0)])));
+    assert!(refused(AllReduceCost::fit(&[(4, 2.0), (8, 1.0)])), "times falling with the size");
+    for efficiency in [0.0, 1.0, f64::NAN] {
+        assert!(matches!(fit.bucket_bytes(efficiency), Err(Error::Dist(DistError::CostModel { .. }))));
+    }
+    Ok(())
+}
+
+/// Measured on emulated ranks: every rank fits the same model (the times are averaged over
+/// the ranks) and so picks the same bucket, which `DataParallel`'s layout check accepts and
+/// trains with as one rank does.
+#[test]
+fn the_measured_bucket_size_is_the_same_on_every_rank() -> Result<()> {
+    use graphed::dist::{AllReduceCost, COST_SIZES};
+    let out = dist::run_emulated(2, |comm| {
+        let cost = AllReduceCost::measure(&comm, &COST_SIZES, 2)?;
+        let bucket = dist::measured_bucket_bytes(&comm)?;
+        // DataParallel compares the bucket size across ranks; training with it is bitwise
+        // the one-rank reference.
+        let got = dist_programs::dp_chunks_rank(comm, bucket, true)?;
+        Ok((cost, bucket, got))
+    })?;
+    let reference = dist_programs::dp_reference(&graphed::Device::host())?;
+    for (_, _, got) in &out {
+        dist_programs::bitwise(got, &reference).map_err(Error::msg)?;
+    }
+    assert_eq!((out[0].0, out[0].1), (out[1].0, out[1].1));
+    let (cost, bucket, _) = &out[0];
+    let (cost, bucket) = (*cost, *bucket);
+    assert!(cost.beta_ms_per_byte > 0.0 && cost.alpha_ms >= 0.0, "{cost:?}");
+    assert!(bucket % 4 == 0 && bucket >= 4, "{bucket}");
+    // Refused before anything is sent: the peers are not waited for.
+    dist::run_emulated(2, |comm| {
+        let refused = AllReduceCost::measure(&comm, &[64, 64], 2);
+        assert!(matches!(refused, Err(Error::Dist(DistError::CostModel { .. }))));
+        assert!(matches!(AllReduceCost::measure(&comm, &COST_SIZES, 0), Err(Error::Dist(DistError::CostModel { .. }))));
+        comm.barrier()
     })?;
     Ok(())
 }

@@ -90,6 +90,60 @@ fn gpu_pipeline_equals_one_gpu_pipeline() -> Result<()> {
     })
 }
 
+/// 1F1B with split backwards (`w(c)`) across two GPUs, and Megatron-LM's interleaved 1F1B
+/// (two chunks per GPU): NCCL groups where a send and a receive would wait on each other;
+/// the losses, every grad and the parameters after the steps bitwise those of the same
+/// chunks graphed on one GPU with the whole order.
+#[test]
+fn gpu_one_f_one_b_with_wgrad_equals_one_gpu() -> Result<()> {
+    on_gpus("gpu_one_f_one_b_with_wgrad_equals_one_gpu", |env| {
+        use graphed::dist::PipelineSchedule;
+        let comm = env.communicator(&config())?;
+        let one_f_one_b = PipelineSchedule::one_f_one_b(RANKS, 4);
+        let cases = [
+            ("1F1B with w(c)", one_f_one_b.split_backward()),
+            ("1F1B", one_f_one_b),
+            ("interleaved 1F1B with w(c)", one_f_one_b.interleaved(2).split_backward()),
+        ];
+        for (what, schedule) in cases {
+            let order = schedule.order()?;
+            let got = dist_programs::pipeline_split_rank(comm.clone(), &order)?;
+            comm.synchronize()?;
+            let chunks = order.iter().map(|e| e.chunk()).max().unwrap_or(0);
+            let reference = dist_programs::pipeline_split_reference(comm.device(), &order)?;
+            let want = reference.of_rank(comm.rank(), RANKS, chunks);
+            dist_programs::same_trace(&got, &want)
+                .map_err(|e| Error::msg(format!("{what}, rank {}: {e}", comm.rank())))?;
+            println!("{what}, rank {}: losses, grads and parameters bitwise equal to one GPU", comm.rank());
+        }
+        comm.barrier()
+    })
+}
+
+/// The all-reduce cost of two GPUs, measured and fitted: every rank picks the same bucket
+/// size, and data parallelism with it (one chunk per block, overlapped) is bitwise the
+/// single-GPU reference.
+#[test]
+fn gpu_measured_bucket_size_trains_like_one_gpu() -> Result<()> {
+    on_gpus("gpu_measured_bucket_size_trains_like_one_gpu", |env| {
+        use graphed::dist::{AllReduceCost, BUCKET_EFFICIENCY, COST_SIZES};
+        let comm = env.communicator(&config())?;
+        let cost = AllReduceCost::measure(&comm, &COST_SIZES, 5)?;
+        let bucket = cost.bucket_bytes(BUCKET_EFFICIENCY)?;
+        let gbps = 1e-6 / cost.beta_ms_per_byte;
+        println!(
+            "rank {}: all-reduce {:.4} ms + bytes / {gbps:.1} GB/s: buckets of {bucket} B",
+            comm.rank(),
+            cost.alpha_ms
+        );
+        let got = dist_programs::dp_chunks_rank(comm.clone(), bucket, true)?;
+        comm.synchronize()?;
+        let want = dist_programs::dp_reference(comm.device())?;
+        check(&format!("data parallel, measured buckets of {bucket} B"), comm.rank(), &got, &want)?;
+        comm.barrier()
+    })
+}
+
 #[test]
 fn gpu_fsdp_equals_data_parallel() -> Result<()> {
     on_gpus("gpu_fsdp_equals_data_parallel", |env| {

@@ -3,8 +3,11 @@
 //! eager decode's tokens; the WHILE loop the per-token replay loop's; the prefill's and the
 //! decode steps' logits are the training forward's at the same positions; sequences stop on
 //! their end token (the others continue) and on their length; a batch of 3 in bucket 4 is the
-//! batch of 3 alone; a request the cache cannot hold is refused before anything runs; and a
-//! saved checkpoint loads into a fresh model that generates the same tokens.
+//! batch of 3 alone; a request the cache cannot hold is refused before anything runs; a
+//! saved checkpoint loads into a fresh model that generates the same tokens; and the fused
+//! decode step (stacked q/k/v and gate/up GEMMs, the append inside the attention kernel)
+//! produces the unfused step's tokens on every path (on the host with the same logits, bit for
+//! bit).
 
 mod common;
 
@@ -54,12 +57,17 @@ fn options(cfg: &Config) -> DecodeOptions {
         sampling: Sampling::greedy(),
         seed: 1,
         graphs: true,
+        fused_step: true,
     }
 }
 
-fn decoder(dev: &Device, gpt: &Gpt, cfg: &Config) -> Result<Decoder> {
+fn weights(gpt: &Gpt) -> Weights {
     let blocks: Vec<&model::Block> = gpt.blocks.iter().collect();
-    Decoder::new(dev, Weights::of(&gpt.embed, &blocks, &gpt.head), options(cfg))
+    Weights::of(&gpt.embed, &blocks, &gpt.head)
+}
+
+fn decoder(dev: &Device, gpt: &Gpt, cfg: &Config) -> Result<Decoder> {
+    Decoder::new(dev, weights(gpt), options(cfg))
 }
 
 fn prompts() -> Vec<Vec<u8>> {
@@ -146,13 +154,21 @@ fn prefill_and_decode_logits_are_the_training_forwards() {
                 let e = rel_err(&got, at(prompt - 1));
                 assert!(e < tol, "{what}: prefill logits, relative error {e}");
             }
-            // Decode steps fed the text's next bytes.
+            // Decode steps fed the text's next bytes, alternating the unfused and the fused
+            // step over one cache.
+            let stacked = dec.stacked().ok_or_else(|| Error::msg("the decoder makes stacked weights"))?;
             for (t, &byte) in text.iter().enumerate().take(cfg.context).skip(prompt) {
                 let id = Tensor::from_slice(dev, &[f32::from(byte)], &[1])?;
                 let pos = Tensor::from_slice(dev, &[t as f32], &[1])?;
-                let got = passes::step_logits(dec.weights(), &st, &id, &pos)?.to_vec()?;
+                let fused = t % 2 == 1;
+                let got = if fused {
+                    passes::step_logits_stacked(dec.weights(), stacked, &st, &id, &pos)?
+                } else {
+                    passes::step_logits(dec.weights(), &st, &id, &pos)?
+                };
+                let got = got.to_vec()?;
                 let e = rel_err(&got, at(t));
-                assert!(e < tol, "{what}: decode logits at position {t}, relative error {e}");
+                assert!(e < tol, "{what}: decode logits (fused: {fused}) at position {t}, relative error {e}");
             }
             assert_eq!(st.caches[0].lengths.to_i32_vec()?, vec![text.len().min(cfg.context) as i32]);
             Ok(())
@@ -279,12 +295,54 @@ fn a_saved_checkpoint_loads_into_a_fresh_model_that_generates_the_same_tokens() 
             want.tokens,
             "another seed, other tokens"
         );
-        // A load writes into the shared tensors: the model itself, and the captured graphs read it.
+        // A load writes into the shared tensors: the model itself, and the captured graphs read
+        // it; the fused step's stacked copies are written again from them.
         let loaded = graphed::load_safetensors(other.weights(), &path);
         let _ = std::fs::remove_file(&path);
         loaded?;
+        other.refresh_weights()?;
         assert!(fresh.head.head.value.to_vec()? == gpt.head.head.value.to_vec()?);
         assert_eq!(other.generate(&Request::new(prompts(), 8), Path::WhileLoop)?.tokens, want.tokens);
         Ok(())
     });
+}
+
+/// The fused decode step produces the unfused step's tokens, eagerly, replayed and in the
+/// WHILE loop, for both kinds of model (the bf16 one takes the one-pass attention kernel on
+/// CUDA), with 4 kernels fewer a block; a step's logits are bitwise the unfused step's on the
+/// host, within the dtype's rounding on CUDA.
+#[test]
+fn the_fused_decode_step_produces_the_unfused_steps_tokens() {
+    for cfg in [TINY, TINY_BF16] {
+        on_each_backend(|dev| {
+            let gpt = Gpt::new(dev, &cfg, 12)?;
+            let mut fused = decoder(dev, &gpt, &cfg)?;
+            let mut unfused = Decoder::new(dev, weights(&gpt), DecodeOptions { fused_step: false, ..options(&cfg) })?;
+            assert!(fused.stacked_bytes() > 0 && unfused.stacked_bytes() == 0);
+            let req = Request::new(prompts(), 12);
+            let want = unfused.generate(&req, Path::Eager)?;
+            for path in [Path::Eager, Path::Replay, Path::WhileLoop] {
+                let got = fused.generate(&req, path)?;
+                assert_eq!(got.tokens, want.tokens, "{} {}: fused tokens differ", cfg.dtype, path.name());
+            }
+            // The graphs of the fused step launch fewer kernels: 4 a block.
+            let nodes = |d: &Decoder| d.step_nodes(4).ok_or_else(|| Error::msg("no decode graph at batch 4"));
+            assert!(nodes(&fused)? + 4 * cfg.layers <= nodes(&unfused)?, "{} vs {}", nodes(&fused)?, nodes(&unfused)?);
+            // One more step from the states the requests left (the same tokens, so the same
+            // caches up to the projections' rounding): on the host the same logits, bit for
+            // bit; on CUDA, where the stacked GEMMs may round differently, within the dtype's
+            // rounding.
+            let (a, b) = (fused.state().prefix(4)?, unfused.state().prefix(4)?);
+            let lf = passes::decode_step(fused.weights(), fused.stacked(), &a, fused.sampler())?.to_vec()?;
+            let lu = passes::decode_step(unfused.weights(), None, &b, unfused.sampler())?.to_vec()?;
+            if dev.is_host() {
+                assert!(lf == lu, "{}: fused logits differ from the unfused step's", cfg.dtype);
+            } else {
+                let tol = if cfg.dtype == DType::F32 { 1e-5 } else { 1e-2 };
+                let e = rel_err(&lf, &lu);
+                assert!(e < tol, "{}: fused logits, relative error {e} against the unfused step's", cfg.dtype);
+            }
+            Ok(())
+        });
+    }
 }

@@ -2,7 +2,8 @@
 //! head dims built for and others, grouped key/value heads, lengths across the split boundary,
 //! empty sequences), kv_cache_fill writing a prompt as the reference does, one
 //! captured graph serving every length, bitwise reproducibility, kv_cache_append against the
-//! reference, and the errors: bad shapes and dtypes before anything runs, bad lengths and full
+//! reference, decode_attention_append bitwise the append then the attention (eager and
+//! captured), and the errors: bad shapes and dtypes before anything runs, bad lengths and full
 //! caches reported from the device.
 
 mod common;
@@ -249,6 +250,188 @@ fn a_captured_decode_step_advances_on_every_replay() {
     });
 }
 
+/// A decode step's q/k/v rows (`[batch, (heads + 2 kv_heads) · head_dim]`, values rounded to
+/// `dtype`) and the three parts the unfused ops take.
+fn step_rows(s: CacheShape, dtype: DType, seed: u64) -> (Vec<f32>, [Vec<f32>; 3]) {
+    let (qw, kw) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let rows: Vec<f32> = random_vec(s.batch * (qw + 2 * kw), seed).into_iter().map(|x| dtype.round(2.0 * x)).collect();
+    let mut parts = [Vec::new(), Vec::new(), Vec::new()];
+    for row in rows.chunks(qw + 2 * kw) {
+        parts[0].extend_from_slice(&row[..qw]);
+        parts[1].extend_from_slice(&row[qw..qw + kw]);
+        parts[2].extend_from_slice(&row[qw + kw..]);
+    }
+    (rows, parts)
+}
+
+/// A cache of `s` holding `cache` (both k and v), its lengths `lens`.
+fn cache_of(dev: &Device, s: CacheShape, dtype: DType, cache: &[f32], lens: &[i32]) -> Result<[Tensor; 3]> {
+    Ok([
+        Tensor::from_slice_as(dev, cache, &s.cache_dims(), dtype)?,
+        Tensor::from_slice_as(dev, &cache.iter().map(|x| -x).collect::<Vec<_>>(), &s.cache_dims(), dtype)?,
+        Tensor::from_i32(dev, lens, &[s.batch])?,
+    ])
+}
+
+/// `decode_attention_append` is `kv_cache_append` then `decode_attention`, bit for bit on both
+/// backends (output, caches, lengths), step after step: one-pass shapes (a cache of one split,
+/// at most 8 heads, 16-bit at head dim 64 or 128), two-pass ones (two and four splits, more
+/// heads, grouped heads) and run-time head dims, lengths 0, ragged and one below full; and it
+/// matches the CPU reference.
+#[test]
+fn decode_attention_append_is_the_append_then_the_attention_bitwise() {
+    on_each_backend(|dev| {
+        let shape =
+            |batch, heads, kv_heads, max_len, head_dim| CacheShape { batch, heads, kv_heads, max_len, head_dim };
+        let cases = [
+            (shape(3, 8, 2, 256, 64), vec![0, 17, 250]),
+            (shape(2, 4, 4, 40, 128), vec![37, 3]),
+            (shape(2, 16, 4, 256, 64), vec![5, 200]),
+            (shape(2, 4, 1, 300, 64), vec![255, 290]),
+            (shape(2, 2, 2, 1000, 128), vec![767, 998]),
+            (shape(2, 4, 2, 50, 24), vec![0, 48]),
+        ];
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            for (i, (s, start)) in cases.iter().enumerate() {
+                let s = *s;
+                let cache: Vec<f32> = random_vec(s.cache_dims().iter().product(), 80 + i as u64)
+                    .into_iter()
+                    .map(|x| dtype.round(2.0 * x))
+                    .collect();
+                let [kc, vc, lengths] = cache_of(dev, s, dtype, &cache, start)?;
+                let [kc2, vc2, lengths2] = cache_of(dev, s, dtype, &cache, start)?;
+                for step in 0..2u64 {
+                    let what = format!("{dtype} {s:?} from lengths {start:?}, step {step}");
+                    let (rows, [q, k, v]) = step_rows(s, dtype, 90 + 10 * i as u64 + step);
+                    let t = |v: &[f32], dims: &[usize]| Tensor::from_slice_as(dev, v, dims, dtype);
+                    let width = rows.len() / s.batch;
+                    let before = lengths.to_i32_vec()?;
+                    let out = ops::decode_attention_append(&t(&rows, &[s.batch, width])?, &kc, &vc, &lengths, s.heads)?;
+                    ops::kv_cache_append(&kc2, &vc2, &lengths2, &t(&k, &s.step_dims())?, &t(&v, &s.step_dims())?)?;
+                    let want = ops::decode_attention(&t(&q, &s.query_dims())?, &kc2, &vc2, &lengths2)?;
+                    assert_eq!((out.dtype(), out.dims()), (dtype, &s.query_dims()[..]), "{what}");
+                    let got = out.to_vec()?;
+                    bitwise_eq(&format!("{what}: output"), &got, &want.to_vec()?)?;
+                    bitwise_eq(&format!("{what}: k_cache"), &kc.to_vec()?, &kc2.to_vec()?)?;
+                    bitwise_eq(&format!("{what}: v_cache"), &vc.to_vec()?, &vc2.to_vec()?)?;
+                    let lens = lengths.to_i32_vec()?;
+                    assert_eq!(lens, lengths2.to_i32_vec()?, "{what}: lengths");
+                    assert_eq!(lens, before.iter().map(|l| l + 1).collect::<Vec<_>>(), "{what}: one step");
+                    let qt = t(&q, &s.query_dims())?;
+                    compare(dev, &what, &got, &reference(&qt, &kc, &vc, &lens, s)?, dtype)?;
+                }
+            }
+        }
+        Ok(())
+    });
+}
+
+/// Captured once, the fused step advances on every replay, each replay bitwise the eager
+/// unfused step on a copy of the cache; a full sequence then reports `CacheFull` from
+/// `kv_cache_append` (as the unfused ops do), attends to its cache unchanged, and the other
+/// sequence is appended. Both the one-pass shape and a two-pass one.
+#[test]
+fn a_captured_fused_step_advances_on_every_replay() {
+    on_each_backend(|dev| {
+        let dtype = DType::BF16;
+        for max_len in [8, 300] {
+            let s = CacheShape { batch: 2, heads: 4, kv_heads: 1, max_len, head_dim: 64 };
+            let start = [0, max_len as i32 - 6];
+            let zeros = vec![0.0f32; s.cache_dims().iter().product()];
+            let [kc, vc, lengths] = cache_of(dev, s, dtype, &zeros, &start)?;
+            let [kc2, vc2, lengths2] = cache_of(dev, s, dtype, &zeros, &start)?;
+            let (rows, [q, k, v]) = step_rows(s, dtype, 7);
+            let t = |v: &[f32], dims: &[usize]| Tensor::from_slice_as(dev, v, dims, dtype);
+            let qkv = t(&rows, &[s.batch, rows.len() / s.batch])?;
+            let (qt, kt, vt) = (t(&q, &s.query_dims())?, t(&k, &s.step_dims())?, t(&v, &s.step_dims())?);
+            let mut g = Graph::new(dev);
+            let out = g.capture(CaptureMode::Global, || ops::decode_attention_append(&qkv, &kc, &vc, &lengths, 4))?;
+            let unfused = || -> Result<Vec<f32>> {
+                ops::kv_cache_append(&kc2, &vc2, &lengths2, &kt, &vt)?;
+                ops::decode_attention(&qt, &kc2, &vc2, &lengths2)?.to_vec()
+            };
+            for step in 1..=6 {
+                g.replay()?;
+                let what = format!("max_len {max_len}, step {step}");
+                assert_eq!(lengths.to_i32_vec()?, vec![step, start[1] + step], "{what}");
+                bitwise_eq(&what, &out.to_vec()?, &unfused()?)?;
+                bitwise_eq(&format!("{what}: k_cache"), &kc.to_vec()?, &kc2.to_vec()?)?;
+            }
+            // Sequence 1 is full: reported, left as it is; sequence 0 goes on.
+            let full = |e: &Error| matches!(e, Error::CacheFull { op: "kv_cache_append", sequence: 1, max_len: m } if *m == max_len);
+            expect_err("a full cache during replay", g.replay().and_then(|()| lengths.to_i32_vec()), full)?;
+            assert_eq!(lengths.to_i32_vec()?, vec![7, max_len as i32]);
+            expect_err("the unfused ops", unfused(), full)?;
+            bitwise_eq(
+                "after a full cache",
+                &out.to_vec()?,
+                &ops::decode_attention(&qt, &kc2, &vc2, &lengths2)?.to_vec()?,
+            )?;
+            bitwise_eq("after a full cache: v_cache", &vc.to_vec()?, &vc2.to_vec()?)?;
+        }
+        Ok(())
+    });
+}
+
+/// A length outside 0..=max_len appends nothing, reads nothing and is `CacheLengthOutOfRange`
+/// from `kv_cache_append`; the device works on afterwards.
+#[test]
+fn a_bad_length_in_the_fused_step_is_reported() {
+    on_each_backend(|dev| {
+        let s = CacheShape { batch: 3, heads: 2, kv_heads: 2, max_len: 16, head_dim: 64 };
+        let dtype = DType::BF16;
+        let zeros = vec![0.0f32; s.cache_dims().iter().product()];
+        let [kc, vc, lengths] = cache_of(dev, s, dtype, &zeros, &[4, -1, 17])?;
+        let (rows, _) = step_rows(s, dtype, 3);
+        let qkv = Tensor::from_slice_as(dev, &rows, &[s.batch, rows.len() / s.batch], dtype)?;
+        let bad = |e: &Error| {
+            matches!(e, Error::CacheLengthOutOfRange { op: "kv_cache_append", sequence: 1, length: -1, max_len: 16 })
+        };
+        let r = ops::decode_attention_append(&qkv, &kc, &vc, &lengths, 2).and_then(|out| out.to_vec());
+        expect_err("a bad length", r, bad)?;
+        assert_eq!(lengths.to_i32_vec()?, vec![5, -1, 17], "only the good sequence advanced");
+        lengths.copy_from_i32(&[4, 5, 6])?;
+        ops::decode_attention_append(&qkv, &kc, &vc, &lengths, 2)?.to_vec()?;
+        assert_eq!(lengths.to_i32_vec()?, vec![5, 6, 7]);
+        Ok(())
+    });
+}
+
+/// What the refusal tests start from: a small bf16 cache (`q`, `k_cache`, `v_cache`), the
+/// cache's values, and lengths `[1, 2]`.
+fn refusal_case(dev: &Device) -> Result<(CacheShape, [Tensor; 3], Vec<f32>, Tensor)> {
+    let s = CacheShape { batch: 2, heads: 4, kv_heads: 2, max_len: 8, head_dim: 64 };
+    let t = inputs(dev, s, DType::BF16, 1)?;
+    let before = t[1].to_vec()?;
+    Ok((s, t, before, Tensor::from_i32(dev, &[1, 2], &[2])?))
+}
+
+/// The fused step checks its rows, heads and dtypes before anything runs.
+#[test]
+fn the_fused_step_refuses_bad_rows_before_running() {
+    on_each_backend(|dev| {
+        let (_, [_, kc, vc], kc_before, lengths) = refusal_case(dev)?;
+        let bf = |dims: &[usize]| Tensor::zeros_as(dev, dims, DType::BF16);
+        let width = (4 + 2 * 2) * 64;
+        let step = |qkv: &Tensor, heads| ops::decode_attention_append(qkv, &kc, &vc, &lengths, heads);
+        expect_err("width", step(&bf(&[2, width - 64])?, 4), is_shape)?;
+        expect_err("batch", step(&bf(&[3, width])?, 4), is_shape)?;
+        expect_err("rank", step(&bf(&[2, 8, 64])?, 4), is_shape)?;
+        expect_err("heads 3", step(&bf(&[2, (3 + 4) * 64])?, 3), is_shape)?;
+        expect_err("heads 0", step(&bf(&[2, 4 * 64])?, 0), is_shape)?;
+        expect_err("dtype mix", step(&Tensor::zeros(dev, &[2, width])?, 4), |e| {
+            matches!(e, Error::DTypeMismatch { .. })
+        })?;
+        let f32_lengths = Tensor::from_slice(dev, &[1.0, 2.0], &[2])?;
+        expect_err("f32 lengths", ops::decode_attention_append(&bf(&[2, width])?, &kc, &vc, &f32_lengths, 4), |e| {
+            matches!(e, Error::DType { .. })
+        })?;
+        assert_eq!(lengths.to_i32_vec()?, vec![1, 2]);
+        assert!(kc.to_vec()? == kc_before, "the cache changed");
+        Ok(())
+    });
+}
+
 /// A prompt's keys and values land at positions 0..seq of each sequence, as the reference puts
 /// them, leaving the rest of the cache and the lengths alone; a decode step then attends to
 /// them once the lengths say so.
@@ -299,10 +482,7 @@ fn kv_cache_fill_writes_a_prompt_as_the_reference_does() {
 #[test]
 fn bad_shapes_and_dtypes_are_refused_before_running() {
     on_each_backend(|dev| {
-        let s = CacheShape { batch: 2, heads: 4, kv_heads: 2, max_len: 8, head_dim: 64 };
-        let [q, kc, vc] = inputs(dev, s, DType::BF16, 1)?;
-        let kc_before = kc.to_vec()?;
-        let lengths = Tensor::from_i32(dev, &[1, 2], &[2])?;
+        let (s, [q, kc, vc], kc_before, lengths) = refusal_case(dev)?;
         let bf = |dims: &[usize]| Tensor::zeros_as(dev, dims, DType::BF16);
         let dtype_err = |e: &Error| matches!(e, Error::DType { .. });
         // Lengths: dtype, shape, device-side type.

@@ -1,5 +1,5 @@
 //! embedding, rms_norm and swiglu with their backwards (#13): CPU reference, finite
-//! differences, graph replay, errors.
+//! differences, graph replay, errors; swiglu_packed (gate and up in one tensor) against swiglu.
 
 mod common;
 mod ops_support;
@@ -148,6 +148,34 @@ fn swiglu_matches_reference_and_finite_differences() {
         check_fd("swiglu dgate", &dg.to_vec()?, &fd_grad(&gv, |g| dot(&r, &cpu::swiglu(g, &uv))))?;
         check_fd("swiglu dup", &du.to_vec()?, &fd_grad(&uv, |u| dot(&r, &cpu::swiglu(&gv, u))))?;
         expect_err("shapes", ops::swiglu(&g, &Tensor::zeros(dev, &[n + 1])?), is_shape)
+    });
+}
+
+/// `swiglu_packed` of `[gate | up]` rows is bitwise `swiglu` of the two halves, in every dtype,
+/// for half-widths the 16-byte packs divide (1368: the GPU GPT's hidden width) and ones they
+/// do not, eager and replayed; a width that cannot hold two halves is refused.
+#[test]
+fn swiglu_packed_is_swiglu_of_the_halves_bitwise() {
+    on_each_backend(|dev| {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for (i, &(rows, h)) in [(1usize, 1368usize), (3, 8), (5, 13), (2, 4)].iter().enumerate() {
+                let seed = 400 + 10 * i as u64;
+                let gu: Vec<f32> = random_vec(rows * 2 * h, seed).into_iter().map(|v| dtype.round(4.0 * v)).collect();
+                let (gate, up): (Vec<f32>, Vec<f32>) =
+                    gu.chunks(2 * h).flat_map(|r| r[..h].iter().zip(&r[h..])).unzip();
+                let t = |v: &[f32], w: usize| Tensor::from_slice_as(dev, v, &[rows, w], dtype);
+                let packed = t(&gu, 2 * h)?;
+                let y = ops::swiglu_packed(&packed)?;
+                assert_eq!((y.dtype(), y.dims()), (dtype, &[rows, h][..]));
+                let want = ops::swiglu(&t(&gate, h)?, &t(&up, h)?)?.to_vec()?;
+                bitwise_eq(&format!("swiglu_packed {dtype} {rows}x{h}"), &y.to_vec()?, &want)?;
+            }
+            let packed = Tensor::from_slice_as(dev, &random_vec(2 * 3 * 32, 5), &[2, 3, 32], dtype)?;
+            assert_eq!(ops::swiglu_packed(&packed)?.dims(), &[2, 3, 16]);
+            eager_vs_replay(dev, || Ok(vec![ops::swiglu_packed(&packed)?]))?;
+        }
+        expect_err("odd width", ops::swiglu_packed(&Tensor::zeros(dev, &[2, 7])?), is_shape)?;
+        expect_err("no width", ops::swiglu_packed(&Tensor::zeros(dev, &[2, 0])?), is_shape)
     });
 }
 

@@ -170,13 +170,16 @@ pub struct BenchReport<'a> {
     pub capture_s: f64,
     pub graphs: usize,
     pub pool_bytes: usize,
+    /// Whether the decode step was the fused one, and the bytes of its stacked weights.
+    pub fused_step: bool,
+    pub stacked_bytes: usize,
 }
 
 impl BenchReport<'_> {
     pub fn json(&self) -> String {
         let rows: Vec<String> = self.rows.iter().map(BenchRow::json).collect();
         format!(
-            "{{\"impl\": \"graphed\", \"device\": \"{}\", \"model\": \"{}\", \"prompt_len\": {}, \"new_tokens\": {}, \"capture_s\": {:.3}, \"graphs\": {}, \"pool_mb\": {:.2}, \"rows\": [{}]}}\n",
+            "{{\"impl\": \"graphed\", \"device\": \"{}\", \"model\": \"{}\", \"prompt_len\": {}, \"new_tokens\": {}, \"capture_s\": {:.3}, \"graphs\": {}, \"pool_mb\": {:.2}, \"fused_step\": {}, \"stacked_mb\": {:.2}, \"rows\": [{}]}}\n",
             self.device,
             self.model,
             self.s.prompt_len,
@@ -184,6 +187,8 @@ impl BenchReport<'_> {
             self.capture_s,
             self.graphs,
             self.pool_bytes as f64 / 1e6,
+            self.fused_step,
+            self.stacked_bytes as f64 / 1e6,
             rows.join(", ")
         )
     }

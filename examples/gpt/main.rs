@@ -6,7 +6,8 @@
 //! `--no-checkpoint`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`, `--json FILE`,
 //! `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`, `--estimate`; and for generation
 //! `--save PATH`, `--load PATH`, `--generate`, `--prompts N`, `--prompt-len N`,
-//! `--max-new-tokens N`, `--temperature T`, `--top-k K`, `--max-batch N`, `--decode-bench`.
+//! `--max-new-tokens N`, `--temperature T`, `--top-k K`, `--max-batch N`, `--decode-bench`,
+//! `--unfused-decode`.
 //!
 //! The text is, by default, the repository's own README.md, docs/*.md and Rust sources, read
 //! from the directory the binary runs in (run it from the repository root); `--data FILE`
@@ -56,7 +57,9 @@
 //! on them) and times prompts of `--prompt-len` continued by `--max-new-tokens` at batch 1,
 //! 2, 4, ... `--max-batch`, as a WHILE loop, one graph replay per token, and eagerly:
 //! tokens/s, per-token latency, CPU time per token, host launches per request; `--json` gets
-//! the figures, `--plot` the chart of tokens/s by batch size.
+//! the figures, `--plot` the chart of tokens/s by batch size. The decode step is the fused one
+//! (q/k/v and gate/up one GEMM each over stacked weight copies, the cache append inside the
+//! attention kernel); `--unfused-decode` runs the training forward's ops instead, to compare.
 
 mod corpus;
 mod decode;
@@ -246,6 +249,10 @@ struct Args {
     /// token), writing --json and the --plot chart of tokens/s by batch size.
     #[arg(long)]
     decode_bench: bool,
+    /// Decode with the training forward's ops (separate q/k/v and gate/up GEMMs, the cache
+    /// append its own kernel) instead of the fused step.
+    #[arg(long)]
+    unfused_decode: bool,
 }
 
 /// How training rows are cut.
@@ -627,6 +634,7 @@ fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: 
         sampling,
         seed: 3,
         graphs: true,
+        fused_step: !args.unfused_decode,
     };
     if args.generate {
         let sampling = Sampling { temperature: args.temperature, top_k: args.top_k };
@@ -636,8 +644,13 @@ fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: 
     if args.decode_bench {
         let mut dec = Decoder::new(dev, weights.share(), opts(Sampling::greedy()))?;
         let (capture, graphs, pool) = dec.capture_report();
+        let step = if args.unfused_decode {
+            "the training forward's ops".to_string()
+        } else {
+            format!("fused, stacked weights {:.1} MB", dec.stacked_bytes() as f64 / 1e6)
+        };
         println!(
-            "decoding {model} on {}: {graphs} graphs (decode steps at batches {:?}, prefills at prompt lengths {prompt_buckets:?}) captured in {:.2} s, graph pool {:.1} MB",
+            "decoding {model} on {}: {graphs} graphs (decode steps at batches {:?}, prefills at prompt lengths {prompt_buckets:?}) captured in {:.2} s, graph pool {:.1} MB; decode step: {step}",
             dev.name(),
             decode::batch_buckets(max_batch),
             capture.as_secs_f64(),
@@ -652,6 +665,8 @@ fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: 
             capture_s: capture.as_secs_f64(),
             graphs,
             pool_bytes: pool,
+            fused_step: !args.unfused_decode,
+            stacked_bytes: dec.stacked_bytes(),
         };
         let png = args.plot.clone().unwrap_or_else(|| std::env::temp_dir().join("graphed-gpt-decode.png"));
         println!("decoding chart: {}", report.write(args.json.as_deref(), &png)?.display());

@@ -3,8 +3,13 @@
 //! attention, their keys and values into the caches, the first new token sampled from each
 //! prompt's last real position) and one decoding step (a token per sequence at its cache
 //! length: embed, per block norm, q/k/v, append, attend to the cache, wo, residual + norm, MLP;
-//! head; sample). Both end with the bookkeeping kernel (`ops::generation_step`), so they run
-//! alike eagerly, as captured graphs and as the body of a WHILE loop. Used by `decode.rs`.
+//! head; sample). The decoding step comes in two forms: the training forward's ops
+//! ([`step_logits`]), and the fused one the decoder runs ([`step_logits_stacked`]): q/k/v as
+//! one GEMM and gate/up as one GEMM over stacked copies of the weights ([`Stacked`]), the
+//! append inside the attention kernel (`ops::decode_attention_append`), SwiGLU straight from
+//! the gate/up GEMM's output (`ops::swiglu_packed`): 4 kernels fewer a block. Both end with
+//! the bookkeeping kernel (`ops::generation_step`), so they run alike eagerly, as captured
+//! graphs and as the body of a WHILE loop. Used by `decode.rs`.
 #![allow(dead_code)]
 
 use graphed::ops::{self, Generation, Sampling};
@@ -127,38 +132,120 @@ pub struct Sampler {
     pub rng: Generator,
 }
 
-/// Token plus position embeddings of `ids` at `positions` (the same shape, f32 ids).
-fn embed(w: &Weights, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
-    ops::add(&ops::embedding(ids, &w.embed.tok.value)?, &ops::embedding(positions, &w.embed.pos.value)?)
+/// The token and the position embeddings of `ids` at `positions` (the same shape, f32 ids),
+/// which [`run_blocks`] adds.
+fn embed(w: &Weights, ids: &Tensor, positions: &Tensor) -> Result<[Tensor; 2]> {
+    Ok([ops::embedding(ids, &w.embed.tok.value)?, ops::embedding(positions, &w.embed.pos.value)?])
 }
 
-/// Every block over `x` (rows of `[..., d_model]`), block `i`'s attention given by
-/// `attention(i, block, q, k, v)`; returns the last block's output normed by the head's norm,
-/// the head's input. The training forward's ops in its order, except that the residual add
-/// ending a block and the norm starting the next (or the head's) are one `add_rms_norm`, bit
-/// for bit the add and the norm, one launch fewer per block.
+/// Each block's projections stacked for the fused decoding step: `wq`, `wk` and `wv` as one
+/// `[3·d_model, d_model]` weight (the GEMM's output rows are q, then k, then v, as
+/// `ops::decode_attention_append` reads them) and `w_gate` and `w_up` as one
+/// `[2·hidden, d_model]` weight (gate, then up, as `ops::swiglu_packed` reads them). Copies in
+/// the model's dtype, in the device's default pool: `(3·d_model + 2·hidden)·d_model` elements
+/// a block on top of the block's own weights, 69% of them in the GPU GPT (d_model 512, hidden
+/// 1368: 2.2M elements, 4.4 MB in bf16 a block, 35 MB for its 8 blocks). They are copies:
+/// after the weights change (a load), [`Stacked::refresh`] writes them again.
+#[derive(Debug)]
+pub struct Stacked {
+    pub qkv: Tensor,
+    pub gate_up: Tensor,
+}
+
+/// The values of `parts` (weights of one width) one after the other: their rows stacked.
+fn stacked_rows(parts: &[&Param]) -> Result<Vec<f32>> {
+    let mut v = Vec::new();
+    for p in parts {
+        v.extend(p.value.to_vec()?);
+    }
+    Ok(v)
+}
+
+impl Stacked {
+    /// The stacked copies of every block of `w`, read back from the device once.
+    pub fn of(w: &Weights) -> Result<Vec<Stacked>> {
+        let dev = w.embed.tok.value.device();
+        let (d, dtype) = (w.d_model(), w.dtype());
+        dev.with_pool(&dev.default_pool(), || {
+            w.blocks
+                .iter()
+                .map(|b| {
+                    let [qkv, gate_up] = Stacked::parts(b);
+                    let rows = |parts: &[&Param]| parts.iter().map(|p| p.value.dims()[0]).sum::<usize>();
+                    Ok(Stacked {
+                        qkv: Tensor::from_slice_as(dev, &stacked_rows(&qkv)?, &[rows(&qkv), d], dtype)?,
+                        gate_up: Tensor::from_slice_as(dev, &stacked_rows(&gate_up)?, &[rows(&gate_up), d], dtype)?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// Writes every block's copies again from `w`'s current values, in place (the captured
+    /// graphs read these buffers, so they need no new capture).
+    pub fn refresh(stacked: &[Stacked], w: &Weights) -> Result<()> {
+        if stacked.len() != w.blocks.len() {
+            return Err(Error::msg(format!("{} stacked blocks for {} blocks", stacked.len(), w.blocks.len())));
+        }
+        for (s, b) in stacked.iter().zip(&w.blocks) {
+            let [qkv, gate_up] = Stacked::parts(b);
+            s.qkv.copy_from_slice(&stacked_rows(&qkv)?)?;
+            s.gate_up.copy_from_slice(&stacked_rows(&gate_up)?)?;
+        }
+        Ok(())
+    }
+
+    /// The bytes the copies of `stacked` take.
+    pub fn bytes(stacked: &[Stacked]) -> usize {
+        stacked.iter().map(|s| (s.qkv.numel() + s.gate_up.numel()) * s.qkv.dtype().size()).sum()
+    }
+
+    /// A block's weights in the order each stacked copy holds them.
+    fn parts(b: &Block) -> [Vec<&Param>; 2] {
+        [vec![&b.wq, &b.wk, &b.wv], vec![&b.w_gate, &b.w_up]]
+    }
+}
+
+/// Every block over the sum of the token and position embeddings (rows of `[..., d_model]`):
+/// block `i`'s attention output is `attention(i, block, h)` of its normed input `h`, its MLP's
+/// SwiGLU output (the down projection's input) `gated(i, block, h2)` of the second norm's
+/// output; returns the last block's output normed by the head's norm, the head's input. The training forward's ops in
+/// its order, except that each residual add and the norm after it (the embeddings' sum and the
+/// first block's norm, a block's end and the next block's or the head's norm) are one
+/// `add_rms_norm`, bit for bit the add and the norm, one launch fewer each.
 fn run_blocks(
     w: &Weights,
-    x: Tensor,
-    mut attention: impl FnMut(usize, &Block, &Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+    [tok, pos]: [Tensor; 2],
+    mut attention: impl FnMut(usize, &Block, &Tensor) -> Result<Tensor>,
+    mut gated: impl FnMut(usize, &Block, &Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let head_norm = &w.head.norm.value;
-    let (mut h, _) = ops::rms_norm(&x, w.blocks.first().map_or(head_norm, |b| &b.norm1.value), EPS)?;
-    let mut x = x;
+    let first = w.blocks.first().map_or(head_norm, |b| &b.norm1.value);
+    let (mut x, mut h, _) = ops::add_rms_norm(&tok, &pos, first, EPS)?;
     for (i, b) in w.blocks.iter().enumerate() {
-        let q = ops::linear(&h, &b.wq.value, None)?;
-        let k = ops::linear(&h, &b.wk.value, None)?;
-        let v = ops::linear(&h, &b.wv.value, None)?;
-        let att = attention(i, b, &q, &k, &v)?;
+        let att = attention(i, b, &h)?;
         let a = ops::linear(&att, &b.wo.value, None)?;
         let (x2, h2, _) = ops::add_rms_norm(&x, &a, &b.norm2.value, EPS)?;
-        let gate = ops::linear(&h2, &b.w_gate.value, None)?;
-        let up = ops::linear(&h2, &b.w_up.value, None)?;
-        let m = ops::linear(&ops::swiglu(&gate, &up)?, &b.w_down.value, None)?;
+        let m = ops::linear(&gated(i, b, &h2)?, &b.w_down.value, None)?;
         let next = w.blocks.get(i + 1).map_or(head_norm, |n| &n.norm1.value);
         (x, h, _) = ops::add_rms_norm(&x2, &m, next, EPS)?;
     }
     Ok(h)
+}
+
+/// The training forward's q, k and v projections of `h`.
+fn qkv(b: &Block, h: &Tensor) -> Result<[Tensor; 3]> {
+    Ok([ops::linear(h, &b.wq.value, None)?, ops::linear(h, &b.wk.value, None)?, ops::linear(h, &b.wv.value, None)?])
+}
+
+/// The training forward's MLP up to the down projection: `swiglu(gate(h2), up(h2))`.
+fn gated(_: usize, b: &Block, h2: &Tensor) -> Result<Tensor> {
+    ops::swiglu(&ops::linear(h2, &b.w_gate.value, None)?, &ops::linear(h2, &b.w_up.value, None)?)
+}
+
+/// Block `i`'s cache.
+fn cache(st: &State, i: usize) -> Result<&Cache> {
+    st.caches.get(i).ok_or_else(|| Error::msg(format!("no cache for block {i}")))
 }
 
 /// Prefill: the prompts through every block with the causal attention the model trains with
@@ -172,14 +259,16 @@ pub fn prefill(w: &Weights, st: &State, inputs: &PrefillInputs, sampler: &Sample
     };
     let d = w.d_model();
     let x = embed(w, &inputs.ids, &inputs.positions)?;
-    let h = run_blocks(w, x, |i, b, q, k, v| {
-        let (att, _) = attend(b.fused_attention, q, k, v, b.heads)?;
-        let cache = st.caches.get(i).ok_or_else(|| Error::msg(format!("no cache for block {i}")))?;
+    let attention = |i, b: &Block, h: &Tensor| {
+        let [q, k, v] = qkv(b, h)?;
+        let (att, _) = attend(b.fused_attention, &q, &k, &v, b.heads)?;
+        let cache = cache(st, i)?;
         let split = |t: &Tensor| t.reshape(&[batch, len, b.heads, d / b.heads]);
-        ops::kv_cache_fill(&cache.k, &cache.v, &split(k)?, &split(v)?)?;
+        ops::kv_cache_fill(&cache.k, &cache.v, &split(&k)?, &split(&v)?)?;
         cache.lengths.copy_(&inputs.lengths)?;
         Ok(att)
-    })?;
+    };
+    let h = run_blocks(w, x, attention, gated)?;
     // Each prompt's last real row (a gather: the rows are an embedding table).
     let last = ops::embedding(&inputs.last, &h.reshape(&[batch * len, d])?)?;
     let logits = ops::linear(&last, &w.head.head.value, None)?;
@@ -189,23 +278,56 @@ pub fn prefill(w: &Weights, st: &State, inputs: &PrefillInputs, sampler: &Sample
 
 /// The logits `[batch, vocab]` of one new token per sequence, `ids` at `positions` (f32
 /// `[batch]`), attending to each sequence's cache after appending the token's keys and values
-/// there (the lengths advance by one).
+/// there (the lengths advance by one): the training forward's ops.
 pub fn step_logits(w: &Weights, st: &State, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
     let batch = ids.numel();
-    let h = run_blocks(w, embed(w, ids, positions)?, |i, b, q, k, v| {
-        let cache = st.caches.get(i).ok_or_else(|| Error::msg(format!("no cache for block {i}")))?;
-        let d = q.dims()[1];
+    let d = w.d_model();
+    let attention = |i, b: &Block, h: &Tensor| {
+        let [q, k, v] = qkv(b, h)?;
+        let cache = cache(st, i)?;
         let split = |t: &Tensor| t.reshape(&[batch, b.heads, d / b.heads]);
-        ops::kv_cache_append(&cache.k, &cache.v, &cache.lengths, &split(k)?, &split(v)?)?;
-        ops::decode_attention(&split(q)?, &cache.k, &cache.v, &cache.lengths)?.reshape(&[batch, d])
-    })?;
+        ops::kv_cache_append(&cache.k, &cache.v, &cache.lengths, &split(&k)?, &split(&v)?)?;
+        ops::decode_attention(&split(&q)?, &cache.k, &cache.v, &cache.lengths)?.reshape(&[batch, d])
+    };
+    let h = run_blocks(w, embed(w, ids, positions)?, attention, gated)?;
+    ops::linear(&h, &w.head.head.value, None)
+}
+
+/// [`step_logits`] fused: each block's q/k/v one GEMM against `stacked`'s copy, the append
+/// inside the attention (`ops::decode_attention_append`), gate/up one GEMM read by
+/// `ops::swiglu_packed`. Four kernels fewer a block. The same arithmetic per element except
+/// for the GEMMs: on the host backend (one f64 dot product an output) the same bits; on CUDA
+/// cuBLAS may pick another kernel (another summation order) for the wider GEMMs, so the
+/// projections can round differently in their last bit.
+pub fn step_logits_stacked(
+    w: &Weights,
+    stacked: &[Stacked],
+    st: &State,
+    ids: &Tensor,
+    positions: &Tensor,
+) -> Result<Tensor> {
+    let batch = ids.numel();
+    let d = w.d_model();
+    let copy = |i: usize| stacked.get(i).ok_or_else(|| Error::msg(format!("no stacked weights for block {i}")));
+    let attention = |i, b: &Block, h: &Tensor| {
+        let cache = cache(st, i)?;
+        let qkv = ops::linear(h, &copy(i)?.qkv, None)?;
+        ops::decode_attention_append(&qkv, &cache.k, &cache.v, &cache.lengths, b.heads)?.reshape(&[batch, d])
+    };
+    let gated = |i, _: &Block, h2: &Tensor| ops::swiglu_packed(&ops::linear(h2, &copy(i)?.gate_up, None)?);
+    let h = run_blocks(w, embed(w, ids, positions)?, attention, gated)?;
     ops::linear(&h, &w.head.head.value, None)
 }
 
 /// One decoding step: the tokens the bookkeeping left (its next ids at their positions)
-/// through [`step_logits`], a token sampled per sequence and recorded. Returns the logits.
-pub fn decode_step(w: &Weights, st: &State, sampler: &Sampler) -> Result<Tensor> {
-    let logits = step_logits(w, st, st.gen.next_ids(), st.gen.positions())?;
+/// through [`step_logits_stacked`] (with `stacked`) or [`step_logits`], a token sampled per
+/// sequence and recorded. Returns the logits.
+pub fn decode_step(w: &Weights, stacked: Option<&[Stacked]>, st: &State, sampler: &Sampler) -> Result<Tensor> {
+    let (ids, positions) = (st.gen.next_ids(), st.gen.positions());
+    let logits = match stacked {
+        Some(stacked) => step_logits_stacked(w, stacked, st, ids, positions)?,
+        None => step_logits(w, st, ids, positions)?,
+    };
     sample_and_record(st, &logits, sampler)?;
     Ok(logits)
 }

@@ -22,6 +22,7 @@ pub(crate) const KERNEL_SOURCES: &[&str] = &[
     include_str!("kernels/core.cu"),
     include_str!("kernels/ops.cu"),
     include_str!("kernels/half.cu"),
+    include_str!("kernels/scale_update.cu"),
     include_str!("kernels/mixed.cu"),
     include_str!("kernels/multi_tensor.cu"),
     include_str!("kernels/transformer.cu"),
@@ -133,11 +134,13 @@ pub(crate) fn driver_version() -> Result<CudaVersion> {
 }
 
 /// The kernels of `kernels/conditional.cu`: `one` sets one IF or WHILE node's condition from
-/// a test, `two` sets a pair (the test's outcome and its opposite: an if/else).
+/// a test, `two` sets a pair (the test's outcome and its opposite: an if/else), `update`
+/// updates the loss scaler first and then sets one or two.
 #[derive(Clone, Debug)]
 pub(crate) struct CondKernels {
     pub(crate) one: CudaFunction,
     pub(crate) two: CudaFunction,
+    pub(crate) update: CudaFunction,
 }
 
 /// A cuBLAS handle. Calls on one handle must not run concurrently, so it lives in a `Mutex`.
@@ -396,11 +399,15 @@ impl CudaBackend {
         let (major, minor) = self.capability;
         let options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
         let opts = CompileOptions { options, ..Default::default() };
-        let ptx = compile_ptx_with_opts(include_str!("kernels/conditional.cu"), opts)
-            .map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
+        let src = [include_str!("kernels/scale_update.cu"), include_str!("kernels/conditional.cu")].join("\n");
+        let ptx = compile_ptx_with_opts(src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
         let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
         let load = |name: &str| module.load_function(name).map_err(driver_err("cuModuleGetFunction"));
-        let kernels = CondKernels { one: load("graphed_set_conditional")?, two: load("graphed_set_conditional2")? };
+        let kernels = CondKernels {
+            one: load("graphed_set_conditional")?,
+            two: load("graphed_set_conditional2")?,
+            update: load("graphed_amp_update_set")?,
+        };
         *slot = Some(kernels.clone());
         Ok(kernels)
     }

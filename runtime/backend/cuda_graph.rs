@@ -14,13 +14,26 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use super::cuda::{check, driver_err, CudaBackend, LaunchDims};
 use super::kernels::KArg;
 use super::DropErrors;
-use super::{CaptureMode, CondKind, CondTest, GraphNode, NodeKind, StreamGate, CONDITIONAL_BODY};
+use super::{CaptureMode, CondKind, CondTest, GraphNode, NodeKind, ScaleUpdate, StreamGate, CONDITIONAL_BODY};
 use crate::capabilities::CudaVersion;
 use crate::error::{BodyNode, GraphError, Invalidation};
 use crate::{Error, Result};
 
 /// The driver version that has `cuFuncGetName` (kernel names in [`CudaBackend::nodes`]).
 const FUNC_GET_NAME: CudaVersion = CudaVersion(12030);
+
+/// The driver version whose IF nodes take an else body (`size` 2 in the node's parameters).
+const IF_ELSE_NODES: CudaVersion = CudaVersion(12080);
+
+/// The variable that, set to `0`, makes an if/else two IF nodes on any driver (the form of
+/// drivers before CUDA 12.8), so that a newer machine tests that form too.
+pub(crate) const IF_ELSE_NODE_VAR: &str = "GRAPHED_IF_ELSE_NODE";
+
+/// Whether a driver of `version` captures an if/else into one IF node with an else body, rather
+/// than two IF nodes: CUDA 12.8 and later, unless [`IF_ELSE_NODE_VAR`] is `0`.
+pub(crate) fn if_else_in_one_node(version: CudaVersion) -> bool {
+    version >= IF_ELSE_NODES && std::env::var(IF_ELSE_NODE_VAR).map_or(true, |v| v != "0")
+}
 
 /// A captured CUDA graph and, once instantiated, its executable. Owns both handles.
 pub(crate) struct RawGraph {
@@ -172,7 +185,8 @@ impl CudaBackend {
             )?
         };
         let set = add_set_conditional(out.graph, &[], &func, handle, test)?;
-        let (_, body_graph) = add_conditional_node(out.graph, &[set], handle, kind, self.ctx.cu_ctx())?;
+        let (_, bodies) = add_conditional_node(out.graph, &[set], handle, kind, 1, self.ctx.cu_ctx())?;
+        let body_graph = bodies[0];
         let mut child: sys::CUgraphNode = std::ptr::null_mut();
         // SAFETY: both graphs are valid; the body is cloned into the node's body graph.
         unsafe {
@@ -190,8 +204,10 @@ impl CudaBackend {
 
     /// Captures `then` and `otherwise` (if given) into IF nodes of the capture in progress on
     /// the stream (see `Backend::capture_conditional`): one kernel, captured like any other,
-    /// sets every node's condition from `test`; then each branch is captured into its node's
-    /// body.
+    /// sets the conditions from `test` (after the loss scaler's `update`, when given); then
+    /// each branch is captured into its body. An if/else is one IF node with an else body
+    /// where the driver has them (CUDA 12.8, [`if_else_in_one_node`]), else two IF nodes on
+    /// opposite conditions, both set by the one kernel.
     ///
     /// A stream captures one graph at a time, so a body is captured by leaving the outer
     /// capture (its graph already holds the IF node), capturing the node's body graph on the
@@ -200,11 +216,12 @@ impl CudaBackend {
     /// kernel. PyTorch's `begin_capture_to_if_node` captures the body on a second stream
     /// instead; one stream keeps every launch of this backend (kernels, cuBLAS, copies) on the
     /// stream it always uses. The caller checked the driver (CUDA 12.4, which has every call
-    /// used here).
+    /// used here but the else body).
     pub(crate) fn capture_conditional<'a>(
         &self,
         mode: CaptureMode,
         test: &CondTest,
+        update: Option<ScaleUpdate>,
         then: &'a mut dyn FnMut() -> Result<()>,
         otherwise: Option<&'a mut dyn FnMut() -> Result<()>>,
         gate: &StreamGate,
@@ -227,33 +244,52 @@ impl CudaBackend {
             };
             Ok(handle)
         };
+        let one_node = otherwise.is_some() && if_else_in_one_node(self.driver_version);
         let then_handle = new_handle()?;
-        let else_handle = if otherwise.is_some() { Some(new_handle()?) } else { None };
-        let (func, mut args) = match else_handle {
-            None => (&kernels.one, vec![KArg::U64(then_handle)]),
-            Some(else_handle) => (&kernels.two, vec![KArg::U64(then_handle), KArg::U64(else_handle)]),
-        };
-        args.extend([
+        let else_handle = if otherwise.is_some() && !one_node { Some(new_handle()?) } else { None };
+        let test_args = [
             KArg::Ptr(test.ptr),
             KArg::U32(test.is_i32 as u32),
             KArg::U32(test.below.is_some() as u32),
             KArg::F32(test.below.unwrap_or(0.0)),
-        ]);
+        ];
+        let (func, mut args) = match (update, else_handle) {
+            (None, None) => (&kernels.one, vec![KArg::U64(then_handle)]),
+            (None, Some(e)) => (&kernels.two, vec![KArg::U64(then_handle), KArg::U64(e)]),
+            (Some(u), e) => (
+                &kernels.update,
+                vec![
+                    KArg::U64(then_handle),
+                    KArg::U64(e.unwrap_or(then_handle)),
+                    KArg::U32(e.is_some() as u32),
+                    KArg::Ptr(u.state),
+                    KArg::F32(u.growth),
+                    KArg::F32(u.backoff),
+                    KArg::U32(u.interval),
+                ],
+            ),
+        };
+        args.extend(test_args);
         let one_thread = LaunchDims { grid: (1, 1, 1), block: (1, 1, 1), shared: 0 };
         self.launch_function(func, one_thread, &args)?;
+        // A failed body ends the capture discarded: its node stays (the handle cannot be freed,
+        // and a handle without its node fails instantiation), so the capture ends with a typed
+        // error.
         let (mut graph, mut deps) = capture_info(stream)?;
-        for (branch, handle) in std::iter::once((then, then_handle)).chain(otherwise.zip(else_handle)) {
-            let (node, body) = add_conditional_node(graph, &deps, handle, CondKind::If, self.ctx.cu_ctx())?;
-            let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps };
-            match self.capture_body(place, branch, gate, nested) {
-                Ok(next) => (graph, deps) = next,
-                Err(e) => {
-                    // The node stays (its handle cannot be freed, and one without its node
-                    // fails instantiation): the capture ends discarded, with a typed error.
-                    gate.fail_branch();
-                    return Err(e);
-                }
+        if one_node {
+            // One node, two bodies: the branches in order, each captured as a single node's.
+            let (node, bodies) = add_conditional_node(graph, &deps, then_handle, CondKind::If, 2, self.ctx.cu_ctx())?;
+            for (branch, body) in std::iter::once(then).chain(otherwise).zip(bodies) {
+                let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps: deps.clone() };
+                self.capture_body(place, branch, gate, nested).inspect_err(|_| gate.fail_branch())?;
             }
+            return Ok(());
+        }
+        for (branch, handle) in std::iter::once(then).chain(otherwise).zip([then_handle].into_iter().chain(else_handle))
+        {
+            let (node, bodies) = add_conditional_node(graph, &deps, handle, CondKind::If, 1, self.ctx.cu_ctx())?;
+            let place = BodyPlace { stream, mode: stream_mode(mode), node, body: bodies[0], deps };
+            (graph, deps) = self.capture_body(place, branch, gate, nested).inspect_err(|_| gate.fail_branch())?;
         }
         Ok(())
     }
@@ -554,15 +590,17 @@ fn add_empty_node(graph: sys::CUgraph) -> Result<()> {
     unsafe { check("cuGraphAddEmptyNode", sys::cuGraphAddEmptyNode(&mut node, graph, std::ptr::null(), 0)) }
 }
 
-/// Adds a WHILE or IF node over `handle` to `graph` after `deps`; the node and its body graph
-/// (owned by the node).
+/// Adds a WHILE or IF node over `handle` to `graph` after `deps`, with `size` bodies (an IF
+/// node's second body runs where the condition is zero: CUDA 12.8); the node and its body
+/// graphs (owned by the node), in order.
 fn add_conditional_node(
     graph: sys::CUgraph,
     deps: &[sys::CUgraphNode],
     handle: sys::CUgraphConditionalHandle,
     kind: CondKind,
+    size: u32,
     ctx: sys::CUcontext,
-) -> Result<(sys::CUgraphNode, sys::CUgraph)> {
+) -> Result<(sys::CUgraphNode, Vec<sys::CUgraph>)> {
     // SAFETY: zeroed node params are valid (plain data and null pointers); we set the type
     // and the conditional member, the one the driver reads for this type.
     let mut params: sys::CUgraphNodeParams = unsafe { std::mem::zeroed() };
@@ -573,7 +611,7 @@ fn add_conditional_node(
             CondKind::While => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_WHILE,
             CondKind::If => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_IF,
         },
-        size: 1,
+        size,
         phGraph_out: std::ptr::null_mut(),
         ctx,
     };
@@ -587,8 +625,12 @@ fn add_conditional_node(
     if bodies.is_null() {
         return Err(GraphError::ConditionalWithoutBody.into());
     }
-    // SAFETY: `bodies` points to `size` (1) graphs owned by the node, alive as long as it is.
-    Ok((node, unsafe { *bodies }))
+    // SAFETY: `bodies` points to `size` graphs owned by the node, alive as long as it is.
+    let bodies = unsafe { std::slice::from_raw_parts(bodies, size as usize) }.to_vec();
+    if bodies.iter().any(|b| b.is_null()) {
+        return Err(GraphError::ConditionalWithoutBody.into());
+    }
+    Ok((node, bodies))
 }
 
 /// Adds a one-thread kernel node that sets the conditional `handle` from `test`, after `deps`.

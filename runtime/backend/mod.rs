@@ -383,9 +383,12 @@ impl Backend {
     /// (or panics) leaves the stream capturing the outer graph, and its error (or panic) is
     /// passed on; a body holding what a conditional body may not hold is
     /// [`Error::ConditionalBody`]. The caller checked the driver and that this thread captures.
+    /// With `update` (CUDA only: the caller runs the update as an op first elsewhere), the
+    /// kernel that sets the conditions updates the loss scaler before it tests.
     pub(crate) fn capture_conditional<'a>(
         &self,
         test: &CondTest,
+        update: Option<ScaleUpdate>,
         then: &'a mut dyn FnMut() -> Result<()>,
         otherwise: Option<&'a mut dyn FnMut() -> Result<()>>,
     ) -> Result<()> {
@@ -394,6 +397,7 @@ impl Backend {
         };
         match &self.kind {
             BackendKind::Host(h) => {
+                debug_assert!(update.is_none(), "the host backend runs the scaler's update as an op first");
                 let mut bodies = Vec::with_capacity(2);
                 for branch in std::iter::once(then).chain(otherwise) {
                     let ops = self.capture_host_body(h, branch)?;
@@ -418,7 +422,7 @@ impl Backend {
                     body.map_or(Ok(()), |ops| ops.iter().try_for_each(|op| (op.run)()))
                 })
             }
-            BackendKind::Cuda(c) => c.capture_conditional(mode, test, then, otherwise, &self.gate),
+            BackendKind::Cuda(c) => c.capture_conditional(mode, test, update, then, otherwise, &self.gate),
         }
     }
 
@@ -540,6 +544,17 @@ pub(crate) struct CondTest {
     pub(crate) host: Option<HostPtr>,
     pub(crate) is_i32: bool,
     pub(crate) below: Option<f32>,
+}
+
+/// The loss scaler's update (`amp_update`: back off after an overflow, else grow every
+/// `interval` good steps) of the state at `state` (four f32 on the device), done on CUDA by the
+/// kernel that sets a conditional node's condition, before its test: one launch for both.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScaleUpdate {
+    pub(crate) state: u64,
+    pub(crate) growth: f32,
+    pub(crate) backoff: f32,
+    pub(crate) interval: u32,
 }
 
 impl CondTest {

@@ -13,6 +13,23 @@ use super::nccl::NcclComm;
 use crate::backend::BackendKind;
 use crate::{DType, Device, DistError, Error, GraphOptions, Result, ShapeProblem, Tensor};
 
+/// One transfer of [`Communicator::send_recv_group`]: a tensor and the peer rank.
+#[derive(Clone, Debug)]
+pub enum P2pOp {
+    /// Sends the tensor to the peer, which posts a matching receive.
+    Send(Tensor, usize),
+    /// Receives into the tensor what the peer sends (the same number of elements).
+    Recv(Tensor, usize),
+}
+
+impl P2pOp {
+    fn parts(&self) -> (&Tensor, usize) {
+        match self {
+            P2pOp::Send(t, peer) | P2pOp::Recv(t, peer) => (t, *peer),
+        }
+    }
+}
+
 /// How [`Communicator::all_reduce`] and [`Communicator::reduce_scatter`] combine the ranks'
 /// values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,19 +234,16 @@ impl Communicator {
             }
             Imp::Nccl(c) => {
                 let ptrs = tensors.iter().map(|t| t.cuda_ptr().map(NcclComm::ptr)).collect::<Result<Vec<_>>>()?;
-                c.issue("ncclGroupStart", |_, _| {
-                    // SAFETY: starts a group on this thread; ended below.
-                    unsafe { sys::ncclGroupStart() }
-                })?;
-                for (p, n) in ptrs.iter().zip(&sizes) {
-                    let p = *p;
-                    // SAFETY: each `p` is a live device buffer of `n` floats on this GPU.
-                    c.issue("ncclAllReduce", |comm, s| unsafe {
-                        sys::ncclAllReduce(p, p, *n, sys::ncclDataType_t::ncclFloat32, red(op), comm, s)
-                    })?;
-                }
-                // SAFETY: ends the group started above; NCCL launches it on the stream.
-                c.issue("ncclGroupEnd", |_, _| unsafe { sys::ncclGroupEnd() })
+                c.grouped(|| {
+                    for (p, n) in ptrs.iter().zip(&sizes) {
+                        let p = *p;
+                        // SAFETY: each `p` is a live device buffer of `n` floats on this GPU.
+                        c.issue("ncclAllReduce", |comm, s| unsafe {
+                            sys::ncclAllReduce(p, p, *n, sys::ncclDataType_t::ncclFloat32, red(op), comm, s)
+                        })?;
+                    }
+                    Ok(())
+                })
             }
         }
     }
@@ -319,51 +333,110 @@ impl Communicator {
         }
     }
 
-    /// Sends `t` to `peer`, which must post a matching [`Communicator::recv`].
+    /// Sends `t` to `peer`, which must post a matching [`Communicator::recv`]. The send may not
+    /// complete before that receive is posted (NCCL's may not): two ranks that each send to the
+    /// other before receiving wait forever; [`Communicator::send_recv_group`] posts both at once.
     pub fn send(&self, t: &Tensor, peer: usize) -> Result<()> {
-        self.check("send", &[t])?;
-        self.check_peer("send", peer)?;
-        let n = t.numel();
-        match &self.0.imp {
-            Imp::Host(_) => {
-                let p = t.host_ptr()?;
-                self.host_op("send", move |g, rank, timeout| g.send(rank, peer, p.read(), timeout))
-            }
-            Imp::Nccl(c) => {
-                let p = NcclComm::ptr(t.cuda_ptr()?);
-                // SAFETY: `p` holds `n` floats on this GPU.
-                c.issue("ncclSend", |comm, s| unsafe {
-                    sys::ncclSend(p, n, sys::ncclDataType_t::ncclFloat32, peer as i32, comm, s)
-                })
-            }
-        }
+        self.p2p("send", &[P2pOp::Send(t.clone(), peer)])
     }
 
     /// Receives into `t` what `peer` sends (the same number of elements).
     pub fn recv(&self, t: &Tensor, peer: usize) -> Result<()> {
-        self.check("recv", &[t])?;
-        self.check_peer("recv", peer)?;
-        let n = t.numel();
+        self.p2p("recv", &[P2pOp::Recv(t.clone(), peer)])
+    }
+
+    /// Posts several sends and receives as one group and waits for all of them
+    /// (`ncclGroupStart`/`ncclGroupEnd` on NCCL, PyTorch's `batch_isend_irecv`): no transfer of
+    /// the group waits for another, so two ranks that each send to and receive from the other
+    /// in one group both complete, where a [`Communicator::send`] followed by a
+    /// [`Communicator::recv`] on both would wait forever. Messages between two ranks still
+    /// arrive in the order they were posted. Every tensor is checked first (device, dtype,
+    /// staleness, peer), and a receive needs a buffer no other transfer of the group uses
+    /// ([`DistError::GroupAliased`](crate::DistError::GroupAliased)); a refused group posts nothing.
+    ///
+    /// ```
+    /// use graphed::dist::{self, P2pOp};
+    /// use graphed::Tensor;
+    /// // Each rank sends its rank to the other and receives the other's: one group each.
+    /// let got = dist::run_emulated(2, |comm| {
+    ///     let peer = 1 - comm.rank();
+    ///     let mine = Tensor::full(comm.device(), &[2], comm.rank() as f32)?;
+    ///     let theirs = Tensor::zeros(comm.device(), &[2])?;
+    ///     comm.send_recv_group(&[P2pOp::Send(mine, peer), P2pOp::Recv(theirs.clone(), peer)])?;
+    ///     theirs.to_vec()
+    /// })?;
+    /// assert_eq!(got, vec![vec![1.0; 2], vec![0.0; 2]]);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn send_recv_group(&self, ops: &[P2pOp]) -> Result<()> {
+        self.p2p("send_recv_group", ops)
+    }
+
+    /// Point-to-point transfers, as one group when there are several: checked, then issued.
+    fn p2p(&self, op: &'static str, ops: &[P2pOp]) -> Result<()> {
+        for (i, o) in ops.iter().enumerate() {
+            let (t, peer) = o.parts();
+            self.check(op, &[t])?;
+            self.check_peer(op, peer)?;
+            if let P2pOp::Recv(..) = o {
+                if let Some(other) = ops.iter().enumerate().position(|(j, x)| j != i && x.parts().0.same_buffer(t)) {
+                    return Err(DistError::GroupAliased { receive: i, other }.into());
+                }
+            }
+        }
+        if ops.is_empty() {
+            return Ok(());
+        }
         match &self.0.imp {
             Imp::Host(_) => {
-                let p = t.host_ptr()?;
-                self.host_op("recv", move |g, rank, timeout| {
-                    let data = g.recv(rank, peer, timeout)?;
-                    if data.len() != n {
-                        let detail = format!("rank {peer} sent {} elements, rank {rank} receives {n}", data.len());
-                        g.abort(format!("send/recv size mismatch: {detail}"));
-                        return Err(Error::Dist(crate::DistError::CollectiveMismatch { rank, detail }));
+                let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+                for o in ops {
+                    match o {
+                        P2pOp::Send(t, peer) => sends.push((*peer, t.host_ptr()?)),
+                        P2pOp::Recv(t, peer) => recvs.push((*peer, t.host_ptr()?, t.numel())),
                     }
-                    p.write(&data);
+                }
+                let sources: Vec<usize> = recvs.iter().map(|r| r.0).collect();
+                self.host_op(op, move |g, rank, timeout| {
+                    let data = sends.iter().map(|(peer, p)| (*peer, p.read())).collect();
+                    let received = g.send_recv(rank, data, &sources, timeout)?;
+                    for ((peer, p, n), data) in recvs.iter().zip(received) {
+                        if data.len() != *n {
+                            let detail = format!("rank {peer} sent {} elements, rank {rank} receives {n}", data.len());
+                            g.abort(format!("send/recv size mismatch: {detail}"));
+                            return Err(Error::Dist(crate::DistError::CollectiveMismatch { rank, detail }));
+                        }
+                        p.write(&data);
+                    }
                     Ok(())
                 })
             }
             Imp::Nccl(c) => {
-                let p = NcclComm::ptr(t.cuda_ptr()?);
-                // SAFETY: `p` holds `n` floats on this GPU.
-                c.issue("ncclRecv", |comm, s| unsafe {
-                    sys::ncclRecv(p, n, sys::ncclDataType_t::ncclFloat32, peer as i32, comm, s)
-                })
+                let calls =
+                    ops.iter().map(|o| Ok((o, NcclComm::ptr(o.parts().0.cuda_ptr()?)))).collect::<Result<Vec<_>>>()?;
+                let issue = || {
+                    for (o, p) in &calls {
+                        let (t, peer) = o.parts();
+                        let (p, n, peer) = (*p, t.numel(), peer as i32);
+                        match o {
+                            // SAFETY: `p` holds `n` floats on this GPU (checked above).
+                            P2pOp::Send(..) => c.issue("ncclSend", |comm, s| unsafe {
+                                sys::ncclSend(p, n, sys::ncclDataType_t::ncclFloat32, peer, comm, s)
+                            })?,
+                            // SAFETY: `p` holds `n` floats on this GPU, used by no other
+                            // transfer of the group (checked above).
+                            P2pOp::Recv(..) => c.issue("ncclRecv", |comm, s| unsafe {
+                                sys::ncclRecv(p, n, sys::ncclDataType_t::ncclFloat32, peer, comm, s)
+                            })?,
+                        }
+                    }
+                    Ok(())
+                };
+                if calls.len() == 1 {
+                    issue()
+                } else {
+                    c.grouped(issue)
+                }
             }
         }
     }

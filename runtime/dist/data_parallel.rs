@@ -5,11 +5,33 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-use super::{Communicator, ReduceOp};
+use super::{AllReduceCost, Communicator, ReduceOp, COST_SIZES};
 use crate::{Cx, DistError, Module, Param, Result, Tensor};
 
 /// Default bucket size: DDP's 25 MB.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
+
+/// The fraction of the bandwidth [`measured_bucket_bytes`] asks of a bucket's
+/// all-reduce: the fixed cost is at most a fifth of its time.
+pub const BUCKET_EFFICIENCY: f64 = 0.8;
+
+/// A bucket size for `comm`'s group from its measured all-reduce cost: all-reduces of
+/// [`COST_SIZES`] timed on `comm` and fitted as latency plus bandwidth
+/// ([`AllReduceCost::measure`]), then the smallest bucket that reaches [`BUCKET_EFFICIENCY`]
+/// of the bandwidth ([`AllReduceCost::bucket_bytes`]). Every rank gets the same size (the
+/// times are averaged over the ranks first): pass it to [`DataParallel::with_params`],
+/// [`DataParallel::chunks`] or [`DataParallel::chunks_overlapped`]. Every rank must call it at
+/// the same point, before capturing.
+///
+/// ```
+/// use graphed::dist;
+/// let sizes = dist::run_emulated(2, |comm| dist::measured_bucket_bytes(&comm))?;
+/// assert_eq!(sizes[0], sizes[1]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn measured_bucket_bytes(comm: &Communicator) -> Result<usize> {
+    AllReduceCost::measure(comm, &COST_SIZES, 5)?.bucket_bytes(BUCKET_EFFICIENCY)
+}
 
 /// Wraps a module for data parallelism: every rank holds the same parameters and runs its own
 /// batch; after the module's backward, the grads are all-reduced over the ranks (summed, or
@@ -348,7 +370,7 @@ impl<M: Module> Module for DataParallel<M> {
         Ok(grads)
     }
 
-    crate::module::forward_to_inner!();
+    crate::module::forward_to_inner!(inner);
 
     fn collectives(&self) -> Option<super::Collectives> {
         Some(super::Collectives::new(self.comm.clone()))

@@ -144,27 +144,40 @@ impl HostGroup {
         Ok(st.result.clone())
     }
 
-    /// Hands `data` to `dst` and waits until `dst` has taken it: a send completes only when
-    /// its receive does, as NCCL's may, so a schedule that deadlocks on GPUs deadlocks (and
-    /// times out) here too.
-    pub(crate) fn send(&self, rank: usize, dst: usize, data: Vec<f32>, timeout: Duration) -> Result<()> {
+    /// Posts every send of a group (each hands its data to its destination), takes every
+    /// receive (the oldest message from each source, waiting for it), then waits until every
+    /// send was taken: NCCL's group semantics, so two ranks that each send to and receive from
+    /// the other in one group both complete. A send completes only when its receive does, as
+    /// NCCL's may, so a schedule that deadlocks on GPUs deadlocks (and times out) here too.
+    /// Returns the received data in the order of `recvs`.
+    pub(crate) fn send_recv(
+        &self,
+        rank: usize,
+        sends: Vec<(usize, Vec<f32>)>,
+        recvs: &[usize],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<f32>>> {
         let mut st = self.lock();
         if let Some(reason) = &st.aborted {
             return Err(Error::Dist(crate::DistError::CommAborted { rank, reason: reason.clone() }));
         }
-        st.mail.entry((rank, dst)).or_default().push_back(data);
-        let seq = {
+        let mut posted = Vec::with_capacity(sends.len());
+        for (dst, data) in sends {
+            st.mail.entry((rank, dst)).or_default().push_back(data);
             let sent = st.sent.entry((rank, dst)).or_default();
             *sent += 1;
-            *sent
-        };
+            posted.push((dst, *sent));
+        }
+        drop(st);
         self.changed.notify_all();
-        let taken = |s: &State| s.taken.get(&(rank, dst)).is_some_and(|t| *t >= seq);
-        self.wait(st, rank, "send", timeout, taken).map(drop)
+        let received = recvs.iter().map(|&src| self.take(rank, src, timeout)).collect::<Result<Vec<_>>>()?;
+        let taken = |s: &State| posted.iter().all(|(dst, seq)| s.taken.get(&(rank, *dst)).is_some_and(|t| t >= seq));
+        self.wait(self.lock(), rank, "send", timeout, taken).map(drop)?;
+        Ok(received)
     }
 
     /// Takes the oldest message from `src`, waiting for it with a deadline.
-    pub(crate) fn recv(&self, rank: usize, src: usize, timeout: Duration) -> Result<Vec<f32>> {
+    fn take(&self, rank: usize, src: usize, timeout: Duration) -> Result<Vec<f32>> {
         let st = self.lock();
         let has_mail = |s: &State| s.mail.get(&(src, rank)).is_some_and(|q| !q.is_empty());
         let mut st = self.wait(st, rank, "recv", timeout, has_mail)?;

@@ -4,17 +4,22 @@
 //! - `comm`: [`Communicator`] and its collectives.
 //! - `agree`: [`Collectives`] made from a communicator, which `make_graphed` asks whether
 //!   every rank captures the same schedule.
+//! - `cost`: [`AllReduceCost`], the all-reduce time of a group as latency plus bandwidth,
+//!   measured, and the bucket size it implies.
 //! - `host`: emulated ranks (threads sharing memory).
 //! - `nccl`: the NCCL communicator (non-blocking, with deadlines and abort).
 //! - `rank_env`: [`RankEnv`], this process's rank as graphed's `launch`, torchrun, Slurm or
 //!   Open MPI set it.
 //! - `launch`: the rendezvous and [`launch`].
-//! - `data_parallel`: [`DataParallel`], grads all-reduced in buckets inside the backward graph.
-//! - `pipeline`: [`PipelineStage`], a chunk of a pipeline with send/recv into static buffers.
+//! - `data_parallel`: [`DataParallel`], grads all-reduced in buckets inside the backward graph;
+//!   [`measured_bucket_bytes`], a bucket size from the group's measured cost.
+//! - `pipeline`: [`PipelineStage`], a chunk of a pipeline with send/recv into static buffers,
+//!   grouped where neighbours would wait on each other; [`PipelineSchedule`], 1F1B orders.
 //! - `shard`: [`ShardedParams`], FSDP-style shards gathered and reduced by capture-time hooks.
 
 mod agree;
 mod comm;
+mod cost;
 mod data_parallel;
 mod host;
 mod launch;
@@ -28,10 +33,11 @@ use std::time::Duration;
 
 pub use crate::error::Launcher;
 pub use crate::module::Collectives;
-pub use comm::{Communicator, ReduceOp};
-pub use data_parallel::{DataParallel, DEFAULT_BUCKET_BYTES};
+pub use comm::{Communicator, P2pOp, ReduceOp};
+pub use cost::{AllReduceCost, COST_SIZES};
+pub use data_parallel::{measured_bucket_bytes, DataParallel, BUCKET_EFFICIENCY, DEFAULT_BUCKET_BYTES};
 pub use launch::{launch, LaunchOptions, Rendezvous};
-pub use pipeline::{stage_order, PipelineStage, StageRole};
+pub use pipeline::{stage_order, PipelineSchedule, PipelineStage, StageRole};
 pub use rank_env::{
     RankEnv, ENV_LAUNCHER, ENV_LOCAL_RANK, ENV_RANK, ENV_RENDEZVOUS, ENV_WORLD_SIZE, SLURM_PORT_BASE, SLURM_PORT_SPAN,
     TORCHRUN_PORT_OFFSET,

@@ -429,6 +429,19 @@ impl NcclComm {
         self.settle(call, r)
     }
 
+    /// Issues the NCCL calls `f` makes (through [`NcclComm::issue`]) as one group: NCCL posts
+    /// them together at `ncclGroupEnd` and launches them as one, so no call of the group waits
+    /// for another (a send and a receive between two ranks, several all-reduces fused). The
+    /// group is ended even when a call of `f` fails, so this thread never stays inside it.
+    pub(crate) fn grouped(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        // SAFETY: starts a group on this thread; ended below whatever `f` returns.
+        self.issue("ncclGroupStart", |_, _| unsafe { sys::ncclGroupStart() })?;
+        let issued = f();
+        // SAFETY: ends the group started above; NCCL launches its calls on the stream.
+        let ended = self.issue("ncclGroupEnd", |_, _| unsafe { sys::ncclGroupEnd() });
+        issued.and(ended)
+    }
+
     /// Forks the side stream from the device stream and sends the calls of `f` there.
     pub(crate) fn on_side_stream(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
         let c = cuda(&self.backend)?;

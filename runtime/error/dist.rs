@@ -267,14 +267,68 @@ pub enum DistError {
         /// Whether the input grad (backward) rather than the output (forward).
         grad: bool,
     },
-    /// A pipeline order whose stages' transfers cannot all meet: following it, every rank
-    /// would wait for a peer that waits too.
-    #[error("pipeline order {order:?} deadlocks across ranks: {}; order each stage's transfers so that neighbours meet (e.g. all forwards of a chunk before its backwards)", .stuck.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+    /// A pipeline order whose chunks cannot be spread over the ranks: chunk `c` runs on rank
+    /// `(c - 1) % world`, so every rank must get as many chunks as the others.
+    #[error("a pipeline order over {chunks} chunks on {world} ranks: the chunks must be a multiple of the ranks (chunk c runs on rank (c - 1) mod {world}), and a single rank runs a single chunk")]
+    PipelineChunks {
+        /// The chunks of the order (its largest chunk number).
+        chunks: usize,
+        /// The ranks.
+        world: usize,
+    },
+    /// A rank that passes another number of modules than it runs chunks of the order.
+    #[error("PipelineStage: rank {rank} runs {expected} chunk(s) of the order (chunks {rank} + 1, {rank} + 1 + world, ...), {given} module(s) were given")]
+    StageChunks {
+        /// The rank.
+        rank: usize,
+        /// The chunks it runs.
+        expected: usize,
+        /// The modules given.
+        given: usize,
+    },
+    /// A pipeline order whose stages' transfers cannot all meet, even with each send grouped
+    /// with the receive that follows it: following it, every rank would wait for a peer that
+    /// waits too.
+    #[error("pipeline order deadlocks across ranks: {}; order each stage's transfers so that neighbours meet (e.g. all forwards of a chunk before its backwards)", .stuck.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
     PipelineDeadlock {
-        /// The order.
-        order: Vec<i32>,
         /// The transfer each rank is stuck at.
         stuck: Vec<PipelineTransfer>,
+    },
+    /// A pipeline order in which a rank sends a neighbour its messages in another order than
+    /// the neighbour receives them (possible when a rank runs several chunks): messages
+    /// between two ranks arrive in the order they were sent, so one would land in the wrong
+    /// buffer.
+    #[error("pipeline order: {sent}, where the receiver expects: {received}; messages between two ranks arrive in the order they are sent, so each pair of ranks must run its transfers to each other in the same order")]
+    PipelineTransferOrder {
+        /// The send.
+        sent: PipelineTransfer,
+        /// The receive it would meet.
+        received: PipelineTransfer,
+    },
+    /// Arguments no pipeline schedule exists for (`dist::one_f_one_b`).
+    #[error("no 1F1B schedule of {microbatches} microbatch(es) over {ranks} rank(s) with {chunks_per_rank} chunk(s) each: every count must be at least 1, and with several chunks per rank the microbatches a multiple of the ranks")]
+    PipelineSchedule {
+        /// The ranks.
+        ranks: usize,
+        /// The chunks per rank.
+        chunks_per_rank: usize,
+        /// The microbatches.
+        microbatches: usize,
+    },
+    /// A receive of a grouped send/recv whose buffer another transfer of the group uses too
+    /// (the transfers of a group run at once).
+    #[error("Communicator::send_recv_group: transfer {receive} receives into the buffer of transfer {other}; the transfers of a group run at once, so a receive needs a buffer of its own")]
+    GroupAliased {
+        /// The receive's index in the group.
+        receive: usize,
+        /// The other transfer's index.
+        other: usize,
+    },
+    /// An all-reduce cost model that cannot be measured, fitted or used as asked.
+    #[error("all-reduce cost model: {why}")]
+    CostModel {
+        /// What is wrong.
+        why: &'static str,
     },
 }
 
@@ -387,7 +441,8 @@ impl NcclProblem {
 }
 
 /// One transfer of a pipeline stage: a send or receive of one microbatch's activation or
-/// grad between neighbouring ranks (in [`DistError::PipelineDeadlock`]).
+/// grad between the ranks of neighbouring chunks (in [`DistError::PipelineDeadlock`] and
+/// [`DistError::PipelineTransferOrder`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PipelineTransfer {
     /// The rank.
@@ -398,6 +453,8 @@ pub struct PipelineTransfer {
     pub peer: usize,
     /// Whether an activation (forward) rather than a grad (backward).
     pub activation: bool,
+    /// The chunk (1-indexed) whose output (an activation) or input grad (a grad) it carries.
+    pub chunk: usize,
     /// The microbatch.
     pub microbatch: usize,
 }
@@ -405,7 +462,8 @@ pub struct PipelineTransfer {
 impl std::fmt::Display for PipelineTransfer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let dir = if self.sends { "sends to" } else { "receives from" };
-        let what = if self.activation { "activation" } else { "grad" };
-        write!(f, "rank {} {dir} rank {} ({what} of microbatch {})", self.rank, self.peer, self.microbatch)
+        let what = if self.activation { "output" } else { "input grad" };
+        let (rank, peer, chunk, microbatch) = (self.rank, self.peer, self.chunk, self.microbatch);
+        write!(f, "rank {rank} {dir} rank {peer} (chunk {chunk}'s {what} for microbatch {microbatch})")
     }
 }

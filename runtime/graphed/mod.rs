@@ -1,7 +1,8 @@
 //! `make_graphed`: warm up, capture and replay modules, the counterpart of PyTorch's
 //! `make_graphed_callables` and Transformer Engine's extension of it.
 //!
-//! - `options`, `order_entry`: `GraphOptions`, and the entries of a pipeline `order`.
+//! - `options`: `GraphOptions` (its `order` of `OrderEntry`s is defined below the modules,
+//!   in `order_entry.rs`).
 //! - `schedule`: the iteration's steps and the rules a schedule follows, validated once.
 //! - `capture`: `make_graphed` itself: validation, static surfaces, warm-up, capture; a failed
 //!   capture restores the RNG, frees its pool and hands the modules back.
@@ -32,7 +33,6 @@ mod cursor;
 mod estimate;
 mod fused;
 mod options;
-mod order_entry;
 mod replay;
 mod reuse;
 mod schedule;
@@ -45,11 +45,11 @@ use std::time::Duration;
 
 use crate::{Cx, Device, Error, Graph, GraphPool, HookKind, Module, Result, Tensor};
 
+pub use crate::order_entry::OrderEntry;
 pub use buckets::{AboveLargest, BucketReport, Buckets};
 pub use capture::{make_graphed, CaptureError};
 pub use estimate::{estimate_pool, PoolEstimate, PoolProbe};
 pub use options::GraphOptions;
-pub use order_entry::OrderEntry;
 pub(crate) use schedule::Schedule;
 pub use sequence::Sequence;
 

@@ -21,6 +21,17 @@ pub(crate) enum Pass {
     Wgrad,
 }
 
+impl OrderEntry {
+    /// The pass and the 1-indexed chunk.
+    pub(crate) fn parts(self) -> (Pass, usize) {
+        match self {
+            OrderEntry::Forward(c) => (Pass::Forward, c),
+            OrderEntry::Backward(c) => (Pass::Backward, c),
+            OrderEntry::Wgrad(c) => (Pass::Wgrad, c),
+        }
+    }
+}
+
 /// One step of an iteration: a pass of `chunk` (0-indexed) for `microbatch`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Step {

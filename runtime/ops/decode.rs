@@ -3,7 +3,7 @@
 //! in an `I32` tensor on the device and are read there only, so one captured graph serves
 //! every length.
 
-use crate::backend::{BuiltinKernel as B, KArg, LaunchDims};
+use crate::backend::{BuiltinKernel as B, CudaBackend, KArg, LaunchDims};
 use crate::ops::cpu::{self, CacheShape};
 use crate::ops::{at_most, check_like, exec, n32, Exec};
 use crate::{DType, Error, Result, ShapeProblem, Tensor};
@@ -14,6 +14,11 @@ use crate::{DType, Error, Result, ShapeProblem, Tensor};
 pub(crate) fn decode_splits(max_len: usize) -> (usize, usize) {
     let split_len = max_len.div_ceil(64).div_ceil(64).max(4) * 64;
     (split_len, max_len.div_ceil(split_len).max(1))
+}
+
+/// The error a CPU reference's first bad sequence (and its length) makes for `op`, if any.
+fn reported(op: &'static str, bad: Option<(usize, i32)>, max_len: usize) -> Result<()> {
+    bad.map_or(Ok(()), |(b, len)| Err(Error::cache_length(op, b, len, max_len)))
 }
 
 /// Checks that `lengths` is the `I32` vector `[batch]` on `like`'s device.
@@ -99,20 +104,17 @@ fn check_cache(op: &'static str, k_cache: &Tensor, v_cache: &Tensor, lengths: &T
 /// ```
 pub fn decode_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, lengths: &Tensor) -> Result<Tensor> {
     const OP: &str = "decode_attention";
-    let (mut s, dtype) = check_cache(OP, k_cache, v_cache, lengths)?;
+    let (s, dtype) = check_cache(OP, k_cache, v_cache, lengths)?;
     check_like(OP, &[k_cache, q])?;
     let &[qb, heads, qd] = q.dims() else {
         return Err(Error::shape(OP, ShapeProblem::layout("q", "[batch, heads, head_dim]", q.dims())));
     };
-    if qb != s.batch || qd != s.head_dim || heads == 0 || !heads.is_multiple_of(s.kv_heads) || heads > 65535 {
+    if qb != s.batch || qd != s.head_dim {
         let (batch, head_dim, kv_heads) = (s.batch, s.head_dim, s.kv_heads);
         return Err(Error::shape(OP, ShapeProblem::Query { got: q.dims().to_vec(), batch, head_dim, kv_heads }));
     }
-    s.heads = heads;
-    if s.head_dim > MAX_HEAD_DIM {
-        return Err(Error::shape(OP, ShapeProblem::HeadDim { head_dim: s.head_dim, max: MAX_HEAD_DIM }));
-    }
-    let (partial, any_dim) = partial_kernel(dtype, s.head_dim);
+    let s = with_heads(OP, s, heads)?;
+    let (partial, _) = partial_kernel(dtype, s.head_dim, false);
     match exec(q.device()) {
         Exec::Host(h) => {
             let (qp, kp, vp, lp) = (q.host_ptr()?, k_cache.host_ptr()?, v_cache.host_ptr()?, lengths.host_ptr()?);
@@ -121,62 +123,201 @@ pub fn decode_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, lengths:
             h.run(partial, move || {
                 let (o, bad) = cpu::decode_attention(&qp.read(), &kp.read(), &vp.read(), &lp.read_i32(), s);
                 op.write(&o);
-                match bad {
-                    Some((b, len)) => Err(Error::cache_length(OP, b, len, s.max_len)),
-                    None => Ok(()),
-                }
+                reported(OP, bad, s.max_len)
             })?;
             Ok(out)
         }
-        Exec::Cuda(c) => {
-            let (qp, kp, vp, lp) = (q.cuda_ptr()?, k_cache.cuda_ptr()?, v_cache.cuda_ptr()?, lengths.cuda_ptr()?);
-            let (split_len, splits) = decode_splits(s.max_len);
-            let part_o = Tensor::empty(q.device(), &[s.batch, heads, splits, s.head_dim])?;
-            let part_lse = Tensor::empty(q.device(), &[s.batch, heads, splits])?;
-            let out = Tensor::empty_like(q)?;
-            let (pop, plp) = (part_o.cuda_ptr()?, part_lse.cuda_ptr()?);
-            let mut args = vec![
-                KArg::Ptr(pop),
-                KArg::Ptr(plp),
-                KArg::Ptr(qp),
-                KArg::Ptr(kp),
-                KArg::Ptr(vp),
-                KArg::Ptr(lp),
-                KArg::U32(heads as u32),
-                KArg::U32(s.kv_heads as u32),
-                KArg::U32(s.max_len as u32),
-                KArg::U32(split_len as u32),
-                KArg::F32(s.scale()),
-            ];
-            if any_dim {
-                args.push(KArg::U32(s.head_dim as u32));
-            }
-            args.push(KArg::Ptr(c.err_word()));
-            // 4 warps a block (DEC_WARPS in decode.cu).
-            let dims =
-                LaunchDims { grid: (splits as u32, heads as u32, s.batch as u32), block: (128, 1, 1), shared: 0 };
-            c.launch(partial, dims, &args)?;
-            let combine = match dtype {
-                DType::BF16 => B::DecodeCombineBf16,
-                DType::F16 => B::DecodeCombineF16,
-                _ => B::DecodeCombineF32,
-            };
-            let args = [
-                KArg::Ptr(out.cuda_ptr()?),
-                KArg::Ptr(pop),
-                KArg::Ptr(plp),
-                KArg::U32(heads as u32),
-                KArg::U32(splits as u32),
-                KArg::U32(s.head_dim as u32),
-            ];
-            let dims =
-                LaunchDims { grid: (heads as u32, s.batch as u32, 1), block: (s.head_dim as u32, 1, 1), shared: 0 };
-            c.launch(combine, dims, &args)?;
-            // The partials go back to the pool here; later work on the stream is ordered after
-            // the combine, so reusing their memory is safe.
+        Exec::Cuda(c) => two_pass(c, s, dtype, q, [k_cache, v_cache, lengths], false),
+    }
+}
+
+/// Flash-decoding's two kernels on CUDA: the first pass over (split, query head, sequence)
+/// blocks, then the combine of the splits in a fixed order. `q` is the queries, or with
+/// `append` the step's q/k/v rows ([`decode_attention_append`]: the first pass appends the new
+/// keys and values, the combine advances the lengths).
+fn two_pass(
+    c: &CudaBackend,
+    s: CacheShape,
+    dtype: DType,
+    q: &Tensor,
+    [k_cache, v_cache, lengths]: [&Tensor; 3],
+    append: bool,
+) -> Result<Tensor> {
+    let (partial, any_dim) = partial_kernel(dtype, s.head_dim, append);
+    let (qp, kp, vp, lp) = (q.cuda_ptr()?, k_cache.cuda_ptr()?, v_cache.cuda_ptr()?, lengths.cuda_ptr()?);
+    let (split_len, splits) = decode_splits(s.max_len);
+    let part_o = Tensor::empty(q.device(), &[s.batch, s.heads, splits, s.head_dim])?;
+    let part_lse = Tensor::empty(q.device(), &[s.batch, s.heads, splits])?;
+    let out = Tensor::empty_as(q.device(), &s.query_dims(), dtype)?;
+    let (pop, plp) = (part_o.cuda_ptr()?, part_lse.cuda_ptr()?);
+    let heads = KArg::U32(s.heads as u32);
+    let mut args = vec![
+        KArg::Ptr(pop),
+        KArg::Ptr(plp),
+        KArg::Ptr(qp),
+        KArg::Ptr(kp),
+        KArg::Ptr(vp),
+        KArg::Ptr(lp),
+        heads,
+        KArg::U32(s.kv_heads as u32),
+        KArg::U32(s.max_len as u32),
+        KArg::U32(split_len as u32),
+        KArg::F32(s.scale()),
+    ];
+    if any_dim {
+        args.push(KArg::U32(s.head_dim as u32));
+    }
+    args.push(KArg::Ptr(c.err_word()));
+    // 4 warps a block (DEC_WARPS in decode.cu).
+    let dims = LaunchDims { grid: (splits as u32, s.heads as u32, s.batch as u32), block: (128, 1, 1), shared: 0 };
+    c.launch(partial, dims, &args)?;
+    let combine = match (dtype, append) {
+        (DType::BF16, false) => B::DecodeCombineBf16,
+        (DType::F16, false) => B::DecodeCombineF16,
+        (_, false) => B::DecodeCombineF32,
+        (DType::BF16, true) => B::DecodeAppendCombineBf16,
+        (DType::F16, true) => B::DecodeAppendCombineF16,
+        (_, true) => B::DecodeAppendCombineF32,
+    };
+    let mut args = vec![KArg::Ptr(out.cuda_ptr()?), KArg::Ptr(pop), KArg::Ptr(plp)];
+    if append {
+        args.push(KArg::Ptr(lp));
+    }
+    args.extend([heads, KArg::U32(splits as u32), KArg::U32(s.head_dim as u32)]);
+    if append {
+        args.push(KArg::U32(s.max_len as u32));
+    }
+    let dims = LaunchDims { grid: (s.heads as u32, s.batch as u32, 1), block: (s.head_dim as u32, 1, 1), shared: 0 };
+    c.launch(combine, dims, &args)?;
+    // The partials go back to the pool here; later work on the stream is ordered after the
+    // combine, so reusing their memory is safe.
+    Ok(out)
+}
+
+/// Checks `heads` query heads over a cache of `s.kv_heads` (a nonzero multiple, at most 65535)
+/// and the head dim the kernels hold; returns `s` with its query heads.
+fn with_heads(op: &'static str, mut s: CacheShape, heads: usize) -> Result<CacheShape> {
+    if heads == 0 || !heads.is_multiple_of(s.kv_heads) {
+        return Err(Error::shape(op, ShapeProblem::Heads { heads, kv_heads: s.kv_heads }));
+    }
+    // The grid's y dimension holds at most 65535 blocks.
+    at_most(op, "heads", heads, 65535)?;
+    if s.head_dim > MAX_HEAD_DIM {
+        return Err(Error::shape(op, ShapeProblem::HeadDim { head_dim: s.head_dim, max: MAX_HEAD_DIM }));
+    }
+    s.heads = heads;
+    Ok(s)
+}
+
+/// One decoding step's append and attention in one op: [`kv_cache_append`] of the step's keys
+/// and values, then [`decode_attention`] of its queries, all three read from `qkv`, the rows
+/// one GEMM against the stacked projections writes: `[batch, (heads + 2·kv_heads)·head_dim]`,
+/// the query of every head, then the key and the value of every key/value head. The caches
+/// (`[batch, kv_heads, max_len, head_dim]`), `lengths` ([`DType::I32`] `[batch]`) and dtypes
+/// are those of the two ops; returns `[batch, heads, head_dim]`.
+///
+/// The result, the caches and the lengths are bitwise those of the two ops on both backends.
+/// On CUDA the attention kernel reads the new key and value from `qkv` (the bits the cache
+/// gets) and writes them into the cache, and the combine that follows advances the lengths
+/// (every block of the first pass has read them by then): the append's kernel is gone. Where
+/// the cache is one split (`max_len` at most 256, see the decode kernels' splits) and there
+/// are at most 8 query heads, one kernel does it all (a block a sequence, every head in it).
+///
+/// Errors as the two ops give them: a full cache is [`Error::CacheFull`], a length outside
+/// `0..=max_len` [`Error::CacheLengthOutOfRange`], both from `kv_cache_append` (on CUDA at
+/// the next synchronize, on the host from this call or the replay that ran it); a full
+/// sequence attends to its cache unchanged, the others are appended.
+///
+/// ```
+/// # use graphed::{ops, DType, Device, Tensor};
+/// let dev = Device::host();
+/// let (batch, heads, max_len, d) = (1, 2, 8, 4);
+/// let k_cache = Tensor::zeros(&dev, &[batch, heads, max_len, d])?;
+/// let v_cache = Tensor::zeros(&dev, &[batch, heads, max_len, d])?;
+/// let lengths = Tensor::from_i32(&dev, &[0], &[batch])?;
+/// // q of both heads (1s), then their keys (0s) and values (3s): [1, (2 + 2·2)·4].
+/// let rows: Vec<f32> = [vec![1.0; 8], vec![0.0; 8], vec![3.0; 8]].concat();
+/// let qkv = Tensor::from_slice(&dev, &rows, &[batch, 3 * heads * d])?;
+/// let out = ops::decode_attention_append(&qkv, &k_cache, &v_cache, &lengths, heads)?;
+/// assert_eq!(out.to_vec()?, vec![3.0; 8]); // one key: its value
+/// assert_eq!(lengths.to_i32_vec()?, vec![1]);
+/// assert_eq!(v_cache.to_vec()?[..4], [3.0; 4]); // appended at position 0
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn decode_attention_append(
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    lengths: &Tensor,
+    heads: usize,
+) -> Result<Tensor> {
+    const OP: &str = "decode_attention_append";
+    // Errors from the device or the reference name the append, as the unfused ops do.
+    const APPEND: &str = "kv_cache_append";
+    let (s, dtype) = check_cache(OP, k_cache, v_cache, lengths)?;
+    check_like(OP, &[k_cache, qkv])?;
+    let s = with_heads(OP, s, heads)?;
+    let width = (s.heads + 2 * s.kv_heads) * s.head_dim;
+    if qkv.dims() != [s.batch, width] {
+        let from = "[batch, (heads + 2 · kv_heads) · head_dim]";
+        return Err(Error::shape(OP, ShapeProblem::expected("qkv", &[s.batch, width], from, qkv.dims())));
+    }
+    let (partial, _) = partial_kernel(dtype, s.head_dim, true);
+    match exec(qkv.device()) {
+        Exec::Host(h) => {
+            let ptrs = [qkv, k_cache, v_cache, lengths].map(|t| t.host_ptr());
+            let [qp, kcp, vcp, lp] = ptrs;
+            let (qp, kcp, vcp, lp) = (qp?, kcp?, vcp?, lp?);
+            let out = Tensor::empty_as(qkv.device(), &s.query_dims(), dtype)?;
+            let op = out.host_ptr()?;
+            h.run(partial, move || {
+                let [q, k, v] = split_qkv(&qp.read(), s);
+                let (mut kc, mut vc, mut lens) = (kcp.read(), vcp.read(), lp.read_i32());
+                let bad = cpu::kv_cache_append(&mut kc, &mut vc, &mut lens, &k, &v, s);
+                let (o, _) = cpu::decode_attention(&q, &kc, &vc, &lens, s);
+                kcp.write(&kc);
+                vcp.write(&vc);
+                lp.write_i32(&lens);
+                op.write(&o);
+                reported(APPEND, bad, s.max_len)
+            })?;
             Ok(out)
         }
+        Exec::Cuda(c) => match one_pass_kernel(dtype, s) {
+            Some(kernel) => {
+                let out = Tensor::empty_as(qkv.device(), &s.query_dims(), dtype)?;
+                let args = [
+                    KArg::Ptr(out.cuda_ptr()?),
+                    KArg::Ptr(qkv.cuda_ptr()?),
+                    KArg::Ptr(k_cache.cuda_ptr()?),
+                    KArg::Ptr(v_cache.cuda_ptr()?),
+                    KArg::Ptr(lengths.cuda_ptr()?),
+                    KArg::U32(s.heads as u32),
+                    KArg::U32(s.kv_heads as u32),
+                    KArg::U32(s.max_len as u32),
+                    KArg::F32(s.scale()),
+                    KArg::Ptr(c.err_word()),
+                ];
+                // DEC_WARPS (4) warps a head.
+                c.launch(kernel, LaunchDims::rows(s.batch, 128 * s.heads as u32), &args)?;
+                Ok(out)
+            }
+            None => two_pass(c, s, dtype, qkv, [k_cache, v_cache, lengths], true),
+        },
     }
+}
+
+/// The queries (`[batch, heads, head_dim]`), keys and values (`[batch, kv_heads, head_dim]`)
+/// of `qkv`'s rows (see [`decode_attention_append`]).
+fn split_qkv(qkv: &[f32], s: CacheShape) -> [Vec<f32>; 3] {
+    let (qw, kw) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let mut parts = [Vec::new(), Vec::new(), Vec::new()];
+    for row in qkv.chunks(qw + 2 * kw).take(s.batch) {
+        parts[0].extend_from_slice(&row[..qw]);
+        parts[1].extend_from_slice(&row[qw..qw + kw]);
+        parts[2].extend_from_slice(&row[qw + kw..]);
+    }
+    parts
 }
 
 /// Appends one decoding step to a KV cache, on the device: writes `k` and `v`
@@ -225,10 +366,7 @@ pub fn kv_cache_append(k_cache: &Tensor, v_cache: &Tensor, lengths: &Tensor, k: 
                 kcp.write(&kc);
                 vcp.write(&vc);
                 lp.write_i32(&lens);
-                match bad {
-                    Some((b, len)) => Err(Error::cache_length(OP, b, len, s.max_len)),
-                    None => Ok(()),
-                }
+                reported(OP, bad, s.max_len)
             })
         }
         Exec::Cuda(c) => {
@@ -319,17 +457,37 @@ pub fn kv_cache_fill(k_cache: &Tensor, v_cache: &Tensor, k: &Tensor, v: &Tensor)
 /// The largest head dimension the decode kernels take (a warp's lanes hold 4 columns each).
 const MAX_HEAD_DIM: usize = 128;
 
-/// The first-pass kernel for `dtype` and `head_dim`, and whether it takes the head dimension as
-/// an argument (the run-time build) rather than being built for it.
-fn partial_kernel(dtype: DType, head_dim: usize) -> (B, bool) {
-    match (dtype, head_dim) {
-        (DType::BF16, 64) => (B::DecodePartialBf16D64, false),
-        (DType::BF16, 128) => (B::DecodePartialBf16D128, false),
-        (DType::F16, 64) => (B::DecodePartialF16D64, false),
-        (DType::F16, 128) => (B::DecodePartialF16D128, false),
-        (DType::BF16, _) => (B::DecodePartialBf16Any, true),
-        (DType::F16, _) => (B::DecodePartialF16Any, true),
-        _ => (B::DecodePartialF32Any, true),
+/// The first-pass kernel for `dtype` and `head_dim` (with `append`, the one that appends the
+/// step's keys and values: [`decode_attention_append`]), and whether it takes the head
+/// dimension as an argument (the run-time build) rather than being built for it.
+fn partial_kernel(dtype: DType, head_dim: usize, append: bool) -> (B, bool) {
+    let (plain, appending, any) = match (dtype, head_dim) {
+        (DType::BF16, 64) => (B::DecodePartialBf16D64, B::DecodeAppendPartialBf16D64, false),
+        (DType::BF16, 128) => (B::DecodePartialBf16D128, B::DecodeAppendPartialBf16D128, false),
+        (DType::F16, 64) => (B::DecodePartialF16D64, B::DecodeAppendPartialF16D64, false),
+        (DType::F16, 128) => (B::DecodePartialF16D128, B::DecodeAppendPartialF16D128, false),
+        (DType::BF16, _) => (B::DecodePartialBf16Any, B::DecodeAppendPartialBf16Any, true),
+        (DType::F16, _) => (B::DecodePartialF16Any, B::DecodeAppendPartialF16Any, true),
+        _ => (B::DecodePartialF32Any, B::DecodeAppendPartialF32Any, true),
+    };
+    (if append { appending } else { plain }, any)
+}
+
+/// The heads one block of the one-pass kernels holds (DEC_ONE_HEADS in decode.cu).
+const ONE_PASS_HEADS: usize = 8;
+
+/// The kernel that appends and attends in one pass, where `s` allows one: a cache of one split,
+/// at most [`ONE_PASS_HEADS`] query heads, a 16-bit dtype at head dim 64 or 128.
+fn one_pass_kernel(dtype: DType, s: CacheShape) -> Option<B> {
+    if decode_splits(s.max_len).1 != 1 || s.heads > ONE_PASS_HEADS {
+        return None;
+    }
+    match (dtype, s.head_dim) {
+        (DType::BF16, 64) => Some(B::DecodeAppendOneBf16D64),
+        (DType::BF16, 128) => Some(B::DecodeAppendOneBf16D128),
+        (DType::F16, 64) => Some(B::DecodeAppendOneF16D64),
+        (DType::F16, 128) => Some(B::DecodeAppendOneF16D128),
+        _ => None,
     }
 }
 
@@ -351,18 +509,39 @@ mod tests {
 
     #[test]
     fn every_build_is_picked_by_its_dtype_and_head_dim() {
-        for (dtype, tag) in [(DType::BF16, "_bf16_"), (DType::F16, "_f16_")] {
+        for append in [false, true] {
+            let prefix = if append { "decode_append_partial_" } else { "decode_partial_" };
+            for (dtype, tag) in [(DType::BF16, "bf16_"), (DType::F16, "f16_")] {
+                for d in Attention::HEAD_DIMS {
+                    let (k, any) = partial_kernel(dtype, d, append);
+                    assert!(!any && k.name().starts_with(&format!("{prefix}{tag}d{d}")), "{}", k.name());
+                }
+                for d in [1, 24, 96, 127] {
+                    let (k, any) = partial_kernel(dtype, d, append);
+                    assert!(any && k.name() == format!("{prefix}{tag}any"), "{}", k.name());
+                }
+            }
+            for d in [8, 64, 128] {
+                let (k, any) = partial_kernel(DType::F32, d, append);
+                assert!(any && k.name() == format!("{prefix}f32_any"), "{}", k.name());
+            }
+        }
+    }
+
+    /// One pass where the cache is one split and a block holds every head, built for the dtype
+    /// and head dim; two passes otherwise.
+    #[test]
+    fn one_pass_where_one_block_holds_a_sequence() {
+        let s = |heads, max_len, head_dim| CacheShape { batch: 2, heads, kv_heads: 1, max_len, head_dim };
+        for (dtype, tag) in [(DType::BF16, "bf16"), (DType::F16, "f16")] {
             for d in Attention::HEAD_DIMS {
-                let (k, any) = partial_kernel(dtype, d);
-                assert!(!any && k.name().contains(tag) && k.name().ends_with(&format!("_d{d}")), "{}", k.name());
+                let k = one_pass_kernel(dtype, s(ONE_PASS_HEADS, 256, d)).map(B::name);
+                assert_eq!(k, Some(format!("decode_append_one_{tag}_d{d}")).as_deref());
             }
-            for d in [1, 24, 96, 127] {
-                let (k, any) = partial_kernel(dtype, d);
-                assert!(any && k.name().contains(tag) && k.name().ends_with("_any"), "{}", k.name());
-            }
+            assert_eq!(one_pass_kernel(dtype, s(ONE_PASS_HEADS + 1, 256, 64)), None, "too many heads");
+            assert_eq!(one_pass_kernel(dtype, s(1, 257, 64)), None, "two splits");
+            assert_eq!(one_pass_kernel(dtype, s(1, 256, 96)), None, "a run-time head dim");
         }
-        for d in [8, 64, 128] {
-            assert_eq!(partial_kernel(DType::F32, d), (B::DecodePartialF32Any, true));
-        }
+        assert_eq!(one_pass_kernel(DType::F32, s(1, 16, 64)), None);
     }
 }

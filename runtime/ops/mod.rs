@@ -26,7 +26,7 @@ pub use activation::{gelu, gelu_backward, relu, relu_backward, Gelu};
 pub use attention::{causal_attention, causal_attention_backward};
 pub use basic::{axpy_, copy_, fill_, scale_, scale_by_};
 pub use cast::cast;
-pub use decode::{decode_attention, kv_cache_append, kv_cache_fill};
+pub use decode::{decode_attention, decode_attention_append, kv_cache_append, kv_cache_fill};
 pub use dropout::{dropout, dropout_backward};
 pub use elementwise::{add, mean, mul, scale, sum};
 pub use flash::{flash_attention, flash_attention_backward, Attention};
@@ -42,7 +42,7 @@ pub use norm::{layer_norm, layer_norm_backward};
 pub use sample::{argmax, sample, Sampling};
 pub use transformer::{
     add_rms_norm, add_rms_norm_backward, embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu,
-    swiglu_backward,
+    swiglu_backward, swiglu_packed,
 };
 
 use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, Typed};
@@ -246,6 +246,7 @@ pub(crate) mod k {
     pub(crate) const SAMPLE_ROWS: Typed = Typed(B::SampleRowsF32, B::SampleRowsBf16, B::SampleRowsF16);
     pub(crate) const SWAP12: Typed = Typed(B::Swap12F32, B::Swap12Bf16, B::Swap12F16);
     pub(crate) const SWIGLU: Typed = Typed(B::SwigluF32, B::SwigluBf16, B::SwigluF16);
+    pub(crate) const SWIGLU_PACKED: Typed = Typed(B::SwigluPackedF32, B::SwigluPackedBf16, B::SwigluPackedF16);
     pub(crate) const SWIGLU_BWD: Typed = Typed(B::SwigluBwdF32, B::SwigluBwdBf16, B::SwigluBwdF16);
     pub(crate) const ATTN_SOFTMAX_LSE: Typed = Typed(B::AttnSoftmaxLseF32, B::AttnSoftmaxLseBf16, B::AttnSoftmaxLseF16);
     pub(crate) const ATTN_BWD_SCORES: Typed = Typed(B::AttnBwdScoresF32, B::AttnBwdScoresBf16, B::AttnBwdScoresF16);

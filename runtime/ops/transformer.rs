@@ -457,6 +457,56 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     Ok(y)
 }
 
+/// [`swiglu`] of one tensor holding the gate and the up projection side by side: `gu` is
+/// `[..., 2·h]` (the gate in the first `h` columns of each row, up in the last `h`, as one
+/// GEMM against the two weights stacked writes them), the result `[..., h]`. Bitwise
+/// [`swiglu`] of the two halves, on both backends; one GEMM and this op replace two GEMMs
+/// and `swiglu` (the decoder's MLP).
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// // One row: gate [0, 20], up [5, 2].
+/// let gu = Tensor::from_slice(&dev, &[0.0, 20.0, 5.0, 2.0], &[1, 4])?;
+/// let y = ops::swiglu_packed(&gu)?;
+/// assert_eq!(y.dims(), &[1, 2][..]);
+/// let (gate, up) = (Tensor::from_slice(&dev, &[0.0, 20.0], &[1, 2])?, Tensor::from_slice(&dev, &[5.0, 2.0], &[1, 2])?);
+/// assert_eq!(y.to_vec()?, ops::swiglu(&gate, &up)?.to_vec()?);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn swiglu_packed(gu: &Tensor) -> Result<Tensor> {
+    const OP: &str = "swiglu_packed";
+    let dtype = check_like(OP, &[gu])?;
+    let layout = "[..., 2 · h]: a last dimension of gate then up, an even nonzero width";
+    let bad = || Error::shape(OP, ShapeProblem::layout("gu", layout, gu.dims()));
+    let (&width, outer) = gu.dims().split_last().ok_or_else(bad)?;
+    if width == 0 || width % 2 != 0 {
+        return Err(bad());
+    }
+    let h = width / 2;
+    let rows = gu.numel() / width;
+    n32(OP, gu.numel())?;
+    let dims: Vec<usize> = outer.iter().copied().chain([h]).collect();
+    let y = Tensor::empty_as(gu.device(), &dims, dtype)?;
+    match exec(gu.device()) {
+        Exec::Host(hb) => {
+            let (gp, yp) = (gu.host_ptr()?, y.host_ptr()?);
+            hb.run(k::SWIGLU_PACKED.get(dtype), move || {
+                let v = gp.read();
+                let (gate, up): (Vec<f32>, Vec<f32>) = v.chunks(width).flat_map(|r| r[..h].iter().zip(&r[h..])).unzip();
+                yp.write(&cpu::swiglu(&gate, &up));
+                Ok(())
+            })?;
+        }
+        Exec::Cuda(c) => c.launch(
+            k::SWIGLU_PACKED.get(dtype),
+            LaunchDims::vectorized(rows * h, dtype),
+            &[KArg::Ptr(y.cuda_ptr()?), KArg::Ptr(gu.cuda_ptr()?), KArg::U32(rows as u32), KArg::U32(h as u32)],
+        )?,
+    }
+    Ok(y)
+}
+
 /// The backward of [`swiglu`]: `(dgate, dup)`, in the inputs' dtype.
 ///
 /// ```

@@ -3,8 +3,8 @@
 
 use super::multi_tensor::{Row, TensorTable, G};
 use super::{state_from, zero_bits, Launches, ZERO_UPDATED};
-use crate::backend::{BuiltinKernel, KArg, LaunchDims};
-use crate::conditional::{self, Condition};
+use crate::backend::{BuiltinKernel, KArg, LaunchDims, Ptr, ScaleUpdate};
+use crate::conditional::{self, Before, Condition};
 use crate::error::OptimError;
 use crate::ops::{cpu, exec, fill_, n32, Exec};
 use crate::{DType, Device, Error, Param, Result, Tensor};
@@ -172,6 +172,17 @@ impl LossScaler {
         }
     }
 
+    /// [`LossScaler::update`] as the kernel that sets a conditional node's condition does it on
+    /// CUDA (the state's device address; unused on the host backend).
+    fn fused_update(&self) -> Result<ScaleUpdate> {
+        let LossScalerConfig { growth_factor, backoff_factor, growth_interval, .. } = self.config;
+        let state = match self.state.ptr()? {
+            Ptr::Cuda(p) => p,
+            Ptr::Host(_) => 0,
+        };
+        Ok(ScaleUpdate { state, growth: growth_factor, backoff: backoff_factor, interval: growth_interval })
+    }
+
     /// Backs off (and counts a skipped step) after an overflow, else grows every interval.
     pub(super) fn update(&self) -> Result<()> {
         let LossScalerConfig { growth_factor, backoff_factor, growth_interval, .. } = self.config;
@@ -245,9 +256,13 @@ pub(super) fn make_masters(
 /// A captured step with a scaler puts the update under an IF node whose condition is "no
 /// overflow" ([`Condition::run_if`]): a replay after an overflow launches none of the update's
 /// kernels (it unscales, checks, zeroes the grads for `step_and_zero_grad`, and backs the
-/// scale off). The kernels still read the flag, so eager steps, graphs that do not use the node
-/// ([`Mixed::with_conditional_skip`]) and drivers older than CUDA 12.4 skip the same way,
-/// launching them.
+/// scale off). The scale's update then runs before the node (it reads only the flag, and the
+/// optimizer's kernels never read the scale: the same results), on CUDA inside the kernel that
+/// sets the node's condition, so the node costs no launch of its own; `step_and_zero_grad`
+/// zeroes a skipped step's grads in the node's else body (one node with two bodies on CUDA
+/// 12.8 drivers, two nodes before). The kernels still read the flag, so eager steps, graphs
+/// that do not use the node ([`Mixed::with_conditional_skip`]) and drivers older than CUDA
+/// 12.4 skip the same way, launching them.
 #[derive(Debug)]
 pub struct Mixed<O> {
     model: Vec<Param>,
@@ -422,15 +437,20 @@ impl<O: sealed::Master> Mixed<O> {
         };
         if self.skips_with_a_node() {
             let finite = Condition::element("Mixed::step", flag, 1, Some(0.5))?;
+            // The scale's update reads the flag only and writes nothing the branches read, so it
+            // goes before the node: on CUDA inside the kernel that sets its condition.
+            let scale = || scaler.update();
+            let before = Before { ops: &scale, update: scaler.fused_update()? };
             if zero {
                 // The grads of a skipped step are zeroed by the other branch.
-                finite.run_if_else(|| update(ZERO_UPDATED), || self.inputs.grads.zero_grads(Some(flag)))?;
+                let skipped = || self.inputs.grads.zero_grads(Some(flag));
+                finite.run_if_else_after(Some(&before), || update(ZERO_UPDATED), skipped)?;
             } else {
-                finite.run_if(|| update(0))?;
+                finite.run_if_after(Some(&before), || update(0))?;
             }
-        } else {
-            update(zero_bits(zero))?;
+            return Ok(());
         }
+        update(zero_bits(zero))?;
         scaler.update()
     }
 

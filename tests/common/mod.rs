@@ -42,6 +42,14 @@ pub fn backends() -> Vec<Backend> {
     v
 }
 
+/// Whether `dev` captures an if/else (`Condition::run_if_else`) into one IF node with an else
+/// body: a CUDA driver for 12.8 or later, unless `GRAPHED_IF_ELSE_NODE=0` asks for the two IF
+/// nodes of older drivers.
+pub fn if_else_in_one_node(dev: &Device) -> bool {
+    dev.capabilities().driver.is_some_and(|v| v >= graphed::CudaVersion(12080))
+        && std::env::var("GRAPHED_IF_ELSE_NODE").map_or(true, |v| v != "0")
+}
+
 /// The examples' model and synthetic data, shared with the tests.
 #[path = "../../examples/common/model.rs"]
 pub mod model;

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use graphed::dist::{stage_order, Communicator, DataParallel, PipelineStage, ReduceOp, StageRole};
 use graphed::optim::{AdamW, AdamWConfig};
-use graphed::{make_graphed, ops, Cx, Device, GraphOptions, Module, Param, Result, Tensor};
+use graphed::{make_graphed, ops, Cx, Device, GraphOptions, Module, OrderEntry, Param, Result, Tensor};
 
 use crate::common::model;
 use crate::common::model::{Block, Stack};
@@ -15,6 +15,10 @@ use crate::common::random;
 #[path = "../../examples/common/fsdp_model.rs"]
 pub mod fsdp_model;
 use fsdp_model::FsdpBlock;
+
+#[path = "../../examples/common/split_linear.rs"]
+pub mod split_linear;
+use split_linear::Split;
 
 pub const WIDTH: usize = 16;
 pub const BATCH: usize = 4;
@@ -151,9 +155,9 @@ pub fn pipeline_rank(comm: Communicator) -> Result<Vec<Vec<f32>>> {
     let block = Block::new(&dev, WIDTH, WIDTH, 5 + rank as u64)?;
     let params = block.params();
     let opt = adamw(&params)?;
-    let stage = PipelineStage::new(block, comm, &ORDER, &[BATCH, WIDTH])?;
+    let stage = PipelineStage::new(block, comm, ORDER, &[BATCH, WIDTH])?;
     let role = stage.role();
-    let mine = stage_order(&ORDER, 2, rank)?;
+    let mine = stage_order(ORDER, 2, rank)?;
     // A later stage's input is received, and its grad sent back: it needs a grad.
     let sample = Tensor::zeros(&dev, &[BATCH, WIDTH])?.with_requires_grad(role != StageRole::First);
     let options = GraphOptions::new().warmup(2).order(mine.clone());
@@ -161,8 +165,8 @@ pub fn pipeline_rank(comm: Communicator) -> Result<Vec<Vec<f32>>> {
     for step in 0..STEPS {
         let mut grads = VecDeque::new();
         let mut next = 0;
-        for &e in &mine {
-            if e > 0 {
+        for e in &mine {
+            if let OrderEntry::Forward(_) = e {
                 let (x, target) = microbatch(&dev, step, next)?;
                 if role == StageRole::First {
                     g.forward(0, &[Some(x)])?;
@@ -183,6 +187,180 @@ pub fn pipeline_rank(comm: Communicator) -> Result<Vec<Vec<f32>>> {
         opt.zero_grad()?;
     }
     values(&params)
+}
+
+/// Steps of the split-backward pipeline programs.
+pub const SPLIT_STEPS: usize = 3;
+
+/// Input and target of microbatch `m` of `step` (any number of microbatches).
+fn split_microbatch(dev: &Device, step: usize, m: usize) -> Result<(Tensor, Tensor)> {
+    let seed = (step * 64 + m) as u64 * 7919 + 13;
+    Ok((random(dev, &[BATCH, WIDTH], seed)?, random(dev, &[BATCH, WIDTH], seed + 1)?))
+}
+
+/// Chunk `c` (1-indexed) of the split-backward pipelines: a linear layer whose weight grads
+/// are a separate half of its backward.
+pub fn split_chunk(dev: &Device, c: usize) -> Result<Split> {
+    let seed = 300 + 10 * c as u64;
+    Ok(Split { w: Param::new(random(dev, &[WIDTH, WIDTH], seed)?)?, b: Param::new(random(dev, &[WIDTH], seed + 1)?)? })
+}
+
+/// What a split-backward pipeline run gives to compare bitwise: per step, the loss of every
+/// microbatch (in the order the last chunk ran them) and every grad of the chunks (each
+/// chunk's weight, then bias, chunks in order) before the optimizer step; then the parameters
+/// after the last step.
+#[derive(Debug, Default, PartialEq)]
+pub struct PipeTrace {
+    pub losses: Vec<Vec<f32>>,
+    pub grads: Vec<Vec<Vec<f32>>>,
+    pub params: Vec<Vec<f32>>,
+}
+
+impl PipeTrace {
+    /// The part of a whole pipeline's trace that rank `rank` of `world` sees: the grads and
+    /// parameters of its chunks, and the losses when it runs the last chunk.
+    pub fn of_rank(&self, rank: usize, world: usize, chunks: usize) -> PipeTrace {
+        let mine: Vec<usize> = (rank..chunks).step_by(world).collect();
+        let pick = |all: &[Vec<f32>]| mine.iter().flat_map(|c| all[2 * c..2 * c + 2].to_vec()).collect::<Vec<_>>();
+        PipeTrace {
+            losses: if (chunks - 1) % world == rank {
+                self.losses.clone()
+            } else {
+                vec![Vec::new(); self.losses.len()]
+            },
+            grads: self.grads.iter().map(|g| pick(g)).collect(),
+            params: pick(&self.params),
+        }
+    }
+}
+
+fn trace_step(trace: &mut PipeTrace, losses: Vec<f32>, params: &[Param], opt: &AdamW) -> Result<()> {
+    trace.losses.push(losses);
+    trace.grads.push(params.iter().map(|p| p.grad.to_vec()).collect::<Result<_>>()?);
+    opt.step()?;
+    opt.zero_grad()
+}
+
+/// The last chunk's output for a microbatch: its loss, and the grad its backward takes.
+fn last_chunk_out(y: Option<Tensor>, target: &Tensor, losses: &mut Vec<f32>, dys: &mut VecDeque<Tensor>) -> Result<()> {
+    let y = y.expect("the last chunk's output");
+    losses.push(ops::mse_loss(&y, target)?.to_vec()?[0]);
+    dys.push_back(ops::mse_backward(&y, target, 1.0)?);
+    Ok(())
+}
+
+fn split_params(chunks: &[&Split]) -> Vec<Param> {
+    chunks.iter().flat_map(|s| [s.w.clone(), s.b.clone()]).collect()
+}
+
+/// Every chunk of `order` in one process, graphed with the whole order (chained, as
+/// examples/pipeline_wgrad.rs runs it): the reference of [`pipeline_split_rank`].
+pub fn pipeline_split_reference(dev: &Device, order: &[OrderEntry]) -> Result<PipeTrace> {
+    let chunks = order.iter().map(|e| e.chunk()).max().unwrap_or(0);
+    let modules = (1..=chunks).map(|c| split_chunk(dev, c)).collect::<Result<Vec<_>>>()?;
+    let params = split_params(&modules.iter().collect::<Vec<_>>());
+    let opt = adamw(&params)?;
+    let samples = (0..chunks)
+        .map(|c| Ok(vec![vec![Some(Tensor::zeros(dev, &[BATCH, WIDTH])?.with_requires_grad(c > 0))]]))
+        .collect::<Result<Vec<_>>>()?;
+    let modules: Vec<Box<dyn Module>> = modules.into_iter().map(|m| Box::new(m) as Box<dyn Module>).collect();
+    let options = GraphOptions::new().warmup(2).order(order.to_vec()).chained(true);
+    let mut g = make_graphed(modules, samples, options)?;
+    let mut trace = PipeTrace::default();
+    for step in 0..SPLIT_STEPS {
+        let (mut fwd, mut bwd) = (vec![0; chunks], vec![0; chunks]);
+        let (mut losses, mut dys) = (Vec::new(), VecDeque::new());
+        for e in order {
+            match *e {
+                OrderEntry::Forward(c) => {
+                    let m = fwd[c - 1];
+                    fwd[c - 1] += 1;
+                    let (x, target) = split_microbatch(dev, step, m)?;
+                    // Chained: the previous chunk's output buffer is this chunk's input.
+                    let input = if c == 1 { Some(x) } else { g.outputs(c - 2, m)?.remove(0) };
+                    let y = g.forward(c - 1, &[input])?.remove(0);
+                    if c == chunks {
+                        last_chunk_out(y, &target, &mut losses, &mut dys)?;
+                    }
+                }
+                OrderEntry::Backward(c) => {
+                    let m = bwd[c - 1];
+                    bwd[c - 1] += 1;
+                    let dy = if c == chunks { dys.pop_front() } else { g.grad_inputs(c, m)?.remove(0) };
+                    g.backward(c - 1, &[dy])?;
+                }
+                OrderEntry::Wgrad(c) => g.backward_weights(c - 1)?,
+            }
+        }
+        trace_step(&mut trace, losses, &params, &opt)?;
+    }
+    trace.params = params.iter().map(|p| p.value.to_vec()).collect::<Result<_>>()?;
+    Ok(trace)
+}
+
+/// Rank `comm.rank()`'s chunks of `order` (chunk c on rank (c - 1) % world) as pipeline
+/// stages, graphed with the rank's part of the order: its part of
+/// [`pipeline_split_reference`]'s trace.
+pub fn pipeline_split_rank(comm: Communicator, order: &[OrderEntry]) -> Result<PipeTrace> {
+    let dev = comm.device().clone();
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let chunks = order.iter().map(|e| e.chunk()).max().unwrap_or(0);
+    let mine: Vec<usize> = (rank + 1..=chunks).step_by(world).collect();
+    let modules = mine.iter().map(|&c| split_chunk(&dev, c)).collect::<Result<Vec<_>>>()?;
+    let params = split_params(&modules.iter().collect::<Vec<_>>());
+    let opt = adamw(&params)?;
+    let stages = PipelineStage::interleaved(modules, comm, order, &[BATCH, WIDTH])?;
+    let local = stage_order(order, world, rank)?;
+    // A later chunk's input is received, and its grad sent back: it needs a grad.
+    let samples = mine
+        .iter()
+        .map(|&c| Ok(vec![vec![Some(Tensor::zeros(&dev, &[BATCH, WIDTH])?.with_requires_grad(c > 1))]]))
+        .collect::<Result<Vec<_>>>()?;
+    let modules: Vec<Box<dyn Module>> = stages.into_iter().map(|s| Box::new(s) as Box<dyn Module>).collect();
+    let mut g = make_graphed(modules, samples, GraphOptions::new().warmup(2).order(local.clone()))?;
+    let mut trace = PipeTrace::default();
+    for step in 0..SPLIT_STEPS {
+        let mut fwd = vec![0; mine.len()];
+        let (mut losses, mut dys) = (Vec::new(), VecDeque::new());
+        for e in &local {
+            match *e {
+                OrderEntry::Forward(l) => {
+                    let (c, m) = (mine[l - 1], fwd[l - 1]);
+                    fwd[l - 1] += 1;
+                    let (x, target) = split_microbatch(&dev, step, m)?;
+                    // A receiving stage's input is its static input: the graph receives into it.
+                    let input = if c == 1 { Some(x) } else { g.static_input(l - 1, m, 0) };
+                    let y = g.forward(l - 1, &[input])?.remove(0);
+                    if c == chunks {
+                        last_chunk_out(y, &target, &mut losses, &mut dys)?;
+                    }
+                }
+                OrderEntry::Backward(l) => {
+                    let dy = if mine[l - 1] == chunks { dys.pop_front() } else { None };
+                    g.backward(l - 1, &[dy])?;
+                }
+                OrderEntry::Wgrad(l) => g.backward_weights(l - 1)?,
+            }
+        }
+        trace_step(&mut trace, losses, &params, &opt)?;
+    }
+    trace.params = params.iter().map(|p| p.value.to_vec()).collect::<Result<_>>()?;
+    Ok(trace)
+}
+
+/// Whether a rank's trace is bitwise its part of the reference; the first difference
+/// otherwise.
+pub fn same_trace(got: &PipeTrace, want: &PipeTrace) -> std::result::Result<(), String> {
+    for (step, (a, b)) in got.losses.iter().zip(&want.losses).enumerate() {
+        bitwise(std::slice::from_ref(a), std::slice::from_ref(b)).map_err(|e| format!("losses of step {step}: {e}"))?;
+    }
+    if got.losses.len() != want.losses.len() || got.grads.len() != want.grads.len() {
+        return Err(format!("{} steps, expected {}", got.grads.len(), want.grads.len()));
+    }
+    for (step, (a, b)) in got.grads.iter().zip(&want.grads).enumerate() {
+        bitwise(a, b).map_err(|e| format!("grads of step {step}: {e}"))?;
+    }
+    bitwise(&got.params, &want.params).map_err(|e| format!("final parameters: {e}"))
 }
 
 pub const FSDP_WIDTH: usize = 8;

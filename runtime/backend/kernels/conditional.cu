@@ -1,6 +1,7 @@
 // The condition of a conditional graph node, set on the device: a program of its own, compiled
 // by NVRTC the first time a device builds a conditional graph (not with the other kernels: an
 // NVRTC older than CUDA 12.4 cannot build it, and every other kernel must still load there).
+// Compiled after scale_update.cu (amp_update_state).
 //
 // cudaGraphSetConditional is a device-runtime builtin: declared __cudart_builtin__, NVRTC lowers
 // it inline, so the PTX loads with cuModuleLoadData as it is (no -rdc, no cudadevrt link; the
@@ -8,19 +9,34 @@
 typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;
 extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(cudaGraphConditionalHandle handle, unsigned int value);
 
-// One thread: reads value[0] (an i32 when is_i32, else an f32) and sets the node's condition to
-// value < limit when below, else value != 0. Compared in double, so every i32 is exact.
-extern "C" __global__ void graphed_set_conditional(cudaGraphConditionalHandle handle, const void* value, unsigned int is_i32, unsigned int below, float limit) {
+// value[0] (an i32 when is_i32, else an f32) < limit when below, else value[0] != 0. Compared in
+// double, so every i32 is exact.
+__device__ __forceinline__ bool graphed_test(const void* value, unsigned int is_i32, unsigned int below, float limit) {
     const double v = is_i32 ? (double)*(const int*)value : (double)*(const float*)value;
-    const bool on = below ? v < (double)limit : v != 0.0;
-    cudaGraphSetConditional(handle, on ? 1u : 0u);
+    return below ? v < (double)limit : v != 0.0;
+}
+
+// One thread: sets the node's condition to the test's outcome.
+extern "C" __global__ void graphed_set_conditional(cudaGraphConditionalHandle handle, const void* value, unsigned int is_i32, unsigned int below, float limit) {
+    cudaGraphSetConditional(handle, graphed_test(value, is_i32, below, limit) ? 1u : 0u);
 }
 
 // The same test, setting two conditions at once: `then` to its outcome and `otherwise` to the
 // opposite (the two IF nodes of an if/else, evaluated once before either body runs).
 extern "C" __global__ void graphed_set_conditional2(cudaGraphConditionalHandle then, cudaGraphConditionalHandle otherwise, const void* value, unsigned int is_i32, unsigned int below, float limit) {
-    const double v = is_i32 ? (double)*(const int*)value : (double)*(const float*)value;
-    const bool on = below ? v < (double)limit : v != 0.0;
+    const bool on = graphed_test(value, is_i32, below, limit);
     cudaGraphSetConditional(then, on ? 1u : 0u);
     cudaGraphSetConditional(otherwise, on ? 0u : 1u);
+}
+
+// The loss scaler's update (scale_update.cu, amp_update's arithmetic), then the test and the
+// conditions as the kernels above set them (`otherwise` too when `two`): the update that ends a
+// mixed-precision step and the setting of the IF node(s) that skip its optimizer update, one
+// launch. The update may go first: it reads only the overflow flag, which the test reads too,
+// and writes only what neither branch reads. One thread.
+extern "C" __global__ void graphed_amp_update_set(cudaGraphConditionalHandle then, cudaGraphConditionalHandle otherwise, unsigned int two, float* scaler, float growth, float backoff, unsigned int interval, const void* value, unsigned int is_i32, unsigned int below, float limit) {
+    amp_update_state(scaler, growth, backoff, interval);
+    const bool on = graphed_test(value, is_i32, below, limit);
+    cudaGraphSetConditional(then, on ? 1u : 0u);
+    if (two) cudaGraphSetConditional(otherwise, on ? 0u : 1u);
 }

@@ -1,6 +1,8 @@
 // Decoding with a KV cache: attention of one new query token per sequence against the cache
-// (flash-decoding: the cache split across blocks, then a combine), appending a step's keys and
-// values at each sequence's length, writing a prompt's keys and values (prefill), the
+// (flash-decoding: the cache split across blocks, then a combine), the same with the step's
+// keys and values appended by the attention kernels themselves (read from one GEMM's q/k/v
+// rows; a cache of one split in one kernel), appending a step's keys and values at each
+// sequence's length, writing a prompt's keys and values (prefill), the
 // bookkeeping of a generation step, and filling 32-bit words. NVRTC compiles this file after
 // core.cu, ops.cu, half.cu, transformer.cu and flash.cu in one program: u16, u32, u64, ld, st,
 // warp_sum, gr_neg_inf and the 16-bit types come from there.
@@ -26,48 +28,86 @@ __device__ __forceinline__ void gr_report_cache(u32* err, u32 seq, int len, u32 
 
 #define DEC_WARPS 4
 
-// One block of DEC_WARPS warps per (split, query head, sequence): the split's keys
-// [split * split_len, min(len, (split + 1) * split_len)) go to the warps in turn (key j to warp
-// j % DEC_WARPS), each warp keeps an online softmax (max m, sum l, unnormalised P·V in
-// registers: lane owns columns lane + 32 e), then the block merges its warps in warp order.
-// Writes the split's normalised output (f32 [batch, heads, splits, D]) and its logsumexp
-// (f32 [batch, heads, splits]; -inf when the split holds no key). A length outside 0..max_len
-// counts as 0 keys and is reported by the block of split 0, head 0.
-template <typename T, int E, bool FIXED>
-__device__ __forceinline__ void decode_partial_body(float* part_o, float* part_lse, const T* q, const T* kc, const T* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d_any, u32* err) {
-    // FIXED: the head dimension is 32 E, known when compiling (every column below it is the
-    // lane's); else d_any, at most 32 E, read at run time.
-    const u32 d = FIXED ? 32u * E : d_any;
-    __shared__ float s_m[DEC_WARPS], s_l[DEC_WARPS];
-    __shared__ float s_acc[DEC_WARPS][32 * E];
-    const u32 s = blockIdx.x, h = blockIdx.y, b = blockIdx.z, splits = gridDim.x;
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// The heads one block of the one-pass build covers: DEC_ONE_HEADS * DEC_WARPS warps, 1024
+// threads, the most a block holds.
+#define DEC_ONE_HEADS 8
+// Lanes hold columns lane + 32 e, e < DEC_ANY_E, in the build for a head dim read at run time.
+#define DEC_ANY_E 4
+
+// Attention of one query per (head, sequence) against the cache, flash-decoding's first pass.
+// D is the head dim the build is for, or 0: read at run time (d, at most 32 * DEC_ANY_E; the
+// lanes skip the columns past it). Two-pass (ONE false): one block of DEC_WARPS warps per (split,
+// query head, sequence); the split's keys [split * split_len, min(keys, (split + 1) *
+// split_len)) go to the warps in turn (key j to warp j % DEC_WARPS), each warp keeps an online
+// softmax (max m, sum l, unnormalised P·V in registers: lane owns columns lane + 32 e), then the
+// block merges its warps in warp order and writes the split's normalised output (f32 [batch,
+// heads, splits, D]) and its logsumexp (f32 [batch, heads, splits]; -inf when the split holds no
+// key), which decode_combine_t merges. A length outside 0..max_len counts as 0 keys and is
+// reported by the block of split 0, head 0.
+//
+// APPEND: the step's new key and value are appended first. q is then the rows of one GEMM
+// ([batch, (heads + 2 kv_heads) * D]: the query of every head, then the key and the value of
+// every kv head), and the sequence attends to keys + 1 positions, the new key at position len
+// read from those rows (the bits the cache gets); the block of each split and kv head that
+// holds position len and whose query head is its group's first writes the new row into the
+// cache (the other blocks of the group read it from the rows, so no block reads what another
+// writes). Lengths are left to the combine, which runs once every block has read them. A full
+// cache (len == max_len) attends to its max_len keys, appends nothing and is reported as the
+// append's (op bit 2), as is a length outside 0..max_len; the unfused append and attention
+// report both the same way.
+//
+// ONE (APPEND, one split, heads <= DEC_ONE_HEADS): one block per sequence holds every head
+// (head h is warps h * DEC_WARPS ...), writes the output in T as the combine of one split does
+// (0 + 1 · r, so a -0 becomes +0: the same bits), and its thread 0 increments lengths[b] once
+// the barrier shows every thread of the sequence has read it. The same keys to the same warps,
+// the same merge: bitwise the two-pass result.
+template <typename T, int D, bool APPEND, bool ONE>
+__device__ __forceinline__ void decode_attend_t(float* part_o, float* part_lse, T* out, const T* q, T* kc, T* vc, int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d_rt, u32* err) {
+    constexpr int E = D != 0 ? D / 32 : DEC_ANY_E;
+    constexpr int HB = ONE ? DEC_ONE_HEADS : 1;
+    __shared__ float s_m[HB][DEC_WARPS], s_l[HB][DEC_WARPS];
+    __shared__ float s_acc[HB][DEC_WARPS][32 * E];
+    const u32 d = D != 0 ? (u32)D : d_rt;
+    const u32 lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % DEC_WARPS, hb = (threadIdx.x >> 5) / DEC_WARPS;
+    const u32 s = ONE ? 0u : blockIdx.x, h = ONE ? hb : blockIdx.y, b = ONE ? blockIdx.x : blockIdx.z;
+    const u32 splits = ONE ? 1u : gridDim.x;
     const int raw = lengths[b];
     const bool bad = raw < 0 || raw > (int)max_len;
-    if (bad && s == 0 && h == 0 && threadIdx.x == 0) gr_report_cache(err, b, raw, max_len, 1u);
+    const bool room = !bad && raw < (int)max_len;
+    if (s == 0 && h == 0 && threadIdx.x == 0) {
+        if (APPEND && !room) gr_report_cache(err, b, raw, max_len, 2u);
+        if (!APPEND && bad) gr_report_cache(err, b, raw, max_len, 1u);
+    }
     const u32 len = bad ? 0u : (u32)raw;
-    const u32 kvh = h / (heads / kv_heads);
-    const u64 qo = ((u64)b * heads + h) * d;
+    const u32 keys = APPEND && room ? len + 1 : len;
+    const u32 group = heads / kv_heads, kvh = h / group;
+    const u64 row = APPEND ? (u64)(heads + 2 * kv_heads) * d : (u64)heads * d;
+    const T* knew = q + (u64)b * row + (u64)(heads + kvh) * d;
+    const T* vnew = knew + (u64)kv_heads * d;
+    const bool writer = APPEND && h % group == 0;
+    const T* qrow = q + (u64)b * row + (u64)h * d;
     float qr[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) {
         const u32 col = lane + 32 * e;
-        qr[e] = FIXED || col < d ? ld(q, qo + col) * scale : 0.0f;
+        qr[e] = col < d ? ld(qrow, col) * scale : 0.0f;
     }
     const u64 base = ((u64)b * kv_heads + kvh) * (u64)max_len * d;
     const u32 j0 = s * split_len;
-    const u32 j1 = len < j0 + split_len ? len : j0 + split_len;
+    const u32 j1 = keys < j0 + split_len ? keys : j0 + split_len;
     float m = gr_neg_inf(), l = 0.0f;
     float acc[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
     for (u32 j = j0 + warp; j < j1; j += DEC_WARPS) {
-        const u64 ko = base + (u64)j * d;
+        const bool fresh = APPEND && j == len;
+        const T* kr = fresh ? knew : kc + base + (u64)j * d;
+        const T* vr = fresh ? vnew : vc + base + (u64)j * d;
         float sc = 0.0f;
 #pragma unroll
         for (int e = 0; e < E; ++e) {
             const u32 col = lane + 32 * e;
-            if (FIXED || col < d) sc += qr[e] * ld(kc, ko + col);
+            if (col < d) sc += qr[e] * ld(kr, col);
         }
         sc = warp_sum(sc);
         const float mn = fmaxf(m, sc);
@@ -77,56 +117,61 @@ __device__ __forceinline__ void decode_partial_body(float* part_o, float* part_l
 #pragma unroll
         for (int e = 0; e < E; ++e) {
             const u32 col = lane + 32 * e;
-            if (FIXED || col < d) acc[e] = acc[e] * c + p * ld(vc, ko + col);
+            if (col < d) acc[e] = acc[e] * c + p * ld(vr, col);
+        }
+        if (fresh && writer) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const u32 col = lane + 32 * e;
+                if (col < d) {
+                    kc[base + (u64)j * d + col] = kr[col];
+                    vc[base + (u64)j * d + col] = vr[col];
+                }
+            }
         }
         m = mn;
     }
     if (lane == 0) {
-        s_m[warp] = m;
-        s_l[warp] = l;
+        s_m[hb][warp] = m;
+        s_l[hb][warp] = l;
     }
 #pragma unroll
     for (int e = 0; e < E; ++e) {
         const u32 col = lane + 32 * e;
-        if (FIXED || col < d) s_acc[warp][col] = acc[e];
+        if (col < d) s_acc[hb][warp][col] = acc[e];
     }
     __syncthreads();
     float mx = gr_neg_inf();
-    for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, s_m[w]);
+    for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, s_m[hb][w]);
     const u64 po = ((u64)b * heads + h) * splits + s;
-    for (u32 col = threadIdx.x; col < d; col += blockDim.x) {
+    for (u32 col = threadIdx.x - hb * 32 * DEC_WARPS; col < d; col += 32 * DEC_WARPS) {
         float sum = 0.0f, o = 0.0f;
         if (mx != gr_neg_inf()) {
             for (int w = 0; w < DEC_WARPS; ++w) {
-                const float c = s_m[w] == gr_neg_inf() ? 0.0f : expf(s_m[w] - mx);
-                sum += s_l[w] * c;
-                o += s_acc[w][col] * c;
+                const float c = s_m[hb][w] == gr_neg_inf() ? 0.0f : expf(s_m[hb][w] - mx);
+                sum += s_l[hb][w] * c;
+                o += s_acc[hb][w][col] * c;
             }
         }
-        part_o[po * d + col] = sum > 0.0f ? o / sum : 0.0f;
-        if (col == 0) part_lse[po] = sum > 0.0f ? mx + logf(sum) : gr_neg_inf();
+        const float r = sum > 0.0f ? o / sum : 0.0f;
+        if constexpr (ONE) {
+            st(out, ((u64)b * heads + h) * d + col, 0.0f + r);
+        } else {
+            part_o[po * d + col] = r;
+            if (col == 0) part_lse[po] = sum > 0.0f ? mx + logf(sum) : gr_neg_inf();
+        }
     }
-}
-template <typename T, int D>
-__device__ __forceinline__ void decode_partial_t(float* part_o, float* part_lse, const T* q, const T* kc, const T* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) {
-    decode_partial_body<T, D / 32, true>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, D, err);
-}
-
-// decode_partial_t for any head dimension d up to 128, read at run time (f32 caches, and the
-// 16-bit head dims the specialised builds above do not cover): lane owns columns lane + 32 e,
-// e < 4, of those below d. The same keys to the same warps in the same order, and the same
-// merge, as decode_partial_t (one body, decode_partial_body).
-#define DEC_ANY_E 4
-template <typename T>
-__device__ __forceinline__ void decode_partial_any_t(float* part_o, float* part_lse, const T* q, const T* kc, const T* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) {
-    decode_partial_body<T, DEC_ANY_E, false>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, d, err);
+    if constexpr (ONE && APPEND) {
+        if (room && threadIdx.x == 0) lengths[b] = raw + 1;
+    }
 }
 
 // One block of d threads per (query head, sequence): the splits' outputs weighted by
 // exp(lse_split - max lse), in split order. A sequence with no key (length 0, or a reported bad
-// length) gets zeros.
+// length) gets zeros. With lengths (decode_attend_t's APPEND, every block of which has read
+// them), the block of head 0 then advances the sequence's length where the append found room.
 template <typename T>
-__device__ __forceinline__ void decode_combine_t(T* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) {
+__device__ __forceinline__ void decode_combine_t(T* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d, int* lengths, u32 max_len) {
     const u64 row = (u64)blockIdx.y * heads + blockIdx.x;
     const float* lse = part_lse + row * splits;
     float mx = gr_neg_inf();
@@ -142,6 +187,10 @@ __device__ __forceinline__ void decode_combine_t(T* out, const float* part_o, co
             }
         }
         st(out, row * d + c, wsum > 0.0f ? o / wsum : 0.0f);
+    }
+    if (lengths != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+        const int len = lengths[blockIdx.y];
+        if (len >= 0 && len < (int)max_len) lengths[blockIdx.y] = len + 1;
     }
 }
 
@@ -339,16 +388,30 @@ __device__ __forceinline__ void sample_rows_t(int* out, const T* x, const u32* s
 
 // ---------------------------------------------------------------- instantiations
 
-extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16_d64(float* part_o, float* part_lse, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<bf16_t, 64>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
-extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16_d128(float* part_o, float* part_lse, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<bf16_t, 128>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
-extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f16_d64(float* part_o, float* part_lse, const f16_t* q, const f16_t* kc, const f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<f16_t, 64>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
-extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f16_d128(float* part_o, float* part_lse, const f16_t* q, const f16_t* kc, const f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_partial_t<f16_t, 128>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, err); }
-extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f32_any(float* part_o, float* part_lse, const float* q, const float* kc, const float* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) { decode_partial_any_t<float>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, d, err); }
-extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16_any(float* part_o, float* part_lse, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) { decode_partial_any_t<bf16_t>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, d, err); }
-extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f16_any(float* part_o, float* part_lse, const f16_t* q, const f16_t* kc, const f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) { decode_partial_any_t<f16_t>(part_o, part_lse, q, kc, vc, lengths, heads, kv_heads, max_len, split_len, scale, d, err); }
-extern "C" __global__ void decode_combine_f32(float* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) { decode_combine_t(out, part_o, part_lse, heads, splits, d); }
-extern "C" __global__ void decode_combine_bf16(bf16_t* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) { decode_combine_t(out, part_o, part_lse, heads, splits, d); }
-extern "C" __global__ void decode_combine_f16(f16_t* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) { decode_combine_t(out, part_o, part_lse, heads, splits, d); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16_d64(float* part_o, float* part_lse, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_attend_t<bf16_t, 64, false, false>(part_o, part_lse, nullptr, q, const_cast<bf16_t*>(kc), const_cast<bf16_t*>(vc), const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, 64, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16_d128(float* part_o, float* part_lse, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_attend_t<bf16_t, 128, false, false>(part_o, part_lse, nullptr, q, const_cast<bf16_t*>(kc), const_cast<bf16_t*>(vc), const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, 128, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f16_d64(float* part_o, float* part_lse, const f16_t* q, const f16_t* kc, const f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_attend_t<f16_t, 64, false, false>(part_o, part_lse, nullptr, q, const_cast<f16_t*>(kc), const_cast<f16_t*>(vc), const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, 64, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f16_d128(float* part_o, float* part_lse, const f16_t* q, const f16_t* kc, const f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_attend_t<f16_t, 128, false, false>(part_o, part_lse, nullptr, q, const_cast<f16_t*>(kc), const_cast<f16_t*>(vc), const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, 128, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f32_any(float* part_o, float* part_lse, const float* q, const float* kc, const float* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) { decode_attend_t<float, 0, false, false>(part_o, part_lse, nullptr, q, const_cast<float*>(kc), const_cast<float*>(vc), const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, d, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_bf16_any(float* part_o, float* part_lse, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) { decode_attend_t<bf16_t, 0, false, false>(part_o, part_lse, nullptr, q, const_cast<bf16_t*>(kc), const_cast<bf16_t*>(vc), const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, d, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_partial_f16_any(float* part_o, float* part_lse, const f16_t* q, const f16_t* kc, const f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) { decode_attend_t<f16_t, 0, false, false>(part_o, part_lse, nullptr, q, const_cast<f16_t*>(kc), const_cast<f16_t*>(vc), const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, d, err); }
+extern "C" __global__ void decode_combine_f32(float* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) { decode_combine_t(out, part_o, part_lse, heads, splits, d, nullptr, 0u); }
+extern "C" __global__ void decode_combine_bf16(bf16_t* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) { decode_combine_t(out, part_o, part_lse, heads, splits, d, nullptr, 0u); }
+extern "C" __global__ void decode_combine_f16(f16_t* out, const float* part_o, const float* part_lse, u32 heads, u32 splits, u32 d) { decode_combine_t(out, part_o, part_lse, heads, splits, d, nullptr, 0u); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_append_partial_bf16_d64(float* part_o, float* part_lse, const bf16_t* qkv, bf16_t* kc, bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_attend_t<bf16_t, 64, true, false>(part_o, part_lse, nullptr, qkv, kc, vc, const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, 64, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_append_partial_bf16_d128(float* part_o, float* part_lse, const bf16_t* qkv, bf16_t* kc, bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_attend_t<bf16_t, 128, true, false>(part_o, part_lse, nullptr, qkv, kc, vc, const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, 128, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_append_partial_f16_d64(float* part_o, float* part_lse, const f16_t* qkv, f16_t* kc, f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_attend_t<f16_t, 64, true, false>(part_o, part_lse, nullptr, qkv, kc, vc, const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, 64, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_append_partial_f16_d128(float* part_o, float* part_lse, const f16_t* qkv, f16_t* kc, f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32* err) { decode_attend_t<f16_t, 128, true, false>(part_o, part_lse, nullptr, qkv, kc, vc, const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, 128, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_append_partial_f32_any(float* part_o, float* part_lse, const float* qkv, float* kc, float* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) { decode_attend_t<float, 0, true, false>(part_o, part_lse, nullptr, qkv, kc, vc, const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, d, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_append_partial_bf16_any(float* part_o, float* part_lse, const bf16_t* qkv, bf16_t* kc, bf16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) { decode_attend_t<bf16_t, 0, true, false>(part_o, part_lse, nullptr, qkv, kc, vc, const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, d, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) decode_append_partial_f16_any(float* part_o, float* part_lse, const f16_t* qkv, f16_t* kc, f16_t* vc, const int* lengths, u32 heads, u32 kv_heads, u32 max_len, u32 split_len, float scale, u32 d, u32* err) { decode_attend_t<f16_t, 0, true, false>(part_o, part_lse, nullptr, qkv, kc, vc, const_cast<int*>(lengths), heads, kv_heads, max_len, split_len, scale, d, err); }
+extern "C" __global__ void decode_append_combine_f32(float* out, const float* part_o, const float* part_lse, int* lengths, u32 heads, u32 splits, u32 d, u32 max_len) { decode_combine_t(out, part_o, part_lse, heads, splits, d, lengths, max_len); }
+extern "C" __global__ void decode_append_combine_bf16(bf16_t* out, const float* part_o, const float* part_lse, int* lengths, u32 heads, u32 splits, u32 d, u32 max_len) { decode_combine_t(out, part_o, part_lse, heads, splits, d, lengths, max_len); }
+extern "C" __global__ void decode_append_combine_f16(f16_t* out, const float* part_o, const float* part_lse, int* lengths, u32 heads, u32 splits, u32 d, u32 max_len) { decode_combine_t(out, part_o, part_lse, heads, splits, d, lengths, max_len); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS * DEC_ONE_HEADS) decode_append_one_bf16_d64(bf16_t* out, const bf16_t* qkv, bf16_t* kc, bf16_t* vc, int* lengths, u32 heads, u32 kv_heads, u32 max_len, float scale, u32* err) { decode_attend_t<bf16_t, 64, true, true>(nullptr, nullptr, out, qkv, kc, vc, lengths, heads, kv_heads, max_len, max_len, scale, 64, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS * DEC_ONE_HEADS) decode_append_one_bf16_d128(bf16_t* out, const bf16_t* qkv, bf16_t* kc, bf16_t* vc, int* lengths, u32 heads, u32 kv_heads, u32 max_len, float scale, u32* err) { decode_attend_t<bf16_t, 128, true, true>(nullptr, nullptr, out, qkv, kc, vc, lengths, heads, kv_heads, max_len, max_len, scale, 128, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS * DEC_ONE_HEADS) decode_append_one_f16_d64(f16_t* out, const f16_t* qkv, f16_t* kc, f16_t* vc, int* lengths, u32 heads, u32 kv_heads, u32 max_len, float scale, u32* err) { decode_attend_t<f16_t, 64, true, true>(nullptr, nullptr, out, qkv, kc, vc, lengths, heads, kv_heads, max_len, max_len, scale, 64, err); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS * DEC_ONE_HEADS) decode_append_one_f16_d128(f16_t* out, const f16_t* qkv, f16_t* kc, f16_t* vc, int* lengths, u32 heads, u32 kv_heads, u32 max_len, float scale, u32* err) { decode_attend_t<f16_t, 128, true, true>(nullptr, nullptr, out, qkv, kc, vc, lengths, heads, kv_heads, max_len, max_len, scale, 128, err); }
 extern "C" __global__ void kv_cache_append_u16(u16* kc, u16* vc, int* lengths, const u16* k, const u16* v, u32 kv_heads, u32 max_len, u32 d, u32* err) { kv_append_t(kc, vc, lengths, k, v, kv_heads, max_len, d, err); }
 extern "C" __global__ void kv_cache_append_u32(u32* kc, u32* vc, int* lengths, const u32* k, const u32* v, u32 kv_heads, u32 max_len, u32 d, u32* err) { kv_append_t(kc, vc, lengths, k, v, kv_heads, max_len, d, err); }
 extern "C" __global__ void kv_cache_fill_u16(u16* kc, u16* vc, const u16* k, const u16* v, u32 batch, u32 seq, u32 kv_heads, u32 max_len, u32 d) { kv_fill_t(kc, vc, k, v, batch, seq, kv_heads, max_len, d); }

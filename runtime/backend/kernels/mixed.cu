@@ -34,22 +34,10 @@ extern "C" __global__ void amp_unscale_check(float* g, float* scaler, u32 n) {
 }
 
 // After the optimizer: on overflow back off and count a skipped step, else grow the scale
-// every `interval` good steps.
+// every `interval` good steps (scale_update.cu).
 extern "C" __global__ void amp_update(float* scaler, float growth, float backoff, u32 interval) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    if (scaler[1] != 0.0f) {
-        scaler[0] = scaler[0] * backoff;
-        scaler[2] = 0.0f;
-        scaler[3] = scaler[3] + 1.0f;
-    } else {
-        const float good = scaler[2] + 1.0f;
-        if (good >= (float)interval) {
-            scaler[0] = scaler[0] * growth;
-            scaler[2] = 0.0f;
-        } else {
-            scaler[2] = good;
-        }
-    }
+    amp_update_state(scaler, growth, backoff, interval);
 }
 
 // adamw_prepare_f32, skipped when the scaler flagged an overflow.

@@ -449,8 +449,34 @@ __device__ __forceinline__ void swap12_t(T* y, const T* x, u32 b, u32 p, u32 q, 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // y = silu(gate) * up.
+__device__ __forceinline__ float swiglu_elem(float g, float u) { return g * sigmoidf(g) * u; }
 template <typename T> __device__ __forceinline__ void swiglu_t(T* y, const T* gate, const T* up, u32 n) {
-    map2(y, gate, up, n, [](u64, float g, float u) { return g * sigmoidf(g) * u; });
+    map2(y, gate, up, n, [](u64, float g, float u) { return swiglu_elem(g, u); });
+}
+
+// swiglu_t over one tensor holding gate and up side by side: y[r, j] = silu(gu[r, j]) *
+// gu[r, h + j] for rows r of gu ([rows, 2h], one GEMM's output against the two weights
+// stacked), y [rows, h]. 16 bytes a load and store when h and the pointers allow it (a pack
+// never straddles a row), else element by element; the same math as swiglu_t either way.
+template <typename T> __device__ __forceinline__ void swiglu_packed_t(T* y, const T* gu, u32 rows, u32 h) {
+    constexpr u32 W = 16 / sizeof(T);
+    const u64 n = (u64)rows * h;
+    if (al16(y) && al16(gu) && h % W == 0) {
+        for (u64 v = gr_tid(); v < n / W; v += gr_stride()) {
+            const u64 i = v * W, r = i / h, j = i % h;
+            Pack<T> pg, pu, py;
+            pg.raw = *reinterpret_cast<const uint4*>(gu + r * 2 * h + j);
+            pu.raw = *reinterpret_cast<const uint4*>(gu + r * 2 * h + h + j);
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) st(py.e, k, swiglu_elem(ld(pg.e, k), ld(pu.e, k)));
+            reinterpret_cast<uint4*>(y)[v] = py.raw;
+        }
+        return;
+    }
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const u64 r = i / h, j = i % h;
+        st(y, i, swiglu_elem(ld(gu, r * 2 * h + j), ld(gu, r * 2 * h + h + j)));
+    }
 }
 
 // dgate = dy * up * s * (1 + g * (1 - s)), dup = dy * g * s, s = sigmoid(g): 16 bytes a load and
@@ -552,6 +578,7 @@ extern "C" __global__ void rms_norm_bwd_params_partial_f32(float* partial, const
 extern "C" __global__ void col_partials_acc_f32(float* out, const float* partial, u32 chunks, u32 d) { col_partials_acc_t(out, partial, chunks, d); }
 extern "C" __global__ void swap12_f32(float* y, const float* x, u32 b, u32 p, u32 q, u32 e) { swap12_t(y, x, b, p, q, e); }
 extern "C" __global__ void swiglu_f32(float* y, const float* gate, const float* up, u32 n) { swiglu_t(y, gate, up, n); }
+extern "C" __global__ void swiglu_packed_f32(float* y, const float* gu, u32 rows, u32 h) { swiglu_packed_t(y, gu, rows, h); }
 extern "C" __global__ void swiglu_bwd_f32(float* dgate, float* dup, const float* dy, const float* gate, const float* up, u32 n) { swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
 extern "C" __global__ void attn_softmax_lse_f32(float* p, float* lse, const float* s, u32 rows, u32 t, float scale) { attn_softmax_lse_t(p, lse, s, rows, t, scale); }
 extern "C" __global__ void attn_bwd_scores_f32(float* p, float* ds, const float* s, const float* dp, const float* lse, const float* dout, const float* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
@@ -563,6 +590,7 @@ extern "C" __global__ void rms_norm_bwd_params_partial_bf16(float* partial, cons
 extern "C" __global__ void col_partials_acc_bf16(bf16_t* out, const float* partial, u32 chunks, u32 d) { col_partials_acc_t(out, partial, chunks, d); }
 extern "C" __global__ void swap12_bf16(bf16_t* y, const bf16_t* x, u32 b, u32 p, u32 q, u32 e) { swap12_t(y, x, b, p, q, e); }
 extern "C" __global__ void swiglu_bf16(bf16_t* y, const bf16_t* gate, const bf16_t* up, u32 n) { swiglu_t(y, gate, up, n); }
+extern "C" __global__ void swiglu_packed_bf16(bf16_t* y, const bf16_t* gu, u32 rows, u32 h) { swiglu_packed_t(y, gu, rows, h); }
 extern "C" __global__ void swiglu_bwd_bf16(bf16_t* dgate, bf16_t* dup, const bf16_t* dy, const bf16_t* gate, const bf16_t* up, u32 n) { swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
 extern "C" __global__ void attn_softmax_lse_bf16(bf16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { attn_softmax_lse_t(p, lse, s, rows, t, scale); }
 extern "C" __global__ void attn_bwd_scores_bf16(bf16_t* p, bf16_t* ds, const float* s, const float* dp, const float* lse, const bf16_t* dout, const bf16_t* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
@@ -574,6 +602,7 @@ extern "C" __global__ void rms_norm_bwd_params_partial_f16(float* partial, const
 extern "C" __global__ void col_partials_acc_f16(f16_t* out, const float* partial, u32 chunks, u32 d) { col_partials_acc_t(out, partial, chunks, d); }
 extern "C" __global__ void swap12_f16(f16_t* y, const f16_t* x, u32 b, u32 p, u32 q, u32 e) { swap12_t(y, x, b, p, q, e); }
 extern "C" __global__ void swiglu_f16(f16_t* y, const f16_t* gate, const f16_t* up, u32 n) { swiglu_t(y, gate, up, n); }
+extern "C" __global__ void swiglu_packed_f16(f16_t* y, const f16_t* gu, u32 rows, u32 h) { swiglu_packed_t(y, gu, rows, h); }
 extern "C" __global__ void swiglu_bwd_f16(f16_t* dgate, f16_t* dup, const f16_t* dy, const f16_t* gate, const f16_t* up, u32 n) { swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
 extern "C" __global__ void attn_softmax_lse_f16(f16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { attn_softmax_lse_t(p, lse, s, rows, t, scale); }
 extern "C" __global__ void attn_bwd_scores_f16(f16_t* p, f16_t* ds, const float* s, const float* dp, const float* lse, const f16_t* dout, const f16_t* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }

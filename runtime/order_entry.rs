@@ -1,8 +1,7 @@
-//! `OrderEntry`: one step of a pipeline `order`, as `GraphOptions::order` takes it.
+//! `OrderEntry`: one step of a pipeline `order`, as `GraphOptions::order` takes it: a plain
+//! value below the modules, `make_graphed` and the ranks that all read schedules.
 
 use std::fmt;
-
-use super::schedule::Pass;
 
 /// One entry of a pipeline schedule (`GraphOptions::order`); chunks are 1-indexed.
 ///
@@ -75,15 +74,8 @@ impl OrderEntry {
 
     /// The entry's chunk (1-indexed).
     pub fn chunk(self) -> usize {
-        self.parts().1
-    }
-
-    /// The pass and the 1-indexed chunk.
-    pub(crate) fn parts(self) -> (Pass, usize) {
         match self {
-            OrderEntry::Forward(c) => (Pass::Forward, c),
-            OrderEntry::Backward(c) => (Pass::Backward, c),
-            OrderEntry::Wgrad(c) => (Pass::Wgrad, c),
+            OrderEntry::Forward(c) | OrderEntry::Backward(c) | OrderEntry::Wgrad(c) => c,
         }
     }
 }
@@ -105,6 +97,13 @@ impl From<&i32> for OrderEntry {
     /// As `From<i32>`, so `order(&[1, 2, -2, -1])` works too.
     fn from(e: &i32) -> OrderEntry {
         OrderEntry::from(*e)
+    }
+}
+
+impl From<&OrderEntry> for OrderEntry {
+    /// A copy, so that `&[OrderEntry]` is an order wherever `&[i32]` is.
+    fn from(e: &OrderEntry) -> OrderEntry {
+        *e
     }
 }
 
