@@ -182,6 +182,11 @@ const NEVER: &[(&str, &[&str], &str)] = &[
     ),
     ("checkpoint", &["graphed", "dist"], "a checkpointed module is a module; make_graphed captures it like any other"),
     ("graphed", &["dist"], "dist builds on make_graphed; graphed asks ranks to agree through Module::collectives"),
+    (
+        "order_entry",
+        &["module", "graphed", "dist", "error", "tensor"],
+        "an order entry is a plain value that modules, make_graphed and the ranks read",
+    ),
 ];
 
 /// Whether `name` is a top-level module of the runtime (a file or a folder).
