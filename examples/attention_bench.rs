@@ -44,8 +44,9 @@ struct Args {
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<String>,
-    /// The engine: auto (cuDNN where it runs, else portable), portable or cudnn.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "portable", "cudnn"])]
+    /// The engine: auto (cuDNN where it runs, else portable), portable, cudnn or
+    /// cudnn-nondeterministic (the backward with atomics).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "portable", "cudnn", "cudnn-nondeterministic"])]
     engine: String,
     /// The GPT example's attention shapes instead (8 heads of 64, causal, 4096 tokens a call:
     /// 16 x 256, 4 x 1024, 1 x 4096), timed in microseconds.
@@ -61,6 +62,7 @@ fn main() -> Result<()> {
     let engine = match args.engine.as_str() {
         "portable" => AttentionEngine::Portable,
         "cudnn" => AttentionEngine::Cudnn,
+        "cudnn-nondeterministic" => AttentionEngine::CudnnNondeterministic,
         _ => AttentionEngine::Auto,
     };
     if args.gpt {

@@ -281,6 +281,49 @@ fn tiles_agree(dev: &Device) -> Result<()> {
     Ok(())
 }
 
+/// `CudnnNondeterministic` (cuDNN's backward with atomics, opt-in): against the CPU reference
+/// within the same tolerance, and reported as the backward's engine. No bitwise claim: its
+/// `dQ` may differ between runs in the last bits. CUDA with libcudnn only.
+#[test]
+fn cudnn_nondeterministic_backward_matches_the_reference() {
+    for backend in backends().iter().filter(|b| b.device.is_cuda()) {
+        let dev = &backend.device;
+        if engines(dev).map_or(true, |e| !e.contains(&AttentionEngine::Cudnn)) {
+            continue; // engines() said why
+        }
+        let run = || -> Result<()> {
+            for causal in [true, false] {
+                let c = Case { batch: 2, seq: 130, heads: 2, kv_heads: 2, head_dim: 64, causal };
+                let at = c.attention_on(AttentionEngine::CudnnNondeterministic);
+                let [q, k, v, d] = c.inputs(dev, DType::BF16, 5)?;
+                let ran = ops::attention_engines(&q, &at)?;
+                assert_eq!(
+                    (ran.forward, ran.backward),
+                    (AttentionEngine::Cudnn, AttentionEngine::CudnnNondeterministic)
+                );
+                let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
+                let (dq, dk, dv) = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &at)?;
+                let [qv, kv, vv, dov, ov, lv] = [&q, &k, &v, &d, &out, &lse].map(|t| t.to_vec());
+                let [qv, kv, vv, dov, ov, lv] = [qv?, kv?, vv?, dov?, ov?, lv?];
+                let saved = AttnSaved { dout: &dov, q: &qv, k: &kv, v: &vv, out: &ov, lse: &lv };
+                let (rq, rk, rv) = cpu::attention_backward(saved, c.shape(), DType::BF16);
+                for (name, got, want) in [("dq", &dq, &rq), ("dk", &dk, &rk), ("dv", &dv, &rv)] {
+                    check_close(
+                        &format!("nondeterministic causal={causal} {name}"),
+                        &got.to_vec()?,
+                        want,
+                        tol(DType::BF16),
+                    )?;
+                }
+            }
+            Ok(())
+        };
+        if let Err(e) = run() {
+            panic!("on {}: {e}", dev.name());
+        }
+    }
+}
+
 fn is_unsupported(e: &Error) -> bool {
     matches!(e, Error::AttentionUnsupported { .. })
 }

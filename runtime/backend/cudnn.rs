@@ -5,9 +5,10 @@
 //!
 //! The graphs are the ones cudnn-frontend lowers its SDPA nodes to (matmul, pointwise and
 //! reduction operations over virtual tensors, which cuDNN fuses into one kernel). The backward
-//! is the variant with a dP workspace: `dQ = dS·K` is written by cuDNN without floating-point
-//! atomics, so its grads are the same bits run to run (the default variant adds `dQ` into an
-//! f32 accumulator with atomics).
+//! is the variant with a dP workspace unless a key asks otherwise: `dQ = dS·K` is written by
+//! cuDNN without floating-point atomics, so its grads are the same bits run to run; the other
+//! variant (PyTorch's, `AttentionEngine::CudnnNondeterministic`) adds `dQ` into a zeroed f32
+//! accumulator with atomics.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -137,6 +138,7 @@ mod uid {
     pub const DV: i64 = 10;
     pub const DSUM: i64 = 11;
     pub const ONE: i64 = 12;
+    pub const DQ_ACCUM: i64 = 13;
 }
 
 /// Which pass a plan computes.
@@ -157,6 +159,9 @@ pub(crate) struct SdpaKey {
     pub(crate) heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) causal: bool,
+    /// The backward writes `dQ` without atomics (the dP-workspace variant); false: it adds
+    /// `dQ` into an f32 accumulator with atomics. Always true for the forward.
+    pub(crate) deterministic: bool,
 }
 
 /// A finalized execution plan and everything it was built from (kept alive with it).
@@ -407,10 +412,16 @@ impl Builder {
         let dst = self.scores(io, true)?;
         self.reshape(ds, dst)?;
         self.matmul(dst, q, dk)?;
-        // dQ = dS · K, written directly (the dP-workspace variant: no atomics).
+        // dQ = dS · K: written directly (the dP-workspace variant: no atomics), or added into
+        // an f32 accumulator with atomics and then converted.
         let k = self.tensor(0, f, [b, h, sq, d], [sq * h * d, d, h * d, 1], Storage::Virtual)?;
         self.reshape(kt, k)?;
-        self.matmul(ds, k, dq)
+        if self.key.deterministic {
+            return self.matmul(ds, k, dq);
+        }
+        let accum = self.tensor(uid::DQ_ACCUM, f, [b, h, sq, d], [h * sq * d, sq * d, d, 1], Storage::Real)?;
+        self.matmul(ds, k, accum)?;
+        self.pointwise(Pw::CUDNN_POINTWISE_IDENTITY, accum, None, None, dq, None)
     }
 }
 
@@ -527,6 +538,9 @@ impl Cudnn {
                 (uid::DSUM, dev(g.dsum)),
                 (uid::ONE, host(&one)),
             ]);
+            if let Some(accum) = g.dq_accum {
+                entries.push((uid::DQ_ACCUM, dev(accum)));
+            }
         }
         let (ids, ptrs): (Vec<i64>, Vec<*mut c_void>) = entries.into_iter().unzip();
         let pack = Desc::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
@@ -562,6 +576,9 @@ pub(crate) struct SdpaGrads {
     pub(crate) dk: u64,
     pub(crate) dv: u64,
     pub(crate) dsum: u64,
+    /// The zeroed f32 `[batch, heads, seq, head_dim]` accumulator of a nondeterministic
+    /// backward.
+    pub(crate) dq_accum: Option<u64>,
 }
 
 /// Builds the operation graph of `key` and the first execution plan cuDNN's heuristics offer

@@ -44,6 +44,8 @@ pub enum AttentionEngine {
     Portable,
     /// cuDNN's fused attention.
     Cudnn,
+    /// cuDNN's fused attention with its backward that adds `dQ` with atomics.
+    CudnnNondeterministic,
 }
 
 impl AttentionEngine {
@@ -56,6 +58,7 @@ impl AttentionEngine {
         *FROM_ENV.get_or_init(|| match std::env::var("GRAPHED_ATTENTION").as_deref() {
             Ok("portable") => AttentionEngine::Portable,
             Ok("cudnn") => AttentionEngine::Cudnn,
+            Ok("cudnn-nondeterministic") => AttentionEngine::CudnnNondeterministic,
             _ => AttentionEngine::Auto,
         })
     }
@@ -66,7 +69,7 @@ impl AttentionEngine {
 pub struct AttentionEngines {
     /// The forward's: `Portable` or `Cudnn`.
     pub forward: AttentionEngine,
-    /// The backward's: `Portable` or `Cudnn`.
+    /// The backward's: `Portable`, `Cudnn` or `CudnnNondeterministic`.
     pub backward: AttentionEngine,
 }
 
@@ -90,6 +93,7 @@ pub fn attention_engines(q: &Tensor, at: &Attention) -> Result<AttentionEngines>
         Ok(match exec(q.device()) {
             Exec::Host(_) => AttentionEngine::Portable,
             Exec::Cuda(c) => match cudnn_plan("attention_engines", c, at, a, dtype, pass)? {
+                Some((key, _)) if !key.deterministic => AttentionEngine::CudnnNondeterministic,
                 Some(_) => AttentionEngine::Cudnn,
                 None => AttentionEngine::Portable,
             },
@@ -113,10 +117,19 @@ fn cudnn_plan(
         return Ok(None);
     }
     let d = a.dims;
-    let key =
-        SdpaKey { pass, dtype, batch: d.batch, seq: d.seq, heads: d.heads, head_dim: d.head_dim, causal: a.causal };
+    let deterministic = !(engine == AttentionEngine::CudnnNondeterministic && pass == SdpaPass::Backward);
+    let key = SdpaKey {
+        pass,
+        dtype,
+        batch: d.batch,
+        seq: d.seq,
+        heads: d.heads,
+        head_dim: d.head_dim,
+        causal: a.causal,
+        deterministic,
+    };
     let plan = if a.kv_heads == d.heads { c.cudnn_sdpa_workspace(key)?.map(|w| (key, w)) } else { None };
-    if plan.is_none() && engine == AttentionEngine::Cudnn {
+    if plan.is_none() && engine != AttentionEngine::Auto {
         let limit = Some(AttentionLimit::Cudnn);
         return Err(Error::AttentionUnsupported { op, dtype, head_dim: d.head_dim, limit });
     }
@@ -169,16 +182,22 @@ pub(super) fn backward(
     let (dq, dk, dv) = (Tensor::empty_like(q)?, Tensor::empty_like(k)?, Tensor::empty_like(v)?);
     let dsum = Tensor::empty(q.device(), lse.dims())?;
     let work = workspace(q.device(), bytes)?;
+    // The atomics' f32 accumulator, zeroed (`[batch, heads, seq, head_dim]`).
+    let d = a.dims;
+    let accum =
+        if key.deterministic { None } else { Some(Tensor::zeros(q.device(), &[d.batch, d.heads, d.seq, d.head_dim])?) };
     let grads = SdpaGrads {
         dout: dout.cuda_ptr()?,
         dq: dq.cuda_ptr()?,
         dk: dk.cuda_ptr()?,
         dv: dv.cuda_ptr()?,
         dsum: dsum.cuda_ptr()?,
+        dq_accum: accum.as_ref().map(Tensor::cuda_ptr).transpose()?,
     };
     let ptrs = pointers([q, k, v, out, lse], Some(grads))?;
     // SAFETY: every tensor was checked by the op (or made here) against the key's shape and
-    // dtype; dsum is f32 `[batch, heads, seq]`; the workspace holds `bytes`.
+    // dtype; dsum is f32 `[batch, heads, seq]`, the accumulator f32 `[batch, heads, seq, d]`;
+    // the workspace holds `bytes`.
     unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
     Ok(Some((dq, dk, dv)))
 }
