@@ -382,10 +382,9 @@ fn check_driver(device: &Device) -> Result<()> {
 
 fn driver_refusal(caps: Capabilities) -> Result<()> {
     match caps.driver {
-        Some(driver) if !caps.conditional_nodes => Err(Error::ConditionalUnsupported {
-            driver: driver.to_string(),
-            needed: CudaVersion::CONDITIONAL_NODES.to_string(),
-        }),
+        Some(driver) if !caps.conditional_nodes => {
+            Err(Error::ConditionalUnsupported { driver, needed: CudaVersion::CONDITIONAL_NODES })
+        }
         _ => Ok(()),
     }
 }
@@ -431,10 +430,9 @@ mod tests {
     #[test]
     fn drivers_before_cuda_12_4_are_refused() {
         let refused = driver_refusal(Capabilities::cuda(CudaVersion(12030), true, None));
-        assert!(
-            matches!(&refused, Err(Error::ConditionalUnsupported { driver, needed }) if driver == "12.3" && needed == "12.4"),
-            "{refused:?}"
-        );
+        let Err(e @ Error::ConditionalUnsupported { driver, needed }) = &refused else { panic!("{refused:?}") };
+        assert_eq!((*driver, *needed), (CudaVersion(12030), CudaVersion(12040)));
+        assert!(e.to_string().contains("CUDA 12.4 or newer; this one supports CUDA 12.3"), "{e}");
         for v in [12040, 13000] {
             assert!(driver_refusal(Capabilities::cuda(CudaVersion(v), true, None)).is_ok());
         }

@@ -618,9 +618,9 @@ pub enum Error {
     #[error("conditional graph nodes need a driver for CUDA {needed} or newer; this one supports CUDA {driver}")]
     ConditionalUnsupported {
         /// The CUDA version the driver supports.
-        driver: String,
-        /// The version conditional nodes need.
-        needed: String,
+        driver: crate::CudaVersion,
+        /// The version conditional nodes need ([`crate::CudaVersion::CONDITIONAL_NODES`]).
+        needed: crate::CudaVersion,
     },
     /// An op's output buffer shares memory with one of its inputs.
     #[error("{op}: `{output}` shares memory with `{input}`; give it a buffer of its own")]
