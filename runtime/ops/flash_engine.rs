@@ -19,8 +19,10 @@ use super::flash::Attention;
 /// - `Cudnn`: cuDNN's fused attention (libcudnn 9.10 or newer, loaded at run time), the kernels
 ///   PyTorch's cuDNN backend and Transformer Engine run on Hopper: 1.5x to 2.9x faster there.
 ///   Its backward is cuDNN's variant without atomics, so grads are the same bits run to run and
-///   between eager runs and replays, as the portable kernels'. Equal numbers of query and
-///   key/value heads only. Asking for it where it cannot run is
+///   between eager runs and replays, as the portable kernels'; it keeps the bf16 `dP` of the
+///   whole call in its workspace (`batch · heads · seq² · 2` bytes from the pool: 268 MB at 8
+///   heads and seq 4096), where the portable kernels keep nothing of size `seq²`. Equal numbers
+///   of query and key/value heads only. Asking for it where it cannot run is
 ///   [`Error::AttentionUnsupported`].
 /// - `Auto` (the default): cuDNN where it runs the call, else the portable kernels, decided
 ///   for each pass on its own. `GRAPHED_ATTENTION=portable` (or `cudnn`) in the environment
