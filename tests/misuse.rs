@@ -688,7 +688,7 @@ fn refused_attention_calls_change_nothing() {
         let (out, lse) = ops::flash_attention(&x, &x, &x, &Attention::causal(2))?;
         let before = (dev.default_pool().stats(), dev.reserved_bytes());
         let at = Attention::causal(2);
-        let refusals = [
+        let mut refusals = vec![
             ops::flash_attention(&x, &x, &x, &Attention::causal(4)).map(drop), // head dim 32
             ops::flash_attention(&f, &f, &f, &at).map(drop),                   // f32
             ops::flash_attention(&x, &f, &f, &at).map(drop),                   // dtypes mixed
@@ -697,6 +697,12 @@ fn refused_attention_calls_change_nothing() {
             ops::flash_attention_backward(&narrow, &x, &x, &x, &out, &lse, &at).map(drop),
             ops::flash_attention_backward(&x, &x, &x, &x, &out, &out, &at).map(drop), // lse not f32
         ];
+        if dev.is_cuda() {
+            // cuDNN asked for where it does not run (grouped heads; or no libcudnn): refused, not
+            // rerouted. (The host backend runs its reference whatever the engine.)
+            let gqa = at.kv_heads(1).engine(ops::AttentionEngine::Cudnn);
+            refusals.push(ops::flash_attention(&x, &narrow, &narrow, &gqa).map(drop));
+        }
         for (i, r) in refusals.into_iter().enumerate() {
             let e = r.expect_err("refused");
             assert!(

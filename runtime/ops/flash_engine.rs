@@ -24,12 +24,18 @@ use super::flash::Attention;
 ///   heads and seq 4096), where the portable kernels keep nothing of size `seq²`. Equal numbers
 ///   of query and key/value heads only. Asking for it where it cannot run is
 ///   [`Error::AttentionUnsupported`].
+/// - `CudnnNondeterministic`: cuDNN with the backward PyTorch's cuDNN SDPA runs, which adds
+///   `dQ` into a zeroed f32 accumulator with atomics (faster at long sequences, and no `dP`
+///   workspace): its `dQ` differs in the last bits from run to run, so a replay no longer equals
+///   its eager run bit for bit. Only where asked for; `Auto` never picks it. The forward is
+///   `Cudnn`'s.
 /// - `Auto` (the default): cuDNN where it runs the call, else the portable kernels, decided
-///   for each pass on its own. `GRAPHED_ATTENTION=portable` (or `cudnn`) in the environment
-///   makes `Auto` mean that engine, for every call of the process.
+///   for each pass on its own. `GRAPHED_ATTENTION=portable` (or `cudnn`,
+///   `cudnn-nondeterministic`) in the environment makes `Auto` mean that engine, for every call
+///   of the process.
 ///
 /// Engines agree within the dtype's rounding, not bit for bit; a given shape always runs on
-/// the same engine, so a replay equals its eager run.
+/// the same engine, so (but for `CudnnNondeterministic`) a replay equals its eager run.
 ///
 /// ```
 /// use graphed::ops::{Attention, AttentionEngine};
