@@ -22,6 +22,15 @@ fn plot_err(e: impl std::fmt::Display) -> Error {
 }
 
 /// Draws a chart's legend at `position`, in the charts' one style.
+/// A white W x H canvas writing to `path`, the bundled font registered.
+fn canvas(path: &Path) -> Result<DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>> {
+    register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| Error::msg("the bundled chart font does not parse"))?;
+    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_err)?;
+    Ok(root)
+}
+
 fn finish<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
     chart: &mut ChartContext<'a, DB, CT>,
     position: SeriesLabelPosition,
@@ -43,14 +52,11 @@ where
 /// (say what ran: model, device, dtype, mode). The x axis runs from step 0 to the last step,
 /// the y axis from 0 to a little above the largest finite loss.
 pub fn write_loss_png(path: &Path, title: &str, train: &[(usize, f32)], val: &[(usize, f32)]) -> Result<()> {
-    register_font("sans-serif", FontStyle::Normal, FONT)
-        .map_err(|_| Error::msg("the bundled chart font does not parse"))?;
     let all = || train.iter().chain(val).filter(|p| p.1.is_finite());
     let last_step = all().map(|p| p.0).max().unwrap_or(1).max(1);
     let top = all().map(|p| p.1).fold(0.0f32, f32::max).max(1e-3) * 1.05;
 
-    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_err)?;
+    let root = canvas(path)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 18))
         .margin(16)
@@ -95,15 +101,12 @@ pub type RateSeries = (String, Vec<(usize, f64)>);
 pub fn write_rate_png(path: &Path, title: &str, series: &[RateSeries]) -> Result<()> {
     const COLORS: [RGBColor; 4] =
         [RGBColor(31, 90, 200), RGBColor(210, 40, 40), RGBColor(40, 150, 60), RGBColor(230, 140, 20)];
-    register_font("sans-serif", FontStyle::Normal, FONT)
-        .map_err(|_| Error::msg("the bundled chart font does not parse"))?;
     let points = || series.iter().flat_map(|s| s.1.iter()).filter(|p| p.1.is_finite() && p.1 > 0.0);
     let max_batch = points().map(|p| p.0).max().unwrap_or(1).max(2) as f64;
     let (lo, hi) = points().fold((f64::INFINITY, 0.0f64), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
     let (lo, hi) = if hi > 0.0 { (lo / 2.0, hi * 2.0) } else { (1.0, 10.0) };
 
-    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_err)?;
+    let root = canvas(path)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 18))
         .margin(16)
