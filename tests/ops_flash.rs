@@ -324,6 +324,51 @@ fn cudnn_nondeterministic_backward_matches_the_reference() {
     }
 }
 
+/// cuDNN's deterministic backward above the workspace limit runs in chunks of (batch, head)
+/// slices: whole batches of all heads, slices of heads, single (batch, head)s: every chunking
+/// gives the same bits as the whole call, eagerly and replayed. CUDA with libcudnn only.
+#[test]
+fn cudnn_backward_in_chunks_equals_the_whole_call() {
+    for backend in backends().iter().filter(|b| b.device.is_cuda()) {
+        let dev = &backend.device;
+        if engines(dev).map_or(true, |e| !e.contains(&AttentionEngine::Cudnn)) {
+            continue; // engines() said why
+        }
+        let before = ops::attention_workspace_limit();
+        let run = || -> Result<()> {
+            for (head_dim, causal) in [(64, true), (128, false)] {
+                let c = Case { batch: 2, seq: 200, heads: 4, kv_heads: 4, head_dim, causal };
+                let at = c.attention_on(AttentionEngine::Cudnn);
+                let [q, k, v, d] = c.inputs(dev, DType::BF16, 21)?;
+                let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
+                let grads = || -> Result<Vec<Tensor>> {
+                    let (dq, dk, dv) = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &at)?;
+                    Ok(vec![dq, dk, dv])
+                };
+                ops::set_attention_workspace_limit(usize::MAX);
+                let whole: Vec<Vec<f32>> = grads()?.iter().map(Tensor::to_vec).collect::<Result<_>>()?;
+                // A (batch, head) of 200 rows takes about 256² · 4 bytes: 1.2 MB holds one batch
+                // of 4 heads, 600 kB two heads, 1 byte a single (batch, head).
+                for limit in [1_200_000, 600_000, 1] {
+                    ops::set_attention_workspace_limit(limit);
+                    let chunked = grads()?;
+                    for (i, (x, y)) in whole.iter().zip(&chunked).enumerate() {
+                        let what = format!("d={head_dim} causal={causal} limit={limit} grad {i}: chunked vs whole");
+                        bitwise_eq(&what, x, &y.to_vec()?)?;
+                    }
+                    eager_vs_replay(dev, grads)?;
+                }
+            }
+            Ok(())
+        };
+        let r = run();
+        ops::set_attention_workspace_limit(before);
+        if let Err(e) = r {
+            panic!("on {}: {e}", dev.name());
+        }
+    }
+}
+
 fn is_unsupported(e: &Error) -> bool {
     matches!(e, Error::AttentionUnsupported { .. })
 }

@@ -148,8 +148,11 @@ pub(crate) enum SdpaPass {
     Backward,
 }
 
-/// The shape a plan is built for: q, k, v, out (and their grads) are `[batch, seq, heads · d]`,
-/// the statistics f32 `[batch, heads, seq]`.
+/// The shape a plan is built for: q, k, v, out (and their grads) are `[batch, seq, heads · d]`
+/// slices of `[.., seq, row_heads · d]` rows, the statistics f32 `[batch, heads, seq]` slices of
+/// `[.., row_heads, seq]`. A call over all of a tensor's heads has `row_heads == heads`; a call
+/// over a slice of them (the deterministic backward run in chunks to bound its workspace) has
+/// more, and its pointers start at the slice's first element.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct SdpaKey {
     pub(crate) pass: SdpaPass,
@@ -157,6 +160,8 @@ pub(crate) struct SdpaKey {
     pub(crate) batch: usize,
     pub(crate) seq: usize,
     pub(crate) heads: usize,
+    /// The heads of a whole row of the tensors the call reads (their stride).
+    pub(crate) row_heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) causal: bool,
     /// The backward writes `dQ` without atomics (the dP-workspace variant); false: it adds
@@ -219,21 +224,22 @@ impl Builder {
         Ok(id)
     }
 
-    /// `[b, h, s, d]` in the `[batch, seq, heads · d]` layout (`transposed`: `[b, h, d, s]`).
+    /// `[b, h, s, d]` in the `[batch, seq, row_heads · d]` layout (`transposed`: `[b, h, d, s]`).
     fn bshd(&mut self, id: i64, transposed: bool) -> Result<i64> {
-        let SdpaKey { batch: b, seq: s, heads: h, head_dim: d, .. } = self.key;
+        let SdpaKey { batch: b, seq: s, heads: h, row_heads: rh, head_dim: d, .. } = self.key;
         let io = self.io;
         if transposed {
-            self.tensor(id, io, [b, h, d, s], [s * h * d, d, 1, h * d], Storage::Real)
+            self.tensor(id, io, [b, h, d, s], [s * rh * d, d, 1, rh * d], Storage::Real)
         } else {
-            self.tensor(id, io, [b, h, s, d], [s * h * d, d, h * d, 1], Storage::Real)
+            self.tensor(id, io, [b, h, s, d], [s * rh * d, d, rh * d, 1], Storage::Real)
         }
     }
 
-    /// `[b, h, s, 1]` f32 (row statistics).
+    /// `[b, h, s, 1]` f32 (row statistics): real ones in the `[batch, row_heads, seq]` layout.
     fn rows(&mut self, id: i64, storage: Storage) -> Result<i64> {
-        let SdpaKey { batch: b, seq: s, heads: h, .. } = self.key;
-        self.tensor(id, Dt::CUDNN_DATA_FLOAT, [b, h, s, 1], [h * s, s, 1, 1], storage)
+        let SdpaKey { batch: b, seq: s, heads: h, row_heads: rh, .. } = self.key;
+        let rh = if storage == Storage::Real { rh } else { h };
+        self.tensor(id, Dt::CUDNN_DATA_FLOAT, [b, h, s, 1], [rh * s, s, 1, 1], storage)
     }
 
     /// `[b, h, s, s]` virtual scores of type `dt` (`transposed`: column-major rows).
@@ -444,7 +450,8 @@ impl Drop for Cudnn {
     }
 }
 
-/// Whether `GRAPHED_CUDNN_DEBUG=1` asks for the reason each plan cuDNN refused.
+/// Whether `GRAPHED_CUDNN_DEBUG=1` asks for the reason each plan cuDNN refused and for each
+/// plan's workspace.
 fn debug() -> bool {
     std::env::var("GRAPHED_CUDNN_DEBUG").is_ok_and(|v| v == "1")
 }
@@ -487,6 +494,9 @@ impl Cudnn {
                     None
                 }
             };
+            if debug() {
+                eprintln!("graphed: cuDNN attention {key:?}: workspace {:?} bytes", plan.as_ref().map(|p| p.workspace));
+            }
             self.plans.insert(key, plan);
         }
         self.plans[&key].as_ref().map(|p| p.workspace)
@@ -567,6 +577,29 @@ pub(crate) struct SdpaPointers {
     /// The backward's: dO in, dQ/dK/dV out, and the f32 `[batch, heads, seq]` scratch of
     /// `rowsum(dO ∘ O)`.
     pub(crate) grads: Option<SdpaGrads>,
+}
+
+impl SdpaPointers {
+    /// The same tensors from a (batch, head) slice on: `at` bytes into q, k, v, out and their
+    /// grads, `row` bytes into the statistics and the `rowsum` scratch (the accumulator, used
+    /// only by unchunked calls, stays).
+    pub(crate) fn offset(&self, at: u64, row: u64) -> SdpaPointers {
+        SdpaPointers {
+            q: self.q + at,
+            k: self.k + at,
+            v: self.v + at,
+            o: self.o + at,
+            stats: self.stats + row,
+            grads: self.grads.as_ref().map(|g| SdpaGrads {
+                dout: g.dout + at,
+                dq: g.dq + at,
+                dk: g.dk + at,
+                dv: g.dv + at,
+                dsum: g.dsum + row,
+                dq_accum: g.dq_accum,
+            }),
+        }
+    }
 }
 
 /// See [`SdpaPointers::grads`].

@@ -30,7 +30,9 @@ pub use decode::{decode_attention, decode_attention_append, kv_cache_append, kv_
 pub use dropout::{dropout, dropout_backward};
 pub use elementwise::{add, mean, mul, scale, sum};
 pub use flash::{flash_attention, flash_attention_backward, Attention};
-pub use flash_engine::{attention_engines, AttentionEngine, AttentionEngines};
+pub use flash_engine::{
+    attention_engines, attention_workspace_limit, set_attention_workspace_limit, AttentionEngine, AttentionEngines,
+};
 pub use fused::{linear_fused, linear_fused_backward, Epilogue};
 pub use generate::{generation_step, Generation, Stop};
 pub use linear::{bias_add, linear, linear_backward, linear_backward_acc, linear_to};
