@@ -232,10 +232,10 @@ pub use cx::Cx;
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{
-    AttentionLimit, BodyNode, BucketError, BucketRule, CheckpointProblem, CudaFailure, DeviceError, DistError, Error,
-    GraphError, InteropProblem, Invalidation, KernelError, NcclProblem, NoCuda, OpError, OptimError, PipelineTransfer,
-    RankExit, RendezvousFailure, RendezvousStep, Result, ScheduleError, SetupError, ShapeProblem, SignatureError, Slot,
-    SlotKind, TensorLayout,
+    AbortReason, AttentionLimit, BodyNode, BucketError, BucketRule, CheckpointProblem, Collective, CudaFailure,
+    DeviceError, DistError, Error, GraphError, InteropProblem, Invalidation, KernelError, NcclProblem, NoCuda, OpError,
+    OptimError, PipelineTransfer, RankExit, RendezvousFailure, RendezvousStep, Result, ScheduleError, SetupError,
+    ShapeProblem, SignatureError, Slot, SlotKind, TensorLayout,
 };
 pub use graph::{CaptureMode, Graph, GraphNode, NodeKind};
 pub use graphed::{

@@ -10,8 +10,9 @@ use cudarc::nccl::sys;
 
 use super::host::HostGroup;
 use super::nccl::NcclComm;
+use super::ReduceOp;
 use crate::backend::BackendKind;
-use crate::{DType, Device, DistError, Error, GraphOptions, Result, ShapeProblem, Tensor};
+use crate::{AbortReason, Collective, DType, Device, DistError, Error, GraphOptions, Result, ShapeProblem, Tensor};
 
 /// One transfer of [`Communicator::send_recv_group`]: a tensor and the peer rank.
 #[derive(Clone, Debug)]
@@ -28,16 +29,6 @@ impl P2pOp {
             P2pOp::Send(t, peer) | P2pOp::Recv(t, peer) => (t, *peer),
         }
     }
-}
-
-/// How [`Communicator::all_reduce`] and [`Communicator::reduce_scatter`] combine the ranks'
-/// values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReduceOp {
-    /// The sum over ranks.
-    Sum,
-    /// The mean over ranks (the sum, then divided by the world size).
-    Avg,
 }
 
 pub(crate) enum Imp {
@@ -59,7 +50,8 @@ pub(crate) struct Inner {
 /// Every call is issued on the rank's device stream: outside a capture it runs (host) or is
 /// queued (GPU) now; inside one it is captured and runs on every replay. Every wait has a
 /// deadline; a rank that times out or fails aborts the group, so every rank gets a typed error
-/// ([`DistError::CommTimeout`](crate::DistError::CommTimeout), [`DistError::CommAborted`](crate::DistError::CommAborted), [`DistError::CollectiveMismatch`](crate::DistError::CollectiveMismatch)), never a hang.
+/// ([`DistError::CommTimeout`](crate::DistError::CommTimeout), [`DistError::CommAborted`](crate::DistError::CommAborted) with its
+/// [`AbortReason`](crate::AbortReason), [`DistError::CollectiveMismatch`](crate::DistError::CollectiveMismatch), [`DistError::TransferSizeMismatch`](crate::DistError::TransferSizeMismatch)), never a hang.
 ///
 /// ```
 /// use graphed::dist::{self, ReduceOp};
@@ -111,11 +103,19 @@ impl Communicator {
         matches!(self.0.imp, Imp::Host(_))
     }
 
-    /// Aborts the group: every rank's pending and later calls fail with a typed error.
+    /// Aborts the group: every rank's pending and later calls fail with a typed error,
+    /// [`DistError::CommAborted`] with [`AbortReason::Requested`] naming this rank and `reason`
+    /// where the group's first abort is this one (on NCCL, the other processes see NCCL's
+    /// error instead).
     pub fn abort(&self, reason: &str) {
+        self.abort_for(AbortReason::Requested { rank: self.0.rank, reason: reason.to_string() });
+    }
+
+    /// Aborts the group for `reason` (kept unless the group was aborted already).
+    pub(crate) fn abort_for(&self, reason: AbortReason) {
         match &self.0.imp {
-            Imp::Host(g) => g.abort(format!("rank {} aborted: {reason}", self.0.rank)),
-            Imp::Nccl(n) => n.abort(),
+            Imp::Host(g) => g.abort(reason),
+            Imp::Nccl(n) => n.abort(reason),
         }
     }
 
@@ -156,9 +156,9 @@ impl Communicator {
         let (group, rank, timeout) = (group.clone(), self.0.rank, self.0.timeout);
         if self.0.device.backend().faults.fires(crate::backend::FaultPoint::Collective) {
             // What NCCL's error path does: this rank's call fails and the group is aborted.
-            group.abort(format!("rank {rank}: `{name}` failed"));
             let message = "ncclSystemError: unhandled system error".to_string();
-            return Err(Error::Dist(crate::DistError::Nccl { rank, call: name, message }));
+            group.abort(AbortReason::Nccl { rank, call: name, message: message.clone() });
+            return Err(Error::Dist(DistError::Nccl { rank, call: name, message }));
         }
         h.run(name, move || f(&group, rank, timeout))
     }
@@ -192,7 +192,7 @@ impl Communicator {
             Imp::Host(_) => {
                 let p = t.host_ptr()?;
                 self.host_op("all_reduce", move |g, rank, timeout| {
-                    let all = g.exchange(rank, "all_reduce", format!("all_reduce({n}, {op:?})"), p.read(), timeout)?;
+                    let all = g.exchange(rank, Collective::AllReduce { elements: n, op }, p.read(), timeout)?;
                     p.write(&reduce(&all, op, world));
                     Ok(())
                 })
@@ -221,8 +221,8 @@ impl Communicator {
                 let ptrs = tensors.iter().map(Tensor::host_ptr).collect::<Result<Vec<_>>>()?;
                 self.host_op("all_reduce_bucket", move |g, rank, timeout| {
                     let data: Vec<f32> = ptrs.iter().flat_map(|p| p.read()).collect();
-                    let what = format!("all_reduce_bucket({sizes:?}, {op:?})");
-                    let all = g.exchange(rank, "all_reduce_bucket", what, data, timeout)?;
+                    let what = Collective::AllReduceBucket { elements: sizes.clone(), op };
+                    let all = g.exchange(rank, what, data, timeout)?;
                     let reduced = reduce(&all, op, world);
                     let mut at = 0;
                     for (p, n) in ptrs.iter().zip(&sizes) {
@@ -261,7 +261,7 @@ impl Communicator {
             Imp::Host(_) => {
                 let (i, o) = (input.host_ptr()?, output.host_ptr()?);
                 self.host_op("all_gather", move |g, rank, timeout| {
-                    let all = g.exchange(rank, "all_gather", format!("all_gather({n})"), i.read(), timeout)?;
+                    let all = g.exchange(rank, Collective::AllGather { elements: n }, i.read(), timeout)?;
                     o.write(&all.concat());
                     Ok(())
                 })
@@ -289,8 +289,7 @@ impl Communicator {
             Imp::Host(_) => {
                 let (i, o) = (input.host_ptr()?, output.host_ptr()?);
                 self.host_op("reduce_scatter", move |g, rank, timeout| {
-                    let all =
-                        g.exchange(rank, "reduce_scatter", format!("reduce_scatter({n}, {op:?})"), i.read(), timeout)?;
+                    let all = g.exchange(rank, Collective::ReduceScatter { elements: n, op }, i.read(), timeout)?;
                     let parts: Vec<Vec<f32>> = all.iter().map(|v| v[rank * n..(rank + 1) * n].to_vec()).collect();
                     o.write(&reduce(&parts, op, world));
                     Ok(())
@@ -317,8 +316,7 @@ impl Communicator {
             Imp::Host(_) => {
                 let p = t.host_ptr()?;
                 self.host_op("broadcast", move |g, rank, timeout| {
-                    let all =
-                        g.exchange(rank, "broadcast", format!("broadcast({n}, root {root})"), p.read(), timeout)?;
+                    let all = g.exchange(rank, Collective::Broadcast { elements: n, root }, p.read(), timeout)?;
                     p.write(&all[root]);
                     Ok(())
                 })
@@ -402,9 +400,9 @@ impl Communicator {
                     let received = g.send_recv(rank, data, &sources, timeout)?;
                     for ((peer, p, n), data) in recvs.iter().zip(received) {
                         if data.len() != *n {
-                            let detail = format!("rank {peer} sent {} elements, rank {rank} receives {n}", data.len());
-                            g.abort(format!("send/recv size mismatch: {detail}"));
-                            return Err(Error::Dist(crate::DistError::CollectiveMismatch { rank, detail }));
+                            let (peer, sent, expected) = (*peer, data.len(), *n);
+                            g.abort(AbortReason::TransferSizeMismatch { sender: peer, receiver: rank, sent, expected });
+                            return Err(Error::Dist(DistError::TransferSizeMismatch { rank, peer, sent, expected }));
                         }
                         p.write(&data);
                     }

@@ -10,11 +10,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::{Error, Result};
+use crate::{AbortReason, Collective, DistError, Error, Result};
 
-/// What one rank contributes to a round: the op's description (compared across ranks) and data.
+/// What one rank contributes to a round: the collective it issued (compared across ranks) and
+/// its data.
 struct Deposit {
-    what: String,
+    what: Collective,
     data: Vec<f32>,
 }
 
@@ -26,7 +27,7 @@ struct State {
     /// Every rank's data of the last completed round, by rank.
     result: Arc<Vec<Vec<f32>>>,
     /// Set once; every wait checks it.
-    aborted: Option<String>,
+    aborted: Option<AbortReason>,
     /// Point-to-point messages in flight, by (source, destination).
     mail: HashMap<(usize, usize), VecDeque<Vec<f32>>>,
     /// Messages sent and taken so far, by (source, destination).
@@ -58,10 +59,10 @@ impl HostGroup {
     }
 
     /// Aborts the group: every rank's current and later waits fail with `reason`.
-    pub(crate) fn abort(&self, reason: impl Into<String>) {
+    pub(crate) fn abort(&self, reason: AbortReason) {
         let mut st = self.lock();
         if st.aborted.is_none() {
-            st.aborted = Some(reason.into());
+            st.aborted = Some(reason);
         }
         drop(st);
         self.changed.notify_all();
@@ -83,45 +84,43 @@ impl HostGroup {
                 return Ok(st);
             }
             if let Some(reason) = &st.aborted {
-                return Err(Error::Dist(crate::DistError::CommAborted { rank, reason: reason.clone() }));
+                return Err(Error::Dist(DistError::CommAborted { rank, reason: reason.clone() }));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                st.aborted = Some(format!("rank {rank} timed out in `{op}` after {timeout:?}"));
+                st.aborted = Some(AbortReason::TimedOut { rank, op, waited: timeout });
                 drop(st);
                 self.changed.notify_all();
-                return Err(Error::Dist(crate::DistError::CommTimeout { rank, op, waited: timeout }));
+                return Err(Error::Dist(DistError::CommTimeout { rank, op, waited: timeout }));
             }
             st = self.changed.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 
     /// Deposits `data` for this rank's next round and returns every rank's data once all have
-    /// deposited. Ranks that describe the round differently (`what`) abort the group.
+    /// deposited. Ranks that issued different collectives (`what`) abort the group.
     pub(crate) fn exchange(
         &self,
         rank: usize,
-        op: &'static str,
-        what: String,
+        what: Collective,
         data: Vec<f32>,
         timeout: Duration,
     ) -> Result<Arc<Vec<Vec<f32>>>> {
+        let op = what.name();
         let mut st = self.lock();
         if let Some(reason) = &st.aborted {
-            return Err(Error::Dist(crate::DistError::CommAborted { rank, reason: reason.clone() }));
+            return Err(Error::Dist(DistError::CommAborted { rank, reason: reason.clone() }));
         }
         let my_round = st.round;
         st.slots[rank] = Some(Deposit { what, data });
         if st.slots.iter().all(Option::is_some) {
             let deposits: Vec<Deposit> = st.slots.iter_mut().map(|s| s.take().expect("all slots filled")).collect();
             if deposits.iter().any(|d| d.what != deposits[0].what) {
-                let detail =
-                    deposits.iter().enumerate().map(|(r, d)| format!("rank {r}: {}", d.what)).collect::<Vec<_>>();
-                let detail = detail.join("; ");
-                st.aborted = Some(format!("collective mismatch: {detail}"));
+                let issued: Vec<Collective> = deposits.into_iter().map(|d| d.what).collect();
+                st.aborted = Some(AbortReason::CollectiveMismatch { issued: issued.clone() });
                 drop(st);
                 self.changed.notify_all();
-                return Err(Error::Dist(crate::DistError::CollectiveMismatch { rank, detail }));
+                return Err(Error::Dist(DistError::CollectiveMismatch { rank, issued }));
             }
             st.result = Arc::new(deposits.into_iter().map(|d| d.data).collect());
             st.round += 1;
@@ -130,14 +129,10 @@ impl HostGroup {
             self.changed.notify_all();
             return Ok(result);
         }
+        // The round this rank waits in was the one that mismatched: its own error, not an echo.
         let st = self.wait(st, rank, op, timeout, |s| s.round > my_round).map_err(|e| match e {
-            Error::Dist(crate::DistError::CommAborted { rank, reason })
-                if reason.starts_with("collective mismatch: ") =>
-            {
-                Error::Dist(crate::DistError::CollectiveMismatch {
-                    rank,
-                    detail: reason["collective mismatch: ".len()..].to_string(),
-                })
+            Error::Dist(DistError::CommAborted { rank, reason: AbortReason::CollectiveMismatch { issued } }) => {
+                Error::Dist(DistError::CollectiveMismatch { rank, issued })
             }
             other => other,
         })?;
@@ -159,7 +154,7 @@ impl HostGroup {
     ) -> Result<Vec<Vec<f32>>> {
         let mut st = self.lock();
         if let Some(reason) = &st.aborted {
-            return Err(Error::Dist(crate::DistError::CommAborted { rank, reason: reason.clone() }));
+            return Err(Error::Dist(DistError::CommAborted { rank, reason: reason.clone() }));
         }
         let mut posted = Vec::with_capacity(sends.len());
         for (dst, data) in sends {

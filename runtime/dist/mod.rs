@@ -31,9 +31,9 @@ mod shard;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::error::Launcher;
+pub use crate::error::{Launcher, ReduceOp};
 pub use crate::module::Collectives;
-pub use comm::{Communicator, P2pOp, ReduceOp};
+pub use comm::{Communicator, P2pOp};
 pub use cost::{AllReduceCost, COST_SIZES};
 pub use data_parallel::{measured_bucket_bytes, DataParallel, BUCKET_EFFICIENCY, DEFAULT_BUCKET_BYTES};
 pub use launch::{launch, LaunchOptions, Rendezvous};
@@ -44,7 +44,7 @@ pub use rank_env::{
 };
 pub use shard::ShardedParams;
 
-use crate::{Device, DistError, Error, Result};
+use crate::{AbortReason, Device, DistError, Error, Result};
 
 /// Settings of a group: how long any wait may take before the group is aborted.
 ///
@@ -166,8 +166,9 @@ pub fn run_emulated<T: Send>(
 /// Runs `rank_main` on `world_size` emulated ranks and returns their results in rank order.
 ///
 /// A rank that returns an error or panics aborts the group, so its peers get
-/// [`DistError::CommAborted`] instead of waiting; the error returned is the first failing rank's
-/// own (the cause). [`run_emulated_each`] gives every rank's result.
+/// [`DistError::CommAborted`] ([`AbortReason::PeerFailed`] or [`AbortReason::PeerPanicked`]
+/// naming it) instead of waiting; the error returned is the first failing rank's own (the
+/// cause). [`run_emulated_each`] gives every rank's result.
 ///
 /// ```
 /// use graphed::dist::{self, Config};
@@ -223,13 +224,18 @@ pub fn run_emulated_each<T: Send>(
                 s.spawn(move || {
                     let rank = comm.rank();
                     let peer = comm.clone();
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rank_main(comm))).unwrap_or_else(
-                        |payload| Err(DistError::RankPanicked { rank, message: panic_message(&payload) }.into()),
-                    );
-                    if let Err(e) = &r {
-                        peer.abort(&format!("rank {rank} failed: {e}"));
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rank_main(comm))) {
+                        Ok(Ok(v)) => Ok(v),
+                        Ok(Err(e)) => {
+                            peer.abort_for(AbortReason::PeerFailed { rank, error: e.to_string() });
+                            Err(e)
+                        }
+                        Err(payload) => {
+                            let message = panic_message(&payload);
+                            peer.abort_for(AbortReason::PeerPanicked { rank, message: message.clone() });
+                            Err(DistError::RankPanicked { rank, message }.into())
+                        }
                     }
-                    r
                 })
             })
             .collect();

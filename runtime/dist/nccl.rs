@@ -25,7 +25,7 @@ use crate::backend::cuda::driver_err;
 pub(crate) use crate::backend::cuda::probe_nccl as probe;
 use crate::backend::{Backend, BackendKind, CudaBackend, StreamWatch};
 use crate::error::NcclProblem;
-use crate::{DistError, Error, Result};
+use crate::{AbortReason, DistError, Error, Result};
 
 /// Bytes of an NCCL unique id, exchanged through the rendezvous.
 pub(crate) const UNIQUE_ID_BYTES: usize = 128;
@@ -53,10 +53,16 @@ pub(crate) fn unique_id() -> Result<Vec<u8>> {
 enum Cause {
     /// A wait passed its deadline (a peer is dead, stuck, or issued something else).
     Timeout { op: &'static str, waited: Duration },
-    /// NCCL reported an error (a peer's death seen by the network, a failed call).
-    Failed(String),
-    /// `Communicator::abort`, or a failure elsewhere in this process.
-    Requested,
+    /// NCCL reported an error (a peer's death seen by the network, a failed call:
+    /// [`AbortReason::Nccl`]), or `Communicator::abort` asked for it.
+    Aborted(AbortReason),
+}
+
+impl Cause {
+    /// NCCL's `message` for `call` on `rank`.
+    fn failed(rank: usize, call: &'static str, message: String) -> Cause {
+        Cause::Aborted(AbortReason::Nccl { rank, call, message })
+    }
 }
 
 /// The raw communicator, shared with the watchdog. Every use of the handle happens before
@@ -143,12 +149,9 @@ impl Handle {
     fn failure(&self, rank: usize) -> Error {
         let cause = self.cause.lock().unwrap_or_else(|e| e.into_inner()).clone().map(|(c, _)| c);
         Error::Dist(match cause {
-            Some(Cause::Timeout { op, waited }) => crate::DistError::CommTimeout { rank, op, waited },
-            Some(Cause::Failed(reason)) => crate::DistError::CommAborted { rank, reason },
-            Some(Cause::Requested) | None => crate::DistError::CommAborted {
-                rank,
-                reason: "the NCCL communicator was aborted (a peer failed or timed out)".into(),
-            },
+            Some(Cause::Timeout { op, waited }) => DistError::CommTimeout { rank, op, waited },
+            Some(Cause::Aborted(reason)) => DistError::CommAborted { rank, reason },
+            None => DistError::CommAborted { rank, reason: AbortReason::NoCommunicator },
         })
     }
 }
@@ -206,14 +209,14 @@ impl Progress {
 /// Aborts the communicator as soon as NCCL reports an asynchronous error, or once the device
 /// stream makes no progress for `timeout`, so that a stream stuck behind a dead peer is
 /// released (and any wait or launch behind it ends) instead of hanging.
-fn watchdog(handle: Arc<Handle>, backend: Arc<Backend>, timeout: Duration) {
+fn watchdog(handle: Arc<Handle>, backend: Arc<Backend>, rank: usize, timeout: Duration) {
     let mut progress = Progress::default();
     while !handle.stop.load(Ordering::Acquire) {
         std::thread::sleep(WATCHDOG_PERIOD);
         match handle.async_error() {
             None => return,
             Some(sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => {}
-            Some(r) => return handle.abort(Cause::Failed(describe(r))),
+            Some(r) => return handle.abort(Cause::failed(rank, "ncclCommGetAsyncError", describe(r))),
         }
         let stuck = match &backend.kind {
             BackendKind::Cuda(c) => progress.poll(c),
@@ -249,11 +252,10 @@ impl StreamWatch for CommWatch {
         match self.handle.async_error() {
             None | Some(sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => {}
             Some(r) => {
-                let message = describe(r);
-                self.handle.abort(Cause::Failed(message.clone()));
+                let (message, call) = (describe(r), "ncclCommGetAsyncError");
+                self.handle.abort(Cause::failed(self.rank, call, message.clone()));
                 self.reported.store(true, Ordering::Release);
-                let call = "ncclCommGetAsyncError";
-                return Err(Error::Dist(crate::DistError::Nccl { rank: self.rank, call, message }));
+                return Err(Error::Dist(DistError::Nccl { rank: self.rank, call, message }));
             }
         }
         if waited >= self.timeout {
@@ -360,7 +362,7 @@ impl NcclComm {
         let (h, b) = (me.handle.clone(), me.backend.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("graphed-nccl-watchdog-{rank}"))
-            .spawn(move || watchdog(h, b, timeout));
+            .spawn(move || watchdog(h, b, rank, timeout));
         me.watchdog = Some(spawned.map_err(|source| DistError::Io { what: "cannot start the NCCL watchdog", source })?);
         Ok(me)
     }
@@ -399,14 +401,14 @@ impl NcclComm {
             std::thread::sleep(Duration::from_micros(50));
         }
         let message = describe(r);
-        self.handle.abort(Cause::Failed(format!("rank {}: `{call}` failed: {message}", self.rank)));
-        Err(Error::Dist(crate::DistError::Nccl { rank: self.rank, call, message }))
+        self.handle.abort(Cause::failed(self.rank, call, message.clone()));
+        Err(Error::Dist(DistError::Nccl { rank: self.rank, call, message }))
     }
 
-    /// Aborts the communicator (idempotent, returns at once): pending and later NCCL work
-    /// fails on every rank.
-    pub(crate) fn abort(&self) {
-        self.handle.abort(Cause::Requested);
+    /// Aborts the communicator for `reason` (idempotent, returns at once): pending and later
+    /// NCCL work fails on every rank.
+    pub(crate) fn abort(&self, reason: AbortReason) {
+        self.handle.abort(Cause::Aborted(reason));
     }
 
     /// Issues one NCCL call on the device stream (through the stream gate, so it captures like

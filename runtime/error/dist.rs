@@ -31,21 +31,52 @@ pub enum DistError {
         /// How long it waited.
         waited: std::time::Duration,
     },
-    /// The group was aborted by another rank (its error, a timeout, or its death).
+    /// The group was aborted (a rank's error, panic, timeout or request, or NCCL's failure).
+    ///
+    /// ```
+    /// use graphed::dist::{self, Config};
+    /// use graphed::{AbortReason, DistError, Error};
+    /// let results = dist::run_emulated_each(2, &Config::default(), |comm| {
+    ///     if comm.rank() == 1 {
+    ///         comm.abort("out of data");
+    ///     }
+    ///     comm.barrier()
+    /// })?;
+    /// for r in &results {
+    ///     let e = r.as_ref().unwrap_err();
+    ///     assert!(matches!(
+    ///         e.root(),
+    ///         Error::Dist(DistError::CommAborted { reason: AbortReason::Requested { rank: 1, .. }, .. })
+    ///     ));
+    /// }
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
     #[error("rank {rank}: the communicator was aborted: {reason}")]
     CommAborted {
         /// The rank that observed the abort.
         rank: usize,
         /// Why the group was aborted.
-        reason: String,
+        reason: AbortReason,
     },
     /// Ranks issued different collectives at the same point (another op, size or root).
-    #[error("rank {rank}: ranks issued different collectives at the same point: {detail}; every rank must issue the same sequence of collectives")]
+    #[error("rank {rank}: ranks issued different collectives at the same point: {}; every rank must issue the same sequence of collectives", by_rank(.issued))]
     CollectiveMismatch {
         /// The rank reporting it.
         rank: usize,
-        /// What each rank issued.
-        detail: String,
+        /// What each rank issued, by rank.
+        issued: Vec<Collective>,
+    },
+    /// A receive whose buffer holds another number of elements than the matching send sent.
+    #[error("rank {rank}: rank {peer} sent {sent} elements, rank {rank} receives {expected}; a receive takes as many elements as the matching send")]
+    TransferSizeMismatch {
+        /// The receiving rank, reporting it.
+        rank: usize,
+        /// The sending rank.
+        peer: usize,
+        /// The elements sent.
+        sent: usize,
+        /// The elements of the receive's buffer.
+        expected: usize,
     },
     /// Ranks set up different schedules (their hashes differ); found before any capture.
     #[error("rank {rank}: the ranks' {what} differ (hashes by rank: {hashes:x?}); every rank must capture the same schedule")]
@@ -414,6 +445,209 @@ pub enum RankExit {
         /// The launch's deadline (`LaunchOptions::deadline`).
         deadline: std::time::Duration,
     },
+}
+
+/// How [`Communicator::all_reduce`](crate::dist::Communicator::all_reduce) and
+/// [`Communicator::reduce_scatter`](crate::dist::Communicator::reduce_scatter) combine the
+/// ranks' values. It prints as `sum` or `avg`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// The sum over ranks.
+    Sum,
+    /// The mean over ranks (the sum, then divided by the world size).
+    Avg,
+}
+
+impl std::fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Avg => "avg",
+        })
+    }
+}
+
+/// One collective as a rank issued it, in [`DistError::CollectiveMismatch`] and
+/// [`AbortReason::CollectiveMismatch`]: the call, its elements (collectives take f32 tensors
+/// only, so no dtype is named) and its reduction or root. Ranks must issue equal ones, in the
+/// same order.
+///
+/// ```
+/// use graphed::dist::{self, Config, ReduceOp};
+/// use graphed::{Collective, DistError, Error, Tensor};
+/// let results = dist::run_emulated_each(2, &Config::default(), |comm| {
+///     let t = Tensor::zeros(comm.device(), &[2 + comm.rank()])?;
+///     comm.all_reduce(&t, ReduceOp::Sum)
+/// })?;
+/// let Err(Error::Dist(DistError::CollectiveMismatch { issued, .. })) = &results[0] else { panic!() };
+/// assert_eq!(issued[1], Collective::AllReduce { elements: 3, op: ReduceOp::Sum });
+/// assert_eq!(issued[1].to_string(), "all_reduce(3 elements, sum)");
+/// # Ok::<(), graphed::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Collective {
+    /// `Communicator::all_reduce` of a tensor of `elements`.
+    AllReduce {
+        /// The tensor's elements.
+        elements: usize,
+        /// How the ranks' values combine.
+        op: ReduceOp,
+    },
+    /// `Communicator::all_reduce_bucket` of tensors of `elements` each.
+    AllReduceBucket {
+        /// Each tensor's elements, in order.
+        elements: Vec<usize>,
+        /// How the ranks' values combine.
+        op: ReduceOp,
+    },
+    /// `Communicator::all_gather` of an input of `elements` from each rank.
+    AllGather {
+        /// The elements each rank contributes.
+        elements: usize,
+    },
+    /// `Communicator::reduce_scatter` into an output of `elements` on each rank.
+    ReduceScatter {
+        /// The elements each rank receives.
+        elements: usize,
+        /// How the ranks' values combine.
+        op: ReduceOp,
+    },
+    /// `Communicator::broadcast` of a tensor of `elements` from `root`.
+    Broadcast {
+        /// The tensor's elements.
+        elements: usize,
+        /// The rank whose tensor is copied.
+        root: usize,
+    },
+}
+
+impl Collective {
+    /// The `Communicator` method that issues it (`"all_reduce"`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Collective::AllReduce { .. } => "all_reduce",
+            Collective::AllReduceBucket { .. } => "all_reduce_bucket",
+            Collective::AllGather { .. } => "all_gather",
+            Collective::ReduceScatter { .. } => "reduce_scatter",
+            Collective::Broadcast { .. } => "broadcast",
+        }
+    }
+}
+
+impl std::fmt::Display for Collective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = self.name();
+        match self {
+            Collective::AllReduce { elements, op } => write!(f, "{name}({elements} elements, {op})"),
+            Collective::AllReduceBucket { elements, op } => write!(f, "{name}({elements:?} elements, {op})"),
+            Collective::AllGather { elements } => write!(f, "{name}({elements} elements each)"),
+            Collective::ReduceScatter { elements, op } => write!(f, "{name}({elements} elements each, {op})"),
+            Collective::Broadcast { elements, root } => write!(f, "{name}({elements} elements, root {root})"),
+        }
+    }
+}
+
+/// What each rank issued, as `rank 0: ...; rank 1: ...`.
+fn by_rank(issued: &[Collective]) -> String {
+    issued.iter().enumerate().map(|(r, c)| format!("rank {r}: {c}")).collect::<Vec<_>>().join("; ")
+}
+
+/// Why a group was aborted, in [`DistError::CommAborted`]: every rank of the group sees the
+/// same reason, the first one (later aborts keep it). Text appears only where graphed did not
+/// write it (a panic's message, the reason given to
+/// [`Communicator::abort`](crate::dist::Communicator::abort), NCCL's description of its error)
+/// and in [`AbortReason::PeerFailed`], which prints the failed rank's error: that error, typed,
+/// is the failed rank's own result.
+///
+/// ```
+/// use graphed::dist::{self, Config};
+/// use graphed::{AbortReason, DistError, Error};
+/// let results = dist::run_emulated_each(3, &Config::default(), |comm| {
+///     if comm.rank() == 2 {
+///         panic!("rank 2 dies");
+///     }
+///     comm.barrier()
+/// })?;
+/// let e = results[0].as_ref().unwrap_err();
+/// assert!(matches!(
+///     e.root(),
+///     Error::Dist(DistError::CommAborted { reason: AbortReason::PeerPanicked { rank: 2, .. }, .. })
+/// ));
+/// assert_eq!(e.to_string(), "rank 0: the communicator was aborted: rank 2 panicked: rank 2 dies");
+/// # Ok::<(), graphed::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AbortReason {
+    /// An emulated rank panicked.
+    #[error("rank {rank} panicked: {message}")]
+    PeerPanicked {
+        /// The rank.
+        rank: usize,
+        /// The panic's message.
+        message: String,
+    },
+    /// An emulated rank's program returned an error (that rank's own result holds it, typed).
+    #[error("rank {rank} failed: {error}")]
+    PeerFailed {
+        /// The rank.
+        rank: usize,
+        /// Its error as it prints.
+        error: String,
+    },
+    /// A rank called [`Communicator::abort`](crate::dist::Communicator::abort).
+    #[error("rank {rank} aborted: {reason}")]
+    Requested {
+        /// The rank.
+        rank: usize,
+        /// The reason it gave.
+        reason: String,
+    },
+    /// An emulated rank's wait passed its deadline (it got [`DistError::CommTimeout`]).
+    #[error("rank {rank} timed out in `{op}` after {waited:?}")]
+    TimedOut {
+        /// The rank.
+        rank: usize,
+        /// The operation that waited.
+        op: &'static str,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
+    /// Emulated ranks issued different collectives at the same point (they got
+    /// [`DistError::CollectiveMismatch`]).
+    #[error("collective mismatch: {}", by_rank(.issued))]
+    CollectiveMismatch {
+        /// What each rank issued, by rank.
+        issued: Vec<Collective>,
+    },
+    /// An emulated receive got another number of elements than its buffer holds (the receiver
+    /// got [`DistError::TransferSizeMismatch`]).
+    #[error("send/recv size mismatch: rank {sender} sent {sent} elements, rank {receiver} receives {expected}")]
+    TransferSizeMismatch {
+        /// The sending rank.
+        sender: usize,
+        /// The receiving rank.
+        receiver: usize,
+        /// The elements sent.
+        sent: usize,
+        /// The elements of the receive's buffer.
+        expected: usize,
+    },
+    /// An NCCL call failed, or NCCL reported an asynchronous error (a peer's death seen by the
+    /// network, say); emulated ranks report an injected collective failure this way too.
+    #[error("rank {rank}: NCCL call `{call}` failed: {message}")]
+    Nccl {
+        /// The rank that saw it.
+        rank: usize,
+        /// The call.
+        call: &'static str,
+        /// NCCL's description of the error.
+        message: String,
+    },
+    /// No live NCCL communicator: it never came up, or was already destroyed.
+    #[error("the NCCL communicator is not live (it never came up, or was already destroyed)")]
+    NoCommunicator,
 }
 
 /// Why NCCL cannot be used here, in [`DistError::NcclUnavailable`].

@@ -26,7 +26,10 @@ pub use capture::{BodyNode, Invalidation};
 pub use checkpoint::{CheckpointProblem, TensorLayout};
 pub use cuda::{CudaFailure, NoCuda};
 pub use device::DeviceError;
-pub use dist::{DistError, NcclProblem, PipelineTransfer, RankExit, RendezvousFailure, RendezvousStep};
+pub use dist::{
+    AbortReason, Collective, DistError, NcclProblem, PipelineTransfer, RankExit, ReduceOp, RendezvousFailure,
+    RendezvousStep,
+};
 pub use graph::GraphError;
 pub use interop::InteropProblem;
 pub use kernel::KernelError;
