@@ -148,11 +148,10 @@ pub(crate) enum SdpaPass {
     Backward,
 }
 
-/// The shape a plan is built for: q, k, v, out (and their grads) are `[batch, seq, heads · d]`
-/// slices of `[.., seq, row_heads · d]` rows, the statistics f32 `[batch, heads, seq]` slices of
-/// `[.., row_heads, seq]`. A call over all of a tensor's heads has `row_heads == heads`; a call
-/// over a slice of them (the deterministic backward run in chunks to bound its workspace) has
-/// more, and its pointers start at the slice's first element.
+/// The shape a plan is built for: q, k, v, out (and their grads) are `[batch, seq, heads · d]`,
+/// the statistics f32 `[batch, heads, seq]`. A call in chunks of batches (the deterministic
+/// backward, to bound its workspace) runs the chunk's plan once a chunk, its pointers moved to
+/// the chunk's first sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct SdpaKey {
     pub(crate) pass: SdpaPass,
@@ -160,8 +159,6 @@ pub(crate) struct SdpaKey {
     pub(crate) batch: usize,
     pub(crate) seq: usize,
     pub(crate) heads: usize,
-    /// The heads of a whole row of the tensors the call reads (their stride).
-    pub(crate) row_heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) causal: bool,
     /// The backward writes `dQ` without atomics (the dP-workspace variant); false: it adds
@@ -224,22 +221,21 @@ impl Builder {
         Ok(id)
     }
 
-    /// `[b, h, s, d]` in the `[batch, seq, row_heads · d]` layout (`transposed`: `[b, h, d, s]`).
+    /// `[b, h, s, d]` in the `[batch, seq, heads · d]` layout (`transposed`: `[b, h, d, s]`).
     fn bshd(&mut self, id: i64, transposed: bool) -> Result<i64> {
-        let SdpaKey { batch: b, seq: s, heads: h, row_heads: rh, head_dim: d, .. } = self.key;
+        let SdpaKey { batch: b, seq: s, heads: h, head_dim: d, .. } = self.key;
         let io = self.io;
         if transposed {
-            self.tensor(id, io, [b, h, d, s], [s * rh * d, d, 1, rh * d], Storage::Real)
+            self.tensor(id, io, [b, h, d, s], [s * h * d, d, 1, h * d], Storage::Real)
         } else {
-            self.tensor(id, io, [b, h, s, d], [s * rh * d, d, rh * d, 1], Storage::Real)
+            self.tensor(id, io, [b, h, s, d], [s * h * d, d, h * d, 1], Storage::Real)
         }
     }
 
-    /// `[b, h, s, 1]` f32 (row statistics): real ones in the `[batch, row_heads, seq]` layout.
+    /// `[b, h, s, 1]` f32 (row statistics).
     fn rows(&mut self, id: i64, storage: Storage) -> Result<i64> {
-        let SdpaKey { batch: b, seq: s, heads: h, row_heads: rh, .. } = self.key;
-        let rh = if storage == Storage::Real { rh } else { h };
-        self.tensor(id, Dt::CUDNN_DATA_FLOAT, [b, h, s, 1], [rh * s, s, 1, 1], storage)
+        let SdpaKey { batch: b, seq: s, heads: h, .. } = self.key;
+        self.tensor(id, Dt::CUDNN_DATA_FLOAT, [b, h, s, 1], [h * s, s, 1, 1], storage)
     }
 
     /// `[b, h, s, s]` virtual scores of type `dt` (`transposed`: column-major rows).
@@ -580,9 +576,9 @@ pub(crate) struct SdpaPointers {
 }
 
 impl SdpaPointers {
-    /// The same tensors from a (batch, head) slice on: `at` bytes into q, k, v, out and their
-    /// grads, `row` bytes into the statistics and the `rowsum` scratch (the accumulator, used
-    /// only by unchunked calls, stays).
+    /// The same tensors from a chunk's first sequence on: `at` bytes into q, k, v, out and
+    /// their grads, `row` bytes into the statistics and the `rowsum` scratch (the accumulator,
+    /// used only by unchunked calls, stays).
     pub(crate) fn offset(&self, at: u64, row: u64) -> SdpaPointers {
         SdpaPointers {
             q: self.q + at,

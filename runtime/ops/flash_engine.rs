@@ -20,11 +20,10 @@ use super::flash::Attention;
 /// - `Cudnn`: cuDNN's fused attention (libcudnn 9.10 or newer, loaded at run time), the kernels
 ///   PyTorch's cuDNN backend and Transformer Engine run on Hopper: 1.5x to 2.9x faster there.
 ///   Its backward is cuDNN's variant without atomics, so grads are the same bits run to run and
-///   between eager runs and replays, as the portable kernels'; it keeps `dP` for the whole call
-///   in its workspace (about `batch · heads · seq² · 4` bytes from the pool: 537 MB at 8 heads
-///   and seq 4096), where the portable kernels keep nothing of size `seq²`. Above
-///   [`attention_workspace_limit`] the backward runs in chunks of whole (batch, head) slices
-///   that fit it, one after another (the same bits). Equal numbers of query and key/value heads
+///   between eager runs and replays, as the portable kernels'; it keeps the bf16 `dP` of the
+///   whole call in its workspace (`batch · heads · seq² · 2` bytes from the pool: 268 MB at 8
+///   heads and seq 4096), where the portable kernels keep nothing of size `seq²`;
+///   [`set_attention_workspace_limit`] bounds it. Equal numbers of query and key/value heads
 ///   only. Asking for it where it cannot run is [`Error::AttentionUnsupported`].
 /// - `CudnnNondeterministic`: cuDNN with the backward PyTorch's cuDNN SDPA runs, which adds
 ///   `dQ` into a zeroed f32 accumulator with atomics (faster at long sequences, and no `dP`
@@ -134,7 +133,6 @@ fn cudnn_plan(
         batch: d.batch,
         seq: d.seq,
         heads: d.heads,
-        row_heads: d.heads,
         head_dim: d.head_dim,
         causal: a.causal,
         deterministic,
@@ -147,8 +145,8 @@ fn cudnn_plan(
     Ok(plan)
 }
 
-/// The default of [`attention_workspace_limit`]: 1 GiB.
-const DEFAULT_WORKSPACE_LIMIT: usize = 1 << 30;
+/// The default of [`attention_workspace_limit`]: none (cuDNN's own default since 9.0).
+const DEFAULT_WORKSPACE_LIMIT: usize = usize::MAX;
 
 fn limit_cell() -> &'static AtomicUsize {
     static LIMIT: OnceLock<AtomicUsize> = OnceLock::new();
@@ -159,14 +157,15 @@ fn limit_cell() -> &'static AtomicUsize {
 }
 
 /// The most workspace, in bytes, that one call of cuDNN's deterministic attention backward
-/// ([`AttentionEngine::Cudnn`], `Auto`'s pick on CUDA) takes from the pool. Its workspace holds
-/// `dP` for every (batch, head) of the call, about `batch · heads · seq² · 4` bytes (537 MB at
-/// 8 heads and seq 4096; 17 GB at batch 8, 32 heads and seq 4096); a call that would need more
-/// runs in chunks of whole (batch, head) slices under the limit, one after another, each chunk
-/// at least one (batch, head). Chunking changes no bits (each slice is computed the same way in
-/// any chunk), but a chunk with few slices leaves multiprocessors idle, so a low limit trades
-/// speed for memory. 1 GiB unless `GRAPHED_ATTENTION_WORKSPACE_MB` (read at the first call) or
-/// [`set_attention_workspace_limit`] says otherwise. The limit is read when a call is made (or
+/// ([`AttentionEngine::Cudnn`], `Auto`'s pick on CUDA) takes from the pool, or `usize::MAX`
+/// (the default: no limit). Its workspace holds the bf16 `dP` of every (batch, head) of the
+/// call, `batch · heads · seq² · 2` bytes (268 MB at 8 heads and seq 4096; 8.6 GB at batch 8,
+/// 32 heads and seq 4096); a call that would need more runs in chunks of whole sequences (the
+/// most that fit, at least one), one after another on the stream, with one workspace.
+/// Chunking changes no bits (each sequence is computed the same way in any chunk), but a chunk
+/// of few sequences leaves multiprocessors idle: a low limit trades speed for memory.
+/// `GRAPHED_ATTENTION_WORKSPACE_MB` (read at the first call) sets it for the process, as
+/// [`set_attention_workspace_limit`] does. The limit is read when a call is made (or
 /// captured): a graph keeps the chunks it was captured with.
 ///
 /// ```
@@ -186,22 +185,17 @@ pub fn set_attention_workspace_limit(bytes: usize) {
 }
 
 /// The deterministic backward's plan for `key` as it runs under the workspace limit: `key`
-/// itself when its `bytes` fit (or it is one (batch, head)), else the key of a chunk of whole
-/// slices, the most batches (then heads) whose share of the workspace fits, dividing the call's,
-/// and that chunk's workspace. When cuDNN has no plan for the chunk the call runs whole.
+/// itself when its `bytes` fit (or it is one sequence), else the key of a chunk of the most
+/// sequences whose share of the workspace fits (dividing the call's batch; at least one), and
+/// that chunk's workspace. When cuDNN has no plan for the chunk the call runs whole.
 fn chunked(c: &CudaBackend, key: SdpaKey, bytes: usize) -> Result<(SdpaKey, usize)> {
-    let (limit, slices) = (attention_workspace_limit(), key.batch * key.heads);
-    if bytes <= limit || slices == 1 {
+    let limit = attention_workspace_limit();
+    if bytes <= limit || key.batch == 1 {
         return Ok((key, bytes));
     }
-    let per_slice = bytes.div_ceil(slices);
-    let largest = |n: usize, fits: &dyn Fn(usize) -> bool| (1..=n).rev().find(|&m| n % m == 0 && fits(m)).unwrap_or(1);
-    let (batch, heads) = if key.heads * per_slice <= limit {
-        (largest(key.batch, &|b| b * key.heads * per_slice <= limit), key.heads)
-    } else {
-        (1, largest(key.heads, &|h| h * per_slice <= limit))
-    };
-    let chunk = SdpaKey { batch, heads, ..key };
+    let per_sequence = bytes.div_ceil(key.batch);
+    let batch = (1..=key.batch).rev().find(|&b| key.batch % b == 0 && b * per_sequence <= limit).unwrap_or(1);
+    let chunk = SdpaKey { batch, ..key };
     Ok(c.cudnn_sdpa_workspace(chunk)?.map_or((key, bytes), |w| (chunk, w)))
 }
 
@@ -265,22 +259,18 @@ pub(super) fn backward(
         dq_accum: accum.as_ref().map(Tensor::cuda_ptr).transpose()?,
     };
     let whole = pointers([q, k, v, out, lse], Some(whole))?;
-    // One chunk of `key.batch` x `key.heads` slices at a time (the whole call when unchunked):
-    // element offsets into the `[batch, seq, heads · d]` tensors and the `[batch, heads, seq]`
-    // statistics (f32).
-    let esize = dtype.size() as u64;
+    // One chunk of `key.batch` sequences at a time (the whole call when unchunked): byte
+    // offsets into the `[batch, seq, heads · d]` tensors and the f32 `[batch, heads, seq]`
+    // statistics.
+    let (seq_bytes, row_bytes) = ((d.seq * d.heads * d.head_dim * dtype.size()) as u64, (d.heads * d.seq * 4) as u64);
     for b0 in (0..d.batch).step_by(key.batch) {
-        for h0 in (0..d.heads).step_by(key.heads) {
-            let at = esize * ((b0 * d.seq * d.heads + h0) * d.head_dim) as u64;
-            let row = 4 * ((b0 * d.heads + h0) * d.seq) as u64;
-            let ptrs = whole.offset(at, row);
-            // SAFETY: every tensor was checked by the op (or made here) against the call's
-            // shape and dtype; the chunk's slices lie inside them (its batches and heads divide
-            // the call's, `row_heads` is the call's heads); dsum is f32 `[batch, heads, seq]`,
-            // the accumulator (unchunked) f32 `[batch, heads, seq, d]`; the workspace holds
-            // `bytes`, and the chunks run one after another on the stream.
-            unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
-        }
+        let ptrs = whole.offset(b0 as u64 * seq_bytes, b0 as u64 * row_bytes);
+        // SAFETY: every tensor was checked by the op (or made here) against the call's shape
+        // and dtype; the chunk's sequences lie inside them (its batch divides the call's);
+        // dsum is f32 `[batch, heads, seq]`, the accumulator (unchunked) f32
+        // `[batch, heads, seq, d]`; the workspace holds `bytes`, and the chunks run one after
+        // another on the stream.
+        unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
     }
     Ok(Some((dq, dk, dv)))
 }
