@@ -70,7 +70,17 @@ __device__ __forceinline__ void embedding_bwd_t(TG* dtable, const T* dy, const f
                 __syncthreads();
                 const u32 n = warp_off[32];
                 if (j < d) {
-                    for (u32 k = 0; k < n; ++k) s += ld(dy, (t0 + hits[k]) * d + j);
+                    // Eight loads in flight, added in token order: the same sum, bit for bit,
+                    // as one at a time (a frequent row's block waited on each load in turn).
+                    u32 k = 0;
+                    for (; k + 8 <= n; k += 8) {
+                        float a[8];
+#pragma unroll
+                        for (u32 u = 0; u < 8; ++u) a[u] = ld(dy, (t0 + hits[k + u]) * d + j);
+#pragma unroll
+                        for (u32 u = 0; u < 8; ++u) s += a[u];
+                    }
+                    for (; k < n; ++k) s += ld(dy, (t0 + hits[k]) * d + j);
                 }
                 __syncthreads();
             }
