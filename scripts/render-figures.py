@@ -48,6 +48,7 @@ GPT_NOW = "gpt-shapes-2026-12-01e.json"
 FLASH = "flash-vs-torch-2026-12-01.json"
 FLASH_RT = "attention-bench-2026-12-01.json"
 FLASH_CUDNN = "attention-cudnn-2026-12-01.json"
+FLASH_VS = "attention-vs-torch-2026-12-01.json"
 OPS_NOW = "op_bench-2026-12-01b.txt"
 BUCKETS = "gpt-buckets-2026-12-01.json"
 
@@ -325,6 +326,30 @@ def attention_runtime():
     return "\n".join(out) + f"\n\n(portable: {rel(FLASH_RT)}; cuDNN: {rel(FLASH_CUDNN)}, a later call.)"
 
 
+def attention_vs_torch():
+    """Ours (default engine, then cuDNN's nondeterministic backward) beside SDPA's flash and
+    cuDNN backends, one device call."""
+    doc = load(FLASH_VS)
+    f = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+    r2 = lambda a, b: "-" if not a or not b else f"{a / b:.2f}x"  # noqa: E731
+    out = [
+        "| seq | head dim | causal | ours fwd | SDPA flash fwd | SDPA cuDNN fwd | fwd vs flash | fwd vs cuDNN "
+        "| ours bwd | SDPA flash bwd | SDPA cuDNN bwd | bwd vs flash | bwd vs cuDNN | ours nondet. bwd | nondet. vs cuDNN |",
+        "|---:|---:|:---:|" + "---:|" * 12,
+    ]
+    for r in doc["rows"]:
+        out.append(
+            f"| {r['seq']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {f(r['ours_fwd'])} | {f(r['flash_fwd'])} | "
+            f"{f(r['cudnn_fwd'])} | {r2(r['ours_fwd'], r['flash_fwd'])} | {r2(r['ours_fwd'], r['cudnn_fwd'])} | {f(r['ours_bwd'])} | "
+            f"{f(r['flash_bwd'])} | {f(r['cudnn_bwd'])} | {r2(r['ours_bwd'], r['flash_bwd'])} | {r2(r['ours_bwd'], r['cudnn_bwd'])} | "
+            f"{f(r['ours_nondet_bwd'])} | {r2(r['ours_nondet_bwd'], r['cudnn_bwd'])} |"
+        )
+    return "\n".join(out) + (
+        f"\n\n(TFLOP/s, bf16, 16384 tokens x 2048 features a call, {doc['device']}, PyTorch {doc['torch']}, "
+        f"cuDNN {doc['cudnn']}; ours replayed from graphs, SDPA eager through autograd; {rel(FLASH_VS)}.)"
+    )
+
+
 def gpt_now_summary():
     """The README's sentence on the GPT against torch.compile, from the latest call."""
     doc = load(GPT_NOW)
@@ -374,6 +399,7 @@ BLOCKS = {
     "gpt-unfused": gpt_unfused,
     "attention-table": attention_table,
     "attention-runtime": attention_runtime,
+    "attention-vs-torch": attention_vs_torch,
     "gpt-now-summary": gpt_now_summary,
     "gpt-summary": gpt_summary,
     "issue-us": issue_us,

@@ -50,8 +50,10 @@ template <typename T> union Pack { uint4 raw; T e[16 / sizeof(T)]; };
 
 __device__ __forceinline__ bool al16(const void* p) { return ((u64)p & 15) == 0; }
 
-// y[i] = f(i, x[i]).
-template <typename T, typename F> __device__ __forceinline__ void map1(T* y, const T* x, u32 n, F f) {
+// y from x, 16 bytes at a time: group(v, px, py) fills y's v-th 16-byte group from x's; the
+// tail element by element, y[i] = one(i, x[i]).
+template <typename T, typename G, typename F>
+__device__ __forceinline__ void map1_groups(T* y, const T* x, u32 n, G group, F one) {
     constexpr u32 W = 16 / sizeof(T);
     u64 done = 0;
     if (al16(y) && al16(x)) {
@@ -59,13 +61,21 @@ template <typename T, typename F> __device__ __forceinline__ void map1(T* y, con
         for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
             Pack<T> px, py;
             px.raw = reinterpret_cast<const uint4*>(x)[v];
-#pragma unroll
-            for (u32 k = 0; k < W; ++k) st(py.e, k, f(v * W + k, ld(px.e, k)));
+            group(v, px, py);
             reinterpret_cast<uint4*>(y)[v] = py.raw;
         }
         done = nv * W;
     }
-    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) st(y, i, f(i, ld(x, i)));
+    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) st(y, i, one(i, ld(x, i)));
+}
+
+// y[i] = f(i, x[i]).
+template <typename T, typename F> __device__ __forceinline__ void map1(T* y, const T* x, u32 n, F f) {
+    constexpr u32 W = 16 / sizeof(T);
+    map1_groups(y, x, n, [=](u64 v, const Pack<T>& px, Pack<T>& py) {
+#pragma unroll
+        for (u32 k = 0; k < W; ++k) st(py.e, k, f(v * W + k, ld(px.e, k)));
+    }, f);
 }
 
 // y[i] = f(i, a[i], b[i]); y may be a or b (in place).
@@ -198,23 +208,14 @@ template <typename T> __device__ __forceinline__ void scale_out_t(T* y, const T*
 // compute-bound: 1.9x their bandwidth floor).
 template <typename T> __device__ __forceinline__ void bias_add_t(T* y, const T* x, const T* b, u32 n, u32 d) {
     constexpr u32 W = 16 / sizeof(T);
-    u64 done = 0;
-    if (al16(y) && al16(x)) {
-        const u64 nv = n / W;
-        for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
-            Pack<T> px, py;
-            px.raw = reinterpret_cast<const uint4*>(x)[v];
-            u32 j = (u32)((v * W) % d);
+    map1_groups(y, x, n, [=](u64 v, const Pack<T>& px, Pack<T>& py) {
+        u32 j = (u32)((v * W) % d);
 #pragma unroll
-            for (u32 k = 0; k < W; ++k) {
-                st(py.e, k, ld(px.e, k) + ld(b, j));
-                j = (j + 1 == d) ? 0 : j + 1;
-            }
-            reinterpret_cast<uint4*>(y)[v] = py.raw;
+        for (u32 k = 0; k < W; ++k) {
+            st(py.e, k, ld(px.e, k) + ld(b, j));
+            j = (j + 1 == d) ? 0 : j + 1;
         }
-        done = nv * W;
-    }
-    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) st(y, i, ld(x, i) + ld(b, i % d));
+    }, [=](u64 i, float v) { return v + ld(b, i % d); });
 }
 template <typename T> __device__ __forceinline__ void relu_t(T* y, const T* x, u32 n) {
     map1(y, x, n, [](u64, float v) { return v > 0.0f ? v : 0.0f; });
