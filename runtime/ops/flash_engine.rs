@@ -195,7 +195,8 @@ fn chunked(c: &CudaBackend, key: SdpaKey, bytes: usize) -> Result<(SdpaKey, usiz
         return Ok((key, bytes));
     }
     let per_slice = bytes.div_ceil(slices);
-    let largest = |n: usize, fits: &dyn Fn(usize) -> bool| (1..=n).rev().find(|&m| n % m == 0 && fits(m)).unwrap_or(1);
+    let largest =
+        |n: usize, fits: &dyn Fn(usize) -> bool| (1..=n).rev().find(|&m| n.is_multiple_of(m) && fits(m)).unwrap_or(1);
     let (batch, heads) = if key.heads * per_slice <= limit {
         (largest(key.batch, &|b| b * key.heads * per_slice <= limit), key.heads)
     } else {
