@@ -137,6 +137,12 @@ impl Graph {
     /// [`Graph::capture_end`]. Refused, with nothing changed, when this graph is capturing or
     /// holds a capture already.
     pub fn capture_begin(&mut self, mode: CaptureMode) -> Result<()> {
+        self.begin(mode, false)
+    }
+
+    /// [`Graph::capture_begin`]; `retried` when [`Graph::capture`] runs the capture again after
+    /// the pool grows.
+    fn begin(&mut self, mode: CaptureMode, retried: bool) -> Result<()> {
         if self.capturing {
             return Err(Error::AlreadyCapturing { graph: self.label.clone() });
         }
@@ -148,7 +154,7 @@ impl Graph {
         self.device.synchronize()?;
         self.device.backend().begin_capture(mode)?;
         self.device.push_pool(&self.pool);
-        self.pool.begin_tracking();
+        self.pool.begin_tracking(retried);
         self.capturing = true;
         Ok(())
     }
@@ -184,7 +190,7 @@ impl Graph {
     pub fn capture<R>(&mut self, mode: CaptureMode, mut f: impl FnMut() -> Result<R>) -> Result<R> {
         const ATTEMPTS: usize = 64;
         for attempt in 0..ATTEMPTS {
-            self.capture_begin(mode)?;
+            self.begin(mode, true)?;
             let outcome = catch_unwind(AssertUnwindSafe(&mut f));
             let ended = self.capture_end();
             match outcome {
@@ -198,7 +204,7 @@ impl Graph {
                     let _ = self.reset();
                     if let Error::PoolGrowthDuringCapture { bytes } = e.root() {
                         let floor = if attempt >= 8 { self.pool.stats().reserved / 4 } else { 0 };
-                        self.pool.grow_for(*bytes, floor)?;
+                        self.pool.grow_for_retry(*bytes, floor)?;
                         continue;
                     }
                     return Err(e);

@@ -16,6 +16,14 @@
 //! buffers that lie in memory an earlier graph of another capture set writes are registered
 //! with that graph, whose replays make every handle to them stale, and with their own graph,
 //! whose replays write them again (see [`Resident`]).
+//!
+//! Best fit alone fragments a pool that lends a large transient (an attention backward's
+//! workspace) from one capture to the next: a small block made after the transient is freed
+//! (the layer's input grad, live into the next layer's backward) finds no other room and is
+//! carved out of the transient's range, so the next layer's transient no longer fits and the
+//! pool grows by a second one. So the pool keeps room for the largest block it has taken back
+//! ([`PoolState::keep_room`]): a request of at most half that size that would split the last
+//! free range holding it grows the pool by its own size instead, where growing is possible.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -207,6 +215,14 @@ struct PoolState {
     /// Every range some capture wrote (the union of what tracking returned): bound static
     /// buffers are placed outside it, so no graph's replay can overwrite them.
     written: Vec<MemRange>,
+    /// The largest block freed so far, the pool keeps a free range for (see the module's
+    /// docs): a request of at most half of it that would split the last free range of at
+    /// least this size grows the pool instead. `None` once growing for that was refused (the
+    /// limit, the device's memory): the pool then splits as best fit says.
+    keep_room: Option<usize>,
+    /// Whether the last [`Error::PoolGrowthDuringCapture`] was for keeping room (the request
+    /// fitted): if growing then fails, the retried capture splits instead.
+    refused_for_room: bool,
 }
 
 /// What a capture allocated ([`GraphPool::begin_tracking`]).
@@ -218,6 +234,11 @@ pub(crate) struct Tracked {
     writes: Vec<MemRange>,
     /// The buffers made on those blocks, some of which outlive the capture (its outputs).
     made: Vec<(MemRange, Weak<dyn Resident>)>,
+    /// Whether the capture is retried after the pool grows ([`Graph::capture`]), so that a
+    /// request that fits may still be refused to keep room ([`PoolState::keep_room`]).
+    ///
+    /// [`Graph::capture`]: crate::Graph::capture
+    retried: bool,
 }
 
 /// A range of pool memory: (slab, offset, bytes).
@@ -351,6 +372,9 @@ impl Drop for Block {
     fn drop(&mut self) {
         let mut st = self.pool.state.lock().unwrap_or_else(|e| e.into_inner());
         st.stats.in_use -= self.bytes;
+        if let Some(keep) = st.keep_room.as_mut() {
+            *keep = (*keep).max(self.bytes);
+        }
         let free = &mut st.slabs[self.slab].free;
         let (mut off, mut len) = (self.offset, self.bytes);
         // Coalesce with the following and the preceding free range.
@@ -379,6 +403,8 @@ impl GraphPool {
                 order: ReplayOrder::default(),
                 tracking: None,
                 written: Vec::new(),
+                keep_room: Some(0),
+                refused_for_room: false,
             }),
         }))
     }
@@ -433,9 +459,13 @@ impl GraphPool {
         self.0.id
     }
 
-    /// Allocates `bytes` (rounded up to 256). Grows the pool by a slab when nothing free fits;
-    /// growing is refused while a global or thread-local capture is in progress (a synchronous
-    /// `cuMemAlloc` would invalidate it), with [`Error::PoolGrowthDuringCapture`].
+    /// Allocates `bytes` (rounded up to 256). Grows the pool by a slab when nothing free fits,
+    /// or when the block would split the last free range that holds the largest block freed
+    /// so far and the request is at most half that (see the module's docs; if growing fails
+    /// then, the range is split after all); growing is refused while a global or thread-local
+    /// capture is in progress (a synchronous `cuMemAlloc` would invalidate it), with
+    /// [`Error::PoolGrowthDuringCapture`], which keeping room only asks for in a capture that
+    /// is retried after growing ([`Graph::capture`](crate::Graph::capture)).
     pub(crate) fn alloc(&self, bytes: usize) -> Result<Block> {
         self.alloc_where(bytes, false)
     }
@@ -455,12 +485,46 @@ impl GraphPool {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         let written: &[MemRange] = if untouched { &st.written } else { &[] };
         let found = best_fit(&st.slabs, bytes, written);
+        // Only this thread's capture matters: another thread's allocation waits at the gate
+        // until that capture ends.
+        let capturing = matches!(self.0.backend.capture_mode(), Some(CaptureMode::Global | CaptureMode::ThreadLocal));
         let (slab, offset) = match found {
-            Some(hit) => hit,
+            Some((slab, offset, len)) if !st.spares_room(bytes, len) => (slab, offset),
+            Some((slab, offset, _)) => {
+                // Splitting would take the room the largest block needs: grow instead, where
+                // that can be done now or by the capture's retry.
+                if capturing {
+                    if st.tracking.as_ref().is_some_and(|t| t.retried) {
+                        st.refused_for_room = true;
+                        return Err(Error::PoolGrowthDuringCapture { bytes });
+                    }
+                    (slab, offset)
+                } else {
+                    drop(st);
+                    let grown = self.grow(bytes);
+                    st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+                    match grown {
+                        Ok(()) => (st.slabs.len() - 1, 0),
+                        Err(_) => {
+                            // No memory to keep room with: best fit, as if never asked.
+                            st.keep_room = None;
+                            let written: &[MemRange] = if untouched { &st.written } else { &[] };
+                            match best_fit(&st.slabs, bytes, written) {
+                                Some((slab, offset, _)) => (slab, offset),
+                                None => {
+                                    drop(st);
+                                    self.grow(bytes)?;
+                                    st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+                                    (st.slabs.len() - 1, 0)
+                                }
+                            }
+                        }
+                    }
+                }
+            }
             None => {
-                // Only this thread's capture matters: another thread's allocation waits at the
-                // gate until that capture ends.
-                if matches!(self.0.backend.capture_mode(), Some(CaptureMode::Global | CaptureMode::ThreadLocal)) {
+                if capturing {
+                    st.refused_for_room = false;
                     return Err(Error::PoolGrowthDuringCapture { bytes });
                 }
                 drop(st);
@@ -495,6 +559,25 @@ impl GraphPool {
     /// Adds a free slab with room for a block of `bytes`.
     fn grow(&self, bytes: usize) -> Result<()> {
         self.grow_for(bytes, 0)
+    }
+
+    /// Before a capture is retried after [`Error::PoolGrowthDuringCapture`] for `bytes`:
+    /// [`GraphPool::grow_for`] with `hint`. When the request was refused only to keep room
+    /// for the largest block (it fitted) and growing fails, the pool stops keeping room and
+    /// the retry splits the range as best fit says; otherwise the error is returned.
+    pub(crate) fn grow_for_retry(&self, bytes: usize, hint: usize) -> Result<()> {
+        let grown = self.grow_for(bytes, hint);
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        match grown {
+            Err(_) if std::mem::take(&mut st.refused_for_room) => {
+                st.keep_room = None;
+                Ok(())
+            }
+            grown => {
+                st.refused_for_room = false;
+                grown
+            }
+        }
     }
 
     /// Adds a free slab with room for a block of `bytes`, of at least `hint` bytes where the
@@ -568,10 +651,11 @@ impl GraphPool {
     }
 
     /// Starts recording the blocks allocated from now on, and the buffers made on them (what
-    /// a capture writes and makes).
-    pub(crate) fn begin_tracking(&self) {
+    /// a capture writes and makes); `retried` when the capture is run again after the pool
+    /// grows ([`Error::PoolGrowthDuringCapture`]).
+    pub(crate) fn begin_tracking(&self, retried: bool) {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.tracking = Some(Tracked::default());
+        st.tracking = Some(Tracked { retried, ..Tracked::default() });
     }
 
     /// Stops recording; what was allocated since `begin_tracking`. Static buffers placed from
@@ -595,7 +679,7 @@ impl GraphPool {
     /// again (they are valid again). The other way round cannot happen: an earlier capture's
     /// live buffer was never free for this one to allocate.
     pub(crate) fn register_capture(&self, id: u64, label: &str, set: u64, tracked: Tracked) -> Vec<MemRange> {
-        let Tracked { writes, made } = tracked;
+        let Tracked { writes, made, .. } = tracked;
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         let order = &mut st.order;
         let mut rewrites = Vec::new();
@@ -651,6 +735,11 @@ impl GraphPool {
     pub fn begin_replay_group(&self) {
         let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         st.order.group += 1;
+        // The room kept is for the largest block of the group's own captures (another shape
+        // bucket's may never be asked for again).
+        if let Some(keep) = st.keep_room.as_mut() {
+            *keep = 0;
+        }
     }
 
     /// Forgets graph `id` (it was reset). Buffers it made that other graphs overwrite stay
@@ -775,8 +864,26 @@ fn align(bytes: usize) -> Option<usize> {
     bytes.max(1).checked_next_multiple_of(ALIGN)
 }
 
-/// The smallest free range of at least `bytes` that overlaps none of `avoid`.
-fn best_fit(slabs: &[Slab], bytes: usize, avoid: &[MemRange]) -> Option<(usize, usize)> {
+impl PoolState {
+    /// Whether a block of `bytes` (aligned) carved out of a free range of `len` would leave
+    /// no free range that holds the largest block freed so far, and is small enough (at most
+    /// half of that block) that growing the pool by it is the better deal.
+    fn spares_room(&self, bytes: usize, len: usize) -> bool {
+        let Some(keep) = self.keep_room.filter(|&k| bytes <= k / 2) else {
+            return false;
+        };
+        if len < keep || len - bytes >= keep {
+            return false; // the range cannot hold it anyway, or still does after the split
+        }
+        // Another free range that holds it keeps the room.
+        let holding = self.slabs.iter().flat_map(|s| s.free.values()).filter(|&&l| l >= keep).count();
+        holding < 2
+    }
+}
+
+/// The smallest free range of at least `bytes` that overlaps none of `avoid`: its slab, offset
+/// and length.
+fn best_fit(slabs: &[Slab], bytes: usize, avoid: &[MemRange]) -> Option<(usize, usize, usize)> {
     let mut best: Option<(usize, usize, usize)> = None;
     for (i, s) in slabs.iter().enumerate() {
         for (&off, &len) in &s.free {
@@ -786,5 +893,5 @@ fn best_fit(slabs: &[Slab], bytes: usize, avoid: &[MemRange]) -> Option<(usize, 
             }
         }
     }
-    best.map(|(i, off, _)| (i, off))
+    best
 }

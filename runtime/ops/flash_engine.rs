@@ -194,7 +194,7 @@ fn chunked(c: &CudaBackend, key: SdpaKey, bytes: usize) -> Result<(SdpaKey, usiz
         return Ok((key, bytes));
     }
     let per_sequence = bytes.div_ceil(key.batch);
-    let batch = (1..=key.batch).rev().find(|&b| key.batch % b == 0 && b * per_sequence <= limit).unwrap_or(1);
+    let batch = (1..=key.batch).rev().find(|&b| key.batch.is_multiple_of(b) && b * per_sequence <= limit).unwrap_or(1);
     let chunk = SdpaKey { batch, ..key };
     Ok(c.cudnn_sdpa_workspace(chunk)?.map_or((key, bytes), |w| (chunk, w)))
 }
