@@ -66,6 +66,55 @@ fn storage_rounds_to_nearest_even_like_the_half_crate() {
     });
 }
 
+/// The kernels' rounding to bf16 (a cast on the device; every 16-bit store goes through it)
+/// gives the `half` crate's bits at the edges: ties to even both ways, the largest finite values
+/// and the overflow past them, subnormals (kept, not flushed), signed zeros, infinities, and NaNs
+/// (quiet, sign and high payload kept).
+#[test]
+fn bf16_rounding_on_the_device_matches_the_half_crate_at_the_edges() {
+    on_each_backend(|dev| {
+        let bits: [u32; 22] = [
+            0x0000_0000,
+            0x8000_0000, // +0, -0
+            0x3f80_8000,
+            0x3f81_8000,
+            0xbf80_8000, // ties: to even (down), to even (up), negative
+            0x3f80_8001,
+            0x3f80_7fff, // just above and below a tie
+            0x7f7f_ffff,
+            0x7f7f_7fff,
+            0x7f7f_8000,
+            0xff7f_ffff, // largest finite: overflow, not, tie, negative
+            0x0000_0001,
+            0x0000_8000,
+            0x0000_c000,
+            0x807f_ffff,
+            0x0080_0000,
+            0x007f_8000, // subnormals, smallest normal
+            0x7f80_0000,
+            0xff80_0000, // infinities
+            0x7fc1_2345,
+            0xffa0_0001,
+            0x7f80_0001, // NaNs: quiet with payload, negative signalling, smallest signalling
+        ];
+        let v: Vec<f32> = bits.iter().map(|b| f32::from_bits(*b)).collect();
+        let x = Tensor::from_slice(dev, &v, &[v.len()])?;
+        let got = ops::cast(&x, DType::BF16)?.to_bf16_vec()?;
+        for ((g, b), x) in got.iter().zip(bits).zip(&v) {
+            let want = bf16::from_f32(*x);
+            assert_eq!(
+                g.to_bits(),
+                want.to_bits(),
+                "{b:#010x} on {}: {:#06x} vs {:#06x}",
+                dev.name(),
+                g.to_bits(),
+                want.to_bits()
+            );
+        }
+        Ok(())
+    });
+}
+
 #[test]
 fn fresh_host_memory_is_nan_in_every_dtype() -> Result<()> {
     let dev = Device::host();
