@@ -49,7 +49,7 @@ FLASH = "flash-vs-torch-2026-12-01.json"
 FLASH_RT = "attention-bench-2026-12-01.json"
 FLASH_CUDNN = "attention-cudnn-2026-12-01.json"
 FLASH_VS = "attention-vs-torch-2026-12-01.json"
-OPS_NOW = "op_bench-2026-12-01c.txt"
+OPS_NOW = "op_bench-2026-12-01d.txt"
 BUCKETS = "gpt-buckets-2026-12-01.json"
 
 
