@@ -14,46 +14,17 @@ prints TFLOP/s side by side with the ratios. FLOPs as attention_bench counts the
 import argparse
 import json
 
-import numpy as np
 import torch
-import torch.nn.functional as F
+
+from attention_timing import time_sdpa
 
 
-def median_ms(fn, reps=20, warm=3):
-    for _ in range(warm):
-        fn()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, e in ev:
-        a.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return float(np.median([a.elapsed_time(e) for a, e in ev]))
-
-
-def flops(b, s, heads, d, causal):
-    f = 4.0 * b * heads * s * s * d
-    return f / 2 if causal else f
-
-
-def time_torch(s, d, causal, backend, tokens=16384, width=2048):
+def time_torch(s, d, causal, backend):
     """TFLOP/s forward and backward of SDPA with `backend`, or (None, None) if it refuses."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    b, heads = max(1, tokens // s), width // d
-    torch.manual_seed(0)
-    mk = lambda: torch.randn(b, heads, s, d, device="cuda").to(torch.bfloat16).requires_grad_(True)
-    q, k, v, dout = mk(), mk(), mk(), mk()
-    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-    try:
-        with sdpa_kernel([be]):
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            tf = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-            tb = median_ms(lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True))
-    except Exception as e:  # a backend that refuses the shape
-        print(f"[torch {backend}] seq {s} d {d} causal {causal}: {str(e).splitlines()[0][:100]}")
-        return None, None
-    fl = flops(b, s, heads, d, causal)
-    return fl / tf / 1e9, 2.5 * fl / tb / 1e9
+    tf, tb, why = time_sdpa(s, d, causal, backend)
+    if why:
+        print(f"[torch {backend}] seq {s} d {d} causal {causal}: {why}")
+    return tf, tb
 
 
 def ratio(a, b):

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attention_timing import flops, median_ms, time_sdpa
+
 # The kernel sources: under the working directory (run from the repository root), else beside
 # this script's folder.
 _SOURCES = (os.path.join(os.getcwd(), "runtime", "backend", "kernels"),
@@ -184,23 +186,6 @@ def check(K, dtype, b, s, heads, kv_heads, d, causal, log):
     return ok
 
 
-def median_ms(fn, reps=20, warm=3):
-    for _ in range(warm):
-        fn()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, e in ev:
-        a.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return float(np.median([a.elapsed_time(e) for a, e in ev]))
-
-
-def flops(b, s, heads, d, causal):
-    f = 4.0 * b * heads * s * s * d
-    return f / 2 if causal else f
-
-
 def inputs(s, d, dtype=torch.bfloat16, tokens=16384, width=2048):
     b, heads = max(1, tokens // s), width // d
     torch.manual_seed(0)
@@ -222,19 +207,7 @@ def time_ours(K, s, d, causal):
 
 
 def time_torch(s, d, causal, backend):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    b, heads, q, k, v, dout = inputs(s, d)
-    qh, kh, vh, doh = (to_heads(t, heads).detach().requires_grad_(True) for t in (q, k, v, dout))
-    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-    try:
-        with sdpa_kernel([be]):
-            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
-            tf = median_ms(lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal))
-            tb = median_ms(lambda: torch.autograd.grad(o, (qh, kh, vh), doh, retain_graph=True))
-    except Exception as e:  # a backend that refuses the shape
-        return None, None, str(e).splitlines()[0][:80]
-    fl = flops(b, s, heads, d, causal)
-    return fl / tf / 1e9, 2.5 * fl / tb / 1e9, None
+    return time_sdpa(s, d, causal, backend)
 
 
 def gpt_shapes(lines):
