@@ -164,8 +164,8 @@ fn limit_cell() -> &'static AtomicUsize {
 /// most that fit, at least one), one after another on the stream, with one workspace.
 /// Chunking changes no bits (each sequence is computed the same way in any chunk), but a chunk
 /// of few sequences leaves multiprocessors idle: a low limit trades speed for memory.
-/// `GRAPHED_ATTENTION_WORKSPACE_MB` (read at the first call) sets it for the process, as
-/// [`set_attention_workspace_limit`] does. The limit is read when a call is made (or
+/// `GRAPHED_ATTENTION_WORKSPACE_MB` (a whole number of MiB, read at the first call; any other
+/// value is ignored) sets it for the process, as [`set_attention_workspace_limit`] does. The limit is read when a call is made (or
 /// captured): a graph keeps the chunks it was captured with.
 ///
 /// ```
