@@ -13,4 +13,12 @@ cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/scale_update.cu 
 { cat scripts/cuda-host-shim.h; echo '#define __device_builtin__'; echo '#define __cudart_builtin__'; cat $k/scale_update.cu $k/conditional.cu; } \
   | sed -e 's/extern "C" __global__ void/extern "C" void/' > "$tmp/conditional.cpp"
 "${CXX:-g++}" -std=c++17 -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/conditional.cpp"
+# The one-kernel decoding step is a program of its own too (backend/cuda_decoder.rs), compiled per
+# model shape: the GPT's (d_model 512, 8 heads, hidden 1368) and head dim 128.
+for shape in "512 8 1368" "1024 8 2048"; do
+  set -- $shape
+  cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/decoder.cu \
+    | sed -e 's/extern "C" __global__ void/extern "C" void/' -e 's/asm volatile(/asm(/' > "$tmp/decoder.cpp"
+  "${CXX:-g++}" -std=c++17 -DFD_D=$1 -DFD_HEADS=$2 -DFD_HID=$3 -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/decoder.cpp"
+done
 echo "kernels type-check"

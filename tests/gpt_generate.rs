@@ -156,13 +156,13 @@ fn prefill_and_decode_logits_are_the_training_forwards() {
             }
             // Decode steps fed the text's next bytes, alternating the unfused and the fused
             // step over one cache.
-            let stacked = dec.stacked().ok_or_else(|| Error::msg("the decoder makes stacked weights"))?;
+            let fused_step = dec.fused().ok_or_else(|| Error::msg("the decoder makes the fused step"))?;
             for (t, &byte) in text.iter().enumerate().take(cfg.context).skip(prompt) {
                 let id = Tensor::from_slice(dev, &[f32::from(byte)], &[1])?;
                 let pos = Tensor::from_slice(dev, &[t as f32], &[1])?;
                 let fused = t % 2 == 1;
                 let got = if fused {
-                    passes::step_logits_stacked(dec.weights(), stacked, &st, &id, &pos)?
+                    fused_step.step.run(&id, &pos)?
                 } else {
                     passes::step_logits(dec.weights(), &st, &id, &pos)?
                 };
@@ -333,7 +333,7 @@ fn the_fused_decode_step_produces_the_unfused_steps_tokens() {
             // bit; on CUDA, where the stacked GEMMs may round differently, within the dtype's
             // rounding.
             let (a, b) = (fused.state().prefix(4)?, unfused.state().prefix(4)?);
-            let lf = passes::decode_step(fused.weights(), fused.stacked(), &a, fused.sampler())?.to_vec()?;
+            let lf = passes::decode_step(fused.weights(), fused.fused(), &a, fused.sampler())?.to_vec()?;
             let lu = passes::decode_step(unfused.weights(), None, &b, unfused.sampler())?.to_vec()?;
             if dev.is_host() {
                 assert!(lf == lu, "{}: fused logits differ from the unfused step's", cfg.dtype);

@@ -6,9 +6,10 @@
 //! that every token after the prefill is one launch. The decode step is captured once per
 //! batch bucket (1, 2, 4, ..., the largest; a batch of 3 runs in bucket 4 with its extra row
 //! stopped from the start), the prefill once per (batch bucket, prompt-length bucket), all in
-//! one pool. The decode step is the fused one (`passes::step_logits_stacked`, over stacked
-//! copies of the q/k/v and gate/up weights the decoder makes once: see [`Stacked`] for what
-//! they cost) unless [`DecodeOptions::fused_step`] is off. The passes themselves are in
+//! one pool. The decode step is the fused one (`graphed::ops::DecoderStep` through
+//! [`Fused`]: one kernel a step on the GPU, over stacked copies of the q/k/v and gate/up
+//! weights the decoder makes once: see [`Stacked`] for what they cost) unless
+//! [`DecodeOptions::fused_step`] is off. The passes themselves are in
 //! `passes.rs`. Shared by `main.rs` and `tests/gpt_generate.rs`.
 #![allow(dead_code)]
 
@@ -18,7 +19,7 @@ use graphed::ops::{Generation, Sampling, Stop};
 use graphed::{CaptureMode, Condition, ConditionalGraph, Device, Error, Generator, Graph, GraphPool, Result, Tensor};
 
 use crate::passes::{decode_step, prefill};
-pub use crate::passes::{Cache, PrefillInputs, Sampler, Stacked, State, Weights};
+pub use crate::passes::{Cache, Fused, PrefillInputs, Sampler, Stacked, State, Weights};
 
 /// A host-driven loop (eager or one replay per token) reads the device's "any sequence
 /// active" flag every this many steps: each read waits for the device.
@@ -63,9 +64,11 @@ pub struct DecodeOptions {
     pub seed: u64,
     /// Capture the graphs (without them only the eager paths run).
     pub graphs: bool,
-    /// Decode with the fused step (q/k/v and gate/up one GEMM each over stacked copies of the
-    /// weights, the cache append inside the attention kernel) rather than the training
-    /// forward's ops. The same tokens; on CUDA the wider GEMMs may round differently.
+    /// Decode with the fused step (`ops::DecoderStep`: on the GPU one kernel a step; elsewhere
+    /// q/k/v and gate/up one GEMM each over stacked copies of the weights, the cache append
+    /// inside the attention kernel) rather than the training forward's ops. On the host the
+    /// same logits; on CUDA the kernel's sums run in another order, so they can round
+    /// differently in their last bits.
     pub fused_step: bool,
 }
 
@@ -130,8 +133,8 @@ struct StepGraphs {
 pub struct Decoder {
     dev: Device,
     w: Weights,
-    /// The stacked projections of the fused step (with [`DecodeOptions::fused_step`]).
-    stacked: Option<Vec<Stacked>>,
+    /// The fused step (with [`DecodeOptions::fused_step`]).
+    fused: Option<Fused>,
     opts: DecodeOptions,
     /// Every layer's cache and the bookkeeping at `max_batch`.
     full: State,
@@ -243,12 +246,12 @@ impl Decoder {
         })?;
         let rng = dev.with_pool(&dev.default_pool(), || Generator::new(dev, opts.seed))?;
         let sampler = Sampler { sampling: opts.sampling, rng };
-        let stacked = if opts.fused_step { Some(Stacked::of(&w)?) } else { None };
+        let fused = if opts.fused_step { Some(Fused::of(&w, &full)?) } else { None };
         let pool = dev.new_pool();
         let t0 = Instant::now();
         let (mut steps, mut prefills) = (Vec::new(), Vec::new());
         if opts.graphs {
-            let cx = Capture { dev, pool: &pool, w: &w, stacked: stacked.as_deref(), full: &full, sampler: &sampler };
+            let cx = Capture { dev, pool: &pool, w: &w, fused: fused.as_ref(), full: &full, sampler: &sampler };
             // Largest first: the smaller captures reuse the memory the larger ones released.
             for &batch in batch_buckets(opts.max_batch).iter().rev() {
                 steps.push(cx.step(batch)?);
@@ -258,7 +261,7 @@ impl Decoder {
             }
         }
         let capture_time = t0.elapsed();
-        Ok(Decoder { dev: dev.clone(), w, stacked, opts, full, sampler, pool, steps, prefills, capture_time })
+        Ok(Decoder { dev: dev.clone(), w, fused, opts, full, sampler, pool, steps, prefills, capture_time })
     }
 
     /// The weights (shared with the model). A load into them (`graphed::load_safetensors`)
@@ -272,17 +275,17 @@ impl Decoder {
     /// (after a load into [`Decoder::weights`]); in place, so the captured graphs stay valid.
     /// Nothing to do without the fused step.
     pub fn refresh_weights(&self) -> Result<()> {
-        self.stacked.as_deref().map_or(Ok(()), |s| Stacked::refresh(s, &self.w))
+        self.fused.as_ref().map_or(Ok(()), |f| Stacked::refresh(&f.stacked, &self.w))
     }
 
     /// The bytes the fused step's stacked copies of the weights take (0 without it).
     pub fn stacked_bytes(&self) -> usize {
-        self.stacked.as_deref().map_or(0, Stacked::bytes)
+        self.fused.as_ref().map_or(0, |f| Stacked::bytes(&f.stacked))
     }
 
-    /// The stacked copies of the fused step, if it is on.
-    pub fn stacked(&self) -> Option<&[Stacked]> {
-        self.stacked.as_deref()
+    /// The fused step, if it is on.
+    pub fn fused(&self) -> Option<&Fused> {
+        self.fused.as_ref()
     }
 
     pub fn options(&self) -> &DecodeOptions {
@@ -386,7 +389,7 @@ impl Decoder {
                             break;
                         }
                     }
-                    decode_step(&self.w, self.stacked.as_deref(), &st, &self.sampler)?;
+                    decode_step(&self.w, self.fused.as_ref(), &st, &self.sampler)?;
                     steps += 1;
                 }
                 self.eager_launches(batch, len, steps)
@@ -446,7 +449,7 @@ struct Capture<'a> {
     dev: &'a Device,
     pool: &'a GraphPool,
     w: &'a Weights,
-    stacked: Option<&'a [Stacked]>,
+    fused: Option<&'a Fused>,
     full: &'a State,
     sampler: &'a Sampler,
 }
@@ -480,7 +483,7 @@ impl Capture<'_> {
 
     fn step(&self, batch: usize) -> Result<StepGraphs> {
         let st = self.full.prefix(batch)?;
-        let run = || decode_step(self.w, self.stacked, &st, self.sampler).map(drop);
+        let run = || decode_step(self.w, self.fused, &st, self.sampler).map(drop);
         self.warm_up(run)?;
         let replay = self.graph(format!("decode step, batch {batch}"), run)?;
         let nodes = replay.nodes()?.len();

@@ -58,8 +58,9 @@
 //! 2, 4, ... `--max-batch`, as a WHILE loop, one graph replay per token, and eagerly:
 //! tokens/s, per-token latency, CPU time per token, host launches per request; `--json` gets
 //! the figures, `--plot` the chart of tokens/s by batch size. The decode step is the fused one
-//! (q/k/v and gate/up one GEMM each over stacked weight copies, the cache append inside the
-//! attention kernel); `--unfused-decode` runs the training forward's ops instead, to compare.
+//! (`graphed::ops::DecoderStep`: on the GPU one kernel for the whole step, over stacked
+//! q/k/v and gate/up weight copies); `--unfused-decode` runs the training forward's ops
+//! instead, to compare.
 
 mod corpus;
 mod decode;
@@ -647,7 +648,9 @@ fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: 
         let step = if args.unfused_decode {
             "the training forward's ops".to_string()
         } else {
-            format!("fused, stacked weights {:.1} MB", dec.stacked_bytes() as f64 / 1e6)
+            let one = dec.fused().is_some_and(|f| f.step.is_fused());
+            let how = if one { "one kernel a step" } else { "the unfused ops" };
+            format!("fused ({how}), stacked weights {:.1} MB", dec.stacked_bytes() as f64 / 1e6)
         };
         println!(
             "decoding {model} on {}: {graphs} graphs (decode steps at batches {:?}, prefills at prompt lengths {prompt_buckets:?}) captured in {:.2} s, graph pool {:.1} MB; decode step: {step}",

@@ -4,15 +4,16 @@
 //! prompt's last real position) and one decoding step (a token per sequence at its cache
 //! length: embed, per block norm, q/k/v, append, attend to the cache, wo, residual + norm, MLP;
 //! head; sample). The decoding step comes in two forms: the training forward's ops
-//! ([`step_logits`]), and the fused one the decoder runs ([`step_logits_stacked`]): q/k/v as
-//! one GEMM and gate/up as one GEMM over stacked copies of the weights ([`Stacked`]), the
-//! append inside the attention kernel (`ops::decode_attention_append`), SwiGLU straight from
-//! the gate/up GEMM's output (`ops::swiglu_packed`): 4 kernels fewer a block. Both end with
-//! the bookkeeping kernel (`ops::generation_step`), so they run alike eagerly, as captured
-//! graphs and as the body of a WHILE loop. Used by `decode.rs`.
+//! ([`step_logits`]), and the fused one the decoder runs ([`Fused`]): `graphed::ops::DecoderStep`
+//! over stacked copies of the q/k/v and gate/up weights ([`Stacked`]), on the GPU one
+//! persistent kernel for the whole step (embedding, every block, the head), elsewhere the
+//! unfused ops with q/k/v and gate/up one GEMM each, the append inside the attention kernel
+//! and SwiGLU read from the gate/up GEMM's output. Both end with the sampling and the
+//! bookkeeping kernel (`ops::generation_step`), so they run alike eagerly, as captured graphs
+//! and as the body of a WHILE loop. Used by `decode.rs`.
 #![allow(dead_code)]
 
-use graphed::ops::{self, Generation, Sampling};
+use graphed::ops::{self, DecoderLayer, DecoderStep, DecoderWeights, Generation, Sampling};
 use graphed::{DType, Error, Generator, Param, Parameters, Result, Tensor};
 
 use crate::ends::{Embed, Head};
@@ -293,39 +294,59 @@ pub fn step_logits(w: &Weights, st: &State, ids: &Tensor, positions: &Tensor) ->
     ops::linear(&h, &w.head.head.value, None)
 }
 
-/// [`step_logits`] fused: each block's q/k/v one GEMM against `stacked`'s copy, the append
-/// inside the attention (`ops::decode_attention_append`), gate/up one GEMM read by
-/// `ops::swiglu_packed`. Four kernels fewer a block. The same arithmetic per element except
-/// for the GEMMs: on the host backend (one f64 dot product an output) the same bits; on CUDA
-/// cuBLAS may pick another kernel (another summation order) for the wider GEMMs, so the
-/// projections can round differently in their last bit.
-pub fn step_logits_stacked(
-    w: &Weights,
-    stacked: &[Stacked],
-    st: &State,
-    ids: &Tensor,
-    positions: &Tensor,
-) -> Result<Tensor> {
-    let batch = ids.numel();
-    let d = w.d_model();
-    let copy = |i: usize| stacked.get(i).ok_or_else(|| Error::msg(format!("no stacked weights for block {i}")));
-    let attention = |i, b: &Block, h: &Tensor| {
-        let cache = cache(st, i)?;
-        let qkv = ops::linear(h, &copy(i)?.qkv, None)?;
-        ops::decode_attention_append(&qkv, &cache.k, &cache.v, &cache.lengths, b.heads)?.reshape(&[batch, d])
-    };
-    let gated = |i, _: &Block, h2: &Tensor| ops::swiglu_packed(&ops::linear(h2, &copy(i)?.gate_up, None)?);
-    let h = run_blocks(w, embed(w, ids, positions)?, attention, gated)?;
-    ops::linear(&h, &w.head.head.value, None)
+/// The fused decoding step: the stacked copies and `ops::DecoderStep` over them, the model's
+/// other weights and every cache of the decoder's full state (any batch prefix of that state
+/// runs through it: the step reads and writes the caches' first rows).
+#[derive(Debug)]
+pub struct Fused {
+    pub stacked: Vec<Stacked>,
+    pub step: DecoderStep,
+}
+
+impl Fused {
+    /// Stacks `w`'s projections and builds the step over them and `full`'s caches.
+    pub fn of(w: &Weights, full: &State) -> Result<Fused> {
+        let stacked = Stacked::of(w)?;
+        if full.caches.len() != w.blocks.len() {
+            return Err(Error::msg(format!("{} caches for {} blocks", full.caches.len(), w.blocks.len())));
+        }
+        let layers = w
+            .blocks
+            .iter()
+            .zip(&stacked)
+            .zip(&full.caches)
+            .map(|((b, s), c)| DecoderLayer {
+                norm1: &b.norm1.value,
+                qkv: &s.qkv,
+                wo: &b.wo.value,
+                norm2: &b.norm2.value,
+                gate_up: &s.gate_up,
+                down: &b.w_down.value,
+                k_cache: &c.k,
+                v_cache: &c.v,
+                lengths: &c.lengths,
+            })
+            .collect();
+        let step = DecoderStep::new(&DecoderWeights {
+            tok: &w.embed.tok.value,
+            pos: &w.embed.pos.value,
+            layers,
+            head_norm: &w.head.norm.value,
+            head: &w.head.head.value,
+            heads: w.heads(),
+            eps: EPS,
+        })?;
+        Ok(Fused { stacked, step })
+    }
 }
 
 /// One decoding step: the tokens the bookkeeping left (its next ids at their positions)
-/// through [`step_logits_stacked`] (with `stacked`) or [`step_logits`], a token sampled per
-/// sequence and recorded. Returns the logits.
-pub fn decode_step(w: &Weights, stacked: Option<&[Stacked]>, st: &State, sampler: &Sampler) -> Result<Tensor> {
+/// through the fused step (`fused`, whose caches `st`'s are a prefix of) or [`step_logits`], a
+/// token sampled per sequence and recorded. Returns the logits.
+pub fn decode_step(w: &Weights, fused: Option<&Fused>, st: &State, sampler: &Sampler) -> Result<Tensor> {
     let (ids, positions) = (st.gen.next_ids(), st.gen.positions());
-    let logits = match stacked {
-        Some(stacked) => step_logits_stacked(w, stacked, st, ids, positions)?,
+    let logits = match fused {
+        Some(f) => f.step.run(ids, positions)?,
         None => step_logits(w, st, ids, positions)?,
     };
     sample_and_record(st, &logits, sampler)?;

@@ -161,6 +161,9 @@ pub(crate) struct CudaBackend {
     /// The kernels that set conditional nodes' conditions (`kernels/conditional.cu`),
     /// compiled the first time a conditional graph is built on this device.
     conditional_fn: Mutex<Option<CondKernels>>,
+    /// The one-kernel decoding steps (`kernels/decoder.cu`), compiled per model shape the first
+    /// time an `ops::DecoderStep` of that shape runs here (see `cuda_decoder.rs`).
+    pub(crate) decoder_fn: Mutex<Vec<(super::cuda_decoder::DecoderShape, CudaFunction)>>,
     cublas: std::sync::Mutex<CublasHandle>,
     pub(crate) cublas_workspace: sys::CUdeviceptr,
     /// The device's error word: eight u32 that kernels report bad input in (bad token ids,
@@ -300,6 +303,7 @@ impl CudaBackend {
             stream,
             functions,
             conditional_fn: Mutex::new(None),
+            decoder_fn: Mutex::new(Vec::new()),
             cublas: std::sync::Mutex::new(CublasHandle(cublas)),
             cublas_workspace,
             err_word,
@@ -345,6 +349,18 @@ impl CudaBackend {
     /// Launches a loaded function (a built-in or a user kernel) on the device stream; the
     /// caller checked `args` against its parameters.
     pub(crate) fn launch_function(&self, f: &CudaFunction, dims: LaunchDims, args: &[KArg]) -> Result<()> {
+        self.launch_with(f, dims, args, false)
+    }
+
+    /// Launches a loaded function cooperatively (`cuLaunchKernelEx` with the cooperative
+    /// attribute, which captures into a graph as a cooperative kernel node): the driver runs
+    /// every block of the grid at once or refuses the launch, so the blocks may wait for each
+    /// other (the grid barrier of `kernels/decoder.cu`).
+    pub(crate) fn launch_cooperative(&self, f: &CudaFunction, dims: LaunchDims, args: &[KArg]) -> Result<()> {
+        self.launch_with(f, dims, args, true)
+    }
+
+    fn launch_with(&self, f: &CudaFunction, dims: LaunchDims, args: &[KArg], cooperative: bool) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
         self.injected(FaultPoint::KernelLaunch, "cuLaunchKernel")?;
@@ -369,6 +385,28 @@ impl CudaBackend {
         for i in 0..args.len() {
             // Little-endian: a 4-byte argument reads the low half of its 8-byte slot.
             ptrs[i] = (&mut values[i]) as *mut u64 as *mut c_void;
+        }
+        if cooperative {
+            // SAFETY: as below; the attribute array and the config live until the call returns.
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+                pad: [0; 4],
+                value: sys::CUlaunchAttributeValue { cooperative: 1 },
+            };
+            let config = sys::CUlaunchConfig {
+                gridDimX: dims.grid.0,
+                gridDimY: dims.grid.1,
+                gridDimZ: dims.grid.2,
+                blockDimX: dims.block.0,
+                blockDimY: dims.block.1,
+                blockDimZ: dims.block.2,
+                sharedMemBytes: dims.shared,
+                hStream: self.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            let r = unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), ptrs.as_mut_ptr(), std::ptr::null_mut()) };
+            return check("cuLaunchKernelEx", r);
         }
         // SAFETY: the function was loaded on this context, the argument slots live until the
         // call returns (cuLaunchKernel copies them), and every pointer argument belongs to a live

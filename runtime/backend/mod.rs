@@ -7,6 +7,7 @@
 mod capture;
 mod cublaslt;
 pub(crate) mod cuda;
+pub(crate) mod cuda_decoder;
 mod cuda_gemm;
 mod cuda_graph;
 mod cuda_user;

@@ -1,0 +1,84 @@
+//! The one-kernel decoding step of `ops::DecoderStep` on CUDA (`kernels/decoder.cu`): compiled
+//! by NVRTC per model shape (its sizes are compile-time constants there) the first time a step
+//! of that shape runs, cached on the backend, and launched cooperatively with one block a
+//! multiprocessor.
+
+use cudarc::driver::{sys, CudaFunction};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+
+use super::cuda::{check, driver_err, CudaBackend, LaunchDims, KERNEL_SOURCES};
+use super::kernels::KArg;
+use crate::{Error, Result};
+
+/// The sizes `kernels/decoder.cu` is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DecoderShape {
+    pub(crate) d_model: usize,
+    pub(crate) heads: usize,
+    pub(crate) hidden: usize,
+}
+
+/// Threads of a block (`FD_THREADS`).
+const THREADS: u32 = 256;
+
+impl CudaBackend {
+    /// The step's kernel for `shape`, and the grid it runs on: one block a multiprocessor (the
+    /// most that are resident at once with one a multiprocessor, which the cooperative launch
+    /// requires). `None` where the kernel cannot run: a GPU older than sm_80 (`mma.sync` on
+    /// bf16) or a block that does not fit on a multiprocessor.
+    pub(crate) fn decoder_kernel(&self, shape: DecoderShape) -> Result<Option<(CudaFunction, u32)>> {
+        if self.capability.0 < 8 {
+            return Ok(None);
+        }
+        let mut cache = self.decoder_fn.lock().unwrap_or_else(|e| e.into_inner());
+        let f = match cache.iter().find(|(s, _)| *s == shape) {
+            Some((_, f)) => f.clone(),
+            None => {
+                self.bind()?;
+                let (major, minor) = self.capability;
+                let options = vec![
+                    format!("--gpu-architecture=sm_{major}{minor}"),
+                    "-std=c++17".into(),
+                    format!("-DFD_D={}", shape.d_model),
+                    format!("-DFD_HEADS={}", shape.heads),
+                    format!("-DFD_HID={}", shape.hidden),
+                ];
+                let opts = CompileOptions { options, ..Default::default() };
+                // core.cu, ops.cu and half.cu: the helpers decoder.cu builds on.
+                let src = [KERNEL_SOURCES[0], KERNEL_SOURCES[1], KERNEL_SOURCES[2], include_str!("kernels/decoder.cu")]
+                    .join("\n");
+                let ptx = compile_ptx_with_opts(src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
+                let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
+                let f = module.load_function("decoder_step_bf16").map_err(driver_err("cuModuleGetFunction"))?;
+                cache.push((shape, f.clone()));
+                f
+            }
+        };
+        let mut per_sm = 0i32;
+        // SAFETY: `f` is a function loaded on this context (bound above or by its compile); the
+        // out-pointer is a live local.
+        let r = unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f.cu_function(), THREADS as i32, 0)
+        };
+        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", r)?;
+        if per_sm < 1 {
+            return Ok(None);
+        }
+        Ok(Some((f, self.sm_count as u32)))
+    }
+
+    /// Launches the step's kernel `f` on `grid` blocks (see [`CudaBackend::decoder_kernel`]):
+    /// cooperatively, unless `GRAPHED_DECODER_COOPERATIVE=0` asks for a plain launch (the grid
+    /// is one block a multiprocessor and one fits, so the blocks are resident together unless
+    /// other work holds multiprocessors for good).
+    pub(crate) fn launch_decoder(&self, f: &CudaFunction, grid: u32, args: &[KArg]) -> Result<()> {
+        static PLAIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let plain = *PLAIN.get_or_init(|| std::env::var("GRAPHED_DECODER_COOPERATIVE").is_ok_and(|v| v == "0"));
+        let dims = LaunchDims { grid: (grid, 1, 1), block: (THREADS, 1, 1), shared: 0 };
+        if plain {
+            self.launch_function(f, dims, args)
+        } else {
+            self.launch_cooperative(f, dims, args)
+        }
+    }
+}
