@@ -110,6 +110,7 @@ impl Model {
                 lengths,
             })
             .collect();
+        // The kernel at every batch it takes (the default limit is lower).
         DecoderStep::new(&DecoderWeights {
             tok: &self.tok,
             pos: &self.pos,
@@ -118,7 +119,8 @@ impl Model {
             head: &self.head,
             heads: self.s.heads,
             eps: 1e-5,
-        })
+        })?
+        .with_fused_batch_limit(DECODER_STEP_MAX_FUSED_BATCH)
     }
 }
 
@@ -341,6 +343,12 @@ fn bad_weights_and_inputs_are_refused() {
         expect_err("more sequences than the caches hold", step.run(&ids3, &ids3), |e| {
             matches!(e, Error::Op(graphed::OpError::TooLarge { .. }))
         })?;
+        expect_err(
+            "a fused batch limit past the kernel's",
+            DecoderStep::new(&weights(2))?.with_fused_batch_limit(65),
+            |e| matches!(e, Error::Op(graphed::OpError::TooLarge { .. })),
+        )?;
+        assert_eq!(DecoderStep::new(&weights(2))?.fused_batch_limit(), graphed::ops::DECODER_STEP_DEFAULT_FUSED_BATCH);
         expect_err("ids and positions of different lengths", step.run(&ids, &ids3), is_shape)?;
         let ids_i32 = Tensor::from_i32(dev, &[1, 2], &[2])?;
         expect_err("I32 ids", step.run(&ids_i32, &pos), |e| matches!(e, Error::DType { .. }))?;

@@ -11,9 +11,16 @@ use crate::{DType, Device, Error, Result, ShapeProblem, Tensor};
 
 const OP: &str = "DecoderStep";
 
-/// The most sequences the one-kernel step takes (four 16-row tiles); larger batches run the
-/// unfused ops.
+/// The most sequences the one-kernel step takes (four 16-row tiles): the most
+/// [`DecoderStep::with_fused_batch_limit`] accepts.
 pub const DECODER_STEP_MAX_FUSED_BATCH: usize = 64;
+
+/// The batches [`DecoderStep::run`] gives the one kernel by default: up to 16 sequences. On an
+/// H200 (the GPT of examples/gpt, 2026-12-02) the kernel beats the unfused ops up to 16
+/// sequences (0.34 against 0.49 ms a token at 1, 0.40 against 0.51 at 16) and loses above
+/// (0.56 against 0.52 at 32, 0.91 against 0.53 at 64): every block reads all rows of each
+/// GEMM's input from L2 in 4-byte loads, which wide batches pay for.
+pub const DECODER_STEP_DEFAULT_FUSED_BATCH: usize = 16;
 
 /// One layer of a [`DecoderWeights`]: a pre-norm block `x + attn(rms_norm(x))`, then
 /// `x + mlp(rms_norm(x))`, with its KV cache.
@@ -124,7 +131,7 @@ struct Fused {
 /// length (advancing the lengths by one), attends to the cache and returns the logits.
 ///
 /// On CUDA (bf16, head dim 64 or 128, sm_80 and newer, at most
-/// [`DECODER_STEP_MAX_FUSED_BATCH`] sequences) the whole step is **one kernel**
+/// [`DecoderStep::fused_batch_limit`] sequences) the whole step is **one kernel**
 /// (`kernels/decoder.cu`): a persistent grid of one block a multiprocessor, launched
 /// cooperatively, its stages (embedding; per layer norm + q/k/v + append, attention, output
 /// projection + residual, norm + gate/up + SwiGLU, down projection + residual; norm + head)
@@ -181,6 +188,8 @@ pub struct DecoderStep {
     eps: f32,
     /// The sequences the caches hold.
     cache_batch: usize,
+    /// The largest batch `run` gives the one kernel.
+    fused_limit: usize,
     fused: Option<Fused>,
 }
 
@@ -262,6 +271,7 @@ impl DecoderStep {
             heads: w.heads,
             eps: w.eps,
             cache_batch,
+            fused_limit: DECODER_STEP_DEFAULT_FUSED_BATCH,
             fused: None,
         };
         let out_vocab = w.head.dims()[0];
@@ -316,10 +326,24 @@ impl DecoderStep {
     }
 
     /// Whether [`DecoderStep::run`] launches the one kernel (CUDA, bf16, head dim 64 or 128,
-    /// sm_80 or newer) for batches of at most [`DECODER_STEP_MAX_FUSED_BATCH`]; otherwise it
+    /// sm_80 or newer) for batches up to [`DecoderStep::fused_batch_limit`]; otherwise it
     /// runs the unfused ops.
     pub fn is_fused(&self) -> bool {
         self.fused.is_some()
+    }
+
+    /// This step with the one kernel taking batches of up to `limit` sequences (default
+    /// [`DECODER_STEP_DEFAULT_FUSED_BATCH`]; 0 never runs it); larger batches run the unfused
+    /// ops. A limit above [`DECODER_STEP_MAX_FUSED_BATCH`] is [`OpError::TooLarge`].
+    pub fn with_fused_batch_limit(mut self, limit: usize) -> Result<DecoderStep> {
+        at_most(OP, "fused batch limit", limit, DECODER_STEP_MAX_FUSED_BATCH)?;
+        self.fused_limit = limit;
+        Ok(self)
+    }
+
+    /// The largest batch [`DecoderStep::run`] gives the one kernel.
+    pub fn fused_batch_limit(&self) -> usize {
+        self.fused_limit
     }
 
     /// The logits (`[batch, out_vocab]`, the weights' dtype) of one new token per sequence:
@@ -329,7 +353,7 @@ impl DecoderStep {
     pub fn run(&self, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
         let batch = self.check_inputs(ids, positions)?;
         match &self.fused {
-            Some(f) if batch <= DECODER_STEP_MAX_FUSED_BATCH => self.run_fused(f, ids, positions, batch),
+            Some(f) if batch <= self.fused_limit => self.run_fused(f, ids, positions, batch),
             _ => self.run_unfused(ids, positions),
         }
     }

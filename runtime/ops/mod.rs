@@ -28,7 +28,9 @@ pub use attention::{causal_attention, causal_attention_backward};
 pub use basic::{axpy_, copy_, fill_, scale_, scale_by_};
 pub use cast::cast;
 pub use decode::{decode_attention, decode_attention_append, kv_cache_append, kv_cache_fill};
-pub use decoder_step::{DecoderLayer, DecoderStep, DecoderWeights, DECODER_STEP_MAX_FUSED_BATCH};
+pub use decoder_step::{
+    DecoderLayer, DecoderStep, DecoderWeights, DECODER_STEP_DEFAULT_FUSED_BATCH, DECODER_STEP_MAX_FUSED_BATCH,
+};
 pub use dropout::{dropout, dropout_backward};
 pub use elementwise::{add, mean, mul, scale, sum};
 pub use flash::{flash_attention, flash_attention_backward, Attention};
