@@ -125,6 +125,63 @@ impl Condition {
         self.run_if_after(None, then)
     }
 
+    /// Runs `body` as long as this condition holds, tested before each pass. Inside a capture
+    /// the loop is a WHILE node of the graph being captured: on CUDA (12.4 drivers) a small
+    /// kernel sets the node's condition before it and again at the end of each pass, so the
+    /// whole loop runs on the device within the graph's one launch (what
+    /// [`Graph::while_loop`] does for a graph of its own, here in the middle of any capture,
+    /// after and before other work); on the host backend one recorded op tests the value and
+    /// runs the body's ops. Outside a capture the loop runs on the host, reading the value
+    /// before each pass (one wait for the device a pass). `body` must eventually make the
+    /// condition false, or the loop never ends.
+    ///
+    /// The body's restrictions are those of [`Condition::run_if`]'s: no allocation or host
+    /// nodes, no collectives ([`Error::ConditionalBody`]); a driver before CUDA 12.4 is
+    /// [`Error::ConditionalUnsupported`] inside a capture.
+    ///
+    /// ```
+    /// use graphed::{ops, CaptureMode, Condition, Device, Graph, Tensor};
+    /// let dev = Device::host();
+    /// let (counter, one) = (Tensor::zeros(&dev, &[1])?, Tensor::full(&dev, &[1], 1.0)?);
+    /// let below_5 = Condition::below(&counter, 5.0)?;
+    /// let mut g = Graph::new(&dev);
+    /// g.capture(CaptureMode::Global, || {
+    ///     ops::fill_(&counter, 0.0)?; // work before the loop, in the same graph
+    ///     below_5.run_while(|| ops::axpy_(&counter, 1.0, &one))
+    /// })?;
+    /// counter.copy_from_slice(&[40.0])?;
+    /// g.replay()?; // one launch: the fill, then five passes
+    /// assert_eq!(counter.to_vec()?, vec![5.0]);
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
+    pub fn run_while(&self, mut body: impl FnMut() -> Result<()>) -> Result<()> {
+        let device = self.value.device();
+        let backend = device.backend();
+        if !backend.is_capturing() {
+            warm(device)?;
+            while self.holds()? {
+                body()?;
+            }
+            return Ok(());
+        }
+        check_driver(device)?;
+        backend.capture_while(&self.test()?, &mut body)
+    }
+
+    /// The test on the value as it is now (read to the host; waits for the device).
+    fn holds(&self) -> Result<bool> {
+        let v = if self.value.dtype() == DType::I32 {
+            self.value.to_i32_vec()?.get(self.index).map(|&x| f64::from(x))
+        } else {
+            self.value.to_vec()?.get(self.index).map(|&x| f64::from(x))
+        };
+        let v = v.ok_or_else(|| Error::msg("a condition's element past its value's end"))?;
+        Ok(match self.below {
+            Some(limit) => v < f64::from(limit),
+            None => v != 0.0,
+        })
+    }
+
     /// [`Condition::run_if`], `before` run right before the test (see [`Before`]).
     pub(crate) fn run_if_after<R>(&self, before: Option<&Before>, then: impl FnOnce() -> Result<R>) -> Result<R> {
         let mut then = Some(then);

@@ -348,3 +348,44 @@ fn a_collective_in_a_run_if_body_is_refused() -> Result<()> {
     assert!(!g.is_captured());
     Ok(())
 }
+
+/// A WHILE node captured in the middle of a graph (`Condition::run_while`): work before it and
+/// after it in the same graph, one launch; the loop runs as many passes as the value allows
+/// (none too); an eager `run_while` (the host tests the value) gives the same bits.
+#[test]
+fn a_while_loop_inside_a_capture_runs_between_other_work_in_one_launch() {
+    on_each_backend(|dev| {
+        let (counter, one) = (Tensor::zeros(dev, &[1])?, Tensor::full(dev, &[1], 1.0)?);
+        let (acc, x) = (Tensor::zeros(dev, &[64])?, Tensor::from_slice(dev, &random_vec(64, 3), &[64])?);
+        let below = Condition::below(&counter, 7.0)?;
+        let work = |start: f32| -> Result<()> {
+            ops::fill_(&counter, start)?;
+            ops::fill_(&acc, 0.0)?;
+            below.run_while(|| {
+                ops::axpy_(&acc, 0.5, &x)?;
+                ops::axpy_(&counter, 1.0, &one)
+            })?;
+            ops::scale_(&acc, 3.0)
+        };
+        let mut g = Graph::new(dev);
+        g.capture(CaptureMode::Global, || work(2.0))?;
+        for (start, passes) in [(2.0f32, 5usize), (2.0, 5), (9.0, 0)] {
+            if start != 2.0 {
+                // Another start: a second graph (the start is baked into its fill).
+                let mut h = Graph::new(dev);
+                h.capture(CaptureMode::Global, || work(start))?;
+                h.replay()?;
+            } else {
+                g.replay()?;
+            }
+            let got = acc.to_vec()?;
+            assert_eq!(counter.to_vec()?, vec![start.max(7.0)]);
+            work(start)?; // eagerly: the host reads the counter before each pass
+            bitwise_eq(&format!("start {start}: replay vs eager"), &got, &acc.to_vec()?)?;
+            let want: Vec<f32> =
+                x.to_vec()?.iter().map(|&v| (0..passes).fold(0.0f32, |a, _| a + 0.5 * v) * 3.0).collect();
+            bitwise_eq(&format!("start {start}: {passes} passes"), &got, &want)?;
+        }
+        Ok(())
+    });
+}

@@ -230,7 +230,7 @@ fn the_step_matches_the_unfused_ops_at_ragged_lengths() {
 #[test]
 fn the_step_matches_the_unfused_ops_across_row_tiles_and_head_dim_128() {
     on_each_backend(|dev| {
-        against_unfused(dev, sizes(256, 2, 344, 40), 37, 3, &(0..37).map(|b| (b % 9) as i32).collect::<Vec<_>>())
+        against_unfused(dev, sizes(256, 2, 344, 40), 37, 3, &(0..37).map(|b: i32| b % 9).collect::<Vec<_>>())
     });
 }
 

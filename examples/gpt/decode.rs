@@ -2,11 +2,11 @@
 //! dtype, `[max_batch, heads, max_len, head_dim]` per layer) and the bookkeeping on the device
 //! as state, the model's own weights shared (no copy), and a request run one of four ways
 //! ([`Path`]): eagerly (the graphs' shapes, or the request's exact ones), replaying one
-//! captured decode graph per token, or with the decode graph as the body of a WHILE loop, so
-//! that every token after the prefill is one launch. The decode step is captured once per
-//! batch bucket (1, 2, 4, ..., the largest; a batch of 3 runs in bucket 4 with its extra row
-//! stopped from the start), the prefill once per (batch bucket, prompt-length bucket), all in
-//! one pool. The decode step is the fused one (`graphed::ops::DecoderStep` through
+//! captured decode graph per token, or as one graph for the whole request: the prefill, then
+//! the decode step under a WHILE node (`Condition::run_while`), so that a request is one
+//! launch. The decode step is captured once per batch bucket (1, 2, 4, ..., the largest; a
+//! batch of 3 runs in bucket 4 with its extra row stopped from the start), the prefill and the
+//! request once per (batch bucket, prompt-length bucket), all in one pool. The decode step is the fused one (`graphed::ops::DecoderStep` through
 //! [`Fused`]: one kernel a step on the GPU, over stacked copies of the q/k/v and gate/up
 //! weights the decoder makes once: see [`Stacked`] for what they cost) unless
 //! [`DecodeOptions::fused_step`] is off. The passes themselves are in
@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use graphed::ops::{Generation, Sampling, Stop};
-use graphed::{CaptureMode, Condition, ConditionalGraph, Device, Error, Generator, Graph, GraphPool, Result, Tensor};
+use graphed::{CaptureMode, Condition, Device, Error, Generator, Graph, GraphPool, Result, Tensor};
 
 use crate::passes::{decode_step, prefill};
 pub use crate::passes::{Cache, Fused, PrefillInputs, Sampler, Stacked, State, Weights};
@@ -34,7 +34,7 @@ pub enum Path {
     EagerExact,
     /// The prefill graph, then the decode graph replayed once per token.
     Replay,
-    /// The prefill graph, then the decode graph as the body of a WHILE loop: one launch.
+    /// The request's graph: the prefill, then the decode step under a WHILE node: one launch.
     WhileLoop,
 }
 
@@ -111,21 +111,21 @@ pub struct Generated {
     pub syncs: usize,
 }
 
-/// The prefill of one (batch bucket, prompt bucket).
+/// The prefill of one (batch bucket, prompt bucket), alone, and a whole request: the prefill,
+/// then the decode step under a WHILE node on the generation's flag, in one graph.
 struct PrefillGraph {
     batch: usize,
     len: usize,
     inputs: PrefillInputs,
     graph: Graph,
+    request: Graph,
     nodes: usize,
 }
 
-/// The decode step of one batch bucket: a graph to replay per token, and the same step as
-/// the body of a WHILE loop on the generation's flag.
+/// The decode step of one batch bucket: a graph to replay per token.
 struct StepGraphs {
     batch: usize,
     replay: Graph,
-    lp: ConditionalGraph,
     nodes: usize,
 }
 
@@ -304,7 +304,7 @@ impl Decoder {
 
     /// How long capturing every graph took, and the pool they share (bytes reserved).
     pub fn capture_report(&self) -> (Duration, usize, usize) {
-        (self.capture_time, self.steps.len() * 2 + self.prefills.len(), self.pool.stats().reserved)
+        (self.capture_time, self.steps.len() + self.prefills.len() * 2, self.pool.stats().reserved)
     }
 
     /// The batch a request of `n` prompts runs at on `path`.
@@ -397,11 +397,11 @@ impl Decoder {
             Path::Replay | Path::WhileLoop => {
                 let (pf, sg) = self.graphs(batch, len)?;
                 pf.inputs.write(&req.prompts)?;
-                pf.graph.replay()?;
                 if path == Path::WhileLoop {
-                    sg.lp.launch()?;
-                    Some(2)
+                    pf.request.replay()?;
+                    Some(1)
                 } else {
+                    pf.graph.replay()?;
                     let mut replays = 0;
                     for i in 1..most {
                         if i % POLL == 0 {
@@ -487,9 +487,7 @@ impl Capture<'_> {
         self.warm_up(run)?;
         let replay = self.graph(format!("decode step, batch {batch}"), run)?;
         let nodes = replay.nodes()?.len();
-        let body = self.graph(format!("decode loop body, batch {batch}"), run)?;
-        let lp = body.while_loop(&Condition::nonzero(st.gen.active())?)?;
-        Ok(StepGraphs { batch, replay, lp, nodes })
+        Ok(StepGraphs { batch, replay, nodes })
     }
 
     fn prefill(&self, batch: usize, len: usize) -> Result<PrefillGraph> {
@@ -499,6 +497,18 @@ impl Capture<'_> {
         self.warm_up(run)?;
         let graph = self.graph(format!("prefill, batch {batch}, prompt length {len}"), run)?;
         let nodes = graph.nodes()?.len();
-        Ok(PrefillGraph { batch, len, inputs, graph, nodes })
+        // The whole request: the prefill, then a decode step per pass of a WHILE node while
+        // some sequence is active (Condition::run_while), in one graph: one launch.
+        let active = Condition::nonzero(st.gen.active())?;
+        let step = || decode_step(self.w, self.fused, &st, self.sampler).map(drop);
+        self.warm_up(|| {
+            run()?;
+            step()
+        })?;
+        let request = self.graph(format!("request, batch {batch}, prompt length {len}"), || {
+            run()?;
+            active.run_while(step)
+        })?;
+        Ok(PrefillGraph { batch, len, inputs, graph, request, nodes })
     }
 }

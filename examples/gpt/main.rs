@@ -48,7 +48,7 @@
 //! Generation (`decode.rs`, `passes.rs`, `generate.rs`): KV caches for `--max-batch`
 //! sequences, a prefill and a one-token decode step, sampling (`--temperature`, `--top-k`)
 //! and stopping on the device; the decode step captured once per batch bucket (1, 2, 4, ...)
-//! and run as the body of a WHILE loop, so all the tokens after the prompt are one launch.
+//! and run under a WHILE node after the prefill in one graph, so a whole request is one launch.
 //! `--save PATH` writes the trained weights as safetensors; `--load PATH` skips training and
 //! reads them (give the `--size`, `--context` and `--dtype` of the run that saved them).
 //! `--generate` continues `--prompts N` prompts of the validation text (at most

@@ -294,6 +294,52 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Captures `body` into a WHILE node of the capture in progress on the stream (see
+    /// `Backend::capture_while`): the condition kernel, captured like any other, sets the
+    /// condition from `test`; the node's body is captured as [`Self::capture_conditional`]
+    /// captures a branch, followed by the same kernel, which sets the condition again after
+    /// each pass. The caller checked the driver (CUDA 12.4).
+    pub(crate) fn capture_while(
+        &self,
+        mode: CaptureMode,
+        test: &CondTest,
+        body: &mut dyn FnMut() -> Result<()>,
+        gate: &StreamGate,
+    ) -> Result<()> {
+        let kernels = self.conditional_kernels()?;
+        self.bind()?;
+        let stream = self.stream.cu_stream();
+        let nested = gate.in_body();
+        let (graph, _) = capture_info(stream)?;
+        let mut handle: sys::CUgraphConditionalHandle = 0;
+        // SAFETY: `graph` is the graph the stream captures into, live while it captures; the
+        // handle belongs to it. No default value: the kernel below sets it at every launch.
+        unsafe {
+            check(
+                "cuGraphConditionalHandleCreate",
+                sys::cuGraphConditionalHandleCreate(&mut handle, graph, self.ctx.cu_ctx(), 0, 0),
+            )?
+        };
+        let args = [
+            KArg::U64(handle),
+            KArg::Ptr(test.ptr),
+            KArg::U32(test.is_i32 as u32),
+            KArg::U32(test.below.is_some() as u32),
+            KArg::F32(test.below.unwrap_or(0.0)),
+        ];
+        let one_thread = LaunchDims { grid: (1, 1, 1), block: (1, 1, 1), shared: 0 };
+        self.launch_function(&kernels.one, one_thread, &args)?;
+        let (graph, deps) = capture_info(stream)?;
+        let (node, bodies) = add_conditional_node(graph, &deps, handle, CondKind::While, 1, self.ctx.cu_ctx())?;
+        let place = BodyPlace { stream, mode: stream_mode(mode), node, body: bodies[0], deps };
+        let mut pass = || -> Result<()> {
+            body()?;
+            self.launch_function(&kernels.one, one_thread, &args)
+        };
+        self.capture_body(place, &mut pass, gate, nested).inspect_err(|_| gate.fail_branch())?;
+        Ok(())
+    }
+
     /// Captures what `branch` queues into `place.body`, then captures the outer graph again
     /// after the node, whatever the branch did; returns the outer graph's handle and the nodes
     /// what comes next depends on. A body that failed (an error or a panic, passed on once

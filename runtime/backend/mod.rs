@@ -401,20 +401,7 @@ impl Backend {
                 debug_assert!(update.is_none(), "the host backend runs the scaler's update as an op first");
                 let mut bodies = Vec::with_capacity(2);
                 for branch in std::iter::once(then).chain(otherwise) {
-                    let ops = self.capture_host_body(h, branch)?;
-                    let violation = ops.iter().enumerate().find_map(|(index, op)| {
-                        let node = GraphNode {
-                            index,
-                            kind: NodeKind::Kernel,
-                            kernel: Some(op.name.to_string()),
-                            dependencies: vec![],
-                        };
-                        node.conditional_body_violation()
-                    });
-                    if let Some(node) = violation {
-                        return Err(Error::ConditionalBody { graph: CONDITIONAL_BODY.into(), node });
-                    }
-                    bodies.push(ops);
+                    bodies.push(self.capture_host_conditional_body(h, branch)?);
                 }
                 let test = test.clone();
                 let name = if bodies.len() == 1 { HOST_IF } else { HOST_IF_ELSE };
@@ -429,6 +416,46 @@ impl Backend {
 
     /// Records what `branch` queues as a body of its own (host backend), the outer recording
     /// restored whatever the branch does.
+    /// Captures `body` into a WHILE node of the capture in progress: the body runs as long as
+    /// `test` holds, tested on the device before each pass (see `Condition::run_while`). On
+    /// the host backend one recorded op tests the value and runs the body's ops.
+    pub(crate) fn capture_while(&self, test: &CondTest, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let Some(mode) = self.capture_mode() else {
+            return Err(Error::NotCapturing { graph: "this device's stream".into() });
+        };
+        match &self.kind {
+            BackendKind::Host(h) => {
+                let ops = self.capture_host_conditional_body(h, body)?;
+                let test = test.clone();
+                h.run(HOST_WHILE, move || {
+                    while test.holds_on_host() {
+                        ops.iter().try_for_each(|op| (op.run)())?;
+                    }
+                    Ok(())
+                })
+            }
+            BackendKind::Cuda(c) => c.capture_while(mode, test, body, &self.gate),
+        }
+    }
+
+    /// A conditional body's ops on the host backend, refused when they hold what a body may not.
+    fn capture_host_conditional_body(
+        &self,
+        h: &HostBackend,
+        branch: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Vec<host::HostOp>> {
+        let ops = self.capture_host_body(h, branch)?;
+        let violation = ops.iter().enumerate().find_map(|(index, op)| {
+            let node =
+                GraphNode { index, kind: NodeKind::Kernel, kernel: Some(op.name.to_string()), dependencies: vec![] };
+            node.conditional_body_violation()
+        });
+        if let Some(node) = violation {
+            return Err(Error::ConditionalBody { graph: CONDITIONAL_BODY.into(), node });
+        }
+        Ok(ops)
+    }
+
     fn capture_host_body(&self, h: &HostBackend, branch: &mut dyn FnMut() -> Result<()>) -> Result<Vec<host::HostOp>> {
         let outer = h.begin_body()?;
         let ran = match self.gate.enter_body() {

@@ -212,7 +212,7 @@ impl DecoderStep {
         let Some(first) = w.layers.first() else {
             return Err(Error::InvalidArgument { op: OP, detail: "a decoder needs at least one layer".into() });
         };
-        if w.heads == 0 || d == 0 || d % w.heads != 0 {
+        if w.heads == 0 || d == 0 || !d.is_multiple_of(w.heads) {
             let detail = format!("{} heads must divide d_model {d}", w.heads);
             return Err(Error::InvalidArgument { op: OP, detail });
         }
@@ -277,9 +277,9 @@ impl DecoderStep {
         let out_vocab = w.head.dims()[0];
         let kernel_runs = dtype == DType::BF16
             && matches!(head_dim, 64 | 128)
-            && d % 8 == 0
-            && hidden % 8 == 0
-            && out_vocab % 8 == 0
+            && d.is_multiple_of(8)
+            && hidden.is_multiple_of(8)
+            && out_vocab.is_multiple_of(8)
             && u32::try_from(max_len).is_ok()
             && u32::try_from(w.tok.dims()[0].max(w.pos.dims()[0]).max(out_vocab)).is_ok();
         if let (Exec::Cuda(c), true) = (exec(w.tok.device()), kernel_runs) {
