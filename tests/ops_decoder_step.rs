@@ -93,7 +93,8 @@ impl Model {
             .collect()
     }
 
-    fn step(&self, caches: &[[Tensor; 3]]) -> Result<DecoderStep> {
+    /// The weights with `caches`, as `DecoderStep::new` takes them.
+    fn weights<'a>(&'a self, caches: &'a [[Tensor; 3]], heads: usize) -> DecoderWeights<'a> {
         let layers = self
             .layers
             .iter()
@@ -110,17 +111,20 @@ impl Model {
                 lengths,
             })
             .collect();
-        // The kernel at every batch it takes (the default limit is lower).
-        DecoderStep::new(&DecoderWeights {
+        DecoderWeights {
             tok: &self.tok,
             pos: &self.pos,
             layers,
             head_norm: &self.head_norm,
             head: &self.head,
-            heads: self.s.heads,
+            heads,
             eps: 1e-5,
-        })?
-        .with_fused_batch_limit(DECODER_STEP_MAX_FUSED_BATCH)
+        }
+    }
+
+    fn step(&self, caches: &[[Tensor; 3]]) -> Result<DecoderStep> {
+        // The kernel at every batch it takes (the default limit is lower).
+        DecoderStep::new(&self.weights(caches, self.s.heads))?.with_fused_batch_limit(DECODER_STEP_MAX_FUSED_BATCH)
     }
 }
 
@@ -296,33 +300,7 @@ fn bad_weights_and_inputs_are_refused() {
     on_each_backend(|dev| {
         let s = sizes(128, 2, 176, 2);
         let m = Model::new(dev, s, 1)?;
-        let weights = |heads: usize| {
-            let layers = m
-                .layers
-                .iter()
-                .zip(&m.caches)
-                .map(|([norm1, qkv, wo, norm2, gate_up, down], [k_cache, v_cache, lengths])| DecoderLayer {
-                    norm1,
-                    qkv,
-                    wo,
-                    norm2,
-                    gate_up,
-                    down,
-                    k_cache,
-                    v_cache,
-                    lengths,
-                })
-                .collect::<Vec<_>>();
-            DecoderWeights {
-                tok: &m.tok,
-                pos: &m.pos,
-                layers,
-                head_norm: &m.head_norm,
-                head: &m.head,
-                heads,
-                eps: 1e-5,
-            }
-        };
+        let weights = |heads: usize| m.weights(&m.caches, heads);
         expect_err("heads that do not divide d_model", DecoderStep::new(&weights(3)), |e| {
             matches!(e, Error::InvalidArgument { .. })
         })?;

@@ -226,24 +226,8 @@ impl CudaBackend {
         otherwise: Option<&'a mut dyn FnMut() -> Result<()>>,
         gate: &StreamGate,
     ) -> Result<()> {
-        let kernels = self.conditional_kernels()?;
-        self.bind()?;
-        let stream = self.stream.cu_stream();
-        let nested = gate.in_body();
-        let (graph, _) = capture_info(stream)?;
-        let new_handle = || -> Result<sys::CUgraphConditionalHandle> {
-            let mut handle: sys::CUgraphConditionalHandle = 0;
-            // SAFETY: `graph` is the graph the stream captures into, live while it captures;
-            // the handle belongs to it. No default value: the kernel below sets it at every
-            // launch, before the node reads it.
-            unsafe {
-                check(
-                    "cuGraphConditionalHandleCreate",
-                    sys::cuGraphConditionalHandleCreate(&mut handle, graph, self.ctx.cu_ctx(), 0, 0),
-                )?
-            };
-            Ok(handle)
-        };
+        let (kernels, stream, nested, graph) = self.conditional_capture(gate)?;
+        let new_handle = || self.conditional_handle(graph);
         let one_node = otherwise.is_some() && if_else_in_one_node(self.driver_version);
         let then_handle = new_handle()?;
         let else_handle = if otherwise.is_some() && !one_node { Some(new_handle()?) } else { None };
@@ -306,20 +290,8 @@ impl CudaBackend {
         body: &mut dyn FnMut() -> Result<()>,
         gate: &StreamGate,
     ) -> Result<()> {
-        let kernels = self.conditional_kernels()?;
-        self.bind()?;
-        let stream = self.stream.cu_stream();
-        let nested = gate.in_body();
-        let (graph, _) = capture_info(stream)?;
-        let mut handle: sys::CUgraphConditionalHandle = 0;
-        // SAFETY: `graph` is the graph the stream captures into, live while it captures; the
-        // handle belongs to it. No default value: the kernel below sets it at every launch.
-        unsafe {
-            check(
-                "cuGraphConditionalHandleCreate",
-                sys::cuGraphConditionalHandleCreate(&mut handle, graph, self.ctx.cu_ctx(), 0, 0),
-            )?
-        };
+        let (kernels, stream, nested, graph) = self.conditional_capture(gate)?;
+        let handle = self.conditional_handle(graph)?;
         let args = [
             KArg::U64(handle),
             KArg::Ptr(test.ptr),
@@ -338,6 +310,34 @@ impl CudaBackend {
         };
         self.capture_body(place, &mut pass, gate, nested).inspect_err(|_| gate.fail_branch())?;
         Ok(())
+    }
+
+    /// What capturing a conditional node starts from: the condition kernels (loaded), the
+    /// stream, whether the capture is already inside a conditional body, and the graph the
+    /// stream captures into.
+    fn conditional_capture(
+        &self,
+        gate: &StreamGate,
+    ) -> Result<(super::cuda::CondKernels, sys::CUstream, bool, sys::CUgraph)> {
+        let kernels = self.conditional_kernels()?;
+        self.bind()?;
+        let stream = self.stream.cu_stream();
+        let (graph, _) = capture_info(stream)?;
+        Ok((kernels, stream, gate.in_body(), graph))
+    }
+
+    /// A new conditional handle of `graph` (the graph a stream captures into), without a
+    /// default value: the condition kernel sets it at every launch, before the node reads it.
+    fn conditional_handle(&self, graph: sys::CUgraph) -> Result<sys::CUgraphConditionalHandle> {
+        let mut handle: sys::CUgraphConditionalHandle = 0;
+        // SAFETY: `graph` is live while the stream captures into it; the handle belongs to it.
+        unsafe {
+            check(
+                "cuGraphConditionalHandleCreate",
+                sys::cuGraphConditionalHandleCreate(&mut handle, graph, self.ctx.cu_ctx(), 0, 0),
+            )?
+        };
+        Ok(handle)
     }
 
     /// Captures what `branch` queues into `place.body`, then captures the outer graph again
