@@ -827,3 +827,77 @@ fn refused_bucketed_calls_change_nothing() {
         Ok(())
     });
 }
+
+/// `ops::DecoderStep` refuses wrong weights, inputs and limits before it allocates or launches
+/// anything: the pool and the device memory are as before, the caches and their lengths
+/// untouched, the limit unchanged; the same step then runs.
+#[test]
+fn refused_decoder_step_calls_change_nothing() {
+    use graphed::ops::{DecoderLayer, DecoderStep, DecoderWeights};
+    on_each_backend(|dev| {
+        let (d, heads, hidden, vocab) = (128, 2, 64, 16);
+        let w = |dims: &[usize]| Tensor::full_as(dev, dims, 0.01, DType::BF16);
+        let (tok, pos, gain, head) = (w(&[vocab, d])?, w(&[8, d])?, w(&[d])?, w(&[vocab, d])?);
+        let (qkv, wo, gate_up, down) = (w(&[3 * d, d])?, w(&[d, d])?, w(&[2 * hidden, d])?, w(&[d, hidden])?);
+        let cache = || Tensor::zeros_as(dev, &[2, heads, 8, d / heads], DType::BF16);
+        let (k_cache, v_cache, lengths) = (cache()?, cache()?, Tensor::from_i32(dev, &[1, 2], &[2])?);
+        let layer = DecoderLayer {
+            norm1: &gain,
+            qkv: &qkv,
+            wo: &wo,
+            norm2: &gain,
+            gate_up: &gate_up,
+            down: &down,
+            k_cache: &k_cache,
+            v_cache: &v_cache,
+            lengths: &lengths,
+        };
+        let good = DecoderWeights {
+            tok: &tok,
+            pos: &pos,
+            layers: vec![layer],
+            head_norm: &gain,
+            head: &head,
+            heads,
+            eps: 1e-5,
+        };
+        let mut step = DecoderStep::new(&good)?;
+        let limit = step.fused_batch_limit();
+        let ids = Tensor::from_slice(dev, &[1.0, 2.0], &[2])?;
+        let positions = Tensor::from_slice(dev, &[1.0, 2.0], &[2])?;
+        let (three, i32_ids) = (Tensor::from_slice(dev, &[1.0; 3], &[3])?, Tensor::from_i32(dev, &[1, 2], &[2])?);
+        let before = (dev.default_pool().stats(), dev.reserved_bytes());
+        let caches_before = (k_cache.to_vec()?, v_cache.to_vec()?);
+        fn changed<'a>(good: &DecoderWeights<'a>, f: impl FnOnce(&mut DecoderWeights<'a>)) -> Result<()> {
+            let mut bad = good.clone();
+            f(&mut bad);
+            DecoderStep::new(&bad).map(drop)
+        }
+        let refusals = [
+            changed(&good, |b| b.heads = 3),                  // does not divide d_model
+            changed(&good, |b| b.heads = 4),                  // disagrees with the caches
+            changed(&good, |b| b.layers[0].wo = &head),       // a wrong projection
+            changed(&good, |b| b.layers[0].lengths = &three), // f32 lengths
+            changed(&good, |b| b.layers.clear()),             // no layer
+            changed(&good, |b| b.eps = f32::NAN),
+            step.run(&three, &three).map(drop),       // more sequences than the caches
+            step.run(&ids, &three).map(drop),         // lengths differ
+            step.run(&i32_ids, &positions).map(drop), // I32 ids
+            step.set_fused_batch_limit(65),           // past the kernel's 64
+        ];
+        for (i, r) in refusals.into_iter().enumerate() {
+            let e = r.expect_err("refused");
+            assert!(
+                matches!(e, Error::Shape { .. } | Error::DType { .. } | Error::InvalidArgument { .. } | Error::Op(_)),
+                "refusal {i}: {e:?}"
+            );
+        }
+        assert_eq!((dev.default_pool().stats(), dev.reserved_bytes()), before, "refused calls left memory alone");
+        assert_eq!(lengths.to_i32_vec()?, vec![1, 2], "the lengths are untouched");
+        assert!((k_cache.to_vec()?, v_cache.to_vec()?) == caches_before, "the caches are untouched");
+        assert_eq!(step.fused_batch_limit(), limit);
+        step.run(&ids, &positions)?.to_vec()?;
+        assert_eq!(lengths.to_i32_vec()?, vec![2, 3], "the step then runs");
+        Ok(())
+    });
+}

@@ -124,7 +124,9 @@ impl Model {
 
     fn step(&self, caches: &[[Tensor; 3]]) -> Result<DecoderStep> {
         // The kernel at every batch it takes (the default limit is lower).
-        DecoderStep::new(&self.weights(caches, self.s.heads))?.with_fused_batch_limit(DECODER_STEP_MAX_FUSED_BATCH)
+        let mut step = DecoderStep::new(&self.weights(caches, self.s.heads))?;
+        step.set_fused_batch_limit(DECODER_STEP_MAX_FUSED_BATCH)?;
+        Ok(step)
     }
 }
 
@@ -321,12 +323,11 @@ fn bad_weights_and_inputs_are_refused() {
         expect_err("more sequences than the caches hold", step.run(&ids3, &ids3), |e| {
             matches!(e, Error::Op(graphed::OpError::TooLarge { .. }))
         })?;
-        expect_err(
-            "a fused batch limit past the kernel's",
-            DecoderStep::new(&weights(2))?.with_fused_batch_limit(65),
-            |e| matches!(e, Error::Op(graphed::OpError::TooLarge { .. })),
-        )?;
-        assert_eq!(DecoderStep::new(&weights(2))?.fused_batch_limit(), graphed::ops::DECODER_STEP_DEFAULT_FUSED_BATCH);
+        let mut limited = DecoderStep::new(&weights(2))?;
+        assert_eq!(limited.fused_batch_limit(), graphed::ops::DECODER_STEP_DEFAULT_FUSED_BATCH);
+        let too_large = |e: &Error| matches!(e, Error::Op(graphed::OpError::TooLarge { .. }));
+        expect_err("a fused batch limit past the kernel's", limited.set_fused_batch_limit(65), too_large)?;
+        assert_eq!(limited.fused_batch_limit(), graphed::ops::DECODER_STEP_DEFAULT_FUSED_BATCH, "unchanged");
         expect_err("ids and positions of different lengths", step.run(&ids, &ids3), is_shape)?;
         let ids_i32 = Tensor::from_i32(dev, &[1, 2], &[2])?;
         expect_err("I32 ids", step.run(&ids_i32, &pos), |e| matches!(e, Error::DType { .. }))?;

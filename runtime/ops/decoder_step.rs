@@ -4,7 +4,7 @@
 use cudarc::driver::CudaFunction;
 
 use crate::backend::cuda_decoder::DecoderShape;
-use crate::backend::KArg;
+use crate::backend::{CudaBackend, KArg};
 use crate::error::OpError;
 use crate::ops::{self, at_most, check_like, exec, Exec};
 use crate::{DType, Device, Error, Result, ShapeProblem, Tensor};
@@ -12,7 +12,7 @@ use crate::{DType, Device, Error, Result, ShapeProblem, Tensor};
 const OP: &str = "DecoderStep";
 
 /// The most sequences the one-kernel step takes (four 16-row tiles): the most
-/// [`DecoderStep::with_fused_batch_limit`] accepts.
+/// [`DecoderStep::set_fused_batch_limit`] accepts.
 pub const DECODER_STEP_MAX_FUSED_BATCH: usize = 64;
 
 /// The batches [`DecoderStep::run`] gives the one kernel by default: up to 16 sequences. On an
@@ -236,9 +236,12 @@ impl DecoderStep {
             let want = [cache_batch.max(1), w.heads, max_len.max(1), d / w.heads];
             return Err(Error::shape(OP, ShapeProblem::expected("k_cache", &want, "heads, d_model / heads", &cache)));
         }
-        expect(w.pos, "pos", &[w.pos.dims().first().copied().unwrap_or(0).max(1), d], "[context, d_model]")?;
+        for (t, name, layout) in [(w.pos, "pos", "[context, d_model]"), (w.head, "head", "[out_vocab, d_model]")] {
+            if !matches!(t.dims(), &[rows, cols] if rows > 0 && cols == d) {
+                return Err(Error::shape(OP, ShapeProblem::layout(name, layout, t.dims())));
+            }
+        }
         expect(w.head_norm, "head_norm", &[d], "[d_model]")?;
-        expect(w.head, "head", &[w.head.dims().first().copied().unwrap_or(0).max(1), d], "[out_vocab, d_model]")?;
         let mut all = vec![w.tok, w.pos, w.head_norm, w.head];
         for l in &w.layers {
             expect(l.norm1, "norm1", &[d], "[d_model]")?;
@@ -332,13 +335,14 @@ impl DecoderStep {
         self.fused.is_some()
     }
 
-    /// This step with the one kernel taking batches of up to `limit` sequences (default
+    /// Lets the one kernel take batches of up to `limit` sequences (default
     /// [`DECODER_STEP_DEFAULT_FUSED_BATCH`]; 0 never runs it); larger batches run the unfused
-    /// ops. A limit above [`DECODER_STEP_MAX_FUSED_BATCH`] is [`OpError::TooLarge`].
-    pub fn with_fused_batch_limit(mut self, limit: usize) -> Result<DecoderStep> {
+    /// ops. A limit above [`DECODER_STEP_MAX_FUSED_BATCH`] is [`OpError::TooLarge`] and leaves
+    /// the limit as it was. Graphs already captured keep the path they captured.
+    pub fn set_fused_batch_limit(&mut self, limit: usize) -> Result<()> {
         at_most(OP, "fused batch limit", limit, DECODER_STEP_MAX_FUSED_BATCH)?;
         self.fused_limit = limit;
-        Ok(self)
+        Ok(())
     }
 
     /// The largest batch [`DecoderStep::run`] gives the one kernel.
@@ -352,9 +356,9 @@ impl DecoderStep {
     /// and values at each sequence's length and advances the lengths. See [`DecoderStep`].
     pub fn run(&self, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
         let batch = self.check_inputs(ids, positions)?;
-        match &self.fused {
-            Some(f) if batch <= self.fused_limit => self.run_fused(f, ids, positions, batch),
-            _ => self.run_unfused(ids, positions),
+        match (&self.fused, exec(ids.device())) {
+            (Some(f), Exec::Cuda(c)) if batch <= self.fused_limit => self.run_fused(c, f, ids, positions, batch),
+            _ => self.unfused(ids, positions, batch),
         }
     }
 
@@ -365,6 +369,11 @@ impl DecoderStep {
     /// that kernel does not run.
     pub fn run_unfused(&self, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
         let batch = self.check_inputs(ids, positions)?;
+        self.unfused(ids, positions, batch)
+    }
+
+    /// [`DecoderStep::run_unfused`] on checked inputs of `batch` sequences.
+    fn unfused(&self, ids: &Tensor, positions: &Tensor, batch: usize) -> Result<Tensor> {
         let d = self.tok.dims()[1];
         let tok = ops::embedding(ids, &self.tok)?;
         let pos = ops::embedding(positions, &self.pos)?;
@@ -411,10 +420,7 @@ impl DecoderStep {
         Ok(batch)
     }
 
-    fn run_fused(&self, f: &Fused, ids: &Tensor, positions: &Tensor, batch: usize) -> Result<Tensor> {
-        let Exec::Cuda(c) = exec(ids.device()) else {
-            return self.run_unfused(ids, positions);
-        };
+    fn run_fused(&self, c: &CudaBackend, f: &Fused, ids: &Tensor, positions: &Tensor, batch: usize) -> Result<Tensor> {
         let (d, hidden) = (f.shape.d_model, f.shape.hidden);
         let dev = ids.device();
         let work = Tensor::empty_as(dev, &[batch * (3 * d + hidden)], DType::BF16)?;
