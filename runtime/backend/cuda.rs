@@ -162,7 +162,7 @@ pub(crate) struct CudaBackend {
     /// compiled the first time a conditional graph is built on this device.
     conditional_fn: Mutex<Option<CondKernels>>,
     /// The one-kernel decoding steps (`kernels/decoder.cu`), compiled per model shape the first
-    /// time an `ops::DecoderStep` of that shape runs here (see `cuda_decoder.rs`).
+    /// time an `ops::DecoderStep` of that shape is made here (see `cuda_decoder.rs`).
     pub(crate) decoder_fn: Mutex<Vec<(super::cuda_decoder::DecoderShape, CudaFunction)>>,
     cublas: std::sync::Mutex<CublasHandle>,
     pub(crate) cublas_workspace: sys::CUdeviceptr,
@@ -387,7 +387,6 @@ impl CudaBackend {
             ptrs[i] = (&mut values[i]) as *mut u64 as *mut c_void;
         }
         if cooperative {
-            // SAFETY: as below; the attribute array and the config live until the call returns.
             let mut attr = sys::CUlaunchAttribute {
                 id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
                 pad: [0; 4],
@@ -405,6 +404,8 @@ impl CudaBackend {
                 attrs: &mut attr,
                 numAttrs: 1,
             };
+            // SAFETY: as for cuLaunchKernel below; the attribute and the config live until the
+            // call returns.
             let r = unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), ptrs.as_mut_ptr(), std::ptr::null_mut()) };
             return check("cuLaunchKernelEx", r);
         }

@@ -1,6 +1,6 @@
 //! The one-kernel decoding step of `ops::DecoderStep` on CUDA (`kernels/decoder.cu`): compiled
 //! by NVRTC per model shape (its sizes are compile-time constants there) the first time a step
-//! of that shape runs, cached on the backend, and launched cooperatively with one block a
+//! of that shape is made (`DecoderStep::new`, outside any capture), cached on the backend, and launched cooperatively with one block a
 //! multiprocessor.
 
 use cudarc::driver::{sys, CudaFunction};
