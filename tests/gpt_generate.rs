@@ -58,6 +58,7 @@ fn options(cfg: &Config) -> DecodeOptions {
         seed: 1,
         graphs: true,
         fused_step: true,
+        fused_batch_limit: None,
     }
 }
 

@@ -70,6 +70,9 @@ pub struct DecodeOptions {
     /// same logits; on CUDA the kernel's sums run in another order, so they can round
     /// differently in their last bits.
     pub fused_step: bool,
+    /// The largest batch the fused step gives its one kernel (`DecoderStep::set_fused_batch_limit`;
+    /// `None`: the step's default). Larger batches run the unfused ops.
+    pub fused_batch_limit: Option<usize>,
 }
 
 /// A batch of prompts to continue: sequence `b` produces at most `max_new_tokens[b]` tokens
@@ -246,7 +249,15 @@ impl Decoder {
         })?;
         let rng = dev.with_pool(&dev.default_pool(), || Generator::new(dev, opts.seed))?;
         let sampler = Sampler { sampling: opts.sampling, rng };
-        let fused = if opts.fused_step { Some(Fused::of(&w, &full)?) } else { None };
+        let fused = if opts.fused_step {
+            let mut f = Fused::of(&w, &full)?;
+            if let Some(limit) = opts.fused_batch_limit {
+                f.step.set_fused_batch_limit(limit)?;
+            }
+            Some(f)
+        } else {
+            None
+        };
         let pool = dev.new_pool();
         let t0 = Instant::now();
         let (mut steps, mut prefills) = (Vec::new(), Vec::new());

@@ -254,6 +254,10 @@ struct Args {
     /// append its own kernel) instead of the fused step.
     #[arg(long)]
     unfused_decode: bool,
+    /// The largest batch the fused step runs as one kernel [default: the step's, 16]; larger
+    /// batches run the unfused ops.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=64).map(|n| n as usize))]
+    fused_batch_limit: Option<usize>,
 }
 
 /// How training rows are cut.
@@ -636,6 +640,7 @@ fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: 
         seed: 3,
         graphs: true,
         fused_step: !args.unfused_decode,
+        fused_batch_limit: args.fused_batch_limit,
     };
     if args.generate {
         let sampling = Sampling { temperature: args.temperature, top_k: args.top_k };
@@ -670,6 +675,7 @@ fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: 
             pool_bytes: pool,
             fused_step: !args.unfused_decode,
             stacked_bytes: dec.stacked_bytes(),
+            one_kernel_batch: dec.fused().filter(|f| f.step.is_fused()).map_or(0, |f| f.step.fused_batch_limit()),
         };
         let png = args.plot.clone().unwrap_or_else(|| std::env::temp_dir().join("graphed-gpt-decode.png"));
         println!("decoding chart: {}", report.write(args.json.as_deref(), &png)?.display());

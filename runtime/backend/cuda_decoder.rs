@@ -21,6 +21,37 @@ pub(crate) struct DecoderShape {
 /// Threads of a block (`FD_THREADS`).
 const THREADS: u32 = 256;
 
+/// The kernel's build knobs: the dynamic shared memory that holds a stage's weight rows
+/// (`FD_WBUF_BYTES`, 64 KiB: the GPT of examples/gpt needs 33 KB at most) and its activation
+/// rows (`FD_ABUF_BYTES`, 96 KiB: 64 rows of 512 values, 32 of 1368), and the n8 tiles a block
+/// computes in one pass (`FD_NT`, 2). `GRAPHED_DECODER_WBUF`, `GRAPHED_DECODER_ABUF` (bytes, 0
+/// reads from global memory) and `GRAPHED_DECODER_NT` (1 to 4) override them, for measurements.
+#[derive(Clone, Copy, Debug)]
+struct Knobs {
+    wbuf: u32,
+    abuf: u32,
+    nt: u32,
+}
+
+impl Knobs {
+    /// The dynamic shared memory a launch takes.
+    fn dynamic_shared(self) -> u32 {
+        self.wbuf + self.abuf
+    }
+
+    fn get() -> Knobs {
+        static K: std::sync::OnceLock<Knobs> = std::sync::OnceLock::new();
+        *K.get_or_init(|| {
+            let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
+            Knobs {
+                wbuf: env("GRAPHED_DECODER_WBUF").map_or(64 * 1024, |b| b / 16 * 16),
+                abuf: env("GRAPHED_DECODER_ABUF").map_or(96 * 1024, |b| b / 16 * 16),
+                nt: env("GRAPHED_DECODER_NT").map_or(2, |n| n.clamp(1, 4)),
+            }
+        })
+    }
+}
+
 impl CudaBackend {
     /// The step's kernel for `shape`, and the grid it runs on: one block a multiprocessor (the
     /// most that are resident at once with one a multiprocessor, which the cooperative launch
@@ -28,6 +59,10 @@ impl CudaBackend {
     /// bf16) or a block that does not fit on a multiprocessor.
     pub(crate) fn decoder_kernel(&self, shape: DecoderShape) -> Result<Option<(CudaFunction, u32)>> {
         if self.capability.0 < 8 {
+            return Ok(None);
+        }
+        let knobs = Knobs::get();
+        if knobs.dynamic_shared() as usize > self.max_shared_optin {
             return Ok(None);
         }
         let mut cache = self.decoder_fn.lock().unwrap_or_else(|e| e.into_inner());
@@ -42,6 +77,9 @@ impl CudaBackend {
                     format!("-DFD_D={}", shape.d_model),
                     format!("-DFD_HEADS={}", shape.heads),
                     format!("-DFD_HID={}", shape.hidden),
+                    format!("-DFD_WBUF_BYTES={}", knobs.wbuf),
+                    format!("-DFD_ABUF_BYTES={}", knobs.abuf),
+                    format!("-DFD_NT={}", knobs.nt),
                 ];
                 let opts = CompileOptions { options, ..Default::default() };
                 // core.cu, ops.cu and half.cu: the helpers decoder.cu builds on.
@@ -50,6 +88,12 @@ impl CudaBackend {
                 let ptx = compile_ptx_with_opts(src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
                 let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
                 let f = module.load_function("decoder_step_bf16").map_err(driver_err("cuModuleGetFunction"))?;
+                // Refused where the buffers and the static shared memory together exceed what
+                // a block may have: the kernel does not run on this GPU.
+                let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                if f.set_attribute(attr, knobs.dynamic_shared() as i32).is_err() {
+                    return Ok(None);
+                }
                 cache.push((shape, f.clone()));
                 f
             }
@@ -58,7 +102,12 @@ impl CudaBackend {
         // SAFETY: `f` is a function loaded on this context (bound above or by its compile); the
         // out-pointer is a live local.
         let r = unsafe {
-            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f.cu_function(), THREADS as i32, 0)
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut per_sm,
+                f.cu_function(),
+                THREADS as i32,
+                knobs.dynamic_shared() as usize,
+            )
         };
         check("cuOccupancyMaxActiveBlocksPerMultiprocessor", r)?;
         if per_sm < 1 {
@@ -74,7 +123,7 @@ impl CudaBackend {
     pub(crate) fn launch_decoder(&self, f: &CudaFunction, grid: u32, args: &[KArg]) -> Result<()> {
         static PLAIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let plain = *PLAIN.get_or_init(|| std::env::var("GRAPHED_DECODER_COOPERATIVE").is_ok_and(|v| v == "0"));
-        let dims = LaunchDims { grid: (grid, 1, 1), block: (THREADS, 1, 1), shared: 0 };
+        let dims = LaunchDims { grid: (grid, 1, 1), block: (THREADS, 1, 1), shared: Knobs::get().dynamic_shared() };
         if plain {
             self.launch_function(f, dims, args)
         } else {

@@ -221,6 +221,15 @@ kernels! {
     RmsRowsBwdF32 = "rms_rows_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     RmsRowsBwdBf16 = "rms_rows_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     RmsRowsBwdF16 = "rms_rows_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    LnRowsF32 = "ln_rows_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    LnRowsBf16 = "ln_rows_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    LnRowsF16 = "ln_rows_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    LnRowsBwdF32 = "ln_rows_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    LnRowsBwdBf16 = "ln_rows_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    LnRowsBwdF16 = "ln_rows_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SxRowsF32 = "sx_rows_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SxRowsBf16 = "sx_rows_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SxRowsF16 = "sx_rows_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     EmbeddingBwdBf16F32 = "embedding_bwd_bf16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     EmbeddingBwdF16F32 = "embedding_bwd_f16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     LrWarmupCosineF32 = "lr_warmup_cosine_f32" (Ptr, Ptr, F32, F32, U32, U32);
@@ -375,8 +384,9 @@ impl FlashTiles {
     }
 }
 
-/// The launch shapes of the RMSNorm row kernels (`rms_rows_*`, `rms_rows_bwd_*` in
-/// `kernels/transformer.cu`), one place for both sides: NVRTC gets the words a thread holds as
+/// The launch shapes of the row kernels (`rms_rows_*`, `rms_rows_bwd_*`, and through the
+/// forward's shape `ln_rows_*`, `ln_rows_bwd_*` and `sx_rows_*`, in `kernels/transformer.cu`),
+/// one place for both sides: NVRTC gets the words a thread holds as
 /// `-DRN_FWD_VPT` / `-DRN_BWD_VPT`, and the launches size their blocks and grids from the rest.
 /// A row of `d` values is spread over `tpr` threads (a power of two, the fewest that hold it
 /// with `vpt` 16-byte words each), `threads / tpr` rows a block, grid-stride over the row
@@ -439,10 +449,25 @@ impl RowTiles {
         Some(Self::launch(rows, tpr, self.bwd.1, self.bwd.2, 4 * (16 / elem)))
     }
 
+    /// Whether the RMSNorm forward and the other row kernels load the next row group ahead
+    /// (`RN_PREFETCH_FWD`, `RN_PREFETCH` in kernels/transformer.cu, where the measurement that
+    /// chose them is): the RMSNorm forward no, the others yes. `GRAPHED_ROW_PREFETCH` (a bit
+    /// mask: 1 the RMSNorm forward, 2 the others) overrides both, for measurements.
+    pub(crate) const PREFETCH: (bool, bool) = (false, true);
+
     /// The NVRTC options that build the row kernels with these shapes.
     pub(crate) fn nvrtc_defines() -> Vec<String> {
         let t = Self::CHOSEN;
-        vec![format!("-DRN_FWD_VPT={}", t.fwd.0), format!("-DRN_BWD_VPT={}", t.bwd.0)]
+        let (fwd, bwd) = match std::env::var("GRAPHED_ROW_PREFETCH").ok().and_then(|v| v.parse::<u8>().ok()) {
+            Some(m) => (m & 1 != 0, m & 2 != 0),
+            None => Self::PREFETCH,
+        };
+        vec![
+            format!("-DRN_FWD_VPT={}", t.fwd.0),
+            format!("-DRN_BWD_VPT={}", t.bwd.0),
+            format!("-DRN_PREFETCH_FWD={}", u8::from(fwd)),
+            format!("-DRN_PREFETCH={}", u8::from(bwd)),
+        ]
     }
 }
 

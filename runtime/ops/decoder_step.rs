@@ -15,12 +15,12 @@ const OP: &str = "DecoderStep";
 /// [`DecoderStep::set_fused_batch_limit`] accepts.
 pub const DECODER_STEP_MAX_FUSED_BATCH: usize = 64;
 
-/// The batches [`DecoderStep::run`] gives the one kernel by default: up to 16 sequences. On an
-/// H200 (the GPT of examples/gpt, 2026-12-02) the kernel beats the unfused ops up to 16
-/// sequences (0.34 against 0.49 ms a token at 1, 0.40 against 0.51 at 16) and loses above
-/// (0.56 against 0.52 at 32, 0.91 against 0.53 at 64): every block reads all rows of each
-/// GEMM's input from L2 in 4-byte loads, which wide batches pay for.
-pub const DECODER_STEP_DEFAULT_FUSED_BATCH: usize = 16;
+/// The batches [`DecoderStep::run`] gives the one kernel by default: up to 32 sequences. On an
+/// H200 (the GPT of examples/gpt, 2026-12-03, one call) the kernel takes 0.24 ms a token at
+/// batch 1, 0.29 at 16 and 0.42 at 32 against the unfused ops' 0.50 at 32, and loses at 64
+/// (0.72 against 0.51): there the down projection's input rows no longer fit the kernel's
+/// shared buffer and attention takes four rounds of (sequence, head) tasks.
+pub const DECODER_STEP_DEFAULT_FUSED_BATCH: usize = 32;
 
 /// One layer of a [`DecoderWeights`]: a pre-norm block `x + attn(rms_norm(x))`, then
 /// `x + mlp(rms_norm(x))`, with its KV cache.
@@ -114,7 +114,7 @@ impl Layer {
 }
 
 /// What the one-kernel step needs on CUDA: the table of pointers the kernel reads (written
-/// once), the grid barrier's two words, the kernel and its grid.
+/// once), the grid barrier's 64-bit count (two zeroed i32 words), the kernel and its grid.
 #[derive(Debug)]
 struct Fused {
     table: Tensor,
@@ -286,6 +286,17 @@ impl DecoderStep {
             && u32::try_from(max_len).is_ok()
             && u32::try_from(w.tok.dims()[0].max(w.pos.dims()[0]).max(out_vocab)).is_ok();
         if let (Exec::Cuda(c), true) = (exec(w.tok.device()), kernel_runs) {
+            // The kernel reads the weights 16 bytes at a time (cp.async, vector loads): views
+            // that start elsewhere run the unfused ops.
+            let mut aligned = w.head.cuda_ptr()?.is_multiple_of(16) && w.head_norm.cuda_ptr()?.is_multiple_of(16);
+            for l in &w.layers {
+                for t in [l.norm1, l.qkv, l.wo, l.norm2, l.gate_up, l.down] {
+                    aligned &= t.cuda_ptr()?.is_multiple_of(16);
+                }
+            }
+            if !aligned {
+                return Ok(step);
+            }
             let shape = DecoderShape { d_model: d, heads: w.heads, hidden };
             if let Some((kernel, grid)) = c.decoder_kernel(shape)? {
                 step.fused = Some(step.table(w.tok.device(), shape, max_len, kernel, grid)?);

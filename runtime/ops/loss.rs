@@ -1,6 +1,6 @@
 //! Losses: softmax cross-entropy and mean squared error.
 
-use crate::backend::{BuiltinKernel, KArg, LaunchDims};
+use crate::backend::{BuiltinKernel, KArg, LaunchDims, RowTiles};
 use crate::error::OpError;
 use crate::ops::{
     check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, reduce_blocks, row_dims, Exec,
@@ -99,9 +99,15 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
         }
         Exec::Cuda(c) => {
             let row_loss = Tensor::empty(logits.device(), &[rows])?;
+            // Rows held in registers (read once) when they fit, else one block a row.
+            let dtype = logits.dtype();
+            let (kernel, dims) = match RowTiles::CHOSEN.fwd_launch(rows, classes, dtype.size()) {
+                Some(l) => (k::SX_ROWS.get(dtype), l.dims),
+                None => (k::SOFTMAX_XENT.get(dtype), row_dims(rows, classes)),
+            };
             c.launch(
-                k::SOFTMAX_XENT.get(logits.dtype()),
-                row_dims(rows, classes),
+                kernel,
+                dims,
                 &[
                     KArg::Ptr(probs.cuda_ptr()?),
                     KArg::Ptr(row_loss.cuda_ptr()?),
@@ -182,7 +188,7 @@ pub fn softmax_cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss_sca
             )?;
             c.launch(
                 k::SOFTMAX_XENT_BWD.get(probs.dtype()),
-                LaunchDims::elementwise(rows * classes),
+                LaunchDims::vectorized(rows * classes, probs.dtype()),
                 &[
                     KArg::Ptr(d.cuda_ptr()?),
                     KArg::Ptr(probs.cuda_ptr()?),

@@ -243,6 +243,11 @@ pub(crate) mod k {
     /// The first pass of RMSNorm's gamma grad (partial column sums in f32), by the dtype of `dy`.
     pub(crate) const RMS_NORM_BWD_PARAMS_PARTIAL: Typed =
         Typed(B::RmsNormBwdParamsPartialF32, B::RmsNormBwdParamsPartialBf16, B::RmsNormBwdParamsPartialF16);
+    /// Layer norm (forward, and the backward's dx) with rows in registers.
+    pub(crate) const LN_ROWS: Typed = Typed(B::LnRowsF32, B::LnRowsBf16, B::LnRowsF16);
+    pub(crate) const LN_ROWS_BWD: Typed = Typed(B::LnRowsBwdF32, B::LnRowsBwdBf16, B::LnRowsBwdF16);
+    /// Softmax cross-entropy's forward with rows in registers.
+    pub(crate) const SX_ROWS: Typed = Typed(B::SxRowsF32, B::SxRowsBf16, B::SxRowsF16);
     /// RMSNorm (and residual add + RMSNorm) with rows in registers, forward and backward.
     pub(crate) const RMS_ROWS: Typed = Typed(B::RmsRowsF32, B::RmsRowsBf16, B::RmsRowsF16);
     pub(crate) const RMS_ROWS_BWD: Typed = Typed(B::RmsRowsBwdF32, B::RmsRowsBwdBf16, B::RmsRowsBwdF16);

@@ -1,6 +1,6 @@
 //! Layer normalization over the last dimension.
 
-use crate::backend::KArg;
+use crate::backend::{KArg, RowTiles};
 use crate::error::OpError;
 use crate::ops::{
     as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, row_dims,
@@ -13,7 +13,8 @@ use crate::{Error, Result, ShapeProblem, Tensor};
 ///
 /// `x` is `[N, D]` (or `[..., D]`, rows flattened), `gamma` and `beta` are `[D]`. Returns
 /// `(y, mean, rstd)` with `mean` and `rstd` of shape `[N]` (the rows), which
-/// [`layer_norm_backward`] needs. On CUDA one block per row with a warp-shuffle/shared-memory
+/// [`layer_norm_backward`] needs. On CUDA each row is read once into registers by the threads
+/// that share it (one block per row for rows too wide for that), with a warp-shuffle/shared-memory
 /// reduction in a fixed order (deterministic).
 ///
 /// ```
@@ -57,21 +58,28 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
                 Ok(())
             })?;
         }
-        Exec::Cuda(c) => c.launch(
-            k::LAYER_NORM.get(dtype),
-            row_dims(rows, d),
-            &[
-                KArg::Ptr(y.cuda_ptr()?),
-                KArg::Ptr(mean.cuda_ptr()?),
-                KArg::Ptr(rstd.cuda_ptr()?),
-                KArg::Ptr(x.cuda_ptr()?),
-                KArg::Ptr(gamma.cuda_ptr()?),
-                KArg::Ptr(beta.cuda_ptr()?),
-                KArg::U32(rows as u32),
-                KArg::U32(d as u32),
-                KArg::F32(eps),
-            ],
-        )?,
+        Exec::Cuda(c) => {
+            // Rows held in registers (read once) when they fit, else one block a row.
+            let (kernel, dims) = match RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()) {
+                Some(l) => (k::LN_ROWS.get(dtype), l.dims),
+                None => (k::LAYER_NORM.get(dtype), row_dims(rows, d)),
+            };
+            c.launch(
+                kernel,
+                dims,
+                &[
+                    KArg::Ptr(y.cuda_ptr()?),
+                    KArg::Ptr(mean.cuda_ptr()?),
+                    KArg::Ptr(rstd.cuda_ptr()?),
+                    KArg::Ptr(x.cuda_ptr()?),
+                    KArg::Ptr(gamma.cuda_ptr()?),
+                    KArg::Ptr(beta.cuda_ptr()?),
+                    KArg::U32(rows as u32),
+                    KArg::U32(d as u32),
+                    KArg::F32(eps),
+                ],
+            )?
+        }
     }
     Ok((y, mean, rstd))
 }
@@ -79,7 +87,7 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
 /// The backward of [`layer_norm`] from its saved `mean` and `rstd`: returns `dx` and
 /// accumulates `dgamma += Σ_rows dy·x̂` and `dbeta += Σ_rows dy` (`x̂ = (x - mean)·rstd`).
 ///
-/// On CUDA: a one-block-per-row kernel for `dx` and a column-reduction kernel for `dgamma` and
+/// On CUDA: a row kernel for `dx` (rows in registers, as the forward) and a column-reduction kernel for `dgamma` and
 /// `dbeta` that adds each column in a fixed order (no atomics; deterministic). `dy`, `x`,
 /// `gamma` and `dx` share one dtype; `mean`, `rstd`, `dgamma` and `dbeta` are f32.
 ///
@@ -132,9 +140,13 @@ pub fn layer_norm_backward(
         }
         Exec::Cuda(c) => {
             let (dyp, xp, mp, rp) = (dy.cuda_ptr()?, x.cuda_ptr()?, mean.cuda_ptr()?, rstd.cuda_ptr()?);
+            let (kernel, dims) = match RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()) {
+                Some(l) => (k::LN_ROWS_BWD.get(dtype), l.dims),
+                None => (k::LAYER_NORM_BWD.get(dtype), row_dims(rows, d)),
+            };
             c.launch(
-                k::LAYER_NORM_BWD.get(dtype),
-                row_dims(rows, d),
+                kernel,
+                dims,
                 &[
                     KArg::Ptr(dx.cuda_ptr()?),
                     KArg::Ptr(dyp),

@@ -29,6 +29,23 @@
 #define FD_THREADS (FD_WARPS * 32)
 // The most sequences a step takes: four m16 tiles.
 #define FD_MT 4
+// The bytes of dynamic shared memory that hold a GEMM stage's weight rows (the host launches
+// with this much): each stage's rows are copied there (cp.async) while the grid waits at the
+// barrier before the stage, so a stage starts with its weights on chip and waits only for its
+// activations. 0 reads every weight from global memory as it goes.
+#ifndef FD_WBUF_BYTES
+#define FD_WBUF_BYTES 0
+#endif
+// The bytes of dynamic shared memory (after the weights') that hold a GEMM stage's activation
+// rows, read once a stage with 16-byte loads (the RMSNorm applied) where they fit (batch rows of
+// K / 2 words, padded as the weights'), instead of once a tile pass and warp from L2.
+#ifndef FD_ABUF_BYTES
+#define FD_ABUF_BYTES 0
+#endif
+// The n8 tiles a block computes in one pass over K (sharing the activation loads).
+#ifndef FD_NT
+#define FD_NT 2
+#endif
 
 // The table the host writes once (ops::DecoderStep::new): a header, then one FdLayer a layer.
 struct FdHeader {
@@ -97,24 +114,32 @@ __device__ __forceinline__ void fd_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// The grid-wide barrier: bar[0] counts arrivals, bar[1] is the generation. The last block to
-// arrive resets the count and advances the generation; the others wait for it to change. The
-// count is back at 0 when the kernel ends, so the words serve the next launch as they are.
-__device__ __forceinline__ void fd_sync(u32* bar) {
+// The grid-wide barrier: one 64-bit count of arrivals that only grows (it never wraps). Each
+// launch adds gridDim.x a barrier, so it is a multiple of gridDim.x when a launch starts; a
+// block's thread 0 reads it before its first arrival (fd_sync_base: no block can pass the first
+// barrier before it arrives, so the value is the launch's base plus fewer than gridDim.x) and
+// waits, barrier after barrier, for base + gridDim.x * (barriers so far). One relaxed add an
+// arrival after a release fence, relaxed polls then an acquire fence: the writes of every block
+// before the barrier are visible to every block after it.
+__device__ __forceinline__ unsigned long long fd_ld_relaxed(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long fd_sync_base(const unsigned long long* bar) {
+    if (threadIdx.x != 0) return 0ull;
+    const unsigned long long v = fd_ld_relaxed(bar);
+    return v - v % gridDim.x;
+}
+__device__ __forceinline__ void fd_sync(unsigned long long* bar, unsigned long long& target) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        volatile u32* gen = bar + 1;
-        const u32 g = *gen;
-        __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            atomicExch(bar, 0u);
-            __threadfence();
-            atomicAdd(bar + 1, 1u);
-        } else {
-            while (*gen == g) {
-            }
+        target += gridDim.x;
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" ::"l"(bar) : "memory");
+        while (fd_ld_relaxed(bar) < target) {
         }
-        __threadfence();
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
     }
     __syncthreads();
 }
@@ -122,6 +147,7 @@ __device__ __forceinline__ void fd_sync(u32* bar) {
 struct FdShared {
     float red[FD_WARPS][2][FD_MT][16][8];  // the warps' partial tiles (two operands)
     float rstd[FD_MT * 16];
+    int len[FD_MT * 16];  // the lengths at the q/k/v stage (where its keys and values go)
     float am[FD_WARPS], al[FD_WARPS];
     float aacc[FD_WARPS][FD_HD];
 };
@@ -148,40 +174,123 @@ __device__ __forceinline__ void fd_rstd(FdShared& sh, const bf16_t* x, u32 batch
     __syncthreads();
 }
 
+extern __shared__ __align__(16) u32 fd_wbuf[];
+
+// The n8 tiles of an n-column stage that this block computes: blockIdx.x, + gridDim.x, ...
+__device__ __forceinline__ u32 fd_block_tiles(u32 n) {
+    const u32 tiles = n / 8;
+    return blockIdx.x < tiles ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0u;
+}
+
+// A stage's weight rows in fd_wbuf: ROWS rows a tile (the up rows after the gate rows with
+// PAIR), SW words a row (K / 2, padded so that the eight rows a fragment load reads start in
+// eight different bank quads), the block's first FIT tiles (the rest are read from global
+// memory).
+template <int K, bool PAIR> struct FdW {
+    static constexpr u32 ROWS = PAIR ? 16 : 8;
+    static constexpr u32 SW = K / 2 + ((K / 2) % 8 == 0 ? 4 : 0);
+    static constexpr u32 FIT = FD_WBUF_BYTES / (ROWS * SW * 4);
+};
+
+// Starts copying this block's weight rows of a stage (w, n columns, pair as fd_gemm's) into
+// fd_wbuf; fd_gemm waits for them. Call after every warp has finished the previous stage's
+// reads of fd_wbuf (fd_gemm ends with __syncthreads).
+template <int K, bool PAIR> __device__ __forceinline__ void fd_prefetch(const bf16_t* w, u32 n, u32 pair) {
+    using P = FdW<K, PAIR>;
+    constexpr u32 CPR = K / 8;  // 16-byte chunks a row (K % 8 == 0: the host checks)
+    const u32 tiles = fd_block_tiles(n);
+    const u32 npf = tiles < P::FIT ? tiles : P::FIT;
+    const u32 total = npf * P::ROWS * CPR;
+    for (u32 c = threadIdx.x; c < total; c += FD_THREADS) {
+        const u32 row = c / CPR, o = c - row * CPR;
+        const u32 ti = row / P::ROWS, r = row - ti * P::ROWS;
+        const u32 tile = blockIdx.x + ti * gridDim.x;
+        const u32 wr = (PAIR && r >= 8) ? pair + tile * 8 + (r - 8) : tile * 8 + r;
+        const bf16_t* src = w + (u64)wr * K + o * 8;
+        const u32 dst = (u32)__cvta_generic_to_shared(fd_wbuf + row * P::SW + o * 4);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
 // One GEMM stage: for every n8 tile of `n` output columns (the block's tasks: tiles blockIdx.x,
-// + gridDim.x, ...), out[b, j] = sum_k A[b, k] W[j, k] for the first `batch` rows, handed to
-// `epi(b, j, v, v2)`. A is `a` ([batch, K] bf16) or, with NORM, the RMSNorm of it (a * rstd[b]
-// * gamma[k], rounded to bf16 as rms_norm stores it). With PAIR each tile also computes the
-// columns `pair` rows further down W (SwiGLU's up next to its gate) as v2.
+// + gridDim.x, ..., FD_NT at a time), out[b, j] = sum_k A[b, k] W[j, k] for the first `batch`
+// rows, handed to `epi(b, j, v, v2)`. A is `a` ([batch, K] bf16) or, with NORM, the RMSNorm of
+// it (a * rstd[b] * gamma[k], rounded to bf16 as rms_norm stores it). With PAIR each tile also
+// computes the columns `pair` rows further down W (SwiGLU's up next to its gate) as v2. The
+// block's first tiles come from fd_wbuf (fd_prefetch), the rest from W in global memory.
 template <int K, bool NORM, bool PAIR, typename Epi>
 __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, const bf16_t* gamma, const bf16_t* w, u32 n, u32 pair, u32 batch, Epi epi) {
+    using P = FdW<K, PAIR>;
     constexpr u32 KS = (K + 15) / 16;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const u32 mtiles = (batch + 15) / 16;
-    for (u32 tile = blockIdx.x; tile < n / 8; tile += gridDim.x) {
-        const u32 n0 = tile * 8;
-        float acc[FD_MT][4], acc2[FD_MT][4];
+    const u32 mine = fd_block_tiles(n);
+    // The activation rows in shared memory (normed and rounded as below) where they fit.
+    u32* abuf = fd_wbuf + FD_WBUF_BYTES / 4;
+    const bool staged = mine > 0 && batch * P::SW * 4 <= FD_ABUF_BYTES;
+    if (staged) {
+        constexpr u32 CPR = K / 8;
+        for (u32 c = threadIdx.x; c < batch * CPR; c += FD_THREADS) {
+            const u32 b = c / CPR, o = c - b * CPR;
+            const uint4 v = fd_ld128cg(a + (u64)b * K + o * 8);
+            u32 w4[4] = {v.x, v.y, v.z, v.w};
+            if constexpr (NORM) {
+                const uint4 gv = reinterpret_cast<const uint4*>(gamma)[o];
+                const u32 g4[4] = {gv.x, gv.y, gv.z, gv.w};
+                const float r = sh.rstd[b];
 #pragma unroll
-        for (int m = 0; m < FD_MT; ++m)
+                for (int i = 0; i < 4; ++i) w4[i] = fd_pack(fd_lo(w4[i]) * r * fd_lo(g4[i]), fd_hi(w4[i]) * r * fd_hi(g4[i]));
+            }
+            *reinterpret_cast<uint4*>(abuf + b * P::SW + o * 4) = make_uint4(w4[0], w4[1], w4[2], w4[3]);
+        }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    for (u32 t0 = 0; t0 < mine; t0 += FD_NT) {
+        float acc[FD_NT][FD_MT][4], acc2[FD_NT][FD_MT][4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) acc[m][i] = acc2[m][i] = 0.0f;
-        const u32* wrow = reinterpret_cast<const u32*>(w + (u64)(n0 + g) * K);
-        const u32* wrow2 = reinterpret_cast<const u32*>(w + (u64)(pair + n0 + g) * K);
+        for (int j = 0; j < FD_NT; ++j)
+#pragma unroll
+            for (int m = 0; m < FD_MT; ++m)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[j][m][i] = acc2[j][m][i] = 0.0f;
+        // Each tile's two weight rows for this lane: in fd_wbuf (words) or in W (global).
+        const u32* wrow[FD_NT];
+        const u32* wrow2[FD_NT];
+#pragma unroll
+        for (u32 j = 0; j < FD_NT; ++j) {
+            const u32 ti = t0 + j, n0 = (blockIdx.x + ti * gridDim.x) * 8;
+            if (ti < P::FIT) {
+                wrow[j] = fd_wbuf + (ti * P::ROWS + g) * P::SW;
+                wrow2[j] = fd_wbuf + (ti * P::ROWS + 8 + g) * P::SW;
+            } else {
+                wrow[j] = reinterpret_cast<const u32*>(w + (u64)(n0 + g) * K);
+                wrow2[j] = reinterpret_cast<const u32*>(w + (u64)(pair + n0 + g) * K);
+            }
+        }
 #pragma unroll 4
         for (u32 ks = warp; ks < KS; ks += FD_WARPS) {
             const u32 k0 = ks * 16;
             const bool hi_ok = k0 + 8 < K;
-            const u32 b0 = wrow[(k0 >> 1) + t];
-            const u32 b1 = hi_ok ? wrow[((k0 + 8) >> 1) + t] : 0u;
-            u32 c0 = 0u, c1 = 0u;
-            if constexpr (PAIR) {
-                c0 = wrow2[(k0 >> 1) + t];
-                c1 = hi_ok ? wrow2[((k0 + 8) >> 1) + t] : 0u;
+            u32 bw[FD_NT][2], cw[FD_NT][2];
+#pragma unroll
+            for (u32 j = 0; j < FD_NT; ++j) {
+                const bool in = t0 + j < mine;
+                bw[j][0] = in ? wrow[j][(k0 >> 1) + t] : 0u;
+                bw[j][1] = in && hi_ok ? wrow[j][((k0 + 8) >> 1) + t] : 0u;
+                cw[j][0] = cw[j][1] = 0u;
+                if constexpr (PAIR) {
+                    cw[j][0] = in ? wrow2[j][(k0 >> 1) + t] : 0u;
+                    cw[j][1] = in && hi_ok ? wrow2[j][((k0 + 8) >> 1) + t] : 0u;
+                }
             }
             u32 ga = 0u, gb = 0u;
             if constexpr (NORM) {
-                ga = reinterpret_cast<const u32*>(gamma)[(k0 >> 1) + t];
-                gb = hi_ok ? reinterpret_cast<const u32*>(gamma)[((k0 + 8) >> 1) + t] : 0u;
+                if (!staged) {
+                    ga = reinterpret_cast<const u32*>(gamma)[(k0 >> 1) + t];
+                    gb = hi_ok ? reinterpret_cast<const u32*>(gamma)[((k0 + 8) >> 1) + t] : 0u;
+                }
             }
 #pragma unroll
             for (u32 m = 0; m < FD_MT; ++m) {
@@ -192,6 +301,12 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, const bf1
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     if (rows[h] >= batch) continue;
+                    if (staged) {
+                        const u32* srow = abuf + rows[h] * P::SW;
+                        av[h] = srow[(k0 >> 1) + t];
+                        av[2 + h] = hi_ok ? srow[((k0 + 8) >> 1) + t] : 0u;
+                        continue;
+                    }
                     const u32* arow = reinterpret_cast<const u32*>(a + (u64)rows[h] * K);
                     u32 lo = fd_ld32cg(arow + (k0 >> 1) + t);
                     u32 hi = hi_ok ? fd_ld32cg(arow + ((k0 + 8) >> 1) + t) : 0u;
@@ -204,34 +319,44 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, const bf1
                     av[2 + h] = hi;
                 }
                 __syncwarp();  // mma.sync wants the whole warp, converged after the row tests
-                fd_mma(acc[m], av[0], av[1], av[2], av[3], b0, b1);
-                if constexpr (PAIR) fd_mma(acc2[m], av[0], av[1], av[2], av[3], c0, c1);
+#pragma unroll
+                for (u32 j = 0; j < FD_NT; ++j) {
+                    if (t0 + j >= mine) break;
+                    fd_mma(acc[j][m], av[0], av[1], av[2], av[3], bw[j][0], bw[j][1]);
+                    if constexpr (PAIR) fd_mma(acc2[j][m], av[0], av[1], av[2], av[3], cw[j][0], cw[j][1]);
+                }
             }
         }
+        // Each tile's warps' partial sums, added in warp order.
 #pragma unroll
-        for (u32 m = 0; m < FD_MT; ++m) {
-            if (m >= mtiles) break;
+        for (u32 j = 0; j < FD_NT; ++j) {
+            if (t0 + j >= mine) break;
+            const u32 n0 = (blockIdx.x + (t0 + j) * gridDim.x) * 8;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const u32 row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-                sh.red[warp][0][m][row][col] = acc[m][i];
-                if constexpr (PAIR) sh.red[warp][1][m][row][col] = acc2[m][i];
+            for (u32 m = 0; m < FD_MT; ++m) {
+                if (m >= mtiles) break;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const u32 row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+                    sh.red[warp][0][m][row][col] = acc[j][m][i];
+                    if constexpr (PAIR) sh.red[warp][1][m][row][col] = acc2[j][m][i];
+                }
             }
-        }
-        __syncthreads();
-        for (u32 e = threadIdx.x; e < mtiles * 128; e += FD_THREADS) {
-            const u32 m = e >> 7, row = (e >> 3) & 15, col = e & 7;
-            const u32 b = m * 16 + row;
-            if (b >= batch) continue;
-            float v = 0.0f, v2 = 0.0f;
+            __syncthreads();
+            for (u32 e = threadIdx.x; e < mtiles * 128; e += FD_THREADS) {
+                const u32 m = e >> 7, row = (e >> 3) & 15, col = e & 7;
+                const u32 b = m * 16 + row;
+                if (b >= batch) continue;
+                float v = 0.0f, v2 = 0.0f;
 #pragma unroll
-            for (int wi = 0; wi < FD_WARPS; ++wi) {
-                v += sh.red[wi][0][m][row][col];
-                if constexpr (PAIR) v2 += sh.red[wi][1][m][row][col];
+                for (int wi = 0; wi < FD_WARPS; ++wi) {
+                    v += sh.red[wi][0][m][row][col];
+                    if constexpr (PAIR) v2 += sh.red[wi][1][m][row][col];
+                }
+                epi(b, n0 + col, v, v2);
             }
-            epi(b, n0 + col, v, v2);
+            __syncthreads();
         }
-        __syncthreads();
     }
 }
 
@@ -351,9 +476,10 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
 }
 
 // The step. work holds x [batch, D], q [batch, D], att [batch, D], s [batch, HID] (bf16); bar
-// two zeroed words (see fd_sync); logits [batch, vocab].
+// a 64-bit zeroed word (see fd_sync); logits [batch, vocab]. Launched with FD_WBUF_BYTES +
+// FD_ABUF_BYTES of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
-    decoder_step_bf16(const FdHeader* hdr, const float* ids, const float* positions, bf16_t* logits, bf16_t* work, u32* bar, u32* err, u32 batch, float eps) {
+    decoder_step_bf16(const FdHeader* hdr, const float* ids, const float* positions, bf16_t* logits, bf16_t* work, unsigned long long* bar, u32* err, u32 batch, float eps) {
     __shared__ FdShared sh;
     const FdHeader H = *hdr;
     const FdLayer* layers = reinterpret_cast<const FdLayer*>(hdr + 1);
@@ -361,6 +487,12 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     bf16_t* q = x + (u64)batch * FD_D;
     bf16_t* att = q + (u64)batch * FD_D;
     bf16_t* s = att + (u64)batch * FD_D;
+    unsigned long long target = fd_sync_base(bar);
+    if (H.layers > 0) {
+        fd_prefetch<FD_D, false>(layers[0].qkv, 3 * FD_D, 0);
+    } else {
+        fd_prefetch<FD_D, false>(H.head, H.vocab, 0);
+    }
 
     // The embeddings' sum, rounded as add_rms_norm rounds its residual sum. A bad id or
     // position gives a zero row and is reported as ops::embedding reports it.
@@ -376,19 +508,22 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             fd_st(x, (u64)b * FD_D + c, tv + pv);
         }
     }
-    fd_sync(bar);
+    fd_sync(bar, target);
 
+    // Each GEMM stage starts the copy of the next stage's weights (fd_prefetch) before the
+    // barrier that ends it.
     for (u32 li = 0; li < H.layers; ++li) {
         const FdLayer L = layers[li];
         const u32 max_len = H.max_len;
         // RMSNorm and q/k/v; k and v go to the cache at the sequence's length.
+        for (u32 b = threadIdx.x; b < batch; b += FD_THREADS) sh.len[b] = fd_ldi_cg(L.lengths + b);
         fd_rstd(sh, x, batch, eps);
         fd_gemm<FD_D, true, false>(sh, x, L.norm1, L.qkv, 3 * FD_D, 0, batch, [&](u32 b, u32 j, float v, float) {
             if (j < FD_D) {
                 fd_st(q, (u64)b * FD_D + j, v);
                 return;
             }
-            const int raw = fd_ldi_cg(L.lengths + b);
+            const int raw = sh.len[b];
             const bool room = raw >= 0 && raw < (int)max_len;
             if (j == FD_D && !room) fd_report_cache(err, b, raw, max_len);
             if (!room) return;
@@ -396,9 +531,10 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             const u64 at = (((u64)b * FD_HEADS + jj / FD_HD) * max_len + (u64)raw) * FD_HD + jj % FD_HD;
             fd_st(j < 2 * FD_D ? L.kc : L.vc, at, v);
         });
-        fd_sync(bar);
+        fd_prefetch<FD_D, false>(L.wo, FD_D, 0);
+        fd_sync(bar, target);
         fd_attention(sh, L, q, att, batch, max_len);
-        fd_sync(bar);
+        fd_sync(bar, target);
         // The lengths advance once every block has read them (the two stages above).
         if (blockIdx.x == 0) {
             for (u32 b = threadIdx.x; b < batch; b += FD_THREADS) {
@@ -412,19 +548,26 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             const u64 i = (u64)b * FD_D + j;
             fd_st(x, i, fd_ldcg(x, i) + fd_round(v));
         });
-        fd_sync(bar);
+        fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID);
+        fd_sync(bar, target);
         // RMSNorm, gate and up, SwiGLU.
         fd_rstd(sh, x, batch, eps);
         fd_gemm<FD_D, true, true>(sh, x, L.norm2, L.gate_up, FD_HID, FD_HID, batch, [&](u32 b, u32 j, float v, float v2) {
             const float gt = fd_round(v), up = fd_round(v2);
             fd_st(s, (u64)b * FD_HID + j, gt * (1.0f / (1.0f + expf(-gt))) * up);
         });
-        fd_sync(bar);
+        fd_prefetch<FD_HID, false>(L.down, FD_D, 0);
+        fd_sync(bar, target);
         fd_gemm<FD_HID, false, false>(sh, s, nullptr, L.down, FD_D, 0, batch, [&](u32 b, u32 j, float v, float) {
             const u64 i = (u64)b * FD_D + j;
             fd_st(x, i, fd_ldcg(x, i) + fd_round(v));
         });
-        fd_sync(bar);
+        if (li + 1 < H.layers) {
+            fd_prefetch<FD_D, false>(layers[li + 1].qkv, 3 * FD_D, 0);
+        } else {
+            fd_prefetch<FD_D, false>(H.head, H.vocab, 0);
+        }
+        fd_sync(bar, target);
     }
     // The final RMSNorm and the head.
     fd_rstd(sh, x, batch, eps);

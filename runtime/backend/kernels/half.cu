@@ -57,6 +57,37 @@ template <typename T> union Pack { uint4 raw; T e[16 / sizeof(T)]; };
 
 __device__ __forceinline__ bool al16(const void* p) { return ((u64)p & 15) == 0; }
 
+// Two bf16 bits of (lo, hi) in one word: one packed conversion from sm_80 on (the conversion
+// pipe runs a quarter as fast as the FP32 one, so this halves a 16-bit kernel's conversions),
+// the same bits as f32_to_bf16_bits of each (a NaN takes the per-value path: its rule differs
+// from the hardware's).
+__device__ __forceinline__ u32 bf16x2_bits(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (lo == lo && hi == hi) {
+        u32 r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+#endif
+    return (u32)f32_to_bf16_bits(lo) | ((u32)f32_to_bf16_bits(hi) << 16);
+}
+
+// p.e[k] = v[k] rounded to T, every k: what st(p.e, k, v[k]) stores, bf16 two values a
+// conversion.
+template <typename T, u32 N> __device__ __forceinline__ void st_all(T (&e)[N], const float (&v)[N]) {
+#pragma unroll
+    for (u32 k = 0; k < N; ++k) st(e, k, v[k]);
+}
+template <u32 N> __device__ __forceinline__ void st_all(bf16_t (&e)[N], const float (&v)[N]) {
+    static_assert(N % 2 == 0, "whole pairs");
+#pragma unroll
+    for (u32 k = 0; k < N; k += 2) {
+        const u32 b = bf16x2_bits(v[k], v[k + 1]);
+        e[k].x = (u16)b;
+        e[k + 1].x = (u16)(b >> 16);
+    }
+}
+
 // y from x, 16 bytes at a time: group(v, px, py) fills y's v-th 16-byte group from x's; the
 // tail element by element, y[i] = one(i, x[i]).
 template <typename T, typename G, typename F>
@@ -80,8 +111,10 @@ __device__ __forceinline__ void map1_groups(T* y, const T* x, u32 n, G group, F 
 template <typename T, typename F> __device__ __forceinline__ void map1(T* y, const T* x, u32 n, F f) {
     constexpr u32 W = 16 / sizeof(T);
     map1_groups(y, x, n, [=](u64 v, const Pack<T>& px, Pack<T>& py) {
+        float o[W];
 #pragma unroll
-        for (u32 k = 0; k < W; ++k) st(py.e, k, f(v * W + k, ld(px.e, k)));
+        for (u32 k = 0; k < W; ++k) o[k] = f(v * W + k, ld(px.e, k));
+        st_all(py.e, o);
     }, f);
 }
 
@@ -95,8 +128,10 @@ template <typename T, typename F> __device__ __forceinline__ void map2(T* y, con
             Pack<T> pa, pb, py;
             pa.raw = reinterpret_cast<const uint4*>(a)[v];
             pb.raw = reinterpret_cast<const uint4*>(b)[v];
+            float o[W];
 #pragma unroll
-            for (u32 k = 0; k < W; ++k) st(py.e, k, f(v * W + k, ld(pa.e, k), ld(pb.e, k)));
+            for (u32 k = 0; k < W; ++k) o[k] = f(v * W + k, ld(pa.e, k), ld(pb.e, k));
+            st_all(py.e, o);
             reinterpret_cast<uint4*>(y)[v] = py.raw;
         }
         done = nv * W;
@@ -256,24 +291,45 @@ template <typename T> __device__ __forceinline__ void mse_bwd_t(T* dp, const T* 
 // and one more otherwise (S is the same for every thread: one instantiation per value).
 __device__ __forceinline__ float dropout_keep(float u, float p, float scale) { return u >= p ? scale : 0.0f; }
 
+// uniform >= p on the raw word, without the conversion: philox_unit(w) = (w >> 8) * 2^-24 is
+// exact, so it is >= p exactly when w >> 8 >= ceil(p * 2^24), that is when w >= thr =
+// ceil(p * 2^24) << 8 (p * 2^24 is exact; p < 1 keeps thr below 2^32). The same decisions, bit
+// for bit, at an integer compare each (the conversion pipe runs a quarter as fast).
+__device__ __forceinline__ u32 dropout_threshold(float p) {
+    return p <= 0.0f ? 0u : ((u32)ceilf(p * 16777216.0f)) << 8;
+}
+
 template <typename T, u32 S>
 __device__ __forceinline__ void dropout_vec(T* y, T* mask, const T* x, u64 seed, u64 offset, float p, float scale, u64 nv) {
     constexpr u32 W = 16 / sizeof(T);
     constexpr u32 NB = (S + W + 3) / 4;
+    const u32 thr = dropout_threshold(p);
+    // The two mask values as T, rounded once.
+    T keep_bits[1], drop_bits[1];
+    st(keep_bits, 0, scale);
+    st(drop_bits, 0, 0.0f);
     for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
         // Element v * W + k has counter offset + v * W + k: word (S + k) % 4 of block b0 + (S + k) / 4.
         const u64 b0 = (offset + v * W) >> 2;
-        float u[NB * 4];
+        u32 w[NB * 4];
 #pragma unroll
-        for (u32 j = 0; j < NB; ++j) philox_uniform4(seed, b0 + j, u[4 * j], u[4 * j + 1], u[4 * j + 2], u[4 * j + 3]);
+        for (u32 j = 0; j < NB; ++j) {
+            const uint4 b = philox4(seed, b0 + j);
+            w[4 * j] = b.x;
+            w[4 * j + 1] = b.y;
+            w[4 * j + 2] = b.z;
+            w[4 * j + 3] = b.w;
+        }
         Pack<T> px, py, pm;
         px.raw = reinterpret_cast<const uint4*>(x)[v];
+        float o[W];
 #pragma unroll
         for (u32 k = 0; k < W; ++k) {
-            const float m = dropout_keep(u[S + k], p, scale);
-            st(pm.e, k, m);
-            st(py.e, k, ld(px.e, k) * m);
+            const bool kept = w[S + k] >= thr;
+            pm.e[k] = kept ? keep_bits[0] : drop_bits[0];
+            o[k] = ld(px.e, k) * (kept ? scale : 0.0f);
         }
+        st_all(py.e, o);
         reinterpret_cast<uint4*>(mask)[v] = pm.raw;
         reinterpret_cast<uint4*>(y)[v] = py.raw;
     }
@@ -539,22 +595,41 @@ __device__ __forceinline__ void softmax_xent_t(T* probs, float* row_loss, const 
     }
 }
 
+// dlogits = (probs - onehot(label)) * scale, 16 bytes a load and store when a row is made of
+// whole aligned words (the row found once a word, in 32-bit arithmetic: the op keeps rows * c
+// in u32 range), else element by element; the same math either way.
+__device__ __forceinline__ float xent_grad(float p, u32 j, float l, u32 c, float scale) {
+    if (!label_ok(l, c)) return l == IGNORE_LABEL ? 0.0f : gr_nan();
+    const float hot = (j == (u32)l) ? 1.0f : 0.0f;
+    return (p - hot) * scale;
+}
+
 template <typename T>
 __device__ __forceinline__ void softmax_xent_bwd_t(T* dlogits, const T* probs, const float* labels, float dloss_scale,
                                                    const float* count, u32 rows, u32 c) {
-    const u64 n = (u64)rows * c;
+    constexpr u32 W = 16 / sizeof(T);
+    const u32 n = rows * c;
     // The grad of a mean over the rows not ignored, rounded as the host rounds dloss/rows.
     const float scale = __fdiv_rn(dloss_scale, *count);
-    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
-        const u64 r = i / c;
-        const u32 j = (u32)(i - r * c);
-        const float l = labels[r];
-        if (label_ok(l, c)) {
-            const float hot = (j == (u32)l) ? 1.0f : 0.0f;
-            st(dlogits, i, (ld(probs, i) - hot) * scale);
-        } else {
-            st(dlogits, i, l == IGNORE_LABEL ? 0.0f : gr_nan());
+    u32 done = 0;
+    if (c % W == 0 && al16(dlogits) && al16(probs)) {
+        const u32 nv = n / W;
+        for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
+            const u32 i = (u32)v * W, r = i / c, j = i - r * c;
+            const float l = labels[r];
+            Pack<T> pp, pd;
+            pp.raw = reinterpret_cast<const uint4*>(probs)[v];
+            float o[W];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) o[k] = xent_grad(ld(pp.e, k), j + k, l, c, scale);
+            st_all(pd.e, o);
+            reinterpret_cast<uint4*>(dlogits)[v] = pd.raw;
         }
+        done = nv * W;
+    }
+    for (u64 i = done + gr_tid(); i < n; i += gr_stride()) {
+        const u32 r = (u32)i / c, j = (u32)i - r * c;
+        st(dlogits, i, xent_grad(ld(probs, i), j, labels[r], c, scale));
     }
 }
 

@@ -243,6 +243,20 @@ __device__ __forceinline__ void col_partials_acc_t(TG* out, const float* partial
 #error "RN_FWD_VPT and RN_BWD_VPT (16-byte words a thread holds) must be defined"
 #endif
 
+// RN_PREFETCH_FWD (the RMSNorm forward) and RN_PREFETCH (every other row kernel): 1 loads the
+// next row group's inputs before the current one is reduced (software pipelining: the loads stay
+// in flight through the reduction and the stores, which a grid of few blocks a multiprocessor
+// otherwise leaves idle), 0 loads each group when it starts. RowTiles::nvrtc_defines sets both:
+// on the H200 (examples/op_bench, 4096 x 4096, 2026-12-03) the RMSNorm forward is faster without
+// (1.83x against 2.12x of its floor; residual add + RMSNorm 1.18x against 1.39x), layer norm
+// (1.12x against 1.46x) and softmax cross-entropy (1.61x against 1.83x) with.
+#ifndef RN_PREFETCH
+#define RN_PREFETCH 1
+#endif
+#ifndef RN_PREFETCH_FWD
+#define RN_PREFETCH_FWD 0
+#endif
+
 // The backward's per-block weight-grad reduction: blockDim.x * blockDim.y * W floats.
 extern __shared__ __align__(16) float gr_row_smem[];
 
@@ -314,6 +328,38 @@ __device__ __forceinline__ float rn_row_sum(float v, float* red) {
     return t;
 }
 
+// The largest value over this thread's row, as rn_row_sum.
+__device__ __forceinline__ float rn_row_max(float v, float* red) {
+    const u32 tpr = blockDim.x;
+    for (u32 o = (tpr < 32u ? tpr : 32u) >> 1; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (tpr <= 32u) return v;
+    const u32 lin = threadIdx.y * tpr + threadIdx.x, wpr = tpr >> 5;
+    __syncthreads();
+    if ((lin & 31u) == 0u) red[lin >> 5] = v;
+    __syncthreads();
+    float t = red[threadIdx.y * wpr];
+    for (u32 w = 1; w < wpr; ++w) t = fmaxf(t, red[threadIdx.y * wpr + w]);
+    return t;
+}
+
+// Whether value k of word i of this thread's slice is in the row.
+__device__ __forceinline__ bool rn_in(bool vec, u32 i, u32 k, u32 w, u32 d) {
+    return vec ? threadIdx.x + i * blockDim.x < d / w : rn_col(false, i, k, w) < d;
+}
+
+template <typename T, u32 V> __device__ __forceinline__ void rn_copy(Pack<T> (&dst)[V], const Pack<T> (&src)[V]) {
+#pragma unroll
+    for (u32 i = 0; i < V; ++i) dst[i].raw = src[i].raw;
+}
+
+// Row (group) `grp` of this thread: its row index and whether it is one (past the last group or
+// the last row: no loads, no stores).
+__device__ __forceinline__ u64 rn_row(u64 grp, u64 groups, u32 rows, bool& ok) {
+    const u64 r = grp * blockDim.y + threadIdx.y;
+    ok = grp < groups && r < rows;
+    return r;
+}
+
 // y = s * rstd * gamma, rstd = 1 / sqrt(mean(s^2) + eps), s = x (res null) or x + res rounded
 // to T and stored to sum_out. Row groups of blockDim.y rows, grid-stride over the groups.
 template <typename T>
@@ -326,14 +372,29 @@ __device__ __forceinline__ void rms_rows_t(T* y, float* rstd_out, T* sum_out, co
     Pack<T> g[V];
     rn_load(g, gamma, d, vec, true);
     const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
+    Pack<T> nx[V], nr[V];
+    if (RN_PREFETCH_FWD) {
+        bool ok0;
+        const u64 r0 = rn_row(blockIdx.x, groups, rows, ok0);
+        rn_load(nx, x + r0 * d, d, vec, ok0);
+        if (add) rn_load(nr, res + r0 * d, d, vec, ok0);
+    }
     for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
         const u64 r = grp * blockDim.y + threadIdx.y;
         const bool ok = r < rows;
-        Pack<T> px[V];
-        rn_load(px, x + r * d, d, vec, ok);
+        Pack<T> px[V], pr[V];
+        if (RN_PREFETCH_FWD) {
+            rn_copy(px, nx);
+            if (add) rn_copy(pr, nr);
+            bool okn;
+            const u64 rn = rn_row(grp + gridDim.x, groups, rows, okn);
+            rn_load(nx, x + rn * d, d, vec, okn);
+            if (add) rn_load(nr, res + rn * d, d, vec, okn);
+        } else {
+            rn_load(px, x + r * d, d, vec, ok);
+            if (add) rn_load(pr, res + r * d, d, vec, ok);
+        }
         if (add) {
-            Pack<T> pr[V];
-            rn_load(pr, res + r * d, d, vec, ok);
 #pragma unroll
             for (u32 i = 0; i < V; ++i) {
 #pragma unroll
@@ -353,8 +414,10 @@ __device__ __forceinline__ void rms_rows_t(T* y, float* rstd_out, T* sum_out, co
         const float rstd = 1.0f / sqrtf(rn_row_sum(s, red) / (float)d + eps);
 #pragma unroll
         for (u32 i = 0; i < V; ++i) {
+            float o[W];
 #pragma unroll
-            for (u32 k = 0; k < W; ++k) st(px[i].e, k, ld(px[i].e, k) * rstd * ld(g[i].e, k));
+            for (u32 k = 0; k < W; ++k) o[k] = ld(px[i].e, k) * rstd * ld(g[i].e, k);
+            st_all(px[i].e, o);
         }
         if (ok) {
             rn_store(y + r * d, px, d, vec);
@@ -382,13 +445,38 @@ __device__ __forceinline__ void rms_rows_bwd_t(T* dx, float* partial, const T* d
 #pragma unroll
     for (u32 e = 0; e < V * W; ++e) acc[e] = 0.0f;
     const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
+    Pack<T> nd[V], nx[V], ns[V];
+    float nrs = 0.0f;
+    if (RN_PREFETCH) {
+        bool ok0;
+        const u64 r0 = rn_row(blockIdx.x, groups, rows, ok0);
+        rn_load(nd, dy + r0 * d, d, vec, ok0);
+        rn_load(nx, x + r0 * d, d, vec, ok0);
+        if (add) rn_load(ns, dsum + r0 * d, d, vec, ok0);
+        nrs = ok0 ? rstd[r0] : 0.0f;
+    }
     for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
         const u64 r = grp * blockDim.y + threadIdx.y;
         const bool ok = r < rows;
-        Pack<T> pd[V], px[V];
-        rn_load(pd, dy + r * d, d, vec, ok);
-        rn_load(px, x + r * d, d, vec, ok);
-        const float rs = ok ? rstd[r] : 0.0f;
+        Pack<T> pd[V], px[V], ps[V];
+        float rs;
+        if (RN_PREFETCH) {
+            rn_copy(pd, nd);
+            rn_copy(px, nx);
+            if (add) rn_copy(ps, ns);
+            rs = nrs;
+            bool okn;
+            const u64 rn = rn_row(grp + gridDim.x, groups, rows, okn);
+            rn_load(nd, dy + rn * d, d, vec, okn);
+            rn_load(nx, x + rn * d, d, vec, okn);
+            if (add) rn_load(ns, dsum + rn * d, d, vec, okn);
+            nrs = okn ? rstd[rn] : 0.0f;
+        } else {
+            rn_load(pd, dy + r * d, d, vec, ok);
+            rn_load(px, x + r * d, d, vec, ok);
+            if (add) rn_load(ps, dsum + r * d, d, vec, ok);
+            rs = ok ? rstd[r] : 0.0f;
+        }
         float s = 0.0f;
 #pragma unroll
         for (u32 i = 0; i < V; ++i) {
@@ -398,19 +486,22 @@ __device__ __forceinline__ void rms_rows_bwd_t(T* dx, float* partial, const T* d
         const float m = rn_row_sum(s, red) / (float)d;
 #pragma unroll
         for (u32 i = 0; i < V; ++i) {
+            float o[W];
 #pragma unroll
             for (u32 k = 0; k < W; ++k) {
                 const float dv = ld(pd[i].e, k), xv = ld(px[i].e, k);
                 acc[i * W + k] += dv * (xv * rs);
-                st(px[i].e, k, rs * (dv * ld(g[i].e, k) - xv * rs * m));
+                o[k] = rs * (dv * ld(g[i].e, k) - xv * rs * m);
             }
+            st_all(px[i].e, o);
         }
         if (add) {
-            rn_load(pd, dsum + r * d, d, vec, ok);
 #pragma unroll
             for (u32 i = 0; i < V; ++i) {
+                float o[W];
 #pragma unroll
-                for (u32 k = 0; k < W; ++k) st(px[i].e, k, ld(px[i].e, k) + ld(pd[i].e, k));
+                for (u32 k = 0; k < W; ++k) o[k] = ld(px[i].e, k) + ld(ps[i].e, k);
+                st_all(px[i].e, o);
             }
         }
         if (ok) rn_store(dx + r * d, px, d, vec);
@@ -427,6 +518,206 @@ __device__ __forceinline__ void rms_rows_bwd_t(T* dx, float* partial, const T* d
             for (u32 j = 0; j < rpb; ++j) t += gr_row_smem[j * tpr * W + e];
             const u32 c = vec ? (e / W + i * tpr) * W + e % W : e / W + (i * W + e % W) * tpr;
             if (c < d) partial[(u64)blockIdx.x * d + c] = t;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- layer norm and softmax rows
+//
+// The rows-in-registers form of layer_norm_t, layer_norm_bwd_t (dx) and softmax_xent_t (half.cu),
+// launched as the RMSNorm forward (RowTiles::fwd_launch, RN_FWD_VPT words a thread) when a row
+// fits: each row is read from memory once. Same math per value; the row sums add each thread's
+// values in order, then its row's lanes and warps as rn_row_sum does (an order fixed by d).
+
+// y = (x - mean) * rstd * gamma + beta; mean and rstd (f32) per row.
+template <typename T>
+__device__ __forceinline__ void ln_rows_t(T* y, float* mean_out, float* rstd_out, const T* x, const T* gamma, const T* beta, u32 rows, u32 d, float eps) {
+    constexpr u32 W = 16 / sizeof(T);
+    constexpr u32 V = RN_FWD_VPT;
+    __shared__ float red[32];
+    const bool vec = d % W == 0 && al16(y) && al16(x) && al16(gamma) && al16(beta);
+    Pack<T> g[V], b[V];
+    rn_load(g, gamma, d, vec, true);
+    rn_load(b, beta, d, vec, true);
+    const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
+    Pack<T> nx[V];
+    if (RN_PREFETCH) {
+        bool ok0;
+        const u64 r0 = rn_row(blockIdx.x, groups, rows, ok0);
+        rn_load(nx, x + r0 * d, d, vec, ok0);
+    }
+    for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+        const u64 r = grp * blockDim.y + threadIdx.y;
+        const bool ok = r < rows;
+        Pack<T> px[V];
+        if (RN_PREFETCH) {
+            rn_copy(px, nx);
+            bool okn;
+            const u64 rn = rn_row(grp + gridDim.x, groups, rows, okn);
+            rn_load(nx, x + rn * d, d, vec, okn);
+        } else {
+            rn_load(px, x + r * d, d, vec, ok);
+        }
+        float s = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) s += ld(px[i].e, k);
+        }
+        const float mean = rn_row_sum(s, red) / (float)d;
+        float v = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const float c = ld(px[i].e, k) - mean;
+                if (rn_in(vec, i, k, W, d)) v += c * c;
+            }
+        }
+        const float var = rn_row_sum(v, red) / (float)d;
+        const float rstd = 1.0f / sqrtf(var + eps);
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+            float o[W];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) o[k] = (ld(px[i].e, k) - mean) * rstd * ld(g[i].e, k) + ld(b[i].e, k);
+            st_all(px[i].e, o);
+        }
+        if (ok) {
+            rn_store(y + r * d, px, d, vec);
+            if (threadIdx.x == 0) {
+                mean_out[r] = mean;
+                rstd_out[r] = rstd;
+            }
+        }
+    }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma, xhat = (x - mean) * rstd
+// (the weight grads: layer_norm_bwd_params_t).
+template <typename T>
+__device__ __forceinline__ void ln_rows_bwd_t(T* dx, const T* dy, const T* x, const T* gamma, const float* mean, const float* rstd, u32 rows, u32 d) {
+    constexpr u32 W = 16 / sizeof(T);
+    constexpr u32 V = RN_FWD_VPT;
+    __shared__ float red[32];
+    const bool vec = d % W == 0 && al16(dx) && al16(dy) && al16(x) && al16(gamma);
+    Pack<T> g[V];
+    rn_load(g, gamma, d, vec, true);
+    const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
+    Pack<T> nd[V], nx[V];
+    if (RN_PREFETCH) {
+        bool ok0;
+        const u64 r0 = rn_row(blockIdx.x, groups, rows, ok0);
+        rn_load(nd, dy + r0 * d, d, vec, ok0);
+        rn_load(nx, x + r0 * d, d, vec, ok0);
+    }
+    for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+        const u64 r = grp * blockDim.y + threadIdx.y;
+        const bool ok = r < rows;
+        Pack<T> pd[V], px[V];
+        if (RN_PREFETCH) {
+            rn_copy(pd, nd);
+            rn_copy(px, nx);
+            bool okn;
+            const u64 rn = rn_row(grp + gridDim.x, groups, rows, okn);
+            rn_load(nd, dy + rn * d, d, vec, okn);
+            rn_load(nx, x + rn * d, d, vec, okn);
+        } else {
+            rn_load(pd, dy + r * d, d, vec, ok);
+            rn_load(px, x + r * d, d, vec, ok);
+        }
+        const float mu = ok ? mean[r] : 0.0f;
+        const float rs = ok ? rstd[r] : 0.0f;
+        float a = 0.0f, bsum = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                // Past d, dy and gamma are 0: g = 0 adds nothing to either sum.
+                const float gv = ld(pd[i].e, k) * ld(g[i].e, k);
+                const float xh = (ld(px[i].e, k) - mu) * rs;
+                a += gv;
+                bsum += gv * xh;
+            }
+        }
+        const float ma = rn_row_sum(a, red) / (float)d;
+        const float mb = rn_row_sum(bsum, red) / (float)d;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+            float o[W];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const float gv = ld(pd[i].e, k) * ld(g[i].e, k);
+                const float xh = (ld(px[i].e, k) - mu) * rs;
+                o[k] = rs * (gv - ma - xh * mb);
+            }
+            st_all(px[i].e, o);
+        }
+        if (ok) rn_store(dx + r * d, px, d, vec);
+    }
+}
+
+// probs = softmax(logits) per row, row_loss = logsumexp - logit[label] (0 for an ignored row,
+// NaN for a label that is not a class id); each exp computed once.
+template <typename T>
+__device__ __forceinline__ void sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
+    constexpr u32 W = 16 / sizeof(T);
+    constexpr u32 V = RN_FWD_VPT;
+    __shared__ float red[32];
+    const bool vec = c % W == 0 && al16(probs) && al16(logits);
+    const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
+    Pack<T> nx[V];
+    if (RN_PREFETCH) {
+        bool ok0;
+        const u64 r0 = rn_row(blockIdx.x, groups, rows, ok0);
+        rn_load(nx, logits + r0 * c, c, vec, ok0);
+    }
+    for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+        const u64 r = grp * blockDim.y + threadIdx.y;
+        const bool ok = r < rows;
+        Pack<T> px[V];
+        if (RN_PREFETCH) {
+            rn_copy(px, nx);
+            bool okn;
+            const u64 rn = rn_row(grp + gridDim.x, groups, rows, okn);
+            rn_load(nx, logits + rn * c, c, vec, okn);
+        } else {
+            rn_load(px, logits + r * c, c, vec, ok);
+        }
+        float m = gr_neg_inf();
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                if (rn_in(vec, i, k, W, c)) m = fmaxf(m, ld(px[i].e, k));
+            }
+        }
+        m = rn_row_max(m, red);
+        float e[V * W];
+        float s = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                e[i * W + k] = rn_in(vec, i, k, W, c) ? expf(ld(px[i].e, k) - m) : 0.0f;
+                s += e[i * W + k];
+            }
+        }
+        s = rn_row_sum(s, red);
+        const float inv = 1.0f / s;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+            float o[W];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) o[k] = e[i * W + k] * inv;
+            st_all(px[i].e, o);
+        }
+        if (ok) {
+            rn_store(probs + r * c, px, c, vec);
+            if (threadIdx.x == 0) {
+                const float l = labels[r];
+                row_loss[r] = label_ok(l, c) ? (m + logf(s)) - ld(logits + r * c, (u32)l) : l == IGNORE_LABEL ? 0.0f : gr_nan();
+            }
         }
     }
 }
@@ -623,6 +914,16 @@ extern "C" __global__ void rms_rows_bf16(bf16_t* y, float* rstd_out, bf16_t* sum
 extern "C" __global__ void rms_rows_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 extern "C" __global__ void rms_rows_f16(f16_t* y, float* rstd_out, f16_t* sum_out, const f16_t* x, const f16_t* res, const f16_t* gamma, u32 rows, u32 d, float eps) { rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_rows_bwd_f16(f16_t* dx, float* partial, const f16_t* dy, const f16_t* dsum, const f16_t* x, const f16_t* gamma, const float* rstd, u32 rows, u32 d) { rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
+// Layer norm (forward, dx) and softmax cross-entropy with rows in registers.
+extern "C" __global__ void ln_rows_f32(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma, const float* beta, u32 rows, u32 d, float eps) { ln_rows_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void ln_rows_bf16(bf16_t* y, float* mean_out, float* rstd_out, const bf16_t* x, const bf16_t* gamma, const bf16_t* beta, u32 rows, u32 d, float eps) { ln_rows_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void ln_rows_f16(f16_t* y, float* mean_out, float* rstd_out, const f16_t* x, const f16_t* gamma, const f16_t* beta, u32 rows, u32 d, float eps) { ln_rows_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void ln_rows_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { ln_rows_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void ln_rows_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { ln_rows_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void ln_rows_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { ln_rows_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void sx_rows_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { sx_rows_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void sx_rows_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { sx_rows_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void sx_rows_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { sx_rows_t(probs, row_loss, logits, labels, rows, c); }
 // The f32 grads of 16-bit parameters (mixed precision): the embedding table (RMSNorm's gamma
 // accumulates through col_partials_acc_f32).
 extern "C" __global__ void embedding_bwd_bf16_f32(float* dtable, const bf16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
