@@ -142,7 +142,8 @@ struct Fused {
 /// from [`DecoderStep::run_unfused`] in their last bits (the tests bound it). The kernel has no
 /// atomics on data: its result is bitwise reproducible, eager or graphed.
 ///
-/// Everywhere else (the host backend, other dtypes or head dims, larger batches) `run` is
+/// Everywhere else (the host backend, other dtypes or head dims, larger batches, weights that
+/// do not start on a 16-byte boundary) `run` is
 /// [`DecoderStep::run_unfused`]: the same step through the unfused ops
 /// ([`ops::add_rms_norm`], [`ops::linear`], [`ops::decode_attention_append`],
 /// [`ops::swiglu_packed`]), bit for bit what they give; that is also the kernel's reference.

@@ -1,9 +1,9 @@
 //! Losses: softmax cross-entropy and mean squared error.
 
-use crate::backend::{BuiltinKernel, KArg, LaunchDims, RowTiles};
+use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::error::OpError;
 use crate::ops::{
-    check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, reduce_blocks, row_dims, Exec,
+    check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, reduce_blocks, row_kernel, Exec,
 };
 use crate::{Error, Result, ShapeProblem, Tensor};
 
@@ -101,10 +101,7 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
             let row_loss = Tensor::empty(logits.device(), &[rows])?;
             // Rows held in registers (read once) when they fit, else one block a row.
             let dtype = logits.dtype();
-            let (kernel, dims) = match RowTiles::CHOSEN.fwd_launch(rows, classes, dtype.size()) {
-                Some(l) => (k::SX_ROWS.get(dtype), l.dims),
-                None => (k::SOFTMAX_XENT.get(dtype), row_dims(rows, classes)),
-            };
+            let (kernel, dims) = row_kernel(rows, classes, dtype, k::SX_ROWS, k::SOFTMAX_XENT);
             c.launch(
                 kernel,
                 dims,

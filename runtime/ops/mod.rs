@@ -51,7 +51,7 @@ pub use transformer::{
     swiglu_backward, swiglu_packed,
 };
 
-use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, Typed};
+use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, RowTiles, Typed};
 use crate::error::OpError;
 use crate::{DType, Device, Error, Result, ShapeProblem, Tensor};
 
@@ -152,6 +152,22 @@ pub(crate) fn row_threads(d: usize) -> u32 {
 /// One block per row, capped at the grid limit the row kernels stride over.
 pub(crate) fn row_dims(rows: usize, d: usize) -> LaunchDims {
     LaunchDims::rows(rows.min(1 << 20), row_threads(d))
+}
+
+/// A row kernel and its launch: `in_regs` (rows held in registers on the row kernels' forward
+/// shape, [`RowTiles::fwd_launch`]) where a row of `d` values fits, else `per_block` (one block a
+/// row, [`row_dims`]).
+pub(crate) fn row_kernel(
+    rows: usize,
+    d: usize,
+    dtype: DType,
+    in_regs: Typed,
+    per_block: Typed,
+) -> (BuiltinKernel, LaunchDims) {
+    match RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()) {
+        Some(l) => (in_regs.get(dtype), l.dims),
+        None => (per_block.get(dtype), row_dims(rows, d)),
+    }
 }
 
 /// One warp per row, 8 rows a block (the one-warp-per-row kernels), capped at the grid limit

@@ -1,9 +1,9 @@
 //! Layer normalization over the last dimension.
 
-use crate::backend::{KArg, RowTiles};
+use crate::backend::KArg;
 use crate::error::OpError;
 use crate::ops::{
-    as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, row_dims,
+    as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, row_kernel,
     Exec,
 };
 use crate::{Error, Result, ShapeProblem, Tensor};
@@ -60,10 +60,7 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
         }
         Exec::Cuda(c) => {
             // Rows held in registers (read once) when they fit, else one block a row.
-            let (kernel, dims) = match RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()) {
-                Some(l) => (k::LN_ROWS.get(dtype), l.dims),
-                None => (k::LAYER_NORM.get(dtype), row_dims(rows, d)),
-            };
+            let (kernel, dims) = row_kernel(rows, d, dtype, k::LN_ROWS, k::LAYER_NORM);
             c.launch(
                 kernel,
                 dims,
@@ -140,10 +137,7 @@ pub fn layer_norm_backward(
         }
         Exec::Cuda(c) => {
             let (dyp, xp, mp, rp) = (dy.cuda_ptr()?, x.cuda_ptr()?, mean.cuda_ptr()?, rstd.cuda_ptr()?);
-            let (kernel, dims) = match RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()) {
-                Some(l) => (k::LN_ROWS_BWD.get(dtype), l.dims),
-                None => (k::LAYER_NORM_BWD.get(dtype), row_dims(rows, d)),
-            };
+            let (kernel, dims) = row_kernel(rows, d, dtype, k::LN_ROWS_BWD, k::LAYER_NORM_BWD);
             c.launch(
                 kernel,
                 dims,

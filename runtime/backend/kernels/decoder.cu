@@ -10,16 +10,19 @@
 //
 // NVRTC compiles this file after core.cu, ops.cu and half.cu (u32, u64, warp_sum, gr_neg_inf,
 // bf16_t, ld/st, f32_to_bf16_bits come from there), with these defines: FD_D (d_model), FD_HEADS,
-// FD_HID (the MLP's hidden width). Storage is bf16; every GEMM runs on tensor cores (mma.sync
-// m16n8k16, f32 accumulation), one n8 tile of output columns a block task, the K steps shared by
-// the block's 8 warps and summed through shared memory in warp order: no atomics on data, the
+// FD_HID (the MLP's hidden width), and FD_WBUF_BYTES, FD_ABUF_BYTES, FD_NT (below). Storage is
+// bf16; every GEMM runs on tensor cores (mma.sync m16n8k16, f32 accumulation), n8 tiles of
+// output columns as block tasks (FD_NT a pass), the K steps shared by the block's 8 warps and
+// summed through shared memory in warp order: no atomics on data, the
 // order depends on the sizes only, so the step is bitwise reproducible (eager == graphed).
 // Intermediates round to bf16 where the unfused ops store them (x, the normed rows, q/k/v, the
 // attention output, each projection's output, the residual sums, SwiGLU's output, the logits).
 //
 // Buffers written by one block and read by others inside the kernel (the residual stream x, q,
 // the attention output, SwiGLU's output, the caches and the lengths) are read with ld.global.cg
-// (L2, never a stale L1 line); the weights with plain loads.
+// (L2, never a stale L1 line) or staged into shared memory once a stage; the weights are copied
+// into shared memory (cp.async) during the barrier before their stage, or read with plain loads
+// where they do not fit.
 
 #if !defined(FD_D) || !defined(FD_HEADS) || !defined(FD_HID)
 #error "FD_D, FD_HEADS and FD_HID must be defined"
