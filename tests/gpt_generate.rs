@@ -7,7 +7,7 @@
 //! saved checkpoint loads into a fresh model that generates the same tokens; and the fused
 //! decode step (stacked q/k/v and gate/up GEMMs, the append inside the attention kernel)
 //! produces the unfused step's tokens on every path (on the host with the same logits, bit for
-//! bit).
+//! bit), with its one-kernel batch limit taken from the options.
 
 mod common;
 
@@ -346,4 +346,27 @@ fn the_fused_decode_step_produces_the_unfused_steps_tokens() {
             Ok(())
         });
     }
+}
+
+/// `DecodeOptions::fused_batch_limit` reaches the fused step: a limit past the one kernel's 64
+/// is refused when the decoder is made, and a limit of 0 (every batch through the fused ops,
+/// never the one kernel) decodes the default decoder's tokens.
+#[test]
+fn the_fused_batch_limit_reaches_the_step() {
+    on_each_backend(|dev| {
+        let cfg = TINY_BF16;
+        let gpt = Gpt::new(dev, &cfg, 12)?;
+        let refused = Decoder::new(dev, weights(&gpt), DecodeOptions { fused_batch_limit: Some(65), ..options(&cfg) });
+        assert!(
+            matches!(refused, Err(Error::Op(graphed::OpError::TooLarge { .. }))),
+            "a fused batch limit of 65 is refused"
+        );
+        let mut never =
+            Decoder::new(dev, weights(&gpt), DecodeOptions { fused_batch_limit: Some(0), ..options(&cfg) })?;
+        assert_eq!(never.fused().map(|f| f.step.fused_batch_limit()), Some(0));
+        let mut default = decoder(dev, &gpt, &cfg)?;
+        let req = Request::new(prompts(), 12);
+        assert_eq!(never.generate(&req, Path::WhileLoop)?.tokens, default.generate(&req, Path::WhileLoop)?.tokens);
+        Ok(())
+    })
 }

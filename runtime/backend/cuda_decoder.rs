@@ -36,7 +36,7 @@ struct Knobs {
 impl Knobs {
     /// The dynamic shared memory a launch takes.
     fn dynamic_shared(self) -> u32 {
-        self.wbuf + self.abuf
+        self.wbuf.saturating_add(self.abuf)
     }
 
     fn get() -> Knobs {
