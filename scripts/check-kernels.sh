@@ -14,12 +14,13 @@ cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/scale_update.cu 
   | sed -e 's/extern "C" __global__ void/extern "C" void/' > "$tmp/conditional.cpp"
 "${CXX:-g++}" -std=c++17 -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/conditional.cpp"
 # The one-kernel decoding step is a program of its own too (backend/cuda_decoder.rs), compiled per
-# model shape: the GPT's (d_model 512, 8 heads, hidden 1368) and head dim 128.
-for shape in "512 8 1368" "1024 8 2048"; do
+# model shape: the GPT's (d_model 512, 8 heads, hidden 1368), head dim 128, and the GPT's with
+# the stage trace compiled in.
+for shape in "512 8 1368" "1024 8 2048" "512 8 1368 -DFD_TRACE"; do
   set -- $shape
   cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/decoder.cu \
     | sed -e 's/extern "C" __global__ void/extern "C" void/' -e 's/asm volatile(/asm(/' \
       -e 's/^extern __shared__ .*fd_wbuf.*/static u32 fd_wbuf[1 << 14];/' > "$tmp/decoder.cpp"
-  "${CXX:-g++}" -std=c++17 -DFD_D=$1 -DFD_HEADS=$2 -DFD_HID=$3 -DFD_WBUF_BYTES=65536 -DFD_ABUF_BYTES=98304 -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/decoder.cpp"
+  "${CXX:-g++}" -std=c++17 -DFD_D=$1 -DFD_HEADS=$2 -DFD_HID=$3 -DFD_WBUF_BYTES=65536 -DFD_ABUF_BYTES=98304 ${4:-} -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/decoder.cpp"
 done
 echo "kernels type-check"

@@ -23,14 +23,23 @@ const THREADS: u32 = 256;
 
 /// The kernel's build knobs: the dynamic shared memory that holds a stage's weight rows
 /// (`FD_WBUF_BYTES`, 64 KiB: the GPT of examples/gpt needs 33 KB at most) and its activation
-/// rows (`FD_ABUF_BYTES`, 96 KiB: 64 rows of 512 values, 32 of 1368), and the n8 tiles a block
-/// computes in one pass (`FD_NT`, 2). `GRAPHED_DECODER_WBUF`, `GRAPHED_DECODER_ABUF` (bytes, 0
-/// reads from global memory) and `GRAPHED_DECODER_NT` (1 to 4) override them, for measurements.
+/// rows (`FD_ABUF_BYTES`, 96 KiB: 64 rows of 512 values, 32 of 1368; longer rows go in chunks
+/// of K), the n8 tiles a block computes in one pass (`FD_NT`, 2) and attention's passes of keys
+/// loaded at once (`FD_APIPE`, 8 at head dim 64, 4 at 128). `GRAPHED_DECODER_WBUF`,
+/// `GRAPHED_DECODER_ABUF` (bytes, 0 reads from global memory), `GRAPHED_DECODER_NT` (1 to 4) and
+/// `GRAPHED_DECODER_APIPE` (1 to 16) override them, and `GRAPHED_DECODER_FUSE_O` the largest
+/// batch whose attention stage computes the output projection too (`FD_FUSE_O`, 4; 0 never),
+/// for measurements.
+/// `GRAPHED_DECODER_TRACE` (a folder) compiles the stage marks in (`FD_TRACE`), see
+/// [`decoder_trace_dir`].
 #[derive(Clone, Copy, Debug)]
 struct Knobs {
     wbuf: u32,
     abuf: u32,
     nt: u32,
+    apipe: Option<u32>,
+    fuse_o: Option<u32>,
+    trace: bool,
 }
 
 impl Knobs {
@@ -47,10 +56,27 @@ impl Knobs {
                 wbuf: env("GRAPHED_DECODER_WBUF").map_or(64 * 1024, |b| b / 16 * 16),
                 abuf: env("GRAPHED_DECODER_ABUF").map_or(96 * 1024, |b| b / 16 * 16),
                 nt: env("GRAPHED_DECODER_NT").map_or(2, |n| n.clamp(1, 4)),
+                apipe: env("GRAPHED_DECODER_APIPE").map(|n| n.clamp(1, 16)),
+                fuse_o: env("GRAPHED_DECODER_FUSE_O").map(|n| n.min(64)),
+                trace: decoder_trace_dir().is_some(),
             }
         })
     }
 }
+
+/// Where `GRAPHED_DECODER_TRACE` asks the one-kernel step to write its stage marks, for
+/// measurements: every eager step (not one a graph captures) then waits for its kernel and
+/// writes `decoder-trace-b{batch}.bin` there (see `DecoderStep`'s trace; `bench/decoder_trace.py`
+/// reads it). `None` (the default) compiles no marks in.
+pub(crate) fn decoder_trace_dir() -> Option<&'static std::path::Path> {
+    static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| std::env::var_os("GRAPHED_DECODER_TRACE").filter(|v| !v.is_empty()).map(Into::into)).as_deref()
+}
+
+/// The stage marks' layout (`FD_TRACE_STAGES` x `FD_TRACE_SLOTS` 64-bit words a block, as
+/// `kernels/decoder.cu` defines them).
+pub(crate) const TRACE_STAGES: usize = 64;
+pub(crate) const TRACE_SLOTS: usize = 6;
 
 impl CudaBackend {
     /// The step's kernel for `shape`, and the grid it runs on: one block a multiprocessor (the
@@ -71,7 +97,7 @@ impl CudaBackend {
             None => {
                 self.bind()?;
                 let (major, minor) = self.capability;
-                let options = vec![
+                let mut options = vec![
                     format!("--gpu-architecture=sm_{major}{minor}"),
                     "-std=c++17".into(),
                     format!("-DFD_D={}", shape.d_model),
@@ -81,6 +107,15 @@ impl CudaBackend {
                     format!("-DFD_ABUF_BYTES={}", knobs.abuf),
                     format!("-DFD_NT={}", knobs.nt),
                 ];
+                if let Some(p) = knobs.apipe {
+                    options.push(format!("-DFD_APIPE={p}"));
+                }
+                if let Some(n) = knobs.fuse_o {
+                    options.push(format!("-DFD_FUSE_O={n}"));
+                }
+                if knobs.trace {
+                    options.push("-DFD_TRACE".into());
+                }
                 let opts = CompileOptions { options, ..Default::default() };
                 // core.cu, ops.cu and half.cu: the helpers decoder.cu builds on.
                 let src = [KERNEL_SOURCES[0], KERNEL_SOURCES[1], KERNEL_SOURCES[2], include_str!("kernels/decoder.cu")]

@@ -3,7 +3,7 @@
 
 use cudarc::driver::CudaFunction;
 
-use crate::backend::cuda_decoder::DecoderShape;
+use crate::backend::cuda_decoder::{decoder_trace_dir, DecoderShape, TRACE_SLOTS, TRACE_STAGES};
 use crate::backend::{CudaBackend, KArg};
 use crate::error::OpError;
 use crate::ops::{self, at_most, check_like, exec, Exec};
@@ -114,11 +114,13 @@ impl Layer {
 }
 
 /// What the one-kernel step needs on CUDA: the table of pointers the kernel reads (written
-/// once), the grid barrier's 64-bit count (two zeroed i32 words), the kernel and its grid.
+/// once), the grid barrier's 64-bit count (two zeroed i32 words), the kernel and its grid; with
+/// `GRAPHED_DECODER_TRACE`, the buffer of its stage marks.
 #[derive(Debug)]
 struct Fused {
     table: Tensor,
     barrier: Tensor,
+    trace: Option<Tensor>,
     shape: DecoderShape,
     kernel: CudaFunction,
     grid: u32,
@@ -289,7 +291,10 @@ impl DecoderStep {
         if let (Exec::Cuda(c), true) = (exec(w.tok.device()), kernel_runs) {
             // The kernel reads the weights 16 bytes at a time (cp.async, vector loads): views
             // that start elsewhere run the unfused ops.
-            let mut aligned = w.head.cuda_ptr()?.is_multiple_of(16) && w.head_norm.cuda_ptr()?.is_multiple_of(16);
+            let mut aligned = true;
+            for t in [w.tok, w.pos, w.head, w.head_norm] {
+                aligned &= t.cuda_ptr()?.is_multiple_of(16);
+            }
             for l in &w.layers {
                 for t in [l.norm1, l.qkv, l.wo, l.norm2, l.gate_up, l.down] {
                     aligned &= t.cuda_ptr()?.is_multiple_of(16);
@@ -333,6 +338,13 @@ impl DecoderStep {
             Ok(Fused {
                 table: Tensor::from_i32(dev, &halves, &[halves.len()])?,
                 barrier: Tensor::from_i32(dev, &[0, 0], &[2])?,
+                trace: match decoder_trace_dir() {
+                    Some(_) => {
+                        let words = 2 * grid as usize * TRACE_STAGES * TRACE_SLOTS;
+                        Some(Tensor::from_i32(dev, &vec![0; words], &[words])?)
+                    }
+                    None => None,
+                },
                 shape,
                 kernel,
                 grid,
@@ -435,7 +447,8 @@ impl DecoderStep {
     fn run_fused(&self, c: &CudaBackend, f: &Fused, ids: &Tensor, positions: &Tensor, batch: usize) -> Result<Tensor> {
         let (d, hidden) = (f.shape.d_model, f.shape.hidden);
         let dev = ids.device();
-        let work = Tensor::empty_as(dev, &[batch * (3 * d + hidden)], DType::BF16)?;
+        // x, q, att, s, x2 (bf16), then the heads' output-projection parts (f32): see the kernel.
+        let work = Tensor::empty_as(dev, &[batch * (4 * d + hidden) + 2 * self.heads * batch * d], DType::BF16)?;
         let logits = Tensor::empty_as(dev, &[batch, self.head.dims()[0]], DType::BF16)?;
         let args = [
             KArg::Ptr(f.table.cuda_ptr()?),
@@ -447,8 +460,33 @@ impl DecoderStep {
             KArg::Ptr(c.err_word()),
             KArg::U32(batch as u32),
             KArg::F32(self.eps),
+            KArg::Ptr(f.trace.as_ref().map_or(Ok(0), Tensor::cuda_ptr)?),
         ];
         c.launch_decoder(&f.kernel, f.grid, &args)?;
+        if let (Some(trace), Some(dir)) = (&f.trace, decoder_trace_dir()) {
+            if !dev.is_capturing() {
+                write_trace(trace, dir, f.grid, batch)?;
+            }
+        }
         Ok(logits)
     }
+}
+
+/// Writes the kernel's stage marks (`GRAPHED_DECODER_TRACE`, for measurements) to
+/// `dir/decoder-trace-b{batch}.bin`: four little-endian u32 (grid, stages, slots, batch), then
+/// the marks as u64 (`FD_TRACE` in kernels/decoder.cu says what each holds).
+fn write_trace(trace: &Tensor, dir: &std::path::Path, grid: u32, batch: usize) -> Result<()> {
+    let words = trace.to_i32_vec()?;
+    let mut bytes = Vec::with_capacity(16 + 4 * words.len());
+    for v in [grid, TRACE_STAGES as u32, TRACE_SLOTS as u32, batch as u32] {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    for w in words {
+        bytes.extend_from_slice(&w.to_le_bytes());
+    }
+    let path = dir.join(format!("decoder-trace-b{batch}.bin"));
+    std::fs::write(&path, bytes).map_err(|e| Error::InvalidArgument {
+        op: OP,
+        detail: format!("GRAPHED_DECODER_TRACE: cannot write {}: {e}", path.display()),
+    })
 }

@@ -49,6 +49,20 @@
 #ifndef FD_NT
 #define FD_NT 2
 #endif
+// Attention's passes of keys loaded at once (registers: 2 x FD_HD / 64 16-byte words a pass).
+#ifndef FD_APIPE
+#define FD_APIPE (FD_HD <= 64 ? 8 : 4)
+#endif
+// The output projection's passes of Wo words loaded with the keys, where attention computes it
+// (registers: FD_HD / 64 16-byte words a pass).
+#ifndef FD_OPIPE
+#define FD_OPIPE 4
+#endif
+// The largest batch whose attention stage computes the output projection too (one barrier
+// and one stage fewer a layer); 0 never.
+#ifndef FD_FUSE_O
+#define FD_FUSE_O 4
+#endif
 
 // The table the host writes once (ops::DecoderStep::new): a header, then one FdLayer a layer.
 struct FdHeader {
@@ -134,35 +148,84 @@ __device__ __forceinline__ unsigned long long fd_sync_base(const unsigned long l
     const unsigned long long v = fd_ld_relaxed(bar);
     return v - v % gridDim.x;
 }
-__device__ __forceinline__ void fd_sync(unsigned long long* bar, unsigned long long& target) {
+struct FdShared {
+    float red[FD_WARPS][2][FD_MT][16][8];  // the warps' partial tiles (two operands)
+    float rstd[FD_MT * 16];
+    int len[FD_MT * 16];  // the lengths at the q/k/v stage (where its keys and values go)
+    long long erow[FD_MT * 16][2];  // each sequence's token and position rows (-1: bad)
+    float am[FD_WARPS], al[FD_WARPS];
+    float aacc[FD_WARPS][FD_HD];
+    float arow[FD_HD];  // a head's attention row, for the output projection in its stage
+#ifdef FD_TRACE
+    unsigned long long* trace;  // FD_TRACE_SLOTS words a stage and block (thread 0 writes them)
+    u32 stage;
+#endif
+};
+
+// With FD_TRACE (GRAPHED_DECODER_TRACE on the host) thread 0 of every block records clock64 at
+// points of each stage: FD_T_READY (its inputs on chip), FD_T_KDONE (its first tile pass's K
+// loop done), FD_T_ARRIVE (at the barrier), FD_T_LEAVE (past it), and %globaltimer at arrival
+// and leave; the last stage slot holds the kernel's start. Off, the marks compile to nothing.
+#define FD_TRACE_STAGES 64
+#define FD_TRACE_SLOTS 6
+#define FD_T_READY 0
+#define FD_T_KDONE 1
+#define FD_T_ARRIVE 2
+#define FD_T_LEAVE 3
+#define FD_T_GT_ARRIVE 4
+#define FD_T_GT_LEAVE 5
+#ifdef FD_TRACE
+__device__ __forceinline__ unsigned long long fd_globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void fd_mark_at(FdShared& sh, u32 stage, u32 slot, unsigned long long v) {
+    if (threadIdx.x == 0 && sh.trace != nullptr && stage < FD_TRACE_STAGES)
+        sh.trace[((u64)blockIdx.x * FD_TRACE_STAGES + stage) * FD_TRACE_SLOTS + slot] = v;
+}
+#define FD_MARK(sh, slot) fd_mark_at(sh, sh.stage, slot, clock64())
+#define FD_MARK_GT(sh, slot) fd_mark_at(sh, sh.stage, slot, fd_globaltimer())
+#else
+#define FD_MARK(sh, slot) \
+    do {              \
+    } while (0)
+#define FD_MARK_GT(sh, slot) \
+    do {                 \
+    } while (0)
+#endif
+
+__device__ __forceinline__ void fd_sync(FdShared& sh, unsigned long long* bar, unsigned long long& target) {
     __syncthreads();
     if (threadIdx.x == 0) {
+        FD_MARK(sh, FD_T_ARRIVE);
+        FD_MARK_GT(sh, FD_T_GT_ARRIVE);
         target += gridDim.x;
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
         asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" ::"l"(bar) : "memory");
         while (fd_ld_relaxed(bar) < target) {
         }
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        FD_MARK(sh, FD_T_LEAVE);
+        FD_MARK_GT(sh, FD_T_GT_LEAVE);
+#ifdef FD_TRACE
+        ++sh.stage;
+        FD_MARK(sh, FD_T_READY);  // a stage with no staging is ready when it starts
+        fd_mark_at(sh, sh.stage, FD_T_KDONE, 0ull);
+#endif
     }
     __syncthreads();
 }
 
-struct FdShared {
-    float red[FD_WARPS][2][FD_MT][16][8];  // the warps' partial tiles (two operands)
-    float rstd[FD_MT * 16];
-    int len[FD_MT * 16];  // the lengths at the q/k/v stage (where its keys and values go)
-    float am[FD_WARPS], al[FD_WARPS];
-    float aacc[FD_WARPS][FD_HD];
-};
-
-// rstd of each of the first `batch` rows of x ([batch, FD_D]) into sh.rstd: one warp a row,
-// each lane's squares in order, then the butterfly.
-__device__ __forceinline__ void fd_rstd(FdShared& sh, const bf16_t* x, u32 batch, float eps) {
+// rstd of each of the first `batch` rows ([batch, FD_D], 16 bytes a load through `ld16(b, c)`:
+// row b's values 8c..8c+7) into sh.rstd: one warp a row, each lane's squares in order, then the
+// butterfly.
+template <typename Ld> __device__ __forceinline__ void fd_rstd(FdShared& sh, u32 batch, float eps, Ld ld16) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (u32 b = warp; b < batch; b += FD_WARPS) {
         float s = 0.0f;
         for (u32 c = lane; c < FD_D / 8; c += 32) {
-            const uint4 v = fd_ld128cg(x + (u64)b * FD_D + c * 8);
+            const uint4 v = ld16(b, c);
             const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -175,6 +238,14 @@ __device__ __forceinline__ void fd_rstd(FdShared& sh, const bf16_t* x, u32 batch
         if (lane == 0) sh.rstd[b] = 1.0f / sqrtf(s / (float)FD_D + eps);
     }
     __syncthreads();
+}
+
+// Eight values of a row normed: v * rstd * gamma, rounded to bf16 as rms_norm stores them.
+__device__ __forceinline__ uint4 fd_norm8(uint4 v, uint4 gv, float r) {
+    return make_uint4(fd_pack(fd_lo(v.x) * r * fd_lo(gv.x), fd_hi(v.x) * r * fd_hi(gv.x)),
+                      fd_pack(fd_lo(v.y) * r * fd_lo(gv.y), fd_hi(v.y) * r * fd_hi(gv.y)),
+                      fd_pack(fd_lo(v.z) * r * fd_lo(gv.z), fd_hi(v.z) * r * fd_hi(gv.z)),
+                      fd_pack(fd_lo(v.w) * r * fd_lo(gv.w), fd_hi(v.w) * r * fd_hi(gv.w)));
 }
 
 extern __shared__ __align__(16) u32 fd_wbuf[];
@@ -216,40 +287,104 @@ template <int K, bool PAIR> __device__ __forceinline__ void fd_prefetch(const bf
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
+// fd_gemm's row sources: a's rows ([batch, K] bf16, read through L2), or the embeddings' sum
+// (token row sh.erow[b][0] plus position row sh.erow[b][1], rounded as add_rms_norm rounds its
+// residual sum; a row of -1, a bad id or position, counts as zeros).
+template <int K> struct FdRows {
+    const bf16_t* a;
+    __device__ __forceinline__ uint4 operator()(u32 b, u32 v) const { return fd_ld128cg(a + (u64)b * K + v); }
+};
+struct FdEmbedded {
+    const FdShared* sh;
+    const bf16_t* tok;
+    const bf16_t* pos;
+    __device__ __forceinline__ uint4 operator()(u32 b, u32 v) const {
+        const long long r = sh->erow[b][0], p = sh->erow[b][1];
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        const uint4 t = r < 0 ? z : *reinterpret_cast<const uint4*>(tok + (u64)r * FD_D + v);
+        const uint4 q = p < 0 ? z : *reinterpret_cast<const uint4*>(pos + (u64)p * FD_D + v);
+        return make_uint4(fd_pack(fd_lo(t.x) + fd_lo(q.x), fd_hi(t.x) + fd_hi(q.x)), fd_pack(fd_lo(t.y) + fd_lo(q.y), fd_hi(t.y) + fd_hi(q.y)),
+                          fd_pack(fd_lo(t.z) + fd_lo(q.z), fd_hi(t.z) + fd_hi(q.z)), fd_pack(fd_lo(t.w) + fd_lo(q.w), fd_hi(t.w) + fd_hi(q.w)));
+    }
+};
+
 // One GEMM stage: for every n8 tile of `n` output columns (the block's tasks: tiles blockIdx.x,
 // + gridDim.x, ..., FD_NT at a time), out[b, j] = sum_k A[b, k] W[j, k] for the first `batch`
-// rows, handed to `epi(b, j, v, v2)`. A is `a` ([batch, K] bf16) or, with NORM, the RMSNorm of
-// it (a * rstd[b] * gamma[k], rounded to bf16 as rms_norm stores it). With PAIR each tile also
-// computes the columns `pair` rows further down W (SwiGLU's up next to its gate) as v2. The
-// block's first tiles come from fd_wbuf (fd_prefetch), the rest from W in global memory.
-template <int K, bool NORM, bool PAIR, typename Epi>
-__device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, const bf16_t* gamma, const bf16_t* w, u32 n, u32 pair, u32 batch, Epi epi) {
+// rows, handed to `epi(b, j, v, v2, r)`. A is `a` ([batch, K] bf16) or, with NORM, the RMSNorm
+// of it (a * rstd[b] * gamma[k], rounded to bf16 as rms_norm stores it; the rstd in eps). With
+// PAIR each tile also computes the columns `pair` rows further down W (SwiGLU's up next to its
+// gate) as v2. With RESID, r is resid[b, j] (row stride n), loaded before the tile's K loop so
+// that the epilogue's residual add waits for no load; otherwise 0. The block's first tiles'
+// weights come from fd_wbuf (fd_prefetch), the rest from W in global memory.
+//
+// The activation rows go to shared memory once (16-byte loads; NORM: the raw rows, their rstd
+// from there, then normed in place) where the batch's rows fit FD_ABUF_BYTES; where they do not,
+// in chunks of K (a multiple of 8 K steps, so each warp's steps and their order stay those of
+// one pass), staged again each tile pass; with no room for a chunk, every warp reads its
+// fragments from L2. Every way sums the same products in the same order: the result does not
+// depend on the buffers' sizes.
+//
+// `src(b, v)` gives row b's values v..v+7 (16 bytes) for the staging; fd_rows reads them from
+// `a`, fd_embedded sums the embeddings. With `keep`, block 0 also stores the staged raw rows
+// there (the residual stream, when src computes it): the caller makes sure the whole rows fit.
+template <int K, bool NORM, bool PAIR, bool RESID, typename Src, typename Epi>
+__device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, bf16_t* keep, const bf16_t* gamma, const bf16_t* w, u32 n,
+                                        u32 pair, u32 batch, float eps, const bf16_t* resid, Epi epi) {
     using P = FdW<K, PAIR>;
     constexpr u32 KS = (K + 15) / 16;
+    constexpr u32 EPT = FD_MT * 128 / FD_THREADS;  // epilogue elements a thread and tile, at most
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const u32 mtiles = (batch + 15) / 16;
     const u32 mine = fd_block_tiles(n);
-    // The activation rows in shared memory (normed and rounded as below) where they fit.
+    const bool keeper = keep != nullptr && blockIdx.x == 0;
+    if (mine == 0 && !keeper) {
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        return;
+    }
+    // The activation buffer: whole rows of P::SW words, or chunks of ksc K steps (sw words a
+    // row), or none.
     u32* abuf = fd_wbuf + FD_WBUF_BYTES / 4;
-    const bool staged = mine > 0 && batch * P::SW * 4 <= FD_ABUF_BYTES;
-    if (staged) {
-        constexpr u32 CPR = K / 8;
-        for (u32 c = threadIdx.x; c < batch * CPR; c += FD_THREADS) {
-            const u32 b = c / CPR, o = c - b * CPR;
-            const uint4 v = fd_ld128cg(a + (u64)b * K + o * 8);
-            u32 w4[4] = {v.x, v.y, v.z, v.w};
+    const bool whole = batch * P::SW * 4 <= FD_ABUF_BYTES;
+    u32 ksc = KS, sw = P::SW;
+    if (!whole) {
+        const u32 per_row = FD_ABUF_BYTES / 4 / batch;
+        ksc = per_row >= 8 * 8 + 4 ? (per_row - 4) / 64 * 8 : 0u;
+        sw = ksc * 8 + 4;
+    }
+    const bool staged = ksc > 0;
+    const u32 chunks = staged ? (KS + ksc - 1) / ksc : 1u;
+    // Values [v0, v1) of the rows into abuf (normed with NORM and `norm`).
+    const auto stage = [&](u32 v0, u32 v1, bool norm) {
+        const u32 cpr = (v1 - v0) / 8;
+        for (u32 c = threadIdx.x; c < batch * cpr; c += FD_THREADS) {
+            const u32 b = c / cpr, o = c - b * cpr;
+            uint4 v = src(b, v0 + o * 8);
+            if (keeper) *reinterpret_cast<uint4*>(keep + (u64)b * K + v0 + o * 8) = v;
             if constexpr (NORM) {
-                const uint4 gv = reinterpret_cast<const uint4*>(gamma)[o];
-                const u32 g4[4] = {gv.x, gv.y, gv.z, gv.w};
-                const float r = sh.rstd[b];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) w4[i] = fd_pack(fd_lo(w4[i]) * r * fd_lo(g4[i]), fd_hi(w4[i]) * r * fd_hi(g4[i]));
+                if (norm) v = fd_norm8(v, reinterpret_cast<const uint4*>(gamma)[v0 / 8 + o], sh.rstd[b]);
             }
-            *reinterpret_cast<uint4*>(abuf + b * P::SW + o * 4) = make_uint4(w4[0], w4[1], w4[2], w4[3]);
+            *reinterpret_cast<uint4*>(abuf + b * sw + o * 4) = v;
         }
+    };
+    if (whole) {
+        stage(0, K, false);
+        if constexpr (NORM) {
+            static_assert(!NORM || K == FD_D, "the normed input is the residual stream");
+            __syncthreads();
+            fd_rstd(sh, batch, eps, [&](u32 b, u32 c) { return *reinterpret_cast<const uint4*>(abuf + b * sw + c * 4); });
+            for (u32 c = threadIdx.x; c < batch * (K / 8); c += FD_THREADS) {
+                const u32 b = c / (K / 8), o = c - b * (K / 8);
+                uint4* at = reinterpret_cast<uint4*>(abuf + b * sw + o * 4);
+                *at = fd_norm8(*at, reinterpret_cast<const uint4*>(gamma)[o], sh.rstd[b]);
+            }
+        }
+    } else if constexpr (NORM) {
+        fd_rstd(sh, batch, eps, [&](u32 b, u32 c) { return fd_ld128cg(a + (u64)b * K + c * 8); });
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
+    if (mine == 0) return;
+    FD_MARK(sh, FD_T_READY);
     for (u32 t0 = 0; t0 < mine; t0 += FD_NT) {
         float acc[FD_NT][FD_MT][4], acc2[FD_NT][FD_MT][4];
 #pragma unroll
@@ -261,6 +396,8 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, const bf1
         // Each tile's two weight rows for this lane: in fd_wbuf (words) or in W (global).
         const u32* wrow[FD_NT];
         const u32* wrow2[FD_NT];
+        // The residual values of this thread's epilogue elements.
+        float rv[FD_NT][EPT];
 #pragma unroll
         for (u32 j = 0; j < FD_NT; ++j) {
             const u32 ti = t0 + j, n0 = (blockIdx.x + ti * gridDim.x) * 8;
@@ -271,65 +408,82 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, const bf1
                 wrow[j] = reinterpret_cast<const u32*>(w + (u64)(n0 + g) * K);
                 wrow2[j] = reinterpret_cast<const u32*>(w + (u64)(pair + n0 + g) * K);
             }
+#pragma unroll
+            for (u32 i = 0; i < EPT; ++i) {
+                rv[j][i] = 0.0f;
+                if constexpr (RESID) {
+                    const u32 e = threadIdx.x + i * FD_THREADS, b = (e >> 7) * 16 + ((e >> 3) & 15);
+                    if (ti < mine && e < mtiles * 128 && b < batch) rv[j][i] = fd_ldcg(resid, (u64)b * n + n0 + (e & 7));
+                }
+            }
         }
+        for (u32 c = 0; c < chunks; ++c) {
+            const u32 ks0 = c * ksc, ks1 = ks0 + ksc < KS ? ks0 + ksc : KS;
+            if (staged && !whole) {
+                __syncthreads();  // every warp is done with the chunk before
+                stage(ks0 * 16, ks1 * 16 < K ? ks1 * 16 : K, true);
+                __syncthreads();
+            }
 #pragma unroll 4
-        for (u32 ks = warp; ks < KS; ks += FD_WARPS) {
-            const u32 k0 = ks * 16;
-            const bool hi_ok = k0 + 8 < K;
-            u32 bw[FD_NT][2], cw[FD_NT][2];
-#pragma unroll
-            for (u32 j = 0; j < FD_NT; ++j) {
-                const bool in = t0 + j < mine;
-                bw[j][0] = in ? wrow[j][(k0 >> 1) + t] : 0u;
-                bw[j][1] = in && hi_ok ? wrow[j][((k0 + 8) >> 1) + t] : 0u;
-                cw[j][0] = cw[j][1] = 0u;
-                if constexpr (PAIR) {
-                    cw[j][0] = in ? wrow2[j][(k0 >> 1) + t] : 0u;
-                    cw[j][1] = in && hi_ok ? wrow2[j][((k0 + 8) >> 1) + t] : 0u;
-                }
-            }
-            u32 ga = 0u, gb = 0u;
-            if constexpr (NORM) {
-                if (!staged) {
-                    ga = reinterpret_cast<const u32*>(gamma)[(k0 >> 1) + t];
-                    gb = hi_ok ? reinterpret_cast<const u32*>(gamma)[((k0 + 8) >> 1) + t] : 0u;
-                }
-            }
-#pragma unroll
-            for (u32 m = 0; m < FD_MT; ++m) {
-                if (m >= mtiles) break;
-                const u32 r0 = m * 16 + g, r1 = r0 + 8;
-                u32 av[4] = {0u, 0u, 0u, 0u};
-                const u32 rows[2] = {r0, r1};
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    if (rows[h] >= batch) continue;
-                    if (staged) {
-                        const u32* srow = abuf + rows[h] * P::SW;
-                        av[h] = srow[(k0 >> 1) + t];
-                        av[2 + h] = hi_ok ? srow[((k0 + 8) >> 1) + t] : 0u;
-                        continue;
-                    }
-                    const u32* arow = reinterpret_cast<const u32*>(a + (u64)rows[h] * K);
-                    u32 lo = fd_ld32cg(arow + (k0 >> 1) + t);
-                    u32 hi = hi_ok ? fd_ld32cg(arow + ((k0 + 8) >> 1) + t) : 0u;
-                    if constexpr (NORM) {
-                        const float r = sh.rstd[rows[h]];
-                        lo = fd_pack(fd_lo(lo) * r * fd_lo(ga), fd_hi(lo) * r * fd_hi(ga));
-                        hi = hi_ok ? fd_pack(fd_lo(hi) * r * fd_lo(gb), fd_hi(hi) * r * fd_hi(gb)) : 0u;
-                    }
-                    av[h] = lo;
-                    av[2 + h] = hi;
-                }
-                __syncwarp();  // mma.sync wants the whole warp, converged after the row tests
+            for (u32 ks = ks0 + warp; ks < ks1; ks += FD_WARPS) {
+                const u32 k0 = ks * 16, kl = k0 - ks0 * 16;  // kl: in the staged chunk
+                const bool hi_ok = k0 + 8 < K;
+                u32 bw[FD_NT][2], cw[FD_NT][2];
 #pragma unroll
                 for (u32 j = 0; j < FD_NT; ++j) {
-                    if (t0 + j >= mine) break;
-                    fd_mma(acc[j][m], av[0], av[1], av[2], av[3], bw[j][0], bw[j][1]);
-                    if constexpr (PAIR) fd_mma(acc2[j][m], av[0], av[1], av[2], av[3], cw[j][0], cw[j][1]);
+                    const bool in = t0 + j < mine;
+                    bw[j][0] = in ? wrow[j][(k0 >> 1) + t] : 0u;
+                    bw[j][1] = in && hi_ok ? wrow[j][((k0 + 8) >> 1) + t] : 0u;
+                    cw[j][0] = cw[j][1] = 0u;
+                    if constexpr (PAIR) {
+                        cw[j][0] = in ? wrow2[j][(k0 >> 1) + t] : 0u;
+                        cw[j][1] = in && hi_ok ? wrow2[j][((k0 + 8) >> 1) + t] : 0u;
+                    }
+                }
+                u32 ga = 0u, gb = 0u;
+                if constexpr (NORM) {
+                    if (!staged) {
+                        ga = reinterpret_cast<const u32*>(gamma)[(k0 >> 1) + t];
+                        gb = hi_ok ? reinterpret_cast<const u32*>(gamma)[((k0 + 8) >> 1) + t] : 0u;
+                    }
+                }
+#pragma unroll
+                for (u32 m = 0; m < FD_MT; ++m) {
+                    if (m >= mtiles) break;
+                    const u32 r0 = m * 16 + g, r1 = r0 + 8;
+                    u32 av[4] = {0u, 0u, 0u, 0u};
+                    const u32 rows[2] = {r0, r1};
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        if (rows[h] >= batch) continue;
+                        if (staged) {
+                            const u32* srow = abuf + rows[h] * sw;
+                            av[h] = srow[(kl >> 1) + t];
+                            av[2 + h] = hi_ok ? srow[((kl + 8) >> 1) + t] : 0u;
+                            continue;
+                        }
+                        const u32* arow = reinterpret_cast<const u32*>(a + (u64)rows[h] * K);
+                        u32 lo = fd_ld32cg(arow + (k0 >> 1) + t);
+                        u32 hi = hi_ok ? fd_ld32cg(arow + ((k0 + 8) >> 1) + t) : 0u;
+                        if constexpr (NORM) {
+                            const float r = sh.rstd[rows[h]];
+                            lo = fd_pack(fd_lo(lo) * r * fd_lo(ga), fd_hi(lo) * r * fd_hi(ga));
+                            hi = hi_ok ? fd_pack(fd_lo(hi) * r * fd_lo(gb), fd_hi(hi) * r * fd_hi(gb)) : 0u;
+                        }
+                        av[h] = lo;
+                        av[2 + h] = hi;
+                    }
+                    __syncwarp();  // mma.sync wants the whole warp, converged after the row tests
+#pragma unroll
+                    for (u32 j = 0; j < FD_NT; ++j) {
+                        if (t0 + j >= mine) break;
+                        fd_mma(acc[j][m], av[0], av[1], av[2], av[3], bw[j][0], bw[j][1]);
+                        if constexpr (PAIR) fd_mma(acc2[j][m], av[0], av[1], av[2], av[3], cw[j][0], cw[j][1]);
+                    }
                 }
             }
         }
+        if (t0 == 0) FD_MARK(sh, FD_T_KDONE);
         // Each tile's warps' partial sums, added in warp order.
 #pragma unroll
         for (u32 j = 0; j < FD_NT; ++j) {
@@ -346,7 +500,10 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, const bf1
                 }
             }
             __syncthreads();
-            for (u32 e = threadIdx.x; e < mtiles * 128; e += FD_THREADS) {
+#pragma unroll
+            for (u32 i = 0; i < EPT; ++i) {
+                const u32 e = threadIdx.x + i * FD_THREADS;
+                if (e >= mtiles * 128) break;
                 const u32 m = e >> 7, row = (e >> 3) & 15, col = e & 7;
                 const u32 b = m * 16 + row;
                 if (b >= batch) continue;
@@ -356,7 +513,7 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, const bf1
                     v += sh.red[wi][0][m][row][col];
                     if constexpr (PAIR) v2 += sh.red[wi][1][m][row][col];
                 }
-                epi(b, n0 + col, v, v2);
+                epi(b, n0 + col, v, v2, rv[j][i]);
             }
             __syncthreads();
         }
@@ -367,12 +524,40 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, const bf1
 // q/k/v stage wrote): one block a (sequence, head), 8 lanes a key (FD_HD / 8 values each, 16-byte
 // loads), 4 keys a warp at a time, key j to warp (j / 4) % 8; online softmax per lane group,
 // merged in the warp, then over the warps in order.
-__device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, const bf16_t* q, bf16_t* att, u32 batch, u32 max_len) {
+//
+// With `part` (small batches, see fd_fused_o), the output projection follows in the same stage:
+// the tasks are (sequence, head, chunk of the projection's columns), as many as there are
+// blocks; each computes its head's attention row (rounded to bf16 as att stores it), then
+// part[h, b, n] = sum_c att[c] Wo[n, h HD + c] over its chunk's columns n (f32, in c order,
+// each lane 8 ... E values, then the butterfly over 8 lanes), which the next stage sums over
+// the heads in order. Otherwise the tasks are (sequence, head) and att gets the rows.
+__device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, const bf16_t* q, bf16_t* att, float* part, u32 batch, u32 max_len) {
     constexpr u32 E = FD_HD / 8;  // values a lane
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 3, gl = lane & 7;
     const float scale = 1.0f / sqrtf((float)FD_HD);
-    for (u32 task = blockIdx.x; task < batch * FD_HEADS; task += gridDim.x) {
-        const u32 b = task / FD_HEADS, h = task % FD_HEADS;
+    // The projection's column chunks a (sequence, head): a power of two dividing D / 8, at most
+    // the blocks a (sequence, head).
+    u32 chunks = 1;
+    if (part != nullptr) {
+        const u32 most = gridDim.x / (batch * FD_HEADS);
+        while (chunks * 2 <= most && (FD_D / 8) % (chunks * 2) == 0) chunks *= 2;
+    }
+    const u32 cols = FD_D / chunks;
+    for (u32 task = blockIdx.x; task < batch * FD_HEADS * chunks; task += gridDim.x) {
+        const u32 b = task / (FD_HEADS * chunks), h = (task / chunks) % FD_HEADS, n0 = (task % chunks) * cols;
+        // The first FD_OPIPE passes' Wo words (32 columns a pass, 8 lanes a column), loaded
+        // now so that they arrive with the keys.
+        const u32 og = threadIdx.x >> 3, ol = threadIdx.x & 7;
+        uint4 wv[FD_OPIPE][E / 8];
+        if (part != nullptr) {
+#pragma unroll
+            for (u32 p = 0; p < FD_OPIPE; ++p) {
+                const u32 n = n0 + p * (FD_THREADS / 8) + og;
+#pragma unroll
+                for (u32 e = 0; e < E; e += 8)
+                    wv[p][e / 8] = n < n0 + cols ? *reinterpret_cast<const uint4*>(L.wo + (u64)n * FD_D + h * FD_HD + ol * E + e) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
         const int raw = fd_ldi_cg(L.lengths + b);
         const bool bad = raw < 0 || raw > (int)max_len;
         const u32 keys = bad ? 0u : (raw < (int)max_len ? (u32)raw + 1 : (u32)raw);
@@ -392,51 +577,53 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
 #pragma unroll
         for (u32 e = 0; e < E; ++e) acc[e] = 0.0f;
         // The loop runs alike in every lane of a warp (the shuffles need them all); a group
-        // whose key is past the end takes no part in the softmax.
-        // Each pass loads the keys and values of the next one first (software pipelining: the
-        // loads are volatile, so the compiler keeps them where they are written).
-        uint4 kcur[E / 8], vcur[E / 8], knext[E / 8], vnext[E / 8];
-        const auto load = [&](u32 j, uint4* kd, uint4* vd) {
+        // whose key is past the end takes no part in the softmax. Each round loads the keys and
+        // values of FD_APIPE passes of the block's 4 x FD_WARPS keys first (the loads are
+        // volatile, so the compiler keeps them ahead of the math), so a round waits for memory
+        // once: at the GPT's lengths, once a task.
+        for (u32 j0 = warp * 4; j0 < keys; j0 += FD_WARPS * 4 * FD_APIPE) {
+            uint4 kb[FD_APIPE][E / 8], vb[FD_APIPE][E / 8];
 #pragma unroll
-            for (u32 e = 0; e < E; e += 8) {
-                const bool in = j < keys;
-                kd[e / 8] = in ? fd_ld128cg(L.kc + base + (u64)j * FD_HD + e) : make_uint4(0u, 0u, 0u, 0u);
-                vd[e / 8] = in ? fd_ld128cg(L.vc + base + (u64)j * FD_HD + e) : make_uint4(0u, 0u, 0u, 0u);
-            }
-        };
-        load(warp * 4 + grp, kcur, vcur);
-        for (u32 j0 = warp * 4; j0 < keys; j0 += FD_WARPS * 4) {
-            const u32 j = j0 + grp;
-            const bool ok = j < keys;
-            load(j + FD_WARPS * 4, knext, vnext);
-            float kv[E], vv[E];
+            for (u32 p = 0; p < FD_APIPE; ++p) {
+                const u32 j = j0 + p * FD_WARPS * 4 + grp;
 #pragma unroll
-            for (u32 e = 0; e < E; e += 8) {
-                const uint4 k4 = kcur[e / 8], v4 = vcur[e / 8];
-                kcur[e / 8] = knext[e / 8];
-                vcur[e / 8] = vnext[e / 8];
-                const u32 kw[4] = {k4.x, k4.y, k4.z, k4.w}, vw[4] = {v4.x, v4.y, v4.z, v4.w};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    kv[e + 2 * i] = fd_lo(kw[i]);
-                    kv[e + 2 * i + 1] = fd_hi(kw[i]);
-                    vv[e + 2 * i] = fd_lo(vw[i]);
-                    vv[e + 2 * i + 1] = fd_hi(vw[i]);
+                for (u32 e = 0; e < E; e += 8) {
+                    const bool in = j < keys;
+                    kb[p][e / 8] = in ? fd_ld128cg(L.kc + base + (u64)j * FD_HD + e) : make_uint4(0u, 0u, 0u, 0u);
+                    vb[p][e / 8] = in ? fd_ld128cg(L.vc + base + (u64)j * FD_HD + e) : make_uint4(0u, 0u, 0u, 0u);
                 }
             }
-            float s = 0.0f;
 #pragma unroll
-            for (u32 e = 0; e < E; ++e) s += qv[e] * kv[e];
-            s += __shfl_xor_sync(0xffffffffu, s, 4);
-            s += __shfl_xor_sync(0xffffffffu, s, 2);
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            if (!ok) continue;
-            const float mn = fmaxf(m, s);
-            const float c = expf(m - mn), p = expf(s - mn);
-            l = l * c + p;
+            for (u32 p = 0; p < FD_APIPE; ++p) {
+                if (j0 + p * FD_WARPS * 4 >= keys) break;  // the same in the whole warp
+                const u32 j = j0 + p * FD_WARPS * 4 + grp;
+                float kv[E], vv[E];
 #pragma unroll
-            for (u32 e = 0; e < E; ++e) acc[e] = acc[e] * c + p * vv[e];
-            m = mn;
+                for (u32 e = 0; e < E; e += 8) {
+                    const uint4 k4 = kb[p][e / 8], v4 = vb[p][e / 8];
+                    const u32 kw[4] = {k4.x, k4.y, k4.z, k4.w}, vw[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        kv[e + 2 * i] = fd_lo(kw[i]);
+                        kv[e + 2 * i + 1] = fd_hi(kw[i]);
+                        vv[e + 2 * i] = fd_lo(vw[i]);
+                        vv[e + 2 * i + 1] = fd_hi(vw[i]);
+                    }
+                }
+                float s = 0.0f;
+#pragma unroll
+                for (u32 e = 0; e < E; ++e) s += qv[e] * kv[e];
+                s += __shfl_xor_sync(0xffffffffu, s, 4);
+                s += __shfl_xor_sync(0xffffffffu, s, 2);
+                s += __shfl_xor_sync(0xffffffffu, s, 1);
+                if (j >= keys) continue;
+                const float mn = fmaxf(m, s);
+                const float c = expf(m - mn), pr = expf(s - mn);
+                l = l * c + pr;
+#pragma unroll
+                for (u32 e = 0; e < E; ++e) acc[e] = acc[e] * c + pr * vv[e];
+                m = mn;
+            }
         }
         // The warp's four groups: the max, then each group's sum and values rescaled to it.
         float mw = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
@@ -472,24 +659,108 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
                     o += sh.aacc[w][col] * c;
                 }
             }
-            fd_st(att, (u64)b * FD_D + h * FD_HD + col, sum > 0.0f ? o / sum : 0.0f);
+            const float v = sum > 0.0f ? o / sum : 0.0f;
+            if (part == nullptr) {
+                fd_st(att, (u64)b * FD_D + h * FD_HD + col, v);
+            } else {
+                sh.arow[col] = fd_round(v);
+            }
+        }
+        __syncthreads();
+        if (part == nullptr) continue;
+        // This chunk's columns of the output projection, FD_THREADS / 8 columns a pass.
+        float av[E];
+#pragma unroll
+        for (u32 e = 0; e < E; ++e) av[e] = sh.arow[ol * E + e];
+        for (u32 p0 = 0; p0 * (FD_THREADS / 8) < cols; p0 += FD_OPIPE) {
+#pragma unroll
+            for (u32 p = 0; p < FD_OPIPE; ++p) {
+                const u32 n = n0 + (p0 + p) * (FD_THREADS / 8) + og;
+                if (p0 > 0) {
+#pragma unroll
+                    for (u32 e = 0; e < E; e += 8)
+                        wv[p][e / 8] = n < n0 + cols ? *reinterpret_cast<const uint4*>(L.wo + (u64)n * FD_D + h * FD_HD + ol * E + e) : make_uint4(0u, 0u, 0u, 0u);
+                }
+                float acc = 0.0f;
+#pragma unroll
+                for (u32 e = 0; e < E; e += 8) {
+                    const u32 ww[4] = {wv[p][e / 8].x, wv[p][e / 8].y, wv[p][e / 8].z, wv[p][e / 8].w};
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        acc += av[e + 2 * i] * fd_lo(ww[i]);
+                        acc += av[e + 2 * i + 1] * fd_hi(ww[i]);
+                    }
+                }
+                acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+                acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+                acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+                if (ol == 0 && n < n0 + cols) part[((u64)h * batch + b) * FD_D + n] = acc;
+            }
         }
         __syncthreads();
     }
 }
 
-// The step. work holds x [batch, D], q [batch, D], att [batch, D], s [batch, HID] (bf16); bar
-// a 64-bit zeroed word (see fd_sync); logits [batch, vocab]. Launched with FD_WBUF_BYTES +
-// FD_ABUF_BYTES of dynamic shared memory.
+// The residual stream after the output projection, from its per-head partial sums (the
+// attention stage's `part`): x + round(sum over heads in order), rounded, 8 values at v of row
+// b, for fd_gemm's staging.
+struct FdResidSum {
+    const bf16_t* x;
+    const float* part;
+    u32 batch;
+    __device__ __forceinline__ uint4 operator()(u32 b, u32 v) const {
+        float sum[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sum[i] = 0.0f;
+#pragma unroll
+        for (u32 h = 0; h < FD_HEADS; ++h) {
+            const float* p = part + ((u64)h * batch + b) * FD_D + v;
+            const uint4 lo = fd_ld128cg(p), hi = fd_ld128cg(p + 4);
+            const u32 w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i) sum[i] += __uint_as_float(w[i]);
+        }
+        const uint4 xv = fd_ld128cg(x + (u64)b * FD_D + v);
+        const u32 xw[4] = {xv.x, xv.y, xv.z, xv.w};
+        u32 out[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) out[i] = fd_pack(fd_lo(xw[i]) + fd_round(sum[2 * i]), fd_hi(xw[i]) + fd_round(sum[2 * i + 1]));
+        return make_uint4(out[0], out[1], out[2], out[3]);
+    }
+};
+
+// The step. work holds x [batch, D], q [batch, D], att [batch, D], s [batch, HID], x2 [batch,
+// D] (bf16), then part [HEADS, batch, D] (f32, at a 16-byte boundary); bar
+// a 64-bit zeroed word (see fd_sync); logits [batch, vocab]; trace the stage marks' buffer
+// (FD_TRACE only; null records none). Launched with FD_WBUF_BYTES + FD_ABUF_BYTES of dynamic
+// shared memory.
 extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
-    decoder_step_bf16(const FdHeader* hdr, const float* ids, const float* positions, bf16_t* logits, bf16_t* work, unsigned long long* bar, u32* err, u32 batch, float eps) {
+    decoder_step_bf16(const FdHeader* hdr, const float* ids, const float* positions, bf16_t* logits, bf16_t* work, unsigned long long* bar, u32* err, u32 batch, float eps,
+                      unsigned long long* trace) {
     __shared__ FdShared sh;
+#ifdef FD_TRACE
+    if (threadIdx.x == 0) {
+        sh.trace = trace;
+        sh.stage = 0;
+        fd_mark_at(sh, FD_TRACE_STAGES - 1, FD_T_READY, clock64());
+        fd_mark_at(sh, FD_TRACE_STAGES - 1, FD_T_GT_LEAVE, fd_globaltimer());
+        FD_MARK(sh, FD_T_READY);
+        fd_mark_at(sh, 0, FD_T_KDONE, 0ull);
+    }
+#else
+    (void)trace;
+#endif
     const FdHeader H = *hdr;
     const FdLayer* layers = reinterpret_cast<const FdLayer*>(hdr + 1);
     bf16_t* x = work;
     bf16_t* q = x + (u64)batch * FD_D;
     bf16_t* att = q + (u64)batch * FD_D;
     bf16_t* s = att + (u64)batch * FD_D;
+    bf16_t* x2 = s + (u64)batch * FD_HID;
+    float* part = reinterpret_cast<float*>(x2 + (u64)batch * FD_D);
+    // Small batches: attention computes the output projection too (fd_attention), when the
+    // next stage's rows fit the activation buffer whole (it sums the heads' parts as it stages).
+    const bool fuse_o = batch <= FD_FUSE_O && batch * FdW<FD_D, true>::SW * 4 <= FD_ABUF_BYTES;
     unsigned long long target = fd_sync_base(bar);
     if (H.layers > 0) {
         fd_prefetch<FD_D, false>(layers[0].qkv, 3 * FD_D, 0);
@@ -498,20 +769,33 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     }
 
     // The embeddings' sum, rounded as add_rms_norm rounds its residual sum. A bad id or
-    // position gives a zero row and is reported as ops::embedding reports it.
-    for (u32 b = blockIdx.x; b < batch; b += gridDim.x) {
+    // position gives a zero row and is reported as ops::embedding reports it. Where the rows
+    // fit the activation buffer, the first q/k/v stage sums them as it stages its input (every
+    // block, block 0 keeping them as the residual stream): no stage and barrier of their own.
+    const bool embed_in_stage = H.layers > 0 && batch * FdW<FD_D, false>::SW * 4 <= FD_ABUF_BYTES;
+#ifdef FD_TRACE
+    // The stages' layout, for bench/decoder_trace.py.
+    fd_mark_at(sh, FD_TRACE_STAGES - 1, FD_T_KDONE, (fuse_o ? 2ull : 0ull) | (embed_in_stage ? 1ull : 0ull));
+    fd_mark_at(sh, FD_TRACE_STAGES - 1, FD_T_ARRIVE, H.layers);
+#endif
+    for (u32 b = threadIdx.x; b < batch; b += FD_THREADS) {
         const long long r = fd_row(ids[b], H.vocab), p = fd_row(positions[b], H.ctx);
-        if (threadIdx.x == 0) {
+        sh.erow[b][0] = r;
+        sh.erow[b][1] = p;
+        if (blockIdx.x == 0) {
             if (r < 0) fd_report_token(err, b, ids[b], H.vocab);
             if (p < 0) fd_report_token(err, b, positions[b], H.ctx);
         }
-        for (u32 c = threadIdx.x; c < FD_D; c += FD_THREADS) {
-            const float tv = r < 0 ? 0.0f : ld(H.tok, (u64)r * FD_D + c);
-            const float pv = p < 0 ? 0.0f : ld(H.pos, (u64)p * FD_D + c);
-            fd_st(x, (u64)b * FD_D + c, tv + pv);
-        }
     }
-    fd_sync(bar, target);
+    __syncthreads();
+    const FdEmbedded embedded{&sh, H.tok, H.pos};
+    if (!embed_in_stage) {
+        for (u32 c = blockIdx.x * FD_THREADS + threadIdx.x; c < batch * (FD_D / 8); c += gridDim.x * FD_THREADS) {
+            const u32 b = c / (FD_D / 8), o = c - b * (FD_D / 8);
+            *reinterpret_cast<uint4*>(x + (u64)b * FD_D + o * 8) = embedded(b, o * 8);
+        }
+        fd_sync(sh, bar, target);
+    }
 
     // Each GEMM stage starts the copy of the next stage's weights (fd_prefetch) before the
     // barrier that ends it.
@@ -520,8 +804,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
         const u32 max_len = H.max_len;
         // RMSNorm and q/k/v; k and v go to the cache at the sequence's length.
         for (u32 b = threadIdx.x; b < batch; b += FD_THREADS) sh.len[b] = fd_ldi_cg(L.lengths + b);
-        fd_rstd(sh, x, batch, eps);
-        fd_gemm<FD_D, true, false>(sh, x, L.norm1, L.qkv, 3 * FD_D, 0, batch, [&](u32 b, u32 j, float v, float) {
+        const auto qkv_out = [&](u32 b, u32 j, float v, float, float) {
             if (j < FD_D) {
                 fd_st(q, (u64)b * FD_D + j, v);
                 return;
@@ -533,11 +816,20 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             const u32 jj = j < 2 * FD_D ? j - FD_D : j - 2 * FD_D;
             const u64 at = (((u64)b * FD_HEADS + jj / FD_HD) * max_len + (u64)raw) * FD_HD + jj % FD_HD;
             fd_st(j < 2 * FD_D ? L.kc : L.vc, at, v);
-        });
-        fd_prefetch<FD_D, false>(L.wo, FD_D, 0);
-        fd_sync(bar, target);
-        fd_attention(sh, L, q, att, batch, max_len);
-        fd_sync(bar, target);
+        };
+        if (li == 0 && embed_in_stage) {
+            fd_gemm<FD_D, true, false, false>(sh, x, embedded, x, L.norm1, L.qkv, 3 * FD_D, 0, batch, eps, nullptr, qkv_out);
+        } else {
+            fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm1, L.qkv, 3 * FD_D, 0, batch, eps, nullptr, qkv_out);
+        }
+        if (fuse_o) {
+            fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID);
+        } else {
+            fd_prefetch<FD_D, false>(L.wo, FD_D, 0);
+        }
+        fd_sync(sh, bar, target);
+        fd_attention(sh, L, q, att, fuse_o ? part : nullptr, batch, max_len);
+        fd_sync(sh, bar, target);
         // The lengths advance once every block has read them (the two stages above).
         if (blockIdx.x == 0) {
             for (u32 b = threadIdx.x; b < batch; b += FD_THREADS) {
@@ -545,36 +837,46 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
                 if (raw >= 0 && raw < (int)max_len) L.lengths[b] = raw + 1;
             }
         }
-        // The output projection, rounded, added to the residual stream (in place: each
-        // column's owner reads and writes it).
-        fd_gemm<FD_D, false, false>(sh, att, nullptr, L.wo, FD_D, 0, batch, [&](u32 b, u32 j, float v, float) {
-            const u64 i = (u64)b * FD_D + j;
-            fd_st(x, i, fd_ldcg(x, i) + fd_round(v));
-        });
-        fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID);
-        fd_sync(bar, target);
-        // RMSNorm, gate and up, SwiGLU.
-        fd_rstd(sh, x, batch, eps);
-        fd_gemm<FD_D, true, true>(sh, x, L.norm2, L.gate_up, FD_HID, FD_HID, batch, [&](u32 b, u32 j, float v, float v2) {
+        const auto swiglu_out = [&](u32 b, u32 j, float v, float v2, float) {
             const float gt = fd_round(v), up = fd_round(v2);
             fd_st(s, (u64)b * FD_HID + j, gt * (1.0f / (1.0f + expf(-gt))) * up);
-        });
+        };
+        if (fuse_o) {
+            // RMSNorm of the residual stream plus the heads' projections (block 0 keeps the
+            // sum in x2, which the down projection's residual add reads), gate and up, SwiGLU.
+            fd_gemm<FD_D, true, true, false>(sh, x, FdResidSum{x, part, batch}, x2, L.norm2, L.gate_up, FD_HID, FD_HID, batch, eps, nullptr, swiglu_out);
+        } else {
+            // The output projection, rounded, added to the residual stream (in place: each
+            // column's owner reads and writes it).
+            fd_gemm<FD_D, false, false, true>(sh, att, FdRows<FD_D>{att}, nullptr, nullptr, L.wo, FD_D, 0, batch, eps, x, [&](u32 b, u32 j, float v, float, float r) {
+                fd_st(x, (u64)b * FD_D + j, r + fd_round(v));
+            });
+            fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID);
+            fd_sync(sh, bar, target);
+            // RMSNorm, gate and up, SwiGLU.
+            fd_gemm<FD_D, true, true, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm2, L.gate_up, FD_HID, FD_HID, batch, eps, nullptr, swiglu_out);
+        }
         fd_prefetch<FD_HID, false>(L.down, FD_D, 0);
-        fd_sync(bar, target);
-        fd_gemm<FD_HID, false, false>(sh, s, nullptr, L.down, FD_D, 0, batch, [&](u32 b, u32 j, float v, float) {
-            const u64 i = (u64)b * FD_D + j;
-            fd_st(x, i, fd_ldcg(x, i) + fd_round(v));
+        fd_sync(sh, bar, target);
+        fd_gemm<FD_HID, false, false, true>(sh, s, FdRows<FD_HID>{s}, nullptr, nullptr, L.down, FD_D, 0, batch, eps, fuse_o ? x2 : x, [&](u32 b, u32 j, float v, float, float r) {
+            fd_st(x, (u64)b * FD_D + j, r + fd_round(v));
         });
         if (li + 1 < H.layers) {
             fd_prefetch<FD_D, false>(layers[li + 1].qkv, 3 * FD_D, 0);
         } else {
             fd_prefetch<FD_D, false>(H.head, H.vocab, 0);
         }
-        fd_sync(bar, target);
+        fd_sync(sh, bar, target);
     }
     // The final RMSNorm and the head.
-    fd_rstd(sh, x, batch, eps);
-    fd_gemm<FD_D, true, false>(sh, x, H.head_norm, H.head, H.vocab, 0, batch, [&](u32 b, u32 j, float v, float) {
+    fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, H.head_norm, H.head, H.vocab, 0, batch, eps, nullptr, [&](u32 b, u32 j, float v, float, float) {
         fd_st(logits, (u64)b * H.vocab + j, v);
     });
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        FD_MARK(sh, FD_T_ARRIVE);
+        FD_MARK_GT(sh, FD_T_GT_ARRIVE);
+        FD_MARK(sh, FD_T_LEAVE);
+        FD_MARK_GT(sh, FD_T_GT_LEAVE);
+    }
 }
