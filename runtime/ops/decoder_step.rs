@@ -135,9 +135,11 @@ struct Fused {
 /// On CUDA (bf16, head dim 64 or 128, sm_80 and newer, at most
 /// [`DecoderStep::fused_batch_limit`] sequences) the whole step is **one kernel**
 /// (`kernels/decoder.cu`): a persistent grid of one block a multiprocessor, launched
-/// cooperatively, its stages (embedding; per layer norm + q/k/v + append, attention, output
-/// projection + residual, norm + gate/up + SwiGLU, down projection + residual; norm + head)
-/// separated by a grid-wide barrier; its GEMMs on tensor cores. Decoding at small batches is
+/// cooperatively, its stages (per layer embedding sum (first layer) + norm + q/k/v + append,
+/// attention, output projection + residual, norm + gate/up + SwiGLU, down projection +
+/// residual; norm + head) separated by a grid-wide barrier; at up to 4 sequences the attention
+/// stage computes the output projection too, per head, and the next stage sums the heads. Its
+/// GEMMs run on tensor cores. Decoding at small batches is
 /// latency: the step's unfused form is 8 kernels a layer (4 to 6 µs each on an H200 whatever
 /// their size), this one a few µs a stage. Intermediates round to the weights' dtype where the
 /// unfused ops store them; the sums run in another order than cuBLAS's, so logits can differ

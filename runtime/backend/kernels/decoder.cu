@@ -6,7 +6,9 @@
 // batches a decoding step is all latency (the GPT of examples/gpt: 8 layers of 6 MB, 8 kernels
 // a layer of 4-6 us each), so this kernel is persistent: one block a multiprocessor, launched
 // cooperatively (the driver guarantees every block is resident), the stages separated by a
-// grid-wide barrier of ours (1 + 5 a layer).
+// grid-wide barrier of ours: 5 a layer (4 at batches up to FD_FUSE_O, where the attention stage
+// computes the output projection too), plus one for the embeddings where the first stage
+// cannot sum them as it stages its rows.
 //
 // NVRTC compiles this file after core.cu, ops.cu and half.cu (u32, u64, warp_sum, gr_neg_inf,
 // bf16_t, ld/st, f32_to_bf16_bits come from there), with these defines: FD_D (d_model), FD_HEADS,
@@ -308,6 +310,75 @@ struct FdEmbedded {
     }
 };
 
+// fd_gemm's K loop over steps [ks0, ks1) (this warp's: ks0 + warp, + FD_WARPS, ...) for the
+// tiles t0.. of the pass: the weight fragments through wrow/wrow2, the activation fragments from
+// abuf (rows sw words apart, holding values from step ks0 on) when staged, else from `a` through
+// L2 (normed with NORM). Forced inline, so that the one-pass calls keep constant bounds.
+template <int K, bool NORM, bool PAIR>
+__device__ __forceinline__ void fd_kloop(const FdShared& sh, float (&acc)[FD_NT][FD_MT][4], float (&acc2)[FD_NT][FD_MT][4],
+                                         const u32* const (&wrow)[FD_NT], const u32* const (&wrow2)[FD_NT], const u32* abuf, u32 sw, bool staged,
+                                         const bf16_t* a, const bf16_t* gamma, u32 ks0, u32 ks1, u32 t0, u32 mine, u32 mtiles, u32 batch) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+#pragma unroll 4
+    for (u32 ks = ks0 + warp; ks < ks1; ks += FD_WARPS) {
+        const u32 k0 = ks * 16, kl = k0 - ks0 * 16;  // kl: in the staged chunk
+        const bool hi_ok = k0 + 8 < K;
+        u32 bw[FD_NT][2], cw[FD_NT][2];
+#pragma unroll
+        for (u32 j = 0; j < FD_NT; ++j) {
+            const bool in = t0 + j < mine;
+            bw[j][0] = in ? wrow[j][(k0 >> 1) + t] : 0u;
+            bw[j][1] = in && hi_ok ? wrow[j][((k0 + 8) >> 1) + t] : 0u;
+            cw[j][0] = cw[j][1] = 0u;
+            if constexpr (PAIR) {
+                cw[j][0] = in ? wrow2[j][(k0 >> 1) + t] : 0u;
+                cw[j][1] = in && hi_ok ? wrow2[j][((k0 + 8) >> 1) + t] : 0u;
+            }
+        }
+        u32 ga = 0u, gb = 0u;
+        if constexpr (NORM) {
+            if (!staged) {
+                ga = reinterpret_cast<const u32*>(gamma)[(k0 >> 1) + t];
+                gb = hi_ok ? reinterpret_cast<const u32*>(gamma)[((k0 + 8) >> 1) + t] : 0u;
+            }
+        }
+#pragma unroll
+        for (u32 m = 0; m < FD_MT; ++m) {
+            if (m >= mtiles) break;
+            const u32 r0 = m * 16 + g, r1 = r0 + 8;
+            u32 av[4] = {0u, 0u, 0u, 0u};
+            const u32 rows[2] = {r0, r1};
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (rows[h] >= batch) continue;
+                if (staged) {
+                    const u32* srow = abuf + rows[h] * sw;
+                    av[h] = srow[(kl >> 1) + t];
+                    av[2 + h] = hi_ok ? srow[((kl + 8) >> 1) + t] : 0u;
+                    continue;
+                }
+                const u32* arow = reinterpret_cast<const u32*>(a + (u64)rows[h] * K);
+                u32 lo = fd_ld32cg(arow + (k0 >> 1) + t);
+                u32 hi = hi_ok ? fd_ld32cg(arow + ((k0 + 8) >> 1) + t) : 0u;
+                if constexpr (NORM) {
+                    const float r = sh.rstd[rows[h]];
+                    lo = fd_pack(fd_lo(lo) * r * fd_lo(ga), fd_hi(lo) * r * fd_hi(ga));
+                    hi = hi_ok ? fd_pack(fd_lo(hi) * r * fd_lo(gb), fd_hi(hi) * r * fd_hi(gb)) : 0u;
+                }
+                av[h] = lo;
+                av[2 + h] = hi;
+            }
+            __syncwarp();  // mma.sync wants the whole warp, converged after the row tests
+#pragma unroll
+            for (u32 j = 0; j < FD_NT; ++j) {
+                if (t0 + j >= mine) break;
+                fd_mma(acc[j][m], av[0], av[1], av[2], av[3], bw[j][0], bw[j][1]);
+                if constexpr (PAIR) fd_mma(acc2[j][m], av[0], av[1], av[2], av[3], cw[j][0], cw[j][1]);
+            }
+        }
+    }
+}
+
 // One GEMM stage: for every n8 tile of `n` output columns (the block's tasks: tiles blockIdx.x,
 // + gridDim.x, ..., FD_NT at a time), out[b, j] = sum_k A[b, k] W[j, k] for the first `batch`
 // rows, handed to `epi(b, j, v, v2, r)`. A is `a` ([batch, K] bf16) or, with NORM, the RMSNorm
@@ -352,7 +423,7 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
         sw = ksc * 8 + 4;
     }
     const bool staged = ksc > 0;
-    const u32 chunks = staged ? (KS + ksc - 1) / ksc : 1u;
+    const u32 chunks = staged ? (KS + ksc - 1) / ksc : 1u;  // more than one only staged, not whole
     // Values [v0, v1) of the rows into abuf (normed with NORM and `norm`).
     const auto stage = [&](u32 v0, u32 v1, bool norm) {
         const u32 cpr = (v1 - v0) / 8;
@@ -417,71 +488,16 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
                 }
             }
         }
-        for (u32 c = 0; c < chunks; ++c) {
-            const u32 ks0 = c * ksc, ks1 = ks0 + ksc < KS ? ks0 + ksc : KS;
-            if (staged && !whole) {
+        if (staged && !whole) {
+            for (u32 c = 0; c < chunks; ++c) {
+                const u32 ks0 = c * ksc, ks1 = ks0 + ksc < KS ? ks0 + ksc : KS;
                 __syncthreads();  // every warp is done with the chunk before
                 stage(ks0 * 16, ks1 * 16 < K ? ks1 * 16 : K, true);
                 __syncthreads();
+                fd_kloop<K, NORM, PAIR>(sh, acc, acc2, wrow, wrow2, abuf, sw, true, a, gamma, ks0, ks1, t0, mine, mtiles, batch);
             }
-#pragma unroll 4
-            for (u32 ks = ks0 + warp; ks < ks1; ks += FD_WARPS) {
-                const u32 k0 = ks * 16, kl = k0 - ks0 * 16;  // kl: in the staged chunk
-                const bool hi_ok = k0 + 8 < K;
-                u32 bw[FD_NT][2], cw[FD_NT][2];
-#pragma unroll
-                for (u32 j = 0; j < FD_NT; ++j) {
-                    const bool in = t0 + j < mine;
-                    bw[j][0] = in ? wrow[j][(k0 >> 1) + t] : 0u;
-                    bw[j][1] = in && hi_ok ? wrow[j][((k0 + 8) >> 1) + t] : 0u;
-                    cw[j][0] = cw[j][1] = 0u;
-                    if constexpr (PAIR) {
-                        cw[j][0] = in ? wrow2[j][(k0 >> 1) + t] : 0u;
-                        cw[j][1] = in && hi_ok ? wrow2[j][((k0 + 8) >> 1) + t] : 0u;
-                    }
-                }
-                u32 ga = 0u, gb = 0u;
-                if constexpr (NORM) {
-                    if (!staged) {
-                        ga = reinterpret_cast<const u32*>(gamma)[(k0 >> 1) + t];
-                        gb = hi_ok ? reinterpret_cast<const u32*>(gamma)[((k0 + 8) >> 1) + t] : 0u;
-                    }
-                }
-#pragma unroll
-                for (u32 m = 0; m < FD_MT; ++m) {
-                    if (m >= mtiles) break;
-                    const u32 r0 = m * 16 + g, r1 = r0 + 8;
-                    u32 av[4] = {0u, 0u, 0u, 0u};
-                    const u32 rows[2] = {r0, r1};
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        if (rows[h] >= batch) continue;
-                        if (staged) {
-                            const u32* srow = abuf + rows[h] * sw;
-                            av[h] = srow[(kl >> 1) + t];
-                            av[2 + h] = hi_ok ? srow[((kl + 8) >> 1) + t] : 0u;
-                            continue;
-                        }
-                        const u32* arow = reinterpret_cast<const u32*>(a + (u64)rows[h] * K);
-                        u32 lo = fd_ld32cg(arow + (k0 >> 1) + t);
-                        u32 hi = hi_ok ? fd_ld32cg(arow + ((k0 + 8) >> 1) + t) : 0u;
-                        if constexpr (NORM) {
-                            const float r = sh.rstd[rows[h]];
-                            lo = fd_pack(fd_lo(lo) * r * fd_lo(ga), fd_hi(lo) * r * fd_hi(ga));
-                            hi = hi_ok ? fd_pack(fd_lo(hi) * r * fd_lo(gb), fd_hi(hi) * r * fd_hi(gb)) : 0u;
-                        }
-                        av[h] = lo;
-                        av[2 + h] = hi;
-                    }
-                    __syncwarp();  // mma.sync wants the whole warp, converged after the row tests
-#pragma unroll
-                    for (u32 j = 0; j < FD_NT; ++j) {
-                        if (t0 + j >= mine) break;
-                        fd_mma(acc[j][m], av[0], av[1], av[2], av[3], bw[j][0], bw[j][1]);
-                        if constexpr (PAIR) fd_mma(acc2[j][m], av[0], av[1], av[2], av[3], cw[j][0], cw[j][1]);
-                    }
-                }
-            }
+        } else {
+            fd_kloop<K, NORM, PAIR>(sh, acc, acc2, wrow, wrow2, abuf, P::SW, staged, a, gamma, 0u, KS, t0, mine, mtiles, batch);
         }
         if (t0 == 0) FD_MARK(sh, FD_T_KDONE);
         // Each tile's warps' partial sums, added in warp order.
