@@ -43,9 +43,11 @@ def report(path):
     blocks = range(grid)
     start_clk = [m[b][-1][READY] for b in blocks]
     start_gt = [m[b][-1][GT_LEAVE] for b in blocks]
-    used = [s for s in range(len(m[0]) - 1) if all(m[b][s][GT_LEAVE] for b in blocks)]
-    n = len(used)
+    # The buffer outlives launches: a launch with fewer stages leaves later slots stale, so only
+    # the stages this launch's layout has count.
     names, layers = kinds(m[0][-1][KDONE], m[0][-1][ARRIVE])
+    used = list(range(len(names)))
+    n = len(used)
     end = used[-1]
     ns_per_clk = [(m[b][end][GT_LEAVE] - start_gt[b]) / max(m[b][end][LEAVE] - start_clk[b], 1) for b in blocks]
     rows = {}
@@ -63,11 +65,16 @@ def report(path):
         leave_gt = [m[b][s][GT_LEAVE] for b in blocks]
         release = statistics.median(leave_gt) - max(m[b][s][GT_ARRIVE] for b in blocks)
         stage_total = statistics.median(leave_gt) - statistics.median(prev_gt)
+        if s == used[-1]:
+            # The last stage ends at no barrier: each block marks its own end; the kernel ends
+            # with the last of them.
+            release = 0.0
+            stage_total = max(leave_gt) - statistics.median(prev_gt)
         busy = sum(1 for v in kdone if v) or grid
         rows.setdefault(name, []).append((span[c], inputs, kloop, rest, release, stage_total, busy))
         prev_clk = [m[b][s][LEAVE] for b in blocks]
         prev_gt = leave_gt
-    total = statistics.median(m[b][end][GT_LEAVE] for b in blocks) - statistics.median(start_gt)
+    total = max(m[b][end][GT_LEAVE] for b in blocks) - statistics.median(start_gt)
     print(f"## {path}: batch {batch}, grid {grid}, {layers} layers, {n} stages, kernel {total / 1000:.1f} us "
           f"({total / n / 1000:.2f} us a stage)")
     print("| stage | count | stage us | critical block: to barrier | inputs | K loop | rest | barrier release | blocks with tiles |")

@@ -240,6 +240,14 @@ fn the_step_matches_the_unfused_ops_across_row_tiles_and_head_dim_128() {
     });
 }
 
+/// Attention and the output projection in one stage (batches up to 4) where each head's share
+/// of the projection takes several passes of 32 columns: d_model 1024 in 16 heads leaves two
+/// blocks of a 132-multiprocessor GPU to each (sequence, head), 512 columns each.
+#[test]
+fn the_step_matches_the_unfused_ops_with_the_projection_in_several_column_passes() {
+    on_each_backend(|dev| against_unfused(dev, sizes(1024, 16, 520, 4), 4, 3, &[0, 5, 1, 9]));
+}
+
 /// The most sequences the kernel takes, and one more (the unfused ops then run).
 #[test]
 fn the_step_takes_up_to_its_batch_limit_and_falls_back_past_it() {

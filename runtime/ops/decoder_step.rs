@@ -16,10 +16,11 @@ const OP: &str = "DecoderStep";
 pub const DECODER_STEP_MAX_FUSED_BATCH: usize = 64;
 
 /// The batches [`DecoderStep::run`] gives the one kernel by default: up to 32 sequences. On an
-/// H200 (the GPT of examples/gpt, 2026-12-03, one call) the kernel takes 0.24 ms a token at
-/// batch 1, 0.29 at 16 and 0.42 at 32 against the unfused ops' 0.50 at 32, and loses at 64
-/// (0.72 against 0.51): there the down projection's input rows no longer fit the kernel's
-/// shared buffer and attention takes four rounds of (sequence, head) tasks.
+/// H200 (the GPT of examples/gpt, 2026-12-03, one call) the kernel takes 0.23 ms a token at
+/// batch 1, 0.31 at 16 and 0.44 at 32 against the unfused ops' 0.50 at 32, and loses at 64
+/// (0.67 against 0.51): there attention takes four rounds of (sequence, head) tasks, each
+/// reading its cache from HBM, and the down projection's rows go through shared memory in
+/// chunks.
 pub const DECODER_STEP_DEFAULT_FUSED_BATCH: usize = 32;
 
 /// One layer of a [`DecoderWeights`]: a pre-norm block `x + attn(rms_norm(x))`, then
