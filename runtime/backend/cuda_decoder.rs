@@ -27,9 +27,10 @@ const THREADS: u32 = 256;
 /// of K), the n8 tiles a block computes in one pass (`FD_NT`, 2) and attention's passes of keys
 /// loaded at once (`FD_APIPE`, 8 at head dim 64, 4 at 128). `GRAPHED_DECODER_WBUF`,
 /// `GRAPHED_DECODER_ABUF` (bytes, 0 reads from global memory), `GRAPHED_DECODER_NT` (1 to 4) and
-/// `GRAPHED_DECODER_APIPE` (1 to 16) override them, and `GRAPHED_DECODER_FUSE_O` the largest
-/// batch whose attention stage computes the output projection too (`FD_FUSE_O`, 4; 0 never),
-/// for measurements.
+/// `GRAPHED_DECODER_APIPE` (1 to 16) override them, `GRAPHED_DECODER_FUSE_O` the largest
+/// batch whose attention stage computes the output projection too (`FD_FUSE_O`, 4; 0 never)
+/// and `GRAPHED_DECODER_MT` the 16-row tiles the kernel is built for (`FD_MT`, 4; fewer take
+/// at most 16 a tile and compile less code), for measurements.
 /// `GRAPHED_DECODER_TRACE` (a folder) compiles the stage marks in (`FD_TRACE`), see
 /// [`decoder_trace_dir`].
 #[derive(Clone, Copy, Debug)]
@@ -39,6 +40,7 @@ struct Knobs {
     nt: u32,
     apipe: Option<u32>,
     fuse_o: Option<u32>,
+    mt: u32,
     trace: bool,
 }
 
@@ -58,6 +60,7 @@ impl Knobs {
                 nt: env("GRAPHED_DECODER_NT").map_or(2, |n| n.clamp(1, 4)),
                 apipe: env("GRAPHED_DECODER_APIPE").map(|n| n.clamp(1, 16)),
                 fuse_o: env("GRAPHED_DECODER_FUSE_O").map(|n| n.min(64)),
+                mt: env("GRAPHED_DECODER_MT").map_or(4, |n| n.clamp(1, 4)),
                 trace: decoder_trace_dir().is_some(),
             }
         })
@@ -77,6 +80,12 @@ pub(crate) fn decoder_trace_dir() -> Option<&'static std::path::Path> {
 /// `kernels/decoder.cu` defines them).
 pub(crate) const TRACE_STAGES: usize = 64;
 pub(crate) const TRACE_SLOTS: usize = 6;
+
+/// The most sequences the kernel as built takes (16 a row tile; 64 unless
+/// `GRAPHED_DECODER_MT` says fewer tiles).
+pub(crate) fn decoder_max_batch() -> usize {
+    16 * Knobs::get().mt as usize
+}
 
 impl CudaBackend {
     /// The step's kernel for `shape`, and the grid it runs on: one block a multiprocessor (the
@@ -106,6 +115,7 @@ impl CudaBackend {
                     format!("-DFD_WBUF_BYTES={}", knobs.wbuf),
                     format!("-DFD_ABUF_BYTES={}", knobs.abuf),
                     format!("-DFD_NT={}", knobs.nt),
+                    format!("-DFD_MT={}", knobs.mt),
                 ];
                 if let Some(p) = knobs.apipe {
                     options.push(format!("-DFD_APIPE={p}"));

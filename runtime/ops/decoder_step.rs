@@ -3,7 +3,7 @@
 
 use cudarc::driver::CudaFunction;
 
-use crate::backend::cuda_decoder::{decoder_trace_dir, DecoderShape, TRACE_SLOTS, TRACE_STAGES};
+use crate::backend::cuda_decoder::{decoder_max_batch, decoder_trace_dir, DecoderShape, TRACE_SLOTS, TRACE_STAGES};
 use crate::backend::{CudaBackend, KArg};
 use crate::error::OpError;
 use crate::ops::{self, at_most, check_like, exec, Exec};
@@ -384,7 +384,9 @@ impl DecoderStep {
     pub fn run(&self, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
         let batch = self.check_inputs(ids, positions)?;
         match (&self.fused, exec(ids.device())) {
-            (Some(f), Exec::Cuda(c)) if batch <= self.fused_limit => self.run_fused(c, f, ids, positions, batch),
+            (Some(f), Exec::Cuda(c)) if batch <= self.fused_limit.min(decoder_max_batch()) => {
+                self.run_fused(c, f, ids, positions, batch)
+            }
             _ => self.unfused(ids, positions, batch),
         }
     }

@@ -32,8 +32,11 @@
 #define FD_HD (FD_D / FD_HEADS)
 #define FD_WARPS 8
 #define FD_THREADS (FD_WARPS * 32)
-// The most sequences a step takes: four m16 tiles.
+// The most sequences a step takes, in m16 tiles (four; fewer compile less code, for
+// measurements: GRAPHED_DECODER_MT).
+#ifndef FD_MT
 #define FD_MT 4
+#endif
 // The bytes of dynamic shared memory that hold a GEMM stage's weight rows (the host launches
 // with this much): each stage's rows are copied there (cp.async) while the grid waits at the
 // barrier before the stage, so a stage starts with its weights on chip and waits only for its
@@ -403,7 +406,7 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
                                         u32 pair, u32 batch, float eps, const bf16_t* resid, Epi epi) {
     using P = FdW<K, PAIR>;
     constexpr u32 KS = (K + 15) / 16;
-    constexpr u32 EPT = FD_MT * 128 / FD_THREADS;  // epilogue elements a thread and tile, at most
+    constexpr u32 EPT = (FD_MT * 128 + FD_THREADS - 1) / FD_THREADS;  // epilogue elements a thread and tile, at most
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const u32 mtiles = (batch + 15) / 16;
     const u32 mine = fd_block_tiles(n);
