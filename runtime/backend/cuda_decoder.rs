@@ -70,7 +70,8 @@ impl Knobs {
 /// Where `GRAPHED_DECODER_TRACE` asks the one-kernel step to write its stage marks, for
 /// measurements: every eager step (not one a graph captures) then waits for its kernel and
 /// writes `decoder-trace-b{batch}.bin` there (see `DecoderStep`'s trace; `bench/decoder_trace.py`
-/// reads it). `None` (the default) compiles no marks in.
+/// reads it). `None` (the default) compiles no marks in. `DecoderStep::new` refuses a path that
+/// is not a folder before it builds anything.
 pub(crate) fn decoder_trace_dir() -> Option<&'static std::path::Path> {
     static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
     DIR.get_or_init(|| std::env::var_os("GRAPHED_DECODER_TRACE").filter(|v| !v.is_empty()).map(Into::into)).as_deref()

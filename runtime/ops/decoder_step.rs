@@ -115,13 +115,15 @@ impl Layer {
 }
 
 /// What the one-kernel step needs on CUDA: the table of pointers the kernel reads (written
-/// once), the grid barrier's 64-bit count (two zeroed i32 words), the kernel and its grid; with
-/// `GRAPHED_DECODER_TRACE`, the buffer of its stage marks.
+/// once), the grid barrier's 64-bit count (two zeroed i32 words), the kernel, its grid and the
+/// most sequences it was built for; with `GRAPHED_DECODER_TRACE`, the buffer of its stage marks
+/// and the folder they go to.
 #[derive(Debug)]
 struct Fused {
     table: Tensor,
     barrier: Tensor,
-    trace: Option<Tensor>,
+    max_batch: usize,
+    trace: Option<(Tensor, &'static std::path::Path)>,
     shape: DecoderShape,
     kernel: CudaFunction,
     grid: u32,
@@ -306,6 +308,10 @@ impl DecoderStep {
             if !aligned {
                 return Ok(step);
             }
+            if let Some(dir) = decoder_trace_dir().filter(|dir| !dir.is_dir()) {
+                let detail = format!("GRAPHED_DECODER_TRACE names {}, which is not a folder", dir.display());
+                return Err(Error::InvalidArgument { op: OP, detail });
+            }
             let shape = DecoderShape { d_model: d, heads: w.heads, hidden };
             if let Some((kernel, grid)) = c.decoder_kernel(shape)? {
                 step.fused = Some(step.table(w.tok.device(), shape, max_len, kernel, grid)?);
@@ -341,10 +347,11 @@ impl DecoderStep {
             Ok(Fused {
                 table: Tensor::from_i32(dev, &halves, &[halves.len()])?,
                 barrier: Tensor::from_i32(dev, &[0, 0], &[2])?,
+                max_batch: decoder_max_batch(),
                 trace: match decoder_trace_dir() {
-                    Some(_) => {
+                    Some(dir) => {
                         let words = 2 * grid as usize * TRACE_STAGES * TRACE_SLOTS;
-                        Some(Tensor::from_i32(dev, &vec![0; words], &[words])?)
+                        Some((Tensor::from_i32(dev, &vec![0; words], &[words])?, dir))
                     }
                     None => None,
                 },
@@ -384,7 +391,7 @@ impl DecoderStep {
     pub fn run(&self, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
         let batch = self.check_inputs(ids, positions)?;
         match (&self.fused, exec(ids.device())) {
-            (Some(f), Exec::Cuda(c)) if batch <= self.fused_limit.min(decoder_max_batch()) => {
+            (Some(f), Exec::Cuda(c)) if batch <= self.fused_limit.min(f.max_batch) => {
                 self.run_fused(c, f, ids, positions, batch)
             }
             _ => self.unfused(ids, positions, batch),
@@ -465,10 +472,10 @@ impl DecoderStep {
             KArg::Ptr(c.err_word()),
             KArg::U32(batch as u32),
             KArg::F32(self.eps),
-            KArg::Ptr(f.trace.as_ref().map_or(Ok(0), Tensor::cuda_ptr)?),
+            KArg::Ptr(f.trace.as_ref().map_or(Ok(0), |(t, _)| t.cuda_ptr())?),
         ];
         c.launch_decoder(&f.kernel, f.grid, &args)?;
-        if let (Some(trace), Some(dir)) = (&f.trace, decoder_trace_dir()) {
+        if let Some((trace, dir)) = &f.trace {
             if !dev.is_capturing() {
                 write_trace(trace, dir, f.grid, batch)?;
             }
@@ -479,7 +486,8 @@ impl DecoderStep {
 
 /// Writes the kernel's stage marks (`GRAPHED_DECODER_TRACE`, for measurements) to
 /// `dir/decoder-trace-b{batch}.bin`: four little-endian u32 (grid, stages, slots, batch), then
-/// the marks as u64 (`FD_TRACE` in kernels/decoder.cu says what each holds).
+/// the marks as u64 (`FD_TRACE` in kernels/decoder.cu says what each holds). The step has run
+/// by then: a failed write says so.
 fn write_trace(trace: &Tensor, dir: &std::path::Path, grid: u32, batch: usize) -> Result<()> {
     let words = trace.to_i32_vec()?;
     let mut bytes = Vec::with_capacity(16 + 4 * words.len());
@@ -492,6 +500,9 @@ fn write_trace(trace: &Tensor, dir: &std::path::Path, grid: u32, batch: usize) -
     let path = dir.join(format!("decoder-trace-b{batch}.bin"));
     std::fs::write(&path, bytes).map_err(|e| Error::InvalidArgument {
         op: OP,
-        detail: format!("GRAPHED_DECODER_TRACE: cannot write {}: {e}", path.display()),
+        detail: format!(
+            "GRAPHED_DECODER_TRACE: the step ran, but its marks could not be written to {}: {e}",
+            path.display()
+        ),
     })
 }
