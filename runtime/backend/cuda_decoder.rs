@@ -32,7 +32,9 @@ const THREADS: u32 = 256;
 /// and `GRAPHED_DECODER_MT` the 16-row tiles the kernel is built for (`FD_MT`, 4; fewer take
 /// at most 16 a tile and compile less code), for measurements.
 /// `GRAPHED_DECODER_TRACE` (a folder) compiles the stage marks in (`FD_TRACE`), see
-/// [`decoder_trace_dir`].
+/// [`decoder_trace_dir`]; `GRAPHED_DECODER_PTX` (a folder) receives each build's PTX
+/// (`decoder-{d_model}x{heads}x{hidden}.ptx`), to read its machine code with `ptxas -v` and
+/// `cuobjdump`.
 #[derive(Clone, Copy, Debug)]
 struct Knobs {
     wbuf: u32,
@@ -132,6 +134,15 @@ impl CudaBackend {
                 let src = [KERNEL_SOURCES[0], KERNEL_SOURCES[1], KERNEL_SOURCES[2], include_str!("kernels/decoder.cu")]
                     .join("\n");
                 let ptx = compile_ptx_with_opts(src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
+                if let Some(dir) = std::env::var_os("GRAPHED_DECODER_PTX").filter(|v| !v.is_empty()) {
+                    // For measurements (`ptxas -v`, `cuobjdump --dump-sass`): where the folder
+                    // cannot be written the kernel still runs, so the failure is only reported.
+                    let DecoderShape { d_model, heads, hidden } = shape;
+                    let file = std::path::Path::new(&dir).join(format!("decoder-{d_model}x{heads}x{hidden}.ptx"));
+                    if let Err(e) = std::fs::write(&file, ptx.to_src()) {
+                        eprintln!("GRAPHED_DECODER_PTX: could not write {}: {e}", file.display());
+                    }
+                }
                 let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
                 let f = module.load_function("decoder_step_bf16").map_err(driver_err("cuModuleGetFunction"))?;
                 // Refused where the buffers and the static shared memory together exceed what
