@@ -272,8 +272,7 @@ fn written(opt: &MixedAdamW, model: &[Param]) -> Result<Vec<Vec<u32>>> {
 }
 
 /// A captured f16 step with a loss scaler puts its update under an IF node: the update's
-/// kernel is not among the graph's nodes (it is the node's body; AdamW's per-step work, which
-/// reads the flag, runs before the node), the scale's update
+/// kernels are not among the graph's nodes (they are in the node's body), the scale's update
 /// is no launch of its own on CUDA (the kernel that sets the condition does it), and a replay after an
 /// overflow leaves the weights, masters and moments bitwise as they were while it counts the
 /// skip, zeroes the grads and halves the scale. (Bitwise equality with the step that launches
@@ -290,11 +289,7 @@ fn an_overflowed_captured_step_skips_its_update_under_an_if_node() {
         graph.capture(CaptureMode::Global, || opt.step_and_zero_grad())?;
         let nodes = graph.nodes()?;
         let kernels: Vec<&str> = nodes.iter().filter_map(|n| n.kernel.as_deref()).collect();
-        // The per-step work (step count, bias corrections) reads the flag itself and runs
-        // before the node; the update's kernel is in the node's body.
-        let update_kernels = kernels.iter().filter(|k| k.starts_with("adamw") && **k != "adamw_prepare_mixed");
-        assert_eq!(update_kernels.count(), 0, "the update is outside the IF node: {kernels:?}");
-        assert_eq!(kernels.iter().filter(|k| **k == "adamw_prepare_mixed").count(), 1, "{kernels:?}");
+        assert!(!kernels.iter().any(|k| k.starts_with("adamw")), "the update is outside the IF node: {kernels:?}");
         let conditionals = match dev.is_host() {
             // One recorded op tests the flag and runs one of the two bodies.
             true => kernels.iter().filter(|k| **k == "if_else").count(),

@@ -256,8 +256,7 @@ pub(super) fn make_masters(
 /// A captured step with a scaler puts the update under an IF node whose condition is "no
 /// overflow" ([`Condition::run_if`]): a replay after an overflow launches none of the update's
 /// kernels (it unscales, checks, zeroes the grads for `step_and_zero_grad`, and backs the
-/// scale off). The optimizer's per-step work (AdamW's step count and bias corrections, which
-/// read the flag) runs before the node, so that its body is one kernel. The scale's update then runs before the node (it reads only the flag, and the
+/// scale off). The scale's update then runs before the node (it reads only the flag, and the
 /// optimizer's kernels never read the scale: the same results), on CUDA inside the kernel that
 /// sets the node's condition, so the node costs no launch of its own; `step_and_zero_grad`
 /// zeroes a skipped step's grads in the node's else body (one node with two bodies on CUDA
@@ -432,17 +431,16 @@ impl<O: sealed::Master> Mixed<O> {
         };
         scaler.unscale_and_check_table(&self.inputs.grads)?;
         let flag = &scaler.state;
+        let update = |zero: u32| {
+            self.inner.prepare(flag)?;
+            self.inner.update_all(&self.model, flag, zero)
+        };
         if self.skips_with_a_node() {
             let finite = Condition::element("Mixed::step", flag, 1, Some(0.5))?;
             // The scale's update reads the flag only and writes nothing the branches read, so it
             // goes before the node: on CUDA inside the kernel that sets its condition.
             let scale = || scaler.update();
             let before = Before { ops: &scale, update: scaler.fused_update()? };
-            // The optimizer's per-step work reads the flag itself (a skipped step leaves its
-            // state as it was), so it runs before the node too: the node's body is the update's
-            // one kernel, not two in a row.
-            self.inner.prepare(flag)?;
-            let update = |zero: u32| self.inner.update_all(&self.model, flag, zero);
             if zero {
                 // The grads of a skipped step are zeroed by the other branch.
                 let skipped = || self.inputs.grads.zero_grads(Some(flag));
@@ -452,8 +450,7 @@ impl<O: sealed::Master> Mixed<O> {
             }
             return Ok(());
         }
-        self.inner.prepare(flag)?;
-        self.inner.update_all(&self.model, flag, zero_bits(zero))?;
+        update(zero_bits(zero))?;
         scaler.update()
     }
 
