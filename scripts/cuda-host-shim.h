@@ -3,6 +3,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __shared__ static
 #define asm(...) ((void)0)
 #define extern_C
