@@ -154,15 +154,23 @@ __device__ __forceinline__ unsigned long long fd_sync_base(const unsigned long l
     return v - v % gridDim.x;
 }
 struct FdShared {
-    float red[FD_WARPS][2][FD_MT][16][8];  // the warps' partial tiles (two operands)
-    float sum[FD_NT][2][FD_MT * 128];  // a pass's tiles' sums (fd_kpass), two operands
-    float res[FD_NT][FD_MT * 128];     // and their residual values
+    // A GEMM stage's (fd_kpass) and the attention stage's buffers share their memory: the
+    // static shared memory of a block is at most 48 KB.
+    union {
+        struct {
+            float red[FD_WARPS][2][FD_MT][16][8];  // the warps' partial tiles (two operands)
+            float sum[FD_NT][2][FD_MT * 128];      // a pass's tiles' sums, two operands
+            float res[FD_NT][FD_MT * 128];         // and their residual values
+        } g;
+        struct {
+            float am[FD_WARPS], al[FD_WARPS];
+            float aacc[FD_WARPS][FD_HD];
+            float arow[FD_HD];  // a head's attention row, for the output projection in its stage
+        } a;
+    };
     float rstd[FD_MT * 16];
     int len[FD_MT * 16];  // the lengths at the q/k/v stage (where its keys and values go)
     long long erow[FD_MT * 16][2];  // each sequence's token and position rows (-1: bad)
-    float am[FD_WARPS], al[FD_WARPS];
-    float aacc[FD_WARPS][FD_HD];
-    float arow[FD_HD];  // a head's attention row, for the output projection in its stage
 #ifdef FD_TRACE
     unsigned long long* trace;  // FD_TRACE_SLOTS words a stage and block (thread 0 writes them)
     u32 stage;
@@ -318,35 +326,35 @@ struct FdEmbedded {
 // Epilogue elements a thread handles per tile (FD_MT m16 tiles of 16 x 8 values), at most.
 #define FD_EPT ((FD_MT * 128 + FD_THREADS - 1) / FD_THREADS)
 
-// One GEMM stage's K work, described at run time (fd_gemm fills it): every stage runs the same
-// code for it (fd_kpass), so that the code a stage runs is on chip from the stages before. A
-// kernel with one copy of the K loop a stage kind (seven, each unrolled over the row and column
-// tiles) measured 480 KB of machine code, far more than a multiprocessor's instruction cache.
+// One GEMM stage's K work, as fd_gemm hands it to fd_kpass. The K loop is not inlined into
+// each stage: one copy serves every stage of the same K, pair and row tiles (fd_kpass's
+// template), so that a stage runs code that the stages before it brought on chip. With a copy
+// for every stage kind (seven, each unrolled over the row and column tiles and inlined three
+// times) the kernel measured 480 KB of machine code, far more than the instruction caches hold.
 struct FdPass {
     const bf16_t* a;      // the rows [batch, K] (read through L2 where they are not staged whole)
     const bf16_t* gamma;  // the RMSNorm's weights (norm)
     const bf16_t* w;      // W: n rows of K (then the pair's rows, `pair` rows further down)
     const bf16_t* resid;  // the residual's rows [batch, n] (row stride n), or null
     u32* abuf;            // the activation buffer
-    u32 k, ks, n, pair, batch, mine, mtiles;
-    u32 sw;    // words a row of abuf
-    u32 ksc;   // K steps a staged chunk (ks where the rows are staged whole; 0: not staged)
-    u32 wsw;   // words a weight row in fd_wbuf
-    u32 wrows; // weight rows a tile in fd_wbuf (16 with the pair)
-    u32 fit;   // the block's tiles whose weights are in fd_wbuf
-    bool norm, has_pair, whole;
+    u32 n, pair, batch, mine, mtiles;
+    u32 sw;   // words a row of abuf
+    u32 ksc;  // K steps a staged chunk (all of them where the rows are staged whole; 0: not staged)
+    bool norm, whole;
 };
 
 // fd_kpass's K loop over steps [ks0, ks1) (this warp's: ks0 + warp, + FD_WARPS, ...) for the
-// tiles t0.. of the pass: the weight fragments through wrow/wrow2, the activation fragments from
-// abuf (rows sw words apart, holding values from step ks0 on) when staged, else from p.a through
-// L2 (normed with p.norm).
-__device__ __forceinline__ void fd_kloop(const FdShared& sh, const FdPass& p, float (&acc)[FD_NT][FD_MT][4], float (&acc2)[FD_NT][FD_MT][4],
+// tiles t0.. of the pass and the first MT row tiles: the weight fragments through wrow/wrow2,
+// the activation fragments from abuf (rows p.sw words apart, holding values from step ks0 on)
+// when staged, else from p.a through L2 (normed with p.norm). Forced inline, so that the
+// calls over all of K keep constant bounds.
+template <int K, bool PAIR, int MT>
+__device__ __forceinline__ void fd_kloop(const FdShared& sh, const FdPass& p, float (&acc)[FD_NT][MT][4], float (&acc2)[FD_NT][MT][4],
                                          const u32* const (&wrow)[FD_NT], const u32* const (&wrow2)[FD_NT], bool staged, u32 ks0, u32 ks1, u32 t0) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const u32 K = p.k, mine = p.mine, mtiles = p.mtiles, batch = p.batch, sw = p.sw;
-    const bool pair = p.has_pair, norm = p.norm && !staged;
-#pragma unroll 2
+    const u32 mine = p.mine, mtiles = p.mtiles, batch = p.batch, sw = p.sw;
+    const bool norm = p.norm && !staged;
+#pragma unroll 4
     for (u32 ks = ks0 + warp; ks < ks1; ks += FD_WARPS) {
         const u32 k0 = ks * 16, kl = k0 - ks0 * 16;  // kl: in the staged chunk
         const bool hi_ok = k0 + 8 < K;
@@ -356,8 +364,11 @@ __device__ __forceinline__ void fd_kloop(const FdShared& sh, const FdPass& p, fl
             const bool in = t0 + j < mine;
             bw[j][0] = in ? wrow[j][(k0 >> 1) + t] : 0u;
             bw[j][1] = in && hi_ok ? wrow[j][((k0 + 8) >> 1) + t] : 0u;
-            cw[j][0] = in && pair ? wrow2[j][(k0 >> 1) + t] : 0u;
-            cw[j][1] = in && pair && hi_ok ? wrow2[j][((k0 + 8) >> 1) + t] : 0u;
+            cw[j][0] = cw[j][1] = 0u;
+            if constexpr (PAIR) {
+                cw[j][0] = in ? wrow2[j][(k0 >> 1) + t] : 0u;
+                cw[j][1] = in && hi_ok ? wrow2[j][((k0 + 8) >> 1) + t] : 0u;
+            }
         }
         u32 ga = 0u, gb = 0u;
         if (norm) {
@@ -365,7 +376,7 @@ __device__ __forceinline__ void fd_kloop(const FdShared& sh, const FdPass& p, fl
             gb = hi_ok ? reinterpret_cast<const u32*>(p.gamma)[((k0 + 8) >> 1) + t] : 0u;
         }
 #pragma unroll
-        for (u32 m = 0; m < FD_MT; ++m) {
+        for (u32 m = 0; m < MT; ++m) {
             if (m >= mtiles) break;
             const u32 r0 = m * 16 + g, r1 = r0 + 8;
             u32 av[4] = {0u, 0u, 0u, 0u};
@@ -395,27 +406,30 @@ __device__ __forceinline__ void fd_kloop(const FdShared& sh, const FdPass& p, fl
             for (u32 j = 0; j < FD_NT; ++j) {
                 if (t0 + j >= mine) break;
                 fd_mma(acc[j][m], av[0], av[1], av[2], av[3], bw[j][0], bw[j][1]);
-                if (pair) fd_mma(acc2[j][m], av[0], av[1], av[2], av[3], cw[j][0], cw[j][1]);
+                if constexpr (PAIR) fd_mma(acc2[j][m], av[0], av[1], av[2], av[3], cw[j][0], cw[j][1]);
             }
         }
     }
 }
 
-// One pass of a GEMM stage over K for the block's tiles t0 .. t0 + FD_NT - 1 (see fd_gemm):
-// each tile's sums (the warps' partial sums added in warp order) go to sh.sum, its residual
-// values (p.resid, loaded before the K loop so that the epilogue waits for no load) to sh.res,
-// at the index of the thread that hands them to the epilogue (element e = threadIdx.x + i
-// FD_THREADS: row (e >> 7) * 16 + ((e >> 3) & 15), column e & 7). Rows that are not staged
-// whole are staged here in chunks of p.ksc K steps (from p.a, normed with p.norm), or not at
-// all (p.ksc 0). Not inlined: one copy serves every stage. Ends with __syncthreads, every
+// One pass of a GEMM stage over K for the block's tiles t0 .. t0 + FD_NT - 1 and its first MT
+// row tiles (see fd_gemm): each tile's sums (the warps' partial sums added in warp order) go to
+// sh.g.sum, its residual values (p.resid, loaded before the K loop so that the epilogue waits
+// for no load) to sh.g.res, at the index of the thread that hands them to the epilogue (element
+// e = threadIdx.x + i FD_THREADS: row (e >> 7) * 16 + ((e >> 3) & 15), column e & 7). Rows that
+// are not staged whole are staged here in chunks of p.ksc K steps (from p.a, normed with
+// p.norm), or not at all (p.ksc 0). Not inlined (see FdPass). Ends with __syncthreads, every
 // warp done with fd_wbuf and the activation buffer.
+template <int K, bool PAIR, int MT>
 __device__ __noinline__ void fd_kpass(FdShared& sh, const FdPass p, u32 t0) {
+    using P = FdW<K, PAIR>;
+    constexpr u32 KS = (K + 15) / 16;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    float acc[FD_NT][FD_MT][4], acc2[FD_NT][FD_MT][4];
+    float acc[FD_NT][MT][4], acc2[FD_NT][MT][4];
 #pragma unroll
     for (int j = 0; j < FD_NT; ++j)
 #pragma unroll
-        for (int m = 0; m < FD_MT; ++m)
+        for (int m = 0; m < MT; ++m)
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[j][m][i] = acc2[j][m][i] = 0.0f;
     // Each tile's two weight rows for this lane: in fd_wbuf (words) or in W (global).
@@ -425,12 +439,12 @@ __device__ __noinline__ void fd_kpass(FdShared& sh, const FdPass p, u32 t0) {
 #pragma unroll
     for (u32 j = 0; j < FD_NT; ++j) {
         const u32 ti = t0 + j, n0 = (blockIdx.x + ti * gridDim.x) * 8;
-        if (ti < p.fit) {
-            wrow[j] = fd_wbuf + (ti * p.wrows + g) * p.wsw;
-            wrow2[j] = fd_wbuf + (ti * p.wrows + 8 + g) * p.wsw;
+        if (ti < P::FIT) {
+            wrow[j] = fd_wbuf + (ti * P::ROWS + g) * P::SW;
+            wrow2[j] = fd_wbuf + (ti * P::ROWS + 8 + g) * P::SW;
         } else {
-            wrow[j] = reinterpret_cast<const u32*>(p.w + (u64)(n0 + g) * p.k);
-            wrow2[j] = reinterpret_cast<const u32*>(p.w + (u64)(p.pair + n0 + g) * p.k);
+            wrow[j] = reinterpret_cast<const u32*>(p.w + (u64)(n0 + g) * K);
+            wrow2[j] = reinterpret_cast<const u32*>(p.w + (u64)(p.pair + n0 + g) * K);
         }
 #pragma unroll
         for (u32 i = 0; i < FD_EPT; ++i) {
@@ -439,24 +453,24 @@ __device__ __noinline__ void fd_kpass(FdShared& sh, const FdPass p, u32 t0) {
             if (p.resid != nullptr && ti < p.mine && e < p.mtiles * 128 && b < p.batch) rv[j][i] = fd_ldcg(p.resid, (u64)b * p.n + n0 + (e & 7));
         }
     }
-    const bool staged = p.ksc > 0, chunked = staged && !p.whole;
-    const u32 chunks = chunked ? (p.ks + p.ksc - 1) / p.ksc : 1u;
-    for (u32 c = 0; c < chunks; ++c) {
-        const u32 ks0 = chunked ? c * p.ksc : 0u;
-        const u32 ks1 = chunked && ks0 + p.ksc < p.ks ? ks0 + p.ksc : p.ks;
-        if (chunked) {
+    const bool staged = p.ksc > 0;
+    if (staged && !p.whole) {
+        for (u32 ks0 = 0; ks0 < KS; ks0 += p.ksc) {
+            const u32 ks1 = ks0 + p.ksc < KS ? ks0 + p.ksc : KS;
             // Values [v0, v1) of the rows into the buffer, normed with p.norm.
-            const u32 v0 = ks0 * 16, v1 = ks1 * 16 < p.k ? ks1 * 16 : p.k, cpr = (v1 - v0) / 8;
+            const u32 v0 = ks0 * 16, v1 = ks1 * 16 < K ? ks1 * 16 : K, cpr = (v1 - v0) / 8;
             __syncthreads();  // every warp is done with the chunk before
-            for (u32 i = threadIdx.x; i < p.batch * cpr; i += FD_THREADS) {
-                const u32 b = i / cpr, o = i - b * cpr;
-                uint4 v = fd_ld128cg(p.a + (u64)b * p.k + v0 + o * 8);
+            for (u32 c = threadIdx.x; c < p.batch * cpr; c += FD_THREADS) {
+                const u32 b = c / cpr, o = c - b * cpr;
+                uint4 v = fd_ld128cg(p.a + (u64)b * K + v0 + o * 8);
                 if (p.norm) v = fd_norm8(v, reinterpret_cast<const uint4*>(p.gamma)[v0 / 8 + o], sh.rstd[b]);
                 *reinterpret_cast<uint4*>(p.abuf + b * p.sw + o * 4) = v;
             }
             __syncthreads();
+            fd_kloop<K, PAIR, MT>(sh, p, acc, acc2, wrow, wrow2, true, ks0, ks1, t0);
         }
-        fd_kloop(sh, p, acc, acc2, wrow, wrow2, staged, ks0, ks1, t0);
+    } else {
+        fd_kloop<K, PAIR, MT>(sh, p, acc, acc2, wrow, wrow2, staged, 0u, KS, t0);
     }
     if (t0 == 0) FD_MARK(sh, FD_T_KDONE);
     // Each tile's warps' partial sums, added in warp order.
@@ -464,13 +478,13 @@ __device__ __noinline__ void fd_kpass(FdShared& sh, const FdPass p, u32 t0) {
     for (u32 j = 0; j < FD_NT; ++j) {
         if (t0 + j >= p.mine) break;
 #pragma unroll
-        for (u32 m = 0; m < FD_MT; ++m) {
+        for (u32 m = 0; m < MT; ++m) {
             if (m >= p.mtiles) break;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const u32 row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-                sh.red[warp][0][m][row][col] = acc[j][m][i];
-                if (p.has_pair) sh.red[warp][1][m][row][col] = acc2[j][m][i];
+                sh.g.red[warp][0][m][row][col] = acc[j][m][i];
+                if constexpr (PAIR) sh.g.red[warp][1][m][row][col] = acc2[j][m][i];
             }
         }
         __syncthreads();
@@ -482,12 +496,12 @@ __device__ __noinline__ void fd_kpass(FdShared& sh, const FdPass p, u32 t0) {
             float v = 0.0f, v2 = 0.0f;
 #pragma unroll
             for (int wi = 0; wi < FD_WARPS; ++wi) {
-                v += sh.red[wi][0][m][row][col];
-                if (p.has_pair) v2 += sh.red[wi][1][m][row][col];
+                v += sh.g.red[wi][0][m][row][col];
+                if constexpr (PAIR) v2 += sh.g.red[wi][1][m][row][col];
             }
-            sh.sum[j][0][e] = v;
-            sh.sum[j][1][e] = v2;
-            sh.res[j][e] = rv[j][i];
+            sh.g.sum[j][0][e] = v;
+            sh.g.sum[j][1][e] = v2;
+            sh.g.res[j][e] = rv[j][i];
         }
         __syncthreads();
     }
@@ -558,9 +572,14 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
     __syncthreads();
     if (mine == 0) return;
     FD_MARK(sh, FD_T_READY);
-    const FdPass p{a, gamma, w, RESID ? resid : nullptr, abuf, (u32)K, KS, n, pair, batch, mine, mtiles, sw, ksc, P::SW, P::ROWS, P::FIT, NORM, PAIR, whole};
+    const FdPass p{a, gamma, w, RESID ? resid : nullptr, abuf, n, pair, batch, mine, mtiles, sw, ksc, NORM, whole};
     for (u32 t0 = 0; t0 < mine; t0 += FD_NT) {
-        fd_kpass(sh, p, t0);
+        // One row tile (16 sequences or fewer) runs the K loop built for one.
+        if (mtiles == 1) {
+            fd_kpass<K, PAIR, 1>(sh, p, t0);
+        } else {
+            fd_kpass<K, PAIR, FD_MT>(sh, p, t0);
+        }
         // Each element's sums and residual value, as this thread stored them in fd_kpass.
 #pragma unroll
         for (u32 j = 0; j < FD_NT; ++j) {
@@ -571,7 +590,7 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
                 const u32 e = threadIdx.x + i * FD_THREADS;
                 if (e >= mtiles * 128) break;
                 const u32 b = (e >> 7) * 16 + ((e >> 3) & 15);
-                if (b < batch) epi(b, n0 + (e & 7), sh.sum[j][0][e], sh.sum[j][1][e], sh.res[j][e]);
+                if (b < batch) epi(b, n0 + (e & 7), sh.g.sum[j][0][e], sh.g.sum[j][1][e], sh.g.res[j][e]);
             }
         }
     }
@@ -697,30 +716,30 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
             acc[e] = v;
         }
         if (lane == 0) {
-            sh.am[warp] = mw;
-            sh.al[warp] = l;
+            sh.a.am[warp] = mw;
+            sh.a.al[warp] = l;
         }
         if (grp == 0) {
 #pragma unroll
-            for (u32 e = 0; e < E; ++e) sh.aacc[warp][gl * E + e] = acc[e];
+            for (u32 e = 0; e < E; ++e) sh.a.aacc[warp][gl * E + e] = acc[e];
         }
         __syncthreads();
         for (u32 col = threadIdx.x; col < FD_HD; col += FD_THREADS) {
             float mx = gr_neg_inf();
-            for (int w = 0; w < FD_WARPS; ++w) mx = fmaxf(mx, sh.am[w]);
+            for (int w = 0; w < FD_WARPS; ++w) mx = fmaxf(mx, sh.a.am[w]);
             float sum = 0.0f, o = 0.0f;
             if (mx != gr_neg_inf()) {
                 for (int w = 0; w < FD_WARPS; ++w) {
-                    const float c = sh.am[w] == gr_neg_inf() ? 0.0f : expf(sh.am[w] - mx);
-                    sum += sh.al[w] * c;
-                    o += sh.aacc[w][col] * c;
+                    const float c = sh.a.am[w] == gr_neg_inf() ? 0.0f : expf(sh.a.am[w] - mx);
+                    sum += sh.a.al[w] * c;
+                    o += sh.a.aacc[w][col] * c;
                 }
             }
             const float v = sum > 0.0f ? o / sum : 0.0f;
             if (part == nullptr) {
                 fd_st(att, (u64)b * FD_D + h * FD_HD + col, v);
             } else {
-                sh.arow[col] = fd_round(v);
+                sh.a.arow[col] = fd_round(v);
             }
         }
         __syncthreads();
@@ -728,7 +747,7 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
         // This chunk's columns of the output projection, FD_THREADS / 8 columns a pass.
         float av[E];
 #pragma unroll
-        for (u32 e = 0; e < E; ++e) av[e] = sh.arow[ol * E + e];
+        for (u32 e = 0; e < E; ++e) av[e] = sh.a.arow[ol * E + e];
         for (u32 p0 = 0; p0 * (FD_THREADS / 8) < cols; p0 += FD_OPIPE) {
 #pragma unroll
             for (u32 p = 0; p < FD_OPIPE; ++p) {
