@@ -26,7 +26,7 @@ const THREADS: u32 = 256;
 /// rows (`FD_ABUF_BYTES`, 96 KiB: 64 rows of 512 values, 32 of 1368; longer rows go in chunks
 /// of K), the n8 tiles a block computes in one pass (`FD_NT`, 2) and attention's passes of keys
 /// loaded at once (`FD_APIPE`, 8 at head dim 64, 4 at 128). `GRAPHED_DECODER_WBUF`,
-/// `GRAPHED_DECODER_ABUF` (bytes, 0 reads from global memory), `GRAPHED_DECODER_NT` (1 or 2: the sums of a pass's tiles share 48 KB of static shared memory) and
+/// `GRAPHED_DECODER_ABUF` (bytes, 0 reads from global memory), `GRAPHED_DECODER_NT` (1 to 4) and
 /// `GRAPHED_DECODER_APIPE` (1 to 16) override them, `GRAPHED_DECODER_FUSE_O` the largest
 /// batch whose attention stage computes the output projection too (`FD_FUSE_O`, 4; 0 never)
 /// and `GRAPHED_DECODER_MT` the 16-row tiles the kernel is built for (`FD_MT`, 4; fewer take
@@ -59,7 +59,7 @@ impl Knobs {
             Knobs {
                 wbuf: env("GRAPHED_DECODER_WBUF").map_or(64 * 1024, |b| b / 16 * 16),
                 abuf: env("GRAPHED_DECODER_ABUF").map_or(96 * 1024, |b| b / 16 * 16),
-                nt: env("GRAPHED_DECODER_NT").map_or(2, |n| n.clamp(1, 2)),
+                nt: env("GRAPHED_DECODER_NT").map_or(2, |n| n.clamp(1, 4)),
                 apipe: env("GRAPHED_DECODER_APIPE").map(|n| n.clamp(1, 16)),
                 fuse_o: env("GRAPHED_DECODER_FUSE_O").map(|n| n.min(64)),
                 mt: env("GRAPHED_DECODER_MT").map_or(4, |n| n.clamp(1, 4)),
