@@ -46,6 +46,10 @@ def report(path):
     # The buffer outlives launches: a launch with fewer stages leaves later slots stale, so only
     # the stages this launch's layout has count.
     names, layers = kinds(m[0][-1][KDONE], m[0][-1][ARRIVE])
+    if len(names) > len(m[0]) - 1:
+        # The kernel marks FD_TRACE_STAGES - 1 stages at most (the last slot holds the layout).
+        print(f"{path}: {len(names)} stages, only the first {len(m[0]) - 1} were marked", file=sys.stderr)
+        names = names[:len(m[0]) - 1]
     used = list(range(len(names)))
     n = len(used)
     end = used[-1]
