@@ -26,7 +26,7 @@ const THREADS: u32 = 256;
 /// rows (`FD_ABUF_BYTES`, 96 KiB: 64 rows of 512 values, 32 of 1368; longer rows go in chunks
 /// of K), the n8 tiles a block computes in one pass (`FD_NT`, 2) and attention's passes of keys
 /// loaded at once (`FD_APIPE`, 8 at head dim 64, 4 at 128). `GRAPHED_DECODER_WBUF`,
-/// `GRAPHED_DECODER_ABUF` (bytes, 0 reads from global memory), `GRAPHED_DECODER_NT` (1 to 4) and
+/// `GRAPHED_DECODER_ABUF` (bytes, 0 reads from global memory), `GRAPHED_DECODER_NT` (1 or 2: the sums of a pass's tiles share 48 KB of static shared memory) and
 /// `GRAPHED_DECODER_APIPE` (1 to 16) override them, `GRAPHED_DECODER_FUSE_O` the largest
 /// batch whose attention stage computes the output projection too (`FD_FUSE_O`, 4; 0 never)
 /// and `GRAPHED_DECODER_MT` the 16-row tiles the kernel is built for (`FD_MT`, 4; fewer take
@@ -34,7 +34,9 @@ const THREADS: u32 = 256;
 /// `GRAPHED_DECODER_TRACE` (a folder) compiles the stage marks in (`FD_TRACE`), see
 /// [`decoder_trace_dir`]; `GRAPHED_DECODER_PTX` (a folder) receives each build's PTX
 /// (`decoder-{d_model}x{heads}x{hidden}.ptx`), to read its machine code with `ptxas -v` and
-/// `cuobjdump`.
+/// `cuobjdump`; `GRAPHED_DECODER_SOURCE` (a file) is compiled in place of `kernels/decoder.cu`, so
+/// that one run measures several versions of the kernel with the same binaries (see
+/// [`decoder_source`]).
 #[derive(Clone, Copy, Debug)]
 struct Knobs {
     wbuf: u32,
@@ -59,7 +61,7 @@ impl Knobs {
             Knobs {
                 wbuf: env("GRAPHED_DECODER_WBUF").map_or(64 * 1024, |b| b / 16 * 16),
                 abuf: env("GRAPHED_DECODER_ABUF").map_or(96 * 1024, |b| b / 16 * 16),
-                nt: env("GRAPHED_DECODER_NT").map_or(2, |n| n.clamp(1, 4)),
+                nt: env("GRAPHED_DECODER_NT").map_or(2, |n| n.clamp(1, 2)),
                 apipe: env("GRAPHED_DECODER_APIPE").map(|n| n.clamp(1, 16)),
                 fuse_o: env("GRAPHED_DECODER_FUSE_O").map(|n| n.min(64)),
                 mt: env("GRAPHED_DECODER_MT").map_or(4, |n| n.clamp(1, 4)),
@@ -77,6 +79,25 @@ impl Knobs {
 pub(crate) fn decoder_trace_dir() -> Option<&'static std::path::Path> {
     static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
     DIR.get_or_init(|| std::env::var_os("GRAPHED_DECODER_TRACE").filter(|v| !v.is_empty()).map(Into::into)).as_deref()
+}
+
+/// The kernel's source: `kernels/decoder.cu`, or the file `GRAPHED_DECODER_SOURCE` names (for
+/// measurements: variants of the kernel tried with the same test and bench binaries), read once.
+/// A file that cannot be read is refused as [`Error::InvalidArgument`], never replaced by the
+/// built-in kernel: a measurement must run what it names.
+fn decoder_source() -> Result<&'static str> {
+    static SRC: std::sync::OnceLock<std::result::Result<Option<String>, String>> = std::sync::OnceLock::new();
+    let src = SRC.get_or_init(|| match std::env::var_os("GRAPHED_DECODER_SOURCE").filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(path) => std::fs::read_to_string(&path)
+            .map(Some)
+            .map_err(|e| format!("GRAPHED_DECODER_SOURCE names {}, which could not be read: {e}", std::path::Path::new(&path).display())),
+    });
+    match src {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) => Ok(include_str!("kernels/decoder.cu")),
+        Err(detail) => Err(Error::InvalidArgument { op: "DecoderStep", detail: detail.clone() }),
+    }
 }
 
 /// The stage marks' layout (`FD_TRACE_STAGES` x `FD_TRACE_SLOTS` 64-bit words a block, as
@@ -100,6 +121,7 @@ impl CudaBackend {
             return Ok(None);
         }
         let knobs = Knobs::get();
+        let source = decoder_source()?;
         if knobs.dynamic_shared() as usize > self.max_shared_optin {
             return Ok(None);
         }
@@ -131,7 +153,7 @@ impl CudaBackend {
                 }
                 let opts = CompileOptions { options, ..Default::default() };
                 // core.cu, ops.cu and half.cu: the helpers decoder.cu builds on.
-                let src = [KERNEL_SOURCES[0], KERNEL_SOURCES[1], KERNEL_SOURCES[2], include_str!("kernels/decoder.cu")]
+                let src = [KERNEL_SOURCES[0], KERNEL_SOURCES[1], KERNEL_SOURCES[2], source]
                     .join("\n");
                 let ptx = compile_ptx_with_opts(src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
                 if let Some(dir) = std::env::var_os("GRAPHED_DECODER_PTX").filter(|v| !v.is_empty()) {

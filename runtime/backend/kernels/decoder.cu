@@ -153,14 +153,35 @@ __device__ __forceinline__ unsigned long long fd_sync_base(const unsigned long l
     const unsigned long long v = fd_ld_relaxed(bar);
     return v - v % gridDim.x;
 }
+// The warps' partial tiles of a tile pass (fd_kpass), two operands: FD_MT row tiles for one
+// column tile at a time, or, with one row tile, every column tile of the pass at once in one of
+// two halves (the pass's parity: the next pass writes the other half, so one barrier a pass).
+#define FD_RED_MT (FD_WARPS * 2 * FD_MT * 128)
+#define FD_RED_ONE (FD_NT * FD_WARPS * 2 * 128)
+#define FD_RED (FD_RED_MT > 2 * FD_RED_ONE ? FD_RED_MT : 2 * FD_RED_ONE)
+__device__ __forceinline__ u32 fd_red(u32 warp, u32 op, u32 m, u32 e) { return ((warp * 2 + op) * FD_MT + m) * 128 + e; }
+__device__ __forceinline__ u32 fd_red_one(u32 half, u32 j, u32 warp, u32 op, u32 e) {
+    return half * FD_RED_ONE + ((j * FD_WARPS + warp) * 2 + op) * 128 + e;
+}
+
 struct FdShared {
-    float red[FD_WARPS][2][FD_MT][16][8];  // the warps' partial tiles (two operands)
+    // A GEMM stage's (fd_kpass) and the attention stage's buffers share their memory: the
+    // static shared memory of a block is at most 48 KB.
+    union {
+        struct {
+            float red[FD_RED];                 // the warps' partial tiles (see fd_red)
+            float sum[FD_NT][2][FD_MT * 128];      // a pass's tiles' sums, two operands
+            float res[FD_NT][FD_MT * 128];         // and their residual values
+        } g;
+        struct {
+            float am[FD_WARPS], al[FD_WARPS];
+            float aacc[FD_WARPS][FD_HD];
+            float arow[FD_HD];  // a head's attention row, for the output projection in its stage
+        } a;
+    };
     float rstd[FD_MT * 16];
     int len[FD_MT * 16];  // the lengths at the q/k/v stage (where its keys and values go)
     long long erow[FD_MT * 16][2];  // each sequence's token and position rows (-1: bad)
-    float am[FD_WARPS], al[FD_WARPS];
-    float aacc[FD_WARPS][FD_HD];
-    float arow[FD_HD];  // a head's attention row, for the output projection in its stage
 #ifdef FD_TRACE
     unsigned long long* trace;  // FD_TRACE_SLOTS words a stage and block (thread 0 writes them)
     u32 stage;
@@ -222,25 +243,29 @@ __device__ __forceinline__ void fd_sync(FdShared& sh, unsigned long long* bar, u
     __syncthreads();
 }
 
+// Adds the squares of eight values of a row to s, in order (the sum of fd_rstd and of the rows'
+// staging in fd_gemm: each lane's 16-byte loads c = lane, lane + 32, ... in turn, then the
+// butterfly, so that every way gives the same rstd).
+__device__ __forceinline__ void fd_sumsq8(uint4 v, float& s) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float lo = fd_lo(w[i]), hi = fd_hi(w[i]);
+        s += lo * lo;
+        s += hi * hi;
+    }
+}
+__device__ __forceinline__ float fd_rstd_of(float s, float eps) { return 1.0f / sqrtf(warp_sum(s) / (float)FD_D + eps); }
+
 // rstd of each of the first `batch` rows ([batch, FD_D], 16 bytes a load through `ld16(b, c)`:
-// row b's values 8c..8c+7) into sh.rstd: one warp a row, each lane's squares in order, then the
-// butterfly.
+// row b's values 8c..8c+7) into sh.rstd: one warp a row.
 template <typename Ld> __device__ __forceinline__ void fd_rstd(FdShared& sh, u32 batch, float eps, Ld ld16) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (u32 b = warp; b < batch; b += FD_WARPS) {
         float s = 0.0f;
-        for (u32 c = lane; c < FD_D / 8; c += 32) {
-            const uint4 v = ld16(b, c);
-            const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float lo = fd_lo(w[i]), hi = fd_hi(w[i]);
-                s += lo * lo;
-                s += hi * hi;
-            }
-        }
-        s = warp_sum(s);
-        if (lane == 0) sh.rstd[b] = 1.0f / sqrtf(s / (float)FD_D + eps);
+        for (u32 c = lane; c < FD_D / 8; c += 32) fd_sumsq8(ld16(b, c), s);
+        const float r = fd_rstd_of(s, eps);
+        if (lane == 0) sh.rstd[b] = r;
     }
     __syncthreads();
 }
@@ -273,7 +298,7 @@ template <int K, bool PAIR> struct FdW {
 
 // Starts copying this block's weight rows of a stage (w, n columns, pair as fd_gemm's) into
 // fd_wbuf; fd_gemm waits for them. Call after every warp has finished the previous stage's
-// reads of fd_wbuf (fd_gemm ends with __syncthreads).
+// reads of fd_wbuf (fd_kpass's barrier after every warp's K loop).
 template <int K, bool PAIR> __device__ __forceinline__ void fd_prefetch(const bf16_t* w, u32 n, u32 pair) {
     using P = FdW<K, PAIR>;
     constexpr u32 CPR = K / 8;  // 16-byte chunks a row (K % 8 == 0: the host checks)
@@ -313,15 +338,37 @@ struct FdEmbedded {
     }
 };
 
-// fd_gemm's K loop over steps [ks0, ks1) (this warp's: ks0 + warp, + FD_WARPS, ...) for the
-// tiles t0.. of the pass: the weight fragments through wrow/wrow2, the activation fragments from
-// abuf (rows sw words apart, holding values from step ks0 on) when staged, else from `a` through
-// L2 (normed with NORM). Forced inline, so that the one-pass calls keep constant bounds.
-template <int K, bool NORM, bool PAIR>
-__device__ __forceinline__ void fd_kloop(const FdShared& sh, float (&acc)[FD_NT][FD_MT][4], float (&acc2)[FD_NT][FD_MT][4],
-                                         const u32* const (&wrow)[FD_NT], const u32* const (&wrow2)[FD_NT], const u32* abuf, u32 sw, bool staged,
-                                         const bf16_t* a, const bf16_t* gamma, u32 ks0, u32 ks1, u32 t0, u32 mine, u32 mtiles, u32 batch) {
+// Epilogue elements a thread handles per tile (FD_MT m16 tiles of 16 x 8 values), at most.
+#define FD_EPT ((FD_MT * 128 + FD_THREADS - 1) / FD_THREADS)
+
+// One GEMM stage's K work, as fd_gemm hands it to fd_kpass. The K loop is not inlined into
+// each stage: one copy serves every stage of the same K, pair and row tiles (fd_kpass's
+// template), so that a stage runs code that the stages before it brought on chip. With a copy
+// for every stage kind (seven, each unrolled over the row and column tiles and inlined three
+// times) the kernel measured 480 KB of machine code, far more than the instruction caches hold.
+struct FdPass {
+    const bf16_t* a;      // the rows [batch, K] (read through L2 where they are not staged whole)
+    const bf16_t* gamma;  // the RMSNorm's weights (norm)
+    const bf16_t* w;      // W: n rows of K (then the pair's rows, `pair` rows further down)
+    const bf16_t* resid;  // the residual's rows [batch, n] (row stride n), or null
+    u32* abuf;            // the activation buffer
+    u32 n, pair, batch, mine, mtiles;
+    u32 sw;   // words a row of abuf
+    u32 ksc;  // K steps a staged chunk (all of them where the rows are staged whole; 0: not staged)
+    bool norm, whole;
+};
+
+// fd_kpass's K loop over steps [ks0, ks1) (this warp's: ks0 + warp, + FD_WARPS, ...) for the
+// tiles t0.. of the pass and the first MT row tiles: the weight fragments through wrow/wrow2,
+// the activation fragments from abuf (rows p.sw words apart, holding values from step ks0 on)
+// when staged, else from p.a through L2 (normed with p.norm). Forced inline, so that the
+// calls over all of K keep constant bounds.
+template <int K, bool PAIR, int MT>
+__device__ __forceinline__ void fd_kloop(const FdShared& sh, const FdPass& p, float (&acc)[FD_NT][MT][4], float (&acc2)[FD_NT][MT][4],
+                                         const u32* const (&wrow)[FD_NT], const u32* const (&wrow2)[FD_NT], bool staged, u32 ks0, u32 ks1, u32 t0) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const u32 mine = p.mine, mtiles = p.mtiles, batch = p.batch, sw = p.sw;
+    const bool norm = p.norm && !staged;
 #pragma unroll 4
     for (u32 ks = ks0 + warp; ks < ks1; ks += FD_WARPS) {
         const u32 k0 = ks * 16, kl = k0 - ks0 * 16;  // kl: in the staged chunk
@@ -339,14 +386,12 @@ __device__ __forceinline__ void fd_kloop(const FdShared& sh, float (&acc)[FD_NT]
             }
         }
         u32 ga = 0u, gb = 0u;
-        if constexpr (NORM) {
-            if (!staged) {
-                ga = reinterpret_cast<const u32*>(gamma)[(k0 >> 1) + t];
-                gb = hi_ok ? reinterpret_cast<const u32*>(gamma)[((k0 + 8) >> 1) + t] : 0u;
-            }
+        if (norm) {
+            ga = reinterpret_cast<const u32*>(p.gamma)[(k0 >> 1) + t];
+            gb = hi_ok ? reinterpret_cast<const u32*>(p.gamma)[((k0 + 8) >> 1) + t] : 0u;
         }
 #pragma unroll
-        for (u32 m = 0; m < FD_MT; ++m) {
+        for (u32 m = 0; m < MT; ++m) {
             if (m >= mtiles) break;
             const u32 r0 = m * 16 + g, r1 = r0 + 8;
             u32 av[4] = {0u, 0u, 0u, 0u};
@@ -355,15 +400,15 @@ __device__ __forceinline__ void fd_kloop(const FdShared& sh, float (&acc)[FD_NT]
             for (int h = 0; h < 2; ++h) {
                 if (rows[h] >= batch) continue;
                 if (staged) {
-                    const u32* srow = abuf + rows[h] * sw;
+                    const u32* srow = p.abuf + rows[h] * sw;
                     av[h] = srow[(kl >> 1) + t];
                     av[2 + h] = hi_ok ? srow[((kl + 8) >> 1) + t] : 0u;
                     continue;
                 }
-                const u32* arow = reinterpret_cast<const u32*>(a + (u64)rows[h] * K);
+                const u32* arow = reinterpret_cast<const u32*>(p.a + (u64)rows[h] * K);
                 u32 lo = fd_ld32cg(arow + (k0 >> 1) + t);
                 u32 hi = hi_ok ? fd_ld32cg(arow + ((k0 + 8) >> 1) + t) : 0u;
-                if constexpr (NORM) {
+                if (norm) {
                     const float r = sh.rstd[rows[h]];
                     lo = fd_pack(fd_lo(lo) * r * fd_lo(ga), fd_hi(lo) * r * fd_hi(ga));
                     hi = hi_ok ? fd_pack(fd_lo(hi) * r * fd_lo(gb), fd_hi(hi) * r * fd_hi(gb)) : 0u;
@@ -382,32 +427,161 @@ __device__ __forceinline__ void fd_kloop(const FdShared& sh, float (&acc)[FD_NT]
     }
 }
 
+// One pass of a GEMM stage over K for the block's tiles t0 .. t0 + FD_NT - 1 and its first MT
+// row tiles (see fd_gemm): each tile's sums (the warps' partial sums added in warp order) go to
+// sh.g.sum, its residual values (p.resid, loaded before the K loop so that the epilogue waits
+// for no load) to sh.g.res, at the index of the thread that hands them to the epilogue (element
+// e = threadIdx.x + i FD_THREADS: row (e >> 7) * 16 + ((e >> 3) & 15), column e & 7). Rows that
+// are not staged whole are staged here in chunks of p.ksc K steps (from p.a, normed with
+// p.norm), or not at all (p.ksc 0). Not inlined (see FdPass). When it returns, every warp of
+// the block is done with fd_wbuf and the activation buffer (the barrier before the sums); a
+// thread reads back only the sums it stored itself.
+template <int K, bool PAIR, int MT>
+__device__ __noinline__ void fd_kpass(FdShared& sh, const FdPass p, u32 t0) {
+    using P = FdW<K, PAIR>;
+    constexpr u32 KS = (K + 15) / 16;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    float acc[FD_NT][MT][4], acc2[FD_NT][MT][4];
+#pragma unroll
+    for (int j = 0; j < FD_NT; ++j)
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[j][m][i] = acc2[j][m][i] = 0.0f;
+    // Each tile's two weight rows for this lane: in fd_wbuf (words) or in W (global).
+    const u32* wrow[FD_NT];
+    const u32* wrow2[FD_NT];
+    float rv[FD_NT][FD_EPT];
+#pragma unroll
+    for (u32 j = 0; j < FD_NT; ++j) {
+        const u32 ti = t0 + j, n0 = (blockIdx.x + ti * gridDim.x) * 8;
+        if (ti < P::FIT) {
+            wrow[j] = fd_wbuf + (ti * P::ROWS + g) * P::SW;
+            wrow2[j] = fd_wbuf + (ti * P::ROWS + 8 + g) * P::SW;
+        } else {
+            wrow[j] = reinterpret_cast<const u32*>(p.w + (u64)(n0 + g) * K);
+            wrow2[j] = reinterpret_cast<const u32*>(p.w + (u64)(p.pair + n0 + g) * K);
+        }
+#pragma unroll
+        for (u32 i = 0; i < FD_EPT; ++i) {
+            rv[j][i] = 0.0f;
+            const u32 e = threadIdx.x + i * FD_THREADS, b = (e >> 7) * 16 + ((e >> 3) & 15);
+            if (p.resid != nullptr && ti < p.mine && e < p.mtiles * 128 && b < p.batch) rv[j][i] = fd_ldcg(p.resid, (u64)b * p.n + n0 + (e & 7));
+        }
+    }
+    const bool staged = p.ksc > 0;
+    if (staged && !p.whole) {
+        for (u32 ks0 = 0; ks0 < KS; ks0 += p.ksc) {
+            const u32 ks1 = ks0 + p.ksc < KS ? ks0 + p.ksc : KS;
+            // Values [v0, v1) of the rows into the buffer, normed with p.norm.
+            const u32 v0 = ks0 * 16, v1 = ks1 * 16 < K ? ks1 * 16 : K, cpr = (v1 - v0) / 8;
+            __syncthreads();  // every warp is done with the chunk before
+            for (u32 c = threadIdx.x; c < p.batch * cpr; c += FD_THREADS) {
+                const u32 b = c / cpr, o = c - b * cpr;
+                uint4 v = fd_ld128cg(p.a + (u64)b * K + v0 + o * 8);
+                if (p.norm) v = fd_norm8(v, reinterpret_cast<const uint4*>(p.gamma)[v0 / 8 + o], sh.rstd[b]);
+                *reinterpret_cast<uint4*>(p.abuf + b * p.sw + o * 4) = v;
+            }
+            __syncthreads();
+            fd_kloop<K, PAIR, MT>(sh, p, acc, acc2, wrow, wrow2, true, ks0, ks1, t0);
+        }
+    } else {
+        fd_kloop<K, PAIR, MT>(sh, p, acc, acc2, wrow, wrow2, staged, 0u, KS, t0);
+    }
+    if (t0 == 0) FD_MARK(sh, FD_T_KDONE);
+    // Each tile's warps' partial sums, added in warp order.
+    if constexpr (MT == 1) {
+        // Every tile of the pass at once, in the half of red that the pass's parity names:
+        // one barrier a pass. The next pass writes the other half; the one after writes this
+        // half again only past the next pass's barrier, which every thread reaches after its
+        // sums here. Every warp is done with fd_wbuf and the activation buffer at the barrier.
+        const u32 half = (t0 / FD_NT) & 1u;
+#pragma unroll
+        for (u32 j = 0; j < FD_NT; ++j) {
+            if (t0 + j >= p.mine) break;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u32 e = (g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1);
+                sh.g.red[fd_red_one(half, j, warp, 0, e)] = acc[j][0][i];
+                if constexpr (PAIR) sh.g.red[fd_red_one(half, j, warp, 1, e)] = acc2[j][0][i];
+            }
+        }
+        __syncthreads();
+        const u32 e = threadIdx.x;
+        if (e < 128) {
+#pragma unroll
+            for (u32 j = 0; j < FD_NT; ++j) {
+                if (t0 + j >= p.mine) break;
+                float v = 0.0f, v2 = 0.0f;
+#pragma unroll
+                for (int wi = 0; wi < FD_WARPS; ++wi) {
+                    v += sh.g.red[fd_red_one(half, j, wi, 0, e)];
+                    if constexpr (PAIR) v2 += sh.g.red[fd_red_one(half, j, wi, 1, e)];
+                }
+                sh.g.sum[j][0][e] = v;
+                sh.g.sum[j][1][e] = v2;
+                sh.g.res[j][e] = rv[j][0];
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (u32 j = 0; j < FD_NT; ++j) {
+        if (t0 + j >= p.mine) break;
+#pragma unroll
+        for (u32 m = 0; m < MT; ++m) {
+            if (m >= p.mtiles) break;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u32 e = (g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1);
+                sh.g.red[fd_red(warp, 0, m, e)] = acc[j][m][i];
+                if constexpr (PAIR) sh.g.red[fd_red(warp, 1, m, e)] = acc2[j][m][i];
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (u32 i = 0; i < FD_EPT; ++i) {
+            const u32 e = threadIdx.x + i * FD_THREADS;
+            if (e >= p.mtiles * 128) break;
+            const u32 m = e >> 7;
+            float v = 0.0f, v2 = 0.0f;
+#pragma unroll
+            for (int wi = 0; wi < FD_WARPS; ++wi) {
+                v += sh.g.red[fd_red(wi, 0, m, e & 127)];
+                if constexpr (PAIR) v2 += sh.g.red[fd_red(wi, 1, m, e & 127)];
+            }
+            sh.g.sum[j][0][e] = v;
+            sh.g.sum[j][1][e] = v2;
+            sh.g.res[j][e] = rv[j][i];
+        }
+        __syncthreads();
+    }
+}
+
 // One GEMM stage: for every n8 tile of `n` output columns (the block's tasks: tiles blockIdx.x,
 // + gridDim.x, ..., FD_NT at a time), out[b, j] = sum_k A[b, k] W[j, k] for the first `batch`
 // rows, handed to `epi(b, j, v, v2, r)`. A is `a` ([batch, K] bf16) or, with NORM, the RMSNorm
 // of it (a * rstd[b] * gamma[k], rounded to bf16 as rms_norm stores it; the rstd in eps). With
 // PAIR each tile also computes the columns `pair` rows further down W (SwiGLU's up next to its
-// gate) as v2. With RESID, r is resid[b, j] (row stride n), loaded before the tile's K loop so
-// that the epilogue's residual add waits for no load; otherwise 0. The block's first tiles'
-// weights come from fd_wbuf (fd_prefetch), the rest from W in global memory.
+// gate) as v2. With RESID, r is resid[b, j] (row stride n); otherwise 0. The block's first
+// tiles' weights come from fd_wbuf (fd_prefetch), the rest from W in global memory.
 //
 // The activation rows go to shared memory once (16-byte loads; NORM: the raw rows, their rstd
 // from there, then normed in place) where the batch's rows fit FD_ABUF_BYTES; where they do not,
 // in chunks of K (a multiple of 8 K steps, so each warp's steps and their order stay those of
-// one pass), staged again each tile pass; with no room for a chunk, every warp reads its
-// fragments from L2. Every way sums the same products in the same order: the result does not
-// depend on the buffers' sizes.
+// one pass), staged again each tile pass (fd_kpass, from `a`); with no room for a chunk, every
+// warp reads its fragments from L2. Every way sums the same products in the same order: the
+// result does not depend on the buffers' sizes.
 //
-// `src(b, v)` gives row b's values v..v+7 (16 bytes) for the staging; fd_rows reads them from
-// `a`, fd_embedded sums the embeddings. With `keep`, block 0 also stores the staged raw rows
-// there (the residual stream, when src computes it): the caller makes sure the whole rows fit.
+// `src(b, v)` gives row b's values v..v+7 (16 bytes) for the whole rows' staging; FdRows reads
+// them from `a`, FdEmbedded sums the embeddings, FdResidSum the heads' projections (those two
+// only where the rows fit whole: the callers make sure). With `keep`, block 0 also stores the
+// staged raw rows there (the residual stream, when src computes it).
 template <int K, bool NORM, bool PAIR, bool RESID, typename Src, typename Epi>
 __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, bf16_t* keep, const bf16_t* gamma, const bf16_t* w, u32 n,
                                         u32 pair, u32 batch, float eps, const bf16_t* resid, Epi epi) {
     using P = FdW<K, PAIR>;
     constexpr u32 KS = (K + 15) / 16;
-    constexpr u32 EPT = (FD_MT * 128 + FD_THREADS - 1) / FD_THREADS;  // epilogue elements a thread and tile, at most
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const u32 mtiles = (batch + 15) / 16;
     const u32 mine = fd_block_tiles(n);
     const bool keeper = keep != nullptr && blockIdx.x == 0;
@@ -425,31 +599,52 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
         ksc = per_row >= 8 * 8 + 4 ? (per_row - 4) / 64 * 8 : 0u;
         sw = ksc * 8 + 4;
     }
-    const bool staged = ksc > 0;
-    const u32 chunks = staged ? (KS + ksc - 1) / ksc : 1u;  // more than one only staged, not whole
-    // Values [v0, v1) of the rows into abuf (normed with NORM and `norm`).
-    const auto stage = [&](u32 v0, u32 v1, bool norm) {
-        const u32 cpr = (v1 - v0) / 8;
-        for (u32 c = threadIdx.x; c < batch * cpr; c += FD_THREADS) {
-            const u32 b = c / cpr, o = c - b * cpr;
-            uint4 v = src(b, v0 + o * 8);
-            if (keeper) *reinterpret_cast<uint4*>(keep + (u64)b * K + v0 + o * 8) = v;
-            if constexpr (NORM) {
-                if (norm) v = fd_norm8(v, reinterpret_cast<const uint4*>(gamma)[v0 / 8 + o], sh.rstd[b]);
+    // 16-byte loads a lane, where one warp stages a whole row itself.
+    constexpr u32 CPL = (K / 8 + 31) / 32;
+    if (whole && NORM && CPL <= 8 && batch <= FD_WARPS) {
+        // One warp a row: its loads, its squares, its rstd and the normed row, with no barrier
+        // between them (a few rows: the latency of the steps is the stage's).
+        const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        if (warp < batch) {
+            uint4 v[CPL];
+            float s = 0.0f;
+#pragma unroll
+            for (u32 i = 0; i < CPL; ++i) {
+                const u32 c = lane + 32 * i;
+                if (c < K / 8) {
+                    v[i] = src(warp, c * 8);
+                    if (keeper) *reinterpret_cast<uint4*>(keep + (u64)warp * K + c * 8) = v[i];
+                    fd_sumsq8(v[i], s);
+                }
             }
+            const float r = fd_rstd_of(s, eps);
+            if (lane == 0) sh.rstd[warp] = r;
+#pragma unroll
+            for (u32 i = 0; i < CPL; ++i) {
+                const u32 c = lane + 32 * i;
+                if (c < K / 8) *reinterpret_cast<uint4*>(abuf + warp * sw + c * 4) = fd_norm8(v[i], reinterpret_cast<const uint4*>(gamma)[c], r);
+            }
+        }
+    } else if (whole) {
+        for (u32 c = threadIdx.x; c < batch * (K / 8); c += FD_THREADS) {
+            const u32 b = c / (K / 8), o = c - b * (K / 8);
+            const uint4 v = src(b, o * 8);
+            if (keeper) *reinterpret_cast<uint4*>(keep + (u64)b * K + o * 8) = v;
             *reinterpret_cast<uint4*>(abuf + b * sw + o * 4) = v;
         }
-    };
-    if (whole) {
-        stage(0, K, false);
         if constexpr (NORM) {
             static_assert(!NORM || K == FD_D, "the normed input is the residual stream");
+            // One warp a row: its rstd from the staged row, then the row normed in place by
+            // the same lanes that read it (no barrier between).
             __syncthreads();
-            fd_rstd(sh, batch, eps, [&](u32 b, u32 c) { return *reinterpret_cast<const uint4*>(abuf + b * sw + c * 4); });
-            for (u32 c = threadIdx.x; c < batch * (K / 8); c += FD_THREADS) {
-                const u32 b = c / (K / 8), o = c - b * (K / 8);
-                uint4* at = reinterpret_cast<uint4*>(abuf + b * sw + o * 4);
-                *at = fd_norm8(*at, reinterpret_cast<const uint4*>(gamma)[o], sh.rstd[b]);
+            const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+            for (u32 b = warp; b < batch; b += FD_WARPS) {
+                uint4* row = reinterpret_cast<uint4*>(abuf + b * sw);
+                float s = 0.0f;
+                for (u32 c = lane; c < K / 8; c += 32) fd_sumsq8(row[c], s);
+                const float r = fd_rstd_of(s, eps);
+                if (lane == 0) sh.rstd[b] = r;
+                for (u32 c = lane; c < K / 8; c += 32) row[c] = fd_norm8(row[c], reinterpret_cast<const uint4*>(gamma)[c], r);
             }
         }
     } else if constexpr (NORM) {
@@ -459,82 +654,26 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
     __syncthreads();
     if (mine == 0) return;
     FD_MARK(sh, FD_T_READY);
+    const FdPass p{a, gamma, w, RESID ? resid : nullptr, abuf, n, pair, batch, mine, mtiles, sw, ksc, NORM, whole};
     for (u32 t0 = 0; t0 < mine; t0 += FD_NT) {
-        float acc[FD_NT][FD_MT][4], acc2[FD_NT][FD_MT][4];
-#pragma unroll
-        for (int j = 0; j < FD_NT; ++j)
-#pragma unroll
-            for (int m = 0; m < FD_MT; ++m)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[j][m][i] = acc2[j][m][i] = 0.0f;
-        // Each tile's two weight rows for this lane: in fd_wbuf (words) or in W (global).
-        const u32* wrow[FD_NT];
-        const u32* wrow2[FD_NT];
-        // The residual values of this thread's epilogue elements.
-        float rv[FD_NT][EPT];
-#pragma unroll
-        for (u32 j = 0; j < FD_NT; ++j) {
-            const u32 ti = t0 + j, n0 = (blockIdx.x + ti * gridDim.x) * 8;
-            if (ti < P::FIT) {
-                wrow[j] = fd_wbuf + (ti * P::ROWS + g) * P::SW;
-                wrow2[j] = fd_wbuf + (ti * P::ROWS + 8 + g) * P::SW;
-            } else {
-                wrow[j] = reinterpret_cast<const u32*>(w + (u64)(n0 + g) * K);
-                wrow2[j] = reinterpret_cast<const u32*>(w + (u64)(pair + n0 + g) * K);
-            }
-#pragma unroll
-            for (u32 i = 0; i < EPT; ++i) {
-                rv[j][i] = 0.0f;
-                if constexpr (RESID) {
-                    const u32 e = threadIdx.x + i * FD_THREADS, b = (e >> 7) * 16 + ((e >> 3) & 15);
-                    if (ti < mine && e < mtiles * 128 && b < batch) rv[j][i] = fd_ldcg(resid, (u64)b * n + n0 + (e & 7));
-                }
-            }
-        }
-        if (staged && !whole) {
-            for (u32 c = 0; c < chunks; ++c) {
-                const u32 ks0 = c * ksc, ks1 = ks0 + ksc < KS ? ks0 + ksc : KS;
-                __syncthreads();  // every warp is done with the chunk before
-                stage(ks0 * 16, ks1 * 16 < K ? ks1 * 16 : K, true);
-                __syncthreads();
-                fd_kloop<K, NORM, PAIR>(sh, acc, acc2, wrow, wrow2, abuf, sw, true, a, gamma, ks0, ks1, t0, mine, mtiles, batch);
-            }
+        // One row tile (16 sequences or fewer) runs the K loop built for one.
+        if (mtiles == 1) {
+            fd_kpass<K, PAIR, 1>(sh, p, t0);
         } else {
-            fd_kloop<K, NORM, PAIR>(sh, acc, acc2, wrow, wrow2, abuf, P::SW, staged, a, gamma, 0u, KS, t0, mine, mtiles, batch);
+            fd_kpass<K, PAIR, FD_MT>(sh, p, t0);
         }
-        if (t0 == 0) FD_MARK(sh, FD_T_KDONE);
-        // Each tile's warps' partial sums, added in warp order.
+        // Each element's sums and residual value, as this thread stored them in fd_kpass.
 #pragma unroll
         for (u32 j = 0; j < FD_NT; ++j) {
             if (t0 + j >= mine) break;
             const u32 n0 = (blockIdx.x + (t0 + j) * gridDim.x) * 8;
 #pragma unroll
-            for (u32 m = 0; m < FD_MT; ++m) {
-                if (m >= mtiles) break;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const u32 row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-                    sh.red[warp][0][m][row][col] = acc[j][m][i];
-                    if constexpr (PAIR) sh.red[warp][1][m][row][col] = acc2[j][m][i];
-                }
-            }
-            __syncthreads();
-#pragma unroll
-            for (u32 i = 0; i < EPT; ++i) {
+            for (u32 i = 0; i < FD_EPT; ++i) {
                 const u32 e = threadIdx.x + i * FD_THREADS;
                 if (e >= mtiles * 128) break;
-                const u32 m = e >> 7, row = (e >> 3) & 15, col = e & 7;
-                const u32 b = m * 16 + row;
-                if (b >= batch) continue;
-                float v = 0.0f, v2 = 0.0f;
-#pragma unroll
-                for (int wi = 0; wi < FD_WARPS; ++wi) {
-                    v += sh.red[wi][0][m][row][col];
-                    if constexpr (PAIR) v2 += sh.red[wi][1][m][row][col];
-                }
-                epi(b, n0 + col, v, v2, rv[j][i]);
+                const u32 b = (e >> 7) * 16 + ((e >> 3) & 15);
+                if (b < batch) epi(b, n0 + (e & 7), sh.g.sum[j][0][e], sh.g.sum[j][1][e], sh.g.res[j][e]);
             }
-            __syncthreads();
         }
     }
 }
@@ -577,9 +716,25 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
                     wv[p][e / 8] = n < n0 + cols ? *reinterpret_cast<const uint4*>(L.wo + (u64)n * FD_D + h * FD_HD + ol * E + e) : make_uint4(0u, 0u, 0u, 0u);
             }
         }
+        // The first round's keys and values load before the length is known (every position
+        // below max_len is in the cache's memory; the math below takes only the first `keys`),
+        // so the task waits for memory once, not for the length and then for the keys.
+        uint4 kb[FD_APIPE][E / 8], vb[FD_APIPE][E / 8];
+        const u64 base = ((u64)b * FD_HEADS + h) * (u64)max_len * FD_HD + gl * E;
+        const auto load_round = [&](u32 j0, u32 lim) {
+#pragma unroll
+            for (u32 p = 0; p < FD_APIPE; ++p) {
+                const u32 j = j0 + p * FD_WARPS * 4 + grp;
+#pragma unroll
+                for (u32 e = 0; e < E; e += 8) {
+                    const bool in = j < lim;
+                    kb[p][e / 8] = in ? fd_ld128cg(L.kc + base + (u64)j * FD_HD + e) : make_uint4(0u, 0u, 0u, 0u);
+                    vb[p][e / 8] = in ? fd_ld128cg(L.vc + base + (u64)j * FD_HD + e) : make_uint4(0u, 0u, 0u, 0u);
+                }
+            }
+        };
         const int raw = fd_ldi_cg(L.lengths + b);
-        const bool bad = raw < 0 || raw > (int)max_len;
-        const u32 keys = bad ? 0u : (raw < (int)max_len ? (u32)raw + 1 : (u32)raw);
+        load_round(warp * 4, max_len);
         float qv[E];
 #pragma unroll
         for (u32 e = 0; e < E; e += 8) {
@@ -591,7 +746,8 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
                 qv[e + 2 * i + 1] = fd_hi(w[i]) * scale;
             }
         }
-        const u64 base = ((u64)b * FD_HEADS + h) * (u64)max_len * FD_HD + gl * E;
+        const bool bad = raw < 0 || raw > (int)max_len;
+        const u32 keys = bad ? 0u : (raw < (int)max_len ? (u32)raw + 1 : (u32)raw);
         float m = gr_neg_inf(), l = 0.0f, acc[E];
 #pragma unroll
         for (u32 e = 0; e < E; ++e) acc[e] = 0.0f;
@@ -601,17 +757,7 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
         // volatile, so the compiler keeps them ahead of the math), so a round waits for memory
         // once: at the GPT's lengths, once a task.
         for (u32 j0 = warp * 4; j0 < keys; j0 += FD_WARPS * 4 * FD_APIPE) {
-            uint4 kb[FD_APIPE][E / 8], vb[FD_APIPE][E / 8];
-#pragma unroll
-            for (u32 p = 0; p < FD_APIPE; ++p) {
-                const u32 j = j0 + p * FD_WARPS * 4 + grp;
-#pragma unroll
-                for (u32 e = 0; e < E; e += 8) {
-                    const bool in = j < keys;
-                    kb[p][e / 8] = in ? fd_ld128cg(L.kc + base + (u64)j * FD_HD + e) : make_uint4(0u, 0u, 0u, 0u);
-                    vb[p][e / 8] = in ? fd_ld128cg(L.vc + base + (u64)j * FD_HD + e) : make_uint4(0u, 0u, 0u, 0u);
-                }
-            }
+            if (j0 != warp * 4) load_round(j0, keys);
 #pragma unroll
             for (u32 p = 0; p < FD_APIPE; ++p) {
                 if (j0 + p * FD_WARPS * 4 >= keys) break;  // the same in the whole warp
@@ -659,30 +805,30 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
             acc[e] = v;
         }
         if (lane == 0) {
-            sh.am[warp] = mw;
-            sh.al[warp] = l;
+            sh.a.am[warp] = mw;
+            sh.a.al[warp] = l;
         }
         if (grp == 0) {
 #pragma unroll
-            for (u32 e = 0; e < E; ++e) sh.aacc[warp][gl * E + e] = acc[e];
+            for (u32 e = 0; e < E; ++e) sh.a.aacc[warp][gl * E + e] = acc[e];
         }
         __syncthreads();
         for (u32 col = threadIdx.x; col < FD_HD; col += FD_THREADS) {
             float mx = gr_neg_inf();
-            for (int w = 0; w < FD_WARPS; ++w) mx = fmaxf(mx, sh.am[w]);
+            for (int w = 0; w < FD_WARPS; ++w) mx = fmaxf(mx, sh.a.am[w]);
             float sum = 0.0f, o = 0.0f;
             if (mx != gr_neg_inf()) {
                 for (int w = 0; w < FD_WARPS; ++w) {
-                    const float c = sh.am[w] == gr_neg_inf() ? 0.0f : expf(sh.am[w] - mx);
-                    sum += sh.al[w] * c;
-                    o += sh.aacc[w][col] * c;
+                    const float c = sh.a.am[w] == gr_neg_inf() ? 0.0f : expf(sh.a.am[w] - mx);
+                    sum += sh.a.al[w] * c;
+                    o += sh.a.aacc[w][col] * c;
                 }
             }
             const float v = sum > 0.0f ? o / sum : 0.0f;
             if (part == nullptr) {
                 fd_st(att, (u64)b * FD_D + h * FD_HD + col, v);
             } else {
-                sh.arow[col] = fd_round(v);
+                sh.a.arow[col] = fd_round(v);
             }
         }
         __syncthreads();
@@ -690,7 +836,7 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
         // This chunk's columns of the output projection, FD_THREADS / 8 columns a pass.
         float av[E];
 #pragma unroll
-        for (u32 e = 0; e < E; ++e) av[e] = sh.arow[ol * E + e];
+        for (u32 e = 0; e < E; ++e) av[e] = sh.a.arow[ol * E + e];
         for (u32 p0 = 0; p0 * (FD_THREADS / 8) < cols; p0 += FD_OPIPE) {
 #pragma unroll
             for (u32 p = 0; p < FD_OPIPE; ++p) {
@@ -716,7 +862,9 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
                 if (ol == 0 && n < n0 + cols) part[((u64)h * batch + b) * FD_D + n] = acc;
             }
         }
-        __syncthreads();
+        // No barrier here: the next task writes sh.a's merge buffers before its first barrier
+        // and its row after it, and every thread read this task's buffers before this task's
+        // second barrier and its row before the next task's first.
     }
 }
 
