@@ -369,7 +369,10 @@ __device__ __forceinline__ void fd_kloop(const FdShared& sh, const FdPass& p, fl
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const u32 mine = p.mine, mtiles = p.mtiles, batch = p.batch, sw = p.sw;
     const bool norm = p.norm && !staged;
-#pragma unroll 4
+    // Not unrolled: a step's loads and MMAs are few at small batches, and an unrolled loop's
+    // machine code is what the warps wait for (H200 call L, batch 1: 0.231 ms a token unrolled
+    // four times, 0.204 not; a fifth of the warps' stall samples are on instruction fetch).
+#pragma unroll 1
     for (u32 ks = ks0 + warp; ks < ks1; ks += FD_WARPS) {
         const u32 k0 = ks * 16, kl = k0 - ks0 * 16;  // kl: in the staged chunk
         const bool hi_ok = k0 + 8 < K;
@@ -599,33 +602,7 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
         ksc = per_row >= 8 * 8 + 4 ? (per_row - 4) / 64 * 8 : 0u;
         sw = ksc * 8 + 4;
     }
-    // 16-byte loads a lane, where one warp stages a whole row itself.
-    constexpr u32 CPL = (K / 8 + 31) / 32;
-    if (whole && NORM && CPL <= 8 && batch <= FD_WARPS) {
-        // One warp a row: its loads, its squares, its rstd and the normed row, with no barrier
-        // between them (a few rows: the latency of the steps is the stage's).
-        const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        if (warp < batch) {
-            uint4 v[CPL];
-            float s = 0.0f;
-#pragma unroll
-            for (u32 i = 0; i < CPL; ++i) {
-                const u32 c = lane + 32 * i;
-                if (c < K / 8) {
-                    v[i] = src(warp, c * 8);
-                    if (keeper) *reinterpret_cast<uint4*>(keep + (u64)warp * K + c * 8) = v[i];
-                    fd_sumsq8(v[i], s);
-                }
-            }
-            const float r = fd_rstd_of(s, eps);
-            if (lane == 0) sh.rstd[warp] = r;
-#pragma unroll
-            for (u32 i = 0; i < CPL; ++i) {
-                const u32 c = lane + 32 * i;
-                if (c < K / 8) *reinterpret_cast<uint4*>(abuf + warp * sw + c * 4) = fd_norm8(v[i], reinterpret_cast<const uint4*>(gamma)[c], r);
-            }
-        }
-    } else if (whole) {
+    if (whole) {
         for (u32 c = threadIdx.x; c < batch * (K / 8); c += FD_THREADS) {
             const u32 b = c / (K / 8), o = c - b * (K / 8);
             const uint4 v = src(b, o * 8);
@@ -634,17 +611,12 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
         }
         if constexpr (NORM) {
             static_assert(!NORM || K == FD_D, "the normed input is the residual stream");
-            // One warp a row: its rstd from the staged row, then the row normed in place by
-            // the same lanes that read it (no barrier between).
             __syncthreads();
-            const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-            for (u32 b = warp; b < batch; b += FD_WARPS) {
-                uint4* row = reinterpret_cast<uint4*>(abuf + b * sw);
-                float s = 0.0f;
-                for (u32 c = lane; c < K / 8; c += 32) fd_sumsq8(row[c], s);
-                const float r = fd_rstd_of(s, eps);
-                if (lane == 0) sh.rstd[b] = r;
-                for (u32 c = lane; c < K / 8; c += 32) row[c] = fd_norm8(row[c], reinterpret_cast<const uint4*>(gamma)[c], r);
+            fd_rstd(sh, batch, eps, [&](u32 b, u32 c) { return *reinterpret_cast<const uint4*>(abuf + b * sw + c * 4); });
+            for (u32 c = threadIdx.x; c < batch * (K / 8); c += FD_THREADS) {
+                const u32 b = c / (K / 8), o = c - b * (K / 8);
+                uint4* at = reinterpret_cast<uint4*>(abuf + b * sw + o * 4);
+                *at = fd_norm8(*at, reinterpret_cast<const uint4*>(gamma)[o], sh.rstd[b]);
             }
         }
     } else if constexpr (NORM) {
@@ -716,25 +688,9 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
                     wv[p][e / 8] = n < n0 + cols ? *reinterpret_cast<const uint4*>(L.wo + (u64)n * FD_D + h * FD_HD + ol * E + e) : make_uint4(0u, 0u, 0u, 0u);
             }
         }
-        // The first round's keys and values load before the length is known (every position
-        // below max_len is in the cache's memory; the math below takes only the first `keys`),
-        // so the task waits for memory once, not for the length and then for the keys.
-        uint4 kb[FD_APIPE][E / 8], vb[FD_APIPE][E / 8];
-        const u64 base = ((u64)b * FD_HEADS + h) * (u64)max_len * FD_HD + gl * E;
-        const auto load_round = [&](u32 j0, u32 lim) {
-#pragma unroll
-            for (u32 p = 0; p < FD_APIPE; ++p) {
-                const u32 j = j0 + p * FD_WARPS * 4 + grp;
-#pragma unroll
-                for (u32 e = 0; e < E; e += 8) {
-                    const bool in = j < lim;
-                    kb[p][e / 8] = in ? fd_ld128cg(L.kc + base + (u64)j * FD_HD + e) : make_uint4(0u, 0u, 0u, 0u);
-                    vb[p][e / 8] = in ? fd_ld128cg(L.vc + base + (u64)j * FD_HD + e) : make_uint4(0u, 0u, 0u, 0u);
-                }
-            }
-        };
         const int raw = fd_ldi_cg(L.lengths + b);
-        load_round(warp * 4, max_len);
+        const bool bad = raw < 0 || raw > (int)max_len;
+        const u32 keys = bad ? 0u : (raw < (int)max_len ? (u32)raw + 1 : (u32)raw);
         float qv[E];
 #pragma unroll
         for (u32 e = 0; e < E; e += 8) {
@@ -746,8 +702,7 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
                 qv[e + 2 * i + 1] = fd_hi(w[i]) * scale;
             }
         }
-        const bool bad = raw < 0 || raw > (int)max_len;
-        const u32 keys = bad ? 0u : (raw < (int)max_len ? (u32)raw + 1 : (u32)raw);
+        const u64 base = ((u64)b * FD_HEADS + h) * (u64)max_len * FD_HD + gl * E;
         float m = gr_neg_inf(), l = 0.0f, acc[E];
 #pragma unroll
         for (u32 e = 0; e < E; ++e) acc[e] = 0.0f;
@@ -757,7 +712,17 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
         // volatile, so the compiler keeps them ahead of the math), so a round waits for memory
         // once: at the GPT's lengths, once a task.
         for (u32 j0 = warp * 4; j0 < keys; j0 += FD_WARPS * 4 * FD_APIPE) {
-            if (j0 != warp * 4) load_round(j0, keys);
+            uint4 kb[FD_APIPE][E / 8], vb[FD_APIPE][E / 8];
+#pragma unroll
+            for (u32 p = 0; p < FD_APIPE; ++p) {
+                const u32 j = j0 + p * FD_WARPS * 4 + grp;
+#pragma unroll
+                for (u32 e = 0; e < E; e += 8) {
+                    const bool in = j < keys;
+                    kb[p][e / 8] = in ? fd_ld128cg(L.kc + base + (u64)j * FD_HD + e) : make_uint4(0u, 0u, 0u, 0u);
+                    vb[p][e / 8] = in ? fd_ld128cg(L.vc + base + (u64)j * FD_HD + e) : make_uint4(0u, 0u, 0u, 0u);
+                }
+            }
 #pragma unroll
             for (u32 p = 0; p < FD_APIPE; ++p) {
                 if (j0 + p * FD_WARPS * 4 >= keys) break;  // the same in the whole warp
