@@ -89,9 +89,12 @@ fn decoder_source() -> Result<&'static str> {
     static SRC: std::sync::OnceLock<std::result::Result<Option<String>, String>> = std::sync::OnceLock::new();
     let src = SRC.get_or_init(|| match std::env::var_os("GRAPHED_DECODER_SOURCE").filter(|v| !v.is_empty()) {
         None => Ok(None),
-        Some(path) => std::fs::read_to_string(&path)
-            .map(Some)
-            .map_err(|e| format!("GRAPHED_DECODER_SOURCE names {}, which could not be read: {e}", std::path::Path::new(&path).display())),
+        Some(path) => std::fs::read_to_string(&path).map(Some).map_err(|e| {
+            format!(
+                "GRAPHED_DECODER_SOURCE names {}, which could not be read: {e}",
+                std::path::Path::new(&path).display()
+            )
+        }),
     });
     match src {
         Ok(Some(s)) => Ok(s),
@@ -153,8 +156,7 @@ impl CudaBackend {
                 }
                 let opts = CompileOptions { options, ..Default::default() };
                 // core.cu, ops.cu and half.cu: the helpers decoder.cu builds on.
-                let src = [KERNEL_SOURCES[0], KERNEL_SOURCES[1], KERNEL_SOURCES[2], source]
-                    .join("\n");
+                let src = [KERNEL_SOURCES[0], KERNEL_SOURCES[1], KERNEL_SOURCES[2], source].join("\n");
                 let ptx = compile_ptx_with_opts(src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
                 if let Some(dir) = std::env::var_os("GRAPHED_DECODER_PTX").filter(|v| !v.is_empty()) {
                     // For measurements (`ptxas -v`, `cuobjdump --dump-sass`): where the folder
