@@ -221,7 +221,10 @@ __device__ __forceinline__ void fd_mark_at(FdShared& sh, u32 stage, u32 slot, un
     } while (0)
 #endif
 
-__device__ __forceinline__ void fd_sync(FdShared& sh, unsigned long long* bar, unsigned long long& target) {
+// The grid barrier in two halves, so that a block can issue work that no other block waits for
+// (the next stage's weight copy) between its arrival and its wait: fd_arrive once every thread
+// of the block is done with the stage's writes, fd_wait until every block has arrived.
+__device__ __forceinline__ void fd_arrive(FdShared& sh, unsigned long long* bar, unsigned long long& target) {
     __syncthreads();
     if (threadIdx.x == 0) {
         FD_MARK(sh, FD_T_ARRIVE);
@@ -229,6 +232,10 @@ __device__ __forceinline__ void fd_sync(FdShared& sh, unsigned long long* bar, u
         target += gridDim.x;
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
         asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" ::"l"(bar) : "memory");
+    }
+}
+__device__ __forceinline__ void fd_wait(FdShared& sh, unsigned long long* bar, const unsigned long long& target) {
+    if (threadIdx.x == 0) {
         while (fd_ld_relaxed(bar) < target) {
         }
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
@@ -241,6 +248,10 @@ __device__ __forceinline__ void fd_sync(FdShared& sh, unsigned long long* bar, u
 #endif
     }
     __syncthreads();
+}
+__device__ __forceinline__ void fd_sync(FdShared& sh, unsigned long long* bar, unsigned long long& target) {
+    fd_arrive(sh, bar, target);
+    fd_wait(sh, bar, target);
 }
 
 // Adds the squares of eight values of a row to s, in order (the sum of fd_rstd and of the rows'
@@ -929,8 +940,8 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
         fd_sync(sh, bar, target);
     }
 
-    // Each GEMM stage starts the copy of the next stage's weights (fd_prefetch) before the
-    // barrier that ends it.
+    // Each GEMM stage starts the copy of the next stage's weights (fd_prefetch) between its
+    // arrival at the barrier that ends it and its wait there.
     for (u32 li = 0; li < H.layers; ++li) {
         const FdLayer L = layers[li];
         const u32 max_len = H.max_len;
@@ -954,12 +965,13 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
         } else {
             fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm1, L.qkv, 3 * FD_D, 0, batch, eps, nullptr, qkv_out);
         }
+        fd_arrive(sh, bar, target);
         if (fuse_o) {
             fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID);
         } else {
             fd_prefetch<FD_D, false>(L.wo, FD_D, 0);
         }
-        fd_sync(sh, bar, target);
+        fd_wait(sh, bar, target);
         fd_attention(sh, L, q, att, fuse_o ? part : nullptr, batch, max_len);
         fd_sync(sh, bar, target);
         // The lengths advance once every block has read them (the two stages above).
@@ -983,22 +995,25 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             fd_gemm<FD_D, false, false, true>(sh, att, FdRows<FD_D>{att}, nullptr, nullptr, L.wo, FD_D, 0, batch, eps, x, [&](u32 b, u32 j, float v, float, float r) {
                 fd_st(x, (u64)b * FD_D + j, r + fd_round(v));
             });
+            fd_arrive(sh, bar, target);
             fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID);
-            fd_sync(sh, bar, target);
+            fd_wait(sh, bar, target);
             // RMSNorm, gate and up, SwiGLU.
             fd_gemm<FD_D, true, true, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm2, L.gate_up, FD_HID, FD_HID, batch, eps, nullptr, swiglu_out);
         }
+        fd_arrive(sh, bar, target);
         fd_prefetch<FD_HID, false>(L.down, FD_D, 0);
-        fd_sync(sh, bar, target);
+        fd_wait(sh, bar, target);
         fd_gemm<FD_HID, false, false, true>(sh, s, FdRows<FD_HID>{s}, nullptr, nullptr, L.down, FD_D, 0, batch, eps, fuse_o ? x2 : x, [&](u32 b, u32 j, float v, float, float r) {
             fd_st(x, (u64)b * FD_D + j, r + fd_round(v));
         });
+        fd_arrive(sh, bar, target);
         if (li + 1 < H.layers) {
             fd_prefetch<FD_D, false>(layers[li + 1].qkv, 3 * FD_D, 0);
         } else {
             fd_prefetch<FD_D, false>(H.head, H.vocab, 0);
         }
-        fd_sync(sh, bar, target);
+        fd_wait(sh, bar, target);
     }
     // The final RMSNorm and the head.
     fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, H.head_norm, H.head, H.vocab, 0, batch, eps, nullptr, [&](u32 b, u32 j, float v, float, float) {
