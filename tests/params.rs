@@ -216,6 +216,39 @@ fn all_bits(p: &impl Parameters) -> Result<Vec<(String, Vec<u32>)>> {
     p.parameters().into_iter().map(|(n, p)| Ok((n, p.value.to_vec()?.iter().map(|v| v.to_bits()).collect()))).collect()
 }
 
+/// A module with an integer parameter (a frozen table of indices) beside a float one.
+#[derive(Parameters)]
+struct Indexed {
+    w: Param,
+    index: Param,
+}
+
+#[test]
+fn an_i32_parameter_round_trips_exactly_and_is_put_back_after_a_failed_load() {
+    on_each_backend(|dev| {
+        // Past 2^24 an i32 that went through f32 would come back changed.
+        let ints = [1, -2, (1 << 24) + 1, i32::MAX, i32::MIN];
+        let saved = Indexed { w: param(dev, &[2], 3)?, index: Param::frozen(Tensor::from_i32(dev, &ints, &[5])?)? };
+        let path = temp_file("i32", dev);
+        save_safetensors(&saved, &path)?;
+        let bytes = std::fs::read(&path).map_err(Error::msg)?;
+        let file = safetensors::SafeTensors::deserialize(&bytes).map_err(Error::msg)?;
+        assert_eq!(file.tensor("index").map_err(Error::msg)?.dtype(), safetensors::Dtype::I32);
+        let loaded = Indexed { w: param(dev, &[2], 4)?, index: Param::frozen(Tensor::from_i32(dev, &[0; 5], &[5])?)? };
+        load_safetensors(&loaded, &path)?;
+        assert_eq!(loaded.index.value.to_i32_vec()?, ints);
+        assert_eq!(all_bits(&loaded)?[0], all_bits(&saved)?[0]);
+        // A refused load leaves the integers as they were.
+        let other = Indexed { w: param(dev, &[3], 4)?, index: Param::frozen(Tensor::from_i32(dev, &[7; 5], &[5])?)? };
+        assert!(
+            matches!(load_safetensors(&other, &path), Err(Error::CheckpointTensorMismatch { ref tensor, .. }) if tensor == "w")
+        );
+        assert_eq!(other.index.value.to_i32_vec()?, [7; 5]);
+        std::fs::remove_file(&path).ok();
+        Ok(())
+    });
+}
+
 #[test]
 fn safetensors_round_trip_is_bitwise() {
     on_each_backend(|dev| {

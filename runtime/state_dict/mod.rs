@@ -46,7 +46,7 @@ fn injected(device: Option<&Device>, point: FaultPoint, path: &Path) -> Result<(
 }
 
 /// Writes every parameter's value to a safetensors file at `path`, named by its parameter path
-/// (`layers.0.w`), in its own dtype (F32, BF16 or F16, bit for bit). Reads the values back from
+/// (`layers.0.w`), in its own dtype (F32, BF16, F16 or I32, bit for bit). Reads the values back from
 /// the device, so it is illegal during a capture. The file is written next to `path` and
 /// renamed over it once complete: a failed save ([`Error::CheckpointIo`]) leaves an earlier
 /// file at `path` as it was.
@@ -70,10 +70,7 @@ pub fn save_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
     let params = named_params(module)?;
     let mut data = Vec::with_capacity(params.len());
     for (name, p) in &params {
-        let bytes: Vec<u8> = match p.value.dtype() {
-            DType::F32 => p.value.to_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            _ => p.value.to_bits16()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        };
+        let bytes = file_bytes(&p.value)?;
         data.push((name.clone(), file_dtype(p.value.dtype()), p.value.dims().to_vec(), bytes));
     }
     let views = data
@@ -107,7 +104,7 @@ pub fn save_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
 }
 
 /// Loads every parameter's value from a safetensors file written by [`save_safetensors`] (or
-/// any file with the same names, the parameters' dtypes — F32, BF16 or F16 — and shapes).
+/// any file with the same names, the parameters' dtypes — F32, BF16, F16 or I32 — and shapes).
 ///
 /// Everything is checked before anything is written: a parameter missing from the file
 /// ([`Error::CheckpointMissingTensor`]), a tensor the module has no parameter for
@@ -167,14 +164,7 @@ pub fn load_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
                 got: TensorLayout { dtype: format!("{:?}", entry.dtype).into(), shape: entry.shape.clone().into() },
             });
         }
-        // 16-bit values are widened here and rounded back (exactly) by copy_from_slice.
-        let data = &bytes[entry.bytes.clone()];
-        let data: Vec<f32> = match dtype {
-            DType::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            DType::I32 => data.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32).collect(),
-            _ => data.chunks_exact(2).map(|b| dtype.widen_bits16(u16::from_le_bytes([b[0], b[1]]))).collect(),
-        };
-        values.push((p, data));
+        values.push((p, HostValues::from_le_bytes(dtype, &bytes[entry.bytes.clone()])));
     }
     let known: HashSet<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
     let mut names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
@@ -183,11 +173,11 @@ pub fn load_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
         return Err(Error::CheckpointUnexpectedTensor { path: file_name(), tensor: extra.to_string() });
     }
     // Keep what the parameters hold, to put it back should a copy fail half-way.
-    let before = values.iter().map(|(p, _)| p.value.to_vec()).collect::<Result<Vec<_>>>()?;
+    let before = values.iter().map(|(p, _)| HostValues::read(&p.value)).collect::<Result<Vec<_>>>()?;
     for (i, (p, data)) in values.iter().enumerate() {
-        if let Err(e) = p.value.copy_from_slice(data) {
+        if let Err(e) = data.write(&p.value) {
             for ((p, _), old) in values[..i].iter().zip(&before) {
-                if let Err(again) = p.value.copy_from_slice(old) {
+                if let Err(again) = old.write(&p.value) {
                     p.value
                         .device()
                         .backend()
@@ -199,6 +189,55 @@ pub fn load_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
         }
     }
     Ok(())
+}
+
+/// A parameter's values on the host, exactly: f32 (16-bit values widened, which rounds back
+/// exactly) or i32 (through f32 an i32 past 2^24 would not come back).
+enum HostValues {
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+}
+
+impl HostValues {
+    fn read(t: &crate::Tensor) -> Result<HostValues> {
+        Ok(match t.dtype() {
+            DType::I32 => HostValues::I32(t.to_i32_vec()?),
+            _ => HostValues::F32(t.to_vec()?),
+        })
+    }
+
+    fn write(&self, t: &crate::Tensor) -> Result<()> {
+        match self {
+            HostValues::F32(v) => t.copy_from_slice(v),
+            HostValues::I32(v) => t.copy_from_i32(v),
+        }
+    }
+
+    /// The values of a tensor of `dtype` from the file's little-endian bytes (whose length the
+    /// header check has matched to the shape).
+    fn from_le_bytes(dtype: DType, data: &[u8]) -> HostValues {
+        match dtype {
+            DType::F32 => {
+                HostValues::F32(data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+            }
+            DType::I32 => {
+                HostValues::I32(data.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+            }
+            _ => HostValues::F32(
+                data.chunks_exact(2).map(|b| dtype.widen_bits16(u16::from_le_bytes([b[0], b[1]]))).collect(),
+            ),
+        }
+    }
+}
+
+/// A tensor's values as the file stores them: little-endian, in its own dtype, bit for bit (the
+/// 16-bit ones as their raw patterns).
+fn file_bytes(t: &crate::Tensor) -> Result<Vec<u8>> {
+    Ok(match t.dtype() {
+        DType::F32 => t.to_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::I32 => t.to_i32_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::BF16 | DType::F16 => t.to_bits16()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    })
 }
 
 /// The safetensors dtype a parameter of `dtype` is stored as (its own: no conversion).
