@@ -226,6 +226,9 @@ struct Indexed {
 #[test]
 fn an_i32_parameter_round_trips_exactly_and_is_put_back_after_a_failed_load() {
     on_each_backend(|dev| {
+        // An integer value has no grad (as in PyTorch): a parameter of it is frozen or refused.
+        let refused = Param::new(Tensor::from_i32(dev, &[1], &[1])?);
+        assert!(matches!(refused, Err(Error::DType { op: "Param::new", got: graphed::DType::I32, .. })));
         // Past 2^24 an i32 that went through f32 would come back changed.
         let ints = [1, -2, (1 << 24) + 1, i32::MAX, i32::MIN];
         let saved = Indexed { w: param(dev, &[2], 3)?, index: Param::frozen(Tensor::from_i32(dev, &ints, &[5])?)? };

@@ -28,11 +28,31 @@ impl Param {
     /// A parameter with a zero grad, allocated from the device's default pool (parameters
     /// outlive every graph, so they never live in a graph pool).
     /// It needs a grad: `value.requires_grad()` is set. The grad is f32 whatever the value's
-    /// dtype: bf16 and f16 weights accumulate their grads in f32.
+    /// dtype: bf16 and f16 weights accumulate their grads in f32. An integer (I32) value has no
+    /// grad, as in PyTorch: it is refused as [`Error::DType`](crate::Error::DType); hold it
+    /// with [`Param::frozen`].
+    ///
+    /// ```
+    /// # use graphed::{Device, DType, Error, Param, Tensor};
+    /// let dev = Device::host();
+    /// let index = Tensor::from_i32(&dev, &[3, 1], &[2])?;
+    /// assert!(matches!(Param::new(index.clone()), Err(Error::DType { got: DType::I32, .. })));
+    /// assert!(!Param::frozen(index)?.requires_grad());
+    /// # Ok::<(), graphed::Error>(())
+    /// ```
     pub fn new(value: Tensor) -> Result<Param> {
+        if !value.dtype().is_float() {
+            return Err(crate::Error::DType { op: "Param::new", got: value.dtype(), expected: crate::DType::F32 });
+        }
+        Param::with_grad(value, true)
+    }
+
+    /// The parameter of `value` with a zero f32 grad, allocated from the device's default pool,
+    /// its value's flag set to `requires_grad`.
+    fn with_grad(value: Tensor, requires_grad: bool) -> Result<Param> {
         let dev = value.device().clone();
         let grad = dev.with_pool(&dev.default_pool(), || Tensor::zeros(&dev, value.dims()))?;
-        Ok(Param { value: value.with_requires_grad(true), grad })
+        Ok(Param { value: value.with_requires_grad(requires_grad), grad })
     }
 
     /// A frozen parameter: it needs no grad (`requires_grad()` is false), so optimizers built
@@ -48,8 +68,7 @@ impl Param {
     /// # Ok::<(), graphed::Error>(())
     /// ```
     pub fn frozen(value: Tensor) -> Result<Param> {
-        let p = Param::new(value)?;
-        Ok(Param { value: p.value.with_requires_grad(false), grad: p.grad })
+        Param::with_grad(value, false)
     }
 
     /// Whether the parameter needs a grad: the flag of its value tensor, as in PyTorch
@@ -58,7 +77,8 @@ impl Param {
         self.value.requires_grad()
     }
 
-    /// Freezes (`false`) or unfreezes (`true`) this handle of the parameter.
+    /// Freezes (`false`) or unfreezes (`true`) this handle of the parameter. An integer
+    /// parameter unfrozen this way is still refused by the optimizers ([`Error::DType`](crate::Error::DType)).
     ///
     /// ```
     /// # use graphed::{Device, Param, Tensor};
