@@ -26,7 +26,8 @@ const THREADS: u32 = 256;
 /// rows (`FD_ABUF_BYTES`, 96 KiB: 64 rows of 512 values, 32 of 1368; longer rows go in chunks
 /// of K), the n8 tiles a block computes in one pass (`FD_NT`, 2) and attention's passes of keys
 /// loaded at once (`FD_APIPE`, 8 at head dim 64, 4 at 128). `GRAPHED_DECODER_WBUF`,
-/// `GRAPHED_DECODER_ABUF` (bytes, 0 reads from global memory), `GRAPHED_DECODER_NT` (1 or 2: the sums of a pass's tiles share 48 KB of static shared memory) and
+/// `GRAPHED_DECODER_ABUF` (bytes, 0 reads from global memory), `GRAPHED_DECODER_NT` (1 or 2:
+/// the sums of a pass's tiles share 48 KB of static shared memory) and
 /// `GRAPHED_DECODER_APIPE` (1 to 16) override them, `GRAPHED_DECODER_FUSE_O` the largest
 /// batch whose attention stage computes the output projection too (`FD_FUSE_O`, 4; 0 never)
 /// and `GRAPHED_DECODER_MT` the 16-row tiles the kernel is built for (`FD_MT`, 4; fewer take
