@@ -70,7 +70,7 @@ pub fn save_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
     let params = named_params(module)?;
     let mut data = Vec::with_capacity(params.len());
     for (name, p) in &params {
-        let bytes = file_bytes(&p.value)?;
+        let bytes = HostValues::read(&p.value)?.to_le_bytes();
         data.push((name.clone(), file_dtype(p.value.dtype()), p.value.dims().to_vec(), bytes));
     }
     let views = data
@@ -191,18 +191,21 @@ pub fn load_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
     Ok(())
 }
 
-/// A parameter's values on the host, exactly: f32 (16-bit values widened, which rounds back
-/// exactly) or i32 (through f32 an i32 past 2^24 would not come back).
+/// A parameter's values on the host, exactly, in its own dtype: f32, i32 (through f32 an i32
+/// past 2^24 would not come back) or the raw 16-bit patterns of bf16 and f16 (through f32 a
+/// NaN's payload may change).
 enum HostValues {
     F32(Vec<f32>),
     I32(Vec<i32>),
+    Bits16(Vec<u16>),
 }
 
 impl HostValues {
     fn read(t: &crate::Tensor) -> Result<HostValues> {
         Ok(match t.dtype() {
+            DType::F32 => HostValues::F32(t.to_vec()?),
             DType::I32 => HostValues::I32(t.to_i32_vec()?),
-            _ => HostValues::F32(t.to_vec()?),
+            DType::BF16 | DType::F16 => HostValues::Bits16(t.to_bits16()?),
         })
     }
 
@@ -210,6 +213,7 @@ impl HostValues {
         match self {
             HostValues::F32(v) => t.copy_from_slice(v),
             HostValues::I32(v) => t.copy_from_i32(v),
+            HostValues::Bits16(v) => t.copy_from_bits16(v),
         }
     }
 
@@ -223,21 +227,20 @@ impl HostValues {
             DType::I32 => {
                 HostValues::I32(data.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
             }
-            _ => HostValues::F32(
-                data.chunks_exact(2).map(|b| dtype.widen_bits16(u16::from_le_bytes([b[0], b[1]]))).collect(),
-            ),
+            DType::BF16 | DType::F16 => {
+                HostValues::Bits16(data.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect())
+            }
         }
     }
-}
 
-/// A tensor's values as the file stores them: little-endian, in its own dtype, bit for bit (the
-/// 16-bit ones as their raw patterns).
-fn file_bytes(t: &crate::Tensor) -> Result<Vec<u8>> {
-    Ok(match t.dtype() {
-        DType::F32 => t.to_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DType::I32 => t.to_i32_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DType::BF16 | DType::F16 => t.to_bits16()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-    })
+    /// The values as the file stores them: little-endian, in the tensor's own dtype.
+    fn to_le_bytes(&self) -> Vec<u8> {
+        match self {
+            HostValues::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            HostValues::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            HostValues::Bits16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
 }
 
 /// The safetensors dtype a parameter of `dtype` is stored as (its own: no conversion).

@@ -101,13 +101,32 @@ impl Tensor {
         if t.numel() != bits.len() {
             return Err(Error::shape("Tensor::from_bf16/from_f16", ShapeProblem::values(bits.len(), dims)));
         }
-        let backend = device.backend();
+        t.write_bits16(bits)?;
+        Ok(t)
+    }
+
+    /// Overwrites a bf16 or f16 tensor with raw 16-bit patterns, exactly (a NaN's payload too,
+    /// which a trip through f32 may change). Illegal during capture.
+    pub(crate) fn copy_from_bits16(&self, bits: &[u16]) -> Result<()> {
+        if !matches!(self.dtype(), DType::BF16 | DType::F16) {
+            return Err(Error::DType { op: "Tensor::copy_from_bits16", got: self.dtype(), expected: DType::BF16 });
+        }
+        if self.numel() != bits.len() {
+            return Err(Error::shape("Tensor::copy_from_bits16", ShapeProblem::values(bits.len(), self.dims())));
+        }
+        self.write_bits16(bits)
+    }
+
+    fn write_bits16(&self, bits: &[u16]) -> Result<()> {
+        let backend = self.device().backend();
         backend.forbid_during_capture("copy from host memory")?;
         match &backend.kind {
-            BackendKind::Cuda(c) => c.copy_to_device(t.cuda_ptr()?, bits)?,
-            BackendKind::Host(_) => t.host_ptr()?.write_bits16(bits),
+            BackendKind::Cuda(c) => c.copy_to_device(self.cuda_ptr()?, bits),
+            BackendKind::Host(_) => {
+                self.host_ptr()?.write_bits16(bits);
+                Ok(())
+            }
         }
-        Ok(t)
     }
 
     /// An [`DType::I32`] tensor holding `data` exactly (lengths and positions the device reads).
