@@ -84,6 +84,11 @@ fn elementwise_rejects_mismatches() {
         expect_err("mul shapes", ops::mul(&a, &random(dev, &[20], 3)?), is_shape)?;
         let other = random(&Device::host(), &[4, 5], 4)?;
         expect_err("add devices", ops::add(&a, &other), |e| matches!(e, Error::DeviceMismatch { .. }))?;
+        // Two host devices share a name: the message says they are two, and why.
+        if dev.is_host() {
+            let e = ops::add(&a, &other).unwrap_err().to_string();
+            assert!(e.contains("two separate host devices") && e.contains("Device::host()"), "{e}");
+        }
         Ok(())
     });
 }

@@ -119,7 +119,7 @@ pub enum Error {
         expected: crate::DType,
     },
     /// Tensors from different devices were mixed in one operation.
-    #[error("{op}: tensors live on different devices ({a} and {b}); copy them to one device first")]
+    #[error("{op}: tensors live on different devices ({}); copy them to one device first", device_pair(a, b))]
     DeviceMismatch {
         /// The operation.
         op: &'static str,
@@ -659,6 +659,18 @@ fn bytes_text(bytes: usize) -> String {
         "more bytes than the address space holds".into()
     } else {
         format!("{bytes} bytes")
+    }
+}
+
+/// The two devices of [`Error::DeviceMismatch`]'s message: two of one name are two separate
+/// devices (each `Device::host()` call makes a new one).
+fn device_pair(a: &str, b: &str) -> String {
+    if a == b && a == "host" {
+        "two separate host devices: each Device::host() call makes a new one, so make one and share it".into()
+    } else if a == b {
+        format!("two separate devices named {a}")
+    } else {
+        format!("{a} and {b}")
     }
 }
 
