@@ -254,29 +254,25 @@ __device__ __forceinline__ void fd_sync(FdShared& sh, unsigned long long* bar, u
     fd_wait(sh, bar, target);
 }
 
-// Adds the squares of eight values of a row to s, in order (the sum of fd_rstd and of the rows'
-// staging in fd_gemm: each lane's 16-byte loads c = lane, lane + 32, ... in turn, then the
-// butterfly, so that every way gives the same rstd).
-__device__ __forceinline__ void fd_sumsq8(uint4 v, float& s) {
-    const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float lo = fd_lo(w[i]), hi = fd_hi(w[i]);
-        s += lo * lo;
-        s += hi * hi;
-    }
-}
-__device__ __forceinline__ float fd_rstd_of(float s, float eps) { return 1.0f / sqrtf(warp_sum(s) / (float)FD_D + eps); }
-
 // rstd of each of the first `batch` rows ([batch, FD_D], 16 bytes a load through `ld16(b, c)`:
-// row b's values 8c..8c+7) into sh.rstd: one warp a row.
+// row b's values 8c..8c+7) into sh.rstd: one warp a row, each lane's squares in order, then the
+// butterfly.
 template <typename Ld> __device__ __forceinline__ void fd_rstd(FdShared& sh, u32 batch, float eps, Ld ld16) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (u32 b = warp; b < batch; b += FD_WARPS) {
         float s = 0.0f;
-        for (u32 c = lane; c < FD_D / 8; c += 32) fd_sumsq8(ld16(b, c), s);
-        const float r = fd_rstd_of(s, eps);
-        if (lane == 0) sh.rstd[b] = r;
+        for (u32 c = lane; c < FD_D / 8; c += 32) {
+            const uint4 v = ld16(b, c);
+            const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float lo = fd_lo(w[i]), hi = fd_hi(w[i]);
+                s += lo * lo;
+                s += hi * hi;
+            }
+        }
+        s = warp_sum(s);
+        if (lane == 0) sh.rstd[b] = 1.0f / sqrtf(s / (float)FD_D + eps);
     }
     __syncthreads();
 }
@@ -309,7 +305,7 @@ template <int K, bool PAIR> struct FdW {
 
 // Starts copying this block's weight rows of a stage (w, n columns, pair as fd_gemm's) into
 // fd_wbuf; fd_gemm waits for them. Call after every warp has finished the previous stage's
-// reads of fd_wbuf (fd_kpass's barrier after every warp's K loop).
+// reads of fd_wbuf (the kernel calls it at its start, and after fd_arrive's block barrier).
 template <int K, bool PAIR> __device__ __forceinline__ void fd_prefetch(const bf16_t* w, u32 n, u32 pair) {
     using P = FdW<K, PAIR>;
     constexpr u32 CPR = K / 8;  // 16-byte chunks a row (K % 8 == 0: the host checks)
