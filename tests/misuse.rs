@@ -677,6 +677,24 @@ fn refused_memory_requests_change_nothing() {
     });
 }
 
+/// A parameter of an integer value is refused before its grad is allocated: the pool and the
+/// device memory are as before, and the value keeps its flag (integers have no grad).
+#[test]
+fn a_refused_integer_parameter_changes_nothing() {
+    on_each_backend(|dev| {
+        let index = Tensor::from_i32(dev, &[4, 2, 7], &[3])?;
+        let (pool, reserved) = (dev.default_pool().stats(), dev.reserved_bytes());
+        let e = Param::new(index.clone()).unwrap_err();
+        assert!(matches!(e, Error::DType { op: "Param::new", got: DType::I32, .. }), "{e:?}");
+        assert_eq!((dev.default_pool().stats(), dev.reserved_bytes()), (pool, reserved));
+        assert!(!index.requires_grad());
+        assert_eq!(index.to_i32_vec()?, [4, 2, 7]);
+        // Frozen, the same value is held.
+        assert!(!Param::frozen(index)?.requires_grad());
+        Ok(())
+    });
+}
+
 /// Fused attention refuses what its kernels are not built for, and a wrong layout, before it
 /// allocates or launches anything: the pool and the device memory are as before.
 #[test]
