@@ -36,6 +36,8 @@ inline float __log2f(float x) { return std::log2(x); }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 using std::fmaxf;
 // mixed.cu's vectorised AdamW.
+struct float2 { float x, y; };
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct float4 { float x, y, z, w; };
 struct uint2 { unsigned x, y; };
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }

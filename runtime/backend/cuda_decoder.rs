@@ -88,19 +88,25 @@ pub(crate) fn decoder_trace_dir() -> Option<&'static std::path::Path> {
 /// built-in kernel: a measurement must run what it names.
 fn decoder_source() -> Result<&'static str> {
     static SRC: std::sync::OnceLock<std::result::Result<Option<String>, String>> = std::sync::OnceLock::new();
-    let src = SRC.get_or_init(|| match std::env::var_os("GRAPHED_DECODER_SOURCE").filter(|v| !v.is_empty()) {
-        None => Ok(None),
-        Some(path) => std::fs::read_to_string(&path).map(Some).map_err(|e| {
-            format!(
-                "GRAPHED_DECODER_SOURCE names {}, which could not be read: {e}",
-                std::path::Path::new(&path).display()
-            )
-        }),
-    });
+    let src = SRC.get_or_init(|| read_source(std::env::var_os("GRAPHED_DECODER_SOURCE").as_deref()));
     match src {
         Ok(Some(s)) => Ok(s),
         Ok(None) => Ok(include_str!("kernels/decoder.cu")),
         Err(detail) => Err(Error::InvalidArgument { op: "DecoderStep", detail: detail.clone() }),
+    }
+}
+
+/// What `GRAPHED_DECODER_SOURCE` (`var`) names: no source (unset or empty: the built-in
+/// kernel), the named file's text, or why it could not be read.
+fn read_source(var: Option<&std::ffi::OsStr>) -> std::result::Result<Option<String>, String> {
+    match var.filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(path) => std::fs::read_to_string(path).map(Some).map_err(|e| {
+            format!(
+                "GRAPHED_DECODER_SOURCE names {}, which could not be read: {e}",
+                std::path::Path::new(path).display()
+            )
+        }),
     }
 }
 
@@ -211,5 +217,30 @@ impl CudaBackend {
         } else {
             self.launch_cooperative(f, dims, args)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Unset or empty: the built-in kernel; a file: its text; a file that cannot be read: the
+    /// reason, which `decoder_source` turns into `Error::InvalidArgument` (never the built-in
+    /// kernel in its place).
+    #[test]
+    fn the_source_override_reads_the_named_file_or_says_why_not() {
+        assert_eq!(read_source(None), Ok(None));
+        assert_eq!(read_source(Some(std::ffi::OsStr::new(""))), Ok(None));
+        let dir = std::env::temp_dir().join(format!("graphed-decoder-source-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("variant.cu");
+        std::fs::write(&file, "// a variant\n").unwrap();
+        assert_eq!(read_source(Some(file.as_os_str())), Ok(Some("// a variant\n".to_string())));
+        let missing = dir.join("missing.cu");
+        let err = read_source(Some(missing.as_os_str())).unwrap_err();
+        assert!(err.contains("missing.cu") && err.contains("could not be read"), "{err}");
+        // A folder is not a source file either.
+        assert!(read_source(Some(dir.as_os_str())).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
