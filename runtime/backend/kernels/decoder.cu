@@ -13,10 +13,13 @@
 // NVRTC compiles this file after core.cu, ops.cu and half.cu (u32, u64, warp_sum, gr_neg_inf,
 // bf16_t, ld/st, f32_to_bf16_bits come from there), with these defines: FD_D (d_model), FD_HEADS,
 // FD_HID (the MLP's hidden width), and FD_WBUF_BYTES, FD_ABUF_BYTES, FD_NT (below). Storage is
-// bf16; every GEMM runs on tensor cores (mma.sync m16n8k16, f32 accumulation), n8 tiles of
-// output columns as block tasks (FD_NT a pass), the K steps shared by the block's 8 warps and
-// summed through shared memory in warp order: no atomics on data, the
-// order depends on the sizes only, so the step is bitwise reproducible (eager == graphed).
+// bf16; the GEMMs take n8 tiles of output columns as block tasks, f32 accumulation: up to FD_GV
+// sequences one warp a column on the CUDA cores (fd_gv: each lane's 16-byte chunks of K in
+// order, then the butterfly), above it on tensor cores (mma.sync m16n8k16, FD_NT tiles a pass,
+// the K steps shared by the block's 8 warps and summed through shared memory in warp order). No
+// atomics on data: the order depends on the sizes only, so the step is bitwise reproducible
+// (eager == graphed), and a sequence's sums do not depend on the batch it is in, within either
+// path (FD_GV is a power of two, so a batch and the bucket it is padded to take the same path).
 // Intermediates round to bf16 where the unfused ops store them (x, the normed rows, q/k/v, the
 // attention output, each projection's output, the residual sums, SwiGLU's output, the logits).
 //
@@ -62,6 +65,17 @@
 // (registers: FD_HD / 64 16-byte words a pass).
 #ifndef FD_OPIPE
 #define FD_OPIPE 4
+#endif
+// The largest batch whose GEMM stages run as one warp a column on the CUDA cores (fd_gv) rather
+// than on tensor cores (fd_kpass); 0 never. H200, the GPT of examples/gpt (call O of 2026-12-03):
+// 0.198 to 0.158 ms a token at batch 1, 0.211 to 0.192 at 4; with 16 (and the changes of the
+// attention stage tried in the same call), batch 8 ran 0.255 ms against 0.232 and batch 16 0.355
+// against 0.259: from 8 rows on, an m16 tile is no longer mostly padding.
+#ifndef FD_GV
+#define FD_GV 4
+#endif
+#if FD_GV > 32 || (FD_GV & (FD_GV - 1)) != 0
+#error "FD_GV is 0 or a power of two up to 32 (lane b returns row b; a batch and its bucket take one path)"
 #endif
 // The largest batch whose attention stage computes the output projection too (one barrier
 // and one stage fewer a layer); 0 never.
@@ -568,6 +582,56 @@ __device__ __noinline__ void fd_kpass(FdShared& sh, const FdPass p, u32 t0) {
     }
 }
 
+// Adds the products of eight values of a row (a) and of a weight row (w) to s, in order.
+__device__ __forceinline__ void fd_dot8(float& s, uint4 a, uint4 w) {
+    const u32 aw[4] = {a.x, a.y, a.z, a.w}, ww[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        s += fd_lo(aw[i]) * fd_lo(ww[i]);
+        s += fd_hi(aw[i]) * fd_hi(ww[i]);
+    }
+}
+
+// fd_gemm's K work at small batches (at most FD_GV rows, staged whole in abuf, rows sw words
+// apart): one warp a column, its weight row w (and with PAIR the pair's row w2), each lane the
+// 16-byte chunks c = lane, lane + 32, ... of K in turn (eight products in order each), then the
+// butterfly. Lane b returns row b's sums. At one to a few rows an m16n8k16 tile is mostly
+// padding, and its warps' partial sums cost a pass through shared memory and a block barrier;
+// here a column's sum stays in its warp. Not inlined (see FdPass): one copy a K and pair.
+template <int K, bool PAIR>
+__device__ __noinline__ float2 fd_gv(const u32* abuf, u32 sw, const uint4* w, const uint4* w2, u32 batch) {
+    constexpr u32 CPR = K / 8;
+    const u32 lane = threadIdx.x & 31;
+    float s[FD_GV], s2[FD_GV];
+#pragma unroll
+    for (int b = 0; b < FD_GV; ++b) s[b] = s2[b] = 0.0f;
+#pragma unroll 1
+    for (u32 c = lane; c < CPR; c += 32) {
+        const uint4 wv = w[c];
+        uint4 wv2 = make_uint4(0u, 0u, 0u, 0u);
+        if constexpr (PAIR) wv2 = w2[c];
+#pragma unroll
+        for (u32 b = 0; b < FD_GV; ++b) {
+            if (b >= batch) break;
+            const uint4 av = *reinterpret_cast<const uint4*>(abuf + b * sw + c * 4);
+            fd_dot8(s[b], av, wv);
+            if constexpr (PAIR) fd_dot8(s2[b], av, wv2);
+        }
+    }
+    float v = 0.0f, v2 = 0.0f;
+#pragma unroll
+    for (u32 b = 0; b < FD_GV; ++b) {
+        if (b >= batch) break;  // the same in the whole warp (the shuffles want every lane)
+        const float t = warp_sum(s[b]);
+        if (lane == b) v = t;
+        if constexpr (PAIR) {
+            const float t2 = warp_sum(s2[b]);
+            if (lane == b) v2 = t2;
+        }
+    }
+    return make_float2(v, v2);
+}
+
 // One GEMM stage: for every n8 tile of `n` output columns (the block's tasks: tiles blockIdx.x,
 // + gridDim.x, ..., FD_NT at a time), out[b, j] = sum_k A[b, k] W[j, k] for the first `batch`
 // rows, handed to `epi(b, j, v, v2, r)`. A is `a` ([batch, K] bf16) or, with NORM, the RMSNorm
@@ -610,6 +674,10 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
         sw = ksc * 8 + 4;
     }
     if (whole) {
+        // The RMSNorm's weights for this thread's first 16 bytes load with its rows, not after
+        // the rstd (one memory round trip fewer before the stage can start).
+        uint4 g0 = make_uint4(0u, 0u, 0u, 0u);
+        if (NORM && threadIdx.x < batch * (K / 8)) g0 = reinterpret_cast<const uint4*>(gamma)[threadIdx.x % (K / 8)];
         for (u32 c = threadIdx.x; c < batch * (K / 8); c += FD_THREADS) {
             const u32 b = c / (K / 8), o = c - b * (K / 8);
             const uint4 v = src(b, o * 8);
@@ -623,7 +691,7 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
             for (u32 c = threadIdx.x; c < batch * (K / 8); c += FD_THREADS) {
                 const u32 b = c / (K / 8), o = c - b * (K / 8);
                 uint4* at = reinterpret_cast<uint4*>(abuf + b * sw + o * 4);
-                *at = fd_norm8(*at, reinterpret_cast<const uint4*>(gamma)[o], sh.rstd[b]);
+                *at = fd_norm8(*at, c == threadIdx.x ? g0 : reinterpret_cast<const uint4*>(gamma)[o], sh.rstd[b]);
             }
         }
     } else if constexpr (NORM) {
@@ -633,6 +701,22 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
     __syncthreads();
     if (mine == 0) return;
     FD_MARK(sh, FD_T_READY);
+    if (whole && batch <= FD_GV) {
+        // Warp w computes column w of each of the block's tiles; lane b hands row b to epi.
+        const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll 1
+        for (u32 ti = 0; ti < mine; ++ti) {
+            const u32 col = (blockIdx.x + ti * gridDim.x) * 8 + warp;
+            float r = 0.0f;
+            if (RESID && lane < batch) r = fd_ldcg(resid, (u64)lane * n + col);
+            const u32* wr = ti < P::FIT ? fd_wbuf + (ti * P::ROWS + warp) * P::SW : reinterpret_cast<const u32*>(w + (u64)col * K);
+            const u32* wr2 = ti < P::FIT ? fd_wbuf + (ti * P::ROWS + 8 + warp) * P::SW : reinterpret_cast<const u32*>(w + (u64)(pair + col) * K);
+            const float2 v = fd_gv<K, PAIR>(abuf, sw, reinterpret_cast<const uint4*>(wr), reinterpret_cast<const uint4*>(wr2), batch);
+            if (ti == 0) FD_MARK(sh, FD_T_KDONE);
+            if (lane < batch) epi(lane, col, v.x, v.y, r);
+        }
+        return;
+    }
     const FdPass p{a, gamma, w, RESID ? resid : nullptr, abuf, n, pair, batch, mine, mtiles, sw, ksc, NORM, whole};
     for (u32 t0 = 0; t0 < mine; t0 += FD_NT) {
         // One row tile (16 sequences or fewer) runs the K loop built for one.
