@@ -142,7 +142,8 @@ struct Fused {
 /// attention, output projection + residual, norm + gate/up + SwiGLU, down projection +
 /// residual; norm + head) separated by a grid-wide barrier; at up to 4 sequences the attention
 /// stage computes the output projection too, per head, and the next stage sums the heads. Its
-/// GEMMs run on tensor cores. Decoding at small batches is
+/// GEMMs run one warp a column on the CUDA cores up to 4 sequences and on tensor cores above
+/// (a sequence's sums do not depend on the batch it is in). Decoding at small batches is
 /// latency: the step's unfused form is 8 kernels a layer (4 to 6 µs each on an H200 whatever
 /// their size), this one a few µs a stage. Intermediates round to the weights' dtype where the
 /// unfused ops store them; the sums run in another order than cuBLAS's, so logits can differ
