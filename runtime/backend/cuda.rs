@@ -17,19 +17,6 @@ use crate::capabilities::CudaVersion;
 use crate::error::{NcclProblem, NoCuda, OpError};
 use crate::{DistError, Error, Result};
 
-/// The CUDA C sources compiled once per context. BuiltinKernel names are `extern "C"`.
-pub(crate) const KERNEL_SOURCES: &[&str] = &[
-    include_str!("kernels/core.cu"),
-    include_str!("kernels/ops.cu"),
-    include_str!("kernels/half.cu"),
-    include_str!("kernels/scale_update.cu"),
-    include_str!("kernels/mixed.cu"),
-    include_str!("kernels/multi_tensor.cu"),
-    include_str!("kernels/transformer.cu"),
-    include_str!("kernels/flash.cu"),
-    include_str!("kernels/decode.cu"),
-];
-
 /// The clear state of the device's error word (see `kernels/transformer.cu` and
 /// `kernels/decode.cu`): no bad token, no bad cache length.
 const ERR_CLEAR: [u32; 8] = [u32::MAX, u32::MAX, 0, 0, u32::MAX, u32::MAX, 0, 0];
@@ -239,7 +226,8 @@ impl CudaBackend {
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
                 .map_err(driver_err("cuDeviceGetAttribute"))?,
         );
-        let src = KERNEL_SOURCES.join("\n");
+        // kernels/*.cu, or the files GRAPHED_KERNELS_DIR holds in their place (kernel_source).
+        let src = super::kernel_source::main_sources()?.join("\n");
         let mut options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
         options.extend(FlashTiles::nvrtc_defines());
         options.extend(RowTiles::nvrtc_defines());

@@ -6,7 +6,8 @@
 use cudarc::driver::{sys, CudaFunction};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
-use super::cuda::{check, driver_err, CudaBackend, LaunchDims, KERNEL_SOURCES};
+use super::cuda::{check, driver_err, CudaBackend, LaunchDims};
+use super::kernel_source;
 use super::kernels::KArg;
 use crate::{Error, Result};
 
@@ -37,7 +38,7 @@ const THREADS: u32 = 256;
 /// (`decoder-{d_model}x{heads}x{hidden}.ptx`), to read its machine code with `ptxas -v` and
 /// `cuobjdump`; `GRAPHED_DECODER_SOURCE` (a file) is compiled in place of `kernels/decoder.cu`, so
 /// that one run measures several versions of the kernel with the same binaries (see
-/// [`decoder_source`]).
+/// [`kernel_source::decoder_source`]; `GRAPHED_KERNELS_DIR` does the same for every file).
 #[derive(Clone, Copy, Debug)]
 struct Knobs {
     wbuf: u32,
@@ -82,34 +83,6 @@ pub(crate) fn decoder_trace_dir() -> Option<&'static std::path::Path> {
     DIR.get_or_init(|| std::env::var_os("GRAPHED_DECODER_TRACE").filter(|v| !v.is_empty()).map(Into::into)).as_deref()
 }
 
-/// The kernel's source: `kernels/decoder.cu`, or the file `GRAPHED_DECODER_SOURCE` names (for
-/// measurements: variants of the kernel tried with the same test and bench binaries), read once.
-/// A file that cannot be read is refused as [`Error::InvalidArgument`], never replaced by the
-/// built-in kernel: a measurement must run what it names.
-fn decoder_source() -> Result<&'static str> {
-    static SRC: std::sync::OnceLock<std::result::Result<Option<String>, String>> = std::sync::OnceLock::new();
-    let src = SRC.get_or_init(|| read_source(std::env::var_os("GRAPHED_DECODER_SOURCE").as_deref()));
-    match src {
-        Ok(Some(s)) => Ok(s),
-        Ok(None) => Ok(include_str!("kernels/decoder.cu")),
-        Err(detail) => Err(Error::InvalidArgument { op: "DecoderStep", detail: detail.clone() }),
-    }
-}
-
-/// What `GRAPHED_DECODER_SOURCE` (`var`) names: no source (unset or empty: the built-in
-/// kernel), the named file's text, or why it could not be read.
-fn read_source(var: Option<&std::ffi::OsStr>) -> std::result::Result<Option<String>, String> {
-    match var.filter(|v| !v.is_empty()) {
-        None => Ok(None),
-        Some(path) => std::fs::read_to_string(path).map(Some).map_err(|e| {
-            format!(
-                "GRAPHED_DECODER_SOURCE names {}, which could not be read: {e}",
-                std::path::Path::new(path).display()
-            )
-        }),
-    }
-}
-
 /// The stage marks' layout (`FD_TRACE_STAGES` x `FD_TRACE_SLOTS` 64-bit words a block, as
 /// `kernels/decoder.cu` defines them).
 pub(crate) const TRACE_STAGES: usize = 64;
@@ -131,7 +104,7 @@ impl CudaBackend {
             return Ok(None);
         }
         let knobs = Knobs::get();
-        let source = decoder_source()?;
+        let source = kernel_source::decoder_source()?;
         if knobs.dynamic_shared() as usize > self.max_shared_optin {
             return Ok(None);
         }
@@ -163,7 +136,9 @@ impl CudaBackend {
                 }
                 let opts = CompileOptions { options, ..Default::default() };
                 // core.cu, ops.cu and half.cu: the helpers decoder.cu builds on.
-                let src = [KERNEL_SOURCES[0], KERNEL_SOURCES[1], KERNEL_SOURCES[2], source].join("\n");
+                let mut src = kernel_source::main_sources()?[..kernel_source::DECODER_BASE].to_vec();
+                src.push(source);
+                let src = src.join("\n");
                 let ptx = compile_ptx_with_opts(src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
                 if let Some(dir) = std::env::var_os("GRAPHED_DECODER_PTX").filter(|v| !v.is_empty()) {
                     // For measurements (`ptxas -v`, `cuobjdump --dump-sass`): where the folder
@@ -217,30 +192,5 @@ impl CudaBackend {
         } else {
             self.launch_cooperative(f, dims, args)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Unset or empty: the built-in kernel; a file: its text; a file that cannot be read: the
-    /// reason, which `decoder_source` turns into `Error::InvalidArgument` (never the built-in
-    /// kernel in its place).
-    #[test]
-    fn the_source_override_reads_the_named_file_or_says_why_not() {
-        assert_eq!(read_source(None), Ok(None));
-        assert_eq!(read_source(Some(std::ffi::OsStr::new(""))), Ok(None));
-        let dir = std::env::temp_dir().join(format!("graphed-decoder-source-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("variant.cu");
-        std::fs::write(&file, "// a variant\n").unwrap();
-        assert_eq!(read_source(Some(file.as_os_str())), Ok(Some("// a variant\n".to_string())));
-        let missing = dir.join("missing.cu");
-        let err = read_source(Some(missing.as_os_str())).unwrap_err();
-        assert!(err.contains("missing.cu") && err.contains("could not be read"), "{err}");
-        // A folder is not a source file either.
-        assert!(read_source(Some(dir.as_os_str())).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -14,6 +14,7 @@ mod cuda_user;
 pub(crate) mod cudnn;
 pub(crate) mod fault;
 pub(crate) mod host;
+pub(crate) mod kernel_source;
 mod kernels;
 mod nodes;
 
