@@ -645,7 +645,9 @@ __device__ __noinline__ float2 fd_gv(const u32* abuf, u32 sw, const uint4* w, co
 // in chunks of K (a multiple of 8 K steps, so each warp's steps and their order stay those of
 // one pass), staged again each tile pass (fd_kpass, from `a`); with no room for a chunk, every
 // warp reads its fragments from L2. Every way sums the same products in the same order: the
-// result does not depend on the buffers' sizes.
+// result does not depend on the buffers' sizes. (Up to FD_GV sequences the columns are one
+// warp's each, fd_gv, which reads the rows staged whole; with a buffer too small for them, a
+// measurement setting of GRAPHED_DECODER_ABUF, those batches take the tensor-core order.)
 //
 // `src(b, v)` gives row b's values v..v+7 (16 bytes) for the whole rows' staging; FdRows reads
 // them from `a`, FdEmbedded sums the embeddings, FdResidSum the heads' projections (those two
