@@ -67,10 +67,11 @@
 #define FD_OPIPE 4
 #endif
 // The largest batch whose GEMM stages run as one warp a column on the CUDA cores (fd_gv) rather
-// than on tensor cores (fd_kpass): a power of two, 1 to 32. H200, the GPT of examples/gpt (call O of 2026-12-03):
-// 0.198 to 0.158 ms a token at batch 1, 0.211 to 0.192 at 4; with 16 (and the changes of the
-// attention stage tried in the same call), batch 8 ran 0.255 ms against 0.232 and batch 16 0.355
-// against 0.259: from 8 rows on, an m16 tile is no longer mostly padding.
+// than on tensor cores (fd_kpass): a power of two, 1 to 32. H200, the GPT of examples/gpt (call
+// O of 2026-12-03): 0.198 to 0.158 ms a token at batch 1, 0.211 to 0.192 at 4; with 16 (and
+// the changes of the attention stage tried in the same call), batch 8 ran 0.255 ms against
+// 0.232 and batch 16 0.355 against 0.259: from 8 rows on, an m16 tile is no longer mostly
+// padding.
 #ifndef FD_GV
 #define FD_GV 4
 #endif
