@@ -16,9 +16,10 @@
 //! tensor, with its bytes against the bandwidth floor and its kernels a step; and the f16 step
 //! with a loss scaler: without a scaler (no check), with the update launched at every step
 //! (its kernels read the overflow flag), and with the update under the IF node, on good steps
-//! and on overflowed ones (every step skipped). `--optimizer` runs only this part.
+//! and on overflowed ones (every step skipped), and `step()` alone (an IF node with no else
+//! body). `--optimizer` runs only this part.
 //!
-//! Run: `cargo run --release --example op_bench [-- --optimizer]` (on the host backend it uses
+//! Run: `cargo run --release --example op_bench [-- --optimizer | --only NAME,...]` (on the host backend it uses
 //! small sizes; `GRAPHED_DEVICE=host` forces it).
 
 #[path = "common/timing.rs"]
@@ -65,6 +66,10 @@ struct Args {
     /// the loss scaler's IF node against the step without it.
     #[arg(long)]
     optimizer: bool,
+    /// Only the ops whose names contain one of these (comma-separated), and not the optimizer:
+    /// `--only rms_norm,softmax` times the row kernels alone.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 fn main() -> Result<()> {
@@ -203,6 +208,9 @@ fn main() -> Result<()> {
     cases.extend(bf16_cases(&t16, &a, &rng, (&dw, &db), &size, lin));
     cases.extend(gpt_cases(&t16, &gpt, &size));
 
+    if !args.only.is_empty() {
+        cases.retain(|c| args.only.iter().any(|o| c.name.contains(o.as_str())));
+    }
     let mut rows_out = Vec::new();
     let total = cases.len();
     for (i, c) in cases.iter_mut().enumerate() {
@@ -212,6 +220,9 @@ fn main() -> Result<()> {
     }
 
     report(rows_out, reps, bandwidth);
+    if !args.only.is_empty() {
+        return Ok(());
+    }
     optimizer_bench(&dev, reps, bandwidth)
 }
 
@@ -295,12 +306,15 @@ fn optimizer_bench(dev: &Device, reps: usize, bandwidth: f64) -> Result<()> {
         ps[1].grad.copy_from_slice(&vec![f32::INFINITY; ps[1].grad.numel()])?;
     }
     println!("the f16 step with a loss scaler (same weights; overflowed steps run step(), so every step skips):");
-    let cases: [(&str, &MixedAdamW, bool); 5] = [
+    let cases: [(&str, &MixedAdamW, bool); 7] = [
         ("no scaler (no check; bf16)", &plain, true),
         ("scaler, update launched", &launched, true),
         ("scaler, IF node", &under_if, true),
         ("overflow, update launched", &bad_launched, false),
         ("overflow, IF node", &bad_under_if, false),
+        // step() without the zeroing: one IF node with no else body.
+        ("step(), update launched", &launched, false),
+        ("step(), IF node", &under_if, false),
     ];
     let mut us = Vec::new();
     for (name, opt, zero) in cases {
@@ -315,6 +329,12 @@ fn optimizer_bench(dev: &Device, reps: usize, bandwidth: f64) -> Result<()> {
     println!(
         "  IF node: {overhead:+.1} us on a good step against the update launched (target <= 5 us: {verdict}); a skipped step {:.1} us against {:.1} us; the check (unscale pass, flag, IF node) costs {:+.1} us over no scaler",
         us[4], us[3], us[2] - us[0]
+    );
+    println!(
+        "  step() (an IF node with no else body, nothing zeroed): {:+.1} us on a good step against the update launched ({:.1} against {:.1} us)",
+        us[6] - us[5],
+        us[6],
+        us[5]
     );
     Ok(())
 }
