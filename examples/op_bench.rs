@@ -209,6 +209,17 @@ fn main() -> Result<()> {
     cases.extend(gpt_cases(&t16, &gpt, &size));
 
     if !args.only.is_empty() {
+        // A name that matches no op is refused before anything is timed, with the names there are.
+        if let Some(o) = args.only.iter().find(|o| !cases.iter().any(|c| c.name.contains(o.as_str()))) {
+            let mut names: Vec<&str> = Vec::new();
+            for c in &cases {
+                if !names.contains(&c.name) {
+                    names.push(c.name);
+                }
+            }
+            let detail = format!("--only {o:?} names no op; the ops are: {}", names.join(", "));
+            return Err(graphed::Error::InvalidArgument { op: "op_bench", detail });
+        }
         cases.retain(|c| args.only.iter().any(|o| c.name.contains(o.as_str())));
     }
     let mut rows_out = Vec::new();
