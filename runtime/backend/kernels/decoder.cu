@@ -78,6 +78,14 @@
 #if FD_GV < 1 || FD_GV > 32 || (FD_GV & (FD_GV - 1)) != 0
 #error "FD_GV is a power of two up to 32 (lane b returns row b; a batch and its bucket take one path)"
 #endif
+// The fewest warps a team of the attention stage (fd_team_warps): 1, 2, 4 or 8 (8: one block a
+// task at every batch).
+#ifndef FD_ATEAM_MIN
+#define FD_ATEAM_MIN 1
+#endif
+#if FD_ATEAM_MIN < 1 || FD_ATEAM_MIN > FD_WARPS || (FD_ATEAM_MIN & (FD_ATEAM_MIN - 1)) != 0
+#error "FD_ATEAM_MIN is 1, 2, 4 or 8"
+#endif
 // The largest batch whose attention stage computes the output projection too (one barrier
 // and one stage fewer a layer); 0 never.
 #ifndef FD_FUSE_O
@@ -744,10 +752,26 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
     }
 }
 
+// The warps of a team of the attention stage (fd_attention): the whole block where the tasks
+// (sequence, head) of the batch's bucket fit the grid's blocks, else the most that still take
+// every task in one round (at least FD_ATEAM_MIN). It depends on the next power of two of the
+// batch, so a batch and the bucket it is padded to (ops::DecoderStep) sum alike.
+__device__ __forceinline__ u32 fd_team_warps(u32 batch) {
+    u32 bucket = 1;
+    while (bucket < batch) bucket *= 2;
+    u32 w = FD_WARPS;
+    while (w > FD_ATEAM_MIN && (u64)bucket * FD_HEADS > (u64)gridDim.x * (FD_WARPS / w)) w /= 2;
+    return w;
+}
+
 // Attention of the new token of sequence b, head h, against its cache (whose position len the
-// q/k/v stage wrote): one block a (sequence, head), 8 lanes a key (FD_HD / 8 values each, 16-byte
-// loads), 4 keys a warp at a time, key j to warp (j / 4) % 8; online softmax per lane group,
-// merged in the warp, then over the warps in order.
+// q/k/v stage wrote): one team of W warps a (sequence, head) (fd_team_warps: the whole block up
+// to as many tasks as blocks, then 4, 2 or 1 warps, so that the tasks take one round: H200, the
+// GPT of examples/gpt at batch 64, one block a task ran 512 tasks in four rounds, 17 us of a
+// layer's 75), 8 lanes a key (FD_HD / 8 values each, 16-byte loads), 4 keys a warp at a time,
+// key j to the team's warp (j / 4) % W; online softmax per lane group, merged in the warp, then
+// over the team's warps in order. The teams of a block go through a round together (the block's
+// barriers), those without a task idle.
 //
 // With `part` (small batches, see fd_fused_o), the output projection follows in the same stage:
 // the tasks are (sequence, head, chunk of the projection's columns), as many as there are
@@ -755,7 +779,9 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
 // part[h, b, n] = sum_c att[c] Wo[n, h HD + c] over its chunk's columns n (f32, in c order,
 // each lane 8 ... E values, then the butterfly over 8 lanes), which the next stage sums over
 // the heads in order. Otherwise the tasks are (sequence, head) and att gets the rows.
+template <u32 W>
 __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, const bf16_t* q, bf16_t* att, float* part, u32 batch, u32 max_len) {
+    static_assert(W >= 1 && W <= FD_WARPS && FD_WARPS % W == 0, "a team is 1, 2, 4 or 8 warps");
     constexpr u32 E = FD_HD / 8;  // values a lane
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 3, gl = lane & 7;
     const float scale = 1.0f / sqrtf((float)FD_HD);
@@ -765,12 +791,17 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
     // times, 4 read it 4 times, in the same time (H200 call N: 0.196 ms a token either way).
     // What the cap saves is L2 traffic.
     u32 chunks = 1;
+    if (W != FD_WARPS) part = nullptr;  // the projection needs the whole block a task
     if (part != nullptr) {
         const u32 most = gridDim.x / (batch * FD_HEADS);
         while (chunks * 2 <= most && chunks < 4 && (FD_D / 8) % (chunks * 2) == 0) chunks *= 2;
     }
-    const u32 cols = FD_D / chunks;
-    for (u32 task = blockIdx.x; task < batch * FD_HEADS * chunks; task += gridDim.x) {
+    const u32 cols = FD_D / chunks, tasks = batch * FD_HEADS * chunks;
+    const u32 team = warp / W, tw = warp % W, tt = threadIdx.x - team * W * 32;
+    for (u32 round = 0; round < tasks; round += gridDim.x * (FD_WARPS / W)) {
+        const u32 task = round + team * gridDim.x + blockIdx.x;
+        if (W == FD_WARPS && task >= tasks) break;  // the whole block alike
+        const bool active = task < tasks;
         const u32 b = task / (FD_HEADS * chunks), h = (task / chunks) % FD_HEADS, n0 = (task % chunks) * cols;
         // The first FD_OPIPE passes' Wo words (32 columns a pass, 8 lanes a column), loaded
         // now so that they arrive with the keys.
@@ -785,13 +816,13 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
                     wv[p][e / 8] = n < n0 + cols ? *reinterpret_cast<const uint4*>(L.wo + (u64)n * FD_D + h * FD_HD + ol * E + e) : make_uint4(0u, 0u, 0u, 0u);
             }
         }
-        const int raw = fd_ldi_cg(L.lengths + b);
+        const int raw = active ? fd_ldi_cg(L.lengths + b) : -1;
         const bool bad = raw < 0 || raw > (int)max_len;
         const u32 keys = bad ? 0u : (raw < (int)max_len ? (u32)raw + 1 : (u32)raw);
         float qv[E];
 #pragma unroll
         for (u32 e = 0; e < E; e += 8) {
-            const uint4 v = fd_ld128cg(q + (u64)b * FD_D + h * FD_HD + gl * E + e);
+            const uint4 v = active ? fd_ld128cg(q + (u64)b * FD_D + h * FD_HD + gl * E + e) : make_uint4(0u, 0u, 0u, 0u);
             const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -805,14 +836,14 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
         for (u32 e = 0; e < E; ++e) acc[e] = 0.0f;
         // The loop runs alike in every lane of a warp (the shuffles need them all); a group
         // whose key is past the end takes no part in the softmax. Each round loads the keys and
-        // values of FD_APIPE passes of the block's 4 x FD_WARPS keys first (the loads are
-        // volatile, so the compiler keeps them ahead of the math), so a round waits for memory
-        // once: at the GPT's lengths, once a task.
-        for (u32 j0 = warp * 4; j0 < keys; j0 += FD_WARPS * 4 * FD_APIPE) {
+        // values of FD_APIPE passes of the team's 4 x W keys first (the loads are volatile, so
+        // the compiler keeps them ahead of the math), so a round waits for memory once: at the
+        // GPT's lengths, once a task.
+        for (u32 j0 = tw * 4; j0 < keys; j0 += W * 4 * FD_APIPE) {
             uint4 kb[FD_APIPE][E / 8], vb[FD_APIPE][E / 8];
 #pragma unroll
             for (u32 p = 0; p < FD_APIPE; ++p) {
-                const u32 j = j0 + p * FD_WARPS * 4 + grp;
+                const u32 j = j0 + p * W * 4 + grp;
 #pragma unroll
                 for (u32 e = 0; e < E; e += 8) {
                     const bool in = j < keys;
@@ -822,8 +853,8 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
             }
 #pragma unroll
             for (u32 p = 0; p < FD_APIPE; ++p) {
-                if (j0 + p * FD_WARPS * 4 >= keys) break;  // the same in the whole warp
-                const u32 j = j0 + p * FD_WARPS * 4 + grp;
+                if (j0 + p * W * 4 >= keys) break;  // the same in the whole warp
+                const u32 j = j0 + p * W * 4 + grp;
                 float kv[E], vv[E];
 #pragma unroll
                 for (u32 e = 0; e < E; e += 8) {
@@ -875,12 +906,13 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
             for (u32 e = 0; e < E; ++e) sh.a.aacc[warp][gl * E + e] = acc[e];
         }
         __syncthreads();
-        for (u32 col = threadIdx.x; col < FD_HD; col += FD_THREADS) {
+        for (u32 col = tt; active && col < FD_HD; col += W * 32) {
+            const u32 w0 = team * W;
             float mx = gr_neg_inf();
-            for (int w = 0; w < FD_WARPS; ++w) mx = fmaxf(mx, sh.a.am[w]);
+            for (u32 w = w0; w < w0 + W; ++w) mx = fmaxf(mx, sh.a.am[w]);
             float sum = 0.0f, o = 0.0f;
             if (mx != gr_neg_inf()) {
-                for (int w = 0; w < FD_WARPS; ++w) {
+                for (u32 w = w0; w < w0 + W; ++w) {
                     const float c = sh.a.am[w] == gr_neg_inf() ? 0.0f : expf(sh.a.am[w] - mx);
                     sum += sh.a.al[w] * c;
                     o += sh.a.aacc[w][col] * c;
@@ -990,6 +1022,8 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     // Small batches: attention computes the output projection too (fd_attention), when the
     // next stage's rows fit the activation buffer whole (it sums the heads' parts as it stages).
     const bool fuse_o = batch <= FD_FUSE_O && batch * FdW<FD_D, true>::SW * 4 <= FD_ABUF_BYTES;
+    // The attention stage's teams (one block a task where the tasks fit the grid, and with fuse_o).
+    const u32 ateam = fuse_o ? FD_WARPS : fd_team_warps(batch);
     unsigned long long target = fd_sync_base(bar);
     if (H.layers > 0) {
         fd_prefetch<FD_D, false>(layers[0].qkv, 3 * FD_D, 0);
@@ -1058,7 +1092,12 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             fd_prefetch<FD_D, false>(L.wo, FD_D, 0);
         }
         fd_wait(sh, bar, target);
-        fd_attention(sh, L, q, att, fuse_o ? part : nullptr, batch, max_len);
+        switch (ateam) {
+            case 1: fd_attention<1>(sh, L, q, att, nullptr, batch, max_len); break;
+            case 2: fd_attention<2>(sh, L, q, att, nullptr, batch, max_len); break;
+            case 4: fd_attention<4>(sh, L, q, att, nullptr, batch, max_len); break;
+            default: fd_attention<FD_WARPS>(sh, L, q, att, fuse_o ? part : nullptr, batch, max_len);
+        }
         fd_sync(sh, bar, target);
         // The lengths advance once every block has read them (the two stages above).
         if (blockIdx.x == 0) {
