@@ -962,6 +962,13 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
     }
 }
 
+// The teams' attention stage (W < FD_WARPS) out of line: the kernel's body keeps the code that
+// the batches of one block a task run, as it was before teams.
+template <u32 W>
+__device__ __noinline__ void fd_attention_team(FdShared& sh, const FdLayer L, const bf16_t* q, bf16_t* att, u32 batch, u32 max_len) {
+    fd_attention<W>(sh, L, q, att, nullptr, batch, max_len);
+}
+
 // The residual stream after the output projection, from its per-head partial sums (the
 // attention stage's `part`): x + round(sum over heads in order), rounded, 8 values at v of row
 // b, for fd_gemm's staging.
@@ -1093,9 +1100,9 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
         }
         fd_wait(sh, bar, target);
         switch (ateam) {
-            case 1: fd_attention<1>(sh, L, q, att, nullptr, batch, max_len); break;
-            case 2: fd_attention<2>(sh, L, q, att, nullptr, batch, max_len); break;
-            case 4: fd_attention<4>(sh, L, q, att, nullptr, batch, max_len); break;
+            case 1: fd_attention_team<1>(sh, L, q, att, batch, max_len); break;
+            case 2: fd_attention_team<2>(sh, L, q, att, batch, max_len); break;
+            case 4: fd_attention_team<4>(sh, L, q, att, batch, max_len); break;
             default: fd_attention<FD_WARPS>(sh, L, q, att, fuse_o ? part : nullptr, batch, max_len);
         }
         fd_sync(sh, bar, target);
