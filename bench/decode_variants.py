@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""The table of scripts/decoder-variants.sh: ms a token (the WHILE loop) by batch, one column a
+version of the one-kernel decoding step (dec_<n>-<name>.json, `gpt --decode-bench --json`), and
+PyTorch's compiled decode where torch.json is there (bench/pytorch_gpt_decode.py --out). Each
+column's ratio to the first version follows the table.
+
+    python3 bench/decode_variants.py DIR
+"""
+import glob
+import json
+import os
+import sys
+
+
+def rows(path, path_name):
+    try:
+        with open(path) as f:
+            result = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {r["batch"]: r["ms_per_token"] for r in result.get("rows", []) if r.get("path") == path_name}
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    folder = sys.argv[1]
+    versions = sorted(glob.glob(os.path.join(folder, "dec_*.json")), key=lambda p: int(os.path.basename(p)[4:].split("-")[0]))
+    cols = [(os.path.basename(p)[4:-5], rows(p, "while")) for p in versions]
+    torch = rows(os.path.join(folder, "torch.json"), "compiled")
+    if torch:
+        cols.append(("torch.compile", torch))
+    if not cols:
+        sys.exit(f"no dec_*.json in {folder}")
+    batches = sorted({b for _, c in cols for b in c})
+    print("ms a token (WHILE loop; PyTorch: its compiled decode)")
+    print("batch " + " ".join(f"{n:>14}" for n, _ in cols))
+    for b in batches:
+        print(f"{b:5d} " + " ".join(f"{c[b]:14.4f}" if b in c else f"{'-':>14}" for _, c in cols))
+    first_name, first = cols[0]
+    for name, c in cols[1:]:
+        ratios = [f"{b}: {c[b] / first[b]:.3f}" for b in batches if b in c and b in first]
+        print(f"{name} / {first_name}: " + ", ".join(ratios))
+
+
+if __name__ == "__main__":
+    main()
