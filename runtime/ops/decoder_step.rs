@@ -143,9 +143,11 @@ struct Fused {
 /// attention, output projection + residual, norm + gate/up + SwiGLU, down projection +
 /// residual; norm + head) separated by a grid-wide barrier; at up to 4 sequences the attention
 /// stage computes the output projection too, per head, and the next stage sums the heads. Its
-/// GEMMs run one warp a column on the CUDA cores up to 4 sequences and on tensor cores above
-/// (a power of two, so a batch and the bucket it is padded to take the same path and sum alike;
-/// across that bound a sequence's logits may differ in their last bits). Decoding at small batches is
+/// GEMMs run one warp a column on the CUDA cores up to 4 sequences and on tensor cores above;
+/// its attention gives a (sequence, head) a block, or a team of 4, 2 or 1 warps where the
+/// tasks outnumber the blocks. Both depend on the batch only through its next power of two, so
+/// a batch and the bucket it is padded to take the same path and sum alike (across those
+/// bounds a sequence's logits may differ in their last bits). Decoding at small batches is
 /// latency: the step's unfused form is 8 kernels a layer (4 to 6 µs each on an H200 whatever
 /// their size), this one a few µs a stage. Intermediates round to the weights' dtype where the
 /// unfused ops store them; the sums run in another order than cuBLAS's, so logits can differ

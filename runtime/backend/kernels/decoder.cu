@@ -18,8 +18,9 @@
 // order, then the butterfly), above it on tensor cores (mma.sync m16n8k16, FD_NT tiles a pass,
 // the K steps shared by the block's 8 warps and summed through shared memory in warp order). No
 // atomics on data: the order depends on the sizes only, so the step is bitwise reproducible
-// (eager == graphed), and a sequence's sums do not depend on the batch it is in, within either
-// path (FD_GV is a power of two, so a batch and the bucket it is padded to take the same path).
+// (eager == graphed), and a sequence's sums depend on the batch it is in only through the
+// batch's next power of two (the GEMMs' path, FD_GV; the attention stage's teams,
+// fd_team_warps), so a batch and the bucket it is padded to sum alike.
 // Intermediates round to bf16 where the unfused ops store them (x, the normed rows, q/k/v, the
 // attention output, each projection's output, the residual sums, SwiGLU's output, the logits).
 //
