@@ -2,10 +2,14 @@
 # Builds the test binaries and examples in release mode and puts them in gpu-bin/ (git-ignored),
 # ready to travel to the GPU machine (which has CUDA but no cargo). Then run there:
 #   bash scripts/gpu-run.sh            (device tool: carry ["gpu-bin"])
+# GPU_TESTS="ops_decoder_step gpt_generate" and GPU_EXAMPLES="gpt" build only those test targets
+# and examples (minutes instead of the whole suite, for a call that measures one change).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf gpu-bin && mkdir -p gpu-bin/tests gpu-bin/examples
-cargo test --release --no-run --message-format=json 2>/dev/null \
+tests=(); for t in ${GPU_TESTS:-}; do tests+=(--test "$t"); done
+examples=(--examples); if [ -n "${GPU_EXAMPLES:-}" ]; then examples=(); for e in $GPU_EXAMPLES; do examples+=(--example "$e"); done; fi
+cargo test --release --no-run "${tests[@]}" --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:
@@ -21,13 +25,14 @@ for line in sys.stdin:
         shutil.copy(m["executable"], dst)
         print("test binary:", dst)
 '
-cargo build --release --examples
+cargo build --release "${examples[@]}"
 for f in examples/*.rs examples/*/main.rs; do
   case "$f" in */main.rs) n=$(basename "$(dirname "$f")") ;; *) n=$(basename "$f" .rs) ;; esac
   [ "$n" = common ] && continue
+  if [ -n "${GPU_EXAMPLES:-}" ] && [[ " $GPU_EXAMPLES " != *" $n "* ]]; then continue; fi
   cp "target/release/examples/$n" gpu-bin/examples/ && echo "example: gpu-bin/examples/$n"
 done
-[ -d bench ] && cp -r bench gpu-bin/
+[ -d bench ] && cp -r bench gpu-bin/ && rm -rf gpu-bin/bench/__pycache__
 du -sh gpu-bin
 # The device tool carries at most 64 MiB: pack the binaries (about 10 MB with xz). There:
 #   python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
