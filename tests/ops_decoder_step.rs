@@ -242,14 +242,15 @@ fn the_step_matches_the_unfused_ops_across_row_tiles_and_head_dim_128() {
 
 /// Attention in teams of fewer warps than a block (more (sequence, head) tasks than blocks):
 /// on a 132-multiprocessor GPU, 8 heads at batch 20 (a bucket of 32: teams of 4 warps) and 33
-/// (64: teams of 2), 16 heads at 33 (teams of 1).
+/// (64: teams of 2), 16 heads at 33 (teams of 1), and head dim 128 (8 heads of 128 at 33).
 #[test]
 fn the_step_matches_the_unfused_ops_with_attention_in_teams_of_warps() {
     on_each_backend(|dev| {
         let lens = |n: i32| (0..n).map(|b| (b * 5) % 11).collect::<Vec<_>>();
         against_unfused(dev, sizes(512, 8, 344, 33), 20, 2, &lens(20))?;
         against_unfused(dev, sizes(512, 8, 344, 33), 33, 2, &lens(33))?;
-        against_unfused(dev, sizes(1024, 16, 520, 33), 33, 2, &lens(33))
+        against_unfused(dev, sizes(1024, 16, 520, 33), 33, 2, &lens(33))?;
+        against_unfused(dev, sizes(1024, 8, 520, 33), 33, 2, &lens(33))
     });
 }
 
