@@ -11,14 +11,18 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_decode import rows_by  # noqa: E402
+
 
 def rows(path, path_name):
+    """ms a token by batch for one path of a --json file ({} where the run left none)."""
     try:
         with open(path) as f:
             result = json.load(f)
     except (OSError, ValueError):
         return {}
-    return {r["batch"]: r["ms_per_token"] for r in result.get("rows", []) if r.get("path") == path_name}
+    return {b: r["ms_per_token"] for b, r in rows_by(result, path_name).items()}
 
 
 def main():
