@@ -254,6 +254,42 @@ fn the_step_matches_the_unfused_ops_with_attention_in_teams_of_warps() {
     });
 }
 
+/// A sequence's logits and cache rows do not depend on the other sequences of its batch, bit for
+/// bit, among the batches of one bucket (the next power of two, which the kernel's summation
+/// order may depend on): 33 and 64 sequences (on CUDA, rows split into different groups of the
+/// GEMM stages and a lone 16-row tile at 33; attention in teams of 2 at both), 20 and 32.
+#[test]
+fn a_sequence_sums_alike_in_every_batch_of_its_bucket() {
+    on_each_backend(|dev| {
+        let s = sizes(512, 8, 344, 64);
+        let m = Model::new(dev, s, 29)?;
+        let lens: Vec<i32> = (0..64).map(|b| (b * 5) % 11).collect();
+        for (few, many) in [(33, 64), (20, 32)] {
+            let run = |batch: usize| -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+                let caches = m.fresh_caches(dev, &lens)?;
+                let step = m.step(&caches)?;
+                if !kernel_runs(dev, &step) {
+                    return Ok(None);
+                }
+                let mut logits = Vec::new();
+                for t in 0..2 {
+                    let [ids, pos] = inputs(dev, s, batch, t, &lens)?;
+                    logits.extend(step.run(&ids, &pos)?.to_vec()?.into_iter().take(few * s.vocab));
+                }
+                let per_seq = s.heads * s.max_len * (s.d / s.heads);
+                let cache = caches[s.layers - 1][1].to_vec()?.into_iter().take(few * per_seq).collect();
+                Ok(Some((logits, cache)))
+            };
+            let (Some((a, ca)), Some((b, cb))) = (run(few)?, run(many)?) else {
+                return Ok(());
+            };
+            bitwise_eq(&format!("logits of the first {few} sequences, batch {few} against {many}"), &a, &b)?;
+            bitwise_eq(&format!("the last layer's v cache, batch {few} against {many}"), &ca, &cb)?;
+        }
+        Ok(())
+    });
+}
+
 /// Attention and the output projection in one stage (batches up to 4) where each head's share
 /// of the projection takes several passes of 32 columns: d_model 1024 in 16 heads leaves two
 /// blocks of a 132-multiprocessor GPU to each (sequence, head), 512 columns each.

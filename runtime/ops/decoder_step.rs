@@ -15,14 +15,11 @@ const OP: &str = "DecoderStep";
 /// [`DecoderStep::set_fused_batch_limit`] accepts.
 pub const DECODER_STEP_MAX_FUSED_BATCH: usize = 64;
 
-/// The batches [`DecoderStep::run`] gives the one kernel by default: up to 32 sequences. On an
-/// H200 (the GPT of examples/gpt, 2026-12-03, one call) the kernel took 0.23 ms a token at
-/// batch 1, 0.31 at 16 and 0.44 at 32 against the unfused ops' 0.50 at 32, and lost at 64
-/// (0.67 against 0.51). With attention in one round (2026-12-04, one call) it takes 0.155 at
-/// batch 1, 0.358 at 32 and 0.554 at 64; the unfused ops took 0.508 to 0.517 at 64 in other
-/// calls of the day. At 64 every block stages all 64 rows of each normed stage, and the down
-/// projection's rows go through shared memory in chunks on half the blocks.
-pub const DECODER_STEP_DEFAULT_FUSED_BATCH: usize = 32;
+/// The batches [`DecoderStep::run`] gives the one kernel by default: every batch it takes (64
+/// sequences). On an H200 (the GPT of examples/gpt, 2026-12-04, one call) the kernel with its
+/// GEMM stages in row groups took 0.426 ms a token at batch 64 against the unfused ops' 0.508;
+/// before the row groups it lost there (0.559), and the default was 32.
+pub const DECODER_STEP_DEFAULT_FUSED_BATCH: usize = 64;
 
 /// One layer of a [`DecoderWeights`]: a pre-norm block `x + attn(rms_norm(x))`, then
 /// `x + mlp(rms_norm(x))`, with its KV cache.

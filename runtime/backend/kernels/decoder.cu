@@ -188,6 +188,24 @@ __device__ __forceinline__ u32 fd_red_one(u32 half, u32 j, u32 warp, u32 op, u32
     return half * FD_RED_ONE + ((j * FD_WARPS + warp) * 2 + op) * 128 + e;
 }
 
+// A GEMM stage's share of the grid for this block: the grid splits into `groups` groups of vg
+// blocks (blocks past groups * vg idle), group i computing every n8 tile of the stage for rows
+// [row0, row0 + rows) only. Each block then stages 1 / groups of the batch's rows, and a stage
+// of few tiles (the projections back to d_model: 64 tiles of 512 columns) keeps more blocks
+// busy. Block vb of its group computes the tiles vb, vb + vg, ... (fd_block_tiles). The groups
+// take whole 16-row tiles, and a sum does not depend on the tile or the pass that computes it
+// (fd_kpass), so the grouping changes no result.
+struct FdPart {
+    u32 vb, vg, row0, rows;
+    u32 per;  // the rows of a group (the last one's may be fewer)
+};
+// FdShared::part's entries: the q/k/v, gate/up, output, down and head projections.
+#define FD_P_QKV 0
+#define FD_P_GU 1
+#define FD_P_O 2
+#define FD_P_DOWN 3
+#define FD_P_HEAD 4
+
 struct FdShared {
     // A GEMM stage's (fd_kpass) and the attention stage's buffers share their memory: the
     // static shared memory of a block is at most 48 KB.
@@ -204,6 +222,7 @@ struct FdShared {
         } a;
     };
     float rstd[FD_MT * 16];
+    FdPart part[5];  // each GEMM stage kind's share of this block (FD_P_*, fd_part), once a launch
     int len[FD_MT * 16];  // the lengths at the q/k/v stage (where its keys and values go)
     long long erow[FD_MT * 16][2];  // each sequence's token and position rows (-1: bad)
 #ifdef FD_TRACE
@@ -311,11 +330,6 @@ __device__ __forceinline__ uint4 fd_norm8(uint4 v, uint4 gv, float r) {
 
 extern __shared__ __align__(16) u32 fd_wbuf[];
 
-// The n8 tiles of an n-column stage that this block computes: blockIdx.x, + gridDim.x, ...
-__device__ __forceinline__ u32 fd_block_tiles(u32 n) {
-    const u32 tiles = n / 8;
-    return blockIdx.x < tiles ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0u;
-}
 
 // A stage's weight rows in fd_wbuf: ROWS rows a tile (the up rows after the gate rows with
 // PAIR), SW words a row (K / 2, padded so that the eight rows a fragment load reads start in
@@ -327,19 +341,57 @@ template <int K, bool PAIR> struct FdW {
     static constexpr u32 FIT = FD_WBUF_BYTES / (ROWS * SW * 4);
 };
 
-// Starts copying this block's weight rows of a stage (w, n columns, pair as fd_gemm's) into
+// The n8 tiles of an n-column stage that block vb of a group of vg computes.
+__device__ __forceinline__ u32 fd_block_tiles(u32 n, u32 vb, u32 vg) {
+    const u32 tiles = n / 8;
+    return vb < tiles ? (tiles - vb + vg - 1) / vg : 0u;
+}
+
+// The fewest rows a group of a GEMM stage takes (a multiple of 16; 64 or more: one group, every
+// block stages every row).
+#ifndef FD_GROUP_ROWS
+#define FD_GROUP_ROWS 16
+#endif
+#if FD_GROUP_ROWS < 16 || FD_GROUP_ROWS % 16 != 0
+#error "FD_GROUP_ROWS is a multiple of 16"
+#endif
+
+// This block's share of an n-column GEMM stage of K (pair as fd_gemm's) at `batch` rows: the
+// groups that give each FD_GROUP_ROWS rows or more (at most 4), fewer where a block's tiles
+// would then outgrow its weight buffer (P::FIT) while one group's fit. Every block computes
+// the same groups, so fd_prefetch and fd_gemm agree. The kernel computes each stage kind's
+// share once a launch (FdShared::part: its divisions cost a stage about 0.4 us, H200 call A of
+// 2026-12-04, when every stage computed its own).
+template <int K, bool PAIR> __device__ __forceinline__ FdPart fd_part(u32 n, u32 batch) {
+    using P = FdW<K, PAIR>;
+    const u32 mtiles = (batch + 15) / 16, tiles = n / 8;
+    u32 groups = (mtiles * 16 + FD_GROUP_ROWS - 1) / FD_GROUP_ROWS;
+    if (batch <= FD_GV || groups < 1) groups = 1;
+    if (groups > 4) groups = 4;
+    if (groups > mtiles) groups = mtiles;
+    const u32 one = (tiles + gridDim.x - 1) / gridDim.x;
+    const u32 room = P::FIT > one ? P::FIT : one;
+    while (groups > 1 && (tiles + gridDim.x / groups - 1) / (gridDim.x / groups) > room) --groups;
+    const u32 vg = gridDim.x / groups, gi = blockIdx.x / vg;
+    const u32 per = (mtiles + groups - 1) / groups * 16;
+    FdPart part{blockIdx.x - gi * vg, vg, gi * per, 0u, per};
+    if (gi < groups && part.row0 < batch) part.rows = batch - part.row0 < per ? batch - part.row0 : per;
+    return part;
+}
+
+// Starts copying this block's weight rows of a stage (w, n columns, pair and part as fd_gemm's) into
 // fd_wbuf; fd_gemm waits for them. Call after every warp has finished the previous stage's
 // reads of fd_wbuf (the kernel calls it at its start, and after fd_arrive's block barrier).
-template <int K, bool PAIR> __device__ __forceinline__ void fd_prefetch(const bf16_t* w, u32 n, u32 pair) {
+template <int K, bool PAIR> __device__ __forceinline__ void fd_prefetch(const bf16_t* w, u32 n, u32 pair, const FdPart part) {
     using P = FdW<K, PAIR>;
     constexpr u32 CPR = K / 8;  // 16-byte chunks a row (K % 8 == 0: the host checks)
-    const u32 tiles = fd_block_tiles(n);
+    const u32 tiles = part.rows > 0 ? fd_block_tiles(n, part.vb, part.vg) : 0u;
     const u32 npf = tiles < P::FIT ? tiles : P::FIT;
     const u32 total = npf * P::ROWS * CPR;
     for (u32 c = threadIdx.x; c < total; c += FD_THREADS) {
         const u32 row = c / CPR, o = c - row * CPR;
         const u32 ti = row / P::ROWS, r = row - ti * P::ROWS;
-        const u32 tile = blockIdx.x + ti * gridDim.x;
+        const u32 tile = part.vb + ti * part.vg;
         const u32 wr = (PAIR && r >= 8) ? pair + tile * 8 + (r - 8) : tile * 8 + r;
         const bf16_t* src = w + (u64)wr * K + o * 8;
         const u32 dst = (u32)__cvta_generic_to_shared(fd_wbuf + row * P::SW + o * 4);
@@ -384,6 +436,7 @@ struct FdPass {
     const bf16_t* resid;  // the residual's rows [batch, n] (row stride n), or null
     u32* abuf;            // the activation buffer
     u32 n, pair, batch, mine, mtiles;
+    u32 vb, vg;  // the block's place in its group (FdPart)
     u32 sw;   // words a row of abuf
     u32 ksc;  // K steps a staged chunk (all of them where the rows are staged whole; 0: not staged)
     bool norm, whole;
@@ -488,7 +541,7 @@ __device__ __noinline__ void fd_kpass(FdShared& sh, const FdPass p, u32 t0) {
     float rv[FD_NT][FD_EPT];
 #pragma unroll
     for (u32 j = 0; j < FD_NT; ++j) {
-        const u32 ti = t0 + j, n0 = (blockIdx.x + ti * gridDim.x) * 8;
+        const u32 ti = t0 + j, n0 = (p.vb + ti * p.vg) * 8;
         if (ti < P::FIT) {
             wrow[j] = fd_wbuf + (ti * P::ROWS + g) * P::SW;
             wrow2[j] = fd_wbuf + (ti * P::ROWS + 8 + g) * P::SW;
@@ -642,12 +695,13 @@ __device__ __noinline__ float2 fd_gv(const u32* abuf, u32 sw, const uint4* w, co
     return make_float2(v, v2);
 }
 
-// One GEMM stage: for every n8 tile of `n` output columns (the block's tasks: tiles blockIdx.x,
-// + gridDim.x, ..., FD_NT at a time), out[b, j] = sum_k A[b, k] W[j, k] for the first `batch`
-// rows, handed to `epi(b, j, v, v2, r)`. A is `a` ([batch, K] bf16) or, with NORM, the RMSNorm
-// of it (a * rstd[b] * gamma[k], rounded to bf16 as rms_norm stores it; the rstd in eps). With
+// One GEMM stage: for every n8 tile of `n` output columns, out[b, j] = sum_k A[b, k] W[j, k] for
+// the batch's rows, handed to `epi(b, j, v, v2, r)`. The block's tasks are its group's rows
+// (`part`, from fd_part) in the tiles vb, vb + vg, ..., FD_NT at a time. A is `a_all` ([batch, K] bf16) or,
+// with NORM, the RMSNorm of it (a * rstd[b] * gamma[k], rounded to bf16 as rms_norm stores it;
+// the rstd in eps). With
 // PAIR each tile also computes the columns `pair` rows further down W (SwiGLU's up next to its
-// gate) as v2. With RESID, r is resid[b, j] (row stride n); otherwise 0. The block's first
+// gate) as v2. With RESID, r is resid_all[b, j] (row stride n); otherwise 0. The block's first
 // tiles' weights come from fd_wbuf (fd_prefetch), the rest from W in global memory.
 //
 // The activation rows go to shared memory once (16-byte loads; NORM: the raw rows, their rstd
@@ -661,16 +715,20 @@ __device__ __noinline__ float2 fd_gv(const u32* abuf, u32 sw, const uint4* w, co
 //
 // `src(b, v)` gives row b's values v..v+7 (16 bytes) for the whole rows' staging; FdRows reads
 // them from `a`, FdEmbedded sums the embeddings, FdResidSum the heads' projections (those two
-// only where the rows fit whole: the callers make sure). With `keep`, block 0 also stores the
-// staged raw rows there (the residual stream, when src computes it).
+// only where the rows fit whole: the callers make sure). With `keep`, the first block of each
+// group also stores its staged raw rows there (the residual stream, when src computes it).
 template <int K, bool NORM, bool PAIR, bool RESID, typename Src, typename Epi>
-__device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, bf16_t* keep, const bf16_t* gamma, const bf16_t* w, u32 n,
-                                        u32 pair, u32 batch, float eps, const bf16_t* resid, Epi epi) {
+__device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a_all, Src src, bf16_t* keep, const bf16_t* gamma, const bf16_t* w, u32 n,
+                                        u32 pair, const FdPart part, float eps, const bf16_t* resid_all, Epi epi) {
     using P = FdW<K, PAIR>;
     constexpr u32 KS = (K + 15) / 16;
+    // This block's rows (its group's) and tiles; below, row b is row row0 + b of the batch.
+    const u32 batch = part.rows, row0 = part.row0;
+    const bf16_t* a = a_all + (u64)row0 * K;
+    const bf16_t* resid = RESID ? resid_all + (u64)row0 * n : nullptr;
     const u32 mtiles = (batch + 15) / 16;
-    const u32 mine = fd_block_tiles(n);
-    const bool keeper = keep != nullptr && blockIdx.x == 0;
+    const u32 mine = batch > 0 ? fd_block_tiles(n, part.vb, part.vg) : 0u;
+    const bool keeper = keep != nullptr && part.vb == 0 && batch > 0;
     if (mine == 0 && !keeper) {
         asm volatile("cp.async.wait_all;" ::: "memory");
         return;
@@ -692,8 +750,8 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
         if (NORM && threadIdx.x < batch * (K / 8)) g0 = reinterpret_cast<const uint4*>(gamma)[threadIdx.x % (K / 8)];
         for (u32 c = threadIdx.x; c < batch * (K / 8); c += FD_THREADS) {
             const u32 b = c / (K / 8), o = c - b * (K / 8);
-            const uint4 v = src(b, o * 8);
-            if (keeper) *reinterpret_cast<uint4*>(keep + (u64)b * K + o * 8) = v;
+            const uint4 v = src(row0 + b, o * 8);
+            if (keeper) *reinterpret_cast<uint4*>(keep + (u64)(row0 + b) * K + o * 8) = v;
             *reinterpret_cast<uint4*>(abuf + b * sw + o * 4) = v;
         }
         if constexpr (NORM) {
@@ -718,18 +776,18 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
         const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
         for (u32 ti = 0; ti < mine; ++ti) {
-            const u32 col = (blockIdx.x + ti * gridDim.x) * 8 + warp;
+            const u32 col = (part.vb + ti * part.vg) * 8 + warp;
             float r = 0.0f;
             if (RESID && lane < batch) r = fd_ldcg(resid, (u64)lane * n + col);
             const u32* wr = ti < P::FIT ? fd_wbuf + (ti * P::ROWS + warp) * P::SW : reinterpret_cast<const u32*>(w + (u64)col * K);
             const u32* wr2 = ti < P::FIT ? fd_wbuf + (ti * P::ROWS + 8 + warp) * P::SW : reinterpret_cast<const u32*>(w + (u64)(pair + col) * K);
             const float2 v = fd_gv<K, PAIR>(abuf, sw, reinterpret_cast<const uint4*>(wr), reinterpret_cast<const uint4*>(wr2), batch);
             if (ti == 0) FD_MARK(sh, FD_T_KDONE);
-            if (lane < batch) epi(lane, col, v.x, v.y, r);
+            if (lane < batch) epi(row0 + lane, col, v.x, v.y, r);
         }
         return;
     }
-    const FdPass p{a, gamma, w, RESID ? resid : nullptr, abuf, n, pair, batch, mine, mtiles, sw, ksc, NORM, whole};
+    const FdPass p{a, gamma, w, resid, abuf, n, pair, batch, mine, mtiles, part.vb, part.vg, sw, ksc, NORM, whole};
     for (u32 t0 = 0; t0 < mine; t0 += FD_NT) {
         // One row tile (16 sequences or fewer) runs the K loop built for one.
         if (mtiles == 1) {
@@ -741,13 +799,13 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a, Src src, 
 #pragma unroll
         for (u32 j = 0; j < FD_NT; ++j) {
             if (t0 + j >= mine) break;
-            const u32 n0 = (blockIdx.x + (t0 + j) * gridDim.x) * 8;
+            const u32 n0 = (part.vb + (t0 + j) * part.vg) * 8;
 #pragma unroll
             for (u32 i = 0; i < FD_EPT; ++i) {
                 const u32 e = threadIdx.x + i * FD_THREADS;
                 if (e >= mtiles * 128) break;
                 const u32 b = (e >> 7) * 16 + ((e >> 3) & 15);
-                if (b < batch) epi(b, n0 + (e & 7), sh.g.sum[j][0][e], sh.g.sum[j][1][e], sh.g.res[j][e]);
+                if (b < batch) epi(row0 + b, n0 + (e & 7), sh.g.sum[j][0][e], sh.g.sum[j][1][e], sh.g.res[j][e]);
             }
         }
     }
@@ -1033,17 +1091,28 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     // The attention stage's teams (one block a task where the tasks fit the grid, and with fuse_o).
     const u32 ateam = fuse_o ? FD_WARPS : fd_team_warps(batch);
     unsigned long long target = fd_sync_base(bar);
+    // Each GEMM stage kind's share of this block, once (see fd_part).
+    switch (threadIdx.x) {
+        case FD_P_QKV: sh.part[FD_P_QKV] = fd_part<FD_D, false>(3 * FD_D, batch); break;
+        case FD_P_GU: sh.part[FD_P_GU] = fd_part<FD_D, true>(FD_HID, batch); break;
+        case FD_P_O: sh.part[FD_P_O] = fd_part<FD_D, false>(FD_D, batch); break;
+        case FD_P_DOWN: sh.part[FD_P_DOWN] = fd_part<FD_HID, false>(FD_D, batch); break;
+        case FD_P_HEAD: sh.part[FD_P_HEAD] = fd_part<FD_D, false>(H.vocab, batch); break;
+        default: break;
+    }
+    __syncthreads();
     if (H.layers > 0) {
-        fd_prefetch<FD_D, false>(layers[0].qkv, 3 * FD_D, 0);
+        fd_prefetch<FD_D, false>(layers[0].qkv, 3 * FD_D, 0, sh.part[FD_P_QKV]);
     } else {
-        fd_prefetch<FD_D, false>(H.head, H.vocab, 0);
+        fd_prefetch<FD_D, false>(H.head, H.vocab, 0, sh.part[FD_P_HEAD]);
     }
 
     // The embeddings' sum, rounded as add_rms_norm rounds its residual sum. A bad id or
     // position gives a zero row and is reported as ops::embedding reports it. Where the rows
     // fit the activation buffer, the first q/k/v stage sums them as it stages its input (every
-    // block, block 0 keeping them as the residual stream): no stage and barrier of their own.
-    const bool embed_in_stage = H.layers > 0 && batch * FdW<FD_D, false>::SW * 4 <= FD_ABUF_BYTES;
+    // block its group's rows, the group's first block keeping them as the residual stream): no
+    // stage and barrier of their own.
+    const bool embed_in_stage = H.layers > 0 && sh.part[FD_P_QKV].per * FdW<FD_D, false>::SW * 4 <= FD_ABUF_BYTES;
 #ifdef FD_TRACE
     // The stages' layout, for bench/decoder_trace.py.
     fd_mark_at(sh, FD_TRACE_STAGES - 1, FD_T_KDONE, (fuse_o ? 2ull : 0ull) | (embed_in_stage ? 1ull : 0ull));
@@ -1089,15 +1158,15 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             fd_st(j < 2 * FD_D ? L.kc : L.vc, at, v);
         };
         if (li == 0 && embed_in_stage) {
-            fd_gemm<FD_D, true, false, false>(sh, x, embedded, x, L.norm1, L.qkv, 3 * FD_D, 0, batch, eps, nullptr, qkv_out);
+            fd_gemm<FD_D, true, false, false>(sh, x, embedded, x, L.norm1, L.qkv, 3 * FD_D, 0, sh.part[FD_P_QKV], eps, nullptr, qkv_out);
         } else {
-            fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm1, L.qkv, 3 * FD_D, 0, batch, eps, nullptr, qkv_out);
+            fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm1, L.qkv, 3 * FD_D, 0, sh.part[FD_P_QKV], eps, nullptr, qkv_out);
         }
         fd_arrive(sh, bar, target);
         if (fuse_o) {
-            fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID);
+            fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU]);
         } else {
-            fd_prefetch<FD_D, false>(L.wo, FD_D, 0);
+            fd_prefetch<FD_D, false>(L.wo, FD_D, 0, sh.part[FD_P_O]);
         }
         fd_wait(sh, bar, target);
         switch (ateam) {
@@ -1121,35 +1190,35 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
         if (fuse_o) {
             // RMSNorm of the residual stream plus the heads' projections (block 0 keeps the
             // sum in x2, which the down projection's residual add reads), gate and up, SwiGLU.
-            fd_gemm<FD_D, true, true, false>(sh, x, FdResidSum{x, part, batch}, x2, L.norm2, L.gate_up, FD_HID, FD_HID, batch, eps, nullptr, swiglu_out);
+            fd_gemm<FD_D, true, true, false>(sh, x, FdResidSum{x, part, batch}, x2, L.norm2, L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU], eps, nullptr, swiglu_out);
         } else {
             // The output projection, rounded, added to the residual stream (in place: each
             // column's owner reads and writes it).
-            fd_gemm<FD_D, false, false, true>(sh, att, FdRows<FD_D>{att}, nullptr, nullptr, L.wo, FD_D, 0, batch, eps, x, [&](u32 b, u32 j, float v, float, float r) {
+            fd_gemm<FD_D, false, false, true>(sh, att, FdRows<FD_D>{att}, nullptr, nullptr, L.wo, FD_D, 0, sh.part[FD_P_O], eps, x, [&](u32 b, u32 j, float v, float, float r) {
                 fd_st(x, (u64)b * FD_D + j, r + fd_round(v));
             });
             fd_arrive(sh, bar, target);
-            fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID);
+            fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU]);
             fd_wait(sh, bar, target);
             // RMSNorm, gate and up, SwiGLU.
-            fd_gemm<FD_D, true, true, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm2, L.gate_up, FD_HID, FD_HID, batch, eps, nullptr, swiglu_out);
+            fd_gemm<FD_D, true, true, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm2, L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU], eps, nullptr, swiglu_out);
         }
         fd_arrive(sh, bar, target);
-        fd_prefetch<FD_HID, false>(L.down, FD_D, 0);
+        fd_prefetch<FD_HID, false>(L.down, FD_D, 0, sh.part[FD_P_DOWN]);
         fd_wait(sh, bar, target);
-        fd_gemm<FD_HID, false, false, true>(sh, s, FdRows<FD_HID>{s}, nullptr, nullptr, L.down, FD_D, 0, batch, eps, fuse_o ? x2 : x, [&](u32 b, u32 j, float v, float, float r) {
+        fd_gemm<FD_HID, false, false, true>(sh, s, FdRows<FD_HID>{s}, nullptr, nullptr, L.down, FD_D, 0, sh.part[FD_P_DOWN], eps, fuse_o ? x2 : x, [&](u32 b, u32 j, float v, float, float r) {
             fd_st(x, (u64)b * FD_D + j, r + fd_round(v));
         });
         fd_arrive(sh, bar, target);
         if (li + 1 < H.layers) {
-            fd_prefetch<FD_D, false>(layers[li + 1].qkv, 3 * FD_D, 0);
+            fd_prefetch<FD_D, false>(layers[li + 1].qkv, 3 * FD_D, 0, sh.part[FD_P_QKV]);
         } else {
-            fd_prefetch<FD_D, false>(H.head, H.vocab, 0);
+            fd_prefetch<FD_D, false>(H.head, H.vocab, 0, sh.part[FD_P_HEAD]);
         }
         fd_wait(sh, bar, target);
     }
     // The final RMSNorm and the head.
-    fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, H.head_norm, H.head, H.vocab, 0, batch, eps, nullptr, [&](u32 b, u32 j, float v, float, float) {
+    fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, H.head_norm, H.head, H.vocab, 0, sh.part[FD_P_HEAD], eps, nullptr, [&](u32 b, u32 j, float v, float, float) {
         fd_st(logits, (u64)b * H.vocab + j, v);
     });
     __syncthreads();
