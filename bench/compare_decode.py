@@ -69,7 +69,8 @@ def main():
         ax.set_yscale("log")
         ax.set_xlabel("batch size")
         ax.set_ylabel("tokens/s (all sequences)")
-        ax.set_title(lines[0][:120], fontsize=9)
+        import textwrap
+        ax.set_title("\n".join(textwrap.wrap(lines[0], 130)), fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
         fig.tight_layout()

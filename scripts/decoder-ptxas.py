@@ -37,6 +37,7 @@ def main():
     ap.add_argument("-D", action="append", default=[])
     ap.add_argument("--shape", default="512,8,1368")
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--keep", help="a folder to keep each source's cubin in (for cuobjdump -sass)")
     a = ap.parse_args()
     base = os.environ.get("CUDA_PIP", "/tmp/cuda")
     lib = os.path.join(base, "nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
@@ -63,7 +64,11 @@ def main():
             if len(parts) > 6 and parts[1].startswith(".text.") and ("fd_" in parts[1] or "decoder_step" in parts[1]):
                 sizes[parts[1][6:]] = int(parts[5], 16)
         if os.path.exists(cubin):
-            os.unlink(cubin)
+            if a.keep:
+                os.makedirs(a.keep, exist_ok=True)
+                os.replace(cubin, os.path.join(a.keep, os.path.basename(path)[:-3] + ".cubin"))
+            else:
+                os.unlink(cubin)
         print(f"== {path}")
         lines = (out.stdout + out.stderr).splitlines()
         # ptxas reports a function's properties, then (for a kernel) its registers: keep the

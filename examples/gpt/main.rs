@@ -254,7 +254,7 @@ struct Args {
     /// append its own kernel) instead of the fused step.
     #[arg(long)]
     unfused_decode: bool,
-    /// The largest batch the fused step runs as one kernel [default: the step's, 32]; larger
+    /// The largest batch the fused step runs as one kernel [default: the step's, 64]; larger
     /// batches run the unfused ops.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=64).map(|n| n as usize))]
     fused_batch_limit: Option<usize>,

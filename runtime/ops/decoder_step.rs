@@ -140,7 +140,9 @@ struct Fused {
 /// attention, output projection + residual, norm + gate/up + SwiGLU, down projection +
 /// residual; norm + head) separated by a grid-wide barrier; at up to 4 sequences the attention
 /// stage computes the output projection too, per head, and the next stage sums the heads. Its
-/// GEMMs run one warp a column on the CUDA cores up to 4 sequences and on tensor cores above;
+/// GEMMs run one warp a column on the CUDA cores up to 4 sequences and on tensor cores above,
+/// past 16 sequences with the grid split into groups of blocks that each take 16 of the rows
+/// (every tile of the stage for them; the grouping changes no sum's order);
 /// its attention gives a (sequence, head) a block, or a team of 4, 2 or 1 warps where the
 /// tasks outnumber the blocks. Both depend on the batch only through its next power of two, so
 /// a batch and the bucket it is padded to take the same path and sum alike (across those
