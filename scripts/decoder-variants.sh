@@ -3,7 +3,9 @@
 # variant files): the one-kernel decoding step's versions side by side, each compiled from a
 # named source file through GRAPHED_DECODER_SOURCE (the word `builtin` is the kernel built into
 # the binaries), with the same binaries:
-#   bash scripts/decoder-variants.sh [builtin] variants/a.cu variants/b.cu ...
+#   bash scripts/decoder-variants.sh [builtin] variants/a.cu variants/b.cu wpass4:GRAPHED_DECODER_WPASS=4 ...
+# (NAME:VAR=VALUE,VAR=VALUE is the built-in kernel with those variables set: the knobs of
+# runtime/backend/cuda_decoder.rs.)
 # For each version: `gpt --decode-bench` with the one kernel at every batch (--fused-batch-limit
 # 64), and with DECODER_TESTS=1 the step tests and gpt_generate on it; with DECODER_TRACE=1 its
 # stage trace at batches 64, 32 and 1 (bench/decoder_trace.py). With DECODER_TORCH=1,2,...
@@ -27,8 +29,12 @@ limit=150
 n=0
 for v in "$@"; do
   n=$((n + 1))
-  name="$n-$(basename "$v" .cu)"
-  src=(env); [ "$v" != builtin ] && src=(env "GRAPHED_DECODER_SOURCE=$v")
+  if [[ "$v" == *:* ]]; then
+    name="$n-${v%%:*}"; IFS=, read -ra vars <<< "${v#*:}"; src=(env "${vars[@]}")
+  else
+    name="$n-$(basename "$v" .cu)"
+    src=(env); [ "$v" != builtin ] && src=(env "GRAPHED_DECODER_SOURCE=$v")
+  fi
   say "decode $name"
   "${src[@]}" timeout "$limit" gpu-bin/examples/gpt --decode-bench --size gpu --dtype bf16 --prompt-len 64 --max-new-tokens 128 \
     --max-batch 64 --fused-batch-limit 64 --json "$work/dec_$name.json" > "$work/dec_$name.log" 2>&1

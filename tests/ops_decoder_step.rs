@@ -257,7 +257,10 @@ fn the_step_matches_the_unfused_ops_with_attention_in_teams_of_warps() {
 /// A sequence's logits and cache rows do not depend on the other sequences of its batch, bit for
 /// bit, among the batches of one bucket (the next power of two, which the kernel's summation
 /// order may depend on): 33 and 64 sequences (on CUDA, rows split into different groups of the
-/// GEMM stages and a lone 16-row tile at 33; attention in teams of 2 at both), 20 and 32.
+/// GEMM stages and a lone 16-row tile at 33; attention in teams of 2 at both), 20 and 32. With
+/// `GRAPHED_DECODER_WPASS=5` some q/k/v tiles are one warp's at one batch and split over the
+/// warps at the other (their blocks hold 4 tiles at 33, 6 at 64), so this also checks that the
+/// two ways sum alike.
 #[test]
 fn a_sequence_sums_alike_in_every_batch_of_its_bucket() {
     on_each_backend(|dev| {

@@ -32,7 +32,9 @@ const THREADS: u32 = 256;
 /// `GRAPHED_DECODER_APIPE` (1 to 16) override them, `GRAPHED_DECODER_FUSE_O` the largest
 /// batch whose attention stage computes the output projection too (`FD_FUSE_O`, 4; 0 never)
 /// and `GRAPHED_DECODER_MT` the 16-row tiles the kernel is built for (`FD_MT`, 4; fewer take
-/// at most 16 a tile and compile less code), for measurements.
+/// at most 16 a tile and compile less code), `GRAPHED_DECODER_WPASS` the fewest tasks for which
+/// a GEMM stage gives each (tile, row tile) to one warp (`FD_WPASS_MIN`, 0: never; the same
+/// sums), for measurements.
 /// `GRAPHED_DECODER_TRACE` (a folder) compiles the stage marks in (`FD_TRACE`), see
 /// [`decoder_trace_dir`]; `GRAPHED_DECODER_PTX` (a folder) receives each build's PTX
 /// (`decoder-{d_model}x{heads}x{hidden}.ptx`), to read its machine code with `ptxas -v` and
@@ -47,6 +49,7 @@ struct Knobs {
     apipe: Option<u32>,
     fuse_o: Option<u32>,
     mt: u32,
+    wpass: Option<u32>,
     trace: bool,
 }
 
@@ -67,6 +70,7 @@ impl Knobs {
                 apipe: env("GRAPHED_DECODER_APIPE").map(|n| n.clamp(1, 16)),
                 fuse_o: env("GRAPHED_DECODER_FUSE_O").map(|n| n.min(64)),
                 mt: env("GRAPHED_DECODER_MT").map_or(4, |n| n.clamp(1, 4)),
+                wpass: env("GRAPHED_DECODER_WPASS"),
                 trace: decoder_trace_dir().is_some(),
             }
         })
@@ -130,6 +134,9 @@ impl CudaBackend {
                 }
                 if let Some(n) = knobs.fuse_o {
                     options.push(format!("-DFD_FUSE_O={n}"));
+                }
+                if let Some(n) = knobs.wpass {
+                    options.push(format!("-DFD_WPASS_MIN={n}"));
                 }
                 if knobs.trace {
                     options.push("-DFD_TRACE".into());

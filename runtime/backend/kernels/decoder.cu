@@ -79,6 +79,14 @@
 #if FD_GV < 1 || FD_GV > 32 || (FD_GV & (FD_GV - 1)) != 0
 #error "FD_GV is a power of two up to 32 (lane b returns row b; a batch and its bucket take one path)"
 #endif
+// The fewest (tile, row tile) tasks of a GEMM stage for which a block gives each task to one warp
+// over all of K (fd_wpass) instead of passes of FD_NT tiles with K split over the warps
+// (fd_kpass): the same sums, bit for bit, without a pass's partial sums through shared memory
+// and its block barrier. 0: never (the default until it has run on a GPU).
+#ifndef FD_WPASS_MIN
+#define FD_WPASS_MIN 0
+#endif
+
 // The fewest warps a team of the attention stage (fd_team_warps): 1, 2, 4 or 8 (8: one block a
 // task at every batch).
 #ifndef FD_ATEAM_MIN
@@ -645,6 +653,75 @@ __device__ __noinline__ void fd_kpass(FdShared& sh, const FdPass p, u32 t0) {
     }
 }
 
+#if FD_WPASS_MIN > 0
+// fd_gemm's K work as one warp a task: the block's tiles t (0 .. p.mine - 1) by row tiles m (0 ..
+// p.mtiles - 1), task t * mtiles + m to warp (task mod FD_WARPS), each over all of K from the
+// rows staged whole (p.whole). A warp keeps eight accumulators, step ks into accumulator ks mod
+// 8, and adds them in order at the end: the sums fd_kpass's warp w makes of steps ks = w mod 8,
+// added in warp order, so every element is bit for bit what fd_kpass gives (the same fragments
+// into the same mma, in the same order). The eight chains are independent, so a warp's steps
+// overlap. Each task's sums go to sh.g.red (128 values a task, then the pair's 128 with PAIR; the
+// caller checks they fit), element e = row * 8 + column of the 16 x 8 tile; then a block barrier.
+// Not inlined (see FdPass).
+template <int K, bool PAIR>
+__device__ __noinline__ void fd_wpass(FdShared& sh, const FdPass p) {
+    using P = FdW<K, PAIR>;
+    constexpr u32 KS = (K + 15) / 16;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const u32 tasks = p.mine * p.mtiles;
+#pragma unroll 1
+    for (u32 task = warp; task < tasks; task += FD_WARPS) {
+        const u32 ti = task / p.mtiles, m = task - ti * p.mtiles, n0 = (p.vb + ti * p.vg) * 8;
+        const u32* wrow;
+        const u32* wrow2;
+        if (ti < P::FIT) {
+            wrow = fd_wbuf + (ti * P::ROWS + g) * P::SW;
+            wrow2 = fd_wbuf + (ti * P::ROWS + 8 + g) * P::SW;
+        } else {
+            wrow = reinterpret_cast<const u32*>(p.w + (u64)(n0 + g) * K);
+            wrow2 = reinterpret_cast<const u32*>(p.w + (u64)(p.pair + n0 + g) * K);
+        }
+        const u32 r0 = m * 16 + g, r1 = r0 + 8;
+        const bool ok0 = r0 < p.batch, ok1 = r1 < p.batch;
+        const u32* s0 = p.abuf + (ok0 ? r0 : 0u) * p.sw;
+        const u32* s1 = p.abuf + (ok1 ? r1 : 0u) * p.sw;
+        float acc[8][4], acc2[8][4];
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][i] = acc2[r][i] = 0.0f;
+#pragma unroll 1
+        for (u32 ks0 = 0; ks0 < KS; ks0 += 8) {
+#pragma unroll
+            for (u32 r = 0; r < 8; ++r) {
+                const u32 ks = ks0 + r;
+                if (ks >= KS) break;  // the same in the whole warp
+                const u32 k0 = ks * 16, lo = (k0 >> 1) + t, hi = ((k0 + 8) >> 1) + t;
+                const bool hi_ok = k0 + 8 < K;
+                const u32 a0 = ok0 ? s0[lo] : 0u, a1 = ok1 ? s1[lo] : 0u;
+                const u32 a2 = ok0 && hi_ok ? s0[hi] : 0u, a3 = ok1 && hi_ok ? s1[hi] : 0u;
+                fd_mma(acc[r], a0, a1, a2, a3, wrow[lo], hi_ok ? wrow[hi] : 0u);
+                if constexpr (PAIR) fd_mma(acc2[r], a0, a1, a2, a3, wrow2[lo], hi_ok ? wrow2[hi] : 0u);
+            }
+        }
+        float* out = sh.g.red + task * (PAIR ? 256 : 128);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 e = (g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1);
+            float v = 0.0f, v2 = 0.0f;
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                v += acc[r][i];
+                if constexpr (PAIR) v2 += acc2[r][i];
+            }
+            out[e] = v;
+            if constexpr (PAIR) out[128 + e] = v2;
+        }
+    }
+    __syncthreads();
+}
+#endif
+
 // Adds the products of eight values of a row (a) and of a weight row (w) to s, in order.
 __device__ __forceinline__ void fd_dot8(float& s, uint4 a, uint4 w) {
     const u32 aw[4] = {a.x, a.y, a.z, a.w}, ww[4] = {w.x, w.y, w.z, w.w};
@@ -788,6 +865,21 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a_all, Src s
         return;
     }
     const FdPass p{a, gamma, w, resid, abuf, n, pair, batch, mine, mtiles, part.vb, part.vg, sw, ksc, NORM, whole};
+#if FD_WPASS_MIN > 0
+    // Enough tasks for the warps, and their sums fit sh.g.red: one warp a task (fd_wpass).
+    if (whole && mine * mtiles >= FD_WPASS_MIN && mine * mtiles * (PAIR ? 256u : 128u) <= FD_RED) {
+        fd_wpass<K, PAIR>(sh, p);
+        FD_MARK(sh, FD_T_KDONE);
+        for (u32 c = threadIdx.x; c < mine * mtiles * 128; c += FD_THREADS) {
+            const u32 task = c >> 7, e = c & 127, ti = task / mtiles, b = (task - ti * mtiles) * 16 + (e >> 3);
+            if (b >= batch) continue;
+            const u32 j = (part.vb + ti * part.vg) * 8 + (e & 7);
+            const float* sums = sh.g.red + task * (PAIR ? 256 : 128);
+            epi(row0 + b, j, sums[e], PAIR ? sums[128 + e] : 0.0f, RESID ? fd_ldcg(resid, (u64)b * n + j) : 0.0f);
+        }
+        return;
+    }
+#endif
     for (u32 t0 = 0; t0 < mine; t0 += FD_NT) {
         // One row tile (16 sequences or fewer) runs the K loop built for one.
         if (mtiles == 1) {
