@@ -12,6 +12,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use super::fault::{self, FaultPoint, Faults};
 use super::kernels::{BuiltinKernel, FlashTiles, KArg, RowTiles};
+use super::ptx_cache;
 use super::{DropErrors, StreamGate};
 use crate::capabilities::CudaVersion;
 use crate::error::{NcclProblem, NoCuda, OpError};
@@ -231,8 +232,9 @@ impl CudaBackend {
         let mut options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
         options.extend(FlashTiles::nvrtc_defines());
         options.extend(RowTiles::nvrtc_defines());
-        let opts = CompileOptions { options, ..Default::default() };
-        let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
+        let compile = || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
+        let ptx =
+            ptx_cache::compile_cached(&src, &options, compile).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
         let module = ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
         let functions = BuiltinKernel::ALL
             .iter()
@@ -425,9 +427,10 @@ impl CudaBackend {
         self.bind()?;
         let (major, minor) = self.capability;
         let options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
-        let opts = CompileOptions { options, ..Default::default() };
         let src = [include_str!("kernels/scale_update.cu"), include_str!("kernels/conditional.cu")].join("\n");
-        let ptx = compile_ptx_with_opts(src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
+        let compile = || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
+        let ptx =
+            ptx_cache::compile_cached(&src, &options, compile).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
         let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
         let load = |name: &str| module.load_function(name).map_err(driver_err("cuModuleGetFunction"));
         let kernels = CondKernels {

@@ -9,6 +9,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use super::cuda::{check, driver_err, CudaBackend, LaunchDims};
 use super::kernel_source;
 use super::kernels::KArg;
+use super::ptx_cache;
 use crate::{Error, Result};
 
 /// The sizes `kernels/decoder.cu` is compiled for.
@@ -141,12 +142,14 @@ impl CudaBackend {
                 if knobs.trace {
                     options.push("-DFD_TRACE".into());
                 }
-                let opts = CompileOptions { options, ..Default::default() };
                 // core.cu, ops.cu and half.cu: the helpers decoder.cu builds on.
                 let mut src = kernel_source::main_sources()?[..kernel_source::DECODER_BASE].to_vec();
                 src.push(source);
                 let src = src.join("\n");
-                let ptx = compile_ptx_with_opts(src, opts).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
+                let compile =
+                    || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
+                let ptx = ptx_cache::compile_cached(&src, &options, compile)
+                    .map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
                 if let Some(dir) = std::env::var_os("GRAPHED_DECODER_PTX").filter(|v| !v.is_empty()) {
                     // For measurements (`ptxas -v`, `cuobjdump --dump-sass`): where the folder
                     // cannot be written the kernel still runs, so the failure is only reported.

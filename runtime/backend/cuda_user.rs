@@ -7,6 +7,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
 use super::cuda::{driver_err, CudaBackend, LaunchDims};
 use super::kernels::KArg;
+use super::ptx_cache;
 use crate::error::KernelError;
 use crate::{Error, Result};
 
@@ -30,12 +31,15 @@ impl CudaBackend {
         let _entered = self.gate.enter()?;
         self.ctx.bind_to_thread().map_err(driver_err("cuCtxSetCurrent"))?;
         let (major, minor) = self.compute_capability()?;
-        let opts = CompileOptions {
-            options: vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()],
-            name: Some(format!("{entry}.cu")),
-            ..Default::default()
+        let options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
+        let name = format!("{entry}.cu");
+        let compile = || {
+            let opts = CompileOptions { options: options.clone(), name: Some(name.clone()), ..Default::default() };
+            compile_ptx_with_opts(source, opts)
         };
-        let ptx = compile_ptx_with_opts(source, opts).map_err(|e| match e {
+        // The program's name is part of the key too (NVRTC may write it into the PTX).
+        let key_options = [options.clone(), vec![format!("name={name}")]].concat();
+        let ptx = ptx_cache::compile_cached(source, &key_options, compile).map_err(|e| match e {
             CompileError::CompileError { log, .. } => failed(log.to_string_lossy().into_owned()),
             other => failed(format!("{other:?}")),
         })?;

@@ -17,6 +17,7 @@ pub(crate) mod host;
 pub(crate) mod kernel_source;
 mod kernels;
 mod nodes;
+mod ptx_cache;
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
