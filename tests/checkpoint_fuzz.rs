@@ -286,6 +286,36 @@ fn malformed_files_are_typed_errors_that_change_nothing() {
     }
 }
 
+/// A path that is not a regular file is refused before it is read: a directory, and a device
+/// that never ends (/dev/zero, which `std::fs::read` would read until memory ran out).
+#[test]
+fn a_directory_or_a_device_is_refused_without_reading_it() {
+    for b in backends() {
+        let dev = &b.device;
+        let m = model(dev, 1).expect("model");
+        let before = bits(&m).expect("bits");
+        let dir = std::env::temp_dir();
+        let mut paths = vec![dir.as_path()];
+        let zero = Path::new("/dev/zero");
+        if zero.exists() {
+            paths.push(zero);
+        } else {
+            println!("note: /dev/zero is not here; only the directory is checked");
+        }
+        for path in paths {
+            let e = load_safetensors(&m, path).unwrap_err();
+            let file = path.display().to_string();
+            assert!(
+                matches!(&e, Error::CheckpointIo { path, kind: std::io::ErrorKind::InvalidInput, .. } if *path == file),
+                "{}: {e:?}",
+                path.display()
+            );
+            assert!(e.to_string().contains("regular file"), "{e}");
+            assert_eq!(bits(&m).expect("bits"), before);
+        }
+    }
+}
+
 #[test]
 fn a_shape_that_does_not_match_its_bytes_names_the_tensor_and_the_file() {
     for b in backends() {

@@ -433,8 +433,9 @@ pub enum Error {
         /// The repeated name.
         name: String,
     },
-    /// A safetensors file could not be read or written (the OS refused); a failed load
-    /// changed nothing, a failed save left any earlier file at `path` as it was.
+    /// A safetensors file could not be read or written (the OS refused, or for a load the path
+    /// is not a regular file: `kind` `InvalidInput`); a failed load changed nothing, a failed
+    /// save left any earlier file at `path` as it was.
     #[error("safetensors file {path}: {detail}")]
     CheckpointIo {
         /// The file.

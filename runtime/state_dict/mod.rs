@@ -31,6 +31,31 @@ fn io_error(path: &Path, e: std::io::Error) -> Error {
     Error::CheckpointIo { path: path.display().to_string(), kind: e.kind(), detail: e.to_string() }
 }
 
+/// The bytes of the file at `path`: a regular file only (a device such as /dev/zero or a pipe
+/// never ends, and would be read until memory runs out), its length as the file system gives
+/// it, the buffer reserved fallibly ([`Error::OutOfMemory`] on the host where it cannot be).
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
+    let meta = file.metadata().map_err(|e| io_error(path, e))?;
+    if !meta.is_file() {
+        let what = if meta.is_dir() { "a directory" } else { "not a regular file (a device, a pipe or a socket)" };
+        let detail = format!("{what}: a safetensors file is a regular file");
+        return Err(io_error(path, std::io::Error::new(std::io::ErrorKind::InvalidInput, detail)));
+    }
+    let len = usize::try_from(meta.len()).unwrap_or(usize::MAX);
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
+        device: "host memory".into(),
+        requested: len,
+        available: None,
+    })?;
+    // A file that grows while it is read stops at the length it had; one that shrinks is short,
+    // which the header's check reports.
+    file.take(meta.len()).read_to_end(&mut bytes).map_err(|e| io_error(path, e))?;
+    Ok(bytes)
+}
+
 /// The device whose fault plan file accesses follow (the first parameter's), if any.
 fn device_of(params: &[(String, Param)]) -> Option<&Device> {
     params.first().map(|(_, p)| p.value.device())
@@ -110,7 +135,9 @@ pub fn save_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
 /// ([`Error::CheckpointMissingTensor`]), a tensor the module has no parameter for
 /// ([`Error::CheckpointUnexpectedTensor`]), a tensor of another dtype or shape
 /// ([`Error::CheckpointTensorMismatch`]) or a file that breaks the format
-/// ([`Error::CheckpointFormat`], naming the tensor whose entry is wrong) refuses the load and
+/// ([`Error::CheckpointFormat`], naming the tensor whose entry is wrong), a path that is not a
+/// regular file ([`Error::CheckpointIo`] with `InvalidInput`: a directory, a device, a pipe), a
+/// file larger than host memory can hold ([`Error::OutOfMemory`]) refuses the load and
 /// leaves the module unchanged; so does a read or a device copy that fails (the values
 /// written before it are put back). Parameters are handles, so `&module` suffices. Illegal
 /// during a capture.
@@ -137,7 +164,7 @@ pub fn load_safetensors<M: Parameters + ?Sized>(module: &M, path: impl AsRef<Pat
     }
     let device = device_of(&params);
     injected(device, FaultPoint::FileRead, path)?;
-    let bytes = std::fs::read(path).map_err(|e| io_error(path, e))?;
+    let bytes = read_file(path)?;
     let file_name = || path.display().to_string();
     let entries = header::parse(&bytes).map_err(|(tensor, problem)| Error::CheckpointFormat {
         path: file_name(),
