@@ -677,6 +677,30 @@ fn refused_memory_requests_change_nothing() {
     });
 }
 
+/// A constructor from host values checks their count against the dims before it allocates:
+/// a mismatch, or dims whose product overflows, is a shape error (not an allocation made
+/// first, or an out-of-memory error), and the pool and the device memory are as before.
+#[test]
+fn values_that_do_not_fill_their_dims_are_refused_before_anything_is_allocated() {
+    on_each_backend(|dev| {
+        let (pool, reserved) = (dev.default_pool().stats(), dev.reserved_bytes());
+        let is_values = |e: &Error, got: usize| matches!(e, Error::Shape { problem: graphed::ShapeProblem::Elements { what: "values", got: g, .. }, .. } if *g == got);
+        let huge = [1usize << 62, 4];
+        for (what, e) in [
+            ("from_slice", Tensor::from_slice(dev, &[1.0, 2.0], &[3]).unwrap_err()),
+            ("from_slice, overflowing dims", Tensor::from_slice(dev, &[1.0], &huge).unwrap_err()),
+            ("from_slice_as", Tensor::from_slice_as(dev, &[1.0], &huge, DType::BF16).unwrap_err()),
+            ("from_i32", Tensor::from_i32(dev, &[1], &huge).unwrap_err()),
+            ("from_bf16", Tensor::from_bf16(dev, &[graphed::half::bf16::ONE], &huge).unwrap_err()),
+        ] {
+            let got = if what == "from_slice" { 2 } else { 1 };
+            assert!(is_values(&e, got), "{what}: {e:?}");
+        }
+        assert_eq!((dev.default_pool().stats(), dev.reserved_bytes()), (pool, reserved));
+        Ok(())
+    });
+}
+
 /// A parameter of an integer value is refused before its grad is allocated: the pool and the
 /// device memory are as before, and the value keeps its flag (integers have no grad).
 #[test]

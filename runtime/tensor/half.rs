@@ -3,6 +3,7 @@
 
 use half::{bf16, f16};
 
+use super::values_fit;
 use crate::backend::BackendKind;
 use crate::error::OpError;
 use crate::{DType, Device, Error, Result, ShapeProblem, Tensor};
@@ -18,10 +19,8 @@ impl Tensor {
     /// # Ok::<(), graphed::Error>(())
     /// ```
     pub fn from_slice_as(device: &Device, data: &[f32], dims: &[usize], dtype: DType) -> Result<Tensor> {
+        values_fit("Tensor::from_slice_as", data.len(), dims)?;
         let t = Tensor::empty_as(device, dims, dtype)?;
-        if t.numel() != data.len() {
-            return Err(Error::shape("Tensor::from_slice_as", ShapeProblem::values(data.len(), dims)));
-        }
         t.copy_from_slice(data)?;
         Ok(t)
     }
@@ -97,10 +96,8 @@ impl Tensor {
     }
 
     fn from_bits16(device: &Device, bits: &[u16], dims: &[usize], dtype: DType) -> Result<Tensor> {
+        values_fit("Tensor::from_bf16/from_f16", bits.len(), dims)?;
         let t = Tensor::empty_as(device, dims, dtype)?;
-        if t.numel() != bits.len() {
-            return Err(Error::shape("Tensor::from_bf16/from_f16", ShapeProblem::values(bits.len(), dims)));
-        }
         t.write_bits16(bits)?;
         Ok(t)
     }
@@ -140,10 +137,8 @@ impl Tensor {
     /// # Ok::<(), graphed::Error>(())
     /// ```
     pub fn from_i32(device: &Device, data: &[i32], dims: &[usize]) -> Result<Tensor> {
+        values_fit("Tensor::from_i32", data.len(), dims)?;
         let t = Tensor::empty_as(device, dims, DType::I32)?;
-        if t.numel() != data.len() {
-            return Err(Error::shape("Tensor::from_i32", ShapeProblem::values(data.len(), dims)));
-        }
         t.write_i32(data)?;
         Ok(t)
     }

@@ -109,6 +109,17 @@ impl std::fmt::Debug for Tensor {
     }
 }
 
+/// Checks, before anything is allocated, that `got` values fill `dims` exactly (dims whose
+/// product overflows never do): a constructor from host values refuses a mismatch as a shape
+/// error, not as an allocation it made first.
+pub(crate) fn values_fit(op: &'static str, got: usize, dims: &[usize]) -> Result<()> {
+    if dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) == Some(got) {
+        Ok(())
+    } else {
+        Err(Error::shape(op, ShapeProblem::values(got, dims)))
+    }
+}
+
 impl Tensor {
     /// An uninitialised f32 tensor (its contents are whatever the pool block held; on the host
     /// backend fresh memory is NaN). Allocated from the device's current pool.
@@ -181,10 +192,8 @@ impl Tensor {
 
     /// A tensor holding `data` (row-major). Illegal during capture (a pageable copy).
     pub fn from_slice(device: &Device, data: &[f32], dims: &[usize]) -> Result<Tensor> {
+        values_fit("Tensor::from_slice", data.len(), dims)?;
         let t = Tensor::empty(device, dims)?;
-        if t.numel() != data.len() {
-            return Err(Error::shape("Tensor::from_slice", ShapeProblem::values(data.len(), dims)));
-        }
         t.copy_from_slice(data)?;
         Ok(t)
     }
