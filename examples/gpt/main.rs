@@ -453,7 +453,19 @@ enum Lengths {
     },
 }
 
-fn main() -> Result<()> {
+/// Runs the job; an error is printed as its message (what went wrong and what to do), not as
+/// its debug form, and the process exits with status 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let args = Args::parse();
     let dev = Device::default_device();
     let cfg = args.config(&dev);
