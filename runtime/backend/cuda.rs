@@ -169,6 +169,9 @@ pub(crate) struct CudaBackend {
     name: String,
     /// Compute capability (major, minor).
     pub(crate) capability: (i32, i32),
+    /// Whether the built-in kernels launch with programmatic dependent launch (`GRAPHED_PDL=1`
+    /// on sm_90 and newer; the program is then compiled with `GR_PDL`, see kernels/core.cu).
+    pdl: bool,
     /// The most dynamic shared memory a block may opt into, in bytes.
     pub(crate) max_shared_optin: usize,
     /// Multiprocessors: kernels whose tiles depend on how full the GPU is ask for it.
@@ -186,6 +189,24 @@ impl std::fmt::Debug for CudaBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "CudaBackend({})", self.name)
     }
+}
+
+/// How `CudaBackend::launch_with` launches a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Launch {
+    Plain,
+    /// Every block resident at once (`cuLaunchKernelEx`, cooperative).
+    Cooperative,
+    /// Programmatic dependent launch (`cuLaunchKernelEx`, programmatic stream serialization):
+    /// only for kernels that start with `GR_PDL_ENTRY()`, the built-in ones.
+    Programmatic,
+}
+
+/// `GRAPHED_PDL=1`: programmatic dependent launch between the built-in kernels, for
+/// measurements until it has run on a GPU (read once a process).
+fn pdl_requested() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GRAPHED_PDL").is_ok_and(|v| v == "1"))
 }
 
 impl CudaBackend {
@@ -232,6 +253,10 @@ impl CudaBackend {
         let mut options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
         options.extend(FlashTiles::nvrtc_defines());
         options.extend(RowTiles::nvrtc_defines());
+        let pdl = pdl_requested() && major >= 9;
+        if pdl {
+            options.push("-DGR_PDL".into());
+        }
         let compile = || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
         let ptx =
             ptx_cache::compile_cached(&src, &options, compile).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
@@ -302,6 +327,7 @@ impl CudaBackend {
             driver_version,
             name,
             capability: (major, minor),
+            pdl,
             max_shared_optin,
             sm_count,
             gate,
@@ -333,13 +359,14 @@ impl CudaBackend {
     /// parameters.
     pub(crate) fn launch(&self, kernel: BuiltinKernel, dims: LaunchDims, args: &[KArg]) -> Result<()> {
         kernel.check_args(args)?;
-        self.launch_function(&self.functions[kernel as usize], dims, args)
+        let how = if self.pdl { Launch::Programmatic } else { Launch::Plain };
+        self.launch_with(&self.functions[kernel as usize], dims, args, how)
     }
 
     /// Launches a loaded function (a built-in or a user kernel) on the device stream; the
     /// caller checked `args` against its parameters.
     pub(crate) fn launch_function(&self, f: &CudaFunction, dims: LaunchDims, args: &[KArg]) -> Result<()> {
-        self.launch_with(f, dims, args, false)
+        self.launch_with(f, dims, args, Launch::Plain)
     }
 
     /// Launches a loaded function cooperatively (`cuLaunchKernelEx` with the cooperative
@@ -347,10 +374,10 @@ impl CudaBackend {
     /// every block of the grid at once or refuses the launch, so the blocks may wait for each
     /// other (the grid barrier of `kernels/decoder.cu`).
     pub(crate) fn launch_cooperative(&self, f: &CudaFunction, dims: LaunchDims, args: &[KArg]) -> Result<()> {
-        self.launch_with(f, dims, args, true)
+        self.launch_with(f, dims, args, Launch::Cooperative)
     }
 
-    fn launch_with(&self, f: &CudaFunction, dims: LaunchDims, args: &[KArg], cooperative: bool) -> Result<()> {
+    fn launch_with(&self, f: &CudaFunction, dims: LaunchDims, args: &[KArg], how: Launch) -> Result<()> {
         let _entered = self.gate.enter()?;
         self.bind()?;
         self.injected(FaultPoint::KernelLaunch, "cuLaunchKernel")?;
@@ -376,12 +403,22 @@ impl CudaBackend {
             // Little-endian: a 4-byte argument reads the low half of its 8-byte slot.
             ptrs[i] = (&mut values[i]) as *mut u64 as *mut c_void;
         }
-        if cooperative {
-            let mut attr = sys::CUlaunchAttribute {
+        let attr = match how {
+            Launch::Plain => None,
+            Launch::Cooperative => Some(sys::CUlaunchAttribute {
                 id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
                 pad: [0; 4],
                 value: sys::CUlaunchAttributeValue { cooperative: 1 },
-            };
+            }),
+            // The kernel may launch before the one ahead of it in the stream completes; it
+            // waits for it first thing (GR_PDL_ENTRY), so only its launch overlaps.
+            Launch::Programmatic => Some(sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: sys::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
+            }),
+        };
+        if let Some(mut attr) = attr {
             let config = sys::CUlaunchConfig {
                 gridDimX: dims.grid.0,
                 gridDimY: dims.grid.1,

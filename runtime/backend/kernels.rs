@@ -591,6 +591,23 @@ mod tests {
         assert_eq!(found.len(), BuiltinKernel::ALL.len());
     }
 
+    /// Programmatic dependent launch (`GRAPHED_PDL=1`) lets a built-in kernel launch before the
+    /// one ahead of it completes: each must wait for it before it touches memory, so each body
+    /// starts with `GR_PDL_ENTRY();` (kernels/core.cu).
+    #[test]
+    fn every_built_in_kernel_starts_by_waiting_for_the_one_before() {
+        for (file, src) in super::super::kernel_source::MAIN {
+            for body in src.split("extern \"C\" __global__ ").skip(1) {
+                let name = body.split('(').next().unwrap_or_default();
+                let open = body.find('{').expect("a kernel body");
+                assert!(
+                    body[open + 1..].trim_start().starts_with("GR_PDL_ENTRY();"),
+                    "{file}: kernel {name} does not start with GR_PDL_ENTRY();"
+                );
+            }
+        }
+    }
+
     #[test]
     fn a_wrong_argument_list_is_a_typed_error() {
         assert!(BuiltinKernel::FillF32.check_args(&[KArg::Ptr(0), KArg::F32(1.0), KArg::U32(3)]).is_ok());

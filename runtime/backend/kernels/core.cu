@@ -5,6 +5,18 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+// Programmatic dependent launch, opt-in (GRAPHED_PDL=1 compiles with GR_PDL and launches the
+// built-in kernels with the programmatic stream serialization attribute; sm_90 and newer).
+// Every built-in kernel starts with GR_PDL_ENTRY(): it waits until the kernel before it in the
+// stream has completed and its writes are visible, before touching memory, so a kernel that
+// launched early reads nothing stale; then it lets the next kernel launch, whose blocks wait in
+// turn. Without GR_PDL it is empty: the program is the one without it.
+#if defined(GR_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GR_PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define GR_PDL_ENTRY()
+#endif
+
 // Philox4x32-10, the counter-based generator of Salmon et al. (SC'11), as cuRAND and
 // PyTorch use it. The host backend implements the same function bit for bit.
 __device__ __forceinline__ void philox_round(u32& c0, u32& c1, u32& c2, u32& c3, u32 k0, u32 k1) {
@@ -63,6 +75,7 @@ __device__ __forceinline__ void rng_load(const u32* state, u64& seed, u64& offse
 }
 
 extern "C" __global__ void rng_uniform_f32(float* y, const u32* state, u32 n) {
+    GR_PDL_ENTRY();
     u64 seed, offset;
     rng_load(state, seed, offset);
     u32 i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -71,6 +84,7 @@ extern "C" __global__ void rng_uniform_f32(float* y, const u32* state, u32 n) {
 
 // Advances the offset by n: launched after every draw, so a replayed graph draws fresh numbers.
 extern "C" __global__ void rng_advance(u32* state, u64 n) {
+    GR_PDL_ENTRY();
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         u64 offset = ((u64)state[2] | ((u64)state[3] << 32)) + n;
         state[2] = (u32)offset;

@@ -156,12 +156,13 @@ template <typename T> __device__ __forceinline__ void fill_t(T* y, float v, u32 
     for (u64 i = done + gr_tid(); i < n; i += gr_stride()) st(y, i, v);
 }
 
-extern "C" __global__ void fill_f32(float* y, float v, u32 n) { fill_t(y, v, n); }
+extern "C" __global__ void fill_f32(float* y, float v, u32 n) { GR_PDL_ENTRY(); fill_t(y, v, n); }
 
 // Both 16-bit dtypes: the host rounds the value and passes its bit pattern, which a bf16 store
 // of the f32 with those high bits reproduces exactly (only the pattern is stored, so this holds
 // for f16 patterns too).
 extern "C" __global__ void fill_u16(u16* y, u32 bits, u32 n) {
+    GR_PDL_ENTRY();
     fill_t(reinterpret_cast<bf16_t*>(y), __uint_as_float(bits << 16), n);
 }
 
@@ -189,11 +190,13 @@ __device__ __forceinline__ void resize_axes_t(T* dst, const T* src, u32 outer, u
 
 extern "C" __global__ void resize_axes_u32(u32* dst, const u32* src, u32 outer, u32 dl1, u32 sl1, u32 mid, u32 dl2,
                                            u32 sl2, u32 inner, u32 pad) {
+    GR_PDL_ENTRY();
     resize_axes_t(dst, src, outer, dl1, sl1, mid, dl2, sl2, inner, pad);
 }
 
 extern "C" __global__ void resize_axes_u16(u16* dst, const u16* src, u32 outer, u32 dl1, u32 sl1, u32 mid, u32 dl2,
                                            u32 sl2, u32 inner, u32 pad) {
+    GR_PDL_ENTRY();
     resize_axes_t(dst, src, outer, dl1, sl1, mid, dl2, sl2, inner, (u16)pad);
 }
 
@@ -220,12 +223,12 @@ __device__ __forceinline__ void cast_t(O* y, const I* x, u32 n) {
     for (u64 i = done + gr_tid(); i < n; i += gr_stride()) st(y, i, ld(x, i));
 }
 
-extern "C" __global__ void cast_f32_bf16(bf16_t* y, const float* x, u32 n) { cast_t(y, x, n); }
-extern "C" __global__ void cast_f32_f16(f16_t* y, const float* x, u32 n) { cast_t(y, x, n); }
-extern "C" __global__ void cast_bf16_f32(float* y, const bf16_t* x, u32 n) { cast_t(y, x, n); }
-extern "C" __global__ void cast_f16_f32(float* y, const f16_t* x, u32 n) { cast_t(y, x, n); }
-extern "C" __global__ void cast_bf16_f16(f16_t* y, const bf16_t* x, u32 n) { cast_t(y, x, n); }
-extern "C" __global__ void cast_f16_bf16(bf16_t* y, const f16_t* x, u32 n) { cast_t(y, x, n); }
+extern "C" __global__ void cast_f32_bf16(bf16_t* y, const float* x, u32 n) { GR_PDL_ENTRY(); cast_t(y, x, n); }
+extern "C" __global__ void cast_f32_f16(f16_t* y, const float* x, u32 n) { GR_PDL_ENTRY(); cast_t(y, x, n); }
+extern "C" __global__ void cast_bf16_f32(float* y, const bf16_t* x, u32 n) { GR_PDL_ENTRY(); cast_t(y, x, n); }
+extern "C" __global__ void cast_f16_f32(float* y, const f16_t* x, u32 n) { GR_PDL_ENTRY(); cast_t(y, x, n); }
+extern "C" __global__ void cast_bf16_f16(f16_t* y, const bf16_t* x, u32 n) { GR_PDL_ENTRY(); cast_t(y, x, n); }
+extern "C" __global__ void cast_f16_bf16(bf16_t* y, const f16_t* x, u32 n) { GR_PDL_ENTRY(); cast_t(y, x, n); }
 
 // ---------------------------------------------------------------- elementwise
 
@@ -358,42 +361,42 @@ __device__ __forceinline__ void dropout_t(T* y, T* mask, const T* x, const u32* 
     }
 }
 
-extern "C" __global__ void axpy_f32(float* y, const float* x, float a, u32 n) { axpy_t(y, x, a, n); }
-extern "C" __global__ void scale_f32(float* y, float a, u32 n) { scale_t(y, a, n); }
-extern "C" __global__ void add_f32(float* y, const float* a, const float* b, u32 n) { add_t(y, a, b, n); }
-extern "C" __global__ void mul_f32(float* y, const float* a, const float* b, u32 n) { mul_t(y, a, b, n); }
-extern "C" __global__ void scale_out_f32(float* y, const float* x, float a, u32 n) { scale_out_t(y, x, a, n); }
-extern "C" __global__ void bias_add_f32(float* y, const float* x, const float* b, u32 n, u32 d) { bias_add_t(y, x, b, n, d); }
-extern "C" __global__ void relu_f32(float* y, const float* x, u32 n) { relu_t(y, x, n); }
-extern "C" __global__ void relu_bwd_f32(float* dx, const float* dy, const float* x, u32 n) { relu_bwd_t(dx, dy, x, n); }
-extern "C" __global__ void gelu_f32(float* y, const float* x, u32 n, u32 approx) { gelu_t(y, x, n, approx); }
-extern "C" __global__ void gelu_bwd_f32(float* dx, const float* dy, const float* x, u32 n, u32 approx) { gelu_bwd_t(dx, dy, x, n, approx); }
-extern "C" __global__ void mse_bwd_f32(float* dp, const float* p, const float* t, float scale, u32 n) { mse_bwd_t(dp, p, t, scale, n); }
-extern "C" __global__ void dropout_f32(float* y, float* mask, const float* x, const u32* state, float p, float scale, u32 n) { dropout_t(y, mask, x, state, p, scale, n); }
-extern "C" __global__ void axpy_bf16(bf16_t* y, const bf16_t* x, float a, u32 n) { axpy_t(y, x, a, n); }
-extern "C" __global__ void axpy_f16(f16_t* y, const f16_t* x, float a, u32 n) { axpy_t(y, x, a, n); }
-extern "C" __global__ void scale_bf16(bf16_t* y, float a, u32 n) { scale_t(y, a, n); }
-extern "C" __global__ void scale_f16(f16_t* y, float a, u32 n) { scale_t(y, a, n); }
-extern "C" __global__ void add_bf16(bf16_t* y, const bf16_t* a, const bf16_t* b, u32 n) { add_t(y, a, b, n); }
-extern "C" __global__ void add_f16(f16_t* y, const f16_t* a, const f16_t* b, u32 n) { add_t(y, a, b, n); }
-extern "C" __global__ void mul_bf16(bf16_t* y, const bf16_t* a, const bf16_t* b, u32 n) { mul_t(y, a, b, n); }
-extern "C" __global__ void mul_f16(f16_t* y, const f16_t* a, const f16_t* b, u32 n) { mul_t(y, a, b, n); }
-extern "C" __global__ void scale_out_bf16(bf16_t* y, const bf16_t* x, float a, u32 n) { scale_out_t(y, x, a, n); }
-extern "C" __global__ void scale_out_f16(f16_t* y, const f16_t* x, float a, u32 n) { scale_out_t(y, x, a, n); }
-extern "C" __global__ void bias_add_bf16(bf16_t* y, const bf16_t* x, const bf16_t* b, u32 n, u32 d) { bias_add_t(y, x, b, n, d); }
-extern "C" __global__ void bias_add_f16(f16_t* y, const f16_t* x, const f16_t* b, u32 n, u32 d) { bias_add_t(y, x, b, n, d); }
-extern "C" __global__ void relu_bf16(bf16_t* y, const bf16_t* x, u32 n) { relu_t(y, x, n); }
-extern "C" __global__ void relu_f16(f16_t* y, const f16_t* x, u32 n) { relu_t(y, x, n); }
-extern "C" __global__ void relu_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, u32 n) { relu_bwd_t(dx, dy, x, n); }
-extern "C" __global__ void relu_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, u32 n) { relu_bwd_t(dx, dy, x, n); }
-extern "C" __global__ void gelu_bf16(bf16_t* y, const bf16_t* x, u32 n, u32 approx) { gelu_t(y, x, n, approx); }
-extern "C" __global__ void gelu_f16(f16_t* y, const f16_t* x, u32 n, u32 approx) { gelu_t(y, x, n, approx); }
-extern "C" __global__ void gelu_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, u32 n, u32 approx) { gelu_bwd_t(dx, dy, x, n, approx); }
-extern "C" __global__ void gelu_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, u32 n, u32 approx) { gelu_bwd_t(dx, dy, x, n, approx); }
-extern "C" __global__ void dropout_bf16(bf16_t* y, bf16_t* mask, const bf16_t* x, const u32* state, float p, float scale, u32 n) { dropout_t(y, mask, x, state, p, scale, n); }
-extern "C" __global__ void dropout_f16(f16_t* y, f16_t* mask, const f16_t* x, const u32* state, float p, float scale, u32 n) { dropout_t(y, mask, x, state, p, scale, n); }
-extern "C" __global__ void mse_bwd_bf16(bf16_t* dp, const bf16_t* p, const bf16_t* t, float scale, u32 n) { mse_bwd_t(dp, p, t, scale, n); }
-extern "C" __global__ void mse_bwd_f16(f16_t* dp, const f16_t* p, const f16_t* t, float scale, u32 n) { mse_bwd_t(dp, p, t, scale, n); }
+extern "C" __global__ void axpy_f32(float* y, const float* x, float a, u32 n) { GR_PDL_ENTRY(); axpy_t(y, x, a, n); }
+extern "C" __global__ void scale_f32(float* y, float a, u32 n) { GR_PDL_ENTRY(); scale_t(y, a, n); }
+extern "C" __global__ void add_f32(float* y, const float* a, const float* b, u32 n) { GR_PDL_ENTRY(); add_t(y, a, b, n); }
+extern "C" __global__ void mul_f32(float* y, const float* a, const float* b, u32 n) { GR_PDL_ENTRY(); mul_t(y, a, b, n); }
+extern "C" __global__ void scale_out_f32(float* y, const float* x, float a, u32 n) { GR_PDL_ENTRY(); scale_out_t(y, x, a, n); }
+extern "C" __global__ void bias_add_f32(float* y, const float* x, const float* b, u32 n, u32 d) { GR_PDL_ENTRY(); bias_add_t(y, x, b, n, d); }
+extern "C" __global__ void relu_f32(float* y, const float* x, u32 n) { GR_PDL_ENTRY(); relu_t(y, x, n); }
+extern "C" __global__ void relu_bwd_f32(float* dx, const float* dy, const float* x, u32 n) { GR_PDL_ENTRY(); relu_bwd_t(dx, dy, x, n); }
+extern "C" __global__ void gelu_f32(float* y, const float* x, u32 n, u32 approx) { GR_PDL_ENTRY(); gelu_t(y, x, n, approx); }
+extern "C" __global__ void gelu_bwd_f32(float* dx, const float* dy, const float* x, u32 n, u32 approx) { GR_PDL_ENTRY(); gelu_bwd_t(dx, dy, x, n, approx); }
+extern "C" __global__ void mse_bwd_f32(float* dp, const float* p, const float* t, float scale, u32 n) { GR_PDL_ENTRY(); mse_bwd_t(dp, p, t, scale, n); }
+extern "C" __global__ void dropout_f32(float* y, float* mask, const float* x, const u32* state, float p, float scale, u32 n) { GR_PDL_ENTRY(); dropout_t(y, mask, x, state, p, scale, n); }
+extern "C" __global__ void axpy_bf16(bf16_t* y, const bf16_t* x, float a, u32 n) { GR_PDL_ENTRY(); axpy_t(y, x, a, n); }
+extern "C" __global__ void axpy_f16(f16_t* y, const f16_t* x, float a, u32 n) { GR_PDL_ENTRY(); axpy_t(y, x, a, n); }
+extern "C" __global__ void scale_bf16(bf16_t* y, float a, u32 n) { GR_PDL_ENTRY(); scale_t(y, a, n); }
+extern "C" __global__ void scale_f16(f16_t* y, float a, u32 n) { GR_PDL_ENTRY(); scale_t(y, a, n); }
+extern "C" __global__ void add_bf16(bf16_t* y, const bf16_t* a, const bf16_t* b, u32 n) { GR_PDL_ENTRY(); add_t(y, a, b, n); }
+extern "C" __global__ void add_f16(f16_t* y, const f16_t* a, const f16_t* b, u32 n) { GR_PDL_ENTRY(); add_t(y, a, b, n); }
+extern "C" __global__ void mul_bf16(bf16_t* y, const bf16_t* a, const bf16_t* b, u32 n) { GR_PDL_ENTRY(); mul_t(y, a, b, n); }
+extern "C" __global__ void mul_f16(f16_t* y, const f16_t* a, const f16_t* b, u32 n) { GR_PDL_ENTRY(); mul_t(y, a, b, n); }
+extern "C" __global__ void scale_out_bf16(bf16_t* y, const bf16_t* x, float a, u32 n) { GR_PDL_ENTRY(); scale_out_t(y, x, a, n); }
+extern "C" __global__ void scale_out_f16(f16_t* y, const f16_t* x, float a, u32 n) { GR_PDL_ENTRY(); scale_out_t(y, x, a, n); }
+extern "C" __global__ void bias_add_bf16(bf16_t* y, const bf16_t* x, const bf16_t* b, u32 n, u32 d) { GR_PDL_ENTRY(); bias_add_t(y, x, b, n, d); }
+extern "C" __global__ void bias_add_f16(f16_t* y, const f16_t* x, const f16_t* b, u32 n, u32 d) { GR_PDL_ENTRY(); bias_add_t(y, x, b, n, d); }
+extern "C" __global__ void relu_bf16(bf16_t* y, const bf16_t* x, u32 n) { GR_PDL_ENTRY(); relu_t(y, x, n); }
+extern "C" __global__ void relu_f16(f16_t* y, const f16_t* x, u32 n) { GR_PDL_ENTRY(); relu_t(y, x, n); }
+extern "C" __global__ void relu_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, u32 n) { GR_PDL_ENTRY(); relu_bwd_t(dx, dy, x, n); }
+extern "C" __global__ void relu_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, u32 n) { GR_PDL_ENTRY(); relu_bwd_t(dx, dy, x, n); }
+extern "C" __global__ void gelu_bf16(bf16_t* y, const bf16_t* x, u32 n, u32 approx) { GR_PDL_ENTRY(); gelu_t(y, x, n, approx); }
+extern "C" __global__ void gelu_f16(f16_t* y, const f16_t* x, u32 n, u32 approx) { GR_PDL_ENTRY(); gelu_t(y, x, n, approx); }
+extern "C" __global__ void gelu_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, u32 n, u32 approx) { GR_PDL_ENTRY(); gelu_bwd_t(dx, dy, x, n, approx); }
+extern "C" __global__ void gelu_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, u32 n, u32 approx) { GR_PDL_ENTRY(); gelu_bwd_t(dx, dy, x, n, approx); }
+extern "C" __global__ void dropout_bf16(bf16_t* y, bf16_t* mask, const bf16_t* x, const u32* state, float p, float scale, u32 n) { GR_PDL_ENTRY(); dropout_t(y, mask, x, state, p, scale, n); }
+extern "C" __global__ void dropout_f16(f16_t* y, f16_t* mask, const f16_t* x, const u32* state, float p, float scale, u32 n) { GR_PDL_ENTRY(); dropout_t(y, mask, x, state, p, scale, n); }
+extern "C" __global__ void mse_bwd_bf16(bf16_t* dp, const bf16_t* p, const bf16_t* t, float scale, u32 n) { GR_PDL_ENTRY(); mse_bwd_t(dp, p, t, scale, n); }
+extern "C" __global__ void mse_bwd_f16(f16_t* dp, const f16_t* p, const f16_t* t, float scale, u32 n) { GR_PDL_ENTRY(); mse_bwd_t(dp, p, t, scale, n); }
 
 // ---------------------------------------------------------------- reductions (f32 out)
 
@@ -474,15 +477,15 @@ template <typename T> __device__ __forceinline__ void col_sum_acc_t(float* out, 
     }
 }
 
-extern "C" __global__ void sum_partial_f32(float* partial, const float* x, u32 n) { sum_partial_t(partial, x, n); }
-extern "C" __global__ void sqdiff_partial_f32(float* partial, const float* a, const float* b, u32 n) { sqdiff_partial_t(partial, a, b, n); }
-extern "C" __global__ void col_sum_acc_f32(float* out, const float* a, u32 rows, u32 cols) { col_sum_acc_t(out, a, rows, cols); }
-extern "C" __global__ void sum_partial_bf16(float* partial, const bf16_t* x, u32 n) { sum_partial_t(partial, x, n); }
-extern "C" __global__ void sum_partial_f16(float* partial, const f16_t* x, u32 n) { sum_partial_t(partial, x, n); }
-extern "C" __global__ void sqdiff_partial_bf16(float* partial, const bf16_t* a, const bf16_t* b, u32 n) { sqdiff_partial_t(partial, a, b, n); }
-extern "C" __global__ void sqdiff_partial_f16(float* partial, const f16_t* a, const f16_t* b, u32 n) { sqdiff_partial_t(partial, a, b, n); }
-extern "C" __global__ void col_sum_acc_bf16(float* out, const bf16_t* a, u32 rows, u32 cols) { col_sum_acc_t(out, a, rows, cols); }
-extern "C" __global__ void col_sum_acc_f16(float* out, const f16_t* a, u32 rows, u32 cols) { col_sum_acc_t(out, a, rows, cols); }
+extern "C" __global__ void sum_partial_f32(float* partial, const float* x, u32 n) { GR_PDL_ENTRY(); sum_partial_t(partial, x, n); }
+extern "C" __global__ void sqdiff_partial_f32(float* partial, const float* a, const float* b, u32 n) { GR_PDL_ENTRY(); sqdiff_partial_t(partial, a, b, n); }
+extern "C" __global__ void col_sum_acc_f32(float* out, const float* a, u32 rows, u32 cols) { GR_PDL_ENTRY(); col_sum_acc_t(out, a, rows, cols); }
+extern "C" __global__ void sum_partial_bf16(float* partial, const bf16_t* x, u32 n) { GR_PDL_ENTRY(); sum_partial_t(partial, x, n); }
+extern "C" __global__ void sum_partial_f16(float* partial, const f16_t* x, u32 n) { GR_PDL_ENTRY(); sum_partial_t(partial, x, n); }
+extern "C" __global__ void sqdiff_partial_bf16(float* partial, const bf16_t* a, const bf16_t* b, u32 n) { GR_PDL_ENTRY(); sqdiff_partial_t(partial, a, b, n); }
+extern "C" __global__ void sqdiff_partial_f16(float* partial, const f16_t* a, const f16_t* b, u32 n) { GR_PDL_ENTRY(); sqdiff_partial_t(partial, a, b, n); }
+extern "C" __global__ void col_sum_acc_bf16(float* out, const bf16_t* a, u32 rows, u32 cols) { GR_PDL_ENTRY(); col_sum_acc_t(out, a, rows, cols); }
+extern "C" __global__ void col_sum_acc_f16(float* out, const f16_t* a, u32 rows, u32 cols) { GR_PDL_ENTRY(); col_sum_acc_t(out, a, rows, cols); }
 
 // ---------------------------------------------------------------- layer norm and softmax (16-bit)
 //
@@ -633,18 +636,18 @@ __device__ __forceinline__ void softmax_xent_bwd_t(T* dlogits, const T* probs, c
     }
 }
 
-extern "C" __global__ void layer_norm_f32(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma, const float* beta, u32 rows, u32 d, float eps) { layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
-extern "C" __global__ void layer_norm_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
-extern "C" __global__ void layer_norm_bwd_params_f32(float* dgamma, float* dbeta, const float* dy, const float* x, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
-extern "C" __global__ void softmax_xent_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
-extern "C" __global__ void softmax_xent_bwd_f32(float* dlogits, const float* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }
-extern "C" __global__ void layer_norm_bf16(bf16_t* y, float* mean_out, float* rstd_out, const bf16_t* x, const bf16_t* gamma, const bf16_t* beta, u32 rows, u32 d, float eps) { layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
-extern "C" __global__ void layer_norm_f16(f16_t* y, float* mean_out, float* rstd_out, const f16_t* x, const f16_t* gamma, const f16_t* beta, u32 rows, u32 d, float eps) { layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
-extern "C" __global__ void layer_norm_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
-extern "C" __global__ void layer_norm_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
-extern "C" __global__ void layer_norm_bwd_params_bf16(float* dgamma, float* dbeta, const bf16_t* dy, const bf16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
-extern "C" __global__ void layer_norm_bwd_params_f16(float* dgamma, float* dbeta, const f16_t* dy, const f16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
-extern "C" __global__ void softmax_xent_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
-extern "C" __global__ void softmax_xent_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
-extern "C" __global__ void softmax_xent_bwd_bf16(bf16_t* dlogits, const bf16_t* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }
-extern "C" __global__ void softmax_xent_bwd_f16(f16_t* dlogits, const f16_t* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }
+extern "C" __global__ void layer_norm_f32(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma, const float* beta, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void layer_norm_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void layer_norm_bwd_params_f32(float* dgamma, float* dbeta, const float* dy, const float* x, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
+extern "C" __global__ void softmax_xent_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_f32(float* dlogits, const float* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }
+extern "C" __global__ void layer_norm_bf16(bf16_t* y, float* mean_out, float* rstd_out, const bf16_t* x, const bf16_t* gamma, const bf16_t* beta, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void layer_norm_f16(f16_t* y, float* mean_out, float* rstd_out, const f16_t* x, const f16_t* gamma, const f16_t* beta, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void layer_norm_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void layer_norm_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void layer_norm_bwd_params_bf16(float* dgamma, float* dbeta, const bf16_t* dy, const bf16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
+extern "C" __global__ void layer_norm_bwd_params_f16(float* dgamma, float* dbeta, const f16_t* dy, const f16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
+extern "C" __global__ void softmax_xent_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void softmax_xent_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_bf16(bf16_t* dlogits, const bf16_t* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_f16(f16_t* dlogits, const f16_t* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }

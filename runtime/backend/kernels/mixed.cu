@@ -8,6 +8,7 @@
 
 // Resets the overflow flag at the start of a step.
 extern "C" __global__ void amp_begin(float* scaler) {
+    GR_PDL_ENTRY();
     if (blockIdx.x == 0 && threadIdx.x == 0) scaler[1] = 0.0f;
 }
 
@@ -16,13 +17,14 @@ template <typename T> __device__ __forceinline__ void amp_scale_t(T* y, const fl
     const float s = scaler[0];
     for (u64 i = gr_tid(); i < n; i += gr_stride()) st(y, i, ld(y, i) * s);
 }
-extern "C" __global__ void amp_scale_f32(float* y, const float* scaler, u32 n) { amp_scale_t(y, scaler, n); }
-extern "C" __global__ void amp_scale_bf16(bf16_t* y, const float* scaler, u32 n) { amp_scale_t(y, scaler, n); }
-extern "C" __global__ void amp_scale_f16(f16_t* y, const float* scaler, u32 n) { amp_scale_t(y, scaler, n); }
+extern "C" __global__ void amp_scale_f32(float* y, const float* scaler, u32 n) { GR_PDL_ENTRY(); amp_scale_t(y, scaler, n); }
+extern "C" __global__ void amp_scale_bf16(bf16_t* y, const float* scaler, u32 n) { GR_PDL_ENTRY(); amp_scale_t(y, scaler, n); }
+extern "C" __global__ void amp_scale_f16(f16_t* y, const float* scaler, u32 n) { GR_PDL_ENTRY(); amp_scale_t(y, scaler, n); }
 
 // g *= 1 / scale, in place; any non-finite result raises the flag (every writer stores 1, so
 // the outcome does not depend on timing).
 extern "C" __global__ void amp_unscale_check(float* g, float* scaler, u32 n) {
+    GR_PDL_ENTRY();
     const float inv = 1.0f / scaler[0];
     bool bad = false;
     for (u64 i = gr_tid(); i < n; i += gr_stride()) {
@@ -36,12 +38,14 @@ extern "C" __global__ void amp_unscale_check(float* g, float* scaler, u32 n) {
 // After the optimizer: on overflow back off and count a skipped step, else grow the scale
 // every `interval` good steps (scale_update.cu).
 extern "C" __global__ void amp_update(float* scaler, float growth, float backoff, u32 interval) {
+    GR_PDL_ENTRY();
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     amp_update_state(scaler, growth, backoff, interval);
 }
 
 // adamw_prepare_f32, skipped when the scaler flagged an overflow.
 extern "C" __global__ void adamw_prepare_mixed(float* st, const float* scaler, float beta1, float beta2) {
+    GR_PDL_ENTRY();
     if (blockIdx.x == 0 && threadIdx.x == 0 && scaler[1] == 0.0f) {
         const u32 t = __float_as_uint(st[0]) + 1u;
         st[0] = __uint_as_float(t);
@@ -97,8 +101,8 @@ __device__ __forceinline__ void adamw_mixed_t(float* p, T* model, float* g, floa
         if (zero_g != 0u) g[i] = 0.0f;
     }
 }
-extern "C" __global__ void adamw_mixed_bf16(float* p, bf16_t* model, float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g, u32 n) { adamw_mixed_t(p, model, g, m, v, lr, sta, scaler, beta1, beta2, eps, wd, zero_g, n); }
-extern "C" __global__ void adamw_mixed_f16(float* p, f16_t* model, float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g, u32 n) { adamw_mixed_t(p, model, g, m, v, lr, sta, scaler, beta1, beta2, eps, wd, zero_g, n); }
+extern "C" __global__ void adamw_mixed_bf16(float* p, bf16_t* model, float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g, u32 n) { GR_PDL_ENTRY(); adamw_mixed_t(p, model, g, m, v, lr, sta, scaler, beta1, beta2, eps, wd, zero_g, n); }
+extern "C" __global__ void adamw_mixed_f16(float* p, f16_t* model, float* g, float* m, float* v, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g, u32 n) { GR_PDL_ENTRY(); adamw_mixed_t(p, model, g, m, v, lr, sta, scaler, beta1, beta2, eps, wd, zero_g, n); }
 
 // sgd_step_f32 on the f32 master weights, then the 16-bit model weights rewritten from them;
 // nothing changes when the scaler flagged an overflow. buf is unused (may be null) when
@@ -113,5 +117,5 @@ __device__ __forceinline__ void sgd_mixed_t(float* p, T* model, const float* g, 
         st(model, i, pi);
     }
 }
-extern "C" __global__ void sgd_mixed_bf16(float* p, bf16_t* model, const float* g, float* buf, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 n) { sgd_mixed_t(p, model, g, buf, lr, scaler, momentum, wd, use_momentum, n); }
-extern "C" __global__ void sgd_mixed_f16(float* p, f16_t* model, const float* g, float* buf, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 n) { sgd_mixed_t(p, model, g, buf, lr, scaler, momentum, wd, use_momentum, n); }
+extern "C" __global__ void sgd_mixed_bf16(float* p, bf16_t* model, const float* g, float* buf, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 n) { GR_PDL_ENTRY(); sgd_mixed_t(p, model, g, buf, lr, scaler, momentum, wd, use_momentum, n); }
+extern "C" __global__ void sgd_mixed_f16(float* p, f16_t* model, const float* g, float* buf, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 n) { GR_PDL_ENTRY(); sgd_mixed_t(p, model, g, buf, lr, scaler, momentum, wd, use_momentum, n); }

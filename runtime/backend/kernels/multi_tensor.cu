@@ -97,13 +97,14 @@ __device__ __forceinline__ void adamw_mt_t(const MtTensor* table, const MtChunk*
         if (zero) g[i] = 0.0f;
     }
 }
-extern "C" __global__ void adamw_mt_f32(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g) { adamw_mt_t<bf16_t, false>(table, chunks, chunk, lr, sta, scaler, beta1, beta2, eps, wd, zero_g); }
-extern "C" __global__ void adamw_mt_bf16(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g) { adamw_mt_t<bf16_t, true>(table, chunks, chunk, lr, sta, scaler, beta1, beta2, eps, wd, zero_g); }
-extern "C" __global__ void adamw_mt_f16(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g) { adamw_mt_t<f16_t, true>(table, chunks, chunk, lr, sta, scaler, beta1, beta2, eps, wd, zero_g); }
+extern "C" __global__ void adamw_mt_f32(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g) { GR_PDL_ENTRY(); adamw_mt_t<bf16_t, false>(table, chunks, chunk, lr, sta, scaler, beta1, beta2, eps, wd, zero_g); }
+extern "C" __global__ void adamw_mt_bf16(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g) { GR_PDL_ENTRY(); adamw_mt_t<bf16_t, true>(table, chunks, chunk, lr, sta, scaler, beta1, beta2, eps, wd, zero_g); }
+extern "C" __global__ void adamw_mt_f16(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g) { GR_PDL_ENTRY(); adamw_mt_t<f16_t, true>(table, chunks, chunk, lr, sta, scaler, beta1, beta2, eps, wd, zero_g); }
 
 // amp_unscale_check over the grads (slot MT_G) of a table: g *= 1 / scale in place, and a
 // non-finite result raises the flag (every writer stores 1, so timing does not matter).
 extern "C" __global__ void amp_unscale_check_mt(const MtTensor* table, const MtChunk* chunks, u32 chunk, float* scaler) {
+    GR_PDL_ENTRY();
     const MtChunkView c = mt_chunk(table, chunks, chunk);
     float* g = mt_slot<float>(c, MT_G);
     const u32 n = c.len;
@@ -132,6 +133,7 @@ extern "C" __global__ void amp_unscale_check_mt(const MtTensor* table, const MtC
 // Zeroes the grads (slot MT_G) of a table: always when `scaler` is null, else only when it
 // flagged an overflow (the other branch of a step whose update sits under an IF node).
 extern "C" __global__ void zero_grads_mt(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* scaler) {
+    GR_PDL_ENTRY();
     if (scaler != nullptr && scaler[1] == 0.0f) return;
     const MtChunkView c = mt_chunk(table, chunks, chunk);
     mt_zero(mt_slot<float>(c, MT_G), c.len);

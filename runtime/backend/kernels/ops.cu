@@ -89,6 +89,7 @@ __device__ __forceinline__ float gelu_grad(float x, u32 approx) {
 
 // out[0] = scale * sum(partial[0..m]); launched with one block.
 extern "C" __global__ void sum_final_f32(float* out, const float* partial, u32 m, float scale) {
+    GR_PDL_ENTRY();
     __shared__ float sh[32];
     float s = 0.0f;
     for (u32 i = threadIdx.x; i < m; i += blockDim.x) s += partial[i];
@@ -115,6 +116,7 @@ __device__ __forceinline__ bool label_ok(float l, u32 c) {
 
 // Per-block partial counts of the rows the loss does not ignore.
 extern "C" __global__ void count_labels_partial_f32(float* partial, const float* labels, u32 n) {
+    GR_PDL_ENTRY();
     __shared__ float sh[32];
     float s = 0.0f;
     for (u64 i = gr_tid(); i < n; i += gr_stride()) s += labels[i] != IGNORE_LABEL ? 1.0f : 0.0f;
@@ -126,6 +128,7 @@ extern "C" __global__ void count_labels_partial_f32(float* partial, const float*
 // the host rounds 1/rows (so a batch with nothing ignored gives the plain mean bit for bit);
 // 0 when every row is ignored.
 extern "C" __global__ void mean_final_f32(float* out, const float* partial, const float* partial_count, u32 m) {
+    GR_PDL_ENTRY();
     __shared__ float sh[32];
     float s = 0.0f, n = 0.0f;
     for (u32 i = threadIdx.x; i < m; i += blockDim.x) s += partial[i];
@@ -155,6 +158,7 @@ __device__ __forceinline__ float sgd_elem(float p, float gi, float* buf, u64 i, 
     return p - rate * gi;
 }
 extern "C" __global__ void sgd_step_f32(float* p, const float* g, float* buf, const float* lr, float momentum, float wd, u32 use_momentum, u32 n) {
+    GR_PDL_ENTRY();
     const float rate = lr[0];
     for (u64 i = gr_tid(); i < n; i += gr_stride()) p[i] = sgd_elem(p[i], g[i], buf, i, rate, momentum, wd, use_momentum);
 }
@@ -162,6 +166,7 @@ extern "C" __global__ void sgd_step_f32(float* p, const float* g, float* buf, co
 // AdamW's per-step scalars: st[0] holds the step count as u32 bits; increments it and stores
 // the bias corrections st[1] = 1 - beta1^t and st[2] = 1 - beta2^t.
 extern "C" __global__ void adamw_prepare_f32(float* st, float beta1, float beta2) {
+    GR_PDL_ENTRY();
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         const u32 t = __float_as_uint(st[0]) + 1u;
         st[0] = __uint_as_float(t);
@@ -188,6 +193,7 @@ __device__ __forceinline__ float adamw_elem(float p, float g, float* m, float* v
 
 // zero_g != 0 also zeroes each grad once read (optimizer.step_and_zero_grad: no fill launches).
 extern "C" __global__ void adamw_step_f32(float* p, float* g, float* m, float* v, const float* lr, const float* st, float beta1, float beta2, float eps, float wd, u32 zero_g, u32 n) {
+    GR_PDL_ENTRY();
     const float rate = lr[0];
     const float step_size = rate / st[1];
     const float bc2_sqrt = sqrtf(st[2]);

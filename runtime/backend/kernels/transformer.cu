@@ -866,67 +866,68 @@ __device__ __forceinline__ void attn_bwd_scores_t(T* p, T* ds, const float* s, c
 
 // ---------------------------------------------------------------- instantiations
 
-extern "C" __global__ void embedding_f32(float* y, const float* ids, const float* table, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_t(y, ids, table, tokens, vocab, d, err); }
-extern "C" __global__ void embedding_bwd_f32(float* dtable, const float* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
-extern "C" __global__ void rms_norm_f32(float* y, float* rstd_out, const float* x, const float* gamma, u32 rows, u32 d, float eps) { rms_norm_t(y, rstd_out, x, gamma, rows, d, eps); }
-extern "C" __global__ void rms_norm_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* rstd, u32 rows, u32 d) { rms_norm_bwd_t(dx, dy, x, gamma, rstd, rows, d); }
-extern "C" __global__ void rms_norm_bwd_params_partial_f32(float* partial, const float* dy, const float* x, const float* rstd, u32 rows, u32 d, u32 chunk) { rms_norm_bwd_params_partial_t(partial, dy, x, rstd, rows, d, chunk); }
-extern "C" __global__ void col_partials_acc_f32(float* out, const float* partial, u32 chunks, u32 d) { col_partials_acc_t(out, partial, chunks, d); }
-extern "C" __global__ void swap12_f32(float* y, const float* x, u32 b, u32 p, u32 q, u32 e) { swap12_t(y, x, b, p, q, e); }
-extern "C" __global__ void swiglu_f32(float* y, const float* gate, const float* up, u32 n) { swiglu_t(y, gate, up, n); }
-extern "C" __global__ void swiglu_packed_f32(float* y, const float* gu, u32 rows, u32 h) { swiglu_packed_t(y, gu, rows, h); }
-extern "C" __global__ void swiglu_bwd_f32(float* dgate, float* dup, const float* dy, const float* gate, const float* up, u32 n) { swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
-extern "C" __global__ void attn_softmax_lse_f32(float* p, float* lse, const float* s, u32 rows, u32 t, float scale) { attn_softmax_lse_t(p, lse, s, rows, t, scale); }
-extern "C" __global__ void attn_bwd_scores_f32(float* p, float* ds, const float* s, const float* dp, const float* lse, const float* dout, const float* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
-extern "C" __global__ void embedding_bf16(bf16_t* y, const float* ids, const bf16_t* table, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_t(y, ids, table, tokens, vocab, d, err); }
-extern "C" __global__ void embedding_bwd_bf16(bf16_t* dtable, const bf16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
-extern "C" __global__ void rms_norm_bf16(bf16_t* y, float* rstd_out, const bf16_t* x, const bf16_t* gamma, u32 rows, u32 d, float eps) { rms_norm_t(y, rstd_out, x, gamma, rows, d, eps); }
-extern "C" __global__ void rms_norm_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { rms_norm_bwd_t(dx, dy, x, gamma, rstd, rows, d); }
-extern "C" __global__ void rms_norm_bwd_params_partial_bf16(float* partial, const bf16_t* dy, const bf16_t* x, const float* rstd, u32 rows, u32 d, u32 chunk) { rms_norm_bwd_params_partial_t(partial, dy, x, rstd, rows, d, chunk); }
-extern "C" __global__ void col_partials_acc_bf16(bf16_t* out, const float* partial, u32 chunks, u32 d) { col_partials_acc_t(out, partial, chunks, d); }
-extern "C" __global__ void swap12_bf16(bf16_t* y, const bf16_t* x, u32 b, u32 p, u32 q, u32 e) { swap12_t(y, x, b, p, q, e); }
-extern "C" __global__ void swiglu_bf16(bf16_t* y, const bf16_t* gate, const bf16_t* up, u32 n) { swiglu_t(y, gate, up, n); }
-extern "C" __global__ void swiglu_packed_bf16(bf16_t* y, const bf16_t* gu, u32 rows, u32 h) { swiglu_packed_t(y, gu, rows, h); }
-extern "C" __global__ void swiglu_bwd_bf16(bf16_t* dgate, bf16_t* dup, const bf16_t* dy, const bf16_t* gate, const bf16_t* up, u32 n) { swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
-extern "C" __global__ void attn_softmax_lse_bf16(bf16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { attn_softmax_lse_t(p, lse, s, rows, t, scale); }
-extern "C" __global__ void attn_bwd_scores_bf16(bf16_t* p, bf16_t* ds, const float* s, const float* dp, const float* lse, const bf16_t* dout, const bf16_t* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
-extern "C" __global__ void embedding_f16(f16_t* y, const float* ids, const f16_t* table, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_t(y, ids, table, tokens, vocab, d, err); }
-extern "C" __global__ void embedding_bwd_f16(f16_t* dtable, const f16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
-extern "C" __global__ void rms_norm_f16(f16_t* y, float* rstd_out, const f16_t* x, const f16_t* gamma, u32 rows, u32 d, float eps) { rms_norm_t(y, rstd_out, x, gamma, rows, d, eps); }
-extern "C" __global__ void rms_norm_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* rstd, u32 rows, u32 d) { rms_norm_bwd_t(dx, dy, x, gamma, rstd, rows, d); }
-extern "C" __global__ void rms_norm_bwd_params_partial_f16(float* partial, const f16_t* dy, const f16_t* x, const float* rstd, u32 rows, u32 d, u32 chunk) { rms_norm_bwd_params_partial_t(partial, dy, x, rstd, rows, d, chunk); }
-extern "C" __global__ void col_partials_acc_f16(f16_t* out, const float* partial, u32 chunks, u32 d) { col_partials_acc_t(out, partial, chunks, d); }
-extern "C" __global__ void swap12_f16(f16_t* y, const f16_t* x, u32 b, u32 p, u32 q, u32 e) { swap12_t(y, x, b, p, q, e); }
-extern "C" __global__ void swiglu_f16(f16_t* y, const f16_t* gate, const f16_t* up, u32 n) { swiglu_t(y, gate, up, n); }
-extern "C" __global__ void swiglu_packed_f16(f16_t* y, const f16_t* gu, u32 rows, u32 h) { swiglu_packed_t(y, gu, rows, h); }
-extern "C" __global__ void swiglu_bwd_f16(f16_t* dgate, f16_t* dup, const f16_t* dy, const f16_t* gate, const f16_t* up, u32 n) { swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
-extern "C" __global__ void attn_softmax_lse_f16(f16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { attn_softmax_lse_t(p, lse, s, rows, t, scale); }
-extern "C" __global__ void attn_bwd_scores_f16(f16_t* p, f16_t* ds, const float* s, const float* dp, const float* lse, const f16_t* dout, const f16_t* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
+extern "C" __global__ void embedding_f32(float* y, const float* ids, const float* table, u32 tokens, u32 vocab, u32 d, u32* err) { GR_PDL_ENTRY(); embedding_t(y, ids, table, tokens, vocab, d, err); }
+extern "C" __global__ void embedding_bwd_f32(float* dtable, const float* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { GR_PDL_ENTRY(); embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
+extern "C" __global__ void rms_norm_f32(float* y, float* rstd_out, const float* x, const float* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_norm_t(y, rstd_out, x, gamma, rows, d, eps); }
+extern "C" __global__ void rms_norm_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_norm_bwd_t(dx, dy, x, gamma, rstd, rows, d); }
+extern "C" __global__ void rms_norm_bwd_params_partial_f32(float* partial, const float* dy, const float* x, const float* rstd, u32 rows, u32 d, u32 chunk) { GR_PDL_ENTRY(); rms_norm_bwd_params_partial_t(partial, dy, x, rstd, rows, d, chunk); }
+extern "C" __global__ void col_partials_acc_f32(float* out, const float* partial, u32 chunks, u32 d) { GR_PDL_ENTRY(); col_partials_acc_t(out, partial, chunks, d); }
+extern "C" __global__ void swap12_f32(float* y, const float* x, u32 b, u32 p, u32 q, u32 e) { GR_PDL_ENTRY(); swap12_t(y, x, b, p, q, e); }
+extern "C" __global__ void swiglu_f32(float* y, const float* gate, const float* up, u32 n) { GR_PDL_ENTRY(); swiglu_t(y, gate, up, n); }
+extern "C" __global__ void swiglu_packed_f32(float* y, const float* gu, u32 rows, u32 h) { GR_PDL_ENTRY(); swiglu_packed_t(y, gu, rows, h); }
+extern "C" __global__ void swiglu_bwd_f32(float* dgate, float* dup, const float* dy, const float* gate, const float* up, u32 n) { GR_PDL_ENTRY(); swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
+extern "C" __global__ void attn_softmax_lse_f32(float* p, float* lse, const float* s, u32 rows, u32 t, float scale) { GR_PDL_ENTRY(); attn_softmax_lse_t(p, lse, s, rows, t, scale); }
+extern "C" __global__ void attn_bwd_scores_f32(float* p, float* ds, const float* s, const float* dp, const float* lse, const float* dout, const float* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { GR_PDL_ENTRY(); attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
+extern "C" __global__ void embedding_bf16(bf16_t* y, const float* ids, const bf16_t* table, u32 tokens, u32 vocab, u32 d, u32* err) { GR_PDL_ENTRY(); embedding_t(y, ids, table, tokens, vocab, d, err); }
+extern "C" __global__ void embedding_bwd_bf16(bf16_t* dtable, const bf16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { GR_PDL_ENTRY(); embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
+extern "C" __global__ void rms_norm_bf16(bf16_t* y, float* rstd_out, const bf16_t* x, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_norm_t(y, rstd_out, x, gamma, rows, d, eps); }
+extern "C" __global__ void rms_norm_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_norm_bwd_t(dx, dy, x, gamma, rstd, rows, d); }
+extern "C" __global__ void rms_norm_bwd_params_partial_bf16(float* partial, const bf16_t* dy, const bf16_t* x, const float* rstd, u32 rows, u32 d, u32 chunk) { GR_PDL_ENTRY(); rms_norm_bwd_params_partial_t(partial, dy, x, rstd, rows, d, chunk); }
+extern "C" __global__ void col_partials_acc_bf16(bf16_t* out, const float* partial, u32 chunks, u32 d) { GR_PDL_ENTRY(); col_partials_acc_t(out, partial, chunks, d); }
+extern "C" __global__ void swap12_bf16(bf16_t* y, const bf16_t* x, u32 b, u32 p, u32 q, u32 e) { GR_PDL_ENTRY(); swap12_t(y, x, b, p, q, e); }
+extern "C" __global__ void swiglu_bf16(bf16_t* y, const bf16_t* gate, const bf16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_t(y, gate, up, n); }
+extern "C" __global__ void swiglu_packed_bf16(bf16_t* y, const bf16_t* gu, u32 rows, u32 h) { GR_PDL_ENTRY(); swiglu_packed_t(y, gu, rows, h); }
+extern "C" __global__ void swiglu_bwd_bf16(bf16_t* dgate, bf16_t* dup, const bf16_t* dy, const bf16_t* gate, const bf16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
+extern "C" __global__ void attn_softmax_lse_bf16(bf16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { GR_PDL_ENTRY(); attn_softmax_lse_t(p, lse, s, rows, t, scale); }
+extern "C" __global__ void attn_bwd_scores_bf16(bf16_t* p, bf16_t* ds, const float* s, const float* dp, const float* lse, const bf16_t* dout, const bf16_t* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { GR_PDL_ENTRY(); attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
+extern "C" __global__ void embedding_f16(f16_t* y, const float* ids, const f16_t* table, u32 tokens, u32 vocab, u32 d, u32* err) { GR_PDL_ENTRY(); embedding_t(y, ids, table, tokens, vocab, d, err); }
+extern "C" __global__ void embedding_bwd_f16(f16_t* dtable, const f16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { GR_PDL_ENTRY(); embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
+extern "C" __global__ void rms_norm_f16(f16_t* y, float* rstd_out, const f16_t* x, const f16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_norm_t(y, rstd_out, x, gamma, rows, d, eps); }
+extern "C" __global__ void rms_norm_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_norm_bwd_t(dx, dy, x, gamma, rstd, rows, d); }
+extern "C" __global__ void rms_norm_bwd_params_partial_f16(float* partial, const f16_t* dy, const f16_t* x, const float* rstd, u32 rows, u32 d, u32 chunk) { GR_PDL_ENTRY(); rms_norm_bwd_params_partial_t(partial, dy, x, rstd, rows, d, chunk); }
+extern "C" __global__ void col_partials_acc_f16(f16_t* out, const float* partial, u32 chunks, u32 d) { GR_PDL_ENTRY(); col_partials_acc_t(out, partial, chunks, d); }
+extern "C" __global__ void swap12_f16(f16_t* y, const f16_t* x, u32 b, u32 p, u32 q, u32 e) { GR_PDL_ENTRY(); swap12_t(y, x, b, p, q, e); }
+extern "C" __global__ void swiglu_f16(f16_t* y, const f16_t* gate, const f16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_t(y, gate, up, n); }
+extern "C" __global__ void swiglu_packed_f16(f16_t* y, const f16_t* gu, u32 rows, u32 h) { GR_PDL_ENTRY(); swiglu_packed_t(y, gu, rows, h); }
+extern "C" __global__ void swiglu_bwd_f16(f16_t* dgate, f16_t* dup, const f16_t* dy, const f16_t* gate, const f16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
+extern "C" __global__ void attn_softmax_lse_f16(f16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { GR_PDL_ENTRY(); attn_softmax_lse_t(p, lse, s, rows, t, scale); }
+extern "C" __global__ void attn_bwd_scores_f16(f16_t* p, f16_t* ds, const float* s, const float* dp, const float* lse, const f16_t* dout, const f16_t* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { GR_PDL_ENTRY(); attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
 // RMSNorm (and residual add + RMSNorm) with rows in registers.
-extern "C" __global__ void rms_rows_f32(float* y, float* rstd_out, float* sum_out, const float* x, const float* res, const float* gamma, u32 rows, u32 d, float eps) { rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
-extern "C" __global__ void rms_rows_bwd_f32(float* dx, float* partial, const float* dy, const float* dsum, const float* x, const float* gamma, const float* rstd, u32 rows, u32 d) { rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
-extern "C" __global__ void rms_rows_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
-extern "C" __global__ void rms_rows_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
-extern "C" __global__ void rms_rows_f16(f16_t* y, float* rstd_out, f16_t* sum_out, const f16_t* x, const f16_t* res, const f16_t* gamma, u32 rows, u32 d, float eps) { rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
-extern "C" __global__ void rms_rows_bwd_f16(f16_t* dx, float* partial, const f16_t* dy, const f16_t* dsum, const f16_t* x, const f16_t* gamma, const float* rstd, u32 rows, u32 d) { rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
+extern "C" __global__ void rms_rows_f32(float* y, float* rstd_out, float* sum_out, const float* x, const float* res, const float* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
+extern "C" __global__ void rms_rows_bwd_f32(float* dx, float* partial, const float* dy, const float* dsum, const float* x, const float* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
+extern "C" __global__ void rms_rows_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
+extern "C" __global__ void rms_rows_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
+extern "C" __global__ void rms_rows_f16(f16_t* y, float* rstd_out, f16_t* sum_out, const f16_t* x, const f16_t* res, const f16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
+extern "C" __global__ void rms_rows_bwd_f16(f16_t* dx, float* partial, const f16_t* dy, const f16_t* dsum, const f16_t* x, const f16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 // Layer norm (forward, dx) and softmax cross-entropy with rows in registers.
-extern "C" __global__ void ln_rows_f32(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma, const float* beta, u32 rows, u32 d, float eps) { ln_rows_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
-extern "C" __global__ void ln_rows_bf16(bf16_t* y, float* mean_out, float* rstd_out, const bf16_t* x, const bf16_t* gamma, const bf16_t* beta, u32 rows, u32 d, float eps) { ln_rows_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
-extern "C" __global__ void ln_rows_f16(f16_t* y, float* mean_out, float* rstd_out, const f16_t* x, const f16_t* gamma, const f16_t* beta, u32 rows, u32 d, float eps) { ln_rows_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
-extern "C" __global__ void ln_rows_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { ln_rows_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
-extern "C" __global__ void ln_rows_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { ln_rows_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
-extern "C" __global__ void ln_rows_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { ln_rows_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
-extern "C" __global__ void sx_rows_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { sx_rows_t(probs, row_loss, logits, labels, rows, c); }
-extern "C" __global__ void sx_rows_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { sx_rows_t(probs, row_loss, logits, labels, rows, c); }
-extern "C" __global__ void sx_rows_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { sx_rows_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void ln_rows_f32(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma, const float* beta, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); ln_rows_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void ln_rows_bf16(bf16_t* y, float* mean_out, float* rstd_out, const bf16_t* x, const bf16_t* gamma, const bf16_t* beta, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); ln_rows_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void ln_rows_f16(f16_t* y, float* mean_out, float* rstd_out, const f16_t* x, const f16_t* gamma, const f16_t* beta, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); ln_rows_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
+extern "C" __global__ void ln_rows_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); ln_rows_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void ln_rows_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); ln_rows_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void ln_rows_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); ln_rows_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
+extern "C" __global__ void sx_rows_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_rows_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void sx_rows_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_rows_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void sx_rows_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_rows_t(probs, row_loss, logits, labels, rows, c); }
 // The f32 grads of 16-bit parameters (mixed precision): the embedding table (RMSNorm's gamma
 // accumulates through col_partials_acc_f32).
-extern "C" __global__ void embedding_bwd_bf16_f32(float* dtable, const bf16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
-extern "C" __global__ void embedding_bwd_f16_f32(float* dtable, const f16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
+extern "C" __global__ void embedding_bwd_bf16_f32(float* dtable, const bf16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { GR_PDL_ENTRY(); embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
+extern "C" __global__ void embedding_bwd_f16_f32(float* dtable, const f16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { GR_PDL_ENTRY(); embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
 
 // AdamW's learning rate from its step count (state[0], u32 bits, already incremented): linear
 // warm-up to `peak` over `warmup` steps, then a cosine down to `floor_lr` at step `total`.
 extern "C" __global__ void lr_warmup_cosine_f32(float* lr, const float* state, float peak, float floor_lr, u32 warmup, u32 total) {
+    GR_PDL_ENTRY();
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     const u32 t = __float_as_uint(state[0]);
     if (t <= warmup) {
