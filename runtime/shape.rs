@@ -12,6 +12,11 @@ pub struct Shape {
     rank: u8,
 }
 
+/// The product of `dims`, or `None` when it does not fit in `usize`.
+pub(crate) fn checked_product(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
 impl Shape {
     /// A shape from a slice of dimensions; `None` past [`MAX_RANK`] dimensions.
     pub fn new(dims: &[usize]) -> Option<Shape> {
@@ -42,7 +47,7 @@ impl Shape {
     /// assert_eq!(Shape::new(&[usize::MAX, 2]).unwrap().checked_numel(), None);
     /// ```
     pub fn checked_numel(&self) -> Option<usize> {
-        self.dims().iter().try_fold(1usize, |n, d| n.checked_mul(*d))
+        checked_product(self.dims())
     }
 
     /// The number of dimensions.

@@ -222,5 +222,5 @@ impl ShapeProblem {
 
 /// The elements of `dims`, `usize::MAX` past what a `usize` counts.
 fn elements(dims: &[usize]) -> usize {
-    dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX)
+    crate::shape::checked_product(dims).unwrap_or(usize::MAX)
 }

@@ -113,7 +113,7 @@ impl std::fmt::Debug for Tensor {
 /// product overflows never do): a constructor from host values refuses a mismatch as a shape
 /// error, not as an allocation it made first.
 pub(crate) fn values_fit(op: &'static str, got: usize, dims: &[usize]) -> Result<()> {
-    if dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) == Some(got) {
+    if crate::shape::checked_product(dims) == Some(got) {
         Ok(())
     } else {
         Err(Error::shape(op, ShapeProblem::values(got, dims)))
