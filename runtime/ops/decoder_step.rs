@@ -16,9 +16,10 @@ const OP: &str = "DecoderStep";
 pub const DECODER_STEP_MAX_FUSED_BATCH: usize = 64;
 
 /// The batches [`DecoderStep::run`] gives the one kernel by default: every batch it takes (64
-/// sequences). On an H200 (the GPT of examples/gpt, 2026-12-04, one call) the kernel with its
-/// GEMM stages in row groups took 0.426 ms a token at batch 64 against the unfused ops' 0.508;
-/// before the row groups it lost there (0.559), and the default was 32.
+/// sequences). On an H200 (the GPT of examples/gpt, 2026-12-04, call A) the kernel with its
+/// GEMM stages in row groups took 0.426 ms a token at batch 64 against the unfused ops' 0.508
+/// and the kernel before the row groups' 0.559 (the default was then 32); the form landed
+/// measured 0.404 against 0.557 before the groups in another call (B).
 pub const DECODER_STEP_DEFAULT_FUSED_BATCH: usize = 64;
 
 /// One layer of a [`DecoderWeights`]: a pre-norm block `x + attn(rms_norm(x))`, then
