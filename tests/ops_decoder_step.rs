@@ -257,14 +257,16 @@ fn the_step_matches_the_unfused_ops_with_attention_in_teams_of_warps() {
 /// A sequence's logits and cache rows do not depend on the other sequences of its batch, bit for
 /// bit, among the batches of one bucket (the next power of two, which the kernel's summation
 /// order may depend on): 33 and 64 sequences (on CUDA, rows split into different groups of the
-/// GEMM stages and a lone 16-row tile at 33; attention in teams of 2 at both), 20 and 32. With
-/// `GRAPHED_DECODER_WPASS=5` some q/k/v tiles are one warp's at one batch and split over the
-/// warps at the other (their blocks hold 4 tiles at 33, 6 at 64), so this also checks that the
-/// two ways sum alike.
+/// GEMM stages and a lone 16-row tile at 33; attention in teams of 2 at both), 20 and 32. The
+/// hidden size, 600 (75 column tiles of the gate/up pair), gives 9 blocks of each of the 4
+/// groups 3 tiles at 64, which each warp then sums alone over all of K (`FD_WPASS_MIN` 3), where
+/// at 33 (3 groups) every block has at most 2 and splits K over its warps: this also checks that
+/// the two ways sum alike. (`GRAPHED_DECODER_WPASS=5` does the same for the q/k/v tiles, 4 a
+/// block at 33 and 6 at 64.)
 #[test]
 fn a_sequence_sums_alike_in_every_batch_of_its_bucket() {
     on_each_backend(|dev| {
-        let s = sizes(512, 8, 344, 64);
+        let s = sizes(512, 8, 600, 64);
         let m = Model::new(dev, s, 29)?;
         let lens: Vec<i32> = (0..64).map(|b| (b * 5) % 11).collect();
         for (few, many) in [(33, 64), (20, 32)] {

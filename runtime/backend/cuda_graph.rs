@@ -526,29 +526,44 @@ impl CudaBackend {
                 sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL => (NodeKind::Conditional, None),
                 _ => (NodeKind::Other, None),
             };
-            let mut ndeps = 0usize;
-            // SAFETY: sizing call, then a fill into a buffer of that size (skipped when empty:
-            // the driver rejects a non-null buffer with a zero count). The first version of
-            // the call (no edge data, which we do not read) is in every driver.
-            unsafe {
-                check(
-                    "cuGraphNodeGetDependencies",
-                    sys::cuGraphNodeGetDependencies(node, std::ptr::null_mut(), &mut ndeps),
-                )?
-            };
-            let mut deps = vec![std::ptr::null_mut(); ndeps];
-            if ndeps > 0 {
-                unsafe {
-                    check(
-                        "cuGraphNodeGetDependencies",
-                        sys::cuGraphNodeGetDependencies(node, deps.as_mut_ptr(), &mut ndeps),
-                    )?
-                };
-            }
+            let deps = self.dependencies_of(node)?;
             let dependencies = deps.iter().filter_map(|d| index.get(&(*d as usize)).copied()).collect();
             out.push(GraphNode { index: i, kind, kernel, dependencies });
         }
         Ok((out, nodes))
+    }
+
+    /// The nodes `node` depends on. CUDA 12.3's second version of the call also returns each
+    /// edge's data, which we do not read: an edge that carries data (the programmatic edges of
+    /// `GRAPHED_PDL=1` launches) makes the first version refuse to answer
+    /// (`CUDA_ERROR_LOSSY_QUERY`). Older drivers have only the first.
+    fn dependencies_of(&self, node: sys::CUgraphNode) -> Result<Vec<sys::CUgraphNode>> {
+        const NAME: &str = "cuGraphNodeGetDependencies";
+        let with_edges = self.driver_version >= FUNC_GET_NAME;
+        let mut n = 0usize;
+        // SAFETY: sizing call, then a fill into buffers of that size (skipped when empty: the
+        // driver rejects a non-null buffer with a zero count).
+        unsafe {
+            if with_edges {
+                check(NAME, sys::cuGraphNodeGetDependencies_v2(node, std::ptr::null_mut(), std::ptr::null_mut(), &mut n))?
+            } else {
+                check(NAME, sys::cuGraphNodeGetDependencies(node, std::ptr::null_mut(), &mut n))?
+            }
+        };
+        let mut deps = vec![std::ptr::null_mut(); n];
+        if n > 0 {
+            // SAFETY: zeroed edge data is valid plain data; both buffers hold `n` entries.
+            let mut edges: Vec<sys::CUgraphEdgeData> = vec![unsafe { std::mem::zeroed() }; n];
+            unsafe {
+                if with_edges {
+                    check(NAME, sys::cuGraphNodeGetDependencies_v2(node, deps.as_mut_ptr(), edges.as_mut_ptr(), &mut n))?
+                } else {
+                    check(NAME, sys::cuGraphNodeGetDependencies(node, deps.as_mut_ptr(), &mut n))?
+                }
+            };
+            deps.truncate(n);
+        }
+        Ok(deps)
     }
 
     /// Writes CUDA's own DOT dump of the graph to `path`.
@@ -585,9 +600,12 @@ fn capture_info(stream: sys::CUstream) -> Result<(sys::CUgraph, Vec<sys::CUgraph
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     let mut deps: *const sys::CUgraphNode = std::ptr::null();
     let mut count = 0usize;
-    // SAFETY: every output points to a local; the id and edge data are optional outputs left
-    // null (our edges carry no data). The dependency array is valid until the next call on
-    // the stream, and is copied before that.
+    // Edge data is asked for (and not read) because the driver refuses to leave it out where
+    // an edge carries some (a programmatic launch's, `GRAPHED_PDL=1`): what the caller adds
+    // after these nodes waits for them whole, which is stronger than any such edge.
+    let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
+    // SAFETY: every output points to a local; the id is an optional output left null. The
+    // arrays are valid until the next call on the stream, and are copied before that.
     unsafe {
         check(
             "cuStreamGetCaptureInfo",
@@ -597,7 +615,7 @@ fn capture_info(stream: sys::CUstream) -> Result<(sys::CUgraph, Vec<sys::CUgraph
                 std::ptr::null_mut(),
                 &mut graph,
                 &mut deps,
-                std::ptr::null_mut(),
+                &mut edges,
                 &mut count,
             ),
         )?
