@@ -35,9 +35,7 @@ const THREADS: u32 = 256;
 /// and `GRAPHED_DECODER_MT` the 16-row tiles the kernel is built for (`FD_MT`, 4; fewer take
 /// at most 16 a tile and compile less code), `GRAPHED_DECODER_WPASS` the fewest tasks for which
 /// a GEMM stage gives each (tile, row tile) to one warp (`FD_WPASS_MIN`, 3; 0: never; the
-/// same sums either way), `GRAPHED_DECODER_BULK=0` copies the weight rows with 16-byte
-/// `cp.async` where the default on sm_90 and later is one bulk copy a row (`FD_BULK`; the same
-/// bytes), for measurements.
+/// same sums either way), for measurements.
 /// `GRAPHED_DECODER_TRACE` (a folder) compiles the stage marks in (`FD_TRACE`), see
 /// [`decoder_trace_dir`]; `GRAPHED_DECODER_PTX` (a folder) receives each build's PTX
 /// (`decoder-{d_model}x{heads}x{hidden}.ptx`), to read its machine code with `ptxas -v` and
@@ -53,7 +51,6 @@ struct Knobs {
     fuse_o: Option<u32>,
     mt: u32,
     wpass: Option<u32>,
-    bulk: Option<u32>,
     trace: bool,
 }
 
@@ -75,7 +72,6 @@ impl Knobs {
                 fuse_o: env("GRAPHED_DECODER_FUSE_O").map(|n| n.min(64)),
                 mt: env("GRAPHED_DECODER_MT").map_or(4, |n| n.clamp(1, 4)),
                 wpass: env("GRAPHED_DECODER_WPASS"),
-                bulk: env("GRAPHED_DECODER_BULK").map(|b| b.min(1)),
                 trace: decoder_trace_dir().is_some(),
             }
         })
@@ -142,10 +138,6 @@ impl CudaBackend {
                 }
                 if let Some(n) = knobs.wpass {
                     options.push(format!("-DFD_WPASS_MIN={n}"));
-                }
-                // Bulk copies exist from sm_90 on; before, the kernel's default is off.
-                if let Some(b) = knobs.bulk.filter(|_| major >= 9) {
-                    options.push(format!("-DFD_BULK={b}"));
                 }
                 if knobs.trace {
                     options.push("-DFD_TRACE".into());

@@ -89,22 +89,6 @@
 #define FD_WPASS_MIN 3
 #endif
 
-// A stage's weight rows copied into fd_wbuf by the tensor memory accelerator (sm_90 on: one
-// cp.async.bulk a row, issued by one warp, completing on an mbarrier) instead of 16-byte
-// cp.async copies from every thread. The copies are the same bytes to the same places; what
-// changes is the issue: a block that arrives last at a barrier no longer spends its wait
-// issuing thousands of 16-byte copies (48 KB at the GPT's batch 64) before it can leave.
-#ifndef FD_BULK
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define FD_BULK 1
-#else
-#define FD_BULK 0
-#endif
-#endif
-#if FD_BULK && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#error "FD_BULK needs sm_90 (cp.async.bulk)"
-#endif
-
 // The fewest warps a team of the attention stage (fd_team_warps): 1, 2, 4 or 8 (8: one block a
 // task at every batch).
 #ifndef FD_ATEAM_MIN
@@ -250,10 +234,6 @@ struct FdShared {
     float rstd[FD_MT * 16];
     FdPart part[5];  // each GEMM stage kind's share of this block (FD_P_*, fd_part), once a launch
     int len[FD_MT * 16];  // the lengths at the q/k/v stage (where its keys and values go)
-#if FD_BULK
-    unsigned long long wbar;  // the mbarrier fd_wbuf's bulk copies complete on (FD_BULK)
-    u32 wpar, wcount;         // the parity of the phase the last copies complete, copies issued
-#endif
     long long erow[FD_MT * 16][2];  // each sequence's token and position rows (-1: bad)
 #ifdef FD_TRACE
     unsigned long long* trace;  // FD_TRACE_SLOTS words a stage and block (thread 0 writes them)
@@ -410,40 +390,13 @@ template <int K, bool PAIR> __device__ __forceinline__ FdPart fd_part(u32 n, u32
 }
 
 // Starts copying this block's weight rows of a stage (w, n columns, pair and part as fd_gemm's) into
-// fd_wbuf; fd_gemm waits for them (fd_wait_weights). Call after every warp has finished the
-// previous stage's reads of fd_wbuf (the kernel calls it at its start, and after fd_arrive's
-// block barrier), and before a block barrier that precedes the wait (FD_BULK: thread 0 records
-// the phase to wait for in sh.wpar). Every call is waited for once, in the order of the calls.
-template <int K, bool PAIR> __device__ __forceinline__ void fd_prefetch(FdShared& sh, const bf16_t* w, u32 n, u32 pair, const FdPart part) {
+// fd_wbuf; fd_gemm waits for them. Call after every warp has finished the previous stage's
+// reads of fd_wbuf (the kernel calls it at its start, and after fd_arrive's block barrier).
+template <int K, bool PAIR> __device__ __forceinline__ void fd_prefetch(const bf16_t* w, u32 n, u32 pair, const FdPart part) {
     using P = FdW<K, PAIR>;
+    constexpr u32 CPR = K / 8;  // 16-byte chunks a row (K % 8 == 0: the host checks)
     const u32 tiles = part.rows > 0 ? fd_block_tiles(n, part.vb, part.vg) : 0u;
     const u32 npf = tiles < P::FIT ? tiles : P::FIT;
-#if FD_BULK
-    // Warp 0: lane 0 arms the barrier for every byte (one arrival, which with no rows completes
-    // the phase at once), then each lane issues whole rows (K * 2 bytes, 16-byte aligned at
-    // both ends: K % 8 == 0 and P::SW * 4 a multiple of 16).
-    if (threadIdx.x < 32) {
-        const u32 rows = npf * P::ROWS;
-        const u32 bar = (u32)__cvta_generic_to_shared(&sh.wbar);
-        if (threadIdx.x == 0) {
-            sh.wpar = sh.wcount & 1u;
-            sh.wcount += 1u;
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(rows * K * 2u) : "memory");
-        }
-        __syncwarp();
-        for (u32 row = threadIdx.x; row < rows; row += 32) {
-            const u32 ti = row / P::ROWS, r = row - ti * P::ROWS;
-            const u32 tile = part.vb + ti * part.vg;
-            const u32 wr = (PAIR && r >= 8) ? pair + tile * 8 + (r - 8) : tile * 8 + r;
-            const u32 dst = (u32)__cvta_generic_to_shared(fd_wbuf + row * P::SW);
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(w + (u64)wr * K),
-                         "r"(K * 2u), "r"(bar)
-                         : "memory");
-        }
-    }
-#else
-    constexpr u32 CPR = K / 8;  // 16-byte chunks a row (K % 8 == 0: the host checks)
     const u32 total = npf * P::ROWS * CPR;
     for (u32 c = threadIdx.x; c < total; c += FD_THREADS) {
         const u32 row = c / CPR, o = c - row * CPR;
@@ -455,41 +408,6 @@ template <int K, bool PAIR> __device__ __forceinline__ void fd_prefetch(FdShared
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-// Waits (every thread) for the weight rows of the last fd_prefetch; a block barrier must follow
-// before any thread reads rows another thread copied (the cp.async form: each thread waits
-// for its own copies only).
-__device__ __forceinline__ void fd_wait_weights(FdShared& sh) {
-#if FD_BULK
-    const u32 bar = (u32)__cvta_generic_to_shared(&sh.wbar), par = sh.wpar;
-    u32 done = 0;
-    while (!done) {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(bar), "r"(par)
-                     : "memory");
-    }
-#else
-    (void)sh;
-    asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-
-// Once a launch, before the first fd_prefetch and a block barrier: the bulk copies' mbarrier.
-__device__ __forceinline__ void fd_init_weights(FdShared& sh) {
-#if FD_BULK
-    if (threadIdx.x == 0) {
-        const u32 bar = (u32)__cvta_generic_to_shared(&sh.wbar);
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        sh.wcount = 0u;
-    }
-#else
-    (void)sh;
-#endif
 }
 
 // fd_gemm's row sources: a's rows ([batch, K] bf16, read through L2), or the embeddings' sum
@@ -891,7 +809,7 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a_all, Src s
     const u32 mine = batch > 0 ? fd_block_tiles(n, part.vb, part.vg) : 0u;
     const bool keeper = keep != nullptr && part.vb == 0 && batch > 0;
     if (mine == 0 && !keeper) {
-        fd_wait_weights(sh);
+        asm volatile("cp.async.wait_all;" ::: "memory");
         return;
     }
     // The activation buffer: whole rows of P::SW words, or chunks of ksc K steps (sw words a
@@ -928,7 +846,7 @@ __device__ __forceinline__ void fd_gemm(FdShared& sh, const bf16_t* a_all, Src s
     } else if constexpr (NORM) {
         fd_rstd(sh, batch, eps, [&](u32 b, u32 c) { return fd_ld128cg(a + (u64)b * K + c * 8); });
     }
-    fd_wait_weights(sh);
+    asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
     if (mine == 0) return;
     FD_MARK(sh, FD_T_READY);
@@ -1267,7 +1185,6 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     // The attention stage's teams (one block a task where the tasks fit the grid, and with fuse_o).
     const u32 ateam = fuse_o ? FD_WARPS : fd_team_warps(batch);
     unsigned long long target = fd_sync_base(bar);
-    fd_init_weights(sh);
     // Each GEMM stage kind's share of this block, once (see fd_part).
     switch (threadIdx.x) {
         case FD_P_QKV: sh.part[FD_P_QKV] = fd_part<FD_D, false>(3 * FD_D, batch); break;
@@ -1279,9 +1196,9 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     }
     __syncthreads();
     if (H.layers > 0) {
-        fd_prefetch<FD_D, false>(sh, layers[0].qkv, 3 * FD_D, 0, sh.part[FD_P_QKV]);
+        fd_prefetch<FD_D, false>(layers[0].qkv, 3 * FD_D, 0, sh.part[FD_P_QKV]);
     } else {
-        fd_prefetch<FD_D, false>(sh, H.head, H.vocab, 0, sh.part[FD_P_HEAD]);
+        fd_prefetch<FD_D, false>(H.head, H.vocab, 0, sh.part[FD_P_HEAD]);
     }
 
     // The embeddings' sum, rounded as add_rms_norm rounds its residual sum. A bad id or
@@ -1341,9 +1258,9 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
         }
         fd_arrive(sh, bar, target);
         if (fuse_o) {
-            fd_prefetch<FD_D, true>(sh, L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU]);
+            fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU]);
         } else {
-            fd_prefetch<FD_D, false>(sh, L.wo, FD_D, 0, sh.part[FD_P_O]);
+            fd_prefetch<FD_D, false>(L.wo, FD_D, 0, sh.part[FD_P_O]);
         }
         fd_wait(sh, bar, target);
         switch (ateam) {
@@ -1375,22 +1292,22 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
                 fd_st(x, (u64)b * FD_D + j, r + fd_round(v));
             });
             fd_arrive(sh, bar, target);
-            fd_prefetch<FD_D, true>(sh, L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU]);
+            fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU]);
             fd_wait(sh, bar, target);
             // RMSNorm, gate and up, SwiGLU.
             fd_gemm<FD_D, true, true, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm2, L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU], eps, nullptr, swiglu_out);
         }
         fd_arrive(sh, bar, target);
-        fd_prefetch<FD_HID, false>(sh, L.down, FD_D, 0, sh.part[FD_P_DOWN]);
+        fd_prefetch<FD_HID, false>(L.down, FD_D, 0, sh.part[FD_P_DOWN]);
         fd_wait(sh, bar, target);
         fd_gemm<FD_HID, false, false, true>(sh, s, FdRows<FD_HID>{s}, nullptr, nullptr, L.down, FD_D, 0, sh.part[FD_P_DOWN], eps, fuse_o ? x2 : x, [&](u32 b, u32 j, float v, float, float r) {
             fd_st(x, (u64)b * FD_D + j, r + fd_round(v));
         });
         fd_arrive(sh, bar, target);
         if (li + 1 < H.layers) {
-            fd_prefetch<FD_D, false>(sh, layers[li + 1].qkv, 3 * FD_D, 0, sh.part[FD_P_QKV]);
+            fd_prefetch<FD_D, false>(layers[li + 1].qkv, 3 * FD_D, 0, sh.part[FD_P_QKV]);
         } else {
-            fd_prefetch<FD_D, false>(sh, H.head, H.vocab, 0, sh.part[FD_P_HEAD]);
+            fd_prefetch<FD_D, false>(H.head, H.vocab, 0, sh.part[FD_P_HEAD]);
         }
         fd_wait(sh, bar, target);
     }
