@@ -47,6 +47,7 @@ GPT_SHAPES = "gpt-shapes-2026-12-01.json"
 GPT_NOW = "gpt-shapes-2026-12-01f.json"
 # The latest call against torch.compile (our per-layer graphs, our floor and torch.compile).
 GPT_LATEST = "gpt-shapes-2026-12-03c.json"
+GPT_PDL = "gpt-pdl-2026-12-04g.json"
 FLASH = "flash-vs-torch-2026-12-01.json"
 FLASH_RT = "attention-bench-2026-12-01.json"
 FLASH_CUDNN = "attention-cudnn-2026-12-01b.json"
@@ -272,6 +273,24 @@ def gpt_latest():
     return shapes_table(GPT_LATEST)
 
 
+def gpt_pdl():
+    """Ours per layer with and without programmatic dependent launch, and torch.compile, in one call."""
+    doc = load(GPT_PDL)
+    out = [
+        "| context x batch | ours, one graph per layer | the same with `GRAPHED_PDL=1` | PDL / plain | "
+        "`torch.compile` (reduce-overhead) | ours / it | ours with PDL / it |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in doc["rows"]:
+        g, p, c = r["ours_graphed"], r["ours_pdl"], r["torch"]["compile"]
+        out.append(
+            f"| {r['context']}x{r['batch']} | {g['tokens_per_s'] / 1e3:,.0f}k | {p['tokens_per_s'] / 1e3:,.0f}k | "
+            f"{x(p['tokens_per_s'] / g['tokens_per_s'], 3)} | {c['tokens_per_s'] / 1e3:,.0f}k | "
+            f"{x(g['tokens_per_s'] / c['tokens_per_s'])} | {x(p['tokens_per_s'] / c['tokens_per_s'])} |"
+        )
+    return "\n".join(out) + f"\n\n({doc['steps']} steps a run, bf16, {rel(GPT_PDL)}.)"
+
+
 def shapes_table(name):
     """Ours per layer, our floor and torch.compile at each shape of one call's file."""
     doc = load(name)
@@ -425,6 +444,7 @@ BLOCKS = {
     "gpt-ratio": gpt_ratio,
     "gpt-shapes": gpt_shapes,
     "gpt-latest": gpt_latest,
+    "gpt-pdl": gpt_pdl,
 }
 
 MARK = re.compile(r"(<!-- rendered:([a-z0-9-]+) -->)(.*?)(<!-- /rendered -->)", re.S)
