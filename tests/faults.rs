@@ -5,10 +5,10 @@
 //! failed `make_graphed` hands the module back with its parameters, grads, the RNG state and
 //! the pools as they were. Then the sweep: representative workloads (the MLP stack, a 2-chunk
 //! pipeline with buffer reuse and `w(c)` weight grads, the fused step, a data-parallel step on
-//! emulated ranks, a safetensors save and load) run once per fault point with that point
-//! failing (`graphed::fault`), and each run must end in a typed error (no panic) that leaves
-//! parameters, grads, the RNG state, the pools' bytes (and the file, for a save) exactly as
-//! before, with the modules handed back where the call takes them by value; the same call,
+//! emulated ranks, a safetensors save and load, a decoder step over its KV caches) run once
+//! per fault point with that point failing (`graphed::fault`), and each run must end in a typed
+//! error (no panic) that leaves parameters, grads, the RNG state, the pools' bytes (and the
+//! file, for a save; the caches, for a decoder step) exactly as before, with the modules handed back where the call takes them by value; the same call,
 //! retried without the fault, must then succeed and give what a run that never failed gives.
 
 mod common;
@@ -90,7 +90,7 @@ impl Snapshot {
             d.push(format!("device bytes reserved {} -> {}", self.reserved_elsewhere, after.reserved_elsewhere));
         }
         if self.extra != after.extra {
-            d.push("the file".into());
+            d.push("the workload's other state (a file's bytes, the caches)".into());
         }
         d.join(", ")
     }
@@ -240,7 +240,7 @@ trait Workload {
     fn params(&self, st: &Self::State) -> Vec<Param>;
     /// The pools whose bytes must not change (besides the device's default pool).
     fn pools(&self, st: &Self::State) -> Vec<GraphPool>;
-    /// Other state a failed call must leave alone (bytes of a file).
+    /// Other state a failed call must leave alone (bytes of a file, a decoder's caches).
     fn extra(&self, _st: &Self::State) -> Vec<u8> {
         Vec::new()
     }
@@ -736,6 +736,141 @@ impl Workload for Checkpoint {
     }
 }
 
+/// A decoder's step over its KV caches (`ops::DecoderStep`): `new` (on CUDA it writes the
+/// one kernel's table), then one `run` of 3 sequences that appends to every layer's cache. A
+/// failed run leaves every cache as it was: its lengths, and what they cover.
+struct Decoding;
+
+/// Sizes of the decoding workload: vocab, context, d_model, heads, hidden, cache length,
+/// cached sequences, layers.
+const DEC: (usize, usize, usize, usize, usize, usize, usize, usize) = (16, 8, 8, 2, 16, 6, 3, 2);
+
+struct DecodingState {
+    dev: Device,
+    /// tok, pos, head_norm, head, then per layer norm1, qkv, wo, norm2, gate_up, down.
+    weights: Vec<Tensor>,
+    /// Per layer: k cache, v cache, lengths.
+    caches: Vec<[Tensor; 3]>,
+    step: Option<ops::DecoderStep>,
+    ids: Tensor,
+    positions: Tensor,
+    logits: Option<Tensor>,
+}
+
+impl DecodingState {
+    fn step(&self) -> Result<ops::DecoderStep> {
+        let (_, _, _, heads, ..) = DEC;
+        let w = &self.weights;
+        let layers = self
+            .caches
+            .iter()
+            .enumerate()
+            .map(|(i, [k, v, l])| {
+                let lw = &w[4 + 6 * i..4 + 6 * (i + 1)];
+                ops::DecoderLayer {
+                    norm1: &lw[0],
+                    qkv: &lw[1],
+                    wo: &lw[2],
+                    norm2: &lw[3],
+                    gate_up: &lw[4],
+                    down: &lw[5],
+                    k_cache: k,
+                    v_cache: v,
+                    lengths: l,
+                }
+            })
+            .collect();
+        let dw =
+            ops::DecoderWeights { tok: &w[0], pos: &w[1], layers, head_norm: &w[2], head: &w[3], heads, eps: 1e-5 };
+        ops::DecoderStep::new(&dw)
+    }
+}
+
+impl Workload for Decoding {
+    type State = DecodingState;
+    const CALLS: &'static [&'static str] = &["DecoderStep::new", "DecoderStep::run"];
+
+    fn setup(&self, dev: &Device, call: usize) -> Result<DecodingState> {
+        let (vocab, ctx, d, heads, hidden, max_len, seqs, layers) = DEC;
+        let mut dims = vec![vec![vocab, d], vec![ctx, d], vec![d], vec![vocab, d]];
+        for _ in 0..layers {
+            dims.extend([vec![d], vec![3 * d, d], vec![d, d], vec![d], vec![2 * hidden, d], vec![d, hidden]]);
+        }
+        let weights =
+            dims.iter().enumerate().map(|(i, dims)| random(dev, dims, 200 + i as u64)).collect::<Result<_>>()?;
+        let lens = [2, 0, 3];
+        let caches = (0..layers)
+            .map(|i| -> Result<[Tensor; 3]> {
+                let cache = [seqs, heads, max_len, d / heads];
+                Ok([
+                    random(dev, &cache, 300 + i as u64)?,
+                    random(dev, &cache, 400 + i as u64)?,
+                    Tensor::from_i32(dev, &lens, &[seqs])?,
+                ])
+            })
+            .collect::<Result<_>>()?;
+        let ids = Tensor::from_slice(dev, &[3.0, 7.0, 1.0], &[seqs])?;
+        let positions = Tensor::from_slice(dev, &lens.map(|l| l as f32), &[seqs])?;
+        let mut st = DecodingState { dev: dev.clone(), weights, caches, step: None, ids, positions, logits: None };
+        if call > 0 {
+            st.step = Some(st.step()?);
+        }
+        Ok(st)
+    }
+
+    fn call(&self, st: &mut DecodingState, call: usize) -> Result<()> {
+        match call {
+            0 => st.step = Some(st.step()?),
+            _ => st.logits = Some(st.step.as_ref().expect("the step").run(&st.ids, &st.positions)?),
+        }
+        Ok(())
+    }
+
+    fn params(&self, _st: &DecodingState) -> Vec<Param> {
+        Vec::new()
+    }
+
+    fn pools(&self, _st: &DecodingState) -> Vec<GraphPool> {
+        Vec::new()
+    }
+
+    /// The weights, each cache's lengths and the keys and values they cover (positions past a
+    /// length hold nothing: a failed step may have written there).
+    fn extra(&self, st: &DecodingState) -> Vec<u8> {
+        let (_, _, d, heads, _, max_len, ..) = DEC;
+        let mut out = Vec::new();
+        let mut push = |v: &[f32]| out.extend(v.iter().flat_map(|x| x.to_bits().to_le_bytes()));
+        for w in &st.weights {
+            push(&w.to_vec().expect("weights"));
+        }
+        for [k, v, l] in &st.caches {
+            let lens = l.to_i32_vec().expect("lengths");
+            push(&lens.iter().map(|&x| x as f32).collect::<Vec<_>>());
+            let (k, v) = (k.to_vec().expect("k cache"), v.to_vec().expect("v cache"));
+            let hd = d / heads;
+            for (b, &len) in lens.iter().enumerate() {
+                for h in 0..heads {
+                    let at = (b * heads + h) * max_len * hd;
+                    let n = len.clamp(0, max_len as i32) as usize * hd;
+                    push(&k[at..at + n]);
+                    push(&v[at..at + n]);
+                }
+            }
+        }
+        out
+    }
+
+    fn observe(&self, st: &mut DecodingState, _call: usize) -> Result<Vec<Vec<u32>>> {
+        let mut out = vec![self.extra(st).into_iter().map(u32::from).collect()];
+        out.push(vec![u32::from(st.step.as_ref().is_some_and(|s| s.is_fused()))]);
+        if let Some(l) = &st.logits {
+            out.push(bits(l)?);
+        }
+        let _ = &st.dev;
+        Ok(out)
+    }
+}
+
 /// One rank's outcome in the data-parallel sweep: the error it ended with (a failed capture,
 /// or a replay the group's abort failed), the passes counted during the swept call (rank 0),
 /// and its parameter grads after the step.
@@ -875,6 +1010,7 @@ fn every_fault_point_is_a_typed_error_that_leaves_nothing_behind() {
             sweep(dev, "2-chunk pipeline, reuse and w(c)", &Pipeline, report)?;
             sweep(dev, "fused step", &Fused, report)?;
             sweep(dev, "safetensors", &Checkpoint, report)?;
+            sweep(dev, "decoder step", &Decoding, report)?;
             for call in 0..2 {
                 std::fs::remove_file(temp_file(&format!("call{call}"), dev)).ok();
             }

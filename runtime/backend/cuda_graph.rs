@@ -545,7 +545,10 @@ impl CudaBackend {
         // driver rejects a non-null buffer with a zero count).
         unsafe {
             if with_edges {
-                check(NAME, sys::cuGraphNodeGetDependencies_v2(node, std::ptr::null_mut(), std::ptr::null_mut(), &mut n))?
+                check(
+                    NAME,
+                    sys::cuGraphNodeGetDependencies_v2(node, std::ptr::null_mut(), std::ptr::null_mut(), &mut n),
+                )?
             } else {
                 check(NAME, sys::cuGraphNodeGetDependencies(node, std::ptr::null_mut(), &mut n))?
             }
@@ -556,7 +559,10 @@ impl CudaBackend {
             let mut edges: Vec<sys::CUgraphEdgeData> = vec![unsafe { std::mem::zeroed() }; n];
             unsafe {
                 if with_edges {
-                    check(NAME, sys::cuGraphNodeGetDependencies_v2(node, deps.as_mut_ptr(), edges.as_mut_ptr(), &mut n))?
+                    check(
+                        NAME,
+                        sys::cuGraphNodeGetDependencies_v2(node, deps.as_mut_ptr(), edges.as_mut_ptr(), &mut n),
+                    )?
                 } else {
                     check(NAME, sys::cuGraphNodeGetDependencies(node, deps.as_mut_ptr(), &mut n))?
                 }

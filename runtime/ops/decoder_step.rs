@@ -392,7 +392,9 @@ impl DecoderStep {
     /// The logits (`[batch, out_vocab]`, the weights' dtype) of one new token per sequence:
     /// `ids` (token ids) at `positions`, both f32 `[batch]`, `batch` at most the caches'
     /// sequences (the first `batch` of them are read and written). Appends every layer's keys
-    /// and values at each sequence's length and advances the lengths. See [`DecoderStep`].
+    /// and values at each sequence's length and advances the lengths. A step that fails (out of
+    /// memory, a failed launch) leaves every cache's lengths, and what they cover, as they
+    /// were, so the same step can be run again. See [`DecoderStep`].
     pub fn run(&self, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
         let batch = self.check_inputs(ids, positions)?;
         match (&self.fused, exec(ids.device())) {
@@ -413,8 +415,33 @@ impl DecoderStep {
         self.unfused(ids, positions, batch)
     }
 
-    /// [`DecoderStep::run_unfused`] on checked inputs of `batch` sequences.
+    /// [`DecoderStep::run_unfused`] on checked inputs of `batch` sequences. Its layers append
+    /// to their caches one after the other, so a step that fails partway (out of memory, a
+    /// failed launch) would leave the first layers' lengths advanced: outside a capture the
+    /// lengths are copied first and put back on such a failure, so that it leaves every cache
+    /// as it was (what the lengths cover; past them a failed step may have written). A full
+    /// cache or a bad token is a report, not a failure: the step ran for the other sequences
+    /// (on CUDA every layer; the host stops at the first layer's report), as the kernel's does.
+    /// Inside a capture nothing runs, and a failure ends the capture.
     fn unfused(&self, ids: &Tensor, positions: &Tensor, batch: usize) -> Result<Tensor> {
+        if ids.device().is_capturing() {
+            return self.unfused_steps(ids, positions, batch);
+        }
+        let lengths: Vec<&Tensor> = self.layers.iter().map(|l| &l.lengths).collect();
+        let saved = lengths.iter().map(|l| l.deep_clone()).collect::<Result<Vec<_>>>()?;
+        self.unfused_steps(ids, positions, batch).inspect_err(|e| {
+            if matches!(e.root(), Error::CacheFull { .. } | Error::TokenOutOfRange { .. }) {
+                return;
+            }
+            // The copies back are the only way to undo the appends; where one fails too (the
+            // device is failing), the step's own error is the one to report.
+            for (l, s) in lengths.iter().zip(&saved) {
+                let _ = l.copy_(s);
+            }
+        })
+    }
+
+    fn unfused_steps(&self, ids: &Tensor, positions: &Tensor, batch: usize) -> Result<Tensor> {
         let d = self.tok.dims()[1];
         let tok = ops::embedding(ids, &self.tok)?;
         let pos = ops::embedding(positions, &self.pos)?;
