@@ -5,11 +5,13 @@
 //! failed `make_graphed` hands the module back with its parameters, grads, the RNG state and
 //! the pools as they were. Then the sweep: representative workloads (the MLP stack, a 2-chunk
 //! pipeline with buffer reuse and `w(c)` weight grads, the fused step, a data-parallel step on
-//! emulated ranks, a safetensors save and load, a decoder step over its KV caches) run once
-//! per fault point with that point failing (`graphed::fault`), and each run must end in a typed
-//! error (no panic) that leaves parameters, grads, the RNG state, the pools' bytes (and the
-//! file, for a save; the caches, for a decoder step) exactly as before, with the modules handed back where the call takes them by value; the same call,
-//! retried without the fault, must then succeed and give what a run that never failed gives.
+//! emulated ranks, a safetensors save and load, a decoder step over its KV caches, an eager
+//! optimizer step) run once per fault point with that point failing (`graphed::fault`), and
+//! each run must end in a typed error (no panic) that leaves parameters, grads, the RNG
+//! state, the pools' bytes (and the file, for a save; the caches, for a decoder step; the
+//! moments, masters and step count, for an optimizer) exactly as before, with the modules
+//! handed back where the call takes them by value; the same call, retried without the fault,
+//! must then succeed and give what a run that never failed gives.
 
 mod common;
 #[path = "../examples/common/split_linear.rs"]
@@ -871,6 +873,95 @@ impl Workload for Decoding {
     }
 }
 
+/// One optimizer step, eager, in its default form (one launch over every parameter): AdamW
+/// over f32 weights, and the mixed-precision AdamW over bf16 weights. A failed step leaves the
+/// weights, grads, masters, moments and step count as they were. Not swept, because they do
+/// not hold to it yet: `Launches::PerTensor` (a failed launch leaves the parameters before it
+/// updated) and a loss scaler (its unscale divides the grads in place before the update).
+struct Optimizer;
+
+enum Opt {
+    Adam(graphed::optim::AdamW),
+    Mixed(graphed::optim::MixedAdamW),
+}
+
+struct OptimizerState {
+    params: Vec<Param>,
+    opt: Opt,
+}
+
+impl Workload for Optimizer {
+    type State = OptimizerState;
+    const CALLS: &'static [&'static str] = &["AdamW::step", "MixedAdamW::step (bf16)"];
+
+    fn setup(&self, dev: &Device, call: usize) -> Result<OptimizerState> {
+        use graphed::optim::{AdamW, AdamWConfig, MixedAdamW};
+        use graphed::DType;
+        let dtype = if call == 0 { DType::F32 } else { DType::BF16 };
+        let params = (0..3)
+            .map(|i| -> Result<Param> {
+                let dims = [[H, H], [H, 1], [2, H]][i];
+                let value =
+                    Tensor::from_slice_as(dev, &common::random_vec(dims[0] * dims[1], 500 + i as u64), &dims, dtype)?;
+                let p = Param::new(value)?;
+                p.grad.copy_from_slice(&common::random_vec(p.grad.numel(), 600 + i as u64))?;
+                Ok(p)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let config = AdamWConfig { lr: 1e-2, ..Default::default() };
+        let opt = match call {
+            0 => Opt::Adam(AdamW::new(&params, config)?),
+            _ => Opt::Mixed(MixedAdamW::new(&params, config, None)?),
+        };
+        Ok(OptimizerState { params, opt })
+    }
+
+    fn call(&self, st: &mut OptimizerState, _call: usize) -> Result<()> {
+        match &st.opt {
+            Opt::Adam(o) => o.step(),
+            Opt::Mixed(o) => o.step(),
+        }
+    }
+
+    fn params(&self, st: &OptimizerState) -> Vec<Param> {
+        st.params.clone()
+    }
+
+    fn pools(&self, _st: &OptimizerState) -> Vec<GraphPool> {
+        Vec::new()
+    }
+
+    /// The moments, the masters and the step count.
+    fn extra(&self, st: &OptimizerState) -> Vec<u8> {
+        let mut tensors: Vec<Tensor> = Vec::new();
+        let mut words = Vec::new();
+        match &st.opt {
+            Opt::Adam(o) => {
+                let (m, v) = o.moments();
+                tensors.extend(m.iter().chain(v).cloned());
+                words.push(o.step_count().expect("step count"));
+            }
+            Opt::Mixed(o) => {
+                let (m, v) = o.moments();
+                tensors.extend(m.iter().chain(v).cloned());
+                tensors.extend(o.masters().iter().map(|p| p.value.clone()));
+                words.push(o.step_count().expect("step count"));
+            }
+        }
+        let mut out: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        for t in tensors {
+            out.extend(bits(&t).expect("tensor").iter().flat_map(|w| w.to_le_bytes()));
+        }
+        out
+    }
+
+    fn observe(&self, st: &mut OptimizerState, _call: usize) -> Result<Vec<Vec<u32>>> {
+        let mut out = param_bits(&st.params)?;
+        out.push(self.extra(st).into_iter().map(u32::from).collect());
+        Ok(out)
+    }
+}
+
 /// One rank's outcome in the data-parallel sweep: the error it ended with (a failed capture,
 /// or a replay the group's abort failed), the passes counted during the swept call (rank 0),
 /// and its parameter grads after the step.
@@ -1011,6 +1102,7 @@ fn every_fault_point_is_a_typed_error_that_leaves_nothing_behind() {
             sweep(dev, "fused step", &Fused, report)?;
             sweep(dev, "safetensors", &Checkpoint, report)?;
             sweep(dev, "decoder step", &Decoding, report)?;
+            sweep(dev, "optimizer step", &Optimizer, report)?;
             for call in 0..2 {
                 std::fs::remove_file(temp_file(&format!("call{call}"), dev)).ok();
             }

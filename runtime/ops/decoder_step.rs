@@ -7,6 +7,7 @@ use crate::backend::cuda_decoder::{decoder_max_batch, decoder_trace_dir, Decoder
 use crate::backend::{CudaBackend, KArg};
 use crate::error::OpError;
 use crate::ops::{self, at_most, check_like, exec, Exec};
+use crate::tensor::restoring;
 use crate::{DType, Device, Error, Result, ShapeProblem, Tensor};
 
 const OP: &str = "DecoderStep";
@@ -424,21 +425,9 @@ impl DecoderStep {
     /// (on CUDA every layer; the host stops at the first layer's report), as the kernel's does.
     /// Inside a capture nothing runs, and a failure ends the capture.
     fn unfused(&self, ids: &Tensor, positions: &Tensor, batch: usize) -> Result<Tensor> {
-        if ids.device().is_capturing() {
-            return self.unfused_steps(ids, positions, batch);
-        }
         let lengths: Vec<&Tensor> = self.layers.iter().map(|l| &l.lengths).collect();
-        let saved = lengths.iter().map(|l| l.deep_clone()).collect::<Result<Vec<_>>>()?;
-        self.unfused_steps(ids, positions, batch).inspect_err(|e| {
-            if matches!(e.root(), Error::CacheFull { .. } | Error::TokenOutOfRange { .. }) {
-                return;
-            }
-            // The copies back are the only way to undo the appends; where one fails too (the
-            // device is failing), the step's own error is the one to report.
-            for (l, s) in lengths.iter().zip(&saved) {
-                let _ = l.copy_(s);
-            }
-        })
+        let failed = |e: &Error| !matches!(e.root(), Error::CacheFull { .. } | Error::TokenOutOfRange { .. });
+        restoring(&lengths, failed, || self.unfused_steps(ids, positions, batch))
     }
 
     fn unfused_steps(&self, ids: &Tensor, positions: &Tensor, batch: usize) -> Result<Tensor> {

@@ -7,6 +7,7 @@ use crate::backend::{BuiltinKernel, KArg, LaunchDims, Ptr, ScaleUpdate};
 use crate::conditional::{self, Before, Condition};
 use crate::error::OptimError;
 use crate::ops::{cpu, exec, fill_, n32, Exec};
+use crate::tensor::restoring;
 use crate::{DType, Device, Error, Param, Result, Tensor};
 
 /// Hyper-parameters of [`LossScaler`]; the defaults are PyTorch's `GradScaler`'s.
@@ -313,6 +314,11 @@ pub(super) mod sealed {
         fn check(&self) -> Result<()> {
             Ok(())
         }
+        /// The small tensors `prepare` changes (a step count, a scheduled rate), which a step
+        /// that fails after it puts back.
+        fn step_state(&self) -> Vec<&Tensor> {
+            Vec::new()
+        }
         /// The same optimizer launching as `launches` says (where it has a choice).
         fn launching(self, launches: Launches) -> Self {
             let _ = launches;
@@ -408,7 +414,11 @@ impl<O: sealed::Master> Mixed<O> {
     /// One update: unscale and check (with a scaler), the optimizer's per-step work, the
     /// update of every parameter (master and model weights; one kernel for AdamW, one a
     /// parameter for SGD or with [`Launches::PerTensor`]), and the scale update. Capturable; no
-    /// host sync.
+    /// host sync. Eager, a step that fails (a failed launch) leaves the step count, the rate
+    /// and the scale as they were, and AdamW's with the default launches and no scaler
+    /// everything else too. Not yet the rest: the scaler's unscale divides the grads in place
+    /// before the update, and one launch a parameter leaves those before the failed launch
+    /// updated.
     pub fn step(&self) -> Result<()> {
         self.update(false)
     }
@@ -420,11 +430,26 @@ impl<O: sealed::Master> Mixed<O> {
     }
 
     fn update(&self, zero: bool) -> Result<()> {
-        if self.launches == Launches::PerTensor {
-            return self.update_per_tensor(zero);
+        if self.launches == Launches::MultiTensor {
+            self.inputs.grads.check()?;
+            self.inner.check()?;
         }
-        self.inputs.grads.check()?;
-        self.inner.check()?;
+        // The step count, the scheduled rate and the scale change in the first launches: a
+        // failed update after them puts them back (see `restoring`).
+        let mut state = self.inner.step_state();
+        state.extend(self.scaler.as_ref().map(|s| &s.state));
+        restoring(
+            &state,
+            |_| true,
+            || match self.launches {
+                Launches::PerTensor => self.update_per_tensor(zero),
+                Launches::MultiTensor => self.update_tables(zero),
+            },
+        )
+    }
+
+    /// The step over the multi-tensor tables (checked).
+    fn update_tables(&self, zero: bool) -> Result<()> {
         let Some(scaler) = &self.scaler else {
             self.inner.prepare(&self.inputs.no_scaler)?;
             return self.inner.update_all(&self.model, &self.inputs.no_scaler, zero_bits(zero));

@@ -109,6 +109,10 @@ impl Master for AdamW {
         self.check_tables()
     }
 
+    fn step_state(&self) -> Vec<&Tensor> {
+        vec![&self.state, &self.lr]
+    }
+
     fn launching(self, launches: Launches) -> AdamW {
         self.with_launches(launches)
     }

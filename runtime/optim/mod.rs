@@ -38,6 +38,7 @@ pub use schedule::WarmupCosine;
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::error::OptimError;
 use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
+use crate::tensor::restoring;
 use crate::{DType, Device, Param, Parameters, Result, Tensor};
 use multi_tensor::{Row, TensorTable, G, M, MODEL, P, V};
 
@@ -509,7 +510,10 @@ impl AdamW {
 
     /// One update of every parameter: the step-count kernel, the schedule kernel (with
     /// [`AdamW::with_schedule`]), then one kernel over every parameter (one per parameter with
-    /// [`Launches::PerTensor`]). Capturable.
+    /// [`Launches::PerTensor`]). Capturable. Eager, a step that fails (a failed launch) leaves
+    /// the step count and the rate as they were, and with the default launches everything
+    /// else too: the update is its last launch. With [`Launches::PerTensor`] the parameters
+    /// updated before the failed launch keep their update.
     pub fn step(&self) -> Result<()> {
         self.update(false)
     }
@@ -536,6 +540,12 @@ impl AdamW {
         if self.launches == Launches::MultiTensor {
             self.check_tables()?;
         }
+        // The step count and the scheduled rate change in the first launches: a failed update
+        // after them puts them back (see `restoring`).
+        restoring(&[&self.state, &self.lr], |_| true, || self.launch_update(zero))
+    }
+
+    fn launch_update(&self, zero: bool) -> Result<()> {
         let config = self.config;
         let (beta1, beta2) = (config.beta1, config.beta2);
         match exec(self.state.device()) {
