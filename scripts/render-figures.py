@@ -275,38 +275,43 @@ def gpt_latest():
 
 def gpt_pdl():
     """Ours per layer with and without programmatic dependent launch, and torch.compile, in one call."""
-    doc = load(GPT_PDL)
-    out = [
-        "| context x batch | ours, one graph per layer | the same with `GRAPHED_PDL=1` | PDL / plain | "
-        "`torch.compile` (reduce-overhead) | ours / it | ours with PDL / it |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in doc["rows"]:
+
+    def cells(r):
         g, p, c = r["ours_graphed"], r["ours_pdl"], r["torch"]["compile"]
-        out.append(
-            f"| {r['context']}x{r['batch']} | {g['tokens_per_s'] / 1e3:,.0f}k | {p['tokens_per_s'] / 1e3:,.0f}k | "
-            f"{x(p['tokens_per_s'] / g['tokens_per_s'], 3)} | {c['tokens_per_s'] / 1e3:,.0f}k | "
-            f"{x(g['tokens_per_s'] / c['tokens_per_s'])} | {x(p['tokens_per_s'] / c['tokens_per_s'])} |"
-        )
-    return "\n".join(out) + f"\n\n({doc['steps']} steps a run, bf16, {rel(GPT_PDL)}.)"
+        rate = lambda o: o["tokens_per_s"]
+        return [kilo(rate(g)), kilo(rate(p)), x(rate(p) / rate(g), 3), kilo(rate(c)), x(rate(g) / rate(c)), x(rate(p) / rate(c))]
+
+    head = ["ours, one graph per layer", "the same with `GRAPHED_PDL=1`", "PDL / plain",
+            "`torch.compile` (reduce-overhead)", "ours / it", "ours with PDL / it"]
+    return per_shape(GPT_PDL, head, cells)
 
 
 def shapes_table(name):
     """Ours per layer, our floor and torch.compile at each shape of one call's file."""
-    doc = load(name)
-    out = [
-        "| context x batch | ours, one graph per layer | ours, whole step (floor) | per layer / floor | "
-        "`torch.compile` (reduce-overhead) | ours / it | our pool MB | its peak reserved MB | pool / it |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in doc["rows"]:
+
+    def cells(r):
         g, f, c = r["ours_graphed"], r["ours_floor"], r["torch"]["compile"]
-        out.append(
-            f"| {r['context']}x{r['batch']} | {g['tokens_per_s'] / 1e3:,.0f}k | {f['tokens_per_s'] / 1e3:,.0f}k | "
-            f"{x(f['tokens_per_s'] / g['tokens_per_s'], 3)} | {c['tokens_per_s'] / 1e3:,.0f}k | "
-            f"{x(g['tokens_per_s'] / c['tokens_per_s'])} | {g['pool_mb']:,.0f} | {c['reserved_mb']:,.0f} | "
-            f"{x(g['pool_mb'] / c['reserved_mb'])} |"
-        )
+        rate = lambda o: o["tokens_per_s"]
+        return [kilo(rate(g)), kilo(rate(f)), x(rate(f) / rate(g), 3), kilo(rate(c)), x(rate(g) / rate(c)),
+                f"{g['pool_mb']:,.0f}", f"{c['reserved_mb']:,.0f}", x(g["pool_mb"] / c["reserved_mb"])]
+
+    head = ["ours, one graph per layer", "ours, whole step (floor)", "per layer / floor",
+            "`torch.compile` (reduce-overhead)", "ours / it", "our pool MB", "its peak reserved MB", "pool / it"]
+    return per_shape(name, head, cells)
+
+
+def kilo(rate):
+    """Tokens/s in thousands."""
+    return f"{rate / 1e3:,.0f}k"
+
+
+def per_shape(name, head, cells):
+    """A table of one call's file, a row per context x batch: `head` names the columns after the
+    shape, `cells(row)` fills them."""
+    doc = load(name)
+    out = ["| context x batch | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+    for r in doc["rows"]:
+        out.append(f"| {r['context']}x{r['batch']} | " + " | ".join(cells(r)) + " |")
     return "\n".join(out) + f"\n\n({doc['steps']} steps a run, bf16, {rel(name)}.)"
 
 
