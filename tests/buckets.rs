@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::model::Block;
+use common::model::{Block, Mse};
 use common::{on_each_backend, random_vec};
 use graphed::{
     make_graphed, ops, AboveLargest, BucketError, BucketRule, Buckets, Cx, Device, Error, GraphOptions, GraphedModules,
@@ -276,24 +276,6 @@ impl SeqBlock {
     pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
         let d = dy.dims().to_vec();
         self.0.backward(cx, &dy.reshape(&[d[0] * d[1], H])?)?.map(|g| g.reshape(&d)).transpose()
-    }
-}
-
-/// The mean squared error against a target of the same shape.
-struct Mse;
-
-#[graphed::graphed(warmup = 2)]
-impl Mse {
-    pub fn forward(&self, cx: &mut Cx, x: &Tensor, target: &Tensor) -> Result<Tensor> {
-        cx.save(x);
-        cx.save(target);
-        ops::mse_loss(x, target)
-    }
-
-    pub fn backward(&mut self, cx: &mut Cx, dloss: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let d = ops::mse_backward(&cx.saved(0)?, &cx.saved(1)?, 1.0)?;
-        ops::scale_by_(&d, dloss)?;
-        Ok((Some(d), None))
     }
 }
 

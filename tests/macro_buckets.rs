@@ -5,30 +5,12 @@
 
 mod common;
 
-use common::model::Block;
+use common::model::{Block, Mse};
 use common::{on_each_backend, random_vec};
 use graphed::{graphed, ops, AboveLargest, Buckets, Cx, Device, Error, GraphOptions, Param, Result, Tensor};
 
 const H: usize = 8;
 const SIZES: [usize; 3] = [4, 8, 16];
-
-/// The mean squared error against a target: a loss head with an extra input.
-struct Mse;
-
-#[graphed(warmup = 2)]
-impl Mse {
-    fn forward(&self, cx: &mut Cx, x: &Tensor, target: &Tensor) -> Result<Tensor> {
-        cx.save(x);
-        cx.save(target);
-        ops::mse_loss(x, target)
-    }
-
-    fn backward(&mut self, cx: &mut Cx, dloss: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let d = ops::mse_backward(&cx.saved(0)?, &cx.saved(1)?, 1.0)?;
-        ops::scale_by_(&d, dloss)?;
-        Ok((Some(d), None))
-    }
-}
 
 /// Two blocks and a loss, bucketed along the rows by the attribute.
 #[graphed(warmup = 2, chained, buckets(axis = 0, sizes = [16, 4, 8], pad(1 = -0.5)))]

@@ -55,6 +55,25 @@ impl Block {
     }
 }
 
+/// The mean squared error against a target: a loss head whose target is an extra input (the
+/// last chunk of a chained model).
+pub struct Mse;
+
+#[graphed(warmup = 2)]
+impl Mse {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor, target: &Tensor) -> Result<Tensor> {
+        cx.save(x);
+        cx.save(target);
+        ops::mse_loss(x, target)
+    }
+
+    pub fn backward(&mut self, cx: &mut Cx, dloss: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let d = ops::mse_backward(&cx.saved(0)?, &cx.saved(1)?, 1.0)?;
+        ops::scale_by_(&d, dloss)?;
+        Ok((Some(d), None))
+    }
+}
+
 /// L blocks applied in sequence, graphed as one module.
 pub struct Stack {
     /// The blocks, first to last.

@@ -323,6 +323,7 @@ impl Capture {
             training: captured_training,
             config,
             chain_slots: Vec::new(),
+            chain_resume: None,
             buckets,
         }
     }

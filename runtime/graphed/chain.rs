@@ -28,6 +28,15 @@ fn gr_b(b: &Bound) -> &Vec<Option<Tensor>> {
 use super::GraphedModules;
 use crate::{Error, Result, ScheduleError, SlotKind, Tensor};
 
+/// Where a whole-chain backward that failed partway resumes: the chunk whose backward failed,
+/// the grad output it was given, and where the iteration stood then (any call since changes it).
+pub(super) struct Resume {
+    chunk: usize,
+    grad: Tensor,
+    position: (usize, usize),
+    bucket: Option<usize>,
+}
+
 impl GraphedModules {
     /// The first slot of chunk `c`'s result: what a chained chunk hands the next one.
     #[inline]
@@ -157,15 +166,42 @@ impl GraphedModules {
     /// one call: `grad_outputs` are the last chunk's; each earlier chunk's grad output is the
     /// next chunk's input grad (the same buffer: no copy). Returns the first chunk's input
     /// grads. The last chunk's own call checks `grad_outputs` before anything runs.
+    ///
+    /// One call is a replay a chunk, so one can fail (a failed launch) after the later chunks'
+    /// backwards ran and their parameter grads accumulated. The next call, with nothing run in
+    /// between, resumes at the chunk that failed (its grad output is still the next chunk's
+    /// input grad; `grad_outputs` is then not read), so every chunk's grads accumulate once, as
+    /// in a call that never failed. Any other call in between gives the resumption up.
     pub fn backward_chain(&mut self, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         self.check_chain("backward_chain")?;
         let last = self.modules.len() - 1;
-        let mut grads = self.backward_trimmed(last, grad_outputs, last == 0)?;
-        for c in (0..last).rev() {
-            let d = self.first_slot(grads, c + 1, true)?;
-            grads = self.backward_trimmed(c, &[Some(d)], c == 0)?;
+        let here = (self.cursor.position(), self.active_bucket_index());
+        let (top, mut d) = match self.chain_resume.take().filter(|r| (r.position, r.bucket) == here) {
+            Some(r) => (r.chunk, r.grad.clone()),
+            None => {
+                let grads = self.backward_trimmed(last, grad_outputs, last == 0)?;
+                if last == 0 {
+                    return Ok(grads);
+                }
+                (last - 1, self.first_slot(grads, last, true)?)
+            }
+        };
+        for c in (0..=top).rev() {
+            let grads = match self.backward_trimmed(c, &[Some(d.clone())], c == 0) {
+                Ok(grads) => grads,
+                Err(e) => {
+                    let position = self.cursor.position();
+                    let bucket = self.active_bucket_index();
+                    self.chain_resume = Some(Box::new(Resume { chunk: c, grad: d, position, bucket }));
+                    return Err(e);
+                }
+            };
+            if c == 0 {
+                return Ok(grads);
+            }
+            d = self.first_slot(grads, c, true)?;
         }
-        Ok(grads)
+        unreachable!("the loop returns at chunk 0")
     }
 
     /// One fused step ([`GraphedModules::step`]) of a chained capture, on per-microbatch

@@ -109,6 +109,12 @@ impl Cursor {
         }
     }
 
+    /// Where the iteration stands, as a value that any replay or eager call changes: the step
+    /// expected next and the microbatches waiting.
+    pub(super) fn position(&self) -> (usize, usize) {
+        (self.at, self.waiting())
+    }
+
     /// Microbatches waiting for their backward or weight grads, over all chunks.
     pub(super) fn waiting(&self) -> usize {
         self.backward.iter().chain(&self.wgrad).map(VecDeque::len).sum()

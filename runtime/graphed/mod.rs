@@ -76,6 +76,8 @@ pub struct GraphedModules {
     config: Box<Config>,
     /// The last chunk's inputs of a whole-chain forward, kept to be reused (see `chain`).
     chain_slots: Vec<Option<Tensor>>,
+    /// Where a whole-chain backward that failed partway resumes (see `chain`).
+    chain_resume: Option<Box<chain::Resume>>,
     /// With shape buckets: the parked buckets and the lookup table (see `buckets`).
     buckets: Option<Box<buckets::BucketSet>>,
 }
