@@ -6,7 +6,8 @@
 //! the pools as they were. Then the sweep: representative workloads (the MLP stack, a 2-chunk
 //! pipeline with buffer reuse and `w(c)` weight grads, the fused step, a data-parallel step on
 //! emulated ranks, a safetensors save and load, a decoder step over its KV caches, an eager
-//! optimizer step) run once per fault point with that point failing (`graphed::fault`), and
+//! optimizer step, a `#[graphed]` struct model, a graph with WHILE and IF nodes) run once per
+//! fault point with that point failing (`graphed::fault`), and
 //! each run must end in a typed error (no panic) that leaves parameters, grads, the RNG
 //! state, the pools' bytes (and the file, for a save; the caches, for a decoder step; the
 //! moments, masters and step count, for an optimizer) exactly as before, with the modules
@@ -1068,6 +1069,74 @@ impl Workload for Dsl {
     }
 }
 
+/// A graph with a WHILE loop and an IF node in it (`Condition::run_while`, `run_if`): its
+/// capture, then a replay.
+struct Conditional;
+
+struct ConditionalState {
+    counter: Tensor,
+    x: Tensor,
+    one: Tensor,
+    flag: Tensor,
+    graph: Option<graphed::Graph>,
+}
+
+impl Workload for Conditional {
+    type State = ConditionalState;
+    const CALLS: &'static [&'static str] = &["capture (WHILE and IF)", "replay"];
+
+    fn setup(&self, dev: &Device, call: usize) -> Result<ConditionalState> {
+        let mut st = ConditionalState {
+            counter: Tensor::full(dev, &[1], 40.0)?,
+            x: random(dev, &[B, H], 51)?,
+            one: Tensor::full(dev, &[B, H], 1.0)?,
+            flag: Tensor::full(dev, &[1], 1.0)?,
+            graph: None,
+        };
+        if call > 0 {
+            self.call(&mut st, 0)?;
+        }
+        Ok(st)
+    }
+
+    fn call(&self, st: &mut ConditionalState, call: usize) -> Result<()> {
+        if call > 0 {
+            return st.graph.as_mut().expect("captured").replay();
+        }
+        let below = graphed::Condition::below(&st.counter, 5.0)?;
+        let when = graphed::Condition::nonzero(&st.flag)?;
+        let (counter, x, one) = (st.counter.clone(), st.x.clone(), st.one.clone());
+        let counter_one = Tensor::full(counter.device(), &[1], 1.0)?;
+        let mut g = graphed::Graph::new(counter.device());
+        g.capture(graphed::CaptureMode::Global, || {
+            ops::fill_(&counter, 0.0)?;
+            below.run_while(|| ops::axpy_(&counter, 1.0, &counter_one))?;
+            when.run_if(|| ops::axpy_(&x, 0.5, &one))
+        })?;
+        st.graph = Some(g);
+        Ok(())
+    }
+
+    fn params(&self, _st: &ConditionalState) -> Vec<Param> {
+        Vec::new()
+    }
+
+    fn pools(&self, st: &ConditionalState) -> Vec<GraphPool> {
+        st.graph.iter().map(|g| g.pool().clone()).collect()
+    }
+
+    /// The counter and x, which only a replay changes.
+    fn extra(&self, st: &ConditionalState) -> Vec<u8> {
+        let mut v = bits(&st.counter).expect("counter");
+        v.extend(bits(&st.x).expect("x"));
+        v.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    fn observe(&self, st: &mut ConditionalState, _call: usize) -> Result<Vec<Vec<u32>>> {
+        Ok(vec![bits(&st.counter)?, bits(&st.x)?])
+    }
+}
+
 /// One rank's outcome in the data-parallel sweep: the error it ended with (a failed capture,
 /// or a replay the group's abort failed), the passes counted during the swept call (rank 0),
 /// and its parameter grads after the step.
@@ -1210,6 +1279,7 @@ fn every_fault_point_is_a_typed_error_that_leaves_nothing_behind() {
             sweep(dev, "decoder step", &Decoding, report)?;
             sweep(dev, "optimizer step", &Optimizer, report)?;
             sweep(dev, "a #[graphed] struct model", &Dsl, report)?;
+            sweep(dev, "conditional graph", &Conditional, report)?;
             for call in 0..2 {
                 std::fs::remove_file(temp_file(&format!("call{call}"), dev)).ok();
             }
