@@ -7,12 +7,12 @@
 //! pipeline with buffer reuse and `w(c)` weight grads, the fused step, a data-parallel step on
 //! emulated ranks, a safetensors save and load, a decoder step over its KV caches, an eager
 //! optimizer step, a `#[graphed]` struct model, a graph with WHILE and IF nodes) run once per
-//! fault point with that point failing (`graphed::fault`), and
-//! each run must end in a typed error (no panic) that leaves parameters, grads, the RNG
-//! state, the pools' bytes (and the file, for a save; the caches, for a decoder step; the
-//! moments, masters and step count, for an optimizer) exactly as before, with the modules
-//! handed back where the call takes them by value; the same call, retried without the fault,
-//! must then succeed and give what a run that never failed gives.
+//! fault point with that point failing (`graphed::fault`), and each run must end in a typed
+//! error (no panic) that leaves parameters, grads, the RNG state, the pools' bytes (and the
+//! file, for a save; the caches, for a decoder step; the moments, masters and step count, for
+//! an optimizer) exactly as before, with the modules handed back where the call takes them by
+//! value; the same call, retried without the fault, must then succeed and give what a run that
+//! never failed gives (a whole chain's backward, several launches, resumes where it stopped).
 
 mod common;
 #[path = "../examples/common/split_linear.rs"]
