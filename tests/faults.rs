@@ -881,10 +881,10 @@ impl Workload for Decoding {
 }
 
 /// One optimizer step, eager, in its default form (one launch over every parameter): AdamW
-/// over f32 weights, and the mixed-precision AdamW over bf16 weights. A failed step leaves the
-/// weights, grads, masters, moments and step count as they were. Not swept, because they do
-/// not hold to it yet: `Launches::PerTensor` (a failed launch leaves the parameters before it
-/// updated) and a loss scaler (its unscale divides the grads in place before the update).
+/// over f32 weights, the mixed-precision AdamW over bf16 weights, and over f16 weights with a
+/// loss scaler. A failed step leaves the weights, grads, masters, moments, step count and
+/// scale as they were. Not swept, because it does not hold to it: `Launches::PerTensor` (a
+/// failed launch leaves the parameters before it updated).
 struct Optimizer;
 
 enum Opt {
@@ -899,12 +899,13 @@ struct OptimizerState {
 
 impl Workload for Optimizer {
     type State = OptimizerState;
-    const CALLS: &'static [&'static str] = &["AdamW::step", "MixedAdamW::step (bf16)"];
+    const CALLS: &'static [&'static str] =
+        &["AdamW::step", "MixedAdamW::step (bf16)", "MixedAdamW::step (f16, loss scaler)"];
 
     fn setup(&self, dev: &Device, call: usize) -> Result<OptimizerState> {
-        use graphed::optim::{AdamW, AdamWConfig, MixedAdamW};
+        use graphed::optim::{AdamW, AdamWConfig, LossScaler, LossScalerConfig, MixedAdamW};
         use graphed::DType;
-        let dtype = if call == 0 { DType::F32 } else { DType::BF16 };
+        let dtype = [DType::F32, DType::BF16, DType::F16][call];
         let params = (0..3)
             .map(|i| -> Result<Param> {
                 let dims = [[H, H], [H, 1], [2, H]][i];
@@ -918,7 +919,11 @@ impl Workload for Optimizer {
         let config = AdamWConfig { lr: 1e-2, ..Default::default() };
         let opt = match call {
             0 => Opt::Adam(AdamW::new(&params, config)?),
-            _ => Opt::Mixed(MixedAdamW::new(&params, config, None)?),
+            1 => Opt::Mixed(MixedAdamW::new(&params, config, None)?),
+            _ => {
+                let scaler = LossScaler::new(dev, LossScalerConfig { init_scale: 64.0, ..Default::default() })?;
+                Opt::Mixed(MixedAdamW::new(&params, config, Some(scaler))?)
+            }
         };
         Ok(OptimizerState { params, opt })
     }
@@ -938,7 +943,7 @@ impl Workload for Optimizer {
         Vec::new()
     }
 
-    /// The moments, the masters and the step count.
+    /// The moments, the masters, the step count and the scale.
     fn extra(&self, st: &OptimizerState) -> Vec<u8> {
         let mut tensors: Vec<Tensor> = Vec::new();
         let mut words = Vec::new();
@@ -953,6 +958,10 @@ impl Workload for Optimizer {
                 tensors.extend(m.iter().chain(v).cloned());
                 tensors.extend(o.masters().iter().map(|p| p.value.clone()));
                 words.push(o.step_count().expect("step count"));
+                if let Some(s) = o.scaler() {
+                    words.push(u64::from(s.scale().expect("scale").to_bits()));
+                    words.push(s.skipped_steps().expect("skipped steps"));
+                }
             }
         }
         let mut out: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();

@@ -415,10 +415,11 @@ impl<O: sealed::Master> Mixed<O> {
     /// update of every parameter (master and model weights; one kernel for AdamW, one a
     /// parameter for SGD or with [`Launches::PerTensor`]), and the scale update. Capturable; no
     /// host sync. Eager, a step that fails (a failed launch) leaves the step count, the rate
-    /// and the scale as they were, and AdamW's with the default launches and no scaler
-    /// everything else too. Not yet the rest: the scaler's unscale divides the grads in place
-    /// before the update, and one launch a parameter leaves those before the failed launch
-    /// updated.
+    /// and the scale as they were, and AdamW's with the default launches everything else too:
+    /// the parameters' update is its last launch, and the grads a scaler divided are multiplied
+    /// back (exactly, for a scale that is a power of two, which the default scale, growth and
+    /// backoff keep). With one launch a parameter, those before the failed launch keep their
+    /// update.
     pub fn step(&self) -> Result<()> {
         self.update(false)
     }
@@ -454,6 +455,10 @@ impl<O: sealed::Master> Mixed<O> {
             self.inner.prepare(&self.inputs.no_scaler)?;
             return self.inner.update_all(&self.model, &self.inputs.no_scaler, zero_bits(zero));
         };
+        // Eager, the scale the grads are divided by, to multiply them back if a later launch
+        // fails (exact for a power of two, which the default scale, growth and backoff keep).
+        let device = self.inputs.no_scaler.device();
+        let divided_by = if device.is_capturing() { None } else { Some(scaler.state.prefix_view(&[1])?.deep_clone()?) };
         scaler.unscale_and_check_table(&self.inputs.grads)?;
         let flag = &scaler.state;
         let update = |zero: u32| {
@@ -475,8 +480,20 @@ impl<O: sealed::Master> Mixed<O> {
             }
             return Ok(());
         }
-        update(zero_bits(zero))?;
-        scaler.update()
+        // The scale's update first (it reads the flag only, as above), so that the parameters'
+        // update is the last launch: a step that fails before it changed only the grads (their
+        // unscale, undone here) and the small state `update` puts back.
+        let rest = || {
+            scaler.update()?;
+            update(zero_bits(zero))
+        };
+        rest().inspect_err(|_| {
+            if let Some(scale) = &divided_by {
+                for p in &self.model {
+                    let _ = crate::ops::scale_by_(&p.grad, scale);
+                }
+            }
+        })
     }
 
     /// Whether this step puts the update under an IF node: asked to, inside a capture (an
