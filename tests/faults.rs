@@ -755,7 +755,6 @@ struct Decoding;
 const DEC: (usize, usize, usize, usize, usize, usize, usize, usize) = (16, 8, 8, 2, 16, 6, 3, 2);
 
 struct DecodingState {
-    dev: Device,
     /// tok, pos, head_norm, head, then per layer norm1, qkv, wo, norm2, gate_up, down.
     weights: Vec<Tensor>,
     /// Per layer: k cache, v cache, lengths.
@@ -820,7 +819,7 @@ impl Workload for Decoding {
             .collect::<Result<_>>()?;
         let ids = Tensor::from_slice(dev, &[3.0, 7.0, 1.0], &[seqs])?;
         let positions = Tensor::from_slice(dev, &lens.map(|l| l as f32), &[seqs])?;
-        let mut st = DecodingState { dev: dev.clone(), weights, caches, step: None, ids, positions, logits: None };
+        let mut st = DecodingState { weights, caches, step: None, ids, positions, logits: None };
         if call > 0 {
             st.step = Some(st.step()?);
         }
@@ -875,7 +874,6 @@ impl Workload for Decoding {
         if let Some(l) = &st.logits {
             out.push(bits(l)?);
         }
-        let _ = &st.dev;
         Ok(out)
     }
 }

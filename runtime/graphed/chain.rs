@@ -175,9 +175,10 @@ impl GraphedModules {
     pub fn backward_chain(&mut self, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         self.check_chain("backward_chain")?;
         let last = self.modules.len() - 1;
-        let here = (self.cursor.position(), self.active_bucket_index());
-        let (top, mut d) = match self.chain_resume.take().filter(|r| (r.position, r.bucket) == here) {
-            Some(r) => (r.chunk, r.grad.clone()),
+        // Where the iteration stands is computed only when a failed call left a resumption.
+        let resume = self.chain_resume.take().filter(|r| (r.position, r.bucket) == self.resume_point());
+        let (top, mut d) = match resume {
+            Some(r) => (r.chunk, r.grad),
             None => {
                 let grads = self.backward_trimmed(last, grad_outputs, last == 0)?;
                 if last == 0 {
@@ -187,12 +188,14 @@ impl GraphedModules {
             }
         };
         for c in (0..=top).rev() {
-            let grads = match self.backward_trimmed(c, &[Some(d.clone())], c == 0) {
+            // The grad output goes in a slot of its own, taken back (not copied) for a resumption.
+            let slot = [Some(d)];
+            let grads = match self.backward_trimmed(c, &slot, c == 0) {
                 Ok(grads) => grads,
                 Err(e) => {
-                    let position = self.cursor.position();
-                    let bucket = self.active_bucket_index();
-                    self.chain_resume = Some(Box::new(Resume { chunk: c, grad: d, position, bucket }));
+                    let (position, bucket) = self.resume_point();
+                    let [Some(grad)] = slot else { return Err(e) };
+                    self.chain_resume = Some(Box::new(Resume { chunk: c, grad, position, bucket }));
                     return Err(e);
                 }
             };
@@ -202,6 +205,11 @@ impl GraphedModules {
             d = self.first_slot(grads, c, true)?;
         }
         unreachable!("the loop returns at chunk 0")
+    }
+
+    /// Where the iteration stands, as a resumption records it (see [`Resume`]).
+    fn resume_point(&self) -> ((usize, usize), Option<usize>) {
+        (self.cursor.position(), self.active_bucket_index())
     }
 
     /// One fused step ([`GraphedModules::step`]) of a chained capture, on per-microbatch
