@@ -6,11 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 k=runtime/backend/kernels
-cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/scale_update.cu $k/mixed.cu $k/multi_tensor.cu $k/transformer.cu $k/flash.cu $k/decode.cu \
+cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/scale_update.cu $k/generation.cu $k/mixed.cu $k/multi_tensor.cu $k/transformer.cu $k/flash.cu $k/decode.cu \
   | sed -e 's/extern "C" __global__ void/extern "C" void/' -e 's/asm volatile(/asm(/' -e 's/^extern __shared__ .*fa_smem.*/static unsigned char fa_smem[1 << 18];/' -e 's/^extern __shared__ .*gr_row_smem.*/static float gr_row_smem[1 << 15];/' > "$tmp/all.cpp"
 "${CXX:-g++}" -std=c++17 -DFA_FWD64=64,4,2 -DFA_FWD128=64,4,2 -DFA_DQ64=32,4,2 -DFA_DQ128=64,4,1 -DFA_DKV64=128,4,2 -DFA_DKV128=64,4,1 -DFA_FWDS64=64,4,1 -DFA_DQS64=64,4,1 -DFA_DKVS64=128,4,1 -DRN_FWD_VPT=4 -DRN_BWD_VPT=2 -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/all.cpp"
 # The conditional-node kernel is a program of its own (backend/cuda_graph.rs compiles it apart).
-{ cat scripts/cuda-host-shim.h; echo '#define __device_builtin__'; echo '#define __cudart_builtin__'; cat $k/scale_update.cu $k/conditional.cu; } \
+{ cat scripts/cuda-host-shim.h; echo '#define __device_builtin__'; echo '#define __cudart_builtin__'; cat $k/scale_update.cu $k/generation.cu $k/conditional.cu; } \
   | sed -e 's/extern "C" __global__ void/extern "C" void/' > "$tmp/conditional.cpp"
 "${CXX:-g++}" -std=c++17 -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/conditional.cpp"
 # The one-kernel decoding step is a program of its own too (backend/cuda_decoder.rs), compiled per

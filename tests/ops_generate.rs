@@ -142,6 +142,64 @@ fn a_while_loop_generates_until_every_sequence_stopped_in_one_launch() {
     });
 }
 
+/// The loop captured in the middle of a graph (`Condition::run_while`), with the step as the
+/// body's last work (where `GRAPHED_FOLD_CONDITION=1` has it set the WHILE node's condition
+/// itself on CUDA, so no condition kernel follows it) and with work after it (where one must):
+/// both give the eager loop's tokens and steps, and the work after the step runs once a pass.
+#[test]
+fn a_loop_captured_inside_a_graph_ends_on_the_step_or_after_more_work() {
+    on_each_backend(|dev| {
+        let (batch, max_new, vocab) = (4, 10, 16);
+        let toy = Toy::new(dev, batch, vocab)?;
+        let g = Generation::new(dev, batch, max_new)?;
+        let stop = Stop { end: Some(15), pad: 0 };
+        let (limits, first) = ([10, 4, 10, 2], [2, 5, 1, 7]);
+        let first = Tensor::from_i32(dev, &first, &[batch])?;
+        let begin = || -> Result<()> {
+            g.start(&limits, stop)?;
+            ops::generation_step(&g, &first, &toy.lengths)
+        };
+        begin()?;
+        while g.is_active()? {
+            toy.step(&g)?;
+        }
+        let want = (g.record()?, g.steps()?);
+        let (passes, one) = (Tensor::zeros(dev, &[1])?, Tensor::full(dev, &[1], 1.0)?);
+        let active = Condition::nonzero(g.active())?;
+        for after in [false, true] {
+            let mut graph = Graph::new(dev);
+            graph.capture(CaptureMode::Global, || {
+                ops::fill_(&passes, 0.0)?;
+                active.run_while(|| {
+                    toy.step(&g)?;
+                    if after {
+                        ops::axpy_(&passes, 1.0, &one)?;
+                    }
+                    Ok(())
+                })
+            })?;
+            begin()?;
+            graph.replay()?;
+            let what = if after { "work after the step" } else { "the step last" };
+            assert_eq!((g.record()?, g.steps()?), want, "{what}");
+            // The first step ran before the loop: every later one is a pass.
+            let want_passes = if after { (want.1 - 1) as f32 } else { 0.0 };
+            assert_eq!(passes.to_vec()?, vec![want_passes], "{what}: passes");
+            if !dev.is_host() {
+                // CUDA's dump of the graph, WHILE body included: the step that sets the
+                // condition is there exactly when it is asked for.
+                let path = std::env::temp_dir().join(format!("graphed-fold-{}-{after}.dot", std::process::id()));
+                graph.debug_dump(&path)?;
+                let dot = std::fs::read_to_string(&path).map_err(|e| Error::msg(e.to_string()))?;
+                let _ = std::fs::remove_file(&path);
+                let folded = std::env::var("GRAPHED_FOLD_CONDITION").is_ok_and(|v| v == "1");
+                assert_eq!(dot.contains("graphed_generation_step_set"), folded, "{what}: the folded step");
+            }
+        }
+        Ok(())
+    });
+}
+
 /// A graph captured on the first 2 sequences of a batch of 4 reads and writes only those; the
 /// step counter and the flag are shared.
 #[test]

@@ -75,12 +75,25 @@ struct GateState {
     capture: Option<(CaptureMode, ThreadId)>,
     /// A thread waiting for the stream to drain before its capture begins.
     beginning: Option<ThreadId>,
-    /// Conditional bodies of the capture in progress being captured now (nested ones count
-    /// each).
-    bodies: usize,
+    /// Conditional bodies of the capture in progress being captured now, outermost first
+    /// (nested ones count each): for each, what its last kernel may do for a WHILE node.
+    bodies: Vec<Option<LoopFold>>,
     /// A conditional branch of the capture in progress failed on CUDA: its node cannot be
     /// taken back out (no call frees a conditional handle), so the capture ends discarded.
     failed_branch: bool,
+}
+
+/// A WHILE body being captured whose node tests one i32 flag for nonzero: a kernel that writes
+/// that flag may set the node's condition itself (`GRAPHED_FOLD_CONDITION=1`), and when it is
+/// the body's last node no condition kernel follows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LoopFold {
+    /// The node's conditional handle.
+    pub(crate) handle: u64,
+    /// The device address of the flag the node tests.
+    pub(crate) flag: u64,
+    /// The kernel node (by address) that set the condition last, if one did.
+    pub(crate) set_by: Option<usize>,
 }
 
 /// The capture state of one stream and the gate every stream primitive passes.
@@ -127,7 +140,7 @@ pub(crate) struct Body<'a> {
 impl Drop for Body<'_> {
     fn drop(&mut self) {
         let mut st = self.gate.lock();
-        st.bodies = st.bodies.saturating_sub(1);
+        st.bodies.pop();
     }
 }
 
@@ -218,14 +231,15 @@ impl StreamGate {
     }
 
     /// Marks the capture in progress, which must be this thread's, as capturing the body of a
-    /// conditional node until the guard drops.
-    pub(crate) fn enter_body(&self) -> Result<Body<'_>> {
+    /// conditional node until the guard drops; `fold` for a WHILE body whose condition a
+    /// kernel of the body may set (see [`LoopFold`]).
+    pub(crate) fn enter_body(&self, fold: Option<LoopFold>) -> Result<Body<'_>> {
         let me = std::thread::current().id();
         let mut st = self.lock();
         if !st.capture.is_some_and(|(_, owner)| owner == me) {
             return Err(Error::NotCapturing { graph: "this device's stream".into() });
         }
-        st.bodies += 1;
+        st.bodies.push(fold);
         Ok(Body { gate: self })
     }
 
@@ -236,7 +250,35 @@ impl StreamGate {
         }
         let me = std::thread::current().id();
         let st = self.lock();
-        st.bodies > 0 && st.capture.is_some_and(|(_, owner)| owner == me)
+        !st.bodies.is_empty() && st.capture.is_some_and(|(_, owner)| owner == me)
+    }
+
+    /// The conditional handle of the WHILE node whose body this thread captures right now
+    /// (the innermost body, not one nested in it) when that node tests `flag` (a device
+    /// address) for nonzero and may be set by a kernel of the body: `None` otherwise.
+    pub(crate) fn loop_fold(&self, flag: u64) -> Option<u64> {
+        if !self.capturing.load(Ordering::SeqCst) {
+            return None;
+        }
+        let me = std::thread::current().id();
+        let st = self.lock();
+        if !st.capture.is_some_and(|(_, owner)| owner == me) {
+            return None;
+        }
+        st.bodies.last().copied().flatten().filter(|f| f.flag == flag).map(|f| f.handle)
+    }
+
+    /// Records that kernel node `node` (by address) of the innermost body set its WHILE
+    /// node's condition (after [`StreamGate::loop_fold`] gave the handle).
+    pub(crate) fn set_loop_fold(&self, node: usize) {
+        if let Some(Some(f)) = self.lock().bodies.last_mut() {
+            f.set_by = Some(node);
+        }
+    }
+
+    /// The kernel node that last set the innermost body's WHILE condition, if one did.
+    pub(crate) fn loop_fold_node(&self) -> Option<usize> {
+        self.lock().bodies.last().copied().flatten().and_then(|f| f.set_by)
     }
 
     /// Marks the stream as capturing for this thread, once no other thread is inside a
@@ -288,7 +330,7 @@ impl StreamGate {
         if !st.capture.is_some_and(|(_, owner)| owner == me) {
             return Err(Error::NotCapturing { graph: "this device's stream".into() });
         }
-        if st.bodies > 0 {
+        if !st.bodies.is_empty() {
             return Err(Error::IllegalInConditionalBody { op: "ending the capture" });
         }
         let failed_branch = std::mem::take(&mut st.failed_branch);

@@ -123,12 +123,14 @@ pub(crate) fn driver_version() -> Result<CudaVersion> {
 
 /// The kernels of `kernels/conditional.cu`: `one` sets one IF or WHILE node's condition from
 /// a test, `two` sets a pair (the test's outcome and its opposite: an if/else), `update`
-/// updates the loss scaler first and then sets one or two.
+/// updates the loss scaler first and then sets one or two, `generation` is a generation step
+/// that sets its WHILE node's condition from the flag it writes.
 #[derive(Clone, Debug)]
 pub(crate) struct CondKernels {
     pub(crate) one: CudaFunction,
     pub(crate) two: CudaFunction,
     pub(crate) update: CudaFunction,
+    pub(crate) generation: CudaFunction,
 }
 
 /// A cuBLAS handle. Calls on one handle must not run concurrently, so it lives in a `Mutex`.
@@ -464,7 +466,12 @@ impl CudaBackend {
         self.bind()?;
         let (major, minor) = self.capability;
         let options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
-        let src = [include_str!("kernels/scale_update.cu"), include_str!("kernels/conditional.cu")].join("\n");
+        let src = [
+            include_str!("kernels/scale_update.cu"),
+            include_str!("kernels/generation.cu"),
+            include_str!("kernels/conditional.cu"),
+        ]
+        .join("\n");
         let compile = || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
         let ptx =
             ptx_cache::compile_cached(&src, &options, compile).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
@@ -474,6 +481,7 @@ impl CudaBackend {
             one: load("graphed_set_conditional")?,
             two: load("graphed_set_conditional2")?,
             update: load("graphed_amp_update_set")?,
+            generation: load("graphed_generation_step_set")?,
         };
         *slot = Some(kernels.clone());
         Ok(kernels)

@@ -14,7 +14,9 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use super::cuda::{check, driver_err, CudaBackend, LaunchDims};
 use super::kernels::KArg;
 use super::DropErrors;
-use super::{CaptureMode, CondKind, CondTest, GraphNode, NodeKind, ScaleUpdate, StreamGate, CONDITIONAL_BODY};
+use super::{
+    CaptureMode, CondKind, CondTest, GraphNode, LoopFold, NodeKind, ScaleUpdate, StreamGate, CONDITIONAL_BODY,
+};
 use crate::capabilities::CudaVersion;
 use crate::error::{BodyNode, GraphError, Invalidation};
 use crate::{Error, Result};
@@ -264,7 +266,7 @@ impl CudaBackend {
             // One node, two bodies: the branches in order, each captured as a single node's.
             let (node, bodies) = add_conditional_node(graph, &deps, then_handle, CondKind::If, 2, self.ctx.cu_ctx())?;
             for (branch, body) in std::iter::once(then).chain(otherwise).zip(bodies) {
-                let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps: deps.clone() };
+                let place = BodyPlace { stream, mode: stream_mode(mode), node, body, deps: deps.clone(), fold: None };
                 self.capture_body(place, branch, gate, nested).inspect_err(|_| gate.fail_branch())?;
             }
             return Ok(());
@@ -272,7 +274,7 @@ impl CudaBackend {
         for (branch, handle) in std::iter::once(then).chain(otherwise).zip([then_handle].into_iter().chain(else_handle))
         {
             let (node, bodies) = add_conditional_node(graph, &deps, handle, CondKind::If, 1, self.ctx.cu_ctx())?;
-            let place = BodyPlace { stream, mode: stream_mode(mode), node, body: bodies[0], deps };
+            let place = BodyPlace { stream, mode: stream_mode(mode), node, body: bodies[0], deps, fold: None };
             (graph, deps) = self.capture_body(place, branch, gate, nested).inspect_err(|_| gate.fail_branch())?;
         }
         Ok(())
@@ -283,6 +285,11 @@ impl CudaBackend {
     /// condition from `test`; the node's body is captured as [`Self::capture_conditional`]
     /// captures a branch, followed by the same kernel, which sets the condition again after
     /// each pass. The caller checked the driver (CUDA 12.4).
+    ///
+    /// With `GRAPHED_FOLD_CONDITION=1`, where the node tests an i32 flag for nonzero, a kernel
+    /// of the body that writes that flag may set the condition itself
+    /// ([`Self::launch_setting_loop`]); when that kernel is the body's last node, the
+    /// condition kernel after the body is left out (one kernel less a pass).
     pub(crate) fn capture_while(
         &self,
         mode: CaptureMode,
@@ -303,13 +310,48 @@ impl CudaBackend {
         self.launch_function(&kernels.one, one_thread, &args)?;
         let (graph, deps) = capture_info(stream)?;
         let (node, bodies) = add_conditional_node(graph, &deps, handle, CondKind::While, 1, self.ctx.cu_ctx())?;
-        let place = BodyPlace { stream, mode: stream_mode(mode), node, body: bodies[0], deps };
+        let foldable = fold_requested() && test.is_i32 && test.below.is_none();
+        let fold = foldable.then_some(LoopFold { handle, flag: test.ptr, set_by: None });
+        let place = BodyPlace { stream, mode: stream_mode(mode), node, body: bodies[0], deps, fold };
         let mut pass = || -> Result<()> {
             body()?;
+            if let Some(set_by) = gate.loop_fold_node() {
+                // Nothing after the kernel that set the condition: its value stands.
+                let (_, last) = capture_info(stream)?;
+                if last.len() == 1 && last[0] as usize == set_by {
+                    return Ok(());
+                }
+            }
             self.launch_function(&kernels.one, one_thread, &args)
         };
         self.capture_body(place, &mut pass, gate, nested).inspect_err(|_| gate.fail_branch())?;
         Ok(())
+    }
+
+    /// Launches `f`, a kernel of the condition program that writes `flag` and sets a WHILE
+    /// node's condition from it (its first argument is the handle, which this prepends), where
+    /// the body this thread captures now is that of a node testing `flag` (see
+    /// [`Self::capture_while`]); records the kernel's node so that no condition kernel follows
+    /// it if nothing else does. Returns false, launching nothing, anywhere else: the caller
+    /// launches its plain kernel.
+    pub(crate) fn launch_setting_loop(
+        &self,
+        flag: u64,
+        f: impl FnOnce(&super::cuda::CondKernels) -> CudaFunction,
+        dims: LaunchDims,
+        args: &[KArg],
+    ) -> Result<bool> {
+        let Some(handle) = self.gate.loop_fold(flag) else {
+            return Ok(false);
+        };
+        let func = f(&self.conditional_kernels()?);
+        let args: Vec<KArg> = std::iter::once(KArg::U64(handle)).chain(args.iter().copied()).collect();
+        self.launch_function(&func, dims, &args)?;
+        let (_, last) = capture_info(self.stream.cu_stream())?;
+        if let [node] = last[..] {
+            self.gate.set_loop_fold(node as usize);
+        }
+        Ok(true)
     }
 
     /// What capturing a conditional node starts from: the condition kernels (loaded), the
@@ -353,7 +395,7 @@ impl CudaBackend {
         gate: &StreamGate,
         nested: bool,
     ) -> Result<(sys::CUgraph, Vec<sys::CUgraphNode>)> {
-        let BodyPlace { stream, mode, node, body, deps } = place;
+        let BodyPlace { stream, mode, node, body, deps, fold } = place;
         // Leave the outer capture: its graph keeps every node captured so far, the IF node too.
         let outer = end_stream_capture(stream)?;
         // SAFETY: `body` is the IF node's body graph, owned by the node, which `outer` holds.
@@ -364,7 +406,7 @@ impl CudaBackend {
             )
         };
         let ran = match &began {
-            Ok(()) => match gate.enter_body() {
+            Ok(()) => match gate.enter_body(fold) {
                 Ok(inside) => {
                     let ran = catch_unwind(AssertUnwindSafe(&mut *branch));
                     drop(inside);
@@ -589,6 +631,16 @@ struct BodyPlace {
     node: sys::CUgraphNode,
     body: sys::CUgraph,
     deps: Vec<sys::CUgraphNode>,
+    /// For a WHILE body: what its kernels may do with the node's condition.
+    fold: Option<LoopFold>,
+}
+
+/// `GRAPHED_FOLD_CONDITION=1` (read once a process): a WHILE body's last kernel sets the
+/// node's condition where it can ([`CudaBackend::capture_while`]). Off by default until it is
+/// measured on a GPU.
+fn fold_requested() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GRAPHED_FOLD_CONDITION").is_ok_and(|v| v == "1"))
 }
 
 fn stream_mode(mode: CaptureMode) -> sys::CUstreamCaptureMode {

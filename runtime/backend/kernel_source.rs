@@ -21,6 +21,7 @@ pub(crate) const MAIN: &[(&str, &str)] = &[
     ("ops.cu", include_str!("kernels/ops.cu")),
     ("half.cu", include_str!("kernels/half.cu")),
     ("scale_update.cu", include_str!("kernels/scale_update.cu")),
+    ("generation.cu", include_str!("kernels/generation.cu")),
     ("mixed.cu", include_str!("kernels/mixed.cu")),
     ("multi_tensor.cu", include_str!("kernels/multi_tensor.cu")),
     ("transformer.cu", include_str!("kernels/transformer.cu")),

@@ -28,7 +28,7 @@ use crate::{DType, Error, Result};
 pub use nodes::{CaptureMode, GraphNode, NodeKind};
 
 pub use capture::is_capturing;
-pub(crate) use capture::StreamGate;
+pub(crate) use capture::{LoopFold, StreamGate};
 pub(crate) use cublaslt::{LtEpilogue, LtLinear};
 pub(crate) use cuda::{CudaBackend, LaunchDims, StreamWatch};
 pub(crate) use cuda_gemm::{GemmEx, Operand, RowGemmBatched, RowMat};
@@ -460,7 +460,7 @@ impl Backend {
 
     fn capture_host_body(&self, h: &HostBackend, branch: &mut dyn FnMut() -> Result<()>) -> Result<Vec<host::HostOp>> {
         let outer = h.begin_body()?;
-        let ran = match self.gate.enter_body() {
+        let ran = match self.gate.enter_body(None) {
             Ok(inside) => {
                 let ran = catch_unwind(AssertUnwindSafe(&mut *branch));
                 drop(inside);

@@ -278,8 +278,13 @@ pub fn generation_step(generation: &Generation, sampled: &Tensor, lengths: &Tens
             ]);
             // One block: the flag is a block-wide OR (__syncthreads_or); its threads stride
             // over the sequences.
-            let threads = (batch.div_ceil(32) * 32).clamp(32, 1024) as u32;
-            c.launch(B::GenerationStep, LaunchDims::rows(1, threads), &args)
+            let dims = LaunchDims::rows(1, (batch.div_ceil(32) * 32).clamp(32, 1024) as u32);
+            // In a WHILE body that tests the flag, the same step sets the node's condition
+            // where that is asked for (`GRAPHED_FOLD_CONDITION=1`): one kernel less a pass.
+            if c.launch_setting_loop(g.active.cuda_ptr()?, |k| k.generation.clone(), dims, &args)? {
+                return Ok(());
+            }
+            c.launch(B::GenerationStep, dims, &args)
         }
     }
 }

@@ -1,7 +1,7 @@
 // The condition of a conditional graph node, set on the device: a program of its own, compiled
 // by NVRTC the first time a device builds a conditional graph (not with the other kernels: an
 // NVRTC older than CUDA 12.4 cannot build it, and every other kernel must still load there).
-// Compiled after scale_update.cu (amp_update_state).
+// Compiled after scale_update.cu (amp_update_state) and generation.cu (generation_step_block).
 //
 // cudaGraphSetConditional is a device-runtime builtin: declared __cudart_builtin__, NVRTC lowers
 // it inline, so the PTX loads with cuModuleLoadData as it is (no -rdc, no cudadevrt link; the
@@ -39,4 +39,14 @@ extern "C" __global__ void graphed_amp_update_set(cudaGraphConditionalHandle the
     const bool on = graphed_test(value, is_i32, below, limit);
     cudaGraphSetConditional(then, on ? 1u : 0u);
     if (two) cudaGraphSetConditional(otherwise, on ? 0u : 1u);
+}
+
+// One generation step (generation.cu, decode.cu's generation_step) that also sets the condition
+// of the WHILE node whose body it ends, from the flag it writes: the loop's test (the flag
+// nonzero) without a kernel of its own after each pass. `handle` is that node's; the runtime
+// launches this kernel only where the step is the last work of the body and the node tests
+// this flag (`GRAPHED_FOLD_CONDITION=1`). One block, as generation_step.
+extern "C" __global__ void graphed_generation_step_set(cudaGraphConditionalHandle handle, int* tokens, int* counts, int* done, const int* limits, const int* stop, int* step, int* active, float* next_ids, float* positions, const int* sampled, const int* lengths, unsigned int batch, unsigned int max_new) {
+    const int flag = generation_step_block(tokens, counts, done, limits, stop, step, active, next_ids, positions, sampled, lengths, batch, max_new);
+    if (threadIdx.x == 0) cudaGraphSetConditional(handle, flag ? 1u : 0u);
 }

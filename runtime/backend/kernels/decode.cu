@@ -241,40 +241,12 @@ __device__ __forceinline__ void kv_fill_t(W* kc, W* vc, const W* k, const W* v, 
     }
 }
 
-// The bookkeeping of one generation step, one block: thread b (strided) records sequence b's
-// token at column `step` of tokens ([batch, max_new]): the sampled one while the sequence is
-// active, the pad token once it is done. An active sequence counts its token and is done when
-// the token is the end token (stop[0], -1 for none) or its count reaches limits[b]. Writes the
-// ids the next step embeds (the recorded token, as a float) and their positions (lengths[b],
-// the cache length after this step's append). Then thread 0 advances step and sets active =
-// (some sequence is active and step < max_new), the loop condition; __syncthreads_or makes
-// every thread read step before it changes.
+// One generation step's bookkeeping (generation.cu's generation_step_block), a kernel of the
+// main program; the condition program's graphed_generation_step_set also sets a WHILE node's
+// condition from the flag (conditional.cu).
 extern "C" __global__ void generation_step(int* tokens, int* counts, int* done, const int* limits, const int* stop, int* step, int* active, float* next_ids, float* positions, const int* sampled, const int* lengths, u32 batch, u32 max_new) {
     GR_PDL_ENTRY();
-    const int s = *step;
-    const int end = stop[0], pad = stop[1];
-    int any = 0;
-    for (u32 b = threadIdx.x; b < batch; b += blockDim.x) {
-        const bool was_done = done[b] != 0;
-        const int tok = was_done ? pad : sampled[b];
-        if (s >= 0 && s < (int)max_new) tokens[(u64)b * max_new + s] = tok;
-        if (!was_done) {
-            const int n = counts[b] + 1;
-            counts[b] = n;
-            if (tok == end || n >= limits[b]) {
-                done[b] = 1;
-            } else {
-                any = 1;
-            }
-        }
-        next_ids[b] = (float)tok;
-        positions[b] = (float)lengths[b];
-    }
-    const int any_active = __syncthreads_or(any);
-    if (threadIdx.x == 0) {
-        *step = s + 1;
-        *active = (any_active && s + 1 < (int)max_new) ? 1 : 0;
-    }
+    generation_step_block(tokens, counts, done, limits, stop, step, active, next_ids, positions, sampled, lengths, batch, max_new);
 }
 
 // Greedy sampling: out[r] = the index of the largest value of row r of x ([rows, cols]), the
