@@ -57,6 +57,15 @@ pub trait Module: std::any::Any {
     /// grads and returns one grad per forward input (`None` where none is needed).
     fn backward(&mut self, cx: &mut Cx, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>>;
 
+    /// Whether the module has a backward at all. `#[graphed]` makes this false for an impl
+    /// with a `forward` and no `backward` (an inference module, such as a decoding step over a
+    /// KV cache): `make_graphed` then captures forward graphs only, whatever the mode and
+    /// whichever tensors need grads, and [`Module::backward`] is [`crate::Error::ForwardOnly`].
+    /// Default: true.
+    fn has_backward(&self) -> bool {
+        true
+    }
+
     /// Whether the module splits its backward: `backward` computes the input grads only and
     /// [`Module::backward_weights`] the weight grads (Transformer Engine's wgrad split). Then a
     /// schedule can run the weight grads as separate steps (`w(c)` in `order`); without such
@@ -126,6 +135,10 @@ macro_rules! forward_to_inner {
 
         fn exposes_params(&self) -> bool {
             self.$inner.exposes_params()
+        }
+
+        fn has_backward(&self) -> bool {
+            self.$inner.has_backward()
         }
 
         fn run_hooks(&mut self, kind: $crate::HookKind) -> $crate::Result<()> {

@@ -28,7 +28,9 @@ use proc_macro::TokenStream;
 /// it implements `graphed::Module` for the type and generates the static surfaces
 /// (`BlockInputs`, `BlockOutputs`, `BlockGradOutputs`, `BlockGradInputs`, and
 /// `BlockExtraInputs` for the arguments after a first `&Tensor`), the typed wrapper
-/// `GraphedBlock` and `Block::make_graphed`. On a struct with named fields
+/// `GraphedBlock` and `Block::make_graphed`. An impl with `forward` and no `backward` is an
+/// inference module: forward graphs only, no grad surfaces, no `backward` on the wrapper. On a
+/// struct with named fields
 /// (`#[graphed(warmup = 3, order = [1, 2, -2, -1])] struct TwoStage { first: Block, second: Block }`)
 /// the fields are the chunks, in order; a field `blocks: [Block; N]` or `blocks: Vec<Block>` is
 /// a stack of consecutive chunks. It generates `GraphedTwoStage` (per-field calls, `into_module`)

@@ -84,6 +84,9 @@ pub struct ModuleModel {
     pub outputs: Returned,
     pub grad_outputs: Vec<TensorArg>,
     pub grad_inputs: Returned,
+    /// The impl has no `backward`: an inference module (no grad surfaces, no `backward` on the
+    /// wrapper, `Module::has_backward` false). `grad_outputs` and `grad_inputs` are then empty.
+    pub forward_only: bool,
     pub hooks: Vec<Hook>,
     /// Whether the impl has a `backward_weights` method (its backward is split).
     pub splits_backward: bool,

@@ -66,6 +66,21 @@ fn linear_single_tensor() {
 }
 
 #[test]
+fn inference_module() {
+    let expansion = snapshot(
+        quote!(warmup = 1),
+        quote! {
+            impl DecodeStep {
+                pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+                    todo!()
+                }
+            }
+        },
+    );
+    expect_test::expect_file!["../tests/snapshots/inference_module.rs"].assert_eq(&expansion);
+}
+
+#[test]
 fn renamed_crate() {
     let expansion = snapshot(
         quote!(crate = "renamed"),

@@ -323,8 +323,9 @@ pub enum Error {
         /// The module.
         module: String,
     },
-    /// A backward on graphs captured for inference (forward only).
-    #[error("graphed module `{module}`: the graphs were captured forward-only (inference, or nothing needed a grad), so there is no backward to replay")]
+    /// A backward on graphs captured for inference (forward only), or of a module that has no
+    /// backward.
+    #[error("graphed module `{module}`: the graphs were captured forward-only (inference, a module without a backward, or nothing needed a grad), so there is no backward to replay")]
     ForwardOnly {
         /// The module.
         module: String,

@@ -120,10 +120,14 @@ pub fn make_graphed(
     }
 }
 
-/// Whether a training-mode capture needs backward graphs: some sample input requires a grad,
-/// or some parameter does, or a module does not expose its parameters (so nobody can tell).
-/// Otherwise only forwards are captured (PyTorch #124582) and backward is `Error::ForwardOnly`.
+/// Whether a training-mode capture needs backward graphs: every module has a backward
+/// (`Module::has_backward`), and some sample input requires a grad, or some parameter does, or
+/// a module does not expose its parameters (so nobody can tell). Otherwise only forwards are
+/// captured (PyTorch #124582) and backward is `Error::ForwardOnly`.
 fn needs_backward(modules: &Modules, samples: &Samples) -> bool {
+    if !modules.iter().all(|m| m.has_backward()) {
+        return false;
+    }
     let input_needs = samples.iter().flatten().flatten().flatten().any(Tensor::requires_grad);
     let param_needs = modules.iter().any(|m| {
         let mut any = !m.exposes_params();

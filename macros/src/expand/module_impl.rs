@@ -42,6 +42,31 @@ pub(crate) fn expand(names: &ImplNames, model: &ModuleModel) -> TokenStream {
     let grad_names_str: Vec<String> = model.grad_outputs.iter().map(|arg| arg.name.to_string()).collect();
     let run_hooks = run_hooks(names, model);
     let wgrad = backward_weights(names, model);
+    let backward = if model.forward_only {
+        quote! {
+            #backward_sig {
+                let _ = (__cx, __grad_outputs);
+                #private::Err(#private::Error::ForwardOnly { module: #private::String::from(#module) })
+            }
+
+            fn has_backward(&self) -> bool {
+                false
+            }
+        }
+    } else {
+        quote! {
+            #backward_sig {
+                let [#(#grad_locals),*] =
+                    #private::slot_refs::<#num_grad_outputs>(__grad_outputs, #module, "grad outputs")?;
+                let #grad_in_pattern = #self_ty::backward(
+                    self,
+                    __cx,
+                    #(#private::FromSlotRef::from_slot_ref(#grad_locals, #module, #grad_names_str)?,)*
+                )?;
+                #private::Ok(#private::vec![#(#private::IntoSlot::into_slot(#grad_in_locals)),*])
+            }
+        }
+    };
     quote! {
         #[automatically_derived]
         impl #private::Module for #self_ty {
@@ -63,16 +88,7 @@ pub(crate) fn expand(names: &ImplNames, model: &ModuleModel) -> TokenStream {
                 #private::Ok(#private::vec![#(#private::IntoSlot::into_slot(#out_locals)),*])
             }
 
-            #backward_sig {
-                let [#(#grad_locals),*] =
-                    #private::slot_refs::<#num_grad_outputs>(__grad_outputs, #module, "grad outputs")?;
-                let #grad_in_pattern = #self_ty::backward(
-                    self,
-                    __cx,
-                    #(#private::FromSlotRef::from_slot_ref(#grad_locals, #module, #grad_names_str)?,)*
-                )?;
-                #private::Ok(#private::vec![#(#private::IntoSlot::into_slot(#grad_in_locals)),*])
-            }
+            #backward
 
             #run_hooks
 

@@ -167,6 +167,10 @@ pub(crate) fn surfaces<'a>(names: &ImplNames, model: &'a ModuleModel) -> Vec<Sur
             model,
         },
     ];
+    if model.forward_only {
+        // An inference module: no backward, so no grad surfaces (its `TypedModule` names `()`).
+        surfaces.truncate(2);
+    }
     if has_extra_inputs(model) {
         surfaces.push(Surface {
             name: names.extra_inputs_ty.clone(),
@@ -185,7 +189,10 @@ pub(crate) fn surfaces<'a>(names: &ImplNames, model: &'a ModuleModel) -> Vec<Sur
 /// methods by them; and the chain traits the forward's signature allows.
 pub(crate) fn typed_module_impl(names: &ImplNames, model: &ModuleModel) -> TokenStream {
     let ImplNames { private, self_ty, inputs_ty, outputs_ty, grad_outputs_ty, grad_inputs_ty, .. } = names;
-    let mut surface_tys = vec![inputs_ty, outputs_ty, grad_outputs_ty, grad_inputs_ty];
+    let mut surface_tys = vec![inputs_ty, outputs_ty];
+    if !model.forward_only {
+        surface_tys.extend([grad_outputs_ty, grad_inputs_ty]);
+    }
     if has_extra_inputs(model) {
         surface_tys.push(&names.extra_inputs_ty);
     }
@@ -216,6 +223,8 @@ pub(crate) fn typed_module_impl(names: &ImplNames, model: &ModuleModel) -> Token
             const SPLITS_BACKWARD: bool = true;
         )
     });
+    let (grad_outputs, grad_inputs) =
+        if model.forward_only { (quote!(()), quote!(())) } else { (quote!(#grad_outputs_ty), quote!(#grad_inputs_ty)) };
     quote! {
         #(#slots)*
 
@@ -223,8 +232,8 @@ pub(crate) fn typed_module_impl(names: &ImplNames, model: &ModuleModel) -> Token
         impl #private::TypedModule for #self_ty {
             type Inputs = #inputs_ty;
             type Outputs = #outputs_ty;
-            type GradOutputs = #grad_outputs_ty;
-            type GradInputs = #grad_inputs_ty;
+            type GradOutputs = #grad_outputs;
+            type GradInputs = #grad_inputs;
             #splits
         }
 

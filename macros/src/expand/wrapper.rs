@@ -15,9 +15,15 @@ pub(crate) fn expand(names: &ImplNames, model: &ModuleModel) -> (TokenStream, To
     let ImplNames { private, self_ty, module, wrapper, .. } = names;
     let vis = &model.vis;
     let allow = allow_lints();
-    let wrapper_doc = doc(format!(
-        "[`{module}`] captured into graphs by `#[graphed]`: `forward` and `backward` take and return what `{module}::forward` and `{module}::backward` do, and replay the captured graphs (the eager methods run instead in the mode the graphs were not captured for)."
-    ));
+    let wrapper_doc = doc(if model.forward_only {
+        format!(
+            "[`{module}`] captured into graphs by `#[graphed]`: an inference module (its impl has no `backward`), so only its forward is captured; `forward` takes and returns what `{module}::forward` does and replays the forward graph (the eager method runs instead in the mode the graph was not captured for)."
+        )
+    } else {
+        format!(
+            "[`{module}`] captured into graphs by `#[graphed]`: `forward` and `backward` take and return what `{module}::forward` and `{module}::backward` do, and replay the captured graphs (the eager methods run instead in the mode the graphs were not captured for)."
+        )
+    });
     let wrapper_def = quote! {
         #wrapper_doc
         ///
@@ -157,6 +163,17 @@ fn calls(names: &ImplNames, model: &ModuleModel) -> TokenStream {
     let grad_in_names: Vec<String> = input_names.iter().map(|name| format!("grad of {name}")).collect();
     let out_build = build(&model.outputs, out_locals, private, module, &out_names);
     let grad_build = build(&model.grad_inputs, grad_in_locals, private, module, &grad_in_names);
+    let backward = (!model.forward_only).then(|| {
+        quote! {
+            /// Replays the backward graph of the oldest outstanding forward on these grads and
+            /// returns the grads of the forward's inputs.
+            pub fn backward(&mut self, #(#grad_names: #grad_tys),*) -> #private::Result<#grad_ty> {
+                let __grad_inputs = self.__modules.backward(0, &[#(#private::IntoSlot::into_slot(#grad_names)),*])?;
+                let [#(#grad_in_locals),*] = #private::slots::<#num_grad_inputs>(__grad_inputs, #module, "grad inputs")?;
+                #private::Ok(#grad_build)
+            }
+        }
+    });
     quote! {
         /// Replays the forward graph on these inputs and returns its static outputs. No context
         /// is taken: the graphs keep what the forward saved until its backward.
@@ -166,12 +183,6 @@ fn calls(names: &ImplNames, model: &ModuleModel) -> TokenStream {
             #private::Ok(#out_build)
         }
 
-        /// Replays the backward graph of the oldest outstanding forward on these grads and
-        /// returns the grads of the forward's inputs.
-        pub fn backward(&mut self, #(#grad_names: #grad_tys),*) -> #private::Result<#grad_ty> {
-            let __grad_inputs = self.__modules.backward(0, &[#(#private::IntoSlot::into_slot(#grad_names)),*])?;
-            let [#(#grad_in_locals),*] = #private::slots::<#num_grad_inputs>(__grad_inputs, #module, "grad inputs")?;
-            #private::Ok(#grad_build)
-        }
+        #backward
     }
 }

@@ -8,7 +8,7 @@ use syn::spanned::Spanned;
 use syn::{Ident, ImplItem, ImplItemFn, ItemImpl, ItemStruct};
 
 use crate::ctxt::Ctxt;
-use crate::model::{Entry, Hook, ModuleModel, Order, Pass, StructModel};
+use crate::model::{Entry, Hook, ModuleModel, Order, Pass, Returned, StructModel};
 use crate::parse::{self, GraphedArgs, HookAttr, OrderArg};
 
 mod buckets;
@@ -245,18 +245,12 @@ fn method<'a>(item: &'a ItemImpl, name: &str) -> Option<&'a ImplItemFn> {
     })
 }
 
-/// An error for each of `forward` and `backward` the impl lacks.
-fn require_methods(cx: &mut Ctxt, item: &ItemImpl, has_forward: bool, has_backward: bool) {
+/// An error when the impl lacks `forward` (an impl without `backward` is an inference module).
+fn require_forward(cx: &mut Ctxt, item: &ItemImpl, has_forward: bool) {
     if !has_forward {
         cx.error_spanned_by(
             &item.self_ty,
             "#[graphed] impl is missing `fn forward(&self, cx: &mut Cx, <tensors>) -> Result<...>`",
-        );
-    }
-    if !has_backward {
-        cx.error_spanned_by(
-            &item.self_ty,
-            "#[graphed] impl is missing `fn backward(&mut self, cx: &mut Cx, <grad per output>) -> Result<...>`",
         );
     }
 }
@@ -322,18 +316,38 @@ pub fn graphed_impl(
     }
 
     let (forward, backward) = (method(item, "forward"), method(item, "backward"));
-    require_methods(cx, item, forward.is_some(), backward.is_some());
+    require_forward(cx, item, forward.is_some());
     let forward_sig = forward.and_then(|method| forward_signature(cx, &method.sig));
     let backward_sig = backward.and_then(|method| backward_signature(cx, &method.sig));
+    let forward_only = backward.is_none();
     let mut grad_outputs = Vec::new();
-    let mut grad_inputs = None;
+    let mut grad_inputs = forward_only.then(|| Returned { slots: Vec::new(), tuple: true, ty: syn::parse_quote!(()) });
     if let (Some(fwd), Some(bwd)) = (&forward_sig, backward_sig) {
         grad_outputs = check_grad_outputs(cx, fwd, bwd.args, backward.map(|m| &m.sig));
         grad_inputs = check_grad_inputs(cx, fwd, bwd.ret);
     }
 
     let model_hooks = model_hooks(cx, hooks);
+    if forward_only {
+        for hook in
+            model_hooks.iter().filter(|h| matches!(h.kind, parse::HookKind::PreBackward | parse::HookKind::Backward))
+        {
+            cx.error_spanned_by(
+                &hook.method,
+                format_args!(
+                    "a `{}` hook never runs on an impl without `backward` (an inference module)",
+                    hook.kind.name()
+                ),
+            );
+        }
+    }
     let wgrad = method(item, wgrad::METHOD);
+    if let (true, Some(method)) = (forward_only, wgrad) {
+        cx.error_spanned_by(
+            &method.sig.ident,
+            "`backward_weights` is the second half of a split backward: this impl has no `backward` (an impl without one is an inference module)",
+        );
+    }
     let splits_backward = wgrad.is_some_and(|method| wgrad::backward_weights_signature(cx, &method.sig));
 
     if cx.error_count() > argument_errors {
@@ -349,6 +363,7 @@ pub fn graphed_impl(
         outputs: forward_sig.outputs,
         grad_outputs,
         grad_inputs,
+        forward_only,
         hooks: model_hooks,
         splits_backward,
     })
