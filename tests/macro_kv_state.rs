@@ -144,3 +144,22 @@ fn a_chained_stack_of_inference_layers_decodes_like_its_eager_layers() {
         Ok(())
     });
 }
+
+/// The same stack fused: one launch a token for both layers (the forward-only schedule's one
+/// step), equal to the eager layers.
+#[test]
+fn a_fused_inference_stack_decodes_a_token_a_launch() {
+    on_each_backend(|dev| {
+        let eager = [Step::new(dev)?, Step::new(dev)?];
+        let layers = Layers { layers: vec![Step::new(dev)?, Step::new(dev)?] };
+        let mut g = layers.make_graphed(LayersInputs { x: random(dev, &[MAX_BATCH, D], 9)? }, ())?;
+        g.fuse()?;
+        for t in 0..MAX_LEN {
+            let x = random(dev, &[4, D], 200 + t as u64)?;
+            let want = eager[1].run(&eager[0].run(&x)?)?.to_vec()?;
+            let got = g.step(LayersInputs { x }, (), ())?.output_0.to_vec()?;
+            assert_eq!(got, want, "token {t}");
+        }
+        Ok(())
+    });
+}
