@@ -107,3 +107,23 @@ fn make_graphed_leaves_parameter_grads_bitwise_untouched() {
         Ok(())
     });
 }
+
+/// `make_graphed` copies every exposed grad before warm-up (to put it back after) into the
+/// default pool; the slabs that copy grew are given back with it, so the default pool reserves
+/// afterwards what it did before (on CUDA too: the pool's bookkeeping is the same; a fresh
+/// host device here, so that no other test shares its pool).
+#[test]
+fn make_graphed_keeps_no_copy_of_the_grads_in_the_default_pool() -> Result<()> {
+    let dev = graphed::Device::host();
+    let lin = Lin { w: Param::new(random(&dev, &[512, 512], 2)?)? };
+    lin.w.grad.copy_from_slice(&vec![0.25; 512 * 512])?;
+    let x = random(&dev, &[4, 512], 1)?.with_requires_grad(true);
+    let before = dev.default_pool().stats().reserved;
+    let mut g = lin.make_graphed(&x)?;
+    assert!(g.inner().has_backward());
+    assert_eq!(dev.default_pool().stats().reserved, before, "the grads' copy was given back");
+    assert!(g.module().w.grad.to_vec()?.iter().all(|&v| v == 0.25), "the grads were put back");
+    let y = g.forward(&x)?;
+    g.backward(&y)?;
+    Ok(())
+}

@@ -356,6 +356,11 @@ struct Measured {
     steady_tokens: f64,
     /// Token positions computed (real and padding) after the first 10 steps.
     steady_positions: f64,
+    /// Bytes every pool of the device held once training ran, before the first evaluation
+    /// (whose eager forward grows the default pool): the graph pool, and outside it the
+    /// weights, the f32 masters and grads, the optimizer's moments and the data, which is what
+    /// PyTorch's reserved memory counts too.
+    device_bytes: usize,
 }
 
 /// The training loop: progress lines, validation every `eval_every` steps.
@@ -375,6 +380,7 @@ fn train(
         steady_steps: 0,
         steady_tokens: 0.0,
         steady_positions: 0.0,
+        device_bytes: 0,
     };
     let (t0, mut lap) = (Instant::now(), Instant::now());
     let (mut tokens_all, mut positions_all) = (0.0, 0.0);
@@ -426,6 +432,9 @@ fn train(
         }
         if step % eval_every == 0 || step == steps {
             dev.synchronize()?;
+            if m.device_bytes == 0 {
+                m.device_bytes = dev.reserved_bytes();
+            }
             if step > 10.min(steps) {
                 m.steady_secs += lap.elapsed().as_secs_f64();
             }
@@ -555,13 +564,14 @@ fn run() -> Result<()> {
     let m = train(&mut trainer, &splits, steps, eval_every, lengths)?;
     dev.synchronize()?;
     let pool_mb = trainer.pool_bytes() as f64 / 1e6;
+    let device_mb = m.device_bytes as f64 / 1e6;
     if graphed_mode && trainer.pool_bytes() != pool_at_start {
         return Err(Error::msg("the graph pool grew during training: something was captured again"));
     }
     let rate = m.steady_tokens / m.steady_secs.max(1e-9);
     let waste = 1.0 - m.steady_tokens / m.steady_positions.max(1.0);
     let step_ms = m.steady_secs / m.steady_steps.max(1) as f64 * 1e3;
-    println!("trained {steps} steps in {:.1} s: {rate:.0} tokens/s, {step_ms:.2} ms/step after step 10 (evaluation excluded); graph pool {pool_mb:.1} MB", t0.elapsed().as_secs_f64() - setup);
+    println!("trained {steps} steps in {:.1} s: {rate:.0} tokens/s, {step_ms:.2} ms/step after step 10 (evaluation excluded); graph pool {pool_mb:.1} MB, every pool of the device {device_mb:.1} MB (before evaluation)", t0.elapsed().as_secs_f64() - setup);
     if let Lengths::Ragged { .. } = lengths {
         let buckets =
             trainer.buckets().map_or(String::from("none (every step padded to the context)"), |b| format!("{b:?}"));
@@ -580,7 +590,7 @@ fn run() -> Result<()> {
             .collect();
         let estimate_mb = estimate.map_or(String::from("null"), |e| format!("{:.2}", e as f64 / 1e6));
         let json = format!(
-            "{{\"mode\": \"{mode:?}\", \"dtype\": \"{}\", \"checkpoint\": {checkpoint}, \"context\": {}, \"batch\": {}, \"lengths\": \"{:?}\", \"buckets\": {}, \"bucket_reports\": [{}], \"estimate_mb\": {estimate_mb}, \"padding\": {waste:.4}, \"tokens_per_s\": {rate:.1}, \"step_ms\": {step_ms:.4}, \"setup_s\": {setup:.3}, \"pool_mb\": {pool_mb:.2}, \"loss_first\": {first}, \"loss_last\": {last}, \"val_last\": {val}}}\n",
+            "{{\"mode\": \"{mode:?}\", \"dtype\": \"{}\", \"checkpoint\": {checkpoint}, \"context\": {}, \"batch\": {}, \"lengths\": \"{:?}\", \"buckets\": {}, \"bucket_reports\": [{}], \"estimate_mb\": {estimate_mb}, \"padding\": {waste:.4}, \"tokens_per_s\": {rate:.1}, \"step_ms\": {step_ms:.4}, \"setup_s\": {setup:.3}, \"pool_mb\": {pool_mb:.2}, \"device_mb\": {device_mb:.2}, \"loss_first\": {first}, \"loss_last\": {last}, \"val_last\": {val}}}\n",
             cfg.dtype,
             cfg.context,
             cfg.batch,

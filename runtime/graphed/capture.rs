@@ -56,10 +56,17 @@ pub fn make_graphed(
         (Err(e), _) | (Ok(_), Err(e)) => return Err(CaptureError::new(e, modules)),
     };
     // Warm-up and capture draw random numbers and run backwards: save what they would change.
+    // The grads' copies are in the default pool, for this call only: the slabs they grow are
+    // given back once they are dropped, so the pool keeps no copy of every grad afterwards.
+    let default_pool = device.default_pool();
+    let default_mark = default_pool.mark();
     let saved = device.rng().and_then(|g| g.save()).and_then(|rng| Ok((rng, GradSnapshot::take(&modules)?)));
     let (rng_state, grads) = match saved {
         Ok(s) => s,
-        Err(e) => return Err(CaptureError::new(e, modules)),
+        Err(e) => {
+            default_pool.release_since(default_mark);
+            return Err(CaptureError::new(e, modules));
+        }
     };
     let started = Instant::now();
     let pool = match &options.pool {
@@ -100,7 +107,7 @@ pub fn make_graphed(
             .and_then(|()| device.synchronize())
     };
     let restored = restore();
-    match captured.and_then(|buckets| restored.map(|()| buckets)) {
+    let result = match captured.and_then(|buckets| restored.map(|()| buckets)) {
         Ok(buckets) => Ok(capture.finish(started.elapsed(), buckets)),
         Err(e) => {
             // Restore once more: the failure may have been in the first restore (a transient
@@ -117,7 +124,10 @@ pub fn make_graphed(
             pool.release_since(mark);
             Err(CaptureError::new(e, modules))
         }
-    }
+    };
+    drop(grads);
+    default_pool.release_since(default_mark);
+    result
 }
 
 /// Whether a training-mode capture needs backward graphs: every module has a backward
