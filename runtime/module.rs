@@ -59,9 +59,11 @@ pub trait Module: std::any::Any {
 
     /// Whether the module has a backward at all. `#[graphed]` makes this false for an impl
     /// with a `forward` and no `backward` (an inference module, such as a decoding step over a
-    /// KV cache): `make_graphed` then captures forward graphs only, whatever the mode and
-    /// whichever tensors need grads, and [`Module::backward`] is [`crate::Error::ForwardOnly`].
-    /// Default: true.
+    /// KV cache), and [`Module::backward`] is then [`crate::Error::ForwardOnly`]. When no module
+    /// of a capture has a backward, `make_graphed` captures forward graphs only, whatever the
+    /// mode and whichever tensors need grads; among modules that have one, such a module is
+    /// [`crate::SetupError::NoBackward`] when grads are wanted (forward graphs alone would leave
+    /// them uncomputed) and a forward-only capture otherwise. Default: true.
     fn has_backward(&self) -> bool {
         true
     }

@@ -5,7 +5,9 @@
 mod common;
 
 use common::{on_each_backend, random};
-use graphed::{graphed, ops, Cx, Error, Param, Parameters, Result, Tensor};
+use graphed::{
+    graphed, make_graphed, ops, Cx, Error, GraphOptions, Module, Param, Parameters, Result, SetupError, Tensor,
+};
 
 /// A linear layer that exposes its parameters.
 #[derive(Parameters)]
@@ -39,6 +41,16 @@ impl Opaque {
     pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
         let x = cx.saved(0)?;
         ops::linear_backward(dy, &x, &self.w.value, &self.w.grad, None, cx.needs_input_grad(0))
+    }
+}
+
+/// An inference module: a `#[graphed]` impl with no `backward`.
+pub struct Double;
+
+#[graphed(warmup = 2)]
+impl Double {
+    pub fn forward(&self, _cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        ops::scale(x, 2.0)
     }
 }
 
@@ -126,4 +138,42 @@ fn make_graphed_keeps_no_copy_of_the_grads_in_the_default_pool() -> Result<()> {
     let y = g.forward(&x)?;
     g.backward(&y)?;
     Ok(())
+}
+
+/// Modules without a backward among modules with one: when grads are wanted (a trainable
+/// weight), forward graphs alone would leave them uncomputed, so the capture is refused and the
+/// modules come back; for inference, or when nothing needs a grad, it captures the forwards.
+#[test]
+fn an_inference_module_among_trainable_ones_is_refused_when_grads_are_wanted() {
+    on_each_backend(|dev| {
+        let x = random(dev, &[4, 8], 1)?;
+        let samples = || vec![vec![vec![Some(x.clone())]], vec![vec![Some(x.clone())]]];
+        let modules = |w: Param| -> Vec<Box<dyn Module>> { vec![Box::new(Double), Box::new(Lin { w })] };
+        let trainable = || -> Result<Param> { Param::new(random(dev, &[8, 8], 2)?) };
+        let Err(refused) = make_graphed(modules(trainable()?), samples(), GraphOptions::new().warmup(1)) else {
+            panic!("a trainable weight behind a module without a backward must be refused");
+        };
+        assert!(
+            matches!(refused.error(), Error::Setup(SetupError::NoBackward { chunk: 1, .. })),
+            "{}",
+            refused.error()
+        );
+        assert_eq!(refused.into_inner().len(), 2, "the modules come back");
+        let g = make_graphed(modules(trainable()?), samples(), GraphOptions::new().warmup(1).inference())?;
+        assert!(!g.has_backward(), "for inference");
+        let frozen = Param::frozen(random(dev, &[8, 8], 2)?)?;
+        let g = make_graphed(modules(frozen), samples(), GraphOptions::new().warmup(1))?;
+        assert!(!g.has_backward(), "nothing needs a grad");
+        // Every module without a backward: a plain inference capture, even of inputs that need
+        // grads.
+        let xg = x.clone().with_requires_grad(true);
+        let both: Vec<Box<dyn Module>> = vec![Box::new(Double), Box::new(Double)];
+        let g = make_graphed(
+            both,
+            vec![vec![vec![Some(xg.clone())]], vec![vec![Some(xg)]]],
+            GraphOptions::new().warmup(1),
+        )?;
+        assert!(!g.has_backward());
+        Ok(())
+    });
 }

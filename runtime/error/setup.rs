@@ -67,4 +67,14 @@ pub enum SetupError {
         /// The number of chunks.
         chunks: usize,
     },
+    /// A training-mode capture that needs backward graphs (an input or a parameter needs a
+    /// grad) of modules among which one has no backward (a `#[graphed]` impl without one): its
+    /// chunk could pass no grad on. Captures where no module has a backward are forward-only.
+    #[error("make_graphed: chunk {chunk} ({module}) has no backward (an inference module), but the other chunks need backward graphs (an input or a parameter needs a grad); give it a backward, or capture for inference (GraphOptions::inference())")]
+    NoBackward {
+        /// The module without a backward.
+        module: String,
+        /// Its chunk (1-indexed, as in `order`).
+        chunk: usize,
+    },
 }

@@ -46,7 +46,8 @@ pub fn make_graphed(
     options: GraphOptions,
 ) -> std::result::Result<GraphedModules, CaptureError<Modules>> {
     let has_backward = options.training && needs_backward(&modules, &samples);
-    let validated = validate(&modules, &samples, &options, has_backward);
+    let validated = without_backward(&modules, &samples, &options)
+        .and_then(|()| validate(&modules, &samples, &options, has_backward));
     // Modules that talk to other ranks: every rank must be about to capture the same schedule
     // (a typed error on every rank otherwise, before anything runs). A rank whose own
     // arguments are refused takes part all the same, so its peers hear of it at once.
@@ -131,16 +132,31 @@ pub fn make_graphed(
 }
 
 /// Whether a training-mode capture needs backward graphs: every module has a backward
-/// (`Module::has_backward`), and some sample input requires a grad, or some parameter does, or
-/// a module does not expose its parameters (so nobody can tell). Otherwise only forwards are
-/// captured (PyTorch #124582) and backward is `Error::ForwardOnly`.
+/// (`Module::has_backward`), and grads are wanted ([`wants_grads`]). Otherwise only forwards
+/// are captured (PyTorch #124582) and backward is `Error::ForwardOnly`.
 fn needs_backward(modules: &Modules, samples: &Samples) -> bool {
-    if !modules.iter().all(|m| m.has_backward()) {
-        return false;
+    modules.iter().all(|m| m.has_backward()) && wants_grads(modules, samples)
+}
+
+/// `Err(SetupError::NoBackward)` for a training-mode capture that wants grads of modules of
+/// which some, not all, have no backward: forward graphs alone would leave the others' grads
+/// silently uncomputed. (With no backward anywhere the capture is plainly for inference.)
+fn without_backward(modules: &Modules, samples: &Samples, options: &GraphOptions) -> Result<()> {
+    let missing = modules.iter().position(|m| !m.has_backward());
+    match missing {
+        Some(i) if options.training && modules.iter().any(|m| m.has_backward()) && wants_grads(modules, samples) => {
+            Err(SetupError::NoBackward { module: modules[i].name().into(), chunk: i + 1 }.into())
+        }
+        _ => Ok(()),
     }
+}
+
+/// Whether some sample input requires a grad, or some parameter does, or a module with a
+/// backward does not expose its parameters (so nobody can tell what its backward computes).
+fn wants_grads(modules: &Modules, samples: &Samples) -> bool {
     let input_needs = samples.iter().flatten().flatten().flatten().any(Tensor::requires_grad);
     let param_needs = modules.iter().any(|m| {
-        let mut any = !m.exposes_params();
+        let mut any = !m.exposes_params() && m.has_backward();
         m.visit_params(&mut |_, p| any |= p.requires_grad());
         any
     });
