@@ -1,17 +1,22 @@
-//! A KV cache as module state under the DSL: a `#[graphed]` decode step whose forward appends
-//! the new token's key and value to caches it owns and attends over them, bucketed by batch
-//! (`buckets(axis = 0, ...)`), its impl without a `backward` (an inference module: forward
-//! graphs only, though its weights need grads), its warm-up undone by capture-time hooks that
-//! put the cache lengths back. Replayed token by token it gives the
-//! eager step's outputs and caches bit for bit at every batch size; a call reads and writes the
-//! first rows of the caches, as many as its bucket has (a batch padded to its bucket appends the
-//! padding's zeros to the padding rows: a module whose state must not see them reads the real
-//! size, `Cx::bucket_length`).
+//! Serving under the DSL: `#[graphed]` impls without a `backward` (inference modules: forward
+//! graphs only, though their weights need grads), bucketed by batch (`buckets(axis = 0, ...)`),
+//! each checked bit for bit against the same module run eagerly.
+//!
+//! - A decoding step over KV caches it owns (module state), its warm-up undone by capture-time
+//!   hooks that put the cache lengths back. A call reads and writes the first rows of the
+//!   caches, as many as its bucket has: a batch padded to its bucket appends the padding's zeros
+//!   to the padding rows (a module whose state must not see them reads the real size,
+//!   `Cx::bucket_length`).
+//! - A chained stack of such steps (a decoder's layers), per token and fused into one launch.
+//! - A whole request: the first tokens recorded, then a decoding step under a WHILE node until
+//!   every sequence stopped (`Condition::run_while` inside the forward), one launch of its
+//!   bucket's graph.
 
 mod common;
 
 use common::{on_each_backend, random};
-use graphed::{capture_time_hook, graphed, ops, Cx, Device, Error, Param, Result, Tensor};
+use graphed::ops::{Generation, Stop};
+use graphed::{capture_time_hook, graphed, ops, Condition, Cx, Device, Error, NodeKind, Param, Result, Tensor};
 
 const D: usize = 8;
 const MAX_BATCH: usize = 4;
@@ -159,6 +164,101 @@ fn a_fused_inference_stack_decodes_a_token_a_launch() {
             let want = eager[1].run(&eager[0].run(&x)?)?.to_vec()?;
             let got = g.step(LayersInputs { x }, (), ())?.output_0.to_vec()?;
             assert_eq!(got, want, "token {t}");
+        }
+        Ok(())
+    });
+}
+
+/// A whole request as one inference module: the first token of each sequence recorded, then
+/// a decoding step under a WHILE node until every sequence stopped (`Condition::run_while`
+/// inside the forward), bucketed by batch. A toy model: token `t` is followed by
+/// `(3t + 1) mod VOCAB` (the argmax of row `t` of a table of logits). Each request is one
+/// launch of its bucket's graph; the caller starts the bookkeeping (limits, the end token)
+/// before it, and gets the recorded tokens back.
+struct Request {
+    table: Tensor,
+    gen: Generation,
+    positions: Tensor,
+}
+
+const VOCAB: usize = 16;
+const NEW: usize = 10;
+const END: u32 = 15;
+
+impl Request {
+    fn new(dev: &Device) -> Result<Request> {
+        let mut logits = vec![0.0f32; VOCAB * VOCAB];
+        for t in 0..VOCAB {
+            logits[t * VOCAB + (3 * t + 1) % VOCAB] = 1.0;
+        }
+        Ok(Request {
+            table: Tensor::from_slice(dev, &logits, &[VOCAB, VOCAB])?,
+            gen: Generation::new(dev, MAX_BATCH, NEW)?,
+            positions: Tensor::from_i32(dev, &[0; MAX_BATCH], &[MAX_BATCH])?,
+        })
+    }
+
+    /// The request on `first` (`I32 [batch]`) over the first `batch` sequences' books; returns
+    /// a copy of their recorded tokens (`I32 [batch, NEW]`).
+    fn run(&self, first: &Tensor) -> Result<Tensor> {
+        let b = first.dims()[0];
+        let gen = self.gen.prefix(b)?;
+        let positions = self.positions.prefix_view(&[b])?;
+        ops::generation_step(&gen, first, &positions)?;
+        Condition::nonzero(gen.active())?.run_while(|| {
+            let logits = ops::embedding(gen.next_ids(), &self.table)?;
+            ops::generation_step(&gen, &ops::argmax(&logits)?, &positions)
+        })?;
+        let tokens = gen.recorded().clone();
+        let out = Tensor::empty_like(&tokens)?;
+        out.copy_(&tokens)?;
+        Ok(out)
+    }
+
+    /// Starts a request of `limits.len()` sequences (the rows past them start stopped).
+    fn start(&self, limits: &[usize]) -> Result<()> {
+        self.gen.start(limits, Stop { end: Some(END), pad: 0 })
+    }
+}
+
+#[graphed(warmup = 1, buckets(axis = 0, sizes = [1, 2, 4]))]
+impl Request {
+    fn forward(&self, _cx: &mut Cx, first: &Tensor) -> Result<Tensor> {
+        self.run(first)
+    }
+
+    /// Warm-up runs whole requests eagerly: start one at the largest batch.
+    #[capture_time_hook(pre_forward)]
+    fn begin(&mut self) -> Result<()> {
+        self.start(&[NEW; MAX_BATCH])
+    }
+}
+
+#[test]
+fn a_request_is_one_launch_of_its_batch_buckets_graph() {
+    on_each_backend(|dev| {
+        let eager = Request::new(dev)?;
+        let mut g = Request::new(dev)?.make_graphed(&Tensor::from_i32(dev, &[1; MAX_BATCH], &[MAX_BATCH])?)?;
+        assert!(!g.inner().has_backward());
+        let requests: [(&[i32], &[usize]); 4] =
+            [(&[2, 5, 1], &[10, 10, 3]), (&[7], &[10]), (&[4, 15, 0, 9], &[10, 2, 10, 5]), (&[3, 3], &[1, 10])];
+        for (first, limits) in requests {
+            let first = Tensor::from_i32(dev, first, &[first.len()])?;
+            eager.start(limits)?;
+            let want = eager.run(&first)?.to_i32_vec()?;
+            g.module().start(limits)?;
+            let got = g.forward(&first)?;
+            assert_eq!(got.dims(), [limits.len(), NEW], "trimmed to the request's batch");
+            assert_eq!(got.to_i32_vec()?, want, "request of {}", limits.len());
+            assert_eq!(g.module().gen.steps()?, eager.gen.steps()?);
+            // The bucket's one graph holds the loop: a WHILE node on CUDA, the host backend's
+            // loop op on the host.
+            let (_, graph) = g.inner().graphs()[0];
+            let loops = graph
+                .nodes()?
+                .into_iter()
+                .filter(|n| n.kind == NodeKind::Conditional || n.kernel.as_deref() == Some("while_loop"));
+            assert_eq!(loops.count(), 1, "one loop in the request's graph");
         }
         Ok(())
     });

@@ -174,6 +174,12 @@ impl Generation {
         &self.step
     }
 
+    /// The recorded tokens on the device (`I32` `[batch, max_new]`, a stopped sequence's pad
+    /// tokens included): what [`Generation::record`] reads, for a graph to copy out.
+    pub fn recorded(&self) -> &Tensor {
+        &self.tokens
+    }
+
     /// Each sequence's tokens so far (as many as it produced; its end token included), read
     /// from the device.
     pub fn tokens(&self) -> Result<Vec<Vec<i32>>> {
