@@ -18,4 +18,11 @@ cd "$(dirname "$0")/.."
   echo '```rust'
   cat macros/tests/snapshots/two_stage_schedule.rs
   echo '```'
+  echo
+  echo 'An inference module (an impl without `backward`: no grad surfaces, no `backward` on the'
+  echo 'wrapper, `has_backward` false), from `macros/tests/snapshots/inference_module.rs`:'
+  echo
+  echo '```rust'
+  cat macros/tests/snapshots/inference_module.rs
+  echo '```'
 } > docs/EXPANSION.md
