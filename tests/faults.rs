@@ -880,14 +880,17 @@ impl Workload for Decoding {
 
 /// One optimizer step, eager, in its default form (one launch over every parameter): AdamW
 /// over f32 weights, the mixed-precision AdamW over bf16 weights, and over f16 weights with a
-/// loss scaler. A failed step leaves the weights, grads, masters, moments, step count and
-/// scale as they were. Not swept, because it does not hold to it: `Launches::PerTensor` (a
-/// failed launch leaves the parameters before it updated).
+/// loss scaler; SGD with momentum over f32 weights, and its mixed-precision form over bf16
+/// weights with a loss scaler. A failed step leaves the weights, grads, masters, moments (or
+/// momentum buffers), step count and scale as they were. Not swept, because it does not hold
+/// to it: `Launches::PerTensor` (a failed launch leaves the parameters before it updated).
 struct Optimizer;
 
 enum Opt {
     Adam(graphed::optim::AdamW),
     Mixed(graphed::optim::MixedAdamW),
+    Sgd(graphed::optim::Sgd),
+    MixedSgd(graphed::optim::MixedSgd),
 }
 
 struct OptimizerState {
@@ -897,13 +900,18 @@ struct OptimizerState {
 
 impl Workload for Optimizer {
     type State = OptimizerState;
-    const CALLS: &'static [&'static str] =
-        &["AdamW::step", "MixedAdamW::step (bf16)", "MixedAdamW::step (f16, loss scaler)"];
+    const CALLS: &'static [&'static str] = &[
+        "AdamW::step",
+        "MixedAdamW::step (bf16)",
+        "MixedAdamW::step (f16, loss scaler)",
+        "Sgd::step (momentum)",
+        "MixedSgd::step (bf16, loss scaler)",
+    ];
 
     fn setup(&self, dev: &Device, call: usize) -> Result<OptimizerState> {
-        use graphed::optim::{AdamW, AdamWConfig, LossScaler, LossScalerConfig, MixedAdamW};
+        use graphed::optim::{AdamW, AdamWConfig, LossScaler, LossScalerConfig, MixedAdamW, MixedSgd, Sgd, SgdConfig};
         use graphed::DType;
-        let dtype = [DType::F32, DType::BF16, DType::F16][call];
+        let dtype = [DType::F32, DType::BF16, DType::F16, DType::F32, DType::BF16][call];
         let params = (0..3)
             .map(|i| -> Result<Param> {
                 let dims = [[H, H], [H, 1], [2, H]][i];
@@ -915,13 +923,19 @@ impl Workload for Optimizer {
             })
             .collect::<Result<Vec<_>>>()?;
         let config = AdamWConfig { lr: 1e-2, ..Default::default() };
+        let sgd = SgdConfig { lr: 1e-2, momentum: 0.9, weight_decay: 1e-3 };
+        let scaler = || LossScaler::new(dev, LossScalerConfig { init_scale: 64.0, ..Default::default() });
         let opt = match call {
             0 => Opt::Adam(AdamW::new(&params, config)?),
             1 => Opt::Mixed(MixedAdamW::new(&params, config, None)?),
-            _ => {
-                let scaler = LossScaler::new(dev, LossScalerConfig { init_scale: 64.0, ..Default::default() })?;
-                Opt::Mixed(MixedAdamW::new(&params, config, Some(scaler))?)
+            2 => Opt::Mixed(MixedAdamW::new(&params, config, Some(scaler()?))?),
+            3 => {
+                // A first step, so the momentum buffers hold something to keep.
+                let o = Sgd::new(&params, sgd)?;
+                o.step()?;
+                Opt::Sgd(o)
             }
+            _ => Opt::MixedSgd(MixedSgd::new(&params, sgd, Some(scaler()?))?),
         };
         Ok(OptimizerState { params, opt })
     }
@@ -930,6 +944,8 @@ impl Workload for Optimizer {
         match &st.opt {
             Opt::Adam(o) => o.step(),
             Opt::Mixed(o) => o.step(),
+            Opt::Sgd(o) => o.step(),
+            Opt::MixedSgd(o) => o.step(),
         }
     }
 
@@ -956,6 +972,15 @@ impl Workload for Optimizer {
                 tensors.extend(m.iter().chain(v).cloned());
                 tensors.extend(o.masters().iter().map(|p| p.value.clone()));
                 words.push(o.step_count().expect("step count"));
+                if let Some(s) = o.scaler() {
+                    words.push(u64::from(s.scale().expect("scale").to_bits()));
+                    words.push(s.skipped_steps().expect("skipped steps"));
+                }
+            }
+            Opt::Sgd(o) => tensors.extend(o.momentum_buffers().iter().flatten().cloned()),
+            Opt::MixedSgd(o) => {
+                tensors.extend(o.momentum_buffers().iter().flatten().cloned());
+                tensors.extend(o.masters().iter().map(|p| p.value.clone()));
                 if let Some(s) = o.scaler() {
                     words.push(u64::from(s.scale().expect("scale").to_bits()));
                     words.push(s.skipped_steps().expect("skipped steps"));

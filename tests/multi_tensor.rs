@@ -9,7 +9,9 @@ mod common;
 mod ops_support;
 
 use common::{on_each_backend, random_vec};
-use graphed::optim::{AdamW, AdamWConfig, Launches, LossScaler, LossScalerConfig, MixedAdamW};
+use graphed::optim::{
+    AdamW, AdamWConfig, Launches, LossScaler, LossScalerConfig, MixedAdamW, MixedSgd, Sgd, SgdConfig,
+};
 use graphed::{CaptureMode, DType, Device, Error, Graph, Param, Result, Tensor};
 
 /// Element counts around the kernels' 8192-element chunks, the 4-element vectors and the tails.
@@ -235,6 +237,108 @@ fn zero_grad_clears_every_grad_in_one_launch() {
         graph.replay()?;
         for p in &ps {
             assert!(p.grad.to_vec()?.iter().all(|v| v.to_bits() == 0), "a grad is not zero");
+        }
+        Ok(())
+    });
+}
+
+/// SGD (momentum and weight decay, or plain) over the same tensors: one launch over a table
+/// against one launch a tensor, bitwise, in f32, bf16 and f16 (with a loss scaler and a forced
+/// overflow), eager and replayed, with and without the IF node; and the update is one kernel.
+#[test]
+fn multi_tensor_sgd_is_bitwise_the_per_tensor_path() {
+    const SGD: SgdConfig = SgdConfig { lr: 0.05, momentum: 0.9, weight_decay: 1e-2 };
+    on_each_backend(|dev| {
+        let run = |case: Case, config: SgdConfig, variant: Variant| -> Result<Vec<Vec<u32>>> {
+            let ps: Vec<Param> = SIZES
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    Param::new(Tensor::from_slice_as(dev, &random_vec(n, 100 + i as u64), &[n], case.dtype)?)
+                })
+                .collect::<Result<_>>()?;
+            enum Sgds {
+                F32(Sgd),
+                Mixed(Box<MixedSgd>),
+            }
+            let opt = match case.dtype {
+                DType::F32 => Sgds::F32(Sgd::new(&ps, config)?.with_launches(variant.launches)),
+                _ => {
+                    let scaler = match case.scaler {
+                        true => {
+                            Some(LossScaler::new(dev, LossScalerConfig { init_scale: SCALE, ..Default::default() })?)
+                        }
+                        false => None,
+                    };
+                    let o = MixedSgd::new(&ps, config, scaler)?;
+                    Sgds::Mixed(Box::new(o.with_launches(variant.launches).with_conditional_skip(variant.node)))
+                }
+            };
+            let step = || match (&opt, case.zero) {
+                (Sgds::F32(o), false) => o.step(),
+                (Sgds::F32(o), true) => o.step().and_then(|()| o.zero_grad()),
+                (Sgds::Mixed(o), false) => o.step(),
+                (Sgds::Mixed(o), true) => o.step_and_zero_grad(),
+            };
+            let mut graph = Graph::new(dev);
+            let mut out = Vec::new();
+            for s in 0..STEPS {
+                set_grads(&ps, case, s)?;
+                if variant.captured {
+                    if !graph.is_captured() {
+                        graph.capture(CaptureMode::Global, step)?;
+                        if let (Sgds::F32(_), false, Launches::MultiTensor) = (&opt, case.zero, variant.launches) {
+                            let kernels = graph.nodes()?.iter().filter(|n| n.kernel.is_some()).count();
+                            assert_eq!(kernels, 1, "one launch for {} parameters", ps.len());
+                        }
+                    }
+                    graph.replay()?;
+                } else {
+                    step()?;
+                }
+                let (masters, bufs) = match &opt {
+                    Sgds::F32(o) => (o.params(), o.momentum_buffers()),
+                    Sgds::Mixed(o) => (o.masters(), o.momentum_buffers()),
+                };
+                for t in masters.iter().map(|p| &p.value).chain(bufs.iter().flatten()) {
+                    out.push(bits(t)?);
+                }
+                for p in &ps {
+                    out.push(bits(&p.value)?);
+                    out.push(bits(&p.grad)?);
+                }
+                if let Sgds::Mixed(o) = &opt {
+                    if let Some(sc) = o.scaler() {
+                        out.push(vec![sc.scale()?.to_bits(), sc.skipped_steps()? as u32]);
+                    }
+                }
+            }
+            Ok(out)
+        };
+        let plain = SgdConfig { momentum: 0.0, ..SGD };
+        let cases = [
+            (Case { dtype: DType::F32, scaler: false, zero: false }, SGD),
+            (Case { dtype: DType::F32, scaler: false, zero: true }, plain),
+            (Case { dtype: DType::BF16, scaler: false, zero: true }, SGD),
+            (Case { dtype: DType::BF16, scaler: true, zero: false }, plain),
+            (Case { dtype: DType::F16, scaler: true, zero: true }, SGD),
+        ];
+        for (case, config) in cases {
+            let reference = Variant { launches: Launches::PerTensor, captured: false, node: false };
+            let want = run(case, config, reference)?;
+            let variants = [
+                Variant { launches: Launches::MultiTensor, captured: false, node: false },
+                Variant { launches: Launches::MultiTensor, captured: true, node: false },
+                Variant { launches: Launches::MultiTensor, captured: true, node: true },
+                Variant { launches: Launches::PerTensor, captured: true, node: false },
+            ];
+            for variant in variants {
+                same(
+                    &format!("{case:?}, momentum {}, {variant:?}", config.momentum),
+                    &run(case, config, variant)?,
+                    &want,
+                )?;
+            }
         }
         Ok(())
     });

@@ -128,6 +128,9 @@ kernels! {
     AdamwMtF16 = "adamw_mt_f16" (Ptr, Ptr, U32, Ptr, Ptr, Ptr, F32, F32, F32, F32, U32);
     AmpUnscaleCheckMt = "amp_unscale_check_mt" (Ptr, Ptr, U32, Ptr);
     ZeroGradsMt = "zero_grads_mt" (Ptr, Ptr, U32, Ptr);
+    SgdMtF32 = "sgd_mt_f32" (Ptr, Ptr, U32, Ptr, Ptr, F32, F32, U32, U32);
+    SgdMtBf16 = "sgd_mt_bf16" (Ptr, Ptr, U32, Ptr, Ptr, F32, F32, U32, U32);
+    SgdMtF16 = "sgd_mt_f16" (Ptr, Ptr, U32, Ptr, Ptr, F32, F32, U32, U32);
     FillU16 = "fill_u16" (Ptr, U32, U32);
     ResizeAxesU32 = "resize_axes_u32" (Ptr, Ptr, U32, U32, U32, U32, U32, U32, U32, U32);
     ResizeAxesU16 = "resize_axes_u16" (Ptr, Ptr, U32, U32, U32, U32, U32, U32, U32, U32);

@@ -412,10 +412,10 @@ impl<O: sealed::Master> Mixed<O> {
     }
 
     /// One update: unscale and check (with a scaler), the optimizer's per-step work, the
-    /// update of every parameter (master and model weights; one kernel for AdamW, one a
-    /// parameter for SGD or with [`Launches::PerTensor`]), and the scale update. Capturable; no
-    /// host sync. Eager, a step that fails (a failed launch) leaves the step count, the rate
-    /// and the scale as they were, and AdamW's with the default launches everything else too:
+    /// update of every parameter (master and model weights; one kernel a model dtype, one a
+    /// parameter with [`Launches::PerTensor`]), and the scale update. Capturable; no host
+    /// sync. Eager, a step that fails (a failed launch) leaves the step count, the rate and the
+    /// scale as they were, and with the default launches everything else too:
     /// the parameters' update is its last launch, and the grads a scaler divided are multiplied
     /// back (exactly, for a scale that is a power of two, which the default scale, growth and
     /// backoff keep). With one launch a parameter, those before the failed launch keep their
@@ -425,7 +425,7 @@ impl<O: sealed::Master> Mixed<O> {
     }
 
     /// [`Mixed::step`] then [`Mixed::zero_grad`], the grads zeroed by the update kernels once
-    /// read (AdamW; SGD fills them after its update). Capturable.
+    /// read (one fill a grad after each update with [`Launches::PerTensor`]). Capturable.
     pub fn step_and_zero_grad(&self) -> Result<()> {
         self.update(true)
     }

@@ -1,7 +1,7 @@
 //! SGD over f32 master weights behind bf16/f16 model weights.
 
 use super::mixed::{make_masters, sealed::Master, LossScaler, Mixed};
-use super::{Sgd, SgdConfig};
+use super::{Launches, Sgd, SgdConfig};
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{cpu, exec, n32, Exec};
 use crate::{DType, Param, Result, Tensor};
@@ -30,7 +30,13 @@ impl Mixed<Sgd> {
     /// model values widened to f32.
     pub fn new(model: &[Param], config: SgdConfig, scaler: Option<LossScaler>) -> Result<MixedSgd> {
         let (device, masters) = make_masters("MixedSgd::new", model, scaler.as_ref())?;
-        Mixed::wrap(model, Sgd::new(&masters, config)?, scaler, &device)
+        Mixed::wrap(model, Sgd::build("MixedSgd::new", &masters, config, Some(model))?, scaler, &device)
+    }
+
+    /// The f32 momentum buffers, one per parameter (`None` without momentum); see
+    /// [`Sgd::momentum_buffers`].
+    pub fn momentum_buffers(&self) -> &[Option<Tensor>] {
+        self.inner().momentum_buffers()
     }
 }
 
@@ -49,6 +55,23 @@ impl Master for Sgd {
             crate::ops::fill_(&p.grad, 0.0)?;
         }
         Ok(())
+    }
+
+    fn update_all(&self, model: &[Param], flag: &Tensor, zero: u32) -> Result<()> {
+        match self.launches {
+            Launches::MultiTensor => self.update_tables(Some(flag), zero),
+            Launches::PerTensor => {
+                model.iter().enumerate().try_for_each(|(i, p)| self.update_param(i, p, flag, zero != 0))
+            }
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        self.check_tables()
+    }
+
+    fn launching(self, launches: Launches) -> Sgd {
+        self.with_launches(launches)
     }
 }
 

@@ -42,7 +42,7 @@ use crate::tensor::restoring;
 use crate::{DType, Device, Param, Parameters, Result, Tensor};
 use multi_tensor::{Row, TensorTable, G, M, MODEL, P, V};
 
-/// How [`AdamW`] and [`MixedAdamW`] launch their update kernels.
+/// How [`AdamW`], [`Sgd`] and their mixed-precision forms launch their update kernels.
 ///
 /// ```
 /// use graphed::optim::{AdamW, AdamWConfig, Launches};
@@ -223,6 +223,10 @@ pub struct Sgd {
     config: SgdConfig,
     lr: DeviceLr,
     bufs: Vec<Option<Tensor>>,
+    launches: Launches,
+    /// The multi-tensor kernels' tables with their kernel: one, or one per 16-bit dtype of
+    /// mixed-precision model weights.
+    tables: Vec<(BuiltinKernel, TensorTable)>,
 }
 
 impl Sgd {
@@ -230,16 +234,67 @@ impl Sgd {
     /// [`OptimError::NoParams`] for no params, [`OptimError::HyperParameter`] for a negative or
     /// non-finite hyper-parameter.
     pub fn new(params: &[Param], config: SgdConfig) -> Result<Sgd> {
-        const OP: &str = "Sgd::new";
-        let device = check_params(OP, params)?;
-        check_hyper(OP, "lr", config.lr, false)?;
-        check_hyper(OP, "momentum", config.momentum, false)?;
-        check_hyper(OP, "weight_decay", config.weight_decay, false)?;
-        let bufs = params
+        Sgd::build("Sgd::new", params, config, None)
+    }
+
+    /// [`Sgd::new`], the tables of the multi-tensor kernels built over `params` and, with
+    /// `model` (mixed precision: `params` are the masters), the 16-bit model weights the
+    /// update rewrites (one table per model dtype; the caller checked the model).
+    fn build(op: &'static str, params: &[Param], config: SgdConfig, model: Option<&[Param]>) -> Result<Sgd> {
+        let device = check_params(op, params)?;
+        check_hyper(op, "lr", config.lr, false)?;
+        check_hyper(op, "momentum", config.momentum, false)?;
+        check_hyper(op, "weight_decay", config.weight_decay, false)?;
+        let bufs: Vec<Option<Tensor>> = params
             .iter()
             .map(|p| if config.momentum != 0.0 { state_zeros(&device, p.value.dims()).map(Some) } else { Ok(None) })
             .collect::<Result<_>>()?;
-        Ok(Sgd { params: params.to_vec(), config, lr: DeviceLr::new(&device, config.lr)?, bufs })
+        // Tensors in table order, grouped by the kernel that updates them.
+        let mut groups: Vec<(BuiltinKernel, Vec<Row>)> = Vec::new();
+        for (i, p) in params.iter().enumerate() {
+            let model_value = model.and_then(|ms| ms.get(i)).map(|mp| mp.value.clone());
+            let kernel = match model_value.as_ref().map(Tensor::dtype) {
+                None | Some(DType::F32) | Some(DType::I32) => BuiltinKernel::SgdMtF32,
+                Some(DType::BF16) => BuiltinKernel::SgdMtBf16,
+                Some(DType::F16) => BuiltinKernel::SgdMtF16,
+            };
+            let mut row = Row::default();
+            row[P] = Some(p.value.clone());
+            row[G] = Some(p.grad.clone());
+            row[M] = bufs[i].clone();
+            row[MODEL] = model_value;
+            match groups.iter_mut().find(|(k, _)| *k == kernel) {
+                Some((_, rows)) => rows.push(row),
+                None => groups.push((kernel, vec![row])),
+            }
+        }
+        let tables =
+            groups.into_iter().map(|(k, rows)| Ok((k, TensorTable::new(op, &device, rows)?))).collect::<Result<_>>()?;
+        Ok(Sgd {
+            params: params.to_vec(),
+            config,
+            lr: DeviceLr::new(&device, config.lr)?,
+            bufs,
+            launches: Launches::default(),
+            tables,
+        })
+    }
+
+    /// The same optimizer launching its kernels as `launches` says (multi-tensor by default).
+    pub fn with_launches(mut self, launches: Launches) -> Sgd {
+        self.launches = launches;
+        self
+    }
+
+    /// How the update kernels are launched.
+    pub fn launches(&self) -> Launches {
+        self.launches
+    }
+
+    /// The momentum buffers, one per parameter in [`Sgd::params`] order (`None` without
+    /// momentum). Read them; writing them changes the next steps.
+    pub fn momentum_buffers(&self) -> &[Option<Tensor>] {
+        &self.bufs
     }
 
     /// An optimizer over the module's trainable parameters ([`Parameters::trainable_params`]:
@@ -280,8 +335,15 @@ impl Sgd {
         &self.params
     }
 
-    /// One update of every parameter from its grad: one kernel per parameter. Capturable.
+    /// One update of every parameter from its grad: one launch (one a parameter with
+    /// [`Launches::PerTensor`]). Capturable. Eager, a failed launch leaves every parameter as
+    /// it was with the default launches (there is only the one); with one launch a parameter,
+    /// those before the failed launch keep their update.
     pub fn step(&self) -> Result<()> {
+        if self.launches == Launches::MultiTensor {
+            self.check_tables()?;
+            return self.update_tables(None, 0);
+        }
         let SgdConfig { momentum, weight_decay, .. } = self.config;
         for (p, buf) in self.params.iter().zip(&self.bufs) {
             let n = n32("Sgd::step", p.value.numel())?;
@@ -326,9 +388,81 @@ impl Sgd {
         Ok(())
     }
 
-    /// Sets every parameter's grad to zero (capturable).
+    /// Sets every parameter's grad to zero (capturable): one launch (one per parameter with
+    /// [`Launches::PerTensor`]).
     pub fn zero_grad(&self) -> Result<()> {
-        self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0))
+        match self.launches {
+            Launches::MultiTensor => {
+                self.check_tables()?;
+                self.tables.iter().try_for_each(|(_, t)| t.zero_grads(None))
+            }
+            Launches::PerTensor => self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0)),
+        }
+    }
+
+    /// Checks every table before a launch reads one (no device work).
+    fn check_tables(&self) -> Result<()> {
+        self.tables.iter().try_for_each(|(_, t)| t.check())
+    }
+
+    /// The update of every parameter, one launch a table: skipped on the device when `flag`
+    /// (the loss scaler's state; `None`: never) has its overflow flag set; `zero`: the
+    /// [`ZERO_UPDATED`] and [`ZERO_SKIPPED`] bits. The caller checked the tables.
+    fn update_tables(&self, flag: Option<&Tensor>, zero: u32) -> Result<()> {
+        let SgdConfig { momentum, weight_decay, .. } = self.config;
+        let use_momentum = momentum != 0.0;
+        for (kernel, table) in &self.tables {
+            match exec(self.lr.device()) {
+                Exec::Host(h) => {
+                    let rows = table.host_rows()?;
+                    let lp = self.lr.host_ptr()?;
+                    let fl = flag.map(Tensor::host_ptr).transpose()?;
+                    h.run(*kernel, move || {
+                        let skip = fl.as_ref().is_some_and(|f| f.read()[1] != 0.0);
+                        let lr = lp.read()[0];
+                        for row in &rows {
+                            let (Some(p), Some(g)) = (&row[P], &row[G]) else {
+                                continue;
+                            };
+                            let zeros = || g.write(&vec![0.0; g.len]);
+                            if skip {
+                                if zero & ZERO_SKIPPED != 0 {
+                                    zeros();
+                                }
+                                continue;
+                            }
+                            let mut pv = p.read();
+                            let mut bv = row[M].as_ref().map(|b| b.read());
+                            cpu::sgd_step(&mut pv, &g.read(), bv.as_deref_mut(), lr, momentum, weight_decay);
+                            p.write(&pv);
+                            if let Some(model) = &row[MODEL] {
+                                model.write(&pv);
+                            }
+                            if let (Some(b), Some(v)) = (&row[M], &bv) {
+                                b.write(v);
+                            }
+                            if zero & ZERO_UPDATED != 0 {
+                                zeros();
+                            }
+                        }
+                        Ok(())
+                    })?;
+                }
+                Exec::Cuda(c) => {
+                    let flag = flag.map(Tensor::cuda_ptr).transpose()?.unwrap_or(0);
+                    let args = [
+                        KArg::Ptr(self.lr.cuda_ptr()?),
+                        KArg::Ptr(flag),
+                        KArg::F32(momentum),
+                        KArg::F32(weight_decay),
+                        KArg::U32(use_momentum as u32),
+                        KArg::U32(zero),
+                    ];
+                    table.launch(c, *kernel, &args)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 

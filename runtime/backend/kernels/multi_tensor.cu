@@ -101,6 +101,35 @@ extern "C" __global__ void adamw_mt_f32(const MtTensor* table, const MtChunk* ch
 extern "C" __global__ void adamw_mt_bf16(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g) { GR_PDL_ENTRY(); adamw_mt_t<bf16_t, true>(table, chunks, chunk, lr, sta, scaler, beta1, beta2, eps, wd, zero_g); }
 extern "C" __global__ void adamw_mt_f16(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* lr, const float* sta, const float* scaler, float beta1, float beta2, float eps, float wd, u32 zero_g) { GR_PDL_ENTRY(); adamw_mt_t<f16_t, true>(table, chunks, chunk, lr, sta, scaler, beta1, beta2, eps, wd, zero_g); }
 
+// SGD over a table (sgd_step_f32 in f32, sgd_mixed_* with 16-bit model weights): each element
+// gets sgd_elem, the one-tensor kernels' arithmetic, so the results are theirs bit for bit. The
+// momentum buffers sit in slot MT_M (null, and never read, without momentum). Skipped when
+// `scaler` (null: never) flagged an overflow; zero_g as for adamw_mt_t.
+template <typename T, bool MODEL>
+__device__ __forceinline__ void sgd_mt_t(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 zero_g) {
+    const MtChunkView c = mt_chunk(table, chunks, chunk);
+    float* p = mt_slot<float>(c, MT_P);
+    float* g = mt_slot<float>(c, MT_G);
+    float* buf = use_momentum != 0u ? mt_slot<float>(c, MT_M) : nullptr;
+    T* model = MODEL ? mt_slot<T>(c, MT_MODEL) : nullptr;
+    const u32 n = c.len;
+    if (scaler != nullptr && scaler[1] != 0.0f) {
+        if ((zero_g & 2u) != 0u) mt_zero(g, n);
+        return;
+    }
+    const bool zero = (zero_g & 1u) != 0u;
+    const float rate = lr[0];
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
+        const float pi = sgd_elem(p[i], g[i], buf, i, rate, momentum, wd, use_momentum);
+        p[i] = pi;
+        if constexpr (MODEL) st(model, i, pi);
+        if (zero) g[i] = 0.0f;
+    }
+}
+extern "C" __global__ void sgd_mt_f32(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 zero_g) { GR_PDL_ENTRY(); sgd_mt_t<bf16_t, false>(table, chunks, chunk, lr, scaler, momentum, wd, use_momentum, zero_g); }
+extern "C" __global__ void sgd_mt_bf16(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 zero_g) { GR_PDL_ENTRY(); sgd_mt_t<bf16_t, true>(table, chunks, chunk, lr, scaler, momentum, wd, use_momentum, zero_g); }
+extern "C" __global__ void sgd_mt_f16(const MtTensor* table, const MtChunk* chunks, u32 chunk, const float* lr, const float* scaler, float momentum, float wd, u32 use_momentum, u32 zero_g) { GR_PDL_ENTRY(); sgd_mt_t<f16_t, true>(table, chunks, chunk, lr, scaler, momentum, wd, use_momentum, zero_g); }
+
 // amp_unscale_check over the grads (slot MT_G) of a table: g *= 1 / scale in place, and a
 // non-finite result raises the flag (every writer stores 1, so timing does not matter).
 extern "C" __global__ void amp_unscale_check_mt(const MtTensor* table, const MtChunk* chunks, u32 chunk, float* scaler) {
