@@ -403,4 +403,37 @@ mod tests {
             assert!(other.join().expect("other") >= Duration::from_millis(40), "it waited");
         });
     }
+
+    /// A WHILE body whose node may be set by one of its kernels gives its handle for its own
+    /// flag only, only to the capturing thread, and not from a body nested in it; the node
+    /// that set it is the innermost body's, and leaving the body forgets it.
+    #[test]
+    fn a_loop_fold_is_the_innermost_bodys_and_its_flags_only() {
+        let gate = StreamGate::default();
+        let fold = LoopFold { handle: 7, flag: 0x1000, set_by: None };
+        assert_eq!(gate.loop_fold(0x1000), None, "no capture");
+        gate.begin(CaptureMode::Global, || Ok(())).expect("begin");
+        assert_eq!(gate.loop_fold(0x1000), None, "no body");
+        {
+            let _body = gate.enter_body(Some(fold)).expect("body");
+            assert_eq!(gate.loop_fold(0x1000), Some(7));
+            assert_eq!(gate.loop_fold(0x2000), None, "another flag");
+            std::thread::scope(|s| {
+                assert_eq!(s.spawn(|| gate.loop_fold(0x1000)).join().expect("thread"), None, "another thread");
+            });
+            assert_eq!(gate.loop_fold_node(), None);
+            {
+                let _nested = gate.enter_body(None).expect("an IF body inside");
+                assert_eq!(gate.loop_fold(0x1000), None, "a nested body");
+                gate.set_loop_fold(99);
+                assert_eq!(gate.loop_fold_node(), None, "recorded nowhere");
+            }
+            gate.set_loop_fold(42);
+            gate.set_loop_fold(43);
+            assert_eq!(gate.loop_fold_node(), Some(43), "the last kernel that set it");
+            gate.end(|| Ok(())).expect_err("not from inside a body");
+        }
+        assert_eq!((gate.loop_fold(0x1000), gate.loop_fold_node()), (None, None), "left the body");
+        gate.end(|| Ok(())).expect("end");
+    }
 }
