@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine after scripts/gpu-build.sh (carry gpu-pack): the checks of the code
+# that sessions 15 and 16 wrote on the development machine and no GPU has run yet, most
+# important first, each under a time limit so that one call (600 s) gets through as much as it
+# can. docs/BENCHMARKS.md ("The next device calls") says what each one is for.
+#   1. the test binaries that hold the new code, on CUDA (GRAPHED_REQUIRE_CUDA=1);
+#   2. the same generation tests with the WHILE condition set by the step
+#      (GRAPHED_FOLD_CONDITION=1);
+#   3. the decoder step's tests on the 112/64 KiB buffers (GRAPHED_DECODER_WBUF/ABUF);
+#   4. every other test binary, while time is left.
+# A progress line a step; the logs and a summary go to $OUT/validate-pending.tgz (the device
+# tool brings back at most 8 files). Exit status: 0 when every step that ran passed.
+#   bash scripts/gpu-validate-pending.sh [seconds, default 540]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
+[ -d gpu-bin ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
+export GRAPHED_REQUIRE_CUDA=1 NCCL_NVLS_ENABLE=0
+budget=${1:-540}
+work=$(mktemp -d)/validate-pending; mkdir -p "$work"
+t0=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - t0) )); }
+say() { echo "[+$(( $(date +%s) - t0 ))s] $*" | tee -a "$work/summary.txt"; }
+pack() { [ -n "${OUT:-}" ] && tar -czf "$OUT/validate-pending.tgz" -C "$(dirname "$work")" validate-pending; }
+fail=0
+done_bins=" "
+# run NAME [ENV=VALUE ...] [-- test filter]: one test binary, one test at a time, its log kept.
+run() {
+  local name=$1; shift
+  local envs=() filter=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+  [ "${1:-}" = -- ] && { shift; filter=("$@"); }
+  local bin=gpu-bin/tests/$name tag=$name${envs:+-${#envs[@]}env}
+  [ -x "$bin" ] || { say "SKIP $name: not in the pack"; return; }
+  local limit; limit=$(left)
+  [ "$limit" -gt 20 ] || { say "SKIP $name ${envs[*]}: out of time"; return; }
+  [ "$limit" -gt 240 ] && limit=240
+  if env "${envs[@]}" timeout "$limit" "$bin" --test-threads=1 "${filter[@]}" > "$work/$tag.log" 2>&1; then
+    say "ok   $name ${envs[*]} ${filter[*]} ($(grep -E '^test result' "$work/$tag.log" | tail -1))"
+  else
+    fail=1
+    say "FAIL $name ${envs[*]} ${filter[*]}"
+    grep -E "panicked|FAILED|error" "$work/$tag.log" | head -8 | tee -a "$work/summary.txt"
+  fi
+  done_bins+="$name "
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$work/gpu.txt"
+say "1. the binaries with session 15-16 code"
+for t in faults macro_kv_state forward_only multi_tensor mixed_precision ops_generate conditional gpt_generate gpt; do
+  run "$t"
+done
+pack
+say "2. the generation tests with GRAPHED_FOLD_CONDITION=1"
+for t in ops_generate gpt_generate conditional; do
+  run "$t" GRAPHED_FOLD_CONDITION=1
+done
+pack
+say "3. the decoder step on the 112/64 KiB buffers"
+run ops_decoder_step GRAPHED_DECODER_WBUF=114688 GRAPHED_DECODER_ABUF=65536
+pack
+say "4. the rest of the suite"
+for bin in gpu-bin/tests/*; do
+  name=$(basename "$bin")
+  [[ "$done_bins" == *" $name "* ]] && continue
+  run "$name"
+done
+say "done: $([ $fail = 0 ] && echo 'every step that ran passed' || echo 'FAILURES above')"
+pack
+exit $fail
