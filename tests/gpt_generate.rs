@@ -138,7 +138,7 @@ fn prefill_and_decode_logits_are_the_training_forwards() {
             let (prompt, vocab) = (9, model::VOCAB);
             let want = forward_logits(&gpt, &text[..cfg.context.min(text.len())])?;
             let st = dec.state().prefix(1)?;
-            st.gen.start(&[cfg.context - prompt], Stop { end: None, pad: 0 })?;
+            st.books.start(&[cfg.context - prompt], Stop { end: None, pad: 0 })?;
             let inputs = passes::PrefillInputs::new(dev, 1, prompt)?;
             inputs.write(&[text[..prompt].to_vec()])?;
             let got = passes::prefill(dec.weights(), &st, &inputs, dec.sampler())?.to_vec()?;
@@ -201,7 +201,7 @@ fn a_sequence_stops_on_its_end_token_and_the_others_continue() {
             assert_eq!(got.tokens[2], c[..stop_c], "{}: sequence 2", path.name());
         }
         // A stopped sequence records the end token from then on.
-        let record = dec.state().gen.record()?;
+        let record = dec.state().books.record()?;
         assert!(record[0][k..].iter().all(|&t| t == i32::from(end)), "{:?}", record[0]);
         Ok(())
     });
@@ -238,7 +238,7 @@ fn a_batch_of_three_in_bucket_four_is_the_batch_of_three_alone() {
         assert_eq!((bucketed.batch, bucketed.prompt_len), (4, 16));
         assert_eq!(bucketed.tokens, alone.tokens);
         // The padding row started stopped: it recorded nothing but pad tokens.
-        assert_eq!(dec.state().gen.record()?[3], vec![0; TINY.context]);
+        assert_eq!(dec.state().books.record()?[3], vec![0; TINY.context]);
         Ok(())
     });
 }
@@ -251,7 +251,7 @@ fn a_request_the_cache_cannot_hold_is_refused_before_anything_runs() {
         let first = dec.generate(&Request::new(prompts(), 5), Path::WhileLoop)?;
         let state = |dec: &Decoder| -> Result<_> {
             let st = dec.state();
-            Ok((st.gen.record()?, st.gen.steps()?, st.caches[0].lengths.to_i32_vec()?, st.caches[1].k.to_vec()?))
+            Ok((st.books.record()?, st.books.steps()?, st.caches[0].lengths.to_i32_vec()?, st.caches[1].k.to_vec()?))
         };
         let before = state(&dec)?;
         // "a lazy dog" (10) + 15 > 24 positions.

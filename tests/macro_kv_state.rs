@@ -177,7 +177,7 @@ fn a_fused_inference_stack_decodes_a_token_a_launch() {
 /// before it, and gets the recorded tokens back.
 struct Request {
     table: Tensor,
-    gen: Generation,
+    books: Generation,
     positions: Tensor,
 }
 
@@ -193,7 +193,7 @@ impl Request {
         }
         Ok(Request {
             table: Tensor::from_slice(dev, &logits, &[VOCAB, VOCAB])?,
-            gen: Generation::new(dev, MAX_BATCH, NEW)?,
+            books: Generation::new(dev, MAX_BATCH, NEW)?,
             positions: Tensor::from_i32(dev, &[0; MAX_BATCH], &[MAX_BATCH])?,
         })
     }
@@ -202,14 +202,14 @@ impl Request {
     /// a copy of their recorded tokens (`I32 [batch, NEW]`).
     fn run(&self, first: &Tensor) -> Result<Tensor> {
         let b = first.dims()[0];
-        let gen = self.gen.prefix(b)?;
+        let books = self.books.prefix(b)?;
         let positions = self.positions.prefix_view(&[b])?;
-        ops::generation_step(&gen, first, &positions)?;
-        Condition::nonzero(gen.active())?.run_while(|| {
-            let logits = ops::embedding(gen.next_ids(), &self.table)?;
-            ops::generation_step(&gen, &ops::argmax(&logits)?, &positions)
+        ops::generation_step(&books, first, &positions)?;
+        Condition::nonzero(books.active())?.run_while(|| {
+            let logits = ops::embedding(books.next_ids(), &self.table)?;
+            ops::generation_step(&books, &ops::argmax(&logits)?, &positions)
         })?;
-        let tokens = gen.recorded().clone();
+        let tokens = books.recorded().clone();
         let out = Tensor::empty_like(&tokens)?;
         out.copy_(&tokens)?;
         Ok(out)
@@ -217,7 +217,7 @@ impl Request {
 
     /// Starts a request of `limits.len()` sequences (the rows past them start stopped).
     fn start(&self, limits: &[usize]) -> Result<()> {
-        self.gen.start(limits, Stop { end: Some(END), pad: 0 })
+        self.books.start(limits, Stop { end: Some(END), pad: 0 })
     }
 }
 
@@ -250,7 +250,7 @@ fn a_request_is_one_launch_of_its_batch_buckets_graph() {
             let got = g.forward(&first)?;
             assert_eq!(got.dims(), [limits.len(), NEW], "trimmed to the request's batch");
             assert_eq!(got.to_i32_vec()?, want, "request of {}", limits.len());
-            assert_eq!(g.module().gen.steps()?, eager.gen.steps()?);
+            assert_eq!(g.module().books.steps()?, eager.books.steps()?);
             // The bucket's one graph holds the loop: a WHILE node on CUDA, the host backend's
             // loop op on the host.
             let (_, graph) = g.inner().graphs()[0];

@@ -87,7 +87,7 @@ fn decode_attention_matches_the_cpu_reference() {
                 let got = out.to_vec()?;
                 compare(dev, &what, &got, &reference(&q, &kc, &vc, &lens, s)?, dtype)?;
                 // An empty sequence attends to nothing: zeros.
-                for (b, _) in lens.iter().enumerate().filter(|(_, &l)| l == 0) {
+                for (b, _) in lens.iter().enumerate().filter(|&(_, &l)| l == 0) {
                     let row = s.heads * s.head_dim;
                     assert!(got[b * row..(b + 1) * row].iter().all(|&x| x == 0.0), "{what}: sequence {b}");
                 }

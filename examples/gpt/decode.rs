@@ -173,7 +173,7 @@ impl State {
             .iter()
             .map(|c| Ok(Cache { k: view(&c.k)?, v: view(&c.v)?, lengths: view(&c.lengths)? }))
             .collect::<Result<_>>()?;
-        Ok(State { caches, gen: self.gen.prefix(batch)? })
+        Ok(State { caches, books: self.books.prefix(batch)? })
     }
 }
 
@@ -245,7 +245,7 @@ impl Decoder {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            Ok::<_, Error>(State { caches, gen: Generation::new(dev, opts.max_batch, opts.max_len)? })
+            Ok::<_, Error>(State { caches, books: Generation::new(dev, opts.max_batch, opts.max_len)? })
         })?;
         let rng = dev.with_pool(&dev.default_pool(), || Generator::new(dev, opts.seed))?;
         let sampler = Sampler { sampling: opts.sampling, rng };
@@ -382,7 +382,7 @@ impl Decoder {
     pub fn generate(&mut self, req: &Request, path: Path) -> Result<Generated> {
         let (batch, len) = self.check(req, path)?;
         let stop = Stop { end: req.end.map(u32::from), pad: u32::from(req.end.unwrap_or(0)) };
-        self.full.gen.start(&req.max_new_tokens, stop)?;
+        self.full.books.start(&req.max_new_tokens, stop)?;
         let most = req.max_new_tokens.iter().copied().max().unwrap_or(0);
         let st = self.full.prefix(batch)?;
         let mut syncs = 0;
@@ -396,7 +396,7 @@ impl Decoder {
                 for i in 1..most {
                     if i % POLL == 0 {
                         syncs += 1;
-                        if !st.gen.is_active()? {
+                        if !st.books.is_active()? {
                             break;
                         }
                     }
@@ -417,7 +417,7 @@ impl Decoder {
                     for i in 1..most {
                         if i % POLL == 0 {
                             syncs += 1;
-                            if !st.gen.is_active()? {
+                            if !st.books.is_active()? {
                                 break;
                             }
                         }
@@ -428,9 +428,9 @@ impl Decoder {
                 }
             }
         };
-        let tokens = st.gen.tokens()?;
+        let tokens = st.books.tokens()?;
         let tokens = tokens[..req.prompts.len()].iter().map(|t| t.iter().map(|&x| x as u8).collect()).collect();
-        Ok(Generated { tokens, batch, prompt_len: len, steps: st.gen.steps()?, launches, syncs })
+        Ok(Generated { tokens, batch, prompt_len: len, steps: st.books.steps()?, launches, syncs })
     }
 
     /// The prefill graph of (batch, len) and the decode graphs of `batch`.
@@ -510,7 +510,7 @@ impl Capture<'_> {
         let nodes = graph.nodes()?.len();
         // The whole request: the prefill, then a decode step per pass of a WHILE node while
         // some sequence is active (Condition::run_while), in one graph: one launch.
-        let active = Condition::nonzero(st.gen.active())?;
+        let active = Condition::nonzero(st.books.active())?;
         let step = || decode_step(self.w, self.fused, &st, self.sampler).map(drop);
         self.warm_up(|| {
             run()?;

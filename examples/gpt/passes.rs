@@ -111,7 +111,7 @@ pub struct Cache {
 #[derive(Clone, Debug)]
 pub struct State {
     pub caches: Vec<Cache>,
-    pub gen: Generation,
+    pub books: Generation,
 }
 
 /// A prefill's inputs at one `[batch, len]` (prompts right-padded to `len`): token ids and
@@ -344,7 +344,7 @@ impl Fused {
 /// through the fused step (`fused`, whose caches `st`'s are a prefix of) or [`step_logits`], a
 /// token sampled per sequence and recorded. Returns the logits.
 pub fn decode_step(w: &Weights, fused: Option<&Fused>, st: &State, sampler: &Sampler) -> Result<Tensor> {
-    let (ids, positions) = (st.gen.next_ids(), st.gen.positions());
+    let (ids, positions) = (st.books.next_ids(), st.books.positions());
     let logits = match fused {
         Some(f) => f.step.run(ids, positions)?,
         None => step_logits(w, st, ids, positions)?,
@@ -358,5 +358,5 @@ pub fn decode_step(w: &Weights, fused: Option<&Fused>, st: &State, sampler: &Sam
 fn sample_and_record(st: &State, logits: &Tensor, sampler: &Sampler) -> Result<()> {
     let lengths = &st.caches.first().ok_or_else(|| Error::msg("a model without blocks"))?.lengths;
     let tokens = ops::sample(logits, sampler.sampling, &sampler.rng)?;
-    ops::generation_step(&st.gen, &tokens, lengths)
+    ops::generation_step(&st.books, &tokens, lengths)
 }
