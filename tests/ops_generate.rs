@@ -9,7 +9,7 @@ mod ops_support;
 
 use common::on_each_backend;
 use graphed::ops::{self, cpu, Generation, Stop};
-use graphed::{CaptureMode, Condition, DType, Device, Error, Graph, OpError, Result, Tensor};
+use graphed::{CaptureMode, Condition, DType, Device, Error, Generator, Graph, OpError, Result, Tensor};
 use ops_support::*;
 
 /// The reference's state after `start(limits, stop)` for `batch` sequences of `max_new`.
@@ -85,6 +85,14 @@ impl Toy {
         ops::generation_step(g, &ops::argmax(&logits)?, &lengths)
     }
 
+    /// The same step through `ops::sample_and_record` (greedy): one kernel for the argmax, the
+    /// books and the loop's condition where `GRAPHED_FOLD_CONDITION=1` lets it.
+    fn step_sampled(&self, g: &Generation, rng: &Generator) -> Result<()> {
+        let logits = ops::embedding(g.next_ids(), &self.table)?;
+        let lengths = self.lengths.prefix_view(&[g.batch()])?;
+        ops::sample_and_record(g, &logits, ops::Sampling::greedy(), rng, &lengths).map(drop)
+    }
+
     /// The chain from `first` until `end` or `limit` tokens.
     fn expected(&self, first: i32, end: i32, limit: usize) -> Vec<i32> {
         let mut out = vec![first];
@@ -144,8 +152,10 @@ fn a_while_loop_generates_until_every_sequence_stopped_in_one_launch() {
 
 /// The loop captured in the middle of a graph (`Condition::run_while`), with the step as the
 /// body's last work (where `GRAPHED_FOLD_CONDITION=1` has it set the WHILE node's condition
-/// itself on CUDA, so no condition kernel follows it) and with work after it (where one must):
-/// both give the eager loop's tokens and steps, and the work after the step runs once a pass.
+/// itself on CUDA, so no condition kernel follows it), the step through
+/// `ops::sample_and_record` (there, the argmax, the books and the condition in one kernel), and
+/// the step with work after it (where a condition kernel must follow): each gives the eager
+/// loop's tokens and steps, and the work after the step runs once a pass.
 #[test]
 fn a_loop_captured_inside_a_graph_ends_on_the_step_or_after_more_work() {
     on_each_backend(|dev| {
@@ -166,12 +176,17 @@ fn a_loop_captured_inside_a_graph_ends_on_the_step_or_after_more_work() {
         let want = (g.record()?, g.steps()?);
         let (passes, one) = (Tensor::zeros(dev, &[1])?, Tensor::full(dev, &[1], 1.0)?);
         let active = Condition::nonzero(g.active())?;
-        for after in [false, true] {
+        let rng = Generator::new(dev, 1)?;
+        for (sampled, after) in [(false, false), (true, false), (false, true)] {
             let mut graph = Graph::new(dev);
             graph.capture(CaptureMode::Global, || {
                 ops::fill_(&passes, 0.0)?;
                 active.run_while(|| {
-                    toy.step(&g)?;
+                    if sampled {
+                        toy.step_sampled(&g, &rng)?;
+                    } else {
+                        toy.step(&g)?;
+                    }
                     if after {
                         ops::axpy_(&passes, 1.0, &one)?;
                     }
@@ -180,7 +195,11 @@ fn a_loop_captured_inside_a_graph_ends_on_the_step_or_after_more_work() {
             })?;
             begin()?;
             graph.replay()?;
-            let what = if after { "work after the step" } else { "the step last" };
+            let what = match (sampled, after) {
+                (_, true) => "work after the step",
+                (true, _) => "sample_and_record last",
+                _ => "the step last",
+            };
             assert_eq!((g.record()?, g.steps()?), want, "{what}");
             // The first step ran before the loop: every later one is a pass.
             let want_passes = if after { (want.1 - 1) as f32 } else { 0.0 };
@@ -188,12 +207,14 @@ fn a_loop_captured_inside_a_graph_ends_on_the_step_or_after_more_work() {
             if !dev.is_host() {
                 // CUDA's dump of the graph, WHILE body included: the step that sets the
                 // condition is there exactly when it is asked for.
-                let path = std::env::temp_dir().join(format!("graphed-fold-{}-{after}.dot", std::process::id()));
+                let path =
+                    std::env::temp_dir().join(format!("graphed-fold-{}-{sampled}-{after}.dot", std::process::id()));
                 graph.debug_dump(&path)?;
                 let dot = std::fs::read_to_string(&path).map_err(|e| Error::msg(e.to_string()))?;
                 let _ = std::fs::remove_file(&path);
                 let folded = std::env::var("GRAPHED_FOLD_CONDITION").is_ok_and(|v| v == "1");
-                assert_eq!(dot.contains("graphed_generation_step_set"), folded, "{what}: the folded step");
+                let kernel = if sampled { "graphed_greedy_record_set" } else { "graphed_generation_step_set" };
+                assert_eq!(dot.contains(kernel), folded, "{what}: the folded step");
             }
         }
         Ok(())
@@ -255,6 +276,15 @@ fn bad_arguments_are_refused_before_anything_changes() {
         let two = Tensor::from_i32(dev, &[2, 2], &[2])?;
         expect_err("tokens of another batch", ops::generation_step(&g, &two, &lengths), is_shape)?;
         expect_err("lengths of another batch", ops::generation_step(&g, &sampled, &two), is_shape)?;
+        // Sampling and recording: checked before a random number is drawn.
+        let rng = Generator::new(dev, 9)?;
+        let (drawn, logits) = (rng.seed_and_offset()?, Tensor::zeros(dev, &[batch, 5])?);
+        let sampling = ops::Sampling { temperature: 1.0, top_k: 0 };
+        let bad_lengths = ops::sample_and_record(&g, &logits, sampling, &rng, &Tensor::zeros(dev, &[batch])?);
+        expect_err("f32 lengths, sampled", bad_lengths, dtype)?;
+        let other_rows = ops::sample_and_record(&g, &Tensor::zeros(dev, &[2, 5])?, sampling, &rng, &lengths);
+        expect_err("logits of another batch", other_rows, is_shape)?;
+        assert_eq!(rng.seed_and_offset()?, drawn, "no random number drawn");
         // Starting is a host write: refused during a capture.
         let mut graph = Graph::new(dev);
         let during = graph.capture(CaptureMode::Global, || g.start(&[1], stop));

@@ -124,13 +124,15 @@ pub(crate) fn driver_version() -> Result<CudaVersion> {
 /// The kernels of `kernels/conditional.cu`: `one` sets one IF or WHILE node's condition from
 /// a test, `two` sets a pair (the test's outcome and its opposite: an if/else), `update`
 /// updates the loss scaler first and then sets one or two, `generation` is a generation step
-/// that sets its WHILE node's condition from the flag it writes.
+/// that sets its WHILE node's condition from the flag it writes, `greedy` the same step with
+/// its greedy sampling.
 #[derive(Clone, Debug)]
 pub(crate) struct CondKernels {
     pub(crate) one: CudaFunction,
     pub(crate) two: CudaFunction,
     pub(crate) update: CudaFunction,
     pub(crate) generation: CudaFunction,
+    pub(crate) greedy: CudaFunction,
 }
 
 /// A cuBLAS handle. Calls on one handle must not run concurrently, so it lives in a `Mutex`.
@@ -383,8 +385,8 @@ impl CudaBackend {
         let _entered = self.gate.enter()?;
         self.bind()?;
         self.injected(FaultPoint::KernelLaunch, "cuLaunchKernel")?;
-        let mut values = [0u64; 16];
-        let mut ptrs = [std::ptr::null_mut::<c_void>(); 16];
+        let mut values = [0u64; 24];
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); 24];
         if args.len() > values.len() {
             return Err(OpError::TooLarge {
                 op: "launch",
@@ -482,6 +484,7 @@ impl CudaBackend {
             two: load("graphed_set_conditional2")?,
             update: load("graphed_amp_update_set")?,
             generation: load("graphed_generation_step_set")?,
+            greedy: load("graphed_greedy_record_set")?,
         };
         *slot = Some(kernels.clone());
         Ok(kernels)

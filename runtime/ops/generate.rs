@@ -5,8 +5,8 @@
 use crate::backend::{BuiltinKernel as B, KArg, LaunchDims};
 use crate::error::OpError;
 use crate::ops::cpu::{self, GenerationState};
-use crate::ops::{at_most, exec, n32, Exec};
-use crate::{DType, Device, Error, Result, ShapeProblem, Tensor};
+use crate::ops::{at_most, exec, n32, Exec, Sampling};
+use crate::{DType, Device, Error, Generator, Result, ShapeProblem, Tensor};
 
 /// When the sequences of a batch stop: on `end` (a token id; `None`, only on their length),
 /// after which each records `pad` at every later step.
@@ -60,6 +60,9 @@ pub struct Generation {
     active: Tensor,
     next_ids: Tensor,
     positions: Tensor,
+    /// `I32` `[1]`, zero between launches: the blocks of a greedy step that keeps the books in
+    /// the same launch ([`sample_and_record`]) count themselves here.
+    arrivals: Tensor,
 }
 
 impl Generation {
@@ -84,6 +87,7 @@ impl Generation {
                 active: i32s(&[1])?,
                 next_ids: Tensor::zeros(device, &[batch])?,
                 positions: Tensor::zeros(device, &[batch])?,
+                arrivals: i32s(&[1])?,
             })
         })
     }
@@ -293,4 +297,79 @@ pub fn generation_step(generation: &Generation, sampled: &Tensor, lengths: &Tens
             c.launch(B::GenerationStep, dims, &args)
         }
     }
+}
+
+/// A decoding step's sampling and bookkeeping: a token per row of `logits` (`[batch, vocab]`,
+/// `batch` the generation's) as [`crate::ops::sample`] picks it, then
+/// [`generation_step`] with it and `lengths`; returns the tokens (`I32` `[batch]`). The same
+/// results as the two calls, which it makes, except on CUDA inside a WHILE body that tests the
+/// generation's flag with `GRAPHED_FOLD_CONDITION=1`: there a greedy step over f32 or bf16
+/// logits is one kernel that picks the tokens, keeps the books and sets the node's condition
+/// (argmax, bookkeeping and condition kernel in one launch, the same tokens and books).
+///
+/// ```
+/// use graphed::ops::{self, Generation, Sampling, Stop};
+/// use graphed::{Device, Generator, Tensor};
+/// let dev = Device::host();
+/// let g = Generation::new(&dev, 2, 4)?;
+/// g.start(&[4, 4], Stop { end: None, pad: 0 })?;
+/// let logits = Tensor::from_slice(&dev, &[0.0, 3.0, 1.0, 5.0, 4.0, 2.0], &[2, 3])?;
+/// let lengths = Tensor::from_i32(&dev, &[1, 1], &[2])?;
+/// let rng = Generator::new(&dev, 1)?;
+/// let tokens = ops::sample_and_record(&g, &logits, Sampling::greedy(), &rng, &lengths)?;
+/// assert_eq!(tokens.to_i32_vec()?, vec![1, 0]);
+/// assert_eq!(g.record()?, vec![vec![1, 0, 0, 0], vec![0, 0, 0, 0]]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn sample_and_record(
+    generation: &Generation,
+    logits: &Tensor,
+    sampling: Sampling,
+    rng: &Generator,
+    lengths: &Tensor,
+) -> Result<Tensor> {
+    const OP: &str = "sample_and_record";
+    let g = generation;
+    // Checked before the sampling, which may draw random numbers: a refused call changes nothing.
+    if logits.dims().first() != Some(&g.batch) {
+        return Err(Error::shape(
+            OP,
+            ShapeProblem::layout("logits", "[batch, vocab], a row per sequence", logits.dims()),
+        ));
+    }
+    check_i32_rows(OP, "lengths", lengths, &g.tokens, g.batch)?;
+    if let (Exec::Cuda(c), true, &[batch, vocab]) = (exec(logits.device()), sampling.is_greedy(), logits.dims()) {
+        let is_bf16 = match logits.dtype() {
+            DType::F32 => Some(false),
+            DType::BF16 => Some(true),
+            _ => None,
+        };
+        // Only where the launch can set the loop's condition: elsewhere the two calls.
+        let folds = c.gate.loop_fold(g.active.cuda_ptr()?).is_some();
+        if let Some(is_bf16) = is_bf16.filter(|_| folds && vocab > 0 && rng.device() == logits.device()) {
+            logits.check_fresh()?;
+            n32(OP, batch * vocab)?;
+            let sampled = Tensor::empty_as(logits.device(), &[batch], DType::I32)?;
+            let mut args = vec![
+                KArg::Ptr(logits.cuda_ptr()?),
+                KArg::U32(is_bf16 as u32),
+                KArg::U32(vocab as u32),
+                KArg::Ptr(sampled.cuda_ptr()?),
+                KArg::Ptr(g.arrivals.cuda_ptr()?),
+            ];
+            for t in [&g.tokens, &g.counts, &g.done, &g.limits, &g.stop, &g.step, &g.active, &g.next_ids, &g.positions]
+            {
+                args.push(KArg::Ptr(t.cuda_ptr()?));
+            }
+            args.extend([KArg::Ptr(lengths.cuda_ptr()?), KArg::U32(batch as u32), KArg::U32(g.max_new as u32)]);
+            // A block a row, 256 threads (the argmax merge's width).
+            let dims = LaunchDims::rows(batch, 256);
+            if c.launch_setting_loop(g.active.cuda_ptr()?, |k| k.greedy.clone(), dims, &args)? {
+                return Ok(sampled);
+            }
+        }
+    }
+    let tokens = crate::ops::sample(logits, sampling, rng)?;
+    generation_step(g, &tokens, lengths)?;
+    Ok(tokens)
 }

@@ -38,7 +38,7 @@ pub use flash_engine::{
     attention_engines, attention_workspace_limit, set_attention_workspace_limit, AttentionEngine, AttentionEngines,
 };
 pub use fused::{linear_fused, linear_fused_backward, Epilogue};
-pub use generate::{generation_step, Generation, Stop};
+pub use generate::{generation_step, sample_and_record, Generation, Stop};
 pub use linear::{bias_add, linear, linear_backward, linear_backward_acc, linear_to};
 pub(crate) use linear::{check_linear, out_dims};
 pub use loss::{

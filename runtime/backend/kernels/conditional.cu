@@ -46,6 +46,15 @@ extern "C" __global__ void graphed_amp_update_set(cudaGraphConditionalHandle the
 // nonzero) without a kernel of its own after each pass. `handle` is that node's; the runtime
 // launches this kernel only where the step is the last work of the body and the node tests
 // this flag (`GRAPHED_FOLD_CONDITION=1`). One block, as generation_step.
+// Greedy sampling and the bookkeeping in one launch (generation.cu's greedy_record_block) that
+// also sets the condition of the WHILE node whose body it ends, as graphed_generation_step_set
+// does: a decoding step's argmax, bookkeeping and condition in one kernel instead of three.
+// `batch` blocks of 256 threads.
+extern "C" __global__ void graphed_greedy_record_set(cudaGraphConditionalHandle handle, const void* logits, unsigned int is_bf16, unsigned int cols, int* sampled, int* arrivals, int* tokens, int* counts, int* done, const int* limits, const int* stop, int* step, int* active, float* next_ids, float* positions, const int* lengths, unsigned int batch, unsigned int max_new) {
+    const int flag = greedy_record_block(logits, is_bf16, cols, sampled, arrivals, tokens, counts, done, limits, stop, step, active, next_ids, positions, lengths, batch, max_new);
+    if (flag >= 0 && threadIdx.x == 0) cudaGraphSetConditional(handle, flag ? 1u : 0u);
+}
+
 extern "C" __global__ void graphed_generation_step_set(cudaGraphConditionalHandle handle, int* tokens, int* counts, int* done, const int* limits, const int* stop, int* step, int* active, float* next_ids, float* positions, const int* sampled, const int* lengths, unsigned int batch, unsigned int max_new) {
     const int flag = generation_step_block(tokens, counts, done, limits, stop, step, active, next_ids, positions, sampled, lengths, batch, max_new);
     if (threadIdx.x == 0) cudaGraphSetConditional(handle, flag ? 1u : 0u);

@@ -253,28 +253,8 @@ extern "C" __global__ void generation_step(int* tokens, int* counts, int* done, 
 // lowest index among equal ones, NaN never chosen (a row of NaN only gives 0). One block of 256
 // threads per row: each thread scans its columns in order, then a fixed tree merges the
 // threads; (value, lower index) is a total order, so the result is the same on every run.
-#define ARGMAX_NONE 0xffffffffu
-__device__ __forceinline__ bool argmax_better(float v, u32 i, float bv, u32 bi) {
-    return i != ARGMAX_NONE && (bi == ARGMAX_NONE || v > bv || (v == bv && i < bi));
-}
-
-// The block's (value, index) pairs merged by a fixed tree into out[0] (0 when every thread's
-// index is none); a total order, so the result is the same on every run.
-__device__ __forceinline__ void argmax_block_merge(int* out, float bv, u32 bi, float* s_v, u32* s_i) {
-    s_v[threadIdx.x] = bv;
-    s_i[threadIdx.x] = bi;
-    __syncthreads();
-    for (u32 s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s && argmax_better(s_v[threadIdx.x + s], s_i[threadIdx.x + s], s_v[threadIdx.x], s_i[threadIdx.x])) {
-            s_v[threadIdx.x] = s_v[threadIdx.x + s];
-            s_i[threadIdx.x] = s_i[threadIdx.x + s];
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) *out = s_i[0] == ARGMAX_NONE ? 0 : (int)s_i[0];
-    __syncthreads();
-}
-
+// argmax_better and argmax_block_merge: generation.cu (the condition program's greedy step uses
+// them too).
 template <typename T>
 __device__ __forceinline__ void argmax_rows_t(int* out, const T* x, u32 rows, u32 cols) {
     __shared__ float s_v[256];
