@@ -39,8 +39,8 @@ use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::error::OptimError;
 use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
 use crate::tensor::restoring;
-use crate::{DType, Device, Param, Parameters, Result, Tensor};
-use multi_tensor::{Row, TensorTable, G, M, MODEL, P, V};
+use crate::{Device, Param, Parameters, Result, Tensor};
+use multi_tensor::{Tables, G, M, MODEL, P, V};
 
 /// How [`AdamW`], [`Sgd`] and their mixed-precision forms launch their update kernels.
 ///
@@ -224,9 +224,8 @@ pub struct Sgd {
     lr: DeviceLr,
     bufs: Vec<Option<Tensor>>,
     launches: Launches,
-    /// The multi-tensor kernels' tables with their kernel: one, or one per 16-bit dtype of
-    /// mixed-precision model weights.
-    tables: Vec<(BuiltinKernel, TensorTable)>,
+    /// The multi-tensor kernels' tables.
+    tables: Tables,
 }
 
 impl Sgd {
@@ -249,27 +248,8 @@ impl Sgd {
             .iter()
             .map(|p| if config.momentum != 0.0 { state_zeros(&device, p.value.dims()).map(Some) } else { Ok(None) })
             .collect::<Result<_>>()?;
-        // Tensors in table order, grouped by the kernel that updates them.
-        let mut groups: Vec<(BuiltinKernel, Vec<Row>)> = Vec::new();
-        for (i, p) in params.iter().enumerate() {
-            let model_value = model.and_then(|ms| ms.get(i)).map(|mp| mp.value.clone());
-            let kernel = match model_value.as_ref().map(Tensor::dtype) {
-                None | Some(DType::F32) | Some(DType::I32) => BuiltinKernel::SgdMtF32,
-                Some(DType::BF16) => BuiltinKernel::SgdMtBf16,
-                Some(DType::F16) => BuiltinKernel::SgdMtF16,
-            };
-            let mut row = Row::default();
-            row[P] = Some(p.value.clone());
-            row[G] = Some(p.grad.clone());
-            row[M] = bufs[i].clone();
-            row[MODEL] = model_value;
-            match groups.iter_mut().find(|(k, _)| *k == kernel) {
-                Some((_, rows)) => rows.push(row),
-                None => groups.push((kernel, vec![row])),
-            }
-        }
-        let tables =
-            groups.into_iter().map(|(k, rows)| Ok((k, TensorTable::new(op, &device, rows)?))).collect::<Result<_>>()?;
+        let kernels = [BuiltinKernel::SgdMtF32, BuiltinKernel::SgdMtBf16, BuiltinKernel::SgdMtF16];
+        let tables = Tables::build(op, &device, params, model, kernels, |i, row| row[M] = bufs[i].clone())?;
         Ok(Sgd {
             params: params.to_vec(),
             config,
@@ -392,17 +372,14 @@ impl Sgd {
     /// [`Launches::PerTensor`]).
     pub fn zero_grad(&self) -> Result<()> {
         match self.launches {
-            Launches::MultiTensor => {
-                self.check_tables()?;
-                self.tables.iter().try_for_each(|(_, t)| t.zero_grads(None))
-            }
+            Launches::MultiTensor => self.tables.zero_grads(),
             Launches::PerTensor => self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0)),
         }
     }
 
     /// Checks every table before a launch reads one (no device work).
     fn check_tables(&self) -> Result<()> {
-        self.tables.iter().try_for_each(|(_, t)| t.check())
+        self.tables.check()
     }
 
     /// The update of every parameter, one launch a table: skipped on the device when `flag`
@@ -411,7 +388,7 @@ impl Sgd {
     fn update_tables(&self, flag: Option<&Tensor>, zero: u32) -> Result<()> {
         let SgdConfig { momentum, weight_decay, .. } = self.config;
         let use_momentum = momentum != 0.0;
-        for (kernel, table) in &self.tables {
+        for (kernel, table) in self.tables.iter() {
             match exec(self.lr.device()) {
                 Exec::Host(h) => {
                     let rows = table.host_rows()?;
@@ -500,9 +477,8 @@ pub struct AdamW {
     v: Vec<Tensor>,
     schedule: Option<WarmupCosine>,
     launches: Launches,
-    /// The multi-tensor kernels' tables with their kernel: one, or one per 16-bit dtype of
-    /// mixed-precision model weights.
-    tables: Vec<(BuiltinKernel, TensorTable)>,
+    /// The multi-tensor kernels' tables.
+    tables: Tables,
 }
 
 impl AdamW {
@@ -525,28 +501,11 @@ impl AdamW {
         check_hyper(op, "weight_decay", config.weight_decay, false)?;
         let m: Vec<Tensor> = params.iter().map(|p| state_zeros(&device, p.value.dims())).collect::<Result<_>>()?;
         let v: Vec<Tensor> = params.iter().map(|p| state_zeros(&device, p.value.dims())).collect::<Result<_>>()?;
-        // Tensors in table order, grouped by the kernel that updates them.
-        let mut groups: Vec<(BuiltinKernel, Vec<Row>)> = Vec::new();
-        for (i, p) in params.iter().enumerate() {
-            let model_value = model.and_then(|ms| ms.get(i)).map(|mp| mp.value.clone());
-            let kernel = match model_value.as_ref().map(Tensor::dtype) {
-                None | Some(DType::F32) | Some(DType::I32) => BuiltinKernel::AdamwMtF32,
-                Some(DType::BF16) => BuiltinKernel::AdamwMtBf16,
-                Some(DType::F16) => BuiltinKernel::AdamwMtF16,
-            };
-            let mut row = Row::default();
-            row[P] = Some(p.value.clone());
-            row[G] = Some(p.grad.clone());
+        let kernels = [BuiltinKernel::AdamwMtF32, BuiltinKernel::AdamwMtBf16, BuiltinKernel::AdamwMtF16];
+        let tables = Tables::build(op, &device, params, model, kernels, |i, row| {
             row[M] = Some(m[i].clone());
             row[V] = Some(v[i].clone());
-            row[MODEL] = model_value;
-            match groups.iter_mut().find(|(k, _)| *k == kernel) {
-                Some((_, rows)) => rows.push(row),
-                None => groups.push((kernel, vec![row])),
-            }
-        }
-        let tables =
-            groups.into_iter().map(|(k, rows)| Ok((k, TensorTable::new(op, &device, rows)?))).collect::<Result<_>>()?;
+        })?;
         Ok(AdamW {
             params: params.to_vec(),
             config,
@@ -739,17 +698,14 @@ impl AdamW {
     /// [`Launches::PerTensor`]).
     pub fn zero_grad(&self) -> Result<()> {
         match self.launches {
-            Launches::MultiTensor => {
-                self.check_tables()?;
-                self.tables.iter().try_for_each(|(_, t)| t.zero_grads(None))
-            }
+            Launches::MultiTensor => self.tables.zero_grads(),
             Launches::PerTensor => self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0)),
         }
     }
 
     /// Checks every table before a launch reads one (no device work).
     fn check_tables(&self) -> Result<()> {
-        self.tables.iter().try_for_each(|(_, t)| t.check())
+        self.tables.check()
     }
 
     /// The update of every parameter, one launch a table: skipped on the device when `flag`
@@ -757,7 +713,7 @@ impl AdamW {
     /// [`ZERO_UPDATED`] and [`ZERO_SKIPPED`] bits. The caller checked the tables.
     fn update_tables(&self, flag: Option<&Tensor>, zero: u32) -> Result<()> {
         let config = self.config;
-        for (kernel, table) in &self.tables {
+        for (kernel, table) in self.tables.iter() {
             match exec(self.state.device()) {
                 Exec::Host(h) => {
                     let rows = table.host_rows()?;

@@ -33,6 +33,63 @@ pub(super) type Row = [Option<Tensor>; MultiTensor::SLOTS];
 /// The rows of a table as the host backend reads them.
 pub(super) type HostRows = Vec<[Option<HostPtr>; MultiTensor::SLOTS]>;
 
+/// An optimizer's tables: one a kernel (one, or one per 16-bit dtype of mixed-precision model
+/// weights), a row a parameter.
+#[derive(Debug)]
+pub(super) struct Tables(Vec<(BuiltinKernel, TensorTable)>);
+
+impl Tables {
+    /// A row a parameter of `params` (the f32 masters when `model` is given): its weight and
+    /// grad in [`P`] and [`G`], the optimizer's own tensors put in by `state(i, row)`, and the
+    /// 16-bit model weight in [`MODEL`]; grouped into a table a kernel, `kernels` naming the
+    /// kernel for f32 (or no) model weights, bf16 and f16 ones. The caller checked the model.
+    pub(super) fn build(
+        op: &'static str,
+        device: &Device,
+        params: &[crate::Param],
+        model: Option<&[crate::Param]>,
+        kernels: [BuiltinKernel; 3],
+        state: impl Fn(usize, &mut Row),
+    ) -> Result<Tables> {
+        let mut groups: Vec<(BuiltinKernel, Vec<Row>)> = Vec::new();
+        for (i, p) in params.iter().enumerate() {
+            let model_value = model.and_then(|ms| ms.get(i)).map(|mp| mp.value.clone());
+            let kernel = match model_value.as_ref().map(Tensor::dtype) {
+                None | Some(crate::DType::F32) | Some(crate::DType::I32) => kernels[0],
+                Some(crate::DType::BF16) => kernels[1],
+                Some(crate::DType::F16) => kernels[2],
+            };
+            let mut row = Row::default();
+            row[P] = Some(p.value.clone());
+            row[G] = Some(p.grad.clone());
+            state(i, &mut row);
+            row[MODEL] = model_value;
+            match groups.iter_mut().find(|(k, _)| *k == kernel) {
+                Some((_, rows)) => rows.push(row),
+                None => groups.push((kernel, vec![row])),
+            }
+        }
+        let tables = groups.into_iter().map(|(k, rows)| Ok((k, TensorTable::new(op, device, rows)?)));
+        Ok(Tables(tables.collect::<Result<_>>()?))
+    }
+
+    /// Checks every table before a launch reads one (no device work).
+    pub(super) fn check(&self) -> Result<()> {
+        self.0.iter().try_for_each(|(_, t)| t.check())
+    }
+
+    /// Zeroes every grad, one launch a table (checked first).
+    pub(super) fn zero_grads(&self) -> Result<()> {
+        self.check()?;
+        self.0.iter().try_for_each(|(_, t)| t.zero_grads(None))
+    }
+
+    /// Each table with its kernel.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &(BuiltinKernel, TensorTable)> {
+        self.0.iter()
+    }
+}
+
 /// A table of tensors for one multi-tensor kernel. On CUDA it holds the entries and the chunk
 /// list in device memory; on the host backend the rows alone (the host ops walk them).
 #[derive(Debug)]
