@@ -284,6 +284,9 @@ fn bad_arguments_are_refused_before_anything_changes() {
         expect_err("f32 lengths, sampled", bad_lengths, dtype)?;
         let other_rows = ops::sample_and_record(&g, &Tensor::zeros(dev, &[2, 5])?, sampling, &rng, &lengths);
         expect_err("logits of another batch", other_rows, is_shape)?;
+        let elsewhere =
+            ops::sample_and_record(&g, &Tensor::zeros(&Device::host(), &[batch, 5])?, sampling, &rng, &lengths);
+        expect_err("logits on another device", elsewhere, |e| matches!(e, Error::DeviceMismatch { .. }))?;
         assert_eq!(rng.seed_and_offset()?, drawn, "no random number drawn");
         // Starting is a host write: refused during a capture.
         let mut graph = Graph::new(dev);

@@ -328,22 +328,18 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Launches `f`, a kernel of the condition program that writes `flag` and sets a WHILE
-    /// node's condition from it (its first argument is the handle, which this prepends), where
-    /// the body this thread captures now is that of a node testing `flag` (see
-    /// [`Self::capture_while`]); records the kernel's node so that no condition kernel follows
-    /// it if nothing else does. Returns false, launching nothing, anywhere else: the caller
-    /// launches its plain kernel.
+    /// Launches `f`, a kernel of the condition program that writes a WHILE node's flag and sets
+    /// the node's condition from it (its first argument is `handle`, which this prepends), in
+    /// the body this thread captures now, whose node `handle` is (what
+    /// [`StreamGate::loop_fold`] gave for the flag; see [`Self::capture_while`]); records the
+    /// kernel's node so that no condition kernel follows it if nothing else does.
     pub(crate) fn launch_setting_loop(
         &self,
-        flag: u64,
+        handle: u64,
         f: impl FnOnce(&super::cuda::CondKernels) -> CudaFunction,
         dims: LaunchDims,
         args: &[KArg],
-    ) -> Result<bool> {
-        let Some(handle) = self.gate.loop_fold(flag) else {
-            return Ok(false);
-        };
+    ) -> Result<()> {
         let func = f(&self.conditional_kernels()?);
         let args: Vec<KArg> = std::iter::once(KArg::U64(handle)).chain(args.iter().copied()).collect();
         self.launch_function(&func, dims, &args)?;
@@ -351,7 +347,7 @@ impl CudaBackend {
         if let [node] = last[..] {
             self.gate.set_loop_fold(node as usize);
         }
-        Ok(true)
+        Ok(())
     }
 
     /// What capturing a conditional node starts from: the condition kernels (loaded), the

@@ -427,7 +427,7 @@ impl DecoderStep {
     fn unfused(&self, ids: &Tensor, positions: &Tensor, batch: usize) -> Result<Tensor> {
         let lengths: Vec<&Tensor> = self.layers.iter().map(|l| &l.lengths).collect();
         let failed = |e: &Error| !matches!(e.root(), Error::CacheFull { .. } | Error::TokenOutOfRange { .. });
-        restoring(&lengths, failed, || self.unfused_steps(ids, positions, batch))
+        restoring(&lengths, failed, |_| self.unfused_steps(ids, positions, batch))
     }
 
     fn unfused_steps(&self, ids: &Tensor, positions: &Tensor, batch: usize) -> Result<Tensor> {

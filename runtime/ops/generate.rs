@@ -147,6 +147,16 @@ impl Generation {
         })
     }
 
+    /// The books' device pointers in the order the bookkeeping kernels take them (tokens,
+    /// counts, done, limits, stop, step, active, next ids, positions).
+    fn books_args(&self) -> Result<Vec<KArg>> {
+        [&self.tokens, &self.counts, &self.done, &self.limits, &self.stop, &self.step, &self.active]
+            .into_iter()
+            .chain([&self.next_ids, &self.positions])
+            .map(|t| Ok(KArg::Ptr(t.cuda_ptr()?)))
+            .collect()
+    }
+
     /// Sequences.
     pub fn batch(&self) -> usize {
         self.batch
@@ -275,11 +285,7 @@ pub fn generation_step(generation: &Generation, sampled: &Tensor, lengths: &Tens
             })
         }
         Exec::Cuda(c) => {
-            let mut args = Vec::with_capacity(13);
-            for t in [&g.tokens, &g.counts, &g.done, &g.limits, &g.stop, &g.step, &g.active, &g.next_ids, &g.positions]
-            {
-                args.push(KArg::Ptr(t.cuda_ptr()?));
-            }
+            let mut args = g.books_args()?;
             args.extend([
                 KArg::Ptr(sampled.cuda_ptr()?),
                 KArg::Ptr(lengths.cuda_ptr()?),
@@ -291,10 +297,10 @@ pub fn generation_step(generation: &Generation, sampled: &Tensor, lengths: &Tens
             let dims = LaunchDims::rows(1, (batch.div_ceil(32) * 32).clamp(32, 1024) as u32);
             // In a WHILE body that tests the flag, the same step sets the node's condition
             // where that is asked for (`GRAPHED_FOLD_CONDITION=1`): one kernel less a pass.
-            if c.launch_setting_loop(g.active.cuda_ptr()?, |k| k.generation.clone(), dims, &args)? {
-                return Ok(());
+            match c.gate.loop_fold(g.active.cuda_ptr()?) {
+                Some(handle) => c.launch_setting_loop(handle, |k| k.generation.clone(), dims, &args),
+                None => c.launch(B::GenerationStep, dims, &args),
             }
-            c.launch(B::GenerationStep, dims, &args)
         }
     }
 }
@@ -331,6 +337,9 @@ pub fn sample_and_record(
     const OP: &str = "sample_and_record";
     let g = generation;
     // Checked before the sampling, which may draw random numbers: a refused call changes nothing.
+    if logits.device() != g.tokens.device() {
+        return Err(Error::DeviceMismatch { op: OP, a: g.tokens.device().name(), b: logits.device().name() });
+    }
     if logits.dims().first() != Some(&g.batch) {
         return Err(Error::shape(
             OP,
@@ -345,8 +354,8 @@ pub fn sample_and_record(
             _ => None,
         };
         // Only where the launch can set the loop's condition: elsewhere the two calls.
-        let folds = c.gate.loop_fold(g.active.cuda_ptr()?).is_some();
-        if let Some(is_bf16) = is_bf16.filter(|_| folds && vocab > 0 && rng.device() == logits.device()) {
+        let usable = is_bf16.filter(|_| vocab > 0 && rng.device() == logits.device());
+        if let (Some(is_bf16), Some(handle)) = (usable, c.gate.loop_fold(g.active.cuda_ptr()?)) {
             logits.check_fresh()?;
             n32(OP, batch * vocab)?;
             let sampled = Tensor::empty_as(logits.device(), &[batch], DType::I32)?;
@@ -357,16 +366,12 @@ pub fn sample_and_record(
                 KArg::Ptr(sampled.cuda_ptr()?),
                 KArg::Ptr(g.arrivals.cuda_ptr()?),
             ];
-            for t in [&g.tokens, &g.counts, &g.done, &g.limits, &g.stop, &g.step, &g.active, &g.next_ids, &g.positions]
-            {
-                args.push(KArg::Ptr(t.cuda_ptr()?));
-            }
+            args.extend(g.books_args()?);
             args.extend([KArg::Ptr(lengths.cuda_ptr()?), KArg::U32(batch as u32), KArg::U32(g.max_new as u32)]);
             // A block a row, 256 threads (the argmax merge's width).
             let dims = LaunchDims::rows(batch, 256);
-            if c.launch_setting_loop(g.active.cuda_ptr()?, |k| k.greedy.clone(), dims, &args)? {
-                return Ok(sampled);
-            }
+            c.launch_setting_loop(handle, |k| k.greedy.clone(), dims, &args)?;
+            return Ok(sampled);
         }
     }
     let tokens = crate::ops::sample(logits, sampling, rng)?;

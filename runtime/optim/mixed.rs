@@ -442,23 +442,24 @@ impl<O: sealed::Master> Mixed<O> {
         restoring(
             &state,
             |_| true,
-            || match self.launches {
+            // The scaler's state is the last copy: the scale the grads are divided by.
+            |saved| match self.launches {
                 Launches::PerTensor => self.update_per_tensor(zero),
-                Launches::MultiTensor => self.update_tables(zero),
+                Launches::MultiTensor => self.update_tables(zero, self.scaler.as_ref().and(saved.last())),
             },
         )
     }
 
-    /// The step over the multi-tensor tables (checked).
-    fn update_tables(&self, zero: bool) -> Result<()> {
+    /// The step over the multi-tensor tables (checked). `saved_scaler`, eager with a scaler: a
+    /// copy of its state from before the step, whose scale multiplies unscaled grads back if a
+    /// later launch fails (exact for a power of two, which the default scale, growth and
+    /// backoff keep).
+    fn update_tables(&self, zero: bool, saved_scaler: Option<&Tensor>) -> Result<()> {
         let Some(scaler) = &self.scaler else {
             self.inner.prepare(&self.inputs.no_scaler)?;
             return self.inner.update_all(&self.model, &self.inputs.no_scaler, zero_bits(zero));
         };
-        // Eager, the scale the grads are divided by, to multiply them back if a later launch
-        // fails (exact for a power of two, which the default scale, growth and backoff keep).
-        let device = self.inputs.no_scaler.device();
-        let divided_by = if device.is_capturing() { None } else { Some(scaler.state.prefix_view(&[1])?.deep_clone()?) };
+        let divided_by = saved_scaler.map(|s| s.prefix_view(&[1])).transpose()?;
         scaler.unscale_and_check_table(&self.inputs.grads)?;
         let flag = &scaler.state;
         let update = |zero: u32| {

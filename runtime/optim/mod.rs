@@ -635,7 +635,7 @@ impl AdamW {
         }
         // The step count and the scheduled rate change in the first launches: a failed update
         // after them puts them back (see `restoring`).
-        restoring(&[&self.state, &self.lr], |_| true, || self.launch_update(zero))
+        restoring(&[&self.state, &self.lr], |_| true, |_| self.launch_update(zero))
     }
 
     fn launch_update(&self, zero: bool) -> Result<()> {

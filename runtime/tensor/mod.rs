@@ -123,18 +123,19 @@ pub(crate) fn values_fit(op: &'static str, got: usize, dims: &[usize]) -> Result
 /// Runs `f`, which changes small device tensors (`state`: a step count, cache lengths) before
 /// work that can still fail, so that such a failure leaves them as they were: outside a capture
 /// they are copied first and, when `f` fails with an error `undo` accepts, copied back (where a
-/// copy back fails too, `f`'s error is still the one returned). Inside a capture nothing runs
-/// and a failure ends the capture, so nothing is copied.
+/// copy back fails too, `f`'s error is still the one returned). `f` is handed the copies, in
+/// `state`'s order, to undo more with (the values before it ran). Inside a capture nothing runs
+/// and a failure ends the capture, so nothing is copied and `f` gets no copies.
 pub(crate) fn restoring<R>(
     state: &[&Tensor],
     undo: impl Fn(&Error) -> bool,
-    f: impl FnOnce() -> Result<R>,
+    f: impl FnOnce(&[Tensor]) -> Result<R>,
 ) -> Result<R> {
     if state.first().is_none_or(|t| t.device().is_capturing()) {
-        return f();
+        return f(&[]);
     }
     let saved = state.iter().map(|t| t.deep_clone()).collect::<Result<Vec<_>>>()?;
-    f().inspect_err(|e| {
+    f(&saved).inspect_err(|e| {
         if undo(e) {
             for (t, s) in state.iter().zip(&saved) {
                 let _ = t.copy_(s);
