@@ -617,6 +617,25 @@ fn refused_make_graphed_arguments_hand_the_modules_back() {
             assert_eq!(err.into_inner().len(), 1, "{name}: the module comes back");
             assert_eq!(dev.reserved_bytes(), reserved, "{name}: no memory kept");
         }
+        // A module without a backward (an inference module) behind a trainable one: forward
+        // graphs alone would leave the block's grads uncomputed. Refused before anything ran:
+        // both modules come back, the block's weights and grads as they were.
+        let block = Block::new(dev, D, D, 1)?;
+        let before: Vec<Vec<f32>> =
+            block.params().iter().flat_map(|p| [p.value.to_vec(), p.grad.to_vec()]).collect::<Result<_>>()?;
+        let reserved = dev.reserved_bytes();
+        let mixed: Vec<Box<dyn Module>> = vec![Box::new(Twice), Box::new(block)];
+        let err = make_graphed(mixed, vec![sample()[0].clone(), sample()[0].clone()], GraphOptions::new())
+            .expect_err("an inference module among trainable ones");
+        assert!(matches!(err.error(), Error::Setup(SetupError::NoBackward { chunk: 1, .. })), "{:?}", err.error());
+        assert_eq!(dev.reserved_bytes(), reserved, "no memory kept");
+        let mut back = err.into_inner().into_iter();
+        let _twice = back.next().expect("the inference module comes back");
+        let block: Box<dyn std::any::Any> = back.next().expect("the block comes back");
+        let block = block.downcast::<Block>().map_err(|_| Error::msg("not the block"))?;
+        let after: Vec<Vec<f32>> =
+            block.params().iter().flat_map(|p| [p.value.to_vec(), p.grad.to_vec()]).collect::<Result<_>>()?;
+        assert_eq!(after, before, "the block's weights and grads as they were");
         // A registered hook that fails in warm-up: the struct comes back whole.
         let hooks = HookRegistry::new();
         let h = hooks.register(0, HookKind::Forward, false, || Err(Error::msg("no")));
@@ -633,6 +652,16 @@ fn refused_make_graphed_arguments_hand_the_modules_back() {
         g.forward(&x)?;
         Ok(())
     });
+}
+
+/// An inference module: a `#[graphed]` impl with no `backward`.
+struct Twice;
+
+#[graphed(warmup = 1)]
+impl Twice {
+    fn forward(&self, _cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        ops::scale(x, 2.0)
+    }
 }
 
 /// Requests for more memory than there is, or than a pool may hold, and a pool limit with a
