@@ -425,7 +425,9 @@ struct GptOps<'a> {
 
 /// RMSNorm (forward, backward with the f32 gamma grad), the residual add fused with it (reads
 /// x and the residual, writes the sum and the norm; its backward reads dy, the residual grad and
-/// the sum and writes one grad), SwiGLU (forward, backward) in bf16, and one AdamW step over
+/// the sum and writes one grad), SwiGLU (forward, backward) in bf16, the two recomputations a
+/// block that keeps less runs in its backward (SwiGLU's backward writing its forward output
+/// too; RMSNorm's output from the saved rstd: read x, write y), and one AdamW step over
 /// bf16 weights: the least bytes each must move (the gamma, the row statistics and the gamma
 /// grad's partial sums are left out; AdamW reads the f32 master, moments and grad and writes the
 /// master, moments and the bf16 weight: 30 bytes an element).
@@ -447,6 +449,12 @@ fn gpt_cases<'a>(t: &'a Bf16Inputs, g: &'a GptOps<'a>, size: &str) -> Vec<Case<'
         ),
         ew16("swiglu", 6.0 * n, Box::new(|| ops::swiglu(&t.a, &t.b).map(drop))),
         ew16("swiglu_backward", 10.0 * n, Box::new(|| ops::swiglu_backward(&t.dy, &t.a, &t.b).map(drop))),
+        ew16(
+            "swiglu_backward_recompute",
+            12.0 * n,
+            Box::new(|| ops::swiglu_backward_recompute(&t.dy, &t.a, &t.b).map(drop)),
+        ),
+        ew16("rms_norm_recompute", 4.0 * n, Box::new(|| ops::rms_norm_recompute(&t.a, &t.bias, g.rstd).map(drop))),
         ew16("MixedAdamW::step", 30.0 * n, Box::new(|| g.adamw.step())),
     ]
 }
@@ -459,7 +467,7 @@ fn report(rows_out: Vec<Timed>, reps: usize, bandwidth: f64) {
     println!();
     println!("{LAUNCHES} launches per graph, {reps} replays; copy bandwidth {:.0} GB/s", bandwidth / 1e9);
     println!(
-        "{:<24} {:>5} {:>16} {:>12} {:>12} {:>12} {:>8}  note",
+        "{:<26} {:>5} {:>16} {:>12} {:>12} {:>12} {:>8}  note",
         "op", "dtype", "size", "us/op", "MB moved", "floor us", "ratio"
     );
     // The worst memory-bound ratio per dtype (GEMMs are compute-bound and left out).
@@ -478,7 +486,7 @@ fn report(rows_out: Vec<Timed>, reps: usize, bandwidth: f64) {
             String::new()
         };
         println!(
-            "{name:<24} {dtype:>5} {size:>16} {us:>12.1} {:>12.1} {floor:>12.1} {:>8.2}  {note}",
+            "{name:<26} {dtype:>5} {size:>16} {us:>12.1} {:>12.1} {floor:>12.1} {:>8.2}  {note}",
             bytes / 1e6,
             us / floor
         );

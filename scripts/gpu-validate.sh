@@ -94,6 +94,11 @@ for shape in 256x16 1024x4 4096x1; do
       || { fail=1; echo "FAILED: gpt $mode $shape"; tail -3 "$logs/gpt_${mode}_${shape}.log"; }
     grep -E "^trained" "$logs/gpt_${mode}_${shape}.log"
   done
+  # The blocks that recompute their norms' and SwiGLU's outputs (less pool, one more pass each).
+  gpu-bin/examples/gpt --steps "$steps" --eval-every 100000 --mode graphed --no-checkpoint --recompute --context "$ctx" \
+    --batch "$batch" --json "$logs/gpt_recompute_${shape}.json" > "$logs/gpt_recompute_${shape}.log" 2>&1 \
+    || { fail=1; echo "FAILED: gpt recompute $shape"; tail -3 "$logs/gpt_recompute_${shape}.log"; }
+  grep -E "^trained" "$logs/gpt_recompute_${shape}.log"
   if [ "$shape" = 256x16 ]; then
     gpu-bin/examples/gpt --steps "$steps" --eval-every 100000 --mode graphed --no-checkpoint --attention unfused \
       --json "$logs/gpt_unfused_${shape}.json" > "$logs/gpt_unfused_${shape}.log" 2>&1 || { fail=1; echo "FAILED: gpt unfused"; }

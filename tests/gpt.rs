@@ -35,6 +35,7 @@ const TINY: Config = Config {
     dropout: 0.1,
     dtype: DType::F32,
     fused_attention: true,
+    recompute: false,
 };
 
 /// Repetitive text a tiny model learns quickly.
@@ -136,6 +137,52 @@ fn bf16_graphed_fused_and_floor_train_bit_for_bit_like_eager() {
 #[test]
 fn bf16_with_fused_attention_trains_bit_for_bit_like_eager() {
     every_mode_trains_bit_for_bit_like_eager(Config { d_model: 128, heads: 2, hidden: 96, dtype: DType::BF16, ..TINY });
+}
+
+/// Blocks that recompute their norms' and SwiGLU's outputs in the backward train bit for bit
+/// like blocks that keep them (eager, graphed with and without checkpoints, fused, floor; with
+/// dropout; f32, bf16, and bf16 through the fused attention), and their graphs hold less: at
+/// least the `2·d + h` elements a token of every block no longer keeps, less what the backward
+/// of the largest block holds at once.
+#[test]
+fn recomputing_blocks_train_bit_for_bit_like_saving_ones_in_less_memory() {
+    let fused = Config { d_model: 128, heads: 2, hidden: 96, dtype: DType::BF16, ..TINY };
+    for cfg in [TINY, Config { dtype: DType::BF16, ..TINY }, fused] {
+        on_each_backend(|dev| {
+            let again = Config { recompute: true, ..cfg };
+            for (mode, checkpoint) in [
+                (Mode::Eager, false),
+                (Mode::Graphed, false),
+                (Mode::Graphed, true),
+                (Mode::Fused, true),
+                (Mode::Floor, false),
+            ] {
+                let what = format!("{} {mode:?} (checkpoint {checkpoint})", cfg.dtype);
+                let (want, saving) = train(dev, cfg, mode, checkpoint, 12)?;
+                let (losses, recomputing) = train(dev, again, mode, checkpoint, 12)?;
+                assert_eq!(want, losses, "{what}: recomputing changed the losses");
+                assert!(
+                    saving.param_bits()? == recomputing.param_bits()?,
+                    "{what}: recomputing changed the parameters"
+                );
+            }
+            Ok(())
+        });
+    }
+    // The memory, at a size where a block's activations outgrow the pool's 64 KiB slabs.
+    let cfg = Config { layers: 4, d_model: 64, heads: 4, context: 32, batch: 8, hidden: 256, ..TINY };
+    on_each_backend(|dev| {
+        let (_, saving) = train(dev, cfg, Mode::Graphed, false, 1)?;
+        let (_, recomputing) = train(dev, Config { recompute: true, ..cfg }, Mode::Graphed, false, 1)?;
+        let (kept, less) = (saving.pool_bytes(), recomputing.pool_bytes());
+        let per_block = cfg.batch * cfg.context * (2 * cfg.d_model + cfg.hidden) * cfg.dtype.size();
+        assert!(
+            kept >= less + (cfg.layers - 1) * per_block,
+            "the pool holds {less} bytes recomputing, {kept} keeping: less than {} blocks' {per_block} saved",
+            cfg.layers - 1
+        );
+        Ok(())
+    });
 }
 
 #[test]

@@ -43,6 +43,7 @@ const TINY: Config = Config {
     dropout: 0.0,
     dtype: DType::F32,
     fused_attention: true,
+    recompute: false,
 };
 
 /// bf16, head dim 64: the GPU's kind (fused attention in the prefill, decode attention's

@@ -231,3 +231,39 @@ fn linear_backward_acc_adds_into_dx() {
         Ok(())
     });
 }
+
+/// `linear_input_grad` is the `dx` of `linear_backward`, bit for bit, in every dtype and for
+/// leading dimensions that flatten into rows; it touches no weight grad, replays as it runs, and
+/// refuses a `dy` or `w` that do not fit.
+#[test]
+fn linear_input_grad_is_the_backward_dx() {
+    on_each_backend(|dev| {
+        for dtype in [graphed::DType::F32, graphed::DType::BF16, graphed::DType::F16] {
+            for &(lead, k, m) in &[(&[64usize][..], 257usize, 129usize), (&[2, 3][..], 8, 5), (&[1][..], 1, 1)] {
+                let n: usize = lead.iter().product();
+                let t = |dims: &[usize], seed: u64| {
+                    Tensor::from_slice_as(dev, &random_vec(dims.iter().product(), seed), dims, dtype)
+                };
+                let dims = |last: usize| lead.iter().copied().chain([last]).collect::<Vec<_>>();
+                let (x, w, dy) = (t(&dims(k), 1)?, t(&[m, k], 2)?, t(&dims(m), 3)?);
+                let dw = Tensor::zeros(dev, &[m, k])?;
+                let full = ops::linear_backward(&dy, &x, &w, &dw, None, true)?.expect("asked for dx");
+                let dx = ops::linear_input_grad(&dy, &w)?;
+                assert_eq!((dx.dtype(), dx.dims()), (dtype, full.dims()), "{dtype} {n}x{k}x{m}");
+                bitwise_eq(&format!("{dtype} {n}x{k}x{m} dx"), &dx.to_vec()?, &full.to_vec()?)?;
+                eager_vs_replay(dev, || Ok(vec![ops::linear_input_grad(&dy, &w)?]))?;
+            }
+        }
+        let (w, dy) = (random(dev, &[5, 8], 1)?, random(dev, &[3, 5], 2)?);
+        expect_err("dy width", ops::linear_input_grad(&random(dev, &[3, 6], 3)?, &w), is_shape)?;
+        expect_err("w rank", ops::linear_input_grad(&dy, &random(dev, &[40], 4)?), is_shape)?;
+        expect_err("dy rank", ops::linear_input_grad(&Tensor::from_slice(dev, &[1.0], &[])?, &w), is_shape)?;
+        expect_err(
+            "empty w",
+            ops::linear_input_grad(&Tensor::zeros(dev, &[3, 0])?, &Tensor::zeros(dev, &[0, 4])?),
+            is_shape,
+        )?;
+        let half = Tensor::zeros_as(dev, &[3, 5], graphed::DType::BF16)?;
+        expect_err("dtypes", ops::linear_input_grad(&half, &w), |e| matches!(e, Error::DTypeMismatch { .. }))
+    });
+}

@@ -336,3 +336,61 @@ fn add_rms_norm_rejects_bad_arguments() {
         expect_err("rstd shape", r, is_shape)
     });
 }
+
+/// What a backward recomputes instead of saving is the forward's output bit for bit: RMSNorm's
+/// `y` from its saved `rstd` (after `rms_norm` and after `add_rms_norm`, rows the 16-byte packs
+/// divide and rows they do not, rows too wide for the register kernel), and SwiGLU's `y` from
+/// the backward pass over `gate` and `up`, whose grads stay `swiglu_backward`'s; in every dtype,
+/// eager and replayed. Bad arguments are typed errors.
+#[test]
+fn recomputed_outputs_are_the_forward_bits() {
+    on_each_backend(|dev| {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for (i, &(n, d)) in [(1, 1), (5, 7), (64, 512), (33, 1030), (3, 9000), (2, 20000)].iter().enumerate() {
+                let seed = 700 + 10 * i as u64;
+                let what = format!("rms_norm_recompute {dtype} {n}x{d}");
+                let (x, _) = pair(dev, &[n, d], seed, dtype)?;
+                let (r, _) = pair(dev, &[n, d], seed + 1, dtype)?;
+                let (g, _) = pair(dev, &[d], seed + 2, dtype)?;
+                let (y, rstd) = ops::rms_norm(&x, &g, EPS)?;
+                bitwise_eq(&what, &ops::rms_norm_recompute(&x, &g, &rstd)?.to_vec()?, &y.to_vec()?)?;
+                let (sum, y2, rstd2) = ops::add_rms_norm(&x, &r, &g, EPS)?;
+                let again = ops::rms_norm_recompute(&sum, &g, &rstd2)?;
+                bitwise_eq(&format!("{what} after add_rms_norm"), &again.to_vec()?, &y2.to_vec()?)?;
+            }
+            for (i, &n) in [1usize, 7, 8, 4096 * 3 + 5, 16 * 1368].iter().enumerate() {
+                let what = format!("swiglu_backward_recompute {dtype} {n}");
+                let seed = 800 + 10 * i as u64;
+                let ((gate, _), (up, _), (dy, _)) = (
+                    pair(dev, &[n], seed, dtype)?,
+                    pair(dev, &[n], seed + 1, dtype)?,
+                    pair(dev, &[n], seed + 2, dtype)?,
+                );
+                let (dg, du, y) = ops::swiglu_backward_recompute(&dy, &gate, &up)?;
+                let (dg2, du2) = ops::swiglu_backward(&dy, &gate, &up)?;
+                bitwise_eq(&format!("{what} y"), &y.to_vec()?, &ops::swiglu(&gate, &up)?.to_vec()?)?;
+                bitwise_eq(&format!("{what} dgate"), &dg.to_vec()?, &dg2.to_vec()?)?;
+                bitwise_eq(&format!("{what} dup"), &du.to_vec()?, &du2.to_vec()?)?;
+                assert_eq!((y.dtype(), y.dims()), (dtype, &[n][..]));
+            }
+        }
+        let (x, g, dy) = (random(dev, &[6, 40], 1)?, random(dev, &[40], 2)?, random(dev, &[6, 40], 3)?);
+        eager_vs_replay(dev, || {
+            let (_, rstd) = ops::rms_norm(&x, &g, EPS)?;
+            let h = ops::rms_norm_recompute(&x, &g, &rstd)?;
+            let (dg, du, y) = ops::swiglu_backward_recompute(&dy, &h, &x)?;
+            Ok(vec![h, dg, du, y])
+        })?;
+        let (_, rstd) = ops::rms_norm(&x, &g, EPS)?;
+        expect_err("gamma shape", ops::rms_norm_recompute(&x, &random(dev, &[39], 4)?, &rstd), is_shape)?;
+        expect_err("rstd shape", ops::rms_norm_recompute(&x, &g, &random(dev, &[5], 5)?), is_shape)?;
+        let half = Tensor::zeros_as(dev, &[6], DType::BF16)?;
+        let mismatch = |e: &Error| matches!(e, Error::DTypeMismatch { .. });
+        expect_err("rstd dtype", ops::rms_norm_recompute(&x, &g, &half), |e| {
+            matches!(e, Error::DType { expected: DType::F32, .. })
+        })?;
+        expect_err("no row", ops::rms_norm_recompute(&Tensor::zeros(dev, &[3, 0])?, &g, &rstd), is_shape)?;
+        expect_err("up shape", ops::swiglu_backward_recompute(&dy, &x, &random(dev, &[6, 41], 6)?), is_shape)?;
+        expect_err("dy dtype", ops::swiglu_backward_recompute(&dy.to_dtype(DType::BF16)?, &x, &x), mismatch)
+    });
+}

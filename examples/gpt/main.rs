@@ -3,8 +3,8 @@
 //! `cargo run --release --example gpt -- --help` lists the flags: `--steps`, `--data`,
 //! `--size tiny|gpu`, `--context`, `--batch`, `--dtype f32|bf16`,
 //! `--mode eager|graphed|fused|floor|pipeline|pipeline-eager` (`--eager` is `--mode eager`),
-//! `--no-checkpoint`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`, `--json FILE`,
-//! `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`, `--estimate`; and for generation
+//! `--no-checkpoint`, `--recompute`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`,
+//! `--json FILE`, `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`, `--estimate`; and for generation
 //! `--save PATH`, `--load PATH`, `--generate`, `--prompts N`, `--prompt-len N`,
 //! `--max-new-tokens N`, `--temperature T`, `--top-k K`, `--max-batch N`, `--decode-bench`,
 //! `--unfused-decode`.
@@ -186,6 +186,10 @@ struct Args {
     /// Keep every block's activations (graphed and fused modes checkpoint the odd blocks).
     #[arg(long)]
     no_checkpoint: bool,
+    /// Each block recomputes its norms' and SwiGLU's outputs in its backward instead of keeping
+    /// them (less memory, the same bits; `model::Config::recompute`).
+    #[arg(long)]
+    recompute: bool,
     /// Dropout probability on each block's two residual branches while training.
     #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = probability)]
     dropout: f32,
@@ -322,6 +326,7 @@ impl Args {
             dropout,
             dtype,
             fused_attention,
+            recompute: self.recompute,
         };
         let gpu = Config {
             layers: 8,
@@ -333,6 +338,7 @@ impl Args {
             dropout,
             dtype,
             fused_attention,
+            recompute: self.recompute,
         };
         let c = match self.size {
             Some(Size::Tiny) => tiny,
@@ -590,8 +596,9 @@ fn run() -> Result<()> {
             .collect();
         let estimate_mb = estimate.map_or(String::from("null"), |e| format!("{:.2}", e as f64 / 1e6));
         let json = format!(
-            "{{\"mode\": \"{mode:?}\", \"dtype\": \"{}\", \"checkpoint\": {checkpoint}, \"context\": {}, \"batch\": {}, \"lengths\": \"{:?}\", \"buckets\": {}, \"bucket_reports\": [{}], \"estimate_mb\": {estimate_mb}, \"padding\": {waste:.4}, \"tokens_per_s\": {rate:.1}, \"step_ms\": {step_ms:.4}, \"setup_s\": {setup:.3}, \"pool_mb\": {pool_mb:.2}, \"device_mb\": {device_mb:.2}, \"loss_first\": {first}, \"loss_last\": {last}, \"val_last\": {val}}}\n",
+            "{{\"mode\": \"{mode:?}\", \"dtype\": \"{}\", \"checkpoint\": {checkpoint}, \"recompute\": {}, \"context\": {}, \"batch\": {}, \"lengths\": \"{:?}\", \"buckets\": {}, \"bucket_reports\": [{}], \"estimate_mb\": {estimate_mb}, \"padding\": {waste:.4}, \"tokens_per_s\": {rate:.1}, \"step_ms\": {step_ms:.4}, \"setup_s\": {setup:.3}, \"pool_mb\": {pool_mb:.2}, \"device_mb\": {device_mb:.2}, \"loss_first\": {first}, \"loss_last\": {last}, \"val_last\": {val}}}\n",
             cfg.dtype,
+            cfg.recompute,
             cfg.context,
             cfg.batch,
             args.lengths,

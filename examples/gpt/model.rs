@@ -40,6 +40,11 @@ pub struct Config {
     /// Attention through the fused kernels (`flash_attention`) where they run; false keeps
     /// `causal_attention` everywhere (to compare the two).
     pub fused_attention: bool,
+    /// Each block keeps less for its backward and recomputes the rest there, bit for bit: the
+    /// two norms' outputs (from the saved `rstd`) and SwiGLU's output (in its backward's pass).
+    /// Per block `2·d + h` fewer elements a token held from forward to backward, for one
+    /// elementwise pass a norm in the backward and one more write of SwiGLU's output.
+    pub recompute: bool,
 }
 
 /// A weight of `dims` with fan-in scaling, in the config's dtype (its grad is f32).
@@ -58,6 +63,8 @@ pub struct Block {
     pub heads: usize,
     pub dropout: f32,
     pub fused_attention: bool,
+    /// Recompute the norms' and SwiGLU's outputs in the backward ([`Config::recompute`]).
+    pub recompute: bool,
     pub norm1: Param,
     pub wq: Param,
     pub wk: Param,
@@ -80,6 +87,7 @@ impl Block {
             heads: c.heads,
             dropout: c.dropout,
             fused_attention: c.fused_attention,
+            recompute: c.recompute,
             norm1: ones(dev, c)?,
             wq: init(dev, c, &[d, d], d, seed * 16 + 1)?,
             wk: init(dev, c, &[d, d], d, seed * 16 + 2)?,
@@ -137,6 +145,59 @@ pub fn dx_of(t: Option<Tensor>) -> Result<Tensor> {
     t.ok_or_else(|| Error::msg("linear_backward returned no dx"))
 }
 
+/// What a block's forward keeps for its backward, in `cx.save` order: everything, or (when the
+/// block recomputes) all but the norms' outputs `h1`, `h2` and SwiGLU's output `s`.
+struct Saved {
+    x: Tensor,
+    h1: Option<Tensor>,
+    rstd1: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    att: Tensor,
+    lse: Tensor,
+    x2: Tensor,
+    h2: Option<Tensor>,
+    rstd2: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    s: Option<Tensor>,
+}
+
+impl Saved {
+    /// The tensors in save order, the recomputed ones left out.
+    fn tensors(&self) -> Vec<&Tensor> {
+        let Saved { x, h1, rstd1, q, k, v, att, lse, x2, h2, rstd2, gate, up, s } = self;
+        let kept = [Some(x), h1.as_ref(), Some(rstd1), Some(q), Some(k), Some(v), Some(att), Some(lse), Some(x2)];
+        kept.into_iter().chain([h2.as_ref(), Some(rstd2), Some(gate), Some(up), s.as_ref()]).flatten().collect()
+    }
+
+    /// Reads them back from `cx`; returns them and their count (the dropout masks follow).
+    fn load(cx: &Cx, recompute: bool) -> Result<(Saved, usize)> {
+        let count = if recompute { 11 } else { 14 };
+        let mut it = (0..count).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()?.into_iter();
+        let mut next = || it.next().ok_or_else(|| Error::msg("a block saved fewer tensors than it reads"));
+        // Fields in save order: a struct expression evaluates its fields as written.
+        let saved = Saved {
+            x: next()?,
+            h1: if recompute { None } else { Some(next()?) },
+            rstd1: next()?,
+            q: next()?,
+            k: next()?,
+            v: next()?,
+            att: next()?,
+            lse: next()?,
+            x2: next()?,
+            h2: if recompute { None } else { Some(next()?) },
+            rstd2: next()?,
+            gate: next()?,
+            up: next()?,
+            s: if recompute { None } else { Some(next()?) },
+        };
+        Ok((saved, count))
+    }
+}
+
 #[graphed(warmup = 2)]
 impl Block {
     pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
@@ -153,7 +214,24 @@ impl Block {
         let s = ops::swiglu(&gate, &up)?;
         let (m, mask2) = self.drop(cx, &ops::linear(&s, &self.w_down.value, None)?)?;
         let y = ops::add(&x2, &m)?;
-        for t in [x, &h1, &rstd1, &q, &k, &v, &att, &lse, &x2, &h2, &rstd2, &gate, &up, &s] {
+        let keep = |t: Tensor| (!self.recompute).then_some(t);
+        let saved = Saved {
+            x: x.clone(),
+            h1: keep(h1),
+            rstd1,
+            q,
+            k,
+            v,
+            att,
+            lse,
+            x2,
+            h2: keep(h2),
+            rstd2,
+            gate,
+            up,
+            s: keep(s),
+        };
+        for t in saved.tensors() {
             cx.save(t);
         }
         for mask in [mask1, mask2].iter().flatten() {
@@ -163,29 +241,73 @@ impl Block {
     }
 
     pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
-        let saved = (0..14).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()?;
-        let [x, h1, rstd1, q, k, v, att, lse, x2, h2, rstd2, gate, up, s] = &saved[..] else {
-            return Err(Error::msg("a block saves 14 tensors"));
-        };
+        let (saved, count) = Saved::load(cx, self.recompute)?;
         let dropped = self.dropout != 0.0 && cx.training();
-        let masks = if dropped { (14..16).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()? } else { Vec::new() };
+        let masks =
+            if dropped { (count..count + 2).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()? } else { Vec::new() };
         let undrop = |d: &Tensor, i: usize| masks.get(i).map_or_else(|| Ok(d.clone()), |m| ops::dropout_backward(d, m));
-        let dm = undrop(dy, 1)?;
-        let ds = dx_of(ops::linear_backward(&dm, s, &self.w_down.value, &self.w_down.grad, None, true)?)?;
-        let (dgate, dup) = ops::swiglu_backward(&ds, gate, up)?;
-        // The two projections' input grads summed inside the second GEMM (beta = 1).
-        let dh2 = dx_of(ops::linear_backward(&dgate, h2, &self.w_gate.value, &self.w_gate.grad, None, true)?)?;
-        ops::linear_backward_acc(&dup, h2, &self.w_up.value, &self.w_up.grad, None, &dh2)?;
+        let Saved { x, x2, rstd1, rstd2, .. } = &saved;
+        let dh2 = self.mlp_backward(undrop(dy, 1)?, &saved)?;
         let dx2 = ops::add_rms_norm_backward(&dh2, dy, x2, &self.norm2.value, rstd2, &self.norm2.grad)?;
-        let datt = dx_of(ops::linear_backward(&undrop(&dx2, 0)?, att, &self.wo.value, &self.wo.grad, None, true)?)?;
-        let (dq, dk, dv) = attend_backward(self.fused_attention, &datt, [q, k, v, att, lse], self.heads)?;
-        let dh1 = dx_of(ops::linear_backward(&dq, h1, &self.wq.value, &self.wq.grad, None, true)?)?;
-        for (d, w) in [(&dk, &self.wk), (&dv, &self.wv)] {
-            ops::linear_backward_acc(d, h1, &w.value, &w.grad, None, &dh1)?;
-        }
+        drop(dh2);
+        let dh1 = self.attention_backward(undrop(&dx2, 0)?, &saved)?;
         // The first norm's backward and the residual grad in one pass.
         let dx = ops::add_rms_norm_backward(&dh1, &dx2, x, &self.norm1.value, rstd1, &self.norm1.grad)?;
         Ok(Some(dx))
+    }
+}
+
+/// The two halves of a block's backward. Each frees what it made before it returns, so that
+/// the graph pool's peak (the first block's backward, with every block's saved tensors live)
+/// holds one half's temporaries, not both.
+impl Block {
+    /// The MLP half, from the grad of its output `dm`: the grad of `h2`, with the weight grads
+    /// of the three projections accumulated.
+    fn mlp_backward(&self, dm: Tensor, saved: &Saved) -> Result<Tensor> {
+        let Saved { x2, h2, rstd2, gate, up, s, .. } = saved;
+        let (dgate, dup) = match s {
+            Some(s) => {
+                let ds = dx_of(ops::linear_backward(&dm, s, &self.w_down.value, &self.w_down.grad, None, true)?)?;
+                ops::swiglu_backward(&ds, gate, up)?
+            }
+            None => {
+                // The input grad first, then SwiGLU's output again (in its backward's pass) for
+                // the weight grad: the same GEMMs on the same bits as the saved `s`.
+                let ds = ops::linear_input_grad(&dm, &self.w_down.value)?;
+                let (dgate, dup, s) = ops::swiglu_backward_recompute(&ds, gate, up)?;
+                drop(ds);
+                ops::linear_backward(&dm, &s, &self.w_down.value, &self.w_down.grad, None, false)?;
+                (dgate, dup)
+            }
+        };
+        drop(dm);
+        let h2 = match h2 {
+            Some(h2) => h2.clone(),
+            None => ops::rms_norm_recompute(x2, &self.norm2.value, rstd2)?,
+        };
+        // The two projections' input grads summed inside the second GEMM (beta = 1).
+        let dh2 = dx_of(ops::linear_backward(&dgate, &h2, &self.w_gate.value, &self.w_gate.grad, None, true)?)?;
+        ops::linear_backward_acc(&dup, &h2, &self.w_up.value, &self.w_up.grad, None, &dh2)?;
+        Ok(dh2)
+    }
+
+    /// The attention half, from the grad of its output projection's output `da`: the grad of
+    /// `h1`, with the weight grads of the four projections accumulated.
+    fn attention_backward(&self, da: Tensor, saved: &Saved) -> Result<Tensor> {
+        let Saved { x, h1, rstd1, q, k, v, att, lse, .. } = saved;
+        let datt = dx_of(ops::linear_backward(&da, att, &self.wo.value, &self.wo.grad, None, true)?)?;
+        drop(da);
+        let (dq, dk, dv) = attend_backward(self.fused_attention, &datt, [q, k, v, att, lse], self.heads)?;
+        drop(datt);
+        let h1 = match h1 {
+            Some(h1) => h1.clone(),
+            None => ops::rms_norm_recompute(x, &self.norm1.value, rstd1)?,
+        };
+        let dh1 = dx_of(ops::linear_backward(&dq, &h1, &self.wq.value, &self.wq.grad, None, true)?)?;
+        for (d, w) in [(&dk, &self.wk), (&dv, &self.wv)] {
+            ops::linear_backward_acc(d, &h1, &w.value, &w.grad, None, &dh1)?;
+        }
+        Ok(dh1)
     }
 }
 

@@ -43,6 +43,7 @@ fn share_block(b: &Block) -> Block {
         heads: b.heads,
         dropout: 0.0,
         fused_attention: b.fused_attention,
+        recompute: b.recompute,
         norm1: b.norm1.clone(),
         wq: b.wq.clone(),
         wk: b.wk.clone(),

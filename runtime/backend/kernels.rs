@@ -197,6 +197,9 @@ kernels! {
     RmsNormBwdParamsPartialF32 = "rms_norm_bwd_params_partial_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32, U32);
     RmsNormBwdParamsPartialBf16 = "rms_norm_bwd_params_partial_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32, U32);
     RmsNormBwdParamsPartialF16 = "rms_norm_bwd_params_partial_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32, U32);
+    RmsNormApplyF32 = "rms_norm_apply_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    RmsNormApplyBf16 = "rms_norm_apply_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    RmsNormApplyF16 = "rms_norm_apply_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     ColPartialsAccF32 = "col_partials_acc_f32" (Ptr, Ptr, U32, U32);
     ColPartialsAccBf16 = "col_partials_acc_bf16" (Ptr, Ptr, U32, U32);
     ColPartialsAccF16 = "col_partials_acc_f16" (Ptr, Ptr, U32, U32);
@@ -209,9 +212,9 @@ kernels! {
     SwigluPackedF32 = "swiglu_packed_f32" (Ptr, Ptr, U32, U32);
     SwigluPackedBf16 = "swiglu_packed_bf16" (Ptr, Ptr, U32, U32);
     SwigluPackedF16 = "swiglu_packed_f16" (Ptr, Ptr, U32, U32);
-    SwigluBwdF32 = "swiglu_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, U32);
-    SwigluBwdBf16 = "swiglu_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, U32);
-    SwigluBwdF16 = "swiglu_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, U32);
+    SwigluBwdF32 = "swiglu_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32);
+    SwigluBwdBf16 = "swiglu_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32);
+    SwigluBwdF16 = "swiglu_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32);
     AttnSoftmaxLseF32 = "attn_softmax_lse_f32" (Ptr, Ptr, Ptr, U32, U32, F32);
     AttnSoftmaxLseBf16 = "attn_softmax_lse_bf16" (Ptr, Ptr, Ptr, U32, U32, F32);
     AttnSoftmaxLseF16 = "attn_softmax_lse_f16" (Ptr, Ptr, Ptr, U32, U32, F32);

@@ -116,13 +116,21 @@ pub fn linear_backward(
     if let Some(db) = db {
         col_sum_acc(db, dy, n, out);
     }
-    need_dx.then(|| {
-        // dx[n, in] = dy[n, out] · w[out, in].
-        let wd = widen(&w[..out * input]);
-        let mut dx = vec![0.0f64; n * input];
-        dgemm(n, out, input, View { data: &dyd, rs: out, cs: 1 }, View { data: &wd, rs: input, cs: 1 }, 0.0, &mut dx);
-        dx.into_iter().map(|v| v as f32).collect()
-    })
+    need_dx.then(|| input_grad(&dyd, w, n, input, out))
+}
+
+/// The input grad of [`linear`] alone: `dx[n, in] = dy[n, out] · w[out, in]`, summed in f64
+/// and rounded once (what [`linear_backward`] returns as `dx`).
+pub fn linear_input_grad(dy: &[f32], w: &[f32], n: usize, input: usize, out: usize) -> Vec<f32> {
+    input_grad(&widen(&dy[..n * out]), w, n, input, out)
+}
+
+/// `dy · w` from the widened `dy`.
+fn input_grad(dyd: &[f64], w: &[f32], n: usize, input: usize, out: usize) -> Vec<f32> {
+    let wd = widen(&w[..out * input]);
+    let mut dx = vec![0.0f64; n * input];
+    dgemm(n, out, input, View { data: dyd, rs: out, cs: 1 }, View { data: &wd, rs: input, cs: 1 }, 0.0, &mut dx);
+    dx.into_iter().map(|v| v as f32).collect()
 }
 
 /// `max(x, 0)`.
@@ -462,7 +470,8 @@ pub fn loss_scale_update(state: &[f32], growth: f32, backoff: f32, interval: u32
 #[path = "cpu_transformer.rs"]
 mod transformer;
 pub use transformer::{
-    embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu, swiglu_backward, token_index, token_indices,
+    embedding, embedding_backward, rms_norm, rms_norm_apply, rms_norm_backward, swiglu, swiglu_backward, token_index,
+    token_indices,
 };
 
 #[path = "cpu_attention.rs"]

@@ -41,21 +41,26 @@ pub fn embedding_backward(dy: &[f32], ids: &[f32], vocab: usize, d: usize, dtabl
     Ok(())
 }
 
-/// RMSNorm over rows of `d`: `(y, rstd)` with `y = x · rstd · gamma` and
-/// `rstd = 1 / sqrt(mean(x²) + eps)`.
+/// RMSNorm over rows of `d`: `(y, rstd)` with `rstd = 1 / sqrt(mean(x²) + eps)` (summed in
+/// f64, rounded to f32) and `y` = [`rms_norm_apply`] of that `rstd`, so that `y` can be
+/// recomputed from the saved `rstd` bit for bit, as on CUDA.
 pub fn rms_norm(x: &[f32], gamma: &[f32], d: usize, eps: f32) -> (Vec<f32>, Vec<f32>) {
-    let rows = x.len().checked_div(d).unwrap_or(0);
-    let (mut y, mut rstds) = (vec![0.0f32; x.len()], vec![0.0f32; rows]);
-    for r in 0..rows {
-        let xr = &x[r * d..(r + 1) * d];
-        let ms = xr.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / d as f64;
-        let rstd = 1.0 / (ms + eps as f64).sqrt();
-        for j in 0..d {
-            y[r * d + j] = (xr[j] as f64 * rstd * gamma[j] as f64) as f32;
-        }
-        rstds[r] = rstd as f32;
-    }
-    (y, rstds)
+    let rstds: Vec<f32> = x
+        .chunks_exact(d.max(1))
+        .map(|xr| {
+            let ms = xr.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / d as f64;
+            (1.0 / (ms + eps as f64).sqrt()) as f32
+        })
+        .collect();
+    (rms_norm_apply(x, gamma, &rstds, d), rstds)
+}
+
+/// RMSNorm's `y = x · rstd · gamma` from a row's `rstd`, computed in f64 and rounded once.
+pub fn rms_norm_apply(x: &[f32], gamma: &[f32], rstd: &[f32], d: usize) -> Vec<f32> {
+    x.chunks_exact(d.max(1))
+        .zip(rstd)
+        .flat_map(|(xr, r)| xr.iter().zip(gamma).map(move |(v, g)| (*v as f64 * *r as f64 * *g as f64) as f32))
+        .collect()
 }
 
 /// The backward of [`rms_norm`] from the saved `rstd`: returns

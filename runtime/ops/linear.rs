@@ -285,27 +285,94 @@ fn backward(
                 )?;
             }
             if let Some(dx) = &dx {
-                // dxᵀ[in, N] = wᵀ[in, out] · dyᵀ[out, N].
-                let (wo, dxo) = (operand(w, input)?, operand(dx, input)?);
-                let g = GemmEx {
-                    op,
-                    trans_a: false,
-                    trans_b: false,
-                    m: input,
-                    n: rows,
-                    k: out,
-                    alpha: 1.0,
-                    a: wo,
-                    b: dyo,
-                    beta,
-                    c: dxo,
-                    tf32,
-                };
-                c.gemm_ex(&g)?;
+                cuda_input_grad(c, op, (dy, w, dx), (rows, input, out), beta, tf32)?;
             }
         }
     }
     Ok(if matches!(mode, Dx::New) { dx } else { None })
+}
+
+/// `dx = dy · w` (`+ dx` with `beta` 1) as one GEMM: the input-grad half of every linear backward.
+fn cuda_input_grad(
+    c: &CudaBackend,
+    op: &'static str,
+    (dy, w, dx): (&Tensor, &Tensor, &Tensor),
+    (rows, input, out): (usize, usize, usize),
+    beta: f32,
+    tf32: bool,
+) -> Result<()> {
+    // dxᵀ[in, N] = wᵀ[in, out] · dyᵀ[out, N].
+    let (wo, dyo, dxo) = (operand(w, input)?, operand(dy, out)?, operand(dx, input)?);
+    c.gemm_ex(&GemmEx {
+        op,
+        trans_a: false,
+        trans_b: false,
+        m: input,
+        n: rows,
+        k: out,
+        alpha: 1.0,
+        a: wo,
+        b: dyo,
+        beta,
+        c: dxo,
+        tf32,
+    })
+}
+
+/// The input grad of [`linear`] alone: `dx = dy · w`, what [`linear_backward`] returns as
+/// `dx`, bit for bit, without touching a weight grad. With it a backward can take `dx` first and
+/// the weight grad later, from an input it recomputes in between (as a block that recomputes its
+/// SwiGLU output does: [`crate::ops::swiglu_backward_recompute`]) or in a split backward's
+/// weight pass. `dy` is `[..., out]`, `w` `[out, in]`, one dtype; `dx` is `[..., in]` in it.
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let x = Tensor::from_slice(&dev, &[1.0, 2.0], &[1, 2])?;
+/// let w = Tensor::from_slice(&dev, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2])?;
+/// let dy = Tensor::from_slice(&dev, &[1.0, 0.0, -1.0], &[1, 3])?;
+/// let dx = ops::linear_input_grad(&dy, &w)?;
+/// assert_eq!(dx.dims(), &[1, 2]);
+/// assert_eq!(dx.to_vec()?, vec![-4.0, -4.0]);
+/// let dw = Tensor::zeros(&dev, &[3, 2])?;
+/// let full = ops::linear_backward(&dy, &x, &w, &dw, None, true)?.unwrap();
+/// assert_eq!(dx.to_vec()?, full.to_vec()?);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn linear_input_grad(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
+    const OP: &str = "linear_input_grad";
+    let dtype = check_like(OP, &[dy, w])?;
+    check_rank1(OP, "dy", dy)?;
+    if w.dims().len() != 2 || w.dims().contains(&0) {
+        return Err(Error::shape(OP, ShapeProblem::layout("w", "[out, in] with both nonzero", w.dims())));
+    }
+    let (rows, out) = as_rows(dy);
+    let (w_out, input) = (w.dims()[0], w.dims()[1]);
+    if out != w_out {
+        let axis = dy.dims().len() - 1;
+        return Err(Error::shape(
+            OP,
+            ShapeProblem::Axis { arg: "dy", got: dy.dims().to_vec(), axis, expected: w_out, from: "w [out, in]" },
+        ));
+    }
+    for v in [rows, input, out] {
+        gemm_dim(OP, v)?;
+    }
+    n32(OP, rows * out.max(input))?;
+    let dx = Tensor::empty_as(dy.device(), &out_dims(dy, input), dtype)?;
+    match exec(dy.device()) {
+        Exec::Host(h) => {
+            let (dyp, wp, dxp) = (dy.host_ptr()?, w.host_ptr()?, dx.host_ptr()?);
+            h.run(OP, move || {
+                dxp.write(&cpu::linear_input_grad(&dyp.read(), &wp.read(), rows, input, out));
+                Ok(())
+            })?;
+        }
+        Exec::Cuda(c) => {
+            cuda_input_grad(c, OP, (dy, w, &dx), (rows, input, out), 0.0, dy.device().tf32())?;
+        }
+    }
+    Ok(dx)
 }
 
 type BackwardTensors<'a> = (&'a Tensor, &'a Tensor, &'a Tensor, &'a Tensor, Option<&'a Tensor>, Option<&'a Tensor>);

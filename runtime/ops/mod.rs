@@ -39,7 +39,7 @@ pub use flash_engine::{
 };
 pub use fused::{linear_fused, linear_fused_backward, Epilogue};
 pub use generate::{generation_step, sample_and_record, Generation, Stop};
-pub use linear::{bias_add, linear, linear_backward, linear_backward_acc, linear_to};
+pub use linear::{bias_add, linear, linear_backward, linear_backward_acc, linear_input_grad, linear_to};
 pub(crate) use linear::{check_linear, out_dims};
 pub use loss::{
     mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels, IGNORE_LABEL,
@@ -47,8 +47,8 @@ pub use loss::{
 pub use norm::{layer_norm, layer_norm_backward};
 pub use sample::{argmax, sample, Sampling};
 pub use transformer::{
-    add_rms_norm, add_rms_norm_backward, embedding, embedding_backward, rms_norm, rms_norm_backward, swiglu,
-    swiglu_backward, swiglu_packed,
+    add_rms_norm, add_rms_norm_backward, embedding, embedding_backward, rms_norm, rms_norm_backward,
+    rms_norm_recompute, swiglu, swiglu_backward, swiglu_backward_recompute, swiglu_packed,
 };
 
 use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, RowTiles, Typed};
@@ -255,6 +255,7 @@ pub(crate) mod k {
     pub(crate) const EMBEDDING_BWD_F32: Typed =
         Typed(B::EmbeddingBwdF32, B::EmbeddingBwdBf16F32, B::EmbeddingBwdF16F32);
     pub(crate) const RMS_NORM: Typed = Typed(B::RmsNormF32, B::RmsNormBf16, B::RmsNormF16);
+    pub(crate) const RMS_NORM_APPLY: Typed = Typed(B::RmsNormApplyF32, B::RmsNormApplyBf16, B::RmsNormApplyF16);
     pub(crate) const RMS_NORM_BWD: Typed = Typed(B::RmsNormBwdF32, B::RmsNormBwdBf16, B::RmsNormBwdF16);
     /// The first pass of RMSNorm's gamma grad (partial column sums in f32), by the dtype of `dy`.
     pub(crate) const RMS_NORM_BWD_PARAMS_PARTIAL: Typed =

@@ -182,6 +182,59 @@ pub fn add_rms_norm(x: &Tensor, residual: &Tensor, gamma: &Tensor, eps: f32) -> 
     Ok((sum.unwrap_or_else(|| x.clone()), y, rstd))
 }
 
+/// RMSNorm's output again from the `rstd` its forward saved: `y = x · rstd · gamma`, bit for bit
+/// the `y` that [`rms_norm`] (or [`add_rms_norm`], with its `sum` as `x`) returned with that
+/// `rstd`, on both backends. So a forward need not keep its normed output for the backward (the
+/// input of the projections' weight grads, as large as `x`): it keeps `x` and `rstd`, which the
+/// norm's own backward reads anyway, and the backward calls this before the weight grads. One
+/// elementwise pass (read `x`, write `y`); `x` and `gamma` share one dtype, `rstd` is f32 `[rows]`.
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let x = Tensor::from_slice(&dev, &[3.0, 4.0, -1.0, 0.5], &[2, 2])?;
+/// let gamma = Tensor::from_slice(&dev, &[1.0, 0.5], &[2])?;
+/// let (y, rstd) = ops::rms_norm(&x, &gamma, 1e-5)?;
+/// assert_eq!(ops::rms_norm_recompute(&x, &gamma, &rstd)?.to_vec()?, y.to_vec()?);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn rms_norm_recompute(x: &Tensor, gamma: &Tensor, rstd: &Tensor) -> Result<Tensor> {
+    const OP: &str = "rms_norm_recompute";
+    let dtype = check_like(OP, &[x, gamma])?;
+    check_f32_on(OP, rstd, x)?;
+    check_rank1(OP, "x", x)?;
+    let (rows, d) = as_rows(x);
+    if d == 0 {
+        return Err(Error::shape(OP, ShapeProblem::layout("x", "a nonempty last dimension", x.dims())));
+    }
+    check_vector(OP, "gamma", gamma, d)?;
+    check_vector(OP, "rstd", rstd, rows)?;
+    let n = n32(OP, x.numel())?;
+    let y = Tensor::empty_like(x)?;
+    match exec(x.device()) {
+        Exec::Host(h) => {
+            let (xp, gp, rp, yp) = (x.host_ptr()?, gamma.host_ptr()?, rstd.host_ptr()?, y.host_ptr()?);
+            h.run(k::RMS_NORM_APPLY.get(dtype), move || {
+                yp.write(&cpu::rms_norm_apply(&xp.read(), &gp.read(), &rp.read(), d));
+                Ok(())
+            })?;
+        }
+        Exec::Cuda(c) => c.launch(
+            k::RMS_NORM_APPLY.get(dtype),
+            LaunchDims::vectorized(n as usize, dtype),
+            &[
+                KArg::Ptr(y.cuda_ptr()?),
+                KArg::Ptr(x.cuda_ptr()?),
+                KArg::Ptr(gamma.cuda_ptr()?),
+                KArg::Ptr(rstd.cuda_ptr()?),
+                KArg::U32(rows as u32),
+                KArg::U32(d as u32),
+            ],
+        )?,
+    }
+    Ok(y)
+}
+
 /// The checks of the RMSNorm forwards: (dtype, rows, row length).
 fn check_rms_norm(op: &'static str, x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(DType, usize, usize)> {
     let dtype = check_like(op, &[x, gamma])?;
@@ -520,22 +573,69 @@ pub fn swiglu_packed(gu: &Tensor) -> Result<Tensor> {
 /// # Ok::<(), graphed::Error>(())
 /// ```
 pub fn swiglu_backward(dy: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tensor)> {
-    const OP: &str = "swiglu_backward";
-    let dtype = check_like(OP, &[gate, up, dy])?;
-    check_shape(OP, gate, up)?;
-    check_shape(OP, gate, dy)?;
-    let n = n32(OP, gate.numel())?;
+    let (dtype, n) = check_swiglu_bwd("swiglu_backward", dy, gate, up)?;
     let (dgate, dup) = (Tensor::empty_like(gate)?, Tensor::empty_like(gate)?);
+    swiglu_bwd((dtype, n), [dy, gate, up], [&dgate, &dup], None)?;
+    Ok((dgate, dup))
+}
+
+/// [`swiglu_backward`] that also gives the forward's output again: `(dgate, dup, y)` with `y`
+/// bit for bit what [`swiglu`] returned for these `gate` and `up`, written by the same pass that
+/// reads them for the grads. So a forward need not keep `y` for its backward (the input of the
+/// down projection's weight grad, as large as `gate`): it keeps `gate` and `up`, takes the down
+/// projection's input grad first ([`crate::ops::linear_input_grad`]), calls this, and takes the
+/// weight grad from the returned `y` ([`crate::ops::linear_backward`] without `dx`). One extra
+/// write of `y`, where saving it held `y` from the forward to the backward.
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let gate = Tensor::from_slice(&dev, &[0.0, 1.5], &[2])?;
+/// let up = Tensor::from_slice(&dev, &[3.0, -2.0], &[2])?;
+/// let dy = Tensor::from_slice(&dev, &[1.0, 0.5], &[2])?;
+/// let (dgate, dup, y) = ops::swiglu_backward_recompute(&dy, &gate, &up)?;
+/// assert_eq!(y.to_vec()?, ops::swiglu(&gate, &up)?.to_vec()?);
+/// let (dg, du) = ops::swiglu_backward(&dy, &gate, &up)?;
+/// assert_eq!((dgate.to_vec()?, dup.to_vec()?), (dg.to_vec()?, du.to_vec()?));
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn swiglu_backward_recompute(dy: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let (dtype, n) = check_swiglu_bwd("swiglu_backward_recompute", dy, gate, up)?;
+    let (dgate, dup, y) = (Tensor::empty_like(gate)?, Tensor::empty_like(gate)?, Tensor::empty_like(gate)?);
+    swiglu_bwd((dtype, n), [dy, gate, up], [&dgate, &dup], Some(&y))?;
+    Ok((dgate, dup, y))
+}
+
+/// The checks of SwiGLU's backwards: `(dtype, numel)`.
+fn check_swiglu_bwd(op: &'static str, dy: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(DType, u32)> {
+    let dtype = check_like(op, &[gate, up, dy])?;
+    check_shape(op, gate, up)?;
+    check_shape(op, gate, dy)?;
+    Ok((dtype, n32(op, gate.numel())?))
+}
+
+/// SwiGLU's backward into `dgate` and `dup`, and the forward's output again into `y` when given.
+fn swiglu_bwd(
+    (dtype, n): (DType, u32),
+    [dy, gate, up]: [&Tensor; 3],
+    [dgate, dup]: [&Tensor; 2],
+    y: Option<&Tensor>,
+) -> Result<()> {
     match exec(gate.device()) {
         Exec::Host(h) => {
             let (dyp, gp, up_) = (dy.host_ptr()?, gate.host_ptr()?, up.host_ptr()?);
             let (dgp, dup_) = (dgate.host_ptr()?, dup.host_ptr()?);
+            let yp = y.map(|t| t.host_ptr()).transpose()?;
             h.run(k::SWIGLU_BWD.get(dtype), move || {
-                let (a, b) = cpu::swiglu_backward(&dyp.read(), &gp.read(), &up_.read());
+                let (g, u) = (gp.read(), up_.read());
+                let (a, b) = cpu::swiglu_backward(&dyp.read(), &g, &u);
                 dgp.write(&a);
                 dup_.write(&b);
+                if let Some(yp) = &yp {
+                    yp.write(&cpu::swiglu(&g, &u));
+                }
                 Ok(())
-            })?;
+            })
         }
         Exec::Cuda(c) => c.launch(
             k::SWIGLU_BWD.get(dtype),
@@ -543,12 +643,12 @@ pub fn swiglu_backward(dy: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tenso
             &[
                 KArg::Ptr(dgate.cuda_ptr()?),
                 KArg::Ptr(dup.cuda_ptr()?),
+                KArg::Ptr(y.map_or(Ok(0), |t| t.cuda_ptr())?),
                 KArg::Ptr(dy.cuda_ptr()?),
                 KArg::Ptr(gate.cuda_ptr()?),
                 KArg::Ptr(up.cuda_ptr()?),
                 KArg::U32(n),
             ],
-        )?,
+        ),
     }
-    Ok((dgate, dup))
 }

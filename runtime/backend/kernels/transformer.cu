@@ -775,21 +775,23 @@ template <typename T> __device__ __forceinline__ void swiglu_packed_t(T* y, cons
     }
 }
 
-// dgate = dy * up * s * (1 + g * (1 - s)), dup = dy * g * s, s = sigmoid(g): 16 bytes a load and
-// store (as half.cu's maps), then the tail element by element, the same math either way.
+// dgate = dy * up * s * (1 + g * (1 - s)), dup = dy * g * s, s = sigmoid(g), and, when y is not
+// null, the forward's y = swiglu_elem(g, u) again (bit for bit what swiglu_t stored, so a caller
+// may recompute it here instead of saving it): 16 bytes a load and store (as half.cu's maps),
+// then the tail element by element, the same math either way.
 __device__ __forceinline__ void swiglu_bwd_elem(float d, float g, float u, float& dg, float& du) {
     const float s = sigmoidf(g);
     dg = d * u * s * (1.0f + g * (1.0f - s));
     du = d * g * s;
 }
 template <typename T>
-__device__ __forceinline__ void swiglu_bwd_t(T* dgate, T* dup, const T* dy, const T* gate, const T* up, u32 n) {
+__device__ __forceinline__ void swiglu_bwd_t(T* dgate, T* dup, T* y, const T* dy, const T* gate, const T* up, u32 n) {
     constexpr u32 W = 16 / sizeof(T);
     u64 done = 0;
-    if (al16(dgate) && al16(dup) && al16(dy) && al16(gate) && al16(up)) {
+    if (al16(dgate) && al16(dup) && al16(y) && al16(dy) && al16(gate) && al16(up)) {
         const u64 nv = n / W;
         for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
-            Pack<T> pd, pg, pu, og, ou;
+            Pack<T> pd, pg, pu, og, ou, oy;
             pd.raw = reinterpret_cast<const uint4*>(dy)[v];
             pg.raw = reinterpret_cast<const uint4*>(gate)[v];
             pu.raw = reinterpret_cast<const uint4*>(up)[v];
@@ -799,9 +801,11 @@ __device__ __forceinline__ void swiglu_bwd_t(T* dgate, T* dup, const T* dy, cons
                 swiglu_bwd_elem(ld(pd.e, k), ld(pg.e, k), ld(pu.e, k), dg, du);
                 st(og.e, k, dg);
                 st(ou.e, k, du);
+                if (y) st(oy.e, k, swiglu_elem(ld(pg.e, k), ld(pu.e, k)));
             }
             reinterpret_cast<uint4*>(dgate)[v] = og.raw;
             reinterpret_cast<uint4*>(dup)[v] = ou.raw;
+            if (y) reinterpret_cast<uint4*>(y)[v] = oy.raw;
         }
         done = nv * W;
     }
@@ -810,7 +814,31 @@ __device__ __forceinline__ void swiglu_bwd_t(T* dgate, T* dup, const T* dy, cons
         swiglu_bwd_elem(ld(dy, i), ld(gate, i), ld(up, i), dg, du);
         st(dgate, i, dg);
         st(dup, i, du);
+        if (y) st(y, i, swiglu_elem(ld(gate, i), ld(up, i)));
     }
+}
+
+// RMSNorm's y again from its saved rstd: y = x * rstd[row] * gamma, the forward's expression on
+// the same floats (rms_norm_t, rms_rows_t), so bit for bit what they stored. 16 bytes a load and
+// store when d and the pointers allow it (a pack never straddles a row), else element by element.
+template <typename T>
+__device__ __forceinline__ void rms_norm_apply_t(T* y, const T* x, const T* gamma, const float* rstd, u32 rows, u32 d) {
+    constexpr u32 W = 16 / sizeof(T);
+    const u64 n = (u64)rows * d;
+    if (al16(y) && al16(x) && al16(gamma) && d % W == 0) {
+        for (u64 v = gr_tid(); v < n / W; v += gr_stride()) {
+            const u64 i = v * W, j = i % d;
+            const float rs = rstd[i / d];
+            Pack<T> px, pg, py;
+            px.raw = reinterpret_cast<const uint4*>(x)[v];
+            pg.raw = *reinterpret_cast<const uint4*>(gamma + j);
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) st(py.e, k, ld(px.e, k) * rs * ld(pg.e, k));
+            reinterpret_cast<uint4*>(y)[v] = py.raw;
+        }
+        return;
+    }
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) st(y, i, ld(x, i) * rstd[i / d] * ld(gamma, i % d));
 }
 
 // ---------------------------------------------------------------- causal attention
@@ -875,7 +903,8 @@ extern "C" __global__ void col_partials_acc_f32(float* out, const float* partial
 extern "C" __global__ void swap12_f32(float* y, const float* x, u32 b, u32 p, u32 q, u32 e) { GR_PDL_ENTRY(); swap12_t(y, x, b, p, q, e); }
 extern "C" __global__ void swiglu_f32(float* y, const float* gate, const float* up, u32 n) { GR_PDL_ENTRY(); swiglu_t(y, gate, up, n); }
 extern "C" __global__ void swiglu_packed_f32(float* y, const float* gu, u32 rows, u32 h) { GR_PDL_ENTRY(); swiglu_packed_t(y, gu, rows, h); }
-extern "C" __global__ void swiglu_bwd_f32(float* dgate, float* dup, const float* dy, const float* gate, const float* up, u32 n) { GR_PDL_ENTRY(); swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
+extern "C" __global__ void swiglu_bwd_f32(float* dgate, float* dup, float* y, const float* dy, const float* gate, const float* up, u32 n) { GR_PDL_ENTRY(); swiglu_bwd_t(dgate, dup, y, dy, gate, up, n); }
+extern "C" __global__ void rms_norm_apply_f32(float* y, const float* x, const float* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_norm_apply_t(y, x, gamma, rstd, rows, d); }
 extern "C" __global__ void attn_softmax_lse_f32(float* p, float* lse, const float* s, u32 rows, u32 t, float scale) { GR_PDL_ENTRY(); attn_softmax_lse_t(p, lse, s, rows, t, scale); }
 extern "C" __global__ void attn_bwd_scores_f32(float* p, float* ds, const float* s, const float* dp, const float* lse, const float* dout, const float* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { GR_PDL_ENTRY(); attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
 extern "C" __global__ void embedding_bf16(bf16_t* y, const float* ids, const bf16_t* table, u32 tokens, u32 vocab, u32 d, u32* err) { GR_PDL_ENTRY(); embedding_t(y, ids, table, tokens, vocab, d, err); }
@@ -887,7 +916,8 @@ extern "C" __global__ void col_partials_acc_bf16(bf16_t* out, const float* parti
 extern "C" __global__ void swap12_bf16(bf16_t* y, const bf16_t* x, u32 b, u32 p, u32 q, u32 e) { GR_PDL_ENTRY(); swap12_t(y, x, b, p, q, e); }
 extern "C" __global__ void swiglu_bf16(bf16_t* y, const bf16_t* gate, const bf16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_t(y, gate, up, n); }
 extern "C" __global__ void swiglu_packed_bf16(bf16_t* y, const bf16_t* gu, u32 rows, u32 h) { GR_PDL_ENTRY(); swiglu_packed_t(y, gu, rows, h); }
-extern "C" __global__ void swiglu_bwd_bf16(bf16_t* dgate, bf16_t* dup, const bf16_t* dy, const bf16_t* gate, const bf16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
+extern "C" __global__ void swiglu_bwd_bf16(bf16_t* dgate, bf16_t* dup, bf16_t* y, const bf16_t* dy, const bf16_t* gate, const bf16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_bwd_t(dgate, dup, y, dy, gate, up, n); }
+extern "C" __global__ void rms_norm_apply_bf16(bf16_t* y, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_norm_apply_t(y, x, gamma, rstd, rows, d); }
 extern "C" __global__ void attn_softmax_lse_bf16(bf16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { GR_PDL_ENTRY(); attn_softmax_lse_t(p, lse, s, rows, t, scale); }
 extern "C" __global__ void attn_bwd_scores_bf16(bf16_t* p, bf16_t* ds, const float* s, const float* dp, const float* lse, const bf16_t* dout, const bf16_t* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { GR_PDL_ENTRY(); attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
 extern "C" __global__ void embedding_f16(f16_t* y, const float* ids, const f16_t* table, u32 tokens, u32 vocab, u32 d, u32* err) { GR_PDL_ENTRY(); embedding_t(y, ids, table, tokens, vocab, d, err); }
@@ -899,7 +929,8 @@ extern "C" __global__ void col_partials_acc_f16(f16_t* out, const float* partial
 extern "C" __global__ void swap12_f16(f16_t* y, const f16_t* x, u32 b, u32 p, u32 q, u32 e) { GR_PDL_ENTRY(); swap12_t(y, x, b, p, q, e); }
 extern "C" __global__ void swiglu_f16(f16_t* y, const f16_t* gate, const f16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_t(y, gate, up, n); }
 extern "C" __global__ void swiglu_packed_f16(f16_t* y, const f16_t* gu, u32 rows, u32 h) { GR_PDL_ENTRY(); swiglu_packed_t(y, gu, rows, h); }
-extern "C" __global__ void swiglu_bwd_f16(f16_t* dgate, f16_t* dup, const f16_t* dy, const f16_t* gate, const f16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_bwd_t(dgate, dup, dy, gate, up, n); }
+extern "C" __global__ void swiglu_bwd_f16(f16_t* dgate, f16_t* dup, f16_t* y, const f16_t* dy, const f16_t* gate, const f16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_bwd_t(dgate, dup, y, dy, gate, up, n); }
+extern "C" __global__ void rms_norm_apply_f16(f16_t* y, const f16_t* x, const f16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_norm_apply_t(y, x, gamma, rstd, rows, d); }
 extern "C" __global__ void attn_softmax_lse_f16(f16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { GR_PDL_ENTRY(); attn_softmax_lse_t(p, lse, s, rows, t, scale); }
 extern "C" __global__ void attn_bwd_scores_f16(f16_t* p, f16_t* ds, const float* s, const float* dp, const float* lse, const f16_t* dout, const f16_t* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { GR_PDL_ENTRY(); attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
 // RMSNorm (and residual add + RMSNorm) with rows in registers.
