@@ -46,7 +46,7 @@ run() {
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$work/gpu.txt"
 say "1. the binaries with session 15-17 code"
-for t in faults macro_kv_state forward_only multi_tensor mixed_precision ops_generate conditional gpt_generate gpt ops_transformer ops_linear; do
+for t in faults macro_kv_state forward_only multi_tensor mixed_precision ops_generate conditional gpt_generate gpt ops_transformer ops_linear ops_flash; do
   run "$t"
 done
 pack

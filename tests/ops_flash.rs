@@ -7,7 +7,7 @@ mod ops_support;
 
 use common::{backends, on_each_backend, random_vec, say_skipped};
 use graphed::ops::{self, cpu, cpu::AttnDims, cpu::AttnSaved, cpu::AttnShape, Attention, AttentionEngine};
-use graphed::{DType, Device, Error, Result, Tensor};
+use graphed::{CaptureMode, DType, Device, Error, Graph, Result, Tensor};
 use ops_support::*;
 
 /// Relative error allowed on CUDA against the CPU reference: the kernels round `P` and `dS` to
@@ -324,9 +324,10 @@ fn cudnn_nondeterministic_backward_matches_the_reference() {
     }
 }
 
-/// cuDNN's deterministic backward above the workspace limit runs in chunks of whole sequences
-/// (two of two sequences, four of one): every chunking gives the same bits as the whole call,
-/// eagerly and replayed. CUDA with libcudnn only.
+/// cuDNN's deterministic backward above the workspace limit runs in chunks: of whole sequences
+/// (two of two, four of one), or, when one sequence does not fit, of some of one sequence's
+/// heads (the way a long context at batch 1 fits): every chunking gives the same bits as the
+/// whole call, eagerly and replayed. CUDA with libcudnn only.
 #[test]
 fn cudnn_backward_in_chunks_equals_the_whole_call() {
     for backend in backends().iter().filter(|b| b.device.is_cuda()) {
@@ -336,8 +337,10 @@ fn cudnn_backward_in_chunks_equals_the_whole_call() {
         }
         let before = ops::attention_workspace_limit();
         let run = || -> Result<()> {
-            for (head_dim, causal) in [(64, true), (128, false)] {
-                let c = Case { batch: 4, seq: 200, heads: 2, kv_heads: 2, head_dim, causal };
+            for (batch, heads, head_dim, causal) in
+                [(4, 2, 64, true), (4, 2, 128, false), (1, 4, 64, true), (2, 4, 128, true)]
+            {
+                let c = Case { batch, seq: 200, heads, kv_heads: heads, head_dim, causal };
                 let at = c.attention_on(AttentionEngine::Cudnn);
                 let [q, k, v, d] = c.inputs(dev, DType::BF16, 21)?;
                 let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
@@ -345,18 +348,38 @@ fn cudnn_backward_in_chunks_equals_the_whole_call() {
                     let (dq, dk, dv) = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &at)?;
                     Ok(vec![dq, dk, dv])
                 };
+                // The most bytes a capture of the backward holds at once (its workspace with it).
+                let peak = || -> Result<usize> {
+                    let mut g = Graph::new(dev);
+                    g.capture(CaptureMode::Global, grads)?;
+                    Ok(g.pool().stats().peak_in_use)
+                };
                 ops::set_attention_workspace_limit(usize::MAX);
                 let whole: Vec<Vec<f32>> = grads()?.iter().map(Tensor::to_vec).collect::<Result<_>>()?;
-                // A sequence of 200 rows and 2 heads takes about 2 · 256² · 2 bytes (262 kB):
-                // 600 kB holds two sequences, 1 byte runs them one by one.
-                for limit in [600_000, 1] {
+                let whole_peak = peak()?;
+                // A head of 200 rows takes about 256² · 2 bytes (131 kB): at 2 heads, 600 kB
+                // holds two sequences and 300 kB one; at 4 heads 600 kB holds a sequence and
+                // 300 kB two of its heads; 1 byte runs one head at a time.
+                for limit in [600_000, 300_000, 1] {
                     ops::set_attention_workspace_limit(limit);
                     let chunked = grads()?;
                     for (i, (x, y)) in whole.iter().zip(&chunked).enumerate() {
-                        let what = format!("d={head_dim} causal={causal} limit={limit} grad {i}: chunked vs whole");
+                        let what = format!(
+                            "batch={batch} heads={heads} d={head_dim} causal={causal} limit={limit} grad {i}: chunked vs whole"
+                        );
                         bitwise_eq(&what, x, &y.to_vec()?)?;
                     }
                     eager_vs_replay(dev, grads)?;
+                    // One head at a time holds one head's dP (at least seq² · 2 bytes each)
+                    // where the whole call held every sequence's and head's: the chunks ran.
+                    let fewer = (batch * heads - 1) * 200 * 200 * 2;
+                    let chunked_peak = peak()?;
+                    if limit == 1 && chunked_peak + fewer > whole_peak {
+                        return Err(Error::msg(format!(
+                            "batch={batch} heads={heads}: one head at a time peaked at {chunked_peak} bytes, \
+                             the whole call at {whole_peak}: not {fewer} fewer"
+                        )));
+                    }
                 }
             }
             Ok(())

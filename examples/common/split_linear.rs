@@ -19,12 +19,11 @@ impl Split {
         ops::linear(x, &self.w.value, Some(&self.b.value))
     }
 
-    /// The input grads only: the weight-grad output of the op goes to a scratch buffer.
+    /// The input grad only (`ops::linear_input_grad`: no weight grad is touched), and `dy`
+    /// saved for the weight grads.
     pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
-        let x = cx.saved(0)?;
         cx.save(dy);
-        let scratch = Tensor::zeros(x.device(), self.w.value.dims())?;
-        ops::linear_backward(dy, &x, &self.w.value, &scratch, None, cx.needs_input_grad(0))
+        cx.needs_input_grad(0).then(|| ops::linear_input_grad(dy, &self.w.value)).transpose()
     }
 
     /// The weight grads, from what `forward` and `backward` saved.

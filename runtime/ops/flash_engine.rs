@@ -133,6 +133,7 @@ fn cudnn_plan(
         batch: d.batch,
         seq: d.seq,
         heads: d.heads,
+        layout_heads: d.heads,
         head_dim: d.head_dim,
         causal: a.causal,
         deterministic,
@@ -160,10 +161,12 @@ fn limit_cell() -> &'static AtomicUsize {
 /// ([`AttentionEngine::Cudnn`], `Auto`'s pick on CUDA) takes from the pool, or `usize::MAX`
 /// (the default: no limit). Its workspace holds the bf16 `dP` of every (batch, head) of the
 /// call, `batch · heads · seq² · 2` bytes (268 MB at 8 heads and seq 4096; 8.6 GB at batch 8,
-/// 32 heads and seq 4096); a call that would need more runs in chunks of whole sequences (the
-/// most that fit, at least one), one after another on the stream, with one workspace.
-/// Chunking changes no bits (each sequence is computed the same way in any chunk), but a chunk
-/// of few sequences leaves multiprocessors idle: a low limit trades speed for memory.
+/// 32 heads and seq 4096); a call that would need more runs in chunks, one after another on
+/// the stream, with one workspace: of whole sequences (the most that fit), or, when one
+/// sequence does not fit, of some heads of one sequence (the most that fit, at least one; the
+/// way a long context at batch 1 fits). Chunking changes no bits (each sequence and head is
+/// computed the same way in any chunk), but a small chunk leaves multiprocessors idle: a low
+/// limit trades speed for memory.
 /// `GRAPHED_ATTENTION_WORKSPACE_MB` (a whole number of MiB, read at the first call; any other
 /// value is ignored) sets it for the process, as [`set_attention_workspace_limit`] does. The limit is read when a call is made (or
 /// captured): a graph keeps the chunks it was captured with.
@@ -185,17 +188,23 @@ pub fn set_attention_workspace_limit(bytes: usize) {
 }
 
 /// The deterministic backward's plan for `key` as it runs under the workspace limit: `key`
-/// itself when its `bytes` fit (or it is one sequence), else the key of a chunk of the most
-/// sequences whose share of the workspace fits (dividing the call's batch; at least one), and
-/// that chunk's workspace. When cuDNN has no plan for the chunk the call runs whole.
+/// itself when its `bytes` fit, else the key of a chunk and that chunk's workspace: the most
+/// sequences whose share of the workspace fits (dividing the call's batch), or, when one
+/// sequence does not fit, one sequence's most heads whose share fits (dividing its heads; at
+/// least one). When cuDNN has no plan for the chunk the call runs whole.
 fn chunked(c: &CudaBackend, key: SdpaKey, bytes: usize) -> Result<(SdpaKey, usize)> {
     let limit = attention_workspace_limit();
-    if bytes <= limit || key.batch == 1 {
+    if bytes <= limit || key.batch * key.heads == 1 {
         return Ok((key, bytes));
     }
+    // The most of `n` (a divisor of it, at least 1) whose `each` bytes apiece fit.
+    let most = |n: usize, each: usize| (1..=n).rev().find(|&m| n.is_multiple_of(m) && m * each <= limit).unwrap_or(1);
     let per_sequence = bytes.div_ceil(key.batch);
-    let batch = (1..=key.batch).rev().find(|&b| key.batch.is_multiple_of(b) && b * per_sequence <= limit).unwrap_or(1);
-    let chunk = SdpaKey { batch, ..key };
+    let chunk = if per_sequence <= limit || key.heads == 1 {
+        SdpaKey { batch: most(key.batch, per_sequence), ..key }
+    } else {
+        SdpaKey { batch: 1, heads: most(key.heads, per_sequence.div_ceil(key.heads)), ..key }
+    };
     Ok(c.cudnn_sdpa_workspace(chunk)?.map_or((key, bytes), |w| (chunk, w)))
 }
 
@@ -259,18 +268,23 @@ pub(super) fn backward(
         dq_accum: accum.as_ref().map(Tensor::cuda_ptr).transpose()?,
     };
     let whole = pointers([q, k, v, out, lse], Some(whole))?;
-    // One chunk of `key.batch` sequences at a time (the whole call when unchunked): byte
-    // offsets into the `[batch, seq, heads · d]` tensors and the f32 `[batch, heads, seq]`
-    // statistics.
+    // One chunk of `key.batch` sequences and `key.heads` heads at a time (the whole call when
+    // unchunked): byte offsets into the `[batch, seq, heads · d]` tensors (a head is `d`
+    // elements into a row) and the f32 `[batch, heads, seq]` statistics (a head is `seq` rows).
     let (seq_bytes, row_bytes) = ((d.seq * d.heads * d.head_dim * dtype.size()) as u64, (d.heads * d.seq * 4) as u64);
+    let (head_bytes, head_rows) = ((d.head_dim * dtype.size()) as u64, (d.seq * 4) as u64);
     for b0 in (0..d.batch).step_by(key.batch) {
-        let ptrs = whole.offset(b0 as u64 * seq_bytes, b0 as u64 * row_bytes);
-        // SAFETY: every tensor was checked by the op (or made here) against the call's shape
-        // and dtype; the chunk's sequences lie inside them (its batch divides the call's);
-        // dsum is f32 `[batch, heads, seq]`, the accumulator (unchunked) f32
-        // `[batch, heads, seq, d]`; the workspace holds `bytes`, and the chunks run one after
-        // another on the stream.
-        unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
+        for h0 in (0..d.heads).step_by(key.heads) {
+            let (b0, h0) = (b0 as u64, h0 as u64);
+            let ptrs = whole.offset(b0 * seq_bytes + h0 * head_bytes, b0 * row_bytes + h0 * head_rows);
+            // SAFETY: every tensor was checked by the op (or made here) against the call's
+            // shape and dtype, and the key's layout is the call's (`layout_heads`); the chunk's
+            // sequences and heads lie inside them (its batch and heads divide the call's); dsum
+            // is f32 `[batch, heads, seq]`, the accumulator (unchunked) f32
+            // `[batch, heads, seq, d]`; the workspace holds `bytes`, and the chunks run one
+            // after another on the stream.
+            unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
+        }
     }
     Ok(Some((dq, dk, dv)))
 }
