@@ -23,26 +23,37 @@ pub(crate) fn out_dims(x: &Tensor, out: usize) -> Vec<usize> {
 
 /// Checks `w` is `[out, in]` and fits `x`'s last dimension; returns `(rows, in, out)`.
 pub(crate) fn check_linear(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
-    check_rank1(op, "x", x)?;
+    check_against_w(op, "x", x, w, 1)
+}
+
+/// Checks `w` is `[out, in]`, both nonzero, and that the last dimension of `t` (named `arg`) is
+/// `w`'s dimension `axis` (1: `t` is an input; 0: an output grad); returns `(rows of t, that
+/// dimension, w's other one)`, each a GEMM dimension.
+fn check_against_w(
+    op: &'static str,
+    arg: &'static str,
+    t: &Tensor,
+    w: &Tensor,
+    axis: usize,
+) -> Result<(usize, usize, usize)> {
+    check_rank1(op, arg, t)?;
     if w.dims().len() != 2 {
         return Err(Error::shape(op, ShapeProblem::layout("w", "[out, in]", w.dims())));
     }
-    let (rows, input) = as_rows(x);
-    let (out, w_in) = (w.dims()[0], w.dims()[1]);
-    if w_in != input {
-        let axis = x.dims().len() - 1;
-        return Err(Error::shape(
-            op,
-            ShapeProblem::Axis { arg: "x", got: x.dims().to_vec(), axis, expected: w_in, from: "w [out, in]" },
-        ));
+    let (rows, width) = as_rows(t);
+    let (along, other) = (w.dims()[axis], w.dims()[1 - axis]);
+    if along != width {
+        let got = t.dims().to_vec();
+        let axis = got.len() - 1;
+        return Err(Error::shape(op, ShapeProblem::Axis { arg, got, axis, expected: along, from: "w [out, in]" }));
     }
-    if input == 0 || out == 0 {
+    if along == 0 || other == 0 {
         return Err(Error::shape(op, ShapeProblem::layout("w", "[out, in] with both nonzero", w.dims())));
     }
-    for v in [rows, input, out] {
+    for v in [rows, along, other] {
         gemm_dim(op, v)?;
     }
-    Ok((rows, input, out))
+    Ok((rows, along, other))
 }
 
 /// `y = x · wᵀ + b`: a fully connected layer.
@@ -342,22 +353,7 @@ fn cuda_input_grad(
 pub fn linear_input_grad(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
     const OP: &str = "linear_input_grad";
     let dtype = check_like(OP, &[dy, w])?;
-    check_rank1(OP, "dy", dy)?;
-    if w.dims().len() != 2 || w.dims().contains(&0) {
-        return Err(Error::shape(OP, ShapeProblem::layout("w", "[out, in] with both nonzero", w.dims())));
-    }
-    let (rows, out) = as_rows(dy);
-    let (w_out, input) = (w.dims()[0], w.dims()[1]);
-    if out != w_out {
-        let axis = dy.dims().len() - 1;
-        return Err(Error::shape(
-            OP,
-            ShapeProblem::Axis { arg: "dy", got: dy.dims().to_vec(), axis, expected: w_out, from: "w [out, in]" },
-        ));
-    }
-    for v in [rows, input, out] {
-        gemm_dim(OP, v)?;
-    }
+    let (rows, out, input) = check_against_w(OP, "dy", dy, w, 0)?;
     n32(OP, rows * out.max(input))?;
     let dx = Tensor::empty_as(dy.device(), &out_dims(dy, input), dtype)?;
     match exec(dy.device()) {

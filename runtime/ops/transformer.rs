@@ -200,14 +200,9 @@ pub fn add_rms_norm(x: &Tensor, residual: &Tensor, gamma: &Tensor, eps: f32) -> 
 /// ```
 pub fn rms_norm_recompute(x: &Tensor, gamma: &Tensor, rstd: &Tensor) -> Result<Tensor> {
     const OP: &str = "rms_norm_recompute";
-    let dtype = check_like(OP, &[x, gamma])?;
+    // The forward's checks of x and gamma (eps plays no part here), then rstd's.
+    let (dtype, rows, d) = check_rms_norm(OP, x, gamma, 0.0)?;
     check_f32_on(OP, rstd, x)?;
-    check_rank1(OP, "x", x)?;
-    let (rows, d) = as_rows(x);
-    if d == 0 {
-        return Err(Error::shape(OP, ShapeProblem::layout("x", "a nonempty last dimension", x.dims())));
-    }
-    check_vector(OP, "gamma", gamma, d)?;
     check_vector(OP, "rstd", rstd, rows)?;
     let n = n32(OP, x.numel())?;
     let y = Tensor::empty_like(x)?;
