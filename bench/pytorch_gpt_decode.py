@@ -62,7 +62,8 @@ class Block(nn.Module):
         super().__init__()
         self.norm1, self.norm2 = param(D), param(D)
         self.wq, self.wk, self.wv, self.wo = (param(D, D) for _ in range(4))
-        self.w_gate, self.w_up, self.w_down = param(HIDDEN, D), param(HIDDEN, D), param(D, HIDDEN)
+        # The gate and up projections as one weight (gate rows, then up), as ours stores them.
+        self.w_gate_up, self.w_down = param(2 * HIDDEN, D), param(D, HIDDEN)
 
     def forward(self, x, pos, mask):
         b, t, _ = x.shape
@@ -74,7 +75,8 @@ class Block(nn.Module):
         a = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask)
         x = x + F.linear(a.transpose(1, 2).reshape(b, t, D), self.wo)
         h = rms_norm(x, self.norm2)
-        return x + F.linear(F.silu(F.linear(h, self.w_gate)) * F.linear(h, self.w_up), self.w_down)
+        gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.w_down)
 
 
 class Gpt(nn.Module):

@@ -311,7 +311,7 @@ fn a_saved_checkpoint_loads_into_a_fresh_model_that_generates_the_same_tokens() 
 
 /// The fused decode step produces the unfused step's tokens, eagerly, replayed and in the
 /// WHILE loop, for both kinds of model (the bf16 one takes the one-pass attention kernel on
-/// CUDA), with 4 kernels fewer a block; a step's logits are bitwise the unfused step's on the
+/// CUDA), with 3 kernels fewer a block; a step's logits are bitwise the unfused step's on the
 /// host, within the dtype's rounding on CUDA.
 #[test]
 fn the_fused_decode_step_produces_the_unfused_steps_tokens() {
@@ -327,9 +327,11 @@ fn the_fused_decode_step_produces_the_unfused_steps_tokens() {
                 let got = fused.generate(&req, path)?;
                 assert_eq!(got.tokens, want.tokens, "{} {}: fused tokens differ", cfg.dtype, path.name());
             }
-            // The graphs of the fused step launch fewer kernels: 4 a block.
+            // The graphs of the fused step launch fewer kernels: 3 a block (q/k/v in one GEMM,
+            // the cache append inside attention; the training forward's gate and up are one GEMM
+            // already).
             let nodes = |d: &Decoder| d.step_nodes(4).ok_or_else(|| Error::msg("no decode graph at batch 4"));
-            assert!(nodes(&fused)? + 4 * cfg.layers <= nodes(&unfused)?, "{} vs {}", nodes(&fused)?, nodes(&unfused)?);
+            assert!(nodes(&fused)? + 3 * cfg.layers <= nodes(&unfused)?, "{} vs {}", nodes(&fused)?, nodes(&unfused)?);
             // One more step from the states the requests left (the same tokens, so the same
             // caches up to the projections' rounding): on the host the same logits, bit for
             // bit; on CUDA, where the stacked GEMMs may round differently, within the dtype's

@@ -394,3 +394,49 @@ fn recomputed_outputs_are_the_forward_bits() {
         expect_err("dy dtype", ops::swiglu_backward_recompute(&dy.to_dtype(DType::BF16)?, &x, &x), mismatch)
     });
 }
+
+/// `swiglu_packed_backward` of `[gate | up]` rows is bitwise `swiglu_backward` of the two
+/// halves, packed the same way, and its recomputing form gives `swiglu_packed`'s output bit
+/// for bit, in every dtype, for half-widths the 16-byte packs divide and ones they do not,
+/// eager and replayed; a `dy` that is not the output's shape, or a bad `gu`, is refused.
+#[test]
+fn swiglu_packed_backward_is_the_halves_backward_bitwise() {
+    on_each_backend(|dev| {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for (i, &(rows, h)) in [(1usize, 1368usize), (3, 8), (5, 13), (2, 4), (64, 96)].iter().enumerate() {
+                let what = format!("swiglu_packed_backward {dtype} {rows}x{h}");
+                let seed = 900 + 10 * i as u64;
+                let gu: Vec<f32> = random_vec(rows * 2 * h, seed).into_iter().map(|v| dtype.round(4.0 * v)).collect();
+                let dyv: Vec<f32> = random_vec(rows * h, seed + 1).into_iter().map(|v| dtype.round(v)).collect();
+                let (gate, up): (Vec<f32>, Vec<f32>) =
+                    gu.chunks(2 * h).flat_map(|r| r[..h].iter().zip(&r[h..])).unzip();
+                let t = |v: &[f32], w: usize| Tensor::from_slice_as(dev, v, &[rows, w], dtype);
+                let (packed, dy) = (t(&gu, 2 * h)?, t(&dyv, h)?);
+                let dgu = ops::swiglu_packed_backward(&dy, &packed)?;
+                assert_eq!((dgu.dtype(), dgu.dims()), (dtype, &[rows, 2 * h][..]));
+                let (dg, du) = ops::swiglu_backward(&dy, &t(&gate, h)?, &t(&up, h)?)?;
+                let (dg, du) = (dg.to_vec()?, du.to_vec()?);
+                let want: Vec<f32> =
+                    dg.chunks(h).zip(du.chunks(h)).flat_map(|(a, b)| a.iter().chain(b).copied()).collect();
+                bitwise_eq(&what, &dgu.to_vec()?, &want)?;
+                let (dgu2, y) = ops::swiglu_packed_backward_recompute(&dy, &packed)?;
+                bitwise_eq(&format!("{what} recomputing"), &dgu2.to_vec()?, &want)?;
+                bitwise_eq(&format!("{what} y"), &y.to_vec()?, &ops::swiglu_packed(&packed)?.to_vec()?)?;
+            }
+            let packed = Tensor::from_slice_as(dev, &random_vec(2 * 3 * 32, 5), &[2, 3, 32], dtype)?;
+            let dy = Tensor::from_slice_as(dev, &random_vec(2 * 3 * 16, 6), &[2, 3, 16], dtype)?;
+            eager_vs_replay(dev, || {
+                let (dgu, y) = ops::swiglu_packed_backward_recompute(&dy, &packed)?;
+                Ok(vec![ops::swiglu_packed_backward(&dy, &packed)?, dgu, y])
+            })?;
+        }
+        let gu = Tensor::zeros(dev, &[2, 8])?;
+        expect_err("dy width", ops::swiglu_packed_backward(&Tensor::zeros(dev, &[2, 8])?, &gu), is_shape)?;
+        expect_err("dy rows", ops::swiglu_packed_backward(&Tensor::zeros(dev, &[3, 4])?, &gu), is_shape)?;
+        let odd = Tensor::zeros(dev, &[2, 7])?;
+        expect_err("odd width", ops::swiglu_packed_backward(&Tensor::zeros(dev, &[2, 3])?, &odd), is_shape)?;
+        let half = Tensor::zeros_as(dev, &[2, 4], DType::BF16)?;
+        let mismatch = |e: &Error| matches!(e, Error::DTypeMismatch { .. });
+        expect_err("dy dtype", ops::swiglu_packed_backward_recompute(&half, &gu), mismatch)
+    });
+}

@@ -7,8 +7,9 @@
 //! launch. The decode step is captured once per batch bucket (1, 2, 4, ..., the largest; a
 //! batch of 3 runs in bucket 4 with its extra row stopped from the start), the prefill and the
 //! request once per (batch bucket, prompt-length bucket), all in one pool. The decode step is the fused one (`graphed::ops::DecoderStep` through
-//! [`Fused`]: one kernel a step on the GPU, over stacked copies of the q/k/v and gate/up
-//! weights the decoder makes once: see [`Stacked`] for what they cost) unless
+//! [`Fused`]: one kernel a step on the GPU, over a stacked copy of the q/k/v weights the
+//! decoder makes once and the model's own stacked gate/up weight: see [`Stacked`] for what they
+//! cost) unless
 //! [`DecodeOptions::fused_step`] is off. The passes themselves are in
 //! `passes.rs`. Shared by `main.rs` and `tests/gpt_generate.rs`.
 #![allow(dead_code)]
@@ -65,7 +66,7 @@ pub struct DecodeOptions {
     /// Capture the graphs (without them only the eager paths run).
     pub graphs: bool,
     /// Decode with the fused step (`ops::DecoderStep`: on the GPU one kernel a step; elsewhere
-    /// q/k/v and gate/up one GEMM each over stacked copies of the weights, the cache append
+    /// q/k/v and gate/up one GEMM each over stacked weights, the cache append
     /// inside the attention kernel) rather than the training forward's ops. On the host the
     /// same logits; on CUDA the kernel's sums run in another order, so they can round
     /// differently in their last bits.

@@ -58,8 +58,9 @@
 //! 2, 4, ... `--max-batch`, as a WHILE loop, one graph replay per token, and eagerly:
 //! tokens/s, per-token latency, CPU time per token, host launches per request; `--json` gets
 //! the figures, `--plot` the chart of tokens/s by batch size. The decode step is the fused one
-//! (`graphed::ops::DecoderStep`: on the GPU one kernel for the whole step, over stacked
-//! q/k/v and gate/up weight copies); `--unfused-decode` runs the training forward's ops
+//! (`graphed::ops::DecoderStep`: on the GPU one kernel for the whole step, over a stacked
+//! q/k/v weight copy and the model's stacked gate/up weight); `--unfused-decode` runs the
+//! training forward's ops
 //! instead, to compare.
 
 mod corpus;
@@ -254,8 +255,8 @@ struct Args {
     /// token), writing --json and the --plot chart of tokens/s by batch size.
     #[arg(long)]
     decode_bench: bool,
-    /// Decode with the training forward's ops (separate q/k/v and gate/up GEMMs, the cache
-    /// append its own kernel) instead of the fused step.
+    /// Decode with the training forward's ops (separate q, k and v GEMMs, the cache append its
+    /// own kernel) instead of the fused step.
     #[arg(long)]
     unfused_decode: bool,
     /// The largest batch the fused step runs as one kernel [default: the step's, 64]; larger

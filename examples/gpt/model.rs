@@ -13,9 +13,13 @@ pub use crate::ends::{Embed, Head};
 /// Uniform values in [-scale, scale) from `seed` (deterministic, so runs can be compared), in
 /// `dtype` (rounded from the same f32 values).
 pub fn random(dev: &Device, dims: &[usize], seed: u64, scale: f32, dtype: DType) -> Result<Tensor> {
+    Tensor::from_slice_as(dev, &uniform(dims.iter().product(), seed, scale), dims, dtype)
+}
+
+/// `n` uniform values in [-scale, scale) from `seed`: [`random`]'s values.
+fn uniform(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut rng = crate::runner::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let v: Vec<f32> = (0..dims.iter().product()).map(|_| ((rng.uniform() * 2.0 - 1.0) as f32) * scale).collect();
-    Tensor::from_slice_as(dev, &v, dims, dtype)
+    (0..n).map(|_| ((rng.uniform() * 2.0 - 1.0) as f32) * scale).collect()
 }
 
 pub const EPS: f32 = 1e-5;
@@ -71,8 +75,9 @@ pub struct Block {
     pub wv: Param,
     pub wo: Param,
     pub norm2: Param,
-    pub w_gate: Param,
-    pub w_up: Param,
+    /// The gate and up projections as one `[2·hidden, d_model]` weight: the gate's rows, then
+    /// up's (one GEMM, whose output `ops::swiglu_packed` reads).
+    pub w_gate_up: Param,
     pub w_down: Param,
 }
 
@@ -94,8 +99,12 @@ impl Block {
             wv: init(dev, c, &[d, d], d, seed * 16 + 3)?,
             wo: scaled(&[d, d], d, 4)?,
             norm2: ones(dev, c)?,
-            w_gate: init(dev, c, &[h, d], d, seed * 16 + 5)?,
-            w_up: init(dev, c, &[h, d], d, seed * 16 + 6)?,
+            w_gate_up: {
+                // Each projection's values as `init` would draw them, stacked.
+                let scale = 1.0 / (d as f32).sqrt();
+                let v = [uniform(h * d, seed * 16 + 5, scale), uniform(h * d, seed * 16 + 6, scale)].concat();
+                Param::new(Tensor::from_slice_as(dev, &v, &[2 * h, d], c.dtype)?)?
+            },
             w_down: scaled(&[d, h], h, 7)?,
         })
     }
@@ -159,22 +168,22 @@ struct Saved {
     x2: Tensor,
     h2: Option<Tensor>,
     rstd2: Tensor,
-    gate: Tensor,
-    up: Tensor,
+    /// The gate and up projections' output, `[.., 2·hidden]`.
+    gu: Tensor,
     s: Option<Tensor>,
 }
 
 impl Saved {
     /// The tensors in save order, the recomputed ones left out.
     fn tensors(&self) -> Vec<&Tensor> {
-        let Saved { x, h1, rstd1, q, k, v, att, lse, x2, h2, rstd2, gate, up, s } = self;
+        let Saved { x, h1, rstd1, q, k, v, att, lse, x2, h2, rstd2, gu, s } = self;
         let kept = [Some(x), h1.as_ref(), Some(rstd1), Some(q), Some(k), Some(v), Some(att), Some(lse), Some(x2)];
-        kept.into_iter().chain([h2.as_ref(), Some(rstd2), Some(gate), Some(up), s.as_ref()]).flatten().collect()
+        kept.into_iter().chain([h2.as_ref(), Some(rstd2), Some(gu), s.as_ref()]).flatten().collect()
     }
 
     /// Reads them back from `cx`; returns them and their count (the dropout masks follow).
     fn load(cx: &Cx, recompute: bool) -> Result<(Saved, usize)> {
-        let count = if recompute { 11 } else { 14 };
+        let count = if recompute { 10 } else { 13 };
         let mut it = (0..count).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()?.into_iter();
         let mut next = || it.next().ok_or_else(|| Error::msg("a block saved fewer tensors than it reads"));
         // Fields in save order: a struct expression evaluates its fields as written.
@@ -190,8 +199,7 @@ impl Saved {
             x2: next()?,
             h2: if recompute { None } else { Some(next()?) },
             rstd2: next()?,
-            gate: next()?,
-            up: next()?,
+            gu: next()?,
             s: if recompute { None } else { Some(next()?) },
         };
         Ok((saved, count))
@@ -209,28 +217,13 @@ impl Block {
         let (a, mask1) = self.drop(cx, &ops::linear(&att, &self.wo.value, None)?)?;
         // The residual add and the second norm in one pass (bit for bit add, then rms_norm).
         let (x2, h2, rstd2) = ops::add_rms_norm(x, &a, &self.norm2.value, EPS)?;
-        let gate = ops::linear(&h2, &self.w_gate.value, None)?;
-        let up = ops::linear(&h2, &self.w_up.value, None)?;
-        let s = ops::swiglu(&gate, &up)?;
+        let gu = ops::linear(&h2, &self.w_gate_up.value, None)?;
+        let s = ops::swiglu_packed(&gu)?;
         let (m, mask2) = self.drop(cx, &ops::linear(&s, &self.w_down.value, None)?)?;
         let y = ops::add(&x2, &m)?;
         let keep = |t: Tensor| (!self.recompute).then_some(t);
-        let saved = Saved {
-            x: x.clone(),
-            h1: keep(h1),
-            rstd1,
-            q,
-            k,
-            v,
-            att,
-            lse,
-            x2,
-            h2: keep(h2),
-            rstd2,
-            gate,
-            up,
-            s: keep(s),
-        };
+        let saved =
+            Saved { x: x.clone(), h1: keep(h1), rstd1, q, k, v, att, lse, x2, h2: keep(h2), rstd2, gu, s: keep(s) };
         for t in saved.tensors() {
             cx.save(t);
         }
@@ -264,20 +257,20 @@ impl Block {
     /// The MLP half, from the grad of its output `dm`: the grad of `h2`, with the weight grads
     /// of the three projections accumulated.
     fn mlp_backward(&self, dm: Tensor, saved: &Saved) -> Result<Tensor> {
-        let Saved { x2, h2, rstd2, gate, up, s, .. } = saved;
-        let (dgate, dup) = match s {
+        let Saved { x2, h2, rstd2, gu, s, .. } = saved;
+        let dgu = match s {
             Some(s) => {
                 let ds = dx_of(ops::linear_backward(&dm, s, &self.w_down.value, &self.w_down.grad, None, true)?)?;
-                ops::swiglu_backward(&ds, gate, up)?
+                ops::swiglu_packed_backward(&ds, gu)?
             }
             None => {
                 // The input grad first, then SwiGLU's output again (in its backward's pass) for
                 // the weight grad: the same GEMMs on the same bits as the saved `s`.
                 let ds = ops::linear_input_grad(&dm, &self.w_down.value)?;
-                let (dgate, dup, s) = ops::swiglu_backward_recompute(&ds, gate, up)?;
+                let (dgu, s) = ops::swiglu_packed_backward_recompute(&ds, gu)?;
                 drop(ds);
                 ops::linear_backward(&dm, &s, &self.w_down.value, &self.w_down.grad, None, false)?;
-                (dgate, dup)
+                dgu
             }
         };
         drop(dm);
@@ -285,9 +278,8 @@ impl Block {
             Some(h2) => h2.clone(),
             None => ops::rms_norm_recompute(x2, &self.norm2.value, rstd2)?,
         };
-        // The two projections' input grads summed inside the second GEMM (beta = 1).
-        let dh2 = dx_of(ops::linear_backward(&dgate, &h2, &self.w_gate.value, &self.w_gate.grad, None, true)?)?;
-        ops::linear_backward_acc(&dup, &h2, &self.w_up.value, &self.w_up.grad, None, &dh2)?;
+        // Both projections' input and weight grads: one GEMM each against the stacked weight.
+        let dh2 = dx_of(ops::linear_backward(&dgu, &h2, &self.w_gate_up.value, &self.w_gate_up.grad, None, true)?)?;
         Ok(dh2)
     }
 

@@ -5,7 +5,7 @@
 //! length: embed, per block norm, q/k/v, append, attend to the cache, wo, residual + norm, MLP;
 //! head; sample). The decoding step comes in two forms: the training forward's ops
 //! ([`step_logits`]), and the fused one the decoder runs ([`Fused`]): `graphed::ops::DecoderStep`
-//! over stacked copies of the q/k/v and gate/up weights ([`Stacked`]), on the GPU one
+//! over a stacked copy of the q/k/v weights and the model's own gate/up weight ([`Stacked`]), on the GPU one
 //! persistent kernel for the whole step (embedding, every block, the head), elsewhere the
 //! unfused ops with q/k/v and gate/up one GEMM each, the append inside the attention kernel
 //! and SwiGLU read from the gate/up GEMM's output. Both end with the sampling and the
@@ -50,8 +50,7 @@ fn share_block(b: &Block) -> Block {
         wv: b.wv.clone(),
         wo: b.wo.clone(),
         norm2: b.norm2.clone(),
-        w_gate: b.w_gate.clone(),
-        w_up: b.w_up.clone(),
+        w_gate_up: b.w_gate_up.clone(),
         w_down: b.w_down.clone(),
     }
 }
@@ -142,12 +141,11 @@ fn embed(w: &Weights, ids: &Tensor, positions: &Tensor) -> Result<[Tensor; 2]> {
 
 /// Each block's projections stacked for the fused decoding step: `wq`, `wk` and `wv` as one
 /// `[3·d_model, d_model]` weight (the GEMM's output rows are q, then k, then v, as
-/// `ops::decode_attention_append` reads them) and `w_gate` and `w_up` as one
-/// `[2·hidden, d_model]` weight (gate, then up, as `ops::swiglu_packed` reads them). Copies in
-/// the model's dtype, in the device's default pool: `(3·d_model + 2·hidden)·d_model` elements
-/// a block on top of the block's own weights, 69% of them in the GPU GPT (d_model 512, hidden
-/// 1368: 2.2M elements, 4.4 MB in bf16 a block, 35 MB for its 8 blocks). They are copies:
-/// after the weights change (a load), [`Stacked::refresh`] writes them again.
+/// `ops::decode_attention_append` reads them), a copy in the model's dtype in the device's
+/// default pool (`3·d_model²` elements a block on top of the block's own weights: 0.8M in the
+/// GPU GPT, 1.6 MB in bf16 a block, 12.6 MB for its 8 blocks) that [`Stacked::refresh`] writes
+/// again after the weights change (a load); and the block's own `w_gate_up` (already stacked:
+/// gate, then up, as `ops::swiglu_packed` reads them), shared, not copied.
 #[derive(Debug)]
 pub struct Stacked {
     pub qkv: Tensor,
@@ -172,11 +170,11 @@ impl Stacked {
             w.blocks
                 .iter()
                 .map(|b| {
-                    let [qkv, gate_up] = Stacked::parts(b);
-                    let rows = |parts: &[&Param]| parts.iter().map(|p| p.value.dims()[0]).sum::<usize>();
+                    let qkv = Stacked::qkv(b);
+                    let rows = qkv.iter().map(|p| p.value.dims()[0]).sum::<usize>();
                     Ok(Stacked {
-                        qkv: Tensor::from_slice_as(dev, &stacked_rows(&qkv)?, &[rows(&qkv), d], dtype)?,
-                        gate_up: Tensor::from_slice_as(dev, &stacked_rows(&gate_up)?, &[rows(&gate_up), d], dtype)?,
+                        qkv: Tensor::from_slice_as(dev, &stacked_rows(&qkv)?, &[rows, d], dtype)?,
+                        gate_up: b.w_gate_up.value.clone(),
                     })
                 })
                 .collect()
@@ -190,21 +188,19 @@ impl Stacked {
             return Err(Error::msg(format!("{} stacked blocks for {} blocks", stacked.len(), w.blocks.len())));
         }
         for (s, b) in stacked.iter().zip(&w.blocks) {
-            let [qkv, gate_up] = Stacked::parts(b);
-            s.qkv.copy_from_slice(&stacked_rows(&qkv)?)?;
-            s.gate_up.copy_from_slice(&stacked_rows(&gate_up)?)?;
+            s.qkv.copy_from_slice(&stacked_rows(&Stacked::qkv(b))?)?;
         }
         Ok(())
     }
 
-    /// The bytes the copies of `stacked` take.
+    /// The bytes the copies of `stacked` take (`gate_up` is the model's own weight).
     pub fn bytes(stacked: &[Stacked]) -> usize {
-        stacked.iter().map(|s| (s.qkv.numel() + s.gate_up.numel()) * s.qkv.dtype().size()).sum()
+        stacked.iter().map(|s| s.qkv.numel() * s.qkv.dtype().size()).sum()
     }
 
-    /// A block's weights in the order each stacked copy holds them.
-    fn parts(b: &Block) -> [Vec<&Param>; 2] {
-        [vec![&b.wq, &b.wk, &b.wv], vec![&b.w_gate, &b.w_up]]
+    /// A block's q, k and v projections in the order the stacked copy holds them.
+    fn qkv(b: &Block) -> [&Param; 3] {
+        [&b.wq, &b.wk, &b.wv]
     }
 }
 
@@ -240,9 +236,10 @@ fn qkv(b: &Block, h: &Tensor) -> Result<[Tensor; 3]> {
     Ok([ops::linear(h, &b.wq.value, None)?, ops::linear(h, &b.wk.value, None)?, ops::linear(h, &b.wv.value, None)?])
 }
 
-/// The training forward's MLP up to the down projection: `swiglu(gate(h2), up(h2))`.
+/// The training forward's MLP up to the down projection: `swiglu` of the gate and up
+/// projections of `h2`, one GEMM.
 fn gated(_: usize, b: &Block, h2: &Tensor) -> Result<Tensor> {
-    ops::swiglu(&ops::linear(h2, &b.w_gate.value, None)?, &ops::linear(h2, &b.w_up.value, None)?)
+    ops::swiglu_packed(&ops::linear(h2, &b.w_gate_up.value, None)?)
 }
 
 /// Block `i`'s cache.

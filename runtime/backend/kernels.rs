@@ -212,6 +212,9 @@ kernels! {
     SwigluPackedF32 = "swiglu_packed_f32" (Ptr, Ptr, U32, U32);
     SwigluPackedBf16 = "swiglu_packed_bf16" (Ptr, Ptr, U32, U32);
     SwigluPackedF16 = "swiglu_packed_f16" (Ptr, Ptr, U32, U32);
+    SwigluPackedBwdF32 = "swiglu_packed_bwd_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SwigluPackedBwdBf16 = "swiglu_packed_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SwigluPackedBwdF16 = "swiglu_packed_bwd_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SwigluBwdF32 = "swiglu_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32);
     SwigluBwdBf16 = "swiglu_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32);
     SwigluBwdF16 = "swiglu_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32);

@@ -48,7 +48,8 @@ pub use norm::{layer_norm, layer_norm_backward};
 pub use sample::{argmax, sample, Sampling};
 pub use transformer::{
     add_rms_norm, add_rms_norm_backward, embedding, embedding_backward, rms_norm, rms_norm_backward,
-    rms_norm_recompute, swiglu, swiglu_backward, swiglu_backward_recompute, swiglu_packed,
+    rms_norm_recompute, swiglu, swiglu_backward, swiglu_backward_recompute, swiglu_packed, swiglu_packed_backward,
+    swiglu_packed_backward_recompute,
 };
 
 use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, RowTiles, Typed};
@@ -276,6 +277,8 @@ pub(crate) mod k {
     pub(crate) const SWIGLU: Typed = Typed(B::SwigluF32, B::SwigluBf16, B::SwigluF16);
     pub(crate) const SWIGLU_PACKED: Typed = Typed(B::SwigluPackedF32, B::SwigluPackedBf16, B::SwigluPackedF16);
     pub(crate) const SWIGLU_BWD: Typed = Typed(B::SwigluBwdF32, B::SwigluBwdBf16, B::SwigluBwdF16);
+    pub(crate) const SWIGLU_PACKED_BWD: Typed =
+        Typed(B::SwigluPackedBwdF32, B::SwigluPackedBwdBf16, B::SwigluPackedBwdF16);
     pub(crate) const ATTN_SOFTMAX_LSE: Typed = Typed(B::AttnSoftmaxLseF32, B::AttnSoftmaxLseBf16, B::AttnSoftmaxLseF16);
     pub(crate) const ATTN_BWD_SCORES: Typed = Typed(B::AttnBwdScoresF32, B::AttnBwdScoresBf16, B::AttnBwdScoresF16);
 }

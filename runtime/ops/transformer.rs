@@ -524,17 +524,8 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 /// ```
 pub fn swiglu_packed(gu: &Tensor) -> Result<Tensor> {
     const OP: &str = "swiglu_packed";
-    let dtype = check_like(OP, &[gu])?;
-    let layout = "[..., 2 · h]: a last dimension of gate then up, an even nonzero width";
-    let bad = || Error::shape(OP, ShapeProblem::layout("gu", layout, gu.dims()));
-    let (&width, outer) = gu.dims().split_last().ok_or_else(bad)?;
-    if width == 0 || width % 2 != 0 {
-        return Err(bad());
-    }
-    let h = width / 2;
-    let rows = gu.numel() / width;
-    n32(OP, gu.numel())?;
-    let dims: Vec<usize> = outer.iter().copied().chain([h]).collect();
+    let (dtype, rows, h, dims) = check_packed(OP, gu)?;
+    let width = 2 * h;
     let y = Tensor::empty_as(gu.device(), &dims, dtype)?;
     match exec(gu.device()) {
         Exec::Host(hb) => {
@@ -553,6 +544,118 @@ pub fn swiglu_packed(gu: &Tensor) -> Result<Tensor> {
         )?,
     }
     Ok(y)
+}
+
+/// The checks of a packed `gu` (`[..., 2·h]`): `(dtype, rows, h, the dims of y = [..., h])`.
+fn check_packed(op: &'static str, gu: &Tensor) -> Result<(DType, usize, usize, Vec<usize>)> {
+    let dtype = check_like(op, &[gu])?;
+    let layout = "[..., 2 · h]: a last dimension of gate then up, an even nonzero width";
+    let bad = || Error::shape(op, ShapeProblem::layout("gu", layout, gu.dims()));
+    let (&width, outer) = gu.dims().split_last().ok_or_else(bad)?;
+    if width == 0 || width % 2 != 0 {
+        return Err(bad());
+    }
+    n32(op, gu.numel())?;
+    let h = width / 2;
+    Ok((dtype, gu.numel() / width, h, outer.iter().copied().chain([h]).collect()))
+}
+
+/// The backward of [`swiglu_packed`]: `dgu`, the grad of `gu` in its layout (the gate's grad in
+/// the first `h` columns of each row, up's in the last `h`), from `dy` (`[..., h]`), in one
+/// pass. Bitwise [`swiglu_backward`] of the two halves, on both backends; with
+/// [`crate::ops::linear_backward`] against the stacked weights it is the backward of one GEMM
+/// and `swiglu_packed` (a block's MLP with its gate and up projections as one weight).
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// // One row: gate [0, 1.5], up [3, -2].
+/// let gu = Tensor::from_slice(&dev, &[0.0, 1.5, 3.0, -2.0], &[1, 4])?;
+/// let dy = Tensor::from_slice(&dev, &[1.0, 0.5], &[1, 2])?;
+/// let dgu = ops::swiglu_packed_backward(&dy, &gu)?.to_vec()?;
+/// let (gate, up) = (Tensor::from_slice(&dev, &[0.0, 1.5], &[1, 2])?, Tensor::from_slice(&dev, &[3.0, -2.0], &[1, 2])?);
+/// let (dgate, dup) = ops::swiglu_backward(&dy, &gate, &up)?;
+/// assert_eq!(dgu[..2], dgate.to_vec()?[..]);
+/// assert_eq!(dgu[2..], dup.to_vec()?[..]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn swiglu_packed_backward(dy: &Tensor, gu: &Tensor) -> Result<Tensor> {
+    let (dtype, rows, h) = check_packed_bwd("swiglu_packed_backward", dy, gu)?;
+    let dgu = Tensor::empty_like(gu)?;
+    swiglu_packed_bwd((dtype, rows, h), dy, gu, &dgu, None)?;
+    Ok(dgu)
+}
+
+/// [`swiglu_packed_backward`] that also gives the forward's output again: `(dgu, y)` with `y`
+/// bit for bit what [`swiglu_packed`] returned for this `gu`, written by the same pass (as
+/// [`swiglu_backward_recompute`] does for two tensors), so a forward need not keep `y`.
+///
+/// ```
+/// # use graphed::{ops, Device, Tensor};
+/// let dev = Device::host();
+/// let gu = Tensor::from_slice(&dev, &[0.0, 1.5, 3.0, -2.0], &[1, 4])?;
+/// let dy = Tensor::from_slice(&dev, &[1.0, 0.5], &[1, 2])?;
+/// let (dgu, y) = ops::swiglu_packed_backward_recompute(&dy, &gu)?;
+/// assert_eq!(y.to_vec()?, ops::swiglu_packed(&gu)?.to_vec()?);
+/// assert_eq!(dgu.to_vec()?, ops::swiglu_packed_backward(&dy, &gu)?.to_vec()?);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn swiglu_packed_backward_recompute(dy: &Tensor, gu: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (dtype, rows, h) = check_packed_bwd("swiglu_packed_backward_recompute", dy, gu)?;
+    let (dgu, y) = (Tensor::empty_like(gu)?, Tensor::empty_like(dy)?);
+    swiglu_packed_bwd((dtype, rows, h), dy, gu, &dgu, Some(&y))?;
+    Ok((dgu, y))
+}
+
+/// The checks of the packed backwards: `gu` as [`swiglu_packed`] takes it, `dy` its output's
+/// shape and dtype. Returns `(dtype, rows, h)`.
+fn check_packed_bwd(op: &'static str, dy: &Tensor, gu: &Tensor) -> Result<(DType, usize, usize)> {
+    let (dtype, rows, h, dims) = check_packed(op, gu)?;
+    check_like(op, &[gu, dy])?;
+    if dy.dims() != dims.as_slice() {
+        return Err(Error::shape(op, ShapeProblem::expected("dy", &dims, "the output of gu", dy.dims())));
+    }
+    Ok((dtype, rows, h))
+}
+
+/// The packed SwiGLU backward into `dgu`, and the forward's output again into `y` when given.
+fn swiglu_packed_bwd(
+    (dtype, rows, h): (DType, usize, usize),
+    dy: &Tensor,
+    gu: &Tensor,
+    dgu: &Tensor,
+    y: Option<&Tensor>,
+) -> Result<()> {
+    match exec(gu.device()) {
+        Exec::Host(hb) => {
+            let (dyp, gp, dgp) = (dy.host_ptr()?, gu.host_ptr()?, dgu.host_ptr()?);
+            let yp = y.map(|t| t.host_ptr()).transpose()?;
+            hb.run(k::SWIGLU_PACKED_BWD.get(dtype), move || {
+                let v = gp.read();
+                let (gate, up): (Vec<f32>, Vec<f32>) = v.chunks(2 * h).flat_map(|r| r[..h].iter().zip(&r[h..])).unzip();
+                let (dg, du) = cpu::swiglu_backward(&dyp.read(), &gate, &up);
+                let packed: Vec<f32> =
+                    dg.chunks(h).zip(du.chunks(h)).flat_map(|(a, b)| a.iter().chain(b).copied()).collect();
+                dgp.write(&packed);
+                if let Some(yp) = &yp {
+                    yp.write(&cpu::swiglu(&gate, &up));
+                }
+                Ok(())
+            })
+        }
+        Exec::Cuda(c) => c.launch(
+            k::SWIGLU_PACKED_BWD.get(dtype),
+            LaunchDims::vectorized(rows * h, dtype),
+            &[
+                KArg::Ptr(dgu.cuda_ptr()?),
+                KArg::Ptr(y.map_or(Ok(0), |t| t.cuda_ptr())?),
+                KArg::Ptr(dy.cuda_ptr()?),
+                KArg::Ptr(gu.cuda_ptr()?),
+                KArg::U32(rows as u32),
+                KArg::U32(h as u32),
+            ],
+        ),
+    }
 }
 
 /// The backward of [`swiglu`]: `(dgate, dup)`, in the inputs' dtype.

@@ -818,6 +818,47 @@ __device__ __forceinline__ void swiglu_bwd_t(T* dgate, T* dup, T* y, const T* dy
     }
 }
 
+// swiglu_bwd_t over one tensor holding gate and up side by side (swiglu_packed_t's layout):
+// dgu[r, j] = dgate and dgu[r, h + j] = dup of dy[r, j], gate gu[r, j] and up gu[r, h + j]; and,
+// when y is not null, y[r, j] = swiglu_elem again. 16 bytes a load and store when h and the
+// pointers allow it (a pack never straddles a row), else element by element; the same math as
+// swiglu_bwd_t either way.
+template <typename T>
+__device__ __forceinline__ void swiglu_packed_bwd_t(T* dgu, T* y, const T* dy, const T* gu, u32 rows, u32 h) {
+    constexpr u32 W = 16 / sizeof(T);
+    const u64 n = (u64)rows * h;
+    if (al16(dgu) && al16(y) && al16(dy) && al16(gu) && h % W == 0) {
+        for (u64 v = gr_tid(); v < n / W; v += gr_stride()) {
+            const u64 i = v * W, r = i / h, j = i % h, at = r * 2 * h + j;
+            Pack<T> pd, pg, pu, og, ou, oy;
+            pd.raw = reinterpret_cast<const uint4*>(dy)[v];
+            pg.raw = *reinterpret_cast<const uint4*>(gu + at);
+            pu.raw = *reinterpret_cast<const uint4*>(gu + at + h);
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                float dg, du;
+                swiglu_bwd_elem(ld(pd.e, k), ld(pg.e, k), ld(pu.e, k), dg, du);
+                st(og.e, k, dg);
+                st(ou.e, k, du);
+                if (y) st(oy.e, k, swiglu_elem(ld(pg.e, k), ld(pu.e, k)));
+            }
+            *reinterpret_cast<uint4*>(dgu + at) = og.raw;
+            *reinterpret_cast<uint4*>(dgu + at + h) = ou.raw;
+            if (y) reinterpret_cast<uint4*>(y)[v] = oy.raw;
+        }
+        return;
+    }
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const u64 r = i / h, j = i % h, at = r * 2 * h + j;
+        const float g = ld(gu, at), u = ld(gu, at + h);
+        float dg, du;
+        swiglu_bwd_elem(ld(dy, i), g, u, dg, du);
+        st(dgu, at, dg);
+        st(dgu, at + h, du);
+        if (y) st(y, i, swiglu_elem(g, u));
+    }
+}
+
 // RMSNorm's y again from its saved rstd: y = x * rstd[row] * gamma, the forward's expression on
 // the same floats (rms_norm_t, rms_rows_t), so bit for bit what they stored. 16 bytes a load and
 // store when d and the pointers allow it (a pack never straddles a row), else element by element.
@@ -904,6 +945,7 @@ extern "C" __global__ void swap12_f32(float* y, const float* x, u32 b, u32 p, u3
 extern "C" __global__ void swiglu_f32(float* y, const float* gate, const float* up, u32 n) { GR_PDL_ENTRY(); swiglu_t(y, gate, up, n); }
 extern "C" __global__ void swiglu_packed_f32(float* y, const float* gu, u32 rows, u32 h) { GR_PDL_ENTRY(); swiglu_packed_t(y, gu, rows, h); }
 extern "C" __global__ void swiglu_bwd_f32(float* dgate, float* dup, float* y, const float* dy, const float* gate, const float* up, u32 n) { GR_PDL_ENTRY(); swiglu_bwd_t(dgate, dup, y, dy, gate, up, n); }
+extern "C" __global__ void swiglu_packed_bwd_f32(float* dgu, float* y, const float* dy, const float* gu, u32 rows, u32 h) { GR_PDL_ENTRY(); swiglu_packed_bwd_t(dgu, y, dy, gu, rows, h); }
 extern "C" __global__ void rms_norm_apply_f32(float* y, const float* x, const float* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_norm_apply_t(y, x, gamma, rstd, rows, d); }
 extern "C" __global__ void attn_softmax_lse_f32(float* p, float* lse, const float* s, u32 rows, u32 t, float scale) { GR_PDL_ENTRY(); attn_softmax_lse_t(p, lse, s, rows, t, scale); }
 extern "C" __global__ void attn_bwd_scores_f32(float* p, float* ds, const float* s, const float* dp, const float* lse, const float* dout, const float* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { GR_PDL_ENTRY(); attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
@@ -917,6 +959,7 @@ extern "C" __global__ void swap12_bf16(bf16_t* y, const bf16_t* x, u32 b, u32 p,
 extern "C" __global__ void swiglu_bf16(bf16_t* y, const bf16_t* gate, const bf16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_t(y, gate, up, n); }
 extern "C" __global__ void swiglu_packed_bf16(bf16_t* y, const bf16_t* gu, u32 rows, u32 h) { GR_PDL_ENTRY(); swiglu_packed_t(y, gu, rows, h); }
 extern "C" __global__ void swiglu_bwd_bf16(bf16_t* dgate, bf16_t* dup, bf16_t* y, const bf16_t* dy, const bf16_t* gate, const bf16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_bwd_t(dgate, dup, y, dy, gate, up, n); }
+extern "C" __global__ void swiglu_packed_bwd_bf16(bf16_t* dgu, bf16_t* y, const bf16_t* dy, const bf16_t* gu, u32 rows, u32 h) { GR_PDL_ENTRY(); swiglu_packed_bwd_t(dgu, y, dy, gu, rows, h); }
 extern "C" __global__ void rms_norm_apply_bf16(bf16_t* y, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_norm_apply_t(y, x, gamma, rstd, rows, d); }
 extern "C" __global__ void attn_softmax_lse_bf16(bf16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { GR_PDL_ENTRY(); attn_softmax_lse_t(p, lse, s, rows, t, scale); }
 extern "C" __global__ void attn_bwd_scores_bf16(bf16_t* p, bf16_t* ds, const float* s, const float* dp, const float* lse, const bf16_t* dout, const bf16_t* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { GR_PDL_ENTRY(); attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
@@ -930,6 +973,7 @@ extern "C" __global__ void swap12_f16(f16_t* y, const f16_t* x, u32 b, u32 p, u3
 extern "C" __global__ void swiglu_f16(f16_t* y, const f16_t* gate, const f16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_t(y, gate, up, n); }
 extern "C" __global__ void swiglu_packed_f16(f16_t* y, const f16_t* gu, u32 rows, u32 h) { GR_PDL_ENTRY(); swiglu_packed_t(y, gu, rows, h); }
 extern "C" __global__ void swiglu_bwd_f16(f16_t* dgate, f16_t* dup, f16_t* y, const f16_t* dy, const f16_t* gate, const f16_t* up, u32 n) { GR_PDL_ENTRY(); swiglu_bwd_t(dgate, dup, y, dy, gate, up, n); }
+extern "C" __global__ void swiglu_packed_bwd_f16(f16_t* dgu, f16_t* y, const f16_t* dy, const f16_t* gu, u32 rows, u32 h) { GR_PDL_ENTRY(); swiglu_packed_bwd_t(dgu, y, dy, gu, rows, h); }
 extern "C" __global__ void rms_norm_apply_f16(f16_t* y, const f16_t* x, const f16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_norm_apply_t(y, x, gamma, rstd, rows, d); }
 extern "C" __global__ void attn_softmax_lse_f16(f16_t* p, float* lse, const float* s, u32 rows, u32 t, float scale) { GR_PDL_ENTRY(); attn_softmax_lse_t(p, lse, s, rows, t, scale); }
 extern "C" __global__ void attn_bwd_scores_f16(f16_t* p, f16_t* ds, const float* s, const float* dp, const float* lse, const f16_t* dout, const f16_t* out, u32 rows, u32 t, u32 heads, u32 dh, float scale) { GR_PDL_ENTRY(); attn_bwd_scores_t(p, ds, s, dp, lse, dout, out, rows, t, heads, dh, scale); }
