@@ -94,16 +94,19 @@ for shape in 256x16 1024x4 4096x1; do
       || { fail=1; echo "FAILED: gpt $mode $shape"; tail -3 "$logs/gpt_${mode}_${shape}.log"; }
     grep -E "^trained" "$logs/gpt_${mode}_${shape}.log"
   done
-  # The blocks that recompute their norms' and SwiGLU's outputs (less pool, one more pass each).
-  gpu-bin/examples/gpt --steps "$steps" --eval-every 100000 --mode graphed --no-checkpoint --recompute --context "$ctx" \
-    --batch "$batch" --json "$logs/gpt_recompute_${shape}.json" > "$logs/gpt_recompute_${shape}.log" 2>&1 \
-    || { fail=1; echo "FAILED: gpt recompute $shape"; tail -3 "$logs/gpt_recompute_${shape}.log"; }
-  grep -E "^trained" "$logs/gpt_recompute_${shape}.log"
+  # The blocks that recompute SwiGLU's output, or it and the norms' outputs (less pool, one
+  # more write or pass each).
+  for r in swiglu all; do
+    gpu-bin/examples/gpt --steps "$steps" --eval-every 100000 --mode graphed --no-checkpoint --recompute $r --context "$ctx" \
+      --batch "$batch" --json "$logs/gpt_recompute-${r}_${shape}.json" > "$logs/gpt_recompute-${r}_${shape}.log" 2>&1 \
+      || { fail=1; echo "FAILED: gpt recompute $r $shape"; tail -3 "$logs/gpt_recompute-${r}_${shape}.log"; }
+    grep -E "^trained" "$logs/gpt_recompute-${r}_${shape}.log"
+  done
   if [ "$shape" = 4096x1 ]; then
     # cuDNN's dP workspace (268 MB here) in chunks of 4 and 2 heads (GRAPHED_ATTENTION_WORKSPACE_MB).
     for mb in 128 64; do
       GRAPHED_ATTENTION_WORKSPACE_MB=$mb gpu-bin/examples/gpt --steps "$steps" --eval-every 100000 --mode graphed \
-        --no-checkpoint --recompute --context "$ctx" --batch "$batch" --json "$logs/gpt_recompute-ws${mb}_${shape}.json" \
+        --no-checkpoint --recompute all --context "$ctx" --batch "$batch" --json "$logs/gpt_recompute-ws${mb}_${shape}.json" \
         > "$logs/gpt_recompute-ws${mb}_${shape}.log" 2>&1 || { fail=1; echo "FAILED: gpt recompute ws $mb"; }
       grep -E "^trained" "$logs/gpt_recompute-ws${mb}_${shape}.log"
     done

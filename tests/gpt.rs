@@ -22,7 +22,7 @@ use std::path::Path;
 
 use common::on_each_backend;
 use graphed::{DType, Device, Error, Result, Tensor};
-use model::Config;
+use model::{Config, Recompute};
 use runner::{Mode, Rng, Trainer};
 
 const TINY: Config = Config {
@@ -35,7 +35,7 @@ const TINY: Config = Config {
     dropout: 0.1,
     dtype: DType::F32,
     fused_attention: true,
-    recompute: false,
+    recompute: Recompute::Nothing,
 };
 
 /// Repetitive text a tiny model learns quickly.
@@ -139,32 +139,32 @@ fn bf16_with_fused_attention_trains_bit_for_bit_like_eager() {
     every_mode_trains_bit_for_bit_like_eager(Config { d_model: 128, heads: 2, hidden: 96, dtype: DType::BF16, ..TINY });
 }
 
-/// Blocks that recompute their norms' and SwiGLU's outputs in the backward train bit for bit
-/// like blocks that keep them (eager, graphed with and without checkpoints, fused, floor; with
-/// dropout; f32, bf16, and bf16 through the fused attention), and their graphs hold less: at
-/// least the `2·d + h` elements a token of every block no longer keeps, less what the backward
-/// of the largest block holds at once.
+/// Blocks that recompute SwiGLU's output, or it and their norms' outputs, in the backward train
+/// bit for bit like blocks that keep them (eager, graphed with and without checkpoints, fused,
+/// floor; with dropout; f32, bf16, and bf16 through the fused attention), and their graphs hold
+/// less: at least the `h` or `2·d + h` elements a token of every block no longer keeps, less
+/// what the backward of the largest block holds at once.
 #[test]
 fn recomputing_blocks_train_bit_for_bit_like_saving_ones_in_less_memory() {
     let fused = Config { d_model: 128, heads: 2, hidden: 96, dtype: DType::BF16, ..TINY };
+    let modes = [
+        (Mode::Eager, false),
+        (Mode::Graphed, false),
+        (Mode::Graphed, true),
+        (Mode::Fused, true),
+        (Mode::Floor, false),
+    ];
     for cfg in [TINY, Config { dtype: DType::BF16, ..TINY }, fused] {
         on_each_backend(|dev| {
-            let again = Config { recompute: true, ..cfg };
-            for (mode, checkpoint) in [
-                (Mode::Eager, false),
-                (Mode::Graphed, false),
-                (Mode::Graphed, true),
-                (Mode::Fused, true),
-                (Mode::Floor, false),
-            ] {
-                let what = format!("{} {mode:?} (checkpoint {checkpoint})", cfg.dtype);
+            for (mode, checkpoint) in modes {
                 let (want, saving) = train(dev, cfg, mode, checkpoint, 12)?;
-                let (losses, recomputing) = train(dev, again, mode, checkpoint, 12)?;
-                assert_eq!(want, losses, "{what}: recomputing changed the losses");
-                assert!(
-                    saving.param_bits()? == recomputing.param_bits()?,
-                    "{what}: recomputing changed the parameters"
-                );
+                for recompute in [Recompute::Swiglu, Recompute::All] {
+                    let what = format!("{} {mode:?} (checkpoint {checkpoint}, {recompute:?})", cfg.dtype);
+                    let (losses, recomputing) = train(dev, Config { recompute, ..cfg }, mode, checkpoint, 12)?;
+                    assert_eq!(want, losses, "{what}: recomputing changed the losses");
+                    let same = saving.param_bits()? == recomputing.param_bits()?;
+                    assert!(same, "{what}: recomputing changed the parameters");
+                }
             }
             Ok(())
         });
@@ -172,15 +172,19 @@ fn recomputing_blocks_train_bit_for_bit_like_saving_ones_in_less_memory() {
     // The memory, at a size where a block's activations outgrow the pool's 64 KiB slabs.
     let cfg = Config { layers: 4, d_model: 64, heads: 4, context: 32, batch: 8, hidden: 256, ..TINY };
     on_each_backend(|dev| {
-        let (_, saving) = train(dev, cfg, Mode::Graphed, false, 1)?;
-        let (_, recomputing) = train(dev, Config { recompute: true, ..cfg }, Mode::Graphed, false, 1)?;
-        let (kept, less) = (saving.pool_bytes(), recomputing.pool_bytes());
-        let per_block = cfg.batch * cfg.context * (2 * cfg.d_model + cfg.hidden) * cfg.dtype.size();
-        assert!(
-            kept >= less + (cfg.layers - 1) * per_block,
-            "the pool holds {less} bytes recomputing, {kept} keeping: less than {} blocks' {per_block} saved",
-            cfg.layers - 1
-        );
+        let pool = |recompute| -> Result<usize> {
+            Ok(train(dev, Config { recompute, ..cfg }, Mode::Graphed, false, 1)?.1.pool_bytes())
+        };
+        let kept = pool(Recompute::Nothing)?;
+        for (recompute, elements) in [(Recompute::Swiglu, cfg.hidden), (Recompute::All, 2 * cfg.d_model + cfg.hidden)] {
+            let less = pool(recompute)?;
+            let per_block = cfg.batch * cfg.context * elements * cfg.dtype.size();
+            assert!(
+                kept >= less + (cfg.layers - 1) * per_block,
+                "{recompute:?}: the pool holds {less} bytes recomputing, {kept} keeping: less than {} blocks' {per_block} saved",
+                cfg.layers - 1
+            );
+        }
         Ok(())
     });
 }

@@ -30,7 +30,7 @@ use common::{on_each_backend, rel_err};
 use decode::{DecodeOptions, Decoder, Path, Request, Weights};
 use graphed::ops::{Sampling, Stop};
 use graphed::{Cx, DType, Device, Error, Result, Tensor};
-use model::{Config, Gpt};
+use model::{Config, Gpt, Recompute};
 
 /// f32, head dim 8: the host's kind of model (decode attention's run-time head dim).
 const TINY: Config = Config {
@@ -43,7 +43,7 @@ const TINY: Config = Config {
     dropout: 0.0,
     dtype: DType::F32,
     fused_attention: true,
-    recompute: false,
+    recompute: Recompute::Nothing,
 };
 
 /// bf16, head dim 64: the GPU's kind (fused attention in the prefill, decode attention's

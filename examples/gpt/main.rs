@@ -3,7 +3,7 @@
 //! `cargo run --release --example gpt -- --help` lists the flags: `--steps`, `--data`,
 //! `--size tiny|gpu`, `--context`, `--batch`, `--dtype f32|bf16`,
 //! `--mode eager|graphed|fused|floor|pipeline|pipeline-eager` (`--eager` is `--mode eager`),
-//! `--no-checkpoint`, `--recompute`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`,
+//! `--no-checkpoint`, `--recompute nothing|swiglu|all`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`,
 //! `--json FILE`, `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`, `--estimate`; and for generation
 //! `--save PATH`, `--load PATH`, `--generate`, `--prompts N`, `--prompt-len N`,
 //! `--max-new-tokens N`, `--temperature T`, `--top-k K`, `--max-batch N`, `--decode-bench`,
@@ -82,7 +82,7 @@ use decode::{DecodeOptions, Decoder, Weights};
 use graphed::ops::Sampling;
 use graphed::optim::WarmupCosine;
 use graphed::{DType, Device, Error, Result};
-use model::{Config, Gpt};
+use model::{Config, Gpt, Recompute};
 use runner::{Mode, Rng, Trainer};
 
 /// The learning rate after warm-up; a cosine decays it to a tenth by the last step.
@@ -142,6 +142,27 @@ enum AttentionArg {
     Unfused,
 }
 
+/// What each block recomputes in its backward (`model::Recompute`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum RecomputeArg {
+    /// Keep everything the backward reads.
+    Nothing,
+    /// SwiGLU's output.
+    Swiglu,
+    /// SwiGLU's output and the two norms' outputs.
+    All,
+}
+
+impl From<RecomputeArg> for Recompute {
+    fn from(r: RecomputeArg) -> Recompute {
+        match r {
+            RecomputeArg::Nothing => Recompute::Nothing,
+            RecomputeArg::Swiglu => Recompute::Swiglu,
+            RecomputeArg::All => Recompute::All,
+        }
+    }
+}
+
 /// The dtype of weights and activations.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum DTypeArg {
@@ -187,10 +208,10 @@ struct Args {
     /// Keep every block's activations (graphed and fused modes checkpoint the odd blocks).
     #[arg(long)]
     no_checkpoint: bool,
-    /// Each block recomputes its norms' and SwiGLU's outputs in its backward instead of keeping
-    /// them (less memory, the same bits; `model::Config::recompute`).
-    #[arg(long)]
-    recompute: bool,
+    /// What each block recomputes in its backward instead of keeping it (less memory, the same
+    /// bits; `model::Recompute`): SwiGLU's output, or that and the two norms' outputs.
+    #[arg(long, value_enum, default_value = "nothing")]
+    recompute: RecomputeArg,
     /// Dropout probability on each block's two residual branches while training.
     #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = probability)]
     dropout: f32,
@@ -327,7 +348,7 @@ impl Args {
             dropout,
             dtype,
             fused_attention,
-            recompute: self.recompute,
+            recompute: self.recompute.into(),
         };
         let gpu = Config {
             layers: 8,
@@ -339,7 +360,7 @@ impl Args {
             dropout,
             dtype,
             fused_attention,
-            recompute: self.recompute,
+            recompute: self.recompute.into(),
         };
         let c = match self.size {
             Some(Size::Tiny) => tiny,
@@ -597,9 +618,9 @@ fn run() -> Result<()> {
             .collect();
         let estimate_mb = estimate.map_or(String::from("null"), |e| format!("{:.2}", e as f64 / 1e6));
         let json = format!(
-            "{{\"mode\": \"{mode:?}\", \"dtype\": \"{}\", \"checkpoint\": {checkpoint}, \"recompute\": {}, \"context\": {}, \"batch\": {}, \"lengths\": \"{:?}\", \"buckets\": {}, \"bucket_reports\": [{}], \"estimate_mb\": {estimate_mb}, \"padding\": {waste:.4}, \"tokens_per_s\": {rate:.1}, \"step_ms\": {step_ms:.4}, \"setup_s\": {setup:.3}, \"pool_mb\": {pool_mb:.2}, \"device_mb\": {device_mb:.2}, \"loss_first\": {first}, \"loss_last\": {last}, \"val_last\": {val}}}\n",
+            "{{\"mode\": \"{mode:?}\", \"dtype\": \"{}\", \"checkpoint\": {checkpoint}, \"recompute\": \"{}\", \"context\": {}, \"batch\": {}, \"lengths\": \"{:?}\", \"buckets\": {}, \"bucket_reports\": [{}], \"estimate_mb\": {estimate_mb}, \"padding\": {waste:.4}, \"tokens_per_s\": {rate:.1}, \"step_ms\": {step_ms:.4}, \"setup_s\": {setup:.3}, \"pool_mb\": {pool_mb:.2}, \"device_mb\": {device_mb:.2}, \"loss_first\": {first}, \"loss_last\": {last}, \"val_last\": {val}}}\n",
             cfg.dtype,
-            cfg.recompute,
+            format!("{:?}", cfg.recompute).to_lowercase(),
             cfg.context,
             cfg.batch,
             args.lengths,

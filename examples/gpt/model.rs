@@ -44,11 +44,35 @@ pub struct Config {
     /// Attention through the fused kernels (`flash_attention`) where they run; false keeps
     /// `causal_attention` everywhere (to compare the two).
     pub fused_attention: bool,
-    /// Each block keeps less for its backward and recomputes the rest there, bit for bit: the
-    /// two norms' outputs (from the saved `rstd`) and SwiGLU's output (in its backward's pass).
-    /// Per block `2·d + h` fewer elements a token held from forward to backward, for one
-    /// elementwise pass a norm in the backward and one more write of SwiGLU's output.
-    pub recompute: bool,
+    /// What each block recomputes in its backward instead of keeping it from the forward.
+    pub recompute: Recompute,
+}
+
+/// What a block recomputes in its backward instead of keeping it from its forward; bit for bit
+/// the same values either way, so training is the same to the bit (`tests/gpt.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Recompute {
+    /// Keep everything the backward reads.
+    #[default]
+    Nothing,
+    /// SwiGLU's output, written again by its backward's pass (one more write of it): `h`
+    /// fewer elements a token a block.
+    Swiglu,
+    /// SwiGLU's output and the two norms' outputs (from the saved `rstd`, one elementwise pass
+    /// each): `2·d + h` fewer elements a token a block.
+    All,
+}
+
+impl Recompute {
+    /// Whether SwiGLU's output is recomputed.
+    pub fn swiglu(self) -> bool {
+        self != Recompute::Nothing
+    }
+
+    /// Whether the norms' outputs are recomputed.
+    pub fn norms(self) -> bool {
+        self == Recompute::All
+    }
 }
 
 /// A weight of `dims` with fan-in scaling, in the config's dtype (its grad is f32).
@@ -67,8 +91,8 @@ pub struct Block {
     pub heads: usize,
     pub dropout: f32,
     pub fused_attention: bool,
-    /// Recompute the norms' and SwiGLU's outputs in the backward ([`Config::recompute`]).
-    pub recompute: bool,
+    /// What the backward recomputes ([`Config::recompute`]).
+    pub recompute: Recompute,
     pub norm1: Param,
     pub wq: Param,
     pub wk: Param,
@@ -155,7 +179,8 @@ pub fn dx_of(t: Option<Tensor>) -> Result<Tensor> {
 }
 
 /// What a block's forward keeps for its backward, in `cx.save` order: everything, or (when the
-/// block recomputes) all but the norms' outputs `h1`, `h2` and SwiGLU's output `s`.
+/// block recomputes) all but SwiGLU's output `s` and, at [`Recompute::All`], the norms' outputs
+/// `h1` and `h2`.
 struct Saved {
     x: Tensor,
     h1: Option<Tensor>,
@@ -182,14 +207,14 @@ impl Saved {
     }
 
     /// Reads them back from `cx`; returns them and their count (the dropout masks follow).
-    fn load(cx: &Cx, recompute: bool) -> Result<(Saved, usize)> {
-        let count = if recompute { 10 } else { 13 };
+    fn load(cx: &Cx, recompute: Recompute) -> Result<(Saved, usize)> {
+        let count = 13 - usize::from(recompute.swiglu()) - 2 * usize::from(recompute.norms());
         let mut it = (0..count).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()?.into_iter();
         let mut next = || it.next().ok_or_else(|| Error::msg("a block saved fewer tensors than it reads"));
         // Fields in save order: a struct expression evaluates its fields as written.
         let saved = Saved {
             x: next()?,
-            h1: if recompute { None } else { Some(next()?) },
+            h1: if recompute.norms() { None } else { Some(next()?) },
             rstd1: next()?,
             q: next()?,
             k: next()?,
@@ -197,10 +222,10 @@ impl Saved {
             att: next()?,
             lse: next()?,
             x2: next()?,
-            h2: if recompute { None } else { Some(next()?) },
+            h2: if recompute.norms() { None } else { Some(next()?) },
             rstd2: next()?,
             gu: next()?,
-            s: if recompute { None } else { Some(next()?) },
+            s: if recompute.swiglu() { None } else { Some(next()?) },
         };
         Ok((saved, count))
     }
@@ -221,9 +246,10 @@ impl Block {
         let s = ops::swiglu_packed(&gu)?;
         let (m, mask2) = self.drop(cx, &ops::linear(&s, &self.w_down.value, None)?)?;
         let y = ops::add(&x2, &m)?;
-        let keep = |t: Tensor| (!self.recompute).then_some(t);
-        let saved =
-            Saved { x: x.clone(), h1: keep(h1), rstd1, q, k, v, att, lse, x2, h2: keep(h2), rstd2, gu, s: keep(s) };
+        let (norms, swiglu) = (self.recompute.norms(), self.recompute.swiglu());
+        let keep = |t: Tensor, recomputed: bool| (!recomputed).then_some(t);
+        let (h1, h2, s) = (keep(h1, norms), keep(h2, norms), keep(s, swiglu));
+        let saved = Saved { x: x.clone(), h1, rstd1, q, k, v, att, lse, x2, h2, rstd2, gu, s };
         for t in saved.tensors() {
             cx.save(t);
         }
