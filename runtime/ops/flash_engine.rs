@@ -193,19 +193,54 @@ pub fn set_attention_workspace_limit(bytes: usize) {
 /// sequence does not fit, one sequence's most heads whose share fits (dividing its heads; at
 /// least one). When cuDNN has no plan for the chunk the call runs whole.
 fn chunked(c: &CudaBackend, key: SdpaKey, bytes: usize) -> Result<(SdpaKey, usize)> {
-    let limit = attention_workspace_limit();
-    if bytes <= limit || key.batch * key.heads == 1 {
+    let (batch, heads) = chunk_shape(key.batch, key.heads, bytes, attention_workspace_limit());
+    if (batch, heads) == (key.batch, key.heads) {
         return Ok((key, bytes));
+    }
+    let chunk = SdpaKey { batch, heads, ..key };
+    Ok(c.cudnn_sdpa_workspace(chunk)?.map_or((key, bytes), |w| (chunk, w)))
+}
+
+/// The `(sequences, heads)` of a chunk of a call of `batch` sequences of `heads` heads whose
+/// workspace is `bytes`, under `limit`: the whole call when it fits; else the most sequences
+/// whose share fits (a divisor of `batch`); else, when one sequence does not fit, one sequence's
+/// most heads whose share fits (a divisor of `heads`, at least one).
+fn chunk_shape(batch: usize, heads: usize, bytes: usize, limit: usize) -> (usize, usize) {
+    if bytes <= limit || batch * heads <= 1 {
+        return (batch, heads);
     }
     // The most of `n` (a divisor of it, at least 1) whose `each` bytes apiece fit.
     let most = |n: usize, each: usize| (1..=n).rev().find(|&m| n.is_multiple_of(m) && m * each <= limit).unwrap_or(1);
-    let per_sequence = bytes.div_ceil(key.batch);
-    let chunk = if per_sequence <= limit || key.heads == 1 {
-        SdpaKey { batch: most(key.batch, per_sequence), ..key }
+    let per_sequence = bytes.div_ceil(batch);
+    if per_sequence <= limit || heads == 1 {
+        (most(batch, per_sequence), heads)
     } else {
-        SdpaKey { batch: 1, heads: most(key.heads, per_sequence.div_ceil(key.heads)), ..key }
-    };
-    Ok(c.cudnn_sdpa_workspace(chunk)?.map_or((key, bytes), |w| (chunk, w)))
+        (1, most(heads, per_sequence.div_ceil(heads)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_shape;
+
+    #[test]
+    fn chunks_take_whole_sequences_then_heads_of_one() {
+        const HEAD: usize = 100;
+        // 4 sequences of 2 heads: 800 bytes.
+        assert_eq!(chunk_shape(4, 2, 800, 800), (4, 2));
+        assert_eq!(chunk_shape(4, 2, 800, 500), (2, 2));
+        assert_eq!(chunk_shape(4, 2, 800, 300), (1, 2));
+        assert_eq!(chunk_shape(4, 2, 800, 199), (1, 1));
+        assert_eq!(chunk_shape(4, 2, 800, 1), (1, 1));
+        // One sequence of 8 heads (a long context at batch 1).
+        assert_eq!(chunk_shape(1, 8, 8 * HEAD, 4 * HEAD), (1, 4));
+        assert_eq!(chunk_shape(1, 8, 8 * HEAD, 3 * HEAD), (1, 2));
+        assert_eq!(chunk_shape(1, 8, 8 * HEAD, 0), (1, 1));
+        // Divisors only: 3 sequences under room for 2 run one at a time.
+        assert_eq!(chunk_shape(3, 1, 300, 250), (1, 1));
+        assert_eq!(chunk_shape(1, 6, 600, 450), (1, 3));
+        assert_eq!(chunk_shape(1, 1, 10_000, 1), (1, 1));
+    }
 }
 
 /// cuDNN's scratch for one call: `bytes` from the pool, as f32 words.
