@@ -219,30 +219,6 @@ fn chunk_shape(batch: usize, heads: usize, bytes: usize, limit: usize) -> (usize
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::chunk_shape;
-
-    #[test]
-    fn chunks_take_whole_sequences_then_heads_of_one() {
-        const HEAD: usize = 100;
-        // 4 sequences of 2 heads: 800 bytes.
-        assert_eq!(chunk_shape(4, 2, 800, 800), (4, 2));
-        assert_eq!(chunk_shape(4, 2, 800, 500), (2, 2));
-        assert_eq!(chunk_shape(4, 2, 800, 300), (1, 2));
-        assert_eq!(chunk_shape(4, 2, 800, 199), (1, 1));
-        assert_eq!(chunk_shape(4, 2, 800, 1), (1, 1));
-        // One sequence of 8 heads (a long context at batch 1).
-        assert_eq!(chunk_shape(1, 8, 8 * HEAD, 4 * HEAD), (1, 4));
-        assert_eq!(chunk_shape(1, 8, 8 * HEAD, 3 * HEAD), (1, 2));
-        assert_eq!(chunk_shape(1, 8, 8 * HEAD, 0), (1, 1));
-        // Divisors only: 3 sequences under room for 2 run one at a time.
-        assert_eq!(chunk_shape(3, 1, 300, 250), (1, 1));
-        assert_eq!(chunk_shape(1, 6, 600, 450), (1, 3));
-        assert_eq!(chunk_shape(1, 1, 10_000, 1), (1, 1));
-    }
-}
-
 /// cuDNN's scratch for one call: `bytes` from the pool, as f32 words.
 fn workspace(dev: &Device, bytes: usize) -> Result<Tensor> {
     Tensor::empty(dev, &[bytes.div_ceil(4).max(1)])
@@ -322,4 +298,28 @@ pub(super) fn backward(
         }
     }
     Ok(Some((dq, dk, dv)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_shape;
+
+    #[test]
+    fn chunks_take_whole_sequences_then_heads_of_one() {
+        const HEAD: usize = 100;
+        // 4 sequences of 2 heads: 800 bytes.
+        assert_eq!(chunk_shape(4, 2, 800, 800), (4, 2));
+        assert_eq!(chunk_shape(4, 2, 800, 500), (2, 2));
+        assert_eq!(chunk_shape(4, 2, 800, 300), (1, 2));
+        assert_eq!(chunk_shape(4, 2, 800, 199), (1, 1));
+        assert_eq!(chunk_shape(4, 2, 800, 1), (1, 1));
+        // One sequence of 8 heads (a long context at batch 1).
+        assert_eq!(chunk_shape(1, 8, 8 * HEAD, 4 * HEAD), (1, 4));
+        assert_eq!(chunk_shape(1, 8, 8 * HEAD, 3 * HEAD), (1, 2));
+        assert_eq!(chunk_shape(1, 8, 8 * HEAD, 0), (1, 1));
+        // Divisors only: 3 sequences under room for 2 run one at a time.
+        assert_eq!(chunk_shape(3, 1, 300, 250), (1, 1));
+        assert_eq!(chunk_shape(1, 6, 600, 450), (1, 3));
+        assert_eq!(chunk_shape(1, 1, 10_000, 1), (1, 1));
+    }
 }
