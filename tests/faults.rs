@@ -4,7 +4,8 @@
 //! Memory first: an impossible request and a pool at its limit are typed errors, and a
 //! failed `make_graphed` hands the module back with its parameters, grads, the RNG state and
 //! the pools as they were. Then the sweep: representative workloads (the MLP stack, a 2-chunk
-//! pipeline with buffer reuse and `w(c)` weight grads, the fused step, a data-parallel step on
+//! pipeline with buffer reuse and `w(c)` weight grads, an MLP that recomputes its norm's and
+//! SwiGLU's outputs in its backward, the fused step, a data-parallel step on
 //! emulated ranks, a safetensors save and load, a decoder step over its KV caches, an eager
 //! optimizer step, a `#[graphed]` struct model, a graph with WHILE and IF nodes) run once per
 //! fault point with that point failing (`graphed::fault`), and each run must end in a typed
@@ -477,6 +478,117 @@ impl Workload for Mlp {
     fn observe(&self, st: &mut MlpState, call: usize) -> Result<Vec<Vec<u32>>> {
         let mut out = param_bits(&self.params(st))?;
         out.push(bits(&Tensor::from_slice(&st.dev, &[st.dev.rng()?.seed_and_offset()?.1 as f32], &[1])?)?);
+        let g = st.g.as_mut().expect("graphed");
+        if call == 0 {
+            // The captured graphs compute what eager code does.
+            out.push(bits(&g.forward(&st.x)?)?);
+            out.extend(g.backward(&st.dy)?.map(|d| bits(&d)).transpose()?);
+        }
+        Ok(out)
+    }
+}
+
+/// A pre-norm SwiGLU MLP whose backward keeps neither the norm's nor SwiGLU's output and makes
+/// both again (`linear_input_grad`, `swiglu_packed_backward_recompute`, `rms_norm_recompute`),
+/// as the GPT's blocks do under `--recompute all`.
+#[derive(Parameters)]
+pub struct Recomputing {
+    norm: Param,
+    w_gu: Param,
+    w_down: Param,
+}
+
+/// The recomputing MLP's hidden width (not a multiple of the 16-byte packs).
+const HID: usize = 12;
+
+#[graphed(warmup = 2)]
+impl Recomputing {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        let (h, rstd) = ops::rms_norm(x, &self.norm.value, 1e-5)?;
+        let gu = ops::linear(&h, &self.w_gu.value, None)?;
+        let y = ops::linear(&ops::swiglu_packed(&gu)?, &self.w_down.value, None)?;
+        for t in [x, &rstd, &gu] {
+            cx.save(t);
+        }
+        Ok(y)
+    }
+    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        let (x, rstd, gu) = (cx.saved(0)?, cx.saved(1)?, cx.saved(2)?);
+        let ds = ops::linear_input_grad(dy, &self.w_down.value)?;
+        let (dgu, s) = ops::swiglu_packed_backward_recompute(&ds, &gu)?;
+        ops::linear_backward(dy, &s, &self.w_down.value, &self.w_down.grad, None, false)?;
+        let h = ops::rms_norm_recompute(&x, &self.norm.value, &rstd)?;
+        let dh = ops::linear_backward(&dgu, &h, &self.w_gu.value, &self.w_gu.grad, None, true)?
+            .ok_or_else(|| Error::msg("linear_backward returned no dx"))?;
+        Ok(Some(ops::rms_norm_backward(&dh, &x, &self.norm.value, &rstd, &self.norm.grad)?))
+    }
+}
+
+/// The recomputing MLP captured by the typed wrapper, then one training step of replays.
+struct Recompute;
+
+struct RecomputeState {
+    x: Tensor,
+    dy: Tensor,
+    module: Option<Recomputing>,
+    g: Option<GraphedRecomputing>,
+}
+
+impl Workload for Recompute {
+    type State = RecomputeState;
+    const CALLS: &'static [&'static str] = &["make_graphed", "forward", "backward"];
+
+    fn setup(&self, dev: &Device, call: usize) -> Result<RecomputeState> {
+        let x = random(dev, &[B, H], 61)?.with_requires_grad(true);
+        let dy = random(dev, &[B, H], 62)?;
+        let module = Recomputing {
+            norm: Param::new(random(dev, &[H], 63)?)?,
+            w_gu: Param::new(random(dev, &[2 * HID, H], 64)?)?,
+            w_down: Param::new(random(dev, &[H, HID], 65)?)?,
+        };
+        for (i, p) in module.trainable_params().iter().enumerate() {
+            p.grad.copy_from_slice(&common::random_vec(p.grad.numel(), 90 + i as u64))?;
+        }
+        let mut st = RecomputeState { x, dy, module: Some(module), g: None };
+        for k in 0..call {
+            self.call(&mut st, k)?;
+        }
+        Ok(st)
+    }
+
+    fn call(&self, st: &mut RecomputeState, call: usize) -> Result<()> {
+        match call {
+            0 => {
+                let module = st.module.take().expect("the module");
+                match module.make_graphed(&st.x) {
+                    Ok(g) => st.g = Some(g),
+                    Err(e) => {
+                        let (e, module) = e.into_parts();
+                        st.module = Some(module);
+                        return Err(e);
+                    }
+                }
+            }
+            1 => drop(st.g.as_mut().expect("graphed").forward(&st.x)?),
+            _ => drop(st.g.as_mut().expect("graphed").backward(&st.dy)?),
+        }
+        Ok(())
+    }
+
+    fn params(&self, st: &RecomputeState) -> Vec<Param> {
+        match (&st.module, &st.g) {
+            (Some(m), _) => m.trainable_params(),
+            (None, Some(g)) => g.module().trainable_params(),
+            (None, None) => panic!("the module was lost"),
+        }
+    }
+
+    fn pools(&self, st: &RecomputeState) -> Vec<GraphPool> {
+        st.g.iter().map(|g| g.inner().pool().clone()).collect()
+    }
+
+    fn observe(&self, st: &mut RecomputeState, call: usize) -> Result<Vec<Vec<u32>>> {
+        let mut out = param_bits(&self.params(st))?;
         let g = st.g.as_mut().expect("graphed");
         if call == 0 {
             // The captured graphs compute what eager code does.
@@ -1305,6 +1417,7 @@ fn every_fault_point_is_a_typed_error_that_leaves_nothing_behind() {
         println!("fault sweep on {}:", dev.name());
         let run = |report: &mut Report| -> Result<()> {
             sweep(dev, "MLP stack", &Mlp, report)?;
+            sweep(dev, "an MLP that recomputes in its backward", &Recompute, report)?;
             sweep(dev, "2-chunk pipeline, reuse and w(c)", &Pipeline, report)?;
             sweep(dev, "fused step", &Fused, report)?;
             sweep(dev, "safetensors", &Checkpoint, report)?;

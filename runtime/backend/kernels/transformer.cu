@@ -784,6 +784,20 @@ __device__ __forceinline__ void swiglu_bwd_elem(float d, float g, float u, float
     dg = d * u * s * (1.0f + g * (1.0f - s));
     du = d * g * s;
 }
+// One 16-byte pack of swiglu_bwd_elem: the grads of gate and up, and y again when with_y.
+template <typename T>
+__device__ __forceinline__ void swiglu_bwd_pack(const Pack<T>& pd, const Pack<T>& pg, const Pack<T>& pu, Pack<T>& og, Pack<T>& ou,
+                                                Pack<T>& oy, bool with_y) {
+    constexpr u32 W = 16 / sizeof(T);
+#pragma unroll
+    for (u32 k = 0; k < W; ++k) {
+        float dg, du;
+        swiglu_bwd_elem(ld(pd.e, k), ld(pg.e, k), ld(pu.e, k), dg, du);
+        st(og.e, k, dg);
+        st(ou.e, k, du);
+        if (with_y) st(oy.e, k, swiglu_elem(ld(pg.e, k), ld(pu.e, k)));
+    }
+}
 template <typename T>
 __device__ __forceinline__ void swiglu_bwd_t(T* dgate, T* dup, T* y, const T* dy, const T* gate, const T* up, u32 n) {
     constexpr u32 W = 16 / sizeof(T);
@@ -795,14 +809,7 @@ __device__ __forceinline__ void swiglu_bwd_t(T* dgate, T* dup, T* y, const T* dy
             pd.raw = reinterpret_cast<const uint4*>(dy)[v];
             pg.raw = reinterpret_cast<const uint4*>(gate)[v];
             pu.raw = reinterpret_cast<const uint4*>(up)[v];
-#pragma unroll
-            for (u32 k = 0; k < W; ++k) {
-                float dg, du;
-                swiglu_bwd_elem(ld(pd.e, k), ld(pg.e, k), ld(pu.e, k), dg, du);
-                st(og.e, k, dg);
-                st(ou.e, k, du);
-                if (y) st(oy.e, k, swiglu_elem(ld(pg.e, k), ld(pu.e, k)));
-            }
+            swiglu_bwd_pack(pd, pg, pu, og, ou, oy, y != nullptr);
             reinterpret_cast<uint4*>(dgate)[v] = og.raw;
             reinterpret_cast<uint4*>(dup)[v] = ou.raw;
             if (y) reinterpret_cast<uint4*>(y)[v] = oy.raw;
@@ -834,14 +841,7 @@ __device__ __forceinline__ void swiglu_packed_bwd_t(T* dgu, T* y, const T* dy, c
             pd.raw = reinterpret_cast<const uint4*>(dy)[v];
             pg.raw = *reinterpret_cast<const uint4*>(gu + at);
             pu.raw = *reinterpret_cast<const uint4*>(gu + at + h);
-#pragma unroll
-            for (u32 k = 0; k < W; ++k) {
-                float dg, du;
-                swiglu_bwd_elem(ld(pd.e, k), ld(pg.e, k), ld(pu.e, k), dg, du);
-                st(og.e, k, dg);
-                st(ou.e, k, du);
-                if (y) st(oy.e, k, swiglu_elem(ld(pg.e, k), ld(pu.e, k)));
-            }
+            swiglu_bwd_pack(pd, pg, pu, og, ou, oy, y != nullptr);
             *reinterpret_cast<uint4*>(dgu + at) = og.raw;
             *reinterpret_cast<uint4*>(dgu + at + h) = ou.raw;
             if (y) reinterpret_cast<uint4*>(y)[v] = oy.raw;
