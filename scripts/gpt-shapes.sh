@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One device call (after scripts/gpu-build.sh; carry gpu-pack): the GPT at its three shapes of
+# 4096 tokens a step (256 x 16, 1024 x 4, 4096 x 1) against torch.compile (reduce-overhead) in the
+# same call. Ours: one graph per layer, the whole step as one graph (the floor), and the blocks
+# that recompute SwiGLU's output (`--recompute swiglu`) or it and the norms' outputs (`all`); at
+# 4096 x 1 also `all` with cuDNN's dP workspace in 4-head chunks (GRAPHED_ATTENTION_WORKSPACE_MB=128).
+# Each run's JSON and log go into $OUT/gpt-shapes.tgz, the table with same-run ratios to
+# $OUT/gpt-shapes.md (and stdout).
+#   bash scripts/gpt-shapes.sh [steps, default 200]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ -d gpu-bin ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
+. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+out=${OUT:-/tmp/graphed-out}; work=$(mktemp -d)/gpt-shapes; mkdir -p "$out" "$work"
+steps=${1:-200}
+t0=$(date +%s)
+note() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+# ours NAME SHAPE ARGS...: one run of the GPT example.
+ours() {
+  local name=$1 shape=$2; shift 2
+  local ctx=${shape%x*} batch=${shape#*x}
+  timeout 150 gpu-bin/examples/gpt --steps "$steps" --eval-every 100000 --no-checkpoint --context "$ctx" --batch "$batch" \
+    --plot "$work/gpt_${name}_${shape}.png" --json "$work/gpt_${name}_${shape}.json" "$@" > "$work/gpt_${name}_${shape}.log" 2>&1 \
+    || { echo "FAILED: ours $name $shape"; tail -3 "$work/gpt_${name}_${shape}.log"; }
+  note "$name $shape: $(grep -E '^trained' "$work/gpt_${name}_${shape}.log")"
+}
+note "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+for shape in 256x16 1024x4 4096x1; do
+  ours graphed "$shape" --mode graphed
+  ours floor "$shape" --mode floor
+  ours swiglu "$shape" --mode graphed --recompute swiglu
+  ours all "$shape" --mode graphed --recompute all
+  if [ "$shape" = 4096x1 ]; then GRAPHED_ATTENTION_WORKSPACE_MB=128 ours all-ws128 "$shape" --mode graphed --recompute all; fi
+  timeout 200 python3 gpu-bin/bench/pytorch_gpt_bench.py --steps "$steps" --dtype bf16 --context "${shape%x*}" \
+    --batch "${shape#*x}" --variants compile --out "$work/gpt_torch_${shape}.json" > "$work/gpt_torch_${shape}.log" 2>&1 \
+    || { echo "FAILED: torch $shape"; tail -3 "$work/gpt_torch_${shape}.log"; }
+  note "torch.compile $shape: $(grep -E '^\[torch' "$work/gpt_torch_${shape}.log" | tail -1)"
+done
+python3 - "$work" > "$work/gpt-shapes.md" <<'PY'
+import glob, json, os, sys
+work = sys.argv[1]
+def load(p):
+    try:
+        return json.load(open(p))
+    except (OSError, ValueError):
+        return None
+names = ["graphed", "floor", "swiglu", "all", "all-ws128"]
+print("| shape | run | tokens/s | / torch.compile | / ours graphed | pool MB | every pool MB | pool / its reserved | every pool / its reserved | val loss |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for shape in ["256x16", "1024x4", "4096x1"]:
+    t = load(os.path.join(work, f"gpt_torch_{shape}.json"))
+    tr = t["results"][0] if t and t.get("results") else None
+    base = load(os.path.join(work, f"gpt_graphed_{shape}.json"))
+    for n in names:
+        r = load(os.path.join(work, f"gpt_{n}_{shape}.json"))
+        if not r:
+            continue
+        ratio = f"{r['tokens_per_s'] / tr['tokens_per_s']:.3f}x" if tr and tr["tokens_per_s"] else "-"
+        vs = f"{r['tokens_per_s'] / base['tokens_per_s']:.3f}x" if base and base["tokens_per_s"] else "-"
+        pr = f"{r['pool_mb'] / tr['reserved_mb']:.3f}x" if tr else "-"
+        dr = f"{r['device_mb'] / tr['reserved_mb']:.3f}x" if tr else "-"
+        print(f"| {shape} | {n} | {r['tokens_per_s']:,.0f} | {ratio} | {vs} | {r['pool_mb']:.1f} | {r['device_mb']:.1f} | {pr} | {dr} | {r['val_last']:.4f} |")
+    if tr:
+        print(f"| {shape} | torch.compile | {tr['tokens_per_s']:,.0f} | 1.000x | - | {tr['reserved_mb']:.1f} reserved | - | - | - | loss {tr['loss']:.4f} |")
+PY
+cat "$work/gpt-shapes.md"
+cp "$work/gpt-shapes.md" "$out/"
+tar -czf "$out/gpt-shapes.tgz" -C "$(dirname "$work")" gpt-shapes
+note "done"
