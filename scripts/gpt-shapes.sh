@@ -2,8 +2,7 @@
 # One device call (after scripts/gpu-build.sh; carry gpu-pack): the GPT at its three shapes of
 # 4096 tokens a step (256 x 16, 1024 x 4, 4096 x 1) against torch.compile (reduce-overhead) in the
 # same call. Ours: one graph per layer, the whole step as one graph (the floor), and the blocks
-# that recompute SwiGLU's output (`--recompute swiglu`) or it and the norms' outputs (`all`); at
-# 4096 x 1 also `all` with cuDNN's dP workspace in 4-head chunks (GRAPHED_ATTENTION_WORKSPACE_MB=128).
+# that recompute SwiGLU's output (`--recompute swiglu`) or it and the norms' outputs (`all`).
 # Each run's JSON and log go into $OUT/gpt-shapes.tgz, the table with same-run ratios to
 # $OUT/gpt-shapes.md (and stdout).
 #   bash scripts/gpt-shapes.sh [steps, default 200]
@@ -31,7 +30,6 @@ for shape in 256x16 1024x4 4096x1; do
   ours floor "$shape" --mode floor
   ours swiglu "$shape" --mode graphed --recompute swiglu
   ours all "$shape" --mode graphed --recompute all
-  if [ "$shape" = 4096x1 ]; then GRAPHED_ATTENTION_WORKSPACE_MB=128 ours all-ws128 "$shape" --mode graphed --recompute all; fi
   timeout 200 python3 gpu-bin/bench/pytorch_gpt_bench.py --steps "$steps" --dtype bf16 --context "${shape%x*}" \
     --batch "${shape#*x}" --variants compile --out "$work/gpt_torch_${shape}.json" > "$work/gpt_torch_${shape}.log" 2>&1 \
     || { echo "FAILED: torch $shape"; tail -3 "$work/gpt_torch_${shape}.log"; }
@@ -45,7 +43,7 @@ def load(p):
         return json.load(open(p))
     except (OSError, ValueError):
         return None
-names = ["graphed", "floor", "swiglu", "all", "all-ws128"]
+names = ["graphed", "floor", "swiglu", "all"]
 print("| shape | run | tokens/s | / torch.compile | / ours graphed | pool MB | every pool MB | pool / its reserved | every pool / its reserved | val loss |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for shape in ["256x16", "1024x4", "4096x1"]:

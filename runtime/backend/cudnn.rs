@@ -149,11 +149,9 @@ pub(crate) enum SdpaPass {
 }
 
 /// The shape a plan is built for: q, k, v, out (and their grads) are `[batch, seq, heads · d]`,
-/// the statistics f32 `[batch, heads, seq]`, in tensors laid out for `layout_heads` heads. A
-/// call in chunks (the deterministic backward, to bound its workspace) runs the chunk's plan
-/// once a chunk, its pointers moved to the chunk's first sequence and head: a chunk of whole
-/// sequences has `layout_heads == heads`; a chunk of some heads of one sequence reads every
-/// row with the stride of all `layout_heads` heads.
+/// the statistics f32 `[batch, heads, seq]`. A call in chunks of batches (the deterministic
+/// backward, to bound its workspace) runs the chunk's plan once a chunk, its pointers moved to
+/// the chunk's first sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct SdpaKey {
     pub(crate) pass: SdpaPass,
@@ -161,8 +159,6 @@ pub(crate) struct SdpaKey {
     pub(crate) batch: usize,
     pub(crate) seq: usize,
     pub(crate) heads: usize,
-    /// The heads of the tensors' layout (the call's), of which the plan reads `heads`.
-    pub(crate) layout_heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) causal: bool,
     /// The backward writes `dQ` without atomics (the dP-workspace variant); false: it adds
@@ -225,24 +221,21 @@ impl Builder {
         Ok(id)
     }
 
-    /// `[b, h, s, d]` in the `[batch, seq, layout_heads · d]` layout (`transposed`:
-    /// `[b, h, d, s]`).
+    /// `[b, h, s, d]` in the `[batch, seq, heads · d]` layout (`transposed`: `[b, h, d, s]`).
     fn bshd(&mut self, id: i64, transposed: bool) -> Result<i64> {
-        let SdpaKey { batch: b, seq: s, heads: h, layout_heads: l, head_dim: d, .. } = self.key;
+        let SdpaKey { batch: b, seq: s, heads: h, head_dim: d, .. } = self.key;
         let io = self.io;
         if transposed {
-            self.tensor(id, io, [b, h, d, s], [s * l * d, d, 1, l * d], Storage::Real)
+            self.tensor(id, io, [b, h, d, s], [s * h * d, d, 1, h * d], Storage::Real)
         } else {
-            self.tensor(id, io, [b, h, s, d], [s * l * d, d, l * d, 1], Storage::Real)
+            self.tensor(id, io, [b, h, s, d], [s * h * d, d, h * d, 1], Storage::Real)
         }
     }
 
-    /// `[b, h, s, 1]` f32 (row statistics): in the `[batch, layout_heads, seq]` layout when
-    /// real, packed when virtual.
+    /// `[b, h, s, 1]` f32 (row statistics).
     fn rows(&mut self, id: i64, storage: Storage) -> Result<i64> {
-        let SdpaKey { batch: b, seq: s, heads: h, layout_heads: l, .. } = self.key;
-        let l = if matches!(storage, Storage::Virtual) { h } else { l };
-        self.tensor(id, Dt::CUDNN_DATA_FLOAT, [b, h, s, 1], [l * s, s, 1, 1], storage)
+        let SdpaKey { batch: b, seq: s, heads: h, .. } = self.key;
+        self.tensor(id, Dt::CUDNN_DATA_FLOAT, [b, h, s, 1], [h * s, s, 1, 1], storage)
     }
 
     /// `[b, h, s, s]` virtual scores of type `dt` (`transposed`: column-major rows).
@@ -583,9 +576,9 @@ pub(crate) struct SdpaPointers {
 }
 
 impl SdpaPointers {
-    /// The same tensors from a chunk's first sequence and head on: `at` bytes into q, k, v,
-    /// out and their grads, `row` bytes into the statistics and the `rowsum` scratch (the
-    /// accumulator, used only by unchunked calls, stays).
+    /// The same tensors from a chunk's first sequence on: `at` bytes into q, k, v, out and
+    /// their grads, `row` bytes into the statistics and the `rowsum` scratch (the accumulator,
+    /// used only by unchunked calls, stays).
     pub(crate) fn offset(&self, at: u64, row: u64) -> SdpaPointers {
         SdpaPointers {
             q: self.q + at,

@@ -133,7 +133,6 @@ fn cudnn_plan(
         batch: d.batch,
         seq: d.seq,
         heads: d.heads,
-        layout_heads: d.heads,
         head_dim: d.head_dim,
         causal: a.causal,
         deterministic,
@@ -161,12 +160,13 @@ fn limit_cell() -> &'static AtomicUsize {
 /// ([`AttentionEngine::Cudnn`], `Auto`'s pick on CUDA) takes from the pool, or `usize::MAX`
 /// (the default: no limit). Its workspace holds the bf16 `dP` of every (batch, head) of the
 /// call, `batch · heads · seq² · 2` bytes (268 MB at 8 heads and seq 4096; 8.6 GB at batch 8,
-/// 32 heads and seq 4096); a call that would need more runs in chunks, one after another on
-/// the stream, with one workspace: of whole sequences (the most that fit), or, when one
-/// sequence does not fit, of some heads of one sequence (the most that fit, at least one; the
-/// way a long context at batch 1 fits). Chunking changes no bits (each sequence and head is
-/// computed the same way in any chunk), but a small chunk leaves multiprocessors idle: a low
-/// limit trades speed for memory.
+/// 32 heads and seq 4096); a call that would need more runs in chunks of whole sequences (the
+/// most that fit, at least one), one after another on the stream, with one workspace.
+/// Chunking changes no bits (each sequence is computed the same way in any chunk), but a chunk
+/// of few sequences leaves multiprocessors idle: a low limit trades speed for memory. A
+/// sequence is not split: chunks of its heads, read in place with the row stride of all the
+/// heads, gave wrong grads on cuDNN 9 on the H200 (2026-12-05), so one sequence's workspace is
+/// the least a call takes.
 /// `GRAPHED_ATTENTION_WORKSPACE_MB` (a whole number of MiB, read at the first call; any other
 /// value is ignored) sets it for the process, as [`set_attention_workspace_limit`] does. The limit is read when a call is made (or
 /// captured): a graph keeps the chunks it was captured with.
@@ -188,35 +188,27 @@ pub fn set_attention_workspace_limit(bytes: usize) {
 }
 
 /// The deterministic backward's plan for `key` as it runs under the workspace limit: `key`
-/// itself when its `bytes` fit, else the key of a chunk and that chunk's workspace: the most
-/// sequences whose share of the workspace fits (dividing the call's batch), or, when one
-/// sequence does not fit, one sequence's most heads whose share fits (dividing its heads; at
-/// least one). When cuDNN has no plan for the chunk the call runs whole.
+/// itself when its `bytes` fit (or it is one sequence), else the key of a chunk of the most
+/// sequences whose share of the workspace fits ([`chunk_sequences`]), and that chunk's
+/// workspace. When cuDNN has no plan for the chunk the call runs whole.
 fn chunked(c: &CudaBackend, key: SdpaKey, bytes: usize) -> Result<(SdpaKey, usize)> {
-    let (batch, heads) = chunk_shape(key.batch, key.heads, bytes, attention_workspace_limit());
-    if (batch, heads) == (key.batch, key.heads) {
+    let batch = chunk_sequences(key.batch, bytes, attention_workspace_limit());
+    if batch == key.batch {
         return Ok((key, bytes));
     }
-    let chunk = SdpaKey { batch, heads, ..key };
+    let chunk = SdpaKey { batch, ..key };
     Ok(c.cudnn_sdpa_workspace(chunk)?.map_or((key, bytes), |w| (chunk, w)))
 }
 
-/// The `(sequences, heads)` of a chunk of a call of `batch` sequences of `heads` heads whose
-/// workspace is `bytes`, under `limit`: the whole call when it fits; else the most sequences
-/// whose share fits (a divisor of `batch`); else, when one sequence does not fit, one sequence's
-/// most heads whose share fits (a divisor of `heads`, at least one).
-fn chunk_shape(batch: usize, heads: usize, bytes: usize, limit: usize) -> (usize, usize) {
-    if bytes <= limit || batch * heads <= 1 {
-        return (batch, heads);
+/// The sequences of a chunk of a call of `batch` sequences whose workspace is `bytes`, under
+/// `limit`: all of them when they fit, else the most whose share fits (a divisor of `batch`, at
+/// least one).
+fn chunk_sequences(batch: usize, bytes: usize, limit: usize) -> usize {
+    if bytes <= limit || batch <= 1 {
+        return batch;
     }
-    // The most of `n` (a divisor of it, at least 1) whose `each` bytes apiece fit.
-    let most = |n: usize, each: usize| (1..=n).rev().find(|&m| n.is_multiple_of(m) && m * each <= limit).unwrap_or(1);
     let per_sequence = bytes.div_ceil(batch);
-    if per_sequence <= limit || heads == 1 {
-        (most(batch, per_sequence), heads)
-    } else {
-        (1, most(heads, per_sequence.div_ceil(heads)))
-    }
+    (1..=batch).rev().find(|&b| batch.is_multiple_of(b) && b * per_sequence <= limit).unwrap_or(1)
 }
 
 /// cuDNN's scratch for one call: `bytes` from the pool, as f32 words.
@@ -279,47 +271,37 @@ pub(super) fn backward(
         dq_accum: accum.as_ref().map(Tensor::cuda_ptr).transpose()?,
     };
     let whole = pointers([q, k, v, out, lse], Some(whole))?;
-    // One chunk of `key.batch` sequences and `key.heads` heads at a time (the whole call when
-    // unchunked): byte offsets into the `[batch, seq, heads · d]` tensors (a head is `d`
-    // elements into a row) and the f32 `[batch, heads, seq]` statistics (a head is `seq` rows).
+    // One chunk of `key.batch` sequences at a time (the whole call when unchunked): byte
+    // offsets into the `[batch, seq, heads · d]` tensors and the f32 `[batch, heads, seq]`
+    // statistics.
     let (seq_bytes, row_bytes) = ((d.seq * d.heads * d.head_dim * dtype.size()) as u64, (d.heads * d.seq * 4) as u64);
-    let (head_bytes, head_rows) = ((d.head_dim * dtype.size()) as u64, (d.seq * 4) as u64);
     for b0 in (0..d.batch).step_by(key.batch) {
-        for h0 in (0..d.heads).step_by(key.heads) {
-            let (b0, h0) = (b0 as u64, h0 as u64);
-            let ptrs = whole.offset(b0 * seq_bytes + h0 * head_bytes, b0 * row_bytes + h0 * head_rows);
-            // SAFETY: every tensor was checked by the op (or made here) against the call's
-            // shape and dtype, and the key's layout is the call's (`layout_heads`); the chunk's
-            // sequences and heads lie inside them (its batch and heads divide the call's); dsum
-            // is f32 `[batch, heads, seq]`, the accumulator (unchunked) f32
-            // `[batch, heads, seq, d]`; the workspace holds `bytes`, and the chunks run one
-            // after another on the stream.
-            unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
-        }
+        let ptrs = whole.offset(b0 as u64 * seq_bytes, b0 as u64 * row_bytes);
+        // SAFETY: every tensor was checked by the op (or made here) against the call's shape
+        // and dtype; the chunk's sequences lie inside them (its batch divides the call's);
+        // dsum is f32 `[batch, heads, seq]`, the accumulator (unchunked) f32
+        // `[batch, heads, seq, d]`; the workspace holds `bytes`, and the chunks run one after
+        // another on the stream.
+        unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
     }
     Ok(Some((dq, dk, dv)))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::chunk_shape;
+    use super::chunk_sequences;
 
     #[test]
-    fn chunks_take_whole_sequences_then_heads_of_one() {
-        const HEAD: usize = 100;
-        // 4 sequences of 2 heads: 800 bytes.
-        assert_eq!(chunk_shape(4, 2, 800, 800), (4, 2));
-        assert_eq!(chunk_shape(4, 2, 800, 500), (2, 2));
-        assert_eq!(chunk_shape(4, 2, 800, 300), (1, 2));
-        assert_eq!(chunk_shape(4, 2, 800, 199), (1, 1));
-        assert_eq!(chunk_shape(4, 2, 800, 1), (1, 1));
-        // One sequence of 8 heads (a long context at batch 1).
-        assert_eq!(chunk_shape(1, 8, 8 * HEAD, 4 * HEAD), (1, 4));
-        assert_eq!(chunk_shape(1, 8, 8 * HEAD, 3 * HEAD), (1, 2));
-        assert_eq!(chunk_shape(1, 8, 8 * HEAD, 0), (1, 1));
+    fn chunks_take_the_most_whole_sequences_that_fit() {
+        // 4 sequences of 200 bytes each.
+        assert_eq!(chunk_sequences(4, 800, 800), 4);
+        assert_eq!(chunk_sequences(4, 800, 500), 2);
+        assert_eq!(chunk_sequences(4, 800, 300), 1);
+        assert_eq!(chunk_sequences(4, 800, 1), 1);
         // Divisors only: 3 sequences under room for 2 run one at a time.
-        assert_eq!(chunk_shape(3, 1, 300, 250), (1, 1));
-        assert_eq!(chunk_shape(1, 6, 600, 450), (1, 3));
-        assert_eq!(chunk_shape(1, 1, 10_000, 1), (1, 1));
+        assert_eq!(chunk_sequences(3, 300, 250), 1);
+        assert_eq!(chunk_sequences(6, 600, 350), 3);
+        // One sequence is never split.
+        assert_eq!(chunk_sequences(1, 10_000, 1), 1);
     }
 }
