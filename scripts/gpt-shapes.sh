@@ -6,6 +6,7 @@
 # Each run's JSON and log go into $OUT/gpt-shapes.tgz, the table with same-run ratios to
 # $OUT/gpt-shapes.md (and stdout).
 #   bash scripts/gpt-shapes.sh [steps, default 200]
+# (GPT_SHAPES_RUNS="graphed swiglu all" picks ours' runs; default all four.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -d gpu-bin ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
@@ -25,16 +26,8 @@ ours() {
   note "$name $shape: $(grep -E '^trained' "$work/gpt_${name}_${shape}.log")"
 }
 note "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-for shape in 256x16 1024x4 4096x1; do
-  ours graphed "$shape" --mode graphed
-  ours floor "$shape" --mode floor
-  ours swiglu "$shape" --mode graphed --recompute swiglu
-  ours all "$shape" --mode graphed --recompute all
-  timeout 200 python3 gpu-bin/bench/pytorch_gpt_bench.py --steps "$steps" --dtype bf16 --context "${shape%x*}" \
-    --batch "${shape#*x}" --variants compile --out "$work/gpt_torch_${shape}.json" > "$work/gpt_torch_${shape}.log" 2>&1 \
-    || { echo "FAILED: torch $shape"; tail -3 "$work/gpt_torch_${shape}.log"; }
-  note "torch.compile $shape: $(grep -E '^\[torch' "$work/gpt_torch_${shape}.log" | tail -1)"
-done
+# The table of every run so far (same-run ratios), and the logs, into $OUT.
+pack() {
 python3 - "$work" > "$work/gpt-shapes.md" <<'PY'
 import glob, json, os, sys
 work = sys.argv[1]
@@ -62,7 +55,22 @@ for shape in ["256x16", "1024x4", "4096x1"]:
     if tr:
         print(f"| {shape} | torch.compile | {tr['tokens_per_s']:,.0f} | 1.000x | - | {tr['reserved_mb']:.1f} reserved | - | - | - | loss {tr['loss']:.4f} |")
 PY
+  cp "$work/gpt-shapes.md" "$out/"
+  tar -czf "$out/gpt-shapes.tgz" -C "$(dirname "$work")" gpt-shapes
+}
+for shape in 256x16 1024x4 4096x1; do
+  for run in ${GPT_SHAPES_RUNS:-graphed floor swiglu all}; do
+    case $run in
+      graphed) ours graphed "$shape" --mode graphed ;;
+      floor) ours floor "$shape" --mode floor ;;
+      swiglu | all) ours "$run" "$shape" --mode graphed --recompute "$run" ;;
+    esac
+  done
+  timeout 200 python3 gpu-bin/bench/pytorch_gpt_bench.py --steps "$steps" --dtype bf16 --context "${shape%x*}" \
+    --batch "${shape#*x}" --variants compile --out "$work/gpt_torch_${shape}.json" > "$work/gpt_torch_${shape}.log" 2>&1 \
+    || { echo "FAILED: torch $shape"; tail -3 "$work/gpt_torch_${shape}.log"; }
+  note "torch.compile $shape: $(grep -E '^\[torch' "$work/gpt_torch_${shape}.log" | tail -1)"
+  pack
+done
 cat "$work/gpt-shapes.md"
-cp "$work/gpt-shapes.md" "$out/"
-tar -czf "$out/gpt-shapes.tgz" -C "$(dirname "$work")" gpt-shapes
 note "done"
