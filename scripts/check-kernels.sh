@@ -21,6 +21,6 @@ for shape in "512 8 1368" "1024 8 2048" "512 8 1368 -DFD_TRACE" "512 8 1368 -DFD
   cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/decoder.cu \
     | sed -e 's/extern "C" __global__ void/extern "C" void/' -e 's/asm volatile(/asm(/' \
       -e 's/^extern __shared__ .*fd_wbuf.*/static u32 fd_wbuf[1 << 14];/' > "$tmp/decoder.cpp"
-  "${CXX:-g++}" -std=c++17 -DFD_D=$1 -DFD_HEADS=$2 -DFD_HID=$3 -DFD_WBUF_BYTES=65536 -DFD_ABUF_BYTES=98304 ${4:-} -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/decoder.cpp"
+  "${CXX:-g++}" -std=c++17 -DFD_D=$1 -DFD_HEADS=$2 -DFD_HID=$3 -DFD_WBUF_BYTES=114688 -DFD_ABUF_BYTES=65536 ${4:-} -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/decoder.cpp"
 done
 echo "kernels type-check"

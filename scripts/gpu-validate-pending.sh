@@ -6,7 +6,7 @@
 #   1. the test binaries that hold the new code, on CUDA (GRAPHED_REQUIRE_CUDA=1);
 #   2. the same generation tests with the WHILE condition set by the step
 #      (GRAPHED_FOLD_CONDITION=1);
-#   3. the decoder step's tests on the 112/64 KiB buffers (GRAPHED_DECODER_WBUF/ABUF);
+#   3. the decoder step's tests on the former 64/96 KiB buffers (GRAPHED_DECODER_WBUF/ABUF);
 #   4. every other test binary, while time is left.
 # A progress line a step; the logs and a summary go to $OUT/validate-pending.tgz (the device
 # tool brings back at most 8 files). Exit status: 0 when every step that ran passed.
@@ -55,8 +55,8 @@ for t in ops_generate gpt_generate conditional; do
   run "$t" GRAPHED_FOLD_CONDITION=1
 done
 pack
-say "3. the decoder step on the 112/64 KiB buffers"
-run ops_decoder_step GRAPHED_DECODER_WBUF=114688 GRAPHED_DECODER_ABUF=65536
+say "3. the decoder step on the former 64/96 KiB buffers"
+run ops_decoder_step GRAPHED_DECODER_WBUF=65536 GRAPHED_DECODER_ABUF=98304
 pack
 say "4. the rest of the suite"
 for bin in gpu-bin/tests/*; do
