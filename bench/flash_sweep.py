@@ -112,7 +112,7 @@ def fwd(K, q, k, v, heads, kv_heads, causal):
     lse = torch.empty((b, heads, s), device=q.device, dtype=torch.float32)
     fn, cfg, sm = K.f(f"flash_fwd_{dt_name(q.dtype)}_d{d}", "FWD", d)
     grid = ((s + rows(cfg) - 1) // rows(cfg), heads, b)
-    fn(grid, (32 * cfg[1],), (P(out), P(lse), P(q), P(k), P(v), U(s), U(heads), U(kv_heads), U(int(causal)), np.float32(1 / math.sqrt(d))), shared_mem=sm)
+    fn(grid, (32 * cfg[1],), (P(out), P(lse), P(q), P(k), P(v), U(s), U(heads), U(kv_heads), U(heads * d), U(kv_heads * d), U(int(causal)), np.float32(1 / math.sqrt(d))), shared_mem=sm)
     return out, lse
 
 
@@ -129,11 +129,11 @@ def bwd(K, dout, q, k, v, out, lse, heads, kv_heads, causal, parts=("dkdv", "dq"
     if "dkdv" in parts:
         fn, cfg, sm = K.f(f"flash_bwd_dkdv_{name}_d{d}", "DKV", d)
         grid = ((s + rows(cfg) - 1) // rows(cfg), kv_heads, b)
-        fn(grid, (32 * cfg[1],), (P(dk), P(dv), P(q), P(k), P(v), P(dout), P(lse), P(dsum), U(s), U(heads), U(kv_heads), U(int(causal)), scale), shared_mem=sm)
+        fn(grid, (32 * cfg[1],), (P(dk), P(dv), P(q), P(k), P(v), P(dout), P(lse), P(dsum), U(s), U(heads), U(kv_heads), U(heads * d), U(kv_heads * d), U(int(causal)), scale), shared_mem=sm)
     if "dq" in parts:
         fn, cfg, sm = K.f(f"flash_bwd_dq_{name}_d{d}", "DQ", d)
         grid = ((s + rows(cfg) - 1) // rows(cfg), heads, b)
-        fn(grid, (32 * cfg[1],), (P(dq), P(q), P(k), P(v), P(dout), P(lse), P(dsum), U(s), U(heads), U(kv_heads), U(int(causal)), scale), shared_mem=sm)
+        fn(grid, (32 * cfg[1],), (P(dq), P(q), P(k), P(v), P(dout), P(lse), P(dsum), U(s), U(heads), U(kv_heads), U(heads * d), U(kv_heads * d), U(int(causal)), scale), shared_mem=sm)
     return dq, dk, dv
 
 

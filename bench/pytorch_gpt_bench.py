@@ -13,7 +13,10 @@ mixed precision; autocast's weight cache off, as CUDA graphs need), in three way
   SDPA's flash attention, CUDA graph trees), `torch.compiler.cudagraph_mark_step_begin()` before
   each step, AdamW with `fused=True`, `zero_grad(set_to_none=True)` (with `set_to_none=False`
   cudagraph trees raise "accessing tensor output of CUDAGraphs that has been overwritten");
-- compile_max: the same with `mode="max-autotune"` (only when asked for: its compile is long).
+- compile_max: the same with `mode="max-autotune"` (only when asked for: its compile is long);
+- compile_stacked: compile with q, k and v as one Linear and gate and up as one (each output
+  chunked), as graphed's GPT stores them (and as nanoGPT's c_attn and gpt-fast's wqkv do): the
+  same math in fewer, wider GEMMs.
 
 Each variant runs the same loop as examples/gpt: a random batch of the training bytes made on the
 host and copied to the GPU, one step, the loss read back every 20 steps; tokens/s over `--steps`
@@ -55,21 +58,34 @@ class RMSNorm(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, stacked=False):
         super().__init__()
+        self.stacked = stacked
         self.n1, self.n2 = RMSNorm(D), RMSNorm(D)
-        self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
-        self.gate, self.up = nn.Linear(D, HIDDEN, bias=False), nn.Linear(D, HIDDEN, bias=False)
+        if stacked:
+            self.qkv, self.gate_up = nn.Linear(D, 3 * D, bias=False), nn.Linear(D, 2 * HIDDEN, bias=False)
+        else:
+            self.q, self.k, self.v = (nn.Linear(D, D, bias=False) for _ in range(3))
+            self.gate, self.up = nn.Linear(D, HIDDEN, bias=False), nn.Linear(D, HIDDEN, bias=False)
+        self.o = nn.Linear(D, D, bias=False)
         self.down = nn.Linear(HIDDEN, D, bias=False)
 
     def forward(self, x):
         b, s, _ = x.shape
         h = self.n1(x)
         split = lambda t: t.view(b, s, HEADS, D // HEADS).transpose(1, 2)
-        a = F.scaled_dot_product_attention(split(self.q(h)), split(self.k(h)), split(self.v(h)), is_causal=True)
+        if self.stacked:
+            q, k, v = self.qkv(h).chunk(3, dim=-1)
+        else:
+            q, k, v = self.q(h), self.k(h), self.v(h)
+        a = F.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=True)
         x = x + self.o(a.transpose(1, 2).reshape(b, s, D))
         h = self.n2(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+        if self.stacked:
+            gate, up = self.gate_up(h).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate(h), self.up(h)
+        return x + self.down(F.silu(gate) * up)
 
 
 class Ends(nn.Module):
@@ -91,7 +107,8 @@ def autocast(dtype):
 
 def make(variant, dtype):
     torch.manual_seed(0)
-    blocks, ends = nn.ModuleList(Block() for _ in range(L)).cuda(), Ends().cuda()
+    blocks = nn.ModuleList(Block(stacked=variant == "compile_stacked") for _ in range(L)).cuda()
+    ends = Ends().cuda()
     params = list(blocks.parameters()) + list(ends.parameters())
     compiled = variant.startswith("compile")
     opt = torch.optim.AdamW(params, lr=6e-4, weight_decay=0.0, capturable=(variant == "floor"), fused=compiled or None)
@@ -209,7 +226,7 @@ def main():
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--variants", default="eager,per_layer,floor,compile",
-                    help="comma-separated: eager, per_layer, floor, compile, compile_max")
+                    help="comma-separated: eager, per_layer, floor, compile, compile_max, compile_stacked")
     ap.add_argument("--out", default="gpt_torch.json")
     ap.add_argument("--profile", action="store_true", help="print where one eager step's GPU time goes")
     a = ap.parse_args()

@@ -8,7 +8,7 @@ graph trees), the prefill compiled the same way. Greedy, no end token: every req
 of --prompt-len continued by exactly --new-tokens, as `gpt --decode-bench` runs them.
 
 Weights: with --load, the safetensors file `gpt --save` writes (names as graphed's state_dict
-writes them: embed.tok, blocks.0.wq, head.head, ...); without it, random weights of the same
+writes them: embed.tok, blocks.0.w_qkv, head.head, ...); without it, random weights of the same
 shapes (decoding speed does not depend on them). Prompts are random bytes.
 
 Prints one line per batch size and writes the same JSON fields as `gpt --decode-bench --json`:
@@ -61,15 +61,16 @@ class Block(nn.Module):
     def __init__(self):
         super().__init__()
         self.norm1, self.norm2 = param(D), param(D)
-        self.wq, self.wk, self.wv, self.wo = (param(D, D) for _ in range(4))
-        # The gate and up projections as one weight (gate rows, then up), as ours stores them.
+        # q, k and v as one weight (q rows, then k, then v), and the gate and up projections as
+        # one (gate rows, then up), as ours stores them (gpt-fast's wqkv).
+        self.w_qkv, self.wo = param(3 * D, D), param(D, D)
         self.w_gate_up, self.w_down = param(2 * HIDDEN, D), param(D, HIDDEN)
 
     def forward(self, x, pos, mask):
         b, t, _ = x.shape
         h = rms_norm(x, self.norm1)
         split = lambda y: y.view(b, t, HEADS, D // HEADS).transpose(1, 2)
-        q, k, v = split(F.linear(h, self.wq)), split(F.linear(h, self.wk)), split(F.linear(h, self.wv))
+        q, k, v = (split(t) for t in F.linear(h, self.w_qkv).chunk(3, dim=-1))
         self.k_cache.index_copy_(2, pos, k)
         self.v_cache.index_copy_(2, pos, v)
         a = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask)

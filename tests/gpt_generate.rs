@@ -297,12 +297,11 @@ fn a_saved_checkpoint_loads_into_a_fresh_model_that_generates_the_same_tokens() 
             want.tokens,
             "another seed, other tokens"
         );
-        // A load writes into the shared tensors: the model itself, and the captured graphs read
-        // it; the fused step's stacked copies are written again from them.
+        // A load writes into the shared tensors: the model itself, which the captured graphs
+        // and the fused step read (no copy to write again).
         let loaded = graphed::load_safetensors(other.weights(), &path);
         let _ = std::fs::remove_file(&path);
         loaded?;
-        other.refresh_weights()?;
         assert!(fresh.head.head.value.to_vec()? == gpt.head.head.value.to_vec()?);
         assert_eq!(other.generate(&Request::new(prompts(), 8), Path::WhileLoop)?.tokens, want.tokens);
         Ok(())
@@ -311,7 +310,7 @@ fn a_saved_checkpoint_loads_into_a_fresh_model_that_generates_the_same_tokens() 
 
 /// The fused decode step produces the unfused step's tokens, eagerly, replayed and in the
 /// WHILE loop, for both kinds of model (the bf16 one takes the one-pass attention kernel on
-/// CUDA), with 3 kernels fewer a block; a step's logits are bitwise the unfused step's on the
+/// CUDA), with at least 2 kernels fewer a block; a step's logits are bitwise the unfused step's on the
 /// host, within the dtype's rounding on CUDA.
 #[test]
 fn the_fused_decode_step_produces_the_unfused_steps_tokens() {
@@ -320,18 +319,18 @@ fn the_fused_decode_step_produces_the_unfused_steps_tokens() {
             let gpt = Gpt::new(dev, &cfg, 12)?;
             let mut fused = decoder(dev, &gpt, &cfg)?;
             let mut unfused = Decoder::new(dev, weights(&gpt), DecodeOptions { fused_step: false, ..options(&cfg) })?;
-            assert!(fused.stacked_bytes() > 0 && unfused.stacked_bytes() == 0);
             let req = Request::new(prompts(), 12);
             let want = unfused.generate(&req, Path::Eager)?;
             for path in [Path::Eager, Path::Replay, Path::WhileLoop] {
                 let got = fused.generate(&req, path)?;
                 assert_eq!(got.tokens, want.tokens, "{} {}: fused tokens differ", cfg.dtype, path.name());
             }
-            // The graphs of the fused step launch fewer kernels: 3 a block (q/k/v in one GEMM,
-            // the cache append inside attention; the training forward's gate and up are one GEMM
-            // already).
+            // The graphs of the fused step launch fewer kernels: at least 2 a block (it reads q, k
+            // and v in place where the training forward's ops copy them out of the q/k/v GEMM's
+            // output, one host node or three kernels, and appends to the cache inside attention;
+            // both run q/k/v and gate/up as one GEMM each).
             let nodes = |d: &Decoder| d.step_nodes(4).ok_or_else(|| Error::msg("no decode graph at batch 4"));
-            assert!(nodes(&fused)? + 3 * cfg.layers <= nodes(&unfused)?, "{} vs {}", nodes(&fused)?, nodes(&unfused)?);
+            assert!(nodes(&fused)? + 2 * cfg.layers <= nodes(&unfused)?, "{} vs {}", nodes(&fused)?, nodes(&unfused)?);
             // One more step from the states the requests left (the same tokens, so the same
             // caches up to the projections' rounding): on the host the same logits, bit for
             // bit; on CUDA, where the stacked GEMMs may round differently, within the dtype's

@@ -237,6 +237,87 @@ fn flash_attention_is_bitwise_reproducible_and_replays_equal_to_eager() {
     });
 }
 
+/// q, k and v packed in one tensor (one projection's output) give the separate call's results:
+/// the output and lse, and the grads packed as the input (`dq | dk | dv` in each row). The
+/// portable kernels and the host reference give them bit for bit (the same kernels, reading the
+/// blocks in place); cuDNN's plans for the packed strides may be other engines, so there the
+/// packed call is held to the reference's tolerance and said bitwise or not. Every packed call
+/// is reproducible run to run and replays equal to eager. Grouped heads on the portable path.
+#[test]
+fn packed_qkv_gives_the_separate_calls_results() {
+    on_each_backend(|dev| {
+        for engine in engines(dev)? {
+            for (i, c) in cases_for(engine).iter().enumerate() {
+                let dtype = DType::BF16;
+                let what =
+                    format!("packed {engine:?} {:?} kv_heads={} causal={}", c.shape().dims, c.kv_heads, c.causal);
+                let [q, k, v, d] = c.inputs(dev, dtype, 300 + 10 * i as u64)?;
+                let at = c.attention_on(engine);
+                let qkv = ops::concat_columns(&[&q, &k, &v])?;
+                let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
+                let (dq, dk, dv) = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &at)?;
+                let want_grads = ops::concat_columns(&[&dq, &dk, &dv])?;
+                let run = || -> Result<Vec<Tensor>> {
+                    let (po, pl) = ops::flash_attention_packed(&qkv, &at)?;
+                    let dqkv = ops::flash_attention_packed_backward(&d, &qkv, &po, &pl, &at)?;
+                    Ok(vec![po, pl, dqkv])
+                };
+                let got = run()?;
+                assert_eq!((got[0].dims(), got[2].dims()), (q.dims(), qkv.dims()), "{what}: shapes");
+                let want = [out.to_vec()?, lse.to_vec()?, want_grads.to_vec()?];
+                let names = ["out", "lse", "dqkv"];
+                let same = got.iter().zip(&want).all(|(g, w)| g.to_vec().is_ok_and(|g| g == *w));
+                if engine == AttentionEngine::Cudnn {
+                    for ((name, g), w) in names.iter().zip(&got).zip(&want) {
+                        let t = if *name == "lse" { 1e-5 } else { tol(dtype) };
+                        check_close(&format!("{what} {name}"), &g.to_vec()?, w, t)?;
+                    }
+                    println!(
+                        "{what}: {} the separate call's bits",
+                        if same { "equal to" } else { "within tolerance of" }
+                    );
+                } else {
+                    for ((name, g), w) in names.iter().zip(&got).zip(&want) {
+                        bitwise_eq(&format!("{what} {name}"), &g.to_vec()?, w)?;
+                    }
+                }
+                let again = run()?;
+                for ((name, a), b) in names.iter().zip(&got).zip(&again) {
+                    bitwise_eq(&format!("{what} run-to-run {name}"), &a.to_vec()?, &b.to_vec()?)?;
+                }
+                eager_vs_replay(dev, run)?;
+            }
+        }
+        Ok(())
+    });
+}
+
+/// The packed call's own refusals, before any work: a width that is not `heads + 2·kv_heads`
+/// blocks of a supported head dim, the wrong rank, no rows, f32, and a backward whose dout,
+/// out or lse do not fit.
+#[test]
+fn packed_attention_refuses_bad_input_before_running() {
+    on_each_backend(|dev| {
+        let bf = |dims: &[usize]| Tensor::zeros_as(dev, dims, DType::BF16);
+        let at = Attention::causal(2);
+        let qkv = bf(&[2, 8, 384])?; // 2 heads of 64, packed
+        expect_err("width", ops::flash_attention_packed(&bf(&[2, 8, 385])?, &at), is_shape)?;
+        expect_err("head dim 32", ops::flash_attention_packed(&bf(&[2, 8, 192])?, &at), is_unsupported)?;
+        expect_err("rank", ops::flash_attention_packed(&bf(&[16, 384])?, &at), is_shape)?;
+        expect_err("empty", ops::flash_attention_packed(&bf(&[2, 0, 384])?, &at), is_shape)?;
+        expect_err("kv_heads 3", ops::flash_attention_packed(&qkv, &at.kv_heads(3)), is_shape)?;
+        let f = Tensor::zeros(dev, &[2, 8, 384])?;
+        expect_err("f32", ops::flash_attention_packed(&f, &at), is_unsupported)?;
+        let (out, lse) = ops::flash_attention_packed(&qkv, &at)?;
+        assert_eq!(out.dims(), &[2, 8, 128]);
+        expect_err("dout", ops::flash_attention_packed_backward(&qkv, &qkv, &out, &lse, &at), is_shape)?;
+        expect_err("out", ops::flash_attention_packed_backward(&out, &qkv, &bf(&[2, 8, 64])?, &lse, &at), is_shape)?;
+        let lse_bad = Tensor::zeros(dev, &[2, 2, 7])?;
+        expect_err("lse", ops::flash_attention_packed_backward(&out, &qkv, &out, &lse_bad, &at), is_shape)?;
+        Ok(())
+    });
+}
+
 /// Head dim 64 runs narrower tiles when a call has few (batch, head) pairs: a batch large enough
 /// for the large-grid tiles (9 x 1024 tokens, 8 heads: 576 blocks of 128 queries) agrees with
 /// each of its sequences run alone (the small-grid tiles) within bf16 rounding, forward and

@@ -7,9 +7,8 @@
 //! launch. The decode step is captured once per batch bucket (1, 2, 4, ..., the largest; a
 //! batch of 3 runs in bucket 4 with its extra row stopped from the start), the prefill and the
 //! request once per (batch bucket, prompt-length bucket), all in one pool. The decode step is the fused one (`graphed::ops::DecoderStep` through
-//! [`Fused`]: one kernel a step on the GPU, over a stacked copy of the q/k/v weights the
-//! decoder makes once and the model's own stacked gate/up weight: see [`Stacked`] for what they
-//! cost) unless
+//! [`Fused`]: one kernel a step on the GPU, over the model's own stacked q/k/v and gate/up
+//! weights, no copy) unless
 //! [`DecodeOptions::fused_step`] is off. The passes themselves are in
 //! `passes.rs`. Shared by `main.rs` and `tests/gpt_generate.rs`.
 #![allow(dead_code)]
@@ -20,7 +19,7 @@ use graphed::ops::{Generation, Sampling, Stop};
 use graphed::{CaptureMode, Condition, Device, Error, Generator, Graph, GraphPool, Result, Tensor};
 
 use crate::passes::{decode_step, prefill};
-pub use crate::passes::{Cache, Fused, PrefillInputs, Sampler, Stacked, State, Weights};
+pub use crate::passes::{Cache, Fused, PrefillInputs, Sampler, State, Weights};
 
 /// A host-driven loop (eager or one replay per token) reads the device's "any sequence
 /// active" flag every this many steps: each read waits for the device.
@@ -66,7 +65,7 @@ pub struct DecodeOptions {
     /// Capture the graphs (without them only the eager paths run).
     pub graphs: bool,
     /// Decode with the fused step (`ops::DecoderStep`: on the GPU one kernel a step; elsewhere
-    /// q/k/v and gate/up one GEMM each over stacked weights, the cache append
+    /// q/k/v and gate/up one GEMM each over the stacked weights, the cache append
     /// inside the attention kernel) rather than the training forward's ops. On the host the
     /// same logits; on CUDA the kernel's sums run in another order, so they can round
     /// differently in their last bits.
@@ -277,22 +276,9 @@ impl Decoder {
     }
 
     /// The weights (shared with the model). A load into them (`graphed::load_safetensors`)
-    /// changes the model and what the graphs read, except the fused step's stacked copies:
-    /// call [`Decoder::refresh_weights`] after it.
+    /// changes the model and what every graph and the fused step read (none keeps a copy).
     pub fn weights(&self) -> &Weights {
         &self.w
-    }
-
-    /// Writes the fused step's stacked copies of the weights again from their current values
-    /// (after a load into [`Decoder::weights`]); in place, so the captured graphs stay valid.
-    /// Nothing to do without the fused step.
-    pub fn refresh_weights(&self) -> Result<()> {
-        self.fused.as_ref().map_or(Ok(()), |f| Stacked::refresh(&f.stacked, &self.w))
-    }
-
-    /// The bytes the fused step's stacked copies of the weights take (0 without it).
-    pub fn stacked_bytes(&self) -> usize {
-        self.fused.as_ref().map_or(0, |f| Stacked::bytes(&f.stacked))
     }
 
     /// The fused step, if it is on.

@@ -170,9 +170,8 @@ pub struct BenchReport<'a> {
     pub capture_s: f64,
     pub graphs: usize,
     pub pool_bytes: usize,
-    /// Whether the decode step was the fused one, and the bytes of its stacked weights.
+    /// Whether the decode step was the fused one.
     pub fused_step: bool,
-    pub stacked_bytes: usize,
     /// The largest batch the fused step ran as one kernel (0 where none ran).
     pub one_kernel_batch: usize,
 }
@@ -181,7 +180,7 @@ impl BenchReport<'_> {
     pub fn json(&self) -> String {
         let rows: Vec<String> = self.rows.iter().map(BenchRow::json).collect();
         format!(
-            "{{\"impl\": \"graphed\", \"device\": \"{}\", \"model\": \"{}\", \"prompt_len\": {}, \"new_tokens\": {}, \"capture_s\": {:.3}, \"graphs\": {}, \"pool_mb\": {:.2}, \"fused_step\": {}, \"stacked_mb\": {:.2}, \"one_kernel_batch\": {}, \"rows\": [{}]}}\n",
+            "{{\"impl\": \"graphed\", \"device\": \"{}\", \"model\": \"{}\", \"prompt_len\": {}, \"new_tokens\": {}, \"capture_s\": {:.3}, \"graphs\": {}, \"pool_mb\": {:.2}, \"fused_step\": {}, \"one_kernel_batch\": {}, \"rows\": [{}]}}\n",
             self.device,
             self.model,
             self.s.prompt_len,
@@ -190,7 +189,6 @@ impl BenchReport<'_> {
             self.graphs,
             self.pool_bytes as f64 / 1e6,
             self.fused_step,
-            self.stacked_bytes as f64 / 1e6,
             self.one_kernel_batch,
             rows.join(", ")
         )

@@ -58,8 +58,8 @@
 //! 2, 4, ... `--max-batch`, as a WHILE loop, one graph replay per token, and eagerly:
 //! tokens/s, per-token latency, CPU time per token, host launches per request; `--json` gets
 //! the figures, `--plot` the chart of tokens/s by batch size. The decode step is the fused one
-//! (`graphed::ops::DecoderStep`: on the GPU one kernel for the whole step, over a stacked
-//! q/k/v weight copy and the model's stacked gate/up weight); `--unfused-decode` runs the
+//! (`graphed::ops::DecoderStep`: on the GPU one kernel for the whole step, over the model's
+//! stacked q/k/v and gate/up weights); `--unfused-decode` runs the
 //! training forward's ops
 //! instead, to compare.
 
@@ -706,7 +706,7 @@ fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: 
         } else {
             let one = dec.fused().is_some_and(|f| f.step.is_fused());
             let how = if one { "one kernel a step" } else { "the unfused ops" };
-            format!("fused ({how}), stacked weights {:.1} MB", dec.stacked_bytes() as f64 / 1e6)
+            format!("fused ({how})")
         };
         println!(
             "decoding {model} on {}: {graphs} graphs (decode steps at batches {:?}, prefills at prompt lengths {prompt_buckets:?}) captured in {:.2} s, graph pool {:.1} MB; decode step: {step}",
@@ -725,7 +725,6 @@ fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: 
             graphs,
             pool_bytes: pool,
             fused_step: !args.unfused_decode,
-            stacked_bytes: dec.stacked_bytes(),
             one_kernel_batch: dec.fused().filter(|f| f.step.is_fused()).map_or(0, |f| f.step.fused_batch_limit()),
         };
         let png = args.plot.clone().unwrap_or_else(|| std::env::temp_dir().join("graphed-gpt-decode.png"));

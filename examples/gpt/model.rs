@@ -80,6 +80,15 @@ pub fn init(dev: &Device, c: &Config, dims: &[usize], fan_in: usize, seed: u64) 
     Param::new(random(dev, dims, seed, 1.0 / (fan_in as f32).sqrt(), c.dtype)?)
 }
 
+/// Projections of `d_model` inputs stacked into one weight: `rows[i]` rows drawn as [`init`]
+/// would draw projection `i` alone (seed `seed + i`), one after the other.
+fn stacked(dev: &Device, c: &Config, rows: &[usize], seed: u64) -> Result<Param> {
+    let d = c.d_model;
+    let scale = 1.0 / (d as f32).sqrt();
+    let v: Vec<f32> = rows.iter().zip(seed..).flat_map(|(&r, s)| uniform(r * d, s, scale)).collect();
+    Param::new(Tensor::from_slice_as(dev, &v, &[rows.iter().sum(), d], c.dtype)?)
+}
+
 /// A norm's gain: ones of `[d]` in the config's dtype.
 pub fn ones(dev: &Device, c: &Config) -> Result<Param> {
     Param::new(Tensor::full_as(dev, &[c.d_model], 1.0, c.dtype)?)
@@ -94,9 +103,9 @@ pub struct Block {
     /// What the backward recomputes ([`Config::recompute`]).
     pub recompute: Recompute,
     pub norm1: Param,
-    pub wq: Param,
-    pub wk: Param,
-    pub wv: Param,
+    /// The q, k and v projections as one `[3·d_model, d_model]` weight: q's rows, then k's,
+    /// then v's (one GEMM, whose output `ops::flash_attention_packed` reads in place).
+    pub w_qkv: Param,
     pub wo: Param,
     pub norm2: Param,
     /// The gate and up projections as one `[2·hidden, d_model]` weight: the gate's rows, then
@@ -118,17 +127,10 @@ impl Block {
             fused_attention: c.fused_attention,
             recompute: c.recompute,
             norm1: ones(dev, c)?,
-            wq: init(dev, c, &[d, d], d, seed * 16 + 1)?,
-            wk: init(dev, c, &[d, d], d, seed * 16 + 2)?,
-            wv: init(dev, c, &[d, d], d, seed * 16 + 3)?,
+            w_qkv: stacked(dev, c, &[d, d, d], seed * 16 + 1)?,
             wo: scaled(&[d, d], d, 4)?,
             norm2: ones(dev, c)?,
-            w_gate_up: {
-                // Each projection's values as `init` would draw them, stacked.
-                let scale = 1.0 / (d as f32).sqrt();
-                let v = [uniform(h * d, seed * 16 + 5, scale), uniform(h * d, seed * 16 + 6, scale)].concat();
-                Param::new(Tensor::from_slice_as(dev, &v, &[2 * h, d], c.dtype)?)?
-            },
+            w_gate_up: stacked(dev, c, &[h, h], seed * 16 + 5)?,
             w_down: scaled(&[d, h], h, 7)?,
         })
     }
@@ -146,30 +148,47 @@ impl Block {
 
 /// Whether a block's attention runs the fused kernels: asked for, and they run these inputs
 /// (bf16/f16, head dim 64 or 128); else `causal_attention` (f32, the tiny host configuration).
-fn fused(fused_attention: bool, q: &Tensor, heads: usize) -> bool {
-    fused_attention && ops::Attention::supports(q.dtype(), q.dims()[2] / heads)
+fn fused(fused_attention: bool, dtype: DType, head_dim: usize) -> bool {
+    fused_attention && ops::Attention::supports(dtype, head_dim)
 }
 
-/// Causal attention, fused where [`fused`] says (generation's prefill runs it too).
-pub fn attend(fused_attention: bool, q: &Tensor, k: &Tensor, v: &Tensor, heads: usize) -> Result<(Tensor, Tensor)> {
-    if fused(fused_attention, q, heads) {
-        ops::flash_attention(q, k, v, &ops::Attention::causal(heads))
+/// Causal attention over the packed output of the q/k/v projection (`[batch, seq, 3·d]`),
+/// fused where [`fused`] says (read in place); else q, k and v copied apart for
+/// `causal_attention`. Generation's prefill runs it too.
+pub fn attend(fused_attention: bool, qkv: &Tensor, heads: usize) -> Result<(Tensor, Tensor)> {
+    let d = qkv.dims().last().copied().unwrap_or(0) / 3;
+    if fused(fused_attention, qkv.dtype(), d / heads) {
+        ops::flash_attention_packed(qkv, &ops::Attention::causal(heads))
     } else {
-        ops::causal_attention(q, k, v, heads)
+        let [q, k, v] = split_qkv(qkv)?;
+        ops::causal_attention(&q, &k, &v, heads)
     }
 }
 
-/// The backward of [`attend`] from `[q, k, v, out, lse]`.
+/// q, k and v copied out of the packed projection output.
+pub fn split_qkv(qkv: &Tensor) -> Result<[Tensor; 3]> {
+    let d = qkv.dims().last().copied().unwrap_or(0) / 3;
+    let mut parts = ops::split_columns(qkv, &[d, d, d])?.into_iter();
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(q), Some(k), Some(v)) => Ok([q, k, v]),
+        _ => Err(Error::msg("split_columns returned fewer than three blocks")),
+    }
+}
+
+/// The backward of [`attend`] from `[qkv, out, lse]`: the grad of `qkv`, packed as it is.
 fn attend_backward(
     fused_attention: bool,
     dout: &Tensor,
-    [q, k, v, out, lse]: [&Tensor; 5],
+    [qkv, out, lse]: [&Tensor; 3],
     heads: usize,
-) -> Result<(Tensor, Tensor, Tensor)> {
-    if fused(fused_attention, q, heads) {
-        ops::flash_attention_backward(dout, q, k, v, out, lse, &ops::Attention::causal(heads))
+) -> Result<Tensor> {
+    let d = qkv.dims().last().copied().unwrap_or(0) / 3;
+    if fused(fused_attention, qkv.dtype(), d / heads) {
+        ops::flash_attention_packed_backward(dout, qkv, out, lse, &ops::Attention::causal(heads))
     } else {
-        ops::causal_attention_backward(dout, q, k, v, out, lse, heads)
+        let [q, k, v] = split_qkv(qkv)?;
+        let (dq, dk, dv) = ops::causal_attention_backward(dout, &q, &k, &v, out, lse, heads)?;
+        ops::concat_columns(&[&dq, &dk, &dv])
     }
 }
 
@@ -185,9 +204,8 @@ struct Saved {
     x: Tensor,
     h1: Option<Tensor>,
     rstd1: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    /// The q/k/v projection's output, `[.., 3·d_model]`.
+    qkv: Tensor,
     att: Tensor,
     lse: Tensor,
     x2: Tensor,
@@ -201,14 +219,14 @@ struct Saved {
 impl Saved {
     /// The tensors in save order, the recomputed ones left out.
     fn tensors(&self) -> Vec<&Tensor> {
-        let Saved { x, h1, rstd1, q, k, v, att, lse, x2, h2, rstd2, gu, s } = self;
-        let kept = [Some(x), h1.as_ref(), Some(rstd1), Some(q), Some(k), Some(v), Some(att), Some(lse), Some(x2)];
+        let Saved { x, h1, rstd1, qkv, att, lse, x2, h2, rstd2, gu, s } = self;
+        let kept = [Some(x), h1.as_ref(), Some(rstd1), Some(qkv), Some(att), Some(lse), Some(x2)];
         kept.into_iter().chain([h2.as_ref(), Some(rstd2), Some(gu), s.as_ref()]).flatten().collect()
     }
 
     /// Reads them back from `cx`; returns them and their count (the dropout masks follow).
     fn load(cx: &Cx, recompute: Recompute) -> Result<(Saved, usize)> {
-        let count = 13 - usize::from(recompute.swiglu()) - 2 * usize::from(recompute.norms());
+        let count = 11 - usize::from(recompute.swiglu()) - 2 * usize::from(recompute.norms());
         let mut it = (0..count).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()?.into_iter();
         let mut next = || it.next().ok_or_else(|| Error::msg("a block saved fewer tensors than it reads"));
         // Fields in save order: a struct expression evaluates its fields as written.
@@ -216,9 +234,7 @@ impl Saved {
             x: next()?,
             h1: if recompute.norms() { None } else { Some(next()?) },
             rstd1: next()?,
-            q: next()?,
-            k: next()?,
-            v: next()?,
+            qkv: next()?,
             att: next()?,
             lse: next()?,
             x2: next()?,
@@ -235,10 +251,8 @@ impl Saved {
 impl Block {
     pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
         let (h1, rstd1) = ops::rms_norm(x, &self.norm1.value, EPS)?;
-        let q = ops::linear(&h1, &self.wq.value, None)?;
-        let k = ops::linear(&h1, &self.wk.value, None)?;
-        let v = ops::linear(&h1, &self.wv.value, None)?;
-        let (att, lse) = attend(self.fused_attention, &q, &k, &v, self.heads)?;
+        let qkv = ops::linear(&h1, &self.w_qkv.value, None)?;
+        let (att, lse) = attend(self.fused_attention, &qkv, self.heads)?;
         let (a, mask1) = self.drop(cx, &ops::linear(&att, &self.wo.value, None)?)?;
         // The residual add and the second norm in one pass (bit for bit add, then rms_norm).
         let (x2, h2, rstd2) = ops::add_rms_norm(x, &a, &self.norm2.value, EPS)?;
@@ -249,7 +263,7 @@ impl Block {
         let (norms, swiglu) = (self.recompute.norms(), self.recompute.swiglu());
         let keep = |t: Tensor, recomputed: bool| (!recomputed).then_some(t);
         let (h1, h2, s) = (keep(h1, norms), keep(h2, norms), keep(s, swiglu));
-        let saved = Saved { x: x.clone(), h1, rstd1, q, k, v, att, lse, x2, h2, rstd2, gu, s };
+        let saved = Saved { x: x.clone(), h1, rstd1, qkv, att, lse, x2, h2, rstd2, gu, s };
         for t in saved.tensors() {
             cx.save(t);
         }
@@ -310,22 +324,19 @@ impl Block {
     }
 
     /// The attention half, from the grad of its output projection's output `da`: the grad of
-    /// `h1`, with the weight grads of the four projections accumulated.
+    /// `h1`, with the weight grads of the two projections accumulated.
     fn attention_backward(&self, da: Tensor, saved: &Saved) -> Result<Tensor> {
-        let Saved { x, h1, rstd1, q, k, v, att, lse, .. } = saved;
+        let Saved { x, h1, rstd1, qkv, att, lse, .. } = saved;
         let datt = dx_of(ops::linear_backward(&da, att, &self.wo.value, &self.wo.grad, None, true)?)?;
         drop(da);
-        let (dq, dk, dv) = attend_backward(self.fused_attention, &datt, [q, k, v, att, lse], self.heads)?;
+        let dqkv = attend_backward(self.fused_attention, &datt, [qkv, att, lse], self.heads)?;
         drop(datt);
         let h1 = match h1 {
             Some(h1) => h1.clone(),
             None => ops::rms_norm_recompute(x, &self.norm1.value, rstd1)?,
         };
-        let dh1 = dx_of(ops::linear_backward(&dq, &h1, &self.wq.value, &self.wq.grad, None, true)?)?;
-        for (d, w) in [(&dk, &self.wk), (&dv, &self.wv)] {
-            ops::linear_backward_acc(d, &h1, &w.value, &w.grad, None, &dh1)?;
-        }
-        Ok(dh1)
+        // q's, k's and v's input and weight grads: one GEMM each against the stacked weight.
+        dx_of(ops::linear_backward(&dqkv, &h1, &self.w_qkv.value, &self.w_qkv.grad, None, true)?)
     }
 }
 

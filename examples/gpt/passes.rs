@@ -5,8 +5,8 @@
 //! length: embed, per block norm, q/k/v, append, attend to the cache, wo, residual + norm, MLP;
 //! head; sample). The decoding step comes in two forms: the training forward's ops
 //! ([`step_logits`]), and the fused one the decoder runs ([`Fused`]): `graphed::ops::DecoderStep`
-//! over a stacked copy of the q/k/v weights and the model's own gate/up weight ([`Stacked`]), on the GPU one
-//! persistent kernel for the whole step (embedding, every block, the head), elsewhere the
+//! over the model's own stacked q/k/v and gate/up weights, on the GPU one persistent kernel for
+//! the whole step (embedding, every block, the head), elsewhere the
 //! unfused ops with q/k/v and gate/up one GEMM each, the append inside the attention kernel
 //! and SwiGLU read from the gate/up GEMM's output. Both end with the sampling and the
 //! bookkeeping kernel (`ops::generation_step`), so they run alike eagerly, as captured graphs
@@ -17,7 +17,7 @@ use graphed::ops::{self, DecoderLayer, DecoderStep, DecoderWeights, Generation, 
 use graphed::{DType, Error, Generator, Param, Parameters, Result, Tensor};
 
 use crate::ends::{Embed, Head};
-use crate::model::{attend, Block, EPS};
+use crate::model::{attend, split_qkv, Block, EPS};
 
 /// The token and position tables, named as `Embed` names them.
 #[derive(Parameters)]
@@ -27,7 +27,7 @@ pub struct EmbedWeights {
 }
 
 /// The model's weights as generation reads them: handles to the trained model's own parameters
-/// (no copy), named as `model::Gpt` names them (`embed.tok`, `blocks.0.wq`, `head.head`), so
+/// (no copy), named as `model::Gpt` names them (`embed.tok`, `blocks.0.w_qkv`, `head.head`), so
 /// that `graphed::save_safetensors` and `load_safetensors` on it write and read the model's
 /// checkpoint (a load changes the model, which shares the tensors).
 #[derive(Parameters)]
@@ -45,9 +45,7 @@ fn share_block(b: &Block) -> Block {
         fused_attention: b.fused_attention,
         recompute: b.recompute,
         norm1: b.norm1.clone(),
-        wq: b.wq.clone(),
-        wk: b.wk.clone(),
-        wv: b.wv.clone(),
+        w_qkv: b.w_qkv.clone(),
         wo: b.wo.clone(),
         norm2: b.norm2.clone(),
         w_gate_up: b.w_gate_up.clone(),
@@ -139,71 +137,6 @@ fn embed(w: &Weights, ids: &Tensor, positions: &Tensor) -> Result<[Tensor; 2]> {
     Ok([ops::embedding(ids, &w.embed.tok.value)?, ops::embedding(positions, &w.embed.pos.value)?])
 }
 
-/// Each block's projections stacked for the fused decoding step: `wq`, `wk` and `wv` as one
-/// `[3·d_model, d_model]` weight (the GEMM's output rows are q, then k, then v, as
-/// `ops::decode_attention_append` reads them), a copy in the model's dtype in the device's
-/// default pool (`3·d_model²` elements a block on top of the block's own weights: 0.8M in the
-/// GPU GPT, 1.6 MB in bf16 a block, 12.6 MB for its 8 blocks) that [`Stacked::refresh`] writes
-/// again after the weights change (a load); and the block's own `w_gate_up` (already stacked:
-/// gate, then up, as `ops::swiglu_packed` reads them), shared, not copied.
-#[derive(Debug)]
-pub struct Stacked {
-    pub qkv: Tensor,
-    pub gate_up: Tensor,
-}
-
-/// The values of `parts` (weights of one width) one after the other: their rows stacked.
-fn stacked_rows(parts: &[&Param]) -> Result<Vec<f32>> {
-    let mut v = Vec::new();
-    for p in parts {
-        v.extend(p.value.to_vec()?);
-    }
-    Ok(v)
-}
-
-impl Stacked {
-    /// The stacked copies of every block of `w`, read back from the device once.
-    pub fn of(w: &Weights) -> Result<Vec<Stacked>> {
-        let dev = w.embed.tok.value.device();
-        let (d, dtype) = (w.d_model(), w.dtype());
-        dev.with_pool(&dev.default_pool(), || {
-            w.blocks
-                .iter()
-                .map(|b| {
-                    let qkv = Stacked::qkv(b);
-                    let rows = qkv.iter().map(|p| p.value.dims()[0]).sum::<usize>();
-                    Ok(Stacked {
-                        qkv: Tensor::from_slice_as(dev, &stacked_rows(&qkv)?, &[rows, d], dtype)?,
-                        gate_up: b.w_gate_up.value.clone(),
-                    })
-                })
-                .collect()
-        })
-    }
-
-    /// Writes every block's copies again from `w`'s current values, in place (the captured
-    /// graphs read these buffers, so they need no new capture).
-    pub fn refresh(stacked: &[Stacked], w: &Weights) -> Result<()> {
-        if stacked.len() != w.blocks.len() {
-            return Err(Error::msg(format!("{} stacked blocks for {} blocks", stacked.len(), w.blocks.len())));
-        }
-        for (s, b) in stacked.iter().zip(&w.blocks) {
-            s.qkv.copy_from_slice(&stacked_rows(&Stacked::qkv(b))?)?;
-        }
-        Ok(())
-    }
-
-    /// The bytes the copies of `stacked` take (`gate_up` is the model's own weight).
-    pub fn bytes(stacked: &[Stacked]) -> usize {
-        stacked.iter().map(|s| s.qkv.numel() * s.qkv.dtype().size()).sum()
-    }
-
-    /// A block's q, k and v projections in the order the stacked copy holds them.
-    fn qkv(b: &Block) -> [&Param; 3] {
-        [&b.wq, &b.wk, &b.wv]
-    }
-}
-
 /// Every block over the sum of the token and position embeddings (rows of `[..., d_model]`):
 /// block `i`'s attention output is `attention(i, block, h)` of its normed input `h`, its MLP's
 /// SwiGLU output (the down projection's input) `gated(i, block, h2)` of the second norm's
@@ -231,9 +164,9 @@ fn run_blocks(
     Ok(h)
 }
 
-/// The training forward's q, k and v projections of `h`.
-fn qkv(b: &Block, h: &Tensor) -> Result<[Tensor; 3]> {
-    Ok([ops::linear(h, &b.wq.value, None)?, ops::linear(h, &b.wk.value, None)?, ops::linear(h, &b.wv.value, None)?])
+/// The training forward's q/k/v projection of `h`: one GEMM, q, k and v side by side.
+fn qkv(b: &Block, h: &Tensor) -> Result<Tensor> {
+    ops::linear(h, &b.w_qkv.value, None)
 }
 
 /// The training forward's MLP up to the down projection: `swiglu` of the gate and up
@@ -259,8 +192,9 @@ pub fn prefill(w: &Weights, st: &State, inputs: &PrefillInputs, sampler: &Sample
     let d = w.d_model();
     let x = embed(w, &inputs.ids, &inputs.positions)?;
     let attention = |i, b: &Block, h: &Tensor| {
-        let [q, k, v] = qkv(b, h)?;
-        let (att, _) = attend(b.fused_attention, &q, &k, &v, b.heads)?;
+        let qkv = qkv(b, h)?;
+        let (att, _) = attend(b.fused_attention, &qkv, b.heads)?;
+        let [_, k, v] = split_qkv(&qkv)?;
         let cache = cache(st, i)?;
         let split = |t: &Tensor| t.reshape(&[batch, len, b.heads, d / b.heads]);
         ops::kv_cache_fill(&cache.k, &cache.v, &split(&k)?, &split(&v)?)?;
@@ -282,7 +216,7 @@ pub fn step_logits(w: &Weights, st: &State, ids: &Tensor, positions: &Tensor) ->
     let batch = ids.numel();
     let d = w.d_model();
     let attention = |i, b: &Block, h: &Tensor| {
-        let [q, k, v] = qkv(b, h)?;
+        let [q, k, v] = split_qkv(&qkv(b, h)?)?;
         let cache = cache(st, i)?;
         let split = |t: &Tensor| t.reshape(&[batch, b.heads, d / b.heads]);
         ops::kv_cache_append(&cache.k, &cache.v, &cache.lengths, &split(&k)?, &split(&v)?)?;
@@ -292,33 +226,31 @@ pub fn step_logits(w: &Weights, st: &State, ids: &Tensor, positions: &Tensor) ->
     ops::linear(&h, &w.head.head.value, None)
 }
 
-/// The fused decoding step: the stacked copies and `ops::DecoderStep` over them, the model's
-/// other weights and every cache of the decoder's full state (any batch prefix of that state
-/// runs through it: the step reads and writes the caches' first rows).
+/// The fused decoding step: `ops::DecoderStep` over the model's own weights (its q/k/v and
+/// gate/up projections are already stacked, as the step reads them) and every cache of the
+/// decoder's full state (any batch prefix of that state runs through it: the step reads and
+/// writes the caches' first rows).
 #[derive(Debug)]
 pub struct Fused {
-    pub stacked: Vec<Stacked>,
     pub step: DecoderStep,
 }
 
 impl Fused {
-    /// Stacks `w`'s projections and builds the step over them and `full`'s caches.
+    /// Builds the step over `w`'s weights and `full`'s caches.
     pub fn of(w: &Weights, full: &State) -> Result<Fused> {
-        let stacked = Stacked::of(w)?;
         if full.caches.len() != w.blocks.len() {
             return Err(Error::msg(format!("{} caches for {} blocks", full.caches.len(), w.blocks.len())));
         }
         let layers = w
             .blocks
             .iter()
-            .zip(&stacked)
             .zip(&full.caches)
-            .map(|((b, s), c)| DecoderLayer {
+            .map(|(b, c)| DecoderLayer {
                 norm1: &b.norm1.value,
-                qkv: &s.qkv,
+                qkv: &b.w_qkv.value,
                 wo: &b.wo.value,
                 norm2: &b.norm2.value,
-                gate_up: &s.gate_up,
+                gate_up: &b.w_gate_up.value,
                 down: &b.w_down.value,
                 k_cache: &c.k,
                 v_cache: &c.v,
@@ -334,7 +266,7 @@ impl Fused {
             heads: w.heads(),
             eps: EPS,
         })?;
-        Ok(Fused { stacked, step })
+        Ok(Fused { step })
     }
 }
 

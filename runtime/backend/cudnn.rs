@@ -164,6 +164,24 @@ pub(crate) struct SdpaKey {
     /// The backward writes `dQ` without atomics (the dP-workspace variant); false: it adds
     /// `dQ` into an f32 accumulator with atomics. Always true for the forward.
     pub(crate) deterministic: bool,
+    /// q, k and v (and their grads) are column blocks of one `[batch, seq, 3 · heads · d]`
+    /// tensor: their rows are `3 · heads · d` elements apart (out and dO stay
+    /// `[batch, seq, heads · d]`).
+    pub(crate) packed: bool,
+}
+
+impl SdpaKey {
+    /// The row stride, in elements, of the tensor with unique id `id`: q, k, v and their grads
+    /// are packed or not, out and dO never are.
+    fn row_stride(&self, id: i64) -> usize {
+        let width = self.heads * self.head_dim;
+        let qkv = [uid::Q, uid::K, uid::V, uid::DQ, uid::DK, uid::DV].contains(&id);
+        if self.packed && qkv {
+            3 * width
+        } else {
+            width
+        }
+    }
 }
 
 /// A finalized execution plan and everything it was built from (kept alive with it).
@@ -221,14 +239,15 @@ impl Builder {
         Ok(id)
     }
 
-    /// `[b, h, s, d]` in the `[batch, seq, heads · d]` layout (`transposed`: `[b, h, d, s]`).
+    /// `[b, h, s, d]` in the `[batch, seq, heads · d]` layout, rows [`SdpaKey::row_stride`]
+    /// apart (`transposed`: `[b, h, d, s]`).
     fn bshd(&mut self, id: i64, transposed: bool) -> Result<i64> {
         let SdpaKey { batch: b, seq: s, heads: h, head_dim: d, .. } = self.key;
-        let io = self.io;
+        let (io, ld) = (self.io, self.key.row_stride(id));
         if transposed {
-            self.tensor(id, io, [b, h, d, s], [s * h * d, d, 1, h * d], Storage::Real)
+            self.tensor(id, io, [b, h, d, s], [s * ld, d, 1, ld], Storage::Real)
         } else {
-            self.tensor(id, io, [b, h, s, d], [s * h * d, d, h * d, 1], Storage::Real)
+            self.tensor(id, io, [b, h, s, d], [s * ld, d, ld, 1], Storage::Real)
         }
     }
 
@@ -416,7 +435,9 @@ impl Builder {
         self.matmul(dst, q, dk)?;
         // dQ = dS · K: written directly (the dP-workspace variant: no atomics), or added into
         // an f32 accumulator with atomics and then converted.
-        let k = self.tensor(0, f, [b, h, sq, d], [sq * h * d, d, h * d, 1], Storage::Virtual)?;
+        // K as it lies in memory (the reshape names Kᵀ's storage; its strides must be K's).
+        let ld = self.key.row_stride(uid::K);
+        let k = self.tensor(0, f, [b, h, sq, d], [sq * ld, d, ld, 1], Storage::Virtual)?;
         self.reshape(kt, k)?;
         if self.key.deterministic {
             return self.matmul(ds, k, dq);
@@ -576,21 +597,21 @@ pub(crate) struct SdpaPointers {
 }
 
 impl SdpaPointers {
-    /// The same tensors from a chunk's first sequence on: `at` bytes into q, k, v, out and
-    /// their grads, `row` bytes into the statistics and the `rowsum` scratch (the accumulator,
-    /// used only by unchunked calls, stays).
-    pub(crate) fn offset(&self, at: u64, row: u64) -> SdpaPointers {
+    /// The same tensors from a chunk's first sequence on: `qkv` bytes into q, k, v and their
+    /// grads, `at` bytes into out and dO, `row` bytes into the statistics and the `rowsum`
+    /// scratch (the accumulator, used only by unchunked calls, stays).
+    pub(crate) fn offset(&self, qkv: u64, at: u64, row: u64) -> SdpaPointers {
         SdpaPointers {
-            q: self.q + at,
-            k: self.k + at,
-            v: self.v + at,
+            q: self.q + qkv,
+            k: self.k + qkv,
+            v: self.v + qkv,
             o: self.o + at,
             stats: self.stats + row,
             grads: self.grads.as_ref().map(|g| SdpaGrads {
                 dout: g.dout + at,
-                dq: g.dq + at,
-                dk: g.dk + at,
-                dv: g.dv + at,
+                dq: g.dq + qkv,
+                dk: g.dk + qkv,
+                dv: g.dv + qkv,
                 dsum: g.dsum + row,
                 dq_accum: g.dq_accum,
             }),

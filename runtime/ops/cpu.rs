@@ -78,6 +78,35 @@ pub fn bias_add(x: &[f32], b: &[f32], d: usize) -> Vec<f32> {
     x.iter().enumerate().map(|(i, v)| v + b[i % d]).collect()
 }
 
+/// The column blocks of `x` (rows of `widths.iter().sum()` values), each as its own row-major
+/// tensor of rows of its width ([`crate::ops::split_columns`]).
+pub fn split_columns(x: &[f32], widths: &[usize]) -> Vec<Vec<f32>> {
+    let width: usize = widths.iter().sum();
+    let rows = x.len().checked_div(width).unwrap_or(0);
+    let mut parts: Vec<Vec<f32>> = widths.iter().map(|w| Vec::with_capacity(rows * w)).collect();
+    for row in x.chunks_exact(width.max(1)).take(rows) {
+        let mut at = 0;
+        for (part, &w) in parts.iter_mut().zip(widths) {
+            part.extend_from_slice(&row[at..at + w]);
+            at += w;
+        }
+    }
+    parts
+}
+
+/// The inverse of [`split_columns`]: each row of the result is the parts' rows side by side
+/// ([`crate::ops::concat_columns`]); `parts[i]` holds rows of `widths[i]` values.
+pub fn concat_columns(parts: &[&[f32]], widths: &[usize]) -> Vec<f32> {
+    let rows = parts.first().zip(widths.first()).map_or(0, |(p, &w)| p.len().checked_div(w).unwrap_or(0));
+    let mut out = Vec::with_capacity(rows * widths.iter().sum::<usize>());
+    for r in 0..rows {
+        for (part, &w) in parts.iter().zip(widths) {
+            out.extend_from_slice(&part[r * w..(r + 1) * w]);
+        }
+    }
+    out
+}
+
 /// Adds the column sums of `a` (`rows x cols`) to `out`.
 pub fn col_sum_acc(out: &mut [f32], a: &[f32], rows: usize, cols: usize) {
     let mut acc = vec![0.0f64; cols];
@@ -477,7 +506,8 @@ pub use transformer::{
 #[path = "cpu_attention.rs"]
 mod attention;
 pub use attention::{
-    attention, attention_backward, causal_attention, causal_attention_backward, AttnDims, AttnSaved, AttnShape,
+    attention, attention_backward, causal_attention, causal_attention_backward, pack_qkv, unpack_qkv, AttnDims,
+    AttnSaved, AttnShape,
 };
 
 #[path = "cpu_decode.rs"]

@@ -83,6 +83,19 @@ impl AttnShape {
     }
 }
 
+/// q, k and v from a packed `[batch, seq, (heads + 2 · kv_heads) · head_dim]` tensor, whose
+/// rows hold q's, then k's, then v's columns ([`crate::ops::flash_attention_packed`]).
+pub fn unpack_qkv(qkv: &[f32], a: AttnShape) -> [Vec<f32>; 3] {
+    let widths = [a.width(a.dims.heads), a.width(a.kv_heads), a.width(a.kv_heads)];
+    let mut parts = super::split_columns(qkv, &widths).into_iter();
+    [(); 3].map(|()| parts.next().unwrap_or_default())
+}
+
+/// The inverse of [`unpack_qkv`]: `q`, `k` and `v` (or their grads) side by side in each row.
+pub fn pack_qkv(q: &[f32], k: &[f32], v: &[f32], a: AttnShape) -> Vec<f32> {
+    super::concat_columns(&[q, k, v], &[a.width(a.dims.heads), a.width(a.kv_heads), a.width(a.kv_heads)])
+}
+
 /// `v` rounded to `dtype` (through f32, as a kernel stores it) and widened back.
 fn rounded(dtype: DType, v: f64) -> f64 {
     dtype.round(v as f32) as f64

@@ -2,11 +2,11 @@
 //! or not, with grouped key/value heads. Nothing of size `seq²` is ever stored: the forward
 //! keeps the row logsumexp, the backward recomputes the probabilities tile by tile.
 
-use crate::backend::{BuiltinKernel as B, CudaBackend, FlashTiles, KArg, LaunchDims};
-use crate::ops::attention::{check_lse, host_backward};
+use crate::backend::{BuiltinKernel as B, CudaBackend, FlashTiles, HostPtr, KArg, LaunchDims};
+use crate::ops::attention::check_lse;
 use crate::ops::cpu::{self, AttnDims, AttnShape};
 use crate::ops::{at_most, check_like, exec, Exec};
-use crate::{AttentionLimit, DType, Error, Result, ShapeProblem, Tensor};
+use crate::{AttentionLimit, DType, Device, Error, Result, ShapeProblem, Tensor};
 
 use super::flash_engine::{self, AttentionEngine};
 
@@ -110,6 +110,142 @@ fn lse_dims(a: AttnShape) -> [usize; 3] {
     [a.dims.batch, a.dims.heads, a.dims.seq]
 }
 
+/// Checks a packed `qkv` (`[batch, seq, (heads + 2 · kv_heads) · D]`: q's columns, then k's,
+/// then v's); returns the shape and dtype.
+fn check_packed(op: &'static str, qkv: &Tensor, at: &Attention) -> Result<(AttnShape, DType)> {
+    let dtype = check_like(op, &[qkv])?;
+    let &[batch, seq, width] = qkv.dims() else {
+        return Err(Error::shape(
+            op,
+            ShapeProblem::layout("qkv", "[batch, seq, (heads + 2·kv_heads) · head_dim]", qkv.dims()),
+        ));
+    };
+    if at.heads == 0 || at.kv_heads == 0 || !at.heads.is_multiple_of(at.kv_heads) {
+        return Err(Error::shape(op, ShapeProblem::Heads { heads: at.heads, kv_heads: at.kv_heads }));
+    }
+    let blocks = at.heads + 2 * at.kv_heads;
+    if width == 0 || width % blocks != 0 {
+        return Err(Error::shape(op, ShapeProblem::Width { arg: "qkv", got: qkv.dims().to_vec(), heads: blocks }));
+    }
+    if batch == 0 || seq == 0 {
+        return Err(Error::shape(op, ShapeProblem::Width { arg: "qkv", got: qkv.dims().to_vec(), heads: blocks }));
+    }
+    let head_dim = width / blocks;
+    let a = AttnShape {
+        dims: AttnDims { batch, seq, heads: at.heads, head_dim },
+        kv_heads: at.kv_heads,
+        causal: at.causal,
+    };
+    if !Attention::supports(dtype, head_dim) {
+        return Err(Error::AttentionUnsupported { op, dtype, head_dim, limit: None });
+    }
+    at_most(op, "batch", batch, 65535)?;
+    at_most(op, "head count", at.heads, 65535)?;
+    at_most(op, "sequence length", seq, u32::MAX as usize / 2)?;
+    Ok((a, dtype))
+}
+
+/// Where a call's q, k and v lie: three tensors, or the column blocks of one packed tensor.
+#[derive(Clone, Copy)]
+enum Qkv<'a> {
+    Separate([&'a Tensor; 3]),
+    Packed(&'a Tensor),
+}
+
+impl<'a> Qkv<'a> {
+    /// q, or the packed tensor: the call's device and dtype.
+    fn first(self) -> &'a Tensor {
+        match self {
+            Qkv::Separate([q, _, _]) | Qkv::Packed(q) => q,
+        }
+    }
+
+    /// The row strides, in elements, of q and of k and v (and of their grads).
+    fn lds(self, a: AttnShape) -> [usize; 2] {
+        let d = a.dims.head_dim;
+        match self {
+            Qkv::Separate(_) => [a.dims.heads * d, a.kv_heads * d],
+            Qkv::Packed(_) => [(a.dims.heads + 2 * a.kv_heads) * d; 2],
+        }
+    }
+
+    /// The byte offsets of k's and v's first columns from q's (packed), or `None`.
+    fn block_offsets(self, a: AttnShape, dtype: DType) -> Option<[u64; 2]> {
+        let d = a.dims.head_dim * dtype.size();
+        matches!(self, Qkv::Packed(_)).then(|| [a.dims.heads * d, (a.dims.heads + a.kv_heads) * d].map(|x| x as u64))
+    }
+
+    /// The device addresses of q, k and v.
+    fn cuda_ptrs(self, a: AttnShape, dtype: DType) -> Result<[u64; 3]> {
+        match self {
+            Qkv::Separate(ts) => {
+                let [q, k, v] = ts.map(Tensor::cuda_ptr);
+                Ok([q?, k?, v?])
+            }
+            Qkv::Packed(t) => {
+                let base = t.cuda_ptr()?;
+                let [k, v] = self.block_offsets(a, dtype).unwrap_or_default();
+                Ok([base, base + k, base + v])
+            }
+        }
+    }
+
+    /// Fresh grads of q, k and v: three tensors, or one of the packed tensor's shape.
+    fn grads(self) -> Result<Vec<Tensor>> {
+        match self {
+            Qkv::Separate(ts) => ts.iter().map(|t| Tensor::empty_like(t)).collect(),
+            Qkv::Packed(t) => Ok(vec![Tensor::empty_like(t)?]),
+        }
+    }
+
+    /// q, k and v on the host backend, to be read when the host runs the work.
+    fn host(self) -> Result<HostQkv> {
+        Ok(match self {
+            Qkv::Separate(ts) => {
+                let [q, k, v] = ts.map(Tensor::host_ptr);
+                HostQkv::Separate([q?, k?, v?])
+            }
+            Qkv::Packed(t) => HostQkv::Packed(t.host_ptr()?),
+        })
+    }
+}
+
+/// [`Qkv`] on the host backend.
+enum HostQkv {
+    Separate([HostPtr; 3]),
+    Packed(HostPtr),
+}
+
+impl HostQkv {
+    fn read(&self, a: AttnShape) -> [Vec<f32>; 3] {
+        match self {
+            HostQkv::Separate(ps) => ps.each_ref().map(HostPtr::read),
+            HostQkv::Packed(p) => cpu::unpack_qkv(&p.read(), a),
+        }
+    }
+}
+
+/// Writes the CPU reference's grads into `grads` (three tensors, or one packed).
+fn write_host_grads(outs: &[HostPtr], [gq, gk, gv]: [Vec<f32>; 3], a: AttnShape) {
+    match outs {
+        [packed] => packed.write(&cpu::pack_qkv(&gq, &gk, &gv, a)),
+        outs => {
+            for (o, g) in outs.iter().zip([gq, gk, gv]) {
+                o.write(&g);
+            }
+        }
+    }
+}
+
+/// The device addresses of the grads [`Qkv::grads`] made.
+fn grad_ptrs(grads: &[Tensor], a: AttnShape, dtype: DType) -> Result<[u64; 3]> {
+    match grads {
+        [packed] => Qkv::Packed(packed).cuda_ptrs(a, dtype),
+        [dq, dk, dv] => Qkv::Separate([dq, dk, dv]).cuda_ptrs(a, dtype),
+        _ => Err(Error::msg("flash attention: grads are one tensor or three")),
+    }
+}
+
 /// Fused scaled-dot-product attention: per head, `P = softmax(Q·Kᵀ / sqrt(head_dim))` (causally
 /// masked when `at.causal`), `out = P·V`, in one kernel that streams K and V through shared
 /// memory and never stores `P` (FlashAttention-2 on `mma.sync` tensor cores).
@@ -121,7 +257,8 @@ fn lse_dims(a: AttnShape) -> [usize; 3] {
 /// `[batch, heads, seq]`, each row's logsumexp of its scaled, masked scores, which the backward
 /// rebuilds the probabilities from. Products accumulate in f32; `P` is rounded to the dtype
 /// before `P·V`. No atomics: replays are bitwise equal to eager runs. On the host backend the
-/// CPU reference ([`cpu::attention`]) runs.
+/// CPU reference ([`cpu::attention`]) runs. When q, k and v come from one projection,
+/// [`flash_attention_packed`] reads them in place.
 ///
 /// ```
 /// # use graphed::{ops, ops::Attention, DType, Device, Tensor};
@@ -137,41 +274,63 @@ fn lse_dims(a: AttnShape) -> [usize; 3] {
 pub fn flash_attention(q: &Tensor, k: &Tensor, v: &Tensor, at: &Attention) -> Result<(Tensor, Tensor)> {
     const OP: &str = "flash_attention";
     let (a, dtype) = check_qkv(OP, q, k, v, at)?;
-    match exec(q.device()) {
+    forward(OP, at, a, dtype, Qkv::Separate([q, k, v]))
+}
+
+/// [`flash_attention`] on q, k and v packed in one tensor, as one projection with the three
+/// weights stacked (`[q; k; v]`, `(heads + 2 · kv_heads) · head_dim` rows) makes them: `qkv`
+/// is `[batch, seq, (heads + 2 · kv_heads) · head_dim]`, each row q's columns, then k's, then
+/// v's. The kernels read the blocks in place (no split): the same results, bit for bit, as
+/// [`flash_attention`] on the three blocks copied out. Returns `(out, lse)`, `out`
+/// `[batch, seq, heads · head_dim]`. The head dimension is `width / (heads + 2 · kv_heads)`;
+/// the errors are [`flash_attention`]'s.
+///
+/// ```
+/// # use graphed::{ops, ops::Attention, DType, Device, Tensor};
+/// let dev = Device::host();
+/// let x: Vec<f32> = (0..2 * 3 * 192).map(|i| (i as f32 * 0.37).sin()).collect();
+/// let qkv = Tensor::from_slice_as(&dev, &x, &[1, 2, 3 * 64], DType::BF16)?; // 1 head of 64
+/// let (out, lse) = ops::flash_attention_packed(&qkv, &Attention::causal(1))?;
+/// assert_eq!((out.dims(), lse.dims()), (&[1, 2, 64][..], &[1, 1, 2][..]));
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn flash_attention_packed(qkv: &Tensor, at: &Attention) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "flash_attention_packed";
+    let (a, dtype) = check_packed(OP, qkv, at)?;
+    forward(OP, at, a, dtype, Qkv::Packed(qkv))
+}
+
+fn forward(op: &'static str, at: &Attention, a: AttnShape, dtype: DType, qkv: Qkv<'_>) -> Result<(Tensor, Tensor)> {
+    let dev = qkv.first().device();
+    let d = a.dims;
+    let out = Tensor::empty_as(dev, &[d.batch, d.seq, d.heads * d.head_dim], dtype)?;
+    let lse = Tensor::empty(dev, &lse_dims(a))?;
+    match exec(dev) {
         Exec::Host(h) => {
-            let (qp, kp, vp) = (q.host_ptr()?, k.host_ptr()?, v.host_ptr()?);
-            let (out, lse) = (Tensor::empty_like(q)?, Tensor::empty(q.device(), &lse_dims(a))?);
+            let ins = qkv.host()?;
             let (op, lp) = (out.host_ptr()?, lse.host_ptr()?);
             h.run(fwd_kernel(dtype, a.dims.head_dim, FlashTiles::of(a.dims.head_dim)), move || {
-                let (o, l) = cpu::attention(&qp.read(), &kp.read(), &vp.read(), a, dtype);
+                let [q, k, v] = ins.read(a);
+                let (o, l) = cpu::attention(&q, &k, &v, a, dtype);
                 op.write(&o);
                 lp.write(&l);
                 Ok(())
             })?;
-            Ok((out, lse))
         }
         Exec::Cuda(c) => {
-            if let Some(done) = flash_engine::forward(c, at, a, dtype, [q, k, v], &lse_dims(a))? {
-                return Ok(done);
+            let ptrs = qkv.cuda_ptrs(a, dtype)?;
+            let io = [out.cuda_ptr()?, lse.cuda_ptr()?];
+            if flash_engine::forward(c, at, a, dtype, qkv.block_offsets(a, dtype).is_some(), ptrs, io, dev)? {
+                return Ok((out, lse));
             }
-            let tiles = check_device(OP, c, dtype, a)?;
-            let ins = [q, k, v].map(|t| t.cuda_ptr());
-            let [qp, kp, vp] = ins;
-            let (qp, kp, vp) = (qp?, kp?, vp?);
-            let (out, lse) = (Tensor::empty_like(q)?, Tensor::empty(q.device(), &lse_dims(a))?);
-            let mut args = vec![
-                KArg::Ptr(out.cuda_ptr()?),
-                KArg::Ptr(lse.cuda_ptr()?),
-                KArg::Ptr(qp),
-                KArg::Ptr(kp),
-                KArg::Ptr(vp),
-            ];
-            args.extend(sizes(a));
+            let tiles = check_device(op, c, dtype, a)?;
+            let mut args: Vec<KArg> = io.into_iter().chain(ptrs).map(KArg::Ptr).collect();
+            args.extend(sizes(a, qkv.lds(a)));
             let smem = tiles.smem(a.dims.head_dim)[0];
             c.launch(fwd_kernel(dtype, a.dims.head_dim, tiles), tile_grid(a, a.dims.heads, tiles.fwd, smem), &args)?;
-            Ok((out, lse))
         }
     }
+    Ok((out, lse))
 }
 
 /// The backward of [`flash_attention`] from its saved `out` and `lse`: returns `(dq, dk, dv)`
@@ -203,42 +362,110 @@ pub fn flash_attention_backward(
 ) -> Result<(Tensor, Tensor, Tensor)> {
     const OP: &str = "flash_attention_backward";
     let (a, dtype) = check_qkv(OP, q, k, v, at)?;
-    check_like(OP, &[q, dout, out])?;
-    for (name, t) in [("dout", dout), ("out", out)] {
-        if t.dims() != q.dims() {
-            return Err(Error::shape(OP, ShapeProblem::same(name, t.dims(), "q", q.dims())));
-        }
-    }
-    check_lse(OP, lse, q, lse_dims(a))?;
-    match exec(q.device()) {
-        Exec::Host(h) => {
-            let (dq, dk, dv) = (Tensor::empty_like(q)?, Tensor::empty_like(k)?, Tensor::empty_like(v)?);
-            let kernel = dq_kernel(dtype, a.dims.head_dim, FlashTiles::of(a.dims.head_dim));
-            host_backward(h, kernel, [dout, q, k, v, out, lse], [&dq, &dk, &dv], move |saved| {
-                cpu::attention_backward(saved, a, dtype)
-            })?;
-            Ok((dq, dk, dv))
-        }
-        Exec::Cuda(c) => {
-            let ins = [dout, q, k, v, out, lse];
-            match flash_engine::backward(c, at, a, dtype, ins)? {
-                Some(done) => Ok(done),
-                None => backward_cuda(c, a, dtype, ins),
-            }
-        }
+    let mut grads = backward(OP, at, a, dtype, Qkv::Separate([q, k, v]), [dout, out, lse])?.into_iter();
+    match (grads.next(), grads.next(), grads.next()) {
+        (Some(dq), Some(dk), Some(dv)) => Ok((dq, dk, dv)),
+        _ => Err(Error::msg("flash_attention_backward: three grads expected")),
     }
 }
 
-fn backward_cuda(c: &CudaBackend, a: AttnShape, dtype: DType, ins: [&Tensor; 6]) -> Result<(Tensor, Tensor, Tensor)> {
+/// The backward of [`flash_attention_packed`] from its saved `out` and `lse`: returns `dqkv`,
+/// the grads of q, k and v packed as `qkv` is (`dq`'s columns, then `dk`'s, then `dv`'s), the
+/// input of one weight-grad GEMM and one input-grad GEMM against the stacked weight. The kernels
+/// write the blocks in place; the bits are [`flash_attention_backward`]'s.
+///
+/// ```
+/// # use graphed::{ops, ops::Attention, DType, Device, Tensor};
+/// let dev = Device::host();
+/// let x: Vec<f32> = (0..4 * 192).map(|i| (i as f32 * 0.21).cos()).collect();
+/// let qkv = Tensor::from_slice_as(&dev, &x, &[1, 4, 192], DType::BF16)?;
+/// let at = Attention::causal(1);
+/// let (out, lse) = ops::flash_attention_packed(&qkv, &at)?;
+/// let dqkv = ops::flash_attention_packed_backward(&out, &qkv, &out, &lse, &at)?;
+/// assert_eq!(dqkv.dims(), qkv.dims());
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn flash_attention_packed_backward(
+    dout: &Tensor,
+    qkv: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    at: &Attention,
+) -> Result<Tensor> {
+    const OP: &str = "flash_attention_packed_backward";
+    let (a, dtype) = check_packed(OP, qkv, at)?;
+    let mut grads = backward(OP, at, a, dtype, Qkv::Packed(qkv), [dout, out, lse])?;
+    grads.pop().ok_or_else(|| Error::msg("flash_attention_packed_backward: no grad"))
+}
+
+/// The checks of the saved tensors, then the backward on either backend: three grads for
+/// separate inputs, one packed.
+fn backward(
+    op: &'static str,
+    at: &Attention,
+    a: AttnShape,
+    dtype: DType,
+    qkv: Qkv<'_>,
+    [dout, out, lse]: [&Tensor; 3],
+) -> Result<Vec<Tensor>> {
+    let d = a.dims;
+    let first = qkv.first();
+    check_like(op, &[first, dout, out])?;
+    let want = [d.batch, d.seq, d.heads * d.head_dim];
+    for (name, t) in [("dout", dout), ("out", out)] {
+        if t.dims() != want {
+            return Err(Error::shape(
+                op,
+                ShapeProblem::expected(name, &want, "[batch, seq, heads · head_dim]", t.dims()),
+            ));
+        }
+    }
+    check_lse(op, lse, first, lse_dims(a))?;
+    let grads = qkv.grads()?;
+    match exec(first.device()) {
+        Exec::Host(h) => {
+            let ins = qkv.host()?;
+            let (dop, op_, lp) = (dout.host_ptr()?, out.host_ptr()?, lse.host_ptr()?);
+            let outs = grads.iter().map(Tensor::host_ptr).collect::<Result<Vec<_>>>()?;
+            let kernel = dq_kernel(dtype, d.head_dim, FlashTiles::of(d.head_dim));
+            h.run(kernel, move || {
+                let [q, k, v] = ins.read(a);
+                let (dout, out, lse) = (dop.read(), op_.read(), lp.read());
+                let saved = cpu::AttnSaved { dout: &dout, q: &q, k: &k, v: &v, out: &out, lse: &lse };
+                let (gq, gk, gv) = cpu::attention_backward(saved, a, dtype);
+                write_host_grads(&outs, [gq, gk, gv], a);
+                Ok(())
+            })?;
+        }
+        Exec::Cuda(c) => {
+            let ins = qkv.cuda_ptrs(a, dtype)?;
+            let gp = grad_ptrs(&grads, a, dtype)?;
+            let saved = [dout.cuda_ptr()?, out.cuda_ptr()?, lse.cuda_ptr()?];
+            let packed = qkv.block_offsets(a, dtype).is_some();
+            if !flash_engine::backward(c, at, a, dtype, packed, ins, saved, gp, first.device())? {
+                backward_cuda(c, a, dtype, qkv.lds(a), ins, saved, gp, first.device())?;
+            }
+        }
+    }
+    Ok(grads)
+}
+
+/// The portable backward kernels: `D = rowsum(dO ∘ out)`, then dK/dV, then dQ.
+#[allow(clippy::too_many_arguments)]
+fn backward_cuda(
+    c: &CudaBackend,
+    a: AttnShape,
+    dtype: DType,
+    lds: [usize; 2],
+    [qp, kp, vp]: [u64; 3],
+    [dop, op, lp]: [u64; 3],
+    [dqp, dkp, dvp]: [u64; 3],
+    dev: &Device,
+) -> Result<()> {
     const OP: &str = "flash_attention_backward";
     let d = a.dims;
     let tiles = check_device(OP, c, dtype, a)?;
-    let ptrs = ins.map(|t| t.cuda_ptr());
-    let [dop, qp, kp, vp, op, lp] = ptrs;
-    let (dop, qp, kp, vp, op, lp) = (dop?, qp?, kp?, vp?, op?, lp?);
-    let [_, q, k, v, _, _] = ins;
-    let dsum = Tensor::empty(q.device(), &lse_dims(a))?;
-    let (dq, dk, dv) = (Tensor::empty_like(q)?, Tensor::empty_like(k)?, Tensor::empty_like(v)?);
+    let dsum = Tensor::empty(dev, &lse_dims(a))?;
     let sp = dsum.cuda_ptr()?;
     let tokens = d.batch * d.seq;
     let prep = if dtype == DType::BF16 { B::FlashBwdPrepBf16 } else { B::FlashBwdPrepF16 };
@@ -248,16 +475,16 @@ fn backward_cuda(c: &CudaBackend, a: AttnShape, dtype: DType, ins: [&Tensor; 6])
     // One thread per 16 bytes of dout (flash.cu: the threads of a row sum with shuffles).
     c.launch(prep, LaunchDims::elementwise(tokens * d.heads * d.head_dim / 8), &prep_args.collect::<Vec<_>>())?;
     let [_, dq_smem, dkv_smem] = tiles.smem(d.head_dim);
-    let common = [KArg::Ptr(qp), KArg::Ptr(kp), KArg::Ptr(vp), KArg::Ptr(dop), KArg::Ptr(lp), KArg::Ptr(sp)];
-    let mut args = vec![KArg::Ptr(dk.cuda_ptr()?), KArg::Ptr(dv.cuda_ptr()?)];
+    let common = [qp, kp, vp, dop, lp, sp].map(KArg::Ptr);
+    let mut args = vec![KArg::Ptr(dkp), KArg::Ptr(dvp)];
     args.extend(common);
-    args.extend(sizes(a));
+    args.extend(sizes(a, lds));
     c.launch(dkdv_kernel(dtype, d.head_dim, tiles), tile_grid(a, a.kv_heads, tiles.dkv, dkv_smem), &args)?;
-    let mut args = vec![KArg::Ptr(dq.cuda_ptr()?)];
+    let mut args = vec![KArg::Ptr(dqp)];
     args.extend(common);
-    args.extend(sizes(a));
+    args.extend(sizes(a, lds));
     c.launch(dq_kernel(dtype, d.head_dim, tiles), tile_grid(a, d.heads, tiles.dq, dq_smem), &args)?;
-    Ok((dq, dk, dv))
+    Ok(())
 }
 
 /// The tiles for this call ([`FlashTiles::for_call`]); refuses a GPU the kernels cannot run on
@@ -278,13 +505,16 @@ fn check_device(op: &'static str, c: &CudaBackend, dtype: DType, a: AttnShape) -
     Ok(tiles)
 }
 
-/// `seq, heads, kv_heads, causal, scale`: the kernels' trailing arguments.
-fn sizes(a: AttnShape) -> [KArg; 5] {
+/// `seq, heads, kv_heads, qld, kvld, causal, scale`: the kernels' trailing arguments (`lds`:
+/// the row strides of q and of k and v, [`Qkv::lds`]).
+fn sizes(a: AttnShape, [qld, kvld]: [usize; 2]) -> [KArg; 7] {
     let d = a.dims;
     [
         KArg::U32(d.seq as u32),
         KArg::U32(d.heads as u32),
         KArg::U32(a.kv_heads as u32),
+        KArg::U32(qld as u32),
+        KArg::U32(kvld as u32),
         KArg::U32(a.causal as u32),
         KArg::F32(d.scale()),
     ]

@@ -101,7 +101,7 @@ pub fn attention_engines(q: &Tensor, at: &Attention) -> Result<AttentionEngines>
     let pick = |pass| -> Result<AttentionEngine> {
         Ok(match exec(q.device()) {
             Exec::Host(_) => AttentionEngine::Portable,
-            Exec::Cuda(c) => match cudnn_plan("attention_engines", c, at, a, dtype, pass)? {
+            Exec::Cuda(c) => match cudnn_plan("attention_engines", c, at, a, dtype, pass, false)? {
                 Some((key, _)) if !key.deterministic => AttentionEngine::CudnnNondeterministic,
                 Some(_) => AttentionEngine::Cudnn,
                 None => AttentionEngine::Portable,
@@ -120,6 +120,7 @@ fn cudnn_plan(
     a: AttnShape,
     dtype: DType,
     pass: SdpaPass,
+    packed: bool,
 ) -> Result<Option<(SdpaKey, usize)>> {
     let engine = at.engine.resolved();
     if engine == AttentionEngine::Portable {
@@ -136,6 +137,7 @@ fn cudnn_plan(
         head_dim: d.head_dim,
         causal: a.causal,
         deterministic,
+        packed,
     };
     let plan = if a.kv_heads == d.heads { c.cudnn_sdpa_workspace(key)?.map(|w| (key, w)) } else { None };
     if plan.is_none() && engine != AttentionEngine::Auto {
@@ -216,75 +218,83 @@ fn workspace(dev: &Device, bytes: usize) -> Result<Tensor> {
     Tensor::empty(dev, &[bytes.div_ceil(4).max(1)])
 }
 
-/// The device addresses of q, k, v, out and lse (`tensors`), and of the grads for a backward.
-fn pointers(tensors: [&Tensor; 5], grads: Option<SdpaGrads>) -> Result<SdpaPointers> {
-    let [q, k, v, o, stats] = tensors.map(Tensor::cuda_ptr);
-    Ok(SdpaPointers { q: q?, k: k?, v: v?, o: o?, stats: stats?, grads })
-}
-
-/// The forward through cuDNN, or `None` when the portable kernels run it.
+/// The forward through cuDNN from the device addresses of q, k, v (`packed`: column blocks of
+/// one tensor) into out and lse (`io`); `false` when the portable kernels run it.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn forward(
     c: &CudaBackend,
     at: &Attention,
     a: AttnShape,
     dtype: DType,
-    [q, k, v]: [&Tensor; 3],
-    lse_dims: &[usize],
-) -> Result<Option<(Tensor, Tensor)>> {
-    let Some((key, bytes)) = cudnn_plan("flash_attention", c, at, a, dtype, SdpaPass::Forward)? else {
-        return Ok(None);
+    packed: bool,
+    [q, k, v]: [u64; 3],
+    [o, stats]: [u64; 2],
+    dev: &Device,
+) -> Result<bool> {
+    let Some((key, bytes)) = cudnn_plan("flash_attention", c, at, a, dtype, SdpaPass::Forward, packed)? else {
+        return Ok(false);
     };
-    let (out, lse) = (Tensor::empty_like(q)?, Tensor::empty(q.device(), lse_dims)?);
-    let work = workspace(q.device(), bytes)?;
-    let ptrs = pointers([q, k, v, &out, &lse], None)?;
-    // SAFETY: q, k, v and out are `[batch, seq, heads · head_dim]` of `dtype` (checked by the
-    // op; out made here), lse f32 `[batch, heads, seq]`, the workspace holds `bytes`.
+    let work = workspace(dev, bytes)?;
+    let ptrs = SdpaPointers { q, k, v, o, stats, grads: None };
+    // SAFETY: q, k and v address `[batch, seq, heads · head_dim]` blocks of `dtype` with the
+    // key's row stride (checked by the op), out `[batch, seq, heads · head_dim]` and lse f32
+    // `[batch, heads, seq]` (made by the op), the workspace holds `bytes`.
     unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
-    Ok(Some((out, lse)))
+    Ok(true)
 }
 
-/// The backward through cuDNN, or `None` when the portable kernels run it.
+/// The backward through cuDNN from the addresses of q, k, v (`ins`, packed or not), dO, out
+/// and lse (`saved`) into dq, dk, dv (`grads`, laid out as the inputs); `false` when the
+/// portable kernels run it.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
     c: &CudaBackend,
     at: &Attention,
     a: AttnShape,
     dtype: DType,
-    [dout, q, k, v, out, lse]: [&Tensor; 6],
-) -> Result<Option<(Tensor, Tensor, Tensor)>> {
-    let Some((key, bytes)) = cudnn_plan("flash_attention_backward", c, at, a, dtype, SdpaPass::Backward)? else {
-        return Ok(None);
+    packed: bool,
+    [q, k, v]: [u64; 3],
+    [dout, o, stats]: [u64; 3],
+    [dq, dk, dv]: [u64; 3],
+    dev: &Device,
+) -> Result<bool> {
+    let Some((key, bytes)) = cudnn_plan("flash_attention_backward", c, at, a, dtype, SdpaPass::Backward, packed)?
+    else {
+        return Ok(false);
     };
     let (key, bytes) = if key.deterministic { chunked(c, key, bytes)? } else { (key, bytes) };
-    let (dq, dk, dv) = (Tensor::empty_like(q)?, Tensor::empty_like(k)?, Tensor::empty_like(v)?);
-    let dsum = Tensor::empty(q.device(), lse.dims())?;
-    let work = workspace(q.device(), bytes)?;
-    // The atomics' f32 accumulator, zeroed (`[batch, heads, seq, head_dim]`).
     let d = a.dims;
+    let dsum = Tensor::empty(dev, &[d.batch, d.heads, d.seq])?;
+    let work = workspace(dev, bytes)?;
+    // The atomics' f32 accumulator, zeroed (`[batch, heads, seq, head_dim]`).
     let accum =
-        if key.deterministic { None } else { Some(Tensor::zeros(q.device(), &[d.batch, d.heads, d.seq, d.head_dim])?) };
-    let whole = SdpaGrads {
-        dout: dout.cuda_ptr()?,
-        dq: dq.cuda_ptr()?,
-        dk: dk.cuda_ptr()?,
-        dv: dv.cuda_ptr()?,
+        if key.deterministic { None } else { Some(Tensor::zeros(dev, &[d.batch, d.heads, d.seq, d.head_dim])?) };
+    let grads = SdpaGrads {
+        dout,
+        dq,
+        dk,
+        dv,
         dsum: dsum.cuda_ptr()?,
         dq_accum: accum.as_ref().map(Tensor::cuda_ptr).transpose()?,
     };
-    let whole = pointers([q, k, v, out, lse], Some(whole))?;
+    let whole = SdpaPointers { q, k, v, o, stats, grads: Some(grads) };
     // One chunk of `key.batch` sequences at a time (the whole call when unchunked): byte
-    // offsets into the `[batch, seq, heads · d]` tensors and the f32 `[batch, heads, seq]`
-    // statistics.
-    let (seq_bytes, row_bytes) = ((d.seq * d.heads * d.head_dim * dtype.size()) as u64, (d.heads * d.seq * 4) as u64);
-    for b0 in (0..d.batch).step_by(key.batch) {
-        let ptrs = whole.offset(b0 as u64 * seq_bytes, b0 as u64 * row_bytes);
-        // SAFETY: every tensor was checked by the op (or made here) against the call's shape
-        // and dtype; the chunk's sequences lie inside them (its batch divides the call's);
-        // dsum is f32 `[batch, heads, seq]`, the accumulator (unchunked) f32
+    // offsets into q, k, v and their grads (rows `qkv_row` bytes apart), into out and dO
+    // (`[batch, seq, heads · d]`) and into the f32 `[batch, heads, seq]` statistics.
+    let row = (d.heads * d.head_dim * dtype.size()) as u64;
+    let qkv_row = if packed { 3 * row } else { row };
+    let seq = d.seq as u64;
+    let stats_row = (d.heads * d.seq * 4) as u64;
+    for b0 in (0..d.batch as u64).step_by(key.batch) {
+        let ptrs = whole.offset(b0 * seq * qkv_row, b0 * seq * row, b0 * stats_row);
+        // SAFETY: every address was checked by the op (or made here) against the call's shape,
+        // layout and dtype; the chunk's sequences lie inside them (its batch divides the
+        // call's); dsum is f32 `[batch, heads, seq]`, the accumulator (unchunked) f32
         // `[batch, heads, seq, d]`; the workspace holds `bytes`, and the chunks run one after
         // another on the stream.
         unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
     }
-    Ok(Some((dq, dk, dv)))
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ mod activation;
 mod attention;
 pub(crate) mod basic;
 mod cast;
+mod columns;
 pub mod cpu;
 mod decode;
 mod decoder_step;
@@ -27,13 +28,16 @@ pub use activation::{gelu, gelu_backward, relu, relu_backward, Gelu};
 pub use attention::{causal_attention, causal_attention_backward};
 pub use basic::{axpy_, copy_, fill_, scale_, scale_by_};
 pub use cast::cast;
+pub use columns::{concat_columns, split_columns};
 pub use decode::{decode_attention, decode_attention_append, kv_cache_append, kv_cache_fill};
 pub use decoder_step::{
     DecoderLayer, DecoderStep, DecoderWeights, DECODER_STEP_DEFAULT_FUSED_BATCH, DECODER_STEP_MAX_FUSED_BATCH,
 };
 pub use dropout::{dropout, dropout_backward};
 pub use elementwise::{add, mean, mul, scale, sum};
-pub use flash::{flash_attention, flash_attention_backward, Attention};
+pub use flash::{
+    flash_attention, flash_attention_backward, flash_attention_packed, flash_attention_packed_backward, Attention,
+};
 pub use flash_engine::{
     attention_engines, attention_workspace_limit, set_attention_workspace_limit, AttentionEngine, AttentionEngines,
 };

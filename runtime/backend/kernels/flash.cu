@@ -3,9 +3,12 @@
 // file after core.cu and half.cu in one program: u16, u32 and u64 come from there.
 //
 // Layout: q is [batch, seq, heads * D], k and v are [batch, seq, kv_heads * D] (the outputs of
-// linear layers, heads side by side; kv_heads divides heads: grouped-query attention), out and
-// the grads have the layout of their input, lse and dsum are f32 [batch, heads, seq]. Storage is
-// bf16 or f16 (raw 16-bit words), every product accumulates in f32.
+// linear layers, heads side by side; kv_heads divides heads: grouped-query attention), rows qld
+// (q) and kvld (k, v) elements apart: heads * D and kv_heads * D for separate tensors, the
+// packed row's width when q, k and v are column blocks of one [batch, seq, width] tensor (one
+// projection's output). The grads dq, dk, dv have their input's row stride; out and dout are
+// [batch, seq, heads * D]; lse and dsum are f32 [batch, heads, seq]. Storage is bf16 or f16 (raw
+// 16-bit words), every product accumulates in f32.
 //
 // Forward: one block per (query tile, head, batch); each warp owns 16 query rows, keeps its Q
 // fragments in registers and streams K/V tiles through two shared-memory stages (cp.async,
@@ -292,26 +295,29 @@ __device__ __forceinline__ void fa_first_kv(u16* sK, u16* sV, const u16* kb, con
 }
 
 // Where a block of the forward or the dQ kernel stands: its query tile of BM rows (the longest
-// rows first when causal), head h and batch b; the row strides of q (qs) and of k and v (ks);
-// the offset of the head's first q row (qoff); the key/value head's first K and V rows; the
-// first row of this warp's RW (w0); the key tiles of BN the block visits.
+// rows first when causal), head h and batch b; the row strides of q (qs), of k and v (ks) and
+// of out and dout (os); the offsets of the head's first q row (qoff) and out row (ooff); the
+// key/value head's first K and V rows; the first row of this warp's RW (w0); the key tiles of
+// BN the block visits.
 struct FaQTile {
     u32 h, b, q0, w0, ntiles;
-    u64 qs, ks, qoff;
+    u64 qs, ks, os, qoff, ooff;
     const u16* kb;
     const u16* vb;
 };
 template <int D, int BN, int BM, int RW>
-__device__ __forceinline__ FaQTile fa_qtile(const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, int warp) {
+__device__ __forceinline__ FaQTile fa_qtile(const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, int warp) {
     FaQTile g;
     const u32 qtiles = (seq + BM - 1) / BM;
     const u32 qt = causal ? qtiles - 1 - blockIdx.x : blockIdx.x;
     g.h = blockIdx.y;
     g.b = blockIdx.z;
     const u32 kvh = g.h / (heads / kv_heads);
-    g.qs = (u64)heads * D;
-    g.ks = (u64)kv_heads * D;
+    g.qs = qld;
+    g.ks = kvld;
+    g.os = (u64)heads * D;
     g.qoff = (u64)g.b * seq * g.qs + (u64)g.h * D;
+    g.ooff = (u64)g.b * seq * g.os + (u64)g.h * D;
     g.kb = k + (u64)g.b * seq * g.ks + (u64)kvh * D;
     g.vb = v + (u64)g.b * seq * g.ks + (u64)kvh * D;
     g.q0 = qt * BM;
@@ -327,14 +333,14 @@ __device__ __forceinline__ FaQTile fa_qtile(const u16* k, const u16* v, u32 seq,
 // block BM = RW * NW rows; BN keys a tile. Shared: Q (BM x D), then two stages of K and V (BN x
 // D each). Q's fragments stay in registers when they are few (QREG), else they are re-read.
 template <bool BF16, int D, int BN, int NW, int MT>
-__device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) {
+__device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) {
     constexpr int RW = 16 * MT, BM = RW * NW, NT = NW * 32;
     constexpr bool QREG = MT * D <= 128;
     u16* sQ = reinterpret_cast<u16*>(fa_smem);
     u16* sK = sQ + BM * D;
     u16* sV = sK + 2 * BN * D;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
-    const FaQTile g = fa_qtile<D, BN, BM, RW>(k, v, seq, heads, kv_heads, causal, warp);
+    const FaQTile g = fa_qtile<D, BN, BM, RW>(k, v, seq, heads, kv_heads, qld, kvld, causal, warp);
     const u32 h = g.h, b = g.b, w0 = g.w0, ntiles = g.ntiles;
     const u64 qs = g.qs;
 
@@ -397,7 +403,7 @@ __device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const
     }
     fa_wait0();
 
-    u16* ob = out + g.qoff;
+    u16* ob = out + g.ooff;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
         float inv[2];
@@ -412,7 +418,7 @@ __device__ __forceinline__ void fa_fwd(u16* out, float* lse, const u16* q, const
                 lse[((u64)b * heads + h) * seq + row] = li > 0.0f ? (m[mt][i] + __log2f(li)) * FA_LN2 : FA_NEG_INF;
             }
         }
-        fa_store<BF16, D>(ob, qs, w0 + mt * 16, seq, sQ, warp * RW + mt * 16, o[mt], inv[0], inv[1]);
+        fa_store<BF16, D>(ob, g.os, w0 + mt * 16, seq, sQ, warp * RW + mt * 16, o[mt], inv[0], inv[1]);
     }
 }
 
@@ -448,7 +454,7 @@ __device__ __forceinline__ void fa_bwd_prep(float* dsum, const T* dout, const T*
 // Shared: Q, dO (BM x D), two stages of K and V (BN x D). Q's and dO's fragments stay in
 // registers when they are few (FREG).
 template <bool BF16, int D, int BN, int NW, int MT>
-__device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) {
+__device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) {
     constexpr int RW = 16 * MT, BM = RW * NW, NT = NW * 32;
     constexpr bool FREG = MT * D <= 128;
     u16* sQ = reinterpret_cast<u16*>(fa_smem);
@@ -456,12 +462,12 @@ __device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, c
     u16* sK = sO + BM * D;
     u16* sV = sK + 2 * BN * D;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
-    const FaQTile g = fa_qtile<D, BN, BM, RW>(k, v, seq, heads, kv_heads, causal, warp);
+    const FaQTile g = fa_qtile<D, BN, BM, RW>(k, v, seq, heads, kv_heads, qld, kvld, causal, warp);
     const u32 h = g.h, b = g.b, w0 = g.w0, ntiles = g.ntiles;
     const u64 qs = g.qs, qoff = g.qoff;
 
     fa_load<D, BM, NT>(sQ, q + qoff, qs, g.q0, seq);
-    fa_load<D, BM, NT>(sO, dout + qoff, qs, g.q0, seq);
+    fa_load<D, BM, NT>(sO, dout + g.ooff, g.os, g.q0, seq);
     fa_commit();
     fa_first_kv<D, BN, NT>(sK, sV, g.kb, g.vb, g.ks, seq);
     u32 qf[FREG ? MT : 1][D / 16][4], df[FREG ? MT : 1][D / 16][4];
@@ -513,7 +519,7 @@ __device__ __forceinline__ void fa_bwd_dq(u16* dq, const u16* q, const u16* k, c
 // at a time (small S and dP, so the 32 keys' accumulators fit) with K's fragments in registers;
 // a chunk entirely above the diagonal is skipped.
 template <bool BF16, int D, int BM, int NW, int MT>
-__device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) {
+__device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) {
     constexpr int RW = 16 * MT, BN = RW * NW, NT = NW * 32;
     constexpr int QC = MT == 1 ? BM : 16;
     constexpr bool KREG = QC == 16 && MT * D <= 128;
@@ -525,7 +531,7 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
     float* sD = sL + 2 * BM;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
     const u32 kvh = blockIdx.y, b = blockIdx.z, group = heads / kv_heads;
-    const u64 qs = (u64)heads * D, ks = (u64)kv_heads * D;
+    const u64 qs = qld, ks = kvld, os = (u64)heads * D;
     const u64 koff = (u64)b * seq * ks + (u64)kvh * D;
     const u32 k0 = blockIdx.x * BN, w0 = k0 + warp * RW;
     const u32 qtiles = (seq + BM - 1) / BM;
@@ -537,10 +543,10 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
     fa_commit();
     auto load_q = [&](u32 it, int st) {
         const u32 h = kvh * group + it / per_head, q0 = (first + it % per_head) * BM;
-        const u64 qoff = (u64)b * seq * qs + (u64)h * D;
+        const u64 qoff = (u64)b * seq * qs + (u64)h * D, ooff = (u64)b * seq * os + (u64)h * D;
         const u64 loff = ((u64)b * heads + h) * seq;
         fa_load<D, BM, NT>(sQ + st * BM * D, q + qoff, qs, q0, seq);
-        fa_load<D, BM, NT>(sO + st * BM * D, dout + qoff, qs, q0, seq);
+        fa_load<D, BM, NT>(sO + st * BM * D, dout + ooff, os, q0, seq);
         fa_load_f32<BM, NT>(sL + st * BM, lse + loff, q0, seq);
         fa_load_f32<BM, NT>(sD + st * BM, dsum + loff, q0, seq);
     };
@@ -622,27 +628,27 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
 #define FA_NW(A, B, C) B
 #define FA_NW_OF(CFG) FA_NW(CFG)
 
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD64)) flash_fwd_bf16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_fwd<true, 64, FA_FWD64>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD128)) flash_fwd_bf16_d128(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_fwd<true, 128, FA_FWD128>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD64)) flash_fwd_f16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_fwd<false, 64, FA_FWD64>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD128)) flash_fwd_f16_d128(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_fwd<false, 128, FA_FWD128>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD64)) flash_fwd_bf16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_fwd<true, 64, FA_FWD64>(out, lse, q, k, v, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD128)) flash_fwd_bf16_d128(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_fwd<true, 128, FA_FWD128>(out, lse, q, k, v, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD64)) flash_fwd_f16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_fwd<false, 64, FA_FWD64>(out, lse, q, k, v, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWD128)) flash_fwd_f16_d128(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_fwd<false, 128, FA_FWD128>(out, lse, q, k, v, seq, heads, kv_heads, qld, kvld, causal, scale);) }
 
 extern "C" __global__ void flash_bwd_prep_bf16(float* dsum, const bf16_t* dout, const bf16_t* out, u32 tokens, u32 seq, u32 heads, u32 d) { GR_PDL_ENTRY(); fa_bwd_prep(dsum, dout, out, tokens, seq, heads, d); }
 extern "C" __global__ void flash_bwd_prep_f16(float* dsum, const f16_t* dout, const f16_t* out, u32 tokens, u32 seq, u32 heads, u32 d) { GR_PDL_ENTRY(); fa_bwd_prep(dsum, dout, out, tokens, seq, heads, d); }
 
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQ64)) flash_bwd_dq_bf16_d64(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dq<true, 64, FA_DQ64>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQ128)) flash_bwd_dq_bf16_d128(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dq<true, 128, FA_DQ128>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQ64)) flash_bwd_dq_f16_d64(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dq<false, 64, FA_DQ64>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQ128)) flash_bwd_dq_f16_d128(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dq<false, 128, FA_DQ128>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQ64)) flash_bwd_dq_bf16_d64(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dq<true, 64, FA_DQ64>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQ128)) flash_bwd_dq_bf16_d128(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dq<true, 128, FA_DQ128>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQ64)) flash_bwd_dq_f16_d64(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dq<false, 64, FA_DQ64>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQ128)) flash_bwd_dq_f16_d128(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dq<false, 128, FA_DQ128>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, qld, kvld, causal, scale);) }
 
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV64)) flash_bwd_dkdv_bf16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dkdv<true, 64, FA_DKV64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV128)) flash_bwd_dkdv_bf16_d128(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dkdv<true, 128, FA_DKV128>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV64)) flash_bwd_dkdv_f16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dkdv<false, 64, FA_DKV64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV128)) flash_bwd_dkdv_f16_d128(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dkdv<false, 128, FA_DKV128>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV64)) flash_bwd_dkdv_bf16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dkdv<true, 64, FA_DKV64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV128)) flash_bwd_dkdv_bf16_d128(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dkdv<true, 128, FA_DKV128>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV64)) flash_bwd_dkdv_f16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dkdv<false, 64, FA_DKV64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKV128)) flash_bwd_dkdv_f16_d128(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dkdv<false, 128, FA_DKV128>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, qld, kvld, causal, scale);) }
 
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWDS64)) flash_fwd_s_bf16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_fwd<true, 64, FA_FWDS64>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQS64)) flash_bwd_dq_s_bf16_d64(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dq<true, 64, FA_DQS64>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKVS64)) flash_bwd_dkdv_s_bf16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dkdv<true, 64, FA_DKVS64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWDS64)) flash_fwd_s_f16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_fwd<false, 64, FA_FWDS64>(out, lse, q, k, v, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQS64)) flash_bwd_dq_s_f16_d64(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dq<false, 64, FA_DQS64>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
-extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKVS64)) flash_bwd_dkdv_s_f16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dkdv<false, 64, FA_DKVS64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWDS64)) flash_fwd_s_bf16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_fwd<true, 64, FA_FWDS64>(out, lse, q, k, v, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQS64)) flash_bwd_dq_s_bf16_d64(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dq<true, 64, FA_DQS64>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKVS64)) flash_bwd_dkdv_s_bf16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dkdv<true, 64, FA_DKVS64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_FWDS64)) flash_fwd_s_f16_d64(u16* out, float* lse, const u16* q, const u16* k, const u16* v, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_fwd<false, 64, FA_FWDS64>(out, lse, q, k, v, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DQS64)) flash_bwd_dq_s_f16_d64(u16* dq, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dq<false, 64, FA_DQS64>(dq, q, k, v, dout, lse, dsum, seq, heads, kv_heads, qld, kvld, causal, scale);) }
+extern "C" __global__ void __launch_bounds__(32 * FA_NW_OF(FA_DKVS64)) flash_bwd_dkdv_s_f16_d64(u16* dk, u16* dv, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) { GR_PDL_ENTRY(); FA_BODY(fa_bwd_dkdv<false, 64, FA_DKVS64>(dk, dv, q, k, v, dout, lse, dsum, seq, heads, kv_heads, qld, kvld, causal, scale);) }

@@ -194,6 +194,28 @@ extern "C" __global__ void resize_axes_u32(u32* dst, const u32* src, u32 outer, 
     resize_axes_t(dst, src, outer, dl1, sl1, mid, dl2, sl2, inner, pad);
 }
 
+// dst[r * dld + c] = src[r * sld + c] for r < rows, c < cols: one column block of a row-major
+// tensor copied to or from a tensor of its own (ops::split_columns, ops::concat_columns; the
+// host moves the pointers to the block's first column).
+template <typename T>
+__device__ __forceinline__ void copy_cols_t(T* dst, const T* src, u32 rows, u32 cols, u32 dld, u32 sld) {
+    const u64 n = (u64)rows * cols;
+    for (u64 i = gr_tid(); i < n; i += gr_stride()) {
+        const u64 r = i / cols, c = i % cols;
+        dst[r * dld + c] = src[r * sld + c];
+    }
+}
+
+extern "C" __global__ void copy_cols_u32(u32* dst, const u32* src, u32 rows, u32 cols, u32 dld, u32 sld) {
+    GR_PDL_ENTRY();
+    copy_cols_t(dst, src, rows, cols, dld, sld);
+}
+
+extern "C" __global__ void copy_cols_u16(u16* dst, const u16* src, u32 rows, u32 cols, u32 dld, u32 sld) {
+    GR_PDL_ENTRY();
+    copy_cols_t(dst, src, rows, cols, dld, sld);
+}
+
 extern "C" __global__ void resize_axes_u16(u16* dst, const u16* src, u32 outer, u32 dl1, u32 sl1, u32 mid, u32 dl2,
                                            u32 sl2, u32 inner, u32 pad) {
     GR_PDL_ENTRY();
