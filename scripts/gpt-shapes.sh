@@ -6,7 +6,7 @@
 # Each run's JSON and log go into $OUT/gpt-shapes.tgz, the table with same-run ratios to
 # $OUT/gpt-shapes.md (and stdout).
 #   bash scripts/gpt-shapes.sh [steps, default 200]
-# (GPT_SHAPES_RUNS="graphed swiglu all" picks ours' runs, default all four; GPT_SHAPES_TORCH the
+# (GPT_SHAPES="1024x4" picks the shapes; GPT_SHAPES_RUNS="graphed swiglu all" picks ours' runs, default all four; GPT_SHAPES_TORCH the
 # torch variants, default compile,compile_stacked: the model as written, and with q/k/v and
 # gate/up each one Linear, as ours stores them.)
 set -uo pipefail
@@ -67,7 +67,7 @@ PY
   cp "$work/gpt-shapes.md" "$out/"
   tar -czf "$out/gpt-shapes.tgz" -C "$(dirname "$work")" gpt-shapes
 }
-for shape in 256x16 1024x4 4096x1; do
+for shape in ${GPT_SHAPES:-256x16 1024x4 4096x1}; do
   for run in ${GPT_SHAPES_RUNS:-graphed floor swiglu all}; do
     case $run in
       graphed) ours graphed "$shape" --mode graphed ;;
