@@ -288,7 +288,7 @@ pub fn flash_attention(q: &Tensor, k: &Tensor, v: &Tensor, at: &Attention) -> Re
 /// ```
 /// # use graphed::{ops, ops::Attention, DType, Device, Tensor};
 /// let dev = Device::host();
-/// let x: Vec<f32> = (0..2 * 3 * 192).map(|i| (i as f32 * 0.37).sin()).collect();
+/// let x: Vec<f32> = (0..2 * 192).map(|i| (i as f32 * 0.37).sin()).collect();
 /// let qkv = Tensor::from_slice_as(&dev, &x, &[1, 2, 3 * 64], DType::BF16)?; // 1 head of 64
 /// let (out, lse) = ops::flash_attention_packed(&qkv, &Attention::causal(1))?;
 /// assert_eq!((out.dims(), lse.dims()), (&[1, 2, 64][..], &[1, 1, 2][..]));
