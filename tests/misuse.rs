@@ -748,8 +748,9 @@ fn a_refused_integer_parameter_changes_nothing() {
     });
 }
 
-/// Fused attention refuses what its kernels are not built for, and a wrong layout, before it
-/// allocates or launches anything: the pool and the device memory are as before.
+/// Fused attention (separate or packed q/k/v) refuses what its kernels are not built for, and a
+/// wrong layout, before it allocates or launches anything, as the column copies do: the pool and
+/// the device memory are as before.
 #[test]
 fn refused_attention_calls_change_nothing() {
     use graphed::ops::Attention;
@@ -757,6 +758,8 @@ fn refused_attention_calls_change_nothing() {
         let bf = |dims: &[usize]| Tensor::zeros_as(dev, dims, DType::BF16);
         let (x, narrow, f) = (bf(&[2, 8, 128])?, bf(&[2, 8, 64])?, Tensor::zeros(dev, &[2, 8, 128])?);
         let (out, lse) = ops::flash_attention(&x, &x, &x, &Attention::causal(2))?;
+        let packed = bf(&[2, 8, 384])?; // q, k and v of 2 heads of 64, packed
+        let (odd, thin, short) = (bf(&[2, 8, 385])?, bf(&[2, 8, 192])?, bf(&[2, 7, 64])?);
         let before = (dev.default_pool().stats(), dev.reserved_bytes());
         let at = Attention::causal(2);
         let mut refusals = vec![
@@ -767,6 +770,13 @@ fn refused_attention_calls_change_nothing() {
             ops::flash_attention(&x, &narrow, &narrow, &at).map(drop),         // k, v too narrow
             ops::flash_attention_backward(&narrow, &x, &x, &x, &out, &lse, &at).map(drop),
             ops::flash_attention_backward(&x, &x, &x, &x, &out, &out, &at).map(drop), // lse not f32
+            ops::flash_attention_packed(&odd, &at).map(drop),                         // not 6 blocks
+            ops::flash_attention_packed(&thin, &at).map(drop),                        // head dim 32
+            ops::flash_attention_packed(&x, &at.kv_heads(3)).map(drop),               // 3 does not divide 2
+            ops::flash_attention_packed_backward(&narrow, &packed, &out, &lse, &at).map(drop), // dout width
+            ops::flash_attention_packed_backward(&out, &packed, &out, &out, &at).map(drop), // lse
+            ops::split_columns(&x, &[64, 63]).map(drop),                              // widths sum to 127
+            ops::concat_columns(&[&x, &short]).map(drop),                             // leading dims differ
         ];
         if dev.is_cuda() {
             // cuDNN asked for where it does not run (grouped heads; or no libcudnn): refused, not
