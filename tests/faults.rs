@@ -5,7 +5,7 @@
 //! failed `make_graphed` hands the module back with its parameters, grads, the RNG state and
 //! the pools as they were. Then the sweep: representative workloads (the MLP stack, a 2-chunk
 //! pipeline with buffer reuse and `w(c)` weight grads, an MLP that recomputes its norm's and
-//! SwiGLU's outputs in its backward, the fused step, a data-parallel step on
+//! SwiGLU's outputs in its backward, attention over one q/k/v projection read in place, the fused step, a data-parallel step on
 //! emulated ranks, a safetensors save and load, a decoder step over its KV caches, an eager
 //! optimizer step, a `#[graphed]` struct model, a graph with WHILE and IF nodes) run once per
 //! fault point with that point failing (`graphed::fault`), and each run must end in a typed
@@ -592,6 +592,115 @@ impl Workload for Recompute {
         let g = st.g.as_mut().expect("graphed");
         if call == 0 {
             // The captured graphs compute what eager code does.
+            out.push(bits(&g.forward(&st.x)?)?);
+            out.extend(g.backward(&st.dy)?.map(|d| bits(&d)).transpose()?);
+        }
+        Ok(out)
+    }
+}
+
+/// Self-attention over one q/k/v projection read in place (`flash_attention_packed`, cuDNN's
+/// plans and workspace on CUDA where it runs), bf16: one head of 64, `SEQ` positions.
+#[derive(Parameters)]
+pub struct PackedAttention {
+    w_qkv: Param,
+    wo: Param,
+}
+
+/// The attention workload's sequence length (not a multiple of the kernels' tiles).
+const SEQ: usize = 20;
+/// Its width: one head of 64.
+const WIDTH: usize = 64;
+
+#[graphed(warmup = 2)]
+impl PackedAttention {
+    pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
+        let qkv = ops::linear(x, &self.w_qkv.value, None)?;
+        let (att, lse) = ops::flash_attention_packed(&qkv, &ops::Attention::causal(1))?;
+        let y = ops::linear(&att, &self.wo.value, None)?;
+        for t in [x, &qkv, &att, &lse] {
+            cx.save(t);
+        }
+        Ok(y)
+    }
+    pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
+        let (x, qkv, att, lse) = (cx.saved(0)?, cx.saved(1)?, cx.saved(2)?, cx.saved(3)?);
+        let datt = ops::linear_backward(dy, &att, &self.wo.value, &self.wo.grad, None, true)?
+            .ok_or_else(|| Error::msg("linear_backward returned no dx"))?;
+        let at = ops::Attention::causal(1);
+        let dqkv = ops::flash_attention_packed_backward(&datt, &qkv, &att, &lse, &at)?;
+        ops::linear_backward(&dqkv, &x, &self.w_qkv.value, &self.w_qkv.grad, None, true)
+    }
+}
+
+/// The packed attention block captured by the typed wrapper, then one training step of
+/// replays.
+struct Attention;
+
+struct AttentionState {
+    x: Tensor,
+    dy: Tensor,
+    module: Option<PackedAttention>,
+    g: Option<GraphedPackedAttention>,
+}
+
+impl Workload for Attention {
+    type State = AttentionState;
+    const CALLS: &'static [&'static str] = &["make_graphed", "forward", "backward"];
+
+    fn setup(&self, dev: &Device, call: usize) -> Result<AttentionState> {
+        let bf16 = |dims: &[usize], seed: u64| random(dev, dims, seed)?.to_dtype(graphed::DType::BF16);
+        let x = bf16(&[2, SEQ, WIDTH], 71)?.with_requires_grad(true);
+        let dy = bf16(&[2, SEQ, WIDTH], 72)?;
+        let module = PackedAttention {
+            w_qkv: Param::new(bf16(&[3 * WIDTH, WIDTH], 73)?)?,
+            wo: Param::new(bf16(&[WIDTH, WIDTH], 74)?)?,
+        };
+        for (i, p) in module.trainable_params().iter().enumerate() {
+            p.grad.copy_from_slice(&common::random_vec(p.grad.numel(), 95 + i as u64))?;
+        }
+        let mut st = AttentionState { x, dy, module: Some(module), g: None };
+        for k in 0..call {
+            self.call(&mut st, k)?;
+        }
+        Ok(st)
+    }
+
+    fn call(&self, st: &mut AttentionState, call: usize) -> Result<()> {
+        match call {
+            0 => {
+                let module = st.module.take().expect("the module");
+                match module.make_graphed(&st.x) {
+                    Ok(g) => st.g = Some(g),
+                    Err(e) => {
+                        let (e, module) = e.into_parts();
+                        st.module = Some(module);
+                        return Err(e);
+                    }
+                }
+            }
+            1 => drop(st.g.as_mut().expect("graphed").forward(&st.x)?),
+            _ => drop(st.g.as_mut().expect("graphed").backward(&st.dy)?),
+        }
+        Ok(())
+    }
+
+    fn params(&self, st: &AttentionState) -> Vec<Param> {
+        match (&st.module, &st.g) {
+            (Some(m), _) => m.trainable_params(),
+            (None, Some(g)) => g.module().trainable_params(),
+            (None, None) => panic!("the module was lost"),
+        }
+    }
+
+    fn pools(&self, st: &AttentionState) -> Vec<GraphPool> {
+        st.g.iter().map(|g| g.inner().pool().clone()).collect()
+    }
+
+    fn observe(&self, st: &mut AttentionState, call: usize) -> Result<Vec<Vec<u32>>> {
+        let mut out = param_bits(&self.params(st))?;
+        let g = st.g.as_mut().expect("graphed");
+        if call == 0 {
             out.push(bits(&g.forward(&st.x)?)?);
             out.extend(g.backward(&st.dy)?.map(|d| bits(&d)).transpose()?);
         }
@@ -1418,6 +1527,7 @@ fn every_fault_point_is_a_typed_error_that_leaves_nothing_behind() {
         let run = |report: &mut Report| -> Result<()> {
             sweep(dev, "MLP stack", &Mlp, report)?;
             sweep(dev, "an MLP that recomputes in its backward", &Recompute, report)?;
+            sweep(dev, "attention over packed q/k/v", &Attention, report)?;
             sweep(dev, "2-chunk pipeline, reuse and w(c)", &Pipeline, report)?;
             sweep(dev, "fused step", &Fused, report)?;
             sweep(dev, "safetensors", &Checkpoint, report)?;
