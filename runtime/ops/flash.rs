@@ -124,10 +124,8 @@ fn check_packed(op: &'static str, qkv: &Tensor, at: &Attention) -> Result<(AttnS
         return Err(Error::shape(op, ShapeProblem::Heads { heads: at.heads, kv_heads: at.kv_heads }));
     }
     let blocks = at.heads + 2 * at.kv_heads;
-    if width == 0 || width % blocks != 0 {
-        return Err(Error::shape(op, ShapeProblem::Width { arg: "qkv", got: qkv.dims().to_vec(), heads: blocks }));
-    }
-    if batch == 0 || seq == 0 {
+    // The width in `heads + 2 · kv_heads` blocks of one head dimension, and rows to attend.
+    if batch == 0 || seq == 0 || width == 0 || width % blocks != 0 {
         return Err(Error::shape(op, ShapeProblem::Width { arg: "qkv", got: qkv.dims().to_vec(), heads: blocks }));
     }
     let head_dim = width / blocks;
@@ -225,7 +223,7 @@ impl HostQkv {
     }
 }
 
-/// Writes the CPU reference's grads into `grads` (three tensors, or one packed).
+/// Writes the CPU reference's grads into `outs`: three tensors, or one packed.
 fn write_host_grads(outs: &[HostPtr], [gq, gk, gv]: [Vec<f32>; 3], a: AttnShape) {
     match outs {
         [packed] => packed.write(&cpu::pack_qkv(&gq, &gk, &gv, a)),
