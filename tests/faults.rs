@@ -524,21 +524,92 @@ impl Recomputing {
     }
 }
 
-/// The recomputing MLP captured by the typed wrapper, then one training step of replays.
-struct Recompute;
+/// A workload of one `#[graphed]` module captured by its typed wrapper, then one training step
+/// of replays: `make_graphed`, `forward`, `backward`. `$inputs(dev)` makes the input, the
+/// output's grad and the module; the module's grads start from `random_vec` at `$grad_seed`
+/// on, so that a failure that touched them would show.
+macro_rules! typed_module_workload {
+    ($(#[$doc:meta])* $workload:ident, $state:ident, $module:ty, $graphed:ty, $grad_seed:expr, $inputs:expr) => {
+        $(#[$doc])*
+        struct $workload;
 
-struct RecomputeState {
-    x: Tensor,
-    dy: Tensor,
-    module: Option<Recomputing>,
-    g: Option<GraphedRecomputing>,
+        struct $state {
+            x: Tensor,
+            dy: Tensor,
+            module: Option<$module>,
+            g: Option<$graphed>,
+        }
+
+        impl Workload for $workload {
+            type State = $state;
+            const CALLS: &'static [&'static str] = &["make_graphed", "forward", "backward"];
+
+            fn setup(&self, dev: &Device, call: usize) -> Result<$state> {
+                let inputs: fn(&Device) -> Result<(Tensor, Tensor, $module)> = $inputs;
+                let (x, dy, module) = inputs(dev)?;
+                for (i, p) in module.trainable_params().iter().enumerate() {
+                    p.grad.copy_from_slice(&common::random_vec(p.grad.numel(), $grad_seed + i as u64))?;
+                }
+                let mut st = $state { x, dy, module: Some(module), g: None };
+                for k in 0..call {
+                    self.call(&mut st, k)?;
+                }
+                Ok(st)
+            }
+
+            fn call(&self, st: &mut $state, call: usize) -> Result<()> {
+                match call {
+                    0 => {
+                        let module = st.module.take().expect("the module");
+                        match module.make_graphed(&st.x) {
+                            Ok(g) => st.g = Some(g),
+                            Err(e) => {
+                                let (e, module) = e.into_parts();
+                                st.module = Some(module);
+                                return Err(e);
+                            }
+                        }
+                    }
+                    1 => drop(st.g.as_mut().expect("graphed").forward(&st.x)?),
+                    _ => drop(st.g.as_mut().expect("graphed").backward(&st.dy)?),
+                }
+                Ok(())
+            }
+
+            fn params(&self, st: &$state) -> Vec<Param> {
+                match (&st.module, &st.g) {
+                    (Some(m), _) => m.trainable_params(),
+                    (None, Some(g)) => g.module().trainable_params(),
+                    (None, None) => panic!("the module was lost"),
+                }
+            }
+
+            fn pools(&self, st: &$state) -> Vec<GraphPool> {
+                st.g.iter().map(|g| g.inner().pool().clone()).collect()
+            }
+
+            fn observe(&self, st: &mut $state, call: usize) -> Result<Vec<Vec<u32>>> {
+                let mut out = param_bits(&self.params(st))?;
+                let g = st.g.as_mut().expect("graphed");
+                if call == 0 {
+                    // The captured graphs compute what eager code does.
+                    out.push(bits(&g.forward(&st.x)?)?);
+                    out.extend(g.backward(&st.dy)?.map(|d| bits(&d)).transpose()?);
+                }
+                Ok(out)
+            }
+        }
+    };
 }
 
-impl Workload for Recompute {
-    type State = RecomputeState;
-    const CALLS: &'static [&'static str] = &["make_graphed", "forward", "backward"];
-
-    fn setup(&self, dev: &Device, call: usize) -> Result<RecomputeState> {
+typed_module_workload!(
+    /// The recomputing MLP captured by the typed wrapper, then one training step of replays.
+    Recompute,
+    RecomputeState,
+    Recomputing,
+    GraphedRecomputing,
+    90,
+    |dev| {
         let x = random(dev, &[B, H], 61)?.with_requires_grad(true);
         let dy = random(dev, &[B, H], 62)?;
         let module = Recomputing {
@@ -546,58 +617,9 @@ impl Workload for Recompute {
             w_gu: Param::new(random(dev, &[2 * HID, H], 64)?)?,
             w_down: Param::new(random(dev, &[H, HID], 65)?)?,
         };
-        for (i, p) in module.trainable_params().iter().enumerate() {
-            p.grad.copy_from_slice(&common::random_vec(p.grad.numel(), 90 + i as u64))?;
-        }
-        let mut st = RecomputeState { x, dy, module: Some(module), g: None };
-        for k in 0..call {
-            self.call(&mut st, k)?;
-        }
-        Ok(st)
+        Ok((x, dy, module))
     }
-
-    fn call(&self, st: &mut RecomputeState, call: usize) -> Result<()> {
-        match call {
-            0 => {
-                let module = st.module.take().expect("the module");
-                match module.make_graphed(&st.x) {
-                    Ok(g) => st.g = Some(g),
-                    Err(e) => {
-                        let (e, module) = e.into_parts();
-                        st.module = Some(module);
-                        return Err(e);
-                    }
-                }
-            }
-            1 => drop(st.g.as_mut().expect("graphed").forward(&st.x)?),
-            _ => drop(st.g.as_mut().expect("graphed").backward(&st.dy)?),
-        }
-        Ok(())
-    }
-
-    fn params(&self, st: &RecomputeState) -> Vec<Param> {
-        match (&st.module, &st.g) {
-            (Some(m), _) => m.trainable_params(),
-            (None, Some(g)) => g.module().trainable_params(),
-            (None, None) => panic!("the module was lost"),
-        }
-    }
-
-    fn pools(&self, st: &RecomputeState) -> Vec<GraphPool> {
-        st.g.iter().map(|g| g.inner().pool().clone()).collect()
-    }
-
-    fn observe(&self, st: &mut RecomputeState, call: usize) -> Result<Vec<Vec<u32>>> {
-        let mut out = param_bits(&self.params(st))?;
-        let g = st.g.as_mut().expect("graphed");
-        if call == 0 {
-            // The captured graphs compute what eager code does.
-            out.push(bits(&g.forward(&st.x)?)?);
-            out.extend(g.backward(&st.dy)?.map(|d| bits(&d)).transpose()?);
-        }
-        Ok(out)
-    }
-}
+);
 
 /// Self-attention over one q/k/v projection read in place (`flash_attention_packed`, cuDNN's
 /// plans and workspace on CUDA where it runs), bf16: one head of 64, `SEQ` positions.
@@ -633,22 +655,15 @@ impl PackedAttention {
     }
 }
 
-/// The packed attention block captured by the typed wrapper, then one training step of
-/// replays.
-struct Attention;
-
-struct AttentionState {
-    x: Tensor,
-    dy: Tensor,
-    module: Option<PackedAttention>,
-    g: Option<GraphedPackedAttention>,
-}
-
-impl Workload for Attention {
-    type State = AttentionState;
-    const CALLS: &'static [&'static str] = &["make_graphed", "forward", "backward"];
-
-    fn setup(&self, dev: &Device, call: usize) -> Result<AttentionState> {
+typed_module_workload!(
+    /// The packed attention block captured by the typed wrapper, then one training step of
+    /// replays.
+    Attention,
+    AttentionState,
+    PackedAttention,
+    GraphedPackedAttention,
+    95,
+    |dev| {
         let bf16 = |dims: &[usize], seed: u64| random(dev, dims, seed)?.to_dtype(graphed::DType::BF16);
         let x = bf16(&[2, SEQ, WIDTH], 71)?.with_requires_grad(true);
         let dy = bf16(&[2, SEQ, WIDTH], 72)?;
@@ -656,57 +671,9 @@ impl Workload for Attention {
             w_qkv: Param::new(bf16(&[3 * WIDTH, WIDTH], 73)?)?,
             wo: Param::new(bf16(&[WIDTH, WIDTH], 74)?)?,
         };
-        for (i, p) in module.trainable_params().iter().enumerate() {
-            p.grad.copy_from_slice(&common::random_vec(p.grad.numel(), 95 + i as u64))?;
-        }
-        let mut st = AttentionState { x, dy, module: Some(module), g: None };
-        for k in 0..call {
-            self.call(&mut st, k)?;
-        }
-        Ok(st)
+        Ok((x, dy, module))
     }
-
-    fn call(&self, st: &mut AttentionState, call: usize) -> Result<()> {
-        match call {
-            0 => {
-                let module = st.module.take().expect("the module");
-                match module.make_graphed(&st.x) {
-                    Ok(g) => st.g = Some(g),
-                    Err(e) => {
-                        let (e, module) = e.into_parts();
-                        st.module = Some(module);
-                        return Err(e);
-                    }
-                }
-            }
-            1 => drop(st.g.as_mut().expect("graphed").forward(&st.x)?),
-            _ => drop(st.g.as_mut().expect("graphed").backward(&st.dy)?),
-        }
-        Ok(())
-    }
-
-    fn params(&self, st: &AttentionState) -> Vec<Param> {
-        match (&st.module, &st.g) {
-            (Some(m), _) => m.trainable_params(),
-            (None, Some(g)) => g.module().trainable_params(),
-            (None, None) => panic!("the module was lost"),
-        }
-    }
-
-    fn pools(&self, st: &AttentionState) -> Vec<GraphPool> {
-        st.g.iter().map(|g| g.inner().pool().clone()).collect()
-    }
-
-    fn observe(&self, st: &mut AttentionState, call: usize) -> Result<Vec<Vec<u32>>> {
-        let mut out = param_bits(&self.params(st))?;
-        let g = st.g.as_mut().expect("graphed");
-        if call == 0 {
-            out.push(bits(&g.forward(&st.x)?)?);
-            out.extend(g.backward(&st.dy)?.map(|d| bits(&d)).transpose()?);
-        }
-        Ok(out)
-    }
-}
+);
 
 /// A 2-chunk pipeline of split layers over four microbatches, two in flight, with static
 /// surfaces reused and separate weight-grad graphs (`w(c)`): make_graphed, then every

@@ -3,7 +3,7 @@
 //! weights makes several outputs at once (q, k and v; gate and up); these give them back as
 //! tensors of their own where an op needs them apart.
 
-use crate::backend::{BuiltinKernel as B, KArg, LaunchDims};
+use crate::backend::{BuiltinKernel as B, CudaBackend, KArg, LaunchDims};
 use crate::ops::{cpu, exec, n32, Exec};
 use crate::{DType, Error, Result, ShapeProblem, Tensor};
 
@@ -15,11 +15,17 @@ fn rows_and_width(op: &'static str, arg: &'static str, t: &Tensor) -> Result<(us
     }
 }
 
-/// One column block copied on CUDA: `rows x cols` values from `src` (rows `sld` apart) into
-/// `dst` (rows `dld` apart), both addresses at the block's first column.
-fn copy_block(t: &Tensor, [dst, src]: [u64; 2], rows: usize, cols: usize, [dld, sld]: [usize; 2]) -> Result<()> {
-    let Exec::Cuda(c) = exec(t.device()) else { return Ok(()) };
-    let kernel = column_kernel(t.dtype());
+/// One column block of `dtype` copied on CUDA: `rows x cols` values from `src` (rows `sld`
+/// apart) into `dst` (rows `dld` apart), both addresses at the block's first column.
+fn copy_block(
+    c: &CudaBackend,
+    dtype: DType,
+    [dst, src]: [u64; 2],
+    rows: usize,
+    cols: usize,
+    [dld, sld]: [usize; 2],
+) -> Result<()> {
+    let kernel = column_kernel(dtype);
     let n = n32("copy_cols", rows * cols)?;
     let dims = [rows, cols, dld, sld].map(|v| n32("copy_cols", v).map(KArg::U32));
     let [r, c2, d, s] = dims;
@@ -73,11 +79,11 @@ pub fn split_columns(x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
                 Ok(())
             })?;
         }
-        Exec::Cuda(_) => {
+        Exec::Cuda(c) => {
             let (base, size) = (x.cuda_ptr()?, x.dtype().size());
             let mut at = 0;
             for (part, &w) in parts.iter().zip(widths) {
-                copy_block(x, [part.cuda_ptr()?, base + (at * size) as u64], rows, w, [w, width])?;
+                copy_block(c, x.dtype(), [part.cuda_ptr()?, base + (at * size) as u64], rows, w, [w, width])?;
                 at += w;
             }
         }
@@ -139,11 +145,11 @@ pub fn concat_columns(parts: &[&Tensor]) -> Result<Tensor> {
                 Ok(())
             })?;
         }
-        Exec::Cuda(_) => {
+        Exec::Cuda(c) => {
             let (base, size) = (out.cuda_ptr()?, dtype.size());
             let mut at = 0;
             for (p, &w) in parts.iter().zip(&widths) {
-                copy_block(&out, [base + (at * size) as u64, p.cuda_ptr()?], rows, w, [width, w])?;
+                copy_block(c, dtype, [base + (at * size) as u64, p.cuda_ptr()?], rows, w, [width, w])?;
                 at += w;
             }
         }
