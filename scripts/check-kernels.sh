@@ -23,4 +23,11 @@ for shape in "512 8 1368" "1024 8 2048" "512 8 1368 -DFD_TRACE" "512 8 1368 -DFD
       -e 's/^extern __shared__ .*fd_wbuf.*/static u32 fd_wbuf[1 << 14];/' > "$tmp/decoder.cpp"
   "${CXX:-g++}" -std=c++17 -DFD_D=$1 -DFD_HEADS=$2 -DFD_HID=$3 -DFD_WBUF_BYTES=114688 -DFD_ABUF_BYTES=65536 ${4:-} -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/decoder.cpp"
 done
+# bench/decode_probe.cu (the decoding step's primitives, measured apart by bench/decode_probe.py).
+for cs in 8 16; do
+  { cat scripts/cuda-host-shim.h; cat bench/decode_probe.cu; } \
+    | sed -e 's/extern "C" __global__ void/extern "C" void/' -e 's/asm volatile(/asm(/' \
+      -e 's/^extern __shared__ uint4 dp_smem\[\];/static uint4 dp_smem[1 << 14];/' > "$tmp/probe.cpp"
+  "${CXX:-g++}" -std=c++17 -DCS=$cs -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function -Wno-unused-variable "$tmp/probe.cpp"
+done
 echo "kernels type-check"

@@ -30,6 +30,7 @@ inline unsigned __ballot_sync(unsigned, bool p) { return p ? 1u : 0u; }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 // flash.cu: launch bounds, alignment, dynamic shared memory, warp intrinsics.
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __align__(n)
 inline unsigned long long __cvta_generic_to_shared(const void* p) { return (unsigned long long)p; }
 inline void __syncwarp() {}
