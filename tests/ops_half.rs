@@ -308,6 +308,78 @@ fn half_precision_linear_replays_bitwise() {
     });
 }
 
+/// `linear_residual`: the residual plus the product, rounded once (f32, bf16 and f16; the
+/// host reference bit for bit on the host, within the dtype's GEMM tolerance on CUDA, where
+/// cublasLt reads the residual as its C), never farther from the exact sum than a linear and an
+/// add; leading dimensions flattened; replays bitwise; bad input refused before anything runs.
+#[test]
+fn linear_residual_rounds_the_sum_once() {
+    on_each_backend(|dev| {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for (i, &(n, k, m)) in
+                [(1usize, 1usize, 1usize), (3, 5, 7), (64, 257, 129), (128, 512, 256)].iter().enumerate()
+            {
+                let s = 30 + 20 * i as u64;
+                let (x, w, r) = (
+                    rand_as(dev, &[n, k], s, dtype)?,
+                    rand_as(dev, &[m, k], s + 1, dtype)?,
+                    rand_as(dev, &[n, m], s + 2, dtype)?,
+                );
+                let (xv, wv, rv) = (x.to_vec()?, w.to_vec()?, r.to_vec()?);
+                let y = ops::linear_residual(&x, &w, &r)?;
+                assert_eq!((y.dims(), y.dtype()), (&[n, m][..], dtype));
+                let exact: Vec<f32> =
+                    cpu::linear(&xv, &wv, None, n, k, m).iter().zip(&rv).map(|(p, r)| p + r).collect();
+                let what = format!("linear_residual {dtype} {n}x{k}x{m}");
+                let t = if dtype == DType::F32 { TOL_GEMM } else { tol(dtype) };
+                check_ref(dev, &what, &y.to_vec()?, &rounded(dtype, &exact), t)?;
+                if dev.is_host() && dtype != DType::F32 {
+                    // One rounding is never farther from the exact sum than two.
+                    let twice = ops::add(&ops::linear(&x, &w, None)?, &r)?.to_vec()?;
+                    let err = |v: &[f32]| v.iter().zip(&exact).map(|(a, b)| f64::from((a - b).abs())).sum::<f64>();
+                    assert!(err(&y.to_vec()?) <= err(&twice), "{what}: one rounding is farther than two");
+                }
+            }
+            // Leading dimensions, and replay against eager.
+            let (x, w, r) = (
+                rand_as(dev, &[2, 3, 40], 7, dtype)?,
+                rand_as(dev, &[24, 40], 8, dtype)?,
+                rand_as(dev, &[2, 3, 24], 9, dtype)?,
+            );
+            let flat = ops::linear_residual(&x.reshape(&[6, 40])?, &w, &r.reshape(&[6, 24])?)?;
+            let y = ops::linear_residual(&x, &w, &r)?;
+            assert_eq!(y.dims(), &[2, 3, 24]);
+            bitwise_eq("linear_residual [2, 3, 40]", &y.to_vec()?, &flat.to_vec()?)?;
+            eager_vs_replay(dev, || Ok(vec![ops::linear_residual(&x, &w, &r)?]))?;
+        }
+        // Refusals, each before anything runs.
+        let (x, w, r) = (
+            rand_as(dev, &[4, 3], 1, DType::BF16)?,
+            rand_as(dev, &[5, 3], 2, DType::BF16)?,
+            rand_as(dev, &[4, 5], 3, DType::BF16)?,
+        );
+        expect_err(
+            "residual of another shape",
+            ops::linear_residual(&x, &w, &rand_as(dev, &[5, 4], 4, DType::BF16)?),
+            is_shape,
+        )?;
+        expect_err(
+            "w that does not fit x",
+            ops::linear_residual(&x, &rand_as(dev, &[5, 4], 5, DType::BF16)?, &r),
+            is_shape,
+        )?;
+        expect_err("residual of another dtype", ops::linear_residual(&x, &w, &r.to_dtype(DType::F32)?), |e| {
+            matches!(e, Error::DTypeMismatch { op: "linear_residual", .. })
+        })?;
+        let other = Device::host();
+        let r2 = Tensor::zeros_as(&other, &[4, 5], DType::BF16)?;
+        expect_err("residual on another device", ops::linear_residual(&x, &w, &r2), |e| {
+            matches!(e, Error::DeviceMismatch { .. })
+        })?;
+        Ok(())
+    });
+}
+
 #[test]
 fn tf32_is_opt_in_and_close_to_f32() {
     on_each_backend(|dev| {

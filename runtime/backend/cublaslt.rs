@@ -1,5 +1,6 @@
 //! cublasLt GEMMs with fused epilogues: bias, GELU, and bias + GELU with the pre-activation
-//! saved for the backward (cublasLt's `*_AUX` epilogues). The algorithm for each shape comes
+//! saved for the backward (cublasLt's `*_AUX` epilogues), and a residual added to the product
+//! (`D = A·B + C` with C apart from D, which `cublasGemmEx` cannot do). The algorithm for each shape comes
 //! from cublasLt's heuristic once and is cached with its descriptors; the workspace is the
 //! cuBLAS one (same stream, so the two never overlap). Nothing allocates device memory here,
 //! so these GEMMs capture like the cuBLAS ones.
@@ -16,6 +17,8 @@ use crate::{DType, Error, Result};
 /// What cublasLt applies to the GEMM result before storing it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum LtEpilogue {
+    /// Nothing: the product as it is (plus the residual, when one is given).
+    Plain,
     /// `+ bias`.
     Bias,
     /// GELU (cublasLt's tanh form), the pre-activation stored in `aux`.
@@ -27,6 +30,7 @@ pub(crate) enum LtEpilogue {
 impl LtEpilogue {
     fn raw(self) -> sys::cublasLtEpilogue_t {
         match self {
+            LtEpilogue::Plain => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
             LtEpilogue::Bias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
             LtEpilogue::GeluAux => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX,
             LtEpilogue::GeluAuxBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
@@ -34,7 +38,8 @@ impl LtEpilogue {
     }
 }
 
-/// `y[rows, out] = epilogue(x[rows, in] · w[out, in]ᵀ)`, all pointers device addresses.
+/// `y[rows, out] = epilogue(x[rows, in] · w[out, in]ᵀ) (+ residual[rows, out])`, all pointers
+/// device addresses; the residual is added in f32 before the one rounding to the dtype.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LtLinear {
     pub(crate) op: &'static str,
@@ -51,6 +56,8 @@ pub(crate) struct LtLinear {
     pub(crate) bias: u64,
     /// 0 when the epilogue has no aux output.
     pub(crate) aux: u64,
+    /// 0 for none: `y`'s shape and dtype, read as cublasLt's C with `beta = 1` (it may not be `y`).
+    pub(crate) residual: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -158,7 +165,7 @@ fn make_plan(handle: sys::cublasLtHandle_t, key: Key) -> Result<Option<Plan>> {
         set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
         set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
         set_desc(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &key.epilogue.raw())?;
-        if key.epilogue != LtEpilogue::Bias {
+        if matches!(key.epilogue, LtEpilogue::GeluAux | LtEpilogue::GeluAuxBias) {
             set_desc(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(m as i64))?;
         }
     }
@@ -231,7 +238,8 @@ impl CudaBackend {
         let handle = lt_state.handle;
         let Some(plan) = lt_state.plan(key)? else { return Ok(false) };
         use sys::cublasLtMatmulDescAttributes_t as A;
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        // C is the residual (beta 1) or, unread, y itself (beta 0); it shares D's layout.
+        let (alpha, beta, c) = if g.residual != 0 { (1.0f32, 1.0f32, g.residual) } else { (1.0f32, 0.0f32, g.y) };
         // SAFETY: the op checked every pointer against a live block of the right size and the
         // shapes against the plan's layouts; the pointer attributes are `*const c_void`; the
         // workspace is the cuBLAS one, used only on this stream; the Lt lock and the cuBLAS
@@ -252,7 +260,7 @@ impl CudaBackend {
                 plan.a,
                 g.x as *const c_void,
                 plan.b,
-                g.y as *const c_void,
+                c as *const c_void,
                 plan.d,
                 g.y as *mut c_void,
                 plan.d,

@@ -116,6 +116,7 @@ pub fn linear_fused(
                 y: y.cuda_ptr()?,
                 bias: b.map(|b| b.cuda_ptr()).transpose()?.unwrap_or(0),
                 aux: pre.as_ref().map(|p| p.cuda_ptr()).transpose()?.unwrap_or(0),
+                residual: 0,
             };
             if !c.lt_linear(&g)? {
                 unfused(x, w, b, &y, pre.as_ref())?;

@@ -1,6 +1,6 @@
 //! Linear layers through cuBLAS, and the bias add and bias grad around them.
 
-use crate::backend::{CudaBackend, GemmEx, KArg, LaunchDims, Operand};
+use crate::backend::{CudaBackend, GemmEx, KArg, LaunchDims, LtEpilogue, LtLinear, Operand};
 use crate::ops::{
     as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, gemm_dim, k, n32,
     Exec,
@@ -153,6 +153,105 @@ fn linear_impl(op: &'static str, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out
             })?;
             if let Some(bias) = bias {
                 launch_bias_add(c, dtype, [cm.ptr, cm.ptr, bias], n, out)?;
+            }
+        }
+    }
+    Ok(y)
+}
+
+/// `y = residual + x · wᵀ`: a linear layer whose product is added to a residual stream in the
+/// GEMM itself, rounded once, instead of a [`linear`] followed by an [`crate::ops::add`] (which
+/// rounds the product, then the sum, and reads and writes the whole output once more).
+///
+/// `x` is `[..., in]`, `w` `[out, in]`, `residual` `[..., out]` (the output's shape), one
+/// dtype; returns a new tensor of the output's shape. On CUDA: one cublasLt GEMM with the
+/// residual as its C (`beta = 1`, f32 accumulation, C read apart from the output); without
+/// cublasLt, or where it has no algorithm for the shape, the residual is copied into the output
+/// and one `cublasGemmEx` adds the product into it (`beta = 1`): the same one rounding. The host
+/// reference adds in f32 and rounds once. Its backward is [`linear_backward`] for `x` and `w`
+/// (the residual's grad is the output's grad).
+///
+/// Errors: the shapes of [`linear`], a residual of another shape ([`ShapeProblem::Expected`]),
+/// dtype or device mismatches; checked before anything runs.
+///
+/// ```
+/// # use graphed::{ops, DType, Device, Tensor};
+/// let dev = Device::host();
+/// let x = Tensor::from_slice(&dev, &[1.0, 2.0], &[1, 2])?;
+/// let w = Tensor::from_slice(&dev, &[1.0, 1.0, 0.0, -1.0], &[2, 2])?;
+/// let r = Tensor::from_slice(&dev, &[10.0, 20.0], &[1, 2])?;
+/// assert_eq!(ops::linear_residual(&x, &w, &r)?.to_vec()?, vec![13.0, 18.0]);
+/// // bf16: the exact 1 + 2⁻⁸ + 2⁻¹⁶ rounds up once; a linear then an add rounds the product
+/// // to 2⁻⁸ first, and 1 + 2⁻⁸ (a tie) to 1.
+/// let x = Tensor::from_slice_as(&dev, &[1.0 / 256.0, 1.0 / 65536.0], &[1, 2], DType::BF16)?;
+/// let w = Tensor::from_slice_as(&dev, &[1.0, 1.0], &[1, 2], DType::BF16)?;
+/// let r = Tensor::from_slice_as(&dev, &[1.0], &[1, 1], DType::BF16)?;
+/// assert_eq!(ops::linear_residual(&x, &w, &r)?.to_vec()?, vec![1.0078125]);
+/// assert_eq!(ops::add(&ops::linear(&x, &w, None)?, &r)?.to_vec()?, vec![1.0]);
+/// # Ok::<(), graphed::Error>(())
+/// ```
+pub fn linear_residual(x: &Tensor, w: &Tensor, residual: &Tensor) -> Result<Tensor> {
+    const OP: &str = "linear_residual";
+    let dtype = check_like(OP, &[x, w, residual])?;
+    let (rows, input, out) = check_linear(OP, x, w)?;
+    let dims = out_dims(x, out);
+    if residual.dims() != dims.as_slice() {
+        return Err(Error::shape(
+            OP,
+            ShapeProblem::expected("residual", &dims, "the output of x and w", residual.dims()),
+        ));
+    }
+    for t in [x, w, residual] {
+        t.check_fresh()?;
+    }
+    n32(OP, rows * out)?;
+    let y = Tensor::empty_as(x.device(), &dims, dtype)?;
+    match exec(x.device()) {
+        Exec::Host(h) => {
+            let (xp, wp, rp, yp) = (x.host_ptr()?, w.host_ptr()?, residual.host_ptr()?, y.host_ptr()?);
+            h.run(OP, move || {
+                let product = cpu::linear(&xp.read(), &wp.read(), None, rows, input, out);
+                // The f32 sum, rounded once to the dtype as it is stored.
+                let sum: Vec<f32> = product.iter().zip(rp.read().iter()).map(|(p, r)| p + r).collect();
+                yp.write(&sum);
+                Ok(())
+            })?;
+        }
+        Exec::Cuda(c) => {
+            let tf32 = x.device().tf32();
+            let (xo, wo, yo, ro) = (operand(x, input)?, operand(w, input)?, operand(&y, out)?, residual.cuda_ptr()?);
+            let lt = LtLinear {
+                op: OP,
+                epilogue: LtEpilogue::Plain,
+                dtype,
+                tf32,
+                rows,
+                input,
+                out,
+                x: xo.ptr,
+                w: wo.ptr,
+                y: yo.ptr,
+                bias: 0,
+                aux: 0,
+                residual: ro,
+            };
+            if !c.lt_linear(&lt)? {
+                c.copy_device(yo.ptr, ro, rows * out * dtype.size())?;
+                let g = GemmEx {
+                    op: OP,
+                    trans_a: true,
+                    trans_b: false,
+                    m: out,
+                    n: rows,
+                    k: input,
+                    alpha: 1.0,
+                    a: wo,
+                    b: xo,
+                    beta: 1.0,
+                    c: yo,
+                    tf32,
+                };
+                c.gemm_ex(&g)?;
             }
         }
     }
