@@ -137,9 +137,14 @@ impl Block {
 }
 
 impl Block {
+    /// Whether the residual branches are dropped out (a dropout probability, while training).
+    fn drops(&self, cx: &Cx) -> bool {
+        self.dropout != 0.0 && cx.training()
+    }
+
     /// Dropout of a residual branch while training (with its mask), else the branch itself.
     fn drop(&self, cx: &Cx, t: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
-        if self.dropout == 0.0 || !cx.training() {
+        if !self.drops(cx) {
             return Ok((t.clone(), None));
         }
         ops::dropout(t, self.dropout, &cx.device().rng()?, true)
@@ -253,13 +258,27 @@ impl Block {
         let (h1, rstd1) = ops::rms_norm(x, &self.norm1.value, EPS)?;
         let qkv = ops::linear(&h1, &self.w_qkv.value, None)?;
         let (att, lse) = attend(self.fused_attention, &qkv, self.heads)?;
-        let (a, mask1) = self.drop(cx, &ops::linear(&att, &self.wo.value, None)?)?;
-        // The residual add and the second norm in one pass (bit for bit add, then rms_norm).
-        let (x2, h2, rstd2) = ops::add_rms_norm(x, &a, &self.norm2.value, EPS)?;
+        // Without dropout each projection back to the residual stream adds into it in its GEMM
+        // (`linear_residual`: one rounding, no separate pass); with dropout the branch is
+        // dropped first, then added (for the first, in one pass with the second norm).
+        let in_gemm = !self.drops(cx);
+        let (x2, h2, rstd2, mask1) = if in_gemm {
+            let x2 = ops::linear_residual(&att, &self.wo.value, x)?;
+            let (h2, rstd2) = ops::rms_norm(&x2, &self.norm2.value, EPS)?;
+            (x2, h2, rstd2, None)
+        } else {
+            let (a, mask1) = self.drop(cx, &ops::linear(&att, &self.wo.value, None)?)?;
+            let (x2, h2, rstd2) = ops::add_rms_norm(x, &a, &self.norm2.value, EPS)?;
+            (x2, h2, rstd2, mask1)
+        };
         let gu = ops::linear(&h2, &self.w_gate_up.value, None)?;
         let s = ops::swiglu_packed(&gu)?;
-        let (m, mask2) = self.drop(cx, &ops::linear(&s, &self.w_down.value, None)?)?;
-        let y = ops::add(&x2, &m)?;
+        let (y, mask2) = if in_gemm {
+            (ops::linear_residual(&s, &self.w_down.value, &x2)?, None)
+        } else {
+            let (m, mask2) = self.drop(cx, &ops::linear(&s, &self.w_down.value, None)?)?;
+            (ops::add(&x2, &m)?, mask2)
+        };
         let (norms, swiglu) = (self.recompute.norms(), self.recompute.swiglu());
         let keep = |t: Tensor, recomputed: bool| (!recomputed).then_some(t);
         let (h1, h2, s) = (keep(h1, norms), keep(h2, norms), keep(s, swiglu));
@@ -275,9 +294,11 @@ impl Block {
 
     pub fn backward(&mut self, cx: &mut Cx, dy: &Tensor) -> Result<Option<Tensor>> {
         let (saved, count) = Saved::load(cx, self.recompute)?;
-        let dropped = self.dropout != 0.0 && cx.training();
-        let masks =
-            if dropped { (count..count + 2).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()? } else { Vec::new() };
+        let masks = if self.drops(cx) {
+            (count..count + 2).map(|i| cx.saved(i)).collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
         let undrop = |d: &Tensor, i: usize| masks.get(i).map_or_else(|| Ok(d.clone()), |m| ops::dropout_backward(d, m));
         let Saved { x, x2, rstd1, rstd2, .. } = &saved;
         let dh2 = self.mlp_backward(undrop(dy, 1)?, &saved)?;

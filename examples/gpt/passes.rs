@@ -141,9 +141,9 @@ fn embed(w: &Weights, ids: &Tensor, positions: &Tensor) -> Result<[Tensor; 2]> {
 /// block `i`'s attention output is `attention(i, block, h)` of its normed input `h`, its MLP's
 /// SwiGLU output (the down projection's input) `gated(i, block, h2)` of the second norm's
 /// output; returns the last block's output normed by the head's norm, the head's input. The training forward's ops in
-/// its order, except that each residual add and the norm after it (the embeddings' sum and the
-/// first block's norm, a block's end and the next block's or the head's norm) are one
-/// `add_rms_norm`, bit for bit the add and the norm, one launch fewer each.
+/// its order (each projection back to the residual stream added to it in its GEMM,
+/// `linear_residual`), except that the embeddings' sum and the first block's norm are one
+/// `add_rms_norm`, bit for bit the add and the norm.
 fn run_blocks(
     w: &Weights,
     [tok, pos]: [Tensor; 2],
@@ -155,11 +155,11 @@ fn run_blocks(
     let (mut x, mut h, _) = ops::add_rms_norm(&tok, &pos, first, EPS)?;
     for (i, b) in w.blocks.iter().enumerate() {
         let att = attention(i, b, &h)?;
-        let a = ops::linear(&att, &b.wo.value, None)?;
-        let (x2, h2, _) = ops::add_rms_norm(&x, &a, &b.norm2.value, EPS)?;
-        let m = ops::linear(&gated(i, b, &h2)?, &b.w_down.value, None)?;
+        let x2 = ops::linear_residual(&att, &b.wo.value, &x)?;
+        let (h2, _) = ops::rms_norm(&x2, &b.norm2.value, EPS)?;
+        x = ops::linear_residual(&gated(i, b, &h2)?, &b.w_down.value, &x2)?;
         let next = w.blocks.get(i + 1).map_or(head_norm, |n| &n.norm1.value);
-        (x, h, _) = ops::add_rms_norm(&x2, &m, next, EPS)?;
+        (h, _) = ops::rms_norm(&x, next, EPS)?;
     }
     Ok(h)
 }

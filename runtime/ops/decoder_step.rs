@@ -158,8 +158,9 @@ struct Fused {
 /// Everywhere else (the host backend, other dtypes or head dims, larger batches, weights that
 /// do not start on a 16-byte boundary) `run` is
 /// [`DecoderStep::run_unfused`]: the same step through the unfused ops
-/// ([`ops::add_rms_norm`], [`ops::linear`], [`ops::decode_attention_append`],
-/// [`ops::swiglu_packed`]), bit for bit what they give; that is also the kernel's reference.
+/// ([`ops::add_rms_norm`], [`ops::rms_norm`], [`ops::linear`], [`ops::linear_residual`],
+/// [`ops::decode_attention_append`], [`ops::swiglu_packed`]), bit for bit what they give; that
+/// is also the kernel's reference.
 ///
 /// The step reads the weights and caches it was made from through their addresses (the
 /// table is written once): they and the step must outlive every graph that captured `run`.
@@ -406,11 +407,12 @@ impl DecoderStep {
         }
     }
 
-    /// The step through the unfused ops (embedding, and per layer `add_rms_norm`, the q/k/v
-    /// `linear`, `decode_attention_append`, `linear`, `add_rms_norm`, the gate/up `linear`,
-    /// `swiglu_packed`, `linear`; the head's norm and `linear`), each residual add fused into
-    /// the norm after it. The one kernel's reference, and what [`DecoderStep::run`] does where
-    /// that kernel does not run.
+    /// The step through the unfused ops (the embeddings' sum and the first norm in one
+    /// `add_rms_norm`; per layer the q/k/v `linear`, `decode_attention_append`, the output
+    /// projection added to the residual stream in its GEMM (`linear_residual`), `rms_norm`, the
+    /// gate/up `linear`, `swiglu_packed`, the down projection through `linear_residual`, and
+    /// the next norm; the head's `linear`). The one kernel's reference, and what
+    /// [`DecoderStep::run`] does where that kernel does not run.
     pub fn run_unfused(&self, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
         let batch = self.check_inputs(ids, positions)?;
         self.unfused(ids, positions, batch)
@@ -445,11 +447,12 @@ impl DecoderStep {
             let (kc, vc, lens) = (view(&l.k_cache)?, view(&l.v_cache)?, view(&l.lengths)?);
             let qkv = ops::linear(&h, &l.qkv, None)?;
             let att = ops::decode_attention_append(&qkv, &kc, &vc, &lens, self.heads)?.reshape(&[batch, d])?;
-            let a = ops::linear(&att, &l.wo, None)?;
-            let (x2, h2, _) = ops::add_rms_norm(&x, &a, &l.norm2, self.eps)?;
-            let m = ops::linear(&ops::swiglu_packed(&ops::linear(&h2, &l.gate_up, None)?)?, &l.down, None)?;
+            let x2 = ops::linear_residual(&att, &l.wo, &x)?;
+            let (h2, _) = ops::rms_norm(&x2, &l.norm2, self.eps)?;
+            let s = ops::swiglu_packed(&ops::linear(&h2, &l.gate_up, None)?)?;
+            x = ops::linear_residual(&s, &l.down, &x2)?;
             let next = self.layers.get(i + 1).map_or(&self.head_norm, |n| &n.norm1);
-            (x, h, _) = ops::add_rms_norm(&x2, &m, next, self.eps)?;
+            (h, _) = ops::rms_norm(&x, next, self.eps)?;
         }
         ops::linear(&h, &self.head, None)
     }

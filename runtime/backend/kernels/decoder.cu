@@ -22,7 +22,9 @@
 // batch's next power of two (the GEMMs' path, FD_GV; the attention stage's teams,
 // fd_team_warps), so a batch and the bucket it is padded to sum alike.
 // Intermediates round to bf16 where the unfused ops store them (x, the normed rows, q/k/v, the
-// attention output, each projection's output, the residual sums, SwiGLU's output, the logits).
+// attention output, the q/k/v and gate/up projections' outputs, the residual sums, SwiGLU's
+// output, the logits); the output and down projections are added to the residual stream in f32
+// and the sum rounded once, as ops::linear_residual does.
 //
 // Buffers written by one block and read by others inside the kernel (the residual stream x, q,
 // the attention output, SwiGLU's output, the caches and the lengths) are read with ld.global.cg
@@ -1123,8 +1125,8 @@ __device__ __noinline__ void fd_attention_team(FdShared& sh, const FdLayer L, co
 }
 
 // The residual stream after the output projection, from its per-head partial sums (the
-// attention stage's `part`): x + round(sum over heads in order), rounded, 8 values at v of row
-// b, for fd_gemm's staging.
+// attention stage's `part`): x + the sum over heads in order, in f32, rounded once (as
+// ops::linear_residual adds), 8 values at v of row b, for fd_gemm's staging.
 struct FdResidSum {
     const bf16_t* x;
     const float* part;
@@ -1145,7 +1147,7 @@ struct FdResidSum {
         const u32 xw[4] = {xv.x, xv.y, xv.z, xv.w};
         u32 out[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) out[i] = fd_pack(fd_lo(xw[i]) + fd_round(sum[2 * i]), fd_hi(xw[i]) + fd_round(sum[2 * i + 1]));
+        for (int i = 0; i < 4; ++i) out[i] = fd_pack(fd_lo(xw[i]) + sum[2 * i], fd_hi(xw[i]) + sum[2 * i + 1]);
         return make_uint4(out[0], out[1], out[2], out[3]);
     }
 };
@@ -1286,10 +1288,10 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             // sum in x2, which the down projection's residual add reads), gate and up, SwiGLU.
             fd_gemm<FD_D, true, true, false>(sh, x, FdResidSum{x, part, batch}, x2, L.norm2, L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU], eps, nullptr, swiglu_out);
         } else {
-            // The output projection, rounded, added to the residual stream (in place: each
-            // column's owner reads and writes it).
+            // The output projection added to the residual stream in f32, rounded once (in
+            // place: each column's owner reads and writes it).
             fd_gemm<FD_D, false, false, true>(sh, att, FdRows<FD_D>{att}, nullptr, nullptr, L.wo, FD_D, 0, sh.part[FD_P_O], eps, x, [&](u32 b, u32 j, float v, float, float r) {
-                fd_st(x, (u64)b * FD_D + j, r + fd_round(v));
+                fd_st(x, (u64)b * FD_D + j, r + v);
             });
             fd_arrive(sh, bar, target);
             fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU]);
@@ -1301,7 +1303,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
         fd_prefetch<FD_HID, false>(L.down, FD_D, 0, sh.part[FD_P_DOWN]);
         fd_wait(sh, bar, target);
         fd_gemm<FD_HID, false, false, true>(sh, s, FdRows<FD_HID>{s}, nullptr, nullptr, L.down, FD_D, 0, sh.part[FD_P_DOWN], eps, fuse_o ? x2 : x, [&](u32 b, u32 j, float v, float, float r) {
-            fd_st(x, (u64)b * FD_D + j, r + fd_round(v));
+            fd_st(x, (u64)b * FD_D + j, r + v);
         });
         fd_arrive(sh, bar, target);
         if (li + 1 < H.layers) {
