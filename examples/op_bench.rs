@@ -410,6 +410,20 @@ fn bf16_cases<'a>(
             2.0 * gemm_flops,
             Box::new(|| ops::linear_backward(&t.lin_dy, &t.x, &t.w, dw, Some(db), true).map(drop)),
         ),
+        // A projection back to a residual stream (`lin_dy` as the residual): the GEMM then an
+        // add pass, against the residual added in the GEMM (read once, no second pass).
+        gemm(
+            "linear, then add",
+            gemm_bytes + 3.0 * (lin * lin * 2) as f64,
+            gemm_flops,
+            Box::new(|| ops::add(&ops::linear(&t.x, &t.w, None)?, &t.lin_dy).map(drop)),
+        ),
+        gemm(
+            "linear_residual",
+            gemm_bytes + (lin * lin * 2) as f64,
+            gemm_flops,
+            Box::new(|| ops::linear_residual(&t.x, &t.w, &t.lin_dy).map(drop)),
+        ),
     ]
 }
 
