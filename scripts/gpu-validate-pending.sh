@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine after scripts/gpu-build.sh (carry gpu-pack): the checks of the code
-# that sessions 15 to 18 wrote on the development machine and no GPU has run yet, most
+# that sessions 15 to 19 wrote on the development machine and no GPU has run yet, most
 # important first, each under a time limit so that one call (600 s) gets through as much as it
 # can. docs/BENCHMARKS.md ("The next device calls") says what each one is for.
 #   1. the test binaries that hold the new code, on CUDA (GRAPHED_REQUIRE_CUDA=1);
-#   2. the same generation tests with the WHILE condition set by the step
+#   2. bench/decode_probe.py (the decoding step's primitives; under a minute, 120 s at most);
+#   3. the same generation tests with the WHILE condition set by the step
 #      (GRAPHED_FOLD_CONDITION=1);
-#   3. the decoder step's tests on the former 64/96 KiB buffers (GRAPHED_DECODER_WBUF/ABUF);
-#   4. every other test binary, while time is left.
+#   4. the decoder step's tests on the former 64/96 KiB buffers (GRAPHED_DECODER_WBUF/ABUF);
+#   5. every other test binary, while time is left.
 # A progress line a step; the logs and a summary go to $OUT/validate-pending.tgz (the device
 # tool brings back at most 8 files). Exit status: 0 when every step that ran passed.
 #   bash scripts/gpu-validate-pending.sh [seconds, default 540]
@@ -45,20 +46,29 @@ run() {
   done_bins+="$name "
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$work/gpu.txt"
-say "1. the binaries with session 15-18 code"
-for t in misuse faults ops_decoder_step macro_kv_state forward_only multi_tensor mixed_precision ops_generate conditional gpt_generate gpt ops_transformer ops_linear ops_flash ops_columns; do
+say "1. the binaries with session 15-19 code"
+for t in misuse faults ops_half ops_decoder_step macro_kv_state forward_only multi_tensor mixed_precision ops_generate conditional gpt_generate gpt ops_transformer ops_linear ops_flash ops_columns; do
   run "$t"
 done
 pack
-say "2. the generation tests with GRAPHED_FOLD_CONDITION=1"
+say "2. the decode probe"
+if timeout 120 python3 bench/decode_probe.py --out "$work" > "$work/decode_probe.log" 2>&1; then
+  say "ok   decode_probe ($(grep -c . "$work/decode_probe.log") lines)"
+else
+  fail=1
+  say "FAIL decode_probe"
+  tail -5 "$work/decode_probe.log" | tee -a "$work/summary.txt"
+fi
+pack
+say "3. the generation tests with GRAPHED_FOLD_CONDITION=1"
 for t in ops_generate gpt_generate conditional; do
   run "$t" GRAPHED_FOLD_CONDITION=1
 done
 pack
-say "3. the decoder step on the former 64/96 KiB buffers"
+say "4. the decoder step on the former 64/96 KiB buffers"
 run ops_decoder_step GRAPHED_DECODER_WBUF=65536 GRAPHED_DECODER_ABUF=98304
 pack
-say "4. the rest of the suite"
+say "5. the rest of the suite"
 for bin in gpu-bin/tests/*; do
   name=$(basename "$bin")
   [[ "$done_bins" == *" $name "* ]] && continue
