@@ -16,7 +16,7 @@ cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/scale_update.cu 
 # The one-kernel decoding step is a program of its own too (backend/cuda_decoder.rs), compiled per
 # model shape: the GPT's (d_model 512, 8 heads, hidden 1368), head dim 128, and the GPT's with
 # the stage trace compiled in.
-for shape in "512 8 1368" "1024 8 2048" "512 8 1368 -DFD_TRACE" "512 8 1368 -DFD_WPASS_MIN=4"; do
+for shape in "512 8 1368" "1024 8 2048" "512 8 1368 -DFD_TRACE" "512 8 1368 -DFD_WPASS_MIN=4" "512 8 1368 -DFD_CLUSTER=16"; do
   set -- $shape
   cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/decoder.cu \
     | sed -e 's/extern "C" __global__ void/extern "C" void/' -e 's/asm volatile(/asm(/' \

@@ -38,7 +38,10 @@ const THREADS: u32 = 256;
 /// and `GRAPHED_DECODER_MT` the 16-row tiles the kernel is built for (`FD_MT`, 4; fewer take
 /// at most 16 a tile and compile less code), `GRAPHED_DECODER_WPASS` the fewest tasks for which
 /// a GEMM stage gives each (tile, row tile) to one warp (`FD_WPASS_MIN`, 3; 0: never; the
-/// same sums either way), for measurements.
+/// same sums either way), `GRAPHED_DECODER_CLUSTER` (2 to 16) a grid of one thread-block
+/// cluster of that many blocks separated by the cluster's barrier instead of one block a
+/// multiprocessor and the grid barrier (`FD_CLUSTER`; the same sums: the GEMMs' order does not
+/// depend on the grid), for measurements.
 /// `GRAPHED_DECODER_TRACE` (a folder) compiles the stage marks in (`FD_TRACE`), see
 /// [`decoder_trace_dir`]; `GRAPHED_DECODER_PTX` (a folder) receives each build's PTX
 /// (`decoder-{d_model}x{heads}x{hidden}.ptx`), to read its machine code with `ptxas -v` and
@@ -54,6 +57,7 @@ struct Knobs {
     fuse_o: Option<u32>,
     mt: u32,
     wpass: Option<u32>,
+    cluster: Option<u32>,
     trace: bool,
 }
 
@@ -75,6 +79,7 @@ impl Knobs {
                 fuse_o: env("GRAPHED_DECODER_FUSE_O").map(|n| n.min(64)),
                 mt: env("GRAPHED_DECODER_MT").map_or(4, |n| n.clamp(1, 4)),
                 wpass: env("GRAPHED_DECODER_WPASS"),
+                cluster: env("GRAPHED_DECODER_CLUSTER").filter(|n| (2..=16).contains(n)),
                 trace: decoder_trace_dir().is_some(),
             }
         })
@@ -108,10 +113,13 @@ impl CudaBackend {
     /// requires). `None` where the kernel cannot run: a GPU older than sm_80 (`mma.sync` on
     /// bf16) or a block that does not fit on a multiprocessor.
     pub(crate) fn decoder_kernel(&self, shape: DecoderShape) -> Result<Option<(CudaFunction, u32)>> {
-        if self.capability.0 < 8 {
+        let knobs = Knobs::get();
+        // mma.sync on bf16 needs sm_80; a cluster (barrier.cluster) sm_90, and at most one
+        // block a multiprocessor.
+        let cluster_fits = knobs.cluster.is_none_or(|n| self.capability.0 >= 9 && n as usize <= self.sm_count);
+        if self.capability.0 < 8 || !cluster_fits {
             return Ok(None);
         }
-        let knobs = Knobs::get();
         let source = kernel_source::decoder_source()?;
         if knobs.dynamic_shared() as usize > self.max_shared_optin {
             return Ok(None);
@@ -142,6 +150,9 @@ impl CudaBackend {
                 if let Some(n) = knobs.wpass {
                     options.push(format!("-DFD_WPASS_MIN={n}"));
                 }
+                if let Some(n) = knobs.cluster {
+                    options.push(format!("-DFD_CLUSTER={n}"));
+                }
                 if knobs.trace {
                     options.push("-DFD_TRACE".into());
                 }
@@ -170,6 +181,12 @@ impl CudaBackend {
                 if f.set_attribute(attr, knobs.dynamic_shared() as i32).is_err() {
                     return Ok(None);
                 }
+                // Clusters above 8 blocks need the driver's leave (sm_90 on); refused, the
+                // kernel does not run here.
+                let non_portable = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
+                if knobs.cluster.is_some_and(|n| n > 8) && f.set_attribute(non_portable, 1).is_err() {
+                    return Ok(None);
+                }
                 cache.push((shape, f.clone()));
                 f
             }
@@ -189,7 +206,7 @@ impl CudaBackend {
         if per_sm < 1 {
             return Ok(None);
         }
-        Ok(Some((f, self.sm_count as u32)))
+        Ok(Some((f, knobs.cluster.unwrap_or(self.sm_count as u32))))
     }
 
     /// Launches the step's kernel `f` on `grid` blocks (see [`CudaBackend::decoder_kernel`]):
@@ -198,7 +215,10 @@ impl CudaBackend {
     /// other work holds multiprocessors for good).
     pub(crate) fn launch_decoder(&self, f: &CudaFunction, grid: u32, args: &[KArg]) -> Result<()> {
         static PLAIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let plain = *PLAIN.get_or_init(|| std::env::var("GRAPHED_DECODER_COOPERATIVE").is_ok_and(|v| v == "0"));
+        // A cluster's blocks are resident together by construction (a plain launch; its
+        // shape is compiled in).
+        let plain = Knobs::get().cluster.is_some()
+            || *PLAIN.get_or_init(|| std::env::var("GRAPHED_DECODER_COOPERATIVE").is_ok_and(|v| v == "0"));
         let dims = LaunchDims { grid: (grid, 1, 1), block: (THREADS, 1, 1), shared: Knobs::get().dynamic_shared() };
         if plain {
             self.launch_function(f, dims, args)

@@ -105,6 +105,24 @@
 #define FD_FUSE_O 4
 #endif
 
+// FD_CLUSTER (0: off, the default): the grid is one thread-block cluster of FD_CLUSTER blocks (2
+// to 16; the host launches exactly one, GRAPHED_DECODER_CLUSTER), and the stages are separated
+// by the cluster's hardware barrier (barrier.cluster, release at arrival, acquire at the wait)
+// instead of the grid barrier's global count. Fewer multiprocessors stream the weights, but no
+// barrier round trip goes through L2: an experiment for small batches, where the step is the
+// chain of its stages' latencies (bench/decode_probe.py measures both barriers).
+#ifndef FD_CLUSTER
+#define FD_CLUSTER 0
+#endif
+#if FD_CLUSTER < 0 || FD_CLUSTER > 16
+#error "FD_CLUSTER is 0 (the grid barrier) or a cluster of 1 to 16 blocks"
+#endif
+#if FD_CLUSTER
+#define FD_CLUSTER_DIMS __cluster_dims__(FD_CLUSTER, 1, 1)
+#else
+#define FD_CLUSTER_DIMS
+#endif
+
 // The table the host writes once (ops::DecoderStep::new): a header, then one FdLayer a layer.
 struct FdHeader {
     const bf16_t* tok;
@@ -279,21 +297,38 @@ __device__ __forceinline__ void fd_mark_at(FdShared& sh, u32 stage, u32 slot, un
 // The grid barrier in two halves, so that a block can issue work that no other block waits for
 // (the next stage's weight copy) between its arrival and its wait: fd_arrive once every thread
 // of the block is done with the stage's writes, fd_wait until every block has arrived.
+// With FD_CLUSTER, every thread arrives at the cluster's barrier (release: its writes before
+// are visible to every thread of the cluster past the wait) and waits there (acquire); the
+// block barrier before the arrival stays (fd_prefetch relies on it).
 __device__ __forceinline__ void fd_arrive(FdShared& sh, unsigned long long* bar, unsigned long long& target) {
     __syncthreads();
     if (threadIdx.x == 0) {
         FD_MARK(sh, FD_T_ARRIVE);
         FD_MARK_GT(sh, FD_T_GT_ARRIVE);
+#if !FD_CLUSTER
         target += gridDim.x;
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
         asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" ::"l"(bar) : "memory");
+#endif
     }
+#if FD_CLUSTER
+    (void)bar;
+    (void)target;
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
 }
 __device__ __forceinline__ void fd_wait(FdShared& sh, unsigned long long* bar, const unsigned long long& target) {
+#if FD_CLUSTER
+    (void)bar;
+    (void)target;
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
     if (threadIdx.x == 0) {
+#if !FD_CLUSTER
         while (fd_ld_relaxed(bar) < target) {
         }
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#endif
         FD_MARK(sh, FD_T_LEAVE);
         FD_MARK_GT(sh, FD_T_GT_LEAVE);
 #ifdef FD_TRACE
@@ -1157,7 +1192,7 @@ struct FdResidSum {
 // a 64-bit zeroed word (see fd_sync); logits [batch, vocab]; trace the stage marks' buffer
 // (FD_TRACE only; null records none). Launched with FD_WBUF_BYTES + FD_ABUF_BYTES of dynamic
 // shared memory.
-extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
     decoder_step_bf16(const FdHeader* hdr, const float* ids, const float* positions, bf16_t* logits, bf16_t* work, unsigned long long* bar, u32* err, u32 batch, float eps,
                       unsigned long long* trace) {
     __shared__ FdShared sh;
