@@ -43,6 +43,18 @@ __device__ __forceinline__ uint4 dp_ld_nc(const uint4* p) {
 __device__ __forceinline__ uint4 dp_word(u32 i, u32 from, u32 w) { return make_uint4(i, from, w, 0x5a5a5a5au); }
 __device__ __forceinline__ u32 dp_wrong(uint4 v, u32 i, u32 from, u32 w) { return (v.x != i) | (v.y != from) | (v.z != w) | (v.w != 0x5a5a5a5au); }
 
+// Every block's words of stage i (total, wpb a block) read from L2 into shared memory, as the
+// decoder stages its rows; returns the words read wrong.
+__device__ __forceinline__ u32 dp_stage_from_l2(const uint4* half, u32 total, u32 wpb, u32 i) {
+    u32 errs = 0;
+    for (u32 w = threadIdx.x; w < total; w += blockDim.x) {
+        const uint4 v = dp_ld_cg(half + w);
+        errs += dp_wrong(v, i, w / wpb, w % wpb);
+        dp_smem[w] = v;
+    }
+    return errs;
+}
+
 // ---------------------------------------------------------------- the grid barrier
 //
 // decoder.cu's: a block barrier, then thread 0 adds one to a 64-bit count after a release
@@ -76,11 +88,7 @@ extern "C" __global__ void grid_stages(u64* bar, uint4* buf, u32 n, u32 wpb, u32
         uint4* half = buf + (u64)(i & 1u) * total;
         for (u32 w = threadIdx.x; w < wpb; w += blockDim.x) half[blockIdx.x * wpb + w] = dp_word(i, blockIdx.x, w);
         dp_grid_sync(bar, target);
-        for (u32 w = threadIdx.x; w < total; w += blockDim.x) {
-            const uint4 v = dp_ld_cg(half + w);
-            errs += dp_wrong(v, i, w / wpb, w % wpb);
-            dp_smem[w] = v;
-        }
+        errs += dp_stage_from_l2(half, total, wpb, i);
         __syncthreads();
     }
     const u64 t1 = dp_timer();
@@ -128,11 +136,7 @@ extern "C" __global__ void __cluster_dims__(CS, 1, 1) cluster_stages(uint4* buf,
             uint4* half = buf + (u64)par * total;
             for (u32 w = threadIdx.x; w < wpb; w += blockDim.x) half[rank * wpb + w] = dp_word(i, rank, w);
             dp_cluster_sync();
-            for (u32 w = threadIdx.x; w < total; w += blockDim.x) {
-                const uint4 v = dp_ld_cg(half + w);
-                errs += dp_wrong(v, i, w / wpb, w % wpb);
-                dp_smem[w] = v;
-            }
+            errs += dp_stage_from_l2(half, total, wpb, i);
         }
         __syncthreads();
     }

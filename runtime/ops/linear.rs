@@ -132,27 +132,11 @@ fn linear_impl(op: &'static str, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out
             })?;
         }
         Exec::Cuda(c) => {
-            // Row-major y = x wᵀ is column-major yᵀ[out, N] = w[out, in] · xᵀ[in, N], where w and
-            // x as column-major are wᵀ (ld in) and xᵀ (ld in).
-            let (a, bm, cm) = (operand(w, input)?, operand(x, input)?, operand(&y, out)?);
             let bias = b.map(|b| b.cuda_ptr()).transpose()?;
-            let tf32 = x.device().tf32();
-            c.gemm_ex(&GemmEx {
-                op,
-                trans_a: true,
-                trans_b: false,
-                m: out,
-                n: rows,
-                k: input,
-                alpha: 1.0,
-                a,
-                b: bm,
-                beta: 0.0,
-                c: cm,
-                tf32,
-            })?;
+            cuda_forward(c, op, (x, w, &y), (rows, input, out), 0.0)?;
             if let Some(bias) = bias {
-                launch_bias_add(c, dtype, [cm.ptr, cm.ptr, bias], n, out)?;
+                let yp = y.cuda_ptr()?;
+                launch_bias_add(c, dtype, [yp, yp, bias], n, out)?;
             }
         }
     }
@@ -218,40 +202,11 @@ pub fn linear_residual(x: &Tensor, w: &Tensor, residual: &Tensor) -> Result<Tens
             })?;
         }
         Exec::Cuda(c) => {
-            let tf32 = x.device().tf32();
-            let (xo, wo, yo, ro) = (operand(x, input)?, operand(w, input)?, operand(&y, out)?, residual.cuda_ptr()?);
-            let lt = LtLinear {
-                op: OP,
-                epilogue: LtEpilogue::Plain,
-                dtype,
-                tf32,
-                rows,
-                input,
-                out,
-                x: xo.ptr,
-                w: wo.ptr,
-                y: yo.ptr,
-                bias: 0,
-                aux: 0,
-                residual: ro,
-            };
+            let (yp, rp) = (y.cuda_ptr()?, residual.cuda_ptr()?);
+            let lt = LtLinear { residual: rp, ..lt_linear(OP, LtEpilogue::Plain, (x, w, &y), (rows, input, out))? };
             if !c.lt_linear(&lt)? {
-                c.copy_device(yo.ptr, ro, rows * out * dtype.size())?;
-                let g = GemmEx {
-                    op: OP,
-                    trans_a: true,
-                    trans_b: false,
-                    m: out,
-                    n: rows,
-                    k: input,
-                    alpha: 1.0,
-                    a: wo,
-                    b: xo,
-                    beta: 1.0,
-                    c: yo,
-                    tf32,
-                };
-                c.gemm_ex(&g)?;
+                c.copy_device(yp, rp, rows * out * dtype.size())?;
+                cuda_forward(c, OP, (x, w, &y), (rows, input, out), 1.0)?;
             }
         }
     }
@@ -400,6 +355,58 @@ fn backward(
         }
     }
     Ok(if matches!(mode, Dx::New) { dx } else { None })
+}
+
+/// The cublasLt GEMM `y = epilogue(x · wᵀ)` over these tensors (no bias, aux or residual: the
+/// caller sets those it has).
+pub(crate) fn lt_linear(
+    op: &'static str,
+    epilogue: LtEpilogue,
+    (x, w, y): (&Tensor, &Tensor, &Tensor),
+    (rows, input, out): (usize, usize, usize),
+) -> Result<LtLinear> {
+    Ok(LtLinear {
+        op,
+        epilogue,
+        dtype: y.dtype(),
+        tf32: x.device().tf32(),
+        rows,
+        input,
+        out,
+        x: x.cuda_ptr()?,
+        w: w.cuda_ptr()?,
+        y: y.cuda_ptr()?,
+        bias: 0,
+        aux: 0,
+        residual: 0,
+    })
+}
+
+/// `y = x · wᵀ` (`+ y` with `beta` 1) as one `cublasGemmEx`: every linear's forward GEMM.
+fn cuda_forward(
+    c: &CudaBackend,
+    op: &'static str,
+    (x, w, y): (&Tensor, &Tensor, &Tensor),
+    (rows, input, out): (usize, usize, usize),
+    beta: f32,
+) -> Result<()> {
+    // Row-major y = x wᵀ is column-major yᵀ[out, N] = w[out, in] · xᵀ[in, N], where w and x as
+    // column-major are wᵀ (ld in) and xᵀ (ld in).
+    let (a, b, cm) = (operand(w, input)?, operand(x, input)?, operand(y, out)?);
+    c.gemm_ex(&GemmEx {
+        op,
+        trans_a: true,
+        trans_b: false,
+        m: out,
+        n: rows,
+        k: input,
+        alpha: 1.0,
+        a,
+        b,
+        beta,
+        c: cm,
+        tf32: x.device().tf32(),
+    })
 }
 
 /// `dx = dy · w` (`+ dx` with `beta` 1) as one GEMM: the input-grad half of every linear backward.
