@@ -16,12 +16,12 @@ cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/scale_update.cu 
 # The one-kernel decoding step is a program of its own too (backend/cuda_decoder.rs), compiled per
 # model shape: the GPT's (d_model 512, 8 heads, hidden 1368), head dim 128, and the GPT's with
 # the stage trace compiled in.
-for shape in "512 8 1368" "1024 8 2048" "512 8 1368 -DFD_TRACE" "512 8 1368 -DFD_WPASS_MIN=4" "512 8 1368 -DFD_CLUSTER=16"; do
+for shape in "512 8 1368" "1024 8 2048" "512 8 1368 -DFD_TRACE" "512 8 1368 -DFD_WPASS_MIN=4" "512 8 1368 -DFD_CLUSTER=16" "512 8 1368 -DFD_CLUSTER=16 -DFD_DSMEM=1"; do
   set -- $shape
   cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/decoder.cu \
     | sed -e 's/extern "C" __global__ void/extern "C" void/' -e 's/asm volatile(/asm(/' \
       -e 's/^extern __shared__ .*fd_wbuf.*/static u32 fd_wbuf[1 << 14];/' > "$tmp/decoder.cpp"
-  "${CXX:-g++}" -std=c++17 -DFD_D=$1 -DFD_HEADS=$2 -DFD_HID=$3 -DFD_WBUF_BYTES=114688 -DFD_ABUF_BYTES=65536 ${4:-} -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/decoder.cpp"
+  "${CXX:-g++}" -std=c++17 -DFD_D=$1 -DFD_HEADS=$2 -DFD_HID=$3 -DFD_WBUF_BYTES=114688 -DFD_ABUF_BYTES=65536 ${4:-} ${5:-} -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/decoder.cpp"
 done
 # bench/decode_probe.cu (the decoding step's primitives, measured apart by bench/decode_probe.py).
 for cs in 8 16; do

@@ -7,7 +7,8 @@
 #   2. bench/decode_probe.py (the decoding step's primitives; under a minute, 120 s at most);
 #   3. the same generation tests with the WHILE condition set by the step
 #      (GRAPHED_FOLD_CONDITION=1);
-#   4. the decoder step's tests as one cluster (GRAPHED_DECODER_CLUSTER=16), then on the former
+#   4. the decoder step's tests as one cluster (GRAPHED_DECODER_CLUSTER=16, then with its stage
+#      outputs pushed into every block's shared memory, GRAPHED_DECODER_DSMEM=1), then on the former
 #      64/96 KiB buffers (GRAPHED_DECODER_WBUF/ABUF);
 #   5. every other test binary, while time is left.
 # A progress line a step; the logs and a summary go to $OUT/validate-pending.tgz (the device
@@ -69,6 +70,8 @@ pack
 say "4. the decoder step as one cluster of 16 blocks (GRAPHED_DECODER_CLUSTER), then on the former 64/96 KiB buffers"
 run ops_decoder_step GRAPHED_DECODER_CLUSTER=16
 run gpt_generate GRAPHED_DECODER_CLUSTER=16
+run ops_decoder_step GRAPHED_DECODER_CLUSTER=16 GRAPHED_DECODER_DSMEM=1
+run gpt_generate GRAPHED_DECODER_CLUSTER=16 GRAPHED_DECODER_DSMEM=1
 run ops_decoder_step GRAPHED_DECODER_WBUF=65536 GRAPHED_DECODER_ABUF=98304
 pack
 say "5. the rest of the suite"

@@ -41,7 +41,9 @@ const THREADS: u32 = 256;
 /// same sums either way), `GRAPHED_DECODER_CLUSTER` (2 to 16) a grid of one thread-block
 /// cluster of that many blocks separated by the cluster's barrier instead of one block a
 /// multiprocessor and the grid barrier (`FD_CLUSTER`; the same sums: the GEMMs' order does not
-/// depend on the grid), for measurements.
+/// depend on the grid; its buffers default to 96 + 16 KiB), and with it
+/// `GRAPHED_DECODER_DSMEM=1` the stage outputs pushed into every block's shared memory
+/// (`FD_DSMEM`, a mirror of `GRAPHED_DECODER_MIRROR_B` rows, 2 by default), for measurements.
 /// `GRAPHED_DECODER_TRACE` (a folder) compiles the stage marks in (`FD_TRACE`), see
 /// [`decoder_trace_dir`]; `GRAPHED_DECODER_PTX` (a folder) receives each build's PTX
 /// (`decoder-{d_model}x{heads}x{hidden}.ptx`), to read its machine code with `ptxas -v` and
@@ -58,28 +60,42 @@ struct Knobs {
     mt: u32,
     wpass: Option<u32>,
     cluster: Option<u32>,
+    /// Rows of the distributed-shared-memory mirror (`FD_DSMEM`, `FD_MIRROR_B`), with a cluster.
+    mirror_rows: Option<u32>,
     trace: bool,
 }
 
 impl Knobs {
-    /// The dynamic shared memory a launch takes.
-    fn dynamic_shared(self) -> u32 {
-        self.wbuf.saturating_add(self.abuf)
+    /// The dynamic shared memory a launch of `shape`'s kernel takes: the two buffers, and the
+    /// mirror (`FD_MIRROR_BYTES`: the heads' f32 parts, x and s, a row each).
+    fn dynamic_shared(self, shape: DecoderShape) -> u32 {
+        let DecoderShape { d_model, heads, hidden } = shape;
+        let row = heads * d_model * 4 + d_model * 2 + hidden * 2;
+        let mirror = self.mirror_rows.map_or(0, |b| (b as usize).saturating_mul(row));
+        let total = (self.wbuf as usize).saturating_add(self.abuf as usize).saturating_add(mirror);
+        u32::try_from(total).unwrap_or(u32::MAX)
     }
 
     fn get() -> Knobs {
         static K: std::sync::OnceLock<Knobs> = std::sync::OnceLock::new();
         *K.get_or_init(|| {
             let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
+            let cluster = env("GRAPHED_DECODER_CLUSTER").filter(|n| (2..=16).contains(n));
+            // A cluster's blocks hold more of each stage and leave room for the mirror.
+            let (wbuf, abuf) = if cluster.is_some() { (96 * 1024, 16 * 1024) } else { (112 * 1024, 64 * 1024) };
+            let mirror_rows = cluster
+                .and(env("GRAPHED_DECODER_DSMEM").filter(|&v| v == 1))
+                .map(|_| env("GRAPHED_DECODER_MIRROR_B").map_or(2, |b| b.clamp(1, 64)));
             Knobs {
-                wbuf: env("GRAPHED_DECODER_WBUF").map_or(112 * 1024, |b| b / 16 * 16),
-                abuf: env("GRAPHED_DECODER_ABUF").map_or(64 * 1024, |b| b / 16 * 16),
+                wbuf: env("GRAPHED_DECODER_WBUF").map_or(wbuf, |b| b / 16 * 16),
+                abuf: env("GRAPHED_DECODER_ABUF").map_or(abuf, |b| b / 16 * 16),
                 nt: env("GRAPHED_DECODER_NT").map_or(2, |n| n.clamp(1, 2)),
                 apipe: env("GRAPHED_DECODER_APIPE").map(|n| n.clamp(1, 16)),
                 fuse_o: env("GRAPHED_DECODER_FUSE_O").map(|n| n.min(64)),
                 mt: env("GRAPHED_DECODER_MT").map_or(4, |n| n.clamp(1, 4)),
                 wpass: env("GRAPHED_DECODER_WPASS"),
-                cluster: env("GRAPHED_DECODER_CLUSTER").filter(|n| (2..=16).contains(n)),
+                cluster,
+                mirror_rows,
                 trace: decoder_trace_dir().is_some(),
             }
         })
@@ -121,7 +137,7 @@ impl CudaBackend {
             return Ok(None);
         }
         let source = kernel_source::decoder_source()?;
-        if knobs.dynamic_shared() as usize > self.max_shared_optin {
+        if knobs.dynamic_shared(shape) as usize > self.max_shared_optin {
             return Ok(None);
         }
         let mut cache = self.decoder_fn.lock().unwrap_or_else(|e| e.into_inner());
@@ -153,6 +169,10 @@ impl CudaBackend {
                 if let Some(n) = knobs.cluster {
                     options.push(format!("-DFD_CLUSTER={n}"));
                 }
+                if let Some(b) = knobs.mirror_rows {
+                    options.push("-DFD_DSMEM=1".into());
+                    options.push(format!("-DFD_MIRROR_B={b}"));
+                }
                 if knobs.trace {
                     options.push("-DFD_TRACE".into());
                 }
@@ -178,7 +198,7 @@ impl CudaBackend {
                 // Refused where the buffers and the static shared memory together exceed what
                 // a block may have: the kernel does not run on this GPU.
                 let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-                if f.set_attribute(attr, knobs.dynamic_shared() as i32).is_err() {
+                if f.set_attribute(attr, knobs.dynamic_shared(shape) as i32).is_err() {
                     return Ok(None);
                 }
                 // Clusters above 8 blocks need the driver's leave (sm_90 on); refused, the
@@ -199,7 +219,7 @@ impl CudaBackend {
                 &mut per_sm,
                 f.cu_function(),
                 THREADS as i32,
-                knobs.dynamic_shared() as usize,
+                knobs.dynamic_shared(shape) as usize,
             )
         };
         check("cuOccupancyMaxActiveBlocksPerMultiprocessor", r)?;
@@ -213,13 +233,14 @@ impl CudaBackend {
     /// cooperatively, unless `GRAPHED_DECODER_COOPERATIVE=0` asks for a plain launch (the grid
     /// is one block a multiprocessor and one fits, so the blocks are resident together unless
     /// other work holds multiprocessors for good).
-    pub(crate) fn launch_decoder(&self, f: &CudaFunction, grid: u32, args: &[KArg]) -> Result<()> {
+    pub(crate) fn launch_decoder(&self, f: &CudaFunction, shape: DecoderShape, grid: u32, args: &[KArg]) -> Result<()> {
         static PLAIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         // A cluster's blocks are resident together by construction (a plain launch; its
         // shape is compiled in).
         let plain = Knobs::get().cluster.is_some()
             || *PLAIN.get_or_init(|| std::env::var("GRAPHED_DECODER_COOPERATIVE").is_ok_and(|v| v == "0"));
-        let dims = LaunchDims { grid: (grid, 1, 1), block: (THREADS, 1, 1), shared: Knobs::get().dynamic_shared() };
+        let dims =
+            LaunchDims { grid: (grid, 1, 1), block: (THREADS, 1, 1), shared: Knobs::get().dynamic_shared(shape) };
         if plain {
             self.launch_function(f, dims, args)
         } else {

@@ -498,7 +498,7 @@ impl DecoderStep {
             KArg::F32(self.eps),
             KArg::Ptr(f.trace.as_ref().map_or(Ok(0), |(t, _)| t.cuda_ptr())?),
         ];
-        c.launch_decoder(&f.kernel, f.grid, &args)?;
+        c.launch_decoder(&f.kernel, f.shape, f.grid, &args)?;
         if let Some((trace, dir)) = &f.trace {
             if !dev.is_capturing() {
                 write_trace(trace, dir, f.grid, batch)?;

@@ -123,6 +123,27 @@
 #define FD_CLUSTER_DIMS
 #endif
 
+// FD_DSMEM (with FD_CLUSTER; 0, the default, off): the stage outputs that every block stages
+// whole as its next input are also stored straight into every block's shared memory, a mirror
+// after the two buffers (FD_MIRROR_BYTES: the residual stream x, the heads' output-projection
+// parts and SwiGLU's output s, for FD_MIRROR_B rows), so that the next stage reads them from its
+// own shared memory instead of L2. It serves batches up to FD_MIRROR_B whose attention stage
+// computes the output projection (fuse_o), from the second layer on for x (the first layer's
+// x comes from the embeddings, staged by each block from L2 as before). The global copies are
+// still written, and what the mirror does not hold (q, the caches, the down projection's
+// residual x2) is read through L2 as before. Every value is the one the global copy holds: the
+// step's results do not change.
+#ifndef FD_DSMEM
+#define FD_DSMEM 0
+#endif
+#if FD_DSMEM && !FD_CLUSTER
+#error "FD_DSMEM needs FD_CLUSTER"
+#endif
+#ifndef FD_MIRROR_B
+#define FD_MIRROR_B 2
+#endif
+#define FD_MIRROR_BYTES (FD_DSMEM ? FD_MIRROR_B * (FD_HEADS * FD_D * 4 + FD_D * 2 + FD_HID * 2) : 0)
+
 // The table the host writes once (ops::DecoderStep::new): a header, then one FdLayer a layer.
 struct FdHeader {
     const bf16_t* tok;
@@ -377,6 +398,45 @@ __device__ __forceinline__ uint4 fd_norm8(uint4 v, uint4 gv, float r) {
 
 extern __shared__ __align__(16) u32 fd_wbuf[];
 
+// This block's mirror (FD_DSMEM), after the weight and activation buffers: the heads' parts
+// [FD_HEADS, batch, FD_D] f32, then x [batch, FD_D] and s [batch, FD_HID] bf16 (the global
+// copies' layouts at the launch's batch; every part 16-byte aligned: the host rounds the
+// buffers to 16 bytes and FD_D, FD_HID are multiples of 8).
+struct FdMirror {
+    float* part;
+    bf16_t* x;
+    bf16_t* s;
+};
+__device__ __forceinline__ FdMirror fd_mirror() {
+    char* base = reinterpret_cast<char*>(fd_wbuf) + FD_WBUF_BYTES + FD_ABUF_BYTES;
+    FdMirror m;
+    m.part = reinterpret_cast<float*>(base);
+    m.x = reinterpret_cast<bf16_t*>(base + (u64)FD_MIRROR_B * FD_HEADS * FD_D * 4);
+    m.s = m.x + (u64)FD_MIRROR_B * FD_D;
+    return m;
+}
+#if FD_CLUSTER
+// Stores v at `local` (an address in this block's mirror) in every block of the cluster, this
+// one included: the same offset of each block's shared memory (mapa).
+__device__ __forceinline__ u32 fd_remote(const void* local, u32 rank) {
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"((u32)__cvta_generic_to_shared(local)), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void fd_push_bf16(bf16_t* local, float v) {
+    const unsigned short bits = f32_to_bf16_bits(v);
+#pragma unroll 1
+    for (u32 r = 0; r < FD_CLUSTER; ++r) asm volatile("st.shared::cluster.u16 [%0], %1;" ::"r"(fd_remote(local, r)), "h"(bits) : "memory");
+}
+__device__ __forceinline__ void fd_push_f32(float* local, float v) {
+#pragma unroll 1
+    for (u32 r = 0; r < FD_CLUSTER; ++r) asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(fd_remote(local, r)), "f"(v) : "memory");
+}
+#else
+__device__ __forceinline__ void fd_push_bf16(bf16_t*, float) {}
+__device__ __forceinline__ void fd_push_f32(float*, float) {}
+#endif
+
 
 // A stage's weight rows in fd_wbuf: ROWS rows a tile (the up rows after the gate rows with
 // PAIR), SW words a row (K / 2, padded so that the eight rows a fragment load reads start in
@@ -453,6 +513,11 @@ template <int K, bool PAIR> __device__ __forceinline__ void fd_prefetch(const bf
 template <int K> struct FdRows {
     const bf16_t* a;
     __device__ __forceinline__ uint4 operator()(u32 b, u32 v) const { return fd_ld128cg(a + (u64)b * K + v); }
+};
+// The same rows from this block's mirror (FD_DSMEM).
+template <int K> struct FdRowsLocal {
+    const bf16_t* a;
+    __device__ __forceinline__ uint4 operator()(u32 b, u32 v) const { return *reinterpret_cast<const uint4*>(a + (u64)b * K + v); }
 };
 struct FdEmbedded {
     const FdShared* sh;
@@ -970,7 +1035,8 @@ __device__ __forceinline__ u32 fd_team_warps(u32 batch) {
 // each lane 8 ... E values, then the butterfly over 8 lanes), which the next stage sums over
 // the heads in order. Otherwise the tasks are (sequence, head) and att gets the rows.
 template <u32 W>
-__device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, const bf16_t* q, bf16_t* att, float* part, u32 batch, u32 max_len) {
+__device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, const bf16_t* q, bf16_t* att, float* part, float* mpart, u32 batch,
+                                             u32 max_len) {
     static_assert(W >= 1 && W <= FD_WARPS && FD_WARPS % W == 0, "a team is 1, 2, 4 or 8 warps");
     constexpr u32 E = FD_HD / 8;  // values a lane
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 3, gl = lane & 7;
@@ -1143,7 +1209,11 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
                 acc += __shfl_xor_sync(0xffffffffu, acc, 4);
                 acc += __shfl_xor_sync(0xffffffffu, acc, 2);
                 acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-                if (ol == 0 && n < n0 + cols) part[((u64)h * batch + b) * FD_D + n] = acc;
+                if (ol == 0 && n < n0 + cols) {
+                    const u64 at = ((u64)h * batch + b) * FD_D + n;
+                    part[at] = acc;
+                    if (mpart != nullptr) fd_push_f32(mpart + at, acc);
+                }
             }
         }
         // No barrier here: the next task writes sh.a's merge buffers before its first barrier
@@ -1156,16 +1226,18 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
 // the batches of one block a task run, as it was before teams.
 template <u32 W>
 __device__ __noinline__ void fd_attention_team(FdShared& sh, const FdLayer L, const bf16_t* q, bf16_t* att, u32 batch, u32 max_len) {
-    fd_attention<W>(sh, L, q, att, nullptr, batch, max_len);
+    fd_attention<W>(sh, L, q, att, nullptr, nullptr, batch, max_len);
 }
 
 // The residual stream after the output projection, from its per-head partial sums (the
 // attention stage's `part`): x + the sum over heads in order, in f32, rounded once (as
 // ops::linear_residual adds), 8 values at v of row b, for fd_gemm's staging.
-struct FdResidSum {
+// With LOCAL (FD_DSMEM) the parts come from this block's mirror, and x too where x_local.
+template <bool LOCAL> struct FdResidSum {
     const bf16_t* x;
     const float* part;
     u32 batch;
+    bool x_local;
     __device__ __forceinline__ uint4 operator()(u32 b, u32 v) const {
         float sum[8];
 #pragma unroll
@@ -1173,12 +1245,13 @@ struct FdResidSum {
 #pragma unroll
         for (u32 h = 0; h < FD_HEADS; ++h) {
             const float* p = part + ((u64)h * batch + b) * FD_D + v;
-            const uint4 lo = fd_ld128cg(p), hi = fd_ld128cg(p + 4);
+            const uint4 lo = LOCAL ? *reinterpret_cast<const uint4*>(p) : fd_ld128cg(p);
+            const uint4 hi = LOCAL ? *reinterpret_cast<const uint4*>(p + 4) : fd_ld128cg(p + 4);
             const u32 w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
             for (int i = 0; i < 8; ++i) sum[i] += __uint_as_float(w[i]);
         }
-        const uint4 xv = fd_ld128cg(x + (u64)b * FD_D + v);
+        const uint4 xv = LOCAL && x_local ? *reinterpret_cast<const uint4*>(x + (u64)b * FD_D + v) : fd_ld128cg(x + (u64)b * FD_D + v);
         const u32 xw[4] = {xv.x, xv.y, xv.z, xv.w};
         u32 out[4];
 #pragma unroll
@@ -1221,6 +1294,9 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
     const bool fuse_o = batch <= FD_FUSE_O && batch * FdW<FD_D, true>::SW * 4 <= FD_ABUF_BYTES;
     // The attention stage's teams (one block a task where the tasks fit the grid, and with fuse_o).
     const u32 ateam = fuse_o ? FD_WARPS : fd_team_warps(batch);
+    // FD_DSMEM: this launch's stage outputs go to every block's mirror as well (see FD_DSMEM).
+    const bool mirror = FD_DSMEM && fuse_o && batch <= FD_MIRROR_B;
+    const FdMirror mir = fd_mirror();
     unsigned long long target = fd_sync_base(bar);
     // Each GEMM stage kind's share of this block, once (see fd_part).
     switch (threadIdx.x) {
@@ -1290,6 +1366,8 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
         };
         if (li == 0 && embed_in_stage) {
             fd_gemm<FD_D, true, false, false>(sh, x, embedded, x, L.norm1, L.qkv, 3 * FD_D, 0, sh.part[FD_P_QKV], eps, nullptr, qkv_out);
+        } else if (mirror && li > 0) {
+            fd_gemm<FD_D, true, false, false>(sh, x, FdRowsLocal<FD_D>{mir.x}, nullptr, L.norm1, L.qkv, 3 * FD_D, 0, sh.part[FD_P_QKV], eps, nullptr, qkv_out);
         } else {
             fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm1, L.qkv, 3 * FD_D, 0, sh.part[FD_P_QKV], eps, nullptr, qkv_out);
         }
@@ -1304,7 +1382,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
             case 1: fd_attention_team<1>(sh, L, q, att, batch, max_len); break;
             case 2: fd_attention_team<2>(sh, L, q, att, batch, max_len); break;
             case 4: fd_attention_team<4>(sh, L, q, att, batch, max_len); break;
-            default: fd_attention<FD_WARPS>(sh, L, q, att, fuse_o ? part : nullptr, batch, max_len);
+            default: fd_attention<FD_WARPS>(sh, L, q, att, fuse_o ? part : nullptr, mirror ? mir.part : nullptr, batch, max_len);
         }
         fd_sync(sh, bar, target);
         // The lengths advance once every block has read them (the two stages above).
@@ -1316,12 +1394,19 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
         }
         const auto swiglu_out = [&](u32 b, u32 j, float v, float v2, float) {
             const float gt = fd_round(v), up = fd_round(v2);
-            fd_st(s, (u64)b * FD_HID + j, gt * (1.0f / (1.0f + expf(-gt))) * up);
+            const float o = gt * (1.0f / (1.0f + expf(-gt))) * up;
+            fd_st(s, (u64)b * FD_HID + j, o);
+            if (mirror) fd_push_bf16(mir.s + (u64)b * FD_HID + j, o);
         };
-        if (fuse_o) {
+        if (mirror) {
+            // As below, the parts (and from the second layer x) from this block's mirror.
+            const FdResidSum<true> sum{li > 0 ? mir.x : x, mir.part, batch, li > 0};
+            fd_gemm<FD_D, true, true, false>(sh, x, sum, x2, L.norm2, L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU], eps, nullptr, swiglu_out);
+        } else if (fuse_o) {
             // RMSNorm of the residual stream plus the heads' projections (block 0 keeps the
             // sum in x2, which the down projection's residual add reads), gate and up, SwiGLU.
-            fd_gemm<FD_D, true, true, false>(sh, x, FdResidSum{x, part, batch}, x2, L.norm2, L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU], eps, nullptr, swiglu_out);
+            const FdResidSum<false> sum{x, part, batch, false};
+            fd_gemm<FD_D, true, true, false>(sh, x, sum, x2, L.norm2, L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU], eps, nullptr, swiglu_out);
         } else {
             // The output projection added to the residual stream in f32, rounded once (in
             // place: each column's owner reads and writes it).
@@ -1337,9 +1422,15 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
         fd_arrive(sh, bar, target);
         fd_prefetch<FD_HID, false>(L.down, FD_D, 0, sh.part[FD_P_DOWN]);
         fd_wait(sh, bar, target);
-        fd_gemm<FD_HID, false, false, true>(sh, s, FdRows<FD_HID>{s}, nullptr, nullptr, L.down, FD_D, 0, sh.part[FD_P_DOWN], eps, fuse_o ? x2 : x, [&](u32 b, u32 j, float v, float, float r) {
+        const auto down_out = [&](u32 b, u32 j, float v, float, float r) {
             fd_st(x, (u64)b * FD_D + j, r + v);
-        });
+            if (mirror) fd_push_bf16(mir.x + (u64)b * FD_D + j, r + v);
+        };
+        if (mirror) {
+            fd_gemm<FD_HID, false, false, true>(sh, s, FdRowsLocal<FD_HID>{mir.s}, nullptr, nullptr, L.down, FD_D, 0, sh.part[FD_P_DOWN], eps, x2, down_out);
+        } else {
+            fd_gemm<FD_HID, false, false, true>(sh, s, FdRows<FD_HID>{s}, nullptr, nullptr, L.down, FD_D, 0, sh.part[FD_P_DOWN], eps, fuse_o ? x2 : x, down_out);
+        }
         fd_arrive(sh, bar, target);
         if (li + 1 < H.layers) {
             fd_prefetch<FD_D, false>(layers[li + 1].qkv, 3 * FD_D, 0, sh.part[FD_P_QKV]);
@@ -1349,9 +1440,12 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
         fd_wait(sh, bar, target);
     }
     // The final RMSNorm and the head.
-    fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, H.head_norm, H.head, H.vocab, 0, sh.part[FD_P_HEAD], eps, nullptr, [&](u32 b, u32 j, float v, float, float) {
-        fd_st(logits, (u64)b * H.vocab + j, v);
-    });
+    const auto head_out = [&](u32 b, u32 j, float v, float, float) { fd_st(logits, (u64)b * H.vocab + j, v); };
+    if (mirror && H.layers > 0) {
+        fd_gemm<FD_D, true, false, false>(sh, x, FdRowsLocal<FD_D>{mir.x}, nullptr, H.head_norm, H.head, H.vocab, 0, sh.part[FD_P_HEAD], eps, nullptr, head_out);
+    } else {
+        fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, H.head_norm, H.head, H.vocab, 0, sh.part[FD_P_HEAD], eps, nullptr, head_out);
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         FD_MARK(sh, FD_T_ARRIVE);
