@@ -67,10 +67,10 @@ struct Knobs {
 
 impl Knobs {
     /// The dynamic shared memory a launch of `shape`'s kernel takes: the two buffers, and the
-    /// mirror (`FD_MIRROR_BYTES`: the heads' f32 parts, x and s, a row each).
+    /// mirror (`FD_MIRROR_BYTES`: the heads' f32 parts, x, s and q, a row each).
     fn dynamic_shared(self, shape: DecoderShape) -> u32 {
         let DecoderShape { d_model, heads, hidden } = shape;
-        let row = heads * d_model * 4 + d_model * 2 + hidden * 2;
+        let row = heads * d_model * 4 + d_model * 4 + hidden * 2;
         let mirror = self.mirror_rows.map_or(0, |b| (b as usize).saturating_mul(row));
         let total = (self.wbuf as usize).saturating_add(self.abuf as usize).saturating_add(mirror);
         u32::try_from(total).unwrap_or(u32::MAX)

@@ -126,12 +126,12 @@
 // FD_DSMEM (with FD_CLUSTER; 0, the default, off): the stage outputs that every block stages
 // whole as its next input are also stored straight into every block's shared memory, a mirror
 // after the two buffers (FD_MIRROR_BYTES: the residual stream x, the heads' output-projection
-// parts and SwiGLU's output s, for FD_MIRROR_B rows), so that the next stage reads them from its
-// own shared memory instead of L2. It serves batches up to FD_MIRROR_B whose attention stage
+// parts, SwiGLU's output s and the queries q, for FD_MIRROR_B rows), so that the next stage reads
+// them from its own shared memory instead of L2. It serves batches up to FD_MIRROR_B whose attention stage
 // computes the output projection (fuse_o), from the second layer on for x (the first layer's
 // x comes from the embeddings, staged by each block from L2 as before). The global copies are
-// still written, and what the mirror does not hold (q, the caches, the down projection's
-// residual x2) is read through L2 as before. Every value is the one the global copy holds: the
+// still written, and what the mirror does not hold (the caches, the down projection's residual
+// x2) is read through L2 as before. Every value is the one the global copy holds: the
 // step's results do not change.
 #ifndef FD_DSMEM
 #define FD_DSMEM 0
@@ -142,7 +142,7 @@
 #ifndef FD_MIRROR_B
 #define FD_MIRROR_B 2
 #endif
-#define FD_MIRROR_BYTES (FD_DSMEM ? FD_MIRROR_B * (FD_HEADS * FD_D * 4 + FD_D * 2 + FD_HID * 2) : 0)
+#define FD_MIRROR_BYTES (FD_DSMEM ? FD_MIRROR_B * (FD_HEADS * FD_D * 4 + FD_D * 4 + FD_HID * 2) : 0)
 
 // The table the host writes once (ops::DecoderStep::new): a header, then one FdLayer a layer.
 struct FdHeader {
@@ -399,13 +399,14 @@ __device__ __forceinline__ uint4 fd_norm8(uint4 v, uint4 gv, float r) {
 extern __shared__ __align__(16) u32 fd_wbuf[];
 
 // This block's mirror (FD_DSMEM), after the weight and activation buffers: the heads' parts
-// [FD_HEADS, batch, FD_D] f32, then x [batch, FD_D] and s [batch, FD_HID] bf16 (the global
+// [FD_HEADS, batch, FD_D] f32, then x [batch, FD_D], s [batch, FD_HID] and q [batch, FD_D] bf16 (the global
 // copies' layouts at the launch's batch; every part 16-byte aligned: the host rounds the
 // buffers to 16 bytes and FD_D, FD_HID are multiples of 8).
 struct FdMirror {
     float* part;
     bf16_t* x;
     bf16_t* s;
+    bf16_t* q;
 };
 __device__ __forceinline__ FdMirror fd_mirror() {
     char* base = reinterpret_cast<char*>(fd_wbuf) + FD_WBUF_BYTES + FD_ABUF_BYTES;
@@ -413,6 +414,7 @@ __device__ __forceinline__ FdMirror fd_mirror() {
     m.part = reinterpret_cast<float*>(base);
     m.x = reinterpret_cast<bf16_t*>(base + (u64)FD_MIRROR_B * FD_HEADS * FD_D * 4);
     m.s = m.x + (u64)FD_MIRROR_B * FD_D;
+    m.q = m.s + (u64)FD_MIRROR_B * FD_HID;
     return m;
 }
 #if FD_CLUSTER
@@ -1035,8 +1037,8 @@ __device__ __forceinline__ u32 fd_team_warps(u32 batch) {
 // each lane 8 ... E values, then the butterfly over 8 lanes), which the next stage sums over
 // the heads in order. Otherwise the tasks are (sequence, head) and att gets the rows.
 template <u32 W>
-__device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, const bf16_t* q, bf16_t* att, float* part, float* mpart, u32 batch,
-                                             u32 max_len) {
+__device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, const bf16_t* q, bf16_t* att, float* part, float* mpart, const bf16_t* mq,
+                                             u32 batch, u32 max_len) {
     static_assert(W >= 1 && W <= FD_WARPS && FD_WARPS % W == 0, "a team is 1, 2, 4 or 8 warps");
     constexpr u32 E = FD_HD / 8;  // values a lane
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 3, gl = lane & 7;
@@ -1078,7 +1080,8 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
         float qv[E];
 #pragma unroll
         for (u32 e = 0; e < E; e += 8) {
-            const uint4 v = active ? fd_ld128cg(q + (u64)b * FD_D + h * FD_HD + gl * E + e) : make_uint4(0u, 0u, 0u, 0u);
+            const u64 at = (u64)b * FD_D + h * FD_HD + gl * E + e;
+            const uint4 v = !active ? make_uint4(0u, 0u, 0u, 0u) : mq != nullptr ? *reinterpret_cast<const uint4*>(mq + at) : fd_ld128cg(q + at);
             const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -1226,7 +1229,7 @@ __device__ __forceinline__ void fd_attention(FdShared& sh, const FdLayer& L, con
 // the batches of one block a task run, as it was before teams.
 template <u32 W>
 __device__ __noinline__ void fd_attention_team(FdShared& sh, const FdLayer L, const bf16_t* q, bf16_t* att, u32 batch, u32 max_len) {
-    fd_attention<W>(sh, L, q, att, nullptr, nullptr, batch, max_len);
+    fd_attention<W>(sh, L, q, att, nullptr, nullptr, nullptr, batch, max_len);
 }
 
 // The residual stream after the output projection, from its per-head partial sums (the
@@ -1354,6 +1357,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
         const auto qkv_out = [&](u32 b, u32 j, float v, float, float) {
             if (j < FD_D) {
                 fd_st(q, (u64)b * FD_D + j, v);
+                if (mirror) fd_push_bf16(mir.q + (u64)b * FD_D + j, v);
                 return;
             }
             const int raw = sh.len[b];
@@ -1382,7 +1386,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
             case 1: fd_attention_team<1>(sh, L, q, att, batch, max_len); break;
             case 2: fd_attention_team<2>(sh, L, q, att, batch, max_len); break;
             case 4: fd_attention_team<4>(sh, L, q, att, batch, max_len); break;
-            default: fd_attention<FD_WARPS>(sh, L, q, att, fuse_o ? part : nullptr, mirror ? mir.part : nullptr, batch, max_len);
+            default: fd_attention<FD_WARPS>(sh, L, q, att, fuse_o ? part : nullptr, mirror ? mir.part : nullptr, mirror ? mir.q : nullptr, batch, max_len);
         }
         fd_sync(sh, bar, target);
         // The lengths advance once every block has read them (the two stages above).
