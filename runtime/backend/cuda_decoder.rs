@@ -222,6 +222,11 @@ impl CudaBackend {
                 knobs.dynamic_shared(shape) as usize,
             )
         };
+        // A cluster's kernel may be refused by the per-block query (its shape is the
+        // cluster's): then it does not run here, as where a block does not fit.
+        if knobs.cluster.is_some() && r != sys::CUresult::CUDA_SUCCESS {
+            return Ok(None);
+        }
         check("cuOccupancyMaxActiveBlocksPerMultiprocessor", r)?;
         if per_sm < 1 {
             return Ok(None);
