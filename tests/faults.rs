@@ -622,7 +622,8 @@ typed_module_workload!(
 );
 
 /// Self-attention over one q/k/v projection read in place (`flash_attention_packed`, cuDNN's
-/// plans and workspace on CUDA where it runs), bf16: one head of 64, `SEQ` positions.
+/// plans and workspace on CUDA where it runs) whose output projection adds into the residual
+/// in its GEMM (`linear_residual`, cublasLt on CUDA), bf16: one head of 64, `SEQ` positions.
 #[derive(Parameters)]
 pub struct PackedAttention {
     w_qkv: Param,
@@ -639,7 +640,7 @@ impl PackedAttention {
     pub fn forward(&self, cx: &mut Cx, x: &Tensor) -> Result<Tensor> {
         let qkv = ops::linear(x, &self.w_qkv.value, None)?;
         let (att, lse) = ops::flash_attention_packed(&qkv, &ops::Attention::causal(1))?;
-        let y = ops::linear(&att, &self.wo.value, None)?;
+        let y = ops::linear_residual(&att, &self.wo.value, x)?;
         for t in [x, &qkv, &att, &lse] {
             cx.save(t);
         }
@@ -651,7 +652,10 @@ impl PackedAttention {
             .ok_or_else(|| Error::msg("linear_backward returned no dx"))?;
         let at = ops::Attention::causal(1);
         let dqkv = ops::flash_attention_packed_backward(&datt, &qkv, &att, &lse, &at)?;
-        ops::linear_backward(&dqkv, &x, &self.w_qkv.value, &self.w_qkv.grad, None, true)
+        // The residual's grad is the output's.
+        let dx = ops::linear_backward(&dqkv, &x, &self.w_qkv.value, &self.w_qkv.grad, None, true)?
+            .ok_or_else(|| Error::msg("linear_backward returned no dx"))?;
+        Ok(Some(ops::add(&dx, dy)?))
     }
 }
 
