@@ -749,8 +749,8 @@ fn a_refused_integer_parameter_changes_nothing() {
 }
 
 /// Fused attention (separate or packed q/k/v) refuses what its kernels are not built for, and a
-/// wrong layout, before it allocates or launches anything, as the column copies do: the pool and
-/// the device memory are as before.
+/// wrong layout, before it allocates or launches anything, as the column copies and the
+/// residual projection do: the pool and the device memory are as before.
 #[test]
 fn refused_attention_calls_change_nothing() {
     use graphed::ops::Attention;
@@ -760,6 +760,7 @@ fn refused_attention_calls_change_nothing() {
         let (out, lse) = ops::flash_attention(&x, &x, &x, &Attention::causal(2))?;
         let packed = bf(&[2, 8, 384])?; // q, k and v of 2 heads of 64, packed
         let (odd, thin, short) = (bf(&[2, 8, 385])?, bf(&[2, 8, 192])?, bf(&[2, 7, 64])?);
+        let (w_half, w_square) = (bf(&[64, 128])?, bf(&[128, 128])?);
         let before = (dev.default_pool().stats(), dev.reserved_bytes());
         let at = Attention::causal(2);
         let mut refusals = vec![
@@ -777,6 +778,8 @@ fn refused_attention_calls_change_nothing() {
             ops::flash_attention_packed_backward(&out, &packed, &out, &out, &at).map(drop), // lse
             ops::split_columns(&x, &[64, 63]).map(drop),                              // widths sum to 127
             ops::concat_columns(&[&x, &short]).map(drop),                             // leading dims differ
+            ops::linear_residual(&x, &w_half, &x).map(drop),                          // residual of another shape
+            ops::linear_residual(&x, &w_square, &f).map(drop),                        // residual of another dtype
         ];
         if dev.is_cuda() {
             // cuDNN asked for where it does not run (grouped heads; or no libcudnn): refused, not
