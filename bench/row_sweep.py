@@ -82,12 +82,13 @@ def source():
 
 
 class Prog:
-    """One NVRTC build of the kernels with RN_FWD_VPT = RN_BWD_VPT = vpt."""
+    """One NVRTC build of the kernels with RN_FWD_VPT = RN_BWD_VPT = vpt and RN_RING = ring (the
+    ring variant's slots). A build with `ring_only` times the ring variant alone."""
 
-    def __init__(self, vpt):
-        self.vpt = vpt
+    def __init__(self, vpt, ring=2, ring_only=False):
+        self.vpt, self.ring, self.ring_only = vpt, ring, ring_only
         t0 = time.time()
-        opts = ("-std=c++17", f"--gpu-architecture=sm_{arch()}", f"-DRN_FWD_VPT={vpt}", f"-DRN_BWD_VPT={vpt}")
+        opts = ("-std=c++17", f"--gpu-architecture=sm_{arch()}", f"-DRN_FWD_VPT={vpt}", f"-DRN_BWD_VPT={vpt}", f"-DRN_RING={ring}")
         self.mod = cp.RawModule(code=source(), options=opts)
         self.fns = {}
         self.compile_s = time.time() - t0
@@ -153,6 +154,17 @@ def vec_grid(n, threads=256):
 #
 # A variant is (kind, params); run(prog, v, b) launches it on buffer set b (a dict of arrays).
 
+def ring(P, g, blk, b, rows, d, add):
+    """rms_ring_bf16 (rms_rows_bf16 with the row groups in flight in shared memory): RN_RING
+    slots of the block's rows (x, and the residual's with add) of dynamic shared memory."""
+    sm = P.ring * blk[1] * (-(-d // W)) * 16 * (2 if add else 1)
+    f = P.f("rms_ring_bf16")
+    if sm > 48 << 10:
+        f.max_dynamic_shared_size_bytes = sm
+    res, out = (b["r"], b["s"]) if add else (NULL, NULL)
+    f(g, blk, (b["y"], b["rstd"], out, b["x"], res, b["g"], U(rows), U(d), np.float32(EPS)), shared_mem=sm)
+
+
 def rms_fwd(P, v, b, rows, d):
     kind, p = v
     if kind == "old":
@@ -163,6 +175,9 @@ def rms_fwd(P, v, b, rows, d):
     if lc is None:
         return False
     g, blk, sm, _ = lc
+    if kind == "ring":
+        ring(P, g, blk, b, rows, d, False)
+        return True
     P.f("rms_rows_bf16")(g, blk, (b["y"], b["rstd"], NULL, b["x"], NULL, b["g"], U(rows), U(d), np.float32(EPS)), shared_mem=sm)
     return True
 
@@ -174,7 +189,9 @@ def add_fwd(P, v, b, rows, d):
     if lc is None:
         return False
     g, blk, sm, _ = lc
-    if kind == "unfused":
+    if kind == "ring":
+        ring(P, g, blk, b, rows, d, True)
+    elif kind == "unfused":
         n = rows * d
         gg, bb = vec_grid(n)
         P.f("add_bf16")(gg, bb, (b["s"], b["x"], b["r"], U(n)))
@@ -330,6 +347,14 @@ def check(P, op, v, rows, d):
         runs.append({k: cp.asnumpy(b[k]) for k in ("y", "rstd", "s", "dx", "dg")})
     det = all(np.array_equal(runs[0][k], runs[1][k]) for k in runs[0])
     o = runs[0]
+    if v[0] == "ring":
+        # The ring must give the register kernel's bits (the same threads, sums and roundings).
+        twin = ("fused" if op == "add" else "rows", v[1])
+        b2 = device_bufs(host, rows, d)
+        (add_fwd if op == "add" else rms_fwd)(P, twin, b2, rows, d)
+        cp.cuda.Device().synchronize()
+        keys = ("y", "rstd", "s") if op == "add" else ("y", "rstd")
+        det = det and all(np.array_equal(o[k], cp.asnumpy(b2[k])) for k in keys)
     if op in ("fwd", "add"):
         y, rstd, s = ref_fwd(host, op == "add")
         errs = dict(y=rel(from_bf16(o["y"]), y), rstd=rel(o["rstd"], rstd))
@@ -369,12 +394,21 @@ def name(P, v):
     if kind == "new":
         return f"new threads={p[0]} blocks<={p[1]}"
     grid = "one block a row group" if p[1] >= 1 << 20 else f"blocks<={p[1]}"
+    kind = f"ring of {P.ring}" if kind == "ring" else kind
     return f"{kind} vpt={P.vpt} threads={p[0]} {grid}"
 
 
 def per_vpt(v):
     """Whether a variant depends on the build (vpt): the baselines that use no row kernel do not."""
     return v[0] not in ("old", "new")
+
+
+def runs_on(P, v, progs):
+    """Whether variant v is timed on build P: a build-independent baseline on the first build
+    only, the ring variant on every build, the others on the builds that are not ring-only."""
+    if not per_vpt(v):
+        return P is progs[0]
+    return v[0] == "ring" or not P.ring_only
 
 
 # ---------------------------------------------------------------- timing
@@ -453,6 +487,11 @@ def main():
         P = Prog(vpt)
         log(f"vpt {vpt}: compiled in {P.compile_s:.1f} s")
         progs.append(P)
+    # Deeper rings (the ring variant alone) at the runtime's forward words a thread.
+    for depth in ((3,) if q else (3, 4)):
+        P = Prog(4, depth, ring_only=True)
+        log(f"vpt 4, ring of {depth}: compiled in {P.compile_s:.1f} s")
+        progs.append(P)
     reps = 5 if q else 20
     launches = 20
     bw, copy_us = copy_bandwidth(reps)
@@ -463,8 +502,8 @@ def main():
     threads_b = (128, 256) if q else (128, 256, 512, 1024)
     grids_b = (2 * sms, 4 * sms) if q else (sms, 2 * sms, 4 * sms, 8 * sms)
     variants = {
-        "fwd": [("old", None)] + [("rows", p) for p in itertools.product(threads_f, grids_f)],
-        "add": [(k, p) for k in ("fused", "unfused") for p in itertools.product(threads_f, grids_f)],
+        "fwd": [("old", None)] + [(k, p) for k in ("rows", "ring") for p in itertools.product(threads_f, grids_f)],
+        "add": [(k, p) for k in ("fused", "unfused", "ring") for p in itertools.product(threads_f, grids_f)],
         "bwd": [("old", None)] + [("rows", p) for p in itertools.product(threads_b, grids_b)],
         "addbwd": [(k, p) for k in ("fused", "unfused") for p in itertools.product(threads_b, grids_b[:1] if k == "unfused" else grids_b)],
         "drop": [("old", (256, 65535 * 8))] + [("new", p) for p in itertools.product((128, 256, 512), (65535 * 8, 4 * sms, 16 * sms))],
@@ -478,7 +517,7 @@ def main():
     for op in ("fwd", "add", "bwd", "addbwd"):
         for P in progs:
             for v in variants[op]:
-                if not per_vpt(v) and P is not progs[0]:
+                if not runs_on(P, v, progs):
                     continue
                 for rows, d in (small[:2] if q else small) + ((65, 4099),):
                     try:
@@ -513,7 +552,7 @@ def main():
             rows_out = []
             for P in progs:
                 for v in variants[op]:
-                    if not per_vpt(v) and P is not progs[0]:
+                    if not runs_on(P, v, progs):
                         continue
                     if (op, P.vpt, name(P, v)) in unlaunchable:
                         continue

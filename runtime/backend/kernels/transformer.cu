@@ -460,6 +460,110 @@ __device__ __forceinline__ void rms_rows_t(T* y, float* rstd_out, T* sum_out, co
     }
 }
 
+// rms_rows_t with the row groups in flight in shared memory (a measurement variant, not yet
+// launched by the runtime: bench/row_sweep.py times it against rms_rows_t). The RMSNorm forward
+// is latency-bound (its floor is 1.84x away while the residual add + RMSNorm, the same kernel
+// with twice the loads a row, is at 1.19x): a block loads a group, reduces it and stores it
+// before it loads the next, and loading ahead in registers costs the occupancy it would win
+// (2.12x against 1.83x, 2026-12-03). Here each thread copies its own 16-byte words of the next
+// RN_RING - 1 groups into shared memory with cp.async (no registers) while it works on the
+// current one, and reads the current one from there twice (the sum of squares, then the
+// normalisation), holding only gamma: more bytes in flight and fewer registers. The threads,
+// the sums' order and the roundings are rms_rows_t's: the same bits. A thread reads back only
+// the words it copied, so the ring needs no block barrier. Rows of whole aligned 16-byte words;
+// others run rms_rows_t. Dynamic shared memory: RN_RING x blockDim.y rows x d values (x, then
+// res's rows when given).
+#ifndef RN_RING
+#define RN_RING 2
+#endif
+template <typename T>
+__device__ __forceinline__ void rms_ring_t(T* y, float* rstd_out, T* sum_out, const T* x, const T* res, const T* gamma, u32 rows, u32 d, float eps) {
+    constexpr u32 W = 16 / sizeof(T);
+    constexpr u32 V = RN_FWD_VPT;
+    __shared__ float red[32];
+    const bool add = res != nullptr;
+    const bool vec = d % W == 0 && al16(y) && al16(x) && al16(gamma) && (!add || (al16(res) && al16(sum_out)));
+    if (!vec) {
+        rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps);
+        return;
+    }
+    const u32 words = d / W, rows_words = blockDim.y * words;
+    const u32 slot_words = rows_words * (add ? 2u : 1u);
+    uint4* ring = reinterpret_cast<uint4*>(gr_row_smem);
+    Pack<T> g[V];
+    rn_load(g, gamma, d, true, true);
+    const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
+    // This thread's words of group grp into slot `slot` (nothing past the last row), then one
+    // commit group, empty or not, so that every thread counts its groups alike.
+    const auto issue = [&](u64 grp, u32 slot) {
+        bool ok;
+        const u64 r = rn_row(grp, groups, rows, ok);
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+            const u32 c = threadIdx.x + i * blockDim.x;
+            if (!ok || c >= words) continue;
+            uint4* at = ring + (u64)slot * slot_words + threadIdx.y * words + c;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(at)), "l"(x + r * d + (u64)c * W) : "memory");
+            if (add) {
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(at + rows_words)), "l"(res + r * d + (u64)c * W)
+                             : "memory");
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    // This thread's words of the group in `slot`: x, or x + res rounded to T (as rms_rows_t).
+    const auto take = [&](Pack<T>& p, u32 slot, u32 i) {
+        const uint4* at = ring + (u64)slot * slot_words + threadIdx.y * words + threadIdx.x + i * blockDim.x;
+        p.raw = at[0];
+        if (add) {
+            Pack<T> pr;
+            pr.raw = at[rows_words];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) st(p.e, k, ld(p.e, k) + ld(pr.e, k));
+        }
+    };
+#pragma unroll
+    for (u32 s = 0; s + 1 < RN_RING; ++s) issue(blockIdx.x + (u64)s * gridDim.x, s);
+    u32 slot = 0;
+    for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+        issue(grp + (u64)(RN_RING - 1) * gridDim.x, (slot + RN_RING - 1) % RN_RING);
+        asm volatile("cp.async.wait_group %0;" ::"n"(RN_RING - 1) : "memory");
+        const u64 r = grp * blockDim.y + threadIdx.y;
+        const bool ok = r < rows;
+        float s = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+            Pack<T> p;
+            p.raw = make_uint4(0u, 0u, 0u, 0u);
+            if (ok && threadIdx.x + i * blockDim.x < words) take(p, slot, i);
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const float v = ld(p.e, k);
+                s += v * v;
+            }
+        }
+        const float rstd = 1.0f / sqrtf(rn_row_sum(s, red) / (float)d + eps);
+        if (ok) {
+#pragma unroll
+            for (u32 i = 0; i < V; ++i) {
+                const u32 c = threadIdx.x + i * blockDim.x;
+                if (c >= words) continue;
+                Pack<T> p;
+                take(p, slot, i);
+                if (add) reinterpret_cast<uint4*>(sum_out + r * d)[c] = p.raw;
+                float o[W];
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) o[k] = ld(p.e, k) * rstd * ld(g[i].e, k);
+                st_all(p.e, o);
+                reinterpret_cast<uint4*>(y + r * d)[c] = p.raw;
+            }
+            if (threadIdx.x == 0) rstd_out[r] = rstd;
+        }
+        slot = (slot + 1) % RN_RING;
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 // dx = rstd * (g - xhat * mean(g * xhat)) (+ dsum, after rounding that to T, when dsum is not
 // null), g = dy * gamma, xhat = x * rstd; and partial[blockIdx.x, :] = sum over the block's rows
 // of dy * xhat: each thread adds its rows in order in registers, then the block adds its rows
@@ -981,6 +1085,7 @@ extern "C" __global__ void attn_bwd_scores_f16(f16_t* p, f16_t* ds, const float*
 extern "C" __global__ void rms_rows_f32(float* y, float* rstd_out, float* sum_out, const float* x, const float* res, const float* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_rows_bwd_f32(float* dx, float* partial, const float* dy, const float* dsum, const float* x, const float* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 extern "C" __global__ void rms_rows_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
+extern "C" __global__ void rms_ring_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_ring_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_rows_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 extern "C" __global__ void rms_rows_f16(f16_t* y, float* rstd_out, f16_t* sum_out, const f16_t* x, const f16_t* res, const f16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_rows_bwd_f16(f16_t* dx, float* partial, const f16_t* dy, const f16_t* dsum, const f16_t* x, const f16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
