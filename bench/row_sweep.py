@@ -221,8 +221,19 @@ def rms_bwd(P, v, b, rows, d, dsum=False):
     g, blk, sm, blocks = lc
     if b["part"].shape[0] < blocks:
         return False
-    ds = b["ds"] if (dsum and kind == "fused") else NULL
-    P.f("rms_rows_bwd_bf16")(g, blk, (b["dx"], b["part"], b["dy"], ds, b["x"], b["g"], b["rstd"], U(rows), U(d)), shared_mem=sm)
+    ds = b["ds"] if (dsum and kind in ("fused", "ring")) else NULL
+    if kind == "ring":
+        # rms_ring_bwd_bf16: the partials' reduction, then RN_RING slots of dy's, x's (and
+        # dsum's) rows and one rstd a thread.
+        threads_blk = blk[0] * blk[1]
+        slot = blk[1] * (-(-d // W)) * 16 * (3 if dsum else 2) + -(-threads_blk // 4) * 16
+        sm = sm + P.ring * slot
+        f = P.f("rms_ring_bwd_bf16")
+        if sm > 48 << 10:
+            f.max_dynamic_shared_size_bytes = sm
+        f(g, blk, (b["dx"], b["part"], b["dy"], ds, b["x"], b["g"], b["rstd"], U(rows), U(d)), shared_mem=sm)
+    else:
+        P.f("rms_rows_bwd_bf16")(g, blk, (b["dx"], b["part"], b["dy"], ds, b["x"], b["g"], b["rstd"], U(rows), U(d)), shared_mem=sm)
     col_acc(P, b, blocks, d)
     if dsum and kind == "unfused":
         n = rows * d
@@ -349,11 +360,16 @@ def check(P, op, v, rows, d):
     o = runs[0]
     if v[0] == "ring":
         # The ring must give the register kernel's bits (the same threads, sums and roundings).
-        twin = ("fused" if op == "add" else "rows", v[1])
+        twin = ("fused" if op in ("add", "addbwd") else "rows", v[1])
         b2 = device_bufs(host, rows, d)
-        (add_fwd if op == "add" else rms_fwd)(P, twin, b2, rows, d)
+        b2["dg"].fill(0)
+        if op in ("fwd", "add"):
+            (add_fwd if op == "add" else rms_fwd)(P, twin, b2, rows, d)
+            keys = ("y", "rstd", "s") if op == "add" else ("y", "rstd")
+        else:
+            rms_bwd(P, twin, b2, rows, d, dsum=op == "addbwd")
+            keys = ("dx", "dg")
         cp.cuda.Device().synchronize()
-        keys = ("y", "rstd", "s") if op == "add" else ("y", "rstd")
         det = det and all(np.array_equal(o[k], cp.asnumpy(b2[k])) for k in keys)
     if op in ("fwd", "add"):
         y, rstd, s = ref_fwd(host, op == "add")
@@ -504,8 +520,8 @@ def main():
     variants = {
         "fwd": [("old", None)] + [(k, p) for k in ("rows", "ring") for p in itertools.product(threads_f, grids_f)],
         "add": [(k, p) for k in ("fused", "unfused", "ring") for p in itertools.product(threads_f, grids_f)],
-        "bwd": [("old", None)] + [("rows", p) for p in itertools.product(threads_b, grids_b)],
-        "addbwd": [(k, p) for k in ("fused", "unfused") for p in itertools.product(threads_b, grids_b[:1] if k == "unfused" else grids_b)],
+        "bwd": [("old", None)] + [(k, p) for k in ("rows", "ring") for p in itertools.product(threads_b, grids_b)],
+        "addbwd": [(k, p) for k in ("fused", "unfused", "ring") for p in itertools.product(threads_b, grids_b[:1] if k == "unfused" else grids_b)],
         "drop": [("old", (256, 65535 * 8))] + [("new", p) for p in itertools.product((128, 256, 512), (65535 * 8, 4 * sms, 16 * sms))],
     }
     runner = {"fwd": rms_fwd, "add": add_fwd, "bwd": rms_bwd, "addbwd": lambda P, v, b, r, d: rms_bwd(P, v, b, r, d, dsum=True), "drop": dropout}
@@ -562,13 +578,15 @@ def main():
                     except cp.cuda.driver.CUDADriverError:
                         continue
                     us = time_graph(lambda b: runner[op](P, v, b, rows, d), sets, launches, reps)
-                    rows_out.append((us / floor_us, us, name(P, v), P.vpt, v))
+                    rows_out.append((us / floor_us, us, name(P, v), P, v))
             rows_out.sort(key=lambda r: r[0])
             log(f"\n{TITLE[op]} bf16 {rows}x{d}: floor {floor_us:.1f} us ({per_call / 1e6:.1f} MB), {nsets} buffer sets")
             for ratio, us, nm, _, _ in rows_out[: (8 if q else 12)]:
                 log(f"  {ratio:5.2f}x  {us:8.1f} us  {per_call / (us * 1e-6) / 1e9:6.0f} GB/s  {nm}")
-            for ratio, us, nm, vpt, v in rows_out:
-                results.append(dict(op=op, rows=rows, d=d, ratio=ratio, us=us, variant=nm, vpt=vpt, kind=v[0], params=list(v[1]) if v[1] else None))
+            for ratio, us, nm, P, v in rows_out:
+                ring_slots = P.ring if v[0] == "ring" else None
+                results.append(dict(op=op, rows=rows, d=d, ratio=ratio, us=us, variant=nm, vpt=P.vpt, ring=ring_slots, kind=v[0],
+                                    params=list(v[1]) if v[1] else None))
             del sets
             cp.get_default_memory_pool().free_all_blocks()
 
@@ -577,18 +595,24 @@ def main():
         score = {}
         for r in results:
             if r["op"] in ops and r["kind"] in kinds:
-                key = (r["op"], r["vpt"], tuple(r["params"]))
+                key = (r["op"], r["vpt"], r["ring"], tuple(r["params"]))
                 score.setdefault(key, []).append(math.log(r["ratio"]))
         comb = {}
-        for (op, vpt, p), v in score.items():
+        for (op, vpt, ring_slots, p), v in score.items():
             if len(v) == len(shapes):
-                comb.setdefault((vpt, p), []).append(sum(v) / len(v))
+                comb.setdefault((vpt, ring_slots, p), []).append(sum(v) / len(v))
         full = {k: sum(v) / len(v) for k, v in comb.items() if len(v) == len(ops)}
         k = min(full, key=full.get)
         return k, math.exp(full[k])
 
-    (fv, fp), fr = best(("fwd", "add"), ("rows", "fused"))
-    (bv, bp), br = best(("bwd", "addbwd"), ("rows", "fused"))
+    (fv, _, fp), fr = best(("fwd", "add"), ("rows", "fused"))
+    (bv, _, bp), br = best(("bwd", "addbwd"), ("rows", "fused"))
+    for what, ops in (("forward", ("fwd", "add")), ("backward", ("bwd", "addbwd"))):
+        try:
+            (rv, slots, rp), rr = best(ops, ("ring",))
+            log(f"best {what} ring: {slots} slots, vpt {rv}, {rp[0]} threads, grid {rp[1]} (geomean {rr:.2f}x of the floor)")
+        except ValueError:
+            log(f"best {what} ring: none ran at every shape")
     log(f"\nbest forward: vpt {fv}, {fp[0]} threads, grid cap {fp[1]} (geomean {fr:.2f}x of the floor)")
     log(f"best backward: vpt {bv}, {bp[0]} threads, {bp[1]} blocks (geomean {br:.2f}x of the floor)")
     log(f"RowTiles {{ fwd: ({fv}, {fp[0]}, {fp[1]}), bwd: ({bv}, {bp[0]}, {bp[1]}) }}")

@@ -660,6 +660,125 @@ __device__ __forceinline__ void rms_rows_bwd_t(T* dx, float* partial, const T* d
     }
 }
 
+// rms_rows_bwd_t with the row groups in flight in shared memory, as rms_ring_t is to
+// rms_rows_t (a measurement variant, not yet launched by the runtime; bench/row_sweep.py): each
+// thread copies its own words of dy, x (and dsum) and its row's rstd for the next RN_RING - 1
+// groups with cp.async, and reads the current group from there twice, holding gamma and the
+// gamma grad's sums in registers. The same threads, sums and roundings as rms_rows_bwd_t: the
+// same bits. Dynamic shared memory: the partials' reduction (blockDim.x * blockDim.y * W floats,
+// as rms_rows_bwd_t), then RN_RING slots of dy's, x's (and dsum's) rows and one rstd a thread.
+template <typename T>
+__device__ __forceinline__ void rms_ring_bwd_t(T* dx, float* partial, const T* dy, const T* dsum, const T* x, const T* gamma, const float* rstd, u32 rows, u32 d) {
+    constexpr u32 W = 16 / sizeof(T);
+    constexpr u32 V = RN_BWD_VPT;
+    __shared__ float red[32];
+    const bool add = dsum != nullptr;
+    const bool vec = d % W == 0 && al16(dx) && al16(dy) && al16(x) && al16(gamma) && (!add || al16(dsum));
+    if (!vec) {
+        rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d);
+        return;
+    }
+    const u32 tpr = blockDim.x, rpb = blockDim.y, lin = threadIdx.y * tpr + threadIdx.x;
+    const u32 words = d / W, rows_words = rpb * words, rs_words = (tpr * rpb + 3) / 4;
+    const u32 slot_words = rows_words * (add ? 3u : 2u) + rs_words;
+    uint4* ring = reinterpret_cast<uint4*>(gr_row_smem + tpr * rpb * W);
+    Pack<T> g[V];
+    rn_load(g, gamma, d, true, true);
+    float acc[V * W];
+#pragma unroll
+    for (u32 e = 0; e < V * W; ++e) acc[e] = 0.0f;
+    const u64 groups = ((u64)rows + rpb - 1) / rpb;
+    const auto issue = [&](u64 grp, u32 slot) {
+        bool ok;
+        const u64 r = rn_row(grp, groups, rows, ok);
+        uint4* base = ring + (u64)slot * slot_words;
+        if (ok) {
+#pragma unroll
+            for (u32 i = 0; i < V; ++i) {
+                const u32 c = threadIdx.x + i * tpr;
+                if (c >= words) continue;
+                const u32 at = threadIdx.y * words + c;
+                const u64 src = r * d + (u64)c * W;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(base + at)), "l"(dy + src) : "memory");
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(base + rows_words + at)), "l"(x + src) : "memory");
+                if (add) {
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(base + 2 * rows_words + at)), "l"(dsum + src)
+                                 : "memory");
+                }
+            }
+            const float* rs_at = reinterpret_cast<const float*>(base + rows_words * (add ? 3u : 2u)) + lin;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((u32)__cvta_generic_to_shared(rs_at)), "l"(rstd + r) : "memory");
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+#pragma unroll
+    for (u32 s = 0; s + 1 < RN_RING; ++s) issue(blockIdx.x + (u64)s * gridDim.x, s);
+    u32 slot = 0;
+    for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+        issue(grp + (u64)(RN_RING - 1) * gridDim.x, (slot + RN_RING - 1) % RN_RING);
+        asm volatile("cp.async.wait_group %0;" ::"n"(RN_RING - 1) : "memory");
+        const u64 r = grp * rpb + threadIdx.y;
+        const bool ok = r < rows;
+        const uint4* base = ring + (u64)slot * slot_words;
+        const float rs = ok ? reinterpret_cast<const float*>(base + rows_words * (add ? 3u : 2u))[lin] : 0.0f;
+        // This thread's word i of dy, x (and dsum) in the slot: zeros past the row or the rows.
+        const auto take = [&](Pack<T>& pd, Pack<T>& px, u32 i) {
+            const u32 c = threadIdx.x + i * tpr;
+            const bool in = ok && c < words;
+            const u32 at = threadIdx.y * words + c;
+            pd.raw = in ? base[at] : make_uint4(0u, 0u, 0u, 0u);
+            px.raw = in ? base[rows_words + at] : make_uint4(0u, 0u, 0u, 0u);
+        };
+        float s = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+            Pack<T> pd, px;
+            take(pd, px, i);
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) s += ld(pd.e, k) * ld(g[i].e, k) * ld(px.e, k) * rs;
+        }
+        const float m = rn_row_sum(s, red) / (float)d;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+            Pack<T> pd, px;
+            take(pd, px, i);
+            float o[W];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const float dv = ld(pd.e, k), xv = ld(px.e, k);
+                acc[i * W + k] += dv * (xv * rs);
+                o[k] = rs * (dv * ld(g[i].e, k) - xv * rs * m);
+            }
+            st_all(px.e, o);
+            const u32 c = threadIdx.x + i * tpr;
+            if (!ok || c >= words) continue;
+            if (add) {
+                Pack<T> ps;
+                ps.raw = base[2 * rows_words + threadIdx.y * words + c];
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) o[k] = ld(px.e, k) + ld(ps.e, k);
+                st_all(px.e, o);
+            }
+            reinterpret_cast<uint4*>(dx + r * d)[c] = px.raw;
+        }
+        slot = (slot + 1) % RN_RING;
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#pragma unroll
+    for (u32 i = 0; i < V; ++i) {
+        __syncthreads();
+#pragma unroll
+        for (u32 k = 0; k < W; ++k) gr_row_smem[lin * W + k] = acc[i * W + k];
+        __syncthreads();
+        for (u32 e = lin; e < tpr * W; e += tpr * rpb) {
+            float t = 0.0f;
+            for (u32 j = 0; j < rpb; ++j) t += gr_row_smem[j * tpr * W + e];
+            const u32 c = (e / W + i * tpr) * W + e % W;
+            if (c < d) partial[(u64)blockIdx.x * d + c] = t;
+        }
+    }
+}
+
 // ---------------------------------------------------------------- layer norm and softmax rows
 //
 // The rows-in-registers form of layer_norm_t, layer_norm_bwd_t (dx) and softmax_xent_t (half.cu),
@@ -1085,6 +1204,7 @@ extern "C" __global__ void attn_bwd_scores_f16(f16_t* p, f16_t* ds, const float*
 extern "C" __global__ void rms_rows_f32(float* y, float* rstd_out, float* sum_out, const float* x, const float* res, const float* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_rows_bwd_f32(float* dx, float* partial, const float* dy, const float* dsum, const float* x, const float* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 extern "C" __global__ void rms_rows_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
+extern "C" __global__ void rms_ring_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_ring_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 extern "C" __global__ void rms_ring_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_ring_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_rows_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 extern "C" __global__ void rms_rows_f16(f16_t* y, float* rstd_out, f16_t* sum_out, const f16_t* x, const f16_t* res, const f16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
