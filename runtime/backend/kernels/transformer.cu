@@ -564,6 +564,27 @@ __device__ __forceinline__ void rms_ring_t(T* y, float* rstd_out, T* sum_out, co
     asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
+// The RMSNorm backward's gamma-grad partials: partial[blockIdx.x, :] = the block's rows' sums
+// (acc: this thread's V x W, as its words' columns), added in row order (threadIdx.y) through
+// gr_row_smem, one word of each thread at a time.
+template <u32 V, u32 W>
+__device__ __forceinline__ void rn_write_partials(const float (&acc)[V * W], float* partial, u32 d, bool vec) {
+    const u32 tpr = blockDim.x, rpb = blockDim.y, lin = threadIdx.y * tpr + threadIdx.x;
+#pragma unroll
+    for (u32 i = 0; i < V; ++i) {
+        __syncthreads();
+#pragma unroll
+        for (u32 k = 0; k < W; ++k) gr_row_smem[lin * W + k] = acc[i * W + k];
+        __syncthreads();
+        for (u32 e = lin; e < tpr * W; e += tpr * rpb) {
+            float t = 0.0f;
+            for (u32 j = 0; j < rpb; ++j) t += gr_row_smem[j * tpr * W + e];
+            const u32 c = vec ? (e / W + i * tpr) * W + e % W : e / W + (i * W + e % W) * tpr;
+            if (c < d) partial[(u64)blockIdx.x * d + c] = t;
+        }
+    }
+}
+
 // dx = rstd * (g - xhat * mean(g * xhat)) (+ dsum, after rounding that to T, when dsum is not
 // null), g = dy * gamma, xhat = x * rstd; and partial[blockIdx.x, :] = sum over the block's rows
 // of dy * xhat: each thread adds its rows in order in registers, then the block adds its rows
@@ -644,20 +665,7 @@ __device__ __forceinline__ void rms_rows_bwd_t(T* dx, float* partial, const T* d
         }
         if (ok) rn_store(dx + r * d, px, d, vec);
     }
-    const u32 tpr = blockDim.x, rpb = blockDim.y, lin = threadIdx.y * tpr + threadIdx.x;
-#pragma unroll
-    for (u32 i = 0; i < V; ++i) {
-        __syncthreads();
-#pragma unroll
-        for (u32 k = 0; k < W; ++k) gr_row_smem[lin * W + k] = acc[i * W + k];
-        __syncthreads();
-        for (u32 e = lin; e < tpr * W; e += tpr * rpb) {
-            float t = 0.0f;
-            for (u32 j = 0; j < rpb; ++j) t += gr_row_smem[j * tpr * W + e];
-            const u32 c = vec ? (e / W + i * tpr) * W + e % W : e / W + (i * W + e % W) * tpr;
-            if (c < d) partial[(u64)blockIdx.x * d + c] = t;
-        }
-    }
+    rn_write_partials<V, W>(acc, partial, d, vec);
 }
 
 // rms_rows_bwd_t with the row groups in flight in shared memory, as rms_ring_t is to
@@ -764,19 +772,7 @@ __device__ __forceinline__ void rms_ring_bwd_t(T* dx, float* partial, const T* d
         slot = (slot + 1) % RN_RING;
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
-#pragma unroll
-    for (u32 i = 0; i < V; ++i) {
-        __syncthreads();
-#pragma unroll
-        for (u32 k = 0; k < W; ++k) gr_row_smem[lin * W + k] = acc[i * W + k];
-        __syncthreads();
-        for (u32 e = lin; e < tpr * W; e += tpr * rpb) {
-            float t = 0.0f;
-            for (u32 j = 0; j < rpb; ++j) t += gr_row_smem[j * tpr * W + e];
-            const u32 c = (e / W + i * tpr) * W + e % W;
-            if (c < d) partial[(u64)blockIdx.x * d + c] = t;
-        }
-    }
+    rn_write_partials<V, W>(acc, partial, d, true);
 }
 
 // ---------------------------------------------------------------- layer norm and softmax rows
