@@ -70,7 +70,11 @@ impl Knobs {
     /// mirror (`FD_MIRROR_BYTES`: the heads' f32 parts, x, s and q, a row each).
     fn dynamic_shared(self, shape: DecoderShape) -> u32 {
         let DecoderShape { d_model, heads, hidden } = shape;
-        let row = heads * d_model * 4 + d_model * 4 + hidden * 2;
+        let row = heads
+            .saturating_mul(d_model)
+            .saturating_add(d_model)
+            .saturating_mul(4)
+            .saturating_add(hidden.saturating_mul(2));
         let mirror = self.mirror_rows.map_or(0, |b| (b as usize).saturating_mul(row));
         let total = (self.wbuf as usize).saturating_add(self.abuf as usize).saturating_add(mirror);
         u32::try_from(total).unwrap_or(u32::MAX)
@@ -251,5 +255,39 @@ impl CudaBackend {
         } else {
             self.launch_cooperative(f, dims, args)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn knobs(mirror_rows: Option<u32>) -> Knobs {
+        Knobs {
+            wbuf: 96 * 1024,
+            abuf: 16 * 1024,
+            nt: 2,
+            apipe: None,
+            fuse_o: None,
+            mt: 4,
+            wpass: None,
+            cluster: mirror_rows.map(|_| 16),
+            mirror_rows,
+            trace: false,
+        }
+    }
+
+    /// The launch's dynamic shared memory is the two buffers plus, with the mirror, what
+    /// kernels/decoder.cu's FD_MIRROR_BYTES reserves: FD_MIRROR_B rows of the heads' f32 parts,
+    /// x and q (bf16, d_model each) and s (bf16, the hidden width).
+    #[test]
+    fn the_mirror_adds_its_rows_to_the_buffers() {
+        let gpt = DecoderShape { d_model: 512, heads: 8, hidden: 1368 };
+        assert_eq!(knobs(None).dynamic_shared(gpt), 112 * 1024);
+        let row = 8 * 512 * 4 + 512 * 2 * 2 + 1368 * 2;
+        assert_eq!(knobs(Some(2)).dynamic_shared(gpt) as usize, 112 * 1024 + 2 * row);
+        // Absurd sizes saturate instead of wrapping (the driver then refuses the launch).
+        let huge = DecoderShape { d_model: usize::MAX / 8, heads: 8, hidden: 8 };
+        assert_eq!(knobs(Some(64)).dynamic_shared(huge), u32::MAX);
     }
 }
