@@ -68,6 +68,9 @@ struct Key {
     rows: usize,
     input: usize,
     out: usize,
+    /// C (the residual) apart from D: only algorithms that support it
+    /// (`CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT`).
+    out_of_place: bool,
 }
 
 /// The descriptors and the chosen algorithm of one shape.
@@ -181,12 +184,16 @@ fn make_plan(handle: sys::cublasLtHandle_t, key: Key) -> Result<Option<Plan>> {
             size_of::<u64>(),
         )
         .map_err(lt_err("cublasLtMatmulPreferenceSetAttribute"))?;
-        let r = lt::get_matmul_algo_heuristic(handle, desc, a, b, d, d, pref);
+        let r = if key.out_of_place {
+            out_of_place_algo(handle, desc, (a, b, d), pref)
+        } else {
+            lt::get_matmul_algo_heuristic(handle, desc, a, b, d, d, pref).map(|h| h.algo)
+        };
         let _ = lt::destroy_matmul_pref(pref);
         r
     };
     match found {
-        Ok(h) => Ok(Some(Plan { desc, a, b, d, algo: h.algo })),
+        Ok(algo) => Ok(Some(Plan { desc, a, b, d, algo })),
         Err(_) => {
             // No algorithm for this shape and epilogue: the op runs unfused.
             // SAFETY: created above and not used anywhere else.
@@ -194,6 +201,57 @@ fn make_plan(handle: sys::cublasLtHandle_t, key: Key) -> Result<Option<Plan>> {
             Ok(None)
         }
     }
+}
+
+/// The heuristic's first algorithm, of its eight best, that writes D apart from C (not every
+/// algorithm does: cublasLt's `CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT`).
+///
+/// # Safety
+/// The handle, descriptor, layouts and preference are live.
+unsafe fn out_of_place_algo(
+    handle: sys::cublasLtHandle_t,
+    desc: sys::cublasLtMatmulDesc_t,
+    (a, b, d): (sys::cublasLtMatrixLayout_t, sys::cublasLtMatrixLayout_t, sys::cublasLtMatrixLayout_t),
+    pref: sys::cublasLtMatmulPreference_t,
+) -> std::result::Result<sys::cublasLtMatmulAlgo_t, lt::CublasError> {
+    const ASKED: usize = 8;
+    // SAFETY: the results are plain data, written by the call below before they are read.
+    let mut results: [sys::cublasLtMatmulHeuristicResult_t; ASKED] = unsafe { std::mem::zeroed() };
+    let mut count = 0i32;
+    // SAFETY: forwarded from the caller; `results` holds ASKED entries and `count` is a live local.
+    unsafe {
+        sys::cublasLtMatmulAlgoGetHeuristic(
+            handle,
+            desc,
+            a,
+            b,
+            d,
+            d,
+            pref,
+            ASKED as i32,
+            results.as_mut_ptr(),
+            &mut count,
+        )
+    }
+    .result()?;
+    let found = results[..(count.clamp(0, ASKED as i32) as usize)].iter().find(|r| {
+        let mut supported = 0i32;
+        let mut written = 0usize;
+        // SAFETY: the algorithm came from the heuristic; the attribute is an i32 flag written into a live local.
+        let status = unsafe {
+            sys::cublasLtMatmulAlgoCapGetAttribute(
+                &r.algo,
+                sys::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT,
+                &mut supported as *mut i32 as *mut c_void,
+                size_of::<i32>(),
+                &mut written,
+            )
+        };
+        r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            && status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            && supported != 0
+    });
+    found.map(|r| r.algo).ok_or(lt::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED))
 }
 
 /// # Safety
@@ -234,7 +292,15 @@ impl CudaBackend {
         self.injected_gemm("cublasLtMatmul")?;
         let mut lt_state = lt_state.lock().unwrap_or_else(|e| e.into_inner());
         self.bind()?;
-        let key = Key { epilogue: g.epilogue, dtype: g.dtype, tf32: g.tf32, rows: g.rows, input: g.input, out: g.out };
+        let key = Key {
+            epilogue: g.epilogue,
+            dtype: g.dtype,
+            tf32: g.tf32,
+            rows: g.rows,
+            input: g.input,
+            out: g.out,
+            out_of_place: g.residual != 0,
+        };
         let handle = lt_state.handle;
         let Some(plan) = lt_state.plan(key)? else { return Ok(false) };
         use sys::cublasLtMatmulDescAttributes_t as A;
