@@ -232,6 +232,10 @@ kernels! {
     RmsRowsBwdF32 = "rms_rows_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     RmsRowsBwdBf16 = "rms_rows_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     RmsRowsBwdF16 = "rms_rows_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    // The ring forms (row groups in flight in shared memory; bench/row_sweep.py measures them,
+    // the runtime does not launch them yet).
+    RmsRingBf16 = "rms_ring_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    RmsRingBwdBf16 = "rms_ring_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     LnRowsF32 = "ln_rows_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
     LnRowsBf16 = "ln_rows_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
     LnRowsF16 = "ln_rows_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
