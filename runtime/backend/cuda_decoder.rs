@@ -41,7 +41,7 @@ const THREADS: u32 = 256;
 /// same sums either way), `GRAPHED_DECODER_CLUSTER` (2 to 16) a grid of one thread-block
 /// cluster of that many blocks separated by the cluster's barrier instead of one block a
 /// multiprocessor and the grid barrier (`FD_CLUSTER`; the same sums: the GEMMs' order does not
-/// depend on the grid; its buffers default to 96 + 16 KiB), and with it
+/// depend on the grid; its buffers default to 96 + 20 KiB), and with it
 /// `GRAPHED_DECODER_DSMEM=1` the stage outputs pushed into every block's shared memory
 /// (`FD_DSMEM`, a mirror of `GRAPHED_DECODER_MIRROR_B` rows, 2 by default), for measurements.
 /// `GRAPHED_DECODER_TRACE` (a folder) compiles the stage marks in (`FD_TRACE`), see
@@ -85,8 +85,10 @@ impl Knobs {
         *K.get_or_init(|| {
             let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
             let cluster = env("GRAPHED_DECODER_CLUSTER").filter(|n| (2..=16).contains(n));
-            // A cluster's blocks hold more of each stage and leave room for the mirror.
-            let (wbuf, abuf) = if cluster.is_some() { (96 * 1024, 16 * 1024) } else { (112 * 1024, 64 * 1024) };
+            // A cluster's blocks hold more of each stage and leave room for the mirror; 20 KiB of
+            // activations still take the first stage's 16 rows of 512 whole (the embeddings are
+            // summed as they are staged: no stage of their own).
+            let (wbuf, abuf) = if cluster.is_some() { (96 * 1024, 20 * 1024) } else { (112 * 1024, 64 * 1024) };
             let mirror_rows = cluster
                 .and(env("GRAPHED_DECODER_DSMEM").filter(|&v| v == 1))
                 .map(|_| env("GRAPHED_DECODER_MIRROR_B").map_or(2, |b| b.clamp(1, 64)));
