@@ -15,14 +15,30 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_decode import rows_by  # noqa: E402
 
 
-def rows(path, path_name):
-    """ms a token by batch for one path of a --json file ({} where the run left none)."""
+def load(path):
+    """A --json file's result, or None where the run left none."""
     try:
         with open(path) as f:
-            result = json.load(f)
+            return json.load(f)
     except (OSError, ValueError):
+        return None
+
+
+def rows(path, path_name):
+    """ms a token by batch for one path of a --json file ({} where the run left none)."""
+    result = load(path)
+    if result is None:
         return {}
     return {b: r["ms_per_token"] for b, r in rows_by(result, path_name).items()}
+
+
+def kernel_note(path):
+    """A line where a version's one kernel did not run (a knob the GPU refused: its figures are
+    the unfused ops'), else None."""
+    result = load(path)
+    if result is not None and result.get("one_kernel_batch", 1) == 0:
+        return f"note: {os.path.basename(path)[4:-5]}: the one kernel did not run here; its column is the unfused ops'"
+    return None
 
 
 def main():
@@ -41,6 +57,10 @@ def main():
     print("batch " + " ".join(f"{n:>14}" for n, _ in cols))
     for b in batches:
         print(f"{b:5d} " + " ".join(f"{c[b]:14.4f}" if b in c else f"{'-':>14}" for _, c in cols))
+    for p in versions:
+        note = kernel_note(p)
+        if note:
+            print(note)
     first_name, first = cols[0]
     for name, c in cols[1:]:
         ratios = [f"{b}: {c[b] / first[b]:.3f}" for b in batches if b in c and b in first]
