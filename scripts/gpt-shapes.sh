@@ -6,7 +6,8 @@
 # Each run's JSON and log go into $OUT/gpt-shapes.tgz, the table with same-run ratios to
 # $OUT/gpt-shapes.md (and stdout).
 #   bash scripts/gpt-shapes.sh [steps, default 200]
-# (GPT_SHAPES="1024x4" picks the shapes; GPT_SHAPES_RUNS="graphed swiglu all" picks ours' runs, default all four; GPT_SHAPES_TORCH the
+# (GPT_SHAPES="1024x4" picks the shapes; GPT_SHAPES_RUNS="graphed swiglu all" picks ours' runs, default
+# graphed, floor, swiglu and all, and `ring` adds one with the RMSNorm kernels' ring forms; GPT_SHAPES_TORCH the
 # torch variants, default compile,compile_stacked: the model as written, and with q/k/v and
 # gate/up each one Linear, as ours stores them.)
 set -uo pipefail
@@ -38,7 +39,7 @@ def load(p):
         return json.load(open(p))
     except (OSError, ValueError):
         return None
-names = ["graphed", "floor", "swiglu", "all"]
+names = ["graphed", "floor", "swiglu", "all", "ring"]
 print("| shape | run | tokens/s | / torch.compile | / torch.compile, stacked | / ours graphed | pool MB | every pool MB | pool / its reserved | every pool / its reserved | val loss |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 def ratio(a, b):
@@ -73,6 +74,8 @@ for shape in ${GPT_SHAPES:-256x16 1024x4 4096x1}; do
       graphed) ours graphed "$shape" --mode graphed ;;
       floor) ours floor "$shape" --mode floor ;;
       swiglu | all) ours "$run" "$shape" --mode graphed --recompute "$run" ;;
+      # The RMSNorm kernels' ring forms (GRAPHED_ROW_RING=1; not in the default runs).
+      ring) GRAPHED_ROW_RING=1 ours ring "$shape" --mode graphed ;;
     esac
   done
   timeout 300 python3 gpu-bin/bench/pytorch_gpt_bench.py --steps "$steps" --dtype bf16 --context "${shape%x*}" \

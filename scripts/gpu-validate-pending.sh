@@ -73,6 +73,10 @@ run gpt_generate GRAPHED_DECODER_CLUSTER=16
 run ops_decoder_step GRAPHED_DECODER_CLUSTER=16 GRAPHED_DECODER_DSMEM=1
 run gpt_generate GRAPHED_DECODER_CLUSTER=16 GRAPHED_DECODER_DSMEM=1
 run ops_decoder_step GRAPHED_DECODER_WBUF=65536 GRAPHED_DECODER_ABUF=98304
+say "4b. the RMSNorm kernels' ring forms (GRAPHED_ROW_RING=1)"
+for t in ops_transformer gpt; do
+  run "$t" GRAPHED_ROW_RING=1
+done
 pack
 say "5. the rest of the suite"
 for bin in gpu-bin/tests/*; do

@@ -277,13 +277,15 @@ impl CudaBackend {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("cuDeviceGetAttribute"))?
             .max(1) as usize;
-        // The fused attention kernels take more than the default 48 KB of dynamic shared
-        // memory; their launches check their need against this limit first.
+        // The fused attention kernels and the row kernels' ring forms take more than the
+        // default 48 KB of dynamic shared memory; their launches check their need against this
+        // limit first.
         for (k, f) in BuiltinKernel::ALL.iter().zip(&functions) {
-            if k.name().starts_with("flash_")
+            let big = (k.name().starts_with("flash_")
                 && *k != BuiltinKernel::FlashBwdPrepBf16
-                && *k != BuiltinKernel::FlashBwdPrepF16
-            {
+                && *k != BuiltinKernel::FlashBwdPrepF16)
+                || k.name().starts_with("rms_ring");
+            if big {
                 f.set_attribute(
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     max_shared_optin as i32,

@@ -233,7 +233,7 @@ kernels! {
     RmsRowsBwdBf16 = "rms_rows_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     RmsRowsBwdF16 = "rms_rows_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     // The ring forms (row groups in flight in shared memory; bench/row_sweep.py measures them,
-    // the runtime does not launch them yet).
+    // the runtime launches them under GRAPHED_ROW_RING=1: RowTiles::ring).
     RmsRingBf16 = "rms_ring_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
     RmsRingBwdBf16 = "rms_ring_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     LnRowsF32 = "ln_rows_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
@@ -470,6 +470,38 @@ impl RowTiles {
     /// mask: 1 the RMSNorm forward, 2 the others) overrides both, for measurements.
     pub(crate) const PREFETCH: (bool, bool) = (false, true);
 
+    /// Slots of the ring forms' shared memory (`RN_RING` in kernels/transformer.cu: the group
+    /// in hand and the ones in flight).
+    pub(crate) const RING_SLOTS: usize = 2;
+
+    /// Whether the bf16 RMSNorm kernels (and their residual-add forms) run as their ring forms,
+    /// `rms_ring_bf16` and `rms_ring_bwd_bf16` (the row groups in flight in shared memory, the
+    /// same bits): `GRAPHED_ROW_RING=1`, for measurements, until `bench/row_sweep.py` has timed
+    /// them on a GPU.
+    pub(crate) fn ring() -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| std::env::var("GRAPHED_ROW_RING").is_ok_and(|v| v == "1"))
+    }
+
+    /// The ring forward's launch: `l`'s grid and block, with `RING_SLOTS` slots of the block's
+    /// rows of `d` values of `elem` bytes (and the residual's with `add`) as dynamic shared memory.
+    pub(crate) fn ring_fwd(l: RowLaunch, d: usize, elem: usize, add: bool) -> super::LaunchDims {
+        let rows_bytes = l.dims.block.1 as usize * d.div_ceil(16 / elem) * 16;
+        let shared = Self::RING_SLOTS * rows_bytes * if add { 2 } else { 1 };
+        super::LaunchDims { shared: u32::try_from(shared).unwrap_or(u32::MAX), ..l.dims }
+    }
+
+    /// The ring backward's launch: `l`'s (whose shared memory holds the gamma grad's
+    /// reduction), plus `RING_SLOTS` slots of dy's, x's (and dsum's with `add`) rows and one
+    /// rstd a thread.
+    pub(crate) fn ring_bwd(l: RowLaunch, d: usize, elem: usize, add: bool) -> super::LaunchDims {
+        let (tpr, rpb) = (l.dims.block.0 as usize, l.dims.block.1 as usize);
+        let rows_bytes = rpb * d.div_ceil(16 / elem) * 16;
+        let slot = rows_bytes * if add { 3 } else { 2 } + (tpr * rpb).div_ceil(4) * 16;
+        let shared = l.dims.shared as usize + Self::RING_SLOTS * slot;
+        super::LaunchDims { shared: u32::try_from(shared).unwrap_or(u32::MAX), ..l.dims }
+    }
+
     /// The NVRTC options that build the row kernels with these shapes.
     pub(crate) fn nvrtc_defines() -> Vec<String> {
         let t = Self::CHOSEN;
@@ -482,6 +514,7 @@ impl RowTiles {
             format!("-DRN_BWD_VPT={}", t.bwd.0),
             format!("-DRN_PREFETCH_FWD={}", u8::from(fwd)),
             format!("-DRN_PREFETCH={}", u8::from(bwd)),
+            format!("-DRN_RING={}", Self::RING_SLOTS),
         ]
     }
 }
@@ -556,6 +589,28 @@ impl BuiltinKernel {
 mod tests {
     use super::*;
     use crate::Error;
+
+    /// The ring forms' shared memory is what kernels/transformer.cu lays out: RN_RING slots of
+    /// the block's rows (x, and the residual's), and for the backward the gamma grad's reduction
+    /// (the register kernel's) then slots of dy's, x's (and dsum's) rows and one rstd a thread.
+    #[test]
+    fn the_ring_launches_hold_their_slots() {
+        // The GPT's rows: 4,096 of 512 bf16; the forward is 16 rows of 16 threads a block, the
+        // backward 8 rows of 32.
+        let fwd = RowTiles::CHOSEN.fwd_launch(4096, 512, 2).expect("a row fits");
+        assert_eq!((fwd.dims.block.0, fwd.dims.block.1), (16, 16));
+        assert_eq!(RowTiles::ring_fwd(fwd, 512, 2, false).shared, 2 * 16 * 64 * 16);
+        assert_eq!(RowTiles::ring_fwd(fwd, 512, 2, true).shared, 2 * 2 * 16 * 64 * 16);
+        let bwd = RowTiles::CHOSEN.bwd_launch(4096, 512, 2).expect("a row fits");
+        assert_eq!((bwd.dims.block.0, bwd.dims.block.1, bwd.dims.shared), (32, 8, 256 * 8 * 4));
+        let slot = |arrays: u32| arrays * 8 * 64 * 16 + 256 / 4 * 16;
+        assert_eq!(RowTiles::ring_bwd(bwd, 512, 2, false).shared, bwd.dims.shared + 2 * slot(2));
+        assert_eq!(RowTiles::ring_bwd(bwd, 512, 2, true).shared, bwd.dims.shared + 2 * slot(3));
+        // The launch shape is the register kernel's.
+        assert_eq!(RowTiles::ring_fwd(fwd, 512, 2, false).grid, fwd.dims.grid);
+        assert_eq!(RowTiles::ring_bwd(bwd, 512, 2, true).block, bwd.dims.block);
+        assert!(RowTiles::nvrtc_defines().contains(&format!("-DRN_RING={}", RowTiles::RING_SLOTS)));
+    }
 
     /// (name, parameter kinds) of every `extern "C" __global__` function in a CUDA source.
     fn parse(src: &str) -> Vec<(String, Vec<ArgKind>)> {

@@ -1,6 +1,6 @@
 //! Token embedding, RMSNorm and SwiGLU (#13) in f32, bf16 and f16, with their backwards.
 
-use crate::backend::{KArg, LaunchDims, RowTiles};
+use crate::backend::{BuiltinKernel as B, CudaBackend, KArg, LaunchDims, RowTiles};
 use crate::error::OpError;
 use crate::ops::{
     as_rows, check_f32_on, check_grad_of, check_like, check_rank1, check_shape, check_vector, col_chunks, col_dims,
@@ -247,6 +247,17 @@ fn check_rms_norm(op: &'static str, x: &Tensor, gamma: &Tensor, eps: f32) -> Res
 }
 
 /// RMSNorm of `x` (+ `residual`, whose sum is returned first when given).
+/// The bf16 RMSNorm kernels' ring forms (`RowTiles::ring`: `GRAPHED_ROW_RING=1`) where their
+/// shared memory fits a block, else the register kernels: the kernel and its launch. Both give
+/// the same bits.
+fn row_kernel(c: &CudaBackend, dtype: DType, plain: (B, LaunchDims), ring: (B, LaunchDims)) -> (B, LaunchDims) {
+    if dtype == DType::BF16 && RowTiles::ring() && ring.1.shared as usize <= c.max_shared_optin {
+        ring
+    } else {
+        plain
+    }
+}
+
 fn rms_norm_rows(
     op: &'static str,
     x: &Tensor,
@@ -279,21 +290,25 @@ fn rms_norm_rows(
         Exec::Cuda(c) => {
             let ptr = |t: Option<&Tensor>| t.map_or(Ok(0), |t| t.cuda_ptr());
             match RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()) {
-                Some(l) => c.launch(
-                    k::RMS_ROWS.get(dtype),
-                    l.dims,
-                    &[
-                        KArg::Ptr(y.cuda_ptr()?),
-                        KArg::Ptr(rstd.cuda_ptr()?),
-                        KArg::Ptr(ptr(sum.as_ref())?),
-                        KArg::Ptr(x.cuda_ptr()?),
-                        KArg::Ptr(ptr(residual)?),
-                        KArg::Ptr(gamma.cuda_ptr()?),
-                        KArg::U32(rows as u32),
-                        KArg::U32(d as u32),
-                        KArg::F32(eps),
-                    ],
-                )?,
+                Some(l) => {
+                    let ring = (B::RmsRingBf16, RowTiles::ring_fwd(l, d, dtype.size(), residual.is_some()));
+                    let (kernel, dims) = row_kernel(c, dtype, (k::RMS_ROWS.get(dtype), l.dims), ring);
+                    c.launch(
+                        kernel,
+                        dims,
+                        &[
+                            KArg::Ptr(y.cuda_ptr()?),
+                            KArg::Ptr(rstd.cuda_ptr()?),
+                            KArg::Ptr(ptr(sum.as_ref())?),
+                            KArg::Ptr(x.cuda_ptr()?),
+                            KArg::Ptr(ptr(residual)?),
+                            KArg::Ptr(gamma.cuda_ptr()?),
+                            KArg::U32(rows as u32),
+                            KArg::U32(d as u32),
+                            KArg::F32(eps),
+                        ],
+                    )?
+                }
                 // Rows too wide to hold in registers: the sum, then the one-warp-a-row kernel.
                 None => {
                     let src = match (residual, &sum) {
@@ -437,7 +452,9 @@ fn rms_norm_rows_backward(
                     let gp = KArg::Ptr(gamma.cuda_ptr()?);
                     let args =
                         [KArg::Ptr(dx.cuda_ptr()?), KArg::Ptr(partial.cuda_ptr()?), dyp, dsp, xp, gp, rp, r32, d32];
-                    c.launch(k::RMS_ROWS_BWD.get(dtype), l.dims, &args)?;
+                    let ring = (B::RmsRingBwdBf16, RowTiles::ring_bwd(l, d, dtype.size(), dsum.is_some()));
+                    let (kernel, dims) = row_kernel(c, dtype, (k::RMS_ROWS_BWD.get(dtype), l.dims), ring);
+                    c.launch(kernel, dims, &args)?;
                     (partial, l.blocks)
                 }
                 // Rows too wide to hold in registers: one warp a row for dx, then partial sums of
