@@ -2,7 +2,7 @@
 
 use crate::backend::{LtEpilogue, LtLinear};
 use crate::error::OpError;
-use crate::ops::{self, check_like, check_linear, cpu, exec, lt_linear, out_dims, Exec, Gelu};
+use crate::ops::{self, check_like, check_linear, cpu, exec, lt_linear_of, out_dims, Exec, Gelu};
 use crate::{Result, Tensor};
 
 /// What [`linear_fused`] applies to `x · wᵀ` inside the GEMM.
@@ -106,7 +106,7 @@ pub fn linear_fused(
             let g = LtLinear {
                 bias: b.map(|b| b.cuda_ptr()).transpose()?.unwrap_or(0),
                 aux: pre.as_ref().map(|p| p.cuda_ptr()).transpose()?.unwrap_or(0),
-                ..lt_linear(OP, raw, (x, w, &y), (rows, input, out))?
+                ..lt_linear_of(OP, raw, (x, w, &y), (rows, input, out))?
             };
             if !c.lt_linear(&g)? {
                 unfused(x, w, b, &y, pre.as_ref())?;

@@ -203,7 +203,7 @@ pub fn linear_residual(x: &Tensor, w: &Tensor, residual: &Tensor) -> Result<Tens
         }
         Exec::Cuda(c) => {
             let (yp, rp) = (y.cuda_ptr()?, residual.cuda_ptr()?);
-            let lt = LtLinear { residual: rp, ..lt_linear(OP, LtEpilogue::Plain, (x, w, &y), (rows, input, out))? };
+            let lt = LtLinear { residual: rp, ..lt_linear_of(OP, LtEpilogue::Plain, (x, w, &y), (rows, input, out))? };
             if !c.lt_linear(&lt)? {
                 c.copy_device(yp, rp, rows * out * dtype.size())?;
                 cuda_forward(c, OP, (x, w, &y), (rows, input, out), 1.0)?;
@@ -359,7 +359,7 @@ fn backward(
 
 /// The cublasLt GEMM `y = epilogue(x · wᵀ)` over these tensors (no bias, aux or residual: the
 /// caller sets those it has).
-pub(crate) fn lt_linear(
+pub(crate) fn lt_linear_of(
     op: &'static str,
     epilogue: LtEpilogue,
     (x, w, y): (&Tensor, &Tensor, &Tensor),

@@ -46,7 +46,7 @@ pub use generate::{generation_step, sample_and_record, Generation, Stop};
 pub use linear::{
     bias_add, linear, linear_backward, linear_backward_acc, linear_input_grad, linear_residual, linear_to,
 };
-pub(crate) use linear::{check_linear, lt_linear, out_dims};
+pub(crate) use linear::{check_linear, lt_linear_of, out_dims};
 pub use loss::{
     mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels, IGNORE_LABEL,
 };

@@ -394,6 +394,17 @@ template <typename T, u32 V, bool P> struct RnInput {
     }
 };
 
+// Whether the RMSNorm row kernels (register and ring forms) move whole 16-byte words: rows of
+// whole words and every tensor (the residual and its sum, dsum, where given) 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ bool rn_fwd_vec(const T* y, const T* sum_out, const T* x, const T* res, const T* gamma, u32 d) {
+    return d % (16 / sizeof(T)) == 0 && al16(y) && al16(x) && al16(gamma) && (res == nullptr || (al16(res) && al16(sum_out)));
+}
+template <typename T>
+__device__ __forceinline__ bool rn_bwd_vec(const T* dx, const T* dy, const T* dsum, const T* x, const T* gamma, u32 d) {
+    return d % (16 / sizeof(T)) == 0 && al16(dx) && al16(dy) && al16(x) && al16(gamma) && (dsum == nullptr || al16(dsum));
+}
+
 // y = s * rstd * gamma, rstd = 1 / sqrt(mean(s^2) + eps), s = x (res null) or x + res rounded
 // to T and stored to sum_out. Row groups of blockDim.y rows, grid-stride over the groups.
 template <typename T>
@@ -402,7 +413,7 @@ __device__ __forceinline__ void rms_rows_t(T* y, float* rstd_out, T* sum_out, co
     constexpr u32 V = RN_FWD_VPT;
     __shared__ float red[32];
     const bool add = res != nullptr;
-    const bool vec = d % W == 0 && al16(y) && al16(x) && al16(gamma) && (!add || (al16(res) && al16(sum_out)));
+    const bool vec = rn_fwd_vec(y, sum_out, x, res, gamma, d);
     Pack<T> g[V];
     rn_load(g, gamma, d, vec, true);
     const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
@@ -482,7 +493,7 @@ __device__ __forceinline__ void rms_ring_t(T* y, float* rstd_out, T* sum_out, co
     constexpr u32 V = RN_FWD_VPT;
     __shared__ float red[32];
     const bool add = res != nullptr;
-    const bool vec = d % W == 0 && al16(y) && al16(x) && al16(gamma) && (!add || (al16(res) && al16(sum_out)));
+    const bool vec = rn_fwd_vec(y, sum_out, x, res, gamma, d);
     if (!vec) {
         rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps);
         return;
@@ -597,7 +608,7 @@ __device__ __forceinline__ void rms_rows_bwd_t(T* dx, float* partial, const T* d
     constexpr u32 V = RN_BWD_VPT;
     __shared__ float red[32];
     const bool add = dsum != nullptr;
-    const bool vec = d % W == 0 && al16(dx) && al16(dy) && al16(x) && al16(gamma) && (!add || al16(dsum));
+    const bool vec = rn_bwd_vec(dx, dy, dsum, x, gamma, d);
     Pack<T> g[V];
     rn_load(g, gamma, d, vec, true);
     float acc[V * W];
@@ -681,7 +692,7 @@ __device__ __forceinline__ void rms_ring_bwd_t(T* dx, float* partial, const T* d
     constexpr u32 V = RN_BWD_VPT;
     __shared__ float red[32];
     const bool add = dsum != nullptr;
-    const bool vec = d % W == 0 && al16(dx) && al16(dy) && al16(x) && al16(gamma) && (!add || al16(dsum));
+    const bool vec = rn_bwd_vec(dx, dy, dsum, x, gamma, d);
     if (!vec) {
         rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d);
         return;
