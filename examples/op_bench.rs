@@ -150,6 +150,7 @@ fn main() -> Result<()> {
     ops::fill_(&mixed_p.grad, 1e-3)?;
     let mixed = MixedAdamW::new(&[mixed_p], AdamWConfig::default(), None)?;
     let gpt = GptOps { rstd: &rstd16, sum: &sum16, sum_rstd: &sum_rstd16, dgamma: &dgamma16, adamw: &mixed };
+    let gemm_inputs = GptGemmInputs::new(&dev, gpu)?;
 
     let gemm_bytes = 3.0 * (lin * lin * 4) as f64;
     let gemm_flops = 2.0 * (lin as f64).powi(3);
@@ -207,6 +208,7 @@ fn main() -> Result<()> {
 
     cases.extend(bf16_cases(&t16, &a, &rng, (&dw, &db), &size, lin));
     cases.extend(gpt_cases(&t16, &gpt, &size));
+    cases.extend(gpt_gemm_cases(&gemm_inputs));
 
     if !args.only.is_empty() {
         // A name that matches no op is refused before anything is timed, with the names there are.
@@ -230,6 +232,7 @@ fn main() -> Result<()> {
         rows_out.push((c.name, c.dtype, c.size.clone(), us, c.bytes, c.flops));
     }
 
+    gemm_step_total(&rows_out, &gemm_inputs);
     report(rows_out, reps, bandwidth);
     if !args.only.is_empty() {
         return Ok(());
@@ -471,6 +474,119 @@ fn gpt_cases<'a>(t: &'a Bf16Inputs, g: &'a GptOps<'a>, size: &str) -> Vec<Case<'
         ew16("rms_norm_recompute", 4.0 * n, Box::new(|| ops::rms_norm_recompute(&t.a, &t.bias, g.rstd).map(drop))),
         ew16("MixedAdamW::step", 30.0 * n, Box::new(|| g.adamw.step())),
     ]
+}
+
+/// The GPT's GEMMs at one step's 4096 tokens (the example's GPU configuration: d_model 512,
+/// hidden 1368, byte vocabulary; every shape of `scripts/gpt-shapes.sh` has 4096 tokens a step,
+/// so these are its GEMMs at each), a small version on the host backend: bf16 activations and
+/// weights, f32 weight grads accumulated, as the blocks run them.
+struct GptGemmInputs {
+    tokens: usize,
+    layers: usize,
+    projections: Vec<Projection>,
+    /// The residual stream `[tokens, d_model]` the projections back to it add.
+    residual: Tensor,
+}
+
+/// One of the GPT's projections, as its GEMM cases run it.
+struct Projection {
+    /// The cases' names: forward, backward.
+    names: [&'static str; 2],
+    /// The input `[tokens, in]`.
+    x: Tensor,
+    /// The weight `[out, in]`.
+    w: Tensor,
+    /// The output's grad `[tokens, out]`.
+    dy: Tensor,
+    /// The f32 weight grad the backward accumulates into.
+    dw: Tensor,
+    /// Whether the forward adds the residual stream in the GEMM (`ops::linear_residual`).
+    residual: bool,
+}
+
+impl GptGemmInputs {
+    fn new(dev: &Device, gpu: bool) -> Result<GptGemmInputs> {
+        let (tokens, layers, d, hidden, vocab) = if gpu { (4096, 8, 512, 1368, 256) } else { (64, 2, 64, 160, 256) };
+        let mut seed = 0x5EEDu64;
+        let mut rand = |dims: &[usize]| -> Result<Tensor> {
+            let len: usize = dims.iter().product();
+            let v: Vec<f32> = (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+                })
+                .collect();
+            Tensor::from_slice(dev, &v, dims)?.to_dtype(DType::BF16)
+        };
+        let mut projections = Vec::new();
+        for (names, input, out, residual) in [
+            (["gpt gemm qkv fwd", "gpt gemm qkv bwd"], d, 3 * d, false),
+            (["gpt gemm attn out fwd", "gpt gemm attn out bwd"], d, d, true),
+            (["gpt gemm gate/up fwd", "gpt gemm gate/up bwd"], d, 2 * hidden, false),
+            (["gpt gemm down fwd", "gpt gemm down bwd"], hidden, d, true),
+            (["gpt gemm head fwd", "gpt gemm head bwd"], d, vocab, false),
+        ] {
+            let (x, w, dy) = (rand(&[tokens, input])?, rand(&[out, input])?, rand(&[tokens, out])?);
+            projections.push(Projection { names, x, w, dy, dw: Tensor::zeros(dev, &[out, input])?, residual });
+        }
+        Ok(GptGemmInputs { tokens, layers, projections, residual: rand(&[tokens, d])? })
+    }
+
+    /// How many times a step runs the case `name` (a projection's forward or backward): once a
+    /// block, the head's once.
+    fn per_step(&self, name: &str) -> usize {
+        if name.contains("head") {
+            1
+        } else {
+            self.layers
+        }
+    }
+}
+
+/// Each projection's forward (with the residual added in the GEMM where the blocks add it) and
+/// backward (`dx` and the accumulated weight grad), named `<projection> fwd` and `bwd`. Which
+/// algorithm cuBLAS runs is `GRAPHED_GEMM`'s (see the runtime's `cublaslt_gemm.rs`).
+fn gpt_gemm_cases(g: &GptGemmInputs) -> Vec<Case<'_>> {
+    let mut cases = Vec::new();
+    for Projection { names: [fwd_name, bwd_name], x, w, dy, dw, residual } in &g.projections {
+        let (input, out) = (w.dims()[1], w.dims()[0]);
+        let size = format!("{}x{input}x{out}", g.tokens);
+        let flops = 2.0 * (g.tokens * input * out) as f64;
+        let bytes = 2.0 * (g.tokens * input + input * out + g.tokens * out) as f64;
+        let fwd: OpFn = if *residual {
+            Box::new(move || ops::linear_residual(x, w, &g.residual).map(drop))
+        } else {
+            Box::new(move || ops::linear(x, w, None).map(drop))
+        };
+        let bwd: OpFn = Box::new(move || ops::linear_backward(dy, x, w, dw, None, true).map(drop));
+        cases.push(Case { name: fwd_name, dtype: DType::BF16, size: size.clone(), bytes, flops, run: fwd });
+        cases.push(Case { name: bwd_name, dtype: DType::BF16, size, bytes: 2.0 * bytes, flops: 2.0 * flops, run: bwd });
+    }
+    cases
+}
+
+/// The GPT's GEMMs of one step (no recomputation), from the timed `gpt gemm` cases, when all of
+/// them ran: the sum of each projection's time a step, and the rate over all of them.
+fn gemm_step_total(rows: &[Timed], g: &GptGemmInputs) {
+    let gemms: Vec<&Timed> = rows.iter().filter(|r| r.0.starts_with("gpt gemm")).collect();
+    if gemms.len() != 2 * g.projections.len() {
+        return;
+    }
+    let (mut us, mut flops) = (0.0, 0.0);
+    for r in gemms {
+        let n = g.per_step(r.0) as f64;
+        us += n * r.3;
+        flops += n * r.5;
+    }
+    let route = std::env::var("GRAPHED_GEMM").unwrap_or_else(|_| "cublas".into());
+    println!(
+        "the GPT's GEMMs a step ({} tokens, {} layers, GRAPHED_GEMM={route}): {us:.1} us, {:.1} TFLOP/s",
+        g.tokens,
+        g.layers,
+        flops / (us * 1e-6) / 1e12
+    );
 }
 
 /// One timed case: name, dtype, size, us per op, bytes moved, FLOPs.

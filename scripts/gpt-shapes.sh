@@ -7,7 +7,8 @@
 # $OUT/gpt-shapes.md (and stdout).
 #   bash scripts/gpt-shapes.sh [steps, default 200]
 # (GPT_SHAPES="1024x4" picks the shapes; GPT_SHAPES_RUNS="graphed swiglu all" picks ours' runs, default
-# graphed, floor, swiglu and all, and `ring` adds one with the RMSNorm kernels' ring forms; GPT_SHAPES_TORCH the
+# graphed, floor, swiglu and all, and `ring` adds one with the RMSNorm kernels' ring forms, `lt` and `tuned`
+# ones with the plain GEMMs through cublasLt (GRAPHED_GEMM); GPT_SHAPES_TORCH the
 # torch variants, default compile,compile_stacked: the model as written, and with q/k/v and
 # gate/up each one Linear, as ours stores them.)
 set -uo pipefail
@@ -39,7 +40,7 @@ def load(p):
         return json.load(open(p))
     except (OSError, ValueError):
         return None
-names = ["graphed", "floor", "swiglu", "all", "ring"]
+names = ["graphed", "floor", "swiglu", "all", "ring", "lt", "tuned"]
 print("| shape | run | tokens/s | / torch.compile | / torch.compile, stacked | / ours graphed | pool MB | every pool MB | pool / its reserved | every pool / its reserved | val loss |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 def ratio(a, b):
@@ -76,6 +77,9 @@ for shape in ${GPT_SHAPES:-256x16 1024x4 4096x1}; do
       swiglu | all) ours "$run" "$shape" --mode graphed --recompute "$run" ;;
       # The RMSNorm kernels' ring forms (GRAPHED_ROW_RING=1; not in the default runs).
       ring) GRAPHED_ROW_RING=1 ours ring "$shape" --mode graphed ;;
+      # The plain GEMMs through cublasLt, its heuristic's first algorithm or the fastest of its
+      # candidates timed at the first call of each shape (GRAPHED_GEMM; not in the default runs).
+      lt | tuned) GRAPHED_GEMM=$run ours "$run" "$shape" --mode graphed ;;
     esac
   done
   timeout 300 python3 gpu-bin/bench/pytorch_gpt_bench.py --steps "$steps" --dtype bf16 --context "${shape%x*}" \

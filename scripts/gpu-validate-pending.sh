@@ -10,6 +10,8 @@
 #   4. the decoder step's tests as one cluster (GRAPHED_DECODER_CLUSTER=16, then with its stage
 #      outputs pushed into every block's shared memory, GRAPHED_DECODER_DSMEM=1), then on the former
 #      64/96 KiB buffers (GRAPHED_DECODER_WBUF/ABUF);
+#   4b/4c. ops_transformer and gpt with the RMSNorm kernels' ring forms (GRAPHED_ROW_RING=1), the
+#      GEMM tests and gpt with the plain GEMMs through cublasLt, timed (GRAPHED_GEMM=tuned);
 #   5. every other test binary, while time is left.
 # A progress line a step; the logs and a summary go to $OUT/validate-pending.tgz (the device
 # tool brings back at most 8 files). Exit status: 0 when every step that ran passed.
@@ -27,13 +29,16 @@ say() { echo "[+$(( $(date +%s) - t0 ))s] $*" | tee -a "$work/summary.txt"; }
 pack() { [ -n "${OUT:-}" ] && tar -czf "$OUT/validate-pending.tgz" -C "$(dirname "$work")" validate-pending; }
 fail=0
 done_bins=" "
+runs=0
 # run NAME [ENV=VALUE ...] [-- test filter]: one test binary, one test at a time, its log kept.
 run() {
   local name=$1; shift
   local envs=() filter=()
   while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
   [ "${1:-}" = -- ] && { shift; filter=("$@"); }
-  local bin=gpu-bin/tests/$name tag=$name${envs:+-${#envs[@]}env}
+  # A run number in the log's name: the same binary under other settings keeps its own log.
+  runs=$((runs + 1))
+  local bin=gpu-bin/tests/$name tag=$(printf '%02d' "$runs")-$name
   [ -x "$bin" ] || { say "SKIP $name: not in the pack"; return; }
   local limit; limit=$(left)
   [ "$limit" -gt 20 ] || { say "SKIP $name ${envs[*]}: out of time"; return; }
@@ -76,6 +81,10 @@ run ops_decoder_step GRAPHED_DECODER_WBUF=65536 GRAPHED_DECODER_ABUF=98304
 say "4b. the RMSNorm kernels' ring forms (GRAPHED_ROW_RING=1)"
 for t in ops_transformer gpt; do
   run "$t" GRAPHED_ROW_RING=1
+done
+say "4c. the plain GEMMs through cublasLt, timed (GRAPHED_GEMM=tuned)"
+for t in ops_linear ops_half mixed_precision gpt; do
+  run "$t" GRAPHED_GEMM=tuned
 done
 pack
 say "5. the rest of the suite"

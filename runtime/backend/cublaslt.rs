@@ -1,7 +1,8 @@
 //! cublasLt GEMMs with fused epilogues: bias, GELU, and bias + GELU with the pre-activation
 //! saved for the backward (cublasLt's `*_AUX` epilogues), and a residual added to the product
 //! (`D = A·B + C` with C apart from D, which `cublasGemmEx` cannot do). The algorithm for each shape comes
-//! from cublasLt's heuristic once and is cached with its descriptors; the workspace is the
+//! from cublasLt's heuristic once (under `GRAPHED_GEMM=tuned`, the fastest of its candidates,
+//! timed: see `cublaslt_gemm.rs`) and is cached with its descriptors; the workspace is the
 //! cuBLAS one (same stream, so the two never overlap). Nothing allocates device memory here,
 //! so these GEMMs capture like the cuBLAS ones.
 
@@ -11,6 +12,7 @@ use std::mem::size_of;
 
 use cudarc::cublaslt::{result as lt, sys};
 
+use super::cublaslt_gemm::{GemmRoute, CANDIDATES};
 use super::cuda::{CudaBackend, CUBLAS_WORKSPACE_BYTES};
 use crate::{DType, Error, Result};
 
@@ -82,10 +84,12 @@ struct Plan {
     algo: sys::cublasLtMatmulAlgo_t,
 }
 
-/// The cublasLt handle and the per-shape plans (`None`: cublasLt has no algorithm for it).
+/// The cublasLt handle and the per-shape plans (`None`: cublasLt has no algorithm for it): the
+/// linear ops' fused epilogues here, the plain GEMMs of `GRAPHED_GEMM` in `cublaslt_gemm.rs`.
 pub(crate) struct Lt {
     handle: sys::cublasLtHandle_t,
     plans: HashMap<Key, Option<Plan>>,
+    pub(crate) gemms: super::cublaslt_gemm::GemmPlans,
 }
 
 // SAFETY: the handle and descriptors are plain host objects that cublasLt allows to be used
@@ -98,7 +102,7 @@ impl std::fmt::Debug for Lt {
     }
 }
 
-fn data_type(d: DType) -> sys::cudaDataType {
+pub(super) fn data_type(d: DType) -> sys::cudaDataType {
     match d {
         DType::F32 => sys::cudaDataType::CUDA_R_32F,
         DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
@@ -108,7 +112,7 @@ fn data_type(d: DType) -> sys::cudaDataType {
     }
 }
 
-fn lt_err(call: &'static str) -> impl Fn(lt::CublasError) -> Error {
+pub(super) fn lt_err(call: &'static str) -> impl Fn(lt::CublasError) -> Error {
     move |e| Error::cuda(call, e)
 }
 
@@ -116,7 +120,11 @@ fn lt_err(call: &'static str) -> impl Fn(lt::CublasError) -> Error {
 ///
 /// # Safety
 /// `desc` is a live descriptor and `T` is the attribute's documented type.
-unsafe fn set_desc<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
+pub(super) unsafe fn set_desc<T>(
+    desc: sys::cublasLtMatmulDesc_t,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    v: &T,
+) -> Result<()> {
     // SAFETY: forwarded from the caller; `v` outlives the call, which copies it.
     unsafe { lt::set_matmul_desc_attribute(desc, attr, v as *const T as *const c_void, size_of::<T>()) }
         .map_err(lt_err("cublasLtMatmulDescSetAttribute"))
@@ -130,20 +138,42 @@ impl Lt {
         if !unsafe { sys::is_culib_present() } {
             return None;
         }
-        lt::create_handle().ok().map(|handle| Lt { handle, plans: HashMap::new() })
+        lt::create_handle().ok().map(|handle| Lt { handle, plans: HashMap::new(), gemms: HashMap::new() })
     }
 
-    /// The plan of `key`, made once: descriptors, layouts and the heuristic's first algorithm.
-    fn plan(&mut self, key: Key) -> Result<Option<&Plan>> {
+    /// The handle (used under the lock around `Lt`).
+    pub(crate) fn handle(&self) -> sys::cublasLtHandle_t {
+        self.handle
+    }
+
+    /// The plan of `key`, made once: descriptors, layouts and an algorithm, the heuristic's
+    /// first, or with `candidates` above 1 the one `choose` picks of the heuristic's first
+    /// `candidates` usable ones (in its order).
+    fn plan(
+        &mut self,
+        key: Key,
+        candidates: usize,
+        choose: impl FnOnce(&Plan, &[sys::cublasLtMatmulAlgo_t]) -> usize,
+    ) -> Result<Option<&Plan>> {
         if !self.plans.contains_key(&key) {
-            let plan = make_plan(self.handle, key)?;
+            let plan = make_plan(self.handle, key, candidates)?.map(|(mut plan, algos)| {
+                let chosen = if algos.len() > 1 { choose(&plan, &algos) } else { 0 };
+                plan.algo = algos[chosen.min(algos.len() - 1)];
+                plan
+            });
             self.plans.insert(key, plan);
         }
         Ok(self.plans.get(&key).and_then(Option::as_ref))
     }
 }
 
-fn make_plan(handle: sys::cublasLtHandle_t, key: Key) -> Result<Option<Plan>> {
+/// The descriptors of `key` and the algorithms to choose from (at least one, the first the
+/// heuristic's first usable one): `candidates` of them at most. `None` when there is none.
+fn make_plan(
+    handle: sys::cublasLtHandle_t,
+    key: Key,
+    candidates: usize,
+) -> Result<Option<(Plan, Vec<sys::cublasLtMatmulAlgo_t>)>> {
     let compute = match (key.dtype, key.tf32) {
         (DType::F32, true) => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
         _ => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -172,29 +202,24 @@ fn make_plan(handle: sys::cublasLtHandle_t, key: Key) -> Result<Option<Plan>> {
             set_desc(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(m as i64))?;
         }
     }
-    let pref = lt::create_matmul_pref().map_err(lt_err("cublasLtMatmulPreferenceCreate"))?;
-    let bytes = CUBLAS_WORKSPACE_BYTES as u64;
-    // SAFETY: `pref` was just created; MAX_WORKSPACE_BYTES is a u64. The heuristic reads the
-    // live descriptors only (no device memory, no stream work).
-    let found = unsafe {
-        lt::set_matmul_pref_attribute(
-            pref,
-            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            &bytes as *const u64 as *const c_void,
-            size_of::<u64>(),
-        )
-        .map_err(lt_err("cublasLtMatmulPreferenceSetAttribute"))?;
-        let r = if key.out_of_place {
-            out_of_place_algo(handle, desc, (a, b, d), pref)
-        } else {
-            lt::get_matmul_algo_heuristic(handle, desc, a, b, d, d, pref).map(|h| h.algo)
-        };
-        let _ = lt::destroy_matmul_pref(pref);
-        r
+    // Out of place, of the heuristic's eight best (or the candidates asked for) those that
+    // write D apart from C; in place, its first.
+    let asked = if candidates > 1 {
+        candidates.max(8)
+    } else if key.out_of_place {
+        8
+    } else {
+        1
     };
+    // SAFETY: the descriptor and layouts were just made; the heuristic reads them only.
+    let found = unsafe { choices(handle, desc, (a, b, d), asked, key.out_of_place) };
     match found {
-        Ok(algo) => Ok(Some(Plan { desc, a, b, d, algo })),
-        Err(_) => {
+        Ok(mut algos) if !algos.is_empty() => {
+            algos.truncate(candidates.max(1));
+            // SAFETY: an all-zero algorithm is plain data, replaced by the caller before use.
+            Ok(Some((Plan { desc, a, b, d, algo: unsafe { std::mem::zeroed() } }, algos)))
+        }
+        _ => {
             // No algorithm for this shape and epilogue: the op runs unfused.
             // SAFETY: created above and not used anywhere else.
             unsafe { destroy_plan(desc, a, b, d) };
@@ -203,55 +228,117 @@ fn make_plan(handle: sys::cublasLtHandle_t, key: Key) -> Result<Option<Plan>> {
     }
 }
 
-/// The heuristic's first algorithm, of its eight best, that writes D apart from C (not every
-/// algorithm does: cublasLt's `CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT`).
+/// The heuristic's usable algorithms of its `asked` best within the cuBLAS workspace (see
+/// [`usable_algos`]), C with D's layout.
+///
+/// # Safety
+/// The handle, descriptor and layouts are live.
+pub(super) unsafe fn choices(
+    handle: sys::cublasLtHandle_t,
+    desc: sys::cublasLtMatmulDesc_t,
+    layouts: (sys::cublasLtMatrixLayout_t, sys::cublasLtMatrixLayout_t, sys::cublasLtMatrixLayout_t),
+    asked: usize,
+    out_of_place: bool,
+) -> std::result::Result<Vec<sys::cublasLtMatmulAlgo_t>, lt::CublasError> {
+    let pref = lt::create_matmul_pref()?;
+    let bytes = CUBLAS_WORKSPACE_BYTES as u64;
+    // SAFETY: `pref` was just created; MAX_WORKSPACE_BYTES is a u64; the rest is forwarded
+    // from the caller. The heuristic reads the live descriptors only (no device work).
+    let found = unsafe {
+        lt::set_matmul_pref_attribute(
+            pref,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &bytes as *const u64 as *const c_void,
+            size_of::<u64>(),
+        )
+        .and_then(|()| usable_algos(handle, desc, layouts, pref, asked, out_of_place))
+    };
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { lt::destroy_matmul_pref(pref) };
+    found
+}
+
+/// The heuristic's usable algorithms of its `asked` best, in its order: those that ran its
+/// check and fit the workspace, and with `out_of_place` only those that write D apart from C
+/// (not every algorithm does: cublasLt's `CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT`).
 ///
 /// # Safety
 /// The handle, descriptor, layouts and preference are live.
-unsafe fn out_of_place_algo(
+unsafe fn usable_algos(
     handle: sys::cublasLtHandle_t,
     desc: sys::cublasLtMatmulDesc_t,
     (a, b, d): (sys::cublasLtMatrixLayout_t, sys::cublasLtMatrixLayout_t, sys::cublasLtMatrixLayout_t),
     pref: sys::cublasLtMatmulPreference_t,
-) -> std::result::Result<sys::cublasLtMatmulAlgo_t, lt::CublasError> {
-    const ASKED: usize = 8;
-    // SAFETY: the results are plain data, written by the call below before they are read.
-    let mut results: [sys::cublasLtMatmulHeuristicResult_t; ASKED] = unsafe { std::mem::zeroed() };
-    let mut count = 0i32;
-    // SAFETY: forwarded from the caller; `results` holds ASKED entries and `count` is a live local.
-    unsafe {
-        sys::cublasLtMatmulAlgoGetHeuristic(
-            handle,
-            desc,
-            a,
-            b,
-            d,
-            d,
-            pref,
-            ASKED as i32,
-            results.as_mut_ptr(),
-            &mut count,
-        )
-    }
-    .result()?;
-    let found = results[..(count.clamp(0, ASKED as i32) as usize)].iter().find(|r| {
+    asked: usize,
+    out_of_place: bool,
+) -> std::result::Result<Vec<sys::cublasLtMatmulAlgo_t>, lt::CublasError> {
+    // SAFETY: forwarded from the caller.
+    let results = unsafe { heuristic(handle, desc, (a, b, d, d), pref, asked) }?;
+    let writes_apart = |algo: &sys::cublasLtMatmulAlgo_t| {
         let mut supported = 0i32;
         let mut written = 0usize;
         // SAFETY: the algorithm came from the heuristic; the attribute is an i32 flag written into a live local.
         let status = unsafe {
             sys::cublasLtMatmulAlgoCapGetAttribute(
-                &r.algo,
+                algo,
                 sys::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT,
                 &mut supported as *mut i32 as *mut c_void,
                 size_of::<i32>(),
                 &mut written,
             )
         };
-        r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-            && status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-            && supported != 0
-    });
-    found.map(|r| r.algo).ok_or(lt::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED))
+        status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && supported != 0
+    };
+    let usable: Vec<_> = results
+        .iter()
+        .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= CUBLAS_WORKSPACE_BYTES)
+        .filter(|r| !out_of_place || writes_apart(&r.algo))
+        .map(|r| r.algo)
+        .collect();
+    if usable.is_empty() {
+        return Err(lt::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED));
+    }
+    Ok(usable)
+}
+
+/// The heuristic's best algorithms for the problem, at most `asked` of them, best first (each
+/// with its own `state`: not every one may run).
+///
+/// # Safety
+/// The handle, descriptor, layouts and preference are live.
+pub(super) unsafe fn heuristic(
+    handle: sys::cublasLtHandle_t,
+    desc: sys::cublasLtMatmulDesc_t,
+    (a, b, c, d): (
+        sys::cublasLtMatrixLayout_t,
+        sys::cublasLtMatrixLayout_t,
+        sys::cublasLtMatrixLayout_t,
+        sys::cublasLtMatrixLayout_t,
+    ),
+    pref: sys::cublasLtMatmulPreference_t,
+    asked: usize,
+) -> std::result::Result<Vec<sys::cublasLtMatmulHeuristicResult_t>, lt::CublasError> {
+    // SAFETY: the results are plain data, written by the call below before they are read.
+    let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![unsafe { std::mem::zeroed() }; asked];
+    let mut count = 0i32;
+    // SAFETY: forwarded from the caller; `results` holds `asked` entries and `count` is a live local.
+    unsafe {
+        sys::cublasLtMatmulAlgoGetHeuristic(
+            handle,
+            desc,
+            a,
+            b,
+            c,
+            d,
+            pref,
+            asked as i32,
+            results.as_mut_ptr(),
+            &mut count,
+        )
+    }
+    .result()?;
+    results.truncate(count.clamp(0, asked as i32) as usize);
+    Ok(results)
 }
 
 /// # Safety
@@ -276,6 +363,10 @@ impl Drop for Lt {
         for plan in self.plans.values().flatten() {
             // SAFETY: each plan's objects are destroyed once, here, after the device drained.
             unsafe { destroy_plan(plan.desc, plan.a, plan.b, plan.d) };
+        }
+        for plan in self.gemms.values().flatten() {
+            // SAFETY: as above.
+            unsafe { plan.destroy() };
         }
         // SAFETY: created in `open`, destroyed once.
         let _ = unsafe { lt::destroy_handle(self.handle) };
@@ -302,7 +393,14 @@ impl CudaBackend {
             out_of_place: g.residual != 0,
         };
         let handle = lt_state.handle;
-        let Some(plan) = lt_state.plan(key)? else { return Ok(false) };
+        // `GRAPHED_GEMM=tuned`: the fastest of the heuristic's candidates, timed the first time
+        // the shape runs outside a capture (see `cublaslt_gemm.rs`).
+        let tuned = GemmRoute::requested() == GemmRoute::Timed && !super::capture::is_capturing();
+        let candidates = if tuned { CANDIDATES } else { 1 };
+        let Some(plan) = lt_state.plan(key, candidates, |plan, algos| self.time_linear(handle, &key, plan, algos))?
+        else {
+            return Ok(false);
+        };
         use sys::cublasLtMatmulDescAttributes_t as A;
         // C is the residual (beta 1) or, unread, y itself (beta 0); it shares D's layout.
         let (alpha, beta, c) = if g.residual != 0 { (1.0f32, 1.0f32, g.residual) } else { (1.0f32, 0.0f32, g.y) };
@@ -343,6 +441,58 @@ impl CudaBackend {
             n: g.rows,
             k: g.input,
             status: format!("cublasLtMatmul: {e:?}"),
+        })
+    }
+
+    /// Times `algos` for `key` on scratch operands (w, x, y, the residual, the bias, the aux
+    /// output) and returns the index to keep (see `time_algos`).
+    fn time_linear(
+        &self,
+        handle: sys::cublasLtHandle_t,
+        key: &Key,
+        plan: &Plan,
+        algos: &[sys::cublasLtMatmulAlgo_t],
+    ) -> usize {
+        let s = key.dtype.size();
+        let (rows, input, out) = (key.rows, key.input, key.out);
+        let bytes = [out * input * s, rows * input * s, rows * out * s, rows * out * s, out * s, rows * out * s];
+        let with_bias = matches!(key.epilogue, LtEpilogue::Bias | LtEpilogue::GeluAuxBias);
+        let with_aux = matches!(key.epilogue, LtEpilogue::GeluAux | LtEpilogue::GeluAuxBias);
+        let (alpha, beta) = (1.0f32, if key.out_of_place { 1.0f32 } else { 0.0 });
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        self.time_algos(&bytes, algos, &|algo, p| {
+            let c = if key.out_of_place { p[3] } else { p[2] };
+            // SAFETY: the scratch blocks hold the operands the plan's layouts describe (the bias
+            // `out` elements, the aux output D's shape); the pointer attributes are
+            // `*const c_void`; alpha and beta are f32 and live through the call; the workspace is
+            // used in stream order. The calls that run the plan set the pointers again.
+            unsafe {
+                if with_bias {
+                    set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &(p[4] as *const c_void))?;
+                }
+                if with_aux {
+                    set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &(p[5] as *const c_void))?;
+                }
+                lt::matmul(
+                    handle,
+                    plan.desc,
+                    (&alpha) as *const f32 as *const c_void,
+                    (&beta) as *const f32 as *const c_void,
+                    p[0] as *const c_void,
+                    plan.a,
+                    p[1] as *const c_void,
+                    plan.b,
+                    c as *const c_void,
+                    plan.d,
+                    p[2] as *mut c_void,
+                    plan.d,
+                    algo,
+                    self.cublas_workspace as *mut c_void,
+                    CUBLAS_WORKSPACE_BYTES,
+                    self.stream.cu_stream() as sys::cudaStream_t,
+                )
+                .map_err(lt_err("cublasLtMatmul"))
+            }
         })
     }
 }

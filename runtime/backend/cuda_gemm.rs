@@ -5,6 +5,7 @@
 use cudarc::cublas::sys as cublas_sys;
 use std::ffi::c_void;
 
+use super::cublaslt_gemm::GemmRoute;
 use super::cuda::{CublasHandle, CudaBackend};
 use crate::{DType, Error, Result};
 
@@ -56,6 +57,8 @@ fn trans(t: bool) -> cublas_sys::cublasOperation_t {
 impl CudaBackend {
     /// Runs `g` on the device stream. f32 inputs use TF32 only when the device opted in; a
     /// status other than success is [`Error::GemmRejected`] naming the op and the dtypes.
+    /// `GRAPHED_GEMM=lt` or `tuned` runs the GEMMs with tensor cores through cublasLt instead
+    /// (see `cublaslt_gemm.rs`), where it has an algorithm for them.
     pub(crate) fn gemm_ex(&self, g: &GemmEx) -> Result<()> {
         let all_f32 = [g.a.dtype, g.b.dtype, g.c.dtype].iter().all(|d| *d == DType::F32);
         if all_f32 && !g.tf32 {
@@ -66,6 +69,13 @@ impl CudaBackend {
         }
         let _entered = self.gate.enter()?;
         self.injected_gemm("cublasGemmEx")?;
+        let route = GemmRoute::requested();
+        if route != GemmRoute::Cublas {
+            self.bind()?;
+            if self.lt_gemm(g, route)? {
+                return Ok(());
+            }
+        }
         let handle = self.cublas_handle();
         self.bind()?;
         let compute = if g.a.dtype == DType::F32 && g.tf32 {

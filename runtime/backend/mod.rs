@@ -6,6 +6,7 @@
 
 mod capture;
 mod cublaslt;
+mod cublaslt_gemm;
 pub(crate) mod cuda;
 pub(crate) mod cuda_decoder;
 mod cuda_gemm;
