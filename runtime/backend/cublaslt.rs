@@ -445,7 +445,7 @@ impl CudaBackend {
     }
 
     /// Times `algos` for `key` on scratch operands (w, x, y, the residual, the bias, the aux
-    /// output) and returns the index to keep (see `time_algos`).
+    /// output) and returns the index to keep (see `tuning.rs`).
     fn time_linear(
         &self,
         handle: sys::cublasLtHandle_t,
@@ -460,7 +460,7 @@ impl CudaBackend {
         let with_aux = matches!(key.epilogue, LtEpilogue::GeluAux | LtEpilogue::GeluAuxBias);
         let (alpha, beta) = (1.0f32, if key.out_of_place { 1.0f32 } else { 0.0 });
         use sys::cublasLtMatmulDescAttributes_t as A;
-        self.time_algos(&bytes, algos, &|algo, p| {
+        self.time_choices(&bytes, algos, &|algo, p| {
             let c = if key.out_of_place { p[3] } else { p[2] };
             // SAFETY: the scratch blocks hold the operands the plan's layouts describe (the bias
             // `out` elements, the aux output D's shape); the pointer attributes are

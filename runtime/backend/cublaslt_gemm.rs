@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 
 use cudarc::cublaslt::{result as lt, sys};
-use cudarc::driver::result as driver;
 
 use super::cublaslt::{choices, data_type, lt_err};
 use super::cuda::{CudaBackend, CUBLAS_WORKSPACE_BYTES};
@@ -52,29 +51,6 @@ impl GemmRoute {
 
 /// How many of the heuristic's algorithms a timed choice tries.
 pub(crate) const CANDIDATES: usize = 16;
-
-/// Launches of each candidate per timing, and timings per candidate (the least counts).
-const TIMED_LAUNCHES: usize = 4;
-const ROUNDS: usize = 2;
-
-/// The heuristic's first algorithm is kept unless another is faster by more than this
-/// fraction: timings a few percent apart are noise, and the first is what `lt` runs.
-const KEEP_FIRST_WITHIN: f32 = 0.03;
-
-/// The index of the algorithm to keep, from each candidate's time in ms (`None`: it failed to
-/// run), candidate 0 being the heuristic's first: the fastest, unless the first is within
-/// [`KEEP_FIRST_WITHIN`] of it. `None` when none ran.
-pub(crate) fn pick_timed(times: &[Option<f32>]) -> Option<usize> {
-    let (best, best_ms) = times
-        .iter()
-        .enumerate()
-        .filter_map(|(i, t)| t.filter(|ms| ms.is_finite()).map(|ms| (i, ms)))
-        .min_by(|a, b| a.1.total_cmp(&b.1))?;
-    match times.first().copied().flatten() {
-        Some(first) if first.is_finite() && first <= best_ms * (1.0 + KEEP_FIRST_WITHIN) => Some(0),
-        _ => Some(best),
-    }
-}
 
 /// What fixes a plan: the operation, the shapes, the leading dimensions and the dtypes. The
 /// addresses are given at each call.
@@ -202,35 +178,6 @@ fn describe(key: &GemmKey) -> Result<GemmPlan> {
     Ok(plan)
 }
 
-/// Device memory for the timing runs, freed on drop.
-struct Scratch(Vec<u64>);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        for &p in &self.0 {
-            // SAFETY: allocated by `Scratch::new`, freed once; the timing synchronised the
-            // stream, so no launch still reads it.
-            let _ = unsafe { driver::free_sync(p) };
-        }
-    }
-}
-
-impl Scratch {
-    /// One block an operand, filled with a small constant (0x3f bytes: about 0.75 in f32 and
-    /// bf16): timings do not depend on the values, but zeros could run faster than real data.
-    fn new(bytes: &[usize]) -> std::result::Result<Scratch, driver::DriverError> {
-        let mut s = Scratch(Vec::new());
-        for &b in bytes {
-            // SAFETY: plain allocations, freed by `drop`.
-            let p = unsafe { driver::malloc_sync(b.max(1)) }?;
-            s.0.push(p);
-            // SAFETY: `p` holds `b` bytes.
-            unsafe { driver::memset_d8_sync(p, 0x3f, b) }?;
-        }
-        Ok(s)
-    }
-}
-
 impl CudaBackend {
     /// Runs `g` through cublasLt as `route` says. `Ok(false)` when cublasLt is not there or
     /// has no algorithm for it: the caller runs `cublasGemmEx`.
@@ -280,7 +227,7 @@ impl CudaBackend {
     }
 
     /// The plan of `key`: the heuristic's first algorithm, or with [`GemmRoute::Timed`] outside
-    /// a capture the one [`pick_timed`] keeps. `None` when the heuristic has none.
+    /// a capture the one timing keeps. `None` when the heuristic has none.
     fn plan_gemm(&self, handle: sys::cublasLtHandle_t, key: &GemmKey) -> Result<Option<GemmPlan>> {
         let mut plan = describe(key)?;
         let asked = if key.route == GemmRoute::Timed { CANDIDATES } else { 1 };
@@ -309,7 +256,7 @@ impl CudaBackend {
         algos: &[sys::cublasLtMatmulAlgo_t],
     ) -> usize {
         let (alpha, beta) = (1.0f32, if key.accumulate { 1.0f32 } else { 0.0 });
-        self.time_algos(&key.bytes(), algos, &|algo, scratch| {
+        self.time_choices(&key.bytes(), algos, &|algo, scratch| {
             // SAFETY: the scratch blocks hold the operands the layouts describe; alpha and
             // beta are f32 and live through the call; the workspace is used in stream order.
             unsafe {
@@ -335,32 +282,6 @@ impl CudaBackend {
             .map_err(lt_err("cublasLtMatmul"))
         })
     }
-
-    /// Times `run` with each of `algos` on scratch blocks of `bytes` (one a operand, in the
-    /// order `run` reads them) and returns the index [`pick_timed`] keeps: 0, the heuristic's
-    /// first, when the scratch memory cannot be had or nothing else ran. Outside captures only
-    /// (it synchronises the device).
-    pub(super) fn time_algos(
-        &self,
-        bytes: &[usize],
-        algos: &[sys::cublasLtMatmulAlgo_t],
-        run: &dyn Fn(&sys::cublasLtMatmulAlgo_t, &[u64]) -> Result<()>,
-    ) -> usize {
-        let Ok(scratch) = Scratch::new(bytes) else { return 0 };
-        let run = |algo| run(algo, &scratch.0);
-        let mut times: Vec<Option<f32>> = algos.iter().map(|a| run(a).ok().map(|()| f32::INFINITY)).collect();
-        for _ in 0..ROUNDS {
-            for (algo, best) in algos.iter().zip(times.iter_mut()) {
-                let Some(ms) = best else { continue };
-                let timed = self.time_ms(&mut || (0..TIMED_LAUNCHES).try_for_each(|_| run(algo)));
-                match timed {
-                    Ok(t) => *ms = ms.min(t / TIMED_LAUNCHES as f32),
-                    Err(_) => *best = None,
-                }
-            }
-        }
-        pick_timed(&times).unwrap_or(0)
-    }
 }
 
 #[cfg(test)]
@@ -374,20 +295,6 @@ mod tests {
         assert_eq!(GemmRoute::parse(Some("lt")), GemmRoute::Heuristic);
         assert_eq!(GemmRoute::parse(Some("tuned")), GemmRoute::Timed);
         assert_eq!(GemmRoute::parse(Some("fast")), GemmRoute::Cublas);
-    }
-
-    #[test]
-    fn the_first_algorithm_is_kept_unless_another_is_clearly_faster() {
-        // Within 3% of the fastest: the heuristic's first stays.
-        assert_eq!(pick_timed(&[Some(1.02), Some(1.0), Some(1.5)]), Some(0));
-        // More than 3% slower: the fastest.
-        assert_eq!(pick_timed(&[Some(1.2), Some(1.3), Some(1.0)]), Some(2));
-        // The first failed to run: the fastest of the rest.
-        assert_eq!(pick_timed(&[None, Some(2.0), Some(1.0)]), Some(2));
-        // Failed timings (infinite: ran once, never timed) never win.
-        assert_eq!(pick_timed(&[Some(f32::INFINITY), Some(2.0)]), Some(1));
-        assert_eq!(pick_timed(&[None, None]), None);
-        assert_eq!(pick_timed(&[]), None);
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub(crate) mod kernel_source;
 mod kernels;
 mod nodes;
 mod ptx_cache;
+mod tuning;
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
