@@ -8,7 +8,8 @@
 #   bash scripts/gpt-shapes.sh [steps, default 200]
 # (GPT_SHAPES="1024x4" picks the shapes; GPT_SHAPES_RUNS="graphed swiglu all" picks ours' runs, default
 # graphed, floor, swiglu and all, and `ring` adds one with the RMSNorm kernels' ring forms, `lt` and `tuned`
-# ones with the plain GEMMs through cublasLt (GRAPHED_GEMM); GPT_SHAPES_TORCH the
+# ones with the plain GEMMs through cublasLt (GRAPHED_GEMM), `attn_tuned` one with cuDNN's attention plans
+# timed (GRAPHED_ATTENTION_TUNE=1, its log listing each shape's plans), `both_tuned` both; GPT_SHAPES_TORCH the
 # torch variants, default compile,compile_stacked: the model as written, and with q/k/v and
 # gate/up each one Linear, as ours stores them.)
 set -uo pipefail
@@ -40,7 +41,7 @@ def load(p):
         return json.load(open(p))
     except (OSError, ValueError):
         return None
-names = ["graphed", "floor", "swiglu", "all", "ring", "lt", "tuned"]
+names = ["graphed", "floor", "swiglu", "all", "ring", "lt", "tuned", "attn_tuned", "both_tuned"]
 print("| shape | run | tokens/s | / torch.compile | / torch.compile, stacked | / ours graphed | pool MB | every pool MB | pool / its reserved | every pool / its reserved | val loss |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 def ratio(a, b):
@@ -80,6 +81,9 @@ for shape in ${GPT_SHAPES:-256x16 1024x4 4096x1}; do
       # The plain GEMMs through cublasLt, its heuristic's first algorithm or the fastest of its
       # candidates timed at the first call of each shape (GRAPHED_GEMM; not in the default runs).
       lt | tuned) GRAPHED_GEMM=$run ours "$run" "$shape" --mode graphed ;;
+      # cuDNN's attention plans timed (GRAPHED_ATTENTION_TUNE=1), alone and with the GEMMs'.
+      attn_tuned) GRAPHED_ATTENTION_TUNE=1 GRAPHED_CUDNN_DEBUG=1 ours "$run" "$shape" --mode graphed ;;
+      both_tuned) GRAPHED_GEMM=tuned GRAPHED_ATTENTION_TUNE=1 ours "$run" "$shape" --mode graphed ;;
     esac
   done
   timeout 300 python3 gpu-bin/bench/pytorch_gpt_bench.py --steps "$steps" --dtype bf16 --context "${shape%x*}" \

@@ -11,7 +11,8 @@
 #      outputs pushed into every block's shared memory, GRAPHED_DECODER_DSMEM=1), then on the former
 #      64/96 KiB buffers (GRAPHED_DECODER_WBUF/ABUF);
 #   4b/4c. ops_transformer and gpt with the RMSNorm kernels' ring forms (GRAPHED_ROW_RING=1), the
-#      GEMM tests and gpt with the plain GEMMs through cublasLt, timed (GRAPHED_GEMM=tuned);
+#      GEMM tests and gpt with the plain GEMMs through cublasLt, timed (GRAPHED_GEMM=tuned),
+#      ops_flash and gpt with cuDNN's attention plans timed (GRAPHED_ATTENTION_TUNE=1);
 #   5. every other test binary, while time is left.
 # A progress line a step; the logs and a summary go to $OUT/validate-pending.tgz (the device
 # tool brings back at most 8 files). Exit status: 0 when every step that ran passed.
@@ -82,9 +83,12 @@ say "4b. the RMSNorm kernels' ring forms (GRAPHED_ROW_RING=1)"
 for t in ops_transformer gpt; do
   run "$t" GRAPHED_ROW_RING=1
 done
-say "4c. the plain GEMMs through cublasLt, timed (GRAPHED_GEMM=tuned)"
+say "4c. the plain GEMMs through cublasLt, timed (GRAPHED_GEMM=tuned), and cuDNN's attention plans timed"
 for t in ops_linear ops_half mixed_precision gpt; do
   run "$t" GRAPHED_GEMM=tuned
+done
+for t in ops_flash gpt; do
+  run "$t" GRAPHED_ATTENTION_TUNE=1 GRAPHED_CUDNN_DEBUG=1
 done
 pack
 say "5. the rest of the suite"

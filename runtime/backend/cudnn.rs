@@ -32,6 +32,10 @@ type Pw = sys::cudnnPointwiseMode_t;
 /// cudnn-frontend 1.x uses it, `-inf` as the mask value).
 const MIN_VERSION: usize = 91000;
 
+/// How many of the heuristics' plans a timed choice (`GRAPHED_ATTENTION_TUNE=1`) tries, and
+/// `GRAPHED_CUDNN_DEBUG=1` reports.
+pub(super) const TUNE_PLANS: usize = 8;
+
 fn check(call: &'static str, status: sys::cudnnStatus_t) -> Result<()> {
     if status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
         Ok(())
@@ -184,12 +188,16 @@ impl SdpaKey {
     }
 }
 
-/// A finalized execution plan and everything it was built from (kept alive with it).
-struct Plan {
+/// Picks the plan to keep of those a shape's heuristics offer (its index).
+pub(super) type ChoosePlan<'a> = &'a dyn Fn(&[Plan]) -> usize;
+
+/// A finalized execution plan and everything it was built from (kept alive with it; shared by
+/// the plans of one graph).
+pub(super) struct Plan {
     plan: Desc,
     /// cuDNN's own workspace, in bytes.
-    workspace: usize,
-    _keep: Vec<Desc>,
+    pub(super) workspace: usize,
+    _keep: std::rc::Rc<Vec<Desc>>,
 }
 
 /// The graph being built: its tensors and operations.
@@ -456,7 +464,9 @@ pub(crate) struct Cudnn {
 }
 
 // SAFETY: a cuDNN handle may be used from any thread (each call binds the context first); the
-// `Mutex` around `Cudnn` keeps calls on it from running concurrently.
+// `Mutex` around `Cudnn` keeps calls on it from running concurrently. The plans' shared
+// descriptors (`Rc`) are cloned and dropped only by code holding that lock (building a plan,
+// dropping the ones not kept), never by two threads at once.
 unsafe impl Send for Cudnn {}
 
 impl Drop for Cudnn {
@@ -499,24 +509,37 @@ impl Cudnn {
     }
 
     /// The plan's workspace in bytes, building the plan the first time; `None` when cuDNN has
-    /// no engine for this shape.
-    pub(crate) fn workspace(&mut self, key: SdpaKey) -> Option<usize> {
+    /// no engine for this shape. The plan is the heuristics' first that finalizes, or with
+    /// `choose` the one it picks of the first [`TUNE_PLANS`] (see `cudnn_tune.rs`).
+    pub(super) fn workspace(&mut self, key: SdpaKey, choose: Option<ChoosePlan<'_>>) -> Option<usize> {
         if !self.plans.contains_key(&key) {
-            let plan = match build(self.handle, key) {
+            let limit = if choose.is_some() || debug() { TUNE_PLANS } else { 1 };
+            let mut plans = match build(self.handle, key, limit) {
                 Ok(p) => p,
                 Err(e) => {
                     if debug() {
                         eprintln!("graphed: cuDNN attention {key:?}: {e}");
                     }
-                    None
+                    Vec::new()
                 }
             };
+            let chosen = match choose {
+                Some(choose) if plans.len() > 1 => choose(&plans).min(plans.len() - 1),
+                _ => 0,
+            };
             if debug() {
-                eprintln!("graphed: cuDNN attention {key:?}: workspace {:?} bytes", plan.as_ref().map(|p| p.workspace));
+                let all: Vec<usize> = plans.iter().map(|p| p.workspace).collect();
+                eprintln!("graphed: cuDNN attention {key:?}: plans' workspaces {all:?} bytes, plan {chosen} kept");
             }
+            let plan = (chosen < plans.len()).then(|| plans.swap_remove(chosen));
             self.plans.insert(key, plan);
         }
         self.plans[&key].as_ref().map(|p| p.workspace)
+    }
+
+    /// The handle (used under the lock around `Cudnn`).
+    pub(super) fn handle(&self) -> sys::cudnnHandle_t {
+        self.handle
     }
 
     /// Runs the plan of `key` (built by [`Cudnn::workspace`]) on `stream`: `ptrs` are the real
@@ -539,8 +562,26 @@ impl Cudnn {
                 CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_INITIALIZED),
             ));
         };
+        // SAFETY: forwarded from the caller.
+        unsafe { execute_plan(self.handle, plan, key, stream, tensors, workspace) }
+    }
+}
+
+/// Runs `plan` (built for `key`) on `stream` with `handle`, as [`Cudnn::execute`] says.
+///
+/// # Safety
+/// As [`Cudnn::execute`]; `handle` is the one the plan was built with, used by no other call now.
+pub(super) unsafe fn execute_plan(
+    handle: sys::cudnnHandle_t,
+    plan: &Plan,
+    key: SdpaKey,
+    stream: sys::cudaStream_t,
+    tensors: &SdpaPointers,
+    workspace: u64,
+) -> Result<()> {
+    {
         // SAFETY: the handle is live; the stream belongs to the bound context.
-        check("cudnnSetStream", unsafe { sys::cudnnSetStream(self.handle, stream) })?;
+        check("cudnnSetStream", unsafe { sys::cudnnSetStream(handle, stream) })?;
         let scale = 1.0f32 / (key.head_dim as f32).sqrt();
         let (neg_inf, one) = (f32::NEG_INFINITY, 1.0f32);
         let host = |v: &f32| v as *const f32 as *mut c_void;
@@ -580,7 +621,7 @@ impl Cudnn {
         pack.ints(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &ids)?;
         let pack = pack.finalize("cudnnBackendFinalize(variant pack)")?;
         // SAFETY: plan and pack are finalized; the caller vouches for the pointers.
-        check("cudnnBackendExecute", unsafe { sys::cudnnBackendExecute(self.handle, plan.plan.0, pack.0) })
+        check("cudnnBackendExecute", unsafe { sys::cudnnBackendExecute(handle, plan.plan.0, pack.0) })
     }
 }
 
@@ -631,9 +672,9 @@ pub(crate) struct SdpaGrads {
     pub(crate) dq_accum: Option<u64>,
 }
 
-/// Builds the operation graph of `key` and the first execution plan cuDNN's heuristics offer
-/// that finalizes: `Ok(None)` when none does.
-fn build(handle: sys::cudnnHandle_t, key: SdpaKey) -> Result<Option<Plan>> {
+/// Builds the operation graph of `key` and the execution plans cuDNN's heuristics offer that
+/// finalize, in the heuristics' order, `limit` of them at most: none when none does.
+fn build(handle: sys::cudnnHandle_t, key: SdpaKey, limit: usize) -> Result<Vec<Plan>> {
     let mut g = Builder::new(key);
     match key.pass {
         SdpaPass::Forward => g.forward()?,
@@ -683,27 +724,35 @@ fn build(handle: sys::cudnnHandle_t, key: SdpaKey) -> Result<Option<Plan>> {
         )
     })?;
     let mut last = None;
+    let mut made: Vec<(Desc, usize)> = Vec::new();
     for cfg in cfgs.iter().take(got.max(0) as usize) {
+        if made.len() >= limit {
+            break;
+        }
         let plan = Desc::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
         plan.handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
         plan.descs(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[cfg])?;
         match plan.finalize("cudnnBackendFinalize(execution plan)") {
             Ok(plan) => {
                 let workspace = plan.get_i64(Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?.max(0) as usize;
-                let mut keep: Vec<Desc> = g.tensors.into_values().collect();
-                keep.extend(g.ops);
-                keep.extend(g.subs);
-                keep.extend([graph, heur]);
-                keep.extend(cfgs);
-                return Ok(Some(Plan { plan, workspace, _keep: keep }));
+                made.push((plan, workspace));
             }
             Err(e) => last = Some(e),
         }
     }
     match last {
-        Some(e) if debug() => Err(e),
-        _ => Ok(None),
+        Some(e) if made.is_empty() && debug() => return Err(e),
+        _ if made.is_empty() => return Ok(Vec::new()),
+        _ => {}
     }
+    // Every plan keeps what it was built from alive; the plans of one graph share it.
+    let mut keep: Vec<Desc> = g.tensors.into_values().collect();
+    keep.extend(g.ops);
+    keep.extend(g.subs);
+    keep.extend([graph, heur]);
+    keep.extend(cfgs);
+    let shared = std::rc::Rc::new(keep);
+    Ok(made.into_iter().map(|(plan, workspace)| Plan { plan, workspace, _keep: shared.clone() }).collect())
 }
 
 /// Runs `f` with this thread's stream-capture mode relaxed: cuDNN may allocate and compile
@@ -743,7 +792,11 @@ impl CudaBackend {
         let Some(m) = self.cudnn() else { return Ok(None) };
         let mut c = lock(m);
         self.bind()?;
-        Ok(relaxed(|| c.workspace(key)))
+        let handle = c.handle();
+        let time = |plans: &[Plan]| self.time_sdpa_plans(handle, key, plans);
+        let choose: Option<ChoosePlan<'_>> =
+            if super::cudnn_tune::requested() && !super::capture::is_capturing() { Some(&time) } else { None };
+        Ok(relaxed(|| c.workspace(key, choose)))
     }
 
     /// Runs cuDNN's fused attention for `key` on the device stream (its plan built by

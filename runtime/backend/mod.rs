@@ -13,6 +13,7 @@ mod cuda_gemm;
 mod cuda_graph;
 mod cuda_user;
 pub(crate) mod cudnn;
+mod cudnn_tune;
 pub(crate) mod fault;
 pub(crate) mod host;
 pub(crate) mod kernel_source;
