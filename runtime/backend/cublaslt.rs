@@ -73,6 +73,8 @@ struct Key {
     /// C (the residual) apart from D: only algorithms that support it
     /// (`CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT`).
     out_of_place: bool,
+    /// What the operands' addresses are multiples of ([`alignment`]).
+    align: u32,
 }
 
 /// The descriptors and the chosen algorithm of one shape.
@@ -212,7 +214,7 @@ fn make_plan(
         1
     };
     // SAFETY: the descriptor and layouts were just made; the heuristic reads them only.
-    let found = unsafe { choices(handle, desc, (a, b, d), asked, key.out_of_place) };
+    let found = unsafe { choices(handle, desc, (a, b, d), asked, key.out_of_place, key.align) };
     match found {
         Ok(mut algos) if !algos.is_empty() => {
             algos.truncate(candidates.max(1));
@@ -229,7 +231,8 @@ fn make_plan(
 }
 
 /// The heuristic's usable algorithms of its `asked` best within the cuBLAS workspace (see
-/// [`usable_algos`]), C with D's layout.
+/// [`usable_algos`]), C with D's layout, for operands whose addresses are multiples of `align`
+/// bytes (see [`alignment`]: an algorithm chosen for better-aligned operands may refuse them).
 ///
 /// # Safety
 /// The handle, descriptor and layouts are live.
@@ -239,23 +242,38 @@ pub(super) unsafe fn choices(
     layouts: (sys::cublasLtMatrixLayout_t, sys::cublasLtMatrixLayout_t, sys::cublasLtMatrixLayout_t),
     asked: usize,
     out_of_place: bool,
+    align: u32,
 ) -> std::result::Result<Vec<sys::cublasLtMatmulAlgo_t>, lt::CublasError> {
+    use sys::cublasLtMatmulPreferenceAttributes_t as P;
     let pref = lt::create_matmul_pref()?;
     let bytes = CUBLAS_WORKSPACE_BYTES as u64;
-    // SAFETY: `pref` was just created; MAX_WORKSPACE_BYTES is a u64; the rest is forwarded
-    // from the caller. The heuristic reads the live descriptors only (no device work).
+    // SAFETY: `pref` was just created; MAX_WORKSPACE_BYTES is a u64, the alignments u32; the
+    // rest is forwarded from the caller. The heuristic reads the live descriptors only (no
+    // device work).
     let found = unsafe {
-        lt::set_matmul_pref_attribute(
-            pref,
-            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            &bytes as *const u64 as *const c_void,
-            size_of::<u64>(),
-        )
-        .and_then(|()| usable_algos(handle, desc, layouts, pref, asked, out_of_place))
+        let set = |attr, v: *const c_void, n| lt::set_matmul_pref_attribute(pref, attr, v, n);
+        set(P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes as *const u64 as *const c_void, size_of::<u64>())
+            .and_then(|()| {
+                [
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                ]
+                .into_iter()
+                .try_for_each(|attr| set(attr, &align as *const u32 as *const c_void, size_of::<u32>()))
+            })
+            .and_then(|()| usable_algos(handle, desc, layouts, pref, asked, out_of_place))
     };
     // SAFETY: created above, destroyed once.
     let _ = unsafe { lt::destroy_matmul_pref(pref) };
     found
+}
+
+/// The alignment cublasLt may assume of operands at `ptrs` (0s, absent operands, ignored): the
+/// largest power of two, up to 256 (its default assumption), that divides every address.
+pub(super) fn alignment(ptrs: &[u64]) -> u32 {
+    ptrs.iter().filter(|&&p| p != 0).map(|&p| 1u64 << p.trailing_zeros().min(8)).min().unwrap_or(256) as u32
 }
 
 /// The heuristic's usable algorithms of its `asked` best, in its order: those that ran its
@@ -391,6 +409,7 @@ impl CudaBackend {
             input: g.input,
             out: g.out,
             out_of_place: g.residual != 0,
+            align: alignment(&[g.x, g.w, g.y, g.residual, g.bias, g.aux]),
         };
         let handle = lt_state.handle;
         // `GRAPHED_GEMM=tuned`: the fastest of the heuristic's candidates, timed the first time

@@ -16,7 +16,7 @@ use std::ffi::c_void;
 
 use cudarc::cublaslt::{result as lt, sys};
 
-use super::cublaslt::{choices, data_type, lt_err};
+use super::cublaslt::{alignment, choices, data_type, lt_err};
 use super::cuda::{CudaBackend, CUBLAS_WORKSPACE_BYTES};
 use super::cuda_gemm::GemmEx;
 use crate::{DType, Error, Result};
@@ -71,6 +71,8 @@ pub(crate) struct GemmKey {
     /// Whether C is read (`beta` not 0): an algorithm is timed as it will run.
     accumulate: bool,
     route: GemmRoute,
+    /// What the operands' addresses are multiples of (see `cublaslt::alignment`).
+    align: u32,
 }
 
 impl GemmKey {
@@ -90,6 +92,7 @@ impl GemmKey {
             tf32: g.tf32,
             accumulate: g.beta != 0.0,
             route,
+            align: alignment(&[g.a.ptr, g.b.ptr, g.c.ptr]),
         }
     }
 
@@ -232,7 +235,7 @@ impl CudaBackend {
         let mut plan = describe(key)?;
         let asked = if key.route == GemmRoute::Timed { CANDIDATES } else { 1 };
         // SAFETY: the handle and the plan's objects are live.
-        let found = unsafe { choices(handle, plan.desc, (plan.a, plan.b, plan.c), asked, false) };
+        let found = unsafe { choices(handle, plan.desc, (plan.a, plan.b, plan.c), asked, false, key.align) };
         let algos = match found {
             Ok(a) if !a.is_empty() => a,
             _ => {
@@ -298,6 +301,17 @@ mod tests {
     }
 
     #[test]
+    fn the_alignment_is_the_least_of_the_operands_up_to_256_bytes() {
+        assert_eq!(alignment(&[0x1000, 0x2000, 0x10_0000]), 256);
+        // A column block of a packed q/k/v tensor (1,024 bytes in) and a row 16 bytes in.
+        assert_eq!(alignment(&[0x1000 + 1024, 0x2000 + 16, 0x3000]), 16);
+        assert_eq!(alignment(&[0x1002]), 2);
+        // Absent operands (0) do not count.
+        assert_eq!(alignment(&[0x1100, 0]), 256);
+        assert_eq!(alignment(&[]), 256);
+    }
+
+    #[test]
     fn operands_span_their_leading_dimension_times_their_columns() {
         // The weight grad of a linear layer: dWᵀ[in, out] += xᵀ[in, N] · dy[N, out], x and dy
         // bf16, dW f32 (see ops::linear_backward).
@@ -316,6 +330,7 @@ mod tests {
             tf32: false,
             accumulate: true,
             route: GemmRoute::Timed,
+            align: 256,
         };
         assert_eq!(key.stored(), [(512, 4096), (1536, 4096), (512, 1536)]);
         assert_eq!(key.bytes(), [512 * 4096 * 2, 1536 * 4096 * 2, 512 * 1536 * 4]);
