@@ -178,6 +178,9 @@ pub(crate) struct CudaBackend {
     pdl: bool,
     /// The most dynamic shared memory a block may opt into, in bytes.
     pub(crate) max_shared_optin: usize,
+    /// The most dynamic shared memory each built-in kernel may launch with, in bytes
+    /// (`BuiltinKernel::ALL` order; see [`opt_in_dynamic_shared`]).
+    dynamic_limits: Vec<usize>,
     /// Multiprocessors: kernels whose tiles depend on how full the GPU is ask for it.
     pub(crate) sm_count: usize,
     pub(crate) gate: Arc<StreamGate>,
@@ -204,6 +207,54 @@ enum Launch {
     /// Programmatic dependent launch (`cuLaunchKernelEx`, programmatic stream serialization):
     /// only for kernels that start with `GR_PDL_ENTRY()`, the built-in ones.
     Programmatic,
+}
+
+/// NVRTC's options for the built-in kernels' program on a GPU of compute capability `arch`,
+/// with programmatic dependent launch compiled in or not (`GR_PDL`).
+pub(crate) fn main_options((major, minor): (i32, i32), pdl: bool) -> Vec<String> {
+    let mut options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
+    options.extend(FlashTiles::nvrtc_defines());
+    options.extend(RowTiles::nvrtc_defines());
+    if pdl {
+        options.push("-DGR_PDL".into());
+    }
+    options
+}
+
+/// The conditional-node kernels' program (`kernels/conditional.cu` and what it builds on) and
+/// NVRTC's options for it on a GPU of compute capability `arch`.
+pub(crate) fn conditional_program((major, minor): (i32, i32)) -> (String, Vec<String>) {
+    let options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
+    let src = [
+        include_str!("kernels/scale_update.cu"),
+        include_str!("kernels/generation.cu"),
+        include_str!("kernels/conditional.cu"),
+    ]
+    .join("\n");
+    (src, options)
+}
+
+/// The default dynamic shared memory a block may have without opting in, in bytes.
+const DEFAULT_DYNAMIC_SHARED: usize = 48 << 10;
+
+/// Opts `f` into the most dynamic shared memory a block may have (`big`) and returns what it
+/// may launch with: the device's opt-in limit less the kernel's static shared memory (the
+/// driver refuses a maximum whose sum with the static arrays exceeds the limit). A kernel that
+/// is not `big`, or that the driver does not let opt in, keeps the default 48 KB less its static
+/// arrays: a refusal here never stops the device from opening, the launches that need more
+/// check this limit and take another path or refuse.
+fn opt_in_dynamic_shared(f: &CudaFunction, big: bool, max_shared_optin: usize) -> usize {
+    let fixed = f.shared_size_bytes().map_or(0, |b| b.max(0) as usize);
+    let default = DEFAULT_DYNAMIC_SHARED.saturating_sub(fixed);
+    if !big {
+        return default;
+    }
+    let room = max_shared_optin.saturating_sub(fixed);
+    let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    match f.set_attribute(attr, room as i32) {
+        Ok(()) => room.max(default),
+        Err(_) => default,
+    }
 }
 
 /// `GRAPHED_PDL=1`: programmatic dependent launch between the built-in kernels (read once a
@@ -254,13 +305,8 @@ impl CudaBackend {
         );
         // kernels/*.cu, or the files GRAPHED_KERNELS_DIR holds in their place (kernel_source).
         let src = super::kernel_source::main_sources()?.join("\n");
-        let mut options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
-        options.extend(FlashTiles::nvrtc_defines());
-        options.extend(RowTiles::nvrtc_defines());
         let pdl = pdl_requested() && major >= 9;
-        if pdl {
-            options.push("-DGR_PDL".into());
-        }
+        let options = main_options((major, minor), pdl);
         let compile = || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
         let ptx =
             ptx_cache::compile_cached(&src, &options, compile).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
@@ -278,21 +324,19 @@ impl CudaBackend {
             .map_err(driver_err("cuDeviceGetAttribute"))?
             .max(1) as usize;
         // The fused attention kernels and the row kernels' ring forms take more than the
-        // default 48 KB of dynamic shared memory; their launches check their need against this
-        // limit first.
-        for (k, f) in BuiltinKernel::ALL.iter().zip(&functions) {
-            let big = (k.name().starts_with("flash_")
-                && *k != BuiltinKernel::FlashBwdPrepBf16
-                && *k != BuiltinKernel::FlashBwdPrepF16)
-                || k.name().starts_with("rms_ring");
-            if big {
-                f.set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    max_shared_optin as i32,
-                )
-                .map_err(driver_err("cuFuncSetAttribute"))?;
-            }
-        }
+        // default 48 KB of dynamic shared memory; their launches check their need against
+        // `dynamic_shared_limit` first.
+        let dynamic_limits = BuiltinKernel::ALL
+            .iter()
+            .zip(&functions)
+            .map(|(k, f)| {
+                let big = (k.name().starts_with("flash_")
+                    && *k != BuiltinKernel::FlashBwdPrepBf16
+                    && *k != BuiltinKernel::FlashBwdPrepF16)
+                    || k.name().starts_with("rms_ring");
+                opt_in_dynamic_shared(f, big, max_shared_optin)
+            })
+            .collect();
 
         // SAFETY: plain allocation and a synchronous copy of 16 bytes into it, outside any
         // capture; freed in Drop.
@@ -335,6 +379,7 @@ impl CudaBackend {
             capability: (major, minor),
             pdl,
             max_shared_optin,
+            dynamic_limits,
             sm_count,
             gate,
             drop_errors,
@@ -346,6 +391,12 @@ impl CudaBackend {
 
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The most dynamic shared memory `kernel` may launch with, in bytes (its opt-in, less its
+    /// static arrays).
+    pub(crate) fn dynamic_shared_limit(&self, kernel: BuiltinKernel) -> usize {
+        self.dynamic_limits[kernel as usize]
     }
 
     /// The cuBLAS handle, locked for one call.
@@ -468,14 +519,7 @@ impl CudaBackend {
             return Ok(f.clone());
         }
         self.bind()?;
-        let (major, minor) = self.capability;
-        let options = vec![format!("--gpu-architecture=sm_{major}{minor}"), "-std=c++17".into()];
-        let src = [
-            include_str!("kernels/scale_update.cu"),
-            include_str!("kernels/generation.cu"),
-            include_str!("kernels/conditional.cu"),
-        ]
-        .join("\n");
+        let (src, options) = conditional_program(self.capability);
         let compile = || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
         let ptx =
             ptx_cache::compile_cached(&src, &options, compile).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;

@@ -80,32 +80,101 @@ impl Knobs {
         u32::try_from(total).unwrap_or(u32::MAX)
     }
 
+    /// NVRTC's options for `shape`'s kernel with these knobs on a GPU of compute capability
+    /// `arch`.
+    fn nvrtc_options(self, shape: DecoderShape, (major, minor): (i32, i32)) -> Vec<String> {
+        let mut options = vec![
+            format!("--gpu-architecture=sm_{major}{minor}"),
+            "-std=c++17".into(),
+            format!("-DFD_D={}", shape.d_model),
+            format!("-DFD_HEADS={}", shape.heads),
+            format!("-DFD_HID={}", shape.hidden),
+            format!("-DFD_WBUF_BYTES={}", self.wbuf),
+            format!("-DFD_ABUF_BYTES={}", self.abuf),
+            format!("-DFD_NT={}", self.nt),
+            format!("-DFD_MT={}", self.mt),
+        ];
+        let optional = [
+            ("FD_APIPE", self.apipe),
+            ("FD_FUSE_O", self.fuse_o),
+            ("FD_WPASS_MIN", self.wpass),
+            ("FD_CLUSTER", self.cluster),
+        ];
+        options.extend(optional.iter().filter_map(|(name, v)| v.map(|v| format!("-D{name}={v}"))));
+        if let Some(b) = self.mirror_rows {
+            options.push("-DFD_DSMEM=1".into());
+            options.push(format!("-DFD_MIRROR_B={b}"));
+        }
+        if self.trace {
+            options.push("-DFD_TRACE".into());
+        }
+        options
+    }
+
     fn get() -> Knobs {
         static K: std::sync::OnceLock<Knobs> = std::sync::OnceLock::new();
         *K.get_or_init(|| {
-            let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
-            let cluster = env("GRAPHED_DECODER_CLUSTER").filter(|n| (2..=16).contains(n));
-            // A cluster's blocks hold more of each stage and leave room for the mirror; 20 KiB of
-            // activations still take the first stage's 16 rows of 512 whole (the embeddings are
-            // summed as they are staged: no stage of their own).
-            let (wbuf, abuf) = if cluster.is_some() { (96 * 1024, 20 * 1024) } else { (112 * 1024, 64 * 1024) };
-            let mirror_rows = cluster
-                .and(env("GRAPHED_DECODER_DSMEM").filter(|&v| v == 1))
-                .map(|_| env("GRAPHED_DECODER_MIRROR_B").map_or(2, |b| b.clamp(1, 64)));
-            Knobs {
-                wbuf: env("GRAPHED_DECODER_WBUF").map_or(wbuf, |b| b / 16 * 16),
-                abuf: env("GRAPHED_DECODER_ABUF").map_or(abuf, |b| b / 16 * 16),
-                nt: env("GRAPHED_DECODER_NT").map_or(2, |n| n.clamp(1, 2)),
-                apipe: env("GRAPHED_DECODER_APIPE").map(|n| n.clamp(1, 16)),
-                fuse_o: env("GRAPHED_DECODER_FUSE_O").map(|n| n.min(64)),
-                mt: env("GRAPHED_DECODER_MT").map_or(4, |n| n.clamp(1, 4)),
-                wpass: env("GRAPHED_DECODER_WPASS"),
-                cluster,
-                mirror_rows,
-                trace: decoder_trace_dir().is_some(),
-            }
+            Knobs::from_settings(
+                |name| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok()),
+                decoder_trace_dir().is_some(),
+            )
         })
     }
+
+    /// The knobs the settings `env` gives (see [`Knobs`]), the stage marks compiled in or not.
+    fn from_settings(env: impl Fn(&str) -> Option<u32>, trace: bool) -> Knobs {
+        let cluster = env("GRAPHED_DECODER_CLUSTER").filter(|n| (2..=16).contains(n));
+        // A cluster's blocks hold more of each stage and leave room for the mirror; 20 KiB of
+        // activations still take the first stage's 16 rows of 512 whole (the embeddings are
+        // summed as they are staged: no stage of their own).
+        let (wbuf, abuf) = if cluster.is_some() { (96 * 1024, 20 * 1024) } else { (112 * 1024, 64 * 1024) };
+        let mirror_rows = cluster
+            .and(env("GRAPHED_DECODER_DSMEM").filter(|&v| v == 1))
+            .map(|_| env("GRAPHED_DECODER_MIRROR_B").map_or(2, |b| b.clamp(1, 64)));
+        Knobs {
+            wbuf: env("GRAPHED_DECODER_WBUF").map_or(wbuf, |b| b / 16 * 16),
+            abuf: env("GRAPHED_DECODER_ABUF").map_or(abuf, |b| b / 16 * 16),
+            nt: env("GRAPHED_DECODER_NT").map_or(2, |n| n.clamp(1, 2)),
+            apipe: env("GRAPHED_DECODER_APIPE").map(|n| n.clamp(1, 16)),
+            fuse_o: env("GRAPHED_DECODER_FUSE_O").map(|n| n.min(64)),
+            mt: env("GRAPHED_DECODER_MT").map_or(4, |n| n.clamp(1, 4)),
+            wpass: env("GRAPHED_DECODER_WPASS"),
+            cluster,
+            mirror_rows,
+            trace,
+        }
+    }
+}
+
+/// The one-kernel step's program: core.cu, ops.cu and half.cu (the helpers decoder.cu builds
+/// on), then `source` (decoder.cu or what replaces it).
+fn decoder_program(source: &str) -> Result<String> {
+    let mut src = kernel_source::main_sources()?[..kernel_source::DECODER_BASE].to_vec();
+    src.push(source);
+    Ok(src.join("\n"))
+}
+
+/// The decoder's programs for checks without a GPU (see `programs.rs`): the GPT's shape with
+/// the default knobs, the stage marks, one cluster of 16 and the cluster with its mirror; each
+/// with its options on a GPU of compute capability `arch` and the dynamic shared memory it
+/// launches with.
+#[cfg(test)]
+pub(crate) fn decoder_programs(arch: (i32, i32)) -> Result<Vec<(String, String, Vec<String>, u32)>> {
+    let shape = DecoderShape { d_model: 512, heads: 8, hidden: 1368 };
+    let src = decoder_program(kernel_source::decoder_source()?)?;
+    let variants: [(&str, &[(&str, u32)], bool); 4] = [
+        ("decoder", &[], false),
+        ("decoder-trace", &[], true),
+        ("decoder-cluster16", &[("GRAPHED_DECODER_CLUSTER", 16)], false),
+        ("decoder-dsmem16", &[("GRAPHED_DECODER_CLUSTER", 16), ("GRAPHED_DECODER_DSMEM", 1)], false),
+    ];
+    Ok(variants
+        .iter()
+        .map(|(name, settings, trace)| {
+            let knobs = Knobs::from_settings(|n| settings.iter().find(|(k, _)| *k == n).map(|(_, v)| *v), *trace);
+            (name.to_string(), src.clone(), knobs.nvrtc_options(shape, arch), knobs.dynamic_shared(shape))
+        })
+        .collect())
 }
 
 /// Where `GRAPHED_DECODER_TRACE` asks the one-kernel step to write its stage marks, for
@@ -151,41 +220,8 @@ impl CudaBackend {
             Some((_, f)) => f.clone(),
             None => {
                 self.bind()?;
-                let (major, minor) = self.capability;
-                let mut options = vec![
-                    format!("--gpu-architecture=sm_{major}{minor}"),
-                    "-std=c++17".into(),
-                    format!("-DFD_D={}", shape.d_model),
-                    format!("-DFD_HEADS={}", shape.heads),
-                    format!("-DFD_HID={}", shape.hidden),
-                    format!("-DFD_WBUF_BYTES={}", knobs.wbuf),
-                    format!("-DFD_ABUF_BYTES={}", knobs.abuf),
-                    format!("-DFD_NT={}", knobs.nt),
-                    format!("-DFD_MT={}", knobs.mt),
-                ];
-                if let Some(p) = knobs.apipe {
-                    options.push(format!("-DFD_APIPE={p}"));
-                }
-                if let Some(n) = knobs.fuse_o {
-                    options.push(format!("-DFD_FUSE_O={n}"));
-                }
-                if let Some(n) = knobs.wpass {
-                    options.push(format!("-DFD_WPASS_MIN={n}"));
-                }
-                if let Some(n) = knobs.cluster {
-                    options.push(format!("-DFD_CLUSTER={n}"));
-                }
-                if let Some(b) = knobs.mirror_rows {
-                    options.push("-DFD_DSMEM=1".into());
-                    options.push(format!("-DFD_MIRROR_B={b}"));
-                }
-                if knobs.trace {
-                    options.push("-DFD_TRACE".into());
-                }
-                // core.cu, ops.cu and half.cu: the helpers decoder.cu builds on.
-                let mut src = kernel_source::main_sources()?[..kernel_source::DECODER_BASE].to_vec();
-                src.push(source);
-                let src = src.join("\n");
+                let options = knobs.nvrtc_options(shape, self.capability);
+                let src = decoder_program(source)?;
                 let compile =
                     || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
                 let ptx = ptx_cache::compile_cached(&src, &options, compile)

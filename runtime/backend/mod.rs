@@ -19,6 +19,8 @@ pub(crate) mod host;
 pub(crate) mod kernel_source;
 mod kernels;
 mod nodes;
+#[cfg(test)]
+mod programs;
 mod ptx_cache;
 mod tuning;
 

@@ -251,7 +251,7 @@ fn check_rms_norm(op: &'static str, x: &Tensor, gamma: &Tensor, eps: f32) -> Res
 /// shared memory fits a block, else the register kernels: the kernel and its launch. Both give
 /// the same bits.
 fn row_kernel(c: &CudaBackend, dtype: DType, plain: (B, LaunchDims), ring: (B, LaunchDims)) -> (B, LaunchDims) {
-    if dtype == DType::BF16 && RowTiles::ring() && ring.1.shared as usize <= c.max_shared_optin {
+    if dtype == DType::BF16 && RowTiles::ring() && ring.1.shared as usize <= c.dynamic_shared_limit(ring.0) {
         ring
     } else {
         plain

@@ -1311,6 +1311,14 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
         default: break;
     }
     __syncthreads();
+#if FD_DSMEM
+    // A block may write into another's shared memory only once every block of the cluster has
+    // started (CUDA Programming Guide, "Distributed Shared Memory"), and the first stage pushes
+    // before any other barrier where the embeddings are summed in it: one cluster barrier
+    // first, its arrival here and its wait before the embeddings (the first weight copies
+    // between). Arrivals and waits alternate, as the barrier requires.
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
     if (H.layers > 0) {
         fd_prefetch<FD_D, false>(layers[0].qkv, 3 * FD_D, 0, sh.part[FD_P_QKV]);
     } else {
@@ -1338,6 +1346,9 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
         }
     }
     __syncthreads();
+#if FD_DSMEM
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
     const FdEmbedded embedded{&sh, H.tok, H.pos};
     if (!embed_in_stage) {
         for (u32 c = blockIdx.x * FD_THREADS + threadIdx.x; c < batch * (FD_D / 8); c += gridDim.x * FD_THREADS) {
