@@ -339,6 +339,10 @@ def ref_dropout(x_bits, seed, offset, p):
 
 def check(P, op, v, rows, d):
     """(ok, line) for one variant on one small shape: the reference and two runs' bits."""
+    if v[0] == "ring" and d % 8:
+        # The ring kernels take rows of whole 16-byte words only; the runtime runs the register
+        # kernels for the others (ops/transformer.rs, ring_words), and so does nothing here.
+        return True, None
     host = host_inputs(op, rows, d, rows * 31 + d)
     b = device_bufs(host, rows, d)
     runs = []

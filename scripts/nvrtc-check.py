@@ -11,7 +11,7 @@ PTX, instructions the architecture lacks, and it reports each kernel's registers
 static shared memory, and checks that a kernel's static shared memory plus the dynamic shared
 memory the runtime launches it with fits a block (227 KiB on sm_90).
 
-    python3 scripts/nvrtc-check.py [--venv DIR] [--out DIR] [--arch sm_90]
+    python3 scripts/nvrtc-check.py [--venv DIR] [--out DIR] [--arch sm_90] [--show REGEX]
 
 Exit status: 0 when every program compiles and assembles and every launch fits; 1 otherwise;
 2 when NVRTC or ptxas cannot be had (no network for pip): then nothing was checked, and it says so.
@@ -117,6 +117,7 @@ def main():
     ap.add_argument("--venv", default=os.path.join(ROOT, "target", "nvrtc-venv"))
     ap.add_argument("--out", default=os.path.join(ROOT, "target", "nvrtc-programs"))
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--show", default=None, help="a regex: also print each matching kernel's registers, spills and shared memory")
     a = ap.parse_args()
     libpath, ptxas = setup(a.venv)
     lib = ctypes.CDLL(libpath)
@@ -161,6 +162,10 @@ def main():
                 failed |= not fits
                 verdict = "fits" if fits else "FAIL: over"
                 notes.append(f"{kernel}: {static} static + {dynamic} dynamic = {total} B, {verdict} {OPTIN_SM90}")
+        if a.show:
+            for k, v in sorted(kernels.items()):
+                if re.search(a.show, k):
+                    print(f"    {name}: {k}: {v['regs']} registers, {v['smem']} B static shared, spills {v['spill_st']}/{v['spill_ld']} B")
         regs = max((v["regs"] for v in kernels.values()), default=0)
         smem = max((v["smem"] for v in kernels.values()), default=0)
         print(f"{name:<20} {len(kernels):>7} {regs:>8} {smem:>15}  {'; '.join(notes) or '-'}", flush=True)

@@ -248,14 +248,27 @@ fn check_rms_norm(op: &'static str, x: &Tensor, gamma: &Tensor, eps: f32) -> Res
 
 /// RMSNorm of `x` (+ `residual`, whose sum is returned first when given).
 /// The bf16 RMSNorm kernels' ring forms (`RowTiles::ring`: `GRAPHED_ROW_RING=1`) where their
-/// shared memory fits a block, else the register kernels: the kernel and its launch. Both give
-/// the same bits.
-fn row_kernel(c: &CudaBackend, dtype: DType, plain: (B, LaunchDims), ring: (B, LaunchDims)) -> (B, LaunchDims) {
-    if dtype == DType::BF16 && RowTiles::ring() && ring.1.shared as usize <= c.dynamic_shared_limit(ring.0) {
+/// shared memory fits a block and `words` holds (see [`ring_words`]), else the register kernels:
+/// the kernel and its launch. Both give the same bits.
+fn row_kernel(
+    c: &CudaBackend,
+    dtype: DType,
+    plain: (B, LaunchDims),
+    ring: (B, LaunchDims),
+    words: bool,
+) -> (B, LaunchDims) {
+    if dtype == DType::BF16 && RowTiles::ring() && words && ring.1.shared as usize <= c.dynamic_shared_limit(ring.0) {
         ring
     } else {
         plain
     }
+}
+
+/// Whether rows of `d` values of `elem` bytes at these addresses (0: an absent tensor) are whole
+/// aligned 16-byte words, which the ring kernels need (`rn_fwd_vec` and `rn_bwd_vec` in
+/// kernels/transformer.cu test the same; the kernels leave out the register kernels' fallback).
+fn ring_words(d: usize, elem: usize, ptrs: &[u64]) -> bool {
+    d % (16 / elem) == 0 && ptrs.iter().all(|p| p % 16 == 0)
 }
 
 fn rms_norm_rows(
@@ -292,7 +305,9 @@ fn rms_norm_rows(
             match RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()) {
                 Some(l) => {
                     let ring = (B::RmsRingBf16, RowTiles::ring_fwd(l, d, dtype.size(), residual.is_some()));
-                    let (kernel, dims) = row_kernel(c, dtype, (k::RMS_ROWS.get(dtype), l.dims), ring);
+                    let at = [y.cuda_ptr()?, ptr(sum.as_ref())?, x.cuda_ptr()?, ptr(residual)?, gamma.cuda_ptr()?];
+                    let words = ring_words(d, dtype.size(), &at);
+                    let (kernel, dims) = row_kernel(c, dtype, (k::RMS_ROWS.get(dtype), l.dims), ring, words);
                     c.launch(
                         kernel,
                         dims,
@@ -453,7 +468,10 @@ fn rms_norm_rows_backward(
                     let args =
                         [KArg::Ptr(dx.cuda_ptr()?), KArg::Ptr(partial.cuda_ptr()?), dyp, dsp, xp, gp, rp, r32, d32];
                     let ring = (B::RmsRingBwdBf16, RowTiles::ring_bwd(l, d, dtype.size(), dsum.is_some()));
-                    let (kernel, dims) = row_kernel(c, dtype, (k::RMS_ROWS_BWD.get(dtype), l.dims), ring);
+                    let dsum_at = dsum.map_or(Ok(0), |t| t.cuda_ptr())?;
+                    let at = [dx.cuda_ptr()?, dy.cuda_ptr()?, dsum_at, x.cuda_ptr()?, gamma.cuda_ptr()?];
+                    let words = ring_words(d, dtype.size(), &at);
+                    let (kernel, dims) = row_kernel(c, dtype, (k::RMS_ROWS_BWD.get(dtype), l.dims), ring, words);
                     c.launch(kernel, dims, &args)?;
                     (partial, l.blocks)
                 }
@@ -765,5 +783,19 @@ fn swiglu_bwd(
                 KArg::U32(n),
             ],
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ring_words;
+
+    #[test]
+    fn the_ring_kernels_take_only_rows_of_whole_aligned_words() {
+        // bf16 rows of 512: 64 words each, every tensor 16-byte aligned (absent ones are 0).
+        assert!(ring_words(512, 2, &[0x1000, 0, 0x2010, 0, 0x3000]));
+        // A row that ends inside a word, and a tensor 8 bytes off a word.
+        assert!(!ring_words(500, 2, &[0x1000, 0x2000]));
+        assert!(!ring_words(512, 2, &[0x1000, 0x2008]));
     }
 }

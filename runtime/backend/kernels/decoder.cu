@@ -478,6 +478,8 @@ template <int K, bool PAIR> __device__ __forceinline__ FdPart fd_part(u32 n, u32
     if (batch <= FD_GV || groups < 1) groups = 1;
     if (groups > 4) groups = 4;
     if (groups > mtiles) groups = mtiles;
+    // A grid of fewer blocks than groups (a small cluster) gives each block a group at most.
+    if (groups > gridDim.x) groups = gridDim.x;
     const u32 one = (tiles + gridDim.x - 1) / gridDim.x;
     const u32 room = P::FIT > one ? P::FIT : one;
     while (groups > 1 && (tiles + gridDim.x / groups - 1) / (gridDim.x / groups) > room) --groups;

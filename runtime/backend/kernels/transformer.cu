@@ -481,8 +481,8 @@ __device__ __forceinline__ void rms_rows_t(T* y, float* rstd_out, T* sum_out, co
 // current one, and reads the current one from there twice (the sum of squares, then the
 // normalisation), holding only gamma: more bytes in flight and fewer registers. The threads,
 // the sums' order and the roundings are rms_rows_t's: the same bits. A thread reads back only
-// the words it copied, so the ring needs no block barrier. Rows of whole aligned 16-byte words;
-// others run rms_rows_t. Dynamic shared memory: RN_RING x blockDim.y rows x d values (x, then
+// the words it copied, so the ring needs no block barrier. Rows of whole aligned 16-byte words
+// only (the runtime runs rms_rows_t for others). Dynamic shared memory: RN_RING x blockDim.y rows x d values (x, then
 // res's rows when given).
 #ifndef RN_RING
 #define RN_RING 2
@@ -493,11 +493,11 @@ __device__ __forceinline__ void rms_ring_t(T* y, float* rstd_out, T* sum_out, co
     constexpr u32 V = RN_FWD_VPT;
     __shared__ float red[32];
     const bool add = res != nullptr;
-    const bool vec = rn_fwd_vec(y, sum_out, x, res, gamma, d);
-    if (!vec) {
-        rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps);
-        return;
-    }
+    // The runtime launches the ring only where every row is whole aligned 16-byte words
+    // (`ring_words` in ops/transformer.rs, the same test) and runs rms_rows_t elsewhere: with
+    // rms_rows_t inlined here as the fallback the kernel took 168 registers against 80 without
+    // (ptxas 12.9, sm_90), which undoes what the ring is for.
+    if (!rn_fwd_vec(y, sum_out, x, res, gamma, d)) return;
     const u32 words = d / W, rows_words = blockDim.y * words;
     const u32 slot_words = rows_words * (add ? 2u : 1u);
     uint4* ring = reinterpret_cast<uint4*>(gr_row_smem);
@@ -692,11 +692,9 @@ __device__ __forceinline__ void rms_ring_bwd_t(T* dx, float* partial, const T* d
     constexpr u32 V = RN_BWD_VPT;
     __shared__ float red[32];
     const bool add = dsum != nullptr;
-    const bool vec = rn_bwd_vec(dx, dy, dsum, x, gamma, d);
-    if (!vec) {
-        rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d);
-        return;
-    }
+    // Launched only where rn_bwd_vec holds (see rms_ring_t): 179 registers with
+    // rms_rows_bwd_t inlined as the fallback, 96 without.
+    if (!rn_bwd_vec(dx, dy, dsum, x, gamma, d)) return;
     const u32 tpr = blockDim.x, rpb = blockDim.y, lin = threadIdx.y * tpr + threadIdx.x;
     const u32 words = d / W, rows_words = rpb * words, rs_words = (tpr * rpb + 3) / 4;
     const u32 slot_words = rows_words * (add ? 3u : 2u) + rs_words;
