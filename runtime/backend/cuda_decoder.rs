@@ -253,6 +253,30 @@ impl CudaBackend {
                 f
             }
         };
+        if let Some(n) = knobs.cluster {
+            // A cluster's blocks must be resident together on one GPU processing cluster: the
+            // cluster query says whether one such cluster fits (its shape is compiled in).
+            let mut config = sys::CUlaunchConfig {
+                gridDimX: n,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: THREADS,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: knobs.dynamic_shared(shape),
+                hStream: std::ptr::null_mut(),
+                attrs: std::ptr::null_mut(),
+                numAttrs: 0,
+            };
+            let mut clusters = 0i32;
+            // SAFETY: `f` is loaded on this context (bound above or by its compile); the config
+            // and the out-pointer are live locals; no attributes are passed.
+            let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &mut config) };
+            if r != sys::CUresult::CUDA_SUCCESS || clusters < 1 {
+                return Ok(None);
+            }
+            return Ok(Some((f, n)));
+        }
         let mut per_sm = 0i32;
         // SAFETY: `f` is a function loaded on this context (bound above or by its compile); the
         // out-pointer is a live local.
@@ -264,16 +288,11 @@ impl CudaBackend {
                 knobs.dynamic_shared(shape) as usize,
             )
         };
-        // A cluster's kernel may be refused by the per-block query (its shape is the
-        // cluster's): then it does not run here, as where a block does not fit.
-        if knobs.cluster.is_some() && r != sys::CUresult::CUDA_SUCCESS {
-            return Ok(None);
-        }
         check("cuOccupancyMaxActiveBlocksPerMultiprocessor", r)?;
         if per_sm < 1 {
             return Ok(None);
         }
-        Ok(Some((f, knobs.cluster.unwrap_or(self.sm_count as u32))))
+        Ok(Some((f, self.sm_count as u32)))
     }
 
     /// Launches the step's kernel `f` on `grid` blocks (see [`CudaBackend::decoder_kernel`]):
