@@ -154,12 +154,16 @@ fn decoder_program(source: &str) -> Result<String> {
     Ok(src.join("\n"))
 }
 
+/// A decoder program: its name, source, NVRTC options and launch's dynamic shared memory.
+#[cfg(test)]
+pub(crate) type DecoderProgram = (String, String, Vec<String>, u32);
+
 /// The decoder's programs for checks without a GPU (see `programs.rs`): the GPT's shape with
 /// the default knobs, the stage marks, one cluster of 16 and the cluster with its mirror; each
 /// with its options on a GPU of compute capability `arch` and the dynamic shared memory it
 /// launches with.
 #[cfg(test)]
-pub(crate) fn decoder_programs(arch: (i32, i32)) -> Result<Vec<(String, String, Vec<String>, u32)>> {
+pub(crate) fn decoder_programs(arch: (i32, i32)) -> Result<Vec<DecoderProgram>> {
     let shape = DecoderShape { d_model: 512, heads: 8, hidden: 1368 };
     let src = decoder_program(kernel_source::decoder_source()?)?;
     let variants: [(&str, &[(&str, u32)], bool); 4] = [
@@ -256,7 +260,7 @@ impl CudaBackend {
         if let Some(n) = knobs.cluster {
             // A cluster's blocks must be resident together on one GPU processing cluster: the
             // cluster query says whether one such cluster fits (its shape is compiled in).
-            let mut config = sys::CUlaunchConfig {
+            let config = sys::CUlaunchConfig {
                 gridDimX: n,
                 gridDimY: 1,
                 gridDimZ: 1,
@@ -271,7 +275,7 @@ impl CudaBackend {
             let mut clusters = 0i32;
             // SAFETY: `f` is loaded on this context (bound above or by its compile); the config
             // and the out-pointer are live locals; no attributes are passed.
-            let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &mut config) };
+            let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &config) };
             if r != sys::CUresult::CUDA_SUCCESS || clusters < 1 {
                 return Ok(None);
             }
