@@ -154,6 +154,10 @@ fn decoder_program(source: &str) -> Result<String> {
     Ok(src.join("\n"))
 }
 
+/// Settings by name, as `Knobs::from_settings` reads them.
+#[cfg(test)]
+type Settings = &'static [(&'static str, u32)];
+
 /// A decoder program: its name, source, NVRTC options and launch's dynamic shared memory.
 #[cfg(test)]
 pub(crate) type DecoderProgram = (String, String, Vec<String>, u32);
@@ -166,7 +170,7 @@ pub(crate) type DecoderProgram = (String, String, Vec<String>, u32);
 pub(crate) fn decoder_programs(arch: (i32, i32)) -> Result<Vec<DecoderProgram>> {
     let shape = DecoderShape { d_model: 512, heads: 8, hidden: 1368 };
     let src = decoder_program(kernel_source::decoder_source()?)?;
-    let variants: [(&str, &[(&str, u32)], bool); 4] = [
+    let variants: [(&str, Settings, bool); 4] = [
         ("decoder", &[], false),
         ("decoder-trace", &[], true),
         ("decoder-cluster16", &[("GRAPHED_DECODER_CLUSTER", 16)], false),

@@ -268,7 +268,7 @@ fn row_kernel(
 /// aligned 16-byte words, which the ring kernels need (`rn_fwd_vec` and `rn_bwd_vec` in
 /// kernels/transformer.cu test the same; the kernels leave out the register kernels' fallback).
 fn ring_words(d: usize, elem: usize, ptrs: &[u64]) -> bool {
-    d % (16 / elem) == 0 && ptrs.iter().all(|p| p % 16 == 0)
+    d.is_multiple_of(16 / elem) && ptrs.iter().all(|p| p.is_multiple_of(16))
 }
 
 fn rms_norm_rows(
