@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Compiles every NVRTC program of the CUDA backend with the real NVRTC and assembles it with
-ptxas for the H200 (sm_90), on a machine with no GPU and no CUDA toolkit.
+"""Compiles every NVRTC program of the CUDA backend (and the bench programs that CuPy compiles on
+the GPU machine) with the real NVRTC and assembles it with ptxas for the H200 (sm_90), on a
+machine with no GPU and no CUDA toolkit.
 
 The programs and their exact options come from the runtime itself (the test
 `backend::programs::every_program_is_listed_and_written_where_asked`, with
@@ -25,6 +26,14 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The bench programs compiled on the GPU machine by CuPy's NVRTC: name, file, defines (each as
+# the script builds it).
+BENCH = [
+    ("probe", "bench/decode_probe.cu", []),
+    ("probe-cs2", "bench/decode_probe.cu", ["CS=2"]),
+    ("probe-cs16", "bench/decode_probe.cu", ["CS=16"]),
+    ("probe-bulk8", "bench/decode_probe.cu", ["STAGES=8"]),
+]
 # The most shared memory a block may have on sm_90 (H100, H200): 227 KiB.
 OPTIN_SM90 = 232448
 
@@ -125,6 +134,10 @@ def main():
     for f in glob.glob(os.path.join(a.out, "*")):
         os.remove(f)
     dump(a.out)
+    for name, path, defines in BENCH:
+        open(os.path.join(a.out, name + ".cu"), "w").write(open(os.path.join(ROOT, path)).read())
+        opts = ["-std=c++17", "--gpu-architecture=sm_90"] + [f"-D{d}" for d in defines]
+        open(os.path.join(a.out, name + ".opts"), "w").write("\n".join(opts) + "\n")
     failed = False
     print(f"{'program':<20} {'kernels':>7} {'max regs':>8} {'max static smem':>15}  spills / launch checks")
     for src_path in sorted(glob.glob(os.path.join(a.out, "*.cu"))):
