@@ -43,6 +43,15 @@ fn capturing_thread(dev: &Device) -> Result<()> {
     Ok(())
 }
 
+/// Sets its flag when dropped, on unwinding too.
+struct Done<'a>(&'a AtomicBool);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// Eager GEMMs and elementwise ops, checked against the CPU reference, until `done`.
 fn eager_thread(dev: &Device, done: &AtomicBool) -> Result<()> {
     let (m, k, n) = (16, 32, 24);
@@ -67,8 +76,11 @@ fn one_device_from_two_threads_at_once() {
         let done = AtomicBool::new(false);
         std::thread::scope(|s| {
             let b = s.spawn(|| eager_thread(dev, &done));
+            // The eager thread stops once `done` is set, which a failed assertion in the
+            // capturing thread must do too: unwinding, the scope waits for the eager thread.
+            let stop = Done(&done);
             let a = capturing_thread(dev);
-            done.store(true, Ordering::Release);
+            drop(stop);
             let b = b.join().expect("eager thread");
             a.and(b)
         })?;

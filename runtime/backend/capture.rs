@@ -303,11 +303,17 @@ impl StreamGate {
             }
         };
         st.beginning = None;
-        if let Err(e) = start() {
+        // A `start` that fails or panics leaves no capture behind: `capturing` set with no
+        // capture would make every other thread's primitive spin in `enter`.
+        let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(start));
+        if !matches!(started, Ok(Ok(()))) {
             self.capturing.store(false, Ordering::SeqCst);
             drop(st);
             self.changed.notify_all();
-            return Err(e);
+            return match started {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            };
         }
         st.capture = Some((mode, me));
         CAPTURES.with(|c| c.set(c.get() + 1));
@@ -334,12 +340,14 @@ impl StreamGate {
             return Err(Error::IllegalInConditionalBody { op: "ending the capture" });
         }
         let failed_branch = std::mem::take(&mut st.failed_branch);
-        let out = finish();
+        // The stream leaves capture mode however `finish` ends, a panic included.
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(finish));
         st.capture = None;
         self.capturing.store(false, Ordering::SeqCst);
         CAPTURES.with(|c| c.set(c.get().saturating_sub(1)));
         drop(st);
         self.changed.notify_all();
+        let out = out.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         match (out, failed_branch) {
             (Ok(_), true) => Err(Error::CaptureInvalidated { cause: Invalidation::FailedConditionalBranch }),
             (out, _) => out,
@@ -382,6 +390,33 @@ mod tests {
             nested_rx.recv_timeout(Duration::from_secs(10)).expect("the nested entry passed");
             begun.join().expect("begin").expect("the capture began once the other thread left");
             gate.end(|| Ok(())).expect_err("end belongs to the capturing thread");
+        });
+    }
+
+    /// A capture whose start or finish panics leaves the gate open: other threads pass, and
+    /// the panicking thread may capture again.
+    #[test]
+    fn a_panic_in_begin_or_end_leaves_the_gate_open() {
+        let gate = StreamGate::default();
+        let begun = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            gate.begin(CaptureMode::Global, || panic!("the backend's start panicked"))
+        }));
+        assert!(begun.is_err(), "the panic goes on");
+        assert!(!gate.capturing.load(Ordering::SeqCst));
+        std::thread::scope(|s| {
+            let passed = s.spawn(|| gate.try_enter().map(drop).is_some()).join().expect("thread");
+            assert!(passed, "another thread passes at once");
+        });
+        gate.begin(CaptureMode::Global, || Ok(())).expect("begin again");
+        let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            gate.end(|| -> Result<()> { panic!("the backend's finish panicked") })
+        }));
+        assert!(ended.is_err(), "the panic goes on");
+        assert_eq!(gate.my_capture(), None, "the stream left capture mode");
+        assert!(!is_capturing());
+        std::thread::scope(|s| {
+            let passed = s.spawn(|| gate.try_enter().map(drop).is_some()).join().expect("thread");
+            assert!(passed, "another thread passes at once");
         });
     }
 
