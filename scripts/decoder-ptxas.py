@@ -1,34 +1,27 @@
 #!/usr/bin/env python3
 """Compiles the one-kernel decoding step as the CUDA backend does (NVRTC, the same sources and
 defines) and reports ptxas's registers, spills and stack for it, on a machine without a GPU:
-NVRTC and ptxas come from pip's nvidia-cuda-nvrtc-cu12 and nvidia-cuda-nvcc-cu12 wheels (unpacked
-into CUDA_PIP, default /tmp/cuda). A measurement aid, not the build: the device's NVRTC may be
-newer.
+NVRTC and ptxas come from pip's nvidia-cuda-nvrtc-cu12 and nvidia-cuda-nvcc-cu12 wheels, in the
+virtual environment scripts/nvrtc-check.py sets up. A measurement aid for versions of the kernel
+(scripts/nvrtc-check.py checks the runtime's own builds): the device's NVRTC may be newer.
 
-    python3 scripts/decoder-ptxas.py [decoder.cu ...] [-D NAME=VALUE ...] [--shape 512,8,1368]
+    python3 scripts/decoder-ptxas.py [decoder.cu ...] [-D NAME=VALUE ...] [--shape 512,8,1368] [--venv DIR]
 """
-import argparse, ctypes, os, subprocess, sys, tempfile
+import argparse, ctypes, importlib.util, os, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K = os.path.join(ROOT, "runtime", "backend", "kernels")
+# NVRTC, ptxas and the compile call are scripts/nvrtc-check.py's.
+_spec = importlib.util.spec_from_file_location("nvrtc_check", os.path.join(ROOT, "scripts", "nvrtc-check.py"))
+nvrtc_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(nvrtc_check)
 
 
 def nvrtc_ptx(src, opts, lib):
-    nv = ctypes.CDLL(lib)
-    prog = ctypes.c_void_p()
-    assert nv.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"decoder.cu", 0, None, None) == 0
-    args = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-    rc = nv.nvrtcCompileProgram(prog, len(opts), args)
-    size = ctypes.c_size_t()
-    nv.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    nv.nvrtcGetProgramLog(prog, log)
-    if rc != 0:
-        sys.exit(f"nvrtc failed ({rc}):\n{log.value.decode(errors='replace')}")
-    nv.nvrtcGetPTXSize(prog, ctypes.byref(size))
-    ptx = ctypes.create_string_buffer(size.value)
-    nv.nvrtcGetPTX(prog, ptx)
-    return ptx.value.decode()
+    ptx, log = nvrtc_check.nvrtc_compile(lib, "decoder", src, opts)
+    if ptx is None:
+        sys.exit(f"nvrtc failed:\n{log}")
+    return ptx
 
 
 def main():
@@ -38,12 +31,13 @@ def main():
     ap.add_argument("--shape", default="512,8,1368")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--keep", help="a folder to keep each source's cubin in (for cuobjdump -sass)")
+    ap.add_argument("--venv", default=os.path.join(ROOT, "target", "nvrtc-venv"), help="NVRTC and ptxas's pip wheels (see nvrtc-check.py)")
     a = ap.parse_args()
-    base = os.environ.get("CUDA_PIP", "/tmp/cuda")
-    lib = os.path.join(base, "nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
-    ptxas = os.path.join(base, "nvidia/cuda_nvcc/bin/ptxas")
+    libpath, ptxas = nvrtc_check.setup(a.venv)
+    lib = ctypes.CDLL(libpath)
     d, h, hid = a.shape.split(",")
-    defs = {"FD_D": d, "FD_HEADS": h, "FD_HID": hid, "FD_WBUF_BYTES": "65536", "FD_ABUF_BYTES": "98304", "FD_NT": "2", "FD_MT": "4"}
+    # The runtime's default buffers (cuda_decoder.rs, Knobs): 112 KiB of weights, 64 of activations.
+    defs = {"FD_D": d, "FD_HEADS": h, "FD_HID": hid, "FD_WBUF_BYTES": "114688", "FD_ABUF_BYTES": "65536", "FD_NT": "2", "FD_MT": "4"}
     for kv in a.D:
         k, _, v = kv.partition("=")
         defs[k] = v

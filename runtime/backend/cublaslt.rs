@@ -391,7 +391,54 @@ impl Drop for Lt {
     }
 }
 
+/// One cublasLt matmul, `D = alpha · op(A)·op(B) + beta · C`: a plan's descriptor, the layouts
+/// and addresses of A, B, C and D, and (alpha, beta).
+pub(super) struct LtCall {
+    pub(super) desc: sys::cublasLtMatmulDesc_t,
+    pub(super) layouts: [sys::cublasLtMatrixLayout_t; 4],
+    pub(super) ptrs: [u64; 4],
+    pub(super) scale: (f32, f32),
+}
+
 impl CudaBackend {
+    /// Runs `call` with `algo` on the device stream, with the cuBLAS workspace.
+    ///
+    /// # Safety
+    /// The handle, descriptor and layouts are live; each address is a device block holding the
+    /// matrix its layout describes; the workspace is used in this stream's order only.
+    pub(super) unsafe fn lt_matmul(
+        &self,
+        handle: sys::cublasLtHandle_t,
+        call: &LtCall,
+        algo: &sys::cublasLtMatmulAlgo_t,
+    ) -> std::result::Result<(), lt::CublasError> {
+        let [la, lb, lc, ld] = call.layouts;
+        let [a, b, c, d] = call.ptrs;
+        let (alpha, beta) = call.scale;
+        // SAFETY: forwarded from the caller; alpha and beta are f32 (the scale type) and live
+        // through the call, which reads them on the host.
+        unsafe {
+            lt::matmul(
+                handle,
+                call.desc,
+                (&alpha) as *const f32 as *const c_void,
+                (&beta) as *const f32 as *const c_void,
+                a as *const c_void,
+                la,
+                b as *const c_void,
+                lb,
+                c as *const c_void,
+                lc,
+                d as *mut c_void,
+                ld,
+                algo,
+                self.cublas_workspace as *mut c_void,
+                CUBLAS_WORKSPACE_BYTES,
+                self.stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+    }
+
     /// Runs `g` through cublasLt on the device stream. `Ok(false)` when cublasLt is not
     /// available or has no algorithm for this shape and epilogue: the caller runs the unfused
     /// ops instead. A refused launch is [`Error::GemmRejected`].
@@ -434,23 +481,15 @@ impl CudaBackend {
             if g.aux != 0 {
                 set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &(g.aux as *const c_void))?;
             }
-            lt::matmul(
+            self.lt_matmul(
                 handle,
-                plan.desc,
-                (&alpha) as *const f32 as *const c_void,
-                (&beta) as *const f32 as *const c_void,
-                g.w as *const c_void,
-                plan.a,
-                g.x as *const c_void,
-                plan.b,
-                c as *const c_void,
-                plan.d,
-                g.y as *mut c_void,
-                plan.d,
+                &LtCall {
+                    desc: plan.desc,
+                    layouts: [plan.a, plan.b, plan.d, plan.d],
+                    ptrs: [g.w, g.x, c, g.y],
+                    scale: (alpha, beta),
+                },
                 &plan.algo,
-                self.cublas_workspace as *mut c_void,
-                CUBLAS_WORKSPACE_BYTES,
-                self.stream.cu_stream() as sys::cudaStream_t,
             )
         };
         status.map(|()| true).map_err(|e| Error::GemmRejected {
@@ -492,23 +531,15 @@ impl CudaBackend {
                 if with_aux {
                     set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &(p[5] as *const c_void))?;
                 }
-                lt::matmul(
+                self.lt_matmul(
                     handle,
-                    plan.desc,
-                    (&alpha) as *const f32 as *const c_void,
-                    (&beta) as *const f32 as *const c_void,
-                    p[0] as *const c_void,
-                    plan.a,
-                    p[1] as *const c_void,
-                    plan.b,
-                    c as *const c_void,
-                    plan.d,
-                    p[2] as *mut c_void,
-                    plan.d,
+                    &LtCall {
+                        desc: plan.desc,
+                        layouts: [plan.a, plan.b, plan.d, plan.d],
+                        ptrs: [p[0], p[1], c, p[2]],
+                        scale: (alpha, beta),
+                    },
                     algo,
-                    self.cublas_workspace as *mut c_void,
-                    CUBLAS_WORKSPACE_BYTES,
-                    self.stream.cu_stream() as sys::cudaStream_t,
                 )
                 .map_err(lt_err("cublasLtMatmul"))
             }

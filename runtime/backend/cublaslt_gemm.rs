@@ -12,12 +12,11 @@
 //! processes may time two algorithms differently and differ in the last bits of their sums.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
 
 use cudarc::cublaslt::{result as lt, sys};
 
-use super::cublaslt::{alignment, choices, data_type, lt_err};
-use super::cuda::{CudaBackend, CUBLAS_WORKSPACE_BYTES};
+use super::cublaslt::{alignment, choices, data_type, lt_err, LtCall};
+use super::cuda::CudaBackend;
 use super::cuda_gemm::GemmEx;
 use crate::{DType, Error, Result};
 
@@ -194,29 +193,20 @@ impl CudaBackend {
             std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan_gemm(handle, &key)?),
         };
         let Some(plan) = plan.as_ref() else { return Ok(false) };
-        let (alpha, beta) = (g.alpha, g.beta);
         // SAFETY: the op checked every operand against a live block holding the matrix its
         // dimensions and leading dimension describe, which the plan's layouts restate; alpha
         // and beta are f32 (the scale type) and live through the call; the workspace is the
         // cuBLAS one, used in this stream's order only.
         let status = unsafe {
-            lt::matmul(
+            self.lt_matmul(
                 handle,
-                plan.desc,
-                (&alpha) as *const f32 as *const c_void,
-                (&beta) as *const f32 as *const c_void,
-                g.a.ptr as *const c_void,
-                plan.a,
-                g.b.ptr as *const c_void,
-                plan.b,
-                g.c.ptr as *const c_void,
-                plan.c,
-                g.c.ptr as *mut c_void,
-                plan.c,
+                &LtCall {
+                    desc: plan.desc,
+                    layouts: [plan.a, plan.b, plan.c, plan.c],
+                    ptrs: [g.a.ptr, g.b.ptr, g.c.ptr, g.c.ptr],
+                    scale: (g.alpha, g.beta),
+                },
                 &plan.algo,
-                self.cublas_workspace as *mut c_void,
-                CUBLAS_WORKSPACE_BYTES,
-                self.stream.cu_stream() as sys::cudaStream_t,
             )
         };
         status.map(|()| true).map_err(|e| Error::GemmRejected {
@@ -263,23 +253,15 @@ impl CudaBackend {
             // SAFETY: the scratch blocks hold the operands the layouts describe; alpha and
             // beta are f32 and live through the call; the workspace is used in stream order.
             unsafe {
-                lt::matmul(
+                self.lt_matmul(
                     handle,
-                    plan.desc,
-                    (&alpha) as *const f32 as *const c_void,
-                    (&beta) as *const f32 as *const c_void,
-                    scratch[0] as *const c_void,
-                    plan.a,
-                    scratch[1] as *const c_void,
-                    plan.b,
-                    scratch[2] as *const c_void,
-                    plan.c,
-                    scratch[2] as *mut c_void,
-                    plan.c,
+                    &LtCall {
+                        desc: plan.desc,
+                        layouts: [plan.a, plan.b, plan.c, plan.c],
+                        ptrs: [scratch[0], scratch[1], scratch[2], scratch[2]],
+                        scale: (alpha, beta),
+                    },
                     algo,
-                    self.cublas_workspace as *mut c_void,
-                    CUBLAS_WORKSPACE_BYTES,
-                    self.stream.cu_stream() as sys::cudaStream_t,
                 )
             }
             .map_err(lt_err("cublasLtMatmul"))
