@@ -9,7 +9,9 @@
 # (GPT_SHAPES="1024x4" picks the shapes; GPT_SHAPES_RUNS="graphed swiglu all" picks ours' runs, default
 # graphed, floor, swiglu and all, and `ring` adds one with the RMSNorm kernels' ring forms, `lt` and `tuned`
 # ones with the plain GEMMs through cublasLt (GRAPHED_GEMM), `attn_tuned` one with cuDNN's attention plans
-# timed (GRAPHED_ATTENTION_TUNE=1, its log listing each shape's plans), `both_tuned` both; GPT_SHAPES_TORCH the
+# timed (GRAPHED_ATTENTION_TUNE=1, its log listing each shape's plans), `both_tuned` both, `ws64` and
+# `ws64_all` cuDNN's deterministic backward under a 64 MiB workspace limit (at batch 1 in chunks of
+# heads; GRAPHED_ATTENTION_WORKSPACE_MB), the second with `--recompute all`; GPT_SHAPES_TORCH the
 # torch variants, default compile,compile_stacked: the model as written, and with q/k/v and
 # gate/up each one Linear, as ours stores them.)
 set -uo pipefail
@@ -41,7 +43,7 @@ def load(p):
         return json.load(open(p))
     except (OSError, ValueError):
         return None
-names = ["graphed", "floor", "swiglu", "all", "ring", "lt", "tuned", "attn_tuned", "both_tuned"]
+names = ["graphed", "floor", "swiglu", "all", "ring", "lt", "tuned", "attn_tuned", "both_tuned", "ws64", "ws64_all"]
 print("| shape | run | tokens/s | / torch.compile | / torch.compile, stacked | / ours graphed | pool MB | every pool MB | pool / its reserved | every pool / its reserved | val loss |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 def ratio(a, b):
@@ -84,6 +86,10 @@ for shape in ${GPT_SHAPES:-256x16 1024x4 4096x1}; do
       # cuDNN's attention plans timed (GRAPHED_ATTENTION_TUNE=1), alone and with the GEMMs'.
       attn_tuned) GRAPHED_ATTENTION_TUNE=1 GRAPHED_CUDNN_DEBUG=1 ours "$run" "$shape" --mode graphed ;;
       both_tuned) GRAPHED_GEMM=tuned GRAPHED_ATTENTION_TUNE=1 ours "$run" "$shape" --mode graphed ;;
+      # cuDNN's deterministic backward under a 64 MiB workspace (chunks of sequences, then of
+      # one sequence's heads), alone and with the blocks recomputing everything they can.
+      ws64) GRAPHED_ATTENTION_WORKSPACE_MB=64 ours "$run" "$shape" --mode graphed ;;
+      ws64_all) GRAPHED_ATTENTION_WORKSPACE_MB=64 ours "$run" "$shape" --mode graphed --recompute all ;;
     esac
   done
   timeout 300 python3 gpu-bin/bench/pytorch_gpt_bench.py --steps "$steps" --dtype bf16 --context "${shape%x*}" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine after scripts/gpu-build.sh (carry gpu-pack): the checks of the code
-# that sessions 15 to 19 wrote on the development machine and no GPU has run yet, most
+# that sessions 15 to 21 wrote on the development machine and no GPU has run yet, most
 # important first, each under a time limit so that one call (600 s) gets through as much as it
 # can. docs/BENCHMARKS.md ("The next device calls") says what each one is for.
 #   1. the test binaries that hold the new code, on CUDA (GRAPHED_REQUIRE_CUDA=1);
@@ -54,7 +54,7 @@ run() {
   done_bins+="$name "
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$work/gpu.txt"
-say "1. the binaries with session 15-19 code"
+say "1. the binaries with session 15-21 code"
 for t in misuse faults ops_half ops_decoder_step macro_kv_state forward_only multi_tensor mixed_precision ops_generate conditional gpt_generate gpt ops_transformer ops_linear ops_flash ops_columns; do
   run "$t"
 done

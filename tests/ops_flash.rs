@@ -406,10 +406,12 @@ fn cudnn_nondeterministic_backward_matches_the_reference() {
 }
 
 /// cuDNN's deterministic backward above the workspace limit runs in chunks of whole sequences
-/// (two of two, four of one): every chunking gives the same bits as the whole call, eagerly and
-/// replayed, and one sequence at a time holds less at its peak (the chunks ran). A sequence is
-/// never split: a limit below one sequence's workspace runs one at a time. CUDA with libcudnn
-/// only.
+/// (two of two, four of one), and where one sequence's workspace is too much, one sequence at a
+/// time in chunks of its heads, copied into packed tensors (two of four, one of two): every
+/// chunking gives the same bits as the whole call, eagerly and replayed, and one head at a time
+/// holds less at its peak (the chunks ran). q, k and v packed in one tensor, chunked by heads,
+/// give the bits of the separate tensors chunked the same way (the same plan runs on the same
+/// copies). CUDA with libcudnn only.
 #[test]
 fn cudnn_backward_in_chunks_equals_the_whole_call() {
     for backend in backends().iter().filter(|b| b.device.is_cuda()) {
@@ -423,10 +425,14 @@ fn cudnn_backward_in_chunks_equals_the_whole_call() {
                 let c = Case { batch, seq: 200, heads, kv_heads: heads, head_dim, causal };
                 let at = c.attention_on(AttentionEngine::Cudnn);
                 let [q, k, v, d] = c.inputs(dev, DType::BF16, 21)?;
+                let qkv = ops::concat_columns(&[&q, &k, &v])?;
                 let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
                 let grads = || -> Result<Vec<Tensor>> {
                     let (dq, dk, dv) = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &at)?;
                     Ok(vec![dq, dk, dv])
+                };
+                let packed_grads = || -> Result<Vec<Tensor>> {
+                    Ok(vec![ops::flash_attention_packed_backward(&d, &qkv, &out, &lse, &at)?])
                 };
                 // The most bytes a capture of the backward holds at once (its workspace with it).
                 let peak = || -> Result<usize> {
@@ -438,27 +444,34 @@ fn cudnn_backward_in_chunks_equals_the_whole_call() {
                 let whole: Vec<Vec<f32>> = grads()?.iter().map(Tensor::to_vec).collect::<Result<_>>()?;
                 let whole_peak = peak()?;
                 // A head of 200 rows takes about 256² · 2 bytes (131 kB): at 2 heads, 600 kB
-                // holds two sequences and 300 kB one; at 4 heads 600 kB holds one sequence, and
-                // 300 kB (less than a sequence) runs them one at a time, as 1 byte does.
+                // holds two sequences and 300 kB one; at 4 heads 600 kB holds one sequence and
+                // 300 kB two of its heads; 1 byte runs one head at a time.
                 for limit in [600_000, 300_000, 1] {
                     ops::set_attention_workspace_limit(limit);
+                    let what = format!("batch={batch} heads={heads} d={head_dim} causal={causal} limit={limit}");
                     let chunked = grads()?;
                     for (i, (x, y)) in whole.iter().zip(&chunked).enumerate() {
-                        let what = format!(
-                            "batch={batch} heads={heads} d={head_dim} causal={causal} limit={limit} grad {i}: chunked vs whole"
-                        );
-                        bitwise_eq(&what, x, &y.to_vec()?)?;
+                        bitwise_eq(&format!("{what} grad {i}: chunked vs whole"), x, &y.to_vec()?)?;
                     }
                     eager_vs_replay(dev, grads)?;
-                    // One sequence at a time holds one sequence's dP (at least seq² · 2 bytes a
-                    // head) where the whole call held every sequence's: the chunks ran.
-                    let fewer = (batch - 1) * heads * 200 * 200 * 2;
-                    let chunked_peak = peak()?;
-                    if limit == 1 && chunked_peak + fewer > whole_peak {
-                        return Err(Error::msg(format!(
-                            "batch={batch} heads={heads}: one sequence at a time peaked at {chunked_peak} \
-                             bytes, the whole call at {whole_peak}: not {fewer} fewer"
-                        )));
+                    if limit == 1 {
+                        let joined: Vec<&Tensor> = chunked.iter().collect();
+                        let want = ops::concat_columns(&joined)?.to_vec()?;
+                        let got = packed_grads()?.remove(0).to_vec()?;
+                        bitwise_eq(&format!("{what}: packed vs separate, both by heads"), &want, &got)?;
+                        eager_vs_replay(dev, packed_grads)?;
+                        // One head at a time holds one head's dP (at least seq² · 2 bytes) where
+                        // the whole call held every head's, less the eight copies of a head's
+                        // columns the chunks keep.
+                        let copies = 8 * 200 * head_dim * 2;
+                        let fewer = (batch * heads - 1) * 200 * 200 * 2 - copies;
+                        let chunked_peak = peak()?;
+                        if chunked_peak + fewer > whole_peak {
+                            return Err(Error::msg(format!(
+                                "{what}: one head at a time peaked at {chunked_peak} bytes, the whole \
+                                 call at {whole_peak}: not {fewer} fewer"
+                            )));
+                        }
                     }
                 }
             }

@@ -513,9 +513,18 @@ impl CudaBackend {
     ) -> usize {
         let s = key.dtype.size();
         let (rows, input, out) = (key.rows, key.input, key.out);
-        let bytes = [out * input * s, rows * input * s, rows * out * s, rows * out * s, out * s, rows * out * s];
         let with_bias = matches!(key.epilogue, LtEpilogue::Bias | LtEpilogue::GeluAuxBias);
         let with_aux = matches!(key.epilogue, LtEpilogue::GeluAux | LtEpilogue::GeluAuxBias);
+        // W, X, D, then C, the bias and the aux output where the plan reads or writes them.
+        let only = |used: bool, b: usize| if used { b } else { 0 };
+        let bytes = [
+            out * input * s,
+            rows * input * s,
+            rows * out * s,
+            only(key.out_of_place, rows * out * s),
+            only(with_bias, out * s),
+            only(with_aux, rows * out * s),
+        ];
         let (alpha, beta) = (1.0f32, if key.out_of_place { 1.0f32 } else { 0.0 });
         use sys::cublasLtMatmulDescAttributes_t as A;
         self.time_choices(&bytes, algos, &|algo, p| {

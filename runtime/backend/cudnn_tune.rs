@@ -31,6 +31,8 @@ fn scratch_bytes(key: &SdpaKey, workspace: usize) -> [usize; 12] {
     let grad = |bytes: usize| if backward { bytes } else { 0 };
     let accum = if backward && !key.deterministic { b * h * seq * d * 4 } else { 0 };
     let out = rows * width * s;
+    // The workspace as the calls that run the plan have it: at least one word, never null.
+    let workspace = workspace.max(4);
     [first, each, each, out, stats, grad(out), grad(first), grad(each), grad(each), grad(stats), accum, workspace]
 }
 

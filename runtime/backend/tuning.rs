@@ -38,7 +38,7 @@ struct Scratch(Vec<u64>);
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        for &p in &self.0 {
+        for &p in self.0.iter().filter(|&&p| p != 0) {
             // SAFETY: allocated by `Scratch::new`, freed once; the timing synchronised the
             // stream, so no launch still reads it.
             let _ = unsafe { driver::free_sync(p) };
@@ -49,11 +49,16 @@ impl Drop for Scratch {
 impl Scratch {
     /// One block an operand, filled with a small constant (0x3f bytes: about 0.75 in f32 and
     /// bf16): timings do not depend on the values, but zeros could run faster than real data.
+    /// An operand of 0 bytes (one the call does not read) gets no memory: its address is 0.
     fn new(bytes: &[usize]) -> std::result::Result<Scratch, driver::DriverError> {
         let mut s = Scratch(Vec::new());
         for &b in bytes {
+            if b == 0 {
+                s.0.push(0);
+                continue;
+            }
             // SAFETY: plain allocations, freed by `drop`.
-            let p = unsafe { driver::malloc_sync(b.max(1)) }?;
+            let p = unsafe { driver::malloc_sync(b) }?;
             s.0.push(p);
             // SAFETY: `p` holds `b` bytes.
             unsafe { driver::memset_d8_sync(p, 0x3f, b) }?;

@@ -17,7 +17,7 @@ fn rows_and_width(op: &'static str, arg: &'static str, t: &Tensor) -> Result<(us
 
 /// One column block of `dtype` copied on CUDA: `rows x cols` values from `src` (rows `sld`
 /// apart) into `dst` (rows `dld` apart), both addresses at the block's first column.
-fn copy_block(
+pub(super) fn copy_block(
     c: &CudaBackend,
     dtype: DType,
     [dst, src]: [u64; 2],

@@ -10,6 +10,7 @@ use crate::ops::cpu::AttnShape;
 use crate::ops::{exec, Exec};
 use crate::{AttentionLimit, DType, Device, Error, Result, Tensor};
 
+use super::columns::copy_block;
 use super::flash::Attention;
 
 /// Which implementation runs [`flash_attention`](crate::ops::flash_attention) and its
@@ -164,14 +165,21 @@ fn limit_cell() -> &'static AtomicUsize {
 /// call, `batch · heads · seq² · 2` bytes (268 MB at 8 heads and seq 4096; 8.6 GB at batch 8,
 /// 32 heads and seq 4096); a call that would need more runs in chunks of whole sequences (the
 /// most that fit, at least one), one after another on the stream, with one workspace.
-/// Chunking changes no bits (each sequence is computed the same way in any chunk), but a chunk
-/// of few sequences leaves multiprocessors idle: a low limit trades speed for memory. A
-/// sequence is not split: chunks of its heads, read in place with the row stride of all the
-/// heads, gave wrong grads on cuDNN 9 on the H200 (2026-12-05), so one sequence's workspace is
-/// the least a call takes.
+///
+/// Where one sequence's share is still too much, each sequence runs in chunks of its heads (the
+/// most that fit, at least one): the chunk's q, k, v, out and dO columns are copied into packed
+/// tensors, cuDNN runs on those, and the chunk's grads are copied back (eight copies of
+/// `seq · chunk width` elements a chunk: a few µs a layer at seq 4096). Heads are copied, never
+/// read in place: cuDNN 9 plans that read a head chunk with the row stride of all the heads gave
+/// wrong grads on the H200 (2026-12-05).
+///
+/// Chunking changes no bits: each sequence and head is computed the same way in any chunk
+/// (`tests/ops_flash.rs` checks it on CUDA; the head chunks have not yet run on a GPU). A small
+/// chunk leaves multiprocessors idle: a low limit trades speed for memory.
 /// `GRAPHED_ATTENTION_WORKSPACE_MB` (a whole number of MiB, read at the first call; any other
-/// value is ignored) sets it for the process, as [`set_attention_workspace_limit`] does. The limit is read when a call is made (or
-/// captured): a graph keeps the chunks it was captured with.
+/// value is ignored) sets it for the process, as [`set_attention_workspace_limit`] does. The
+/// limit is read when a call is made (or captured): a graph keeps the chunks it was captured
+/// with.
 ///
 /// ```
 /// use graphed::ops;
@@ -189,28 +197,50 @@ pub fn set_attention_workspace_limit(bytes: usize) {
     limit_cell().store(bytes, Ordering::Relaxed);
 }
 
-/// The deterministic backward's plan for `key` as it runs under the workspace limit: `key`
-/// itself when its `bytes` fit (or it is one sequence), else the key of a chunk of the most
-/// sequences whose share of the workspace fits ([`chunk_sequences`]), and that chunk's
-/// workspace. When cuDNN has no plan for the chunk the call runs whole.
-fn chunked(c: &CudaBackend, key: SdpaKey, bytes: usize) -> Result<(SdpaKey, usize)> {
-    let batch = chunk_sequences(key.batch, bytes, attention_workspace_limit());
-    if batch == key.batch {
-        return Ok((key, bytes));
-    }
-    let chunk = SdpaKey { batch, ..key };
-    Ok(c.cudnn_sdpa_workspace(chunk)?.map_or((key, bytes), |w| (chunk, w)))
+/// How the deterministic backward runs under the workspace limit.
+enum Chunks {
+    /// cuDNN's plan `key` over chunks of `key.batch` whole sequences (the whole call when it
+    /// is the call's batch), in place.
+    Sequences(SdpaKey, usize),
+    /// One sequence at a time in chunks of `key.heads` heads, each copied into packed
+    /// tensors (`key` is such a chunk's plan: one sequence, unpacked).
+    Heads(SdpaKey, usize),
 }
 
-/// The sequences of a chunk of a call of `batch` sequences whose workspace is `bytes`, under
-/// `limit`: all of them when they fit, else the most whose share fits (a divisor of `batch`, at
-/// least one).
-fn chunk_sequences(batch: usize, bytes: usize, limit: usize) -> usize {
-    if bytes <= limit || batch <= 1 {
-        return batch;
+/// The deterministic backward's plan for `key` under the workspace limit: `key` itself when its
+/// `bytes` fit, else chunks of the most sequences whose share of the workspace fits
+/// ([`chunk_of`]), and where one sequence's share is still too much, chunks of the most of its
+/// heads that fit. When cuDNN has no plan for a chunk the call runs in the larger chunks.
+fn chunked(c: &CudaBackend, key: SdpaKey, bytes: usize) -> Result<Chunks> {
+    let limit = attention_workspace_limit();
+    let batch = chunk_of(key.batch, bytes, limit);
+    let (key, bytes) = match batch == key.batch {
+        true => (key, bytes),
+        false => {
+            let chunk = SdpaKey { batch, ..key };
+            c.cudnn_sdpa_workspace(chunk)?.map_or((key, bytes), |w| (chunk, w))
+        }
+    };
+    if key.batch > 1 || bytes <= limit {
+        return Ok(Chunks::Sequences(key, bytes));
     }
-    let per_sequence = bytes.div_ceil(batch);
-    (1..=batch).rev().find(|&b| batch.is_multiple_of(b) && b * per_sequence <= limit).unwrap_or(1)
+    let heads = chunk_of(key.heads, bytes, limit);
+    if heads == key.heads {
+        return Ok(Chunks::Sequences(key, bytes));
+    }
+    let chunk = SdpaKey { heads, packed: false, ..key };
+    Ok(c.cudnn_sdpa_workspace(chunk)?.map_or(Chunks::Sequences(key, bytes), |w| Chunks::Heads(chunk, w)))
+}
+
+/// How many of `count` equal parts (sequences, or one sequence's heads) of a call whose
+/// workspace is `bytes` one chunk takes under `limit`: all of them when they fit, else the most
+/// whose share fits (a divisor of `count`, at least one).
+fn chunk_of(count: usize, bytes: usize, limit: usize) -> usize {
+    if bytes <= limit || count <= 1 {
+        return count;
+    }
+    let per_part = bytes.div_ceil(count);
+    (1..=count).rev().find(|&b| count.is_multiple_of(b) && b * per_part <= limit).unwrap_or(1)
 }
 
 /// cuDNN's scratch for one call: `bytes` from the pool, as f32 words.
@@ -262,7 +292,17 @@ pub(super) fn backward(
     else {
         return Ok(false);
     };
-    let (key, bytes) = if key.deterministic { chunked(c, key, bytes)? } else { (key, bytes) };
+    let (key, bytes) = match key.deterministic {
+        false => (key, bytes),
+        true => match chunked(c, key, bytes)? {
+            Chunks::Sequences(key, bytes) => (key, bytes),
+            Chunks::Heads(chunk, bytes) => {
+                let call = HeadChunks { a, dtype, packed, chunk, bytes };
+                call.run(c, [q, k, v], [dout, o, stats], [dq, dk, dv], dev)?;
+                return Ok(true);
+            }
+        },
+    };
     let d = a.dims;
     let dsum = Tensor::empty(dev, &[d.batch, d.heads, d.seq])?;
     let work = workspace(dev, bytes)?;
@@ -297,21 +337,93 @@ pub(super) fn backward(
     Ok(true)
 }
 
+/// The deterministic backward of a call one sequence and one chunk of heads at a time
+/// ([`Chunks::Heads`]): `chunk` is cuDNN's plan for one such chunk (packed tensors, one
+/// sequence), `bytes` its workspace.
+struct HeadChunks {
+    a: AttnShape,
+    dtype: DType,
+    packed: bool,
+    chunk: SdpaKey,
+    bytes: usize,
+}
+
+impl HeadChunks {
+    /// Copies each chunk's q, k, v, out and dO columns into packed tensors, runs cuDNN on them
+    /// and copies the chunk's dq, dk and dv back into the call's grads. The statistics of a
+    /// (sequence, chunk) are contiguous in the call's (`[batch, heads, seq]`) and read in place.
+    fn run(
+        &self,
+        c: &CudaBackend,
+        [q, k, v]: [u64; 3],
+        [dout, o, stats]: [u64; 3],
+        [dq, dk, dv]: [u64; 3],
+        dev: &Device,
+    ) -> Result<()> {
+        let d = self.a.dims;
+        let size = self.dtype.size();
+        // Elements a row: the call's q/k/v (three column blocks when packed), its out and dO,
+        // and a chunk's packed tensors.
+        let width = d.heads * d.head_dim;
+        let qkv_ld = if self.packed { 3 * width } else { width };
+        let cw = self.chunk.heads * d.head_dim;
+        // The chunk's packed q, k, v, out, dO, dq, dk, dv, and its `rowsum` scratch.
+        let packed = || Tensor::empty_as(dev, &[d.seq, cw], self.dtype);
+        let tensors = (0..8).map(|_| packed()).collect::<Result<Vec<_>>>()?;
+        let dsum = Tensor::empty(dev, &[self.chunk.heads, d.seq])?;
+        let work = workspace(dev, self.bytes)?;
+        let mut ptrs = [0u64; 8];
+        for (p, t) in ptrs.iter_mut().zip(&tensors) {
+            *p = t.cuda_ptr()?;
+        }
+        let [cq, ck, cv, co, cdo, cdq, cdk, cdv] = ptrs;
+        let (dsum, work) = (dsum.cuda_ptr()?, work.cuda_ptr()?);
+        let copy = |dst, src, [dld, sld]: [usize; 2]| copy_block(c, self.dtype, [dst, src], d.seq, cw, [dld, sld]);
+        for b in 0..d.batch {
+            for h0 in (0..d.heads).step_by(self.chunk.heads) {
+                // Byte offsets of the chunk's first column in its sequence's first row (in
+                // q/k/v and their grads, and in out and dO), and of its statistics.
+                let col = (h0 * d.head_dim * size) as u64;
+                let qkv_at = (b * d.seq * qkv_ld * size) as u64 + col;
+                let at = (b * d.seq * width * size) as u64 + col;
+                let row = ((b * d.heads + h0) * d.seq * 4) as u64;
+                for (dst, src) in [(cq, q), (ck, k), (cv, v)] {
+                    copy(dst, src + qkv_at, [cw, qkv_ld])?;
+                }
+                copy(co, o + at, [cw, width])?;
+                copy(cdo, dout + at, [cw, width])?;
+                let grads = SdpaGrads { dout: cdo, dq: cdq, dk: cdk, dv: cdv, dsum, dq_accum: None };
+                let chunk = SdpaPointers { q: cq, k: ck, v: cv, o: co, stats: stats + row, grads: Some(grads) };
+                // SAFETY: the packed tensors hold one sequence of the chunk's heads in the
+                // chunk key's layout (`[1, seq, heads · head_dim]`, unpacked), the scratch its
+                // `[heads, seq]` f32; the statistics at `row` are the chunk's `[heads, seq]` f32
+                // rows inside the call's (checked by the op); the workspace holds `bytes`; the
+                // copies and chunks run in order on the stream.
+                unsafe { c.cudnn_sdpa(self.chunk, &chunk, work)? };
+                for (dst, src) in [(dq, cdq), (dk, cdk), (dv, cdv)] {
+                    copy(dst + qkv_at, src, [qkv_ld, cw])?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::chunk_sequences;
+    use super::chunk_of;
 
     #[test]
-    fn chunks_take_the_most_whole_sequences_that_fit() {
+    fn chunks_take_the_most_whole_parts_that_fit() {
         // 4 sequences of 200 bytes each.
-        assert_eq!(chunk_sequences(4, 800, 800), 4);
-        assert_eq!(chunk_sequences(4, 800, 500), 2);
-        assert_eq!(chunk_sequences(4, 800, 300), 1);
-        assert_eq!(chunk_sequences(4, 800, 1), 1);
+        assert_eq!(chunk_of(4, 800, 800), 4);
+        assert_eq!(chunk_of(4, 800, 500), 2);
+        assert_eq!(chunk_of(4, 800, 300), 1);
+        assert_eq!(chunk_of(4, 800, 1), 1);
         // Divisors only: 3 sequences under room for 2 run one at a time.
-        assert_eq!(chunk_sequences(3, 300, 250), 1);
-        assert_eq!(chunk_sequences(6, 600, 350), 3);
-        // One sequence is never split.
-        assert_eq!(chunk_sequences(1, 10_000, 1), 1);
+        assert_eq!(chunk_of(3, 300, 250), 1);
+        assert_eq!(chunk_of(6, 600, 350), 3);
+        // One part is never split.
+        assert_eq!(chunk_of(1, 10_000, 1), 1);
     }
 }
