@@ -2,6 +2,7 @@
 //! or not, with grouped key/value heads. Nothing of size `seq²` is ever stored: the forward
 //! keeps the row logsumexp, the backward recomputes the probabilities tile by tile.
 
+use crate::backend::cudnn::SdpaPass;
 use crate::backend::{BuiltinKernel as B, CudaBackend, FlashTiles, HostPtr, KArg, LaunchDims};
 use crate::ops::attention::check_lse;
 use crate::ops::cpu::{self, AttnDims, AttnShape};
@@ -298,13 +299,40 @@ pub fn flash_attention_packed(qkv: &Tensor, at: &Attention) -> Result<(Tensor, T
     forward(OP, at, a, dtype, Qkv::Packed(qkv))
 }
 
+/// Which implementation runs a pass on CUDA: cuDNN's plan, or the portable kernels with their
+/// tiles. Settled before the op allocates anything, so that a refusal (cuDNN asked for where it
+/// cannot run, a GPU without the kernels' shared memory) leaves the pool as it was.
+enum Route {
+    Cudnn(flash_engine::CudnnPlan),
+    Portable(FlashTiles),
+}
+
+impl Route {
+    fn of(
+        op: &'static str,
+        c: &CudaBackend,
+        at: &Attention,
+        a: AttnShape,
+        dtype: DType,
+        pass: SdpaPass,
+        packed: bool,
+    ) -> Result<Route> {
+        match flash_engine::cudnn_plan(op, c, at, a, dtype, pass, packed)? {
+            Some(plan) => Ok(Route::Cudnn(plan)),
+            None => Ok(Route::Portable(check_device(op, c, dtype, a)?)),
+        }
+    }
+}
+
 fn forward(op: &'static str, at: &Attention, a: AttnShape, dtype: DType, qkv: Qkv<'_>) -> Result<(Tensor, Tensor)> {
     let dev = qkv.first().device();
     let d = a.dims;
-    let out = Tensor::empty_as(dev, &[d.batch, d.seq, d.heads * d.head_dim], dtype)?;
-    let lse = Tensor::empty(dev, &lse_dims(a))?;
+    let outputs = || -> Result<(Tensor, Tensor)> {
+        Ok((Tensor::empty_as(dev, &[d.batch, d.seq, d.heads * d.head_dim], dtype)?, Tensor::empty(dev, &lse_dims(a))?))
+    };
     match exec(dev) {
         Exec::Host(h) => {
+            let (out, lse) = outputs()?;
             let ins = qkv.host()?;
             let (op, lp) = (out.host_ptr()?, lse.host_ptr()?);
             h.run(fwd_kernel(dtype, a.dims.head_dim, FlashTiles::of(a.dims.head_dim)), move || {
@@ -314,21 +342,27 @@ fn forward(op: &'static str, at: &Attention, a: AttnShape, dtype: DType, qkv: Qk
                 lp.write(&l);
                 Ok(())
             })?;
+            Ok((out, lse))
         }
         Exec::Cuda(c) => {
+            let packed = qkv.block_offsets(a, dtype).is_some();
+            let route = Route::of(op, c, at, a, dtype, SdpaPass::Forward, packed)?;
+            let (out, lse) = outputs()?;
             let ptrs = qkv.cuda_ptrs(a, dtype)?;
             let io = [out.cuda_ptr()?, lse.cuda_ptr()?];
-            if flash_engine::forward(c, at, a, dtype, qkv.block_offsets(a, dtype).is_some(), ptrs, io, dev)? {
-                return Ok((out, lse));
+            match route {
+                Route::Cudnn(plan) => flash_engine::forward(c, plan, ptrs, io, dev)?,
+                Route::Portable(tiles) => {
+                    let mut args: Vec<KArg> = io.into_iter().chain(ptrs).map(KArg::Ptr).collect();
+                    args.extend(sizes(a, qkv.lds(a)));
+                    let smem = tiles.smem(a.dims.head_dim)[0];
+                    let grid = tile_grid(a, a.dims.heads, tiles.fwd, smem);
+                    c.launch(fwd_kernel(dtype, a.dims.head_dim, tiles), grid, &args)?;
+                }
             }
-            let tiles = check_device(op, c, dtype, a)?;
-            let mut args: Vec<KArg> = io.into_iter().chain(ptrs).map(KArg::Ptr).collect();
-            args.extend(sizes(a, qkv.lds(a)));
-            let smem = tiles.smem(a.dims.head_dim)[0];
-            c.launch(fwd_kernel(dtype, a.dims.head_dim, tiles), tile_grid(a, a.dims.heads, tiles.fwd, smem), &args)?;
+            Ok((out, lse))
         }
     }
-    Ok((out, lse))
 }
 
 /// The backward of [`flash_attention`] from its saved `out` and `lse`: returns `(dq, dk, dv)`
@@ -419,9 +453,9 @@ fn backward(
         }
     }
     check_lse(op, lse, first, lse_dims(a))?;
-    let grads = qkv.grads()?;
     match exec(first.device()) {
         Exec::Host(h) => {
+            let grads = qkv.grads()?;
             let ins = qkv.host()?;
             let (dop, op_, lp) = (dout.host_ptr()?, out.host_ptr()?, lse.host_ptr()?);
             let outs = grads.iter().map(Tensor::host_ptr).collect::<Result<Vec<_>>>()?;
@@ -434,18 +468,23 @@ fn backward(
                 write_host_grads(&outs, [gq, gk, gv], a);
                 Ok(())
             })?;
+            Ok(grads)
         }
         Exec::Cuda(c) => {
+            let packed = qkv.block_offsets(a, dtype).is_some();
+            let route = Route::of(op, c, at, a, dtype, SdpaPass::Backward, packed)?;
+            let grads = qkv.grads()?;
             let ins = qkv.cuda_ptrs(a, dtype)?;
             let gp = grad_ptrs(&grads, a, dtype)?;
             let saved = [dout.cuda_ptr()?, out.cuda_ptr()?, lse.cuda_ptr()?];
-            let packed = qkv.block_offsets(a, dtype).is_some();
-            if !flash_engine::backward(c, at, a, dtype, packed, ins, saved, gp, first.device())? {
-                backward_cuda(c, a, dtype, qkv.lds(a), ins, saved, gp, first.device())?;
+            let dev = first.device();
+            match route {
+                Route::Cudnn(plan) => flash_engine::backward(c, plan, a, ins, saved, gp, dev)?,
+                Route::Portable(tiles) => backward_cuda(c, a, dtype, tiles, qkv.lds(a), ins, saved, gp, dev)?,
             }
+            Ok(grads)
         }
     }
-    Ok(grads)
 }
 
 /// The portable backward kernels: `D = rowsum(dO ∘ out)`, then dK/dV, then dQ.
@@ -454,15 +493,14 @@ fn backward_cuda(
     c: &CudaBackend,
     a: AttnShape,
     dtype: DType,
+    tiles: FlashTiles,
     lds: [usize; 2],
     [qp, kp, vp]: [u64; 3],
     [dop, op, lp]: [u64; 3],
     [dqp, dkp, dvp]: [u64; 3],
     dev: &Device,
 ) -> Result<()> {
-    const OP: &str = "flash_attention_backward";
     let d = a.dims;
-    let tiles = check_device(OP, c, dtype, a)?;
     let dsum = Tensor::empty(dev, &lse_dims(a))?;
     let sp = dsum.cuda_ptr()?;
     let tokens = d.batch * d.seq;

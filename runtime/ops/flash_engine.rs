@@ -112,9 +112,13 @@ pub fn attention_engines(q: &Tensor, at: &Attention) -> Result<AttentionEngines>
     Ok(AttentionEngines { forward: pick(SdpaPass::Forward)?, backward: pick(SdpaPass::Backward)? })
 }
 
+/// cuDNN's plan key and workspace bytes for one pass of a call (see [`cudnn_plan`]).
+pub(super) type CudnnPlan = (SdpaKey, usize);
+
 /// cuDNN's plan key and workspace bytes when cuDNN runs this pass, `None` when the portable
-/// kernels do; `Cudnn` asked for where it cannot run is [`Error::AttentionUnsupported`].
-fn cudnn_plan(
+/// kernels do; `Cudnn` asked for where it cannot run is [`Error::AttentionUnsupported`]. The op
+/// asks before it allocates anything, so that a refusal leaves the pool as it was.
+pub(super) fn cudnn_plan(
     op: &'static str,
     c: &CudaBackend,
     at: &Attention,
@@ -122,7 +126,7 @@ fn cudnn_plan(
     dtype: DType,
     pass: SdpaPass,
     packed: bool,
-) -> Result<Option<(SdpaKey, usize)>> {
+) -> Result<Option<CudnnPlan>> {
     let engine = at.engine.resolved();
     if engine == AttentionEngine::Portable {
         return Ok(None);
@@ -248,58 +252,43 @@ fn workspace(dev: &Device, bytes: usize) -> Result<Tensor> {
     Tensor::empty(dev, &[bytes.div_ceil(4).max(1)])
 }
 
-/// The forward through cuDNN from the device addresses of q, k, v (`packed`: column blocks of
-/// one tensor) into out and lse (`io`); `false` when the portable kernels run it.
-#[allow(clippy::too_many_arguments)]
+/// The forward through cuDNN's `plan` from the device addresses of q, k, v (column blocks of
+/// one tensor where the plan is packed) into out and lse (`io`).
 pub(super) fn forward(
     c: &CudaBackend,
-    at: &Attention,
-    a: AttnShape,
-    dtype: DType,
-    packed: bool,
+    (key, bytes): CudnnPlan,
     [q, k, v]: [u64; 3],
     [o, stats]: [u64; 2],
     dev: &Device,
-) -> Result<bool> {
-    let Some((key, bytes)) = cudnn_plan("flash_attention", c, at, a, dtype, SdpaPass::Forward, packed)? else {
-        return Ok(false);
-    };
+) -> Result<()> {
     let work = workspace(dev, bytes)?;
     let ptrs = SdpaPointers { q, k, v, o, stats, grads: None };
     // SAFETY: q, k and v address `[batch, seq, heads · head_dim]` blocks of `dtype` with the
     // key's row stride (checked by the op), out `[batch, seq, heads · head_dim]` and lse f32
     // `[batch, heads, seq]` (made by the op), the workspace holds `bytes`.
     unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
-    Ok(true)
+    Ok(())
 }
 
-/// The backward through cuDNN from the addresses of q, k, v (`ins`, packed or not), dO, out
-/// and lse (`saved`) into dq, dk, dv (`grads`, laid out as the inputs); `false` when the
-/// portable kernels run it.
-#[allow(clippy::too_many_arguments)]
+/// The backward through cuDNN's `plan` from the addresses of q, k, v (`ins`, packed where the
+/// plan is), dO, out and lse (`saved`) into dq, dk, dv (`grads`, laid out as the inputs).
 pub(super) fn backward(
     c: &CudaBackend,
-    at: &Attention,
+    (key, bytes): CudnnPlan,
     a: AttnShape,
-    dtype: DType,
-    packed: bool,
     [q, k, v]: [u64; 3],
     [dout, o, stats]: [u64; 3],
     [dq, dk, dv]: [u64; 3],
     dev: &Device,
-) -> Result<bool> {
-    let Some((key, bytes)) = cudnn_plan("flash_attention_backward", c, at, a, dtype, SdpaPass::Backward, packed)?
-    else {
-        return Ok(false);
-    };
+) -> Result<()> {
+    let (dtype, packed) = (key.dtype, key.packed);
     let (key, bytes) = match key.deterministic {
         false => (key, bytes),
         true => match chunked(c, key, bytes)? {
             Chunks::Sequences(key, bytes) => (key, bytes),
             Chunks::Heads(chunk, bytes) => {
                 let call = HeadChunks { a, dtype, packed, chunk, bytes };
-                call.run(c, [q, k, v], [dout, o, stats], [dq, dk, dv], dev)?;
-                return Ok(true);
+                return call.run(c, [q, k, v], [dout, o, stats], [dq, dk, dv], dev);
             }
         },
     };
@@ -334,7 +323,7 @@ pub(super) fn backward(
         // another on the stream.
         unsafe { c.cudnn_sdpa(key, &ptrs, work.cuda_ptr()?)? };
     }
-    Ok(true)
+    Ok(())
 }
 
 /// The deterministic backward of a call one sequence and one chunk of heads at a time
