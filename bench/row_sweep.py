@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The GPT's row kernels on the GPU machine: correctness, a launch-shape sweep, x-of-floor.
 
-Compiles the runtime's kernels (runtime/backend/kernels/{core,ops,half,mixed,transformer}.cu,
-the same program the runtime builds, flash.cu left out) with NVRTC through CuPy once per
+Compiles the runtime's kernels (runtime/backend/kernels/, the main program's files up to
+transformer.cu in the runtime's order, flash.cu and decode.cu left out) with NVRTC through CuPy once per
 "words a thread holds" value (RN_FWD_VPT = RN_BWD_VPT = vpt, RowTiles in
 runtime/backend/kernels.rs), then for RMSNorm forward, RMSNorm backward (dx and the gamma
 grad's per-block partials, then their in-order sum), residual add + RMSNorm forward and
@@ -40,6 +40,7 @@ import itertools
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -76,8 +77,17 @@ extern "C" __global__ void old_dropout_bf16(bf16_t* y, bf16_t* mask, const bf16_
 """
 
 
+def main_files():
+    """The main program's files in the order the runtime compiles them (`MAIN` in
+    runtime/backend/kernel_source.rs, read from there so that the two never disagree), up to
+    transformer.cu: the row kernels and everything they build on."""
+    rs = open(os.path.join(KDIR, "..", "kernel_source.rs")).read()
+    names = re.findall(r'\("([a-z_]+\.cu)", include_str!', rs.split("pub(crate) const MAIN")[1].split("];")[0])
+    return names[: names.index("transformer.cu") + 1]
+
+
 def source():
-    parts = [open(os.path.join(KDIR, f)).read() for f in ("core.cu", "ops.cu", "half.cu", "mixed.cu", "transformer.cu")]
+    parts = [open(os.path.join(KDIR, f)).read() for f in main_files()]
     return "\n".join(parts) + OLD_DROPOUT
 
 

@@ -7,7 +7,7 @@
 # $OUT/gpt-shapes.md (and stdout).
 #   bash scripts/gpt-shapes.sh [steps, default 200]
 # (GPT_SHAPES="1024x4" picks the shapes; GPT_SHAPES_RUNS="graphed swiglu all" picks ours' runs, default
-# graphed, floor, swiglu and all, and `ring` adds one with the RMSNorm kernels' ring forms, `lt` and `tuned`
+# graphed, floor, swiglu and all, and `ring` (`rows`) adds one with the RMSNorm kernels' ring (register) forms, `lt` and `tuned`
 # ones with the plain GEMMs through cublasLt (GRAPHED_GEMM), `attn_tuned` one with cuDNN's attention plans
 # timed (GRAPHED_ATTENTION_TUNE=1, its log listing each shape's plans), `both_tuned` both, `ws64` and
 # `ws64_all` cuDNN's deterministic backward under a 64 MiB workspace limit (at batch 1 in chunks of
@@ -43,7 +43,7 @@ def load(p):
         return json.load(open(p))
     except (OSError, ValueError):
         return None
-names = ["graphed", "floor", "swiglu", "all", "ring", "lt", "tuned", "attn_tuned", "both_tuned", "ws64", "ws64_all"]
+names = ["graphed", "floor", "swiglu", "all", "ring", "rows", "lt", "tuned", "attn_tuned", "both_tuned", "ws64", "ws64_all"]
 print("| shape | run | tokens/s | / torch.compile | / torch.compile, stacked | / ours graphed | pool MB | every pool MB | pool / its reserved | every pool / its reserved | val loss |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 def ratio(a, b):
@@ -78,8 +78,10 @@ for shape in ${GPT_SHAPES:-256x16 1024x4 4096x1}; do
       graphed) ours graphed "$shape" --mode graphed ;;
       floor) ours floor "$shape" --mode floor ;;
       swiglu | all) ours "$run" "$shape" --mode graphed --recompute "$run" ;;
-      # The RMSNorm kernels' ring forms (GRAPHED_ROW_RING=1; not in the default runs).
+      # The RMSNorm kernels' ring forms (the default since 2026-12-05; GRAPHED_ROW_RING=1 names
+      # them) and the register kernels they replaced (GRAPHED_ROW_RING=0).
       ring) GRAPHED_ROW_RING=1 ours ring "$shape" --mode graphed ;;
+      rows) GRAPHED_ROW_RING=0 ours rows "$shape" --mode graphed ;;
       # The plain GEMMs through cublasLt, its heuristic's first algorithm or the fastest of its
       # candidates timed at the first call of each shape (GRAPHED_GEMM; not in the default runs).
       lt | tuned) GRAPHED_GEMM=$run ours "$run" "$shape" --mode graphed ;;

@@ -10,7 +10,7 @@
 #   4. the decoder step's tests as one cluster (GRAPHED_DECODER_CLUSTER=16, then with its stage
 #      outputs pushed into every block's shared memory, GRAPHED_DECODER_DSMEM=1), then on the former
 #      64/96 KiB buffers (GRAPHED_DECODER_WBUF/ABUF);
-#   4b/4c. ops_transformer and gpt with the RMSNorm kernels' ring forms (GRAPHED_ROW_RING=1), the
+#   4b/4c. ops_transformer and gpt with the RMSNorm kernels' register forms (GRAPHED_ROW_RING=0), the
 #      GEMM tests and gpt with the plain GEMMs through cublasLt, timed (GRAPHED_GEMM=tuned),
 #      ops_flash and gpt with cuDNN's attention plans timed (GRAPHED_ATTENTION_TUNE=1);
 #   5. every other test binary, while time is left.
@@ -79,9 +79,9 @@ run gpt_generate GRAPHED_DECODER_CLUSTER=16
 run ops_decoder_step GRAPHED_DECODER_CLUSTER=16 GRAPHED_DECODER_DSMEM=1
 run gpt_generate GRAPHED_DECODER_CLUSTER=16 GRAPHED_DECODER_DSMEM=1
 run ops_decoder_step GRAPHED_DECODER_WBUF=65536 GRAPHED_DECODER_ABUF=98304
-say "4b. the RMSNorm kernels' ring forms (GRAPHED_ROW_RING=1)"
+say "4b. the RMSNorm kernels' register forms (GRAPHED_ROW_RING=0; the ring forms are the default)"
 for t in ops_transformer gpt; do
-  run "$t" GRAPHED_ROW_RING=1
+  run "$t" GRAPHED_ROW_RING=0
 done
 say "4c. the plain GEMMs through cublasLt, timed (GRAPHED_GEMM=tuned), and cuDNN's attention plans timed"
 for t in ops_linear ops_half mixed_precision gpt; do

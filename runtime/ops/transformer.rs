@@ -247,9 +247,10 @@ fn check_rms_norm(op: &'static str, x: &Tensor, gamma: &Tensor, eps: f32) -> Res
 }
 
 /// RMSNorm of `x` (+ `residual`, whose sum is returned first when given).
-/// The bf16 RMSNorm kernels' ring forms (`RowTiles::ring`: `GRAPHED_ROW_RING=1`) where their
-/// shared memory fits a block and `words` holds (see [`ring_words`]), else the register kernels:
-/// the kernel and its launch. Both give the same bits.
+/// The bf16 RMSNorm kernels' ring forms (`RowTiles::ring`, unless `GRAPHED_ROW_RING=0`) where
+/// their shared memory fits a block and `words` holds (see [`ring_words`]), else the register
+/// kernels: the kernel and its launch. The same math; the row sums may add in another order, so
+/// the bits may differ between the two forms (each is deterministic, eager and replayed).
 fn row_kernel(
     c: &CudaBackend,
     dtype: DType,
