@@ -56,7 +56,14 @@ impl Drop for Done<'_> {
 fn eager_thread(dev: &Device, done: &AtomicBool) -> Result<()> {
     let (m, k, n) = (16, 32, 24);
     let mut round = 0;
+    // The capturing thread takes seconds; a loop still running after minutes means it never
+    // said it was done: fail with that, instead of hanging the suite.
+    let start = std::time::Instant::now();
     while !done.load(Ordering::Acquire) || round < ROUNDS {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(300),
+            "eager thread: no stop after 300 s (round {round})"
+        );
         round += 1;
         let a = random(dev, &[m, k], 10 + round as u64)?;
         let w = random(dev, &[n, k], 20 + round as u64)?;

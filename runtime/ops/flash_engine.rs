@@ -178,8 +178,12 @@ fn limit_cell() -> &'static AtomicUsize {
 /// wrong grads on the H200 (2026-12-05).
 ///
 /// Chunking changes no bits: each sequence and head is computed the same way in any chunk
-/// (`tests/ops_flash.rs` checks it on CUDA; the head chunks have not yet run on a GPU). A small
-/// chunk leaves multiprocessors idle: a low limit trades speed for memory.
+/// (`tests/ops_flash.rs` checks it on CUDA, the H100 included). A small chunk leaves
+/// multiprocessors idle, so a low limit trades speed for memory, and chunks of heads trade a
+/// lot: cuDNN's deterministic backward takes about as long for two heads of a sequence as for
+/// eight, so at seq 4096 a 64 MiB limit (four chunks of two heads) made the GPT's step 2.5x
+/// slower (H100, 2026-12-05: 331k against 816k tokens/s, the pool 627 against 862 MB). A
+/// last resort for memory, not a default.
 /// `GRAPHED_ATTENTION_WORKSPACE_MB` (a whole number of MiB, read at the first call; any other
 /// value is ignored) sets it for the process, as [`set_attention_workspace_limit`] does. The
 /// limit is read when a call is made (or captured): a graph keeps the chunks it was captured
