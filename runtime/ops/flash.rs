@@ -9,7 +9,7 @@ use crate::ops::cpu::{self, AttnDims, AttnShape};
 use crate::ops::{at_most, check_like, exec, Exec};
 use crate::{AttentionLimit, DType, Device, Error, Result, ShapeProblem, Tensor};
 
-use super::flash_engine::{self, AttentionEngine};
+use super::flash_engine::{self, AttentionEngine, PassCall};
 
 /// What [`flash_attention`] computes: how many query heads, how many key/value heads (grouped-
 /// query attention when fewer; each serves `heads / kv_heads` consecutive query heads), and
@@ -308,18 +308,10 @@ enum Route {
 }
 
 impl Route {
-    fn of(
-        op: &'static str,
-        c: &CudaBackend,
-        at: &Attention,
-        a: AttnShape,
-        dtype: DType,
-        pass: SdpaPass,
-        packed: bool,
-    ) -> Result<Route> {
-        match flash_engine::cudnn_plan(op, c, at, a, dtype, pass, packed)? {
+    fn of(c: &CudaBackend, call: PassCall<'_>) -> Result<Route> {
+        match flash_engine::cudnn_plan(c, call)? {
             Some(plan) => Ok(Route::Cudnn(plan)),
-            None => Ok(Route::Portable(check_device(op, c, dtype, a)?)),
+            None => Ok(Route::Portable(check_device(call.op, c, call.dtype, call.a)?)),
         }
     }
 }
@@ -346,7 +338,7 @@ fn forward(op: &'static str, at: &Attention, a: AttnShape, dtype: DType, qkv: Qk
         }
         Exec::Cuda(c) => {
             let packed = qkv.block_offsets(a, dtype).is_some();
-            let route = Route::of(op, c, at, a, dtype, SdpaPass::Forward, packed)?;
+            let route = Route::of(c, PassCall { op, at, a, dtype, pass: SdpaPass::Forward, packed })?;
             let (out, lse) = outputs()?;
             let ptrs = qkv.cuda_ptrs(a, dtype)?;
             let io = [out.cuda_ptr()?, lse.cuda_ptr()?];
@@ -472,7 +464,7 @@ fn backward(
         }
         Exec::Cuda(c) => {
             let packed = qkv.block_offsets(a, dtype).is_some();
-            let route = Route::of(op, c, at, a, dtype, SdpaPass::Backward, packed)?;
+            let route = Route::of(c, PassCall { op, at, a, dtype, pass: SdpaPass::Backward, packed })?;
             let grads = qkv.grads()?;
             let ins = qkv.cuda_ptrs(a, dtype)?;
             let gp = grad_ptrs(&grads, a, dtype)?;

@@ -102,11 +102,13 @@ pub fn attention_engines(q: &Tensor, at: &Attention) -> Result<AttentionEngines>
     let pick = |pass| -> Result<AttentionEngine> {
         Ok(match exec(q.device()) {
             Exec::Host(_) => AttentionEngine::Portable,
-            Exec::Cuda(c) => match cudnn_plan("attention_engines", c, at, a, dtype, pass, false)? {
-                Some((key, _)) if !key.deterministic => AttentionEngine::CudnnNondeterministic,
-                Some(_) => AttentionEngine::Cudnn,
-                None => AttentionEngine::Portable,
-            },
+            Exec::Cuda(c) => {
+                match cudnn_plan(c, PassCall { op: "attention_engines", at, a, dtype, pass, packed: false })? {
+                    Some((key, _)) if !key.deterministic => AttentionEngine::CudnnNondeterministic,
+                    Some(_) => AttentionEngine::Cudnn,
+                    None => AttentionEngine::Portable,
+                }
+            }
         })
     };
     Ok(AttentionEngines { forward: pick(SdpaPass::Forward)?, backward: pick(SdpaPass::Backward)? })
@@ -115,18 +117,23 @@ pub fn attention_engines(q: &Tensor, at: &Attention) -> Result<AttentionEngines>
 /// cuDNN's plan key and workspace bytes for one pass of a call (see [`cudnn_plan`]).
 pub(super) type CudnnPlan = (SdpaKey, usize);
 
+/// One pass of a fused-attention call, as an engine is chosen for it: the op's name (for
+/// errors), the call's options, shape and dtype, the pass, and whether q, k and v are packed.
+#[derive(Clone, Copy)]
+pub(super) struct PassCall<'a> {
+    pub(super) op: &'static str,
+    pub(super) at: &'a Attention,
+    pub(super) a: AttnShape,
+    pub(super) dtype: DType,
+    pub(super) pass: SdpaPass,
+    pub(super) packed: bool,
+}
+
 /// cuDNN's plan key and workspace bytes when cuDNN runs this pass, `None` when the portable
 /// kernels do; `Cudnn` asked for where it cannot run is [`Error::AttentionUnsupported`]. The op
 /// asks before it allocates anything, so that a refusal leaves the pool as it was.
-pub(super) fn cudnn_plan(
-    op: &'static str,
-    c: &CudaBackend,
-    at: &Attention,
-    a: AttnShape,
-    dtype: DType,
-    pass: SdpaPass,
-    packed: bool,
-) -> Result<Option<CudnnPlan>> {
+pub(super) fn cudnn_plan(c: &CudaBackend, call: PassCall<'_>) -> Result<Option<CudnnPlan>> {
+    let PassCall { op, at, a, dtype, pass, packed } = call;
     let engine = at.engine.resolved();
     if engine == AttentionEngine::Portable {
         return Ok(None);
