@@ -912,39 +912,77 @@ fn refused_bucketed_calls_change_nothing() {
     });
 }
 
+/// The tensors of a one-layer decoder in bf16 (0.01 everywhere; empty caches of 2 sequences of 8
+/// positions with lengths 1 and 2), `d` wide in `heads` heads.
+struct OneLayer {
+    heads: usize,
+    tok: Tensor,
+    pos: Tensor,
+    gain: Tensor,
+    head: Tensor,
+    qkv: Tensor,
+    wo: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    lengths: Tensor,
+}
+
+impl OneLayer {
+    fn new(dev: &Device, d: usize, heads: usize) -> Result<OneLayer> {
+        let (hidden, vocab) = (64, 16);
+        let w = |dims: &[usize]| Tensor::full_as(dev, dims, 0.01, DType::BF16);
+        let cache = || Tensor::zeros_as(dev, &[2, heads, 8, d / heads], DType::BF16);
+        Ok(OneLayer {
+            heads,
+            tok: w(&[vocab, d])?,
+            pos: w(&[8, d])?,
+            gain: w(&[d])?,
+            head: w(&[vocab, d])?,
+            qkv: w(&[3 * d, d])?,
+            wo: w(&[d, d])?,
+            gate_up: w(&[2 * hidden, d])?,
+            down: w(&[d, hidden])?,
+            k_cache: cache()?,
+            v_cache: cache()?,
+            lengths: Tensor::from_i32(dev, &[1, 2], &[2])?,
+        })
+    }
+
+    fn weights(&self) -> graphed::ops::DecoderWeights<'_> {
+        let layer = graphed::ops::DecoderLayer {
+            norm1: &self.gain,
+            qkv: &self.qkv,
+            wo: &self.wo,
+            norm2: &self.gain,
+            gate_up: &self.gate_up,
+            down: &self.down,
+            k_cache: &self.k_cache,
+            v_cache: &self.v_cache,
+            lengths: &self.lengths,
+        };
+        graphed::ops::DecoderWeights {
+            tok: &self.tok,
+            pos: &self.pos,
+            layers: vec![layer],
+            head_norm: &self.gain,
+            head: &self.head,
+            heads: self.heads,
+            eps: 1e-5,
+        }
+    }
+}
+
 /// `ops::DecoderStep` refuses wrong weights, inputs and limits before it allocates or launches
 /// anything: the pool and the device memory are as before, the caches and their lengths
 /// untouched, the limit unchanged; the same step then runs.
 #[test]
 fn refused_decoder_step_calls_change_nothing() {
-    use graphed::ops::{DecoderLayer, DecoderStep, DecoderWeights};
+    use graphed::ops::{DecoderStep, DecoderWeights};
     on_each_backend(|dev| {
-        let (d, heads, hidden, vocab) = (128, 2, 64, 16);
-        let w = |dims: &[usize]| Tensor::full_as(dev, dims, 0.01, DType::BF16);
-        let (tok, pos, gain, head) = (w(&[vocab, d])?, w(&[8, d])?, w(&[d])?, w(&[vocab, d])?);
-        let (qkv, wo, gate_up, down) = (w(&[3 * d, d])?, w(&[d, d])?, w(&[2 * hidden, d])?, w(&[d, hidden])?);
-        let cache = || Tensor::zeros_as(dev, &[2, heads, 8, d / heads], DType::BF16);
-        let (k_cache, v_cache, lengths) = (cache()?, cache()?, Tensor::from_i32(dev, &[1, 2], &[2])?);
-        let layer = DecoderLayer {
-            norm1: &gain,
-            qkv: &qkv,
-            wo: &wo,
-            norm2: &gain,
-            gate_up: &gate_up,
-            down: &down,
-            k_cache: &k_cache,
-            v_cache: &v_cache,
-            lengths: &lengths,
-        };
-        let good = DecoderWeights {
-            tok: &tok,
-            pos: &pos,
-            layers: vec![layer],
-            head_norm: &gain,
-            head: &head,
-            heads,
-            eps: 1e-5,
-        };
+        let t = OneLayer::new(dev, 128, 2)?;
+        let (good, head, lengths, k_cache, v_cache) = (t.weights(), &t.head, &t.lengths, &t.k_cache, &t.v_cache);
         let mut step = DecoderStep::new(&good)?;
         let limit = step.fused_batch_limit();
         let ids = Tensor::from_slice(dev, &[1.0, 2.0], &[2])?;
@@ -960,7 +998,7 @@ fn refused_decoder_step_calls_change_nothing() {
         let refusals = [
             changed(&good, |b| b.heads = 3),                  // does not divide d_model
             changed(&good, |b| b.heads = 4),                  // disagrees with the caches
-            changed(&good, |b| b.layers[0].wo = &head),       // a wrong projection
+            changed(&good, |b| b.layers[0].wo = head),        // a wrong projection
             changed(&good, |b| b.layers[0].lengths = &three), // f32 lengths
             changed(&good, |b| b.layers.clear()),             // no layer
             changed(&good, |b| b.eps = f32::NAN),
@@ -982,6 +1020,136 @@ fn refused_decoder_step_calls_change_nothing() {
         assert_eq!(step.fused_batch_limit(), limit);
         step.run(&ids, &positions)?.to_vec()?;
         assert_eq!(lengths.to_i32_vec()?, vec![2, 3], "the step then runs");
+        Ok(())
+    });
+}
+
+/// An op given a stale handle (a static output of an earlier step, overwritten since) refuses
+/// it with [`Error::StaleTensor`] before it allocates anything: the default pool (its peak
+/// included) and the device memory are as before. Elementwise, activations, dropout,
+/// reductions, casts, GEMMs, norms, losses, embeddings, column copies and argmax.
+#[test]
+fn ops_refuse_a_stale_input_before_allocating() {
+    on_each_backend(|dev| {
+        let rig = Rig::new(dev)?;
+        let s = rig.stale.clone();
+        assert_eq!(s.dims(), &[B, D]);
+        let (x, w, gamma) = (random(dev, &[B, D], 7)?, random(dev, &[D, D], 8)?, random(dev, &[D], 9)?);
+        let labels = Tensor::from_slice(dev, &[0.0, 1.0, 2.0, 3.0], &[B])?;
+        let rng = graphed::Generator::new(dev, 5)?;
+        let before = (dev.default_pool().stats(), dev.reserved_bytes());
+        // Inside a pool that can hold nothing: an op that allocated before refusing would fail
+        // with the pool's limit instead (an allocation freed again leaves no mark on the stats).
+        let empty = dev.new_pool().with_limit(0);
+        let refusals = dev.with_pool(&empty, || {
+            [
+                ("relu", ops::relu(&s).map(drop)),
+                ("add, second", ops::add(&x, &s).map(drop)),
+                ("mul, first", ops::mul(&s, &x).map(drop)),
+                ("scale", ops::scale(&s, 2.0).map(drop)),
+                ("sum", ops::sum(&s).map(drop)),
+                ("cast", ops::cast(&s, DType::BF16).map(drop)),
+                ("linear, x", ops::linear(&s, &w, None).map(drop)),
+                ("rms_norm", ops::rms_norm(&s, &gamma, 1e-5).map(drop)),
+                ("swiglu, up", ops::swiglu(&x, &s).map(drop)),
+                ("mse_loss, target", ops::mse_loss(&x, &s).map(drop)),
+                ("softmax_cross_entropy", ops::softmax_cross_entropy(&s, &labels).map(drop)),
+                ("split_columns", ops::split_columns(&s, &[1, D - 1]).map(drop)),
+                ("concat_columns", ops::concat_columns(&[&x, &s]).map(drop)),
+                ("argmax", ops::argmax(&s).map(drop)),
+                ("gelu", ops::gelu(&s, ops::Gelu::Tanh).map(drop)),
+                ("dropout", ops::dropout(&s, 0.5, &rng, true).map(drop)),
+                ("embedding, table", ops::embedding(&labels, &s).map(drop)),
+                ("layer_norm", ops::layer_norm(&s, &gamma, &gamma, 1e-5).map(drop)),
+            ]
+        });
+        for (what, r) in refusals {
+            let e = r.expect_err(what);
+            assert!(matches!(e, Error::StaleTensor { .. }), "{what}: {e:?}");
+        }
+        let after = (dev.default_pool().stats(), dev.reserved_bytes());
+        assert_eq!(after, before, "refusals of a stale handle left memory alone");
+        assert_eq!(empty.stats().peak_in_use, 0, "nothing was allocated");
+        Ok(())
+    });
+}
+
+/// Refusals that once came after an allocation now come before any: each call fails with its
+/// own error (not an allocation's), and the device's fault plan counts no allocation and no
+/// kernel launch from the first refusal to the last. Mixed-precision optimizers with a bad
+/// hyper-parameter or a grad shaped unlike its value; a tensor from host values while a capture
+/// is in progress; the fused linear's backward with a bad weight grad (its GELU grad was made
+/// first); a decoding step over heads wider than its attention kernels (refused at every run).
+#[test]
+fn refusals_that_allocated_first_allocate_nothing() {
+    use graphed::fault::{FaultPlan, FaultPoint};
+    use graphed::ops::DecoderStep;
+    use graphed::optim::{AdamWConfig, MixedAdamW, MixedSgd, SgdConfig};
+    on_each_backend(|dev| {
+        let bf = |dims: &[usize]| Tensor::full_as(dev, dims, 0.01, DType::BF16);
+        let model = vec![Param::new(bf(&[4, 8])?)?];
+        let misshapen = vec![Param { value: bf(&[4, 8])?, grad: Tensor::zeros(dev, &[8, 4])? }];
+        let (x, w, dy, pre) =
+            (random(dev, &[2, 8], 1)?, random(dev, &[4, 8], 2)?, random(dev, &[2, 4], 3)?, random(dev, &[2, 4], 4)?);
+        let bad_dw = Tensor::zeros(dev, &[8, 4])?;
+        // A decoding step over 2 heads of 256.
+        let wide = OneLayer::new(dev, 512, 2)?;
+        let plan = FaultPlan::of(dev);
+        plan.count();
+        let hyper = |e: &Error| matches!(e.root(), Error::Optim(graphed::OptimError::HyperParameter { .. }));
+        let shape = |e: &Error| matches!(e, Error::Shape { .. });
+        type Is<'a> = &'a dyn Fn(&Error) -> bool;
+        let refusals: Vec<(&str, Result<()>, Is<'_>)> = vec![
+            (
+                "MixedAdamW, beta1 1.5",
+                MixedAdamW::new(&model, AdamWConfig { beta1: 1.5, ..Default::default() }, None).map(drop),
+                &hyper,
+            ),
+            (
+                "MixedSgd, momentum -1",
+                MixedSgd::new(&model, SgdConfig { momentum: -1.0, ..Default::default() }, None).map(drop),
+                &hyper,
+            ),
+            (
+                "MixedAdamW, grad shaped unlike its value",
+                MixedAdamW::new(&misshapen, AdamWConfig::default(), None).map(drop),
+                &shape,
+            ),
+            (
+                "linear_fused_backward, dw of the wrong shape",
+                ops::linear_fused_backward(&dy, &x, &w, Some(&pre), &bad_dw, None, true).map(drop),
+                &shape,
+            ),
+            ("DecoderStep::new, head dim 256", DecoderStep::new(&wide.weights()).map(drop), &shape),
+        ];
+        let counts = plan.counts();
+        plan.off();
+        for (what, r, is) in refusals {
+            let e = r.expect_err(what);
+            assert!(is(&e), "{what}: {e:?}");
+        }
+        assert_eq!(
+            (counts.get(FaultPoint::Alloc), counts.get(FaultPoint::KernelLaunch)),
+            (0, 0),
+            "allocations and launches"
+        );
+        // A tensor from host values inside a capture: refused before its block is taken from the
+        // graph's pool.
+        let mut g = Graph::new(dev);
+        let r = g.capture(CaptureMode::Global, || {
+            plan.count();
+            let made = Tensor::from_slice(dev, &[1.0, 2.0], &[2]).map(drop);
+            let bits = Tensor::from_i32(dev, &[1, 2], &[2]).map(drop);
+            let allocs = plan.counts().get(FaultPoint::Alloc);
+            plan.off();
+            assert_eq!(allocs, 0, "from host values inside a capture: allocations");
+            for (what, r) in [("from_slice", made), ("from_i32", bits)] {
+                let e = r.expect_err(what);
+                assert!(matches!(e, Error::IllegalDuringCapture { .. }), "{what}: {e:?}");
+            }
+            Ok(Vec::<Tensor>::new())
+        });
+        r?;
         Ok(())
     });
 }

@@ -37,7 +37,9 @@ pub(super) fn copy_block(
 /// block, `x`'s leading dimensions and the block's width, in order. Any dtype; copies.
 ///
 /// Errors: `widths` empty or holding a zero ([`ShapeProblem::Layout`]); widths that do not
-/// sum to `x`'s last dimension ([`ShapeProblem::Axis`]).
+/// sum to `x`'s last dimension ([`ShapeProblem::Axis`]); `x` of 2³² elements or more
+/// ([`crate::error::OpError::TooLarge`]); a stale `x` ([`Error::StaleTensor`]). Each before
+/// anything is allocated.
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -62,6 +64,9 @@ pub fn split_columns(x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
             ShapeProblem::Axis { arg: "x", got: x.dims().to_vec(), axis, expected: total, from: "the sum of widths" },
         ));
     }
+    // The copy kernels index in u32: refused here, before any part is made.
+    n32(OP, x.numel())?;
+    x.check_fresh()?;
     let lead = &x.dims()[..x.dims().len() - 1];
     let parts = widths
         .iter()
@@ -97,7 +102,9 @@ pub fn split_columns(x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
 ///
 /// Errors: no parts ([`ShapeProblem::Layout`]), parts of different dtypes
 /// ([`Error::DTypeMismatch`]), devices ([`Error::DeviceMismatch`]) or leading dimensions
-/// ([`ShapeProblem::Differ`]).
+/// ([`ShapeProblem::Differ`]), an output of 2³² elements or more
+/// ([`crate::error::OpError::TooLarge`]), a stale part ([`Error::StaleTensor`]). Each before
+/// anything is allocated.
 ///
 /// ```
 /// # use graphed::{ops, Device, Tensor};
@@ -121,6 +128,7 @@ pub fn concat_columns(parts: &[&Tensor]) -> Result<Tensor> {
         if p.device() != first.device() {
             return Err(Error::DeviceMismatch { op: OP, a: first.device().name(), b: p.device().name() });
         }
+        p.check_fresh()?;
     }
     let (rows, _) = rows_and_width(OP, "parts", first)?;
     let lead = &first.dims()[..first.dims().len() - 1];
@@ -133,6 +141,8 @@ pub fn concat_columns(parts: &[&Tensor]) -> Result<Tensor> {
         widths.push(w);
     }
     let width: usize = widths.iter().sum();
+    // The copy kernels index in u32: refused here, before the output is made.
+    n32(OP, rows.saturating_mul(width))?;
     let out = Tensor::empty_as(first.device(), &[lead, &[width]].concat(), dtype)?;
     match exec(first.device()) {
         Exec::Host(h) => {

@@ -56,12 +56,18 @@ fn check_cache(op: &'static str, k_cache: &Tensor, v_cache: &Tensor, lengths: &T
         let layout = "[batch, kv_heads, max_len, head_dim], every one nonzero";
         return Err(Error::shape(op, ShapeProblem::layout("the caches", layout, k_cache.dims())));
     }
-    // The grid's y and z dimensions hold at most 65535 blocks; lengths are i32.
-    at_most(op, "batch", batch, 65535)?;
-    at_most(op, "kv head count", kv_heads, 65535)?;
-    at_most(op, "cache length", max_len, i32::MAX as usize)?;
+    let s = CacheShape { batch, heads: kv_heads, kv_heads, max_len, head_dim };
+    cache_limits(op, &s)?;
     check_lengths(op, lengths, k_cache, batch)?;
-    Ok((CacheShape { batch, heads: kv_heads, kv_heads, max_len, head_dim }, dtype))
+    Ok((s, dtype))
+}
+
+/// The kernels' limits on a cache: the grid's y and z dimensions hold at most 65535 blocks
+/// (sequences, key/value heads); lengths are i32 ([`OpError::TooLarge`]).
+pub(super) fn cache_limits(op: &'static str, s: &CacheShape) -> Result<()> {
+    at_most(op, "batch", s.batch, 65535)?;
+    at_most(op, "kv head count", s.kv_heads, 65535)?;
+    at_most(op, "cache length", s.max_len, i32::MAX as usize)
 }
 
 /// Attention of one new query token per sequence against a KV cache (flash-decoding).
@@ -196,7 +202,7 @@ fn two_pass(
 
 /// Checks `heads` query heads over a cache of `s.kv_heads` (a nonzero multiple, at most 65535)
 /// and the head dim the kernels hold; returns `s` with its query heads.
-fn with_heads(op: &'static str, mut s: CacheShape, heads: usize) -> Result<CacheShape> {
+pub(super) fn with_heads(op: &'static str, mut s: CacheShape, heads: usize) -> Result<CacheShape> {
     if heads == 0 || !heads.is_multiple_of(s.kv_heads) {
         return Err(Error::shape(op, ShapeProblem::Heads { heads, kv_heads: s.kv_heads }));
     }

@@ -6,6 +6,7 @@ use cudarc::driver::CudaFunction;
 use crate::backend::cuda_decoder::{decoder_max_batch, decoder_trace_dir, DecoderShape, TRACE_SLOTS, TRACE_STAGES};
 use crate::backend::{CudaBackend, KArg};
 use crate::error::OpError;
+use crate::ops::cpu::CacheShape;
 use crate::ops::{self, at_most, check_like, exec, Exec};
 use crate::tensor::restoring;
 use crate::{DType, Device, Error, Result, ShapeProblem, Tensor};
@@ -251,6 +252,11 @@ impl DecoderStep {
             let want = [cache_batch.max(1), w.heads, max_len.max(1), d / w.heads];
             return Err(Error::shape(OP, ShapeProblem::expected("k_cache", &want, "heads, d_model / heads", &cache)));
         }
+        // What the step's attention would refuse at every run (a head dim past the kernels', a
+        // grid too large), refused here, before a run allocates anything.
+        let s = CacheShape { batch: cache_batch, heads, kv_heads: heads, max_len, head_dim };
+        super::decode::cache_limits(OP, &s)?;
+        super::decode::with_heads(OP, s, heads)?;
         for (t, name, layout) in [(w.pos, "pos", "[context, d_model]"), (w.head, "head", "[out_vocab, d_model]")] {
             if !matches!(t.dims(), &[rows, cols] if rows > 0 && cols == d) {
                 return Err(Error::shape(OP, ShapeProblem::layout(name, layout, t.dims())));

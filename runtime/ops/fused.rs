@@ -2,7 +2,9 @@
 
 use crate::backend::{LtEpilogue, LtLinear};
 use crate::error::OpError;
-use crate::ops::{self, check_like, check_linear, cpu, exec, lt_linear_of, out_dims, Exec, Gelu};
+use crate::ops::{
+    self, check_like, check_linear, check_linear_backward, check_shape, cpu, exec, lt_linear_of, out_dims, Exec, Gelu,
+};
 use crate::{Result, Tensor};
 
 /// What [`linear_fused`] applies to `x · wᵀ` inside the GEMM.
@@ -159,7 +161,11 @@ pub fn linear_fused_backward(
 ) -> Result<Option<Tensor>> {
     match pre {
         Some(pre) => {
-            check_like("linear_fused_backward", &[dy, pre])?;
+            const OP: &str = "linear_fused_backward";
+            check_like(OP, &[dy, pre])?;
+            check_shape(OP, dy, pre)?;
+            // dh is dy's shape and dtype: the linear backward's checks, before dh is made.
+            check_linear_backward(OP, (dy, x, w, dw, db), need_dx)?;
             let dh = ops::gelu_backward(dy, pre, Gelu::Tanh)?;
             ops::linear_backward(&dh, x, w, dw, db, need_dx)
         }

@@ -283,11 +283,21 @@ enum Dx<'a> {
     Add(&'a Tensor),
 }
 
-fn backward(
+/// The tensors of a linear backward: `(dy, x, w, dw, db)`.
+type BackwardArgs<'a> = (&'a Tensor, &'a Tensor, &'a Tensor, &'a Tensor, Option<&'a Tensor>);
+
+/// Checks a linear backward's tensors (with `dx` new when `need_dx`) as [`linear_backward`]
+/// does, before anything runs: for a fused op that computes `dy` first.
+pub(crate) fn check_linear_backward(op: &'static str, args: BackwardArgs<'_>, need_dx: bool) -> Result<()> {
+    check_backward(op, args, if need_dx { Dx::New } else { Dx::Skip }).map(|_| ())
+}
+
+/// The checks of [`backward`]: the dtype, and the rows, input and output widths.
+fn check_backward(
     op: &'static str,
-    (dy, x, w, dw, db): (&Tensor, &Tensor, &Tensor, &Tensor, Option<&Tensor>),
+    (dy, x, w, dw, db): BackwardArgs<'_>,
     mode: Dx<'_>,
-) -> Result<Option<Tensor>> {
+) -> Result<(DType, usize, usize, usize)> {
     let dtype = check_like(op, &[dy, x, w])?;
     check_f32_on(op, dw, x)?;
     let (rows, input, out) = check_linear(op, x, w)?;
@@ -315,6 +325,12 @@ fn backward(
             }
         }
     }
+    Ok((dtype, rows, input, out))
+}
+
+fn backward(op: &'static str, args: BackwardArgs<'_>, mode: Dx<'_>) -> Result<Option<Tensor>> {
+    let (dtype, rows, input, out) = check_backward(op, args, mode)?;
+    let (dy, x, w, dw, db) = args;
     let (dx, beta) = match mode {
         Dx::Skip => (None, 0.0),
         Dx::New => (Some(Tensor::empty_as(x.device(), x.dims(), dtype)?), 0.0),

@@ -46,7 +46,7 @@ pub use generate::{generation_step, sample_and_record, Generation, Stop};
 pub use linear::{
     bias_add, linear, linear_backward, linear_backward_acc, linear_input_grad, linear_residual, linear_to,
 };
-pub(crate) use linear::{check_linear, lt_linear_of, out_dims};
+pub(crate) use linear::{check_linear, check_linear_backward, lt_linear_of, out_dims};
 pub use loss::{
     mse_backward, mse_loss, softmax_cross_entropy, softmax_cross_entropy_backward, validate_labels, IGNORE_LABEL,
 };
@@ -69,7 +69,8 @@ pub(crate) fn exec(device: &Device) -> Exec<'_> {
     device.backend().exec()
 }
 
-/// Checks that all tensors are f32 and on the device of the first.
+/// Checks that all tensors are f32, on the device of the first, and not stale
+/// ([`Error::StaleTensor`]): before the op allocates anything.
 pub(crate) fn check_same(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
     let Some(first) = tensors.first() else { return Ok(()) };
     for t in tensors {
@@ -79,13 +80,15 @@ pub(crate) fn check_same(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
         if t.device() != first.device() {
             return Err(Error::DeviceMismatch { op, a: first.device().name(), b: t.device().name() });
         }
+        t.check_fresh()?;
     }
     Ok(())
 }
 
 /// Checks that all tensors have the dtype and device of the first (any float dtype: ops with
-/// bf16 and f16 kernels); returns that dtype. Mixing dtypes is [`Error::DTypeMismatch`], an
-/// `I32` tensor [`Error::DType`].
+/// bf16 and f16 kernels) and none is stale; returns that dtype. Mixing dtypes is
+/// [`Error::DTypeMismatch`], an `I32` tensor [`Error::DType`], a stale handle
+/// [`Error::StaleTensor`].
 pub(crate) fn check_like(op: &'static str, tensors: &[&Tensor]) -> Result<DType> {
     let Some(first) = tensors.first() else { return Ok(DType::F32) };
     if !first.dtype().is_float() {
@@ -98,11 +101,12 @@ pub(crate) fn check_like(op: &'static str, tensors: &[&Tensor]) -> Result<DType>
         if t.device() != first.device() {
             return Err(Error::DeviceMismatch { op, a: first.device().name(), b: t.device().name() });
         }
+        t.check_fresh()?;
     }
     Ok(first.dtype())
 }
 
-/// Checks that `t` is f32 (a parameter grad or an accumulator) and on `like`'s device.
+/// Checks that `t` is f32 (a parameter grad or an accumulator), on `like`'s device and not stale.
 pub(crate) fn check_f32_on(op: &'static str, t: &Tensor, like: &Tensor) -> Result<()> {
     if t.dtype() != DType::F32 {
         return Err(Error::DType { op, got: t.dtype(), expected: DType::F32 });
@@ -110,7 +114,7 @@ pub(crate) fn check_f32_on(op: &'static str, t: &Tensor, like: &Tensor) -> Resul
     if t.device() != like.device() {
         return Err(Error::DeviceMismatch { op, a: like.device().name(), b: t.device().name() });
     }
-    Ok(())
+    t.check_fresh()
 }
 
 /// Checks that `grad` (a parameter grad being accumulated) is f32 or `param`'s dtype and on its
@@ -122,6 +126,7 @@ pub(crate) fn check_grad_of(op: &'static str, grad: &Tensor, param: &Tensor) -> 
     if grad.device() != param.device() {
         return Err(Error::DeviceMismatch { op, a: param.device().name(), b: grad.device().name() });
     }
+    grad.check_fresh()?;
     Ok(grad.dtype())
 }
 

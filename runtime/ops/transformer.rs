@@ -8,8 +8,9 @@ use crate::ops::{
 };
 use crate::{DType, Error, Result, ShapeProblem, Tensor};
 
-/// Checks `table` is `[vocab, d]` with both nonzero; returns `(vocab, d)`.
+/// Checks `table` is `[vocab, d]` with both nonzero, and fresh; returns `(vocab, d)`.
 fn check_table(op: &'static str, table: &Tensor) -> Result<(usize, usize)> {
+    table.check_fresh()?;
     match *table.dims() {
         [vocab, d] if vocab > 0 && d > 0 => Ok((vocab, d)),
         _ => Err(Error::shape(op, ShapeProblem::layout("table", "[vocab, d] with both nonzero", table.dims()))),

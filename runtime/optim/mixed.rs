@@ -6,7 +6,7 @@ use super::{state_from, zero_bits, Launches, ZERO_UPDATED};
 use crate::backend::{BuiltinKernel, KArg, LaunchDims, Ptr, ScaleUpdate};
 use crate::conditional::{self, Before, Condition};
 use crate::error::OptimError;
-use crate::ops::{cpu, exec, fill_, n32, Exec};
+use crate::ops::{check_shape, cpu, exec, fill_, n32, Exec};
 use crate::tensor::restoring;
 use crate::{DType, Device, Error, Param, Result, Tensor};
 
@@ -231,7 +231,13 @@ pub(super) fn make_masters(
         if p.value.dtype() == DType::F16 && scaler.is_none() {
             return Err(Error::F16NeedsLossScaling { op });
         }
+        // What the f32 optimizer checks of its masters, checked before they are made.
+        check_shape(op, &p.value, &p.grad)?;
+        p.value.check_fresh()?;
+        p.grad.check_fresh()?;
+        n32(op, p.value.numel())?;
     }
+    device.backend().forbid_during_capture(op)?;
     if let Some(s) = scaler {
         if s.state.device() != &device {
             return Err(Error::DeviceMismatch { op, a: device.name(), b: s.state.device().name() });
@@ -431,10 +437,9 @@ impl<O: sealed::Master> Mixed<O> {
     }
 
     fn update(&self, zero: bool) -> Result<()> {
-        if self.launches == Launches::MultiTensor {
-            self.inputs.grads.check()?;
-            self.inner.check()?;
-        }
+        // Every tensor fresh before the state is copied, whichever way the step launches.
+        self.inputs.grads.check()?;
+        self.inner.check()?;
         // The step count, the scheduled rate and the scale change in the first launches: a
         // failed update after them puts them back (see `restoring`).
         let mut state = self.inner.step_state();

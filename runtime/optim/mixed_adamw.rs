@@ -1,7 +1,7 @@
 //! AdamW over f32 master weights behind bf16/f16 model weights.
 
 use super::mixed::{make_masters, sealed::Master, LossScaler, Mixed};
-use super::{check_hyper, ptr_args, AdamW, AdamWConfig, Launches, WarmupCosine};
+use super::{ptr_args, AdamW, AdamWConfig, Launches, WarmupCosine};
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::ops::{cpu, exec, n32, Exec};
 use crate::{DType, Param, Result, Tensor};
@@ -29,7 +29,7 @@ impl Mixed<AdamW> {
     /// model values widened to f32.
     pub fn new(model: &[Param], config: AdamWConfig, scaler: Option<LossScaler>) -> Result<MixedAdamW> {
         const OP: &str = "MixedAdamW::new";
-        check_hyper(OP, "lr", config.lr, false)?;
+        config.check(OP)?;
         let (device, masters) = make_masters(OP, model, scaler.as_ref())?;
         Mixed::wrap(model, AdamW::build(OP, &masters, config, Some(model))?, scaler, &device)
     }

@@ -29,8 +29,10 @@ impl Mixed<Sgd> {
     /// An optimizer over `model` (bf16 or f16 values with f32 grads); the masters start as the
     /// model values widened to f32.
     pub fn new(model: &[Param], config: SgdConfig, scaler: Option<LossScaler>) -> Result<MixedSgd> {
-        let (device, masters) = make_masters("MixedSgd::new", model, scaler.as_ref())?;
-        Mixed::wrap(model, Sgd::build("MixedSgd::new", &masters, config, Some(model))?, scaler, &device)
+        const OP: &str = "MixedSgd::new";
+        config.check(OP)?;
+        let (device, masters) = make_masters(OP, model, scaler.as_ref())?;
+        Mixed::wrap(model, Sgd::build(OP, &masters, config, Some(model))?, scaler, &device)
     }
 
     /// The f32 momentum buffers, one per parameter (`None` without momentum); see

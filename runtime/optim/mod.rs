@@ -99,6 +99,16 @@ impl Default for SgdConfig {
     }
 }
 
+impl SgdConfig {
+    /// Each hyper-parameter finite and at least 0 ([`OptimError::HyperParameter`]), checked
+    /// before an optimizer allocates anything.
+    pub(super) fn check(&self, op: &'static str) -> Result<()> {
+        check_hyper(op, "lr", self.lr, false)?;
+        check_hyper(op, "momentum", self.momentum, false)?;
+        check_hyper(op, "weight_decay", self.weight_decay, false)
+    }
+}
+
 /// Hyper-parameters of [`AdamW`]; the defaults are PyTorch's.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWConfig {
@@ -115,6 +125,16 @@ pub struct AdamWConfig {
 }
 
 impl AdamWConfig {
+    /// Each hyper-parameter finite and at least 0, the betas below 1
+    /// ([`OptimError::HyperParameter`]), checked before an optimizer allocates anything.
+    pub(super) fn check(&self, op: &'static str) -> Result<()> {
+        check_hyper(op, "lr", self.lr, false)?;
+        check_hyper(op, "beta1", self.beta1, true)?;
+        check_hyper(op, "beta2", self.beta2, true)?;
+        check_hyper(op, "eps", self.eps, false)?;
+        check_hyper(op, "weight_decay", self.weight_decay, false)
+    }
+
     /// The update of one parameter (on the host), with the step's `lr` and bias corrections
     /// `state[1]`, `state[2]` (AdamW's state, see [`AdamW`]).
     fn update(&self, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], lr: f32, state: &[f32]) {
@@ -155,7 +175,8 @@ fn check_hyper(op: &'static str, name: &'static str, v: f32, beta: bool) -> Resu
     Ok(())
 }
 
-/// Checks the params (non-empty, f32, one device, grads shaped like values); their device.
+/// Checks the params (non-empty, f32, one device, fresh, grads shaped like values) and that no
+/// capture is in progress (an optimizer's state is copied from host memory); their device.
 fn check_params(op: &'static str, params: &[Param]) -> Result<Device> {
     let Some(first) = params.first() else {
         return Err(OptimError::NoParams { op }.into());
@@ -165,7 +186,9 @@ fn check_params(op: &'static str, params: &[Param]) -> Result<Device> {
         check_shape(op, &p.value, &p.grad)?;
         n32(op, p.value.numel())?;
     }
-    Ok(first.value.device().clone())
+    let device = first.value.device();
+    device.backend().forbid_during_capture(op)?;
+    Ok(device.clone())
 }
 
 /// Zeros of `dims` in the default pool (optimizer state outlives every graph).
@@ -241,9 +264,7 @@ impl Sgd {
     /// update rewrites (one table per model dtype; the caller checked the model).
     fn build(op: &'static str, params: &[Param], config: SgdConfig, model: Option<&[Param]>) -> Result<Sgd> {
         let device = check_params(op, params)?;
-        check_hyper(op, "lr", config.lr, false)?;
-        check_hyper(op, "momentum", config.momentum, false)?;
-        check_hyper(op, "weight_decay", config.weight_decay, false)?;
+        config.check(op)?;
         let bufs: Vec<Option<Tensor>> = params
             .iter()
             .map(|p| if config.momentum != 0.0 { state_zeros(&device, p.value.dims()).map(Some) } else { Ok(None) })
@@ -320,8 +341,10 @@ impl Sgd {
     /// it was with the default launches (there is only the one); with one launch a parameter,
     /// those before the failed launch keep their update.
     pub fn step(&self) -> Result<()> {
+        // Every tensor fresh before the first update (the tables hold them all, whichever way
+        // the step launches).
+        self.check_tables()?;
         if self.launches == Launches::MultiTensor {
-            self.check_tables()?;
             return self.update_tables(None, 0);
         }
         let SgdConfig { momentum, weight_decay, .. } = self.config;
@@ -494,11 +517,7 @@ impl AdamW {
     /// update rewrites (one table per model dtype; the caller checked the model).
     fn build(op: &'static str, params: &[Param], config: AdamWConfig, model: Option<&[Param]>) -> Result<AdamW> {
         let device = check_params(op, params)?;
-        check_hyper(op, "lr", config.lr, false)?;
-        check_hyper(op, "beta1", config.beta1, true)?;
-        check_hyper(op, "beta2", config.beta2, true)?;
-        check_hyper(op, "eps", config.eps, false)?;
-        check_hyper(op, "weight_decay", config.weight_decay, false)?;
+        config.check(op)?;
         let m: Vec<Tensor> = params.iter().map(|p| state_zeros(&device, p.value.dims())).collect::<Result<_>>()?;
         let v: Vec<Tensor> = params.iter().map(|p| state_zeros(&device, p.value.dims())).collect::<Result<_>>()?;
         let kernels = [BuiltinKernel::AdamwMtF32, BuiltinKernel::AdamwMtBf16, BuiltinKernel::AdamwMtF16];
@@ -630,9 +649,9 @@ impl AdamW {
     }
 
     fn update(&self, zero: bool) -> Result<()> {
-        if self.launches == Launches::MultiTensor {
-            self.check_tables()?;
-        }
+        // Every tensor fresh before the state is copied (the tables hold them all, whichever
+        // way the step launches).
+        self.check_tables()?;
         // The step count and the scheduled rate change in the first launches: a failed update
         // after them puts them back (see `restoring`).
         restoring(&[&self.state, &self.lr], |_| true, |_| self.launch_update(zero))

@@ -19,7 +19,7 @@ impl Tensor {
     /// # Ok::<(), graphed::Error>(())
     /// ```
     pub fn from_slice_as(device: &Device, data: &[f32], dims: &[usize], dtype: DType) -> Result<Tensor> {
-        values_fit("Tensor::from_slice_as", data.len(), dims)?;
+        values_fit(device, "Tensor::from_slice_as", data.len(), dims)?;
         let t = Tensor::empty_as(device, dims, dtype)?;
         t.copy_from_slice(data)?;
         Ok(t)
@@ -96,7 +96,7 @@ impl Tensor {
     }
 
     fn from_bits16(device: &Device, bits: &[u16], dims: &[usize], dtype: DType) -> Result<Tensor> {
-        values_fit("Tensor::from_bf16/from_f16", bits.len(), dims)?;
+        values_fit(device, "Tensor::from_bf16/from_f16", bits.len(), dims)?;
         let t = Tensor::empty_as(device, dims, dtype)?;
         t.write_bits16(bits)?;
         Ok(t)
@@ -137,7 +137,7 @@ impl Tensor {
     /// # Ok::<(), graphed::Error>(())
     /// ```
     pub fn from_i32(device: &Device, data: &[i32], dims: &[usize]) -> Result<Tensor> {
-        values_fit("Tensor::from_i32", data.len(), dims)?;
+        values_fit(device, "Tensor::from_i32", data.len(), dims)?;
         let t = Tensor::empty_as(device, dims, DType::I32)?;
         t.write_i32(data)?;
         Ok(t)

@@ -110,14 +110,15 @@ impl std::fmt::Debug for Tensor {
 }
 
 /// Checks, before anything is allocated, that `got` values fill `dims` exactly (dims whose
-/// product overflows never do): a constructor from host values refuses a mismatch as a shape
-/// error, not as an allocation it made first.
-pub(crate) fn values_fit(op: &'static str, got: usize, dims: &[usize]) -> Result<()> {
-    if crate::shape::checked_product(dims) == Some(got) {
-        Ok(())
-    } else {
-        Err(Error::shape(op, ShapeProblem::values(got, dims)))
+/// product overflows never do) and that `device` is not capturing on this thread: a constructor
+/// from host values refuses a mismatch as a shape error and a capture as
+/// [`Error::IllegalDuringCapture`], not after an allocation it made first.
+pub(crate) fn values_fit(device: &Device, op: &'static str, got: usize, dims: &[usize]) -> Result<()> {
+    if crate::shape::checked_product(dims) != Some(got) {
+        return Err(Error::shape(op, ShapeProblem::values(got, dims)));
     }
+    // The copy from host memory would be refused inside a capture: refused before allocating.
+    device.backend().forbid_during_capture("copy from host memory")
 }
 
 /// Runs `f`, which changes small device tensors (`state`: a step count, cache lengths) before
@@ -216,7 +217,7 @@ impl Tensor {
 
     /// A tensor holding `data` (row-major). Illegal during capture (a pageable copy).
     pub fn from_slice(device: &Device, data: &[f32], dims: &[usize]) -> Result<Tensor> {
-        values_fit("Tensor::from_slice", data.len(), dims)?;
+        values_fit(device, "Tensor::from_slice", data.len(), dims)?;
         let t = Tensor::empty(device, dims)?;
         t.copy_from_slice(data)?;
         Ok(t)
