@@ -142,9 +142,11 @@ pub(crate) fn checkpointed_backward(
     rng.restore(&state)?;
     let mut inner_cx = cx.clone();
     inner_cx.take_saved();
-    inner.forward(&mut inner_cx, &inputs)?;
-    // The recompute must not consume random numbers the next forward would draw.
+    let recomputed = inner.forward(&mut inner_cx, &inputs);
+    // The recompute must not consume random numbers the next forward would draw, and a
+    // refused or failed recompute must not leave the generator rewound.
     rng.restore(&current)?;
+    recomputed?;
     // The recomputed activations live only inside this backward, so an inner module that
     // splits its backward runs its weight grads here too: a checkpointed module does not
     // split (a `w(c)` entry for it is refused by `make_graphed`).

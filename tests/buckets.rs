@@ -564,3 +564,32 @@ fn buckets_over_a_batch_and_a_sequence_axis_match_eager_on_the_padded_shapes() {
         Ok(())
     });
 }
+
+/// A chained forward refused for its first chunk's inputs (a wrong width, in a bucket other
+/// than the active one) changes nothing: the active bucket stays, and its microbatch waiting for
+/// its backward is still there (its backward runs and returns its positions).
+#[test]
+fn a_refused_chained_forward_leaves_the_active_bucket_and_its_pending_backward() {
+    on_each_backend(|dev| {
+        let x = seq(dev, 12, 1)?.with_requires_grad(true);
+        let samples = vec![
+            vec![vec![Some(x.clone())]],
+            vec![vec![Some(x.clone())]],
+            vec![vec![Some(x.clone()), Some(seq(dev, 12, 2)?)]],
+        ];
+        let opts = GraphOptions::new().chained(true).buckets(Buckets::new(1, [4, 8, 12]));
+        let mut g = make_graphed(chain_modules(dev)?, samples, opts)?;
+        // 9 positions: the 12 bucket, its backward pending.
+        g.forward_chain(&[Some(seq(dev, 9, 3)?.with_requires_grad(true))], &[Some(seq(dev, 9, 4)?)])?;
+        assert_eq!(g.active_bucket(), Some(12));
+        // 3 positions, one feature too many: routed to the 4 bucket, refused for its width.
+        let wide = Tensor::from_slice(dev, &random_vec(B * 3 * (H + 1), 5), &[B, 3, H + 1])?;
+        let e = g.forward_chain(&[Some(wide)], &[Some(seq(dev, 3, 6)?)]).expect_err("a wrong width");
+        assert!(matches!(e, Error::SlotShape { .. }), "{e:?}");
+        assert_eq!(g.active_bucket(), Some(12), "the active bucket is the same");
+        let dloss = Tensor::from_slice(dev, &[1.0], &[1])?;
+        let dx = g.backward_chain(&[Some(dloss)])?.remove(0).ok_or_else(|| Error::msg("dx"))?;
+        assert_eq!(dx.dims(), &[B, 9, H], "the pending backward ran");
+        Ok(())
+    });
+}

@@ -219,3 +219,32 @@ fn a_checkpointed_block_inside_an_ordered_pipeline() {
         Ok(())
     });
 }
+
+/// A checkpointed backward whose recompute is refused (here its dropout probability was made
+/// invalid after the forward) returns the refusal and leaves the device's generator where it
+/// was: the recompute rewinds it to the forward's state only while it runs.
+#[test]
+fn a_refused_recompute_leaves_the_generator_where_it_was() {
+    on_each_backend(|dev| {
+        let mut m = Checkpoint::new(DropBlock::new(dev, 8, 3)?);
+        let x = random(dev, &[4, 8], 1)?.with_requires_grad(true);
+        let mut cx = Cx::new(dev);
+        cx.set_training(true);
+        let y = Module::forward(&m, &mut cx, &[Some(x)])?;
+        let rng = dev.rng()?;
+        let before = rng.save()?;
+        m.inner_mut().p = 1.5;
+        let e = Module::backward(&mut m, &mut cx, &y).expect_err("the recompute is refused");
+        assert!(matches!(e.root(), graphed::Error::Op(_)), "{e:?}");
+        // The next draws are those of the state before the call.
+        let draw = || -> Result<Vec<f32>> {
+            let t = Tensor::zeros(dev, &[16])?;
+            rng.uniform_(&t)?;
+            t.to_vec()
+        };
+        let after = draw()?;
+        rng.restore(&before)?;
+        assert_eq!(after, draw()?, "the generator is where it was");
+        Ok(())
+    });
+}

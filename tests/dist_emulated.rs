@@ -431,7 +431,13 @@ fn a_chunk_running_backward_twice_before_its_group_reduces_is_refused() -> Resul
             Module::backward(layer, &mut cx, &y).map(drop)
         };
         run(&mut layers[1])?;
+        let grads = |l: &DataParallel<Block>| -> Result<Vec<Vec<f32>>> {
+            l.inner().params().iter().map(|p| p.grad.to_vec()).collect()
+        };
+        let before = grads(&layers[1])?;
         assert!(matches!(run(&mut layers[1]), Err(Error::Dist(DistError::BackwardTwice { .. }))));
+        // Refused before the chunk's backward ran: its grads were not added to again.
+        assert_eq!(grads(&layers[1])?, before, "the refused backward left the grads alone");
         run(&mut layers[0])?; // the first chunk flushes the group
         run(&mut layers[1])
     })?;

@@ -1153,3 +1153,26 @@ fn refusals_that_allocated_first_allocate_nothing() {
         Ok(())
     });
 }
+
+/// `sample_and_record` refuses a NaN or negative temperature whatever the top-k, before it
+/// samples or records: greedy by `top_k = 1` too (the one-kernel greedy step used to take it).
+/// The generation's books are untouched.
+#[test]
+fn sample_and_record_refuses_a_bad_temperature_even_when_greedy() {
+    use graphed::ops::{self, Generation, Sampling};
+    on_each_backend(|dev| {
+        let g = Generation::new(dev, 2, 4)?;
+        let lengths = Tensor::from_i32(dev, &[1, 1], &[2])?;
+        g.start(&[4, 4], ops::Stop { end: None, pad: 0 })?;
+        let rng = graphed::Generator::new(dev, 3)?;
+        let logits = random(dev, &[2, 5], 4)?;
+        for temperature in [f32::NAN, -1.0, f32::INFINITY] {
+            let s = Sampling { temperature, top_k: 1 };
+            let e = ops::sample_and_record(&g, &logits, s, &rng, &lengths).expect_err("refused");
+            assert!(matches!(e, Error::InvalidTemperature { .. }), "{temperature}: {e:?}");
+        }
+        assert_eq!((g.steps()?, g.tokens()?), (0, vec![vec![], vec![]]), "nothing recorded");
+        assert_eq!(lengths.to_i32_vec()?, vec![1, 1], "the lengths are untouched");
+        Ok(())
+    });
+}

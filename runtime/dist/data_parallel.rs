@@ -365,6 +365,11 @@ impl<M: Module> Module for DataParallel<M> {
             self.group = Some(g);
             return r;
         }
+        // A chunk whose grads wait in the group's queue is refused before its backward adds
+        // to them again.
+        if let Some(g) = &self.group {
+            self.check_not_pending(&g.pending.lock().unwrap_or_else(|e| e.into_inner()))?;
+        }
         let grads = self.inner.backward(cx, grad_outputs)?;
         self.reduce_after_backward()?;
         Ok(grads)

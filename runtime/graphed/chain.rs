@@ -97,15 +97,26 @@ impl GraphedModules {
             Route::Bucket { index, len } => (Some(index), Some(len)),
             Route::Eager { len } => return self.eager_chain(inputs, extras, len),
         };
-        match bucket {
-            Some(index) => self.in_bucket(index, |g| g.check_extras(last, extras, len))?,
-            None => self.check_extras(last, extras, None)?,
-        }
+        // In a bucket, the first chunk's inputs are checked with the extras, inside the bucket
+        // switch: a refused call leaves the bucket that was active (and its pending backwards).
+        let first = match bucket {
+            Some(index) => Some(self.in_bucket(index, |g| {
+                g.check_extras(last, extras, len)?;
+                g.check_forward(0, inputs, len)
+            })?),
+            None => {
+                self.check_extras(last, extras, None)?;
+                None
+            }
+        };
         let step = |g: &mut Self, c: usize, slots: &[Option<Tensor>], trim: bool| match (bucket, len) {
             (Some(index), Some(len)) => g.forward_in_bucket(c, slots, index, len, trim),
             _ => g.forward(c, slots),
         };
-        let outputs = step(self, 0, inputs, false)?;
+        let outputs = match first {
+            Some(plan) => self.forward_planned(0, plan, len, false)?,
+            None => step(self, 0, inputs, false)?,
+        };
         let mut h = self.first_slot(outputs, 0, false)?;
         for c in 1..last {
             let outputs = step(self, c, &[Some(h)], false)?;

@@ -123,7 +123,7 @@ impl GraphedModules {
     }
 
     /// Acts on a checked forward; the static outputs.
-    fn forward_planned(
+    pub(super) fn forward_planned(
         &mut self,
         chunk: usize,
         plan: Plan,
@@ -160,7 +160,7 @@ impl GraphedModules {
     }
 
     /// Checks the forward of `chunk` for its next microbatch, with no side effect.
-    fn check_forward(&self, chunk: usize, inputs: &[Option<Tensor>], len: Option<Lens>) -> Result<Plan> {
+    pub(super) fn check_forward(&self, chunk: usize, inputs: &[Option<Tensor>], len: Option<Lens>) -> Result<Plan> {
         let microbatch = self.cursor.next_forward(chunk);
         let s = &self.surfaces[chunk][microbatch];
         let at = SlotsAt {

@@ -336,7 +336,9 @@ pub fn sample_and_record(
 ) -> Result<Tensor> {
     const OP: &str = "sample_and_record";
     let g = generation;
-    // Checked before the sampling, which may draw random numbers: a refused call changes nothing.
+    // Checked before the sampling, which may draw random numbers: a refused call changes nothing
+    // (the one-kernel greedy step included).
+    sampling.check()?;
     if logits.device() != g.tokens.device() {
         return Err(Error::DeviceMismatch { op: OP, a: g.tokens.device().name(), b: logits.device().name() });
     }

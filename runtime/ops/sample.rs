@@ -84,6 +84,15 @@ impl Sampling {
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
     }
+
+    /// A negative, NaN or infinite temperature is [`Error::InvalidTemperature`], greedy or not.
+    pub(crate) fn check(&self) -> Result<()> {
+        let temperature = self.temperature;
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(Error::InvalidTemperature { temperature });
+        }
+        Ok(())
+    }
 }
 
 /// Samples one token per row of `logits` (`[batch, vocab]`, f32, bf16 or f16) on the device, as
@@ -117,10 +126,8 @@ impl Sampling {
 /// ```
 pub fn sample(logits: &Tensor, sampling: Sampling, rng: &Generator) -> Result<Tensor> {
     const OP: &str = "sample";
+    sampling.check()?;
     let Sampling { temperature, top_k } = sampling;
-    if !(temperature.is_finite() && temperature >= 0.0) {
-        return Err(Error::InvalidTemperature { temperature });
-    }
     if rng.device() != logits.device() {
         return Err(Error::DeviceMismatch { op: OP, a: logits.device().name(), b: rng.device().name() });
     }

@@ -408,11 +408,10 @@ impl<O: sealed::Master> Mixed<O> {
 
     /// Zeros every grad (capturable): one launch (one a grad with [`Launches::PerTensor`]).
     pub fn zero_grad(&self) -> Result<()> {
+        // Every grad fresh before the first is zeroed.
+        self.inputs.grads.check()?;
         match self.launches {
-            Launches::MultiTensor => {
-                self.inputs.grads.check()?;
-                self.inputs.grads.zero_grads(None)
-            }
+            Launches::MultiTensor => self.inputs.grads.zero_grads(None),
             Launches::PerTensor => self.model.iter().try_for_each(|p| fill_(&p.grad, 0.0)),
         }
     }

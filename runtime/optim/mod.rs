@@ -396,7 +396,10 @@ impl Sgd {
     pub fn zero_grad(&self) -> Result<()> {
         match self.launches {
             Launches::MultiTensor => self.tables.zero_grads(),
-            Launches::PerTensor => self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0)),
+            // Every grad fresh before the first is zeroed.
+            Launches::PerTensor => {
+                self.check_tables().and_then(|()| self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0)))
+            }
         }
     }
 
@@ -718,7 +721,10 @@ impl AdamW {
     pub fn zero_grad(&self) -> Result<()> {
         match self.launches {
             Launches::MultiTensor => self.tables.zero_grads(),
-            Launches::PerTensor => self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0)),
+            // Every grad fresh before the first is zeroed.
+            Launches::PerTensor => {
+                self.check_tables().and_then(|()| self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0)))
+            }
         }
     }
 
