@@ -133,6 +133,13 @@ impl Communicator {
         Ok(())
     }
 
+    /// One point-to-point transfer's tensor and peer, checked as a group of them is: for a
+    /// caller that must refuse before it changes anything of its own.
+    pub(crate) fn check_transfer(&self, op: &'static str, t: &Tensor, peer: usize) -> Result<()> {
+        self.check(op, &[t])?;
+        self.check_peer(op, peer)
+    }
+
     fn check_peer(&self, op: &'static str, peer: usize) -> Result<()> {
         if peer >= self.0.world || peer == self.0.rank {
             return Err(DistError::Peer { op, rank: self.0.rank, peer, world: self.0.world }.into());
@@ -374,8 +381,7 @@ impl Communicator {
     fn p2p(&self, op: &'static str, ops: &[P2pOp]) -> Result<()> {
         for (i, o) in ops.iter().enumerate() {
             let (t, peer) = o.parts();
-            self.check(op, &[t])?;
-            self.check_peer(op, peer)?;
+            self.check_transfer(op, t, peer)?;
             if let P2pOp::Recv(..) = o {
                 if let Some(other) = ops.iter().enumerate().position(|(j, x)| j != i && x.parts().0.same_buffer(t)) {
                     return Err(DistError::GroupAliased { receive: i, other }.into());

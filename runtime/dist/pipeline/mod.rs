@@ -357,6 +357,11 @@ impl<M: Module> Module for PipelineStage<M> {
             (None, true) => return Err(DistError::StageNoInput { module: self.inner.name().into() }.into()),
             (_, false) => None,
         };
+        // The input the receive fills is checked before the rank's progress moves (and its held
+        // sends leave the queue): a refused forward changes nothing.
+        if let Some((x, peer)) = &receive {
+            self.stages.comm.check_transfer("send_recv_group", x, *peer)?;
+        }
         let (held, hold) = self.stages.begin(OrderEntry::Forward(self.local), cx.training());
         // Straight into the static input: once captured, the graph's receive fills it.
         self.receive(held, receive)?;
