@@ -286,11 +286,11 @@ impl<M: Module> DataParallel<M> {
         Ok(grads)
     }
 
-    /// After this chunk's backward: reduce its own buckets, or feed the group's.
+    /// After this chunk's backward: reduce its own buckets, or feed the group's (the caller
+    /// checked, before the backward, that none of them is queued already).
     fn reduce_after_backward(&self) -> Result<()> {
         let Some(g) = &self.group else { return self.reduce_grads() };
         let mut p = g.pending.lock().unwrap_or_else(|e| e.into_inner());
-        self.check_not_pending(&p)?;
         for t in self.buckets.iter().flatten() {
             p.bytes += t.numel() * t.dtype().size();
             p.grads.push(t.clone());

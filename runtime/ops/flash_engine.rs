@@ -229,12 +229,11 @@ enum Chunks {
 fn chunked(c: &CudaBackend, key: SdpaKey, bytes: usize) -> Result<Chunks> {
     let limit = attention_workspace_limit();
     let batch = chunk_of(key.batch, bytes, limit);
-    let (key, bytes) = match batch == key.batch {
-        true => (key, bytes),
-        false => {
-            let chunk = SdpaKey { batch, ..key };
-            c.cudnn_sdpa_workspace(chunk)?.map_or((key, bytes), |w| (chunk, w))
-        }
+    let (key, bytes) = if batch == key.batch {
+        (key, bytes)
+    } else {
+        let chunk = SdpaKey { batch, ..key };
+        c.cudnn_sdpa_workspace(chunk)?.map_or((key, bytes), |w| (chunk, w))
     };
     if key.batch > 1 || bytes <= limit {
         return Ok(Chunks::Sequences(key, bytes));
