@@ -395,6 +395,8 @@ fn bf16_cases<'a>(
         ew16("relu", 2.0 * nb16, Box::new(|| ops::relu(&t.a).map(drop))),
         ew16("gelu (erf)", 2.0 * nb16, Box::new(|| ops::gelu(&t.a, Gelu::Erf).map(drop))),
         ew16("gelu_backward (erf)", 3.0 * nb16, Box::new(|| ops::gelu_backward(&t.dy, &t.a, Gelu::Erf).map(drop))),
+        ew16("gelu (tanh)", 2.0 * nb16, Box::new(|| ops::gelu(&t.a, Gelu::Tanh).map(drop))),
+        ew16("gelu_backward (tanh)", 3.0 * nb16, Box::new(|| ops::gelu_backward(&t.dy, &t.a, Gelu::Tanh).map(drop))),
         ew16("dropout", 3.0 * nb16, Box::new(|| ops::dropout(&t.a, 0.1, rng, true).map(drop))),
         ew16("dropout_backward", 3.0 * nb16, Box::new(|| ops::dropout_backward(&t.dy, &t.mask).map(drop))),
         ew16("sum", nb16, Box::new(|| ops::sum(&t.a).map(drop))),

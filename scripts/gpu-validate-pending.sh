@@ -16,6 +16,7 @@
 #   5. every other test binary, while time is left.
 # A progress line a step; the logs and a summary go to $OUT/validate-pending.tgz (the device
 # tool brings back at most 8 files). Exit status: 0 when every step that ran passed.
+# STEPS="1 5" runs only those steps (default: all, "1 2 3 4 4b 4c 5").
 #   bash scripts/gpu-validate-pending.sh [seconds, default 540]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,8 @@ left() { echo $(( budget - ($(date +%s) - t0) )); }
 say() { echo "[+$(( $(date +%s) - t0 ))s] $*" | tee -a "$work/summary.txt"; }
 pack() { [ -n "${OUT:-}" ] && tar -czf "$OUT/validate-pending.tgz" -C "$(dirname "$work")" validate-pending; }
 fail=0
+steps=" ${STEPS:-1 2 3 4 4b 4c 5} "
+want() { [[ "$steps" == *" $1 "* ]]; }
 done_bins=" "
 runs=0
 # run NAME [ENV=VALUE ...] [-- test filter]: one test binary, one test at a time, its log kept.
@@ -54,13 +57,13 @@ run() {
   done_bins+="$name "
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$work/gpu.txt"
-say "1. the binaries with session 15-21 code"
-for t in misuse faults ops_half ops_decoder_step macro_kv_state forward_only multi_tensor mixed_precision ops_generate conditional gpt_generate gpt ops_transformer ops_linear ops_flash ops_columns; do
+want 1 && say "1. the binaries with session 15-22 code"
+want 1 && for t in misuse faults ops_half ops_activation ops_decoder_step macro_kv_state forward_only multi_tensor mixed_precision ops_generate conditional gpt_generate gpt ops_transformer ops_linear ops_flash ops_columns; do
   run "$t"
 done
 pack
-say "2. the decode probe"
-if timeout 120 python3 bench/decode_probe.py --out "$work" > "$work/decode_probe.log" 2>&1; then
+want 2 && say "2. the decode probe"
+want 2 && if timeout 120 python3 bench/decode_probe.py --out "$work" > "$work/decode_probe.log" 2>&1; then
   say "ok   decode_probe ($(grep -c . "$work/decode_probe.log") lines)"
 else
   fail=1
@@ -68,31 +71,33 @@ else
   tail -5 "$work/decode_probe.log" | tee -a "$work/summary.txt"
 fi
 pack
-say "3. the generation tests with GRAPHED_FOLD_CONDITION=1"
-for t in ops_generate gpt_generate conditional; do
+want 3 && say "3. the generation tests with GRAPHED_FOLD_CONDITION=1"
+want 3 && for t in ops_generate gpt_generate conditional; do
   run "$t" GRAPHED_FOLD_CONDITION=1
 done
 pack
-say "4. the decoder step as one cluster of 16 blocks (GRAPHED_DECODER_CLUSTER), then on the former 64/96 KiB buffers"
-run ops_decoder_step GRAPHED_DECODER_CLUSTER=16
-run gpt_generate GRAPHED_DECODER_CLUSTER=16
-run ops_decoder_step GRAPHED_DECODER_CLUSTER=16 GRAPHED_DECODER_DSMEM=1
-run gpt_generate GRAPHED_DECODER_CLUSTER=16 GRAPHED_DECODER_DSMEM=1
-run ops_decoder_step GRAPHED_DECODER_WBUF=65536 GRAPHED_DECODER_ABUF=98304
-say "4b. the RMSNorm kernels' register forms (GRAPHED_ROW_RING=0; the ring forms are the default)"
-for t in ops_transformer gpt; do
+if want 4; then
+  say "4. the decoder step as one cluster of 16 blocks (GRAPHED_DECODER_CLUSTER), then on the former 64/96 KiB buffers"
+  run ops_decoder_step GRAPHED_DECODER_CLUSTER=16
+  run gpt_generate GRAPHED_DECODER_CLUSTER=16
+  run ops_decoder_step GRAPHED_DECODER_CLUSTER=16 GRAPHED_DECODER_DSMEM=1
+  run gpt_generate GRAPHED_DECODER_CLUSTER=16 GRAPHED_DECODER_DSMEM=1
+  run ops_decoder_step GRAPHED_DECODER_WBUF=65536 GRAPHED_DECODER_ABUF=98304
+fi
+want 4b && say "4b. the RMSNorm kernels' register forms (GRAPHED_ROW_RING=0; the ring forms are the default)"
+want 4b && for t in ops_transformer gpt; do
   run "$t" GRAPHED_ROW_RING=0
 done
-say "4c. the plain GEMMs through cublasLt, timed (GRAPHED_GEMM=tuned), and cuDNN's attention plans timed"
-for t in ops_linear ops_half mixed_precision gpt; do
+want 4c && say "4c. the plain GEMMs through cublasLt, timed (GRAPHED_GEMM=tuned), and cuDNN's attention plans timed"
+want 4c && for t in ops_linear ops_half mixed_precision gpt; do
   run "$t" GRAPHED_GEMM=tuned
 done
-for t in ops_flash gpt; do
+want 4c && for t in ops_flash gpt; do
   run "$t" GRAPHED_ATTENTION_TUNE=1 GRAPHED_CUDNN_DEBUG=1
 done
 pack
-say "5. the rest of the suite"
-for bin in gpu-bin/tests/*; do
+want 5 && say "5. the rest of the suite"
+want 5 && for bin in gpu-bin/tests/*; do
   name=$(basename "$bin")
   [[ "$done_bins" == *" $name "* ]] && continue
   run "$name"

@@ -27,12 +27,13 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The bench programs compiled on the GPU machine by CuPy's NVRTC: name, file, defines (each as
-# the script builds it).
+# the script builds it), and the runtime program whose source and options come first (or None).
 BENCH = [
-    ("probe", "bench/decode_probe.cu", []),
-    ("probe-cs2", "bench/decode_probe.cu", ["CS=2"]),
-    ("probe-cs16", "bench/decode_probe.cu", ["CS=16"]),
-    ("probe-bulk8", "bench/decode_probe.cu", ["STAGES=8"]),
+    ("probe", "bench/decode_probe.cu", [], None),
+    ("probe-cs2", "bench/decode_probe.cu", ["CS=2"], None),
+    ("probe-cs16", "bench/decode_probe.cu", ["CS=16"], None),
+    ("probe-bulk8", "bench/decode_probe.cu", ["STAGES=8"], None),
+    ("xent-variants", "bench/xent_variants.cu", [], "main"),
 ]
 # The most shared memory a block may have on sm_90 (H100, H200): 227 KiB.
 OPTIN_SM90 = 232448
@@ -134,9 +135,13 @@ def main():
     for f in glob.glob(os.path.join(a.out, "*")):
         os.remove(f)
     dump(a.out)
-    for name, path, defines in BENCH:
-        open(os.path.join(a.out, name + ".cu"), "w").write(open(os.path.join(ROOT, path)).read())
-        opts = ["-std=c++17", "--gpu-architecture=sm_90"] + [f"-D{d}" for d in defines]
+    for name, path, defines, after in BENCH:
+        src, opts = open(os.path.join(ROOT, path)).read(), ["-std=c++17", "--gpu-architecture=sm_90"]
+        if after is not None:
+            src = open(os.path.join(a.out, after + ".cu")).read() + "\n" + src
+            opts = [o for o in open(os.path.join(a.out, after + ".opts")).read().splitlines() if o]
+        open(os.path.join(a.out, name + ".cu"), "w").write(src)
+        opts += [f"-D{d}" for d in defines]
         open(os.path.join(a.out, name + ".opts"), "w").write("\n".join(opts) + "\n")
     failed = False
     print(f"{'program':<20} {'kernels':>7} {'max regs':>8} {'max static smem':>15}  spills / launch checks")

@@ -98,6 +98,7 @@ kernels! {
     SumPartialF32 = "sum_partial_f32" (Ptr, Ptr, U32);
     CountLabelsPartialF32 = "count_labels_partial_f32" (Ptr, Ptr, U32);
     MeanFinalF32 = "mean_final_f32" (Ptr, Ptr, Ptr, U32);
+    XentMeanF32 = "xent_mean_f32" (Ptr, Ptr, Ptr, U32);
     SqdiffPartialF32 = "sqdiff_partial_f32" (Ptr, Ptr, Ptr, U32);
     SumFinalF32 = "sum_final_f32" (Ptr, Ptr, U32, F32);
     ColSumAccF32 = "col_sum_acc_f32" (Ptr, Ptr, U32, U32);

@@ -172,49 +172,44 @@ pub fn relu_backward(dy: &[f32], x: &[f32]) -> Vec<f32> {
     dy.iter().zip(x).map(|(d, v)| if *v > 0.0 { *d } else { 0.0 }).collect()
 }
 
-/// The error function in f64 (|error| < 1e-15): the everywhere-positive series
-/// `erf(x) = 2/√π · e^{-x²} · Σ 2ⁿ x^{2n+1} / (1·3·…·(2n+1))`, and ±1 past |x| = 6.
+/// The error function in f64 (the `libm` crate's, within an ulp).
 pub fn erf(x: f64) -> f64 {
-    if x.is_nan() {
-        return f64::NAN;
-    }
-    let a = x.abs();
-    if a >= 6.0 {
-        return 1.0f64.copysign(x);
-    }
-    let (mut term, mut sum, mut k) = (a, a, 0u32);
-    loop {
-        k += 1;
-        term *= 2.0 * a * a / (2 * k + 1) as f64;
-        sum += term;
-        if term <= sum * 1e-17 || k > 500 {
-            break;
-        }
-    }
-    let r = 2.0 / std::f64::consts::PI.sqrt() * (-a * a).exp() * sum;
-    r.min(1.0).copysign(x)
+    libm::erf(x)
+}
+
+/// The standard normal CDF Φ(x) in f64, through erfc, so that it keeps its relative accuracy in
+/// the negative tail (where `1 + erf(x/√2)` cancels to nothing below x ≈ -8).
+pub fn normal_cdf(x: f64) -> f64 {
+    0.5 * libm::erfc(-x / std::f64::consts::SQRT_2)
 }
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_C: f64 = 0.044715;
 
+/// `1 / (1 + e^{-v})`, exact in both tails (no `1 + tanh` to cancel).
+fn sigmoid(v: f64) -> f64 {
+    1.0 / (1.0 + (-v).exp())
+}
+
+// The tanh form's 0.5·(1 + tanh(u)) is σ(2u), and 1 − σ(2u) is σ(−2u): written so, neither the
+// value nor the gradient cancels for large |x|.
 fn gelu_value(x: f64, approx: Gelu) -> f64 {
     match approx {
-        Gelu::Tanh => 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + GELU_C * x * x * x)).tanh()),
-        Gelu::Erf => 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2)),
+        Gelu::Tanh => x * sigmoid(2.0 * SQRT_2_OVER_PI * (x + GELU_C * x * x * x)),
+        Gelu::Erf => x * normal_cdf(x),
     }
 }
 
 fn gelu_grad(x: f64, approx: Gelu) -> f64 {
     match approx {
         Gelu::Tanh => {
-            let t = (SQRT_2_OVER_PI * (x + GELU_C * x * x * x)).tanh();
-            0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x)
+            let u2 = 2.0 * SQRT_2_OVER_PI * (x + GELU_C * x * x * x);
+            let (s, s_neg) = (sigmoid(u2), sigmoid(-u2));
+            s + x * s * s_neg * 2.0 * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x)
         }
         Gelu::Erf => {
-            let cdf = 0.5 * (1.0 + erf(x / std::f64::consts::SQRT_2));
             let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
-            cdf + x * pdf
+            normal_cdf(x) + x * pdf
         }
     }
 }

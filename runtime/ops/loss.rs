@@ -1,11 +1,69 @@
 //! Losses: softmax cross-entropy and mean squared error.
 
-use crate::backend::{BuiltinKernel, KArg, LaunchDims};
+use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims};
 use crate::error::OpError;
 use crate::ops::{
     check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, reduce_blocks, row_kernel, Exec,
 };
-use crate::{Error, Result, ShapeProblem, Tensor};
+use crate::{Device, Error, Result, ShapeProblem, Tensor};
+
+/// Rows up to which the cross-entropy's mean (and the backward's count of rows not ignored)
+/// runs as one launch of one block (`xent_mean_f32`): a batch's row losses are read in a few
+/// microseconds there, where the partial sums' three launches cost about 2 µs each. Larger
+/// batches take the partial sums, spread over the GPU.
+const XENT_ONE_BLOCK_ROWS: usize = 1 << 16;
+
+/// `out[0]` = the mean of `row_loss` over the rows whose label is not ignored (0 when all are),
+/// or with `row_loss` `None`, the count of those rows: in an order fixed by `rows` either way.
+fn xent_mean(
+    c: &CudaBackend,
+    device: &Device,
+    out: &Tensor,
+    row_loss: Option<&Tensor>,
+    labels: &Tensor,
+    rows: usize,
+) -> Result<()> {
+    let n = KArg::U32(rows as u32);
+    if rows <= XENT_ONE_BLOCK_ROWS {
+        let loss_ptr = row_loss.map_or(Ok(0), |t| t.cuda_ptr())?;
+        return c.launch(
+            BuiltinKernel::XentMeanF32,
+            LaunchDims { grid: (1, 1, 1), block: (1024, 1, 1), shared: 0 },
+            &[KArg::Ptr(out.cuda_ptr()?), KArg::Ptr(loss_ptr), KArg::Ptr(labels.cuda_ptr()?), n],
+        );
+    }
+    let Some(row_loss) = row_loss else {
+        return cuda_reduce(
+            c,
+            device,
+            BuiltinKernel::CountLabelsPartialF32,
+            &[KArg::Ptr(labels.cuda_ptr()?)],
+            rows as u32,
+            out.cuda_ptr()?,
+            1.0,
+        );
+    };
+    // Partial sums of the row losses and partial counts of the labels, then one block divides.
+    let blocks = reduce_blocks(rows);
+    let partial = Tensor::empty(device, &[blocks as usize])?;
+    let counts = Tensor::empty(device, &[blocks as usize])?;
+    let grid = LaunchDims { grid: (blocks, 1, 1), block: (256, 1, 1), shared: 0 };
+    c.launch(
+        BuiltinKernel::SumPartialF32,
+        grid,
+        &[KArg::Ptr(partial.cuda_ptr()?), KArg::Ptr(row_loss.cuda_ptr()?), n],
+    )?;
+    c.launch(
+        BuiltinKernel::CountLabelsPartialF32,
+        grid,
+        &[KArg::Ptr(counts.cuda_ptr()?), KArg::Ptr(labels.cuda_ptr()?), n],
+    )?;
+    c.launch(
+        BuiltinKernel::MeanFinalF32,
+        LaunchDims { grid: (1, 1, 1), block: (256, 1, 1), shared: 0 },
+        &[KArg::Ptr(out.cuda_ptr()?), KArg::Ptr(partial.cuda_ptr()?), KArg::Ptr(counts.cuda_ptr()?), KArg::U32(blocks)],
+    )
+}
 
 /// Checks `logits` `[N, C]` against `labels` `[N]`; returns `(N, C)`.
 /// `logits` (or `probs`) may be f32, bf16 or f16; `labels` are f32 class ids.
@@ -114,33 +172,7 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
                     KArg::U32(classes as u32),
                 ],
             )?;
-            // The mean over the rows not ignored: partial sums of the row losses and partial
-            // counts of the labels, then one block divides.
-            let blocks = reduce_blocks(rows);
-            let partial = Tensor::empty(logits.device(), &[blocks as usize])?;
-            let counts = Tensor::empty(logits.device(), &[blocks as usize])?;
-            let grid = LaunchDims { grid: (blocks, 1, 1), block: (256, 1, 1), shared: 0 };
-            let n = KArg::U32(rows as u32);
-            c.launch(
-                BuiltinKernel::SumPartialF32,
-                grid,
-                &[KArg::Ptr(partial.cuda_ptr()?), KArg::Ptr(row_loss.cuda_ptr()?), n],
-            )?;
-            c.launch(
-                BuiltinKernel::CountLabelsPartialF32,
-                grid,
-                &[KArg::Ptr(counts.cuda_ptr()?), KArg::Ptr(labels.cuda_ptr()?), n],
-            )?;
-            c.launch(
-                BuiltinKernel::MeanFinalF32,
-                LaunchDims { grid: (1, 1, 1), block: (256, 1, 1), shared: 0 },
-                &[
-                    KArg::Ptr(loss.cuda_ptr()?),
-                    KArg::Ptr(partial.cuda_ptr()?),
-                    KArg::Ptr(counts.cuda_ptr()?),
-                    KArg::U32(blocks),
-                ],
-            )?;
+            xent_mean(c, logits.device(), &loss, Some(&row_loss), labels, rows)?;
         }
     }
     Ok((loss, probs))
@@ -174,15 +206,7 @@ pub fn softmax_cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss_sca
         Exec::Cuda(c) => {
             // The rows the mean counts, on the device: the grad divides by them.
             let count = Tensor::empty(probs.device(), &[1])?;
-            cuda_reduce(
-                c,
-                probs.device(),
-                BuiltinKernel::CountLabelsPartialF32,
-                &[KArg::Ptr(labels.cuda_ptr()?)],
-                rows as u32,
-                count.cuda_ptr()?,
-                1.0,
-            )?;
+            xent_mean(c, probs.device(), &count, None, labels, rows)?;
             c.launch(
                 k::SOFTMAX_XENT_BWD.get(probs.dtype()),
                 LaunchDims::vectorized(rows * classes, probs.dtype()),

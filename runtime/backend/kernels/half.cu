@@ -4,8 +4,9 @@
 //
 // Storage types are plain 16-bit structs (no cuda_fp16.h / cuda_bf16.h needed): every kernel
 // loads to f32, computes in f32 and rounds to nearest even on store, exactly as the host
-// backend does through the `half` crate, so elementwise results agree bit for bit. Reductions
-// accumulate in f32 and write f32.
+// backend does through the `half` crate, so elementwise results agree bit for bit (but for
+// the transcendentals: GELU's 16-bit form, gelu16_value in ops.cu, is within one rounding step
+// of the host's). Reductions accumulate in f32 and write f32.
 
 typedef unsigned short u16;
 
@@ -299,10 +300,10 @@ template <typename T> __device__ __forceinline__ void relu_bwd_t(T* dx, const T*
     map2(dx, dy, x, n, [](u64, float g, float v) { return v > 0.0f ? g : 0.0f; });
 }
 template <typename T> __device__ __forceinline__ void gelu_t(T* y, const T* x, u32 n, u32 approx) {
-    map1(y, x, n, [=](u64, float v) { return gelu_value(v, approx); });
+    map1(y, x, n, [=](u64, float v) { return gelu_of<T>(v, approx); });
 }
 template <typename T> __device__ __forceinline__ void gelu_bwd_t(T* dx, const T* dy, const T* x, u32 n, u32 approx) {
-    map2(dx, dy, x, n, [=](u64, float g, float v) { return g * gelu_grad(v, approx); });
+    map2(dx, dy, x, n, [=](u64, float g, float v) { return g * gelu_grad_of<T>(v, approx); });
 }
 // dpred = (pred - target) * scale, scale = 2 * dloss / n.
 template <typename T> __device__ __forceinline__ void mse_bwd_t(T* dp, const T* p, const T* t, float scale, u32 n) {

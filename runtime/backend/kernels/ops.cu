@@ -61,6 +61,11 @@ __device__ float block_max(float v, float* sh) {
 #define GR_GELU_C 0.044715f
 #define GR_INV_SQRT_2 0.7071067811865476f
 #define GR_INV_SQRT_2PI 0.3989422804014327f
+// log2(e) / 2, log2(sqrt(2 pi)); 2u log2(e) = x (A + B x^2) for the tanh form's u.
+#define GR_HALF_LOG2E 0.7213475204444817f
+#define GR_LOG2_SQRT_2PI 1.3257480647361593f
+#define GR_GELU_TANH_A (2.0f * GR_SQRT_2_OVER_PI * 1.4426950408889634f)
+#define GR_GELU_TANH_B (GR_GELU_TANH_A * GR_GELU_C)
 
 // approx: 0 = exact (erf), 1 = tanh approximation.
 __device__ __forceinline__ float gelu_value(float x, u32 approx) {
@@ -80,6 +85,81 @@ __device__ __forceinline__ float gelu_grad(float x, u32 approx) {
     float cdf = 0.5f * (1.0f + erff(x * GR_INV_SQRT_2));
     float pdf = expf(-0.5f * x * x) * GR_INV_SQRT_2PI;
     return cdf + x * pdf;
+}
+
+// GELU for 16-bit storage (bf16, f16), where the f32 forms above are compute-bound: erff's two
+// branches run as one with selects and tanhf carries a polynomial besides its exponential, about
+// 30 instructions an element, so bf16 GELU ran at 1.60x its bandwidth floor on the H200. These
+// forms take about half: an exponential and a reciprocal on the SFU (ex2.approx, rcp.approx,
+// relative error near 2^-22) and a few FMAs. Their result is rounded to 8 or 11 bits, so
+// their f32 error (a few units in the last place) moves a stored value only where the exact one
+// lies within that much of a rounding boundary. The f32 kernels keep the forms above.
+__device__ __forceinline__ float gr_ex2(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+__device__ __forceinline__ float gr_rcp(float v) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+
+// The standard normal tail Q(|x|) = 1 - Φ(|x|), given m = x * x, as t · 2^(p(t) - m · log2(e)/2)
+// with t = 1 / (1 + 0.4 |x|): p is a degree-8 polynomial fitted in f32 to log2(Q / t) + m ·
+// log2(e)/2 over |x| <= 14 (scripts/fit-gelu.py; relative error 1.5e-7 before the SFU's). It
+// keeps relative accuracy far into the tail, where 1 + erf(x) in f32 cancels to nothing: GELU of
+// a large negative x is x · Q, a value bf16 can hold down to x = -13.
+__device__ __forceinline__ float gr_normal_tail(float x, float m) {
+    const float t = gr_rcp(fmaf(0.4f, fabsf(x), 1.0f));
+    float p = 2.739437819e-01f;
+    p = fmaf(p, t, -1.402859211e+00f);
+    p = fmaf(p, t, 2.801246166e+00f);
+    p = fmaf(p, t, -2.515251160e+00f);
+    p = fmaf(p, t, 7.742679119e-01f);
+    p = fmaf(p, t, -2.584778368e-01f);
+    p = fmaf(p, t, 5.360431671e-01f);
+    p = fmaf(p, t, 1.438610077e+00f);
+    p = fmaf(p, t, -2.647522688e+00f);
+    return t * gr_ex2(fmaf(m, -GR_HALF_LOG2E, p));
+}
+
+// Φ(x), the normal CDF, from the tail (m = x * x).
+__device__ __forceinline__ float gr_normal_cdf(float x, float m) {
+    const float q = gr_normal_tail(x, m);
+    return x >= 0.0f ? 1.0f - q : q;
+}
+
+// gelu_value for 16-bit storage: x · Φ(x), or with approx, 0.5 x (1 + tanh(u)) written as
+// x · σ(2u) = x / (1 + 2^(-2u log2(e))), which neither cancels nor overflows (x / inf = -0).
+__device__ __forceinline__ float gelu16_value(float x, u32 approx) {
+    const float m = x * x;
+    if (approx != 0u) return x * gr_rcp(1.0f + gr_ex2(-x * fmaf(m, GR_GELU_TANH_B, GR_GELU_TANH_A)));
+    return x * gr_normal_cdf(x, m);
+}
+
+// gelu_grad for 16-bit storage: Φ(x) + x φ(x); with approx, s + x s (1 - s) 2u', where
+// s = σ(2u).
+__device__ __forceinline__ float gelu16_grad(float x, u32 approx) {
+    const float m = x * x;
+    if (approx != 0u) {
+        const float e = gr_ex2(-x * fmaf(m, GR_GELU_TANH_B, GR_GELU_TANH_A));
+        const float s = gr_rcp(1.0f + e);
+        // 2u' at min(x^2, 1e4): past |x| = 100 the term it scales is 0 (s is 0 or 1), and an
+        // infinite 2u' would make it NaN.
+        const float du = fmaf(fminf(m, 1e4f), 6.0f * GR_GELU_C * GR_SQRT_2_OVER_PI, 2.0f * GR_SQRT_2_OVER_PI);
+        return fmaf(x * s * (1.0f - s), du, s);
+    }
+    const float pdf = gr_ex2(fmaf(m, -GR_HALF_LOG2E, -GR_LOG2_SQRT_2PI));
+    return fmaf(x, pdf, gr_normal_cdf(x, m));
+}
+
+// The GELU forms a kernel of storage type T computes with: f32 keeps erff and tanhf.
+template <typename T> __device__ __forceinline__ float gelu_of(float x, u32 approx) {
+    return sizeof(T) == 4 ? gelu_value(x, approx) : gelu16_value(x, approx);
+}
+template <typename T> __device__ __forceinline__ float gelu_grad_of(float x, u32 approx) {
+    return sizeof(T) == 4 ? gelu_grad(x, approx) : gelu16_grad(x, approx);
 }
 
 // ---------------------------------------------------------------- reductions
@@ -136,6 +216,28 @@ extern "C" __global__ void mean_final_f32(float* out, const float* partial, cons
     for (u32 i = threadIdx.x; i < m; i += blockDim.x) n += partial_count[i];
     n = block_sum(n, sh);
     if (threadIdx.x == 0) out[0] = n > 0.0f ? s * __fdiv_rn(1.0f, n) : 0.0f;
+}
+
+// The mean loss over the rows not ignored in one launch of one block, for batches of at most
+// XENT_ONE_BLOCK_ROWS rows (ops/loss.rs; the partial-sum kernels above take larger ones): each
+// thread adds its rows (i = threadIdx.x mod blockDim.x) in order, then the block adds its
+// threads', an order fixed by n. Rounded as mean_final_f32 rounds. With row_loss null, out[0]
+// is the count of rows not ignored (the backward's divisor).
+extern "C" __global__ void xent_mean_f32(float* out, const float* row_loss, const float* labels, u32 n) {
+    GR_PDL_ENTRY();
+    __shared__ float sh[32];
+    float s = 0.0f, c = 0.0f;
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
+        if (row_loss != nullptr) s += row_loss[i];
+        c += labels[i] != IGNORE_LABEL ? 1.0f : 0.0f;
+    }
+    c = block_sum(c, sh);
+    if (row_loss == nullptr) {
+        if (threadIdx.x == 0) out[0] = c;
+        return;
+    }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) out[0] = c > 0.0f ? s * __fdiv_rn(1.0f, c) : 0.0f;
 }
 
 // The f32 softmax cross-entropy kernels are the float instantiations of the templates in

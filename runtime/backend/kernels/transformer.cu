@@ -893,7 +893,8 @@ __device__ __forceinline__ void ln_rows_bwd_t(T* dx, const T* dy, const T* x, co
 }
 
 // probs = softmax(logits) per row, row_loss = logsumexp - logit[label] (0 for an ignored row,
-// NaN for a label that is not a class id); each exp computed once.
+// NaN for a label that is not a class id); each exp computed once. The thread that holds the
+// label's logit writes the row's loss (no second read of the row).
 template <typename T>
 __device__ __forceinline__ void sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
     constexpr u32 W = 16 / sizeof(T);
@@ -905,14 +906,25 @@ __device__ __forceinline__ void sx_rows_t(T* probs, float* row_loss, const T* lo
     for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
         const u64 r = grp * blockDim.y + threadIdx.y;
         const bool ok = r < rows;
+        const float l = ok ? labels[r] : IGNORE_LABEL;
+        const bool lok = label_ok(l, c);
+        const u32 lj = lok ? (u32)l : 0xffffffffu;
         Pack<T> px[V];
         in_x.take(px, grp, groups, rows);
-        float m = gr_neg_inf();
+        float m = gr_neg_inf(), xl = 0.0f;
+        bool mine = false;
 #pragma unroll
         for (u32 i = 0; i < V; ++i) {
 #pragma unroll
             for (u32 k = 0; k < W; ++k) {
-                if (rn_in(vec, i, k, W, c)) m = fmaxf(m, ld(px[i].e, k));
+                if (rn_in(vec, i, k, W, c)) {
+                    const float v = ld(px[i].e, k);
+                    m = fmaxf(m, v);
+                    if (rn_col(vec, i, k, W) == lj) {
+                        xl = v;
+                        mine = true;
+                    }
+                }
             }
         }
         m = rn_row_max(m, red);
@@ -937,9 +949,10 @@ __device__ __forceinline__ void sx_rows_t(T* probs, float* row_loss, const T* lo
         }
         if (ok) {
             rn_store(probs + r * c, px, c, vec);
-            if (threadIdx.x == 0) {
-                const float l = labels[r];
-                row_loss[r] = label_ok(l, c) ? (m + logf(s)) - ld(logits + r * c, (u32)l) : l == IGNORE_LABEL ? 0.0f : gr_nan();
+            if (mine) {
+                row_loss[r] = (m + logf(s)) - xl;
+            } else if (!lok && threadIdx.x == 0) {
+                row_loss[r] = l == IGNORE_LABEL ? 0.0f : gr_nan();
             }
         }
     }

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""Softmax cross-entropy's forward on the GPU machine: correctness, a launch-shape sweep, x-of-floor.
+
+The op (ops::softmax_cross_entropy on CUDA) is two parts: the row kernel (`sx_rows_*`, the row
+held in registers: probabilities and each row's loss) and the mean over the rows not ignored.
+This compiles the runtime's kernels (the main program's files up to transformer.cu, as
+bench/row_sweep.py does) with NVRTC through CuPy once per "16-byte words a thread holds" value
+(RN_FWD_VPT), with two kernels of its own beside them:
+
+- `old_sx_rows_*`: the row kernel before session 22 (thread 0 read the label's logit again
+  from memory after the row's reductions; the runtime's kernel now takes it from the thread
+  that holds it: the same bits);
+- `online_sx_rows_*`: one reduction a row instead of two (each thread's (max, sum of exps)
+  merged across the row, the online softmax), other bits;
+- `lb_*` (kinds rows64, online64): those two held to 64 registers by launch bounds (four
+  256-thread blocks an SM; they launch with at most 256 threads).
+
+It checks every variant against a numpy reference (and old == current bit for bit), times the
+row kernels over launch shapes (words a thread, threads a block, grid cap) in f32 and bf16 at
+several shapes, and the mean's two forms (the partial sums' three launches against one block's
+one), each over a CUDA graph of many launches rotating buffers past the L2, and prints
+x-of-floor (the op's bytes: logits read, probabilities written, over the copy bandwidth).
+
+    python3 bench/xent_sweep.py [--quick] [--out DIR]
+"""
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+
+import cupy as cp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import row_sweep as rs  # noqa: E402
+
+IGNORE = -100.0
+
+# The previous row kernel and the one-reduction variant (bench/xent_variants.cu).
+EXTRA = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "xent_variants.cu")).read()
+
+KERNEL = {"old": "old_sx_rows", "rows": "sx_rows", "online": "online_sx_rows", "rows64": "lb_sx_rows", "online64": "lb_online_sx_rows"}
+
+
+class Prog:
+    def __init__(self, vpt):
+        self.vpt = vpt
+        t0 = time.time()
+        opts = ("-std=c++17", f"--gpu-architecture=sm_{rs.arch()}", f"-DRN_FWD_VPT={vpt}", f"-DRN_BWD_VPT={vpt}")
+        self.mod = cp.RawModule(code=rs.source() + EXTRA, options=opts)
+        self.fns = {}
+        self.compile_s = time.time() - t0
+
+    def f(self, name):
+        if name not in self.fns:
+            self.fns[name] = self.mod.get_function(name)
+        return self.fns[name]
+
+
+def launch_dims(rows, c, elem, vpt, rows_a_block, max_blocks):
+    """RowTiles::fwd_launch with `rows_a_block` rows a block: (grid, block) or None past 1024 threads."""
+    tpr = rs.next_pow2(max(1, -(-c // (vpt * (16 // elem)))))
+    threads = tpr * rows_a_block
+    if threads > 1024:
+        return None
+    blocks = max(1, min(-(-rows // rows_a_block), max_blocks))
+    return (blocks, 1, 1), (tpr, rows_a_block, 1)
+
+
+def run_rows(P, kind, dt, b, rows, c, rpb, grid):
+    elem = 4 if dt == "f32" else 2
+    lc = launch_dims(rows, c, elem, P.vpt, rpb, grid)
+    if lc is None:
+        return False
+    P.f(f"{KERNEL[kind]}_{dt}")(lc[0], lc[1], (b["p"], b["rl"], b["x"], b["l"], np.uint32(rows), np.uint32(c)))
+    return True
+
+
+def run_mean(P, kind, b, rows):
+    if kind == "one":
+        P.f("xent_mean_f32")((1,), (1024,), (b["loss"], b["rl"], b["l"], np.uint32(rows)))
+        return
+    blocks = max(1, min(-(-rows // 2048), 1024))
+    n = np.uint32(rows)
+    P.f("sum_partial_f32")((blocks,), (256,), (b["part"], b["rl"], n))
+    P.f("count_labels_partial_f32")((blocks,), (256,), (b["cnt"], b["l"], n))
+    P.f("mean_final_f32")((1,), (256,), (b["loss"], b["part"], b["cnt"], np.uint32(blocks)))
+
+
+def host_case(rows, c, seed, dt):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, c)) * 3).astype(np.float32)
+    if dt == "bf16":
+        xb = rs.to_bf16(x).reshape(rows, c)
+        x = rs.from_bf16(xb).reshape(rows, c)
+    else:
+        xb = x
+    lab = rng.integers(0, c, rows).astype(np.float32)
+    lab[1::7] = IGNORE
+    if rows > 3:
+        lab[3] = c + 0.5  # not a class id: NaN
+    return x, xb, lab
+
+
+def device_case(xb, lab, rows, c, dt):
+    return {"x": cp.asarray(xb), "l": cp.asarray(lab),
+            "p": cp.zeros((rows, c), cp.float32 if dt == "f32" else cp.uint16),
+            "rl": cp.zeros(rows, cp.float32), "loss": cp.zeros(1, cp.float32),
+            "part": cp.zeros(1024, cp.float32), "cnt": cp.zeros(1024, cp.float32)}
+
+
+def reference(x, lab):
+    x64 = x.astype(np.float64)
+    m = x64.max(1, keepdims=True)
+    e = np.exp(x64 - m)
+    p = e / e.sum(1, keepdims=True)
+    lse = (m[:, 0] + np.log(e.sum(1)))
+    rl = np.zeros(len(lab))
+    for r, l in enumerate(lab):
+        if l == IGNORE:
+            rl[r] = 0.0
+        elif l < 0 or l >= x.shape[1] or l != int(l):
+            rl[r] = np.nan
+        else:
+            rl[r] = lse[r] - x64[r, int(l)]
+    return p, rl
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    a = ap.parse_args()
+    lines = []
+
+    def log(s):
+        print(s, flush=True)
+        lines.append(s)
+
+    t0 = time.time()
+    dev = cp.cuda.Device()
+    sms = dev.attributes["MultiProcessorCount"]
+    log(f"GPU: {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()} ({sms} SMs), cupy {cp.__version__}")
+    progs = []
+    for vpt in ((4, 8) if a.quick else (2, 4, 8)):
+        P = Prog(vpt)
+        progs.append(P)
+        log(f"vpt {vpt}: compiled in {P.compile_s:.1f} s")
+    reps = 5 if a.quick else 20
+    bw, copy_us = rs.copy_bandwidth(reps)
+    log(f"copy: {copy_us:.1f} us per 64 MiB copy = {bw / 1e9:.0f} GB/s (read + write): the floor's bandwidth")
+
+    kinds = ("old", "rows", "online", "rows64", "online64")
+    rpbs = (1, 2, 4)
+    grids = (2 * sms, 4 * sms, 8 * sms, 1 << 20)
+
+    # Correctness: every kind at every vpt (the runtime's launch: rows a block from 256 threads).
+    ok = True
+    for dt in ("f32", "bf16"):
+        for rows, c in ((7, 64), (33, 1000), (9, 4096), (5, 8192)):
+            x, xb, lab = host_case(rows, c, rows * 7 + c, dt)
+            p_ref, rl_ref = reference(x, lab)
+            for P in progs:
+                got = {}
+                for kind in kinds:
+                    b = device_case(xb, lab, rows, c, dt)
+                    try:
+                        if not run_rows(P, kind, dt, b, rows, c, 1, 4 * sms):
+                            continue
+                        cp.cuda.Device().synchronize()
+                    except cp.cuda.driver.CUDADriverError:
+                        continue  # more threads a block than the launch bounds allow
+                    cp.cuda.Device().synchronize()
+                    p = cp.asnumpy(b["p"])
+                    p = p if dt == "f32" else rs.from_bf16(p).reshape(rows, c)
+                    rl = cp.asnumpy(b["rl"])
+                    got[kind] = (p, rl)
+                    tol = 1e-5 if dt == "f32" else 1e-2
+                    nan_ok = np.array_equal(np.isnan(rl), np.isnan(rl_ref))
+                    fin = ~np.isnan(rl_ref)
+                    e_p, e_l = rs.rel(p, p_ref), rs.rel(rl[fin], rl_ref[fin])
+                    good = e_p < tol and e_l < 1e-5 and nan_ok
+                    ok &= good
+                    if not good:
+                        log(f"FAIL {kind} {dt} vpt {P.vpt} {rows}x{c}: probs {e_p:.1e} row loss {e_l:.1e} NaNs {'ok' if nan_ok else 'differ'}")
+                if "old" in got and "rows" in got:
+                    same = all(np.array_equal(u.view(np.uint32), v.view(np.uint32)) for u, v in zip(got["old"], got["rows"]))
+                    ok &= same
+                    if not same:
+                        log(f"FAIL rows != old bit for bit: {dt} vpt {P.vpt} {rows}x{c}")
+    log(f"correctness (numpy reference; the runtime's kernel == the previous one bit for bit): {'ALL OK' if ok else 'FAILURES'}")
+
+    # The mean: three launches against one, alone.
+    P0 = progs[0]
+    for rows in (4096, 16384, 65536):
+        _, xb, lab = host_case(rows, 2, rows, "f32")
+        sets = [device_case(xb, lab, rows, 2, "f32") for _ in range(4)]
+        for s in sets:
+            s["rl"] = cp.asarray(np.random.default_rng(1).random(rows).astype(np.float32))
+        res = {}
+        for kind in ("three", "one"):
+            res[kind] = rs.time_graph(lambda b: run_mean(P0, kind, b, rows), sets, 20, reps)
+        r0 = []
+        for kind in ("three", "one"):
+            run_mean(P0, kind, sets[0], rows)
+            cp.cuda.Device().synchronize()
+            r0.append(float(cp.asnumpy(sets[0]["loss"])[0]))
+        log(f"mean over {rows} rows: three launches {res['three']:.2f} us, one block {res['one']:.2f} us "
+            f"(saves {res['three'] - res['one']:.2f} us; values {r0[0]:.7g} and {r0[1]:.7g})")
+
+    shapes = ((4096, 4096), (16384, 1024), (2048, 8192)) if a.quick else ((4096, 4096), (16384, 1024), (2048, 8192), (8192, 256))
+    results = []
+    for dt in ("f32", "bf16"):
+        elem = 4 if dt == "f32" else 2
+        for rows, c in shapes:
+            per_call = 2 * rows * c * elem
+            nsets = max(1, min(16, -(-rs.L2_BYTES // per_call)))
+            _, xb, lab = host_case(rows, c, rows + c, dt)
+            sets = [device_case(xb, lab, rows, c, dt) for _ in range(nsets)]
+            floor_us = per_call / bw * 1e6
+            out = []
+            for P in progs:
+                for kind, rpb, grid in itertools.product(kinds, rpbs, grids):
+                    try:
+                        if not run_rows(P, kind, dt, sets[0], rows, c, rpb, grid):
+                            continue
+                    except cp.cuda.driver.CUDADriverError:
+                        continue
+                    us = rs.time_graph(lambda b: run_rows(P, kind, dt, b, rows, c, rpb, grid), sets, 20, reps)
+                    name = f"{kind:<6} vpt={P.vpt} rows/block={rpb} grid<={'rows' if grid >= 1 << 20 else grid}"
+                    out.append((us / floor_us, us, name))
+                    results.append(dict(dtype=dt, rows=rows, c=c, kind=kind, vpt=P.vpt, rpb=rpb, grid=grid, us=us, ratio=us / floor_us))
+            out.sort()
+            log(f"\nsx rows {dt} {rows}x{c}: floor {floor_us:.1f} us ({per_call / 1e6:.1f} MB), {nsets} buffer sets")
+            for ratio, us, name in out[:10]:
+                log(f"  {ratio:5.2f}x  {us:8.1f} us  {name}")
+            # The runtime's launch: RowTiles::CHOSEN.fwd, vpt 4 and 256 threads a block, grid <= 4 x SMs.
+            rt_rpb = max(1, 256 // rs.next_pow2(max(1, -(-c // (4 * (16 // elem))))))
+            cur = [r for r in results if r["dtype"] == dt and r["rows"] == rows and r["c"] == c and r["kind"] == "rows"
+                   and r["vpt"] == 4 and r["rpb"] == rt_rpb and r["grid"] == 4 * sms]
+            if cur:
+                log(f"  the runtime's launch (rows, vpt 4, {rt_rpb} rows a block, grid <= {4 * sms}): {cur[0]['ratio']:.2f}x, {cur[0]['us']:.1f} us")
+            del sets
+            cp.get_default_memory_pool().free_all_blocks()
+    log(f"done in {time.time() - t0:.0f} s; correctness {'ALL OK' if ok else 'FAILURES'}")
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "xent_sweep.json"), "w") as fh:
+        json.dump(dict(lines=lines, results=results, copy_gbs=bw / 1e9), fh, indent=1)
+    with open(os.path.join(a.out, "xent_sweep.txt"), "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

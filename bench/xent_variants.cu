@@ -1,0 +1,147 @@
+// bench/xent_sweep.py's own kernels, compiled after the runtime's main program (its helpers:
+// RnInput, rn_row_max/rn_row_sum, label_ok, st_all): the cross-entropy row kernel as it was
+// before session 22 (old_sx_rows_*: thread 0 reads the label's logit again from memory after
+// the row's reductions) and a one-reduction form (online_sx_rows_*: each thread's max and sum of
+// exps merged across the row, the online softmax; other bits than sx_rows). Measurement
+// variants only: the runtime launches neither.
+template <typename T>
+__device__ __forceinline__ void old_sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
+    constexpr u32 W = 16 / sizeof(T);
+    constexpr u32 V = RN_FWD_VPT;
+    __shared__ float red[32];
+    const bool vec = c % W == 0 && al16(probs) && al16(logits);
+    const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
+    RnInput<T, V, (RN_PREFETCH != 0)> in_x(logits, c, vec, groups, rows);
+    for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+        const u64 r = grp * blockDim.y + threadIdx.y;
+        const bool ok = r < rows;
+        Pack<T> px[V];
+        in_x.take(px, grp, groups, rows);
+        float m = gr_neg_inf();
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                if (rn_in(vec, i, k, W, c)) m = fmaxf(m, ld(px[i].e, k));
+            }
+        }
+        m = rn_row_max(m, red);
+        float e[V * W];
+        float s = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                e[i * W + k] = rn_in(vec, i, k, W, c) ? expf(ld(px[i].e, k) - m) : 0.0f;
+                s += e[i * W + k];
+            }
+        }
+        s = rn_row_sum(s, red);
+        const float inv = 1.0f / s;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+            float o[W];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) o[k] = e[i * W + k] * inv;
+            st_all(px[i].e, o);
+        }
+        if (ok) {
+            rn_store(probs + r * c, px, c, vec);
+            if (threadIdx.x == 0) {
+                const float l = labels[r];
+                row_loss[r] = label_ok(l, c) ? (m + logf(s)) - ld(logits + r * c, (u32)l) : l == IGNORE_LABEL ? 0.0f : gr_nan();
+            }
+        }
+    }
+}
+
+// (m, s) merged with (mo, so): the larger max, and each sum rescaled to it.
+__device__ __forceinline__ void ox_merge(float& m, float& s, float mo, float so) {
+    const float mx = fmaxf(m, mo);
+    if (mx == gr_neg_inf()) return;
+    s = s * expf(m - mx) + so * expf(mo - mx);
+    m = mx;
+}
+
+template <typename T>
+__device__ __forceinline__ void online_sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
+    constexpr u32 W = 16 / sizeof(T);
+    constexpr u32 V = RN_FWD_VPT;
+    __shared__ float red_m[32], red_s[32];
+    const bool vec = c % W == 0 && al16(probs) && al16(logits);
+    const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
+    RnInput<T, V, (RN_PREFETCH != 0)> in_x(logits, c, vec, groups, rows);
+    for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+        const u64 r = grp * blockDim.y + threadIdx.y;
+        const bool ok = r < rows;
+        const float l = ok ? labels[r] : IGNORE_LABEL;
+        const bool lok = label_ok(l, c);
+        const u32 lj = lok ? (u32)l : 0xffffffffu;
+        Pack<T> px[V];
+        in_x.take(px, grp, groups, rows);
+        float mt = gr_neg_inf(), xl = 0.0f;
+        bool mine = false;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                if (rn_in(vec, i, k, W, c)) {
+                    const float v = ld(px[i].e, k);
+                    mt = fmaxf(mt, v);
+                    if (rn_col(vec, i, k, W) == lj) { xl = v; mine = true; }
+                }
+            }
+        }
+        float e[V * W];
+        float st_ = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                e[i * W + k] = rn_in(vec, i, k, W, c) ? expf(ld(px[i].e, k) - mt) : 0.0f;
+                st_ += e[i * W + k];
+            }
+        }
+        float m = mt, s = st_;
+        const u32 tpr = blockDim.x;
+        for (u32 o = (tpr < 32u ? tpr : 32u) >> 1; o > 0; o >>= 1) {
+            const float mo = __shfl_xor_sync(0xffffffffu, m, o), so = __shfl_xor_sync(0xffffffffu, s, o);
+            ox_merge(m, s, mo, so);
+        }
+        if (tpr > 32u) {
+            const u32 lin = threadIdx.y * tpr + threadIdx.x, wpr = tpr >> 5;
+            __syncthreads();
+            if ((lin & 31u) == 0u) { red_m[lin >> 5] = m; red_s[lin >> 5] = s; }
+            __syncthreads();
+            m = red_m[threadIdx.y * wpr];
+            s = red_s[threadIdx.y * wpr];
+            for (u32 w = 1; w < wpr; ++w) ox_merge(m, s, red_m[threadIdx.y * wpr + w], red_s[threadIdx.y * wpr + w]);
+        }
+        const float f = (mt == gr_neg_inf() ? 0.0f : expf(mt - m)) / s;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+            float o[W];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) o[k] = e[i * W + k] * f;
+            st_all(px[i].e, o);
+        }
+        if (ok) {
+            rn_store(probs + r * c, px, c, vec);
+            if (mine) {
+                row_loss[r] = (m + logf(s)) - xl;
+            } else if (!lok && threadIdx.x == 0) {
+                row_loss[r] = l == IGNORE_LABEL ? 0.0f : gr_nan();
+            }
+        }
+    }
+}
+extern "C" __global__ void old_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { old_sx_rows_t(p, rl, x, l, rows, c); }
+extern "C" __global__ void old_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { old_sx_rows_t(p, rl, x, l, rows, c); }
+extern "C" __global__ void online_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { online_sx_rows_t(p, rl, x, l, rows, c); }
+extern "C" __global__ void online_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { online_sx_rows_t(p, rl, x, l, rows, c); }
+// The runtime's kernel and the one-reduction form held to 64 registers (four 256-thread blocks
+// an SM): the runtime's sx_rows_f32 takes 93 at 4 words a thread, so two blocks fit an SM.
+extern "C" __global__ void __launch_bounds__(256, 4) lb_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { sx_rows_t(p, rl, x, l, rows, c); }
+extern "C" __global__ void __launch_bounds__(256, 4) lb_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { sx_rows_t(p, rl, x, l, rows, c); }
+extern "C" __global__ void __launch_bounds__(256, 4) lb_online_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { online_sx_rows_t(p, rl, x, l, rows, c); }
+extern "C" __global__ void __launch_bounds__(256, 4) lb_online_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { online_sx_rows_t(p, rl, x, l, rows, c); }
