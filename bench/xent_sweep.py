@@ -78,6 +78,16 @@ def run_rows(P, kind, dt, b, rows, c, rpb, grid):
     return True
 
 
+def run_wide(P, kind, dt, b, rows, c):
+    """The one-block-a-row kernel (rows wider than the register kernels hold), launched as the
+    runtime launches it (ops::row_dims: a block a row, row_threads(c) threads): `new` the
+    runtime's (two reads of the row), `old` the previous (three)."""
+    name = ("old_softmax_xent" if kind == "old" else "softmax_xent") + "_" + dt
+    threads = min(512, max(32, -(-c // 32) * 32))
+    P.f(name)((min(rows, 1 << 20),), (threads,), (b["p"], b["rl"], b["x"], b["l"], np.uint32(rows), np.uint32(c)))
+    return True
+
+
 def run_mean(P, kind, b, rows):
     if kind == "one":
         P.f("xent_mean_f32")((1,), (1024,), (b["loss"], b["rl"], b["l"], np.uint32(rows)))
@@ -153,6 +163,7 @@ def main():
     log(f"copy: {copy_us:.1f} us per 64 MiB copy = {bw / 1e9:.0f} GB/s (read + write): the floor's bandwidth")
 
     kinds = ("old", "rows", "online", "rows64", "online64")
+    P0w = progs[0]
     rpbs = (1, 2, 4)
     grids = (2 * sms, 4 * sms, 8 * sms, 1 << 20)
 
@@ -190,7 +201,46 @@ def main():
                     ok &= same
                     if not same:
                         log(f"FAIL rows != old bit for bit: {dt} vpt {P.vpt} {rows}x{c}")
+    # The one-block-a-row kernels on wide rows, with masked (-inf) logits at the start of rows.
+    for dt in ("f32", "bf16"):
+        for rows, c in ((5, 20000), (3, 70001)):
+            x, xb, lab = host_case(rows, c, rows + c, dt)
+            x[0, :700] = -np.inf
+            x[2, 5:9] = -np.inf
+            xb = x if dt == "f32" else rs.to_bf16(x).reshape(rows, c)
+            if lab[0] < 700:
+                lab[0] = 700
+            p_ref, rl_ref = reference(x, lab)
+            for kind in ("old", "new"):
+                b = device_case(xb, lab, rows, c, dt)
+                run_wide(progs[0], kind, dt, b, rows, c)
+                cp.cuda.Device().synchronize()
+                p = cp.asnumpy(b["p"])
+                p = p if dt == "f32" else rs.from_bf16(p).reshape(rows, c)
+                rl = cp.asnumpy(b["rl"])
+                fin = ~np.isnan(rl_ref)
+                e_p, e_l = rs.rel(p, p_ref), rs.rel(rl[fin], rl_ref[fin])
+                good = e_p < (1e-5 if dt == "f32" else 1e-2) and e_l < 1e-5 and np.array_equal(np.isnan(rl), np.isnan(rl_ref))
+                good = good and not np.isnan(p).any()
+                ok &= good
+                if not good:
+                    log(f"FAIL wide {kind} {dt} {rows}x{c}: probs {e_p:.1e} row loss {e_l:.1e}")
     log(f"correctness (numpy reference; the runtime's kernel == the previous one bit for bit): {'ALL OK' if ok else 'FAILURES'}")
+
+    # Wide rows: the one-block-a-row kernel, two reads of a row against three.
+    for dt in ("f32", "bf16"):
+        elem = 4 if dt == "f32" else 2
+        for rows, c in ((4096, 32768), (1024, 131072)):
+            per_call = 2 * rows * c * elem
+            nsets = max(1, min(16, -(-rs.L2_BYTES // per_call)))
+            _, xb, lab = host_case(rows, c, rows + c, dt)
+            sets = [device_case(xb, lab, rows, c, dt) for _ in range(nsets)]
+            floor_us = per_call / bw * 1e6
+            t = {k: rs.time_graph(lambda b: run_wide(P0w, k, dt, b, rows, c), sets, 10, reps) for k in ("old", "new")}
+            log(f"wide rows {dt} {rows}x{c}: floor {floor_us:.1f} us; three reads {t['old']:.1f} us ({t['old'] / floor_us:.2f}x), "
+                f"two reads (the runtime's) {t['new']:.1f} us ({t['new'] / floor_us:.2f}x)")
+            del sets
+            cp.get_default_memory_pool().free_all_blocks()
 
     # The mean: three launches against one, alone.
     P0 = progs[0]

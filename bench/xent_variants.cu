@@ -3,7 +3,8 @@
 // before session 22 (old_sx_rows_*: thread 0 reads the label's logit again from memory after
 // the row's reductions) and a one-reduction form (online_sx_rows_*: each thread's max and sum of
 // exps merged across the row, the online softmax; other bits than sx_rows). Measurement
-// variants only: the runtime launches neither.
+// variants only: the runtime launches neither. old_softmax_xent_*: the one-block-a-row kernel
+// before session 22 (three reads of the row: its max, its sum, the probabilities).
 template <typename T>
 __device__ __forceinline__ void old_sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
     constexpr u32 W = 16 / sizeof(T);
@@ -55,14 +56,6 @@ __device__ __forceinline__ void old_sx_rows_t(T* probs, float* row_loss, const T
     }
 }
 
-// (m, s) merged with (mo, so): the larger max, and each sum rescaled to it.
-__device__ __forceinline__ void ox_merge(float& m, float& s, float mo, float so) {
-    const float mx = fmaxf(m, mo);
-    if (mx == gr_neg_inf()) return;
-    s = s * expf(m - mx) + so * expf(mo - mx);
-    m = mx;
-}
-
 template <typename T>
 __device__ __forceinline__ void online_sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
     constexpr u32 W = 16 / sizeof(T);
@@ -106,7 +99,7 @@ __device__ __forceinline__ void online_sx_rows_t(T* probs, float* row_loss, cons
         const u32 tpr = blockDim.x;
         for (u32 o = (tpr < 32u ? tpr : 32u) >> 1; o > 0; o >>= 1) {
             const float mo = __shfl_xor_sync(0xffffffffu, m, o), so = __shfl_xor_sync(0xffffffffu, s, o);
-            ox_merge(m, s, mo, so);
+            sx_merge(m, s, mo, so);
         }
         if (tpr > 32u) {
             const u32 lin = threadIdx.y * tpr + threadIdx.x, wpr = tpr >> 5;
@@ -115,7 +108,7 @@ __device__ __forceinline__ void online_sx_rows_t(T* probs, float* row_loss, cons
             __syncthreads();
             m = red_m[threadIdx.y * wpr];
             s = red_s[threadIdx.y * wpr];
-            for (u32 w = 1; w < wpr; ++w) ox_merge(m, s, red_m[threadIdx.y * wpr + w], red_s[threadIdx.y * wpr + w]);
+            for (u32 w = 1; w < wpr; ++w) sx_merge(m, s, red_m[threadIdx.y * wpr + w], red_s[threadIdx.y * wpr + w]);
         }
         const float f = (mt == gr_neg_inf() ? 0.0f : expf(mt - m)) / s;
 #pragma unroll
@@ -145,3 +138,26 @@ extern "C" __global__ void __launch_bounds__(256, 4) lb_sx_rows_f32(float* p, fl
 extern "C" __global__ void __launch_bounds__(256, 4) lb_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { sx_rows_t(p, rl, x, l, rows, c); }
 extern "C" __global__ void __launch_bounds__(256, 4) lb_online_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { online_sx_rows_t(p, rl, x, l, rows, c); }
 extern "C" __global__ void __launch_bounds__(256, 4) lb_online_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { online_sx_rows_t(p, rl, x, l, rows, c); }
+
+template <typename T>
+__device__ __forceinline__ void old_softmax_xent_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
+    __shared__ float sh[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = logits + r * c;
+        T* pr = probs + r * c;
+        float m = gr_neg_inf();
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, ld(xr, j));
+        m = block_max(m, sh);
+        float s = 0.0f;
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) s += expf(ld(xr, j) - m);
+        s = block_sum(s, sh);
+        const float inv = 1.0f / s;
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) st(pr, j, expf(ld(xr, j) - m) * inv);
+        if (threadIdx.x == 0) {
+            const float l = labels[r];
+            row_loss[r] = label_ok(l, c) ? (m + logf(s)) - ld(xr, (u32)l) : l == IGNORE_LABEL ? 0.0f : gr_nan();
+        }
+    }
+}
+extern "C" __global__ void old_softmax_xent_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { old_softmax_xent_t(p, rl, x, l, rows, c); }
+extern "C" __global__ void old_softmax_xent_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { old_softmax_xent_t(p, rl, x, l, rows, c); }

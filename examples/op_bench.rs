@@ -151,6 +151,7 @@ fn main() -> Result<()> {
     let mixed = MixedAdamW::new(&[mixed_p], AdamWConfig::default(), None)?;
     let gpt = GptOps { rstd: &rstd16, sum: &sum16, sum_rstd: &sum_rstd16, dgamma: &dgamma16, adamw: &mixed };
     let gemm_inputs = GptGemmInputs::new(&dev, gpu)?;
+    let xent_inputs = XentInputs::new(&dev, gpu)?;
 
     let gemm_bytes = 3.0 * (lin * lin * 4) as f64;
     let gemm_flops = 2.0 * (lin as f64).powi(3);
@@ -209,6 +210,7 @@ fn main() -> Result<()> {
     cases.extend(bf16_cases(&t16, &a, &rng, (&dw, &db), &size, lin));
     cases.extend(gpt_cases(&t16, &gpt, &size));
     cases.extend(gpt_gemm_cases(&gemm_inputs));
+    cases.extend(xent_cases(&xent_inputs));
 
     if !args.only.is_empty() {
         // A name that matches no op is refused before anything is timed, with the names there are.
@@ -550,6 +552,60 @@ impl GptGemmInputs {
 /// Each projection's forward (with the residual added in the GEMM where the blocks add it) and
 /// backward (`dx` and the accumulated weight grad), named `<projection> fwd` and `bwd`. Which
 /// algorithm cuBLAS runs is `GRAPHED_GEMM`'s (see the runtime's `cublaslt_gemm.rs`).
+/// Cross-entropy as a language model's head computes it: bf16 logits at op_bench's shape, and a
+/// 32,768-word vocabulary in f32 and bf16 (rows wider than the register kernels hold, so the
+/// one-block-a-row kernels run). Each: logits, labels and the forward's probabilities.
+struct XentInputs {
+    heads: Vec<(DType, usize, usize, Tensor, Tensor, Tensor)>,
+}
+
+impl XentInputs {
+    fn new(dev: &Device, gpu: bool) -> Result<XentInputs> {
+        let shapes: &[(DType, usize, usize)] = if gpu {
+            &[(DType::BF16, 4096, 4096), (DType::F32, 4096, 32768), (DType::BF16, 4096, 32768)]
+        } else {
+            &[(DType::BF16, 64, 256), (DType::F32, 64, 2048), (DType::BF16, 64, 2048)]
+        };
+        let mut heads = Vec::new();
+        for &(dtype, rows, vocab) in shapes {
+            let v: Vec<f32> = (0..rows * vocab).map(|i| ((i * 7919 % 1000) as f32) * 0.01 - 5.0).collect();
+            let logits = Tensor::from_slice_as(dev, &v, &[rows, vocab], dtype)?;
+            let labels =
+                Tensor::from_slice(dev, &(0..rows).map(|i| (i * 31 % vocab) as f32).collect::<Vec<_>>(), &[rows])?;
+            let (_, probs) = ops::softmax_cross_entropy(&logits, &labels)?;
+            heads.push((dtype, rows, vocab, logits, labels, probs));
+        }
+        Ok(XentInputs { heads })
+    }
+}
+
+/// The loss head's forward (logits read, probabilities written) and backward (probabilities
+/// read, the logits' grad written).
+fn xent_cases(x: &XentInputs) -> Vec<Case<'_>> {
+    let mut cases = Vec::new();
+    for (dtype, rows, vocab, logits, labels, probs) in &x.heads {
+        let bytes = 2.0 * (rows * vocab * dtype.size()) as f64;
+        let size = format!("{rows}x{vocab}");
+        cases.push(Case {
+            name: "softmax_cross_entropy",
+            dtype: *dtype,
+            size: size.clone(),
+            bytes,
+            flops: 0.0,
+            run: Box::new(move || ops::softmax_cross_entropy(logits, labels).map(drop)),
+        });
+        cases.push(Case {
+            name: "softmax_xent_backward",
+            dtype: *dtype,
+            size,
+            bytes,
+            flops: 0.0,
+            run: Box::new(move || ops::softmax_cross_entropy_backward(probs, labels, 1.0).map(drop)),
+        });
+    }
+    cases
+}
+
 fn gpt_gemm_cases(g: &GptGemmInputs) -> Vec<Case<'_>> {
     let mut cases = Vec::new();
     for Projection { names: [fwd_name, bwd_name], x, w, dy, dw, residual } in &g.projections {

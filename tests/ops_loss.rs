@@ -14,8 +14,9 @@ fn is_label(e: &Error) -> bool {
 }
 
 /// (rows, classes), including non-multiples of 32 and 256, and a batch past the rows whose mean
-/// one block takes on CUDA (65,536: larger ones take the partial sums).
-const SHAPES: &[(usize, usize)] = &[(1, 1), (1, 2), (4, 10), (33, 257), (64, 1000), (300, 3), (70_001, 3)];
+/// one block takes on CUDA (16,384: larger ones take the partial sums).
+/// (5, 9000): rows wider than the register kernels hold in f32 (one block a row on CUDA).
+const SHAPES: &[(usize, usize)] = &[(1, 1), (1, 2), (4, 10), (33, 257), (64, 1000), (300, 3), (70_001, 3), (5, 9000)];
 
 /// Labels `0..classes` spread over the rows, as f32.
 fn labels(rows: usize, classes: usize, seed: u64) -> Vec<f32> {
@@ -48,6 +49,39 @@ fn softmax_cross_entropy_matches_reference() {
                 let d = ops::softmax_cross_entropy_backward(&probs, &l, scale)?;
                 let rd = cpu::softmax_cross_entropy_backward(&probs.to_vec()?, &lv, c, scale)?;
                 check_ref(dev, &format!("{what} backward x{scale}"), &d.to_vec()?, &rd, TOL)?;
+            }
+        }
+        Ok(())
+    });
+}
+
+/// Masked logits (-inf, a vocabulary mask) get probability 0 and leave the loss finite, on the
+/// register kernels (1,000 classes) and the one-block-a-row kernel (9,000), also where a row
+/// starts with them (the one-block kernel's running max is still -inf there).
+#[test]
+fn masked_logits_get_zero_probability() {
+    on_each_backend(|dev| {
+        for (n, c) in [(6usize, 1000usize), (6, 9000)] {
+            let mut v: Vec<f32> = random_vec(n * c, 5).into_iter().map(|x| 5.0 * x).collect();
+            for r in 0..n {
+                let masked = if r % 2 == 0 { 0..c / 3 } else { c / 2..c / 2 + 7 };
+                for j in masked {
+                    v[r * c + j] = f32::NEG_INFINITY;
+                }
+            }
+            let lv: Vec<f32> = (0..n).map(|r| (c - 1 - r) as f32).collect();
+            let (x, l) = (Tensor::from_slice(dev, &v, &[n, c])?, Tensor::from_slice(dev, &lv, &[n])?);
+            let (loss, probs) = ops::softmax_cross_entropy(&x, &l)?;
+            let (rloss, rprobs) = cpu::softmax_cross_entropy(&v, &lv, c)?;
+            let what = format!("masked softmax_cross_entropy {n}x{c}");
+            let (got, p) = (loss.to_vec()?, probs.to_vec()?);
+            assert!(got[0].is_finite(), "{what}: loss {}", got[0]);
+            check_ref(dev, &what, &got, &[rloss], TOL)?;
+            check_ref(dev, &format!("{what} probs"), &p, &rprobs, TOL)?;
+            for (i, (pv, xv)) in p.iter().zip(&v).enumerate() {
+                if *xv == f32::NEG_INFINITY {
+                    assert_eq!(*pv, 0.0, "{what}: element {i} is masked");
+                }
             }
         }
         Ok(())

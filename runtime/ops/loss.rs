@@ -4,14 +4,16 @@ use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims};
 use crate::error::OpError;
 use crate::ops::{
     check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, reduce_blocks, row_kernel, Exec,
+    RowGrid,
 };
 use crate::{Device, Error, Result, ShapeProblem, Tensor};
 
 /// Rows up to which the cross-entropy's mean (and the backward's count of rows not ignored)
-/// runs as one launch of one block (`xent_mean_f32`): a batch's row losses are read in a few
-/// microseconds there, where the partial sums' three launches cost about 2 µs each. Larger
-/// batches take the partial sums, spread over the GPU.
-const XENT_ONE_BLOCK_ROWS: usize = 1 << 16;
+/// runs as one launch of one block (`xent_mean_f32`); larger batches take the partial sums'
+/// three launches, spread over the GPU. On the H100 (bench/xent_sweep.py, 2026-12-06): one
+/// block 2.3 µs against 5.9 µs at 4,096 rows, 4.4 against 5.9 at 16,384, 12.5 against 6.2 at
+/// 65,536.
+const XENT_ONE_BLOCK_ROWS: usize = 1 << 14;
 
 /// `out[0]` = the mean of `row_loss` over the rows whose label is not ignored (0 when all are),
 /// or with `row_loss` `None`, the count of those rows: in an order fixed by `rows` either way.
@@ -157,9 +159,11 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
         }
         Exec::Cuda(c) => {
             let row_loss = Tensor::empty(logits.device(), &[rows])?;
-            // Rows held in registers (read once) when they fit, else one block a row.
+            // Rows held in registers (read once) when they fit, else one block a row. A block
+            // for every row group: 1.05x the bandwidth floor at 4096 x 4096 in f32 against
+            // 1.18x with the grid capped (H100, bench/xent_sweep.py, 2026-12-06).
             let dtype = logits.dtype();
-            let (kernel, dims) = row_kernel(rows, classes, dtype, k::SX_ROWS, k::SOFTMAX_XENT);
+            let (kernel, dims) = row_kernel(rows, classes, dtype, k::SX_ROWS, k::SOFTMAX_XENT, RowGrid::Spread);
             c.launch(
                 kernel,
                 dims,

@@ -600,18 +600,51 @@ __device__ __forceinline__ void layer_norm_bwd_params_t(float* dgamma, float* db
     }
 }
 
+// The online softmax's running (max m, sum s of exp(x - m)): v added, or another pair merged,
+// each sum rescaled to the larger max. Merging is commutative bit for bit (fmaxf, and a sum of
+// two products), so both lanes of a butterfly get the same bits. A -inf value or max (nothing
+// yet) adds nothing; +inf or NaN makes the sum NaN, as exp(x - max) summed does.
+__device__ __forceinline__ void sx_merge(float& m, float& s, float mo, float so) {
+    const float mx = fmaxf(m, mo);
+    if (mx == gr_neg_inf()) return;
+    s = s * expf(m - mx) + so * expf(mo - mx);
+    m = mx;
+}
+__device__ __forceinline__ void sx_add(float& m, float& s, float v) {
+    if (v > m) {
+        s = s * expf(m - v) + 1.0f;
+        m = v;
+    } else if (v != gr_neg_inf()) {
+        s += expf(v - m);  // a -inf logit (masked) adds nothing, before a finite max too
+    }
+}
+
+// (m, s) merged over the block; every thread gets the same bits (order fixed by blockDim.x).
+__device__ __forceinline__ void block_max_sum(float& m, float& s, float* sh_m, float* sh_s) {
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (u32 o = 16; o > 0; o >>= 1) sx_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    __syncthreads();
+    if (lane == 0) {
+        sh_m[warp] = m;
+        sh_s[warp] = s;
+    }
+    __syncthreads();
+    m = lane < nwarps ? sh_m[lane] : gr_neg_inf();
+    s = lane < nwarps ? sh_s[lane] : 0.0f;
+    for (u32 o = 16; o > 0; o >>= 1) sx_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+}
+
+// One block a row (rows wider than the register kernels hold): the row's max and sum of exps in
+// one pass (the online softmax), the probabilities in a second; two reads of the row, not three.
 template <typename T>
 __device__ __forceinline__ void softmax_xent_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
-    __shared__ float sh[32];
+    __shared__ float sh_m[32], sh_s[32];
     for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* xr = logits + r * c;
         T* pr = probs + r * c;
-        float m = gr_neg_inf();
-        for (u32 j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, ld(xr, j));
-        m = block_max(m, sh);
-        float s = 0.0f;
-        for (u32 j = threadIdx.x; j < c; j += blockDim.x) s += expf(ld(xr, j) - m);
-        s = block_sum(s, sh);
+        float m = gr_neg_inf(), s = 0.0f;
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) sx_add(m, s, ld(xr, j));
+        block_max_sum(m, s, sh_m, sh_s);
         const float inv = 1.0f / s;
         for (u32 j = threadIdx.x; j < c; j += blockDim.x) st(pr, j, expf(ld(xr, j) - m) * inv);
         if (threadIdx.x == 0) {
