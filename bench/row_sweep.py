@@ -636,12 +636,17 @@ def main():
     for (op, rows, d), rt in sorted(worst.items()):
         log(f"best {TITLE[op]:<22} {rows}x{d}: {rt:.2f}x of the floor {'PASS' if rt <= 1.3 else 'MISS'} (target <= 1.3x)")
     log(f"done in {time.time() - t_start:.0f} s; correctness {'ALL OK' if ok else 'FAILURES'}")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "row_sweep.json"), "w") as fh:
-        json.dump(dict(lines=lines, results=results, copy_gbs=bw / 1e9), fh, indent=1)
-    with open(os.path.join(args.out, "row_sweep.txt"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    save(args.out, "row_sweep", lines, results, bw)
     return 0 if ok else 1
+
+
+def save(out, stem, lines, results, bw):
+    """The sweep's log lines and results into out/stem.json and out/stem.txt."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, stem + ".json"), "w") as fh:
+        json.dump(dict(lines=lines, results=results, copy_gbs=bw / 1e9), fh, indent=1)
+    with open(os.path.join(out, stem + ".txt"), "w") as fh:
+        fh.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ bench/row_sweep.py does) with NVRTC through CuPy once per "16-byte words a threa
 - `online_sx_rows_*`: one reduction a row instead of two (each thread's (max, sum of exps)
   merged across the row, the online softmax), other bits;
 - `lb_*` (kinds rows64, online64): those two held to 64 registers by launch bounds (four
-  256-thread blocks an SM; they launch with at most 256 threads).
+  256-thread blocks an SM; they launch with at most 256 threads);
+- `early_sx_rows_*`, `early2_sx_rows_*`: the label's logit read by thread 0 when the row group
+  starts (not looked for at every value), and early2 the exponentials as one FFMA and ex2.
 
 It checks every variant against a numpy reference (and old == current bit for bit), times the
 row kernels over launch shapes (words a thread, threads a block, grid cap) in f32 and bf16 at
@@ -25,7 +27,6 @@ x-of-floor (the op's bytes: logits read, probabilities written, over the copy ba
 """
 import argparse
 import itertools
-import json
 import os
 import sys
 import time
@@ -41,7 +42,8 @@ IGNORE = -100.0
 # The previous row kernel and the one-reduction variant (bench/xent_variants.cu).
 EXTRA = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "xent_variants.cu")).read()
 
-KERNEL = {"old": "old_sx_rows", "rows": "sx_rows", "online": "online_sx_rows", "rows64": "lb_sx_rows", "online64": "lb_online_sx_rows"}
+KERNEL = {"old": "old_sx_rows", "rows": "sx_rows", "online": "online_sx_rows", "rows64": "lb_sx_rows", "online64": "lb_online_sx_rows",
+          "early": "early_sx_rows", "early2": "early2_sx_rows"}
 
 
 class Prog:
@@ -162,7 +164,7 @@ def main():
     bw, copy_us = rs.copy_bandwidth(reps)
     log(f"copy: {copy_us:.1f} us per 64 MiB copy = {bw / 1e9:.0f} GB/s (read + write): the floor's bandwidth")
 
-    kinds = ("old", "rows", "online", "rows64", "online64")
+    kinds = ("old", "rows", "online", "rows64", "online64", "early", "early2")
     P0w = progs[0]
     rpbs = (1, 2, 4)
     grids = (2 * sms, 4 * sms, 8 * sms, 1 << 20)
@@ -196,11 +198,12 @@ def main():
                     ok &= good
                     if not good:
                         log(f"FAIL {kind} {dt} vpt {P.vpt} {rows}x{c}: probs {e_p:.1e} row loss {e_l:.1e} NaNs {'ok' if nan_ok else 'differ'}")
-                if "old" in got and "rows" in got:
-                    same = all(np.array_equal(u.view(np.uint32), v.view(np.uint32)) for u, v in zip(got["old"], got["rows"]))
-                    ok &= same
-                    if not same:
-                        log(f"FAIL rows != old bit for bit: {dt} vpt {P.vpt} {rows}x{c}")
+                for twin in ("rows", "early"):
+                    if "old" in got and twin in got:
+                        same = all(np.array_equal(u.view(np.uint32), v.view(np.uint32)) for u, v in zip(got["old"], got[twin]))
+                        ok &= same
+                        if not same:
+                            log(f"FAIL {twin} != old bit for bit: {dt} vpt {P.vpt} {rows}x{c}")
     # The one-block-a-row kernels on wide rows, with masked (-inf) logits at the start of rows.
     for dt in ("f32", "bf16"):
         for rows, c in ((5, 20000), (3, 70001)):
@@ -295,11 +298,7 @@ def main():
             del sets
             cp.get_default_memory_pool().free_all_blocks()
     log(f"done in {time.time() - t0:.0f} s; correctness {'ALL OK' if ok else 'FAILURES'}")
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "xent_sweep.json"), "w") as fh:
-        json.dump(dict(lines=lines, results=results, copy_gbs=bw / 1e9), fh, indent=1)
-    with open(os.path.join(a.out, "xent_sweep.txt"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    rs.save(a.out, "xent_sweep", lines, results, bw)
     return 0 if ok else 1
 
 

@@ -6,57 +6,6 @@
 // variants only: the runtime launches neither. old_softmax_xent_*: the one-block-a-row kernel
 // before session 22 (three reads of the row: its max, its sum, the probabilities).
 template <typename T>
-__device__ __forceinline__ void old_sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
-    constexpr u32 W = 16 / sizeof(T);
-    constexpr u32 V = RN_FWD_VPT;
-    __shared__ float red[32];
-    const bool vec = c % W == 0 && al16(probs) && al16(logits);
-    const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
-    RnInput<T, V, (RN_PREFETCH != 0)> in_x(logits, c, vec, groups, rows);
-    for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
-        const u64 r = grp * blockDim.y + threadIdx.y;
-        const bool ok = r < rows;
-        Pack<T> px[V];
-        in_x.take(px, grp, groups, rows);
-        float m = gr_neg_inf();
-#pragma unroll
-        for (u32 i = 0; i < V; ++i) {
-#pragma unroll
-            for (u32 k = 0; k < W; ++k) {
-                if (rn_in(vec, i, k, W, c)) m = fmaxf(m, ld(px[i].e, k));
-            }
-        }
-        m = rn_row_max(m, red);
-        float e[V * W];
-        float s = 0.0f;
-#pragma unroll
-        for (u32 i = 0; i < V; ++i) {
-#pragma unroll
-            for (u32 k = 0; k < W; ++k) {
-                e[i * W + k] = rn_in(vec, i, k, W, c) ? expf(ld(px[i].e, k) - m) : 0.0f;
-                s += e[i * W + k];
-            }
-        }
-        s = rn_row_sum(s, red);
-        const float inv = 1.0f / s;
-#pragma unroll
-        for (u32 i = 0; i < V; ++i) {
-            float o[W];
-#pragma unroll
-            for (u32 k = 0; k < W; ++k) o[k] = e[i * W + k] * inv;
-            st_all(px[i].e, o);
-        }
-        if (ok) {
-            rn_store(probs + r * c, px, c, vec);
-            if (threadIdx.x == 0) {
-                const float l = labels[r];
-                row_loss[r] = label_ok(l, c) ? (m + logf(s)) - ld(logits + r * c, (u32)l) : l == IGNORE_LABEL ? 0.0f : gr_nan();
-            }
-        }
-    }
-}
-
-template <typename T>
 __device__ __forceinline__ void online_sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
     constexpr u32 W = 16 / sizeof(T);
     constexpr u32 V = RN_FWD_VPT;
@@ -128,8 +77,6 @@ __device__ __forceinline__ void online_sx_rows_t(T* probs, float* row_loss, cons
         }
     }
 }
-extern "C" __global__ void old_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { old_sx_rows_t(p, rl, x, l, rows, c); }
-extern "C" __global__ void old_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { old_sx_rows_t(p, rl, x, l, rows, c); }
 extern "C" __global__ void online_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { online_sx_rows_t(p, rl, x, l, rows, c); }
 extern "C" __global__ void online_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { online_sx_rows_t(p, rl, x, l, rows, c); }
 // The runtime's kernel and the one-reduction form held to 64 registers (four 256-thread blocks
@@ -161,3 +108,68 @@ __device__ __forceinline__ void old_softmax_xent_t(T* probs, float* row_loss, co
 }
 extern "C" __global__ void old_softmax_xent_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { old_softmax_xent_t(p, rl, x, l, rows, c); }
 extern "C" __global__ void old_softmax_xent_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { old_softmax_xent_t(p, rl, x, l, rows, c); }
+
+// sx_rows_t with the label's logit read by thread 0 at the start of the row group (its latency
+// behind the row's reductions) instead of looked for at every value (kinds early, early2);
+// E2: the exponentials as ex2(x log2(e) - max log2(e)), one FFMA and the SFU, for expf's
+// range handling. LATE: the label's logit read after the reductions, the kernel before session
+// 22 (kind old).
+template <typename T, bool E2, bool LATE>
+__device__ __forceinline__ void early_sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
+    constexpr u32 W = 16 / sizeof(T);
+    constexpr u32 V = RN_FWD_VPT;
+    __shared__ float red[32];
+    const bool vec = c % W == 0 && al16(probs) && al16(logits);
+    const u64 groups = ((u64)rows + blockDim.y - 1) / blockDim.y;
+    RnInput<T, V, (RN_PREFETCH != 0)> in_x(logits, c, vec, groups, rows);
+    for (u64 grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+        const u64 r = grp * blockDim.y + threadIdx.y;
+        const bool ok = r < rows;
+        const float l = ok ? labels[r] : IGNORE_LABEL;
+        const bool lok = label_ok(l, c);
+        float xl = (!LATE && ok && lok && threadIdx.x == 0) ? ld(logits + r * c, (u32)l) : 0.0f;
+        Pack<T> px[V];
+        in_x.take(px, grp, groups, rows);
+        float m = gr_neg_inf();
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                if (rn_in(vec, i, k, W, c)) m = fmaxf(m, ld(px[i].e, k));
+            }
+        }
+        m = rn_row_max(m, red);
+        const float ml = -m * 1.4426950408889634f;
+        float e[V * W];
+        float s = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const float v = ld(px[i].e, k);
+                e[i * W + k] = rn_in(vec, i, k, W, c) ? (E2 ? gr_ex2(fmaf(v, 1.4426950408889634f, ml)) : expf(v - m)) : 0.0f;
+                s += e[i * W + k];
+            }
+        }
+        s = rn_row_sum(s, red);
+        const float inv = 1.0f / s;
+#pragma unroll
+        for (u32 i = 0; i < V; ++i) {
+            float o[W];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) o[k] = e[i * W + k] * inv;
+            st_all(px[i].e, o);
+        }
+        if (ok) {
+            rn_store(probs + r * c, px, c, vec);
+            if (LATE && lok && threadIdx.x == 0) xl = ld(logits + r * c, (u32)l);
+            if (threadIdx.x == 0) row_loss[r] = lok ? (m + logf(s)) - xl : l == IGNORE_LABEL ? 0.0f : gr_nan();
+        }
+    }
+}
+extern "C" __global__ void old_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<float, false, true>(p, rl, x, l, rows, c); }
+extern "C" __global__ void old_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<bf16_t, false, true>(p, rl, x, l, rows, c); }
+extern "C" __global__ void early_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<float, false, false>(p, rl, x, l, rows, c); }
+extern "C" __global__ void early_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<bf16_t, false, false>(p, rl, x, l, rows, c); }
+extern "C" __global__ void early2_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<float, true, false>(p, rl, x, l, rows, c); }
+extern "C" __global__ void early2_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<bf16_t, true, false>(p, rl, x, l, rows, c); }
