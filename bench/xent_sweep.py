@@ -5,21 +5,22 @@ The op (ops::softmax_cross_entropy on CUDA) is two parts: the row kernel (`sx_ro
 held in registers: probabilities and each row's loss) and the mean over the rows not ignored.
 This compiles the runtime's kernels (the main program's files up to transformer.cu, as
 bench/row_sweep.py does) with NVRTC through CuPy once per "16-byte words a thread holds" value
-(RN_FWD_VPT), with two kernels of its own beside them:
+(RN_FWD_VPT), with kernels of its own beside them (bench/xent_variants.cu):
 
 - `old_sx_rows_*`: the row kernel before session 22 (thread 0 read the label's logit again
-  from memory after the row's reductions; the runtime's kernel now takes it from the thread
-  that holds it: the same bits);
+  from memory after the row's reductions; expf);
 - `online_sx_rows_*`: one reduction a row instead of two (each thread's (max, sum of exps)
   merged across the row, the online softmax), other bits;
-- `lb_*` (kinds rows64, online64): those two held to 64 registers by launch bounds (four
+- `lb_*` (kinds rows64, online64): the runtime's and the one-reduction kernel held to 64 registers by launch bounds (four
   256-thread blocks an SM; they launch with at most 256 threads);
-- `early_sx_rows_*`, `early2_sx_rows_*`: the label's logit read by thread 0 when the row group
-  starts (not looked for at every value), and early2 the exponentials as one FFMA and ex2.
+- `early_sx_rows_*`: the runtime's kernel with expf for its exponentials (the runtime's take
+  one FFMA and ex2), the label's logit read by thread 0 when the row group starts as the
+  runtime's does; old reads it after the reductions, with the same bits as early.
 
-It checks every variant against a numpy reference (and old == current bit for bit), times the
+It checks every variant against a numpy reference (and old == early bit for bit), times the
 row kernels over launch shapes (words a thread, threads a block, grid cap) in f32 and bf16 at
-several shapes, and the mean's two forms (the partial sums' three launches against one block's
+several shapes, the one-block-a-row kernel (rows too wide for registers) against its previous
+three-read form (old_softmax_xent_*), and the mean's two forms (the partial sums' three launches against one block's
 one), each over a CUDA graph of many launches rotating buffers past the L2, and prints
 x-of-floor (the op's bytes: logits read, probabilities written, over the copy bandwidth).
 
@@ -43,7 +44,7 @@ IGNORE = -100.0
 EXTRA = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "xent_variants.cu")).read()
 
 KERNEL = {"old": "old_sx_rows", "rows": "sx_rows", "online": "online_sx_rows", "rows64": "lb_sx_rows", "online64": "lb_online_sx_rows",
-          "early": "early_sx_rows", "early2": "early2_sx_rows"}
+          "early": "early_sx_rows"}
 
 
 class Prog:
@@ -164,7 +165,7 @@ def main():
     bw, copy_us = rs.copy_bandwidth(reps)
     log(f"copy: {copy_us:.1f} us per 64 MiB copy = {bw / 1e9:.0f} GB/s (read + write): the floor's bandwidth")
 
-    kinds = ("old", "rows", "online", "rows64", "online64", "early", "early2")
+    kinds = ("old", "rows", "online", "rows64", "online64", "early")
     P0w = progs[0]
     rpbs = (1, 2, 4)
     grids = (2 * sms, 4 * sms, 8 * sms, 1 << 20)
@@ -198,7 +199,7 @@ def main():
                     ok &= good
                     if not good:
                         log(f"FAIL {kind} {dt} vpt {P.vpt} {rows}x{c}: probs {e_p:.1e} row loss {e_l:.1e} NaNs {'ok' if nan_ok else 'differ'}")
-                for twin in ("rows", "early"):
+                for twin in ("early",):
                     if "old" in got and twin in got:
                         same = all(np.array_equal(u.view(np.uint32), v.view(np.uint32)) for u, v in zip(got["old"], got[twin]))
                         ok &= same
@@ -228,7 +229,7 @@ def main():
                 ok &= good
                 if not good:
                     log(f"FAIL wide {kind} {dt} {rows}x{c}: probs {e_p:.1e} row loss {e_l:.1e}")
-    log(f"correctness (numpy reference; the runtime's kernel == the previous one bit for bit): {'ALL OK' if ok else 'FAILURES'}")
+    log(f"correctness (numpy reference; early == old bit for bit): {'ALL OK' if ok else 'FAILURES'}")
 
     # Wide rows: the one-block-a-row kernel, two reads of a row against three.
     for dt in ("f32", "bf16"):

@@ -1,7 +1,7 @@
 // bench/xent_sweep.py's own kernels, compiled after the runtime's main program (its helpers:
 // RnInput, rn_row_max/rn_row_sum, label_ok, st_all): the cross-entropy row kernel as it was
-// before session 22 (old_sx_rows_*: thread 0 reads the label's logit again from memory after
-// the row's reductions) and a one-reduction form (online_sx_rows_*: each thread's max and sum of
+// before session 22 (old_sx_rows_*, below: thread 0 reads the label's logit again from memory
+// after the row's reductions; expf) and a one-reduction form (online_sx_rows_*: each thread's max and sum of
 // exps merged across the row, the online softmax; other bits than sx_rows). Measurement
 // variants only: the runtime launches neither. old_softmax_xent_*: the one-block-a-row kernel
 // before session 22 (three reads of the row: its max, its sum, the probabilities).
@@ -109,12 +109,10 @@ __device__ __forceinline__ void old_softmax_xent_t(T* probs, float* row_loss, co
 extern "C" __global__ void old_softmax_xent_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { old_softmax_xent_t(p, rl, x, l, rows, c); }
 extern "C" __global__ void old_softmax_xent_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { old_softmax_xent_t(p, rl, x, l, rows, c); }
 
-// sx_rows_t with the label's logit read by thread 0 at the start of the row group (its latency
-// behind the row's reductions) instead of looked for at every value (kinds early, early2);
-// E2: the exponentials as ex2(x log2(e) - max log2(e)), one FFMA and the SFU, for expf's
-// range handling. LATE: the label's logit read after the reductions, the kernel before session
-// 22 (kind old).
-template <typename T, bool E2, bool LATE>
+// The runtime's sx_rows_t with expf for its exponentials (kind early: the label's logit read by
+// thread 0 when the row group starts, as the runtime does), and with that read after the row's
+// reductions too (LATE; kind old: the kernel before session 22, whose bits both give).
+template <typename T, bool LATE>
 __device__ __forceinline__ void early_sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
     constexpr u32 W = 16 / sizeof(T);
     constexpr u32 V = RN_FWD_VPT;
@@ -139,7 +137,6 @@ __device__ __forceinline__ void early_sx_rows_t(T* probs, float* row_loss, const
             }
         }
         m = rn_row_max(m, red);
-        const float ml = -m * 1.4426950408889634f;
         float e[V * W];
         float s = 0.0f;
 #pragma unroll
@@ -147,7 +144,7 @@ __device__ __forceinline__ void early_sx_rows_t(T* probs, float* row_loss, const
 #pragma unroll
             for (u32 k = 0; k < W; ++k) {
                 const float v = ld(px[i].e, k);
-                e[i * W + k] = rn_in(vec, i, k, W, c) ? (E2 ? gr_ex2(fmaf(v, 1.4426950408889634f, ml)) : expf(v - m)) : 0.0f;
+                e[i * W + k] = rn_in(vec, i, k, W, c) ? expf(v - m) : 0.0f;
                 s += e[i * W + k];
             }
         }
@@ -167,9 +164,7 @@ __device__ __forceinline__ void early_sx_rows_t(T* probs, float* row_loss, const
         }
     }
 }
-extern "C" __global__ void old_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<float, false, true>(p, rl, x, l, rows, c); }
-extern "C" __global__ void old_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<bf16_t, false, true>(p, rl, x, l, rows, c); }
-extern "C" __global__ void early_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<float, false, false>(p, rl, x, l, rows, c); }
-extern "C" __global__ void early_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<bf16_t, false, false>(p, rl, x, l, rows, c); }
-extern "C" __global__ void early2_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<float, true, false>(p, rl, x, l, rows, c); }
-extern "C" __global__ void early2_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<bf16_t, true, false>(p, rl, x, l, rows, c); }
+extern "C" __global__ void old_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<float, true>(p, rl, x, l, rows, c); }
+extern "C" __global__ void old_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<bf16_t, true>(p, rl, x, l, rows, c); }
+extern "C" __global__ void early_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<float, false>(p, rl, x, l, rows, c); }
+extern "C" __global__ void early_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<bf16_t, false>(p, rl, x, l, rows, c); }

@@ -61,10 +61,11 @@ __device__ float block_max(float v, float* sh) {
 #define GR_GELU_C 0.044715f
 #define GR_INV_SQRT_2 0.7071067811865476f
 #define GR_INV_SQRT_2PI 0.3989422804014327f
-// log2(e) / 2, log2(sqrt(2 pi)); 2u log2(e) = x (A + B x^2) for the tanh form's u.
+// log2(e), log2(e) / 2, log2(sqrt(2 pi)); 2u log2(e) = x (A + B x^2) for the tanh form's u.
+#define GR_LOG2E 1.4426950408889634f
 #define GR_HALF_LOG2E 0.7213475204444817f
 #define GR_LOG2_SQRT_2PI 1.3257480647361593f
-#define GR_GELU_TANH_A (2.0f * GR_SQRT_2_OVER_PI * 1.4426950408889634f)
+#define GR_GELU_TANH_A (2.0f * GR_SQRT_2_OVER_PI * GR_LOG2E)
 #define GR_GELU_TANH_B (GR_GELU_TANH_A * GR_GELU_C)
 
 // approx: 0 = exact (erf), 1 = tanh approximation.

@@ -893,8 +893,9 @@ __device__ __forceinline__ void ln_rows_bwd_t(T* dx, const T* dy, const T* x, co
 }
 
 // probs = softmax(logits) per row, row_loss = logsumexp - logit[label] (0 for an ignored row,
-// NaN for a label that is not a class id); each exp computed once. The thread that holds the
-// label's logit writes the row's loss (no second read of the row).
+// NaN for a label that is not a class id); each exp computed once, as ex2(x log2(e) - max
+// log2(e)) (one FFMA and the SFU; bf16 rows are compute-bound). Thread 0 reads the label's
+// logit when the row group starts, its latency behind the row's reductions.
 template <typename T>
 __device__ __forceinline__ void sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
     constexpr u32 W = 16 / sizeof(T);
@@ -908,33 +909,26 @@ __device__ __forceinline__ void sx_rows_t(T* probs, float* row_loss, const T* lo
         const bool ok = r < rows;
         const float l = ok ? labels[r] : IGNORE_LABEL;
         const bool lok = label_ok(l, c);
-        const u32 lj = lok ? (u32)l : 0xffffffffu;
+        const float xl = (ok && lok && threadIdx.x == 0) ? ld(logits + r * c, (u32)l) : 0.0f;
         Pack<T> px[V];
         in_x.take(px, grp, groups, rows);
-        float m = gr_neg_inf(), xl = 0.0f;
-        bool mine = false;
+        float m = gr_neg_inf();
 #pragma unroll
         for (u32 i = 0; i < V; ++i) {
 #pragma unroll
             for (u32 k = 0; k < W; ++k) {
-                if (rn_in(vec, i, k, W, c)) {
-                    const float v = ld(px[i].e, k);
-                    m = fmaxf(m, v);
-                    if (rn_col(vec, i, k, W) == lj) {
-                        xl = v;
-                        mine = true;
-                    }
-                }
+                if (rn_in(vec, i, k, W, c)) m = fmaxf(m, ld(px[i].e, k));
             }
         }
         m = rn_row_max(m, red);
+        const float ml = -m * GR_LOG2E;
         float e[V * W];
         float s = 0.0f;
 #pragma unroll
         for (u32 i = 0; i < V; ++i) {
 #pragma unroll
             for (u32 k = 0; k < W; ++k) {
-                e[i * W + k] = rn_in(vec, i, k, W, c) ? expf(ld(px[i].e, k) - m) : 0.0f;
+                e[i * W + k] = rn_in(vec, i, k, W, c) ? gr_ex2(fmaf(ld(px[i].e, k), GR_LOG2E, ml)) : 0.0f;
                 s += e[i * W + k];
             }
         }
@@ -949,11 +943,7 @@ __device__ __forceinline__ void sx_rows_t(T* probs, float* row_loss, const T* lo
         }
         if (ok) {
             rn_store(probs + r * c, px, c, vec);
-            if (mine) {
-                row_loss[r] = (m + logf(s)) - xl;
-            } else if (!lok && threadIdx.x == 0) {
-                row_loss[r] = l == IGNORE_LABEL ? 0.0f : gr_nan();
-            }
+            if (threadIdx.x == 0) row_loss[r] = lok ? (m + logf(s)) - xl : l == IGNORE_LABEL ? 0.0f : gr_nan();
         }
     }
 }
