@@ -4,7 +4,6 @@ use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims};
 use crate::error::OpError;
 use crate::ops::{
     check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, reduce_blocks, row_kernel, Exec,
-    RowGrid,
 };
 use crate::{Device, Error, Result, ShapeProblem, Tensor};
 
@@ -159,11 +158,12 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
         }
         Exec::Cuda(c) => {
             let row_loss = Tensor::empty(logits.device(), &[rows])?;
-            // Rows held in registers (read once) when they fit, else one block a row. A block
-            // for every row group: 1.05x the bandwidth floor at 4096 x 4096 in f32 against
-            // 1.18x with the grid capped (H100, bench/xent_sweep.py, 2026-12-06).
+            // Rows held in registers (read once) when they fit, else one block a row. (A block
+            // for every row group ran the row kernel faster in bench/xent_sweep.py, 48.4 against
+            // 54.3 µs at 4096 x 4096 in f32, but the op slower in op_bench, 64.8 against 57.2:
+            // H100, 2026-12-06; so the grid keeps RowTiles' cap.)
             let dtype = logits.dtype();
-            let (kernel, dims) = row_kernel(rows, classes, dtype, k::SX_ROWS, k::SOFTMAX_XENT, RowGrid::Spread);
+            let (kernel, dims) = row_kernel(rows, classes, dtype, k::SX_ROWS, k::SOFTMAX_XENT);
             c.launch(
                 kernel,
                 dims,

@@ -168,35 +168,18 @@ pub(crate) fn row_dims(rows: usize, d: usize) -> LaunchDims {
 
 /// A row kernel and its launch: `in_regs` (rows held in registers on the row kernels' forward
 /// shape, [`RowTiles::fwd_launch`]) where a row of `d` values fits, else `per_block` (one block a
-/// row, [`row_dims`]). `grid`: the forward shape's cap on the blocks (`Capped`), or a block for
-/// every row group (`Spread`, up to the 2^20 the kernels stride over).
+/// row, [`row_dims`]).
 pub(crate) fn row_kernel(
     rows: usize,
     d: usize,
     dtype: DType,
     in_regs: Typed,
     per_block: Typed,
-    grid: RowGrid,
 ) -> (BuiltinKernel, LaunchDims) {
-    let tiles = match grid {
-        RowGrid::Capped => RowTiles::CHOSEN,
-        RowGrid::Spread => {
-            RowTiles { fwd: (RowTiles::CHOSEN.fwd.0, RowTiles::CHOSEN.fwd.1, 1 << 20), ..RowTiles::CHOSEN }
-        }
-    };
-    match tiles.fwd_launch(rows, d, dtype.size()) {
+    match RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()) {
         Some(l) => (in_regs.get(dtype), l.dims),
         None => (per_block.get(dtype), row_dims(rows, d)),
     }
-}
-
-/// The grid of a register-row kernel ([`row_kernel`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RowGrid {
-    /// At most [`RowTiles::CHOSEN`]'s blocks, each striding over row groups.
-    Capped,
-    /// A block for every row group.
-    Spread,
 }
 
 /// One warp per row, 8 rows a block (the one-warp-per-row kernels), capped at the grid limit

@@ -4,7 +4,7 @@ use crate::backend::KArg;
 use crate::error::OpError;
 use crate::ops::{
     as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, row_kernel,
-    Exec, RowGrid,
+    Exec,
 };
 use crate::{Error, Result, ShapeProblem, Tensor};
 
@@ -60,7 +60,7 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
         }
         Exec::Cuda(c) => {
             // Rows held in registers (read once) when they fit, else one block a row.
-            let (kernel, dims) = row_kernel(rows, d, dtype, k::LN_ROWS, k::LAYER_NORM, RowGrid::Capped);
+            let (kernel, dims) = row_kernel(rows, d, dtype, k::LN_ROWS, k::LAYER_NORM);
             c.launch(
                 kernel,
                 dims,
@@ -137,7 +137,7 @@ pub fn layer_norm_backward(
         }
         Exec::Cuda(c) => {
             let (dyp, xp, mp, rp) = (dy.cuda_ptr()?, x.cuda_ptr()?, mean.cuda_ptr()?, rstd.cuda_ptr()?);
-            let (kernel, dims) = row_kernel(rows, d, dtype, k::LN_ROWS_BWD, k::LAYER_NORM_BWD, RowGrid::Capped);
+            let (kernel, dims) = row_kernel(rows, d, dtype, k::LN_ROWS_BWD, k::LAYER_NORM_BWD);
             c.launch(
                 kernel,
                 dims,
