@@ -497,20 +497,9 @@ TITLE = {"fwd": "rms_norm", "bwd": "rms_norm_backward", "add": "add_rms_norm", "
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
-    args = ap.parse_args()
+    args, lines, log, sms = start(ap)
     q = args.quick
-    lines = []
-
-    def log(s):
-        print(s, flush=True)
-        lines.append(s)
-
     t_start = time.time()
-    dev = cp.cuda.Device()
-    sms = dev.attributes["MultiProcessorCount"]
-    log(f"GPU: {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()} ({sms} SMs), cupy {cp.__version__}")
     vpts = (2, 4) if q else (1, 2, 4, 8)
     progs = []
     for vpt in vpts:
@@ -638,6 +627,24 @@ def main():
     log(f"done in {time.time() - t_start:.0f} s; correctness {'ALL OK' if ok else 'FAILURES'}")
     save(args.out, "row_sweep", lines, results, bw)
     return 0 if ok else 1
+
+
+def start(ap):
+    """A sweep's start: --quick and --out parsed, a log that prints and keeps its lines, the GPU
+    said. Returns (args, lines, log, multiprocessors)."""
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    args = ap.parse_args()
+    lines = []
+
+    def log(s):
+        print(s, flush=True)
+        lines.append(s)
+
+    dev = cp.cuda.Device()
+    sms = dev.attributes["MultiProcessorCount"]
+    log(f"GPU: {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()} ({sms} SMs), cupy {cp.__version__}")
+    return args, lines, log, sms
 
 
 def save(out, stem, lines, results, bw):

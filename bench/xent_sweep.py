@@ -20,7 +20,8 @@ bench/row_sweep.py does) with NVRTC through CuPy once per "16-byte words a threa
 It checks every variant against a numpy reference (and old == early bit for bit), times the
 row kernels over launch shapes (words a thread, threads a block, grid cap) in f32 and bf16 at
 several shapes, the one-block-a-row kernel (rows too wide for registers) against its previous
-three-read form (old_softmax_xent_*), and the mean's two forms (the partial sums' three launches against one block's
+three-read form (old_softmax_xent_*) and a 16-byte-load form (vec_softmax_xent_*), and the
+mean's two forms (the partial sums' three launches against one block's
 one), each over a CUDA graph of many launches rotating buffers past the L2, and prints
 x-of-floor (the op's bytes: logits read, probabilities written, over the copy bandwidth).
 
@@ -84,8 +85,9 @@ def run_rows(P, kind, dt, b, rows, c, rpb, grid):
 def run_wide(P, kind, dt, b, rows, c):
     """The one-block-a-row kernel (rows wider than the register kernels hold), launched as the
     runtime launches it (ops::row_dims: a block a row, row_threads(c) threads): `new` the
-    runtime's (two reads of the row), `old` the previous (three)."""
-    name = ("old_softmax_xent" if kind == "old" else "softmax_xent") + "_" + dt
+    runtime's (two reads of the row), `old` the previous (three), `vec` the runtime's with
+    16-byte loads."""
+    name = {"old": "old_softmax_xent", "new": "softmax_xent", "vec": "vec_softmax_xent"}[kind] + "_" + dt
     threads = min(512, max(32, -(-c // 32) * 32))
     P.f(name)((min(rows, 1 << 20),), (threads,), (b["p"], b["rl"], b["x"], b["l"], np.uint32(rows), np.uint32(c)))
     return True
@@ -143,19 +145,8 @@ def reference(x, lab):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
-    a = ap.parse_args()
-    lines = []
-
-    def log(s):
-        print(s, flush=True)
-        lines.append(s)
-
+    a, lines, log, sms = rs.start(ap)
     t0 = time.time()
-    dev = cp.cuda.Device()
-    sms = dev.attributes["MultiProcessorCount"]
-    log(f"GPU: {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()} ({sms} SMs), cupy {cp.__version__}")
     progs = []
     for vpt in ((4, 8) if a.quick else (2, 4, 8)):
         P = Prog(vpt)
@@ -215,7 +206,7 @@ def main():
             if lab[0] < 700:
                 lab[0] = 700
             p_ref, rl_ref = reference(x, lab)
-            for kind in ("old", "new"):
+            for kind in ("old", "new", "vec"):
                 b = device_case(xb, lab, rows, c, dt)
                 run_wide(progs[0], kind, dt, b, rows, c)
                 cp.cuda.Device().synchronize()
@@ -240,9 +231,10 @@ def main():
             _, xb, lab = host_case(rows, c, rows + c, dt)
             sets = [device_case(xb, lab, rows, c, dt) for _ in range(nsets)]
             floor_us = per_call / bw * 1e6
-            t = {k: rs.time_graph(lambda b: run_wide(P0w, k, dt, b, rows, c), sets, 10, reps) for k in ("old", "new")}
+            t = {k: rs.time_graph(lambda b: run_wide(P0w, k, dt, b, rows, c), sets, 10, reps) for k in ("old", "new", "vec")}
             log(f"wide rows {dt} {rows}x{c}: floor {floor_us:.1f} us; three reads {t['old']:.1f} us ({t['old'] / floor_us:.2f}x), "
-                f"two reads (the runtime's) {t['new']:.1f} us ({t['new'] / floor_us:.2f}x)")
+                f"two reads (the runtime's) {t['new']:.1f} us ({t['new'] / floor_us:.2f}x), "
+                f"two reads of 16-byte words {t['vec']:.1f} us ({t['vec'] / floor_us:.2f}x)")
             del sets
             cp.get_default_memory_pool().free_all_blocks()
 

@@ -636,42 +636,17 @@ __device__ __forceinline__ void block_max_sum(float& m, float& s, float* sh_m, f
 
 // One block a row (rows wider than the register kernels hold): the row's max and sum of exps in
 // one pass (the online softmax), the probabilities in a second; two reads of the row, not three.
-// 16 bytes a load and store where the row is made of whole aligned words, else value by value.
 template <typename T>
 __device__ __forceinline__ void softmax_xent_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
-    constexpr u32 W = 16 / sizeof(T);
     __shared__ float sh_m[32], sh_s[32];
-    const bool vec = c % W == 0 && al16(probs) && al16(logits);
-    const u32 words = c / W;
     for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* xr = logits + r * c;
         T* pr = probs + r * c;
         float m = gr_neg_inf(), s = 0.0f;
-        if (vec) {
-            for (u32 w = threadIdx.x; w < words; w += blockDim.x) {
-                Pack<T> p;
-                p.raw = reinterpret_cast<const uint4*>(xr)[w];
-#pragma unroll
-                for (u32 k = 0; k < W; ++k) sx_add(m, s, ld(p.e, k));
-            }
-        } else {
-            for (u32 j = threadIdx.x; j < c; j += blockDim.x) sx_add(m, s, ld(xr, j));
-        }
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) sx_add(m, s, ld(xr, j));
         block_max_sum(m, s, sh_m, sh_s);
         const float inv = 1.0f / s;
-        if (vec) {
-            for (u32 w = threadIdx.x; w < words; w += blockDim.x) {
-                Pack<T> p, q;
-                p.raw = reinterpret_cast<const uint4*>(xr)[w];
-                float o[W];
-#pragma unroll
-                for (u32 k = 0; k < W; ++k) o[k] = expf(ld(p.e, k) - m) * inv;
-                st_all(q.e, o);
-                reinterpret_cast<uint4*>(pr)[w] = q.raw;
-            }
-        } else {
-            for (u32 j = threadIdx.x; j < c; j += blockDim.x) st(pr, j, expf(ld(xr, j) - m) * inv);
-        }
+        for (u32 j = threadIdx.x; j < c; j += blockDim.x) st(pr, j, expf(ld(xr, j) - m) * inv);
         if (threadIdx.x == 0) {
             const float l = labels[r];
             row_loss[r] = label_ok(l, c) ? (m + logf(s)) - ld(xr, (u32)l) : l == IGNORE_LABEL ? 0.0f : gr_nan();
