@@ -93,13 +93,14 @@ def source():
 
 class Prog:
     """One NVRTC build of the kernels with RN_FWD_VPT = RN_BWD_VPT = vpt and RN_RING = ring (the
-    ring variant's slots). A build with `ring_only` times the ring variant alone."""
+    ring variant's slots). A build with `ring_only` times the ring variant alone; `extra` is
+    source compiled after the kernels (bench/xent_sweep.py's variants)."""
 
-    def __init__(self, vpt, ring=2, ring_only=False):
+    def __init__(self, vpt, ring=2, ring_only=False, extra=""):
         self.vpt, self.ring, self.ring_only = vpt, ring, ring_only
         t0 = time.time()
         opts = ("-std=c++17", f"--gpu-architecture=sm_{arch()}", f"-DRN_FWD_VPT={vpt}", f"-DRN_BWD_VPT={vpt}", f"-DRN_RING={ring}")
-        self.mod = cp.RawModule(code=source(), options=opts)
+        self.mod = cp.RawModule(code=source() + extra, options=opts)
         self.fns = {}
         self.compile_s = time.time() - t0
 

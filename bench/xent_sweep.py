@@ -48,21 +48,6 @@ KERNEL = {"old": "old_sx_rows", "rows": "sx_rows", "online": "online_sx_rows", "
           "early": "early_sx_rows"}
 
 
-class Prog:
-    def __init__(self, vpt):
-        self.vpt = vpt
-        t0 = time.time()
-        opts = ("-std=c++17", f"--gpu-architecture=sm_{rs.arch()}", f"-DRN_FWD_VPT={vpt}", f"-DRN_BWD_VPT={vpt}")
-        self.mod = cp.RawModule(code=rs.source() + EXTRA, options=opts)
-        self.fns = {}
-        self.compile_s = time.time() - t0
-
-    def f(self, name):
-        if name not in self.fns:
-            self.fns[name] = self.mod.get_function(name)
-        return self.fns[name]
-
-
 def launch_dims(rows, c, elem, vpt, rows_a_block, max_blocks):
     """RowTiles::fwd_launch with `rows_a_block` rows a block: (grid, block) or None past 1024 threads."""
     tpr = rs.next_pow2(max(1, -(-c // (vpt * (16 // elem)))))
@@ -149,7 +134,7 @@ def main():
     t0 = time.time()
     progs = []
     for vpt in ((4, 8) if a.quick else (2, 4, 8)):
-        P = Prog(vpt)
+        P = rs.Prog(vpt, extra=EXTRA)
         progs.append(P)
         log(f"vpt {vpt}: compiled in {P.compile_s:.1f} s")
     reps = 5 if a.quick else 20
