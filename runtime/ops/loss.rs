@@ -160,8 +160,9 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
             let row_loss = Tensor::empty(logits.device(), &[rows])?;
             // Rows held in registers (read once) when they fit, else one block a row. (A block
             // for every row group ran the row kernel faster in bench/xent_sweep.py, 48.4 against
-            // 54.3 µs at 4096 x 4096 in f32, but the op slower in op_bench, 64.8 against 57.2:
-            // H100, 2026-12-06; so the grid keeps RowTiles' cap.)
+            // 54.3 µs at 4096 x 4096 in f32, but op_bench then timed the op at 64.8 µs that way,
+            // against 57.2 capped in an earlier call with an older kernel: H100, 2026-12-06. The
+            // grid keeps RowTiles' cap until one call times both.)
             let dtype = logits.dtype();
             let (kernel, dims) = row_kernel(rows, classes, dtype, k::SX_ROWS, k::SOFTMAX_XENT);
             c.launch(
