@@ -11,16 +11,19 @@ bench/row_sweep.py does) with NVRTC through CuPy once per "16-byte words a threa
   from memory after the row's reductions; expf);
 - `online_sx_rows_*`: one reduction a row instead of two (each thread's (max, sum of exps)
   merged across the row, the online softmax), other bits;
-- `lb_*` (kinds rows64, online64): the runtime's and the one-reduction kernel held to 64 registers by launch bounds (four
-  256-thread blocks an SM; they launch with at most 256 threads);
+- `lb_online_sx_rows_*` (kind online64): the one-reduction kernel held to 64 registers by
+  launch bounds, as the runtime's are (four 256-thread blocks an SM; at most 256 threads);
 - `early_sx_rows_*`: the runtime's kernel with expf for its exponentials (the runtime's take
   one FFMA and ex2), the label's logit read by thread 0 when the row group starts as the
   runtime's does; old reads it after the reductions, with the same bits as early.
 
 It checks every variant against a numpy reference (and old == early bit for bit), times the
 row kernels over launch shapes (words a thread, threads a block, grid cap) in f32 and bf16 at
-several shapes, the one-block-a-row kernel (rows too wide for registers) against its previous
-three-read form (old_softmax_xent_*) and a 16-byte-load form (vec_softmax_xent_*), and the
+several shapes, the wide-row kernels (the runtime's row in shared memory, `sx_smem_*`, over
+threads a block; its two-read one-block-a-row kernel for rows past the shared memory; the
+three-read form before session 22, old_softmax_xent_*) with rows that are whole 16-byte words
+and rows that are not (32771, 131071 classes), beside the register kernel where it holds the
+row, and the
 mean's two forms (the partial sums' three launches against one block's
 one), each over a CUDA graph of many launches rotating buffers past the L2, and prints
 x-of-floor (the op's bytes: logits read, probabilities written, over the copy bandwidth).
@@ -44,7 +47,7 @@ IGNORE = -100.0
 # The previous row kernel and the one-reduction variant (bench/xent_variants.cu).
 EXTRA = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "xent_variants.cu")).read()
 
-KERNEL = {"old": "old_sx_rows", "rows": "sx_rows", "online": "online_sx_rows", "rows64": "lb_sx_rows", "online64": "lb_online_sx_rows",
+KERNEL = {"old": "old_sx_rows", "rows": "sx_rows", "online": "online_sx_rows", "online64": "lb_online_sx_rows",
           "early": "early_sx_rows"}
 
 
@@ -67,14 +70,30 @@ def run_rows(P, kind, dt, b, rows, c, rpb, grid):
     return True
 
 
-def run_wide(P, kind, dt, b, rows, c):
-    """The one-block-a-row kernel (rows wider than the register kernels hold), launched as the
-    runtime launches it (ops::row_dims: a block a row, row_threads(c) threads): `new` the
-    runtime's (two reads of the row), `old` the previous (three), `vec` the runtime's with
-    16-byte loads."""
-    name = {"old": "old_softmax_xent", "new": "softmax_xent", "vec": "vec_softmax_xent"}[kind] + "_" + dt
-    threads = min(512, max(32, -(-c // 32) * 32))
-    P.f(name)((min(rows, 1 << 20),), (threads,), (b["p"], b["rl"], b["x"], b["l"], np.uint32(rows), np.uint32(c)))
+SMEM_MAX = 227 * 1024  # the opt-in dynamic shared memory of a block on sm_90
+
+
+def run_wide(P, kind, dt, b, rows, c, threads=None, grid=None):
+    """The wide-row kernels: `new` the runtime's one block a row (two reads of the row), `old`
+    the previous (three), launched as the runtime launches them (ops::row_dims: a block a row,
+    row_threads(c) threads); `smem` the runtime's row in shared memory (one read), at `threads`
+    and `grid` (default: the runtime's threads, a block a row). Returns False where the kind
+    cannot take the shape (smem: the row within a block's shared memory)."""
+    elem = 4 if dt == "f32" else 2
+    name = {"old": "old_softmax_xent", "new": "softmax_xent", "smem": "sx_smem"}[kind] + "_" + dt
+    threads = threads or min(512, max(32, -(-c // 32) * 32))
+    grid = min(rows, grid or (1 << 20))
+    args = (b["p"], b["rl"], b["x"], b["l"], np.uint32(rows), np.uint32(c))
+    if kind == "smem":
+        sm = 16 * -(-(c + (0 if c % (16 // elem) == 0 else 16 // elem - 1)) // (16 // elem))
+        if sm > SMEM_MAX:
+            return False
+        f = P.f(name)
+        if f.max_dynamic_shared_size_bytes < sm:
+            f.max_dynamic_shared_size_bytes = sm
+        f((grid,), (threads,), args, shared_mem=sm)
+        return True
+    P.f(name)((grid,), (threads,), args)
     return True
 
 
@@ -141,7 +160,7 @@ def main():
     bw, copy_us = rs.copy_bandwidth(reps)
     log(f"copy: {copy_us:.1f} us per 64 MiB copy = {bw / 1e9:.0f} GB/s (read + write): the floor's bandwidth")
 
-    kinds = ("old", "rows", "online", "rows64", "online64", "early")
+    kinds = ("old", "rows", "online", "online64", "early")
     P0w = progs[0]
     rpbs = (1, 2, 4)
     grids = (2 * sms, 4 * sms, 8 * sms, 1 << 20)
@@ -183,7 +202,7 @@ def main():
                             log(f"FAIL {twin} != old bit for bit: {dt} vpt {P.vpt} {rows}x{c}")
     # The one-block-a-row kernels on wide rows, with masked (-inf) logits at the start of rows.
     for dt in ("f32", "bf16"):
-        for rows, c in ((5, 20000), (3, 70001)):
+        for rows, c in ((5, 20000), (3, 70001), (4, 40000), (6, 4096)):
             x, xb, lab = host_case(rows, c, rows + c, dt)
             x[0, :700] = -np.inf
             x[2, 5:9] = -np.inf
@@ -191,9 +210,10 @@ def main():
             if lab[0] < 700:
                 lab[0] = 700
             p_ref, rl_ref = reference(x, lab)
-            for kind in ("old", "new", "vec"):
+            for kind, threads, grid in (("old", None, None), ("new", None, None), ("smem", 256, None), ("smem", 1024, 2)):
                 b = device_case(xb, lab, rows, c, dt)
-                run_wide(progs[0], kind, dt, b, rows, c)
+                if not run_wide(progs[0], kind, dt, b, rows, c, threads, grid):
+                    continue
                 cp.cuda.Device().synchronize()
                 p = cp.asnumpy(b["p"])
                 p = p if dt == "f32" else rs.from_bf16(p).reshape(rows, c)
@@ -204,22 +224,50 @@ def main():
                 good = good and not np.isnan(p).any()
                 ok &= good
                 if not good:
-                    log(f"FAIL wide {kind} {dt} {rows}x{c}: probs {e_p:.1e} row loss {e_l:.1e}")
+                    log(f"FAIL wide {kind} threads {threads} grid {grid} {dt} {rows}x{c}: probs {e_p:.1e} row loss {e_l:.1e}")
     log(f"correctness (numpy reference; early == old bit for bit): {'ALL OK' if ok else 'FAILURES'}")
 
-    # Wide rows: the one-block-a-row kernel, two reads of a row against three.
+    # Wide rows: the one-block-a-row kernels (two reads, three, 16-byte words), the row in shared
+    # memory (one read) and three reads with L2 hints, over threads a block and grids; and the same
+    # kernels at the register kernels' widths beside sx_rows at the runtime's launch.
+    wide = []
     for dt in ("f32", "bf16"):
         elem = 4 if dt == "f32" else 2
-        for rows, c in ((4096, 32768), (1024, 131072)):
+        for rows, c in ((4096, 32768), (4096, 32771), (1024, 131072), (1024, 131071), (4096, 4096), (2048, 8192), (8192, 2048),
+                        (16384, 1024)):
             per_call = 2 * rows * c * elem
             nsets = max(1, min(16, -(-rs.L2_BYTES // per_call)))
             _, xb, lab = host_case(rows, c, rows + c, dt)
             sets = [device_case(xb, lab, rows, c, dt) for _ in range(nsets)]
             floor_us = per_call / bw * 1e6
-            t = {k: rs.time_graph(lambda b: run_wide(P0w, k, dt, b, rows, c), sets, 10, reps) for k in ("old", "new", "vec")}
-            log(f"wide rows {dt} {rows}x{c}: floor {floor_us:.1f} us; three reads {t['old']:.1f} us ({t['old'] / floor_us:.2f}x), "
-                f"two reads (the runtime's) {t['new']:.1f} us ({t['new'] / floor_us:.2f}x), "
-                f"two reads of 16-byte words {t['vec']:.1f} us ({t['vec'] / floor_us:.2f}x)")
+            out = []
+            cands = [("old", None, None), ("new", None, None)]
+            cands += [("smem", t, None) for t in (128, 256, 512, 1024)]
+            for kind, threads, grid in cands:
+                if kind in ("old", "new") and c <= 8192:
+                    continue
+                try:
+                    if not run_wide(P0w, kind, dt, sets[0], rows, c, threads, grid):
+                        continue
+                    cp.cuda.Device().synchronize()
+                except cp.cuda.driver.CUDADriverError as e:
+                    log(f"  {kind} threads {threads}: cannot launch ({str(e)[:60]})")
+                    continue
+                us = rs.time_graph(lambda b: run_wide(P0w, kind, dt, b, rows, c, threads, grid), sets, 10, reps)
+                name = f"{kind:<5} threads={threads or 'runtime'} grid={'rows' if grid is None else grid}"
+                out.append((us / floor_us, us, name))
+                wide.append(dict(dtype=dt, rows=rows, c=c, kind=kind, threads=threads, grid=grid, us=us, ratio=us / floor_us))
+            if c <= 8192:
+                for P in progs:
+                    if P.vpt != 4:
+                        continue
+                    rpb = max(1, 256 // rs.next_pow2(max(1, -(-c // (4 * (16 // elem))))))
+                    us = rs.time_graph(lambda b: run_rows(P, "rows", dt, b, rows, c, rpb, 4 * sms), sets, 20, reps)
+                    out.append((us / floor_us, us, f"sx_rows at the runtime's launch (vpt 4, {rpb} rows a block)"))
+            out.sort()
+            log(f"\nwide rows {dt} {rows}x{c}: floor {floor_us:.1f} us, {nsets} buffer sets")
+            for ratio, us, name in out:
+                log(f"  {ratio:5.2f}x  {us:8.1f} us  {name}")
             del sets
             cp.get_default_memory_pool().free_all_blocks()
 
@@ -276,7 +324,7 @@ def main():
             del sets
             cp.get_default_memory_pool().free_all_blocks()
     log(f"done in {time.time() - t0:.0f} s; correctness {'ALL OK' if ok else 'FAILURES'}")
-    rs.save(a.out, "xent_sweep", lines, results, bw)
+    rs.save(a.out, "xent_sweep", lines, results + wide, bw)
     return 0 if ok else 1
 
 

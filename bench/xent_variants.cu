@@ -79,10 +79,8 @@ __device__ __forceinline__ void online_sx_rows_t(T* probs, float* row_loss, cons
 }
 extern "C" __global__ void online_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { online_sx_rows_t(p, rl, x, l, rows, c); }
 extern "C" __global__ void online_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { online_sx_rows_t(p, rl, x, l, rows, c); }
-// The runtime's kernel and the one-reduction form held to 64 registers (four 256-thread blocks
-// an SM): the runtime's sx_rows_f32 takes 93 at 4 words a thread, so two blocks fit an SM.
-extern "C" __global__ void __launch_bounds__(256, 4) lb_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { sx_rows_t(p, rl, x, l, rows, c); }
-extern "C" __global__ void __launch_bounds__(256, 4) lb_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { sx_rows_t(p, rl, x, l, rows, c); }
+// The one-reduction form held to 64 registers (four 256-thread blocks an SM), as the runtime's
+// sx_rows_* are since session 23 (they took 93 at 4 words a thread: two blocks an SM).
 extern "C" __global__ void __launch_bounds__(256, 4) lb_online_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { online_sx_rows_t(p, rl, x, l, rows, c); }
 extern "C" __global__ void __launch_bounds__(256, 4) lb_online_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { online_sx_rows_t(p, rl, x, l, rows, c); }
 
@@ -168,45 +166,3 @@ extern "C" __global__ void old_sx_rows_f32(float* p, float* rl, const float* x, 
 extern "C" __global__ void old_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<bf16_t, true>(p, rl, x, l, rows, c); }
 extern "C" __global__ void early_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<float, false>(p, rl, x, l, rows, c); }
 extern "C" __global__ void early_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<bf16_t, false>(p, rl, x, l, rows, c); }
-
-// The runtime's one-block-a-row kernel (softmax_xent_t, two reads of the row) with 16-byte loads
-// and stores where the row is made of whole aligned words (kind vec in the wide rows' timing;
-// written in session 22, not yet run on a GPU: bf16 rows load two bytes at a time otherwise).
-template <typename T>
-__device__ __forceinline__ void vec_softmax_xent_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
-    constexpr u32 W = 16 / sizeof(T);
-    if (!(c % W == 0 && al16(probs) && al16(logits))) {
-        softmax_xent_t(probs, row_loss, logits, labels, rows, c);
-        return;
-    }
-    __shared__ float sh_m[32], sh_s[32];
-    const u32 words = c / W;
-    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T* xr = logits + r * c;
-        T* pr = probs + r * c;
-        float m = gr_neg_inf(), s = 0.0f;
-        for (u32 w = threadIdx.x; w < words; w += blockDim.x) {
-            Pack<T> p;
-            p.raw = reinterpret_cast<const uint4*>(xr)[w];
-#pragma unroll
-            for (u32 k = 0; k < W; ++k) sx_add(m, s, ld(p.e, k));
-        }
-        block_max_sum(m, s, sh_m, sh_s);
-        const float inv = 1.0f / s;
-        for (u32 w = threadIdx.x; w < words; w += blockDim.x) {
-            Pack<T> p, q;
-            p.raw = reinterpret_cast<const uint4*>(xr)[w];
-            float o[W];
-#pragma unroll
-            for (u32 k = 0; k < W; ++k) o[k] = expf(ld(p.e, k) - m) * inv;
-            st_all(q.e, o);
-            reinterpret_cast<uint4*>(pr)[w] = q.raw;
-        }
-        if (threadIdx.x == 0) {
-            const float l = labels[r];
-            row_loss[r] = label_ok(l, c) ? (m + logf(s)) - ld(xr, (u32)l) : l == IGNORE_LABEL ? 0.0f : gr_nan();
-        }
-    }
-}
-extern "C" __global__ void vec_softmax_xent_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { vec_softmax_xent_t(p, rl, x, l, rows, c); }
-extern "C" __global__ void vec_softmax_xent_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { vec_softmax_xent_t(p, rl, x, l, rows, c); }

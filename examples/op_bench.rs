@@ -552,9 +552,11 @@ impl GptGemmInputs {
 /// Each projection's forward (with the residual added in the GEMM where the blocks add it) and
 /// backward (`dx` and the accumulated weight grad), named `<projection> fwd` and `bwd`. Which
 /// algorithm cuBLAS runs is `GRAPHED_GEMM`'s (see the runtime's `cublaslt_gemm.rs`).
-/// Cross-entropy as a language model's head computes it: bf16 logits at op_bench's shape, and a
-/// 32,768-word vocabulary in f32 and bf16 (rows wider than the register kernels hold, so the
-/// one-block-a-row kernels run). Each: logits, labels and the forward's probabilities.
+/// Cross-entropy as a language model's head computes it, at each of the CUDA forward's kernels:
+/// bf16 logits at op_bench's shape and a 32,768-word vocabulary in f32 and bf16 (the row in
+/// shared memory), GPT-2's 50,257 words in bf16 (rows that start inside a 16-byte word),
+/// 1,024 classes in f32 and bf16 (rows in registers) and 131,072 in bf16 (past the shared
+/// memory: one block a row, two reads). Each: logits, labels and the forward's probabilities.
 struct XentInputs {
     heads: Vec<(DType, usize, usize, Tensor, Tensor, Tensor)>,
 }
@@ -562,7 +564,15 @@ struct XentInputs {
 impl XentInputs {
     fn new(dev: &Device, gpu: bool) -> Result<XentInputs> {
         let shapes: &[(DType, usize, usize)] = if gpu {
-            &[(DType::BF16, 4096, 4096), (DType::F32, 4096, 32768), (DType::BF16, 4096, 32768)]
+            &[
+                (DType::BF16, 4096, 4096),
+                (DType::F32, 4096, 32768),
+                (DType::BF16, 4096, 32768),
+                (DType::BF16, 4096, 50257),
+                (DType::F32, 16384, 1024),
+                (DType::BF16, 16384, 1024),
+                (DType::BF16, 1024, 131072),
+            ]
         } else {
             &[(DType::BF16, 64, 256), (DType::F32, 64, 2048), (DType::BF16, 64, 2048)]
         };

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 k=runtime/backend/kernels
 cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/scale_update.cu $k/generation.cu $k/mixed.cu $k/multi_tensor.cu $k/transformer.cu $k/flash.cu $k/decode.cu \
-  | sed -e 's/extern "C" __global__ void/extern "C" void/' -e 's/asm volatile(/asm(/' -e 's/^extern __shared__ .*fa_smem.*/static unsigned char fa_smem[1 << 18];/' -e 's/^extern __shared__ .*gr_row_smem.*/static float gr_row_smem[1 << 15];/' > "$tmp/all.cpp"
+  | sed -e 's/extern "C" __global__ void/extern "C" void/' -e 's/asm volatile(/asm(/' -e 's/^extern __shared__ .*fa_smem.*/static unsigned char fa_smem[1 << 18];/' -e 's/^extern __shared__ .*gr_row_smem.*/static float gr_row_smem[1 << 15];/' -e 's/^extern __shared__ .*gr_sx_row.*/static uint4 gr_sx_row[1 << 14];/' > "$tmp/all.cpp"
 "${CXX:-g++}" -std=c++17 -DFA_FWD64=64,4,2 -DFA_FWD128=64,4,2 -DFA_DQ64=32,4,2 -DFA_DQ128=64,4,1 -DFA_DKV64=128,4,2 -DFA_DKV128=64,4,1 -DFA_FWDS64=64,4,1 -DFA_DQS64=64,4,1 -DFA_DKVS64=128,4,1 -DRN_FWD_VPT=4 -DRN_BWD_VPT=2 -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/all.cpp"
 # The conditional-node kernel is a program of its own (backend/cuda_graph.rs compiles it apart).
 { cat scripts/cuda-host-shim.h; echo '#define __device_builtin__'; echo '#define __cudart_builtin__'; cat $k/scale_update.cu $k/generation.cu $k/conditional.cu; } \
@@ -20,7 +20,7 @@ for shape in "512 8 1368" "1024 8 2048" "512 8 1368 -DFD_TRACE" "512 8 1368 -DFD
   set -- $shape
   cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/decoder.cu \
     | sed -e 's/extern "C" __global__ void/extern "C" void/' -e 's/asm volatile(/asm(/' \
-      -e 's/^extern __shared__ .*fd_wbuf.*/static u32 fd_wbuf[1 << 14];/' > "$tmp/decoder.cpp"
+      -e 's/^extern __shared__ .*fd_wbuf.*/static u32 fd_wbuf[1 << 14];/' -e 's/^extern __shared__ .*gr_sx_row.*/static uint4 gr_sx_row[1 << 14];/' > "$tmp/decoder.cpp"
   "${CXX:-g++}" -std=c++17 -DFD_D=$1 -DFD_HEADS=$2 -DFD_HID=$3 -DFD_WBUF_BYTES=114688 -DFD_ABUF_BYTES=65536 ${4:-} ${5:-} -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/decoder.cpp"
 done
 # bench/decode_probe.cu (the decoding step's primitives, measured apart by bench/decode_probe.py).

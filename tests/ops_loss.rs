@@ -6,7 +6,7 @@ mod ops_support;
 
 use common::{on_each_backend, random, random_vec};
 use graphed::ops::{self, cpu};
-use graphed::{CaptureMode, Device, Error, Graph, OpError, Result, Tensor};
+use graphed::{CaptureMode, DType, Device, Error, Graph, OpError, Result, Tensor};
 use ops_support::*;
 
 fn is_label(e: &Error) -> bool {
@@ -15,8 +15,25 @@ fn is_label(e: &Error) -> bool {
 
 /// (rows, classes), including non-multiples of 32 and 256, and a batch past the rows whose mean
 /// one block takes on CUDA (16,384: larger ones take the partial sums).
-/// (5, 9000): rows wider than the register kernels hold in f32 (one block a row on CUDA).
-const SHAPES: &[(usize, usize)] = &[(1, 1), (1, 2), (4, 10), (33, 257), (64, 1000), (300, 3), (70_001, 3), (5, 9000)];
+/// On CUDA, rows of 8 KB or more up to a block's shared memory take the row in shared memory:
+/// (7, 4096) and (5, 9000) whole 16-byte words, (5, 4099) and (3, 50_257) (GPT-2's vocabulary)
+/// rows that start and end inside a word; rows past the shared memory one block a row:
+/// (2, 70_000) 16 bytes a load, (2, 60_001) value by value.
+const SHAPES: &[(usize, usize)] = &[
+    (1, 1),
+    (1, 2),
+    (4, 10),
+    (33, 257),
+    (64, 1000),
+    (300, 3),
+    (70_001, 3),
+    (7, 4096),
+    (5, 4099),
+    (5, 9000),
+    (3, 50_257),
+    (2, 70_000),
+    (2, 60_001),
+];
 
 /// Labels `0..classes` spread over the rows, as f32.
 fn labels(rows: usize, classes: usize, seed: u64) -> Vec<f32> {
@@ -56,12 +73,13 @@ fn softmax_cross_entropy_matches_reference() {
 }
 
 /// Masked logits (-inf, a vocabulary mask) get probability 0 and leave the loss finite, on the
-/// register kernels (1,000 classes) and the one-block-a-row kernel (9,000), also where a row
-/// starts with them (the one-block kernel's running max is still -inf there).
+/// register kernels (1,000 classes), the row in shared memory (9,000 and 4,099) and the
+/// one-block-a-row kernel (70,000 and 60,001), also where a row starts with them (the one-block
+/// kernel's running max is still -inf there).
 #[test]
 fn masked_logits_get_zero_probability() {
     on_each_backend(|dev| {
-        for (n, c) in [(6usize, 1000usize), (6, 9000)] {
+        for (n, c) in [(6usize, 1000usize), (6, 9000), (6, 4099), (4, 70_000), (4, 60_001)] {
             let mut v: Vec<f32> = random_vec(n * c, 5).into_iter().map(|x| 5.0 * x).collect();
             for r in 0..n {
                 let masked = if r % 2 == 0 { 0..c / 3 } else { c / 2..c / 2 + 7 };
@@ -82,6 +100,41 @@ fn masked_logits_get_zero_probability() {
                 if *xv == f32::NEG_INFINITY {
                     assert_eq!(*pv, 0.0, "{what}: element {i} is masked");
                 }
+            }
+        }
+        Ok(())
+    });
+}
+
+/// bf16 and f16 logits at every width the CUDA kernels split on: registers (10, 1000), the row
+/// in shared memory with whole words (4096, 8192) and with rows starting inside a word (4099,
+/// 50,257), one block a row past the shared memory (131,072 whole words, 120,001 not); probs
+/// within a rounding of the reference, graphed equal to eager bit for bit.
+#[test]
+fn cross_entropy_in_16_bit_at_every_width() {
+    on_each_backend(|dev| {
+        for dtype in [DType::BF16, DType::F16] {
+            let tol = if dtype == DType::BF16 { 1e-2 } else { 1e-3 };
+            for (i, &(n, c)) in
+                [(9usize, 10usize), (5, 1000), (6, 4096), (3, 8192), (5, 4099), (3, 50_257), (2, 131_072), (2, 120_001)]
+                    .iter()
+                    .enumerate()
+            {
+                let seed = 300 + 10 * i as u64;
+                let v: Vec<f32> = random_vec(n * c, seed).into_iter().map(|x| 4.0 * x).collect();
+                let x = Tensor::from_slice_as(dev, &v, &[n, c], dtype)?;
+                let lv = labels(n, c, seed + 1);
+                let l = Tensor::from_slice(dev, &lv, &[n])?;
+                let (loss, probs) = ops::softmax_cross_entropy(&x, &l)?;
+                let (rloss, rprobs) = cpu::softmax_cross_entropy(&x.to_vec()?, &lv, c)?;
+                let what = format!("{dtype:?} softmax_cross_entropy {n}x{c}");
+                check_ref(dev, &what, &loss.to_vec()?, &[rloss], TOL)?;
+                let rounded: Vec<f32> = rprobs.iter().map(|p| dtype.round(*p)).collect();
+                check_ref(dev, &format!("{what} probs"), &probs.to_vec()?, &rounded, tol)?;
+                eager_vs_replay(dev, || {
+                    let (loss, probs) = ops::softmax_cross_entropy(&x, &l)?;
+                    Ok(vec![loss, probs])
+                })?;
             }
         }
         Ok(())

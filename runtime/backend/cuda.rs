@@ -323,9 +323,9 @@ impl CudaBackend {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("cuDeviceGetAttribute"))?
             .max(1) as usize;
-        // The fused attention kernels and the row kernels' ring forms take more than the
-        // default 48 KB of dynamic shared memory; their launches check their need against
-        // `dynamic_shared_limit` first.
+        // The fused attention kernels, the row kernels' ring forms and the cross-entropy's
+        // row in shared memory take more than the default 48 KB of dynamic shared memory; their
+        // launches check their need against `dynamic_shared_limit` first.
         let dynamic_limits = BuiltinKernel::ALL
             .iter()
             .zip(&functions)
@@ -333,7 +333,8 @@ impl CudaBackend {
                 let big = (k.name().starts_with("flash_")
                     && *k != BuiltinKernel::FlashBwdPrepBf16
                     && *k != BuiltinKernel::FlashBwdPrepF16)
-                    || k.name().starts_with("rms_ring");
+                    || k.name().starts_with("rms_ring")
+                    || k.name().starts_with("sx_smem");
                 opt_in_dynamic_shared(f, big, max_shared_optin)
             })
             .collect();

@@ -66,6 +66,44 @@ fn xent_mean(
     )
 }
 
+/// Rows of at least this many bytes take the row in shared memory (`sx_smem_*`): on the H100
+/// (bench/xent_sweep.py, 2026-12-06) it ran 4096 x 4096 at 1.01x of the bandwidth floor in f32
+/// and 1.13x in bf16, where the register kernel took 1.11x and 1.39x.
+const XENT_SMEM_MIN_BYTES: usize = 8 << 10;
+
+/// The cross-entropy forward's row kernel and launch for `[rows, classes]` logits:
+/// - rows of [`XENT_SMEM_MIN_BYTES`] up to a block's shared memory: the row in shared memory
+///   (`sx_smem_*`, read once from memory), a block a row of at least 128 threads, about 8
+///   16-byte words a thread; it keeps the row's alignment there, so `probs` must lie at the
+///   same address mod 16 as `logits` (tensors of the pool do);
+/// - narrower rows: held in registers (`sx_rows_*`, read once) where they fit;
+/// - the rest (rows past the shared memory): one block a row, two reads (`softmax_xent_*`).
+fn xent_launch(
+    c: &CudaBackend,
+    rows: usize,
+    classes: usize,
+    logits: &Tensor,
+    probs: &Tensor,
+) -> Result<(BuiltinKernel, LaunchDims)> {
+    let dtype = logits.dtype();
+    let (elem, smem) = (dtype.size(), k::SX_SMEM.get(dtype));
+    let (x, p) = (logits.cuda_ptr()?, probs.cuda_ptr()?);
+    let w = 16 / elem;
+    // Shared words a row takes: one more where a row may start inside a word.
+    let words =
+        if x.is_multiple_of(16) && classes.is_multiple_of(w) { classes / w } else { (classes + w - 1).div_ceil(w) };
+    let shared = words * 16;
+    if classes * elem >= XENT_SMEM_MIN_BYTES
+        && shared <= c.dynamic_shared_limit(smem)
+        && x.abs_diff(p).is_multiple_of(16)
+    {
+        let threads = words.div_ceil(8).next_power_of_two().clamp(128, 1024) as u32;
+        let dims = LaunchDims::rows(rows.min(1 << 20), threads);
+        return Ok((smem, LaunchDims { shared: shared as u32, ..dims }));
+    }
+    Ok(row_kernel(rows, classes, dtype, k::SX_ROWS, k::SOFTMAX_XENT))
+}
+
 /// Checks `logits` `[N, C]` against `labels` `[N]`; returns `(N, C)`.
 /// `logits` (or `probs`) may be f32, bf16 or f16; `labels` are f32 class ids.
 fn check_xent(op: &'static str, logits: &Tensor, labels: &Tensor) -> Result<(usize, usize)> {
@@ -158,13 +196,7 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
         }
         Exec::Cuda(c) => {
             let row_loss = Tensor::empty(logits.device(), &[rows])?;
-            // Rows held in registers (read once) when they fit, else one block a row. (A block
-            // for every row group ran the row kernel faster in bench/xent_sweep.py, 48.4 against
-            // 54.3 µs at 4096 x 4096 in f32, but op_bench then timed the op at 64.8 µs that way,
-            // against 57.2 capped in an earlier call with an older kernel: H100, 2026-12-06. The
-            // grid keeps RowTiles' cap until one call times both.)
-            let dtype = logits.dtype();
-            let (kernel, dims) = row_kernel(rows, classes, dtype, k::SX_ROWS, k::SOFTMAX_XENT);
+            let (kernel, dims) = xent_launch(c, rows, classes, logits, &probs)?;
             c.launch(
                 kernel,
                 dims,

@@ -634,23 +634,160 @@ __device__ __forceinline__ void block_max_sum(float& m, float& s, float* sh_m, f
     for (u32 o = 16; o > 0; o >>= 1) sx_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
 }
 
-// One block a row (rows wider than the register kernels hold): the row's max and sum of exps in
-// one pass (the online softmax), the probabilities in a second; two reads of the row, not three.
+// One block a row (rows past a block's shared memory, or misaligned probs; sx_smem_t takes the
+// others): the row's max and sum of exps in one pass (the online softmax), the probabilities in
+// a second; two reads of the row, 16 bytes a load and store where the row is made of whole
+// aligned words (H100, 2026-12-06, bench/xent_sweep.py kind vec: 1.51x of the floor in f32 and
+// 1.60x in bf16 at 1024 x 131072, against 1.97x and 3.15x two bytes a load in bf16).
 template <typename T>
 __device__ __forceinline__ void softmax_xent_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
+    constexpr u32 W = 16 / sizeof(T);
     __shared__ float sh_m[32], sh_s[32];
+    const bool vec = c % W == 0 && al16(probs) && al16(logits);
     for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* xr = logits + r * c;
         T* pr = probs + r * c;
         float m = gr_neg_inf(), s = 0.0f;
-        for (u32 j = threadIdx.x; j < c; j += blockDim.x) sx_add(m, s, ld(xr, j));
+        if (vec) {
+            for (u32 w = threadIdx.x; w < c / W; w += blockDim.x) {
+                Pack<T> p;
+                p.raw = reinterpret_cast<const uint4*>(xr)[w];
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) sx_add(m, s, ld(p.e, k));
+            }
+        } else {
+            for (u32 j = threadIdx.x; j < c; j += blockDim.x) sx_add(m, s, ld(xr, j));
+        }
         block_max_sum(m, s, sh_m, sh_s);
         const float inv = 1.0f / s;
-        for (u32 j = threadIdx.x; j < c; j += blockDim.x) st(pr, j, expf(ld(xr, j) - m) * inv);
+        if (vec) {
+            for (u32 w = threadIdx.x; w < c / W; w += blockDim.x) {
+                Pack<T> p, q;
+                p.raw = reinterpret_cast<const uint4*>(xr)[w];
+                float o[W];
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) o[k] = expf(ld(p.e, k) - m) * inv;
+                st_all(q.e, o);
+                reinterpret_cast<uint4*>(pr)[w] = q.raw;
+            }
+        } else {
+            for (u32 j = threadIdx.x; j < c; j += blockDim.x) st(pr, j, expf(ld(xr, j) - m) * inv);
+        }
         if (threadIdx.x == 0) {
             const float l = labels[r];
             row_loss[r] = label_ok(l, c) ? (m + logf(s)) - ld(xr, (u32)l) : l == IGNORE_LABEL ? 0.0f : gr_nan();
         }
+    }
+}
+
+// Softmax cross-entropy with the row in shared memory (the launch picks it for rows of 8 KB up
+// to a block's shared memory; ops/loss.rs): one read of the row from memory. Each thread copies
+// its 16-byte words of the row (w = threadIdx.x + i * blockDim.x) into dynamic shared memory
+// with cp.async (L2 only) in SX_STAGES commit groups and takes its max over each group as it
+// lands; the sum of exps and the probabilities then come from shared memory, each exp computed
+// twice, the same way (one FFMA and ex2, as sx_rows_t). A thread reads only the words it
+// copied, so the block reductions are the only barriers; thread 0 reads the label's logit from
+// shared memory after the max's. A row keeps its alignment there: shared word w holds the row's
+// first aligned word + w, so a row that starts or ends inside a word (c not a multiple of
+// 16 / sizeof(T)) has those partial words copied and stored value by value. probs must lie at
+// the same address mod 16 as logits (the launch checks it). On the H100 (bench/xent_sweep.py,
+// 2026-12-06) 0.99x of the bandwidth floor at 4096 x 32768 in f32 and bf16, where the two-read
+// kernel below took 1.99x and 3.19x, and 1.01x (f32) and 1.13x (bf16) at 4096 x 4096, where the
+// register kernel took 1.11x and 1.39x.
+#define SX_STAGES 4
+__device__ __forceinline__ void sx_wait_stage(u32 left) {
+    // cp.async.wait_group takes an immediate: the groups still allowed in flight.
+    switch (left) {
+        case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+        case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+        case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    }
+}
+// The row (dynamic shared memory).
+extern __shared__ __align__(16) uint4 gr_sx_row[];
+// Whether word w of a row of c values starting `off` values into its first word is all row.
+__device__ __forceinline__ bool sx_whole(u32 w, u32 off, u32 c, u32 W) { return w * W >= off && (w + 1) * W <= off + c; }
+
+template <typename T>
+__device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
+    constexpr u32 W = 16 / sizeof(T);
+    uint4* sx_row = gr_sx_row;
+    __shared__ float red[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = logits + r * c;
+        T* pr = probs + r * c;
+        const u32 off = (u32)(((unsigned long long)xr & 15ull) / sizeof(T));
+        const uint4* xw = reinterpret_cast<const uint4*>(xr - off);
+        uint4* pw = reinterpret_cast<uint4*>(pr - off);
+        const u32 words = (off + c + W - 1) / W;
+        const u32 per = (words + blockDim.x - 1) / blockDim.x;
+        const u32 step = (per + SX_STAGES - 1) / SX_STAGES;
+        const float l = labels[r];
+        for (u32 g = 0; g < SX_STAGES; ++g) {
+            for (u32 i = g * step; i < (g + 1) * step && i < per; ++i) {
+                const u32 w = threadIdx.x + i * blockDim.x;
+                if (w >= words) continue;
+                if (sx_whole(w, off, c, W)) {
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(sx_row + w)), "l"(xw + w) : "memory");
+                } else {
+                    T* sv = reinterpret_cast<T*>(sx_row + w);
+                    for (u32 k = 0; k < W; ++k) {
+                        const u32 j = w * W + k;
+                        if (j >= off && j - off < c) sv[k] = xr[j - off];
+                    }
+                }
+            }
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+        float m = gr_neg_inf();
+        for (u32 g = 0; g < SX_STAGES; ++g) {
+            sx_wait_stage(SX_STAGES - 1 - g);
+            for (u32 i = g * step; i < (g + 1) * step && i < per; ++i) {
+                const u32 w = threadIdx.x + i * blockDim.x;
+                if (w >= words) continue;
+                Pack<T> p;
+                p.raw = sx_row[w];
+                const bool whole = sx_whole(w, off, c, W);
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) {
+                    if (whole || (w * W + k >= off && w * W + k - off < c)) m = fmaxf(m, ld(p.e, k));
+                }
+            }
+        }
+        m = block_max(m, red);
+        const bool lok = label_ok(l, c);
+        const float xl = (threadIdx.x == 0 && lok) ? ld(reinterpret_cast<const T*>(sx_row), off + (u32)l) : 0.0f;
+        const float ml = -m * GR_LOG2E;
+        float s = 0.0f;
+        for (u32 w = threadIdx.x; w < words; w += blockDim.x) {
+            Pack<T> p;
+            p.raw = sx_row[w];
+            const bool whole = sx_whole(w, off, c, W);
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                if (whole || (w * W + k >= off && w * W + k - off < c)) s += gr_ex2(fmaf(ld(p.e, k), GR_LOG2E, ml));
+            }
+        }
+        s = block_sum(s, red);
+        const float inv = 1.0f / s;
+        for (u32 w = threadIdx.x; w < words; w += blockDim.x) {
+            Pack<T> p, q;
+            p.raw = sx_row[w];
+            float o[W];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) o[k] = gr_ex2(fmaf(ld(p.e, k), GR_LOG2E, ml)) * inv;
+            if (sx_whole(w, off, c, W)) {
+                st_all(q.e, o);
+                pw[w] = q.raw;
+            } else {
+                for (u32 k = 0; k < W; ++k) {
+                    const u32 j = w * W + k;
+                    if (j >= off && j - off < c) st(pr, j - off, o[k]);
+                }
+            }
+        }
+        if (threadIdx.x == 0) row_loss[r] = lok ? (m + logf(s)) - xl : l == IGNORE_LABEL ? 0.0f : gr_nan();
     }
 }
 
@@ -703,6 +840,9 @@ extern "C" __global__ void layer_norm_bwd_bf16(bf16_t* dx, const bf16_t* dy, con
 extern "C" __global__ void layer_norm_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
 extern "C" __global__ void layer_norm_bwd_params_bf16(float* dgamma, float* dbeta, const bf16_t* dy, const bf16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
 extern "C" __global__ void layer_norm_bwd_params_f16(float* dgamma, float* dbeta, const f16_t* dy, const f16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
+extern "C" __global__ void __launch_bounds__(1024) sx_smem_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_smem_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void __launch_bounds__(1024) sx_smem_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_smem_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void __launch_bounds__(1024) sx_smem_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_smem_t(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void softmax_xent_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void softmax_xent_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void softmax_xent_bwd_bf16(bf16_t* dlogits, const bf16_t* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }

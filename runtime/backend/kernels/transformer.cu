@@ -895,7 +895,10 @@ __device__ __forceinline__ void ln_rows_bwd_t(T* dx, const T* dy, const T* x, co
 // probs = softmax(logits) per row, row_loss = logsumexp - logit[label] (0 for an ignored row,
 // NaN for a label that is not a class id); each exp computed once, as ex2(x log2(e) - max
 // log2(e)) (one FFMA and the SFU; bf16 rows are compute-bound). Thread 0 reads the label's
-// logit when the row group starts, its latency behind the row's reductions.
+// logit when the row group starts, its latency behind the row's reductions. The kernels are
+// held to 64 registers (four 256-thread blocks an SM, __launch_bounds__(256, 4)): in bf16 that
+// ran 1.18x of the floor at 4096 x 4096 against 1.31x at 93 registers, the same in f32 (H100,
+// bench/xent_sweep.py kind rows64, 2026-12-06). Rows of 8 KB and more take sx_smem_t (half.cu).
 template <typename T>
 __device__ __forceinline__ void sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
     constexpr u32 W = 16 / sizeof(T);
@@ -1224,9 +1227,9 @@ extern "C" __global__ void ln_rows_f16(f16_t* y, float* mean_out, float* rstd_ou
 extern "C" __global__ void ln_rows_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); ln_rows_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
 extern "C" __global__ void ln_rows_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); ln_rows_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
 extern "C" __global__ void ln_rows_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); ln_rows_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
-extern "C" __global__ void sx_rows_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_rows_t(probs, row_loss, logits, labels, rows, c); }
-extern "C" __global__ void sx_rows_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_rows_t(probs, row_loss, logits, labels, rows, c); }
-extern "C" __global__ void sx_rows_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_rows_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void __launch_bounds__(256, 4) sx_rows_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_rows_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void __launch_bounds__(256, 4) sx_rows_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_rows_t(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void __launch_bounds__(256, 4) sx_rows_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_rows_t(probs, row_loss, logits, labels, rows, c); }
 // The f32 grads of 16-bit parameters (mixed precision): the embedding table (RMSNorm's gamma
 // accumulates through col_partials_acc_f32).
 extern "C" __global__ void embedding_bwd_bf16_f32(float* dtable, const bf16_t* dy, const float* ids, u32 tokens, u32 vocab, u32 d, u32* err) { GR_PDL_ENTRY(); embedding_bwd_t(dtable, dy, ids, tokens, vocab, d, err); }
