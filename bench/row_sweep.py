@@ -77,6 +77,10 @@ extern "C" __global__ void old_dropout_bf16(bf16_t* y, bf16_t* mask, const bf16_
 """
 
 
+# The RMSNorm forward with the row in shared memory (kind smem).
+RMS_EXTRA = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rms_variants.cu")).read()
+
+
 def main_files():
     """The main program's files in the order the runtime compiles them (`MAIN` in
     runtime/backend/kernel_source.rs, read from there so that the two never disagree), up to
@@ -176,8 +180,22 @@ def ring(P, g, blk, b, rows, d, add):
     f(g, blk, (b["y"], b["rstd"], out, b["x"], res, b["g"], U(rows), U(d), np.float32(EPS)), shared_mem=sm)
 
 
+def smem(P, threads, b, rows, d, add):
+    """rms_smem_bf16 (bench/rms_variants.cu): a block of `threads` a row, the row (and the
+    residual's) in dynamic shared memory."""
+    sm = (-(-d // W)) * 16 * (2 if add else 1)
+    f = P.f("rms_smem_bf16")
+    if sm > 48 << 10 and f.max_dynamic_shared_size_bytes < sm:
+        f.max_dynamic_shared_size_bytes = sm
+    res, out = (b["r"], b["s"]) if add else (NULL, NULL)
+    f((min(rows, 1 << 20),), (threads,), (b["y"], b["rstd"], out, b["x"], res, b["g"], U(rows), U(d), np.float32(EPS)), shared_mem=sm)
+
+
 def rms_fwd(P, v, b, rows, d):
     kind, p = v
+    if kind == "smem":
+        smem(P, p[0], b, rows, d, False)
+        return True
     if kind == "old":
         P.f("rms_norm_bf16")((-(-rows // 8),), (256,), (b["y"], b["rstd"], b["x"], b["g"], U(rows), U(d), np.float32(EPS)))
         return True
@@ -195,6 +213,9 @@ def rms_fwd(P, v, b, rows, d):
 
 def add_fwd(P, v, b, rows, d):
     kind, p = v
+    if kind == "smem":
+        smem(P, p[0], b, rows, d, True)
+        return True
     threads, grid = p
     lc = row_launch(rows, d, P.vpt, threads, grid)
     if lc is None:
@@ -350,7 +371,7 @@ def ref_dropout(x_bits, seed, offset, p):
 
 def check(P, op, v, rows, d):
     """(ok, line) for one variant on one small shape: the reference and two runs' bits."""
-    if v[0] == "ring" and d % 8:
+    if v[0] in ("ring", "smem") and d % 8:
         # The ring kernels take rows of whole 16-byte words only; the runtime runs the register
         # kernels for the others (ops/transformer.rs, ring_words), and so does nothing here.
         return True, None
@@ -431,7 +452,7 @@ def name(P, v):
 
 def per_vpt(v):
     """Whether a variant depends on the build (vpt): the baselines that use no row kernel do not."""
-    return v[0] not in ("old", "new")
+    return v[0] not in ("old", "new", "smem")
 
 
 def runs_on(P, v, progs):
@@ -504,7 +525,7 @@ def main():
     vpts = (2, 4) if q else (1, 2, 4, 8)
     progs = []
     for vpt in vpts:
-        P = Prog(vpt)
+        P = Prog(vpt, extra=RMS_EXTRA)
         log(f"vpt {vpt}: compiled in {P.compile_s:.1f} s")
         progs.append(P)
     # Deeper rings (the ring variant alone) at the runtime's forward words a thread.
@@ -522,8 +543,10 @@ def main():
     threads_b = (128, 256) if q else (128, 256, 512, 1024)
     grids_b = (2 * sms, 4 * sms) if q else (sms, 2 * sms, 4 * sms, 8 * sms)
     variants = {
-        "fwd": [("old", None)] + [(k, p) for k in ("rows", "ring") for p in itertools.product(threads_f, grids_f)],
-        "add": [(k, p) for k in ("fused", "unfused", "ring") for p in itertools.product(threads_f, grids_f)],
+        "fwd": [("old", None)] + [(k, p) for k in ("rows", "ring") for p in itertools.product(threads_f, grids_f)]
+        + [("smem", (t, 1 << 20)) for t in (32, 64, 128, 256)],
+        "add": [(k, p) for k in ("fused", "unfused", "ring") for p in itertools.product(threads_f, grids_f)]
+        + [("smem", (t, 1 << 20)) for t in (32, 64, 128, 256)],
         "bwd": [("old", None)] + [(k, p) for k in ("rows", "ring") for p in itertools.product(threads_b, grids_b)],
         "addbwd": [(k, p) for k in ("fused", "unfused", "ring") for p in itertools.product(threads_b, grids_b[:1] if k == "unfused" else grids_b)],
         "drop": [("old", (256, 65535 * 8))] + [("new", p) for p in itertools.product((128, 256, 512), (65535 * 8, 4 * sms, 16 * sms))],
