@@ -162,7 +162,7 @@ def main():
 
     kinds = ("old", "rows", "online", "online64", "early")
     P0w = progs[0]
-    rpbs = (1, 2, 4)
+    rpbs = (1, 2, 4, 8)
     grids = (2 * sms, 4 * sms, 8 * sms, 1 << 20)
 
     # Correctness: every kind at every vpt (the runtime's launch: rows a block from 256 threads).
@@ -262,7 +262,7 @@ def main():
                     if P.vpt != 4:
                         continue
                     rpb = max(1, 256 // rs.next_pow2(max(1, -(-c // (4 * (16 // elem))))))
-                    us = rs.time_graph(lambda b: run_rows(P, "rows", dt, b, rows, c, rpb, 4 * sms), sets, 20, reps)
+                    us = rs.time_graph(lambda b: run_rows(P, "rows", dt, b, rows, c, rpb, 1 << 20), sets, 20, reps)
                     out.append((us / floor_us, us, f"sx_rows at the runtime's launch (vpt 4, {rpb} rows a block)"))
             out.sort()
             log(f"\nwide rows {dt} {rows}x{c}: floor {floor_us:.1f} us, {nsets} buffer sets")
@@ -315,12 +315,14 @@ def main():
             log(f"\nsx rows {dt} {rows}x{c}: floor {floor_us:.1f} us ({per_call / 1e6:.1f} MB), {nsets} buffer sets")
             for ratio, us, name in out[:10]:
                 log(f"  {ratio:5.2f}x  {us:8.1f} us  {name}")
-            # The runtime's launch: RowTiles::CHOSEN.fwd, vpt 4 and 256 threads a block, grid <= 4 x SMs.
+            # The runtime's launch: RowTiles::CHOSEN.fwd, vpt 4 and 256 threads a block, a block a
+            # row group (session 23; RowTiles' cap of 4 x SMs before).
             rt_rpb = max(1, 256 // rs.next_pow2(max(1, -(-c // (4 * (16 // elem))))))
-            cur = [r for r in results if r["dtype"] == dt and r["rows"] == rows and r["c"] == c and r["kind"] == "rows"
-                   and r["vpt"] == 4 and r["rpb"] == rt_rpb and r["grid"] == 4 * sms]
-            if cur:
-                log(f"  the runtime's launch (rows, vpt 4, {rt_rpb} rows a block, grid <= {4 * sms}): {cur[0]['ratio']:.2f}x, {cur[0]['us']:.1f} us")
+            for g, what in ((1 << 20, "a block a row group"), (4 * sms, f"grid <= {4 * sms}, before session 23")):
+                cur = [r for r in results if r["dtype"] == dt and r["rows"] == rows and r["c"] == c and r["kind"] == "rows"
+                       and r["vpt"] == 4 and r["rpb"] == rt_rpb and r["grid"] == g]
+                if cur:
+                    log(f"  the runtime's launch (rows, vpt 4, {rt_rpb} rows a block, {what}): {cur[0]['ratio']:.2f}x, {cur[0]['us']:.1f} us")
             del sets
             cp.get_default_memory_pool().free_all_blocks()
     log(f"done in {time.time() - t0:.0f} s; correctness {'ALL OK' if ok else 'FAILURES'}")

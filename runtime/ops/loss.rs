@@ -76,7 +76,8 @@ const XENT_SMEM_MIN_BYTES: usize = 8 << 10;
 ///   (`sx_smem_*`, read once from memory), a block a row of at least 128 threads, about 8
 ///   16-byte words a thread; it keeps the row's alignment there, so `probs` must lie at the
 ///   same address mod 16 as `logits` (tensors of the pool do);
-/// - narrower rows: held in registers (`sx_rows_*`, read once) where they fit;
+/// - narrower rows: held in registers (`sx_rows_*`, read once) where they fit, a block a row
+///   group;
 /// - the rest (rows past the shared memory): one block a row, two reads (`softmax_xent_*`).
 fn xent_launch(
     c: &CudaBackend,
@@ -101,7 +102,15 @@ fn xent_launch(
         let dims = LaunchDims::rows(rows.min(1 << 20), threads);
         return Ok((smem, LaunchDims { shared: shared as u32, ..dims }));
     }
-    Ok(row_kernel(rows, classes, dtype, k::SX_ROWS, k::SOFTMAX_XENT))
+    let (kernel, dims) = row_kernel(rows, classes, dtype, k::SX_ROWS, k::SOFTMAX_XENT);
+    if kernel != k::SX_ROWS.get(dtype) {
+        return Ok((kernel, dims));
+    }
+    // The register kernel takes a block for every row group, not RowTiles' cap: held to 64
+    // registers (four blocks an SM), it ran bf16 4096 x 4096 at 1.18x of the floor that way
+    // against 1.31x capped, and 16384 x 1024 at 1.15x (H100, bench/xent_sweep.py, 2026-12-06).
+    let groups = rows.div_ceil(dims.block.1 as usize).clamp(1, 1 << 20) as u32;
+    Ok((kernel, LaunchDims { grid: (groups, 1, 1), ..dims }))
 }
 
 /// Checks `logits` `[N, C]` against `labels` `[N]`; returns `(N, C)`.
