@@ -1,6 +1,6 @@
 // bench/row_sweep.py's own RMSNorm forward (kind smem; session 23), compiled after the
-// runtime's main program (its helpers: rn_fwd_vec, block_sum, Pack, gr_sx_row and
-// sx_wait_stage from half.cu): rms_rows_t's math with the row in shared memory, as the
+// runtime's main program (its helpers: rn_fwd_vec, block_sum, Pack, gr_sx_row, gr_cp16 and
+// SxStages from half.cu): rms_rows_t's math with the row in shared memory, as the
 // cross-entropy's sx_smem_t holds it. A block a row (grid-stride past the grid); each thread
 // copies its 16-byte words of x (and of res) with cp.async in SX_STAGES commit groups and adds
 // its squares over each group as it lands (with res: x + res rounded to T, stored to sum_out
@@ -15,44 +15,33 @@ __device__ __forceinline__ void rms_smem_t(T* y, float* rstd_out, T* sum_out, co
     const bool add = res != nullptr;
     uint4* row = gr_sx_row;
     __shared__ float red[32];
-    const u32 words = d / W;
-    const u32 per = (words + blockDim.x - 1) / blockDim.x;
-    const u32 step = (per + SX_STAGES - 1) / SX_STAGES;
+    const SxStages stg(d / W);
+    const u32 words = stg.words;
     for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const uint4* xw = reinterpret_cast<const uint4*>(x + r * d);
         const uint4* rw = add ? reinterpret_cast<const uint4*>(res + r * d) : nullptr;
-        for (u32 g = 0; g < SX_STAGES; ++g) {
-            for (u32 i = g * step; i < (g + 1) * step && i < per; ++i) {
-                const u32 w = threadIdx.x + i * blockDim.x;
-                if (w >= words) continue;
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(row + w)), "l"(xw + w) : "memory");
-                if (add) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(row + words + w)), "l"(rw + w) : "memory");
-            }
-            asm volatile("cp.async.commit_group;" ::: "memory");
-        }
+        stg.issue([&](u32 w) {
+            gr_cp16(row + w, xw + w);
+            if (add) gr_cp16(row + words + w, rw + w);
+        });
         float s = 0.0f;
-        for (u32 g = 0; g < SX_STAGES; ++g) {
-            sx_wait_stage(SX_STAGES - 1 - g);
-            for (u32 i = g * step; i < (g + 1) * step && i < per; ++i) {
-                const u32 w = threadIdx.x + i * blockDim.x;
-                if (w >= words) continue;
-                Pack<T> p;
-                p.raw = row[w];
-                if (add) {
-                    Pack<T> q;
-                    q.raw = row[words + w];
+        stg.land([&](u32 w) {
+            Pack<T> p;
+            p.raw = row[w];
+            if (add) {
+                Pack<T> q;
+                q.raw = row[words + w];
 #pragma unroll
-                    for (u32 k = 0; k < W; ++k) st(p.e, k, ld(p.e, k) + ld(q.e, k));
-                    row[w] = p.raw;
-                    reinterpret_cast<uint4*>(sum_out + r * d)[w] = p.raw;
-                }
-#pragma unroll
-                for (u32 k = 0; k < W; ++k) {
-                    const float v = ld(p.e, k);
-                    s += v * v;
-                }
+                for (u32 k = 0; k < W; ++k) st(p.e, k, ld(p.e, k) + ld(q.e, k));
+                row[w] = p.raw;
+                reinterpret_cast<uint4*>(sum_out + r * d)[w] = p.raw;
             }
-        }
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const float v = ld(p.e, k);
+                s += v * v;
+            }
+        });
         const float rstd = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
         for (u32 w = threadIdx.x; w < words; w += blockDim.x) {
             Pack<T> p, gg;

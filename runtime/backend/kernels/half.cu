@@ -706,6 +706,40 @@ __device__ __forceinline__ void sx_wait_stage(u32 left) {
 }
 // The row (dynamic shared memory).
 extern __shared__ __align__(16) uint4 gr_sx_row[];
+// One 16-byte cp.async (L2 only) from global memory into shared memory.
+__device__ __forceinline__ void gr_cp16(uint4* smem, const uint4* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(smem)), "l"(src) : "memory");
+}
+// A row of `words` 16-byte words spread over the block (word w = threadIdx.x + i * blockDim.x)
+// and copied into shared memory in SX_STAGES commit groups: issue(copy) calls copy(w) for this
+// thread's words, a commit group a stage; land(take) waits for each stage in turn and calls
+// take(w) for its words.
+struct SxStages {
+    u32 words, per, step;
+    __device__ __forceinline__ explicit SxStages(u32 n)
+        : words(n), per((n + blockDim.x - 1) / blockDim.x), step((per + SX_STAGES - 1) / SX_STAGES) {}
+    template <typename F>
+    __device__ __forceinline__ void each(u32 g, F f) const {
+        for (u32 i = g * step; i < (g + 1) * step && i < per; ++i) {
+            const u32 w = threadIdx.x + i * blockDim.x;
+            if (w < words) f(w);
+        }
+    }
+    template <typename F>
+    __device__ __forceinline__ void issue(F copy) const {
+        for (u32 g = 0; g < SX_STAGES; ++g) {
+            each(g, copy);
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+    }
+    template <typename F>
+    __device__ __forceinline__ void land(F take) const {
+        for (u32 g = 0; g < SX_STAGES; ++g) {
+            sx_wait_stage(SX_STAGES - 1 - g);
+            each(g, take);
+        }
+    }
+};
 // Whether word w of a row of c values starting `off` values into its first word is all row.
 __device__ __forceinline__ bool sx_whole(u32 w, u32 off, u32 c, u32 W) { return w * W >= off && (w + 1) * W <= off + c; }
 
@@ -720,41 +754,30 @@ __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* lo
         const u32 off = (u32)(((unsigned long long)xr & 15ull) / sizeof(T));
         const uint4* xw = reinterpret_cast<const uint4*>(xr - off);
         uint4* pw = reinterpret_cast<uint4*>(pr - off);
-        const u32 words = (off + c + W - 1) / W;
-        const u32 per = (words + blockDim.x - 1) / blockDim.x;
-        const u32 step = (per + SX_STAGES - 1) / SX_STAGES;
+        const SxStages stg((off + c + W - 1) / W);
+        const u32 words = stg.words;
         const float l = labels[r];
-        for (u32 g = 0; g < SX_STAGES; ++g) {
-            for (u32 i = g * step; i < (g + 1) * step && i < per; ++i) {
-                const u32 w = threadIdx.x + i * blockDim.x;
-                if (w >= words) continue;
-                if (sx_whole(w, off, c, W)) {
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(sx_row + w)), "l"(xw + w) : "memory");
-                } else {
-                    T* sv = reinterpret_cast<T*>(sx_row + w);
-                    for (u32 k = 0; k < W; ++k) {
-                        const u32 j = w * W + k;
-                        if (j >= off && j - off < c) sv[k] = xr[j - off];
-                    }
-                }
-            }
-            asm volatile("cp.async.commit_group;" ::: "memory");
-        }
-        float m = gr_neg_inf();
-        for (u32 g = 0; g < SX_STAGES; ++g) {
-            sx_wait_stage(SX_STAGES - 1 - g);
-            for (u32 i = g * step; i < (g + 1) * step && i < per; ++i) {
-                const u32 w = threadIdx.x + i * blockDim.x;
-                if (w >= words) continue;
-                Pack<T> p;
-                p.raw = sx_row[w];
-                const bool whole = sx_whole(w, off, c, W);
-#pragma unroll
+        stg.issue([&](u32 w) {
+            if (sx_whole(w, off, c, W)) {
+                gr_cp16(sx_row + w, xw + w);
+            } else {
+                T* sv = reinterpret_cast<T*>(sx_row + w);
                 for (u32 k = 0; k < W; ++k) {
-                    if (whole || (w * W + k >= off && w * W + k - off < c)) m = fmaxf(m, ld(p.e, k));
+                    const u32 j = w * W + k;
+                    if (j >= off && j - off < c) sv[k] = xr[j - off];
                 }
             }
-        }
+        });
+        float m = gr_neg_inf();
+        stg.land([&](u32 w) {
+            Pack<T> p;
+            p.raw = sx_row[w];
+            const bool whole = sx_whole(w, off, c, W);
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                if (whole || (w * W + k >= off && w * W + k - off < c)) m = fmaxf(m, ld(p.e, k));
+            }
+        });
         m = block_max(m, red);
         const bool lok = label_ok(l, c);
         const float xl = (threadIdx.x == 0 && lok) ? ld(reinterpret_cast<const T*>(sx_row), off + (u32)l) : 0.0f;
