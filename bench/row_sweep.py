@@ -77,10 +77,6 @@ extern "C" __global__ void old_dropout_bf16(bf16_t* y, bf16_t* mask, const bf16_
 """
 
 
-# The RMSNorm forward with the row in shared memory (kind smem).
-RMS_EXTRA = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rms_variants.cu")).read()
-
-
 def main_files():
     """The main program's files in the order the runtime compiles them (`MAIN` in
     runtime/backend/kernel_source.rs, read from there so that the two never disagree), up to
@@ -181,8 +177,8 @@ def ring(P, g, blk, b, rows, d, add):
 
 
 def smem(P, threads, b, rows, d, add):
-    """rms_smem_bf16 (bench/rms_variants.cu): a block of `threads` a row, the row (and the
-    residual's) in dynamic shared memory."""
+    """rms_smem_bf16 (the runtime's, for bf16 rows of 8 KB and more): a block of `threads` a
+    row, the row (and the residual's) in dynamic shared memory."""
     sm = (-(-d // W)) * 16 * (2 if add else 1)
     f = P.f("rms_smem_bf16")
     if sm > 48 << 10 and f.max_dynamic_shared_size_bytes < sm:
@@ -525,7 +521,7 @@ def main():
     vpts = (2, 4) if q else (1, 2, 4, 8)
     progs = []
     for vpt in vpts:
-        P = Prog(vpt, extra=RMS_EXTRA)
+        P = Prog(vpt)
         log(f"vpt {vpt}: compiled in {P.compile_s:.1f} s")
         progs.append(P)
     # Deeper rings (the ring variant alone) at the runtime's forward words a thread.

@@ -34,6 +34,7 @@ inline int __popc(unsigned v) { return __builtin_popcount(v); }
 #define __align__(n)
 inline unsigned long long __cvta_generic_to_shared(const void* p) { return (unsigned long long)p; }
 inline void __syncwarp() {}
+template <class T> inline T __ldg(const T* p) { return *p; }
 inline float __log2f(float x) { return std::log2(x); }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 using std::fmaxf;

@@ -109,7 +109,8 @@ fn masked_logits_get_zero_probability() {
 /// bf16 and f16 logits at every width the CUDA kernels split on: registers (10, 1000), the row
 /// in shared memory with whole words (4096, 8192) and with rows starting inside a word (4099,
 /// 50,257), one block a row past the shared memory (131,072 whole words, 120,001 not); probs
-/// within a rounding of the reference, graphed equal to eager bit for bit.
+/// within a rounding of the reference, the backward bit for bit the reference's (one f32 product
+/// a value, rounded once), graphed equal to eager bit for bit.
 #[test]
 fn cross_entropy_in_16_bit_at_every_width() {
     on_each_backend(|dev| {
@@ -131,9 +132,15 @@ fn cross_entropy_in_16_bit_at_every_width() {
                 check_ref(dev, &what, &loss.to_vec()?, &[rloss], TOL)?;
                 let rounded: Vec<f32> = rprobs.iter().map(|p| dtype.round(*p)).collect();
                 check_ref(dev, &format!("{what} probs"), &probs.to_vec()?, &rounded, tol)?;
+                // The backward: 16 bytes a load on CUDA where a word straddles two rows too.
+                let d = ops::softmax_cross_entropy_backward(&probs, &l, 0.5)?;
+                let rd = cpu::softmax_cross_entropy_backward(&probs.to_vec()?, &lv, c, 0.5)?;
+                let rd: Vec<f32> = rd.iter().map(|v| dtype.round(*v)).collect();
+                bitwise_eq(&format!("{what} backward"), &d.to_vec()?, &rd)?;
                 eager_vs_replay(dev, || {
                     let (loss, probs) = ops::softmax_cross_entropy(&x, &l)?;
-                    Ok(vec![loss, probs])
+                    let d = ops::softmax_cross_entropy_backward(&probs, &l, 0.5)?;
+                    Ok(vec![loss, probs, d])
                 })?;
             }
         }

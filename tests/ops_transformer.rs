@@ -126,6 +126,39 @@ fn rms_norm_matches_reference_and_finite_differences() {
     });
 }
 
+/// bf16 rows of 8 KB and more (on CUDA the row in shared memory, `rms_smem_bf16`), plain and with
+/// the residual add, against the reference within bf16's rounding, graphed equal to eager; (2,
+/// 4100) is not whole 16-byte words and takes the register kernel.
+#[test]
+fn rms_norm_bf16_wide_rows_match_reference() {
+    on_each_backend(|dev| {
+        for (i, &(n, d)) in [(5usize, 4096usize), (3, 12_000), (2, 50_000), (2, 4100)].iter().enumerate() {
+            let seed = 900 + 10 * i as u64;
+            let xv: Vec<f32> = random_vec(n * d, seed).into_iter().map(|v| 3.0 * v + 0.7).collect();
+            let x = Tensor::from_slice_as(dev, &xv, &[n, d], DType::BF16)?;
+            let r = Tensor::from_slice_as(dev, &random_vec(n * d, seed + 1), &[n, d], DType::BF16)?;
+            let g = Tensor::from_slice_as(dev, &random_vec(d, seed + 2), &[d], DType::BF16)?;
+            let what = format!("bf16 rms_norm {n}x{d}");
+            let (y, rstd) = ops::rms_norm(&x, &g, EPS)?;
+            let (ry, rr) = cpu::rms_norm(&x.to_vec()?, &g.to_vec()?, d, EPS);
+            let ry: Vec<f32> = ry.iter().map(|v| DType::BF16.round(*v)).collect();
+            check_ref(dev, &what, &y.to_vec()?, &ry, 1e-2)?;
+            check_ref(dev, &format!("{what} rstd"), &rstd.to_vec()?, &rr, TOL)?;
+            let (sum, ya, rstda) = ops::add_rms_norm(&x, &r, &g, EPS)?;
+            let (rya, rra) = cpu::rms_norm(&sum.to_vec()?, &g.to_vec()?, d, EPS);
+            let rya: Vec<f32> = rya.iter().map(|v| DType::BF16.round(*v)).collect();
+            check_ref(dev, &format!("{what} with the add"), &ya.to_vec()?, &rya, 1e-2)?;
+            check_ref(dev, &format!("{what} with the add, rstd"), &rstda.to_vec()?, &rra, TOL)?;
+            eager_vs_replay(dev, || {
+                let (y, rstd) = ops::rms_norm(&x, &g, EPS)?;
+                let (sum, ya, rstda) = ops::add_rms_norm(&x, &r, &g, EPS)?;
+                Ok(vec![y, rstd, sum, ya, rstda])
+            })?;
+        }
+        Ok(())
+    });
+}
+
 #[test]
 fn swiglu_matches_reference_and_finite_differences() {
     on_each_backend(|dev| {
@@ -278,7 +311,7 @@ fn add_rms_norm_equals_the_unfused_ops_bitwise() {
     on_each_backend(|dev| {
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             for (i, &(n, d)) in
-                [(1, 1), (5, 7), (64, 512), (33, 1030), (300, 96), (3, 9000), (2, 20000)].iter().enumerate()
+                [(1, 1), (5, 7), (64, 512), (33, 1030), (300, 96), (4, 4096), (3, 9000), (2, 20000)].iter().enumerate()
             {
                 let seed = 500 + 10 * i as u64;
                 let what = format!("add_rms_norm {dtype} {n}x{d}");

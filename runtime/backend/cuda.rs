@@ -323,8 +323,8 @@ impl CudaBackend {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("cuDeviceGetAttribute"))?
             .max(1) as usize;
-        // The fused attention kernels, the row kernels' ring forms and the cross-entropy's
-        // row in shared memory take more than the default 48 KB of dynamic shared memory; their
+        // The fused attention kernels, the row kernels' ring forms and the rows in shared
+        // memory (RMSNorm's, the cross-entropy's) take more than the default 48 KB of dynamic shared memory; their
         // launches check their need against `dynamic_shared_limit` first.
         let dynamic_limits = BuiltinKernel::ALL
             .iter()
@@ -334,6 +334,7 @@ impl CudaBackend {
                     && *k != BuiltinKernel::FlashBwdPrepBf16
                     && *k != BuiltinKernel::FlashBwdPrepF16)
                     || k.name().starts_with("rms_ring")
+                    || k.name().starts_with("rms_smem")
                     || k.name().starts_with("sx_smem");
                 opt_in_dynamic_shared(f, big, max_shared_optin)
             })

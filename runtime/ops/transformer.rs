@@ -266,6 +266,35 @@ fn row_kernel(
     }
 }
 
+/// Rows of at least this many bytes take RMSNorm's row in shared memory (`rms_smem_bf16`): on
+/// the H100 (bench/row_sweep.py, 2026-12-06) it ran 4096 x 4096 at 1.15x of the bandwidth floor
+/// against the ring's 1.26x, and 1.04x with the residual add; at 1,024 values a row (2 KB) it
+/// was within 2% of the ring, so narrower rows (the GPT's) keep the ring.
+const RMS_SMEM_MIN_BYTES: usize = 8 << 10;
+
+/// The RMSNorm forward's row in shared memory, where it applies: bf16 rows of whole aligned
+/// words of at least [`RMS_SMEM_MIN_BYTES`], whose residual-add form fits a block's shared
+/// memory too (so that `add_rms_norm` and `add` then `rms_norm` take the same kernel and give
+/// the same bits). A block a row, about two 16-byte words a thread (the sweep's best); the
+/// shared memory the row and, with `add`, the residual's.
+fn rms_smem_launch(
+    c: &CudaBackend,
+    dtype: DType,
+    rows: usize,
+    d: usize,
+    words: bool,
+    add: bool,
+) -> Option<(B, LaunchDims)> {
+    let row_words = d.div_ceil(8);
+    let fits = 2 * row_words * 16 <= c.dynamic_shared_limit(B::RmsSmemBf16);
+    if dtype != DType::BF16 || !words || d * 2 < RMS_SMEM_MIN_BYTES || !fits {
+        return None;
+    }
+    let threads = row_words.div_ceil(2).next_power_of_two().clamp(32, 1024) as u32;
+    let shared = (row_words * 16 * if add { 2 } else { 1 }) as u32;
+    Some((B::RmsSmemBf16, LaunchDims { shared, ..LaunchDims::rows(rows.min(1 << 20), threads) }))
+}
+
 /// Whether rows of `d` values of `elem` bytes at these addresses (0: an absent tensor) are whole
 /// aligned 16-byte words, which the ring kernels need (`rn_fwd_vec` and `rn_bwd_vec` in
 /// kernels/transformer.cu test the same; the kernels leave out the register kernels' fallback).
@@ -304,28 +333,31 @@ fn rms_norm_rows(
         }
         Exec::Cuda(c) => {
             let ptr = |t: Option<&Tensor>| t.map_or(Ok(0), |t| t.cuda_ptr());
-            match RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()) {
-                Some(l) => {
+            let at = [y.cuda_ptr()?, ptr(sum.as_ref())?, x.cuda_ptr()?, ptr(residual)?, gamma.cuda_ptr()?];
+            let words = ring_words(d, dtype.size(), &at);
+            let launch = match rms_smem_launch(c, dtype, rows, d, words, residual.is_some()) {
+                Some(smem) => Some(smem),
+                None => RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()).map(|l| {
                     let ring = (B::RmsRingBf16, RowTiles::ring_fwd(l, d, dtype.size(), residual.is_some()));
-                    let at = [y.cuda_ptr()?, ptr(sum.as_ref())?, x.cuda_ptr()?, ptr(residual)?, gamma.cuda_ptr()?];
-                    let words = ring_words(d, dtype.size(), &at);
-                    let (kernel, dims) = row_kernel(c, dtype, (k::RMS_ROWS.get(dtype), l.dims), ring, words);
-                    c.launch(
-                        kernel,
-                        dims,
-                        &[
-                            KArg::Ptr(y.cuda_ptr()?),
-                            KArg::Ptr(rstd.cuda_ptr()?),
-                            KArg::Ptr(ptr(sum.as_ref())?),
-                            KArg::Ptr(x.cuda_ptr()?),
-                            KArg::Ptr(ptr(residual)?),
-                            KArg::Ptr(gamma.cuda_ptr()?),
-                            KArg::U32(rows as u32),
-                            KArg::U32(d as u32),
-                            KArg::F32(eps),
-                        ],
-                    )?
-                }
+                    row_kernel(c, dtype, (k::RMS_ROWS.get(dtype), l.dims), ring, words)
+                }),
+            };
+            match launch {
+                Some((kernel, dims)) => c.launch(
+                    kernel,
+                    dims,
+                    &[
+                        KArg::Ptr(y.cuda_ptr()?),
+                        KArg::Ptr(rstd.cuda_ptr()?),
+                        KArg::Ptr(ptr(sum.as_ref())?),
+                        KArg::Ptr(x.cuda_ptr()?),
+                        KArg::Ptr(ptr(residual)?),
+                        KArg::Ptr(gamma.cuda_ptr()?),
+                        KArg::U32(rows as u32),
+                        KArg::U32(d as u32),
+                        KArg::F32(eps),
+                    ],
+                )?,
                 // Rows too wide to hold in registers: the sum, then the one-warp-a-row kernel.
                 None => {
                     let src = match (residual, &sum) {

@@ -814,9 +814,12 @@ __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* lo
     }
 }
 
-// dlogits = (probs - onehot(label)) * scale, 16 bytes a load and store when a row is made of
-// whole aligned words (the row found once a word, in 32-bit arithmetic: the op keeps rows * c
-// in u32 range), else element by element; the same math either way.
+// dlogits = (probs - onehot(label)) * scale, 16 bytes a load and store where the tensors are
+// aligned and a row holds at least a word (the row found once a word, in 32-bit arithmetic: the
+// op keeps rows * c in u32 range; a word that straddles two rows takes the next row's label for
+// its values past the row's end), else element by element; the same math either way. (With
+// rows of whole words only, bf16 at 4096 x 50257 ran element by element at 1.96x of the
+// floor: H100, op_bench, 2026-12-06.)
 __device__ __forceinline__ float xent_grad(float p, u32 j, float l, u32 c, float scale) {
     if (!label_ok(l, c)) return l == IGNORE_LABEL ? 0.0f : gr_nan();
     const float hot = (j == (u32)l) ? 1.0f : 0.0f;
@@ -831,16 +834,22 @@ __device__ __forceinline__ void softmax_xent_bwd_t(T* dlogits, const T* probs, c
     // The grad of a mean over the rows not ignored, rounded as the host rounds dloss/rows.
     const float scale = __fdiv_rn(dloss_scale, *count);
     u32 done = 0;
-    if (c % W == 0 && al16(dlogits) && al16(probs)) {
+    if (c >= W && al16(dlogits) && al16(probs)) {
+        // A word may straddle two rows (c not a multiple of W): its values past the row's end
+        // belong to the next row (one row at most, c >= W), with that row's label.
         const u32 nv = n / W;
         for (u64 v = gr_tid(); v < nv; v += gr_stride()) {
             const u32 i = (u32)v * W, r = i / c, j = i - r * c;
             const float l = labels[r];
+            const float l2 = j + W > c ? labels[r + 1] : l;
             Pack<T> pp, pd;
             pp.raw = reinterpret_cast<const uint4*>(probs)[v];
             float o[W];
 #pragma unroll
-            for (u32 k = 0; k < W; ++k) o[k] = xent_grad(ld(pp.e, k), j + k, l, c, scale);
+            for (u32 k = 0; k < W; ++k) {
+                const u32 jk = j + k;
+                o[k] = jk < c ? xent_grad(ld(pp.e, k), jk, l, c, scale) : xent_grad(ld(pp.e, k), jk - c, l2, c, scale);
+            }
             st_all(pd.e, o);
             reinterpret_cast<uint4*>(dlogits)[v] = pd.raw;
         }

@@ -679,6 +679,67 @@ __device__ __forceinline__ void rms_rows_bwd_t(T* dx, float* partial, const T* d
     rn_write_partials<V, W>(acc, partial, d, vec);
 }
 
+// RMSNorm forward (and residual add + RMSNorm) with the row in shared memory, as the
+// cross-entropy's sx_smem_t holds it (half.cu: SxStages, gr_cp16, gr_sx_row): rms_rows_t's
+// math, a block a row (grid-stride past the grid). Each thread copies its 16-byte words of x
+// (and of res) with cp.async in SX_STAGES commit groups and adds its squares over each group as
+// it lands (with res: x + res rounded to T, stored to sum_out and kept in shared memory); after
+// the block's sum it writes y = s * rstd * gamma from shared memory. As many rows in flight an
+// SM as its threads and shared memory hold, where rms_rows_t holds one row group a block and the
+// ring two: on the H100 (bench/row_sweep.py kind smem, 2026-12-06) 1.13x to 1.15x of the floor at
+// 4096 x 4096 in bf16 against the ring's 1.26x at the runtime's launch, and 1.04x with the
+// residual add. The runtime launches it for bf16 rows of 8 KB and more (ops/transformer.rs);
+// other bits than rms_rows_t (the sum of squares in another order), the same for the plain and
+// the add forms (the same threads a row). Rows of whole aligned words only.
+template <typename T>
+__device__ __forceinline__ void rms_smem_t(T* y, float* rstd_out, T* sum_out, const T* x, const T* res, const T* gamma, u32 rows, u32 d, float eps) {
+    constexpr u32 W = 16 / sizeof(T);
+    if (!rn_fwd_vec(y, sum_out, x, res, gamma, d)) return;
+    const bool add = res != nullptr;
+    uint4* row = gr_sx_row;
+    __shared__ float red[32];
+    const SxStages stg(d / W);
+    const u32 words = stg.words;
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const uint4* xw = reinterpret_cast<const uint4*>(x + r * d);
+        const uint4* rw = add ? reinterpret_cast<const uint4*>(res + r * d) : nullptr;
+        stg.issue([&](u32 w) {
+            gr_cp16(row + w, xw + w);
+            if (add) gr_cp16(row + words + w, rw + w);
+        });
+        float s = 0.0f;
+        stg.land([&](u32 w) {
+            Pack<T> p;
+            p.raw = row[w];
+            if (add) {
+                Pack<T> q;
+                q.raw = row[words + w];
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) st(p.e, k, ld(p.e, k) + ld(q.e, k));
+                row[w] = p.raw;
+                reinterpret_cast<uint4*>(sum_out + r * d)[w] = p.raw;
+            }
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const float v = ld(p.e, k);
+                s += v * v;
+            }
+        });
+        const float rstd = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
+        for (u32 w = threadIdx.x; w < words; w += blockDim.x) {
+            Pack<T> p, gg;
+            p.raw = row[w];
+            gg.raw = __ldg(reinterpret_cast<const uint4*>(gamma) + w);
+            float o[W];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) o[k] = ld(p.e, k) * rstd * ld(gg.e, k);
+            st_all(p.e, o);
+            reinterpret_cast<uint4*>(y + r * d)[w] = p.raw;
+        }
+        if (threadIdx.x == 0) rstd_out[r] = rstd;
+    }
+}
+
 // rms_rows_bwd_t with the row groups in flight in shared memory, as rms_ring_t is to
 // rms_rows_t (a measurement variant, not yet launched by the runtime; bench/row_sweep.py): each
 // thread copies its own words of dy, x (and dsum) and its row's rstd for the next RN_RING - 1
@@ -1216,6 +1277,7 @@ extern "C" __global__ void rms_rows_f32(float* y, float* rstd_out, float* sum_ou
 extern "C" __global__ void rms_rows_bwd_f32(float* dx, float* partial, const float* dy, const float* dsum, const float* x, const float* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 extern "C" __global__ void rms_rows_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_ring_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_ring_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
+extern "C" __global__ void __launch_bounds__(1024) rms_smem_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_smem_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_ring_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_ring_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_rows_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 extern "C" __global__ void rms_rows_f16(f16_t* y, float* rstd_out, f16_t* sum_out, const f16_t* x, const f16_t* res, const f16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
