@@ -257,7 +257,7 @@ def main():
                 name = f"{kind:<5} threads={threads or 'runtime'} grid={'rows' if grid is None else grid}"
                 out.append((us / floor_us, us, name))
                 wide.append(dict(dtype=dt, rows=rows, c=c, kind=kind, threads=threads, grid=grid, us=us, ratio=us / floor_us))
-            if c <= 8192:
+            if rs.next_pow2(-(-c // (4 * (16 // elem)))) <= 256:  # the register kernel holds the row
                 for P in progs:
                     if P.vpt != 4:
                         continue
