@@ -410,7 +410,8 @@ impl FlashTiles {
 /// `-DRN_FWD_VPT` / `-DRN_BWD_VPT`, and the launches size their blocks and grids from the rest.
 /// A row of `d` values is spread over `tpr` threads (a power of two, the fewest that hold it
 /// with `vpt` 16-byte words each), `threads / tpr` rows a block, grid-stride over the row
-/// groups. The forward launches a block per row group up to a cap; the backward a fixed number
+/// groups. The forward launches a block per row group up to a cap (`sx_rows_*` without the
+/// cap: ops/loss.rs says why); the backward a fixed number
 /// of blocks (at most `bwd.2`), each writing one row of weight-grad partials, which a second
 /// kernel adds in order. Chosen by `bench/row_sweep.py --quick` on an H200 (2026-12-01: the
 /// best geometric mean of x-of-floor over 4096x512, 16384x1024 and 4096x4096 in bf16, the
