@@ -740,8 +740,12 @@ struct SxStages {
         }
     }
 };
-// Whether word w of a row of c values starting `off` values into its first word is all row.
+// Whether word w of a row of c values starting `off` values into its first word is all row,
+// and whether its value k is part of the row.
 __device__ __forceinline__ bool sx_whole(u32 w, u32 off, u32 c, u32 W) { return w * W >= off && (w + 1) * W <= off + c; }
+__device__ __forceinline__ bool sx_in(u32 w, u32 k, u32 off, u32 c, u32 W) { return w * W + k >= off && w * W + k - off < c; }
+// exp(v - max) as the cross-entropy kernels take it: ml = -max log2(e), one FFMA and ex2.
+__device__ __forceinline__ float sx_exp(float v, float ml) { return gr_ex2(fmaf(v, GR_LOG2E, ml)); }
 
 template <typename T>
 __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
@@ -763,8 +767,7 @@ __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* lo
             } else {
                 T* sv = reinterpret_cast<T*>(sx_row + w);
                 for (u32 k = 0; k < W; ++k) {
-                    const u32 j = w * W + k;
-                    if (j >= off && j - off < c) sv[k] = xr[j - off];
+                    if (sx_in(w, k, off, c, W)) sv[k] = xr[w * W + k - off];
                 }
             }
         });
@@ -775,7 +778,7 @@ __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* lo
             const bool whole = sx_whole(w, off, c, W);
 #pragma unroll
             for (u32 k = 0; k < W; ++k) {
-                if (whole || (w * W + k >= off && w * W + k - off < c)) m = fmaxf(m, ld(p.e, k));
+                if (whole || sx_in(w, k, off, c, W)) m = fmaxf(m, ld(p.e, k));
             }
         });
         m = block_max(m, red);
@@ -789,7 +792,7 @@ __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* lo
             const bool whole = sx_whole(w, off, c, W);
 #pragma unroll
             for (u32 k = 0; k < W; ++k) {
-                if (whole || (w * W + k >= off && w * W + k - off < c)) s += gr_ex2(fmaf(ld(p.e, k), GR_LOG2E, ml));
+                if (whole || sx_in(w, k, off, c, W)) s += sx_exp(ld(p.e, k), ml);
             }
         }
         s = block_sum(s, red);
@@ -799,14 +802,13 @@ __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* lo
             p.raw = sx_row[w];
             float o[W];
 #pragma unroll
-            for (u32 k = 0; k < W; ++k) o[k] = gr_ex2(fmaf(ld(p.e, k), GR_LOG2E, ml)) * inv;
+            for (u32 k = 0; k < W; ++k) o[k] = sx_exp(ld(p.e, k), ml) * inv;
             if (sx_whole(w, off, c, W)) {
                 st_all(q.e, o);
                 pw[w] = q.raw;
             } else {
                 for (u32 k = 0; k < W; ++k) {
-                    const u32 j = w * W + k;
-                    if (j >= off && j - off < c) st(pr, j - off, o[k]);
+                    if (sx_in(w, k, off, c, W)) st(pr, w * W + k - off, o[k]);
                 }
             }
         }

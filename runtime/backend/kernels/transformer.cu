@@ -957,9 +957,11 @@ __device__ __forceinline__ void ln_rows_bwd_t(T* dx, const T* dy, const T* x, co
 // NaN for a label that is not a class id); each exp computed once, as ex2(x log2(e) - max
 // log2(e)) (one FFMA and the SFU; bf16 rows are compute-bound). Thread 0 reads the label's
 // logit when the row group starts, its latency behind the row's reductions. The kernels are
-// held to 64 registers (four 256-thread blocks an SM, __launch_bounds__(256, 4)): in bf16 that
-// ran 1.18x of the floor at 4096 x 4096 against 1.31x at 93 registers, the same in f32 (H100,
-// bench/xent_sweep.py kind rows64, 2026-12-06). Rows of 8 KB and more take sx_smem_t (half.cu).
+// held to 64 registers (four 256-thread blocks an SM, __launch_bounds__(256, 4)) and launched a
+// block a row group (ops/loss.rs): together, bf16 at 4096 x 4096 ran at 1.18x of the floor
+// against 1.31x at 93 registers and RowTiles' cap; the bounds alone, at the cap, moved nothing
+// (1.31x and 1.31x; H100, bench/xent_sweep.py kind rows64, 2026-12-06). Rows of 8 KB and more
+// take sx_smem_t (half.cu).
 template <typename T>
 __device__ __forceinline__ void sx_rows_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
     constexpr u32 W = 16 / sizeof(T);
@@ -992,7 +994,7 @@ __device__ __forceinline__ void sx_rows_t(T* probs, float* row_loss, const T* lo
         for (u32 i = 0; i < V; ++i) {
 #pragma unroll
             for (u32 k = 0; k < W; ++k) {
-                e[i * W + k] = rn_in(vec, i, k, W, c) ? gr_ex2(fmaf(ld(px[i].e, k), GR_LOG2E, ml)) : 0.0f;
+                e[i * W + k] = rn_in(vec, i, k, W, c) ? sx_exp(ld(px[i].e, k), ml) : 0.0f;
                 s += e[i * W + k];
             }
         }
