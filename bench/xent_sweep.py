@@ -91,7 +91,8 @@ def run_wide(P, kind, dt, b, rows, c, threads=None, grid=None):
         f = P.f(name)
         if f.max_dynamic_shared_size_bytes < sm:
             f.max_dynamic_shared_size_bytes = sm
-        f((grid,), (threads,), args, shared_mem=sm)
+        # No folded mean (null loss and fold state), no cluster: the row kernel alone.
+        f((grid,), (threads,), args + (np.uint64(0), np.uint64(0)), shared_mem=sm)
         return True
     P.f(name)((grid,), (threads,), args)
     return True

@@ -35,6 +35,9 @@ inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline unsigned long long __cvta_generic_to_shared(const void* p) { return (unsigned long long)p; }
 inline void __syncwarp() {}
 template <class T> inline T __ldg(const T* p) { return *p; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
+template <class T> inline void __stcg(T* p, T v) { *p = v; }
+inline unsigned int min(unsigned int a, unsigned int b) { return a < b ? a : b; }
 inline float __log2f(float x) { return std::log2(x); }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 using std::fmaxf;

@@ -15,10 +15,12 @@ fn is_label(e: &Error) -> bool {
 
 /// (rows, classes), including non-multiples of 32 and 256, and a batch past the rows whose mean
 /// one block takes on CUDA (16,384: larger ones take the partial sums).
-/// On CUDA, rows of 8 KB or more up to a block's shared memory take the row in shared memory:
-/// (7, 4096) and (5, 9000) whole 16-byte words, (5, 4099) and (3, 50_257) (GPT-2's vocabulary)
-/// rows that start and end inside a word; rows past the shared memory one block a row:
-/// (2, 70_000) 16 bytes a load, (2, 60_001) value by value.
+/// On CUDA, rows of 8 KB or more take the row in shared memory: (7, 4096) and (5, 9000) whole
+/// 16-byte words, (5, 4099) and (3, 50_257) (GPT-2's vocabulary) rows that start and end inside
+/// a word, (100, 4096) the mean folded over four row groups (the last one partial); rows past
+/// a block's shared memory split over a cluster of blocks on an H100 or H200 ((2, 70_000) whole
+/// words and (2, 60_001) not, two blocks; (2, 150_001) three); rows past eight blocks' shared
+/// memory (2, 500_000) one block a row, two reads.
 const SHAPES: &[(usize, usize)] = &[
     (1, 1),
     (1, 2),
@@ -33,6 +35,9 @@ const SHAPES: &[(usize, usize)] = &[
     (3, 50_257),
     (2, 70_000),
     (2, 60_001),
+    (100, 4096),
+    (2, 150_001),
+    (2, 500_000),
 ];
 
 /// Labels `0..classes` spread over the rows, as f32.
@@ -73,13 +78,14 @@ fn softmax_cross_entropy_matches_reference() {
 }
 
 /// Masked logits (-inf, a vocabulary mask) get probability 0 and leave the loss finite, on the
-/// register kernels (1,000 classes), the row in shared memory (9,000 and 4,099) and the
-/// one-block-a-row kernel (70,000 and 60,001), also where a row starts with them (the one-block
-/// kernel's running max is still -inf there).
+/// register kernels (1,000 classes), the row in shared memory (9,000 and 4,099), a cluster of
+/// blocks a row (70,000 and 60,001, where one block's part of a row may be all masked) and the
+/// one-block-a-row kernel (500,000), also where a row starts with them (the one-block kernel's
+/// running max is still -inf there).
 #[test]
 fn masked_logits_get_zero_probability() {
     on_each_backend(|dev| {
-        for (n, c) in [(6usize, 1000usize), (6, 9000), (6, 4099), (4, 70_000), (4, 60_001)] {
+        for (n, c) in [(6usize, 1000usize), (6, 9000), (6, 4099), (4, 70_000), (4, 60_001), (2, 500_000)] {
             let mut v: Vec<f32> = random_vec(n * c, 5).into_iter().map(|x| 5.0 * x).collect();
             for r in 0..n {
                 let masked = if r % 2 == 0 { 0..c / 3 } else { c / 2..c / 2 + 7 };
@@ -107,8 +113,9 @@ fn masked_logits_get_zero_probability() {
 }
 
 /// bf16 and f16 logits at every width the CUDA kernels split on: registers (10, 1000), the row
-/// in shared memory with whole words (4096, 8192) and with rows starting inside a word (4099,
-/// 50,257), one block a row past the shared memory (131,072 whole words, 120,001 not); probs
+/// in shared memory with whole words (4096, and 8192 over two row groups of the folded mean)
+/// and with rows starting inside a word (4099, 50,257), a cluster of blocks a row past one
+/// block's shared memory (131,072 whole words, 120,001 not); probs
 /// within a rounding of the reference, the backward bit for bit the reference's (one f32 product
 /// a value, rounded once), graphed equal to eager bit for bit.
 #[test]
@@ -116,10 +123,18 @@ fn cross_entropy_in_16_bit_at_every_width() {
     on_each_backend(|dev| {
         for dtype in [DType::BF16, DType::F16] {
             let tol = if dtype == DType::BF16 { 1e-2 } else { 1e-3 };
-            for (i, &(n, c)) in
-                [(9usize, 10usize), (5, 1000), (6, 4096), (3, 8192), (5, 4099), (3, 50_257), (2, 131_072), (2, 120_001)]
-                    .iter()
-                    .enumerate()
+            for (i, &(n, c)) in [
+                (9usize, 10usize),
+                (5, 1000),
+                (6, 4096),
+                (40, 8192),
+                (5, 4099),
+                (3, 50_257),
+                (2, 131_072),
+                (2, 120_001),
+            ]
+            .iter()
+            .enumerate()
             {
                 let seed = 300 + 10 * i as u64;
                 let v: Vec<f32> = random_vec(n * c, seed).into_iter().map(|x| 4.0 * x).collect();
@@ -234,6 +249,45 @@ fn mse_matches_reference_and_finite_differences() {
         let (p, t) = (Tensor::from_slice(dev, &pv, &[8, 5])?, Tensor::from_slice(dev, &tv, &[8, 5])?);
         let fd = fd_grad(&pv, |p| 2.0 * cpu::mse_loss(p, &tv) as f64);
         check_fd("dpred", &ops::mse_backward(&p, &t, 2.0)?.to_vec()?, &fd)
+    });
+}
+
+/// On CUDA the row-in-shared-memory kernel takes the mean itself up to 16,384 rows, with
+/// tickets that each launch leaves at zero: repeated launches and graph replays give the same
+/// bits, a bad label makes one launch's mean NaN and leaves the next one clean, and a batch
+/// whose rows are all ignored gives 0. Shapes: four row groups, a cluster of blocks a row with
+/// a partial group, and the most rows the fold takes (512 groups); past it (16,385 rows) the
+/// mean's own launch.
+#[test]
+fn folded_mean_is_repeatable() {
+    on_each_backend(|dev| {
+        for &(n, c) in &[(100usize, 4096usize), (33, 70_000), (16_384, 2048), (16_385, 2048)] {
+            let x = logits(dev, n, c, 7)?;
+            let lv = labels(n, c, 8);
+            let l = Tensor::from_slice(dev, &lv, &[n])?;
+            let what = format!("folded mean {n}x{c}");
+            let first = ops::softmax_cross_entropy(&x, &l)?.0.to_vec()?;
+            let (rloss, _) = cpu::softmax_cross_entropy(&x.to_vec()?, &lv, c)?;
+            check_ref(dev, &what, &first, &[rloss], TOL)?;
+            if !dev.is_host() {
+                let mut bad = lv.clone();
+                bad[n - 1] = c as f32;
+                let lb = Tensor::from_slice(dev, &bad, &[n])?;
+                assert!(ops::softmax_cross_entropy(&x, &lb)?.0.to_vec()?[0].is_nan(), "{what}: a bad label");
+            }
+            for _ in 0..3 {
+                assert_eq!(ops::softmax_cross_entropy(&x, &l)?.0.to_vec()?, first, "{what}: launched again");
+            }
+            let none = Tensor::from_slice(dev, &vec![ops::IGNORE_LABEL; n], &[n])?;
+            assert_eq!(ops::softmax_cross_entropy(&x, &none)?.0.to_vec()?, vec![0.0], "{what}: all ignored");
+            eager_vs_replay(dev, || {
+                let (a, _) = ops::softmax_cross_entropy(&x, &l)?;
+                let (b, _) = ops::softmax_cross_entropy(&x, &none)?;
+                Ok(vec![a, b])
+            })?;
+            assert_eq!(ops::softmax_cross_entropy(&x, &l)?.0.to_vec()?, first, "{what}: after the replays");
+        }
+        Ok(())
     });
 }
 

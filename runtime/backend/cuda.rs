@@ -162,6 +162,9 @@ pub(crate) struct CudaBackend {
     /// bad cache lengths);
     /// its address is fixed for the device's life, so graphs capture it.
     err_word: sys::CUdeviceptr,
+    /// The cross-entropy's folded mean's tickets and group sums (`SxFold` of kernels/half.cu),
+    /// zeroed here and zero again after every launch that uses them (see [`Self::xent_fold`]).
+    xent_fold: sys::CUdeviceptr,
     /// cublasLt (fused epilogues), when the library loads.
     pub(crate) lt: Option<std::sync::Mutex<super::cublaslt::Lt>>,
     /// cuDNN (fused attention), opened the first time attention asks for it: `None` inside
@@ -181,6 +184,10 @@ pub(crate) struct CudaBackend {
     /// The most dynamic shared memory each built-in kernel may launch with, in bytes
     /// (`BuiltinKernel::ALL` order; see [`opt_in_dynamic_shared`]).
     dynamic_limits: Vec<usize>,
+    /// The most blocks a cluster of each built-in kernel may take with its most dynamic shared
+    /// memory and 1,024 threads a block (`BuiltinKernel::ALL` order; 1 for the kernels that
+    /// do not launch in clusters, and below sm_90; see [`cluster_limit`]).
+    cluster_limits: Vec<u32>,
     /// Multiprocessors: kernels whose tiles depend on how full the GPU is ask for it.
     pub(crate) sm_count: usize,
     pub(crate) gate: Arc<StreamGate>,
@@ -207,6 +214,8 @@ enum Launch {
     /// Programmatic dependent launch (`cuLaunchKernelEx`, programmatic stream serialization):
     /// only for kernels that start with `GR_PDL_ENTRY()`, the built-in ones.
     Programmatic,
+    /// Thread block clusters of this many blocks along x (`cuLaunchKernelEx`, sm_90).
+    Cluster(u32),
 }
 
 /// NVRTC's options for the built-in kernels' program on a GPU of compute capability `arch`,
@@ -234,6 +243,10 @@ pub(crate) fn conditional_program((major, minor): (i32, i32)) -> (String, Vec<St
     (src, options)
 }
 
+/// Bytes of the cross-entropy's folded-mean state: `SxFold` of kernels/half.cu, 512 group
+/// tickets and the last one, 512 group sums and 512 counts.
+const XENT_FOLD_BYTES: usize = 4 * (513 + 512 + 512);
+
 /// The default dynamic shared memory a block may have without opting in, in bytes.
 const DEFAULT_DYNAMIC_SHARED: usize = 48 << 10;
 
@@ -255,6 +268,47 @@ fn opt_in_dynamic_shared(f: &CudaFunction, big: bool, max_shared_optin: usize) -
         Ok(()) => room.max(default),
         Err(_) => default,
     }
+}
+
+/// The launch attribute for clusters of `blocks` blocks along x.
+fn cluster_attribute(blocks: u32) -> sys::CUlaunchAttribute {
+    sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue {
+            clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: blocks, y: 1, z: 1 },
+        },
+    }
+}
+
+/// The most blocks (up to the portable 8) a cluster of `f` may take with `shared` bytes of
+/// dynamic shared memory and 1,024 threads a block, as the driver's occupancy calculator
+/// (`cuOccupancyMaxActiveClusters`) finds at least one such cluster resident; 1 when it finds
+/// none or refuses. Asked once, when the device opens: a launch never asks for more.
+fn cluster_limit(f: &CudaFunction, shared: usize, stream: sys::CUstream) -> u32 {
+    (2..=8u32)
+        .rev()
+        .find(|&blocks| {
+            let mut attr = cluster_attribute(blocks);
+            let config = sys::CUlaunchConfig {
+                gridDimX: blocks,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: 1024,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: shared as u32,
+                hStream: stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            let mut clusters = 0i32;
+            // SAFETY: the function is loaded on the current context, the config and its one
+            // attribute live until the call returns, and the count is a plain out-parameter.
+            let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &config) };
+            r == sys::CUresult::CUDA_SUCCESS && clusters >= 1
+        })
+        .unwrap_or(1)
 }
 
 /// `GRAPHED_PDL=1`: programmatic dependent launch between the built-in kernels (read once a
@@ -338,6 +392,19 @@ impl CudaBackend {
                     || k.name().starts_with("sx_smem");
                 opt_in_dynamic_shared(f, big, max_shared_optin)
             })
+            .collect::<Vec<_>>();
+        // The cross-entropy splits a row past one block's shared memory over a cluster.
+        let cluster_limits = BuiltinKernel::ALL
+            .iter()
+            .zip(&functions)
+            .zip(&dynamic_limits)
+            .map(|((k, f), &shared)| {
+                if major >= 9 && k.name().starts_with("sx_smem") {
+                    cluster_limit(f, shared, stream.cu_stream())
+                } else {
+                    1
+                }
+            })
             .collect();
 
         // SAFETY: plain allocation and a synchronous copy of 16 bytes into it, outside any
@@ -345,6 +412,12 @@ impl CudaBackend {
         let err_word = unsafe {
             let p = result::malloc_sync(std::mem::size_of_val(&ERR_CLEAR)).map_err(driver_err("cuMemAlloc"))?;
             result::memcpy_htod_sync(p, &ERR_CLEAR).map_err(driver_err("cuMemcpyHtoD"))?;
+            p
+        };
+        // SAFETY: plain allocation and a synchronous zero fill, outside any capture; freed in Drop.
+        let xent_fold = unsafe {
+            let p = result::malloc_sync(XENT_FOLD_BYTES).map_err(driver_err("cuMemAlloc"))?;
+            result::memset_d8_sync(p, 0, XENT_FOLD_BYTES).map_err(driver_err("cuMemsetD8"))?;
             p
         };
         let cublas = cublas_result::create_handle().map_err(|e| Error::cuda("cublasCreate", e))?;
@@ -374,6 +447,7 @@ impl CudaBackend {
             cublas: std::sync::Mutex::new(CublasHandle(cublas)),
             cublas_workspace,
             err_word,
+            xent_fold,
             lt: super::cublaslt::Lt::open().map(std::sync::Mutex::new),
             cudnn: std::sync::OnceLock::new(),
             driver_version,
@@ -382,6 +456,7 @@ impl CudaBackend {
             pdl,
             max_shared_optin,
             dynamic_limits,
+            cluster_limits,
             sm_count,
             gate,
             drop_errors,
@@ -399,6 +474,11 @@ impl CudaBackend {
     /// static arrays).
     pub(crate) fn dynamic_shared_limit(&self, kernel: BuiltinKernel) -> usize {
         self.dynamic_limits[kernel as usize]
+    }
+
+    /// The most blocks a cluster of `kernel` may take (1: it does not launch in clusters).
+    pub(crate) fn cluster_limit(&self, kernel: BuiltinKernel) -> u32 {
+        self.cluster_limits[kernel as usize]
     }
 
     /// The cuBLAS handle, locked for one call.
@@ -420,6 +500,31 @@ impl CudaBackend {
         kernel.check_args(args)?;
         let how = if self.pdl { Launch::Programmatic } else { Launch::Plain };
         self.launch_with(&self.functions[kernel as usize], dims, args, how)
+    }
+
+    /// Launches `kernel` in thread block clusters of `blocks` blocks along x (at most
+    /// [`Self::cluster_limit`]; the grid's x a multiple of it), after checking the arguments.
+    pub(crate) fn launch_in_clusters(
+        &self,
+        kernel: BuiltinKernel,
+        dims: LaunchDims,
+        args: &[KArg],
+        blocks: u32,
+    ) -> Result<()> {
+        kernel.check_args(args)?;
+        if blocks == 1 {
+            return self.launch(kernel, dims, args);
+        }
+        if blocks > self.cluster_limit(kernel) || !dims.grid.0.is_multiple_of(blocks) {
+            return Err(OpError::TooLarge {
+                op: "launch",
+                what: "cluster size",
+                got: blocks as usize,
+                max: self.cluster_limit(kernel) as usize,
+            }
+            .into());
+        }
+        self.launch_with(&self.functions[kernel as usize], dims, args, Launch::Cluster(blocks))
     }
 
     /// Launches a loaded function (a built-in or a user kernel) on the device stream; the
@@ -476,6 +581,7 @@ impl CudaBackend {
                 pad: [0; 4],
                 value: sys::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
             }),
+            Launch::Cluster(blocks) => Some(cluster_attribute(blocks)),
         };
         if let Some(mut attr) = attr {
             let config = sys::CUlaunchConfig {
@@ -747,6 +853,14 @@ impl CudaBackend {
         live.iter().find_map(|w| w.check(waited).err())
     }
 
+    /// The address of the cross-entropy's folded-mean state (`SxFold`, kernels/half.cu): its
+    /// tickets are zero before and after each launch that takes it. That holds because this
+    /// backend runs its kernels one after another on its one stream (graph replays included),
+    /// so no two launches use it at once.
+    pub(crate) fn xent_fold(&self) -> u64 {
+        self.xent_fold
+    }
+
     /// The address of the device's error word (the last argument of the embedding kernels).
     pub(crate) fn err_word(&self) -> u64 {
         self.err_word
@@ -804,7 +918,10 @@ impl Drop for CudaBackend {
         let destroyed = self.drain().and_then(|()| {
             unsafe { cublas_result::destroy_handle(handle) }.map_err(|e| Error::cuda("cublasDestroy", e))
         });
-        let freed = destroyed.and_then(|()| self.free(self.cublas_workspace)).and_then(|()| self.free(self.err_word));
+        let freed = destroyed
+            .and_then(|()| self.free(self.cublas_workspace))
+            .and_then(|()| self.free(self.err_word))
+            .and_then(|()| self.free(self.xent_fold));
         if let Err(e) = freed {
             // The device is going away: nobody is left to read a deferred error.
             eprintln!("graphed: error while closing {}: {e}", self.name);

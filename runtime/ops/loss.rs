@@ -66,26 +66,35 @@ fn xent_mean(
     )
 }
 
+/// Rows up to which the row-in-shared-memory kernel folds the mean into its launch (`SX_FOLD_ROWS`
+/// of kernels/half.cu, which sizes the device's `SxFold`): the mean's own launch and the gap
+/// before it were 15% of the bf16 4096 x 4096 op (H100, op_bench, 2026-12-06).
+const XENT_FOLD_ROWS: usize = 16384;
+
 /// Rows of at least this many bytes take the row in shared memory (`sx_smem_*`): on the H100
 /// (bench/xent_sweep.py, 2026-12-06) it ran 4096 x 4096 at 1.01x of the bandwidth floor in f32
 /// and 1.13x in bf16, where the register kernel took 1.11x and 1.39x.
 const XENT_SMEM_MIN_BYTES: usize = 8 << 10;
 
-/// The cross-entropy forward's row kernel and launch for `[rows, classes]` logits:
-/// - rows of [`XENT_SMEM_MIN_BYTES`] up to a block's shared memory: the row in shared memory
-///   (`sx_smem_*`, read once from memory), a block a row of at least 128 threads, about 8
-///   16-byte words a thread; it keeps the row's alignment there, so `probs` must lie at the
-///   same address mod 16 as `logits` (tensors of the pool do);
+/// The cross-entropy forward's row kernel, its launch for `[rows, classes]` logits, and the
+/// blocks a row takes (a cluster of them past 1):
+/// - rows of [`XENT_SMEM_MIN_BYTES`] and more: the row in shared memory (`sx_smem_*`, read
+///   once from memory), a block a row of at least 128 threads, about 8 16-byte words a
+///   thread; a row past one block's shared memory is split over a cluster of blocks (sm_90, up
+///   to [`CudaBackend::cluster_limit`] of them: about 465,000 f32 or 930,000 bf16 classes on
+///   an H100). The row keeps its alignment there, so `probs` must lie at the same address mod
+///   16 as `logits` (tensors of the pool do);
 /// - narrower rows: held in registers (`sx_rows_*`, read once) where they fit, a block a row
 ///   group;
-/// - the rest (rows past the shared memory): one block a row, two reads (`softmax_xent_*`).
+/// - the rest (rows past every cluster's shared memory, or misaligned `probs`): one block a
+///   row, two reads (`softmax_xent_*`).
 fn xent_launch(
     c: &CudaBackend,
     rows: usize,
     classes: usize,
     logits: &Tensor,
     probs: &Tensor,
-) -> Result<(BuiltinKernel, LaunchDims)> {
+) -> Result<(BuiltinKernel, LaunchDims, u32)> {
     let dtype = logits.dtype();
     let (elem, smem) = (dtype.size(), k::SX_SMEM.get(dtype));
     let (x, p) = (logits.cuda_ptr()?, probs.cuda_ptr()?);
@@ -93,24 +102,28 @@ fn xent_launch(
     // Shared words a row takes: one more where a row may start inside a word.
     let words =
         if x.is_multiple_of(16) && classes.is_multiple_of(w) { classes / w } else { (classes + w - 1).div_ceil(w) };
-    let shared = words * 16;
+    // The blocks a row takes: as few as hold its words.
+    let room = c.dynamic_shared_limit(smem) / 16;
+    let parts = words.div_ceil(room.max(1));
     if classes * elem >= XENT_SMEM_MIN_BYTES
-        && shared <= c.dynamic_shared_limit(smem)
+        && parts <= c.cluster_limit(smem) as usize
         && x.abs_diff(p).is_multiple_of(16)
     {
-        let threads = words.div_ceil(8).next_power_of_two().clamp(128, 1024) as u32;
-        let dims = LaunchDims::rows(rows.min(1 << 20), threads);
-        return Ok((smem, LaunchDims { shared: shared as u32, ..dims }));
+        let per = words.div_ceil(parts);
+        let threads = per.div_ceil(8).next_power_of_two().clamp(128, 1024) as u32;
+        let grid = (rows.clamp(1, 1 << 20) * parts) as u32;
+        let dims = LaunchDims { grid: (grid, 1, 1), block: (threads, 1, 1), shared: (per * 16) as u32 };
+        return Ok((smem, dims, parts as u32));
     }
     let (kernel, dims) = row_kernel(rows, classes, dtype, k::SX_ROWS, k::SOFTMAX_XENT);
     if kernel != k::SX_ROWS.get(dtype) {
-        return Ok((kernel, dims));
+        return Ok((kernel, dims, 1));
     }
     // The register kernel takes a block for every row group, not RowTiles' cap: held to 64
     // registers (four blocks an SM), it ran bf16 4096 x 4096 at 1.18x of the floor that way
     // against 1.31x capped, and 16384 x 1024 at 1.15x (H100, bench/xent_sweep.py, 2026-12-06).
     let groups = rows.div_ceil(dims.block.1 as usize).clamp(1, 1 << 20) as u32;
-    Ok((kernel, LaunchDims { grid: (groups, 1, 1), ..dims }))
+    Ok((kernel, LaunchDims { grid: (groups, 1, 1), ..dims }, 1))
 }
 
 /// Checks `logits` `[N, C]` against `labels` `[N]`; returns `(N, C)`.
@@ -205,8 +218,11 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
         }
         Exec::Cuda(c) => {
             let row_loss = Tensor::empty(logits.device(), &[rows])?;
-            let (kernel, dims) = xent_launch(c, rows, classes, logits, &probs)?;
-            c.launch(
+            let (kernel, dims, cluster) = xent_launch(c, rows, classes, logits, &probs)?;
+            // The row-in-shared-memory kernel takes the mean itself up to XENT_FOLD_ROWS rows.
+            let fold = kernel == k::SX_SMEM.get(logits.dtype()) && (1..=XENT_FOLD_ROWS).contains(&rows);
+            let (loss_ptr, fold_ptr) = if fold { (loss.cuda_ptr()?, c.xent_fold()) } else { (0, 0) };
+            c.launch_in_clusters(
                 kernel,
                 dims,
                 &[
@@ -216,9 +232,14 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
                     KArg::Ptr(labels.cuda_ptr()?),
                     KArg::U32(rows as u32),
                     KArg::U32(classes as u32),
+                    KArg::Ptr(loss_ptr),
+                    KArg::Ptr(fold_ptr),
                 ],
+                cluster,
             )?;
-            xent_mean(c, logits.device(), &loss, Some(&row_loss), labels, rows)?;
+            if !fold {
+                xent_mean(c, logits.device(), &loss, Some(&row_loss), labels, rows)?;
+            }
         }
     }
     Ok((loss, probs))
