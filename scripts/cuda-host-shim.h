@@ -14,6 +14,7 @@ inline unsigned __float_as_uint(float f) { unsigned u; __builtin_memcpy(&u, &f, 
 inline float __uint_as_float(unsigned u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
 inline float __int_as_float(int u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
 inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
+template <class T> inline T __shfl_sync(unsigned, T v, int) { return v; }
 inline long long clock64() { return 0; }
 inline void __syncthreads() {}
 inline int __syncthreads_or(int p) { return p; }

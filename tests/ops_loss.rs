@@ -17,7 +17,7 @@ fn is_label(e: &Error) -> bool {
 /// one block takes on CUDA (16,384: larger ones take the partial sums).
 /// On CUDA, rows of 8 KB or more take the row in shared memory: (7, 4096) and (5, 9000) whole
 /// 16-byte words, (5, 4099) and (3, 50_257) (GPT-2's vocabulary) rows that start and end inside
-/// a word, (100, 4096) the mean folded over four row groups (the last one partial); rows past
+/// a word, (100, 4096) a hundred rows of them; rows past
 /// a block's shared memory split over a cluster of blocks on an H100 or H200 ((2, 70_000) whole
 /// words and (2, 60_001) not, two blocks; (2, 150_001) three); rows past eight blocks' shared
 /// memory (2, 500_000) one block a row, two reads.
@@ -113,8 +113,7 @@ fn masked_logits_get_zero_probability() {
 }
 
 /// bf16 and f16 logits at every width the CUDA kernels split on: registers (10, 1000), the row
-/// in shared memory with whole words (4096, and 8192 over two row groups of the folded mean)
-/// and with rows starting inside a word (4099, 50,257), a cluster of blocks a row past one
+/// in shared memory with whole words (4096, 8192) and with rows starting inside a word (4099, 50,257), a cluster of blocks a row past one
 /// block's shared memory (131,072 whole words, 120,001 not); probs
 /// within a rounding of the reference, the backward bit for bit the reference's (one f32 product
 /// a value, rounded once), graphed equal to eager bit for bit.
@@ -252,20 +251,19 @@ fn mse_matches_reference_and_finite_differences() {
     });
 }
 
-/// On CUDA the row-in-shared-memory kernel takes the mean itself up to 16,384 rows, with
-/// tickets that each launch leaves at zero: repeated launches and graph replays give the same
-/// bits, a bad label makes one launch's mean NaN and leaves the next one clean, and a batch
-/// whose rows are all ignored gives 0. Shapes: four row groups, a cluster of blocks a row with
-/// a partial group, and the most rows the fold takes (512 groups); past it (16,385 rows) the
-/// mean's own launch.
+/// The mean over the rows of the wide-row kernels: repeated launches and graph replays give the
+/// same bits, a bad label makes one launch's mean NaN (on CUDA) and leaves the next one clean,
+/// and a batch whose rows are all ignored gives 0. Shapes: a row in shared memory, a cluster of
+/// blocks a row, and the most rows the mean's one-block launch takes (16,384) and one more (its
+/// partial sums).
 #[test]
-fn folded_mean_is_repeatable() {
+fn the_mean_over_wide_rows_is_repeatable() {
     on_each_backend(|dev| {
         for &(n, c) in &[(100usize, 4096usize), (33, 70_000), (16_384, 2048), (16_385, 2048)] {
             let x = logits(dev, n, c, 7)?;
             let lv = labels(n, c, 8);
             let l = Tensor::from_slice(dev, &lv, &[n])?;
-            let what = format!("folded mean {n}x{c}");
+            let what = format!("mean {n}x{c}");
             let first = ops::softmax_cross_entropy(&x, &l)?.0.to_vec()?;
             let (rloss, _) = cpu::softmax_cross_entropy(&x.to_vec()?, &lv, c)?;
             check_ref(dev, &what, &first, &[rloss], TOL)?;

@@ -162,9 +162,6 @@ pub(crate) struct CudaBackend {
     /// bad cache lengths);
     /// its address is fixed for the device's life, so graphs capture it.
     err_word: sys::CUdeviceptr,
-    /// The cross-entropy's folded mean's tickets and group sums (`SxFold` of kernels/half.cu),
-    /// zeroed here and zero again after every launch that uses them (see [`Self::xent_fold`]).
-    xent_fold: sys::CUdeviceptr,
     /// cublasLt (fused epilogues), when the library loads.
     pub(crate) lt: Option<std::sync::Mutex<super::cublaslt::Lt>>,
     /// cuDNN (fused attention), opened the first time attention asks for it: `None` inside
@@ -243,10 +240,6 @@ pub(crate) fn conditional_program((major, minor): (i32, i32)) -> (String, Vec<St
     (src, options)
 }
 
-/// Bytes of the cross-entropy's folded-mean state: `SxFold` of kernels/half.cu, 512 group
-/// tickets and the last one, 512 group sums and 512 counts.
-const XENT_FOLD_BYTES: usize = 4 * (513 + 512 + 512);
-
 /// The default dynamic shared memory a block may have without opting in, in bytes.
 const DEFAULT_DYNAMIC_SHARED: usize = 48 << 10;
 
@@ -285,6 +278,7 @@ fn cluster_attribute(blocks: u32) -> sys::CUlaunchAttribute {
 /// dynamic shared memory and 1,024 threads a block, as the driver's occupancy calculator
 /// (`cuOccupancyMaxActiveClusters`) finds at least one such cluster resident; 1 when it finds
 /// none or refuses. Asked once, when the device opens: a launch never asks for more.
+/// `GRAPHED_CLUSTER_DEBUG=1` prints each answer.
 fn cluster_limit(f: &CudaFunction, shared: usize, stream: sys::CUstream) -> u32 {
     (2..=8u32)
         .rev()
@@ -306,6 +300,9 @@ fn cluster_limit(f: &CudaFunction, shared: usize, stream: sys::CUstream) -> u32 
             // SAFETY: the function is loaded on the current context, the config and its one
             // attribute live until the call returns, and the count is a plain out-parameter.
             let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &config) };
+            if std::env::var_os("GRAPHED_CLUSTER_DEBUG").is_some() {
+                eprintln!("graphed: {blocks} blocks a cluster, {shared} B shared a block: {r:?}, {clusters} resident");
+            }
             r == sys::CUresult::CUDA_SUCCESS && clusters >= 1
         })
         .unwrap_or(1)
@@ -389,7 +386,8 @@ impl CudaBackend {
                     && *k != BuiltinKernel::FlashBwdPrepF16)
                     || k.name().starts_with("rms_ring")
                     || k.name().starts_with("rms_smem")
-                    || k.name().starts_with("sx_smem");
+                    || k.name().starts_with("sx_smem")
+                    || k.name().starts_with("sx_cluster");
                 opt_in_dynamic_shared(f, big, max_shared_optin)
             })
             .collect::<Vec<_>>();
@@ -399,7 +397,7 @@ impl CudaBackend {
             .zip(&functions)
             .zip(&dynamic_limits)
             .map(|((k, f), &shared)| {
-                if major >= 9 && k.name().starts_with("sx_smem") {
+                if major >= 9 && k.name().starts_with("sx_cluster") {
                     cluster_limit(f, shared, stream.cu_stream())
                 } else {
                     1
@@ -412,12 +410,6 @@ impl CudaBackend {
         let err_word = unsafe {
             let p = result::malloc_sync(std::mem::size_of_val(&ERR_CLEAR)).map_err(driver_err("cuMemAlloc"))?;
             result::memcpy_htod_sync(p, &ERR_CLEAR).map_err(driver_err("cuMemcpyHtoD"))?;
-            p
-        };
-        // SAFETY: plain allocation and a synchronous zero fill, outside any capture; freed in Drop.
-        let xent_fold = unsafe {
-            let p = result::malloc_sync(XENT_FOLD_BYTES).map_err(driver_err("cuMemAlloc"))?;
-            result::memset_d8_sync(p, 0, XENT_FOLD_BYTES).map_err(driver_err("cuMemsetD8"))?;
             p
         };
         let cublas = cublas_result::create_handle().map_err(|e| Error::cuda("cublasCreate", e))?;
@@ -447,7 +439,6 @@ impl CudaBackend {
             cublas: std::sync::Mutex::new(CublasHandle(cublas)),
             cublas_workspace,
             err_word,
-            xent_fold,
             lt: super::cublaslt::Lt::open().map(std::sync::Mutex::new),
             cudnn: std::sync::OnceLock::new(),
             driver_version,
@@ -853,14 +844,6 @@ impl CudaBackend {
         live.iter().find_map(|w| w.check(waited).err())
     }
 
-    /// The address of the cross-entropy's folded-mean state (`SxFold`, kernels/half.cu): its
-    /// tickets are zero before and after each launch that takes it. That holds because this
-    /// backend runs its kernels one after another on its one stream (graph replays included),
-    /// so no two launches use it at once.
-    pub(crate) fn xent_fold(&self) -> u64 {
-        self.xent_fold
-    }
-
     /// The address of the device's error word (the last argument of the embedding kernels).
     pub(crate) fn err_word(&self) -> u64 {
         self.err_word
@@ -918,10 +901,7 @@ impl Drop for CudaBackend {
         let destroyed = self.drain().and_then(|()| {
             unsafe { cublas_result::destroy_handle(handle) }.map_err(|e| Error::cuda("cublasDestroy", e))
         });
-        let freed = destroyed
-            .and_then(|()| self.free(self.cublas_workspace))
-            .and_then(|()| self.free(self.err_word))
-            .and_then(|()| self.free(self.xent_fold));
+        let freed = destroyed.and_then(|()| self.free(self.cublas_workspace)).and_then(|()| self.free(self.err_word));
         if let Err(e) = freed {
             // The device is going away: nobody is left to read a deferred error.
             eprintln!("graphed: error while closing {}: {e}", self.name);

@@ -247,9 +247,12 @@ kernels! {
     SxRowsBf16 = "sx_rows_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SxRowsF16 = "sx_rows_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     RmsSmemBf16 = "rms_smem_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
-    SxSmemF32 = "sx_smem_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32, Ptr, Ptr);
-    SxSmemBf16 = "sx_smem_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32, Ptr, Ptr);
-    SxSmemF16 = "sx_smem_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32, Ptr, Ptr);
+    SxSmemF32 = "sx_smem_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SxClusterF32 = "sx_cluster_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SxSmemBf16 = "sx_smem_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SxClusterBf16 = "sx_cluster_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SxSmemF16 = "sx_smem_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
+    SxClusterF16 = "sx_cluster_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     EmbeddingBwdBf16F32 = "embedding_bwd_bf16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     EmbeddingBwdF16F32 = "embedding_bwd_f16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     LrWarmupCosineF32 = "lr_warmup_cosine_f32" (Ptr, Ptr, F32, F32, U32, U32);

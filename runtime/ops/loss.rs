@@ -66,10 +66,14 @@ fn xent_mean(
     )
 }
 
-/// Rows up to which the row-in-shared-memory kernel folds the mean into its launch (`SX_FOLD_ROWS`
-/// of kernels/half.cu, which sizes the device's `SxFold`): the mean's own launch and the gap
-/// before it were 15% of the bf16 4096 x 4096 op (H100, op_bench, 2026-12-06).
-const XENT_FOLD_ROWS: usize = 16384;
+/// `GRAPHED_XENT_CLUSTER`, for measurements (read once a process): `0` sends rows past one
+/// block's shared memory to the two-read kernel instead of a cluster of blocks; `n` (2 to 8)
+/// splits them over at least `n` blocks (at most the device's cluster limit). Unset: as few
+/// blocks as hold the row.
+fn xent_cluster_setting() -> Option<usize> {
+    static SET: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| std::env::var("GRAPHED_XENT_CLUSTER").ok().and_then(|v| v.parse().ok()))
+}
 
 /// Rows of at least this many bytes take the row in shared memory (`sx_smem_*`): on the H100
 /// (bench/xent_sweep.py, 2026-12-06) it ran 4096 x 4096 at 1.01x of the bandwidth floor in f32
@@ -80,10 +84,10 @@ const XENT_SMEM_MIN_BYTES: usize = 8 << 10;
 /// blocks a row takes (a cluster of them past 1):
 /// - rows of [`XENT_SMEM_MIN_BYTES`] and more: the row in shared memory (`sx_smem_*`, read
 ///   once from memory), a block a row of at least 128 threads, about 8 16-byte words a
-///   thread; a row past one block's shared memory is split over a cluster of blocks (sm_90, up
-///   to [`CudaBackend::cluster_limit`] of them: about 465,000 f32 or 930,000 bf16 classes on
-///   an H100). The row keeps its alignment there, so `probs` must lie at the same address mod
-///   16 as `logits` (tensors of the pool do);
+///   thread; a row past one block's shared memory is split over a cluster of blocks
+///   (`sx_cluster_*`, sm_90, up to [`CudaBackend::cluster_limit`] of them: about 465,000 f32
+///   or 930,000 bf16 classes on an H100). The row keeps its alignment there, so `probs` must
+///   lie at the same address mod 16 as `logits` (tensors of the pool do);
 /// - narrower rows: held in registers (`sx_rows_*`, read once) where they fit, a block a row
 ///   group;
 /// - the rest (rows past every cluster's shared memory, or misaligned `probs`): one block a
@@ -96,24 +100,30 @@ fn xent_launch(
     probs: &Tensor,
 ) -> Result<(BuiltinKernel, LaunchDims, u32)> {
     let dtype = logits.dtype();
-    let (elem, smem) = (dtype.size(), k::SX_SMEM.get(dtype));
+    let (elem, smem, cluster) = (dtype.size(), k::SX_SMEM.get(dtype), k::SX_CLUSTER.get(dtype));
     let (x, p) = (logits.cuda_ptr()?, probs.cuda_ptr()?);
     let w = 16 / elem;
     // Shared words a row takes: one more where a row may start inside a word.
     let words =
         if x.is_multiple_of(16) && classes.is_multiple_of(w) { classes / w } else { (classes + w - 1).div_ceil(w) };
-    // The blocks a row takes: as few as hold its words.
-    let room = c.dynamic_shared_limit(smem) / 16;
-    let parts = words.div_ceil(room.max(1));
-    if classes * elem >= XENT_SMEM_MIN_BYTES
-        && parts <= c.cluster_limit(smem) as usize
-        && x.abs_diff(p).is_multiple_of(16)
-    {
+    // The blocks a row takes: one where it fits, else as few as hold its words.
+    let fits = words <= c.dynamic_shared_limit(smem) / 16;
+    let most = match xent_cluster_setting() {
+        Some(0) => 1,
+        _ => c.cluster_limit(cluster) as usize,
+    };
+    let parts = if fits {
+        1
+    } else {
+        let least = words.div_ceil((c.dynamic_shared_limit(cluster) / 16).max(1));
+        least.max(xent_cluster_setting().unwrap_or(0).min(most))
+    };
+    if classes * elem >= XENT_SMEM_MIN_BYTES && parts <= most.max(1) && x.abs_diff(p).is_multiple_of(16) {
         let per = words.div_ceil(parts);
         let threads = per.div_ceil(8).next_power_of_two().clamp(128, 1024) as u32;
         let grid = (rows.clamp(1, 1 << 20) * parts) as u32;
         let dims = LaunchDims { grid: (grid, 1, 1), block: (threads, 1, 1), shared: (per * 16) as u32 };
-        return Ok((smem, dims, parts as u32));
+        return Ok((if parts == 1 { smem } else { cluster }, dims, parts as u32));
     }
     let (kernel, dims) = row_kernel(rows, classes, dtype, k::SX_ROWS, k::SOFTMAX_XENT);
     if kernel != k::SX_ROWS.get(dtype) {
@@ -219,9 +229,6 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
         Exec::Cuda(c) => {
             let row_loss = Tensor::empty(logits.device(), &[rows])?;
             let (kernel, dims, cluster) = xent_launch(c, rows, classes, logits, &probs)?;
-            // The row-in-shared-memory kernel takes the mean itself up to XENT_FOLD_ROWS rows.
-            let fold = kernel == k::SX_SMEM.get(logits.dtype()) && (1..=XENT_FOLD_ROWS).contains(&rows);
-            let (loss_ptr, fold_ptr) = if fold { (loss.cuda_ptr()?, c.xent_fold()) } else { (0, 0) };
             c.launch_in_clusters(
                 kernel,
                 dims,
@@ -232,14 +239,10 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
                     KArg::Ptr(labels.cuda_ptr()?),
                     KArg::U32(rows as u32),
                     KArg::U32(classes as u32),
-                    KArg::Ptr(loss_ptr),
-                    KArg::Ptr(fold_ptr),
                 ],
                 cluster,
             )?;
-            if !fold {
-                xent_mean(c, logits.device(), &loss, Some(&row_loss), labels, rows)?;
-            }
+            xent_mean(c, logits.device(), &loss, Some(&row_loss), labels, rows)?;
         }
     }
     Ok((loss, probs))

@@ -279,6 +279,7 @@ pub(crate) mod k {
     pub(crate) const SX_ROWS: Typed = Typed(B::SxRowsF32, B::SxRowsBf16, B::SxRowsF16);
     /// Softmax cross-entropy's forward with the row in shared memory.
     pub(crate) const SX_SMEM: Typed = Typed(B::SxSmemF32, B::SxSmemBf16, B::SxSmemF16);
+    pub(crate) const SX_CLUSTER: Typed = Typed(B::SxClusterF32, B::SxClusterBf16, B::SxClusterF16);
     /// RMSNorm (and residual add + RMSNorm) with rows in registers, forward and backward.
     pub(crate) const RMS_ROWS: Typed = Typed(B::RmsRowsF32, B::RmsRowsBf16, B::RmsRowsF16);
     pub(crate) const RMS_ROWS_BWD: Typed = Typed(B::RmsRowsBwdF32, B::RmsRowsBwdBf16, B::RmsRowsBwdF16);

@@ -694,9 +694,9 @@ __device__ __forceinline__ void softmax_xent_t(T* probs, float* row_loss, const 
 // 2026-12-06) 0.99x of the bandwidth floor at 4096 x 32768 in f32 and bf16, where the two-read
 // kernel below took 1.99x and 3.19x, and 1.01x (f32) and 1.13x (bf16) at 4096 x 4096, where the
 // register kernel took 1.11x and 1.39x. A row past one block's shared memory is split over a
-// thread block cluster (sm_90, up to SX_CLUSTER_MAX blocks, the launch's cluster size): each
-// block copies its share of the row's words, and the blocks exchange their max and their sum
-// of exps through shared memory (gr_cluster_push), so the row is still read once.
+// thread block cluster (sx_cluster_*: sm_90, up to SX_CLUSTER_MAX blocks, the launch's cluster
+// size): each block copies its share of the row's words, and the blocks exchange their max and
+// their sum of exps through shared memory (gr_cluster_push), so the row is still read once.
 #define SX_STAGES 4
 __device__ __forceinline__ void sx_wait_stage(u32 left) {
     // cp.async.wait_group takes an immediate: the groups still allowed in flight.
@@ -804,83 +804,19 @@ __device__ __forceinline__ void gr_cluster_push(float* slots, u32 rank, u32 bloc
 // The most blocks a cluster of the cross-entropy takes (the portable cluster size).
 #define SX_CLUSTER_MAX 8
 
-// The cross-entropy's mean folded into sx_smem_t (the launch passes `loss` and `fold` for at
-// most SX_FOLD_ROWS rows): rows go in groups of SX_FOLD_GROUP; the block that writes a row's loss
-// counts the row in its group's ticket, and the block that counts a group's last row adds the
-// group's losses and its rows not ignored (one warp, in lane order) into the group's slots and
-// counts the group in the last ticket; the block that counts the last group adds the groups'
-// slots (block_sum, an order fixed by the launch's shape) and writes the mean, rounded as
-// mean_final_f32 rounds. Each ticket is set back to zero by the block that counted its last
-// arrival, so `fold` (zeroed when the device opens; its stream runs one kernel at a time) is
-// zero again when the launch ends. The writes before a ticket are fenced (__threadfence) and
-// read back past L1 (__ldcg), as in CUDA's threadFenceReduction sample.
-#define SX_FOLD_GROUP 32
-#define SX_FOLD_ROWS 16384
-#define SX_FOLD_GROUPS (SX_FOLD_ROWS / SX_FOLD_GROUP)
-struct SxFold {
-    u32 ticket[SX_FOLD_GROUPS + 1];
-    float sum[SX_FOLD_GROUPS], count[SX_FOLD_GROUPS];
-};
-// Row r's loss was written (by thread 0 of this block if `wrote`); every thread of the block
-// calls it.
-__device__ __forceinline__ void sx_fold_row(float* loss, SxFold* f, const float* row_loss, const float* labels, u32 rows, u32 r, bool wrote, float* red) {
-    __shared__ u32 group_done, all_done;
-    const u32 g = r / SX_FOLD_GROUP, first = g * SX_FOLD_GROUP, size = min(SX_FOLD_GROUP, rows - first);
-    const u32 groups = (rows + SX_FOLD_GROUP - 1) / SX_FOLD_GROUP;
-    if (threadIdx.x == 0) {
-        u32 last = 0;
-        if (wrote) {
-            __threadfence();
-            last = atomicAdd(&f->ticket[g], 1u) == size - 1 ? 1u : 0u;
-        }
-        group_done = last;
-    }
-    __syncthreads();
-    if (group_done == 0) return;
-    if (threadIdx.x < 32) {
-        __threadfence();
-        float s = 0.0f, n = 0.0f;
-        if (threadIdx.x < size) {
-            s = __ldcg(row_loss + first + threadIdx.x);
-            n = labels[first + threadIdx.x] != IGNORE_LABEL ? 1.0f : 0.0f;
-        }
-        s = warp_sum(s);
-        n = warp_sum(n);
-        if (threadIdx.x == 0) {
-            __stcg(&f->sum[g], s);
-            __stcg(&f->count[g], n);
-            f->ticket[g] = 0u;
-            __threadfence();
-            all_done = atomicAdd(&f->ticket[SX_FOLD_GROUPS], 1u) == groups - 1 ? 1u : 0u;
-        }
-    }
-    __syncthreads();
-    if (all_done == 0) return;
-    __threadfence();
-    float s = 0.0f, n = 0.0f;
-    for (u32 i = threadIdx.x; i < groups; i += blockDim.x) {
-        s += __ldcg(&f->sum[i]);
-        n += __ldcg(&f->count[i]);
-    }
-    s = block_sum(s, red);
-    n = block_sum(n, red);
-    if (threadIdx.x == 0) {
-        loss[0] = n > 0.0f ? s * __fdiv_rn(1.0f, n) : 0.0f;
-        f->ticket[SX_FOLD_GROUPS] = 0u;
-    }
-}
-
-template <typename T>
-__device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c, float* loss, SxFold* fold) {
+// CLUSTER: the launch splits each row over a thread block cluster (sx_cluster_*); without it
+// the cluster's rank and size are the constants 0 and 1 and the code for them compiles away.
+template <typename T, bool CLUSTER>
+__device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
     constexpr u32 W = 16 / sizeof(T);
     uint4* sx_row = gr_sx_row;
     __shared__ float red[32];
-    __shared__ float cl_m[SX_CLUSTER_MAX], cl_s[SX_CLUSTER_MAX];
+    __shared__ float cl_m[CLUSTER ? SX_CLUSTER_MAX : 1], cl_s[CLUSTER ? SX_CLUSTER_MAX : 1];
     // A row too wide for one block's shared memory is split over a cluster: block `rank` holds
     // the row's words [rank * per, (rank + 1) * per) (the launch sizes its shared memory).
-    const u32 rank = gr_cluster_rank(), parts = gr_cluster_blocks();
+    const u32 rank = CLUSTER ? gr_cluster_rank() : 0u, parts = CLUSTER ? gr_cluster_blocks() : 1u;
     // Every block of the cluster has started before the first store into its shared memory.
-    if (parts > 1) gr_cluster_arrive();
+    if (CLUSTER) gr_cluster_arrive();
     bool first = true;
     for (u64 r = blockIdx.x / parts; r < rows; r += gridDim.x / parts) {
         const T* xr = logits + r * c;
@@ -917,7 +853,7 @@ __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* lo
             }
         });
         m = block_max(m, red);
-        if (parts > 1) {
+        if (CLUSTER) {
             if (first) gr_cluster_wait();
             first = false;
             gr_cluster_push(cl_m, rank, parts, m);
@@ -928,7 +864,7 @@ __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* lo
         const bool lok = label_ok(l, c);
         // The block that holds the label's logit writes the row's loss (rank 0 for a bad label).
         const u32 at = lok ? off + (u32)l : 0u;
-        const bool mine = lok ? (at / W >= w0 && at / W < w0 + words) : rank == 0;
+        const bool mine = !CLUSTER || (lok ? (at / W >= w0 && at / W < w0 + words) : rank == 0);
         const float xl = (threadIdx.x == 0 && lok && mine) ? ld(reinterpret_cast<const T*>(sx_row), at - w0 * W) : 0.0f;
         const float ml = -m * GR_LOG2E;
         float s = 0.0f;
@@ -943,7 +879,7 @@ __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* lo
             }
         }
         s = block_sum(s, red);
-        if (parts > 1) {
+        if (CLUSTER) {
             // Every block adds the parts in rank order: the same bits in each.
             gr_cluster_push(cl_s, rank, parts, s);
             gr_cluster_sync();
@@ -968,11 +904,10 @@ __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* lo
             }
         }
         if (threadIdx.x == 0 && mine) row_loss[r] = lok ? (m + logf(s)) - xl : l == IGNORE_LABEL ? 0.0f : gr_nan();
-        if (loss != nullptr) sx_fold_row(loss, fold, row_loss, labels, rows, (u32)r, mine, red);
     }
     // A block with no row still arrived once; it waits so that the cluster's barrier phases
     // stay paired.
-    if (parts > 1 && first) gr_cluster_wait();
+    if (CLUSTER && first) gr_cluster_wait();
 }
 
 // dlogits = (probs - onehot(label)) * scale, 16 bytes a load and store where the tensors are
@@ -1033,9 +968,12 @@ extern "C" __global__ void layer_norm_bwd_bf16(bf16_t* dx, const bf16_t* dy, con
 extern "C" __global__ void layer_norm_bwd_f16(f16_t* dx, const f16_t* dy, const f16_t* x, const f16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
 extern "C" __global__ void layer_norm_bwd_params_bf16(float* dgamma, float* dbeta, const bf16_t* dy, const bf16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
 extern "C" __global__ void layer_norm_bwd_params_f16(float* dgamma, float* dbeta, const f16_t* dy, const f16_t* x, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
-extern "C" __global__ void __launch_bounds__(1024) sx_smem_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c, float* loss, SxFold* fold) { GR_PDL_ENTRY(); sx_smem_t(probs, row_loss, logits, labels, rows, c, loss, fold); }
-extern "C" __global__ void __launch_bounds__(1024) sx_smem_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c, float* loss, SxFold* fold) { GR_PDL_ENTRY(); sx_smem_t(probs, row_loss, logits, labels, rows, c, loss, fold); }
-extern "C" __global__ void __launch_bounds__(1024) sx_smem_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c, float* loss, SxFold* fold) { GR_PDL_ENTRY(); sx_smem_t(probs, row_loss, logits, labels, rows, c, loss, fold); }
+extern "C" __global__ void __launch_bounds__(1024) sx_smem_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_smem_t<float, false>(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void __launch_bounds__(1024) sx_cluster_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_smem_t<float, true>(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void __launch_bounds__(1024) sx_smem_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_smem_t<bf16_t, false>(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void __launch_bounds__(1024) sx_cluster_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_smem_t<bf16_t, true>(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void __launch_bounds__(1024) sx_smem_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_smem_t<f16_t, false>(probs, row_loss, logits, labels, rows, c); }
+extern "C" __global__ void __launch_bounds__(1024) sx_cluster_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_smem_t<f16_t, true>(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void softmax_xent_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void softmax_xent_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void softmax_xent_bwd_bf16(bf16_t* dlogits, const bf16_t* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }
