@@ -68,8 +68,8 @@ fn xent_mean(
 
 /// `GRAPHED_XENT_CLUSTER`, for measurements (read once a process): `0` sends rows past one
 /// block's shared memory to the two-read kernel instead of a cluster of blocks; `n` (2 to 8)
-/// splits them over at least `n` blocks (at most the device's cluster limit). Unset: as few
-/// blocks as hold the row.
+/// splits them over `n` blocks (at least as many as hold the row, at most the device's cluster
+/// limit). Unset: the cluster limit.
 fn xent_cluster_setting() -> Option<usize> {
     static SET: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *SET.get_or_init(|| std::env::var("GRAPHED_XENT_CLUSTER").ok().and_then(|v| v.parse().ok()))
@@ -106,7 +106,7 @@ fn xent_launch(
     // Shared words a row takes: one more where a row may start inside a word.
     let words =
         if x.is_multiple_of(16) && classes.is_multiple_of(w) { classes / w } else { (classes + w - 1).div_ceil(w) };
-    // The blocks a row takes: one where it fits, else as few as hold its words.
+    // The blocks a row takes: one where it fits, else a cluster (see below).
     let fits = words <= c.dynamic_shared_limit(smem) / 16;
     let most = match xent_cluster_setting() {
         Some(0) => 1,
@@ -116,7 +116,10 @@ fn xent_launch(
         1
     } else {
         let least = words.div_ceil((c.dynamic_shared_limit(cluster) / 16).max(1));
-        least.max(xent_cluster_setting().unwrap_or(0).min(most))
+        // The cluster's most blocks, not its fewest: smaller shares let more blocks share a
+        // multiprocessor. bf16 1024 x 131072 (H100, op_bench, 2026-12-06): 1.50x of the floor on
+        // 2 blocks a row, 1.43x on 4, 1.26x on 8; 1.56x read twice (GRAPHED_XENT_CLUSTER=0).
+        least.max(xent_cluster_setting().unwrap_or(most).min(most))
     };
     if classes * elem >= XENT_SMEM_MIN_BYTES && parts <= most.max(1) && x.abs_diff(p).is_multiple_of(16) {
         let per = words.div_ceil(parts);
