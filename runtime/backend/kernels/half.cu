@@ -755,22 +755,17 @@ __device__ __forceinline__ float sx_exp(float v, float ml) { return gr_ex2(fmaf(
 // in slot `rank` of `slots` in every block of the cluster (mapa), and after gr_cluster_sync
 // (the cluster's hardware barrier, release at arrival, acquire at the wait) each block reads
 // the cluster's values from its own slots, in rank order.
-__device__ __forceinline__ u32 gr_cluster_rank() {
+// This block's rank in its cluster and the cluster's blocks.
+struct GrCluster {
+    u32 rank, blocks;
+};
+__device__ __forceinline__ GrCluster gr_cluster() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    u32 r;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
+    GrCluster c;
+    asm("mov.u32 %0, %%cluster_ctarank;\n\tmov.u32 %1, %%cluster_nctarank;" : "=r"(c.rank), "=r"(c.blocks));
+    return c;
 #else
-    return 0;
-#endif
-}
-__device__ __forceinline__ u32 gr_cluster_blocks() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    u32 n;
-    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-    return n;
-#else
-    return 1;
+    return GrCluster{0u, 1u};
 #endif
 }
 __device__ __forceinline__ void gr_cluster_arrive() {
@@ -814,7 +809,8 @@ __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* lo
     __shared__ float cl_m[CLUSTER ? SX_CLUSTER_MAX : 1], cl_s[CLUSTER ? SX_CLUSTER_MAX : 1];
     // A row too wide for one block's shared memory is split over a cluster: block `rank` holds
     // the row's words [rank * per, (rank + 1) * per) (the launch sizes its shared memory).
-    const u32 rank = CLUSTER ? gr_cluster_rank() : 0u, parts = CLUSTER ? gr_cluster_blocks() : 1u;
+    const GrCluster cl = CLUSTER ? gr_cluster() : GrCluster{0u, 1u};
+    const u32 rank = cl.rank, parts = cl.blocks;
     // Every block of the cluster has started before the first store into its shared memory.
     if (CLUSTER) gr_cluster_arrive();
     bool first = true;
