@@ -102,6 +102,9 @@ def run_mean(P, kind, b, rows):
     if kind == "one":
         P.f("xent_mean_f32")((1,), (1024,), (b["loss"], b["rl"], b["l"], np.uint32(rows)))
         return
+    if kind == "at-once":
+        P.f("xent_mean_at_once_f32")((1,), (1024,), (b["loss"], b["rl"], b["l"], np.uint32(rows)))
+        return
     blocks = max(1, min(-(-rows // 2048), 1024))
     n = np.uint32(rows)
     P.f("sum_partial_f32")((blocks,), (256,), (b["part"], b["rl"], n))
@@ -272,23 +275,28 @@ def main():
             del sets
             cp.get_default_memory_pool().free_all_blocks()
 
-    # The mean: three launches against one, alone.
+    # The mean: three launches against one, alone; and the one block with its loads issued at
+    # once (xent_variants.cu; the same bits as "one", checked), where a thread has at most 8 rows.
     P0 = progs[0]
-    for rows in (4096, 16384, 65536):
+    for rows in (4096, 8192, 16384, 65536):
         _, xb, lab = host_case(rows, 2, rows, "f32")
         sets = [device_case(xb, lab, rows, 2, "f32") for _ in range(4)]
         for s in sets:
             s["rl"] = cp.asarray(np.random.default_rng(1).random(rows).astype(np.float32))
+        kinds = ("three", "one", "at-once") if rows <= 8 * 1024 else ("three", "one")
         res = {}
-        for kind in ("three", "one"):
+        for kind in kinds:
             res[kind] = rs.time_graph(lambda b: run_mean(P0, kind, b, rows), sets, 20, reps)
         r0 = []
-        for kind in ("three", "one"):
+        for kind in kinds:
             run_mean(P0, kind, sets[0], rows)
             cp.cuda.Device().synchronize()
             r0.append(float(cp.asnumpy(sets[0]["loss"])[0]))
         log(f"mean over {rows} rows: three launches {res['three']:.2f} us, one block {res['one']:.2f} us "
             f"(saves {res['three'] - res['one']:.2f} us; values {r0[0]:.7g} and {r0[1]:.7g})")
+        if "at-once" in res:
+            same = np.float32(r0[1]).tobytes() == np.float32(r0[2]).tobytes()
+            log(f"  one block, loads at once: {res['at-once']:.2f} us ({'the same bits' if same else 'OTHER BITS'})")
 
     shapes = ((4096, 4096), (16384, 1024), (2048, 8192)) if a.quick else ((4096, 4096), (16384, 1024), (2048, 8192), (8192, 256))
     results = []

@@ -166,3 +166,32 @@ extern "C" __global__ void old_sx_rows_f32(float* p, float* rl, const float* x, 
 extern "C" __global__ void old_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<bf16_t, true>(p, rl, x, l, rows, c); }
 extern "C" __global__ void early_sx_rows_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<float, false>(p, rl, x, l, rows, c); }
 extern "C" __global__ void early_sx_rows_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { early_sx_rows_t<bf16_t, false>(p, rl, x, l, rows, c); }
+
+// The cross-entropy's one-block mean with every load a thread makes issued before it adds any
+// (xent_mean_at_once_f32, 1,024 threads): for at most 8 x 1,024 rows each thread loads its
+// rows (i, i + blockDim.x, ...) and labels into registers, masked, then adds them in that order,
+// so the bits are xent_mean_f32's; the runtime's kernel issues eight rows at a time only where
+// a thread has eight, and a loop iteration a row below that (4,096 rows: four). Measurement
+// variant only: the runtime does not launch it (bench/xent_sweep.py, "the mean").
+extern "C" __global__ void xent_mean_at_once_f32(float* out, const float* row_loss, const float* labels, u32 n) {
+    __shared__ float sh[32];
+    constexpr u32 U = 8;
+    float lv[U], lb[U];
+#pragma unroll
+    for (u32 k = 0; k < U; ++k) {
+        const u32 i = threadIdx.x + k * blockDim.x;
+        lv[k] = i < n ? row_loss[i] : 0.0f;
+        lb[k] = i < n ? labels[i] : IGNORE_LABEL;
+    }
+    float s = 0.0f, c = 0.0f;
+#pragma unroll
+    for (u32 k = 0; k < U; ++k) {
+        if (threadIdx.x + k * blockDim.x < n) {
+            s += lv[k];
+            c += lb[k] != IGNORE_LABEL ? 1.0f : 0.0f;
+        }
+    }
+    c = block_sum(c, sh);
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) out[0] = c > 0.0f ? s * __fdiv_rn(1.0f, c) : 0.0f;
+}
