@@ -634,8 +634,8 @@ __device__ __forceinline__ void block_max_sum(float& m, float& s, float* sh_m, f
     for (u32 o = 16; o > 0; o >>= 1) sx_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
 }
 
-// One block a row (rows past a block's shared memory, or misaligned probs; sx_smem_t takes the
-// others): the row's max and sum of exps in one pass (the online softmax), the probabilities in
+// One block a row (rows past eight blocks' shared memory or below sm_90 past one block's, or
+// misaligned probs; sx_smem_t takes the others, one block or a cluster a row): the row's max and sum of exps in one pass (the online softmax), the probabilities in
 // a second; two reads of the row, 16 bytes a load and store where the row is made of whole
 // aligned words (H100, 2026-12-06, bench/xent_sweep.py kind vec: 1.51x of the floor in f32 and
 // 1.60x in bf16 at 1024 x 131072, against 1.97x and 3.15x two bytes a load in bf16).
