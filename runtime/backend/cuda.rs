@@ -502,10 +502,10 @@ impl CudaBackend {
         args: &[KArg],
         blocks: u32,
     ) -> Result<()> {
-        kernel.check_args(args)?;
         if blocks == 1 {
             return self.launch(kernel, dims, args);
         }
+        kernel.check_args(args)?;
         if blocks > self.cluster_limit(kernel) || !dims.grid.0.is_multiple_of(blocks) {
             return Err(OpError::TooLarge {
                 op: "launch",

@@ -108,10 +108,7 @@ fn xent_launch(
         if x.is_multiple_of(16) && classes.is_multiple_of(w) { classes / w } else { (classes + w - 1).div_ceil(w) };
     // The blocks a row takes: one where it fits, else a cluster (see below).
     let fits = words <= c.dynamic_shared_limit(smem) / 16;
-    let most = match xent_cluster_setting() {
-        Some(0) => 1,
-        _ => c.cluster_limit(cluster) as usize,
-    };
+    let most = if xent_cluster_setting() == Some(0) { 1 } else { c.cluster_limit(cluster) as usize };
     let parts = if fits {
         1
     } else {
@@ -121,7 +118,7 @@ fn xent_launch(
         // 2 blocks a row, 1.43x on 4, 1.26x on 8; 1.56x read twice (GRAPHED_XENT_CLUSTER=0).
         least.max(xent_cluster_setting().unwrap_or(most).min(most))
     };
-    if classes * elem >= XENT_SMEM_MIN_BYTES && parts <= most.max(1) && x.abs_diff(p).is_multiple_of(16) {
+    if classes * elem >= XENT_SMEM_MIN_BYTES && parts <= most && x.abs_diff(p).is_multiple_of(16) {
         let per = words.div_ceil(parts);
         let threads = per.div_ceil(8).next_power_of_two().clamp(128, 1024) as u32;
         let grid = (rows.clamp(1, 1 << 20) * parts) as u32;

@@ -335,13 +335,12 @@ fn rms_norm_rows(
             let ptr = |t: Option<&Tensor>| t.map_or(Ok(0), |t| t.cuda_ptr());
             let at = [y.cuda_ptr()?, ptr(sum.as_ref())?, x.cuda_ptr()?, ptr(residual)?, gamma.cuda_ptr()?];
             let words = ring_words(d, dtype.size(), &at);
-            let launch = match rms_smem_launch(c, dtype, rows, d, words, residual.is_some()) {
-                Some(smem) => Some(smem),
-                None => RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()).map(|l| {
+            let launch = rms_smem_launch(c, dtype, rows, d, words, residual.is_some()).or_else(|| {
+                RowTiles::CHOSEN.fwd_launch(rows, d, dtype.size()).map(|l| {
                     let ring = (B::RmsRingBf16, RowTiles::ring_fwd(l, d, dtype.size(), residual.is_some()));
                     row_kernel(c, dtype, (k::RMS_ROWS.get(dtype), l.dims), ring, words)
-                }),
-            };
+                })
+            });
             match launch {
                 Some((kernel, dims)) => c.launch(
                     kernel,
