@@ -5,8 +5,8 @@
 # can. docs/BENCHMARKS.md ("The next device calls") says what each one is for.
 #   1. the test binaries that hold the new code, on CUDA (GRAPHED_REQUIRE_CUDA=1);
 #   2. bench/decode_probe.py (the decoding step's primitives; under a minute, 120 s at most);
-#   3. the same generation tests with the WHILE condition set by the step
-#      (GRAPHED_FOLD_CONDITION=1);
+#   3. the same generation tests with the WHILE condition set by a kernel of its own
+#      (GRAPHED_FOLD_CONDITION=0; the fold is the default);
 #   4. the decoder step's tests as one cluster (GRAPHED_DECODER_CLUSTER=16, then with its stage
 #      outputs pushed into every block's shared memory, GRAPHED_DECODER_DSMEM=1), then on the former
 #      64/96 KiB buffers (GRAPHED_DECODER_WBUF/ABUF);
@@ -71,9 +71,9 @@ else
   tail -5 "$work/decode_probe.log" | tee -a "$work/summary.txt"
 fi
 pack
-want 3 && say "3. the generation tests with GRAPHED_FOLD_CONDITION=1"
+want 3 && say "3. the generation tests with GRAPHED_FOLD_CONDITION=0 (the separate condition kernel)"
 want 3 && for t in ops_generate gpt_generate conditional; do
-  run "$t" GRAPHED_FOLD_CONDITION=1
+  run "$t" GRAPHED_FOLD_CONDITION=0
 done
 pack
 if want 4; then

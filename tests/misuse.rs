@@ -1157,7 +1157,7 @@ fn refusals_that_allocated_first_allocate_nothing() {
 /// `sample_and_record` refuses a NaN or negative temperature whatever the top-k, before it
 /// samples or records: greedy by `top_k = 1` too. The generation's books are untouched. (The
 /// one-kernel greedy step that used to take such a temperature runs only inside a WHILE body
-/// captured with `GRAPHED_FOLD_CONDITION=1` on CUDA, which this test does not reach: eagerly
+/// captured on CUDA (the fold, the default), which this test does not reach: eagerly
 /// both backends refused it before the fix too, so this test pins the behaviour, not the fix.)
 #[test]
 fn sample_and_record_refuses_a_bad_temperature_even_when_greedy() {

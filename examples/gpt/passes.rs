@@ -285,7 +285,7 @@ pub fn decode_step(w: &Weights, fused: Option<&Fused>, st: &State, sampler: &Sam
 
 /// Samples a token per row of `logits` and records it: the stop check and the next step's
 /// inputs, their positions being the first cache's lengths (`ops::sample_and_record`: in a
-/// WHILE body with `GRAPHED_FOLD_CONDITION=1`, greedy, one kernel that also sets the loop's
+/// WHILE body (unless `GRAPHED_FOLD_CONDITION=0`), greedy, one kernel that also sets the loop's
 /// condition).
 fn sample_and_record(st: &State, logits: &Tensor, sampler: &Sampler) -> Result<()> {
     let lengths = &st.caches.first().ok_or_else(|| Error::msg("a model without blocks"))?.lengths;

@@ -84,7 +84,7 @@ struct GateState {
 }
 
 /// A WHILE body being captured whose node tests one i32 flag for nonzero: a kernel that writes
-/// that flag may set the node's condition itself (`GRAPHED_FOLD_CONDITION=1`), and when it is
+/// that flag may set the node's condition itself (unless `GRAPHED_FOLD_CONDITION=0`), and when it is
 /// the body's last node no condition kernel follows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct LoopFold {

@@ -296,7 +296,7 @@ pub fn generation_step(generation: &Generation, sampled: &Tensor, lengths: &Tens
             // over the sequences.
             let dims = LaunchDims::rows(1, (batch.div_ceil(32) * 32).clamp(32, 1024) as u32);
             // In a WHILE body that tests the flag, the same step sets the node's condition
-            // where that is asked for (`GRAPHED_FOLD_CONDITION=1`): one kernel less a pass.
+            // (unless `GRAPHED_FOLD_CONDITION=0`): one kernel less a pass.
             match c.gate.loop_fold(g.active.cuda_ptr()?) {
                 Some(handle) => c.launch_setting_loop(handle, |k| k.generation.clone(), dims, &args),
                 None => c.launch(B::GenerationStep, dims, &args),
@@ -309,7 +309,7 @@ pub fn generation_step(generation: &Generation, sampled: &Tensor, lengths: &Tens
 /// `batch` the generation's) as [`crate::ops::sample`] picks it, then
 /// [`generation_step`] with it and `lengths`; returns the tokens (`I32` `[batch]`). The same
 /// results as the two calls, which it makes, except on CUDA inside a WHILE body that tests the
-/// generation's flag with `GRAPHED_FOLD_CONDITION=1`: there a greedy step over f32 or bf16
+/// generation's flag (unless `GRAPHED_FOLD_CONDITION=0`): there a greedy step over f32 or bf16
 /// logits is one kernel that picks the tokens, keeps the books and sets the node's condition
 /// (argmax, bookkeeping and condition kernel in one launch, the same tokens and books).
 ///
