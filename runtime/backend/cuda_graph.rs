@@ -461,16 +461,26 @@ impl CudaBackend {
 
     /// Destroys every top-level node of `graph` (a body being emptied; the context is bound).
     fn clear_graph(&self, graph: sys::CUgraph) -> Result<()> {
-        let count = self.node_count(graph)?;
-        let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); count];
-        let mut got = count;
-        // SAFETY: `nodes` holds `count` slots; the driver writes at most `got` of them.
-        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut got))? };
-        for &n in &nodes[..got.min(count)] {
+        for n in self.graph_nodes(graph)? {
             // SAFETY: a node of `graph`, which no capture uses now; each destroyed once.
             unsafe { check("cuGraphDestroyNode", sys::cuGraphDestroyNode(n))? };
         }
         Ok(())
+    }
+
+    /// The top-level nodes of `graph` (the context is bound). An empty graph (a body whose
+    /// first op failed, as when a capture's pool must grow and it runs again) is not asked to
+    /// fill a buffer: the driver rejects a non-null buffer with a zero count.
+    fn graph_nodes(&self, graph: sys::CUgraph) -> Result<Vec<sys::CUgraphNode>> {
+        let count = self.node_count(graph)?;
+        let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); count];
+        if count > 0 {
+            let mut got = count;
+            // SAFETY: `nodes` holds `count` slots; the driver writes at most `got` of them.
+            unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut got))? };
+            nodes.truncate(got);
+        }
+        Ok(nodes)
     }
 
     /// How many nodes `graph` holds (the context is bound).
@@ -524,11 +534,8 @@ impl CudaBackend {
 
     /// The nodes of `graph` (the context is bound) and their driver handles, in one order.
     fn nodes_of(&self, graph: sys::CUgraph) -> Result<(Vec<GraphNode>, Vec<sys::CUgraphNode>)> {
-        let mut count = 0usize;
-        // SAFETY: first call sizes, second fills a buffer of that size.
-        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count))? };
-        let mut nodes = vec![std::ptr::null_mut(); count];
-        unsafe { check("cuGraphGetNodes", sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count))? };
+        let nodes = self.graph_nodes(graph)?;
+        let count = nodes.len();
         let index: HashMap<usize, usize> = nodes.iter().enumerate().map(|(i, n)| (*n as usize, i)).collect();
         let mut out = Vec::with_capacity(count);
         for (i, &node) in nodes.iter().enumerate() {
