@@ -10,13 +10,15 @@
 #   4. the decoder step's tests as one cluster (GRAPHED_DECODER_CLUSTER=16, then with its stage
 #      outputs pushed into every block's shared memory, GRAPHED_DECODER_DSMEM=1), then on the former
 #      64/96 KiB buffers (GRAPHED_DECODER_WBUF/ABUF);
+#   4s. the decoder step's tests and gpt_generate with batches of at most 16 on the kernel's
+#      one-row-tile build (GRAPHED_DECODER_SMALL=1);
 #   4b/4c. ops_transformer and gpt with the RMSNorm kernels' register forms (GRAPHED_ROW_RING=0), the
 #      GEMM tests and gpt with the plain GEMMs through cublasLt, timed (GRAPHED_GEMM=tuned),
 #      ops_flash and gpt with cuDNN's attention plans timed (GRAPHED_ATTENTION_TUNE=1);
 #   5. every other test binary, while time is left.
 # A progress line a step; the logs and a summary go to $OUT/validate-pending.tgz (the device
 # tool brings back at most 8 files). Exit status: 0 when every step that ran passed.
-# STEPS="1 5" runs only those steps (default: all, "1 2 3 4 4b 4c 5").
+# STEPS="1 5" runs only those steps (default: all, "1 2 3 4 4s 4b 4c 5").
 #   bash scripts/gpu-validate-pending.sh [seconds, default 540]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +32,7 @@ left() { echo $(( budget - ($(date +%s) - t0) )); }
 say() { echo "[+$(( $(date +%s) - t0 ))s] $*" | tee -a "$work/summary.txt"; }
 pack() { [ -n "${OUT:-}" ] && tar -czf "$OUT/validate-pending.tgz" -C "$(dirname "$work")" validate-pending; }
 fail=0
-steps=" ${STEPS:-1 2 3 4 4b 4c 5} "
+steps=" ${STEPS:-1 2 3 4 4s 4b 4c 5} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 done_bins=" "
 runs=0
@@ -84,6 +86,10 @@ if want 4; then
   run gpt_generate GRAPHED_DECODER_CLUSTER=16 GRAPHED_DECODER_DSMEM=1
   run ops_decoder_step GRAPHED_DECODER_WBUF=65536 GRAPHED_DECODER_ABUF=98304
 fi
+want 4s && say "4s. batches of at most 16 on the decoder's one-row-tile build (GRAPHED_DECODER_SMALL=1, session 25)"
+want 4s && for t in ops_decoder_step gpt_generate; do
+  run "$t" GRAPHED_DECODER_SMALL=1
+done
 want 4b && say "4b. the RMSNorm kernels' register forms (GRAPHED_ROW_RING=0; the ring forms are the default)"
 want 4b && for t in ops_transformer gpt; do
   run "$t" GRAPHED_ROW_RING=0

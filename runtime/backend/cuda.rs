@@ -155,7 +155,7 @@ pub(crate) struct CudaBackend {
     conditional_fn: Mutex<Option<CondKernels>>,
     /// The one-kernel decoding steps (`kernels/decoder.cu`), compiled per model shape the first
     /// time an `ops::DecoderStep` of that shape is made here (see `cuda_decoder.rs`).
-    pub(crate) decoder_fn: Mutex<Vec<(super::cuda_decoder::DecoderShape, CudaFunction)>>,
+    pub(crate) decoder_fn: Mutex<Vec<(super::cuda_decoder::DecoderShape, u32, CudaFunction)>>,
     cublas: std::sync::Mutex<CublasHandle>,
     pub(crate) cublas_workspace: sys::CUdeviceptr,
     /// The device's error word: eight u32 that kernels report bad input in (bad token ids,

@@ -36,7 +36,10 @@ const THREADS: u32 = 256;
 /// `GRAPHED_DECODER_APIPE` (1 to 16) override them, `GRAPHED_DECODER_FUSE_O` the largest
 /// batch whose attention stage computes the output projection too (`FD_FUSE_O`, 4; 0 never)
 /// and `GRAPHED_DECODER_MT` the 16-row tiles the kernel is built for (`FD_MT`, 4; fewer take
-/// at most 16 a tile and compile less code), `GRAPHED_DECODER_WPASS` the fewest tasks for which
+/// at most 16 a tile and compile less code; one tile writes each GEMM stage's share into the
+/// code instead of reading it from shared memory), `GRAPHED_DECODER_SMALL=1` a second build of
+/// one row tile for the batches of at most 16 beside the main one (see
+/// [`CudaBackend::decoder_small_kernel`]), `GRAPHED_DECODER_WPASS` the fewest tasks for which
 /// a GEMM stage gives each (tile, row tile) to one warp (`FD_WPASS_MIN`, 3; 0: never; the
 /// same sums either way), `GRAPHED_DECODER_CLUSTER` (2 to 16) a grid of one thread-block
 /// cluster of that many blocks separated by the cluster's barrier instead of one block a
@@ -63,6 +66,9 @@ struct Knobs {
     /// Rows of the distributed-shared-memory mirror (`FD_DSMEM`, `FD_MIRROR_B`), with a cluster.
     mirror_rows: Option<u32>,
     trace: bool,
+    /// Batches of at most 16 take a second build of one row tile (`GRAPHED_DECODER_SMALL=1`;
+    /// see [`CudaBackend::decoder_small_kernel`]).
+    small: bool,
 }
 
 impl Knobs {
@@ -142,6 +148,7 @@ impl Knobs {
             cluster,
             mirror_rows,
             trace,
+            small: env("GRAPHED_DECODER_SMALL") == Some(1),
         }
     }
 }
@@ -163,15 +170,17 @@ type Settings = &'static [(&'static str, u32)];
 pub(crate) type DecoderProgram = (String, String, Vec<String>, u32);
 
 /// The decoder's programs for checks without a GPU (see `programs.rs`): the GPT's shape with
-/// the default knobs, the stage marks, one cluster of 16 and the cluster with its mirror; each
+/// the default knobs, with one row tile (the build `GRAPHED_DECODER_SMALL=1` adds), the stage
+/// marks, one cluster of 16 and the cluster with its mirror; each
 /// with its options on a GPU of compute capability `arch` and the dynamic shared memory it
 /// launches with.
 #[cfg(test)]
 pub(crate) fn decoder_programs(arch: (i32, i32)) -> Result<Vec<DecoderProgram>> {
     let shape = DecoderShape { d_model: 512, heads: 8, hidden: 1368 };
     let src = decoder_program(kernel_source::decoder_source()?)?;
-    let variants: [(&str, Settings, bool); 4] = [
+    let variants: [(&str, Settings, bool); 5] = [
         ("decoder", &[], false),
+        ("decoder-mt1", &[("GRAPHED_DECODER_MT", 1)], false),
         ("decoder-trace", &[], true),
         ("decoder-cluster16", &[("GRAPHED_DECODER_CLUSTER", 16)], false),
         ("decoder-dsmem16", &[("GRAPHED_DECODER_CLUSTER", 16), ("GRAPHED_DECODER_DSMEM", 1)], false),
@@ -219,47 +228,8 @@ impl CudaBackend {
         if self.capability.0 < 8 || !cluster_fits {
             return Ok(None);
         }
-        let source = kernel_source::decoder_source()?;
-        if knobs.dynamic_shared(shape) as usize > self.max_shared_optin {
+        let Some(f) = self.decoder_build(shape, knobs)? else {
             return Ok(None);
-        }
-        let mut cache = self.decoder_fn.lock().unwrap_or_else(|e| e.into_inner());
-        let f = match cache.iter().find(|(s, _)| *s == shape) {
-            Some((_, f)) => f.clone(),
-            None => {
-                self.bind()?;
-                let options = knobs.nvrtc_options(shape, self.capability);
-                let src = decoder_program(source)?;
-                let compile =
-                    || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
-                let ptx = ptx_cache::compile_cached(&src, &options, compile)
-                    .map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
-                if let Some(dir) = std::env::var_os("GRAPHED_DECODER_PTX").filter(|v| !v.is_empty()) {
-                    // For measurements (`ptxas -v`, `cuobjdump --dump-sass`): where the folder
-                    // cannot be written the kernel still runs, so the failure is only reported.
-                    let DecoderShape { d_model, heads, hidden } = shape;
-                    let file = std::path::Path::new(&dir).join(format!("decoder-{d_model}x{heads}x{hidden}.ptx"));
-                    if let Err(e) = std::fs::write(&file, ptx.to_src()) {
-                        eprintln!("GRAPHED_DECODER_PTX: could not write {}: {e}", file.display());
-                    }
-                }
-                let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
-                let f = module.load_function("decoder_step_bf16").map_err(driver_err("cuModuleGetFunction"))?;
-                // Refused where the buffers and the static shared memory together exceed what
-                // a block may have: the kernel does not run on this GPU.
-                let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-                if f.set_attribute(attr, knobs.dynamic_shared(shape) as i32).is_err() {
-                    return Ok(None);
-                }
-                // Clusters above 8 blocks need the driver's leave (sm_90 on); refused, the
-                // kernel does not run here.
-                let non_portable = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
-                if knobs.cluster.is_some_and(|n| n > 8) && f.set_attribute(non_portable, 1).is_err() {
-                    return Ok(None);
-                }
-                cache.push((shape, f.clone()));
-                f
-            }
         };
         if let Some(n) = knobs.cluster {
             // A cluster's blocks must be resident together on one GPU processing cluster: the
@@ -285,9 +255,34 @@ impl CudaBackend {
             }
             return Ok(Some((f, n)));
         }
+        Ok(self.fits_a_multiprocessor(&f, shape, knobs)?.then_some((f, self.sm_count as u32)))
+    }
+
+    /// With `GRAPHED_DECODER_SMALL=1`, a second build of the step's kernel for batches of at
+    /// most 16 (one row tile, `FD_MT` 1: every GEMM stage is one group of the grid, its share
+    /// folded into the code, and less code), launched on the same grid as
+    /// [`CudaBackend::decoder_kernel`]'s with the same arguments and the same sums. `None`
+    /// without the setting, where the main build already has one row tile or is a cluster's,
+    /// or where the build does not run here. For measurements until a GPU times it against the
+    /// main build (`scripts/decoder-variants.sh builtin small:GRAPHED_DECODER_SMALL=1`).
+    pub(crate) fn decoder_small_kernel(&self, shape: DecoderShape) -> Result<Option<CudaFunction>> {
+        let knobs = Knobs::get();
+        if !knobs.small || knobs.mt == 1 || knobs.cluster.is_some() || self.capability.0 < 8 {
+            return Ok(None);
+        }
+        let small = Knobs { mt: 1, ..knobs };
+        match self.decoder_build(shape, small)? {
+            Some(f) if self.fits_a_multiprocessor(&f, shape, small)? => Ok(Some(f)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether one block of `f` (built with `knobs`) is resident on a multiprocessor.
+    fn fits_a_multiprocessor(&self, f: &CudaFunction, shape: DecoderShape, knobs: Knobs) -> Result<bool> {
+        self.bind()?;
         let mut per_sm = 0i32;
-        // SAFETY: `f` is a function loaded on this context (bound above or by its compile); the
-        // out-pointer is a live local.
+        // SAFETY: `f` is a function loaded on this context, which is bound; the out-pointer is
+        // a live local.
         let r = unsafe {
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 &mut per_sm,
@@ -297,10 +292,57 @@ impl CudaBackend {
             )
         };
         check("cuOccupancyMaxActiveBlocksPerMultiprocessor", r)?;
-        if per_sm < 1 {
+        Ok(per_sm >= 1)
+    }
+
+    /// The step's kernel for `shape` built with `knobs` (compiled once per shape and row tiles,
+    /// then cached); `None` where the build cannot run here (its shared memory).
+    fn decoder_build(&self, shape: DecoderShape, knobs: Knobs) -> Result<Option<CudaFunction>> {
+        let source = kernel_source::decoder_source()?;
+        if knobs.dynamic_shared(shape) as usize > self.max_shared_optin {
             return Ok(None);
         }
-        Ok(Some((f, self.sm_count as u32)))
+        let mut cache = self.decoder_fn.lock().unwrap_or_else(|e| e.into_inner());
+        let f = match cache.iter().find(|(s, mt, _)| *s == shape && *mt == knobs.mt) {
+            Some((_, _, f)) => f.clone(),
+            None => {
+                self.bind()?;
+                let options = knobs.nvrtc_options(shape, self.capability);
+                let src = decoder_program(source)?;
+                let compile =
+                    || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
+                let ptx = ptx_cache::compile_cached(&src, &options, compile)
+                    .map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
+                if let Some(dir) = std::env::var_os("GRAPHED_DECODER_PTX").filter(|v| !v.is_empty()) {
+                    // For measurements (`ptxas -v`, `cuobjdump --dump-sass`): where the folder
+                    // cannot be written the kernel still runs, so the failure is only reported.
+                    let DecoderShape { d_model, heads, hidden } = shape;
+                    let tiles = if knobs.mt == 4 { String::new() } else { format!("-mt{}", knobs.mt) };
+                    let file =
+                        std::path::Path::new(&dir).join(format!("decoder-{d_model}x{heads}x{hidden}{tiles}.ptx"));
+                    if let Err(e) = std::fs::write(&file, ptx.to_src()) {
+                        eprintln!("GRAPHED_DECODER_PTX: could not write {}: {e}", file.display());
+                    }
+                }
+                let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
+                let f = module.load_function("decoder_step_bf16").map_err(driver_err("cuModuleGetFunction"))?;
+                // Refused where the buffers and the static shared memory together exceed what
+                // a block may have: the kernel does not run on this GPU.
+                let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                if f.set_attribute(attr, knobs.dynamic_shared(shape) as i32).is_err() {
+                    return Ok(None);
+                }
+                // Clusters above 8 blocks need the driver's leave (sm_90 on); refused, the
+                // kernel does not run here.
+                let non_portable = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
+                if knobs.cluster.is_some_and(|n| n > 8) && f.set_attribute(non_portable, 1).is_err() {
+                    return Ok(None);
+                }
+                cache.push((shape, knobs.mt, f.clone()));
+                f
+            }
+        };
+        Ok(Some(f))
     }
 
     /// Launches the step's kernel `f` on `grid` blocks (see [`CudaBackend::decoder_kernel`]):
@@ -339,7 +381,26 @@ mod tests {
             cluster: mirror_rows.map(|_| 16),
             mirror_rows,
             trace: false,
+            small: false,
         }
+    }
+
+    /// `GRAPHED_DECODER_SMALL=1` asks for the second build; the main build's row tiles and
+    /// buffers are the settings' either way, and the second build's options differ from the
+    /// main one's in its row tiles only.
+    #[test]
+    fn the_small_build_is_the_main_one_with_one_row_tile() {
+        let env =
+            |pairs: &'static [(&'static str, u32)]| move |n: &str| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
+        let main = Knobs::from_settings(env(&[("GRAPHED_DECODER_SMALL", 1)]), false);
+        assert!(main.small && main.mt == 4);
+        assert!(!Knobs::from_settings(env(&[("GRAPHED_DECODER_SMALL", 2)]), false).small);
+        assert!(!Knobs::from_settings(env(&[]), false).small);
+        let shape = DecoderShape { d_model: 512, heads: 8, hidden: 1368 };
+        let (a, b) = (main.nvrtc_options(shape, (9, 0)), Knobs { mt: 1, ..main }.nvrtc_options(shape, (9, 0)));
+        let differ: Vec<(&String, &String)> = a.iter().zip(&b).filter(|(x, y)| x != y).collect();
+        assert_eq!(differ, [(&"-DFD_MT=4".to_string(), &"-DFD_MT=1".to_string())]);
+        assert_eq!(main.dynamic_shared(shape), Knobs { mt: 1, ..main }.dynamic_shared(shape));
     }
 
     /// The launch's dynamic shared memory is the two buffers plus, with the mirror, what

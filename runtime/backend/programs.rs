@@ -45,13 +45,23 @@ fn every_program_is_listed_and_written_where_asked() -> Result<()> {
     let names: Vec<&str> = list.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(
         names,
-        ["main", "main-pdl", "conditional", "decoder", "decoder-trace", "decoder-cluster16", "decoder-dsmem16"]
+        [
+            "main",
+            "main-pdl",
+            "conditional",
+            "decoder",
+            "decoder-mt1",
+            "decoder-trace",
+            "decoder-cluster16",
+            "decoder-dsmem16"
+        ]
     );
     for p in &list {
         assert!(p.options.contains(&"--gpu-architecture=sm_90".to_string()), "{}", p.name);
         assert!(!p.source.is_empty(), "{}", p.name);
     }
-    let dsmem = &list[6];
+    assert!(list[4].options.contains(&"-DFD_MT=1".to_string()));
+    let dsmem = &list[7];
     assert!(
         dsmem.options.contains(&"-DFD_CLUSTER=16".to_string()) && dsmem.options.contains(&"-DFD_DSMEM=1".to_string())
     );

@@ -127,6 +127,9 @@ struct Fused {
     trace: Option<(Tensor, &'static std::path::Path)>,
     shape: DecoderShape,
     kernel: CudaFunction,
+    /// The build of one row tile for batches of at most 16 (`GRAPHED_DECODER_SMALL=1`), on the
+    /// same grid.
+    small: Option<CudaFunction>,
     grid: u32,
 }
 
@@ -327,7 +330,8 @@ impl DecoderStep {
             }
             let shape = DecoderShape { d_model: d, heads: w.heads, hidden };
             if let Some((kernel, grid)) = c.decoder_kernel(shape)? {
-                step.fused = Some(step.table(w.tok.device(), shape, max_len, kernel, grid)?);
+                let kernels = (kernel, c.decoder_small_kernel(shape)?);
+                step.fused = Some(step.table(w.tok.device(), shape, max_len, kernels, grid)?);
             }
         }
         Ok(step)
@@ -340,7 +344,7 @@ impl DecoderStep {
         dev: &Device,
         shape: DecoderShape,
         max_len: usize,
-        kernel: CudaFunction,
+        (kernel, small): (CudaFunction, Option<CudaFunction>),
         grid: u32,
     ) -> Result<Fused> {
         let mut words: Vec<u64> = Vec::new();
@@ -370,6 +374,7 @@ impl DecoderStep {
                 },
                 shape,
                 kernel,
+                small,
                 grid,
             })
         })
@@ -504,7 +509,8 @@ impl DecoderStep {
             KArg::F32(self.eps),
             KArg::Ptr(f.trace.as_ref().map_or(Ok(0), |(t, _)| t.cuda_ptr())?),
         ];
-        c.launch_decoder(&f.kernel, f.shape, f.grid, &args)?;
+        let kernel = f.small.as_ref().filter(|_| batch <= 16).unwrap_or(&f.kernel);
+        c.launch_decoder(kernel, f.shape, f.grid, &args)?;
         if let Some((trace, dir)) = &f.trace {
             if !dev.is_capturing() {
                 write_trace(trace, dir, f.grid, batch)?;

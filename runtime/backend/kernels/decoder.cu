@@ -490,6 +490,18 @@ template <int K, bool PAIR> __device__ __forceinline__ FdPart fd_part(u32 n, u32
     return part;
 }
 
+// This block's share of GEMM stage kind k (FD_P_*) in the kernel: read from FdShared::part,
+// where fd_part put it once a launch. Built for one row tile (FD_MT 1, at most 16 sequences,
+// GRAPHED_DECODER_MT=1), every stage is one group of the whole grid, which is fd_part's answer
+// at 16 rows or fewer: {blockIdx.x, gridDim.x, 0, batch, 16}. That share is written out where it
+// is used, so the compiler folds a block's rows to the batch again (read from shared memory it
+// cannot: H200 call B of 2026-12-04, batch 1 5% slower than with the shares computed in place).
+#if FD_MT == 1
+#define FD_PART(k) (FdPart{blockIdx.x, gridDim.x, 0u, batch, 16u})
+#else
+#define FD_PART(k) (sh.part[k])
+#endif
+
 // Starts copying this block's weight rows of a stage (w, n columns, pair and part as fd_gemm's) into
 // fd_wbuf; fd_gemm waits for them. Call after every warp has finished the previous stage's
 // reads of fd_wbuf (the kernel calls it at its start, and after fd_arrive's block barrier).
@@ -1303,7 +1315,8 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
     const bool mirror = FD_DSMEM && fuse_o && batch <= FD_MIRROR_B;
     const FdMirror mir = fd_mirror();
     unsigned long long target = fd_sync_base(bar);
-    // Each GEMM stage kind's share of this block, once (see fd_part).
+    // Each GEMM stage kind's share of this block, once (see fd_part; FD_PART).
+#if FD_MT > 1
     switch (threadIdx.x) {
         case FD_P_QKV: sh.part[FD_P_QKV] = fd_part<FD_D, false>(3 * FD_D, batch); break;
         case FD_P_GU: sh.part[FD_P_GU] = fd_part<FD_D, true>(FD_HID, batch); break;
@@ -1312,6 +1325,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
         case FD_P_HEAD: sh.part[FD_P_HEAD] = fd_part<FD_D, false>(H.vocab, batch); break;
         default: break;
     }
+#endif
     __syncthreads();
 #if FD_DSMEM
     // A block may write into another's shared memory only once every block of the cluster has
@@ -1322,9 +1336,9 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 #endif
     if (H.layers > 0) {
-        fd_prefetch<FD_D, false>(layers[0].qkv, 3 * FD_D, 0, sh.part[FD_P_QKV]);
+        fd_prefetch<FD_D, false>(layers[0].qkv, 3 * FD_D, 0, FD_PART(FD_P_QKV));
     } else {
-        fd_prefetch<FD_D, false>(H.head, H.vocab, 0, sh.part[FD_P_HEAD]);
+        fd_prefetch<FD_D, false>(H.head, H.vocab, 0, FD_PART(FD_P_HEAD));
     }
 
     // The embeddings' sum, rounded as add_rms_norm rounds its residual sum. A bad id or
@@ -1332,7 +1346,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
     // fit the activation buffer, the first q/k/v stage sums them as it stages its input (every
     // block its group's rows, the group's first block keeping them as the residual stream): no
     // stage and barrier of their own.
-    const bool embed_in_stage = H.layers > 0 && sh.part[FD_P_QKV].per * FdW<FD_D, false>::SW * 4 <= FD_ABUF_BYTES;
+    const bool embed_in_stage = H.layers > 0 && FD_PART(FD_P_QKV).per * FdW<FD_D, false>::SW * 4 <= FD_ABUF_BYTES;
 #ifdef FD_TRACE
     // The stages' layout, for bench/decoder_trace.py.
     fd_mark_at(sh, FD_TRACE_STAGES - 1, FD_T_KDONE, (fuse_o ? 2ull : 0ull) | (embed_in_stage ? 1ull : 0ull));
@@ -1382,17 +1396,17 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
             fd_st(j < 2 * FD_D ? L.kc : L.vc, at, v);
         };
         if (li == 0 && embed_in_stage) {
-            fd_gemm<FD_D, true, false, false>(sh, x, embedded, x, L.norm1, L.qkv, 3 * FD_D, 0, sh.part[FD_P_QKV], eps, nullptr, qkv_out);
+            fd_gemm<FD_D, true, false, false>(sh, x, embedded, x, L.norm1, L.qkv, 3 * FD_D, 0, FD_PART(FD_P_QKV), eps, nullptr, qkv_out);
         } else if (mirror && li > 0) {
-            fd_gemm<FD_D, true, false, false>(sh, x, FdRowsLocal<FD_D>{mir.x}, nullptr, L.norm1, L.qkv, 3 * FD_D, 0, sh.part[FD_P_QKV], eps, nullptr, qkv_out);
+            fd_gemm<FD_D, true, false, false>(sh, x, FdRowsLocal<FD_D>{mir.x}, nullptr, L.norm1, L.qkv, 3 * FD_D, 0, FD_PART(FD_P_QKV), eps, nullptr, qkv_out);
         } else {
-            fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm1, L.qkv, 3 * FD_D, 0, sh.part[FD_P_QKV], eps, nullptr, qkv_out);
+            fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm1, L.qkv, 3 * FD_D, 0, FD_PART(FD_P_QKV), eps, nullptr, qkv_out);
         }
         fd_arrive(sh, bar, target);
         if (fuse_o) {
-            fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU]);
+            fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID, FD_PART(FD_P_GU));
         } else {
-            fd_prefetch<FD_D, false>(L.wo, FD_D, 0, sh.part[FD_P_O]);
+            fd_prefetch<FD_D, false>(L.wo, FD_D, 0, FD_PART(FD_P_O));
         }
         fd_wait(sh, bar, target);
         switch (ateam) {
@@ -1418,50 +1432,50 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
         if (mirror) {
             // As below, the parts (and from the second layer x) from this block's mirror.
             const FdResidSum<true> sum{li > 0 ? mir.x : x, mir.part, batch, li > 0};
-            fd_gemm<FD_D, true, true, false>(sh, x, sum, x2, L.norm2, L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU], eps, nullptr, swiglu_out);
+            fd_gemm<FD_D, true, true, false>(sh, x, sum, x2, L.norm2, L.gate_up, FD_HID, FD_HID, FD_PART(FD_P_GU), eps, nullptr, swiglu_out);
         } else if (fuse_o) {
             // RMSNorm of the residual stream plus the heads' projections (block 0 keeps the
             // sum in x2, which the down projection's residual add reads), gate and up, SwiGLU.
             const FdResidSum<false> sum{x, part, batch, false};
-            fd_gemm<FD_D, true, true, false>(sh, x, sum, x2, L.norm2, L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU], eps, nullptr, swiglu_out);
+            fd_gemm<FD_D, true, true, false>(sh, x, sum, x2, L.norm2, L.gate_up, FD_HID, FD_HID, FD_PART(FD_P_GU), eps, nullptr, swiglu_out);
         } else {
             // The output projection added to the residual stream in f32, rounded once (in
             // place: each column's owner reads and writes it).
-            fd_gemm<FD_D, false, false, true>(sh, att, FdRows<FD_D>{att}, nullptr, nullptr, L.wo, FD_D, 0, sh.part[FD_P_O], eps, x, [&](u32 b, u32 j, float v, float, float r) {
+            fd_gemm<FD_D, false, false, true>(sh, att, FdRows<FD_D>{att}, nullptr, nullptr, L.wo, FD_D, 0, FD_PART(FD_P_O), eps, x, [&](u32 b, u32 j, float v, float, float r) {
                 fd_st(x, (u64)b * FD_D + j, r + v);
             });
             fd_arrive(sh, bar, target);
-            fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU]);
+            fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID, FD_PART(FD_P_GU));
             fd_wait(sh, bar, target);
             // RMSNorm, gate and up, SwiGLU.
-            fd_gemm<FD_D, true, true, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm2, L.gate_up, FD_HID, FD_HID, sh.part[FD_P_GU], eps, nullptr, swiglu_out);
+            fd_gemm<FD_D, true, true, false>(sh, x, FdRows<FD_D>{x}, nullptr, L.norm2, L.gate_up, FD_HID, FD_HID, FD_PART(FD_P_GU), eps, nullptr, swiglu_out);
         }
         fd_arrive(sh, bar, target);
-        fd_prefetch<FD_HID, false>(L.down, FD_D, 0, sh.part[FD_P_DOWN]);
+        fd_prefetch<FD_HID, false>(L.down, FD_D, 0, FD_PART(FD_P_DOWN));
         fd_wait(sh, bar, target);
         const auto down_out = [&](u32 b, u32 j, float v, float, float r) {
             fd_st(x, (u64)b * FD_D + j, r + v);
             if (mirror) fd_push_bf16(mir.x + (u64)b * FD_D + j, r + v);
         };
         if (mirror) {
-            fd_gemm<FD_HID, false, false, true>(sh, s, FdRowsLocal<FD_HID>{mir.s}, nullptr, nullptr, L.down, FD_D, 0, sh.part[FD_P_DOWN], eps, x2, down_out);
+            fd_gemm<FD_HID, false, false, true>(sh, s, FdRowsLocal<FD_HID>{mir.s}, nullptr, nullptr, L.down, FD_D, 0, FD_PART(FD_P_DOWN), eps, x2, down_out);
         } else {
-            fd_gemm<FD_HID, false, false, true>(sh, s, FdRows<FD_HID>{s}, nullptr, nullptr, L.down, FD_D, 0, sh.part[FD_P_DOWN], eps, fuse_o ? x2 : x, down_out);
+            fd_gemm<FD_HID, false, false, true>(sh, s, FdRows<FD_HID>{s}, nullptr, nullptr, L.down, FD_D, 0, FD_PART(FD_P_DOWN), eps, fuse_o ? x2 : x, down_out);
         }
         fd_arrive(sh, bar, target);
         if (li + 1 < H.layers) {
-            fd_prefetch<FD_D, false>(layers[li + 1].qkv, 3 * FD_D, 0, sh.part[FD_P_QKV]);
+            fd_prefetch<FD_D, false>(layers[li + 1].qkv, 3 * FD_D, 0, FD_PART(FD_P_QKV));
         } else {
-            fd_prefetch<FD_D, false>(H.head, H.vocab, 0, sh.part[FD_P_HEAD]);
+            fd_prefetch<FD_D, false>(H.head, H.vocab, 0, FD_PART(FD_P_HEAD));
         }
         fd_wait(sh, bar, target);
     }
     // The final RMSNorm and the head.
     const auto head_out = [&](u32 b, u32 j, float v, float, float) { fd_st(logits, (u64)b * H.vocab + j, v); };
     if (mirror && H.layers > 0) {
-        fd_gemm<FD_D, true, false, false>(sh, x, FdRowsLocal<FD_D>{mir.x}, nullptr, H.head_norm, H.head, H.vocab, 0, sh.part[FD_P_HEAD], eps, nullptr, head_out);
+        fd_gemm<FD_D, true, false, false>(sh, x, FdRowsLocal<FD_D>{mir.x}, nullptr, H.head_norm, H.head, H.vocab, 0, FD_PART(FD_P_HEAD), eps, nullptr, head_out);
     } else {
-        fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, H.head_norm, H.head, H.vocab, 0, sh.part[FD_P_HEAD], eps, nullptr, head_out);
+        fd_gemm<FD_D, true, false, false>(sh, x, FdRows<FD_D>{x}, nullptr, H.head_norm, H.head, H.vocab, 0, FD_PART(FD_P_HEAD), eps, nullptr, head_out);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
