@@ -283,29 +283,47 @@ fn cluster_limit(f: &CudaFunction, shared: usize, stream: sys::CUstream) -> u32 
     (2..=8u32)
         .rev()
         .find(|&blocks| {
-            let mut attr = cluster_attribute(blocks);
-            let config = sys::CUlaunchConfig {
-                gridDimX: blocks,
-                gridDimY: 1,
-                gridDimZ: 1,
-                blockDimX: 1024,
-                blockDimY: 1,
-                blockDimZ: 1,
-                sharedMemBytes: shared as u32,
-                hStream: stream,
-                attrs: &mut attr,
-                numAttrs: 1,
-            };
-            let mut clusters = 0i32;
-            // SAFETY: the function is loaded on the current context, the config and its one
-            // attribute live until the call returns, and the count is a plain out-parameter.
-            let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &config) };
+            let (r, clusters) =
+                active_clusters(f, blocks, 1024, shared as u32, stream, Some(cluster_attribute(blocks)));
             if std::env::var_os("GRAPHED_CLUSTER_DEBUG").is_some() {
                 eprintln!("graphed: {blocks} blocks a cluster, {shared} B shared a block: {r:?}, {clusters} resident");
             }
             r == sys::CUresult::CUDA_SUCCESS && clusters >= 1
         })
         .unwrap_or(1)
+}
+
+/// The driver's occupancy calculator for clusters (`cuOccupancyMaxActiveClusters`): how many
+/// clusters of `blocks` blocks of `f` (`threads` a block, `shared` bytes of dynamic shared
+/// memory) are resident at once, with the call's status. `cluster` is the launch's cluster
+/// attribute, `None` for a kernel whose cluster shape is compiled in. `f` is loaded on the
+/// current context.
+pub(crate) fn active_clusters(
+    f: &CudaFunction,
+    blocks: u32,
+    threads: u32,
+    shared: u32,
+    stream: sys::CUstream,
+    cluster: Option<sys::CUlaunchAttribute>,
+) -> (sys::CUresult, i32) {
+    let mut attr = cluster;
+    let config = sys::CUlaunchConfig {
+        gridDimX: blocks,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared,
+        hStream: stream,
+        attrs: attr.as_mut().map_or(std::ptr::null_mut(), |a| a as *mut _),
+        numAttrs: u32::from(attr.is_some()),
+    };
+    let mut clusters = 0i32;
+    // SAFETY: the function is loaded on the current context (the caller's word), the config and
+    // its attribute (if any) live until the call returns, and the count is a plain out-parameter.
+    let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &config) };
+    (r, clusters)
 }
 
 /// `GRAPHED_PDL=1`: programmatic dependent launch between the built-in kernels (read once a

@@ -6,7 +6,7 @@
 use cudarc::driver::{sys, CudaFunction};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
-use super::cuda::{check, driver_err, CudaBackend, LaunchDims};
+use super::cuda::{active_clusters, check, driver_err, CudaBackend, LaunchDims};
 use super::kernel_source;
 use super::kernels::KArg;
 use super::ptx_cache;
@@ -212,15 +212,38 @@ pub(crate) const TRACE_SLOTS: usize = 6;
 /// The most sequences the kernel as built takes (16 a row tile; 64 unless
 /// `GRAPHED_DECODER_MT` says fewer tiles).
 pub(crate) fn decoder_max_batch() -> usize {
-    16 * Knobs::get().mt as usize
+    ROW_TILE * Knobs::get().mt as usize
+}
+
+/// Sequences a row tile of the kernel holds (`FD_MT` tiles of 16 rows); the batches the
+/// one-row-tile build takes (see [`DecoderKernels::for_batch`]).
+const ROW_TILE: usize = 16;
+
+/// The step's kernel builds and the grid they run on (see [`CudaBackend::decoder_kernel`]).
+#[derive(Clone, Debug)]
+pub(crate) struct DecoderKernels {
+    /// The main build, for every batch up to [`decoder_max_batch`].
+    pub(crate) main: CudaFunction,
+    /// With `GRAPHED_DECODER_SMALL=1`, the build of one row tile for batches of at most 16.
+    small: Option<CudaFunction>,
+    /// Blocks of a launch.
+    pub(crate) grid: u32,
+}
+
+impl DecoderKernels {
+    /// The build that runs a step of `batch` sequences.
+    pub(crate) fn for_batch(&self, batch: usize) -> &CudaFunction {
+        self.small.as_ref().filter(|_| batch <= ROW_TILE).unwrap_or(&self.main)
+    }
 }
 
 impl CudaBackend {
-    /// The step's kernel for `shape`, and the grid it runs on: one block a multiprocessor (the
-    /// most that are resident at once with one a multiprocessor, which the cooperative launch
-    /// requires). `None` where the kernel cannot run: a GPU older than sm_80 (`mma.sync` on
-    /// bf16) or a block that does not fit on a multiprocessor.
-    pub(crate) fn decoder_kernel(&self, shape: DecoderShape) -> Result<Option<(CudaFunction, u32)>> {
+    /// The step's kernel for `shape` (and with `GRAPHED_DECODER_SMALL=1` its build for small
+    /// batches, see [`CudaBackend::decoder_small_kernel`]), and the grid it runs on: one block
+    /// a multiprocessor (the most that are resident at once with one a multiprocessor, which
+    /// the cooperative launch requires). `None` where the kernel cannot run: a GPU older than
+    /// sm_80 (`mma.sync` on bf16) or a block that does not fit on a multiprocessor.
+    pub(crate) fn decoder_kernel(&self, shape: DecoderShape) -> Result<Option<DecoderKernels>> {
         let knobs = Knobs::get();
         // mma.sync on bf16 needs sm_80; a cluster (barrier.cluster) sm_90, and at most one
         // block a multiprocessor.
@@ -234,40 +257,32 @@ impl CudaBackend {
         if let Some(n) = knobs.cluster {
             // A cluster's blocks must be resident together on one GPU processing cluster: the
             // cluster query says whether one such cluster fits (its shape is compiled in).
-            let config = sys::CUlaunchConfig {
-                gridDimX: n,
-                gridDimY: 1,
-                gridDimZ: 1,
-                blockDimX: THREADS,
-                blockDimY: 1,
-                blockDimZ: 1,
-                sharedMemBytes: knobs.dynamic_shared(shape),
-                hStream: std::ptr::null_mut(),
-                attrs: std::ptr::null_mut(),
-                numAttrs: 0,
-            };
-            let mut clusters = 0i32;
-            // SAFETY: `f` is loaded on this context (bound above or by its compile); the config
-            // and the out-pointer are live locals; no attributes are passed.
-            let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &config) };
+            self.bind()?;
+            let shared = knobs.dynamic_shared(shape);
+            let (r, clusters) = active_clusters(&f, n, THREADS, shared, std::ptr::null_mut(), None);
             if r != sys::CUresult::CUDA_SUCCESS || clusters < 1 {
                 return Ok(None);
             }
-            return Ok(Some((f, n)));
+            return Ok(Some(DecoderKernels { main: f, small: None, grid: n }));
         }
-        Ok(self.fits_a_multiprocessor(&f, shape, knobs)?.then_some((f, self.sm_count as u32)))
+        if !self.fits_a_multiprocessor(&f, shape, knobs)? {
+            return Ok(None);
+        }
+        let small = self.decoder_small_kernel(shape)?;
+        Ok(Some(DecoderKernels { main: f, small, grid: self.sm_count as u32 }))
     }
 
     /// With `GRAPHED_DECODER_SMALL=1`, a second build of the step's kernel for batches of at
     /// most 16 (one row tile, `FD_MT` 1: every GEMM stage is one group of the grid, its share
-    /// folded into the code, and less code), launched on the same grid as
-    /// [`CudaBackend::decoder_kernel`]'s with the same arguments and the same sums. `None`
-    /// without the setting, where the main build already has one row tile or is a cluster's,
-    /// or where the build does not run here. For measurements until a GPU times it against the
-    /// main build (`scripts/decoder-variants.sh builtin small:GRAPHED_DECODER_SMALL=1`).
-    pub(crate) fn decoder_small_kernel(&self, shape: DecoderShape) -> Result<Option<CudaFunction>> {
+    /// folded into the code, and less code), launched on the same grid as the main build with
+    /// the same arguments and the same sums. `None` without the setting, where the main build
+    /// already has one row tile, or where the build does not run here. For measurements until
+    /// a GPU times it against the main build (`scripts/decoder-variants.sh builtin
+    /// small:GRAPHED_DECODER_SMALL=1`). The caller checked the GPU and that the grid is not a
+    /// cluster's.
+    fn decoder_small_kernel(&self, shape: DecoderShape) -> Result<Option<CudaFunction>> {
         let knobs = Knobs::get();
-        if !knobs.small || knobs.mt == 1 || knobs.cluster.is_some() || self.capability.0 < 8 {
+        if !knobs.small || knobs.mt == 1 {
             return Ok(None);
         }
         let small = Knobs { mt: 1, ..knobs };

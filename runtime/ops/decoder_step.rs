@@ -1,9 +1,9 @@
 //! One decoding step of a pre-norm decoder as one persistent kernel ([`DecoderStep`]), with
 //! the unfused ops as its reference and fallback.
 
-use cudarc::driver::CudaFunction;
-
-use crate::backend::cuda_decoder::{decoder_max_batch, decoder_trace_dir, DecoderShape, TRACE_SLOTS, TRACE_STAGES};
+use crate::backend::cuda_decoder::{
+    decoder_max_batch, decoder_trace_dir, DecoderKernels, DecoderShape, TRACE_SLOTS, TRACE_STAGES,
+};
 use crate::backend::{CudaBackend, KArg};
 use crate::error::OpError;
 use crate::ops::cpu::CacheShape;
@@ -116,9 +116,9 @@ impl Layer {
 }
 
 /// What the one-kernel step needs on CUDA: the table of pointers the kernel reads (written
-/// once), the grid barrier's 64-bit count (two zeroed i32 words), the kernel, its grid and the
-/// most sequences it was built for; with `GRAPHED_DECODER_TRACE`, the buffer of its stage marks
-/// and the folder they go to.
+/// once), the grid barrier's 64-bit count (two zeroed i32 words), the kernel's builds and their
+/// grid, and the most sequences it was built for; with `GRAPHED_DECODER_TRACE`, the buffer of
+/// its stage marks and the folder they go to.
 #[derive(Debug)]
 struct Fused {
     table: Tensor,
@@ -126,11 +126,7 @@ struct Fused {
     max_batch: usize,
     trace: Option<(Tensor, &'static std::path::Path)>,
     shape: DecoderShape,
-    kernel: CudaFunction,
-    /// The build of one row tile for batches of at most 16 (`GRAPHED_DECODER_SMALL=1`), on the
-    /// same grid.
-    small: Option<CudaFunction>,
-    grid: u32,
+    kernels: DecoderKernels,
 }
 
 /// One decoding step of a pre-norm decoder (learned token and position embeddings; per layer
@@ -329,9 +325,8 @@ impl DecoderStep {
                 return Err(Error::InvalidArgument { op: OP, detail });
             }
             let shape = DecoderShape { d_model: d, heads: w.heads, hidden };
-            if let Some((kernel, grid)) = c.decoder_kernel(shape)? {
-                let kernels = (kernel, c.decoder_small_kernel(shape)?);
-                step.fused = Some(step.table(w.tok.device(), shape, max_len, kernels, grid)?);
+            if let Some(kernels) = c.decoder_kernel(shape)? {
+                step.fused = Some(step.table(w.tok.device(), shape, max_len, kernels)?);
             }
         }
         Ok(step)
@@ -339,14 +334,7 @@ impl DecoderStep {
 
     /// The kernel's table (`FdHeader`, then an `FdLayer` a layer: see kernels/decoder.cu) and
     /// barrier, in the default pool.
-    fn table(
-        &self,
-        dev: &Device,
-        shape: DecoderShape,
-        max_len: usize,
-        (kernel, small): (CudaFunction, Option<CudaFunction>),
-        grid: u32,
-    ) -> Result<Fused> {
+    fn table(&self, dev: &Device, shape: DecoderShape, max_len: usize, kernels: DecoderKernels) -> Result<Fused> {
         let mut words: Vec<u64> = Vec::new();
         for t in [&self.tok, &self.pos, &self.head_norm, &self.head] {
             words.push(t.cuda_ptr()?);
@@ -367,15 +355,13 @@ impl DecoderStep {
                 max_batch: decoder_max_batch(),
                 trace: match decoder_trace_dir() {
                     Some(dir) => {
-                        let words = 2 * grid as usize * TRACE_STAGES * TRACE_SLOTS;
+                        let words = 2 * kernels.grid as usize * TRACE_STAGES * TRACE_SLOTS;
                         Some((Tensor::from_i32(dev, &vec![0; words], &[words])?, dir))
                     }
                     None => None,
                 },
                 shape,
-                kernel,
-                small,
-                grid,
+                kernels,
             })
         })
     }
@@ -509,11 +495,10 @@ impl DecoderStep {
             KArg::F32(self.eps),
             KArg::Ptr(f.trace.as_ref().map_or(Ok(0), |(t, _)| t.cuda_ptr())?),
         ];
-        let kernel = f.small.as_ref().filter(|_| batch <= 16).unwrap_or(&f.kernel);
-        c.launch_decoder(kernel, f.shape, f.grid, &args)?;
+        c.launch_decoder(f.kernels.for_batch(batch), f.shape, f.kernels.grid, &args)?;
         if let Some((trace, dir)) = &f.trace {
             if !dev.is_capturing() {
-                write_trace(trace, dir, f.grid, batch)?;
+                write_trace(trace, dir, f.kernels.grid, batch)?;
             }
         }
         Ok(logits)
