@@ -10,8 +10,8 @@
 #   4. the decoder step's tests as one cluster (GRAPHED_DECODER_CLUSTER=16, then with its stage
 #      outputs pushed into every block's shared memory, GRAPHED_DECODER_DSMEM=1), then on the former
 #      64/96 KiB buffers (GRAPHED_DECODER_WBUF/ABUF);
-#   4s. the decoder step's tests and gpt_generate with batches of at most 16 on the kernel's
-#      one-row-tile build (GRAPHED_DECODER_SMALL=1);
+#   4s. the decoder step's tests and gpt_generate without the kernel's second build (batches of
+#      at most 16 on the main build, GRAPHED_DECODER_SMALL=0; the second build is the default);
 #   4b/4c. ops_transformer and gpt with the RMSNorm kernels' register forms (GRAPHED_ROW_RING=0), the
 #      GEMM tests and gpt with the plain GEMMs through cublasLt, timed (GRAPHED_GEMM=tuned),
 #      ops_flash and gpt with cuDNN's attention plans timed (GRAPHED_ATTENTION_TUNE=1);
@@ -86,9 +86,9 @@ if want 4; then
   run gpt_generate GRAPHED_DECODER_CLUSTER=16 GRAPHED_DECODER_DSMEM=1
   run ops_decoder_step GRAPHED_DECODER_WBUF=65536 GRAPHED_DECODER_ABUF=98304
 fi
-want 4s && say "4s. batches of at most 16 on the decoder's one-row-tile build (GRAPHED_DECODER_SMALL=1, session 25)"
+want 4s && say "4s. batches of at most 16 on the decoder's main build (GRAPHED_DECODER_SMALL=0; the one-row-tile build is the default since session 26)"
 want 4s && for t in ops_decoder_step gpt_generate; do
-  run "$t" GRAPHED_DECODER_SMALL=1
+  run "$t" GRAPHED_DECODER_SMALL=0
 done
 want 4b && say "4b. the RMSNorm kernels' register forms (GRAPHED_ROW_RING=0; the ring forms are the default)"
 want 4b && for t in ops_transformer gpt; do

@@ -4,7 +4,7 @@
 //! multiprocessor.
 
 use cudarc::driver::{sys, CudaFunction};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
 use super::cuda::{active_clusters, check, driver_err, CudaBackend, LaunchDims};
 use super::kernel_source;
@@ -37,8 +37,8 @@ const THREADS: u32 = 256;
 /// batch whose attention stage computes the output projection too (`FD_FUSE_O`, 4; 0 never)
 /// and `GRAPHED_DECODER_MT` the 16-row tiles the kernel is built for (`FD_MT`, 4; fewer take
 /// at most 16 a tile and compile less code; one tile writes each GEMM stage's share into the
-/// code instead of reading it from shared memory), `GRAPHED_DECODER_SMALL=1` a second build of
-/// one row tile for the batches of at most 16 beside the main one (see
+/// code instead of reading it from shared memory), `GRAPHED_DECODER_SMALL=0` leaves out the
+/// second build, of one row tile, that batches of at most 16 take beside the main one (see
 /// [`CudaBackend::decoder_small_kernel`]), `GRAPHED_DECODER_WPASS` the fewest tasks for which
 /// a GEMM stage gives each (tile, row tile) to one warp (`FD_WPASS_MIN`, 3; 0: never; the
 /// same sums either way), `GRAPHED_DECODER_CLUSTER` (2 to 16) a grid of one thread-block
@@ -66,8 +66,8 @@ struct Knobs {
     /// Rows of the distributed-shared-memory mirror (`FD_DSMEM`, `FD_MIRROR_B`), with a cluster.
     mirror_rows: Option<u32>,
     trace: bool,
-    /// Batches of at most 16 take a second build of one row tile (`GRAPHED_DECODER_SMALL=1`;
-    /// see [`CudaBackend::decoder_small_kernel`]).
+    /// Batches of at most 16 take a second build of one row tile (the default;
+    /// `GRAPHED_DECODER_SMALL=0` leaves it out; see [`CudaBackend::decoder_small_kernel`]).
     small: bool,
 }
 
@@ -148,7 +148,7 @@ impl Knobs {
             cluster,
             mirror_rows,
             trace,
-            small: env("GRAPHED_DECODER_SMALL") == Some(1),
+            small: env("GRAPHED_DECODER_SMALL") != Some(0),
         }
     }
 }
@@ -161,6 +161,27 @@ fn decoder_program(source: &str) -> Result<String> {
     Ok(src.join("\n"))
 }
 
+/// NVRTC's PTX of the step's kernel for `shape` with `knobs` on a GPU of compute capability
+/// `arch`, through the PTX cache (`GRAPHED_CACHE_DIR`); `GRAPHED_DECODER_PTX` (a folder) gets a
+/// copy. Needs no CUDA context, so a second build compiles on another thread.
+fn decoder_ptx(shape: DecoderShape, knobs: Knobs, arch: (i32, i32)) -> Result<Ptx> {
+    let src = decoder_program(kernel_source::decoder_source()?)?;
+    let options = knobs.nvrtc_options(shape, arch);
+    let compile = || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
+    let ptx = ptx_cache::compile_cached(&src, &options, compile).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
+    if let Some(dir) = std::env::var_os("GRAPHED_DECODER_PTX").filter(|v| !v.is_empty()) {
+        // For measurements (`ptxas -v`, `cuobjdump --dump-sass`): where the folder cannot be
+        // written the kernel still runs, so the failure is only reported.
+        let DecoderShape { d_model, heads, hidden } = shape;
+        let tiles = if knobs.mt == 4 { String::new() } else { format!("-mt{}", knobs.mt) };
+        let file = std::path::Path::new(&dir).join(format!("decoder-{d_model}x{heads}x{hidden}{tiles}.ptx"));
+        if let Err(e) = std::fs::write(&file, ptx.to_src()) {
+            eprintln!("GRAPHED_DECODER_PTX: could not write {}: {e}", file.display());
+        }
+    }
+    Ok(ptx)
+}
+
 /// Settings by name, as `Knobs::from_settings` reads them.
 #[cfg(test)]
 type Settings = &'static [(&'static str, u32)];
@@ -170,7 +191,7 @@ type Settings = &'static [(&'static str, u32)];
 pub(crate) type DecoderProgram = (String, String, Vec<String>, u32);
 
 /// The decoder's programs for checks without a GPU (see `programs.rs`): the GPT's shape with
-/// the default knobs, with one row tile (the build `GRAPHED_DECODER_SMALL=1` adds), the stage
+/// the default knobs, with one row tile (the second build, for batches of at most 16), the stage
 /// marks, one cluster of 16 and the cluster with its mirror; each
 /// with its options on a GPU of compute capability `arch` and the dynamic shared memory it
 /// launches with.
@@ -224,7 +245,8 @@ const ROW_TILE: usize = 16;
 pub(crate) struct DecoderKernels {
     /// The main build, for every batch up to [`decoder_max_batch`].
     pub(crate) main: CudaFunction,
-    /// With `GRAPHED_DECODER_SMALL=1`, the build of one row tile for batches of at most 16.
+    /// The build of one row tile for batches of at most 16 (`None` with
+    /// `GRAPHED_DECODER_SMALL=0`).
     small: Option<CudaFunction>,
     /// Blocks of a launch.
     pub(crate) grid: u32,
@@ -238,7 +260,7 @@ impl DecoderKernels {
 }
 
 impl CudaBackend {
-    /// The step's kernel for `shape` (and with `GRAPHED_DECODER_SMALL=1` its build for small
+    /// The step's kernel for `shape` (and, unless `GRAPHED_DECODER_SMALL=0`, its build for small
     /// batches, see [`CudaBackend::decoder_small_kernel`]), and the grid it runs on: one block
     /// a multiprocessor (the most that are resident at once with one a multiprocessor, which
     /// the cooperative launch requires). `None` where the kernel cannot run: a GPU older than
@@ -251,7 +273,19 @@ impl CudaBackend {
         if self.capability.0 < 8 || !cluster_fits {
             return Ok(None);
         }
-        let Some(f) = self.decoder_build(shape, knobs)? else {
+        // The second build's PTX compiles on another thread while this one compiles and loads
+        // the main build (NVRTC needs no context; each takes seconds).
+        let small_knobs = Knobs { mt: 1, ..knobs };
+        let want_small = knobs.small && knobs.mt != 1 && knobs.cluster.is_none();
+        let arch = self.capability;
+        let (main, small_ptx) = std::thread::scope(|scope| {
+            let pre = (want_small && !self.decoder_cached(shape, small_knobs))
+                .then(|| scope.spawn(move || decoder_ptx(shape, small_knobs, arch)));
+            let main = self.decoder_build(shape, knobs, None);
+            let small_ptx = pre.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            (main, small_ptx)
+        });
+        let Some(f) = main? else {
             return Ok(None);
         };
         if let Some(n) = knobs.cluster {
@@ -268,25 +302,21 @@ impl CudaBackend {
         if !self.fits_a_multiprocessor(&f, shape, knobs)? {
             return Ok(None);
         }
-        let small = self.decoder_small_kernel(shape)?;
+        let small = if want_small { self.decoder_small_kernel(shape, small_ptx.transpose()?)? } else { None };
         Ok(Some(DecoderKernels { main: f, small, grid: self.sm_count as u32 }))
     }
 
-    /// With `GRAPHED_DECODER_SMALL=1`, a second build of the step's kernel for batches of at
-    /// most 16 (one row tile, `FD_MT` 1: every GEMM stage is one group of the grid, its share
-    /// folded into the code, and less code), launched on the same grid as the main build with
-    /// the same arguments and the same sums. `None` without the setting, where the main build
-    /// already has one row tile, or where the build does not run here. For measurements until
-    /// a GPU times it against the main build (`scripts/decoder-variants.sh builtin
-    /// small:GRAPHED_DECODER_SMALL=1`). The caller checked the GPU and that the grid is not a
-    /// cluster's.
-    fn decoder_small_kernel(&self, shape: DecoderShape) -> Result<Option<CudaFunction>> {
-        let knobs = Knobs::get();
-        if !knobs.small || knobs.mt == 1 {
-            return Ok(None);
-        }
-        let small = Knobs { mt: 1, ..knobs };
-        match self.decoder_build(shape, small)? {
+    /// The second build of the step's kernel, for batches of at most 16 (one row tile, `FD_MT`
+    /// 1: every GEMM stage is one group of the grid, its share folded into the code, and less
+    /// code), launched on the same grid as the main build with the same arguments and the same
+    /// sums; `ptx` is its NVRTC output where it was compiled beside the main build. `None` where
+    /// the build does not run here. The caller checked the GPU, that the grid is not a
+    /// cluster's and that the main build has more than one row tile. Measured (H100, session
+    /// 26): 4% to 6% less a token at batches 1 to 16, the same at 32 and 64, where the main
+    /// build runs (`docs/BENCHMARKS.md`); `GRAPHED_DECODER_SMALL=0` leaves it out.
+    fn decoder_small_kernel(&self, shape: DecoderShape, ptx: Option<Ptx>) -> Result<Option<CudaFunction>> {
+        let small = Knobs { mt: 1, ..Knobs::get() };
+        match self.decoder_build(shape, small, ptx)? {
             Some(f) if self.fits_a_multiprocessor(&f, shape, small)? => Ok(Some(f)),
             _ => Ok(None),
         }
@@ -310,10 +340,16 @@ impl CudaBackend {
         Ok(per_sm >= 1)
     }
 
+    /// Whether the build of `shape` with `knobs` is compiled and loaded already.
+    fn decoder_cached(&self, shape: DecoderShape, knobs: Knobs) -> bool {
+        let cache = self.decoder_fn.lock().unwrap_or_else(|e| e.into_inner());
+        cache.iter().any(|(s, mt, _)| *s == shape && *mt == knobs.mt)
+    }
+
     /// The step's kernel for `shape` built with `knobs` (compiled once per shape and row tiles,
-    /// then cached); `None` where the build cannot run here (its shared memory).
-    fn decoder_build(&self, shape: DecoderShape, knobs: Knobs) -> Result<Option<CudaFunction>> {
-        let source = kernel_source::decoder_source()?;
+    /// then cached; `ptx`, where given, is that build's NVRTC output, compiled on another
+    /// thread); `None` where the build cannot run here (its shared memory).
+    fn decoder_build(&self, shape: DecoderShape, knobs: Knobs, ptx: Option<Ptx>) -> Result<Option<CudaFunction>> {
         if knobs.dynamic_shared(shape) as usize > self.max_shared_optin {
             return Ok(None);
         }
@@ -322,23 +358,10 @@ impl CudaBackend {
             Some((_, _, f)) => f.clone(),
             None => {
                 self.bind()?;
-                let options = knobs.nvrtc_options(shape, self.capability);
-                let src = decoder_program(source)?;
-                let compile =
-                    || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
-                let ptx = ptx_cache::compile_cached(&src, &options, compile)
-                    .map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
-                if let Some(dir) = std::env::var_os("GRAPHED_DECODER_PTX").filter(|v| !v.is_empty()) {
-                    // For measurements (`ptxas -v`, `cuobjdump --dump-sass`): where the folder
-                    // cannot be written the kernel still runs, so the failure is only reported.
-                    let DecoderShape { d_model, heads, hidden } = shape;
-                    let tiles = if knobs.mt == 4 { String::new() } else { format!("-mt{}", knobs.mt) };
-                    let file =
-                        std::path::Path::new(&dir).join(format!("decoder-{d_model}x{heads}x{hidden}{tiles}.ptx"));
-                    if let Err(e) = std::fs::write(&file, ptx.to_src()) {
-                        eprintln!("GRAPHED_DECODER_PTX: could not write {}: {e}", file.display());
-                    }
-                }
+                let ptx = match ptx {
+                    Some(ptx) => ptx,
+                    None => decoder_ptx(shape, knobs, self.capability)?,
+                };
                 let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
                 let f = module.load_function("decoder_step_bf16").map_err(driver_err("cuModuleGetFunction"))?;
                 // Refused where the buffers and the static shared memory together exceed what
@@ -400,17 +423,17 @@ mod tests {
         }
     }
 
-    /// `GRAPHED_DECODER_SMALL=1` asks for the second build; the main build's row tiles and
-    /// buffers are the settings' either way, and the second build's options differ from the
-    /// main one's in its row tiles only.
+    /// The second build is the default and `GRAPHED_DECODER_SMALL=0` leaves it out; the main
+    /// build's row tiles and buffers are the settings' either way, and the second build's
+    /// options differ from the main one's in its row tiles only.
     #[test]
     fn the_small_build_is_the_main_one_with_one_row_tile() {
         let env =
             |pairs: &'static [(&'static str, u32)]| move |n: &str| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
-        let main = Knobs::from_settings(env(&[("GRAPHED_DECODER_SMALL", 1)]), false);
+        let main = Knobs::from_settings(env(&[]), false);
         assert!(main.small && main.mt == 4);
-        assert!(!Knobs::from_settings(env(&[("GRAPHED_DECODER_SMALL", 2)]), false).small);
-        assert!(!Knobs::from_settings(env(&[]), false).small);
+        assert!(Knobs::from_settings(env(&[("GRAPHED_DECODER_SMALL", 1)]), false).small);
+        assert!(!Knobs::from_settings(env(&[("GRAPHED_DECODER_SMALL", 0)]), false).small);
         let shape = DecoderShape { d_model: 512, heads: 8, hidden: 1368 };
         let (a, b) = (main.nvrtc_options(shape, (9, 0)), Knobs { mt: 1, ..main }.nvrtc_options(shape, (9, 0)));
         let differ: Vec<(&String, &String)> = a.iter().zip(&b).filter(|(x, y)| x != y).collect();
