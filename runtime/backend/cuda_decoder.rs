@@ -34,7 +34,9 @@ const THREADS: u32 = 256;
 /// `GRAPHED_DECODER_ABUF` (bytes, 0 reads from global memory), `GRAPHED_DECODER_NT` (1 or 2:
 /// the sums of a pass's tiles share 48 KB of static shared memory) and
 /// `GRAPHED_DECODER_APIPE` (1 to 16) override them, `GRAPHED_DECODER_FUSE_O` the largest
-/// batch whose attention stage computes the output projection too (`FD_FUSE_O`, 4; 0 never)
+/// batch whose attention stage computes the output projection too (`FD_FUSE_O`, 4; 0 never),
+/// `GRAPHED_DECODER_L2PF=1` each layer's q/k/v stage asking L2 for the next layer's weights
+/// while the grid waits at its barrier (`FD_L2PF`; not yet timed on a GPU)
 /// and `GRAPHED_DECODER_MT` the 16-row tiles the kernel is built for (`FD_MT`, 4; fewer take
 /// at most 16 a tile and compile less code; one tile writes each GEMM stage's share into the
 /// code instead of reading it from shared memory), `GRAPHED_DECODER_SMALL=0` leaves out the
@@ -60,6 +62,8 @@ struct Knobs {
     nt: u32,
     apipe: Option<u32>,
     fuse_o: Option<u32>,
+    /// Each layer's q/k/v stage asks L2 for the next layer's weights (`FD_L2PF`).
+    l2pf: bool,
     mt: u32,
     wpass: Option<u32>,
     cluster: Option<u32>,
@@ -107,6 +111,9 @@ impl Knobs {
             ("FD_CLUSTER", self.cluster),
         ];
         options.extend(optional.iter().filter_map(|(name, v)| v.map(|v| format!("-D{name}={v}"))));
+        if self.l2pf {
+            options.push("-DFD_L2PF=1".into());
+        }
         if let Some(b) = self.mirror_rows {
             options.push("-DFD_DSMEM=1".into());
             options.push(format!("-DFD_MIRROR_B={b}"));
@@ -143,6 +150,7 @@ impl Knobs {
             nt: env("GRAPHED_DECODER_NT").map_or(2, |n| n.clamp(1, 2)),
             apipe: env("GRAPHED_DECODER_APIPE").map(|n| n.clamp(1, 16)),
             fuse_o: env("GRAPHED_DECODER_FUSE_O").map(|n| n.min(64)),
+            l2pf: env("GRAPHED_DECODER_L2PF") == Some(1),
             mt: env("GRAPHED_DECODER_MT").map_or(4, |n| n.clamp(1, 4)),
             wpass: env("GRAPHED_DECODER_WPASS"),
             cluster,
@@ -199,9 +207,10 @@ pub(crate) type DecoderProgram = (String, String, Vec<String>, u32);
 pub(crate) fn decoder_programs(arch: (i32, i32)) -> Result<Vec<DecoderProgram>> {
     let shape = DecoderShape { d_model: 512, heads: 8, hidden: 1368 };
     let src = decoder_program(kernel_source::decoder_source()?)?;
-    let variants: [(&str, Settings, bool); 5] = [
+    let variants: [(&str, Settings, bool); 6] = [
         ("decoder", &[], false),
         ("decoder-mt1", &[("GRAPHED_DECODER_MT", 1)], false),
+        ("decoder-l2pf", &[("GRAPHED_DECODER_L2PF", 1)], false),
         ("decoder-trace", &[], true),
         ("decoder-cluster16", &[("GRAPHED_DECODER_CLUSTER", 16)], false),
         ("decoder-dsmem16", &[("GRAPHED_DECODER_CLUSTER", 16), ("GRAPHED_DECODER_DSMEM", 1)], false),
@@ -414,6 +423,7 @@ mod tests {
             nt: 2,
             apipe: None,
             fuse_o: None,
+            l2pf: false,
             mt: 4,
             wpass: None,
             cluster: mirror_rows.map(|_| 16),
