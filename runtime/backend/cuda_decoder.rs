@@ -451,6 +451,23 @@ mod tests {
         assert_eq!(main.dynamic_shared(shape), Knobs { mt: 1, ..main }.dynamic_shared(shape));
     }
 
+    /// `GRAPHED_DECODER_L2PF=1`, and only 1, compiles the next layer's L2 prefetch in; it
+    /// changes no buffer.
+    #[test]
+    fn the_l2_prefetch_is_one_define_and_off_by_default() {
+        let env =
+            |pairs: &'static [(&'static str, u32)]| move |n: &str| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
+        let shape = DecoderShape { d_model: 512, heads: 8, hidden: 1368 };
+        let off = Knobs::from_settings(env(&[]), false);
+        let on = Knobs::from_settings(env(&[("GRAPHED_DECODER_L2PF", 1)]), false);
+        assert!(!off.l2pf && on.l2pf);
+        assert!(!Knobs::from_settings(env(&[("GRAPHED_DECODER_L2PF", 2)]), false).l2pf);
+        let (a, b) = (off.nvrtc_options(shape, (9, 0)), on.nvrtc_options(shape, (9, 0)));
+        assert!(!a.iter().any(|o| o.contains("FD_L2PF")));
+        assert_eq!(b.iter().filter(|o| !a.contains(o)).collect::<Vec<_>>(), [&"-DFD_L2PF=1".to_string()]);
+        assert_eq!(off.dynamic_shared(shape), on.dynamic_shared(shape));
+    }
+
     /// The launch's dynamic shared memory is the two buffers plus, with the mirror, what
     /// kernels/decoder.cu's FD_MIRROR_BYTES reserves: FD_MIRROR_B rows of the heads' f32 parts,
     /// x and q (bf16, d_model each) and s (bf16, the hidden width).
