@@ -18,6 +18,8 @@ pub struct Setup<'a> {
     pub text: &'a [u8],
     pub prompt_len: usize,
     pub new_tokens: usize,
+    /// The smallest batch `--decode-bench` times (1: every bucket).
+    pub min_batch: usize,
 }
 
 /// `n` prompts from `text`, the `i`-th starting at a line start past `i / n` of the text, of
@@ -122,7 +124,7 @@ fn key(p: Path) -> &'static str {
 /// host launches per request. Prints a line each; returns the rows.
 pub fn bench(dec: &mut Decoder, s: &Setup, reps: usize) -> Result<Vec<BenchRow>> {
     let mut rows = Vec::new();
-    for batch in batch_buckets(dec.options().max_batch) {
+    for batch in batch_buckets(dec.options().max_batch).into_iter().filter(|&b| b >= s.min_batch) {
         let req = Request::new(prompts(s.text, batch, s.prompt_len, true)?, s.new_tokens);
         for path in [Path::WhileLoop, Path::Replay, Path::Eager] {
             dec.generate(&req, path)?;

@@ -6,7 +6,7 @@
 //! `--no-checkpoint`, `--recompute nothing|swiglu|all`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`,
 //! `--json FILE`, `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`, `--estimate`; and for generation
 //! `--save PATH`, `--load PATH`, `--generate`, `--prompts N`, `--prompt-len N`,
-//! `--max-new-tokens N`, `--temperature T`, `--top-k K`, `--max-batch N`, `--decode-bench`,
+//! `--max-new-tokens N`, `--temperature T`, `--top-k K`, `--max-batch N`, `--decode-bench`, `--bench-min-batch N`,
 //! `--unfused-decode`.
 //!
 //! The text is, by default, the repository's own README.md, docs/*.md and Rust sources, read
@@ -276,6 +276,9 @@ struct Args {
     /// token), writing --json and the --plot chart of tokens/s by batch size.
     #[arg(long)]
     decode_bench: bool,
+    /// --decode-bench times only the batches of at least N (a profiler's run of one batch).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    bench_min_batch: usize,
     /// Decode with the training forward's ops (separate q, k and v GEMMs, the cache append its
     /// own kernel) instead of the fused step.
     #[arg(long)]
@@ -682,7 +685,7 @@ fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: 
         "{} layers, d_model {}, {} heads, context {}, {}",
         cfg.layers, cfg.d_model, cfg.heads, cfg.context, cfg.dtype
     );
-    let setup = generate::Setup { text, prompt_len, new_tokens };
+    let setup = generate::Setup { text, prompt_len, new_tokens, min_batch: args.bench_min_batch };
     let opts = |sampling| DecodeOptions {
         max_batch,
         max_len: cfg.context,
