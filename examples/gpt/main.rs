@@ -277,7 +277,7 @@ struct Args {
     #[arg(long)]
     decode_bench: bool,
     /// --decode-bench times only the batches of at least N (a profiler's run of one batch).
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024).map(|n| n as usize))]
     bench_min_batch: usize,
     /// Decode with the training forward's ops (separate q, k and v GEMMs, the cache append its
     /// own kernel) instead of the fused step.
@@ -677,6 +677,12 @@ fn generation(args: &Args, dev: &Device, cfg: &Config, weights: &Weights, text: 
     }
     if args.generate && args.prompts > max_batch {
         return Err(Error::msg(format!("--prompts {} is above --max-batch {max_batch}", args.prompts)));
+    }
+    if args.decode_bench && args.bench_min_batch > max_batch {
+        return Err(Error::msg(format!(
+            "--bench-min-batch {} is above --max-batch {max_batch}: no batch to time",
+            args.bench_min_batch
+        )));
     }
     // Prefill buckets: the powers of two from 16 below the prompt length, and the prompt length.
     let mut prompt_buckets: Vec<usize> = (4..12).map(|i| 1usize << i).filter(|&b| b < prompt_len).collect();
