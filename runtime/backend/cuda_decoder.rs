@@ -311,20 +311,26 @@ impl CudaBackend {
         if !self.fits_a_multiprocessor(&f, shape, knobs)? {
             return Ok(None);
         }
-        let small = if want_small { self.decoder_small_kernel(shape, small_ptx.transpose()?)? } else { None };
+        let small =
+            if want_small { self.decoder_small_kernel(shape, small_knobs, small_ptx.transpose()?)? } else { None };
         Ok(Some(DecoderKernels { main: f, small, grid: self.sm_count as u32 }))
     }
 
     /// The second build of the step's kernel, for batches of at most 16 (one row tile, `FD_MT`
     /// 1: every GEMM stage is one group of the grid, its share folded into the code, and less
-    /// code), launched on the same grid as the main build with the same arguments and the same
-    /// sums; `ptx` is its NVRTC output where it was compiled beside the main build. `None` where
+    /// code), built with `small` (the main build's knobs with one row tile), launched on the same
+    /// grid as the main build with the same arguments and the same sums; `ptx` is its NVRTC
+    /// output where it was compiled beside the main build. `None` where
     /// the build does not run here. The caller checked the GPU, that the grid is not a
     /// cluster's and that the main build has more than one row tile. Measured (H100, session
-    /// 26): 4% to 6% less a token at batches 1 to 16, the same at 32 and 64, where the main
+    /// 26): 4% to 7% less a token at batches 1 to 16, the same at 32 and 64, where the main
     /// build runs (`docs/BENCHMARKS.md`); `GRAPHED_DECODER_SMALL=0` leaves it out.
-    fn decoder_small_kernel(&self, shape: DecoderShape, ptx: Option<Ptx>) -> Result<Option<CudaFunction>> {
-        let small = Knobs { mt: 1, ..Knobs::get() };
+    fn decoder_small_kernel(
+        &self,
+        shape: DecoderShape,
+        small: Knobs,
+        ptx: Option<Ptx>,
+    ) -> Result<Option<CudaFunction>> {
         match self.decoder_build(shape, small, ptx)? {
             Some(f) if self.fits_a_multiprocessor(&f, shape, small)? => Ok(Some(f)),
             _ => Ok(None),
