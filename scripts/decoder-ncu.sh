@@ -21,7 +21,7 @@ rep="$out/decoder-ncu-b$batch"
 # The bench times batches from `batch` up to --max-batch, each path warmed up once and then
 # run 5 times; --launch-skip passes the first launches (the warm-ups of the WHILE loop and
 # replay paths run from graphs and may or may not count as launches, so a few more).
-timeout 420 ncu --set full --import-source no --kernel-name decoder_step_bf16 --launch-skip 8 --launch-count 1 \
+timeout 420 ncu --set full --clock-control none --import-source no --kernel-name decoder_step_bf16 --launch-skip 8 --launch-count 1 \
   --export "$rep" --force-overwrite "$@" \
   gpu-bin/examples/gpt --decode-bench --size gpu --dtype bf16 --prompt-len 64 --max-new-tokens 8 \
   --max-batch "$batch" --bench-min-batch "$batch" --fused-batch-limit 64 > "$rep.log" 2>&1
