@@ -35,8 +35,6 @@ const THREADS: u32 = 256;
 /// the sums of a pass's tiles share 48 KB of static shared memory) and
 /// `GRAPHED_DECODER_APIPE` (1 to 16) override them, `GRAPHED_DECODER_FUSE_O` the largest
 /// batch whose attention stage computes the output projection too (`FD_FUSE_O`, 4; 0 never),
-/// `GRAPHED_DECODER_L2PF=1` each layer's q/k/v stage asking L2 for the next layer's weights
-/// while the grid waits at its barrier (`FD_L2PF`; not yet timed on a GPU)
 /// and `GRAPHED_DECODER_MT` the 16-row tiles the kernel is built for (`FD_MT`, 4; fewer take
 /// at most 16 a tile and compile less code; one tile writes each GEMM stage's share into the
 /// code instead of reading it from shared memory), `GRAPHED_DECODER_SMALL=0` leaves out the
@@ -62,8 +60,6 @@ struct Knobs {
     nt: u32,
     apipe: Option<u32>,
     fuse_o: Option<u32>,
-    /// Each layer's q/k/v stage asks L2 for the next layer's weights (`FD_L2PF`).
-    l2pf: bool,
     mt: u32,
     wpass: Option<u32>,
     cluster: Option<u32>,
@@ -111,9 +107,6 @@ impl Knobs {
             ("FD_CLUSTER", self.cluster),
         ];
         options.extend(optional.iter().filter_map(|(name, v)| v.map(|v| format!("-D{name}={v}"))));
-        if self.l2pf {
-            options.push("-DFD_L2PF=1".into());
-        }
         if let Some(b) = self.mirror_rows {
             options.push("-DFD_DSMEM=1".into());
             options.push(format!("-DFD_MIRROR_B={b}"));
@@ -150,7 +143,6 @@ impl Knobs {
             nt: env("GRAPHED_DECODER_NT").map_or(2, |n| n.clamp(1, 2)),
             apipe: env("GRAPHED_DECODER_APIPE").map(|n| n.clamp(1, 16)),
             fuse_o: env("GRAPHED_DECODER_FUSE_O").map(|n| n.min(64)),
-            l2pf: env("GRAPHED_DECODER_L2PF") == Some(1),
             mt: env("GRAPHED_DECODER_MT").map_or(4, |n| n.clamp(1, 4)),
             wpass: env("GRAPHED_DECODER_WPASS"),
             cluster,
@@ -207,10 +199,9 @@ pub(crate) type DecoderProgram = (String, String, Vec<String>, u32);
 pub(crate) fn decoder_programs(arch: (i32, i32)) -> Result<Vec<DecoderProgram>> {
     let shape = DecoderShape { d_model: 512, heads: 8, hidden: 1368 };
     let src = decoder_program(kernel_source::decoder_source()?)?;
-    let variants: [(&str, Settings, bool); 6] = [
+    let variants: [(&str, Settings, bool); 5] = [
         ("decoder", &[], false),
         ("decoder-mt1", &[("GRAPHED_DECODER_MT", 1)], false),
-        ("decoder-l2pf", &[("GRAPHED_DECODER_L2PF", 1)], false),
         ("decoder-trace", &[], true),
         ("decoder-cluster16", &[("GRAPHED_DECODER_CLUSTER", 16)], false),
         ("decoder-dsmem16", &[("GRAPHED_DECODER_CLUSTER", 16), ("GRAPHED_DECODER_DSMEM", 1)], false),
@@ -429,7 +420,6 @@ mod tests {
             nt: 2,
             apipe: None,
             fuse_o: None,
-            l2pf: false,
             mt: 4,
             wpass: None,
             cluster: mirror_rows.map(|_| 16),
@@ -455,23 +445,6 @@ mod tests {
         let differ: Vec<(&String, &String)> = a.iter().zip(&b).filter(|(x, y)| x != y).collect();
         assert_eq!(differ, [(&"-DFD_MT=4".to_string(), &"-DFD_MT=1".to_string())]);
         assert_eq!(main.dynamic_shared(shape), Knobs { mt: 1, ..main }.dynamic_shared(shape));
-    }
-
-    /// `GRAPHED_DECODER_L2PF=1`, and only 1, compiles the next layer's L2 prefetch in; it
-    /// changes no buffer.
-    #[test]
-    fn the_l2_prefetch_is_one_define_and_off_by_default() {
-        let env =
-            |pairs: &'static [(&'static str, u32)]| move |n: &str| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
-        let shape = DecoderShape { d_model: 512, heads: 8, hidden: 1368 };
-        let off = Knobs::from_settings(env(&[]), false);
-        let on = Knobs::from_settings(env(&[("GRAPHED_DECODER_L2PF", 1)]), false);
-        assert!(!off.l2pf && on.l2pf);
-        assert!(!Knobs::from_settings(env(&[("GRAPHED_DECODER_L2PF", 2)]), false).l2pf);
-        let (a, b) = (off.nvrtc_options(shape, (9, 0)), on.nvrtc_options(shape, (9, 0)));
-        assert!(!a.iter().any(|o| o.contains("FD_L2PF")));
-        assert_eq!(b.iter().filter(|o| !a.contains(o)).collect::<Vec<_>>(), [&"-DFD_L2PF=1".to_string()]);
-        assert_eq!(off.dynamic_shared(shape), on.dynamic_shared(shape));
     }
 
     /// The launch's dynamic shared memory is the two buffers plus, with the mirror, what

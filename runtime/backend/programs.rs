@@ -51,7 +51,6 @@ fn every_program_is_listed_and_written_where_asked() -> Result<()> {
             "conditional",
             "decoder",
             "decoder-mt1",
-            "decoder-l2pf",
             "decoder-trace",
             "decoder-cluster16",
             "decoder-dsmem16"
@@ -62,8 +61,7 @@ fn every_program_is_listed_and_written_where_asked() -> Result<()> {
         assert!(!p.source.is_empty(), "{}", p.name);
     }
     assert!(list[4].options.contains(&"-DFD_MT=1".to_string()));
-    assert!(list[5].options.contains(&"-DFD_L2PF=1".to_string()));
-    let dsmem = &list[8];
+    let dsmem = &list[7];
     assert!(
         dsmem.options.contains(&"-DFD_CLUSTER=16".to_string()) && dsmem.options.contains(&"-DFD_DSMEM=1".to_string())
     );

@@ -104,15 +104,6 @@
 #ifndef FD_FUSE_O
 #define FD_FUSE_O 4
 #endif
-// FD_L2PF (0: off, the default; GRAPHED_DECODER_L2PF=1): while the grid waits at the barrier
-// after each layer's q/k/v stage, every block asks L2 for its share of the next layer's weights
-// (the head's after the last layer), a 1/gridDim slice of each tensor, one prefetch a 128-byte
-// line, nothing waited for. The weight copies into shared memory during the barriers before the
-// GEMM stages then read L2 rather than HBM (a layer's 6 MB sit well inside the H100's 50 MB of
-// L2). For measurements: written in session 26 without a GPU to time it.
-#ifndef FD_L2PF
-#define FD_L2PF 0
-#endif
 
 // FD_CLUSTER (0: off, the default): the grid is one thread-block cluster of FD_CLUSTER blocks (2
 // to 16; the host launches exactly one, GRAPHED_DECODER_CLUSTER), and the stages are separated
@@ -172,25 +163,6 @@ struct FdLayer {
     bf16_t* vc;
     int* lengths;           // [cache batch]
 };
-
-// This block's share of `bytes` bytes at `p` (a 1/gridDim slice of its 128-byte lines) asked of
-// L2 (FD_L2PF): prefetches, which return nothing and are never waited for.
-__device__ __noinline__ void fd_l2_share(const void* p, u64 bytes) {
-    const u64 lines = (bytes + 127) / 128, per = (lines + gridDim.x - 1) / gridDim.x;
-    const u64 first = (u64)blockIdx.x * per, end = first + per < lines ? first + per : lines;
-    const char* base = static_cast<const char*>(p);
-    for (u64 l = first + threadIdx.x; l < end; l += FD_THREADS) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + l * 128));
-    }
-}
-// A layer's four weight tensors (FD_L2PF), out of line: the kernel's body is at its register
-// limit (inlined, these loops spilled it).
-__device__ __noinline__ void fd_l2_layer(const FdLayer* L) {
-    fd_l2_share(L->qkv, 3ull * FD_D * FD_D * 2);
-    fd_l2_share(L->wo, (u64)FD_D * FD_D * 2);
-    fd_l2_share(L->gate_up, 2ull * FD_HID * FD_D * 2);
-    fd_l2_share(L->down, (u64)FD_D * FD_HID * 2);
-}
 
 // Same layout and rules as decode.cu's and transformer.cu's reports (CudaBackend reads them).
 __device__ __forceinline__ void fd_report_cache(u32* err, u32 seq, int len, u32 max_len) {
@@ -1435,13 +1407,6 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) FD_CLUSTER_DIMS
             fd_prefetch<FD_D, true>(L.gate_up, FD_HID, FD_HID, FD_PART(FD_P_GU));
         } else {
             fd_prefetch<FD_D, false>(L.wo, FD_D, 0, FD_PART(FD_P_O));
-        }
-        if (FD_L2PF) {
-            if (li + 1 < H.layers) {
-                fd_l2_layer(layers + li + 1);
-            } else {
-                fd_l2_share(H.head, (u64)H.vocab * FD_D * 2);
-            }
         }
         fd_wait(sh, bar, target);
         switch (ateam) {
