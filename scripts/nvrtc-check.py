@@ -34,6 +34,7 @@ BENCH = [
     ("probe-cs16", "bench/decode_probe.cu", ["CS=16"], None),
     ("probe-bulk8", "bench/decode_probe.cu", ["STAGES=8"], None),
     ("xent-variants", "bench/xent_variants.cu", [], "main"),
+    ("xent-fold", "bench/xent_fold.cu", [], "main"),
 ]
 # The most shared memory a block may have on sm_90 (H100, H200): 227 KiB.
 OPTIN_SM90 = 232448
