@@ -22,12 +22,6 @@ use crate::{DistError, Error, Result};
 /// `kernels/decode.cu`): no bad token, no bad cache length.
 const ERR_CLEAR: [u32; 8] = [u32::MAX, u32::MAX, 0, 0, u32::MAX, u32::MAX, 0, 0];
 
-/// The most rows whose cross-entropy mean the row kernel adds in its own launch
-/// (`sx_smem_fold_*`): the device's loss slots.
-pub(crate) const XENT_SLOTS: usize = 1 << 14;
-/// An empty loss slot: `SX_EMPTY` of kernels/half.cu, a NaN no kernel stores.
-const XENT_EMPTY: u32 = 0x7fba_dbad;
-
 /// Bytes of the explicit cuBLAS workspace; with it set, GEMMs never allocate, so they capture.
 pub(crate) const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
@@ -168,9 +162,6 @@ pub(crate) struct CudaBackend {
     /// bad cache lengths);
     /// its address is fixed for the device's life, so graphs capture it.
     err_word: sys::CUdeviceptr,
-    /// The cross-entropy's loss slots ([`XENT_SLOTS`] f32, `sx_smem_fold_*` of kernels/half.cu):
-    /// every one holds the empty NaN between launches (set here, and set back by each launch).
-    xent_slots: sys::CUdeviceptr,
     /// cublasLt (fused epilogues), when the library loads.
     pub(crate) lt: Option<std::sync::Mutex<super::cublaslt::Lt>>,
     /// cuDNN (fused attention), opened the first time attention asks for it: `None` inside
@@ -439,12 +430,6 @@ impl CudaBackend {
             result::memcpy_htod_sync(p, &ERR_CLEAR).map_err(driver_err("cuMemcpyHtoD"))?;
             p
         };
-        // SAFETY: as the error word's.
-        let xent_slots = unsafe {
-            let p = result::malloc_sync(XENT_SLOTS * 4).map_err(driver_err("cuMemAlloc"))?;
-            result::memcpy_htod_sync(p, &[XENT_EMPTY; XENT_SLOTS]).map_err(driver_err("cuMemcpyHtoD"))?;
-            p
-        };
         let cublas = cublas_result::create_handle().map_err(|e| Error::cuda("cublasCreate", e))?;
         // SAFETY: plain allocation outside any capture; freed in Drop.
         let cublas_workspace =
@@ -472,7 +457,6 @@ impl CudaBackend {
             cublas: std::sync::Mutex::new(CublasHandle(cublas)),
             cublas_workspace,
             err_word,
-            xent_slots,
             lt: super::cublaslt::Lt::open().map(std::sync::Mutex::new),
             cudnn: std::sync::OnceLock::new(),
             driver_version,
@@ -883,12 +867,6 @@ impl CudaBackend {
         self.err_word
     }
 
-    /// The address of the cross-entropy's loss slots ([`XENT_SLOTS`] of them), which
-    /// `sx_smem_fold_*` launches take in stream order.
-    pub(crate) fn xent_slots(&self) -> u64 {
-        self.xent_slots
-    }
-
     /// Reads the error word (the stream is idle); a report becomes [`Error::TokenOutOfRange`]
     /// (a bad token id) or a cache error ([`Error::CacheFull`], [`Error::CacheLengthOutOfRange`]),
     /// and the word is cleared.
@@ -941,10 +919,7 @@ impl Drop for CudaBackend {
         let destroyed = self.drain().and_then(|()| {
             unsafe { cublas_result::destroy_handle(handle) }.map_err(|e| Error::cuda("cublasDestroy", e))
         });
-        let freed = destroyed
-            .and_then(|()| self.free(self.cublas_workspace))
-            .and_then(|()| self.free(self.err_word))
-            .and_then(|()| self.free(self.xent_slots));
+        let freed = destroyed.and_then(|()| self.free(self.cublas_workspace)).and_then(|()| self.free(self.err_word));
         if let Err(e) = freed {
             // The device is going away: nobody is left to read a deferred error.
             eprintln!("graphed: error while closing {}: {e}", self.name);

@@ -253,9 +253,6 @@ kernels! {
     SxClusterBf16 = "sx_cluster_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SxSmemF16 = "sx_smem_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SxClusterF16 = "sx_cluster_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
-    SxSmemFoldF32 = "sx_smem_fold_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32, Ptr);
-    SxSmemFoldBf16 = "sx_smem_fold_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32, Ptr);
-    SxSmemFoldF16 = "sx_smem_fold_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32, Ptr);
     EmbeddingBwdBf16F32 = "embedding_bwd_bf16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     EmbeddingBwdF16F32 = "embedding_bwd_f16_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     LrWarmupCosineF32 = "lr_warmup_cosine_f32" (Ptr, Ptr, F32, F32, U32, U32);

@@ -35,7 +35,7 @@ pub use nodes::{CaptureMode, GraphNode, NodeKind};
 pub use capture::is_capturing;
 pub(crate) use capture::{LoopFold, StreamGate};
 pub(crate) use cublaslt::{LtEpilogue, LtLinear};
-pub(crate) use cuda::{CudaBackend, LaunchDims, StreamWatch, XENT_SLOTS};
+pub(crate) use cuda::{CudaBackend, LaunchDims, StreamWatch};
 pub(crate) use cuda_gemm::{GemmEx, Operand, RowGemmBatched, RowMat};
 pub(crate) use cuda_graph::RawGraph;
 pub(crate) use fault::Faults;

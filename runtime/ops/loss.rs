@@ -1,6 +1,6 @@
 //! Losses: softmax cross-entropy and mean squared error.
 
-use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims, XENT_SLOTS};
+use crate::backend::{BuiltinKernel, CudaBackend, KArg, LaunchDims};
 use crate::error::OpError;
 use crate::ops::{
     check_f32_on, check_like, check_same, check_shape, cpu, cuda_reduce, exec, k, n32, reduce_blocks, row_kernel, Exec,
@@ -73,15 +73,6 @@ fn xent_mean(
 fn xent_cluster_setting() -> Option<usize> {
     static SET: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *SET.get_or_init(|| std::env::var("GRAPHED_XENT_CLUSTER").ok().and_then(|v| v.parse().ok()))
-}
-
-/// `GRAPHED_XENT_FOLD=1` (read once a process): the row-in-shared-memory kernel adds the mean
-/// in its last block (`sx_smem_fold_*`, rows up to [`XENT_SLOTS`]) instead of leaving it to
-/// its own launch (`xent_mean_f32`). The two sum in other orders. Opt-in until it is timed on
-/// a GPU (written in session 27).
-fn xent_fold_setting() -> bool {
-    static SET: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SET.get_or_init(|| std::env::var("GRAPHED_XENT_FOLD").is_ok_and(|v| v == "1"))
 }
 
 /// Rows of at least this many bytes take the row in shared memory (`sx_smem_*`): on the H100
@@ -236,26 +227,8 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor
             })?;
         }
         Exec::Cuda(c) => {
-            let (kernel, dims, cluster) = xent_launch(c, rows, classes, logits, &probs)?;
-            if kernel == k::SX_SMEM.get(logits.dtype()) && rows <= XENT_SLOTS && xent_fold_setting() {
-                // The mean in the row kernel's launch (a block a row; its last block adds them).
-                return c
-                    .launch(
-                        k::SX_SMEM_FOLD.get(logits.dtype()),
-                        dims,
-                        &[
-                            KArg::Ptr(probs.cuda_ptr()?),
-                            KArg::Ptr(c.xent_slots()),
-                            KArg::Ptr(logits.cuda_ptr()?),
-                            KArg::Ptr(labels.cuda_ptr()?),
-                            KArg::U32(rows as u32),
-                            KArg::U32(classes as u32),
-                            KArg::Ptr(loss.cuda_ptr()?),
-                        ],
-                    )
-                    .map(|()| (loss, probs));
-            }
             let row_loss = Tensor::empty(logits.device(), &[rows])?;
+            let (kernel, dims, cluster) = xent_launch(c, rows, classes, logits, &probs)?;
             c.launch_in_clusters(
                 kernel,
                 dims,

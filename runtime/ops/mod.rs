@@ -280,8 +280,6 @@ pub(crate) mod k {
     /// Softmax cross-entropy's forward with the row in shared memory.
     pub(crate) const SX_SMEM: Typed = Typed(B::SxSmemF32, B::SxSmemBf16, B::SxSmemF16);
     pub(crate) const SX_CLUSTER: Typed = Typed(B::SxClusterF32, B::SxClusterBf16, B::SxClusterF16);
-    /// The same with the mean in its launch (the grid's last block adds the rows' losses).
-    pub(crate) const SX_SMEM_FOLD: Typed = Typed(B::SxSmemFoldF32, B::SxSmemFoldBf16, B::SxSmemFoldF16);
     /// RMSNorm (and residual add + RMSNorm) with rows in registers, forward and backward.
     pub(crate) const RMS_ROWS: Typed = Typed(B::RmsRowsF32, B::RmsRowsBf16, B::RmsRowsF16);
     pub(crate) const RMS_ROWS_BWD: Typed = Typed(B::RmsRowsBwdF32, B::RmsRowsBwdBf16, B::RmsRowsBwdF16);

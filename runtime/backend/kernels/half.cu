@@ -796,8 +796,6 @@ __device__ __forceinline__ void gr_cluster_push(float* slots, u32 rank, u32 bloc
     if (threadIdx.x == 0) slots[rank] = v;
 #endif
 }
-// The cross-entropy's empty loss slot (sx_smem_fold_t): a NaN that no arithmetic produces.
-#define SX_EMPTY 0x7fbadbadu
 // The most blocks a cluster of the cross-entropy takes (the portable cluster size).
 #define SX_CLUSTER_MAX 8
 
@@ -901,74 +899,11 @@ __device__ __forceinline__ void sx_smem_t(T* probs, float* row_loss, const T* lo
                 }
             }
         }
-        if (threadIdx.x == 0 && mine) {
-            const float v = lok ? (m + logf(s)) - xl : l == IGNORE_LABEL ? 0.0f : gr_nan();
-            // Never the fold's empty slot (sx_smem_fold_t; no arithmetic makes that NaN).
-            row_loss[r] = __float_as_uint(v) == SX_EMPTY ? gr_nan() : v;
-        }
+        if (threadIdx.x == 0 && mine) row_loss[r] = lok ? (m + logf(s)) - xl : l == IGNORE_LABEL ? 0.0f : gr_nan();
     }
     // A block with no row still arrived once; it waits so that the cluster's barrier phases
     // stay paired.
     if (CLUSTER && first) gr_cluster_wait();
-}
-
-// The cross-entropy with its mean in the same launch (sx_smem_fold_*, rows up to the device's
-// slots, ops/loss.rs): sx_smem_t's rows, their losses stored into `slots`, then the grid's last
-// block adds them. A slot holds SX_EMPTY (a NaN sx_smem_t never stores: it stores the canonical one
-// instead) until its row's block stores the loss, so the data is its own flag: no block fences or
-// counts, and the last block reads each loss as it arrives (relaxed loads at GPU scope, a batch
-// of SX_FOLD_U rows at a time), then sets the slots back to SX_EMPTY for the next launch (the
-// device keeps one set of slots; its kernels run in the stream's order). The last block is the
-// last the hardware starts, so every block it waits for is running or done. Its sums: a
-// thread's rows (i = threadIdx.x mod blockDim.x) in order, then block_sum, an order fixed by
-// the rows and the launch; the count of rows not ignored alike, read before the losses (the
-// labels are there from the start). Rounded as xent_mean_f32 rounds. The mean's own launch and
-// the gap before it were 2.3 us of the bf16 4096 x 4096 op's 30.6 (H100, op_bench).
-#define SX_FOLD_U 8
-__device__ __forceinline__ float sx_ld_relaxed(const float* p) {
-    float v;
-    asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void sx_fold_mean(float* out, float* slots, const float* labels, u32 rows) {
-    __shared__ float sh[32];
-    float s = 0.0f, n = 0.0f;
-    for (u32 i = threadIdx.x; i < rows; i += blockDim.x) n += labels[i] != IGNORE_LABEL ? 1.0f : 0.0f;
-    for (u32 base = 0; base < rows; base += SX_FOLD_U * blockDim.x) {
-        float v[SX_FOLD_U];
-#pragma unroll
-        for (u32 k = 0; k < SX_FOLD_U; ++k) {
-            const u32 i = base + threadIdx.x + k * blockDim.x;
-            v[k] = i < rows ? sx_ld_relaxed(slots + i) : 0.0f;
-        }
-        for (bool again = true; again;) {
-            again = false;
-#pragma unroll
-            for (u32 k = 0; k < SX_FOLD_U; ++k) {
-                const u32 i = base + threadIdx.x + k * blockDim.x;
-                if (i < rows && __float_as_uint(v[k]) == SX_EMPTY) {
-                    v[k] = sx_ld_relaxed(slots + i);
-                    again = true;
-                }
-            }
-        }
-#pragma unroll
-        for (u32 k = 0; k < SX_FOLD_U; ++k) {
-            const u32 i = base + threadIdx.x + k * blockDim.x;
-            if (i < rows) {
-                s += v[k];
-                slots[i] = __uint_as_float(SX_EMPTY);
-            }
-        }
-    }
-    n = block_sum(n, sh);
-    s = block_sum(s, sh);
-    if (threadIdx.x == 0) out[0] = n > 0.0f ? s * __fdiv_rn(1.0f, n) : 0.0f;
-}
-template <typename T>
-__device__ __forceinline__ void sx_smem_fold_t(T* probs, float* slots, const T* logits, const float* labels, u32 rows, u32 c, float* out) {
-    sx_smem_t<T, false>(probs, slots, logits, labels, rows, c);
-    if (blockIdx.x == gridDim.x - 1) sx_fold_mean(out, slots, labels, rows);
 }
 
 // dlogits = (probs - onehot(label)) * scale, 16 bytes a load and store where the tensors are
@@ -1035,9 +970,6 @@ extern "C" __global__ void __launch_bounds__(1024) sx_smem_bf16(bf16_t* probs, f
 extern "C" __global__ void __launch_bounds__(1024) sx_cluster_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_smem_t<bf16_t, true>(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void __launch_bounds__(1024) sx_smem_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_smem_t<f16_t, false>(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void __launch_bounds__(1024) sx_cluster_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); sx_smem_t<f16_t, true>(probs, row_loss, logits, labels, rows, c); }
-extern "C" __global__ void __launch_bounds__(1024) sx_smem_fold_f32(float* probs, float* slots, const float* logits, const float* labels, u32 rows, u32 c, float* out) { GR_PDL_ENTRY(); sx_smem_fold_t<float>(probs, slots, logits, labels, rows, c, out); }
-extern "C" __global__ void __launch_bounds__(1024) sx_smem_fold_bf16(bf16_t* probs, float* slots, const bf16_t* logits, const float* labels, u32 rows, u32 c, float* out) { GR_PDL_ENTRY(); sx_smem_fold_t<bf16_t>(probs, slots, logits, labels, rows, c, out); }
-extern "C" __global__ void __launch_bounds__(1024) sx_smem_fold_f16(f16_t* probs, float* slots, const f16_t* logits, const float* labels, u32 rows, u32 c, float* out) { GR_PDL_ENTRY(); sx_smem_fold_t<f16_t>(probs, slots, logits, labels, rows, c, out); }
 extern "C" __global__ void softmax_xent_bf16(bf16_t* probs, float* row_loss, const bf16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void softmax_xent_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void softmax_xent_bwd_bf16(bf16_t* dlogits, const bf16_t* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }
