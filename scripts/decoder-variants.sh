@@ -7,7 +7,8 @@
 # (NAME:VAR=VALUE,VAR=VALUE is the built-in kernel with those variables set: the knobs of
 # runtime/backend/cuda_decoder.rs.)
 # For each version: `gpt --decode-bench` with the one kernel at every batch (--fused-batch-limit
-# 64), and with DECODER_TESTS=1 the step tests and gpt_generate on it; with DECODER_TRACE=1 its
+# 64), and with DECODER_TESTS=1 the step tests and gpt_generate on it (DECODER_TESTS=NAME: on the
+# version NAME only, `builtin` or a file's name without .cu, to save device time); with DECODER_TRACE=1 its
 # stage trace at batches 64, 32 and 1 (bench/decoder_trace.py). With DECODER_TORCH=1,2,...
 # PyTorch's compiled decode at those batches once. Then one table of ms a token by batch and
 # version (bench/decode_variants.py). Everything goes into $OUT/decoder-variants.tgz: the
@@ -40,7 +41,7 @@ for v in "$@"; do
     --max-batch 64 --fused-batch-limit 64 --json "$work/dec_$name.json" > "$work/dec_$name.log" 2>&1
   echo "exit $?"
   limit=90
-  if [ "${DECODER_TESTS:-0}" = 1 ]; then
+  if [ "${DECODER_TESTS:-0}" = 1 ] || [ "${DECODER_TESTS:-0}" = "${name#*-}" ]; then
     say "tests on $name"
     "${src[@]}" timeout 150 gpu-bin/tests/ops_decoder_step --test-threads=1 > "$work/test_step_$name.txt" 2>&1; echo "exit $?"
     "${src[@]}" timeout 90 gpu-bin/tests/gpt_generate --test-threads=2 > "$work/test_gen_$name.txt" 2>&1; echo "exit $?"
