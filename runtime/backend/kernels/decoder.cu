@@ -217,7 +217,7 @@ __device__ __forceinline__ void fd_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
 // barrier before it arrives, so the value is the launch's base plus fewer than gridDim.x) and
 // waits, barrier after barrier, for base + gridDim.x * (barriers so far). One relaxed add an
 // arrival after a release fence, acquire polls: the writes of every block before the barrier
-// are visible to every block after it. Relaxed polls and a fence after them ran 4% to 5.3%
+// are visible to every block after it. Relaxed polls and a fence after them ran 3.8% to 5.6%
 // slower a token at every batch (H100, session 28): the fence delays each block's leave, and
 // at batch 64 it also waited for the weight copies thread 0 had just issued (fd_prefetch,
 // between arrival and wait; the copies issued by warps 1 to 7 alone took 4% off there).
