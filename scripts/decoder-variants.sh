@@ -6,7 +6,7 @@
 #   bash scripts/decoder-variants.sh [builtin] variants/a.cu variants/b.cu wpass4:GRAPHED_DECODER_WPASS=4 ...
 # (NAME:VAR=VALUE,VAR=VALUE is the built-in kernel with those variables set: the knobs of
 # runtime/backend/cuda_decoder.rs.)
-# For each version: `gpt --decode-bench` with the one kernel at every batch (--fused-batch-limit
+# DECODER_REPEAT=1 adds a last run of the first version. For each version: `gpt --decode-bench` with the one kernel at every batch (--fused-batch-limit
 # 64), and with DECODER_TESTS=1 the step tests and gpt_generate on it (DECODER_TESTS=NAME: on the
 # version NAME only, `builtin` or a file's name without .cu, to save device time); with DECODER_TRACE=1 its
 # stage trace at batches 64, 32 and 1 (bench/decoder_trace.py). With DECODER_TORCH=1,2,...
@@ -28,6 +28,11 @@ pack() {
 }
 limit=150
 n=0
+# DECODER_REPEAT=1 runs the first version once more at the end: a call's own measure of run
+# order and drift, since every ratio in the table is against the first (session 29, call 4: every
+# version ran 2% to 4.5% slower than the first at batches 1 to 4, one of them differing only in a
+# constant on that path, and the call had no second run of the first to tell drift from code).
+[ "${DECODER_REPEAT:-0}" = 1 ] && [ $# -gt 0 ] && set -- "$@" "$1"
 for v in "$@"; do
   n=$((n + 1))
   if [[ "$v" == *:* ]]; then
