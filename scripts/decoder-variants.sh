@@ -6,14 +6,16 @@
 #   bash scripts/decoder-variants.sh [builtin] variants/a.cu variants/b.cu wpass4:GRAPHED_DECODER_WPASS=4 ...
 # (NAME:VAR=VALUE,VAR=VALUE is the built-in kernel with those variables set: the knobs of
 # runtime/backend/cuda_decoder.rs.)
-# DECODER_REPEAT=1 adds a last run of the first version. For each version: `gpt --decode-bench` with the one kernel at every batch (--fused-batch-limit
-# 64), and with DECODER_TESTS=1 the step tests and gpt_generate on it (DECODER_TESTS=NAME: on the
-# version NAME only, `builtin` or a file's name without .cu, to save device time); with DECODER_TRACE=1 its
-# stage trace at batches 64, 32 and 1 (bench/decoder_trace.py). With DECODER_TORCH=1,2,...
-# PyTorch's compiled decode at those batches once. Then one table of ms a token by batch and
-# version (bench/decode_variants.py). Everything goes into $OUT/decoder-variants.tgz: the
-# device tool brings back at most 8 files. The first version's first run compiles the kernel
-# and cuBLAS's plans on a fresh machine: its time limit is 150 s, the others' 90 s.
+# For each version: `gpt --decode-bench` with the one kernel at every batch (--fused-batch-limit
+# 64), and with DECODER_TESTS=1 the step tests and gpt_generate on it (DECODER_TESTS=NAME: on
+# the version NAME only, `builtin` or a file's name without .cu, to save device time); with
+# DECODER_TRACE=1 its stage trace at batches 64, 32 and 1 (bench/decoder_trace.py). With
+# DECODER_TORCH=1,2,... PyTorch's compiled decode at those batches once. Then one table of ms a
+# token by batch and version (bench/decode_variants.py). DECODER_REPEAT=1 times the first version
+# once more at the end (its benchmark only: no tests or trace a second time). Everything goes
+# into $OUT/decoder-variants.tgz: the device tool brings back at most 8 files. The first
+# version's first run compiles the kernel and cuBLAS's plans on a fresh machine: its time limit
+# is 150 s, the others' 90 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
@@ -32,7 +34,8 @@ n=0
 # order and drift, since every ratio in the table is against the first (session 29, call 4: every
 # version ran 2% to 4.5% slower than the first at batches 1 to 4, one of them differing only in a
 # constant on that path, and the call had no second run of the first to tell drift from code).
-[ "${DECODER_REPEAT:-0}" = 1 ] && [ $# -gt 0 ] && set -- "$@" "$1"
+repeat=0
+[ "${DECODER_REPEAT:-0}" = 1 ] && [ $# -gt 0 ] && { set -- "$@" "$1"; repeat=$#; }
 for v in "$@"; do
   n=$((n + 1))
   if [[ "$v" == *:* ]]; then
@@ -46,6 +49,7 @@ for v in "$@"; do
     --max-batch 64 --fused-batch-limit 64 --json "$work/dec_$name.json" > "$work/dec_$name.log" 2>&1
   echo "exit $?"
   limit=90
+  [ "$n" = "$repeat" ] && { pack; continue; }  # the repeat: its benchmark only
   if [ "${DECODER_TESTS:-0}" = 1 ] || [ "${DECODER_TESTS:-0}" = "${name#*-}" ]; then
     say "tests on $name"
     "${src[@]}" timeout 150 gpu-bin/tests/ops_decoder_step --test-threads=1 > "$work/test_step_$name.txt" 2>&1; echo "exit $?"

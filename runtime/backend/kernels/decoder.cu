@@ -1350,9 +1350,9 @@ template <bool LOCAL> struct FdResidSum {
 // (warp 0's thread 0 polls the barrier) between a barrier's arrival and its wait, so that a
 // layer's first stage does not start with two dependent round trips to memory. No block writes
 // a layer's lengths before that layer's attention stage; sh.len is read in the q/k/v and
-// attention stages, sh.layer at a layer's start (past the barrier's block barrier). On the H100 (session
-// 28) this alone took 2.4% off a token at batch 1 and 1.6% at 64; with fd_wait's acquire
-// polls, the q/k/v stage's inputs at batch 1 went from 1.78 us to 1.23.
+// attention stages, sh.layer at a layer's start (past the barrier's block barrier). On the
+// H100 (session 28) this alone took 2.4% off a token at batch 1 and 1.6% at 64; with fd_wait's
+// acquire polls, the q/k/v stage's inputs at batch 1 went from 1.78 us to 1.23.
 static_assert(FD_MT * 16 + 32 <= FD_THREADS && sizeof(FdLayer) % 8 == 0, "fd_next_layer's threads");
 __device__ __forceinline__ void fd_next_layer(FdShared& sh, const FdLayer* layers, u32 li, u32 batch) {
     const u32 t = threadIdx.x - 32;
