@@ -126,6 +126,44 @@ fn rms_norm_matches_reference_and_finite_differences() {
     });
 }
 
+/// The bf16 RMSNorm backward with more row groups than the grid's blocks (on sm_90 the ring
+/// kernel in thread block clusters, whose blocks add their gamma-grad partials through
+/// distributed shared memory: `rms_ring_bwd_cl_bf16`) against the reference, the gamma grad
+/// accumulated into an f32 grad; two runs give the same bits, and a replay the eager bits.
+#[test]
+fn rms_norm_bf16_backward_over_many_blocks_matches_reference() {
+    on_each_backend(|dev| {
+        for (i, &(n, d)) in [(1200usize, 1000usize), (4096, 512), (600, 4096), (77, 96)].iter().enumerate() {
+            let seed = 1300 + 10 * i as u64;
+            let what = format!("bf16 rms_norm_backward {n}x{d}");
+            let xv: Vec<f32> = random_vec(n * d, seed).into_iter().map(|v| 3.0 * v + 0.7).collect();
+            let x = Tensor::from_slice_as(dev, &xv, &[n, d], DType::BF16)?;
+            let g = Tensor::from_slice_as(dev, &random_vec(d, seed + 1), &[d], DType::BF16)?;
+            let dy = Tensor::from_slice_as(dev, &random_vec(n * d, seed + 2), &[n, d], DType::BF16)?;
+            let (_, rstd) = ops::rms_norm(&x, &g, EPS)?;
+            let g0 = random_vec(d, seed + 3);
+            let run = || -> Result<(Tensor, Tensor)> {
+                let dg = Tensor::from_slice(dev, &g0, &[d])?;
+                Ok((ops::rms_norm_backward(&dy, &x, &g, &rstd, &dg)?, dg))
+            };
+            let (dx, dg) = run()?;
+            let mut rdg = g0.clone();
+            let rdx = cpu::rms_norm_backward(&dy.to_vec()?, &x.to_vec()?, &g.to_vec()?, &rstd.to_vec()?, d, &mut rdg);
+            let rdx: Vec<f32> = rdx.iter().map(|v| DType::BF16.round(*v)).collect();
+            check_ref(dev, &format!("{what} dx"), &dx.to_vec()?, &rdx, 1e-2)?;
+            check_ref(dev, &format!("{what} dgamma"), &dg.to_vec()?, &rdg, TOL)?;
+            let (dx2, dg2) = run()?;
+            bitwise_eq(&format!("{what} dx, run twice"), &dx2.to_vec()?, &dx.to_vec()?)?;
+            bitwise_eq(&format!("{what} dgamma, run twice"), &dg2.to_vec()?, &dg.to_vec()?)?;
+            eager_vs_replay(dev, || {
+                let dg = Tensor::zeros(dev, &[d])?;
+                Ok(vec![ops::rms_norm_backward(&dy, &x, &g, &rstd, &dg)?, dg])
+            })?;
+        }
+        Ok(())
+    });
+}
+
 /// bf16 rows of 8 KB and more (on CUDA the row in shared memory, `rms_smem_bf16`), plain and with
 /// the residual add, against the reference within bf16's rounding, graphed equal to eager; (2,
 /// 4100) is not whole 16-byte words and takes the register kernel.

@@ -182,9 +182,12 @@ pub(crate) struct CudaBackend {
     /// (`BuiltinKernel::ALL` order; see [`opt_in_dynamic_shared`]).
     dynamic_limits: Vec<usize>,
     /// The most blocks a cluster of each built-in kernel may take with its most dynamic shared
-    /// memory and 1,024 threads a block (`BuiltinKernel::ALL` order; 1 for the kernels that
+    /// memory and its most threads a block (`BuiltinKernel::ALL` order; 1 for the kernels that
     /// do not launch in clusters, and below sm_90; see [`cluster_limit`]).
     cluster_limits: Vec<u32>,
+    /// [`CudaBackend::resident_clusters`]'s answers: (kernel, threads a block, dynamic shared
+    /// bytes, blocks a cluster) and the clusters resident at once.
+    resident: Mutex<Vec<(ClusterShape, u32)>>,
     /// Multiprocessors: kernels whose tiles depend on how full the GPU is ask for it.
     pub(crate) sm_count: usize,
     pub(crate) gate: Arc<StreamGate>,
@@ -201,6 +204,10 @@ impl std::fmt::Debug for CudaBackend {
         write!(f, "CudaBackend({})", self.name)
     }
 }
+
+/// A launch shape in clusters: the kernel, threads a block, dynamic shared bytes a block and
+/// blocks a cluster.
+type ClusterShape = (BuiltinKernel, u32, u32, u32);
 
 /// How `CudaBackend::launch_with` launches a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,16 +282,16 @@ fn cluster_attribute(blocks: u32) -> sys::CUlaunchAttribute {
 }
 
 /// The most blocks (up to the portable 8) a cluster of `f` may take with `shared` bytes of
-/// dynamic shared memory and 1,024 threads a block, as the driver's occupancy calculator
+/// dynamic shared memory and `threads` threads a block (the most it launches with), as the driver's occupancy calculator
 /// (`cuOccupancyMaxActiveClusters`) finds at least one such cluster resident; 1 when it finds
 /// none or refuses. Asked once, when the device opens: a launch never asks for more.
 /// `GRAPHED_CLUSTER_DEBUG=1` prints each answer.
-fn cluster_limit(f: &CudaFunction, shared: usize, stream: sys::CUstream) -> u32 {
+fn cluster_limit(f: &CudaFunction, threads: u32, shared: usize, stream: sys::CUstream) -> u32 {
     (2..=8u32)
         .rev()
         .find(|&blocks| {
             let (r, clusters) =
-                active_clusters(f, blocks, 1024, shared as u32, stream, Some(cluster_attribute(blocks)));
+                active_clusters(f, blocks, threads, shared as u32, stream, Some(cluster_attribute(blocks)));
             if std::env::var_os("GRAPHED_CLUSTER_DEBUG").is_some() {
                 eprintln!("graphed: {blocks} blocks a cluster, {shared} B shared a block: {r:?}, {clusters} resident");
             }
@@ -409,14 +416,17 @@ impl CudaBackend {
                 opt_in_dynamic_shared(f, big, max_shared_optin)
             })
             .collect::<Vec<_>>();
-        // The cross-entropy splits a row past one block's shared memory over a cluster.
+        // The cross-entropy splits a row past one block's shared memory over a cluster; the
+        // RMSNorm backward adds its gamma-grad partials a cluster at a time.
         let cluster_limits = BuiltinKernel::ALL
             .iter()
             .zip(&functions)
             .zip(&dynamic_limits)
             .map(|((k, f), &shared)| {
                 if major >= 9 && k.name().starts_with("sx_cluster") {
-                    cluster_limit(f, shared, stream.cu_stream())
+                    cluster_limit(f, 1024, shared, stream.cu_stream())
+                } else if major >= 9 && *k == BuiltinKernel::RmsRingBwdClBf16 {
+                    cluster_limit(f, RowTiles::CHOSEN.bwd.1 as u32, shared, stream.cu_stream())
                 } else {
                     1
                 }
@@ -466,6 +476,7 @@ impl CudaBackend {
             max_shared_optin,
             dynamic_limits,
             cluster_limits,
+            resident: Mutex::new(Vec::new()),
             sm_count,
             gate,
             drop_errors,
@@ -488,6 +499,26 @@ impl CudaBackend {
     /// The most blocks a cluster of `kernel` may take (1: it does not launch in clusters).
     pub(crate) fn cluster_limit(&self, kernel: BuiltinKernel) -> u32 {
         self.cluster_limits[kernel as usize]
+    }
+
+    /// How many clusters of `blocks` blocks of `kernel`, each of `dims`'s threads and dynamic
+    /// shared memory, are resident at once (`cuOccupancyMaxActiveClusters`, asked once a shape;
+    /// 0 where the driver refuses the shape). A grid-stride kernel launched in clusters sizes its
+    /// grid by it, so that no cluster waits for a second wave.
+    pub(crate) fn resident_clusters(&self, kernel: BuiltinKernel, dims: LaunchDims, blocks: u32) -> Result<u32> {
+        let threads = dims.block.0 * dims.block.1 * dims.block.2;
+        let key = (kernel, threads, dims.shared, blocks);
+        let mut seen = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, n)) = seen.iter().find(|(k, _)| *k == key) {
+            return Ok(n);
+        }
+        self.bind()?;
+        let f = &self.functions[kernel as usize];
+        let (r, n) =
+            active_clusters(f, blocks, threads, dims.shared, self.stream.cu_stream(), Some(cluster_attribute(blocks)));
+        let n = if r == sys::CUresult::CUDA_SUCCESS { n.max(0) as u32 } else { 0 };
+        seen.push((key, n));
+        Ok(n)
     }
 
     /// The cuBLAS handle, locked for one call.

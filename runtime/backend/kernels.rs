@@ -237,6 +237,8 @@ kernels! {
     // the runtime launches them unless GRAPHED_ROW_RING=0: RowTiles::ring).
     RmsRingBf16 = "rms_ring_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
     RmsRingBwdBf16 = "rms_ring_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    // The ring backward in thread block clusters (sm_90): one row of partials a cluster.
+    RmsRingBwdClBf16 = "rms_ring_bwd_cl_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     LnRowsF32 = "ln_rows_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
     LnRowsBf16 = "ln_rows_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
     LnRowsF16 = "ln_rows_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
@@ -432,8 +434,6 @@ pub(crate) struct RowTiles {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowLaunch {
     pub(crate) dims: super::LaunchDims,
-    /// Blocks in the grid (the backward's partial rows).
-    pub(crate) blocks: usize,
 }
 
 impl RowTiles {
@@ -457,7 +457,7 @@ impl RowTiles {
         let rpb = (threads / tpr).max(1);
         let blocks = rows.div_ceil(rpb).clamp(1, max_blocks);
         let dims = super::LaunchDims { grid: (blocks as u32, 1, 1), block: (tpr as u32, rpb as u32, 1), shared: 0 };
-        RowLaunch { dims: super::LaunchDims { shared: (shared * tpr * rpb) as u32, ..dims }, blocks }
+        RowLaunch { dims: super::LaunchDims { shared: (shared * tpr * rpb) as u32, ..dims } }
     }
 
     /// The forward's launch over `rows` rows of `d` values of `elem` bytes, if the row fits.
@@ -492,6 +492,20 @@ impl RowTiles {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *ON.get_or_init(|| std::env::var("GRAPHED_ROW_RING").map_or(true, |v| v != "0"))
     }
+
+    /// Blocks a cluster of the ring backward on sm_90 (`rms_ring_bwd_cl_bf16`: the blocks of a
+    /// cluster add their gamma-grad partials through distributed shared memory, so the second
+    /// kernel adds a row a cluster instead of a row a block); 1 launches `rms_ring_bwd_bf16`
+    /// without clusters. `GRAPHED_RMS_BWD_CLUSTER=n` overrides it, for measurements.
+    pub(crate) fn bwd_cluster() -> usize {
+        static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *N.get_or_init(|| {
+            std::env::var("GRAPHED_RMS_BWD_CLUSTER").ok().and_then(|v| v.parse().ok()).unwrap_or(Self::BWD_CLUSTER)
+        })
+    }
+
+    /// [`RowTiles::bwd_cluster`]'s default.
+    pub(crate) const BWD_CLUSTER: usize = 1;
 
     /// The ring forward's launch: `l`'s grid and block, with `RING_SLOTS` slots of the block's
     /// rows of `d` values of `elem` bytes (and the residual's with `add`) as dynamic shared memory.

@@ -266,6 +266,26 @@ fn row_kernel(
     }
 }
 
+/// The ring backward in clusters of [`RowTiles::bwd_cluster`] blocks where `kernel` is the ring
+/// form and the device launches such clusters (sm_90): the grid becomes as many whole clusters
+/// as `dims`'s blocks hold and as are resident at once (a grid-stride kernel: no cluster waits
+/// for a second wave). Returns the kernel, its launch and the blocks a cluster (1: as given).
+fn ring_bwd_clusters(c: &CudaBackend, kernel: B, dims: LaunchDims) -> Result<(B, LaunchDims, u32)> {
+    let (cl, n) = (B::RmsRingBwdClBf16, RowTiles::bwd_cluster() as u32);
+    if kernel != B::RmsRingBwdBf16
+        || n <= 1
+        || c.cluster_limit(cl) < n
+        || dims.shared as usize > c.dynamic_shared_limit(cl)
+    {
+        return Ok((kernel, dims, 1));
+    }
+    let clusters = (dims.grid.0 / n).min(c.resident_clusters(cl, dims, n)?);
+    if clusters == 0 {
+        return Ok((kernel, dims, 1));
+    }
+    Ok((cl, LaunchDims { grid: (clusters * n, 1, 1), ..dims }, n))
+}
+
 /// Rows of at least this many bytes take RMSNorm's row in shared memory (`rms_smem_bf16`): on
 /// the H100 (bench/row_sweep.py, 2026-12-06) it ran 4096 x 4096 at 1.15x of the bandwidth floor
 /// against the ring's 1.26x, and 1.04x with the residual add; at 1,024 values a row (2 KB) it
@@ -496,17 +516,19 @@ fn rms_norm_rows_backward(
             let (partial, chunks) = match RowTiles::CHOSEN.bwd_launch(rows, d, dtype.size()) {
                 // dx and each block's partial gamma grad in one pass over dy and x.
                 Some(l) => {
-                    let partial = Tensor::empty(x.device(), &[l.blocks, d])?;
-                    let gp = KArg::Ptr(gamma.cuda_ptr()?);
-                    let args =
-                        [KArg::Ptr(dx.cuda_ptr()?), KArg::Ptr(partial.cuda_ptr()?), dyp, dsp, xp, gp, rp, r32, d32];
                     let ring = (B::RmsRingBwdBf16, RowTiles::ring_bwd(l, d, dtype.size(), dsum.is_some()));
                     let dsum_at = dsum.map_or(Ok(0), |t| t.cuda_ptr())?;
                     let at = [dx.cuda_ptr()?, dy.cuda_ptr()?, dsum_at, x.cuda_ptr()?, gamma.cuda_ptr()?];
                     let words = ring_words(d, dtype.size(), &at);
                     let (kernel, dims) = row_kernel(c, dtype, (k::RMS_ROWS_BWD.get(dtype), l.dims), ring, words);
-                    c.launch(kernel, dims, &args)?;
-                    (partial, l.blocks)
+                    let (kernel, dims, cluster) = ring_bwd_clusters(c, kernel, dims)?;
+                    let chunks = (dims.grid.0 / cluster) as usize;
+                    let partial = Tensor::empty(x.device(), &[chunks, d])?;
+                    let gp = KArg::Ptr(gamma.cuda_ptr()?);
+                    let args =
+                        [KArg::Ptr(dx.cuda_ptr()?), KArg::Ptr(partial.cuda_ptr()?), dyp, dsp, xp, gp, rp, r32, d32];
+                    c.launch_in_clusters(kernel, dims, &args, cluster)?;
+                    (partial, chunks)
                 }
                 // Rows too wide to hold in registers: one warp a row for dx, then partial sums of
                 // row chunks for the gamma grad.

@@ -796,6 +796,20 @@ __device__ __forceinline__ void gr_cluster_push(float* slots, u32 rank, u32 bloc
     if (threadIdx.x == 0) slots[rank] = v;
 #endif
 }
+// Four f32 values at `local` (this block's shared memory address) in block `block` of the
+// cluster (mapa, then one 16-byte distributed shared memory load); below sm_90 this block's own.
+__device__ __forceinline__ float4 gr_cluster_ld4(const float* local, u32 block) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((u32)__cvta_generic_to_shared(local)), "r"(block));
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+    return v;
+#else
+    (void)block;
+    return *reinterpret_cast<const float4*>(local);
+#endif
+}
 // The most blocks a cluster of the cross-entropy takes (the portable cluster size).
 #define SX_CLUSTER_MAX 8
 

@@ -596,6 +596,49 @@ __device__ __forceinline__ void rn_write_partials(const float (&acc)[V * W], flo
     }
 }
 
+// rn_write_partials for a launch in thread block clusters (rms_ring_bwd_cl; sm_90): each block
+// adds its rows as rn_write_partials does, into its own shared memory (`row`, d floats, 16-byte
+// aligned; d a multiple of 4), then block `rank` adds the cluster's rows for its share of the
+// columns (whole 16-byte words), block by block in rank order, through distributed shared
+// memory, and writes them to partial[blockIdx.x / blocks, :]. So the partials are one row a
+// cluster, not one a block, and their sums keep a fixed order: the weight grad stays
+// deterministic. Every block of the cluster calls it (two cluster barriers).
+template <u32 V, u32 W>
+__device__ __forceinline__ void rn_cluster_partials(const float (&acc)[V * W], float* partial, u32 d, float* row) {
+    const u32 tpr = blockDim.x, rpb = blockDim.y, lin = threadIdx.y * tpr + threadIdx.x, nt = tpr * rpb;
+#pragma unroll
+    for (u32 i = 0; i < V; ++i) {
+        __syncthreads();
+#pragma unroll
+        for (u32 k = 0; k < W; ++k) gr_row_smem[lin * W + k] = acc[i * W + k];
+        __syncthreads();
+        for (u32 e = lin; e < tpr * W; e += nt) {
+            float t = 0.0f;
+            for (u32 j = 0; j < rpb; ++j) t += gr_row_smem[j * tpr * W + e];
+            const u32 c = (e / W + i * tpr) * W + e % W;
+            if (c < d) row[c] = t;
+        }
+    }
+    const GrCluster cl = gr_cluster();
+    gr_cluster_sync();
+    const u32 quads = d / 4, share = (quads + cl.blocks - 1) / cl.blocks;
+    const u32 q1 = min(quads, (cl.rank + 1) * share);
+    float4* out = reinterpret_cast<float4*>(partial + (u64)(blockIdx.x / cl.blocks) * d);
+    for (u32 q = cl.rank * share + lin; q < q1; q += nt) {
+        float4 t = gr_cluster_ld4(row + 4 * q, 0);
+        for (u32 b = 1; b < cl.blocks; ++b) {
+            const float4 v = gr_cluster_ld4(row + 4 * q, b);
+            t.x += v.x;
+            t.y += v.y;
+            t.z += v.z;
+            t.w += v.w;
+        }
+        out[q] = t;
+    }
+    // No block leaves while another still reads its shared memory.
+    gr_cluster_sync();
+}
+
 // dx = rstd * (g - xhat * mean(g * xhat)) (+ dsum, after rounding that to T, when dsum is not
 // null), g = dy * gamma, xhat = x * rstd; and partial[blockIdx.x, :] = sum over the block's rows
 // of dy * xhat: each thread adds its rows in order in registers, then the block adds its rows
@@ -747,7 +790,7 @@ __device__ __forceinline__ void rms_smem_t(T* y, float* rstd_out, T* sum_out, co
 // gamma grad's sums in registers. The same threads, sums and roundings as rms_rows_bwd_t: the
 // same bits. Dynamic shared memory: the partials' reduction (blockDim.x * blockDim.y * W floats,
 // as rms_rows_bwd_t), then RN_RING slots of dy's, x's (and dsum's) rows and one rstd a thread.
-template <typename T>
+template <typename T, bool CLUSTER>
 __device__ __forceinline__ void rms_ring_bwd_t(T* dx, float* partial, const T* dy, const T* dsum, const T* x, const T* gamma, const float* rstd, u32 rows, u32 d) {
     constexpr u32 W = 16 / sizeof(T);
     constexpr u32 V = RN_BWD_VPT;
@@ -842,7 +885,10 @@ __device__ __forceinline__ void rms_ring_bwd_t(T* dx, float* partial, const T* d
         slot = (slot + 1) % RN_RING;
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
-    rn_write_partials<V, W>(acc, partial, d, true);
+    // In clusters the ring's room (at least 4 * d bytes: two slots of dy's and x's rows) holds
+    // the block's partial row once the groups are done.
+    if (CLUSTER) rn_cluster_partials<V, W>(acc, partial, d, reinterpret_cast<float*>(ring));
+    else rn_write_partials<V, W>(acc, partial, d, true);
 }
 
 // ---------------------------------------------------------------- layer norm and softmax rows
@@ -1278,7 +1324,9 @@ extern "C" __global__ void attn_bwd_scores_f16(f16_t* p, f16_t* ds, const float*
 extern "C" __global__ void rms_rows_f32(float* y, float* rstd_out, float* sum_out, const float* x, const float* res, const float* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_rows_bwd_f32(float* dx, float* partial, const float* dy, const float* dsum, const float* x, const float* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 extern "C" __global__ void rms_rows_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
-extern "C" __global__ void rms_ring_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_ring_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
+extern "C" __global__ void rms_ring_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_ring_bwd_t<bf16_t, false>(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
+// The same in thread block clusters (sm_90): one row of gamma-grad partials a cluster.
+extern "C" __global__ void rms_ring_bwd_cl_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_ring_bwd_t<bf16_t, true>(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 extern "C" __global__ void __launch_bounds__(1024) rms_smem_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_smem_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_ring_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_ring_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_rows_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
