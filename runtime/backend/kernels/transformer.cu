@@ -575,11 +575,11 @@ __device__ __forceinline__ void rms_ring_t(T* y, float* rstd_out, T* sum_out, co
     asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-// The RMSNorm backward's gamma-grad partials: partial[blockIdx.x, :] = the block's rows' sums
-// (acc: this thread's V x W, as its words' columns), added in row order (threadIdx.y) through
-// gr_row_smem, one word of each thread at a time.
+// The RMSNorm backward's gamma-grad partials: out[0..d] (the block's row of partials, in global
+// or shared memory) = the block's rows' sums (acc: this thread's V x W, as its words' columns),
+// added in row order (threadIdx.y) through gr_row_smem, one word of each thread at a time.
 template <u32 V, u32 W>
-__device__ __forceinline__ void rn_write_partials(const float (&acc)[V * W], float* partial, u32 d, bool vec) {
+__device__ __forceinline__ void rn_write_partials(const float (&acc)[V * W], float* out, u32 d, bool vec) {
     const u32 tpr = blockDim.x, rpb = blockDim.y, lin = threadIdx.y * tpr + threadIdx.x;
 #pragma unroll
     for (u32 i = 0; i < V; ++i) {
@@ -591,7 +591,7 @@ __device__ __forceinline__ void rn_write_partials(const float (&acc)[V * W], flo
             float t = 0.0f;
             for (u32 j = 0; j < rpb; ++j) t += gr_row_smem[j * tpr * W + e];
             const u32 c = vec ? (e / W + i * tpr) * W + e % W : e / W + (i * W + e % W) * tpr;
-            if (c < d) partial[(u64)blockIdx.x * d + c] = t;
+            if (c < d) out[c] = t;
         }
     }
 }
@@ -605,20 +605,8 @@ __device__ __forceinline__ void rn_write_partials(const float (&acc)[V * W], flo
 // deterministic. Every block of the cluster calls it (two cluster barriers).
 template <u32 V, u32 W>
 __device__ __forceinline__ void rn_cluster_partials(const float (&acc)[V * W], float* partial, u32 d, float* row) {
-    const u32 tpr = blockDim.x, rpb = blockDim.y, lin = threadIdx.y * tpr + threadIdx.x, nt = tpr * rpb;
-#pragma unroll
-    for (u32 i = 0; i < V; ++i) {
-        __syncthreads();
-#pragma unroll
-        for (u32 k = 0; k < W; ++k) gr_row_smem[lin * W + k] = acc[i * W + k];
-        __syncthreads();
-        for (u32 e = lin; e < tpr * W; e += nt) {
-            float t = 0.0f;
-            for (u32 j = 0; j < rpb; ++j) t += gr_row_smem[j * tpr * W + e];
-            const u32 c = (e / W + i * tpr) * W + e % W;
-            if (c < d) row[c] = t;
-        }
-    }
+    const u32 lin = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+    rn_write_partials<V, W>(acc, row, d, true);
     const GrCluster cl = gr_cluster();
     gr_cluster_sync();
     const u32 quads = d / 4, share = (quads + cl.blocks - 1) / cl.blocks;
@@ -719,7 +707,7 @@ __device__ __forceinline__ void rms_rows_bwd_t(T* dx, float* partial, const T* d
         }
         if (ok) rn_store(dx + r * d, px, d, vec);
     }
-    rn_write_partials<V, W>(acc, partial, d, vec);
+    rn_write_partials<V, W>(acc, partial + (u64)blockIdx.x * d, d, vec);
 }
 
 // RMSNorm forward (and residual add + RMSNorm) with the row in shared memory, as the
@@ -888,7 +876,7 @@ __device__ __forceinline__ void rms_ring_bwd_t(T* dx, float* partial, const T* d
     // In clusters the ring's room (at least 4 * d bytes: two slots of dy's and x's rows) holds
     // the block's partial row once the groups are done.
     if (CLUSTER) rn_cluster_partials<V, W>(acc, partial, d, reinterpret_cast<float*>(ring));
-    else rn_write_partials<V, W>(acc, partial, d, true);
+    else rn_write_partials<V, W>(acc, partial + (u64)blockIdx.x * d, d, true);
 }
 
 // ---------------------------------------------------------------- layer norm and softmax rows
