@@ -126,10 +126,11 @@ fn rms_norm_matches_reference_and_finite_differences() {
     });
 }
 
-/// The bf16 RMSNorm backward with more row groups than the grid's blocks (on sm_90 the ring
-/// kernel in thread block clusters, whose blocks add their gamma-grad partials through
-/// distributed shared memory: `rms_ring_bwd_cl_bf16`) against the reference, the gamma grad
-/// accumulated into an f32 grad; two runs give the same bits, and a replay the eager bits.
+/// The bf16 RMSNorm backward with more row groups than the grid's blocks against the reference,
+/// the gamma grad accumulated into an f32 grad; two runs give the same bits, and a replay the
+/// eager bits. On CUDA this is the plain ring kernel by default; with
+/// `GRAPHED_RMS_BWD_CLUSTER=8` on sm_90 (as `scripts/rms-bwd-cluster.sh` runs it) the cluster
+/// form, `rms_ring_bwd_cl_bf16`, whose blocks add their partials in distributed shared memory.
 #[test]
 fn rms_norm_bf16_backward_over_many_blocks_matches_reference() {
     on_each_backend(|dev| {

@@ -282,9 +282,9 @@ fn cluster_attribute(blocks: u32) -> sys::CUlaunchAttribute {
 }
 
 /// The most blocks (up to the portable 8) a cluster of `f` may take with `shared` bytes of
-/// dynamic shared memory and `threads` threads a block (the most it launches with), as the driver's occupancy calculator
-/// (`cuOccupancyMaxActiveClusters`) finds at least one such cluster resident; 1 when it finds
-/// none or refuses. Asked once, when the device opens: a launch never asks for more.
+/// dynamic shared memory and `threads` threads a block (the most it launches with), as the
+/// driver's occupancy calculator (`cuOccupancyMaxActiveClusters`) finds at least one such
+/// cluster resident; 1 when it finds none or refuses. Asked once, when the device opens: a launch never asks for more.
 /// `GRAPHED_CLUSTER_DEBUG=1` prints each answer.
 fn cluster_limit(f: &CudaFunction, threads: u32, shared: usize, stream: sys::CUstream) -> u32 {
     (2..=8u32)
@@ -417,7 +417,8 @@ impl CudaBackend {
             })
             .collect::<Vec<_>>();
         // The cross-entropy splits a row past one block's shared memory over a cluster; the
-        // RMSNorm backward adds its gamma-grad partials a cluster at a time.
+        // RMSNorm backward adds its gamma-grad partials a cluster at a time where it is asked
+        // to (RowTiles::bwd_cluster: otherwise nothing is asked of the driver for it).
         let cluster_limits = BuiltinKernel::ALL
             .iter()
             .zip(&functions)
@@ -425,7 +426,7 @@ impl CudaBackend {
             .map(|((k, f), &shared)| {
                 if major >= 9 && k.name().starts_with("sx_cluster") {
                     cluster_limit(f, 1024, shared, stream.cu_stream())
-                } else if major >= 9 && *k == BuiltinKernel::RmsRingBwdClBf16 {
+                } else if major >= 9 && *k == BuiltinKernel::RmsRingBwdClBf16 && RowTiles::bwd_cluster() > 1 {
                     cluster_limit(f, RowTiles::CHOSEN.bwd.1 as u32, shared, stream.cu_stream())
                 } else {
                     1

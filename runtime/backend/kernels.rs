@@ -496,7 +496,10 @@ impl RowTiles {
     /// Blocks a cluster of the ring backward on sm_90 (`rms_ring_bwd_cl_bf16`: the blocks of a
     /// cluster add their gamma-grad partials through distributed shared memory, so the second
     /// kernel adds a row a cluster instead of a row a block); 1 launches `rms_ring_bwd_bf16`
-    /// without clusters. `GRAPHED_RMS_BWD_CLUSTER=n` overrides it, for measurements.
+    /// without clusters. `GRAPHED_RMS_BWD_CLUSTER=n` overrides it, for measurements; where the
+    /// device cannot launch `n` blocks a cluster (below sm_90, past its cluster limit) or the
+    /// rows fill fewer than `n` blocks, the plain kernel runs (`ring_bwd_clusters` in
+    /// ops/transformer.rs), and a value that is not a number is the default.
     pub(crate) fn bwd_cluster() -> usize {
         static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
         *N.get_or_init(|| {
