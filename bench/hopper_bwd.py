@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""The Hopper attention backward experiment (bench/hopper_bwd.cu) on the GPU machine:
+wgmma layout tests, correctness against a float32 reference and the portable kernels, bitwise
+reproducibility, and time at the GPT's attention shapes next to the portable backward and
+PyTorch's SDPA backward (cuDNN, FlashAttention-2) in the same run.
+
+Compiles the runtime's core.cu, ops.cu, half.cu and flash.cu with bench/hopper_bwd.cu appended,
+for sm_90a (wgmma needs the architecture-specific target), once per dQ order (HB_ORDER 0: the
+last key tile adds first, blocks numbered from the last key tile; 1: the first key tile first).
+
+Checks, each a line with OK or FAIL:
+- the three wgmma operand forms the kernel uses (K-major x K-major, registers x N-major,
+  M-major x N-major) against torch matmul, exact to float32 rounding;
+- dq, dk, dv against flash_sweep's float32 reference (relative error < 2e-2, and beside the
+  portable kernels' own error on the same inputs), at short, odd, grouped-query and causal
+  shapes in bf16 and f16;
+- two runs give the same bits, no block gave up waiting for its turn, and the turn counters are
+  back at zero.
+
+Timing (CUDA-event medians): our backward (the dsum kernel and the one-pass kernel), the portable
+backward (dsum, dK/dV, dQ), PyTorch's SDPA backward through autograd with the cuDNN and the
+FlashAttention backends, at batch x seq 16 x 256, 4 x 1024, 1 x 4096 (8 heads of 64, causal:
+the GPT's) and 4 x 4096 x 16 heads; TFLOP/s counts five products (FlashAttention's convention).
+
+    python3 bench/hopper_bwd.py [--quick] [--out DIR]
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import cupy as cp
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flash_sweep as fs  # noqa: E402
+from attention_timing import flops, median_ms  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SMEM = 118784 + 2048  # HB_SMEM in hopper_bwd.cu
+
+
+class Hopper:
+    def __init__(self, order):
+        self.order = order
+        src = fs.source() + "\n" + open(os.path.join(HERE, "hopper_bwd.cu")).read()
+        defs = tuple(f"-DFA_{k}={v[0][0]},{v[0][1]},{v[0][2]}" for k, v in fs.SWEEP.items())
+        t0 = time.time()
+        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_ORDER={order}") + defs)
+        self.fn = {}
+        for name in ("hb_bwd_bf16_d64", "hb_bwd_f16_d64", "hb_layout_test"):
+            f = self.mod.get_function(name)
+            f.max_dynamic_shared_size_bytes = SMEM
+            self.fn[name] = f
+        self.compile_s = time.time() - t0
+        self.err = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.sem = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
+        self.acc = torch.empty(0, dtype=torch.float32, device="cuda")
+
+    def regs(self, name):
+        f = self.fn[name]
+        return f.num_regs, f.local_size_bytes
+
+    def bwd(self, dout, q, k, v, out, lse, heads, kv_heads, causal, dsum=None):
+        b, s, w = q.shape
+        d = w // heads
+        assert d == 64
+        name = fs.dt_name(q.dtype)
+        if dsum is None:
+            dsum = torch.empty((b, heads, s), device=q.device, dtype=torch.float32)
+            prep = fs_prep(name)
+            n = b * s * heads * d // 8
+            prep((min((n + 255) // 256, 65535 * 8),), (256,), (fs.P(dsum), fs.P(dout), fs.P(out), fs.U(b * s), fs.U(s), fs.U(heads), fs.U(d)))
+        nqt, ntk = (s + 63) // 64, (s + 127) // 128
+        need = b * heads * nqt * 64 * 64
+        if self.acc.numel() < need:
+            self.acc = torch.empty(need, dtype=torch.float32, device="cuda")
+        assert b * heads * nqt <= self.sem.numel()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        fn = self.fn[f"hb_bwd_{name}_d64"]
+        grid = (ntk * kv_heads * b,)
+        fn(grid, (256,), (fs.P(dq), fs.P(dk), fs.P(dv), fs.P(self.acc), fs.P(self.sem), fs.P(self.err), fs.P(q), fs.P(k), fs.P(v), fs.P(dout), fs.P(lse), fs.P(dsum),
+                          fs.U(s), fs.U(heads), fs.U(kv_heads), fs.U(b), fs.U(heads * d), fs.U(kv_heads * d), fs.U(int(causal)), np.float32(1 / math.sqrt(d))), shared_mem=SMEM)
+        return dq, dk, dv
+
+
+_PREP = {}
+
+
+def fs_prep(name):
+    if name not in _PREP:
+        _PREP[name] = PORTABLE.mod.get_function(f"flash_bwd_prep_{name}")
+    return _PREP[name]
+
+
+PORTABLE = None
+
+
+def layout_tests(H, log):
+    ok = True
+    torch.manual_seed(1)
+    a = torch.randn(64, 64, device="cuda").to(torch.bfloat16)
+    b = torch.randn(64, 64, device="cuda").to(torch.bfloat16)
+    af, bf = a.float(), b.float()
+    want = {0: af @ bf.T, 1: af @ bf, 2: af.T @ bf}
+    names = {0: "A K-major x B K-major (S = K.Q^T)", 1: "A registers x B N-major (dV += P^T.dO)", 2: "A M-major x B N-major (dQ = dS.K)"}
+    for mode in (0, 1, 2):
+        c = torch.full((64, 64), float("nan"), device="cuda")
+        H.fn["hb_layout_test"]((1,), (128,), (fs.P(c), fs.P(a), fs.P(b), fs.U(mode)), shared_mem=SMEM)
+        torch.cuda.synchronize()
+        err = (c - want[mode]).abs().max().item()
+        good = err < 1e-3
+        # Which known layout it did compute, when it is wrong: a hint for the descriptor.
+        hint = ""
+        if not good:
+            alts = {"a.b^T": af @ bf.T, "a.b": af @ bf, "a^T.b": af.T @ bf, "a^T.b^T": af.T @ bf.T}
+            hint = " closest: " + ", ".join(f"{k} {(c - v).abs().max().item():.2e}" for k, v in alts.items())
+        log(f"order {H.order} layout mode {mode} {names[mode]}: max err {err:.2e} {'OK' if good else 'FAIL'}{hint}")
+        ok &= good
+    return ok
+
+
+def check(H, dtype, b, s, heads, kv_heads, causal, log):
+    torch.manual_seed(s * 7 + heads + int(causal))
+    d = 64
+    q = torch.randn(b, s, heads * d, device="cuda").to(dtype)
+    k = torch.randn(b, s, kv_heads * d, device="cuda").to(dtype)
+    v = torch.randn(b, s, kv_heads * d, device="cuda").to(dtype)
+    dout = torch.randn(b, s, heads * d, device="cuda").to(dtype)
+    out, lse = fs.fwd(PORTABLE, q, k, v, heads, kv_heads, causal)
+    H.err.zero_()
+    dq, dk, dv = H.bwd(dout, q, k, v, out, lse, heads, kv_heads, causal)
+    dq2, dk2, dv2 = H.bwd(dout, q, k, v, out, lse, heads, kv_heads, causal)
+    pq, pk, pv = fs.bwd(PORTABLE, dout, q, k, v, out, lse, heads, kv_heads, causal)
+    torch.cuda.synchronize()
+    _, _, rq, rk, rv = fs.reference(q, k, v, dout, heads, kv_heads, causal)
+    errs = dict(dq=fs.rel(dq, rq), dk=fs.rel(dk, rk), dv=fs.rel(dv, rv))
+    perr = dict(dq=fs.rel(pq, rq), dk=fs.rel(pk, rk), dv=fs.rel(pv, rv))
+    det = all(torch.equal(x, y) for x, y in ((dq, dq2), (dk, dk2), (dv, dv2)))
+    finite = all(torch.isfinite(t).all().item() for t in (dq, dk, dv))
+    gave_up = H.err.item()
+    sem_clean = int(H.sem.abs().sum().item()) == 0
+    ok = finite and det and gave_up == 0 and sem_clean and all(e < 2e-2 for e in errs.values())
+    log(f"order {H.order} check {fs.dt_name(dtype)} b{b} s{s} h{heads}/{kv_heads} causal={int(causal)}: "
+        + " ".join(f"{k}={v:.2e}(portable {perr[k]:.2e})" for k, v in errs.items())
+        + f" det={det} gave_up={gave_up} sem_clean={sem_clean} {'OK' if ok else 'FAIL'}")
+    if not sem_clean:
+        H.sem.zero_()
+    return ok
+
+
+def time_shape(Hs, b, s, heads, causal, reps, log):
+    torch.manual_seed(0)
+    d = 64
+    mk = lambda: torch.randn(b, s, heads * d, device="cuda").to(torch.bfloat16)  # noqa: E731
+    q, k, v, dout = mk(), mk(), mk(), mk()
+    out, lse = fs.fwd(PORTABLE, q, k, v, heads, heads, causal)
+    fl = 2.5 * flops(b, s, heads, d, causal)
+    row = {}
+    for H in Hs:
+        H.err.zero_()
+        row[f"ours order {H.order}"] = median_ms(lambda: H.bwd(dout, q, k, v, out, lse, heads, heads, causal), reps=reps)
+        if H.err.item():
+            log(f"  order {H.order}: {H.err.item()} blocks gave up waiting at this shape")
+    row["portable"] = median_ms(lambda: fs.bwd(PORTABLE, dout, q, k, v, out, lse, heads, heads, causal), reps=reps)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for name, be in (("torch cudnn", SDPBackend.CUDNN_ATTENTION), ("torch flash", SDPBackend.FLASH_ATTENTION)):
+        mk4 = lambda: torch.randn(b, heads, s, d, device="cuda").to(torch.bfloat16).requires_grad_(True)  # noqa: E731
+        q4, k4, v4, do4 = mk4(), mk4(), mk4(), mk4()
+        try:
+            with sdpa_kernel([be]):
+                o4 = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal)
+                row[name] = median_ms(lambda: torch.autograd.grad(o4, (q4, k4, v4), do4, retain_graph=True), reps=reps)
+        except Exception as e:  # a backend that refuses the shape
+            log(f"  {name}: refused ({str(e).splitlines()[0][:80]})")
+    base = row["portable"]
+    log(f"{b}x{s} h{heads} causal={int(causal)}: " + "  ".join(f"{k} {v * 1e3:.0f} us ({fl / v / 1e9:.0f} TF/s, {base / v:.2f}x portable)" for k, v in row.items()))
+    return {k: v * 1e3 for k, v in row.items()}
+
+
+def main():
+    global PORTABLE
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    args = ap.parse_args()
+    lines = []
+
+    def log(s):
+        print(s, flush=True)
+        lines.append(s)
+
+    log(f"GPU: {torch.cuda.get_device_name()} torch {torch.__version__} cupy {cp.__version__} cudnn {torch.backends.cudnn.version()}")
+    PORTABLE = fs.Kernels({k: v[0] for k, v in fs.SWEEP.items()})
+    Hs = []
+    for order in (0, 1):
+        try:
+            H = Hopper(order)
+        except Exception as e:
+            log(f"order {order}: compile FAILED: {str(e)[:3000]}")
+            continue
+        r, l = H.regs("hb_bwd_bf16_d64")
+        log(f"order {order}: compiled in {H.compile_s:.1f} s, hb_bwd_bf16_d64 {r} registers, {l} B local")
+        Hs.append(H)
+    ok = bool(Hs)
+    for H in Hs:
+        ok &= layout_tests(H, log)
+    good = []
+    for H in Hs:
+        hok = True
+        shapes = [(1, 128, 1, 1), (2, 300, 4, 2), (1, 1024, 8, 8), (2, 257, 4, 1), (1, 64, 2, 2), (3, 70, 2, 2)]
+        for dtype in (torch.bfloat16, torch.float16):
+            for causal in (True, False):
+                for (b, s, h, kvh) in (shapes if dtype == torch.bfloat16 else shapes[:2]):
+                    hok &= check(H, dtype, b, s, h, kvh, causal, log)
+        hok &= check(H, torch.bfloat16, 1, 4096, 8, 8, True, log)
+        log(f"order {H.order} correctness: {'ALL OK' if hok else 'FAILURES'}")
+        ok &= hok
+        if hok:
+            good.append(H)
+    results = {"lines": lines, "times_us": {}}
+    if good:
+        reps = 10 if args.quick else 30
+        for (b, s, h) in ((16, 256, 8), (4, 1024, 8), (1, 4096, 8), (4, 4096, 16)):
+            results["times_us"][f"{b}x{s}x{h}"] = time_shape(good, b, s, h, True, reps, log)
+        if not args.quick:
+            results["times_us"]["1x4096x8 noncausal"] = time_shape(good, 1, 4096, 8, False, reps, log)
+    log(f"hopper_bwd: {'ALL OK' if ok else 'FAILURES'}")
+    with open(os.path.join(args.out, "hopper_bwd.json"), "w") as fh:
+        json.dump(results, fh, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
