@@ -30,6 +30,11 @@
 #ifndef HB_ORDER
 #define HB_ORDER 0
 #endif
+// HB_PIPE 1: a tile's dQ turn (the wait and the add into dq_acc) runs in the next iteration,
+// while the tensor cores compute that iteration's first two products (two stages of dQ parts).
+#ifndef HB_PIPE
+#define HB_PIPE 0
+#endif
 
 #define HB_SK 0
 #define HB_SV 16384
@@ -38,7 +43,7 @@
 #define HB_SDS 65536
 #define HB_SDQ 81920
 #define HB_DQLD 72
-#define HB_SL (HB_SDQ + 2 * 64 * HB_DQLD * 4)
+#define HB_SL (HB_SDQ + (HB_PIPE ? 2 : 1) * 2 * 64 * HB_DQLD * 4)
 #define HB_SMEM (HB_SL + 1024 + 1024)
 
 __device__ __forceinline__ void hb_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -165,6 +170,69 @@ __device__ __forceinline__ void hb_bwd(u16* dq, u16* dk, u16* dv, float* dq_acc,
     const float sl2 = scale * FA_LOG2E;
     const u32 aK = sb + HB_SK + wg * 8192, aV = sb + HB_SV + wg * 8192, aDS = sb + HB_SDS + wg * 8192;
 
+    // The turn of this block for query tile qt of head h: it waits (thread 0) for the key tiles
+    // before it in the order, then the block adds its part (both warpgroups' rows of sDQ stage
+    // `ps`) into dq_acc, or writes dq when it is the last; `hb_release` then counts it.
+    auto turn = [&](u32 h, u32 qt) {
+        const u32 q0 = qt * 64;
+        const u32 jmax = causal ? fa_min(ntk - 1, (q0 + 63) / 128) : ntk - 1;
+        const u32 pos = HB_ORDER == 0 ? jmax - j : j;
+        return make_uint2(pos, jmax);
+    };
+    auto wait_turn = [&](u32 h, u32 qt) {
+        const uint2 pl = turn(h, qt);
+        if (tid == 0 && pl.x > 0) {
+            const u32* sm = sem + ((u64)b * heads + h) * nqt + qt;
+            const long long t0 = clock64();
+            while (hb_ld_acquire(sm) != pl.x) {
+                if (clock64() - t0 > (1ll << 32)) {  // a few seconds: give up rather than hang
+                    atomicAdd(err, 1u);
+                    break;
+                }
+            }
+        }
+    };
+    auto add_turn = [&](u32 h, u32 qt, int ps) {
+        const uint2 pl = turn(h, qt);
+        const u32 q0 = qt * 64, pos = pl.x, last = pl.y;
+        const float* part = sDQ + ps * 2 * 64 * HB_DQLD;
+        float* acc = dq_acc + (((u64)b * heads + h) * nqt * 64 + q0) * 64;
+#pragma unroll
+        for (int r4 = 0; r4 < 4; ++r4) {
+            const int f = tid + 256 * r4, row = f >> 4, c4 = (f & 15) * 4;
+            const float4 p0 = *reinterpret_cast<const float4*>(part + row * HB_DQLD + c4);
+            const float4 p1 = *reinterpret_cast<const float4*>(part + 64 * HB_DQLD + row * HB_DQLD + c4);
+            float4 x = make_float4(p0.x + p1.x, p0.y + p1.y, p0.z + p1.z, p0.w + p1.w);
+            if (pos > 0) {
+                const float4 o = __ldcg(reinterpret_cast<const float4*>(acc + row * 64 + c4));
+                x = make_float4(o.x + x.x, o.y + x.y, o.z + x.z, o.w + x.w);
+            }
+            if (pos == last) {
+                if (q0 + row < seq) {
+                    uint2 w;
+                    w.x = fa_pack<BF16>(x.x * scale, x.y * scale);
+                    w.y = fa_pack<BF16>(x.z * scale, x.w * scale);
+                    *reinterpret_cast<uint2*>(dq + ((u64)b * seq + q0 + row) * qs + (u64)h * 64 + c4) = w;
+                }
+            } else {
+                __stcg(reinterpret_cast<float4*>(acc + row * 64 + c4), x);
+            }
+        }
+    };
+    // After a block barrier that follows every thread's add_turn.
+    auto release_turn = [&](u32 h, u32 qt) {
+        const uint2 pl = turn(h, qt);
+        if (tid == 0) {
+            u32* sm = sem + ((u64)b * heads + h) * nqt + qt;
+            if (pl.x == pl.y) {
+                if (pl.x > 0) *sm = 0u;
+            } else {
+                __threadfence();
+                hb_st_release(sm, pl.x + 1);
+            }
+        }
+    };
+
     for (u32 it = 0; it < iters; ++it) {
         const int st = it & 1;
         if (it + 1 < iters) load_q(it + 1, st ^ 1);
@@ -183,6 +251,14 @@ __device__ __forceinline__ void hb_bwd(u16* dq, u16* dk, u16* dv, float* dq_acc,
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) hb_ss<BF16, 0, 0>(dp, hb_desc(aV + kk * 32), hb_desc(aO + kk * 32), kk);
         hb_commit();
+#if HB_PIPE
+        // The previous tile's dQ turn while the tensor cores run this tile's first products.
+        if (it > 0) {
+            wait_turn(head_of(it - 1), tile_of(it - 1));
+            __syncthreads();
+            add_turn(head_of(it - 1), tile_of(it - 1), st ^ 1);
+        }
+#endif
         hb_wait<0>();
         hb_keep(s);
         hb_keep(dp);
@@ -227,6 +303,9 @@ __device__ __forceinline__ void hb_bwd(u16* dq, u16* dk, u16* dv, float* dq_acc,
         }
         hb_proxy_fence();
         __syncthreads();
+#if HB_PIPE
+        if (it > 0) release_turn(head_of(it - 1), tile_of(it - 1));
+#endif
 
         // This warpgroup's part of dQ for the tile: dS (queries x its 64 keys) · K (its 64 keys).
         float dqa[32];
@@ -241,7 +320,7 @@ __device__ __forceinline__ void hb_bwd(u16* dq, u16* dk, u16* dv, float* dq_acc,
         hb_keep_u(pa);
         hb_keep_u(da);
         {
-            float* pq = sDQ + wg * 64 * HB_DQLD;
+            float* pq = sDQ + (HB_PIPE ? st : 0) * 2 * 64 * HB_DQLD + wg * 64 * HB_DQLD;
             const int r0 = 16 * warp + gr;
 #pragma unroll
             for (int c = 0; c < 8; ++c) {
@@ -249,52 +328,22 @@ __device__ __forceinline__ void hb_bwd(u16* dq, u16* dk, u16* dv, float* dq_acc,
                 *reinterpret_cast<float2*>(pq + (r0 + 8) * HB_DQLD + 8 * c + 2 * t) = make_float2(dqa[4 * c + 2], dqa[4 * c + 3]);
             }
         }
-        // This block's turn for the tile's dQ: the key tiles that see it, in the fixed order.
-        const u32 jmax = causal ? fa_min(ntk - 1, (q0 + 63) / 128) : ntk - 1;
-        const u32 pos = HB_ORDER == 0 ? jmax - j : j, last = jmax;
-        u32* sm = sem + ((u64)b * heads + h) * nqt + qt;
-        if (tid == 0 && pos > 0) {
-            const long long t0 = clock64();
-            while (hb_ld_acquire(sm) != pos) {
-                if (clock64() - t0 > (1ll << 32)) {  // a few seconds: give up rather than hang
-                    atomicAdd(err, 1u);
-                    break;
-                }
-            }
-        }
+#if !HB_PIPE
+        wait_turn(h, qt);
         __syncthreads();
-        float* acc = dq_acc + (((u64)b * heads + h) * nqt * 64 + q0) * 64;
-#pragma unroll
-        for (int r4 = 0; r4 < 4; ++r4) {
-            const int f = tid + 256 * r4, row = f >> 4, c4 = (f & 15) * 4;
-            const float4 p0 = *reinterpret_cast<const float4*>(sDQ + row * HB_DQLD + c4);
-            const float4 p1 = *reinterpret_cast<const float4*>(sDQ + 64 * HB_DQLD + row * HB_DQLD + c4);
-            float4 x = make_float4(p0.x + p1.x, p0.y + p1.y, p0.z + p1.z, p0.w + p1.w);
-            if (pos > 0) {
-                const float4 o = __ldcg(reinterpret_cast<const float4*>(acc + row * 64 + c4));
-                x = make_float4(o.x + x.x, o.y + x.y, o.z + x.z, o.w + x.w);
-            }
-            if (pos == last) {
-                if (q0 + row < seq) {
-                    uint2 w;
-                    w.x = fa_pack<BF16>(x.x * scale, x.y * scale);
-                    w.y = fa_pack<BF16>(x.z * scale, x.w * scale);
-                    *reinterpret_cast<uint2*>(dq + ((u64)b * seq + q0 + row) * qs + (u64)h * 64 + c4) = w;
-                }
-            } else {
-                __stcg(reinterpret_cast<float4*>(acc + row * 64 + c4), x);
-            }
-        }
+        add_turn(h, qt, 0);
         __syncthreads();
-        if (tid == 0) {
-            if (pos == last) {
-                if (pos > 0) *sm = 0u;
-            } else {
-                __threadfence();
-                hb_st_release(sm, pos + 1);
-            }
-        }
+        release_turn(h, qt);
+#endif
     }
+#if HB_PIPE
+    __syncthreads();
+    wait_turn(head_of(iters - 1), tile_of(iters - 1));
+    __syncthreads();
+    add_turn(head_of(iters - 1), tile_of(iters - 1), (iters - 1) & 1);
+    __syncthreads();
+    release_turn(head_of(iters - 1), tile_of(iters - 1));
+#endif
     fa_wait0();
 
     // dK (times scale) and dV, straight from the accumulators.

@@ -41,20 +41,30 @@ import flash_sweep as fs  # noqa: E402
 from attention_timing import flops, median_ms  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SMEM = 118784 + 2048  # HB_SMEM in hopper_bwd.cu
+
+
+def smem(pipe):
+    """HB_SMEM in hopper_bwd.cu."""
+    return 81920 + (2 if pipe else 1) * 2 * 64 * 72 * 4 + 2048
+
+
+# (HB_ORDER, HB_PIPE) variants compiled and compared.
+VARIANTS = ((0, 0), (1, 0), (1, 1))
 
 
 class Hopper:
-    def __init__(self, order):
-        self.order = order
+    def __init__(self, order, pipe):
+        self.order, self.pipe = order, pipe
+        self.name = f"order {order} pipe {pipe}"
+        self.smem = smem(pipe)
         src = fs.source() + "\n" + open(os.path.join(HERE, "hopper_bwd.cu")).read()
         defs = tuple(f"-DFA_{k}={v[0][0]},{v[0][1]},{v[0][2]}" for k, v in fs.SWEEP.items())
         t0 = time.time()
-        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_ORDER={order}") + defs)
+        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_ORDER={order}", f"-DHB_PIPE={pipe}") + defs)
         self.fn = {}
         for name in ("hb_bwd_bf16_d64", "hb_bwd_f16_d64", "hb_layout_test"):
             f = self.mod.get_function(name)
-            f.max_dynamic_shared_size_bytes = SMEM
+            f.max_dynamic_shared_size_bytes = self.smem
             self.fn[name] = f
         self.compile_s = time.time() - t0
         self.err = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -84,7 +94,7 @@ class Hopper:
         fn = self.fn[f"hb_bwd_{name}_d64"]
         grid = (ntk * kv_heads * b,)
         fn(grid, (256,), (fs.P(dq), fs.P(dk), fs.P(dv), fs.P(self.acc), fs.P(self.sem), fs.P(self.err), fs.P(q), fs.P(k), fs.P(v), fs.P(dout), fs.P(lse), fs.P(dsum),
-                          fs.U(s), fs.U(heads), fs.U(kv_heads), fs.U(b), fs.U(heads * d), fs.U(kv_heads * d), fs.U(int(causal)), np.float32(1 / math.sqrt(d))), shared_mem=SMEM)
+                          fs.U(s), fs.U(heads), fs.U(kv_heads), fs.U(b), fs.U(heads * d), fs.U(kv_heads * d), fs.U(int(causal)), np.float32(1 / math.sqrt(d))), shared_mem=self.smem)
         return dq, dk, dv
 
 
@@ -110,7 +120,7 @@ def layout_tests(H, log):
     names = {0: "A K-major x B K-major (S = K.Q^T)", 1: "A registers x B N-major (dV += P^T.dO)", 2: "A M-major x B N-major (dQ = dS.K)"}
     for mode in (0, 1, 2):
         c = torch.full((64, 64), float("nan"), device="cuda")
-        H.fn["hb_layout_test"]((1,), (128,), (fs.P(c), fs.P(a), fs.P(b), fs.U(mode)), shared_mem=SMEM)
+        H.fn["hb_layout_test"]((1,), (128,), (fs.P(c), fs.P(a), fs.P(b), fs.U(mode)), shared_mem=H.smem)
         torch.cuda.synchronize()
         err = (c - want[mode]).abs().max().item()
         good = err < 1e-3
@@ -119,7 +129,7 @@ def layout_tests(H, log):
         if not good:
             alts = {"a.b^T": af @ bf.T, "a.b": af @ bf, "a^T.b": af.T @ bf, "a^T.b^T": af.T @ bf.T}
             hint = " closest: " + ", ".join(f"{k} {(c - v).abs().max().item():.2e}" for k, v in alts.items())
-        log(f"order {H.order} layout mode {mode} {names[mode]}: max err {err:.2e} {'OK' if good else 'FAIL'}{hint}")
+        log(f"{H.name} layout mode {mode} {names[mode]}: max err {err:.2e} {'OK' if good else 'FAIL'}{hint}")
         ok &= good
     return ok
 
@@ -145,7 +155,7 @@ def check(H, dtype, b, s, heads, kv_heads, causal, log):
     gave_up = H.err.item()
     sem_clean = int(H.sem.abs().sum().item()) == 0
     ok = finite and det and gave_up == 0 and sem_clean and all(e < 2e-2 for e in errs.values())
-    log(f"order {H.order} check {fs.dt_name(dtype)} b{b} s{s} h{heads}/{kv_heads} causal={int(causal)}: "
+    log(f"{H.name} check {fs.dt_name(dtype)} b{b} s{s} h{heads}/{kv_heads} causal={int(causal)}: "
         + " ".join(f"{k}={v:.2e}(portable {perr[k]:.2e})" for k, v in errs.items())
         + f" det={det} gave_up={gave_up} sem_clean={sem_clean} {'OK' if ok else 'FAIL'}")
     if not sem_clean:
@@ -163,9 +173,9 @@ def time_shape(Hs, b, s, heads, causal, reps, log):
     row = {}
     for H in Hs:
         H.err.zero_()
-        row[f"ours order {H.order}"] = median_ms(lambda: H.bwd(dout, q, k, v, out, lse, heads, heads, causal), reps=reps)
+        row[f"ours {H.name}"] = median_ms(lambda: H.bwd(dout, q, k, v, out, lse, heads, heads, causal), reps=reps)
         if H.err.item():
-            log(f"  order {H.order}: {H.err.item()} blocks gave up waiting at this shape")
+            log(f"  {H.name}: {H.err.item()} blocks gave up waiting at this shape")
     row["portable"] = median_ms(lambda: fs.bwd(PORTABLE, dout, q, k, v, out, lse, heads, heads, causal), reps=reps)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     for name, be in (("torch cudnn", SDPBackend.CUDNN_ATTENTION), ("torch flash", SDPBackend.FLASH_ATTENTION)):
@@ -197,18 +207,18 @@ def main():
     log(f"GPU: {torch.cuda.get_device_name()} torch {torch.__version__} cupy {cp.__version__} cudnn {torch.backends.cudnn.version()}")
     PORTABLE = fs.Kernels({k: v[0] for k, v in fs.SWEEP.items()})
     Hs = []
-    for order in (0, 1):
+    for order, pipe in VARIANTS:
         try:
-            H = Hopper(order)
+            H = Hopper(order, pipe)
         except Exception as e:
-            log(f"order {order}: compile FAILED: {str(e)[:3000]}")
+            log(f"order {order} pipe {pipe}: compile FAILED: {str(e)[:3000]}")
             continue
         r, l = H.regs("hb_bwd_bf16_d64")
-        log(f"order {order}: compiled in {H.compile_s:.1f} s, hb_bwd_bf16_d64 {r} registers, {l} B local")
+        log(f"{H.name}: compiled in {H.compile_s:.1f} s, hb_bwd_bf16_d64 {r} registers, {l} B local")
         Hs.append(H)
     ok = bool(Hs)
-    for H in Hs:
-        ok &= layout_tests(H, log)
+    if Hs:
+        ok &= layout_tests(Hs[0], log)
     good = []
     for H in Hs:
         hok = True
@@ -218,7 +228,7 @@ def main():
                 for (b, s, h, kvh) in (shapes if dtype == torch.bfloat16 else shapes[:2]):
                     hok &= check(H, dtype, b, s, h, kvh, causal, log)
         hok &= check(H, torch.bfloat16, 1, 4096, 8, 8, True, log)
-        log(f"order {H.order} correctness: {'ALL OK' if hok else 'FAILURES'}")
+        log(f"{H.name} correctness: {'ALL OK' if hok else 'FAILURES'}")
         ok &= hok
         if hok:
             good.append(H)
