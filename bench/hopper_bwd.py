@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""The Hopper attention backward experiment (bench/hopper_bwd.cu) on the GPU machine:
+"""The Hopper attention backward (runtime/backend/kernels/flash_hopper.cu) on the GPU machine:
 wgmma layout tests, correctness against a float32 reference and the portable kernels, bitwise
 reproducibility, and time at the GPT's attention shapes next to the portable backward and
 PyTorch's SDPA backward (cuDNN, FlashAttention-2) in the same run.
 
-Compiles the runtime's core.cu, ops.cu, half.cu and flash.cu with bench/hopper_bwd.cu appended,
-for sm_90a (wgmma needs the architecture-specific target), once per dQ order (HB_ORDER 0: the
-last key tile adds first, blocks numbered from the last key tile; 1: the first key tile first).
+Compiles the runtime's core.cu, ops.cu, half.cu, flash.cu and flash_hopper.cu with
+bench/hopper_bwd.cu (the wgmma layout tests) appended, for sm_90a (wgmma needs the
+architecture-specific target), once per variant: the dQ order (HB_ORDER 0: the last key tile adds
+first, items taken from the last key tile; 1: the first key tile first, the longest items first)
+and whether a tile's dQ turn overlaps the next tile's products (HB_PIPE).
 
 Checks, each a line with OK or FAIL:
 - the three wgmma operand forms the kernel uses (K-major x K-major, registers x N-major,
@@ -57,7 +59,7 @@ class Hopper:
         self.order, self.pipe = order, pipe
         self.name = f"order {order} pipe {pipe}"
         self.smem = smem(pipe)
-        src = fs.source() + "\n" + open(os.path.join(HERE, "hopper_bwd.cu")).read()
+        src = "\n".join((fs.source(), open(os.path.join(fs.KDIR, "flash_hopper.cu")).read(), open(os.path.join(HERE, "hopper_bwd.cu")).read()))
         defs = tuple(f"-DFA_{k}={v[0][0]},{v[0][1]},{v[0][2]}" for k, v in fs.SWEEP.items())
         t0 = time.time()
         self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_ORDER={order}", f"-DHB_PIPE={pipe}") + defs)
@@ -89,10 +91,10 @@ class Hopper:
         need = b * heads * nqt * 64 * 64
         if self.acc.numel() < need:
             self.acc = torch.empty(need, dtype=torch.float32, device="cuda")
-        assert b * heads * nqt <= self.sem.numel()
+        assert b * heads * nqt + 1 <= self.sem.numel()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         fn = self.fn[f"hb_bwd_{name}_d64"]
-        grid = (ntk * kv_heads * b,)
+        grid = (min(ntk * kv_heads * b, SMS),)
         fn(grid, (256,), (fs.P(dq), fs.P(dk), fs.P(dv), fs.P(self.acc), fs.P(self.sem), fs.P(self.err), fs.P(q), fs.P(k), fs.P(v), fs.P(dout), fs.P(lse), fs.P(dsum),
                           fs.U(s), fs.U(heads), fs.U(kv_heads), fs.U(b), fs.U(heads * d), fs.U(kv_heads * d), fs.U(int(causal)), np.float32(1 / math.sqrt(d))), shared_mem=self.smem)
         return dq, dk, dv
@@ -108,6 +110,7 @@ def fs_prep(name):
 
 
 PORTABLE = None
+SMS = 1
 
 
 def layout_tests(H, log):
@@ -193,7 +196,7 @@ def time_shape(Hs, b, s, heads, causal, reps, log):
 
 
 def main():
-    global PORTABLE
+    global PORTABLE, SMS
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
@@ -206,6 +209,7 @@ def main():
 
     log(f"GPU: {torch.cuda.get_device_name()} torch {torch.__version__} cupy {cp.__version__} cudnn {torch.backends.cudnn.version()}")
     PORTABLE = fs.Kernels({k: v[0] for k, v in fs.SWEEP.items()})
+    SMS = torch.cuda.get_device_properties(0).multi_processor_count
     Hs = []
     for order, pipe in VARIANTS:
         try:
