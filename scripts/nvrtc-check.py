@@ -35,6 +35,7 @@ BENCH = [
     ("probe-bulk8", "bench/decode_probe.cu", ["STAGES=8"], None),
     ("xent-variants", "bench/xent_variants.cu", [], "main"),
     ("xent-fold", "bench/xent_fold.cu", [], "main"),
+    ("hopper-layout", "bench/hopper_bwd.cu", [], "flash-hopper"),
 ]
 # The most shared memory a block may have on sm_90 (H100, H200): 227 KiB.
 OPTIN_SM90 = 232448
@@ -150,6 +151,8 @@ def main():
         name = os.path.basename(src_path)[:-3]
         opts = [o for o in open(os.path.join(a.out, name + ".opts")).read().splitlines() if o]
         opts = [re.sub(r"sm_\d+", a.arch, o) if o.startswith("--gpu-architecture") else o for o in opts]
+        # A program for the architecture-specific target (sm_90a: wgmma) assembles for it.
+        arch = a.arch + ("a" if any(o.startswith("--gpu-architecture") and o.endswith("a") for o in opts) else "")
         ptx, log = nvrtc_compile(lib, name, open(src_path).read(), opts)
         if ptx is None:
             print(f"{name:<20} FAIL: NVRTC\n{log[-3000:]}")
@@ -158,7 +161,7 @@ def main():
         ptx_path = os.path.join(a.out, name + ".ptx")
         open(ptx_path, "w").write(ptx)
         try:
-            kernels = assemble(ptxas, ptx_path, a.arch)
+            kernels = assemble(ptxas, ptx_path, arch)
         except RuntimeError as e:
             print(f"{name:<20} FAIL: ptxas\n{e}")
             failed = True

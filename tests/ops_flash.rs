@@ -71,7 +71,8 @@ impl Case {
 }
 
 /// The engines to test on `dev`: the host backend has one path (the reference); on CUDA the
-/// portable kernels, and cuDNN where it runs (else said skipped, with why).
+/// portable kernels, cuDNN where it runs and the Hopper backward where it runs (else said
+/// skipped, with why).
 fn engines(dev: &Device) -> Result<Vec<AttentionEngine>> {
     if dev.is_host() {
         return Ok(vec![AttentionEngine::Auto]);
@@ -79,13 +80,14 @@ fn engines(dev: &Device) -> Result<Vec<AttentionEngine>> {
     if std::env::var("GRAPHED_ATTENTION").is_ok_and(|v| v == "portable") {
         // scripts/gpu-validate.sh runs racecheck so: it flags cuDNN's Hopper kernels, whose
         // warps synchronise through mbarriers that racecheck does not follow.
-        say_skipped("ops_flash: the cuDNN engine is skipped: GRAPHED_ATTENTION=portable");
+        say_skipped("ops_flash: the cuDNN and Hopper engines are skipped: GRAPHED_ATTENTION=portable");
         return Ok(vec![AttentionEngine::Portable]);
     }
     let q = Tensor::zeros_as(dev, &[1, 64, 128], DType::BF16)?;
+    let mut list = vec![AttentionEngine::Portable];
     let e = ops::attention_engines(&q, &Attention::causal(2))?;
     if e.forward == AttentionEngine::Cudnn && e.backward == AttentionEngine::Cudnn {
-        Ok(vec![AttentionEngine::Portable, AttentionEngine::Cudnn])
+        list.push(AttentionEngine::Cudnn);
     } else {
         say_skipped(&format!(
             "ops_flash: the cuDNN engine is skipped on {}: it runs forward {:?} / backward {:?} here \
@@ -94,13 +96,23 @@ fn engines(dev: &Device) -> Result<Vec<AttentionEngine>> {
             e.forward,
             e.backward
         ));
-        Ok(vec![AttentionEngine::Portable])
     }
+    match ops::attention_engines(&q, &Attention::causal(2).engine(AttentionEngine::Hopper)) {
+        Ok(e) if e.backward == AttentionEngine::Hopper => list.push(AttentionEngine::Hopper),
+        Ok(e) => panic!("ops_flash: the Hopper engine ran its backward as {:?}", e.backward),
+        Err(why) => say_skipped(&format!("ops_flash: the Hopper engine is skipped on {}: {why}", dev.name())),
+    }
+    Ok(list)
 }
 
-/// The cases an engine runs: cuDNN takes equal query and key/value head counts only.
+/// The cases an engine runs: cuDNN takes equal query and key/value head counts only, the Hopper
+/// backward head dim 64 only.
 fn cases_for(engine: AttentionEngine) -> Vec<Case> {
-    cases().into_iter().filter(|c| engine != AttentionEngine::Cudnn || c.kv_heads == c.heads).collect()
+    cases()
+        .into_iter()
+        .filter(|c| engine != AttentionEngine::Cudnn || c.kv_heads == c.heads)
+        .filter(|c| engine != AttentionEngine::Hopper || c.head_dim == 64)
+        .collect()
 }
 
 /// Lengths 1, 63, 130 and 257 (none a multiple of the 64- or 128-row tiles, so the last tile of
@@ -131,6 +143,9 @@ fn flash_attention_matches_the_cpu_reference() {
                     let ran = ops::attention_engines(&q, &at)?;
                     if engine == AttentionEngine::Cudnn {
                         assert_eq!((ran.forward, ran.backward), (engine, engine), "{what}: engines");
+                    }
+                    if engine == AttentionEngine::Hopper {
+                        assert_eq!(ran.backward, engine, "{what}: engines");
                     }
                     let (out, lse) = ops::flash_attention(&q, &k, &v, &at)?;
                     assert_eq!(
@@ -217,9 +232,11 @@ fn causal_flash_attention_is_causal_attention() {
 fn flash_attention_is_bitwise_reproducible_and_replays_equal_to_eager() {
     on_each_backend(|dev| {
         for (engine, causal) in engines(dev)?.into_iter().flat_map(|e| [(e, true), (e, false)]) {
-            // Grouped heads on the portable kernels; cuDNN takes equal head counts.
+            // Grouped heads on the portable kernels; cuDNN takes equal head counts, the Hopper
+            // backward head dim 64 (its forward is cuDNN's where cuDNN runs it).
             let kv_heads = if engine == AttentionEngine::Cudnn { 4 } else { 2 };
-            let c = Case { batch: 2, seq: 200, heads: 4, kv_heads, head_dim: 128, causal };
+            let head_dim = if engine == AttentionEngine::Hopper { 64 } else { 128 };
+            let c = Case { batch: 2, seq: 200, heads: 4, kv_heads, head_dim, causal };
             let [q, k, v, d] = c.inputs(dev, DType::BF16, 11)?;
             let at = c.attention_on(engine);
             let run = || -> Result<Vec<Tensor>> {
@@ -267,7 +284,8 @@ fn packed_qkv_gives_the_separate_calls_results() {
                 let want = [out.to_vec()?, lse.to_vec()?, want_grads.to_vec()?];
                 let names = ["out", "lse", "dqkv"];
                 let same = got.iter().zip(&want).all(|(g, w)| g.to_vec().is_ok_and(|g| g == *w));
-                if engine == AttentionEngine::Cudnn {
+                // The Hopper engine's forward is cuDNN's where cuDNN runs the call.
+                if engine == AttentionEngine::Cudnn || engine == AttentionEngine::Hopper {
                     for ((name, g), w) in names.iter().zip(&got).zip(&want) {
                         let t = if *name == "lse" { 1e-5 } else { tol(dtype) };
                         check_close(&format!("{what} {name}"), &g.to_vec()?, w, t)?;
@@ -360,6 +378,53 @@ fn tiles_agree(dev: &Device) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The Hopper backward over many query tiles a key tile (a key tile of 128 waits its turn for
+/// every query tile after it, in a fixed order): against the portable kernels' backward from the
+/// same forward, within bf16 rounding, at lengths that are not multiples of the tiles, grouped
+/// heads, causal or not, several sequences; and two runs give the same bits. CUDA with an sm_90
+/// GPU only (else said skipped).
+#[test]
+fn hopper_backward_agrees_with_the_portable_kernels_at_long_sequences() {
+    let mut ran = false;
+    for backend in backends().iter().filter(|b| b.device.is_cuda()) {
+        let dev = &backend.device;
+        if !engines(dev).is_ok_and(|e| e.contains(&AttentionEngine::Hopper)) {
+            continue;
+        }
+        ran = true;
+        let check = || -> Result<()> {
+            for (batch, seq, heads, kv_heads) in [(2, 1000, 4, 2), (1, 2048, 8, 8), (3, 333, 2, 1)] {
+                for causal in [true, false] {
+                    let c = Case { batch, seq, heads, kv_heads, head_dim: 64, causal };
+                    let what = format!("hopper {:?} kv_heads={kv_heads} causal={causal}", c.shape().dims);
+                    let [q, k, v, d] = c.inputs(dev, DType::BF16, 900 + seq as u64)?;
+                    let portable = c.attention_on(AttentionEngine::Portable);
+                    let (out, lse) = ops::flash_attention(&q, &k, &v, &portable)?;
+                    let want = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &portable)?;
+                    let hopper = c.attention_on(AttentionEngine::Hopper);
+                    let got = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &hopper)?;
+                    let again = ops::flash_attention_backward(&d, &q, &k, &v, &out, &lse, &hopper)?;
+                    for (name, g, a, w) in [
+                        ("dq", &got.0, &again.0, &want.0),
+                        ("dk", &got.1, &again.1, &want.1),
+                        ("dv", &got.2, &again.2, &want.2),
+                    ] {
+                        check_close(&format!("{what} {name}"), &g.to_vec()?, &w.to_vec()?, tol(DType::BF16))?;
+                        bitwise_eq(&format!("{what} {name} run-to-run"), &g.to_vec()?, &a.to_vec()?)?;
+                    }
+                }
+            }
+            Ok(())
+        };
+        if let Err(e) = check() {
+            panic!("on {}: {e}", dev.name());
+        }
+    }
+    if !ran {
+        say_skipped("hopper_backward_agrees_with_the_portable_kernels_at_long_sequences: no sm_90 CUDA device here");
+    }
 }
 
 /// `CudnnNondeterministic` (cuDNN's backward with atomics, opt-in): against the CPU reference

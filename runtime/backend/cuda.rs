@@ -156,6 +156,9 @@ pub(crate) struct CudaBackend {
     /// The one-kernel decoding steps (`kernels/decoder.cu`), compiled per model shape the first
     /// time an `ops::DecoderStep` of that shape is made here (see `cuda_decoder.rs`).
     pub(crate) decoder_fn: Mutex<Vec<(super::cuda_decoder::DecoderShape, u32, CudaFunction)>>,
+    /// The Hopper attention backward (`kernels/flash_hopper.cu`), compiled the first time a
+    /// backward asks for it (see `cuda_hopper.rs`).
+    pub(crate) hopper_fn: super::cuda_hopper::HopperSlot,
     cublas: std::sync::Mutex<CublasHandle>,
     pub(crate) cublas_workspace: sys::CUdeviceptr,
     /// The device's error word: eight u32 that kernels report bad input in (bad token ids,
@@ -256,7 +259,7 @@ const DEFAULT_DYNAMIC_SHARED: usize = 48 << 10;
 /// is not `big`, or that the driver does not let opt in, keeps the default 48 KB less its static
 /// arrays: a refusal here never stops the device from opening, the launches that need more
 /// check this limit and take another path or refuse.
-fn opt_in_dynamic_shared(f: &CudaFunction, big: bool, max_shared_optin: usize) -> usize {
+pub(crate) fn opt_in_dynamic_shared(f: &CudaFunction, big: bool, max_shared_optin: usize) -> usize {
     let fixed = f.shared_size_bytes().map_or(0, |b| b.max(0) as usize);
     let default = DEFAULT_DYNAMIC_SHARED.saturating_sub(fixed);
     if !big {
@@ -464,6 +467,7 @@ impl CudaBackend {
             stream,
             functions,
             conditional_fn: Mutex::new(None),
+            hopper_fn: Mutex::new(None),
             decoder_fn: Mutex::new(Vec::new()),
             cublas: std::sync::Mutex::new(CublasHandle(cublas)),
             cublas_workspace,

@@ -11,6 +11,7 @@ pub(crate) mod cuda;
 pub(crate) mod cuda_decoder;
 mod cuda_gemm;
 mod cuda_graph;
+pub(crate) mod cuda_hopper;
 mod cuda_user;
 pub(crate) mod cudnn;
 mod cudnn_tune;

@@ -9,6 +9,7 @@
 
 use super::cuda::{conditional_program, main_options};
 use super::cuda_decoder::decoder_programs;
+use super::cuda_hopper::{hopper_program, HOPPER_BWD_SMEM};
 use super::kernel_source;
 use crate::Result;
 
@@ -22,8 +23,9 @@ struct Program {
 }
 
 /// The programs a GPU of compute capability `arch` compiles: the built-in kernels (with
-/// programmatic dependent launch too, from sm_90), the conditional-node kernels, and the
-/// one-kernel decoding step for the GPT's shape in its variants.
+/// programmatic dependent launch too, from sm_90), the conditional-node kernels, the
+/// one-kernel decoding step for the GPT's shape in its variants, and on sm_90 the Hopper
+/// attention backward (for sm_90a).
 fn programs(arch: (i32, i32)) -> Result<Vec<Program>> {
     let main = kernel_source::main_sources()?.join("\n");
     let mut list =
@@ -35,6 +37,12 @@ fn programs(arch: (i32, i32)) -> Result<Vec<Program>> {
     list.push(Program { name: "conditional".into(), source, options, shared: vec![] });
     for (name, source, options, dynamic) in decoder_programs(arch)? {
         list.push(Program { name, source, options, shared: vec![("decoder_step_bf16", dynamic)] });
+    }
+    if arch == (9, 0) {
+        let (source, options) = hopper_program()?;
+        let smem = HOPPER_BWD_SMEM as u32;
+        let shared = vec![("hb_bwd_bf16_d64", smem), ("hb_bwd_f16_d64", smem)];
+        list.push(Program { name: "flash-hopper".into(), source, options, shared });
     }
     Ok(list)
 }
@@ -53,11 +61,14 @@ fn every_program_is_listed_and_written_where_asked() -> Result<()> {
             "decoder-mt1",
             "decoder-trace",
             "decoder-cluster16",
-            "decoder-dsmem16"
+            "decoder-dsmem16",
+            "flash-hopper"
         ]
     );
     for p in &list {
-        assert!(p.options.contains(&"--gpu-architecture=sm_90".to_string()), "{}", p.name);
+        // The Hopper backward's wgmma needs the architecture-specific target.
+        let arch = if p.name == "flash-hopper" { "sm_90a" } else { "sm_90" };
+        assert!(p.options.contains(&format!("--gpu-architecture={arch}")), "{}", p.name);
         assert!(!p.source.is_empty(), "{}", p.name);
     }
     assert!(list[4].options.contains(&"-DFD_MT=1".to_string()));
@@ -65,8 +76,10 @@ fn every_program_is_listed_and_written_where_asked() -> Result<()> {
     assert!(
         dsmem.options.contains(&"-DFD_CLUSTER=16".to_string()) && dsmem.options.contains(&"-DFD_DSMEM=1".to_string())
     );
-    // A GPU before sm_90 has no programmatic dependent launch to compile.
-    assert!(programs((8, 0))?.iter().all(|p| p.name != "main-pdl"));
+    // A GPU before sm_90 has no programmatic dependent launch to compile, and only sm_90 the
+    // Hopper backward.
+    assert!(programs((8, 0))?.iter().all(|p| p.name != "main-pdl" && p.name != "flash-hopper"));
+    assert!(programs((10, 0))?.iter().all(|p| p.name != "flash-hopper"));
     let Some(dir) = std::env::var_os("GRAPHED_DUMP_PROGRAMS").filter(|d| !d.is_empty()) else {
         eprintln!("GRAPHED_DUMP_PROGRAMS not set: the programs were listed, not written");
         return Ok(());

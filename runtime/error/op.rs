@@ -119,6 +119,12 @@ pub enum AttentionLimit {
     /// `AttentionEngine::Cudnn` was asked for, and cuDNN's fused attention does not run the
     /// call here.
     Cudnn,
+    /// `AttentionEngine::Hopper` was asked for, and its backward does not run the call here:
+    /// it needs an sm_90 GPU (H100, H200) and head dim 64.
+    Hopper {
+        /// The GPU's compute capability (major, minor).
+        capability: (u32, u32),
+    },
 }
 
 impl std::fmt::Display for AttentionLimit {
@@ -133,6 +139,10 @@ impl std::fmt::Display for AttentionLimit {
             AttentionLimit::Cudnn => f.write_str(
                 "cuDNN's fused attention does not run it here (it needs libcudnn 9.10 or newer on the library path, \
                  equal query and key/value head counts, and an engine for the shape)",
+            ),
+            AttentionLimit::Hopper { capability: (major, minor) } => write!(
+                f,
+                "graphed's Hopper attention backward does not run it here (it needs sm_90 and head dim 64; this GPU is sm_{major}{minor})"
             ),
         }
     }

@@ -10,6 +10,8 @@ use crate::ops::{at_most, check_like, exec, Exec};
 use crate::{AttentionLimit, DType, Device, Error, Result, ShapeProblem, Tensor};
 
 use super::flash_engine::{self, AttentionEngine, PassCall};
+use super::flash_hopper;
+use crate::backend::cuda_hopper::HopperBwd;
 
 /// What [`flash_attention`] computes: how many query heads, how many key/value heads (grouped-
 /// query attention when fewer; each serves `heads / kv_heads` consecutive query heads), and
@@ -305,10 +307,14 @@ pub fn flash_attention_packed(qkv: &Tensor, at: &Attention) -> Result<(Tensor, T
 enum Route {
     Cudnn(flash_engine::CudnnPlan),
     Portable(FlashTiles),
+    Hopper(HopperBwd),
 }
 
 impl Route {
     fn of(c: &CudaBackend, call: PassCall<'_>) -> Result<Route> {
+        if let Some(k) = flash_engine::hopper_kernels(c, call)? {
+            return Ok(Route::Hopper(k));
+        }
         match flash_engine::cudnn_plan(c, call)? {
             Some(plan) => Ok(Route::Cudnn(plan)),
             None => Ok(Route::Portable(check_device(call.op, c, call.dtype, call.a)?)),
@@ -351,6 +357,8 @@ fn forward(op: &'static str, at: &Attention, a: AttnShape, dtype: DType, qkv: Qk
                     let grid = tile_grid(a, a.dims.heads, tiles.fwd, smem);
                     c.launch(fwd_kernel(dtype, a.dims.head_dim, tiles), grid, &args)?;
                 }
+                // `hopper_kernels` answers for the backward only.
+                Route::Hopper(_) => return Err(Error::msg("flash_attention: the Hopper engine has no forward kernel")),
             }
             Ok((out, lse))
         }
@@ -473,10 +481,30 @@ fn backward(
             match route {
                 Route::Cudnn(plan) => flash_engine::backward(c, plan, a, ins, saved, gp, dev)?,
                 Route::Portable(tiles) => backward_cuda(c, a, dtype, tiles, qkv.lds(a), ins, saved, gp, dev)?,
+                Route::Hopper(k) => {
+                    let dsum = dsum(c, a, dtype, saved, dev)?;
+                    let saved = [saved[0], saved[2], dsum.cuda_ptr()?];
+                    flash_hopper::backward(c, &k, a, dtype, qkv.lds(a), ins, saved, gp, dev)?;
+                }
             }
             Ok(grads)
         }
     }
+}
+
+/// `D = rowsum(dO ∘ out)`, f32 `[batch, heads, seq]`: the first kernel of every backward of
+/// ours, from the addresses of dO and out (`saved`: dO, out, lse).
+fn dsum(c: &CudaBackend, a: AttnShape, dtype: DType, [dop, op, _]: [u64; 3], dev: &Device) -> Result<Tensor> {
+    let d = a.dims;
+    let dsum = Tensor::empty(dev, &lse_dims(a))?;
+    let tokens = d.batch * d.seq;
+    let prep = if dtype == DType::BF16 { B::FlashBwdPrepBf16 } else { B::FlashBwdPrepF16 };
+    let prep_args = [KArg::Ptr(dsum.cuda_ptr()?), KArg::Ptr(dop), KArg::Ptr(op)]
+        .into_iter()
+        .chain([tokens, d.seq, d.heads, d.head_dim].map(|n| KArg::U32(n as u32)));
+    // One thread per 16 bytes of dout (flash.cu: the threads of a row sum with shuffles).
+    c.launch(prep, LaunchDims::elementwise(tokens * d.heads * d.head_dim / 8), &prep_args.collect::<Vec<_>>())?;
+    Ok(dsum)
 }
 
 /// The portable backward kernels: `D = rowsum(dO ∘ out)`, then dK/dV, then dQ.
@@ -493,15 +521,8 @@ fn backward_cuda(
     dev: &Device,
 ) -> Result<()> {
     let d = a.dims;
-    let dsum = Tensor::empty(dev, &lse_dims(a))?;
+    let dsum = dsum(c, a, dtype, [dop, op, lp], dev)?;
     let sp = dsum.cuda_ptr()?;
-    let tokens = d.batch * d.seq;
-    let prep = if dtype == DType::BF16 { B::FlashBwdPrepBf16 } else { B::FlashBwdPrepF16 };
-    let prep_args = [KArg::Ptr(sp), KArg::Ptr(dop), KArg::Ptr(op)]
-        .into_iter()
-        .chain([tokens, d.seq, d.heads, d.head_dim].map(|n| KArg::U32(n as u32)));
-    // One thread per 16 bytes of dout (flash.cu: the threads of a row sum with shuffles).
-    c.launch(prep, LaunchDims::elementwise(tokens * d.heads * d.head_dim / 8), &prep_args.collect::<Vec<_>>())?;
     let [_, dq_smem, dkv_smem] = tiles.smem(d.head_dim);
     let common = [qp, kp, vp, dop, lp, sp].map(KArg::Ptr);
     let mut args = vec![KArg::Ptr(dkp), KArg::Ptr(dvp)];

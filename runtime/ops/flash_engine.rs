@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use crate::backend::cuda_hopper::{HopperBwd, HOPPER_HEAD_DIM};
 use crate::backend::cudnn::{SdpaGrads, SdpaKey, SdpaPass, SdpaPointers};
 use crate::backend::CudaBackend;
 use crate::ops::cpu::AttnShape;
@@ -26,13 +27,20 @@ use super::flash::Attention;
 ///   heads and seq 4096), where the portable kernels keep nothing of size `seq²`;
 ///   [`set_attention_workspace_limit`] bounds it. Equal numbers of query and key/value heads
 ///   only. Asking for it where it cannot run is [`Error::AttentionUnsupported`].
+/// - `Hopper`: the backward on graphed's own Hopper kernel (`kernels/flash_hopper.cu`: `wgmma`,
+///   one pass over the query tiles per key tile, five products instead of the portable
+///   kernels' seven, each query tile's `dQ` added into an f32 accumulator in a fixed order of
+///   key tiles, so grads are the same bits run to run); nothing of size `seq²`, an f32 `dQ`
+///   accumulator of `batch · heads · seq · 64 · 4` bytes instead. sm_90 GPUs (H100, H200),
+///   head dim 64, bf16 or f16; elsewhere asking for it is [`Error::AttentionUnsupported`]. The
+///   forward runs as under `Auto`. Not yet `Auto`'s pick: opt in.
 /// - `CudnnNondeterministic`: cuDNN with the backward PyTorch's cuDNN SDPA runs, which adds
 ///   `dQ` into a zeroed f32 accumulator with atomics (faster at long sequences, and no `dP`
 ///   workspace): its `dQ` differs in the last bits from run to run, so a replay no longer equals
 ///   its eager run bit for bit. Only where asked for; `Auto` never picks it. The forward is
 ///   `Cudnn`'s.
 /// - `Auto` (the default): cuDNN where it runs the call, else the portable kernels, decided
-///   for each pass on its own. `GRAPHED_ATTENTION=portable` (or `cudnn`,
+///   for each pass on its own. `GRAPHED_ATTENTION=portable` (or `cudnn`, `hopper`,
 ///   `cudnn-nondeterministic`) in the environment makes `Auto` mean that engine, for every call
 ///   of the process.
 ///
@@ -56,6 +64,8 @@ pub enum AttentionEngine {
     Cudnn,
     /// cuDNN's fused attention with its backward that adds `dQ` with atomics.
     CudnnNondeterministic,
+    /// The forward as `Auto` runs it, the backward on graphed's own Hopper kernel.
+    Hopper,
 }
 
 impl AttentionEngine {
@@ -69,6 +79,7 @@ impl AttentionEngine {
             Ok("portable") => AttentionEngine::Portable,
             Ok("cudnn") => AttentionEngine::Cudnn,
             Ok("cudnn-nondeterministic") => AttentionEngine::CudnnNondeterministic,
+            Ok("hopper") => AttentionEngine::Hopper,
             _ => AttentionEngine::Auto,
         })
     }
@@ -79,7 +90,7 @@ impl AttentionEngine {
 pub struct AttentionEngines {
     /// The forward's: `Portable` or `Cudnn`.
     pub forward: AttentionEngine,
-    /// The backward's: `Portable`, `Cudnn` or `CudnnNondeterministic`.
+    /// The backward's: `Portable`, `Cudnn`, `CudnnNondeterministic` or `Hopper`.
     pub backward: AttentionEngine,
 }
 
@@ -103,7 +114,11 @@ pub fn attention_engines(q: &Tensor, at: &Attention) -> Result<AttentionEngines>
         Ok(match exec(q.device()) {
             Exec::Host(_) => AttentionEngine::Portable,
             Exec::Cuda(c) => {
-                match cudnn_plan(c, PassCall { op: "attention_engines", at, a, dtype, pass, packed: false })? {
+                let call = PassCall { op: "attention_engines", at, a, dtype, pass, packed: false };
+                if hopper_kernels(c, call)?.is_some() {
+                    return Ok(AttentionEngine::Hopper);
+                }
+                match cudnn_plan(c, call)? {
                     Some((key, _)) if !key.deterministic => AttentionEngine::CudnnNondeterministic,
                     Some(_) => AttentionEngine::Cudnn,
                     None => AttentionEngine::Portable,
@@ -134,7 +149,12 @@ pub(super) struct PassCall<'a> {
 /// asks before it allocates anything, so that a refusal leaves the pool as it was.
 pub(super) fn cudnn_plan(c: &CudaBackend, call: PassCall<'_>) -> Result<Option<CudnnPlan>> {
     let PassCall { op, at, a, dtype, pass, packed } = call;
-    let engine = at.engine.resolved();
+    let engine = match at.engine.resolved() {
+        // Its forward is Auto's; its backward never cuDNN's (`hopper_kernels` runs it).
+        AttentionEngine::Hopper if pass == SdpaPass::Forward => AttentionEngine::Auto,
+        AttentionEngine::Hopper => return Ok(None),
+        engine => engine,
+    };
     if engine == AttentionEngine::Portable {
         return Ok(None);
     }
@@ -157,6 +177,24 @@ pub(super) fn cudnn_plan(c: &CudaBackend, call: PassCall<'_>) -> Result<Option<C
         return Err(Error::AttentionUnsupported { op, dtype, head_dim: d.head_dim, limit });
     }
     Ok(plan)
+}
+
+/// The Hopper backward's kernels when they run this pass (`Hopper` asked for, the backward, head
+/// dim 64, a GPU they run on), `None` otherwise; `Hopper` asked for where its backward cannot
+/// run is [`Error::AttentionUnsupported`]. Asked before the op allocates anything.
+pub(super) fn hopper_kernels(c: &CudaBackend, call: PassCall<'_>) -> Result<Option<HopperBwd>> {
+    let PassCall { op, at, a, dtype, pass, .. } = call;
+    if at.engine.resolved() != AttentionEngine::Hopper || pass != SdpaPass::Backward {
+        return Ok(None);
+    }
+    let kernels = if a.dims.head_dim == HOPPER_HEAD_DIM { c.hopper_bwd()? } else { None };
+    match kernels {
+        Some(k) => Ok(Some(k)),
+        None => {
+            let limit = Some(AttentionLimit::Hopper { capability: (c.capability.0 as u32, c.capability.1 as u32) });
+            Err(Error::AttentionUnsupported { op, dtype, head_dim: a.dims.head_dim, limit })
+        }
+    }
 }
 
 /// The default of [`attention_workspace_limit`]: none (cuDNN's own default since 9.0).

@@ -16,6 +16,7 @@ mod dropout;
 mod elementwise;
 mod flash;
 mod flash_engine;
+mod flash_hopper;
 mod fused;
 mod generate;
 mod linear;

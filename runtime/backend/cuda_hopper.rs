@@ -1,0 +1,100 @@
+//! graphed's Hopper attention backward (`kernels/flash_hopper.cu`): its own NVRTC program,
+//! compiled for sm_90a (wgmma is an architecture-specific instruction) the first time a
+//! backward asks for it on an sm_90 GPU, and never elsewhere.
+
+use std::sync::Mutex;
+
+use cudarc::driver::CudaFunction;
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+
+use super::cuda::{driver_err, opt_in_dynamic_shared, CudaBackend, LaunchDims};
+use super::{kernel_source, ptx_cache, FlashTiles, KArg};
+use crate::{DType, Error, Result};
+
+/// The dQ order and the pipelining the runtime compiles `flash_hopper.cu` with (`HB_ORDER`,
+/// `HB_PIPE`; `bench/hopper_bwd.py` compares the others).
+const ORDER: u32 = 1;
+const PIPE: u32 = 1;
+
+/// Dynamic shared memory a block of the kernel takes (`HB_SMEM` with `HB_PIPE` 1): K, V, two
+/// stages of Q and dO, dSᵀ, two stages of both warpgroups' dQ parts (f32 rows of 72), lse and
+/// dsum, and 1 KB to align the tiles to 1024 bytes.
+pub(crate) const HOPPER_BWD_SMEM: usize = 81920 + 2 * 2 * 64 * 72 * 4 + 2048;
+
+/// Threads a block: two warpgroups.
+const THREADS: u32 = 256;
+
+/// Head dimension the kernel is built for.
+pub(crate) const HOPPER_HEAD_DIM: usize = 64;
+
+/// The loaded kernels, one per 16-bit dtype.
+#[derive(Clone)]
+pub(crate) struct HopperBwd {
+    bf16: CudaFunction,
+    f16: CudaFunction,
+}
+
+/// The program's source (core.cu, ops.cu, half.cu, flash.cu, then flash_hopper.cu) and NVRTC
+/// options (flash.cu's tile defines, which it needs to compile, and the two knobs).
+pub(crate) fn hopper_program() -> Result<(String, Vec<String>)> {
+    let main = kernel_source::main_sources()?;
+    let names: Vec<&str> = kernel_source::MAIN.iter().map(|&(n, _)| n).collect();
+    let pick = |name: &str| names.iter().position(|&n| n == name).map(|i| main[i]);
+    let mut parts = Vec::new();
+    for name in ["core.cu", "ops.cu", "half.cu", "flash.cu"] {
+        parts.push(pick(name).ok_or_else(|| Error::msg(format!("kernel sources: {name} is not listed")))?);
+    }
+    parts.push(include_str!("kernels/flash_hopper.cu"));
+    let mut options = vec!["--gpu-architecture=sm_90a".to_string(), "-std=c++17".into()];
+    options.extend(FlashTiles::nvrtc_defines());
+    options.push(format!("-DHB_ORDER={ORDER}"));
+    options.push(format!("-DHB_PIPE={PIPE}"));
+    Ok((parts.join("\n"), options))
+}
+
+/// The slot [`CudaBackend::hopper_bwd`] fills: not asked yet, or asked (and `None` where the
+/// kernel does not run on this GPU).
+pub(crate) type HopperSlot = Mutex<Option<Option<HopperBwd>>>;
+
+impl CudaBackend {
+    /// The Hopper backward's kernels, compiled and loaded the first time they are asked for;
+    /// `None` where they do not run: a GPU other than sm_90 (wgmma), or one whose blocks cannot
+    /// have [`HOPPER_BWD_SMEM`] bytes of shared memory.
+    pub(crate) fn hopper_bwd(&self) -> Result<Option<HopperBwd>> {
+        let mut slot = self.hopper_fn.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = slot.as_ref() {
+            return Ok(k.clone());
+        }
+        if self.capability != (9, 0) || self.max_shared_optin < HOPPER_BWD_SMEM {
+            *slot = Some(None);
+            return Ok(None);
+        }
+        self.bind()?;
+        let (src, options) = hopper_program()?;
+        let compile = || compile_ptx_with_opts(&src, CompileOptions { options: options.clone(), ..Default::default() });
+        let ptx =
+            ptx_cache::compile_cached(&src, &options, compile).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
+        let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
+        let load = |name: &str| -> Result<Option<CudaFunction>> {
+            let f = module.load_function(name).map_err(driver_err("cuModuleGetFunction"))?;
+            let fits = opt_in_dynamic_shared(&f, true, self.max_shared_optin) >= HOPPER_BWD_SMEM;
+            Ok(fits.then_some(f))
+        };
+        let kernels = match (load("hb_bwd_bf16_d64")?, load("hb_bwd_f16_d64")?) {
+            (Some(bf16), Some(f16)) => Some(HopperBwd { bf16, f16 }),
+            _ => None,
+        };
+        *slot = Some(kernels.clone());
+        Ok(kernels)
+    }
+
+    /// Launches the Hopper backward for `items` work items (key tiles x kv heads x batch) on
+    /// a persistent grid of at most one block a multiprocessor. `args` are the kernel's, in
+    /// `flash_hopper.cu`'s order; the caller checked them.
+    pub(crate) fn launch_hopper_bwd(&self, k: &HopperBwd, dtype: DType, items: usize, args: &[KArg]) -> Result<()> {
+        let f = if dtype == DType::BF16 { &k.bf16 } else { &k.f16 };
+        let blocks = items.clamp(1, self.sm_count) as u32;
+        let dims = LaunchDims { grid: (blocks, 1, 1), block: (THREADS, 1, 1), shared: HOPPER_BWD_SMEM as u32 };
+        self.launch_function(f, dims, args)
+    }
+}

@@ -1,0 +1,56 @@
+//! The fused attention backward on graphed's Hopper kernel (`kernels/flash_hopper.cu`,
+//! [`AttentionEngine::Hopper`](super::AttentionEngine::Hopper)): one launch after the dsum
+//! kernel, its scratch from the pool.
+
+use crate::backend::cuda_hopper::HopperBwd;
+use crate::backend::{CudaBackend, KArg};
+use crate::ops::cpu::AttnShape;
+use crate::{DType, Device, Result, Tensor};
+
+/// The backward from the addresses of q, k, v (`ins`, rows `lds` elements apart), dO, lse and
+/// dsum (`saved`) into dq, dk, dv (`grads`, laid out as the inputs). Scratch: the f32 `dQ`
+/// accumulator (`batch · heads · query tiles · 64 · 64` words, no need to clear: the first key
+/// tile of each query tile's order stores) and the turn counters with the work counter and the
+/// kernel's give-up word, zeroed for each call (a memset node in a graph).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward(
+    c: &CudaBackend,
+    k: &HopperBwd,
+    a: AttnShape,
+    dtype: DType,
+    [qld, kvld]: [usize; 2],
+    [qp, kp, vp]: [u64; 3],
+    [dop, lp, sp]: [u64; 3],
+    [dqp, dkp, dvp]: [u64; 3],
+    dev: &Device,
+) -> Result<()> {
+    let d = a.dims;
+    let (query_tiles, key_tiles) = (d.seq.div_ceil(64), d.seq.div_ceil(128));
+    let turns = d.batch * d.heads * query_tiles;
+    let acc = Tensor::empty(dev, &[turns * 64 * 64])?;
+    let counters = Tensor::zeros(dev, &[turns + 2])?;
+    let counter_p = counters.cuda_ptr()?;
+    let args = [
+        KArg::Ptr(dqp),
+        KArg::Ptr(dkp),
+        KArg::Ptr(dvp),
+        KArg::Ptr(acc.cuda_ptr()?),
+        KArg::Ptr(counter_p),
+        KArg::Ptr(counter_p + 4 * (turns as u64 + 1)),
+        KArg::Ptr(qp),
+        KArg::Ptr(kp),
+        KArg::Ptr(vp),
+        KArg::Ptr(dop),
+        KArg::Ptr(lp),
+        KArg::Ptr(sp),
+        KArg::U32(d.seq as u32),
+        KArg::U32(d.heads as u32),
+        KArg::U32(a.kv_heads as u32),
+        KArg::U32(d.batch as u32),
+        KArg::U32(qld as u32),
+        KArg::U32(kvld as u32),
+        KArg::U32(a.causal as u32),
+        KArg::F32(d.scale()),
+    ];
+    c.launch_hopper_bwd(k, dtype, key_tiles * a.kv_heads * d.batch, &args)
+}
