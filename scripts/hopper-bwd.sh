@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call (after scripts/gpu-build.sh; carry gpu-pack) for the Hopper attention backward
+# (runtime/backend/kernels/flash_hopper.cu, AttentionEngine::Hopper): bench/hopper_bwd.py (the
+# wgmma layout tests, the kernel's variants against a float32 reference and the portable kernels,
+# their times beside PyTorch's SDPA backward), the ops_flash tests with CUDA required (every test
+# runs the Hopper engine where it runs), then the GPT at 4096 x 1 with cuDNN's deterministic
+# backward (the default) and with the Hopper one, against torch.compile, in the same call.
+# Logs and tables go to $OUT.
+#   bash scripts/hopper-bwd.sh [GPT steps, default 60]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ -d gpu-bin ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
+. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
+export PYTHONUNBUFFERED=1 GRAPHED_CACHE_DIR=${GRAPHED_CACHE_DIR:-/tmp/graphed-cache}
+out=${OUT:-/tmp/graphed-out}; mkdir -p "$out"
+t0=$(date +%s)
+note() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+note "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+timeout 260 python3 bench/hopper_bwd.py --quick --out "$out" > "$out/hopper_bwd.log" 2>&1
+note "hopper_bwd.py: exit $?"
+grep -v " OK$" "$out/hopper_bwd.log" | head -40
+echo "checks OK: $(grep -c ' OK$' "$out/hopper_bwd.log")"
+GRAPHED_REQUIRE_CUDA=1 timeout 150 gpu-bin/tests/ops_flash --test-threads=1 > "$out/ops_flash.log" 2>&1
+note "ops_flash: exit $?"
+grep -E "^test result|FAILED|panicked|skipped" "$out/ops_flash.log" | head -12
+GPT_SHAPES=4096x1 GPT_SHAPES_RUNS="graphed hopper" GPT_SHAPES_TORCH=compile timeout 420 bash scripts/gpt-shapes.sh "${1:-60}" 2>&1 | tail -12
+note "done"
