@@ -251,6 +251,7 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
         hb_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) hb_ss<BF16, 0, 0>(s, hb_desc(aK + kk * 32), hb_desc(aQ + kk * 32), kk);
+        hb_commit();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) hb_ss<BF16, 0, 0>(dp, hb_desc(aV + kk * 32), hb_desc(aO + kk * 32), kk);
         hb_commit();
@@ -262,13 +263,14 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
             add_turn(head_of(it - 1), tile_of(it - 1), st ^ 1);
         }
 #endif
-        hb_wait<0>();
-        hb_keep(s);
-        hb_keep(dp);
-
         const float* cL = sL + st * 64;
         const float* cD = sD + st * 64;
         const bool edge = q0 + 63 >= seq || (causal && q0 < kw0 + 63);
+
+        // Pᵀ as soon as Sᵀ is in (dPᵀ may still be running), then dV += Pᵀ·dO (k = the tile's
+        // queries: 16 rows of dO a step) while dSᵀ is computed.
+        hb_wait<1>();
+        hb_keep(s);
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
 #pragma unroll
@@ -276,19 +278,26 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
                 const int col = 8 * c + 2 * t + (e & 1);
                 const u32 qi = q0 + col, key = kw0 + 16 * warp + gr + 8 * (e >> 1);
                 const bool masked = edge && (qi >= seq || (causal && qi < key));
-                const float p = masked ? 0.0f : fa_exp2(s[4 * c + e] * sl2 - cL[col] * FA_LOG2E);
-                s[4 * c + e] = p;
-                dp[4 * c + e] = p * (dp[4 * c + e] - cD[col]);
+                s[4 * c + e] = masked ? 0.0f : fa_exp2(s[4 * c + e] * sl2 - cL[col] * FA_LOG2E);
             }
         }
         u32 pa[4][4], da[4][4];
         hb_to_a<BF16>(pa, s);
-        hb_to_a<BF16>(da, dp);
-
-        // dV += Pᵀ·dO, dK += dSᵀ·Q (k = the tile's queries: 16 rows of dO / Q a step).
         hb_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) hb_rs<BF16, 1>(dva, pa[kk], hb_desc(aO + kk * 2048), 1);
+        hb_commit();
+
+        // dSᵀ = Pᵀ∘(dPᵀ - dsum), then dK += dSᵀ·Q.
+        hb_wait<1>();
+        hb_keep(dp);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[4 * c + e] = s[4 * c + e] * (dp[4 * c + e] - cD[8 * c + 2 * t + (e & 1)]);
+        }
+        hb_to_a<BF16>(da, dp);
+        hb_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) hb_rs<BF16, 1>(dka, da[kk], hb_desc(aQ + kk * 2048), 1);
         hb_commit();
