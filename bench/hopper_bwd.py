@@ -199,8 +199,11 @@ def main():
     global PORTABLE, SMS
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--variants", default=",".join(f"{o}{p}" for o, p in VARIANTS),
+                    help="which (HB_ORDER, HB_PIPE) variants, as digit pairs: 00,10,11 (the runtime's is 11)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()
+    variants = [(int(v[0]), int(v[1])) for v in args.variants.split(",") if len(v) == 2]
     lines = []
 
     def log(s):
@@ -211,7 +214,7 @@ def main():
     PORTABLE = fs.Kernels({k: v[0] for k, v in fs.SWEEP.items()})
     SMS = torch.cuda.get_device_properties(0).multi_processor_count
     Hs = []
-    for order, pipe in VARIANTS:
+    for order, pipe in variants:
         try:
             H = Hopper(order, pipe)
         except Exception as e:
