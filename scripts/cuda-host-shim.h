@@ -47,6 +47,7 @@ struct float2 { float x, y; };
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct float4 { float x, y, z, w; };
 struct uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 // decode.cu's sampling (rounding-exact adds).
 inline float __fadd_rn(float a, float b) { return a + b; }

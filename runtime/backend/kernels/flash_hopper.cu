@@ -243,7 +243,7 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
         fa_wait1();
         hb_proxy_fence();
         __syncthreads();
-        const u32 h = head_of(it), qt = tile_of(it), q0 = qt * 64;
+        const u32 qt = tile_of(it), q0 = qt * 64;
         const u32 aQ = sb + HB_SQ + st * 8192, aO = sb + HB_SO + st * 8192;
 
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: this warpgroup's 64 keys x the tile's 64 queries.
@@ -341,11 +341,11 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
             }
         }
 #if !HB_PIPE
-        wait_turn(h, qt);
+        wait_turn(head_of(it), qt);
         __syncthreads();
-        add_turn(h, qt, 0);
+        add_turn(head_of(it), qt, 0);
         __syncthreads();
-        release_turn(h, qt);
+        release_turn(head_of(it), qt);
 #endif
     }
 #if HB_PIPE
