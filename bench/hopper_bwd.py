@@ -96,7 +96,7 @@ class Hopper:
         fn = self.fn[f"hb_bwd_{name}_d64"]
         grid = (min(ntk * kv_heads * b, SMS),)
         fn(grid, (256,), (fs.P(dq), fs.P(dk), fs.P(dv), fs.P(self.acc), fs.P(self.sem), fs.P(self.err), fs.P(q), fs.P(k), fs.P(v), fs.P(dout), fs.P(lse), fs.P(dsum),
-                          fs.U(s), fs.U(heads), fs.U(kv_heads), fs.U(b), fs.U(heads * d), fs.U(kv_heads * d), fs.U(int(causal)), np.float32(1 / math.sqrt(d))), shared_mem=self.smem)
+                          fs.U(b), fs.U(s), fs.U(heads), fs.U(kv_heads), fs.U(heads * d), fs.U(kv_heads * d), fs.U(int(causal)), np.float32(1 / math.sqrt(d))), shared_mem=self.smem)
         return dq, dk, dv
 
 

@@ -556,7 +556,7 @@ fn check_device(op: &'static str, c: &CudaBackend, dtype: DType, a: AttnShape) -
 
 /// `seq, heads, kv_heads, qld, kvld, causal, scale`: the kernels' trailing arguments (`lds`:
 /// the row strides of q and of k and v, [`Qkv::lds`]).
-fn sizes(a: AttnShape, [qld, kvld]: [usize; 2]) -> [KArg; 7] {
+pub(super) fn sizes(a: AttnShape, [qld, kvld]: [usize; 2]) -> [KArg; 7] {
     let d = a.dims;
     [
         KArg::U32(d.seq as u32),

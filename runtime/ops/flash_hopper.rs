@@ -7,6 +7,8 @@ use crate::backend::{CudaBackend, KArg};
 use crate::ops::cpu::AttnShape;
 use crate::{DType, Device, Result, Tensor};
 
+use super::flash::sizes;
+
 /// The backward from the addresses of q, k, v (`ins`, rows `lds` elements apart), dO, lse and
 /// dsum (`saved`) into dq, dk, dv (`grads`, laid out as the inputs). Scratch: the f32 `dQ`
 /// accumulator (`batch · heads · query tiles · 64 · 64` words, no need to clear: the first key
@@ -18,7 +20,7 @@ pub(super) fn backward(
     k: &HopperBwd,
     a: AttnShape,
     dtype: DType,
-    [qld, kvld]: [usize; 2],
+    lds: [usize; 2],
     [qp, kp, vp]: [u64; 3],
     [dop, lp, sp]: [u64; 3],
     [dqp, dkp, dvp]: [u64; 3],
@@ -30,27 +32,16 @@ pub(super) fn backward(
     let acc = Tensor::empty(dev, &[turns * 64 * 64])?;
     let counters = Tensor::zeros(dev, &[turns + 2])?;
     let counter_p = counters.cuda_ptr()?;
-    let args = [
+    let mut args = vec![
         KArg::Ptr(dqp),
         KArg::Ptr(dkp),
         KArg::Ptr(dvp),
         KArg::Ptr(acc.cuda_ptr()?),
         KArg::Ptr(counter_p),
         KArg::Ptr(counter_p + 4 * (turns as u64 + 1)),
-        KArg::Ptr(qp),
-        KArg::Ptr(kp),
-        KArg::Ptr(vp),
-        KArg::Ptr(dop),
-        KArg::Ptr(lp),
-        KArg::Ptr(sp),
-        KArg::U32(d.seq as u32),
-        KArg::U32(d.heads as u32),
-        KArg::U32(a.kv_heads as u32),
-        KArg::U32(d.batch as u32),
-        KArg::U32(qld as u32),
-        KArg::U32(kvld as u32),
-        KArg::U32(a.causal as u32),
-        KArg::F32(d.scale()),
     ];
+    args.extend([qp, kp, vp, dop, lp, sp].map(KArg::Ptr));
+    args.push(KArg::U32(d.batch as u32));
+    args.extend(sizes(a, lds));
     c.launch_hopper_bwd(k, dtype, key_tiles * a.kv_heads * d.batch, &args)
 }

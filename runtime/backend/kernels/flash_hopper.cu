@@ -125,7 +125,7 @@ __device__ __forceinline__ void hb_st_release(u32* p, u32 v) { asm volatile("st.
 // One work item: key tile, kv head and batch row `item` (item / (kv_heads * batch) is the key
 // tile's rank in the order, the rest the kv head and batch row).
 template <bool BF16>
-__device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, float* dq_acc, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 batch, u32 qld, u32 kvld, u32 causal, float scale) {
+__device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, float* dq_acc, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 batch, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) {
     const u32 raw = fa_saddr(fa_smem);
     const u32 sb = (raw + 1023u) & ~1023u;
     unsigned char* base = fa_smem + (sb - raw);
@@ -380,7 +380,7 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
 // items taken before its own, each held by a running block, so the waits always end, however
 // many blocks are resident.
 template <bool BF16>
-__device__ __forceinline__ void hb_bwd(u16* dq, u16* dk, u16* dv, float* dq_acc, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 batch, u32 qld, u32 kvld, u32 causal, float scale) {
+__device__ __forceinline__ void hb_bwd(u16* dq, u16* dk, u16* dv, float* dq_acc, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 batch, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) {
     __shared__ u32 s_item;
     const u32 items = ((seq + 127) / 128) * kv_heads * batch;
     u32* counter = sem + (u64)batch * heads * ((seq + 63) / 64);
@@ -393,7 +393,7 @@ __device__ __forceinline__ void hb_bwd(u16* dq, u16* dk, u16* dv, float* dq_acc,
         __syncthreads();
         const u32 item = s_item;
         if (item >= items) break;
-        hb_item<BF16>(item, dq, dk, dv, dq_acc, sem, err, q, k, v, dout, lse, dsum, seq, heads, kv_heads, batch, qld, kvld, causal, scale);
+        hb_item<BF16>(item, dq, dk, dv, dq_acc, sem, err, q, k, v, dout, lse, dsum, batch, seq, heads, kv_heads, qld, kvld, causal, scale);
         __syncthreads();
     }
 }
@@ -404,10 +404,10 @@ __device__ __forceinline__ void hb_bwd(u16* dq, u16* dk, u16* dv, float* dq_acc,
 #define HB_BODY(...)
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, 1) hb_bwd_bf16_d64(u16* dq, u16* dk, u16* dv, float* dq_acc, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 batch, u32 qld, u32 kvld, u32 causal, float scale) {
-    HB_BODY(hb_bwd<true>(dq, dk, dv, dq_acc, sem, err, q, k, v, dout, lse, dsum, seq, heads, kv_heads, batch, qld, kvld, causal, scale);)
+extern "C" __global__ void __launch_bounds__(256, 1) hb_bwd_bf16_d64(u16* dq, u16* dk, u16* dv, float* dq_acc, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 batch, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) {
+    HB_BODY(hb_bwd<true>(dq, dk, dv, dq_acc, sem, err, q, k, v, dout, lse, dsum, batch, seq, heads, kv_heads, qld, kvld, causal, scale);)
 }
-extern "C" __global__ void __launch_bounds__(256, 1) hb_bwd_f16_d64(u16* dq, u16* dk, u16* dv, float* dq_acc, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 seq, u32 heads, u32 kv_heads, u32 batch, u32 qld, u32 kvld, u32 causal, float scale) {
-    HB_BODY(hb_bwd<false>(dq, dk, dv, dq_acc, sem, err, q, k, v, dout, lse, dsum, seq, heads, kv_heads, batch, qld, kvld, causal, scale);)
+extern "C" __global__ void __launch_bounds__(256, 1) hb_bwd_f16_d64(u16* dq, u16* dk, u16* dv, float* dq_acc, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 batch, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) {
+    HB_BODY(hb_bwd<false>(dq, dk, dv, dq_acc, sem, err, q, k, v, dout, lse, dsum, batch, seq, heads, kv_heads, qld, kvld, causal, scale);)
 }
 
