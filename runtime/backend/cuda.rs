@@ -16,11 +16,16 @@ use super::ptx_cache;
 use super::{DropErrors, StreamGate};
 use crate::capabilities::CudaVersion;
 use crate::error::{NcclProblem, NoCuda, OpError};
-use crate::{DistError, Error, Result};
+use crate::{DeviceError, DistError, Error, Result};
 
-/// The clear state of the device's error word (see `kernels/transformer.cu` and
-/// `kernels/decode.cu`): no bad token, no bad cache length.
-const ERR_CLEAR: [u32; 8] = [u32::MAX, u32::MAX, 0, 0, u32::MAX, u32::MAX, 0, 0];
+/// The clear state of the device's error word (see `kernels/transformer.cu`,
+/// `kernels/decode.cu` and `kernels/flash_hopper.cu`): no bad token, no bad cache length, no
+/// stalled wait (word 8; words 9-11 pad the word to 48 bytes).
+const ERR_CLEAR: [u32; 12] = [u32::MAX, u32::MAX, 0, 0, u32::MAX, u32::MAX, 0, 0, 0, 0, 0, 0];
+
+/// Byte offset in the error word of the count of waits that a kernel gave up (word 8; see
+/// [`CudaBackend::stall_word`]).
+const STALL_WORD_OFFSET: u64 = 8 * 4;
 
 /// Bytes of the explicit cuBLAS workspace; with it set, GEMMs never allocate, so they capture.
 pub(crate) const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
@@ -437,7 +442,7 @@ impl CudaBackend {
             })
             .collect();
 
-        // SAFETY: plain allocation and a synchronous copy of 16 bytes into it, outside any
+        // SAFETY: plain allocation and a synchronous copy of `ERR_CLEAR` into it, outside any
         // capture; freed in Drop.
         let err_word = unsafe {
             let p = result::malloc_sync(std::mem::size_of_val(&ERR_CLEAR)).map_err(driver_err("cuMemAlloc"))?;
@@ -903,18 +908,26 @@ impl CudaBackend {
         self.err_word
     }
 
+    /// The address of the error word's stall count: a kernel whose blocks wait for one another
+    /// (the Hopper attention backward) adds one there for each wait it gave up, which the next
+    /// [`CudaBackend::synchronize`] reports as [`DeviceError::KernelStalled`].
+    pub(crate) fn stall_word(&self) -> u64 {
+        self.err_word + STALL_WORD_OFFSET
+    }
+
     /// Reads the error word (the stream is idle); a report becomes [`Error::TokenOutOfRange`]
-    /// (a bad token id) or a cache error ([`Error::CacheFull`], [`Error::CacheLengthOutOfRange`]),
-    /// and the word is cleared.
+    /// (a bad token id), a cache error ([`Error::CacheFull`], [`Error::CacheLengthOutOfRange`])
+    /// or [`DeviceError::KernelStalled`], and the word is cleared.
     fn take_reported_error(&self) -> Result<()> {
-        let mut w = [0u32; 8];
-        // SAFETY: `err_word` is a live 16-byte allocation of this context; the stream is idle
-        // (the caller synchronized) and both copies complete before the calls return.
+        let mut w = [0u32; 12];
+        // SAFETY: `err_word` is a live allocation of `ERR_CLEAR`'s size in this context; the
+        // stream is idle (the caller synchronized) and both copies complete before the calls
+        // return.
         unsafe {
             result::memcpy_dtoh_async(&mut w, self.err_word, self.stream.cu_stream())
                 .map_err(driver_err("cuMemcpyDtoHAsync"))?;
             self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))?;
-            if w[3] == 0 && w[7] == 0 {
+            if w[3] == 0 && w[7] == 0 && w[8] == 0 {
                 return Ok(());
             }
             result::memcpy_htod_async(self.err_word, &ERR_CLEAR, self.stream.cu_stream())
@@ -930,8 +943,11 @@ impl CudaBackend {
                 vocab: w[2] as usize,
             });
         }
-        let op = if w[7] & 2 != 0 { "kv_cache_append" } else { "decode_attention" };
-        Err(Error::cache_length(op, w[5] as usize, w[4] as i32, w[6] as usize))
+        if w[7] != 0 {
+            let op = if w[7] & 2 != 0 { "kv_cache_append" } else { "decode_attention" };
+            return Err(Error::cache_length(op, w[5] as usize, w[4] as i32, w[6] as usize));
+        }
+        Err(DeviceError::KernelStalled { op: "attention_backward", waits: w[8] }.into())
     }
 
     /// Creates a timing event pair and returns elapsed ms of `f`'s stream work.
@@ -968,5 +984,38 @@ fn cublas_check(call: &'static str, s: cublas_sys::cublasStatus_t) -> Result<()>
         Ok(())
     } else {
         Err(Error::cuda(call, cublas_result::CublasError(s)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DeviceError, Error};
+
+    /// A wait a kernel gave up (the Hopper attention backward's ordered dQ sum) is counted in
+    /// the error word's stall count; the next synchronize reports it once, as a typed error,
+    /// and clears it.
+    #[test]
+    fn a_stall_count_in_the_error_word_is_reported_once_and_cleared() {
+        let dev = match crate::Device::cuda(0) {
+            Ok(d) => d,
+            Err(e) => {
+                assert!(
+                    !std::env::var("GRAPHED_REQUIRE_CUDA").is_ok_and(|v| v == "1"),
+                    "GRAPHED_REQUIRE_CUDA=1 but CUDA is unusable: {e}"
+                );
+                eprintln!(
+                    "a_stall_count_in_the_error_word_is_reported_once_and_cleared: skipped: no CUDA device ({e})"
+                );
+                return;
+            }
+        };
+        let c = dev.backend().cuda().expect("a CUDA device has a CUDA backend");
+        // The copy ends in a synchronize, which reads the word it just wrote.
+        let got = c.copy_to_device(c.stall_word(), &[3u32]);
+        assert!(
+            matches!(got, Err(Error::Device(DeviceError::KernelStalled { op: "attention_backward", waits: 3 }))),
+            "{got:?}"
+        );
+        c.synchronize().unwrap();
     }
 }

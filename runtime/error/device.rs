@@ -16,4 +16,16 @@ pub enum DeviceError {
         /// The value that came from the other backend.
         what: &'static str,
     },
+    /// A kernel whose blocks wait for one another (the Hopper attention backward's ordered
+    /// `dQ` sum, [`crate::ops::AttentionEngine::Hopper`]) gave up waits that lasted seconds, so
+    /// the gradients it wrote are wrong. Its blocks only wait for work that running blocks
+    /// hold, so this means a bug in graphed or a device that stopped those blocks; it is
+    /// reported at the next synchronization, like a bad token id.
+    #[error("{op}: a kernel gave up {waits} wait(s) for other blocks after seconds, so its output is wrong; this is a bug in graphed, please report it (AttentionEngine::Auto avoids this kernel)")]
+    KernelStalled {
+        /// The operation.
+        op: &'static str,
+        /// How many waits gave up.
+        waits: u32,
+    },
 }

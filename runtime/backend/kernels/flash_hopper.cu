@@ -188,7 +188,9 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
             const u32* sm = sem + ((u64)b * heads + h) * nqt + qt;
             const long long t0 = clock64();
             while (hb_ld_acquire(sm) != pl.x) {
-                if (clock64() - t0 > (1ll << 32)) {  // a few seconds: give up rather than hang
+                // A few seconds: give up rather than hang, counted in the device's error word
+                // (CudaBackend::stall_word), which the next synchronize reports.
+                if (clock64() - t0 > (1ll << 32)) {
                     atomicAdd(err, 1u);
                     break;
                 }
