@@ -8,7 +8,8 @@
 # Logs and tables go to $OUT.
 #   bash scripts/hopper-bwd.sh [GPT steps, default 60]
 # HOPPER_LEAN=1: the runtime's variant only in the bench, and the GPT without torch.compile (for a
-# call with little device time left).
+# call with little device time left). HOPPER_PART=kernel runs the bench and the tests only,
+# HOPPER_PART=gpt the GPT only (two calls of under 600 s each; the default runs both).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -d gpu-bin ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
@@ -18,8 +19,9 @@ out=${OUT:-/tmp/graphed-out}; mkdir -p "$out"
 t0=$(date +%s)
 note() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 note "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-lean=${HOPPER_LEAN:-0}
+lean=${HOPPER_LEAN:-0} part=${HOPPER_PART:-all}
 variants=00,10,11; [ "$lean" = 1 ] && variants=11
+if [ "$part" != gpt ]; then
 timeout 260 python3 bench/hopper_bwd.py --quick --variants "$variants" --out "$out" > "$out/hopper_bwd.log" 2>&1
 note "hopper_bwd.py: exit $?"
 grep -v " OK$" "$out/hopper_bwd.log" | head -40
@@ -27,6 +29,11 @@ echo "checks OK: $(grep -c ' OK$' "$out/hopper_bwd.log")"
 GRAPHED_REQUIRE_CUDA=1 timeout 150 gpu-bin/tests/ops_flash --test-threads=1 > "$out/ops_flash.log" 2>&1
 note "ops_flash: exit $?"
 grep -E "^test result|FAILED|panicked|skipped" "$out/ops_flash.log" | head -12
+GRAPHED_REQUIRE_CUDA=1 timeout 60 gpu-bin/tests/lib-graphed stall > "$out/lib_stall.log" 2>&1
+note "lib-graphed (the stall count in the error word): exit $?"
+grep -E "^test result|FAILED|panicked" "$out/lib_stall.log" | head -4
+fi
+[ "$part" = kernel ] && { note "done"; exit 0; }
 torch=compile; [ "$lean" = 1 ] && torch=none
 GPT_SHAPES=4096x1 GPT_SHAPES_RUNS="graphed hopper" GPT_SHAPES_TORCH=$torch timeout 420 bash scripts/gpt-shapes.sh "${1:-60}" 2>&1 | tail -12
 note "done"
