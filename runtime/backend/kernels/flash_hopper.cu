@@ -240,11 +240,15 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
 
     for (u32 it = 0; it < iters; ++it) {
         const int st = it & 1;
-        if (it + 1 < iters) load_q(it + 1, st ^ 1);
-        fa_commit();
-        fa_wait1();
+        // Stage st (issued an iteration ago, or before the loop) has landed; the barrier also
+        // holds the next load back until both warpgroups waited for their products of the
+        // previous iteration, which read stage st ^ 1 (a warpgroup's wgmma wait covers its own
+        // products only).
+        fa_wait0();
         hb_proxy_fence();
         __syncthreads();
+        if (it + 1 < iters) load_q(it + 1, st ^ 1);
+        fa_commit();
         const u32 qt = tile_of(it), q0 = qt * 64;
         const u32 aQ = sb + HB_SQ + st * 8192, aO = sb + HB_SO + st * 8192;
 
@@ -299,12 +303,8 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
             for (int e = 0; e < 4; ++e) dp[4 * c + e] = s[4 * c + e] * (dp[4 * c + e] - cD[8 * c + 2 * t + (e & 1)]);
         }
         hb_to_a<BF16>(da, dp);
-        hb_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) hb_rs<BF16, 1>(dka, da[kk], hb_desc(aQ + kk * 2048), 1);
-        hb_commit();
-
-        // dSᵀ (keys x queries) to shared memory for dQ.
+        // dSᵀ (keys x queries) to shared memory for dQ, before dK's product takes da as its A
+        // operand (reading an operand register of a product in flight is undefined in PTX).
         {
             const int r0 = wg * 64 + 16 * warp + gr;
 #pragma unroll
@@ -315,6 +315,10 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
                 *reinterpret_cast<u32*>(sDS + fa_off<64>(r0 + 8, 2 * kk + 1) + 2 * t) = da[kk][3];
             }
         }
+        hb_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) hb_rs<BF16, 1>(dka, da[kk], hb_desc(aQ + kk * 2048), 1);
+        hb_commit();
         hb_proxy_fence();
         __syncthreads();
 #if HB_PIPE
