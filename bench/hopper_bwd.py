@@ -55,14 +55,14 @@ VARIANTS = ((0, 0), (1, 0), (1, 1))
 
 
 class Hopper:
-    def __init__(self, order, pipe):
-        self.order, self.pipe = order, pipe
-        self.name = f"order {order} pipe {pipe}"
+    def __init__(self, order, pipe, turn=1):
+        self.order, self.pipe, self.turn = order, pipe, turn
+        self.name = f"order {order} pipe {pipe}" + ("" if turn == 1 else f" turn {turn}")
         self.smem = smem(pipe)
         src = "\n".join((fs.source(), open(os.path.join(fs.KDIR, "flash_hopper.cu")).read(), open(os.path.join(HERE, "hopper_bwd.cu")).read()))
         defs = tuple(f"-DFA_{k}={v[0][0]},{v[0][1]},{v[0][2]}" for k, v in fs.SWEEP.items())
         t0 = time.time()
-        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_ORDER={order}", f"-DHB_PIPE={pipe}") + defs)
+        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_ORDER={order}", f"-DHB_PIPE={pipe}", f"-DHB_TURN={turn}") + defs)
         self.fn = {}
         for name in ("hb_bwd_bf16_d64", "hb_bwd_f16_d64", "hb_layout_test"):
             f = self.mod.get_function(name)
@@ -200,10 +200,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--variants", default=",".join(f"{o}{p}" for o, p in VARIANTS),
-                    help="which (HB_ORDER, HB_PIPE) variants, as digit pairs: 00,10,11 (the runtime's is 11)")
+                    help="which (HB_ORDER, HB_PIPE[, HB_TURN]) variants, as digits: 00,10,11 (the runtime's is 11); "
+                         "a third digit picks the dQ sum (flash_hopper.cu's HB_TURN: 0, 2 and 3 are timed, not checked)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()
-    variants = [(int(v[0]), int(v[1])) for v in args.variants.split(",") if len(v) == 2]
+    variants = [(int(v[0]), int(v[1]), int(v[2]) if len(v) == 3 else 1) for v in args.variants.split(",") if len(v) in (2, 3)]
     lines = []
 
     def log(s):
@@ -214,11 +215,11 @@ def main():
     PORTABLE = fs.Kernels({k: v[0] for k, v in fs.SWEEP.items()})
     SMS = torch.cuda.get_device_properties(0).multi_processor_count
     Hs = []
-    for order, pipe in variants:
+    for order, pipe, turn in variants:
         try:
-            H = Hopper(order, pipe)
+            H = Hopper(order, pipe, turn)
         except Exception as e:
-            log(f"order {order} pipe {pipe}: compile FAILED: {str(e)[:3000]}")
+            log(f"order {order} pipe {pipe} turn {turn}: compile FAILED: {str(e)[:3000]}")
             continue
         r, l = H.regs("hb_bwd_bf16_d64")
         log(f"{H.name}: compiled in {H.compile_s:.1f} s, hb_bwd_bf16_d64 {r} registers, {l} B local")
@@ -226,8 +227,8 @@ def main():
     ok = bool(Hs)
     if Hs:
         ok &= layout_tests(Hs[0], log)
-    good = []
-    for H in Hs:
+    good = [H for H in Hs if H.turn not in (1, 4)]  # diagnostics: timed only
+    for H in [H for H in Hs if H.turn in (1, 4)]:
         hok = True
         shapes = [(1, 128, 1, 1), (2, 300, 4, 2), (1, 1024, 8, 8), (2, 257, 4, 1), (1, 64, 2, 2), (3, 70, 2, 2)]
         for dtype in (torch.bfloat16, torch.float16):

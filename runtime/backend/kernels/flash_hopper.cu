@@ -36,6 +36,13 @@
 #ifndef HB_PIPE
 #define HB_PIPE 1
 #endif
+// HB_TURN (bench/hopper_bwd.py's diagnostics; the runtime's is 1): 1 the ordered dQ sum; 4 the
+// same without the fence before the release store (the release orders the block's stores);
+// timing only, dq wrong: 0 no dQ sum at all, 2 each part added by atomics without turns, 3 the
+// ordered adds without their waits.
+#ifndef HB_TURN
+#define HB_TURN 1
+#endif
 
 #define HB_SK 0
 #define HB_SV 16384
@@ -184,7 +191,7 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
     };
     auto wait_turn = [&](u32 h, u32 qt) {
         const uint2 pl = turn(h, qt);
-        if (tid == 0 && pl.x > 0) {
+        if (HB_TURN != 0 && HB_TURN != 2 && HB_TURN != 3 && tid == 0 && pl.x > 0) {
             const u32* sm = sem + ((u64)b * heads + h) * nqt + qt;
             const long long t0 = clock64();
             while (hb_ld_acquire(sm) != pl.x) {
@@ -202,12 +209,18 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
         const u32 q0 = qt * 64, pos = pl.x, last = pl.y;
         const float* part = sDQ + ps * 2 * 64 * HB_DQLD;
         float* acc = dq_acc + (((u64)b * heads + h) * nqt * 64 + q0) * 64;
+        if (HB_TURN == 0) return;
 #pragma unroll
         for (int r4 = 0; r4 < 4; ++r4) {
             const int f = tid + 256 * r4, row = f >> 4, c4 = (f & 15) * 4;
             const float4 p0 = *reinterpret_cast<const float4*>(part + row * HB_DQLD + c4);
             const float4 p1 = *reinterpret_cast<const float4*>(part + 64 * HB_DQLD + row * HB_DQLD + c4);
             float4 x = make_float4(p0.x + p1.x, p0.y + p1.y, p0.z + p1.z, p0.w + p1.w);
+            if (HB_TURN == 2) {
+                float* a = acc + row * 64 + c4;
+                atomicAdd(a, x.x), atomicAdd(a + 1, x.y), atomicAdd(a + 2, x.z), atomicAdd(a + 3, x.w);
+                continue;
+            }
             if (pos > 0) {
                 const float4 o = __ldcg(reinterpret_cast<const float4*>(acc + row * 64 + c4));
                 x = make_float4(o.x + x.x, o.y + x.y, o.z + x.z, o.w + x.w);
@@ -227,12 +240,12 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
     // After a block barrier that follows every thread's add_turn.
     auto release_turn = [&](u32 h, u32 qt) {
         const uint2 pl = turn(h, qt);
-        if (tid == 0) {
+        if (HB_TURN != 0 && HB_TURN != 2 && tid == 0) {
             u32* sm = sem + ((u64)b * heads + h) * nqt + qt;
             if (pl.x == pl.y) {
                 if (pl.x > 0) *sm = 0u;
             } else {
-                __threadfence();
+                if (HB_TURN != 4) __threadfence();
                 hb_st_release(sm, pl.x + 1);
             }
         }
