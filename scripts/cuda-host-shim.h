@@ -25,6 +25,7 @@ inline unsigned atomicMax(unsigned* a, unsigned v) { unsigned o = *a; if (v > o)
 inline unsigned atomicOr(unsigned* a, unsigned v) { unsigned o = *a; *a |= v; return o; }
 inline unsigned atomicAdd(unsigned* a, unsigned v) { unsigned o = *a; *a += v; return o; }
 inline int atomicAdd(int* a, int v) { int o = *a; *a += v; return o; }
+inline float atomicAdd(float* a, float v) { float o = *a; *a += v; return o; }
 inline unsigned atomicExch(unsigned* a, unsigned v) { unsigned o = *a; *a = v; return o; }
 inline void __threadfence() {}
 inline unsigned __ballot_sync(unsigned, bool p) { return p ? 1u : 0u; }
