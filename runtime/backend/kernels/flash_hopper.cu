@@ -43,6 +43,8 @@
 #ifndef HB_TURN
 #define HB_TURN 1
 #endif
+#define HB_WAITS (HB_TURN == 1 || HB_TURN == 4)     // a block waits for its turn
+#define HB_RELEASES (HB_TURN != 0 && HB_TURN != 2)  // and counts it done
 
 #define HB_SK 0
 #define HB_SV 16384
@@ -191,7 +193,7 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
     };
     auto wait_turn = [&](u32 h, u32 qt) {
         const uint2 pl = turn(h, qt);
-        if (HB_TURN != 0 && HB_TURN != 2 && HB_TURN != 3 && tid == 0 && pl.x > 0) {
+        if (HB_WAITS && tid == 0 && pl.x > 0) {
             const u32* sm = sem + ((u64)b * heads + h) * nqt + qt;
             const long long t0 = clock64();
             while (hb_ld_acquire(sm) != pl.x) {
@@ -240,7 +242,7 @@ __device__ __forceinline__ void hb_item(u32 item, u16* dq, u16* dk, u16* dv, flo
     // After a block barrier that follows every thread's add_turn.
     auto release_turn = [&](u32 h, u32 qt) {
         const uint2 pl = turn(h, qt);
-        if (HB_TURN != 0 && HB_TURN != 2 && tid == 0) {
+        if (HB_RELEASES && tid == 0) {
             u32* sm = sem + ((u64)b * heads + h) * nqt + qt;
             if (pl.x == pl.y) {
                 if (pl.x > 0) *sm = 0u;
