@@ -6,13 +6,12 @@ PyTorch's SDPA backward (cuDNN, FlashAttention-2) in the same run.
 
 Compiles the runtime's core.cu, ops.cu, half.cu, flash.cu and flash_hopper.cu with
 bench/hopper_bwd.cu (the wgmma layout tests) appended, for sm_90a (wgmma needs the
-architecture-specific target), once per variant: the dQ order (HB_ORDER 0: the last key tile adds
-first, items taken from the last key tile; 1: the first key tile first, the longest items first)
-and whether a tile's dQ turn overlaps the next tile's products (HB_PIPE).
+architecture-specific target), once per variant of the dQ sum (flash_hopper.cu's HB_TURN: 1 the
+runtime's ordered sum, 0 none at all, timed only, to show what the sum costs).
 
 Checks, each a line with OK or FAIL:
-- the three wgmma operand forms the kernel uses (K-major x K-major, registers x N-major,
-  M-major x N-major) against torch matmul, exact to float32 rounding;
+- the wgmma operand forms the kernel uses (K-major x K-major at n64 and n128, registers x
+  N-major, M-major x N-major) against torch matmul, exact to float32 rounding;
 - dq, dk, dv against flash_sweep's float32 reference (relative error < 2e-2, and beside the
   portable kernels' own error on the same inputs), at short, odd, grouped-query and causal
   shapes in bf16 and f16;
@@ -45,26 +44,21 @@ from attention_timing import flops, median_ms  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def smem(pipe):
-    """HB_SMEM in hopper_bwd.cu."""
-    return 81920 + (2 if pipe else 1) * 2 * 64 * 72 * 4 + 2048
-
-
-# (HB_ORDER, HB_PIPE) variants compiled and compared.
-VARIANTS = ((0, 0), (1, 0), (1, 1))
+# HB_SMEM, HB_THREADS and HB_TILE_F32 in flash_hopper.cu.
+SMEM, THREADS, TILE_F32 = 196608 + 2048 + 1024, 384, 8192
 
 
 class Hopper:
-    def __init__(self, order, pipe, turn=1):
-        self.order, self.pipe, self.turn = order, pipe, turn
-        self.name = f"order {order} pipe {pipe}" + ("" if turn == 1 else f" turn {turn}")
-        self.smem = smem(pipe)
+    def __init__(self, turn=1):
+        self.turn = turn
+        self.name = f"turn {turn}"
+        self.smem = SMEM
         src = "\n".join((fs.source(), open(os.path.join(fs.KDIR, "flash_hopper.cu")).read(), open(os.path.join(HERE, "hopper_bwd.cu")).read()))
         defs = tuple(f"-DFA_{k}={v[0][0]},{v[0][1]},{v[0][2]}" for k, v in fs.SWEEP.items())
         t0 = time.time()
-        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_ORDER={order}", f"-DHB_PIPE={pipe}", f"-DHB_TURN={turn}") + defs)
+        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_TURN={turn}") + defs)
         self.fn = {}
-        for name in ("hb_bwd_bf16_d64", "hb_bwd_f16_d64", "hb_layout_test"):
+        for name in ("hb_bwd_bf16_d64", "hb_bwd_f16_d64", "hb_layout_test", "hb_dq_convert_bf16", "hb_dq_convert_f16"):
             f = self.mod.get_function(name)
             f.max_dynamic_shared_size_bytes = self.smem
             self.fn[name] = f
@@ -87,16 +81,18 @@ class Hopper:
             prep = fs_prep(name)
             n = b * s * heads * d // 8
             prep((min((n + 255) // 256, 65535 * 8),), (256,), (fs.P(dsum), fs.P(dout), fs.P(out), fs.U(b * s), fs.U(s), fs.U(heads), fs.U(d)))
-        nqt, ntk = (s + 63) // 64, (s + 127) // 128
-        need = b * heads * nqt * 64 * 64
+        nt = (s + 127) // 128
+        need = b * heads * nt * TILE_F32
         if self.acc.numel() < need:
             self.acc = torch.empty(need, dtype=torch.float32, device="cuda")
-        assert b * heads * nqt + 1 <= self.sem.numel()
+        assert b * heads * nt + 1 <= self.sem.numel()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         fn = self.fn[f"hb_bwd_{name}_d64"]
-        grid = (min(ntk * kv_heads * b, SMS),)
-        fn(grid, (256,), (fs.P(dq), fs.P(dk), fs.P(dv), fs.P(self.acc), fs.P(self.sem), fs.P(self.err), fs.P(q), fs.P(k), fs.P(v), fs.P(dout), fs.P(lse), fs.P(dsum),
-                          fs.U(b), fs.U(s), fs.U(heads), fs.U(kv_heads), fs.U(heads * d), fs.U(kv_heads * d), fs.U(int(causal)), np.float32(1 / math.sqrt(d))), shared_mem=self.smem)
+        grid = (min(nt * kv_heads * b, SMS),)
+        scale = np.float32(1 / math.sqrt(d))
+        fn(grid, (THREADS,), (fs.P(self.acc), fs.P(dk), fs.P(dv), fs.P(self.sem), fs.P(self.err), fs.P(q), fs.P(k), fs.P(v), fs.P(dout), fs.P(lse), fs.P(dsum),
+                              fs.U(b), fs.U(s), fs.U(heads), fs.U(kv_heads), fs.U(heads * d), fs.U(kv_heads * d), fs.U(int(causal)), scale), shared_mem=self.smem)
+        self.fn[f"hb_dq_convert_{name}"]((nt, heads, b), (256,), (fs.P(dq), fs.P(self.acc), fs.U(s), fs.U(heads), fs.U(heads * d), scale))
         return dq, dk, dv
 
 
@@ -117,12 +113,13 @@ def layout_tests(H, log):
     ok = True
     torch.manual_seed(1)
     a = torch.randn(64, 64, device="cuda").to(torch.bfloat16)
-    b = torch.randn(64, 64, device="cuda").to(torch.bfloat16)
+    b = torch.randn(128, 64, device="cuda").to(torch.bfloat16)
     af, bf = a.float(), b.float()
-    want = {0: af @ bf.T, 1: af @ bf, 2: af.T @ bf}
-    names = {0: "A K-major x B K-major (S = K.Q^T)", 1: "A registers x B N-major (dV += P^T.dO)", 2: "A M-major x B N-major (dQ = dS.K)"}
-    for mode in (0, 1, 2):
-        c = torch.full((64, 64), float("nan"), device="cuda")
+    want = {0: af @ bf[:64].T, 1: af @ bf[:64], 2: af.T @ bf[:64], 3: af @ bf.T}
+    names = {0: "A K-major x B K-major (S = K.Q^T)", 1: "A registers x B N-major (dV += P^T.dO)", 2: "A M-major x B N-major (dQ = dS.K)",
+             3: "A K-major x B K-major, n128 (S = K.Q^T, 128 queries)"}
+    for mode in (0, 1, 2, 3):
+        c = torch.full((64, 128 if mode == 3 else 64), float("nan"), device="cuda")
         H.fn["hb_layout_test"]((1,), (128,), (fs.P(c), fs.P(a), fs.P(b), fs.U(mode)), shared_mem=H.smem)
         torch.cuda.synchronize()
         err = (c - want[mode]).abs().max().item()
@@ -130,7 +127,8 @@ def layout_tests(H, log):
         # Which known layout it did compute, when it is wrong: a hint for the descriptor.
         hint = ""
         if not good:
-            alts = {"a.b^T": af @ bf.T, "a.b": af @ bf, "a^T.b": af.T @ bf, "a^T.b^T": af.T @ bf.T}
+            b64 = bf[:64]
+            alts = {"a.b^T": af @ b64.T, "a.b": af @ b64, "a^T.b": af.T @ b64, "a^T.b^T": af.T @ b64.T} if mode != 3 else {"a.b^T": af @ bf.T}
             hint = " closest: " + ", ".join(f"{k} {(c - v).abs().max().item():.2e}" for k, v in alts.items())
         log(f"{H.name} layout mode {mode} {names[mode]}: max err {err:.2e} {'OK' if good else 'FAIL'}{hint}")
         ok &= good
@@ -199,12 +197,11 @@ def main():
     global PORTABLE, SMS
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--variants", default=",".join(f"{o}{p}" for o, p in VARIANTS),
-                    help="which (HB_ORDER, HB_PIPE[, HB_TURN]) variants, as digits: 00,10,11 (the runtime's is 11); "
-                         "a third digit picks the dQ sum (flash_hopper.cu's HB_TURN: 0, 2 and 3 are timed, not checked)")
+    ap.add_argument("--variants", default="1",
+                    help="which HB_TURN variants: 1 (the runtime's) is checked and timed, 0 (no dQ sum) timed only")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()
-    variants = [(int(v[0]), int(v[1]), int(v[2]) if len(v) == 3 else 1) for v in args.variants.split(",") if len(v) in (2, 3)]
+    variants = [int(v) for v in args.variants.split(",") if v]
     lines = []
 
     def log(s):
@@ -215,11 +212,11 @@ def main():
     PORTABLE = fs.Kernels({k: v[0] for k, v in fs.SWEEP.items()})
     SMS = torch.cuda.get_device_properties(0).multi_processor_count
     Hs = []
-    for order, pipe, turn in variants:
+    for turn in variants:
         try:
-            H = Hopper(order, pipe, turn)
+            H = Hopper(turn)
         except Exception as e:
-            log(f"order {order} pipe {pipe} turn {turn}: compile FAILED: {str(e)[:3000]}")
+            log(f"turn {turn}: compile FAILED: {str(e)[:3000]}")
             continue
         r, l = H.regs("hb_bwd_bf16_d64")
         log(f"{H.name}: compiled in {H.compile_s:.1f} s, hb_bwd_bf16_d64 {r} registers, {l} B local")
@@ -227,8 +224,8 @@ def main():
     ok = bool(Hs)
     if Hs:
         ok &= layout_tests(Hs[0], log)
-    good = [H for H in Hs if H.turn not in (1, 4)]  # diagnostics: timed only
-    for H in [H for H in Hs if H.turn in (1, 4)]:
+    good = [H for H in Hs if H.turn != 1]  # diagnostics: timed only
+    for H in [H for H in Hs if H.turn == 1]:
         hok = True
         shapes = [(1, 128, 1, 1), (2, 300, 4, 2), (1, 1024, 8, 8), (2, 257, 4, 1), (1, 64, 2, 2), (3, 70, 2, 2)]
         for dtype in (torch.bfloat16, torch.float16):

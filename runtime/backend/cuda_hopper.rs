@@ -11,31 +11,32 @@ use super::cuda::{driver_err, opt_in_dynamic_shared, CudaBackend, LaunchDims};
 use super::{kernel_source, ptx_cache, FlashTiles, KArg};
 use crate::{DType, Error, Result};
 
-/// The dQ order and the pipelining the runtime compiles `flash_hopper.cu` with (`HB_ORDER`,
-/// `HB_PIPE`; `bench/hopper_bwd.py` compares the others).
-const ORDER: u32 = 1;
-const PIPE: u32 = 1;
+/// Dynamic shared memory a block of the kernel takes (`HB_SMEM`): K and V (128 keys), two
+/// stages of Q and dO (128 queries), dSᵀ, two stages of the tile's dQ parts (f32), two stages of
+/// lse and dsum, and 1 KB to align the tiles to 1024 bytes.
+pub(crate) const HOPPER_BWD_SMEM: usize = 196608 + 2048 + 1024;
 
-/// Dynamic shared memory a block of the kernel takes (`HB_SMEM` with `HB_PIPE` 1): K, V, two
-/// stages of Q and dO, dSᵀ, two stages of both warpgroups' dQ parts (f32 rows of 72), lse and
-/// dsum, and 1 KB to align the tiles to 1024 bytes.
-pub(crate) const HOPPER_BWD_SMEM: usize = 81920 + 2 * 2 * 64 * 72 * 4 + 2048;
+/// Threads a block (`HB_THREADS`): two warpgroups of products and one whose first warp adds the
+/// dQ parts.
+const THREADS: u32 = 384;
 
-/// Threads a block: two warpgroups.
-const THREADS: u32 = 256;
+/// Query (and key) rows of a tile (`HB_TILE_F32` is a tile's 128 x 64 f32 `dQ` sum).
+pub(crate) const HOPPER_TILE: usize = 128;
 
 /// Head dimension the kernel is built for.
 pub(crate) const HOPPER_HEAD_DIM: usize = 64;
 
-/// The loaded kernels, one per 16-bit dtype.
+/// The loaded kernels, the backward and its dQ conversion, one of each per 16-bit dtype.
 #[derive(Clone)]
 pub(crate) struct HopperBwd {
     bf16: CudaFunction,
     f16: CudaFunction,
+    convert_bf16: CudaFunction,
+    convert_f16: CudaFunction,
 }
 
 /// The program's source (core.cu, ops.cu, half.cu, flash.cu, then flash_hopper.cu) and NVRTC
-/// options (flash.cu's tile defines, which it needs to compile, and the two knobs).
+/// options (flash.cu's tile defines, which it needs to compile).
 pub(crate) fn hopper_program() -> Result<(String, Vec<String>)> {
     let main = kernel_source::main_sources()?;
     let names: Vec<&str> = kernel_source::MAIN.iter().map(|&(n, _)| n).collect();
@@ -47,8 +48,6 @@ pub(crate) fn hopper_program() -> Result<(String, Vec<String>)> {
     parts.push(include_str!("kernels/flash_hopper.cu"));
     let mut options = vec!["--gpu-architecture=sm_90a".to_string(), "-std=c++17".into()];
     options.extend(FlashTiles::nvrtc_defines());
-    options.push(format!("-DHB_ORDER={ORDER}"));
-    options.push(format!("-DHB_PIPE={PIPE}"));
     Ok((parts.join("\n"), options))
 }
 
@@ -81,7 +80,12 @@ impl CudaBackend {
             Ok(fits.then_some(f))
         };
         let kernels = match (load("hb_bwd_bf16_d64")?, load("hb_bwd_f16_d64")?) {
-            (Some(bf16), Some(f16)) => Some(HopperBwd { bf16, f16 }),
+            (Some(bf16), Some(f16)) => Some(HopperBwd {
+                bf16,
+                f16,
+                convert_bf16: module.load_function("hb_dq_convert_bf16").map_err(driver_err("cuModuleGetFunction"))?,
+                convert_f16: module.load_function("hb_dq_convert_f16").map_err(driver_err("cuModuleGetFunction"))?,
+            }),
             _ => None,
         };
         *slot = Some(kernels.clone());
@@ -95,6 +99,14 @@ impl CudaBackend {
         let f = if dtype == DType::BF16 { &k.bf16 } else { &k.f16 };
         let blocks = items.clamp(1, self.sm_count) as u32;
         let dims = LaunchDims { grid: (blocks, 1, 1), block: (THREADS, 1, 1), shared: HOPPER_BWD_SMEM as u32 };
+        self.launch_function(f, dims, args)
+    }
+
+    /// Launches the dQ conversion after the backward: a block for each of `tiles` query tiles
+    /// of each head (`heads`) of each sequence (`batch`); `args` in `hb_dq_convert`'s order.
+    pub(crate) fn launch_hopper_dq(&self, k: &HopperBwd, dtype: DType, [tiles, heads, batch]: [usize; 3], args: &[KArg]) -> Result<()> {
+        let f = if dtype == DType::BF16 { &k.convert_bf16 } else { &k.convert_f16 };
+        let dims = LaunchDims { grid: (tiles as u32, heads as u32, batch as u32), block: (256, 1, 1), shared: 0 };
         self.launch_function(f, dims, args)
     }
 }

@@ -1,8 +1,8 @@
 //! The fused attention backward on graphed's Hopper kernel (`kernels/flash_hopper.cu`,
-//! [`AttentionEngine::Hopper`](super::AttentionEngine::Hopper)): one launch after the dsum
-//! kernel, its scratch from the pool.
+//! [`AttentionEngine::Hopper`](super::AttentionEngine::Hopper)): two launches after the dsum
+//! kernel (the backward, then dQ's conversion), their scratch from the pool.
 
-use crate::backend::cuda_hopper::HopperBwd;
+use crate::backend::cuda_hopper::{HopperBwd, HOPPER_TILE};
 use crate::backend::{CudaBackend, KArg};
 use crate::ops::cpu::AttnShape;
 use crate::{DType, Device, Result, Tensor};
@@ -11,10 +11,10 @@ use super::flash::sizes;
 
 /// The backward from the addresses of q, k, v (`ins`, rows `lds` elements apart), dO, lse and
 /// dsum (`saved`) into dq, dk, dv (`grads`, laid out as the inputs). Scratch: the f32 `dQ`
-/// accumulator (`batch · heads · query tiles · 64 · 64` words, no need to clear: the first key
-/// tile of each query tile's order stores) and the turn counters with the work counter, zeroed
-/// for each call (a memset node in a graph). A wait the kernel gives up is counted in the
-/// device's error word ([`CudaBackend::stall_word`]).
+/// sums (`batch · heads · query tiles · 128 · 64` words, no need to clear: the first key tile
+/// of each query tile's order stores), which the second launch writes to dq, and the turn
+/// counters with the work counter, zeroed for each call (a memset node in a graph). A wait the
+/// kernel gives up is counted in the device's error word ([`CudaBackend::stall_word`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
     c: &CudaBackend,
@@ -28,20 +28,24 @@ pub(super) fn backward(
     dev: &Device,
 ) -> Result<()> {
     let d = a.dims;
-    let (query_tiles, key_tiles) = (d.seq.div_ceil(64), d.seq.div_ceil(128));
-    let turns = d.batch * d.heads * query_tiles;
-    let acc = Tensor::empty(dev, &[turns * 64 * 64])?;
+    let tiles = d.seq.div_ceil(HOPPER_TILE);
+    let turns = d.batch * d.heads * tiles;
+    let acc = Tensor::empty(dev, &[turns * HOPPER_TILE * 64])?;
     let counters = Tensor::zeros(dev, &[turns + 1])?;
     let mut args = vec![
-        KArg::Ptr(dqp),
+        KArg::Ptr(acc.cuda_ptr()?),
         KArg::Ptr(dkp),
         KArg::Ptr(dvp),
-        KArg::Ptr(acc.cuda_ptr()?),
         KArg::Ptr(counters.cuda_ptr()?),
         KArg::Ptr(c.stall_word()),
     ];
     args.extend([qp, kp, vp, dop, lp, sp].map(KArg::Ptr));
     args.push(KArg::U32(d.batch as u32));
-    args.extend(sizes(a, lds));
-    c.launch_hopper_bwd(k, dtype, key_tiles * a.kv_heads * d.batch, &args)
+    let sizes = sizes(a, lds);
+    args.extend(sizes.iter().cloned());
+    c.launch_hopper_bwd(k, dtype, tiles * a.kv_heads * d.batch, &args)?;
+    // dq from the sums: seq, heads, q's row stride and the scale, as `sizes` has them.
+    let [seq, heads, _, qld, _, _, scale] = sizes;
+    let convert = [KArg::Ptr(dqp), KArg::Ptr(acc.cuda_ptr()?), seq, heads, qld, scale];
+    c.launch_hopper_dq(k, dtype, [tiles, d.heads, d.batch], &convert)
 }
