@@ -104,7 +104,13 @@ impl CudaBackend {
 
     /// Launches the dQ conversion after the backward: a block for each of `tiles` query tiles
     /// of each head (`heads`) of each sequence (`batch`); `args` in `hb_dq_convert`'s order.
-    pub(crate) fn launch_hopper_dq(&self, k: &HopperBwd, dtype: DType, [tiles, heads, batch]: [usize; 3], args: &[KArg]) -> Result<()> {
+    pub(crate) fn launch_hopper_dq(
+        &self,
+        k: &HopperBwd,
+        dtype: DType,
+        [tiles, heads, batch]: [usize; 3],
+        args: &[KArg],
+    ) -> Result<()> {
         let f = if dtype == DType::BF16 { &k.convert_bf16 } else { &k.convert_f16 };
         let dims = LaunchDims { grid: (tiles as u32, heads as u32, batch as u32), block: (256, 1, 1), shared: 0 };
         self.launch_function(f, dims, args)
