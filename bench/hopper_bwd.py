@@ -49,14 +49,14 @@ SMEM, THREADS, TILE_F32 = 196608 + 2048 + 1024, 384, 8192
 
 
 class Hopper:
-    def __init__(self, turn=1, pair=0):
-        self.turn, self.pair = turn, pair
-        self.name = f"turn {turn}" + (" pairs" if pair else "")
+    def __init__(self, turn=1):
+        self.turn = turn
+        self.name = f"turn {turn}"
         self.smem = SMEM
         src = "\n".join((fs.source(), open(os.path.join(fs.KDIR, "flash_hopper.cu")).read(), open(os.path.join(HERE, "hopper_bwd.cu")).read()))
         defs = tuple(f"-DFA_{k}={v[0][0]},{v[0][1]},{v[0][2]}" for k, v in fs.SWEEP.items())
         t0 = time.time()
-        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_TURN={turn}", f"-DHB_PAIR={pair}") + defs)
+        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_TURN={turn}") + defs)
         self.fn = {}
         for name in ("hb_bwd_bf16_d64", "hb_bwd_f16_d64", "hb_layout_test", "hb_dq_convert_bf16", "hb_dq_convert_f16"):
             f = self.mod.get_function(name)
@@ -198,11 +198,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--variants", default="1",
-                    help="which variants: HB_TURN 1 (the runtime's) is checked and timed, 0 (no dQ sum) timed only; "
-                         "a p after it sets HB_PAIR (key tiles r and nt - 1 - r a block): 1,1p,0")
+                    help="which HB_TURN variants: 1 (the runtime's) is checked and timed, 0 (no dQ sum) timed only")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()
-    variants = [(int(v[0]), int(v.endswith("p"))) for v in args.variants.split(",") if v]
+    variants = [int(v) for v in args.variants.split(",") if v]
     lines = []
 
     def log(s):
@@ -213,11 +212,11 @@ def main():
     PORTABLE = fs.Kernels({k: v[0] for k, v in fs.SWEEP.items()})
     SMS = torch.cuda.get_device_properties(0).multi_processor_count
     Hs = []
-    for turn, pair in variants:
+    for turn in variants:
         try:
-            H = Hopper(turn, pair)
+            H = Hopper(turn)
         except Exception as e:
-            log(f"turn {turn} pair {pair}: compile FAILED: {str(e)[:3000]}")
+            log(f"turn {turn}: compile FAILED: {str(e)[:3000]}")
             continue
         r, l = H.regs("hb_bwd_bf16_d64")
         log(f"{H.name}: compiled in {H.compile_s:.1f} s, hb_bwd_bf16_d64 {r} registers, {l} B local")

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use crate::backend::cuda_hopper::{HopperBwd, HOPPER_HEAD_DIM};
+use crate::backend::cuda_hopper::{HopperBwd, HOPPER_HEAD_DIM, HOPPER_TILE};
 use crate::backend::cudnn::{SdpaGrads, SdpaKey, SdpaPass, SdpaPointers};
 use crate::backend::CudaBackend;
 use crate::ops::cpu::AttnShape;
@@ -33,14 +33,20 @@ use super::flash::Attention;
 ///   key tiles, so grads are the same bits run to run); nothing of size `seq²`, an f32 `dQ`
 ///   accumulator of `batch · heads · seq · 64 · 4` bytes instead. sm_90 GPUs (H100, H200),
 ///   head dim 64, bf16 or f16; elsewhere asking for it is [`Error::AttentionUnsupported`]. The
-///   forward runs as under `Auto`. Not yet `Auto`'s pick: opt in.
+///   forward runs as under `Auto`. `Auto` picks it for the backward where it is as fast as
+///   cuDNN's and far lighter (see `Auto`).
 /// - `CudnnNondeterministic`: cuDNN with the backward PyTorch's cuDNN SDPA runs, which adds
 ///   `dQ` into a zeroed f32 accumulator with atomics (faster at long sequences, and no `dP`
 ///   workspace): its `dQ` differs in the last bits from run to run, so a replay no longer equals
 ///   its eager run bit for bit. Only where asked for; `Auto` never picks it. The forward is
 ///   `Cudnn`'s.
 /// - `Auto` (the default): cuDNN where it runs the call, else the portable kernels, decided
-///   for each pass on its own. `GRAPHED_ATTENTION=portable` (or `cudnn`, `hopper`,
+///   for each pass on its own; but the backward of a causal call at head dim 64 on sm_90 with a
+///   sequence of at least [`HOPPER_AUTO_MIN_SEQ`] and at most two waves of the Hopper kernel's
+///   work items (key tiles of 128 · kv heads · batch ≤ 2 · multiprocessors) runs on `Hopper`:
+///   measured on an H100 at the GPT's 1 x 4096 x 8 heads, the step as fast as on cuDNN's
+///   backward and its pool 0.69x (cuDNN's `dP` is 268 MB there), where at 4 x 4096 x 16 heads
+///   cuDNN's backward is faster. `GRAPHED_ATTENTION=portable` (or `cudnn`, `hopper`,
 ///   `cudnn-nondeterministic`) in the environment makes `Auto` mean that engine, for every call
 ///   of the process.
 ///
@@ -179,13 +185,36 @@ pub(super) fn cudnn_plan(c: &CudaBackend, call: PassCall<'_>) -> Result<Option<C
     Ok(plan)
 }
 
-/// The Hopper backward's kernels when they run this pass (`Hopper` asked for, the backward, head
-/// dim 64, a GPU they run on), `None` otherwise; `Hopper` asked for where its backward cannot
-/// run is [`Error::AttentionUnsupported`]. Asked before the op allocates anything.
+/// The shortest sequence whose causal backward `Auto` runs on `Hopper` (where the shape's work
+/// items also fit in two waves of the GPU's multiprocessors; see [`AttentionEngine`]).
+///
+/// ```
+/// assert_eq!(graphed::ops::HOPPER_AUTO_MIN_SEQ, 4096);
+/// ```
+pub const HOPPER_AUTO_MIN_SEQ: usize = 4096;
+
+/// Whether `Auto` runs this backward on the Hopper kernel: causal, head dim 64, a sequence of
+/// at least [`HOPPER_AUTO_MIN_SEQ`], and key tiles · kv heads · batch at most two waves of
+/// `sms` multiprocessors (the shapes where it measured as fast as cuDNN's backward).
+fn hopper_auto(a: AttnShape, sms: usize) -> bool {
+    let d = a.dims;
+    let items = d.seq.div_ceil(HOPPER_TILE) * a.kv_heads * d.batch;
+    a.causal && d.head_dim == HOPPER_HEAD_DIM && d.seq >= HOPPER_AUTO_MIN_SEQ && items <= 2 * sms
+}
+
+/// The Hopper backward's kernels when they run this pass (`Hopper` asked for, or `Auto` at a
+/// shape [`hopper_auto`] takes; the backward, head dim 64, a GPU they run on), `None`
+/// otherwise; `Hopper` asked for where its backward cannot run is
+/// [`Error::AttentionUnsupported`]. Asked before the op allocates anything.
 pub(super) fn hopper_kernels(c: &CudaBackend, call: PassCall<'_>) -> Result<Option<HopperBwd>> {
     let PassCall { op, at, a, dtype, pass, .. } = call;
-    if at.engine.resolved() != AttentionEngine::Hopper || pass != SdpaPass::Backward {
+    if pass != SdpaPass::Backward {
         return Ok(None);
+    }
+    match at.engine.resolved() {
+        AttentionEngine::Hopper => {}
+        AttentionEngine::Auto if hopper_auto(a, c.sm_count) => return c.hopper_bwd(),
+        _ => return Ok(None),
     }
     let kernels = if a.dims.head_dim == HOPPER_HEAD_DIM { c.hopper_bwd()? } else { None };
     match kernels {
@@ -448,7 +477,24 @@ impl HeadChunks {
 
 #[cfg(test)]
 mod tests {
-    use super::chunk_of;
+    use super::{chunk_of, hopper_auto};
+    use crate::ops::cpu::{AttnDims, AttnShape};
+
+    #[test]
+    fn auto_takes_the_hopper_backward_only_where_it_was_measured_to_win() {
+        let shape = |batch, seq, heads, head_dim, causal| AttnShape {
+            dims: AttnDims { batch, seq, heads, head_dim },
+            kv_heads: heads,
+            causal,
+        };
+        // The GPT at 4096 x 1 on 132 multiprocessors: 32 key tiles x 8 heads = 256 items.
+        assert!(hopper_auto(shape(1, 4096, 8, 64, true), 132));
+        // Shorter sequences, non-causal calls, head dim 128 and more than two waves stay cuDNN's.
+        assert!(!hopper_auto(shape(4, 1024, 8, 64, true), 132));
+        assert!(!hopper_auto(shape(1, 4096, 8, 64, false), 132));
+        assert!(!hopper_auto(shape(1, 4096, 8, 128, true), 132));
+        assert!(!hopper_auto(shape(4, 4096, 16, 64, true), 132));
+    }
 
     #[test]
     fn chunks_take_the_most_whole_parts_that_fit() {

@@ -41,6 +41,7 @@ pub use flash::{
 };
 pub use flash_engine::{
     attention_engines, attention_workspace_limit, set_attention_workspace_limit, AttentionEngine, AttentionEngines,
+    HOPPER_AUTO_MIN_SEQ,
 };
 pub use fused::{linear_fused, linear_fused_backward, Epilogue};
 pub use generate::{generation_step, sample_and_record, Generation, Stop};

@@ -411,65 +411,41 @@ __device__ __forceinline__ void hb_mma(const HbItem& w, u16* dk, u16* dv, const 
 }
 
 // The kernel: a persistent grid (at most one block a multiprocessor) whose blocks take the work
-// in order from a counter (sem[batch * heads * query tiles], zero at launch; the last fetch, the
-// grid's last block finding none left, sets it back to zero), the longest item first. A block
-// waits only for items taken before its own, each held by a running block, so the waits always
-// end, however many blocks are resident. With HB_PAIR, causal, and no more pairs than blocks,
-// a block takes key tiles r and nt - 1 - r of a kv head (the same count of query tiles for every
-// pair, where the items alone run from nt down to 1): every pair is held by a block of its own,
-// so the waits end too.
-#ifndef HB_PAIR
-#define HB_PAIR 0
-#endif
+// items in order from a counter (sem[batch * heads * query tiles], zero at launch; the last
+// fetch, the grid's last block finding none left, sets it back to zero). A block waits only for
+// items taken before its own, each held by a running block, so the waits always end, however
+// many blocks are resident.
 template <bool BF16>
 __device__ __forceinline__ void hb_bwd(float* dq_acc, u16* dk, u16* dv, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 batch, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) {
-    __shared__ u32 s_unit;
-    const u32 nt = (seq + 127) / 128, groups = kv_heads * batch;
-    const u32 items = nt * groups, pairs = (nt + 1) / 2 * groups;
-    const bool pair = HB_PAIR && causal && pairs <= gridDim.x;
-    const u32 units = pair ? pairs : items;
+    __shared__ u32 s_item;
+    const u32 nt = (seq + 127) / 128;
+    const u32 items = nt * kv_heads * batch;
     u32* counter = sem + (u64)batch * heads * nt;
-    // A unit's first item is the unit itself (key tile r = unit / groups); a pair's second is key
-    // tile nt - 1 - r of the same kv head and row, where that is another key tile.
-    auto second = [&](u32 u) -> u32 {
-        const u32 r = u / groups;
-        return pair && nt - 1 - r != r ? (nt - 1 - r) * groups + u % groups : ~0u;
-    };
     // Each role its own loop, so that the compiler holds each to its registers: the product
-    // warpgroups take those warpgroup 2 does not need. Both loops meet at the same block
-    // barriers: one a unit, one an item.
+    // warpgroups take those warpgroup 2 does not need. Both loops meet at the same two block
+    // barriers an item.
     if (threadIdx.x >= HB_MMA_THREADS) {
         hb_regs_dec<24>();
         for (;;) {
             __syncthreads();
-            const u32 unit = s_unit;
-            if (unit >= units) break;
-            const u32 two = second(unit);
-            if (threadIdx.x < HB_PAIR_THREADS) hb_writer(HbItem(unit, batch, seq, heads, kv_heads, causal), dq_acc, sem, err, heads, causal);
+            const u32 item = s_item;
+            if (item >= items) break;
+            if (threadIdx.x < HB_PAIR_THREADS) hb_writer(HbItem(item, batch, seq, heads, kv_heads, causal), dq_acc, sem, err, heads, causal);
             __syncthreads();
-            if (two != ~0u) {
-                if (threadIdx.x < HB_PAIR_THREADS) hb_writer(HbItem(two, batch, seq, heads, kv_heads, causal), dq_acc, sem, err, heads, causal);
-                __syncthreads();
-            }
         }
     } else {
         hb_regs_inc<240>();
         for (;;) {
             if (threadIdx.x == 0) {
                 const u32 got = atomicAdd(counter, 1u);
-                if (got == units + gridDim.x - 1) *counter = 0u;
-                s_unit = got;
+                if (got == items + gridDim.x - 1) *counter = 0u;
+                s_item = got;
             }
             __syncthreads();
-            const u32 unit = s_unit;
-            if (unit >= units) break;
-            const u32 two = second(unit);
-            hb_mma<BF16>(HbItem(unit, batch, seq, heads, kv_heads, causal), dk, dv, q, k, v, dout, lse, dsum, seq, heads, qld, kvld, causal, scale);
+            const u32 item = s_item;
+            if (item >= items) break;
+            hb_mma<BF16>(HbItem(item, batch, seq, heads, kv_heads, causal), dk, dv, q, k, v, dout, lse, dsum, seq, heads, qld, kvld, causal, scale);
             __syncthreads();
-            if (two != ~0u) {
-                hb_mma<BF16>(HbItem(two, batch, seq, heads, kv_heads, causal), dk, dv, q, k, v, dout, lse, dsum, seq, heads, qld, kvld, causal, scale);
-                __syncthreads();
-            }
         }
     }
 }
