@@ -7,6 +7,18 @@
 //   mode 1: c = a · b       (A from registers, B N-major: dV += Pᵀ·dO)
 //   mode 2: c = aᵀ · b      (A M-major, B N-major: dQ = dS·K with dSᵀ stored)
 //   mode 3: c = a · bᵀ      (m64n128: b [128][64], c [64][128]: Sᵀ = K·Qᵀ over a 128-query tile)
+// A warpgroup's accumulators (N columns, rows r and r + 8 of this thread) to c [64][N].
+template <int N>
+__device__ __forceinline__ void hb_test_store(float* c, const float* d, int r, int t) {
+#pragma unroll
+    for (int cc = 0; cc < N / 8; ++cc) {
+        c[r * N + 8 * cc + 2 * t] = d[4 * cc];
+        c[r * N + 8 * cc + 2 * t + 1] = d[4 * cc + 1];
+        c[(r + 8) * N + 8 * cc + 2 * t] = d[4 * cc + 2];
+        c[(r + 8) * N + 8 * cc + 2 * t + 1] = d[4 * cc + 3];
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(128) hb_layout_test(float* c, const u16* a, const u16* b, u32 mode) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     const u32 raw = fa_saddr(fa_smem);
@@ -28,14 +40,7 @@ extern "C" __global__ void __launch_bounds__(128) hb_layout_test(float* c, const
         hb_commit();
         hb_wait<0>();
         hb_keep<64>(d);
-        const int r = 16 * warp + gr;
-#pragma unroll
-        for (int cc = 0; cc < 16; ++cc) {
-            c[r * 128 + 8 * cc + 2 * t] = d[4 * cc];
-            c[r * 128 + 8 * cc + 2 * t + 1] = d[4 * cc + 1];
-            c[(r + 8) * 128 + 8 * cc + 2 * t] = d[4 * cc + 2];
-            c[(r + 8) * 128 + 8 * cc + 2 * t + 1] = d[4 * cc + 3];
-        }
+        hb_test_store<128>(c, d, 16 * warp + gr, t);
         return;
     }
     float d[32];
@@ -68,13 +73,6 @@ extern "C" __global__ void __launch_bounds__(128) hb_layout_test(float* c, const
     hb_commit();
     hb_wait<0>();
     hb_keep(d);
-    const int r = 16 * warp + gr;
-#pragma unroll
-    for (int cc = 0; cc < 8; ++cc) {
-        c[r * 64 + 8 * cc + 2 * t] = d[4 * cc];
-        c[r * 64 + 8 * cc + 2 * t + 1] = d[4 * cc + 1];
-        c[(r + 8) * 64 + 8 * cc + 2 * t] = d[4 * cc + 2];
-        c[(r + 8) * 64 + 8 * cc + 2 * t + 1] = d[4 * cc + 3];
-    }
+    hb_test_store<64>(c, d, 16 * warp + gr, t);
 #endif
 }
