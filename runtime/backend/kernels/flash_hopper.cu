@@ -57,7 +57,7 @@
 #define HB_BAR_FULL 2
 #define HB_BAR_EMPTY 4
 #define HB_MMA_THREADS 256
-#define HB_PAIR_THREADS 288  // the product warpgroups and the writer warp
+#define HB_STAGE_THREADS 288  // a dQ stage's barriers: the product warpgroups and the writer warp
 
 __device__ __forceinline__ void hb_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void hb_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
@@ -227,7 +227,7 @@ __device__ __forceinline__ void hb_writer(const HbItem& w, float* dq_acc, u32* s
             hb_proxy_fence_global();
         }
         __syncwarp();
-        hb_bar_sync(HB_BAR_FULL + st, HB_PAIR_THREADS);
+        hb_bar_sync(HB_BAR_FULL + st, HB_STAGE_THREADS);
         if (HB_TURN && lane == 0) {
             const u32 part = sb + HB_SDQ + st * HB_TILE_F32 * 4;
             if (j == 0) {
@@ -245,7 +245,7 @@ __device__ __forceinline__ void hb_writer(const HbItem& w, float* dq_acc, u32* s
             }
         }
         __syncwarp();
-        if (it + 2 < w.iters) hb_bar_arrive(HB_BAR_EMPTY + st, HB_PAIR_THREADS);
+        if (it + 2 < w.iters) hb_bar_arrive(HB_BAR_EMPTY + st, HB_STAGE_THREADS);
     }
 }
 
@@ -383,14 +383,14 @@ __device__ __forceinline__ void hb_mma(const HbItem& w, u16* dk, u16* dv, const 
         hb_keep_u<8>(pa);
         hb_keep_u<8>(da);
         // The part to stage st once the writer is done with what it held two tiles ago.
-        if (it >= 2) hb_bar_sync(HB_BAR_EMPTY + st, HB_PAIR_THREADS);
+        if (it >= 2) hb_bar_sync(HB_BAR_EMPTY + st, HB_STAGE_THREADS);
         {
             float* pq = sDQ + st * HB_TILE_F32 + wg * 4096 + 4 * (tid & 127);
 #pragma unroll
             for (int c = 0; c < 8; ++c) *reinterpret_cast<float4*>(pq + 512 * c) = make_float4(dqa[4 * c], dqa[4 * c + 1], dqa[4 * c + 2], dqa[4 * c + 3]);
         }
         hb_proxy_fence();
-        hb_bar_arrive(HB_BAR_FULL + st, HB_PAIR_THREADS);
+        hb_bar_arrive(HB_BAR_FULL + st, HB_STAGE_THREADS);
     }
     fa_wait0();
 
@@ -430,7 +430,7 @@ __device__ __forceinline__ void hb_bwd(float* dq_acc, u16* dk, u16* dv, u32* sem
             __syncthreads();
             const u32 item = s_item;
             if (item >= items) break;
-            if (threadIdx.x < HB_PAIR_THREADS) hb_writer(HbItem(item, batch, seq, heads, kv_heads, causal), dq_acc, sem, err, heads, causal);
+            if (threadIdx.x < HB_STAGE_THREADS) hb_writer(HbItem(item, batch, seq, heads, kv_heads, causal), dq_acc, sem, err, heads, causal);
             __syncthreads();
         }
     } else {
