@@ -74,8 +74,10 @@ impl CudaBackend {
         let ptx =
             ptx_cache::compile_cached(&src, &options, compile).map_err(|e| Error::cuda("nvrtcCompileProgram", e))?;
         let module = self.ctx.load_module(ptx).map_err(driver_err("cuModuleLoadData"))?;
+        let get = |name: &str| module.load_function(name).map_err(driver_err("cuModuleGetFunction"));
+        // The backward's kernels where a block gets their shared memory.
         let load = |name: &str| -> Result<Option<CudaFunction>> {
-            let f = module.load_function(name).map_err(driver_err("cuModuleGetFunction"))?;
+            let f = get(name)?;
             let fits = opt_in_dynamic_shared(&f, true, self.max_shared_optin) >= HOPPER_BWD_SMEM;
             Ok(fits.then_some(f))
         };
@@ -83,8 +85,8 @@ impl CudaBackend {
             (Some(bf16), Some(f16)) => Some(HopperBwd {
                 bf16,
                 f16,
-                convert_bf16: module.load_function("hb_dq_convert_bf16").map_err(driver_err("cuModuleGetFunction"))?,
-                convert_f16: module.load_function("hb_dq_convert_f16").map_err(driver_err("cuModuleGetFunction"))?,
+                convert_bf16: get("hb_dq_convert_bf16")?,
+                convert_f16: get("hb_dq_convert_f16")?,
             }),
             _ => None,
         };
