@@ -49,11 +49,14 @@ SMEM, THREADS, TILE_F32 = 196608 + 2048 + 1024, 384, 8192
 
 
 class Hopper:
-    def __init__(self, turn=1):
+    def __init__(self, turn=1, kernel=None):
+        """HB_TURN `turn` of flash_hopper.cu, or of `kernel` (another version of that file, the
+        baseline of a same-call comparison) when given."""
         self.turn = turn
-        self.name = f"turn {turn}"
+        self.name = f"turn {turn}" if kernel is None else f"base {os.path.basename(kernel)}"
         self.smem = SMEM
-        src = "\n".join((fs.source(), open(os.path.join(fs.KDIR, "flash_hopper.cu")).read(), open(os.path.join(HERE, "hopper_bwd.cu")).read()))
+        kernel = kernel or os.path.join(fs.KDIR, "flash_hopper.cu")
+        src = "\n".join((fs.source(), open(kernel).read(), open(os.path.join(HERE, "hopper_bwd.cu")).read()))
         defs = tuple(f"-DFA_{k}={v[0][0]},{v[0][1]},{v[0][2]}" for k, v in fs.SWEEP.items())
         t0 = time.time()
         self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_TURN={turn}") + defs)
@@ -199,6 +202,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--variants", default="1",
                     help="which HB_TURN variants: 1 (the runtime's) is checked and timed, 0 (no dQ sum) timed only")
+    ap.add_argument("--base", default=None,
+                    help="another version of flash_hopper.cu (say, git show HEAD~1:... > FILE), timed beside the others in the same run")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()
     variants = [int(v) for v in args.variants.split(",") if v]
@@ -221,10 +226,17 @@ def main():
         r, l = H.regs("hb_bwd_bf16_d64")
         log(f"{H.name}: compiled in {H.compile_s:.1f} s, hb_bwd_bf16_d64 {r} registers, {l} B local")
         Hs.append(H)
+    base = None
+    if args.base:
+        try:
+            base = Hopper(1, args.base)
+            log(f"{base.name}: compiled in {base.compile_s:.1f} s (the baseline: timed only)")
+        except Exception as e:
+            log(f"{args.base}: compile FAILED: {str(e)[:3000]}")
     ok = bool(Hs)
     if Hs:
         ok &= layout_tests(Hs[0], log)
-    good = [H for H in Hs if H.turn != 1]  # diagnostics: timed only
+    good = [H for H in Hs if H.turn != 1] + ([base] if base else [])  # timed only
     for H in [H for H in Hs if H.turn == 1]:
         hok = True
         shapes = [(1, 128, 1, 1), (2, 300, 4, 2), (1, 1024, 8, 8), (2, 257, 4, 1), (1, 64, 2, 2), (3, 70, 2, 2)]

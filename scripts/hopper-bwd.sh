@@ -8,7 +8,8 @@
 # Logs and tables go to $OUT.
 #   bash scripts/hopper-bwd.sh [GPT steps, default 60]
 # HOPPER_LEAN=1: the runtime's variant only in the bench, and the GPT without torch.compile (for a
-# call with little device time left). HOPPER_PART=kernel runs the bench and the tests only,
+# call with little device time left). HOPPER_BASE=FILE: another version of flash_hopper.cu timed
+# beside this one in the bench (bench/hopper_bwd.py --base). HOPPER_PART=kernel runs the bench and the tests only,
 # HOPPER_PART=gpt the GPT only (two calls of under 600 s each; the default runs both).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ note "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 lean=${HOPPER_LEAN:-0} part=${HOPPER_PART:-all}
 variants=1,0; [ "$lean" = 1 ] && variants=1
 if [ "$part" != gpt ]; then
-timeout 260 python3 bench/hopper_bwd.py --quick --variants "$variants" --out "$out" > "$out/hopper_bwd.log" 2>&1
+timeout 260 python3 bench/hopper_bwd.py --quick --variants "$variants" ${HOPPER_BASE:+--base "$HOPPER_BASE"} --out "$out" > "$out/hopper_bwd.log" 2>&1
 note "hopper_bwd.py: exit $?"
 grep -v " OK$" "$out/hopper_bwd.log" | head -40
 echo "checks OK: $(grep -c ' OK$' "$out/hopper_bwd.log")"

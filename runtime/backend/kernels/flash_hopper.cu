@@ -319,16 +319,30 @@ __device__ __forceinline__ void hb_mma(const HbItem& w, u16* dk, u16* dv, const 
 
         // Pᵀ as soon as Sᵀ is in (dPᵀ may still be running), then dV += Pᵀ·dO (k = the tile's
         // queries: 16 rows of dO a step) while dSᵀ is computed.
+        // Two forms of the loop (`edge` is the same for the whole block): tiles with no masked
+        // element take a plain one whose 64 exponents issue back to back; edge tiles take the
+        // masked one, which compiles to predicated loads and exponents. One form for both, the
+        // mask `edge && (...)`, compiled to a branch and a convergence barrier an element, each
+        // element's lse load and exp2 waiting for the one before (cuobjdump of the sm_90a cubin).
         hb_wait<1>();
         hb_keep<64>(s);
+        if (edge) {
 #pragma unroll
-        for (int c = 0; c < 16; ++c) {
+            for (int c = 0; c < 16; ++c) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = 8 * c + 2 * t + (e & 1);
-                const u32 qi = q0 + col, key = kw0 + 16 * warp + gr + 8 * (e >> 1);
-                const bool masked = edge && (qi >= seq || (causal && qi < key));
-                s[4 * c + e] = masked ? 0.0f : fa_exp2(s[4 * c + e] * sl2 - cL[col] * FA_LOG2E);
+                for (int e = 0; e < 4; ++e) {
+                    const int col = 8 * c + 2 * t + (e & 1);
+                    const u32 qi = q0 + col, key = kw0 + 16 * warp + gr + 8 * (e >> 1);
+                    const bool masked = qi >= seq || (causal && qi < key);
+                    s[4 * c + e] = masked ? 0.0f : fa_exp2(s[4 * c + e] * sl2 - cL[col] * FA_LOG2E);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < 16; ++c) {
+                const float2 l = *reinterpret_cast<const float2*>(cL + 8 * c + 2 * t);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[4 * c + e] = fa_exp2(fmaf(s[4 * c + e], sl2, -((e & 1) ? l.y : l.x) * FA_LOG2E));
             }
         }
         u32 pa[8][4], da[8][4];
