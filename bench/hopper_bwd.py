@@ -49,17 +49,19 @@ SMEM, THREADS, TILE_F32 = 196608 + 2048 + 1024, 384, 8192
 
 
 class Hopper:
-    def __init__(self, turn=1, kernel=None):
-        """HB_TURN `turn` of flash_hopper.cu, or of `kernel` (another version of that file, the
-        baseline of a same-call comparison) when given."""
+    def __init__(self, turn=1, kernel=None, chains=1):
+        """HB_TURN `turn` and HB_CHAINS `chains` of flash_hopper.cu, or of `kernel` (another
+        version of that file, the baseline of a same-call comparison, one chain) when given."""
         self.turn = turn
-        self.name = f"turn {turn}" if kernel is None else f"base {os.path.basename(kernel)}"
+        self.chains = chains
+        self.name = (f"turn {turn}" + (f" chains {chains}" if chains > 1 else "")) if kernel is None else f"base {os.path.basename(kernel)}"
+        self.base = kernel is not None
         self.smem = SMEM
         kernel = kernel or os.path.join(fs.KDIR, "flash_hopper.cu")
         src = "\n".join((fs.source(), open(kernel).read(), open(os.path.join(HERE, "hopper_bwd.cu")).read()))
         defs = tuple(f"-DFA_{k}={v[0][0]},{v[0][1]},{v[0][2]}" for k, v in fs.SWEEP.items())
         t0 = time.time()
-        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_TURN={turn}") + defs)
+        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_TURN={turn}", f"-DHB_CHAINS={chains}") + defs)
         self.fn = {}
         for name in ("hb_bwd_bf16_d64", "hb_bwd_f16_d64", "hb_layout_test", "hb_dq_convert_bf16", "hb_dq_convert_f16"):
             f = self.mod.get_function(name)
@@ -85,17 +87,20 @@ class Hopper:
             n = b * s * heads * d // 8
             prep((min((n + 255) // 256, 65535 * 8),), (256,), (fs.P(dsum), fs.P(dout), fs.P(out), fs.U(b * s), fs.U(s), fs.U(heads), fs.U(d)))
         nt = (s + 127) // 128
-        need = b * heads * nt * TILE_F32
+        need = b * heads * nt * self.chains * TILE_F32
         if self.acc.numel() < need:
             self.acc = torch.empty(need, dtype=torch.float32, device="cuda")
-        assert b * heads * nt + 1 <= self.sem.numel()
+        assert b * heads * nt * self.chains + 1 <= self.sem.numel()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         fn = self.fn[f"hb_bwd_{name}_d64"]
         grid = (min(nt * kv_heads * b, SMS),)
         scale = np.float32(1 / math.sqrt(d))
         fn(grid, (THREADS,), (fs.P(self.acc), fs.P(dk), fs.P(dv), fs.P(self.sem), fs.P(self.err), fs.P(q), fs.P(k), fs.P(v), fs.P(dout), fs.P(lse), fs.P(dsum),
                               fs.U(b), fs.U(s), fs.U(heads), fs.U(kv_heads), fs.U(heads * d), fs.U(kv_heads * d), fs.U(int(causal)), scale), shared_mem=self.smem)
-        self.fn[f"hb_dq_convert_{name}"]((nt, heads, b), (256,), (fs.P(dq), fs.P(self.acc), fs.U(s), fs.U(heads), fs.U(heads * d), scale))
+        conv = (fs.P(dq), fs.P(self.acc), fs.U(s), fs.U(heads), fs.U(heads * d))
+        # The baseline's conversion (before chains) takes no causal flag.
+        conv += (scale,) if self.base else (fs.U(int(causal)), scale)
+        self.fn[f"hb_dq_convert_{name}"]((nt, heads, b), (256,), conv)
         return dq, dk, dv
 
 
@@ -201,12 +206,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--variants", default="1",
-                    help="which HB_TURN variants: 1 (the runtime's) is checked and timed, 0 (no dQ sum) timed only")
+                    help="which variants, each HB_TURN[cHB_CHAINS]: turn 1 (the runtime's sum, 1c2 in two chains) is checked and timed, "
+                         "0 (no dQ sum) and 2 (adds without turns) timed only")
     ap.add_argument("--base", default=None,
                     help="another version of flash_hopper.cu (say, git show HEAD~1:... > FILE), timed beside the others in the same run")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()
-    variants = [int(v) for v in args.variants.split(",") if v]
+    variants = [(int(v.split("c")[0]), int(v.split("c")[1]) if "c" in v else 1) for v in args.variants.split(",") if v]
     lines = []
 
     def log(s):
@@ -217,9 +223,9 @@ def main():
     PORTABLE = fs.Kernels({k: v[0] for k, v in fs.SWEEP.items()})
     SMS = torch.cuda.get_device_properties(0).multi_processor_count
     Hs = []
-    for turn in variants:
+    for turn, chains in variants:
         try:
-            H = Hopper(turn)
+            H = Hopper(turn, chains=chains)
         except Exception as e:
             log(f"turn {turn}: compile FAILED: {str(e)[:3000]}")
             continue

@@ -13,7 +13,8 @@
 # `ws64_all` cuDNN's deterministic backward under a 64 MiB workspace limit (at batch 1 in chunks of
 # heads; GRAPHED_ATTENTION_WORKSPACE_MB), the second with `--recompute all`; `nondet` and `nondet_all` cuDNN's
 # backward with atomics (GRAPHED_ATTENTION=cudnn-nondeterministic); `hopper` the backward on graphed's
-# Hopper kernel (GRAPHED_ATTENTION=hopper), `cudnn` on cuDNN's deterministic one (GRAPHED_ATTENTION=cudnn); GPT_SHAPES_TORCH the
+# Hopper kernel (GRAPHED_ATTENTION=hopper), `cudnn` on cuDNN's deterministic one (GRAPHED_ATTENTION=cudnn), `chains2` and `chains4`
+# its dQ summed in 2 or 4 chains (GRAPHED_HOPPER_CHAINS); GPT_SHAPES_TORCH the
 # torch variants, default compile,compile_stacked: the model as written, and with q/k/v and
 # gate/up each one Linear, as ours stores them.)
 set -uo pipefail
@@ -45,7 +46,7 @@ def load(p):
         return json.load(open(p))
     except (OSError, ValueError):
         return None
-names = ["graphed", "floor", "swiglu", "all", "ring", "rows", "lt", "tuned", "attn_tuned", "both_tuned", "ws64", "ws64_all", "nondet", "nondet_all", "hopper", "cudnn"]
+names = ["graphed", "floor", "swiglu", "all", "ring", "rows", "lt", "tuned", "attn_tuned", "both_tuned", "ws64", "ws64_all", "nondet", "nondet_all", "hopper", "cudnn", "chains2", "chains4"]
 print("| shape | run | tokens/s | / torch.compile | / torch.compile, stacked | / ours graphed | pool MB | every pool MB | pool / its reserved | every pool / its reserved | val loss |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 def ratio(a, b):
@@ -102,6 +103,9 @@ for shape in ${GPT_SHAPES:-256x16 1024x4 4096x1}; do
       hopper) GRAPHED_ATTENTION=hopper ours "$run" "$shape" --mode graphed ;;
       # The backward on cuDNN's deterministic kernel (GRAPHED_ATTENTION=cudnn), where `Auto` picks the Hopper one.
       cudnn) GRAPHED_ATTENTION=cudnn ours "$run" "$shape" --mode graphed ;;
+      # The Hopper backward's dQ summed in 2 or 4 chains (GRAPHED_HOPPER_CHAINS).
+      chains2) GRAPHED_HOPPER_CHAINS=2 ours "$run" "$shape" --mode graphed ;;
+      chains4) GRAPHED_HOPPER_CHAINS=4 ours "$run" "$shape" --mode graphed ;;
     esac
   done
   timeout 300 python3 gpu-bin/bench/pytorch_gpt_bench.py --steps "$steps" --dtype bf16 --context "${shape%x*}" \

@@ -2,7 +2,7 @@
 //! compiled for sm_90a (wgmma is an architecture-specific instruction) the first time a
 //! backward asks for it on an sm_90 GPU, and never elsewhere.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
@@ -22,6 +22,21 @@ const THREADS: u32 = 384;
 
 /// Query (and key) rows of a tile (`HB_TILE_F32` is a tile's 128 x 64 f32 `dQ` sum).
 pub(crate) const HOPPER_TILE: usize = 128;
+
+/// Chains a query tile's `dQ` is summed in by default (`HB_CHAINS`, passed to NVRTC): key tile
+/// j adds into chain j % chains, each chain in a fixed order, and the conversion adds the
+/// chains in order; chains shorten the waits of a wave's blocks for each other's turns.
+const HOPPER_CHAINS: usize = 1;
+
+/// The chains of this process: [`HOPPER_CHAINS`], or `GRAPHED_HOPPER_CHAINS` (1 to 8, a
+/// measurement setting; read once).
+pub(crate) fn hopper_chains() -> usize {
+    static CHAINS: OnceLock<usize> = OnceLock::new();
+    *CHAINS.get_or_init(|| {
+        let v = std::env::var("GRAPHED_HOPPER_CHAINS").ok().and_then(|v| v.parse::<usize>().ok());
+        v.filter(|n| (1..=8).contains(n)).unwrap_or(HOPPER_CHAINS)
+    })
+}
 
 /// Head dimension the kernel is built for.
 pub(crate) const HOPPER_HEAD_DIM: usize = 64;
@@ -48,6 +63,7 @@ pub(crate) fn hopper_program() -> Result<(String, Vec<String>)> {
     parts.push(include_str!("kernels/flash_hopper.cu"));
     let mut options = vec!["--gpu-architecture=sm_90a".to_string(), "-std=c++17".into()];
     options.extend(FlashTiles::nvrtc_defines());
+    options.push(format!("-DHB_CHAINS={}", hopper_chains()));
     Ok((parts.join("\n"), options))
 }
 

@@ -44,9 +44,10 @@ use super::flash::Attention;
 ///   for each pass on its own; but the backward of a causal call at head dim 64 on sm_90 with a
 ///   sequence of at least [`HOPPER_AUTO_MIN_SEQ`] and at most two waves of the Hopper kernel's
 ///   work items (key tiles of 128 · kv heads · batch ≤ 2 · multiprocessors) runs on `Hopper`:
-///   measured on an H100 at the GPT's 1 x 4096 x 8 heads, the step as fast as on cuDNN's
-///   backward and its pool 0.69x (cuDNN's `dP` is 268 MB there), where at 4 x 4096 x 16 heads
-///   cuDNN's backward is faster. `GRAPHED_ATTENTION=portable` (or `cudnn`, `hopper`,
+///   measured on an H100 in the GPT (8 heads), the step 1.048x as fast as on cuDNN's backward
+///   at 1024 x 4 and 1.153x at 4096 x 1, its pool 0.90x and 0.69x (cuDNN's `dP` is 268 MB at
+///   4096); at 256 x 16 the step ran 0.98x, and beyond two waves it was not measured against
+///   cuDNN's deterministic backward in the runtime. `GRAPHED_ATTENTION=portable` (or `cudnn`, `hopper`,
 ///   `cudnn-nondeterministic`) in the environment makes `Auto` mean that engine, for every call
 ///   of the process.
 ///
@@ -189,9 +190,9 @@ pub(super) fn cudnn_plan(c: &CudaBackend, call: PassCall<'_>) -> Result<Option<C
 /// items also fit in two waves of the GPU's multiprocessors; see [`AttentionEngine`]).
 ///
 /// ```
-/// assert_eq!(graphed::ops::HOPPER_AUTO_MIN_SEQ, 4096);
+/// assert_eq!(graphed::ops::HOPPER_AUTO_MIN_SEQ, 1024);
 /// ```
-pub const HOPPER_AUTO_MIN_SEQ: usize = 4096;
+pub const HOPPER_AUTO_MIN_SEQ: usize = 1024;
 
 /// Whether `Auto` runs this backward on the Hopper kernel: causal, head dim 64, a sequence of
 /// at least [`HOPPER_AUTO_MIN_SEQ`], and key tiles · kv heads · batch at most two waves of
@@ -487,10 +488,14 @@ mod tests {
             kv_heads: heads,
             causal,
         };
-        // The GPT at 4096 x 1 on 132 multiprocessors: 32 key tiles x 8 heads = 256 items.
+        // The GPT at 4096 x 1 on 132 multiprocessors: 32 key tiles x 8 heads = 256 items; at
+        // 1024 x 4, 8 key tiles x 8 heads x 4 = 256.
         assert!(hopper_auto(shape(1, 4096, 8, 64, true), 132));
-        // Shorter sequences, non-causal calls, head dim 128 and more than two waves stay cuDNN's.
-        assert!(!hopper_auto(shape(4, 1024, 8, 64, true), 132));
+        assert!(hopper_auto(shape(4, 1024, 8, 64, true), 132));
+        // Shorter sequences (the GPT's 256 x 16 ran 0.98x cuDNN's step on it), non-causal
+        // calls, head dim 128 and more than two waves stay cuDNN's.
+        assert!(!hopper_auto(shape(16, 256, 8, 64, true), 132));
+        assert!(!hopper_auto(shape(16, 512, 8, 64, true), 132));
         assert!(!hopper_auto(shape(1, 4096, 8, 64, false), 132));
         assert!(!hopper_auto(shape(1, 4096, 8, 128, true), 132));
         assert!(!hopper_auto(shape(4, 4096, 16, 64, true), 132));

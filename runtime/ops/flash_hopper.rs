@@ -2,7 +2,7 @@
 //! [`AttentionEngine::Hopper`](super::AttentionEngine::Hopper)): two launches after the dsum
 //! kernel (the backward, then dQ's conversion), their scratch from the pool.
 
-use crate::backend::cuda_hopper::{HopperBwd, HOPPER_TILE};
+use crate::backend::cuda_hopper::{hopper_chains, HopperBwd, HOPPER_TILE};
 use crate::backend::{CudaBackend, KArg};
 use crate::ops::cpu::AttnShape;
 use crate::{DType, Device, Result, Tensor};
@@ -11,9 +11,10 @@ use super::flash::sizes;
 
 /// The backward from the addresses of q, k, v (`ins`, rows `lds` elements apart), dO, lse and
 /// dsum (`saved`) into dq, dk, dv (`grads`, laid out as the inputs). Scratch: the f32 `dQ`
-/// sums (`batch · heads · query tiles · 128 · 64` words, no need to clear: the first key tile
-/// of each query tile's order stores), which the second launch writes to dq, and the turn
-/// counters with the work counter, zeroed for each call (a memset node in a graph). A wait the
+/// sums (`batch · heads · query tiles · chains · 128 · 64` words, no need to clear: the
+/// first key tile of each chain's order stores), which the second launch adds and writes to dq,
+/// and the turn counters (one a chain of a query tile) with the work counter, zeroed for each
+/// call (a memset node in a graph). A wait the
 /// kernel gives up is counted in the device's error word ([`CudaBackend::stall_word`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
@@ -29,7 +30,7 @@ pub(super) fn backward(
 ) -> Result<()> {
     let d = a.dims;
     let tiles = d.seq.div_ceil(HOPPER_TILE);
-    let turns = d.batch * d.heads * tiles;
+    let turns = d.batch * d.heads * tiles * hopper_chains();
     let acc = Tensor::empty(dev, &[turns * HOPPER_TILE * 64])?;
     let counters = Tensor::zeros(dev, &[turns + 1])?;
     let mut args = vec![
@@ -44,8 +45,8 @@ pub(super) fn backward(
     let sizes = sizes(a, lds);
     args.extend(sizes.iter().cloned());
     c.launch_hopper_bwd(k, dtype, tiles * a.kv_heads * d.batch, &args)?;
-    // dq from the sums: seq, heads, q's row stride and the scale, as `sizes` has them.
-    let [seq, heads, _, qld, _, _, scale] = sizes;
-    let convert = [KArg::Ptr(dqp), KArg::Ptr(acc.cuda_ptr()?), seq, heads, qld, scale];
+    // dq from the sums: seq, heads, q's row stride, causal and the scale, as `sizes` has them.
+    let [seq, heads, _, qld, _, causal, scale] = sizes;
+    let convert = [KArg::Ptr(dqp), KArg::Ptr(acc.cuda_ptr()?), seq, heads, qld, causal, scale];
     c.launch_hopper_dq(k, dtype, [tiles, d.heads, d.batch], &convert)
 }

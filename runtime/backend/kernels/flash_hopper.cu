@@ -35,9 +35,18 @@
 // mode reads.
 
 // HB_TURN (bench/hopper_bwd.py's diagnostic; the runtime's is 1): 1 the ordered dQ sum; 0 (timing
-// only, dq wrong) the writer adds nothing and waits for nobody.
+// only, dq wrong) the writer adds nothing and waits for nobody; 2 (timing only, dq right but its
+// bits not fixed) the writer adds without waiting for its turn.
 #ifndef HB_TURN
 #define HB_TURN 1
+#endif
+// HB_CHAINS (the runtime passes backend::cuda_hopper::HOPPER_CHAINS): a query tile's dQ is summed
+// in this many chains, key tile j in chain j % HB_CHAINS, each chain in order of j into its own
+// f32 sum; hb_dq_convert adds the chains' sums in order of chain. Key tiles of different chains
+// never wait for each other, so the chain of waits a wave's blocks form (each key tile waiting
+// for the one before it) is HB_CHAINS times shorter.
+#ifndef HB_CHAINS
+#define HB_CHAINS 1
 #endif
 
 #define HB_SK 0
@@ -202,21 +211,24 @@ __device__ __forceinline__ u32 hb_base(unsigned char** base) {
     return sb;
 }
 
-// The dQ writer (warp 8) for one item. Key tile j is at rank j of the order of each query tile
-// it sees; the last rank is the query tile's diagonal key tile (causal) or the last key tile.
+// The dQ writer (warp 8) for one item. Key tile j is at rank r = j / HB_CHAINS of its chain's
+// order for each query tile it sees; the chain's last key tile there is the last of the chain up
+// to the query tile's diagonal key tile (causal) or up to the last key tile.
 __device__ __forceinline__ void hb_writer(const HbItem& w, float* dq_acc, u32* sem, u32* err, u32 heads, u32 causal) {
     unsigned char* base;
     const u32 sb = hb_base(&base);
     const int lane = threadIdx.x & 31;
-    const u32 j = w.j;
+    const u32 j = w.j, ch = j % HB_CHAINS, r = j / HB_CHAINS;
     for (u32 it = 0; it < w.iters; ++it) {
         const int st = it & 1;
         const u32 h = w.head(it), qt = w.tile(it), last = causal ? qt : w.nt - 1;
-        u32* sm = sem + ((u64)w.b * heads + h) * w.nt + qt;
-        float* acc = dq_acc + (((u64)w.b * heads + h) * w.nt + qt) * HB_TILE_F32;
-        if (HB_TURN && lane == 0 && j > 0) {
+        const u32 chain_last = ch + HB_CHAINS * ((last - ch) / HB_CHAINS);  // j <= last, so ch <= last
+        const u64 slot = (((u64)w.b * heads + h) * w.nt + qt) * HB_CHAINS + ch;
+        u32* sm = sem + slot;
+        float* acc = dq_acc + slot * HB_TILE_F32;
+        if (HB_TURN == 1 && lane == 0 && r > 0) {
             const long long t0 = clock64();
-            while (hb_ld_acquire(sm) != j) {
+            while (hb_ld_acquire(sm) != r) {
                 // A few seconds: give up rather than hang, counted in the device's error word
                 // (CudaBackend::stall_word), which the next synchronize reports.
                 if (clock64() - t0 > (1ll << 32)) {
@@ -230,18 +242,20 @@ __device__ __forceinline__ void hb_writer(const HbItem& w, float* dq_acc, u32* s
         hb_bar_sync(HB_BAR_FULL + st, HB_STAGE_THREADS);
         if (HB_TURN && lane == 0) {
             const u32 part = sb + HB_SDQ + st * HB_TILE_F32 * 4;
-            if (j == 0) {
+            if (r == 0) {
                 hb_bulk_store(acc, part, HB_TILE_F32 * 4);
             } else {
                 hb_bulk_add(acc, part, HB_TILE_F32 * 4);
             }
             hb_bulk_done();
             hb_proxy_fence_global();
-            if (j == last) {
-                if (j > 0) *sm = 0u;
-            } else {
-                __threadfence();
-                hb_st_release(sm, j + 1);
+            if (HB_TURN == 1) {
+                if (j == chain_last) {
+                    if (r > 0) *sm = 0u;
+                } else {
+                    __threadfence();
+                    hb_st_release(sm, r + 1);
+                }
             }
         }
         __syncwarp();
@@ -434,7 +448,7 @@ __device__ __forceinline__ void hb_bwd(float* dq_acc, u16* dk, u16* dv, u32* sem
     __shared__ u32 s_item;
     const u32 nt = (seq + 127) / 128;
     const u32 items = nt * kv_heads * batch;
-    u32* counter = sem + (u64)batch * heads * nt;
+    u32* counter = sem + (u64)batch * heads * nt * HB_CHAINS;
     // Each role its own loop, so that the compiler holds each to its registers: the product
     // warpgroups take those warpgroup 2 does not need. Both loops meet at the same two block
     // barriers an item.
@@ -464,18 +478,30 @@ __device__ __forceinline__ void hb_bwd(float* dq_acc, u16* dk, u16* dv, u32* sem
     }
 }
 
-// dq (times scale, in 16-bit) from dq_acc: a block a query tile (grid: query tiles, heads, batch).
+// dq (times scale, in 16-bit) from dq_acc: a block a query tile (grid: query tiles, heads, batch);
+// the tile's chains added in order of chain, those with a key tile that sees the tile.
 template <bool BF16>
-__device__ __forceinline__ void hb_dq_convert(u16* dq, const float* dq_acc, u32 seq, u32 heads, u32 qld, float scale) {
+__device__ __forceinline__ void hb_dq_convert(u16* dq, const float* dq_acc, u32 seq, u32 heads, u32 qld, u32 causal, float scale) {
     const u32 qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const float* a = dq_acc + (((u64)b * heads + h) * gridDim.x + qt) * HB_TILE_F32;
+    const float* a = dq_acc + (((u64)b * heads + h) * gridDim.x + qt) * HB_CHAINS * HB_TILE_F32;
+    const u32 last = causal ? qt : gridDim.x - 1;
     u16* o = dq + (u64)b * seq * qld + (u64)h * 64;
 #pragma unroll
     for (int i = 0; i < HB_TILE_F32 / 4 / 256; ++i) {
         // float4 p of the tile: warpgroup w's thread tw, its floats 4c..4c+3 (rows r and r + 8,
         // columns 8c + 2t and the next).
         const int p = threadIdx.x + 256 * i, w = p >> 10, c = (p >> 7) & 7, tw = p & 127;
-        const float4 x = *reinterpret_cast<const float4*>(a + 4 * p);
+        float4 x = *reinterpret_cast<const float4*>(a + 4 * p);
+#pragma unroll
+        for (u32 k = 1; k < HB_CHAINS; ++k) {
+            if (k <= last) {
+                const float4 y = *reinterpret_cast<const float4*>(a + k * HB_TILE_F32 + 4 * p);
+                x.x += y.x;
+                x.y += y.y;
+                x.z += y.z;
+                x.w += y.w;
+            }
+        }
         const int lane = tw & 31;
         const u32 r = qt * 128 + 64 * w + 16 * (tw >> 5) + (lane >> 2), col = 8 * c + 2 * (lane & 3);
         if (r < seq) *reinterpret_cast<u32*>(o + (u64)r * qld + col) = fa_pack<BF16>(x.x * scale, x.y * scale);
@@ -495,9 +521,9 @@ extern "C" __global__ void __launch_bounds__(HB_THREADS, 1) hb_bwd_bf16_d64(floa
 extern "C" __global__ void __launch_bounds__(HB_THREADS, 1) hb_bwd_f16_d64(float* dq_acc, u16* dk, u16* dv, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 batch, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) {
     HB_BODY(hb_bwd<false>(dq_acc, dk, dv, sem, err, q, k, v, dout, lse, dsum, batch, seq, heads, kv_heads, qld, kvld, causal, scale);)
 }
-extern "C" __global__ void __launch_bounds__(256) hb_dq_convert_bf16(u16* dq, const float* dq_acc, u32 seq, u32 heads, u32 qld, float scale) {
-    hb_dq_convert<true>(dq, dq_acc, seq, heads, qld, scale);
+extern "C" __global__ void __launch_bounds__(256) hb_dq_convert_bf16(u16* dq, const float* dq_acc, u32 seq, u32 heads, u32 qld, u32 causal, float scale) {
+    hb_dq_convert<true>(dq, dq_acc, seq, heads, qld, causal, scale);
 }
-extern "C" __global__ void __launch_bounds__(256) hb_dq_convert_f16(u16* dq, const float* dq_acc, u32 seq, u32 heads, u32 qld, float scale) {
-    hb_dq_convert<false>(dq, dq_acc, seq, heads, qld, scale);
+extern "C" __global__ void __launch_bounds__(256) hb_dq_convert_f16(u16* dq, const float* dq_acc, u32 seq, u32 heads, u32 qld, u32 causal, float scale) {
+    hb_dq_convert<false>(dq, dq_acc, seq, heads, qld, causal, scale);
 }
