@@ -50,8 +50,8 @@ SMEM, THREADS, TILE_F32 = 196608 + 2048 + 1024, 384, 8192
 
 class Hopper:
     def __init__(self, turn=1, kernel=None, chains=1):
-        """HB_TURN `turn` and HB_CHAINS `chains` of flash_hopper.cu, or of `kernel` (another
-        version of that file, the baseline of a same-call comparison, one chain) when given."""
+        """HB_TURN `turn` of flash_hopper.cu with its dQ in `chains` chains, or `kernel` (the
+        file before chains, the baseline of a same-call comparison) when given."""
         self.turn = turn
         self.chains = chains
         self.name = (f"turn {turn}" + (f" chains {chains}" if chains > 1 else "")) if kernel is None else f"base {os.path.basename(kernel)}"
@@ -61,7 +61,7 @@ class Hopper:
         src = "\n".join((fs.source(), open(kernel).read(), open(os.path.join(HERE, "hopper_bwd.cu")).read()))
         defs = tuple(f"-DFA_{k}={v[0][0]},{v[0][1]},{v[0][2]}" for k, v in fs.SWEEP.items())
         t0 = time.time()
-        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_TURN={turn}", f"-DHB_CHAINS={chains}") + defs)
+        self.mod = cp.RawModule(code=src, options=("-std=c++17", "--gpu-architecture=sm_90a", f"-DHB_TURN={turn}") + defs)
         self.fn = {}
         for name in ("hb_bwd_bf16_d64", "hb_bwd_f16_d64", "hb_layout_test", "hb_dq_convert_bf16", "hb_dq_convert_f16"):
             f = self.mod.get_function(name)
@@ -96,10 +96,11 @@ class Hopper:
         grid = (min(nt * kv_heads * b, SMS),)
         scale = np.float32(1 / math.sqrt(d))
         fn(grid, (THREADS,), (fs.P(self.acc), fs.P(dk), fs.P(dv), fs.P(self.sem), fs.P(self.err), fs.P(q), fs.P(k), fs.P(v), fs.P(dout), fs.P(lse), fs.P(dsum),
-                              fs.U(b), fs.U(s), fs.U(heads), fs.U(kv_heads), fs.U(heads * d), fs.U(kv_heads * d), fs.U(int(causal)), scale), shared_mem=self.smem)
+                              fs.U(b), fs.U(s), fs.U(heads), fs.U(kv_heads), fs.U(heads * d), fs.U(kv_heads * d), fs.U(int(causal)), scale)
+           + (() if self.base else (fs.U(self.chains),)), shared_mem=self.smem)
         conv = (fs.P(dq), fs.P(self.acc), fs.U(s), fs.U(heads), fs.U(heads * d))
         # The baseline's conversion (before chains) takes no causal flag.
-        conv += (scale,) if self.base else (fs.U(int(causal)), scale)
+        conv += (scale,) if self.base else (fs.U(int(causal)), scale, fs.U(self.chains))
         self.fn[f"hb_dq_convert_{name}"]((nt, heads, b), (256,), conv)
         return dq, dk, dv
 
@@ -206,7 +207,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--variants", default="1",
-                    help="which variants, each HB_TURN[cHB_CHAINS]: turn 1 (the runtime's sum, 1c2 in two chains) is checked and timed, "
+                    help="which variants, each HB_TURN[cCHAINS]: turn 1 (the runtime's sum, 1c2 in two chains) is checked and timed, "
                          "0 (no dQ sum) and 2 (adds without turns) timed only")
     ap.add_argument("--base", default=None,
                     help="another version of flash_hopper.cu (say, git show HEAD~1:... > FILE), timed beside the others in the same run")

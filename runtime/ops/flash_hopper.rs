@@ -30,7 +30,9 @@ pub(super) fn backward(
 ) -> Result<()> {
     let d = a.dims;
     let tiles = d.seq.div_ceil(HOPPER_TILE);
-    let turns = d.batch * d.heads * tiles * hopper_chains();
+    let items = tiles * a.kv_heads * d.batch;
+    let chains = hopper_chains(items, c.sm_count);
+    let turns = d.batch * d.heads * tiles * chains;
     let acc = Tensor::empty(dev, &[turns * HOPPER_TILE * 64])?;
     let counters = Tensor::zeros(dev, &[turns + 1])?;
     let mut args = vec![
@@ -44,9 +46,11 @@ pub(super) fn backward(
     args.push(KArg::U32(d.batch as u32));
     let sizes = sizes(a, lds);
     args.extend(sizes.iter().cloned());
-    c.launch_hopper_bwd(k, dtype, tiles * a.kv_heads * d.batch, &args)?;
+    args.push(KArg::U32(chains as u32));
+    c.launch_hopper_bwd(k, dtype, items, &args)?;
     // dq from the sums: seq, heads, q's row stride, causal and the scale, as `sizes` has them.
     let [seq, heads, _, qld, _, causal, scale] = sizes;
-    let convert = [KArg::Ptr(dqp), KArg::Ptr(acc.cuda_ptr()?), seq, heads, qld, causal, scale];
+    let chains = KArg::U32(chains as u32);
+    let convert = [KArg::Ptr(dqp), KArg::Ptr(acc.cuda_ptr()?), seq, heads, qld, causal, scale, chains];
     c.launch_hopper_dq(k, dtype, [tiles, d.heads, d.batch], &convert)
 }

@@ -581,14 +581,26 @@ __device__ __forceinline__ void fa_bwd_dkdv(u16* dk, u16* dv, const u16* q, cons
             float s[MT][QC / 8][4], dp[MT][QC / 8][4];
             fa_mma_bt<BF16, D, QC, MT, KREG>(s, kf, sK, warp * RW, cQ);
             fa_mma_bt<BF16, D, QC, MT, false>(dp, nullptr, sV, warp * RW, cO);
+            // Two forms (`edge` is the same for the warp): one loop for both, the mask
+            // `edge && (...)`, compiled to a branch and a convergence barrier an element, each
+            // element's lse load and exp2 waiting for the one before (as in flash_hopper.cu).
             const bool edge = c0 + QC > seq || (causal && c0 < w0 + RW - 1);
-            FA_EACH_ELEM(MT, QC) {
-                const int qc = nt * 8 + 2 * t + (e & 1);
-                const u32 qi = c0 + qc, key = w0 + mt * 16 + gr + 8 * (e >> 1);
-                const bool masked = edge && (qi >= seq || (causal && qi < key));
-                const float p = masked ? 0.0f : fa_exp2(s[mt][nt][e] * sl2 - cL[qc] * FA_LOG2E);
-                s[mt][nt][e] = p;
-                dp[mt][nt][e] = p * (dp[mt][nt][e] - cD[qc]);
+            if (edge) {
+                FA_EACH_ELEM(MT, QC) {
+                    const int qc = nt * 8 + 2 * t + (e & 1);
+                    const u32 qi = c0 + qc, key = w0 + mt * 16 + gr + 8 * (e >> 1);
+                    const bool masked = qi >= seq || (causal && qi < key);
+                    const float p = masked ? 0.0f : fa_exp2(s[mt][nt][e] * sl2 - cL[qc] * FA_LOG2E);
+                    s[mt][nt][e] = p;
+                    dp[mt][nt][e] = p * (dp[mt][nt][e] - cD[qc]);
+                }
+            } else {
+                FA_EACH_ELEM(MT, QC) {
+                    const int qc = nt * 8 + 2 * t + (e & 1);
+                    const float p = fa_exp2(s[mt][nt][e] * sl2 - cL[qc] * FA_LOG2E);
+                    s[mt][nt][e] = p;
+                    dp[mt][nt][e] = p * (dp[mt][nt][e] - cD[qc]);
+                }
             }
             fa_acc_product<BF16, D, QC, MT>(dva, s, cO);
             fa_acc_product<BF16, D, QC, MT>(dka, dp, cQ);

@@ -40,14 +40,11 @@
 #ifndef HB_TURN
 #define HB_TURN 1
 #endif
-// HB_CHAINS (the runtime passes backend::cuda_hopper::HOPPER_CHAINS): a query tile's dQ is summed
-// in this many chains, key tile j in chain j % HB_CHAINS, each chain in order of j into its own
-// f32 sum; hb_dq_convert adds the chains' sums in order of chain. Key tiles of different chains
-// never wait for each other, so the chain of waits a wave's blocks form (each key tile waiting
-// for the one before it) is HB_CHAINS times shorter.
-#ifndef HB_CHAINS
-#define HB_CHAINS 1
-#endif
+// `chains` (a launch argument; ops/flash_hopper.rs picks it): a query tile's dQ is summed in
+// this many chains, key tile j in chain j % chains, each chain in order of j into its own f32
+// sum; hb_dq_convert adds the chains' sums in order of chain. Key tiles of different chains never
+// wait for each other, so the chain of waits a wave's blocks form (each key tile waiting for the
+// one before it) is `chains` times shorter.
 
 #define HB_SK 0
 #define HB_SV 16384
@@ -211,19 +208,19 @@ __device__ __forceinline__ u32 hb_base(unsigned char** base) {
     return sb;
 }
 
-// The dQ writer (warp 8) for one item. Key tile j is at rank r = j / HB_CHAINS of its chain's
+// The dQ writer (warp 8) for one item. Key tile j is at rank r = j / chains of its chain's
 // order for each query tile it sees; the chain's last key tile there is the last of the chain up
 // to the query tile's diagonal key tile (causal) or up to the last key tile.
-__device__ __forceinline__ void hb_writer(const HbItem& w, float* dq_acc, u32* sem, u32* err, u32 heads, u32 causal) {
+__device__ __forceinline__ void hb_writer(const HbItem& w, float* dq_acc, u32* sem, u32* err, u32 heads, u32 causal, u32 chains) {
     unsigned char* base;
     const u32 sb = hb_base(&base);
     const int lane = threadIdx.x & 31;
-    const u32 j = w.j, ch = j % HB_CHAINS, r = j / HB_CHAINS;
+    const u32 j = w.j, ch = j % chains, r = j / chains;
     for (u32 it = 0; it < w.iters; ++it) {
         const int st = it & 1;
         const u32 h = w.head(it), qt = w.tile(it), last = causal ? qt : w.nt - 1;
-        const u32 chain_last = ch + HB_CHAINS * ((last - ch) / HB_CHAINS);  // j <= last, so ch <= last
-        const u64 slot = (((u64)w.b * heads + h) * w.nt + qt) * HB_CHAINS + ch;
+        const u32 chain_last = ch + chains * ((last - ch) / chains);  // j <= last, so ch <= last
+        const u64 slot = (((u64)w.b * heads + h) * w.nt + qt) * chains + ch;
         u32* sm = sem + slot;
         float* acc = dq_acc + slot * HB_TILE_F32;
         if (HB_TURN == 1 && lane == 0 && r > 0) {
@@ -444,11 +441,11 @@ __device__ __forceinline__ void hb_mma(const HbItem& w, u16* dk, u16* dv, const 
 // items taken before its own, each held by a running block, so the waits always end, however
 // many blocks are resident.
 template <bool BF16>
-__device__ __forceinline__ void hb_bwd(float* dq_acc, u16* dk, u16* dv, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 batch, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) {
+__device__ __forceinline__ void hb_bwd(float* dq_acc, u16* dk, u16* dv, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 batch, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale, u32 chains) {
     __shared__ u32 s_item;
     const u32 nt = (seq + 127) / 128;
     const u32 items = nt * kv_heads * batch;
-    u32* counter = sem + (u64)batch * heads * nt * HB_CHAINS;
+    u32* counter = sem + (u64)batch * heads * nt * chains;
     // Each role its own loop, so that the compiler holds each to its registers: the product
     // warpgroups take those warpgroup 2 does not need. Both loops meet at the same two block
     // barriers an item.
@@ -458,7 +455,7 @@ __device__ __forceinline__ void hb_bwd(float* dq_acc, u16* dk, u16* dv, u32* sem
             __syncthreads();
             const u32 item = s_item;
             if (item >= items) break;
-            if (threadIdx.x < HB_STAGE_THREADS) hb_writer(HbItem(item, batch, seq, heads, kv_heads, causal), dq_acc, sem, err, heads, causal);
+            if (threadIdx.x < HB_STAGE_THREADS) hb_writer(HbItem(item, batch, seq, heads, kv_heads, causal), dq_acc, sem, err, heads, causal, chains);
             __syncthreads();
         }
     } else {
@@ -481,9 +478,9 @@ __device__ __forceinline__ void hb_bwd(float* dq_acc, u16* dk, u16* dv, u32* sem
 // dq (times scale, in 16-bit) from dq_acc: a block a query tile (grid: query tiles, heads, batch);
 // the tile's chains added in order of chain, those with a key tile that sees the tile.
 template <bool BF16>
-__device__ __forceinline__ void hb_dq_convert(u16* dq, const float* dq_acc, u32 seq, u32 heads, u32 qld, u32 causal, float scale) {
+__device__ __forceinline__ void hb_dq_convert(u16* dq, const float* dq_acc, u32 seq, u32 heads, u32 qld, u32 causal, float scale, u32 chains) {
     const u32 qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const float* a = dq_acc + (((u64)b * heads + h) * gridDim.x + qt) * HB_CHAINS * HB_TILE_F32;
+    const float* a = dq_acc + (((u64)b * heads + h) * gridDim.x + qt) * chains * HB_TILE_F32;
     const u32 last = causal ? qt : gridDim.x - 1;
     u16* o = dq + (u64)b * seq * qld + (u64)h * 64;
 #pragma unroll
@@ -492,8 +489,7 @@ __device__ __forceinline__ void hb_dq_convert(u16* dq, const float* dq_acc, u32 
         // columns 8c + 2t and the next).
         const int p = threadIdx.x + 256 * i, w = p >> 10, c = (p >> 7) & 7, tw = p & 127;
         float4 x = *reinterpret_cast<const float4*>(a + 4 * p);
-#pragma unroll
-        for (u32 k = 1; k < HB_CHAINS; ++k) {
+        for (u32 k = 1; k < chains; ++k) {
             if (k <= last) {
                 const float4 y = *reinterpret_cast<const float4*>(a + k * HB_TILE_F32 + 4 * p);
                 x.x += y.x;
@@ -515,15 +511,15 @@ __device__ __forceinline__ void hb_dq_convert(u16* dq, const float* dq_acc, u32 
 #define HB_BODY(...)
 #endif
 
-extern "C" __global__ void __launch_bounds__(HB_THREADS, 1) hb_bwd_bf16_d64(float* dq_acc, u16* dk, u16* dv, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 batch, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) {
-    HB_BODY(hb_bwd<true>(dq_acc, dk, dv, sem, err, q, k, v, dout, lse, dsum, batch, seq, heads, kv_heads, qld, kvld, causal, scale);)
+extern "C" __global__ void __launch_bounds__(HB_THREADS, 1) hb_bwd_bf16_d64(float* dq_acc, u16* dk, u16* dv, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 batch, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale, u32 chains) {
+    HB_BODY(hb_bwd<true>(dq_acc, dk, dv, sem, err, q, k, v, dout, lse, dsum, batch, seq, heads, kv_heads, qld, kvld, causal, scale, chains);)
 }
-extern "C" __global__ void __launch_bounds__(HB_THREADS, 1) hb_bwd_f16_d64(float* dq_acc, u16* dk, u16* dv, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 batch, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale) {
-    HB_BODY(hb_bwd<false>(dq_acc, dk, dv, sem, err, q, k, v, dout, lse, dsum, batch, seq, heads, kv_heads, qld, kvld, causal, scale);)
+extern "C" __global__ void __launch_bounds__(HB_THREADS, 1) hb_bwd_f16_d64(float* dq_acc, u16* dk, u16* dv, u32* sem, u32* err, const u16* q, const u16* k, const u16* v, const u16* dout, const float* lse, const float* dsum, u32 batch, u32 seq, u32 heads, u32 kv_heads, u32 qld, u32 kvld, u32 causal, float scale, u32 chains) {
+    HB_BODY(hb_bwd<false>(dq_acc, dk, dv, sem, err, q, k, v, dout, lse, dsum, batch, seq, heads, kv_heads, qld, kvld, causal, scale, chains);)
 }
-extern "C" __global__ void __launch_bounds__(256) hb_dq_convert_bf16(u16* dq, const float* dq_acc, u32 seq, u32 heads, u32 qld, u32 causal, float scale) {
-    hb_dq_convert<true>(dq, dq_acc, seq, heads, qld, causal, scale);
+extern "C" __global__ void __launch_bounds__(256) hb_dq_convert_bf16(u16* dq, const float* dq_acc, u32 seq, u32 heads, u32 qld, u32 causal, float scale, u32 chains) {
+    hb_dq_convert<true>(dq, dq_acc, seq, heads, qld, causal, scale, chains);
 }
-extern "C" __global__ void __launch_bounds__(256) hb_dq_convert_f16(u16* dq, const float* dq_acc, u32 seq, u32 heads, u32 qld, u32 causal, float scale) {
-    hb_dq_convert<false>(dq, dq_acc, seq, heads, qld, causal, scale);
+extern "C" __global__ void __launch_bounds__(256) hb_dq_convert_f16(u16* dq, const float* dq_acc, u32 seq, u32 heads, u32 qld, u32 causal, float scale, u32 chains) {
+    hb_dq_convert<false>(dq, dq_acc, seq, heads, qld, causal, scale, chains);
 }
