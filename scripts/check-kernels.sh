@@ -11,7 +11,7 @@ cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/scale_update.cu 
 "${CXX:-g++}" -std=c++17 -DFA_FWD64=64,4,2 -DFA_FWD128=64,4,2 -DFA_DQ64=32,4,2 -DFA_DQ128=64,4,1 -DFA_DKV64=128,4,2 -DFA_DKV128=64,4,1 -DFA_FWDS64=64,4,1 -DFA_DQS64=64,4,1 -DFA_DKVS64=128,4,1 -DRN_FWD_VPT=4 -DRN_BWD_VPT=2 -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/all.cpp"
 # The Hopper attention backward is a program of its own (backend/cuda_hopper.rs, for sm_90a): its
 # body is compiled for that architecture only, so the check names it.
-for turn in 1 0; do
+for turn in 1 0 2; do
   cat scripts/cuda-host-shim.h $k/core.cu $k/ops.cu $k/half.cu $k/flash.cu $k/flash_hopper.cu bench/hopper_bwd.cu \
     | sed -e 's/extern "C" __global__ void/extern "C" void/' -e 's/asm volatile(/asm(/' -e 's/^extern __shared__ .*fa_smem.*/static unsigned char fa_smem[1 << 18];/' -e 's/^extern __shared__ .*gr_sx_row.*/static uint4 gr_sx_row[1 << 14];/' > "$tmp/hopper.cpp"
   "${CXX:-g++}" -std=c++17 -D__CUDA_ARCH__=900 -D__CUDA_ARCH_FEAT_SM90_ALL -DHB_TURN=$turn -DFA_FWD64=64,4,2 -DFA_FWD128=64,4,2 -DFA_DQ64=32,4,2 -DFA_DQ128=64,4,1 -DFA_DKV64=128,4,2 -DFA_DKV128=64,4,1 -DFA_FWDS64=64,4,1 -DFA_DQS64=64,4,1 -DFA_DKVS64=128,4,1 -fsyntax-only -Wall -Wno-unknown-pragmas -Wno-unused-function "$tmp/hopper.cpp"

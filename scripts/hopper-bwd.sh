@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (after scripts/gpu-build.sh; carry gpu-pack) for the Hopper attention backward
 # (runtime/backend/kernels/flash_hopper.cu, AttentionEngine::Hopper): bench/hopper_bwd.py (the
-# wgmma layout tests, the kernel (and its no-dQ-sum diagnostic, timed only) against a float32 reference and the portable kernels,
+# wgmma layout tests, the kernel with its dQ in two chains and in one (and its no-dQ-sum diagnostic, timed only) against a float32 reference and the portable kernels,
 # their times beside PyTorch's SDPA backward), the ops_flash tests with CUDA required (every test
 # runs the Hopper engine where it runs), then the GPT at 4096 x 1 with cuDNN's deterministic
 # backward (the default) and with the Hopper one, against torch.compile, in the same call.
@@ -21,7 +21,7 @@ t0=$(date +%s)
 note() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 note "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 lean=${HOPPER_LEAN:-0} part=${HOPPER_PART:-all}
-variants=1,0; [ "$lean" = 1 ] && variants=1
+variants=1c2,1,0; [ "$lean" = 1 ] && variants=1c2
 if [ "$part" != gpt ]; then
 timeout 260 python3 bench/hopper_bwd.py --quick --variants "$variants" ${HOPPER_BASE:+--base "$HOPPER_BASE"} --out "$out" > "$out/hopper_bwd.log" 2>&1
 note "hopper_bwd.py: exit $?"
