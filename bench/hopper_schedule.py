@@ -17,11 +17,12 @@ ahead of the writer. docs/results/hopper-schedule-model-2026-12-07.txt is its ou
 import heapq
 
 
-def makespan(ntk, heads, sms, L, order, stages=2):
+def makespan(ntk, heads, sms, L, order, stages=2, chains=1):
+    """`chains` (the "wave" order only): key tile j adds after key tile j - chains."""
     sched = list(range(ntk - 1, -1, -1)) if order == "fa3" else list(range(ntk))
     tiles = (lambda j: list(range(j, ntk))) if order == "fa3" else (lambda j: list(range(ntk - 1, j - 1, -1)))
-    rank = (lambda j, m: m - j) if order == "fa3" else (lambda j, m: j)
-    before = (lambda j: j + 1) if order == "fa3" else (lambda j: j - 1)
+    rank = (lambda j, m: m - j) if order == "fa3" else (lambda j, m: j // chains)
+    before = (lambda j: j + 1) if order == "fa3" else (lambda j: j - chains)
     done, free, end = {}, [0.0] * sms, 0.0
     heapq.heapify(free)
     for j in sched:
@@ -48,6 +49,11 @@ def main():
     for ntk, heads, name in ((32, 8, "1 x 4096 x 8 heads (128-row tiles)"), (8, 32, "4 x 1024 x 8 heads"), (2, 128, "16 x 256 x 8 heads")):
         ideal = heads * sum(ntk - j for j in range(ntk)) / 132
         row = "  ".join(f"{o} L={L}: {makespan(ntk, heads, 132, L, o):.1f}" for o in ("wave", "fa3") for L in (0.3, 1.0))
+        print(f"{name}: ideal {ideal:.1f}  {row}")
+    print("the wave order with the dQ in one and two chains (the runtime's two within two waves)")
+    for ntk, heads, name in ((32, 8, "1 x 4096 x 8 heads"), (8, 32, "4 x 1024 x 8 heads"), (32, 64, "4 x 4096 x 16 heads")):
+        ideal = heads * sum(ntk - j for j in range(ntk)) / 132
+        row = "  ".join(f"chains {c} L={L}: {makespan(ntk, heads, 132, L, 'wave', chains=c):.1f}" for L in (0.3, 1.0) for c in (1, 2))
         print(f"{name}: ideal {ideal:.1f}  {row}")
 
 
