@@ -29,8 +29,8 @@ pub(crate) const HOPPER_TILE: usize = 128;
 /// batch) fit in two waves of the GPU's `sms` multiprocessors, where a wave's blocks otherwise
 /// wait for each other's turns in one chain (measured on an H100: the GPT's step 4.2% faster at
 /// 4096 x 1 and 2.1% at 1024 x 4); one beyond (at 4 x 4096 x 16 heads two chains measured 29%
-/// slower: its sums, twice the size, no longer stay in L2, DESIGN-DECISIONS). `GRAPHED_HOPPER_CHAINS` (1 to 8, read once) sets it for every call, a measurement
-/// setting.
+/// slower, the sums, twice the size, likely no longer staying in L2: DESIGN-DECISIONS).
+/// `GRAPHED_HOPPER_CHAINS` (1 to 8, read once) sets it for every call, a measurement setting.
 pub(crate) fn hopper_chains(items: usize, sms: usize) -> usize {
     static FROM_ENV: OnceLock<Option<usize>> = OnceLock::new();
     let env = FROM_ENV.get_or_init(|| {
