@@ -21,13 +21,14 @@
 // and leaves its part in shared memory (two stages) in its accumulators' order: thread i's
 // floats 4c..4c+3 at float4 c·128 + i, so that every store is a whole bank line. Warp 8 (the dQ
 // writer; warpgroup 2 keeps 24 registers a thread, its other warps idle) adds each tile's part
-// into dq_acc (f32 [batch, heads, query tiles, 8192], the same order) with one bulk copy of the
-// tensor memory accelerator when its turn comes: a key tile's turn for a query tile is its rank
-// among the key tiles that see that query tile, the first key tile first, counted in sem (u32
-// [batch, heads, query tiles], zero at launch and left at zero). The first stores, the others
-// add (cp.reduce.async.bulk, in that order, each waiting until the one before it is complete),
-// so the sum's order is fixed and dq is the same bits on every run. hb_dq_convert then writes
-// dq (times scale, in 16-bit) from dq_acc. Work items are taken in order by a persistent grid
+// into dq_acc (f32 [batch, heads, query tiles, chains, 8192], the same order) with one bulk copy
+// of the tensor memory accelerator when its turn comes: a key tile's turn for a query tile is
+// its rank among the key tiles of its chain (below) that see that query tile, the first key tile
+// first, counted in sem (u32 [batch, heads, query tiles, chains], zero at launch and left at
+// zero). The first of a chain stores, the others add (cp.reduce.async.bulk, in that order, each
+// waiting until the one before it is complete), so the sum's order is fixed and dq is the same
+// bits on every run. hb_dq_convert then adds the chains in order and writes dq (times scale, in
+// 16-bit). Work items are taken in order by a persistent grid
 // (hb_bwd below), the longest first, so a block only ever waits for items taken before its own.
 //
 // Shared tiles are rows of 64 16-bit values (128 bytes) with chunk c of row r at chunk c ^ (r & 7)
@@ -436,7 +437,7 @@ __device__ __forceinline__ void hb_mma(const HbItem& w, u16* dk, u16* dv, const 
 }
 
 // The kernel: a persistent grid (at most one block a multiprocessor) whose blocks take the work
-// items in order from a counter (sem[batch * heads * query tiles], zero at launch; the last
+// items in order from a counter (sem[batch * heads * query tiles * chains], zero at launch; the last
 // fetch, the grid's last block finding none left, sets it back to zero). A block waits only for
 // items taken before its own, each held by a running block, so the waits always end, however
 // many blocks are resident.
