@@ -33,11 +33,14 @@ pub(crate) const HOPPER_TILE: usize = 128;
 /// `GRAPHED_HOPPER_CHAINS` (1 to 8, read once) sets it for every call, a measurement setting.
 pub(crate) fn hopper_chains(items: usize, sms: usize) -> usize {
     static FROM_ENV: OnceLock<Option<usize>> = OnceLock::new();
-    let env = FROM_ENV.get_or_init(|| {
-        let v = std::env::var("GRAPHED_HOPPER_CHAINS").ok().and_then(|v| v.parse::<usize>().ok());
-        v.filter(|n| (1..=8).contains(n))
-    });
+    let env = FROM_ENV.get_or_init(|| chains_setting(std::env::var("GRAPHED_HOPPER_CHAINS").ok().as_deref()));
     env.unwrap_or(if items <= 2 * sms { 2 } else { 1 })
+}
+
+/// `GRAPHED_HOPPER_CHAINS`'s value as a count of chains: a whole number from 1 to 8, else none
+/// (the default rule).
+fn chains_setting(v: Option<&str>) -> Option<usize> {
+    v.and_then(|v| v.trim().parse::<usize>().ok()).filter(|n| (1..=8).contains(n))
 }
 
 /// Head dimension the kernel is built for.
@@ -133,5 +136,29 @@ impl CudaBackend {
         let f = if dtype == DType::BF16 { &k.convert_bf16 } else { &k.convert_f16 };
         let dims = LaunchDims { grid: (tiles as u32, heads as u32, batch as u32), block: (256, 1, 1), shared: 0 };
         self.launch_function(f, dims, args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_chains_within_two_waves_one_beyond_unless_set() {
+        // The tests' environment does not set GRAPHED_HOPPER_CHAINS.
+        if std::env::var_os("GRAPHED_HOPPER_CHAINS").is_none() {
+            // The GPT at 4096 x 1 and 1024 x 4: 256 items on 132 multiprocessors.
+            assert_eq!(hopper_chains(256, 132), 2);
+            assert_eq!(hopper_chains(264, 132), 2);
+            // 4 x 4096 x 16 heads: 2,048 items.
+            assert_eq!(hopper_chains(265, 132), 1);
+            assert_eq!(hopper_chains(2048, 132), 1);
+        }
+        assert_eq!(chains_setting(Some("4")), Some(4));
+        assert_eq!(chains_setting(Some(" 1 ")), Some(1));
+        for bad in ["0", "9", "two", "", "-1"] {
+            assert_eq!(chains_setting(Some(bad)), None, "{bad}");
+        }
+        assert_eq!(chains_setting(None), None);
     }
 }
