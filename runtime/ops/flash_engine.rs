@@ -31,7 +31,8 @@ use super::flash::Attention;
 ///   one pass over the query tiles per key tile, five products instead of the portable
 ///   kernels' seven, each query tile's `dQ` added into an f32 accumulator in a fixed order of
 ///   key tiles, so grads are the same bits run to run); nothing of size `seq²`, an f32 `dQ`
-///   sum of `batch · heads · ⌈seq / 128⌉ · 128 · 64 · 4` bytes instead. sm_90 GPUs (H100, H200),
+///   sum of `batch · heads · ⌈seq / 128⌉ · chains · 128 · 64 · 4` bytes instead (two chains
+///   where the call's work fits in two waves of the GPU, else one). sm_90 GPUs (H100, H200),
 ///   head dim 64, bf16 or f16; elsewhere asking for it is [`Error::AttentionUnsupported`]. The
 ///   forward runs as under `Auto`. `Auto` picks it for the backward where it is as fast as
 ///   cuDNN's and far lighter (see `Auto`).

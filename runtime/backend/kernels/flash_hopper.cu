@@ -36,8 +36,9 @@
 // mode reads.
 
 // HB_TURN (bench/hopper_bwd.py's diagnostic; the runtime's is 1): 1 the ordered dQ sum; 0 (timing
-// only, dq wrong) the writer adds nothing and waits for nobody; 2 (timing only, dq right but its
-// bits not fixed) the writer adds without waiting for its turn.
+// only, dq wrong) the writer adds nothing and waits for nobody; 2 (timing only, dq wrong: a
+// chain's first store may land after another key tile's add) the writer adds without waiting
+// for its turn.
 #ifndef HB_TURN
 #define HB_TURN 1
 #endif
