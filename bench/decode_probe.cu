@@ -96,6 +96,48 @@ extern "C" __global__ void grid_stages(u64* bar, uint4* buf, u32 n, u32 wpb, u32
     if (threadIdx.x == 0 && blockIdx.x == 0) ns[0] = t1 - t0;
 }
 
+// ---------------------------------------------------------------- flagged lines, no barrier
+//
+// The same exchange without the grid barrier: each 16-byte line a block writes carries 8 bytes of
+// data as two 8-byte units, each a 32-bit datum beside a 32-bit flag (the stage's number + 1;
+// NCCL's LL protocol), stored with one 16-byte store of two 64-bit units. A unit is read whole
+// (single-copy atomic), so a reader that sees the flag in a unit sees that unit's datum: it polls
+// every line of the stage until both flags are the stage's, with no fence, count or second
+// load. The readers of stage i all finished reading it before any block writes stage i + 2 into
+// the same half (each block reads all of stage i + 1 first, and stage i + 1's lines are written
+// only after their blocks read stage i), so two halves suffice. lpb: lines a block; buf zeroed.
+__device__ __forceinline__ void dp_st_line(uint4* p, u32 d0, u32 d1, u32 flag) {
+    const u64 a = ((u64)flag << 32) | d0, b = ((u64)flag << 32) | d1;
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+__device__ __forceinline__ void dp_ld_line(const uint4* p, u64& a, u64& b) {
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+}
+extern "C" __global__ void flag_stages(u64* bar, uint4* buf, u32 n, u32 lpb, u32* bad, u64* ns) {
+    u64 target = 0;
+    const u32 total = gridDim.x * lpb;
+    u32 errs = 0;
+    dp_grid_sync(bar, target);
+    const u64 t0 = dp_timer();
+    for (u32 i = 0; i < n; ++i) {
+        uint4* half = buf + (u64)(i & 1u) * total;
+        const u32 flag = i + 1;
+        for (u32 w = threadIdx.x; w < lpb; w += blockDim.x) dp_st_line(half + blockIdx.x * lpb + w, i ^ blockIdx.x, w, flag);
+        for (u32 w = threadIdx.x; w < total; w += blockDim.x) {
+            u64 a, b;
+            do {
+                dp_ld_line(half + w, a, b);
+            } while ((u32)(a >> 32) != flag || (u32)(b >> 32) != flag);
+            errs += ((u32)a != (i ^ (w / lpb))) | ((u32)b != w % lpb);
+            dp_smem[w] = make_uint4((u32)a, (u32)b, 0u, 0u);
+        }
+        __syncthreads();
+    }
+    const u64 t1 = dp_timer();
+    if (errs) atomicAdd(bad, errs);
+    if (threadIdx.x == 0 && blockIdx.x == 0) ns[0] = t1 - t0;
+}
+
 // ---------------------------------------------------------------- a cluster's barrier
 __device__ __forceinline__ u32 dp_cluster_rank() {
     u32 r;

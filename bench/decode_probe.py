@@ -73,6 +73,22 @@ def grid_stages(mod, blocks, threads, vbytes, n):
     return float(ns[0]) / n / 1e3, total * 16
 
 
+def flag_stages(mod, blocks, threads, vbytes, n):
+    """µs a stage of the flagged-line exchange: vbytes of data (twice that in lines) a stage."""
+    fn = mod.get_function("flag_stages")
+    lpb = max(1, -(-vbytes // (8 * blocks)))
+    total = blocks * lpb
+    allow_smem(fn, total * 16)
+    bar = cp.zeros(1, cp.uint64)
+    buf = cp.zeros(2 * total * 4, cp.uint32)
+    bad, ns = cp.zeros(1, cp.uint32), cp.zeros(1, cp.uint64)
+    fn((blocks,), (threads,), (bar, buf, np.uint32(n), np.uint32(lpb), bad, ns), shared_mem=total * 16)
+    cp.cuda.Device().synchronize()
+    if int(bad[0]):
+        raise RuntimeError(f"flagged lines: {int(bad[0])} lines read wrong ({blocks} blocks, {vbytes} B)")
+    return float(ns[0]) / n / 1e3, total * 8
+
+
 def cluster_stages(mod, cs, threads, vbytes, dsmem, n):
     fn = mod.get_function("cluster_stages")
     if cs > 8:
@@ -133,6 +149,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--flags-only", action="store_true", help="sections 1 and 1b only")
     args = ap.parse_args()
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
@@ -154,6 +171,16 @@ def main():
             us, moved = grid_stages(base, blocks, 256, vbytes, n)
             results["grid"].append({"blocks": blocks, "threads": 256, "exchange_bytes": moved, "us_per_stage": us})
             log(f"{blocks:>7} {256:>7} {moved:>11} {us:>11.3f}")
+
+    log("\n1b. no barrier: flagged lines (8 data bytes and two flags a 16-byte line, polled by the readers), µs a stage")
+    log(f"{'blocks':>7} {'threads':>7} {'data B':>11} {'µs a stage':>11}")
+    for blocks in [b for b in (16, 32, 66, sms) if b <= sms]:
+        for vbytes in (1 << 10, 2 << 10, 16 << 10, 64 << 10):
+            us, moved = flag_stages(base, blocks, 256, vbytes, n)
+            results.setdefault("flag", []).append({"blocks": blocks, "threads": 256, "exchange_bytes": moved, "us_per_stage": us})
+            log(f"{blocks:>7} {256:>7} {moved:>11} {us:>11.3f}")
+    if args.flags_only:
+        return 0
 
     log("\n2. one cluster's barrier, µs a stage; exchange through distributed shared memory (dsmem) or L2")
     log(f"{'cluster':>7} {'threads':>7} {'exchange B':>11} {'via':>6} {'µs a stage':>11}")
