@@ -36,6 +36,8 @@ BENCH = [
     ("xent-variants", "bench/xent_variants.cu", [], "main"),
     ("xent-fold", "bench/xent_fold.cu", [], "main"),
     ("hopper-layout", "bench/hopper_bwd.cu", [], "flash-hopper"),
+    ("row-tma", "bench/row_tma.cu", [], None),
+    ("row-tma-8", "bench/row_tma.cu", ["RT_STAGES=8"], None),
 ]
 # The most shared memory a block may have on sm_90 (H100, H200): 227 KiB.
 OPTIN_SM90 = 232448

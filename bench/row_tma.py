@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Row kernels whose rows are streamed by bulk copies (bench/row_tma.cu) against the runtime's,
+on the GPU machine: correctness, a launch sweep, x-of-floor.
+
+Session 35's op benchmark on an H200 found the runtime's bf16 row kernels at about the H100's
+times (RMSNorm 27.8 µs at 4096 x 4096, 1.67x of the H200's floor; its backward 1.73x; the loss
+head 1.84x) while the elementwise ops followed the H200's bandwidth: the row kernels are bound by
+the bytes a multiprocessor keeps in flight and the instructions that issue them. This times the
+bulk-copy form (a persistent grid, a ring of RT_STAGES rows a block, one copy instruction a row)
+over ring depths, threads a block and blocks a multiprocessor, beside the runtime's kernels as
+the runtime launches them (RowTiles: the RMSNorm forward's ring at 4 words a thread, 256 threads,
+4 blocks a multiprocessor; its backward's at 2 words, 256 threads, 2 blocks a multiprocessor and
+the partials' sum; the cross-entropy's row in shared memory for rows of 8 KB and more, its
+register kernel below), in one call:
+
+- checks every variant against the numpy references of bench/row_sweep.py and
+  bench/xent_sweep.py on small shapes, and two runs' bits against each other;
+- times each over a CUDA graph of launches rotating buffers past the L2 (row_sweep.time_graph)
+  at op_bench's 4096 x 4096, the GPT's 4096 x 512 and 16384 x 1024, and prints x-of-floor (the
+  op's bytes over the measured copy bandwidth, as op_bench counts them).
+
+    python3 bench/row_tma.py [--quick] [--out DIR]
+"""
+import argparse
+import itertools
+import os
+import sys
+import time
+
+import cupy as cp
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import row_sweep as rs  # noqa: E402
+import xent_sweep as xs  # noqa: E402
+
+SOURCE = os.path.join(HERE, "row_tma.cu")
+SMEM_SM = 227 << 10  # shared memory a multiprocessor gives its blocks (sm_90)
+WPTS = (2, 4)  # builds by the most 16-byte words of a row a thread holds (RT_WPT): fewer registers at 2
+WPT = max(WPTS)
+U, F = np.uint32, np.float32
+
+
+def build(stages, wpt):
+    opts = ("-std=c++17", f"--gpu-architecture=sm_{rs.arch()}", f"-DRT_STAGES={stages}", f"-DRT_WPT={wpt}")
+    return cp.RawModule(code=open(SOURCE).read(), options=opts)
+
+
+def fits(op, stages, threads, per_sm, d):
+    """Whether a variant can take rows of d: the row within the threads' words, the ring within
+    a multiprocessor's shared memory."""
+    words = d // 8
+    if d % 8 or words > WPT * threads:
+        return False
+    return smem_bytes(op, stages, d) * per_sm <= SMEM_SM
+
+
+def smem_bytes(op, stages, d):
+    return stages * d * 2 * (2 if op == "bwd" else 1)
+
+
+def run_tma(mods, op, v, b, rows, d, sms):
+    """One launch of variant v = (stages, threads, blocks a multiprocessor); False where it does
+    not fit."""
+    stages, threads, per_sm = v
+    if not fits(op, stages, threads, per_sm, d):
+        return False
+    words = d // 8
+    mod = mods[(stages, min(w for w in WPTS if w * threads >= words))]
+    grid = max(1, min(rows, per_sm * sms))
+    sm = smem_bytes(op, stages, d)
+    name = {"fwd": "rt_rms_fwd", "bwd": "rt_rms_bwd", "xent": "rt_xent_fwd"}[op]
+    fn = mod.get_function(name)
+    if sm > 48 << 10 and fn.max_dynamic_shared_size_bytes < sm:
+        fn.max_dynamic_shared_size_bytes = sm
+    if op == "bwd" and b["part"].shape[0] < grid:
+        return False
+    try:
+        if op == "fwd":
+            fn((grid,), (threads,), (b["y"], b["rstd"], b["x"], b["g"], U(rows), U(d), F(rs.EPS)), shared_mem=sm)
+        elif op == "bwd":
+            fn((grid,), (threads,), (b["dx"], b["part"], b["dy"], b["x"], b["g"], b["rstd"], U(rows), U(d)), shared_mem=sm)
+            mod.get_function("rt_col_sum")(((d + 255) // 256,), (256,), (b["dg"], b["part"], U(grid), U(d)))
+        else:
+            fn((grid,), (threads,), (b["p"], b["rl"], b["x"], b["l"], U(rows), U(d)), shared_mem=sm)
+    except cp.cuda.driver.CUDADriverError:
+        return False  # a launch the kernel cannot take (registers a block): not a candidate
+    return True
+
+
+def run_runtime(progs, op, b, rows, d, sms):
+    """The runtime's kernel for the op, launched as the runtime launches it."""
+    if op == "fwd":
+        return rs.rms_fwd(progs[4], ("ring", (256, 4 * sms)), b, rows, d)
+    if op == "bwd":
+        return rs.rms_bwd(progs[2], ("ring", (256, 2 * sms)), b, rows, d)
+    if d * 2 >= 8192:
+        threads = min(1024, max(128, rs.next_pow2(-(-d // 64))))  # ops/loss.rs: the row's words / 8
+        return xs.run_wide(progs[4], "smem", "bf16", b, rows, d, threads=threads)
+    rpb = max(1, 256 // rs.next_pow2(max(1, -(-d // 32))))
+    return xs.run_rows(progs[4], "rows", "bf16", b, rows, d, rpb, 1 << 20)
+
+
+def bufs(op, rows, d, seed, sms):
+    if op == "xent":
+        x, xb, lab = xs.host_case(rows, d, seed, "bf16")
+        return (x, lab), xs.device_case(xb, lab, rows, d, "bf16")
+    host = rs.host_inputs("fwd" if op == "fwd" else "bwd", rows, d, seed)
+    return host, rs.device_bufs(host, rows, d, parts=8 * sms)
+
+
+def outputs(op, b):
+    keys = {"fwd": ("y", "rstd"), "bwd": ("dx", "dg"), "xent": ("p", "rl")}[op]
+    return {k: cp.asnumpy(b[k]) for k in keys}
+
+
+def check(run, op, rows, d, sms):
+    """(ok, errors): the reference, and the same bits from two runs."""
+    host, b = bufs(op, rows, d, rows * 31 + d, sms)
+    outs = []
+    for _ in range(2):
+        if not run(b):
+            return None
+        cp.cuda.Device().synchronize()
+        outs.append(outputs(op, b))
+    det = all(np.array_equal(outs[0][k], outs[1][k], equal_nan=True) for k in outs[0])
+    o = outs[0]
+    if op == "fwd":
+        y, rstd, _ = rs.ref_fwd(host, False)
+        errs = dict(y=rs.rel(rs.from_bf16(o["y"]), y), rstd=rs.rel(o["rstd"], rstd))
+        ok = errs["y"] < 1e-2 and errs["rstd"] < 1e-5
+    elif op == "bwd":
+        dx, dg = rs.ref_bwd(host, False)
+        errs = dict(dx=rs.rel(rs.from_bf16(o["dx"]), dx), dgamma=rs.rel(o["dg"], dg))
+        ok = errs["dx"] < 1e-2 and errs["dgamma"] < 1e-4
+    else:
+        x, lab = host
+        p, rl = xs.reference(x, lab)
+        nan_same = np.array_equal(np.isnan(o["rl"]), np.isnan(rl))
+        fin = ~np.isnan(rl)
+        errs = dict(p=rs.rel(rs.from_bf16(o["p"]).reshape(rows, d), p), loss=rs.rel(o["rl"][fin], rl[fin]))
+        ok = errs["p"] < 1e-2 and errs["loss"] < 1e-4 and nan_same
+    return ok and det, errs
+
+
+FLOOR_BYTES = {"fwd": 2 * 2, "bwd": 3 * 2, "xent": 2 * 2}  # bytes an element: reads + writes (bf16)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    args, lines, log, sms = rs.start(ap)
+    q = args.quick
+    t0 = time.time()
+    stage_list = (2, 4, 8)
+    mods = {(s, w): build(s, w) for s in stage_list for w in WPTS}
+    progs = {4: rs.Prog(4), 2: rs.Prog(2)}
+    log(f"built {len(mods)} forms (ring depth, words a thread) and the runtime's kernels in {time.time() - t0:.1f} s")
+    reps = 5 if q else 20
+    bw, copy_us = rs.copy_bandwidth(reps)
+    log(f"copy: {copy_us:.1f} us per 64 MiB copy = {bw / 1e9:.0f} GB/s (read + write): the floor's bandwidth")
+    threads_list = (128, 256, 512)
+    per_sm_list = (1, 2, 4, 8)
+    variants = list(itertools.product(stage_list, threads_list, per_sm_list))
+
+    ok_all = True
+    small = ((19, 64), (257, 512), (33, 1032), (300, 2048), (5, 4096), (1000, 4096))
+    for op in ("fwd", "bwd", "xent"):
+        bad = 0
+        ran = 0
+        for rows, d in small:
+            for v in variants:
+                r = check(lambda b, v=v: run_tma(mods, op, v, b, rows, d, sms), op, rows, d, sms)
+                if r is None:
+                    continue
+                ran += 1
+                good, errs = r
+                if not good:
+                    bad += 1
+                    log(f"  FAIL {op} stages={v[0]} threads={v[1]} blocks/SM={v[2]} {rows}x{d}: "
+                        + " ".join(f"{k}={e:.1e}" for k, e in errs.items()))
+            r = check(lambda b: run_runtime(progs, op, b, rows, d, sms), op, rows, d, sms)
+            if r is not None and not r[0]:
+                log(f"  runtime's {op} {rows}x{d}: " + " ".join(f"{k}={e:.1e}" for k, e in r[1].items()))
+        ok_all &= bad == 0
+        log(f"correctness {op}: {ran - bad} of {ran} variant-shapes OK")
+
+    shapes = {"fwd": ((4096, 4096), (4096, 512), (16384, 1024)), "bwd": ((4096, 4096), (4096, 512), (16384, 1024)),
+              "xent": ((4096, 4096), (16384, 1024), (2048, 8192))}
+    results = []
+    for op in ("fwd", "bwd", "xent"):
+        for rows, d in shapes[op]:
+            per_call = FLOOR_BYTES[op] * rows * d
+            nsets = max(1, min(16, -(-rs.L2_BYTES // per_call)))
+            sets = [bufs(op, rows, d, rows + d + i, sms)[1] for i in range(nsets)]
+            floor_us = per_call / bw * 1e6
+            out = []
+            base = rs.time_graph(lambda b: run_runtime(progs, op, b, rows, d, sms), sets, 20, reps)
+            for v in variants:
+                if not run_tma(mods, op, v, sets[0], rows, d, sms):
+                    continue  # does not fit, or cannot launch
+                us = rs.time_graph(lambda b, v=v: run_tma(mods, op, v, b, rows, d, sms), sets, 20, reps)
+                out.append((us / floor_us, us, v))
+                results.append(dict(op=op, rows=rows, d=d, stages=v[0], threads=v[1], per_sm=v[2], us=us, ratio=us / floor_us))
+            results.append(dict(op=op, rows=rows, d=d, runtime=True, us=base, ratio=base / floor_us))
+            out.sort()
+            log(f"\n{op} bf16 {rows}x{d}: floor {floor_us:.1f} us ({per_call / 1e6:.1f} MB), {nsets} buffer sets; "
+                f"the runtime's kernel {base:.1f} us, {base / floor_us:.2f}x")
+            for ratio, us, v in out[: (6 if q else 10)]:
+                log(f"  {ratio:5.2f}x  {us:8.1f} us  {base / us:5.2f}x faster  stages={v[0]} threads={v[1]} blocks/SM={v[2]}")
+            del sets
+            cp.get_default_memory_pool().free_all_blocks()
+    log(f"done in {time.time() - t0:.0f} s; correctness {'ALL OK' if ok_all else 'FAILURES'}")
+    rs.save(args.out, "row_tma", lines, results, bw)
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
