@@ -49,15 +49,20 @@ def build(stages, wpt):
 
 def fits(op, stages, threads, per_sm, d):
     """Whether a variant can take rows of d: the row within the threads' words, the ring within
-    a multiprocessor's shared memory."""
+    a multiprocessor's shared memory (the grad's elementwise kernel: rows of whole words)."""
     words = d // 8
+    if op == "xbwd":
+        return d % 8 == 0
     if d % 8 or words > WPT * threads:
         return False
     return smem_bytes(op, stages, d) * per_sm <= SMEM_SM
 
 
 def smem_bytes(op, stages, d):
-    return stages * d * 2 * (2 if op == "bwd" else 1)
+    return 0 if op == "xbwd" else stages * d * 2 * (2 if op == "bwd" else 1)
+
+
+SCALE = 0.75  # the grad's dloss_scale
 
 
 def run_tma(mods, op, v, b, rows, d, sms):
@@ -67,10 +72,10 @@ def run_tma(mods, op, v, b, rows, d, sms):
     if not fits(op, stages, threads, per_sm, d):
         return False
     words = d // 8
-    mod = mods[(stages, min(w for w in WPTS if w * threads >= words))]
+    mod = mods[(max(stages, 2), min([w for w in WPTS if w * threads >= words] or [WPT]))]
     grid = max(1, min(rows, per_sm * sms))
     sm = smem_bytes(op, stages, d)
-    name = {"fwd": "rt_rms_fwd", "bwd": "rt_rms_bwd", "xent": "rt_xent_fwd"}[op]
+    name = {"fwd": "rt_rms_fwd", "bwd": "rt_rms_bwd", "xent": "rt_xent_fwd", "xbwd": "rt_xent_bwd"}[op]
     fn = mod.get_function(name)
     if sm > 48 << 10 and fn.max_dynamic_shared_size_bytes < sm:
         fn.max_dynamic_shared_size_bytes = sm
@@ -82,8 +87,10 @@ def run_tma(mods, op, v, b, rows, d, sms):
         elif op == "bwd":
             fn((grid,), (threads,), (b["dx"], b["part"], b["dy"], b["x"], b["g"], b["rstd"], U(rows), U(d)), shared_mem=sm)
             mod.get_function("rt_col_sum")(((d + 255) // 256,), (256,), (b["dg"], b["part"], U(grid), U(d)))
-        else:
+        elif op == "xent":
             fn((grid,), (threads,), (b["p"], b["rl"], b["x"], b["l"], U(rows), U(d)), shared_mem=sm)
+        else:
+            fn((grid,), (threads,), (b["dl"], b["p"], b["l"], F(SCALE), U(rows), U(d)))
     except cp.cuda.driver.CUDADriverError:
         return False  # a launch the kernel cannot take (registers a block): not a candidate
     return True
@@ -95,6 +102,14 @@ def run_runtime(progs, op, b, rows, d, sms):
         return rs.rms_fwd(progs[4], ("ring", (256, 4 * sms)), b, rows, d)
     if op == "bwd":
         return rs.rms_bwd(progs[2], ("ring", (256, 2 * sms)), b, rows, d)
+    if op == "xbwd":
+        # ops::softmax_cross_entropy_backward: the count (xent_mean_f32 without losses, one
+        # block, up to 16384 rows), then the grad (LaunchDims::vectorized).
+        P = progs[4]
+        P.f("xent_mean_f32")((1,), (1024,), (b["cnt"], rs.NULL, b["l"], U(rows)))
+        grid = max(1, min(-(-(rows * d // 8) // 256), 65535 * 8))
+        P.f("softmax_xent_bwd_bf16")((grid,), (256,), (b["dl"], b["p"], b["l"], F(SCALE), b["cnt"], U(rows), U(d)))
+        return True
     if d * 2 >= 8192:
         threads = min(1024, max(128, rs.next_pow2(-(-d // 64))))  # ops/loss.rs: the row's words / 8
         return xs.run_wide(progs[4], "smem", "bf16", b, rows, d, threads=threads)
@@ -106,16 +121,24 @@ def bufs(op, rows, d, seed, sms):
     if op == "xent":
         x, xb, lab = xs.host_case(rows, d, seed, "bf16")
         return (x, lab), xs.device_case(xb, lab, rows, d, "bf16")
+    if op == "xbwd":
+        rng = np.random.default_rng(seed)
+        lab = rng.integers(0, d, rows).astype(np.float32)
+        lab[1::7] = xs.IGNORE
+        if rows > 3:
+            lab[3] = d + 0.5  # not a class id: NaN grads
+        probs = rs.to_bf16(rng.random((rows, d), dtype=np.float32)).reshape(rows, d)
+        return None, {"p": cp.asarray(probs), "l": cp.asarray(lab), "dl": cp.zeros((rows, d), cp.uint16), "cnt": cp.zeros(1, cp.float32)}
     host = rs.host_inputs("fwd" if op == "fwd" else "bwd", rows, d, seed)
     return host, rs.device_bufs(host, rows, d, parts=8 * sms)
 
 
 def outputs(op, b):
-    keys = {"fwd": ("y", "rstd"), "bwd": ("dx", "dg"), "xent": ("p", "rl")}[op]
+    keys = {"fwd": ("y", "rstd"), "bwd": ("dx", "dg"), "xent": ("p", "rl"), "xbwd": ("dl",)}[op]
     return {k: cp.asnumpy(b[k]) for k in keys}
 
 
-def check(run, op, rows, d, sms):
+def check(run, op, rows, d, sms, progs):
     """(ok, errors): the reference, and the same bits from two runs."""
     host, b = bufs(op, rows, d, rows * 31 + d, sms)
     outs = []
@@ -126,6 +149,13 @@ def check(run, op, rows, d, sms):
         outs.append(outputs(op, b))
     det = all(np.array_equal(outs[0][k], outs[1][k], equal_nan=True) for k in outs[0])
     o = outs[0]
+    if op == "xbwd":
+        # The runtime's grad on the same inputs: the same bits (an exact count, the same math).
+        b2 = bufs(op, rows, d, rows * 31 + d, sms)[1]
+        run_runtime(progs, op, b2, rows, d, sms)
+        cp.cuda.Device().synchronize()
+        same = np.array_equal(o["dl"], cp.asnumpy(b2["dl"]))
+        return same and det, dict(same_bits_as_runtime=float(same))
     if op == "fwd":
         y, rstd, _ = rs.ref_fwd(host, False)
         errs = dict(y=rs.rel(rs.from_bf16(o["y"]), y), rstd=rs.rel(o["rstd"], rstd))
@@ -144,7 +174,7 @@ def check(run, op, rows, d, sms):
     return ok and det, errs
 
 
-FLOOR_BYTES = {"fwd": 2 * 2, "bwd": 3 * 2, "xent": 2 * 2}  # bytes an element: reads + writes (bf16)
+FLOOR_BYTES = {"fwd": 2 * 2, "bwd": 3 * 2, "xent": 2 * 2, "xbwd": 2 * 2}  # bytes an element: reads + writes (bf16)
 
 
 def main():
@@ -165,12 +195,13 @@ def main():
 
     ok_all = True
     small = ((19, 64), (257, 512), (33, 1032), (300, 2048), (5, 4096), (1000, 4096))
-    for op in ("fwd", "bwd", "xent"):
+    grad_variants = [(0, t, k) for t in (256, 512) for k in (1, 2, 4, 8, 16)]
+    for op in ("fwd", "bwd", "xent", "xbwd"):
         bad = 0
         ran = 0
         for rows, d in small:
-            for v in variants:
-                r = check(lambda b, v=v: run_tma(mods, op, v, b, rows, d, sms), op, rows, d, sms)
+            for v in (grad_variants if op == "xbwd" else variants):
+                r = check(lambda b, v=v: run_tma(mods, op, v, b, rows, d, sms), op, rows, d, sms, progs)
                 if r is None:
                     continue
                 ran += 1
@@ -179,16 +210,16 @@ def main():
                     bad += 1
                     log(f"  FAIL {op} stages={v[0]} threads={v[1]} blocks/SM={v[2]} {rows}x{d}: "
                         + " ".join(f"{k}={e:.1e}" for k, e in errs.items()))
-            r = check(lambda b: run_runtime(progs, op, b, rows, d, sms), op, rows, d, sms)
+            r = None if op == "xbwd" else check(lambda b: run_runtime(progs, op, b, rows, d, sms), op, rows, d, sms, progs)
             if r is not None and not r[0]:
                 log(f"  runtime's {op} {rows}x{d}: " + " ".join(f"{k}={e:.1e}" for k, e in r[1].items()))
         ok_all &= bad == 0
         log(f"correctness {op}: {ran - bad} of {ran} variant-shapes OK")
 
     shapes = {"fwd": ((4096, 4096), (4096, 512), (16384, 1024)), "bwd": ((4096, 4096), (4096, 512), (16384, 1024)),
-              "xent": ((4096, 4096), (16384, 1024), (2048, 8192))}
+              "xent": ((4096, 4096), (16384, 1024), (2048, 8192)), "xbwd": ((4096, 4096), (16384, 1024), (4096, 32768))}
     results = []
-    for op in ("fwd", "bwd", "xent"):
+    for op in ("fwd", "bwd", "xent", "xbwd"):
         for rows, d in shapes[op]:
             per_call = FLOOR_BYTES[op] * rows * d
             nsets = max(1, min(16, -(-rs.L2_BYTES // per_call)))
@@ -196,7 +227,7 @@ def main():
             floor_us = per_call / bw * 1e6
             out = []
             base = rs.time_graph(lambda b: run_runtime(progs, op, b, rows, d, sms), sets, 20, reps)
-            for v in variants:
+            for v in (grad_variants if op == "xbwd" else variants):
                 if not run_tma(mods, op, v, sets[0], rows, d, sms):
                     continue  # does not fit, or cannot launch
                 us = rs.time_graph(lambda b, v=v: run_tma(mods, op, v, b, rows, d, sms), sets, 20, reps)
