@@ -78,12 +78,23 @@ __device__ __forceinline__ void dp_grid_sync(u64* bar, u64& target) {
 // L2 (ld.global.cg, as the decoder stages its rows) into shared memory and checks them. wpb 0:
 // the barrier alone. ns[0]: block 0's time for the n stages (%globaltimer); bad: words read
 // wrong (must be 0).
+// A timed run's ends: every block started (the grid barrier), then the clock; at the end the
+// words read wrong counted and block 0's time stored.
+__device__ __forceinline__ u64 dp_begin(u64* bar, u64& target) {
+    dp_grid_sync(bar, target);
+    return dp_timer();
+}
+__device__ __forceinline__ void dp_end(u64 t0, u32 errs, u32* bad, u64* ns) {
+    const u64 t1 = dp_timer();
+    if (errs) atomicAdd(bad, errs);
+    if (threadIdx.x == 0 && blockIdx.x == 0) ns[0] = t1 - t0;
+}
+
 extern "C" __global__ void grid_stages(u64* bar, uint4* buf, u32 n, u32 wpb, u32* bad, u64* ns) {
     u64 target = 0;
     const u32 total = gridDim.x * wpb;
     u32 errs = 0;
-    dp_grid_sync(bar, target);
-    const u64 t0 = dp_timer();
+    const u64 t0 = dp_begin(bar, target);
     for (u32 i = 0; i < n; ++i) {
         uint4* half = buf + (u64)(i & 1u) * total;
         for (u32 w = threadIdx.x; w < wpb; w += blockDim.x) half[blockIdx.x * wpb + w] = dp_word(i, blockIdx.x, w);
@@ -91,9 +102,7 @@ extern "C" __global__ void grid_stages(u64* bar, uint4* buf, u32 n, u32 wpb, u32
         errs += dp_stage_from_l2(half, total, wpb, i);
         __syncthreads();
     }
-    const u64 t1 = dp_timer();
-    if (errs) atomicAdd(bad, errs);
-    if (threadIdx.x == 0 && blockIdx.x == 0) ns[0] = t1 - t0;
+    dp_end(t0, errs, bad, ns);
 }
 
 // ---------------------------------------------------------------- flagged lines, no barrier
@@ -117,8 +126,7 @@ extern "C" __global__ void flag_stages(u64* bar, uint4* buf, u32 n, u32 lpb, u32
     u64 target = 0;
     const u32 total = gridDim.x * lpb;
     u32 errs = 0;
-    dp_grid_sync(bar, target);
-    const u64 t0 = dp_timer();
+    const u64 t0 = dp_begin(bar, target);
     for (u32 i = 0; i < n; ++i) {
         uint4* half = buf + (u64)(i & 1u) * total;
         const u32 flag = i + 1;
@@ -133,9 +141,7 @@ extern "C" __global__ void flag_stages(u64* bar, uint4* buf, u32 n, u32 lpb, u32
         }
         __syncthreads();
     }
-    const u64 t1 = dp_timer();
-    if (errs) atomicAdd(bad, errs);
-    if (threadIdx.x == 0 && blockIdx.x == 0) ns[0] = t1 - t0;
+    dp_end(t0, errs, bad, ns);
 }
 
 // ---------------------------------------------------------------- a cluster's barrier

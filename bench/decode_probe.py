@@ -58,35 +58,31 @@ def allow_smem(fn, nbytes):
         fn.max_dynamic_shared_size_bytes = nbytes
 
 
-def grid_stages(mod, blocks, threads, vbytes, n):
-    fn = mod.get_function("grid_stages")
-    wpb = 0 if vbytes == 0 else max(1, -(-vbytes // (16 * blocks)))
-    total = blocks * wpb
+def grid_run(mod, kernel, what, blocks, threads, per_block, vbytes, n):
+    """One run of a grid-barrier kernel (grid_stages, flag_stages): `per_block` 16-byte words a
+    block a stage; returns µs a stage. Raises where a word was read wrong."""
+    fn = mod.get_function(kernel)
+    total = blocks * per_block
     allow_smem(fn, total * 16)
     bar = cp.zeros(1, cp.uint64)
     buf = cp.zeros(max(1, 2 * total) * 4, cp.uint32)
     bad, ns = cp.zeros(1, cp.uint32), cp.zeros(1, cp.uint64)
-    fn((blocks,), (threads,), (bar, buf, np.uint32(n), np.uint32(wpb), bad, ns), shared_mem=total * 16)
+    fn((blocks,), (threads,), (bar, buf, np.uint32(n), np.uint32(per_block), bad, ns), shared_mem=total * 16)
     cp.cuda.Device().synchronize()
     if int(bad[0]):
-        raise RuntimeError(f"grid barrier: {int(bad[0])} words read wrong ({blocks} blocks, {vbytes} B)")
-    return float(ns[0]) / n / 1e3, total * 16
+        raise RuntimeError(f"{what}: {int(bad[0])} words read wrong ({blocks} blocks, {vbytes} B)")
+    return float(ns[0]) / n / 1e3
+
+
+def grid_stages(mod, blocks, threads, vbytes, n):
+    wpb = 0 if vbytes == 0 else max(1, -(-vbytes // (16 * blocks)))
+    return grid_run(mod, "grid_stages", "grid barrier", blocks, threads, wpb, vbytes, n), blocks * wpb * 16
 
 
 def flag_stages(mod, blocks, threads, vbytes, n):
     """µs a stage of the flagged-line exchange: vbytes of data (twice that in lines) a stage."""
-    fn = mod.get_function("flag_stages")
     lpb = max(1, -(-vbytes // (8 * blocks)))
-    total = blocks * lpb
-    allow_smem(fn, total * 16)
-    bar = cp.zeros(1, cp.uint64)
-    buf = cp.zeros(2 * total * 4, cp.uint32)
-    bad, ns = cp.zeros(1, cp.uint32), cp.zeros(1, cp.uint64)
-    fn((blocks,), (threads,), (bar, buf, np.uint32(n), np.uint32(lpb), bad, ns), shared_mem=total * 16)
-    cp.cuda.Device().synchronize()
-    if int(bad[0]):
-        raise RuntimeError(f"flagged lines: {int(bad[0])} lines read wrong ({blocks} blocks, {vbytes} B)")
-    return float(ns[0]) / n / 1e3, total * 8
+    return grid_run(mod, "flag_stages", "flagged lines", blocks, threads, lpb, vbytes, n), blocks * lpb * 8
 
 
 def cluster_stages(mod, cs, threads, vbytes, dsmem, n):

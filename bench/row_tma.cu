@@ -77,6 +77,31 @@ __device__ __forceinline__ void rt_init(u64* bars) {
 // async proxy.
 __device__ __forceinline__ void rt_release() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// A block's rows: k-th is blockIdx.x + k * gridDim.x; mine of them below rows.
+__device__ __forceinline__ u32 rt_mine(u32 rows) { return blockIdx.x < rows ? (rows - blockIdx.x + gridDim.x - 1) / gridDim.x : 0u; }
+__device__ __forceinline__ u64 rt_row(u32 k) { return blockIdx.x + (u64)k * gridDim.x; }
+// Thread 0 fills the ring: the block's first RT_STAGES rows.
+template <typename Issue> __device__ __forceinline__ void rt_fill(Issue issue, u32 mine) {
+    rt_fill(issue, mine);
+}
+// Thread 0: the block's row k of `src` (rows of d bf16 values) into slot k % RT_STAGES.
+__device__ __forceinline__ void rt_issue_row(u64* bars, const u16* src, u32 k, u32 d) {
+    const u32 s = k % RT_STAGES;
+    rt_expect(&bars[s], d * 2);
+    rt_bulk(rt_ring + (u64)s * (d / 8), src + rt_row(k) * d, d * 2, &bars[s]);
+}
+// A per-row scalar read a row ahead (the next row's value loads while this row waits).
+struct RtAhead {
+    const float* p;
+    float next;
+    __device__ __forceinline__ RtAhead(const float* p_, u32 mine) : p(p_), next(mine > 0 ? p_[blockIdx.x] : 0.0f) {}
+    __device__ __forceinline__ float take(u32 k, u32 mine) {
+        const float v = next;
+        if (k + 1 < mine) next = p[rt_row(k + 1)];
+        return v;
+    }
+};
+
 // A block's sum of v (every thread gets it): warp sums, then the warps' in order. red holds 32
 // floats; `par` alternates between two halves so that the next call's stores cannot overtake
 // this call's reads.
@@ -106,7 +131,7 @@ __device__ __forceinline__ float rt_block_max(float v, float* red, u32 par) {
 extern "C" __global__ void rt_rms_fwd(u16* y, float* rstd_out, const u16* x, const u16* gamma, u32 rows, u32 d, float eps) {
     __shared__ __align__(8) u64 bars[RT_STAGES];
     __shared__ float red[64];
-    const u32 words = d / 8, bytes = d * 2;
+    const u32 words = d / 8;
     rt_init(bars);
     uint4 g[RT_WPT];
 #pragma unroll
@@ -114,19 +139,12 @@ extern "C" __global__ void rt_rms_fwd(u16* y, float* rstd_out, const u16* x, con
         const u32 w = threadIdx.x + i * blockDim.x;
         g[i] = w < words ? reinterpret_cast<const uint4*>(gamma)[w] : make_uint4(0u, 0u, 0u, 0u);
     }
-    const u32 mine = blockIdx.x < rows ? (rows - blockIdx.x + gridDim.x - 1) / gridDim.x : 0u;
-    auto issue = [&](u32 k) {
-        const u32 s = k % RT_STAGES;
-        const u64 r = blockIdx.x + (u64)k * gridDim.x;
-        rt_expect(&bars[s], bytes);
-        rt_bulk(rt_ring + (u64)s * words, x + r * d, bytes, &bars[s]);
-    };
-    if (threadIdx.x == 0) {
-        for (u32 k = 0; k < RT_STAGES && k < mine; ++k) issue(k);
-    }
+    const u32 mine = rt_mine(rows);
+    auto issue = [&](u32 k) { rt_issue_row(bars, x, k, d); };
+    rt_fill(issue, mine);
     for (u32 k = 0; k < mine; ++k) {
         const u32 s = k % RT_STAGES;
-        const u64 r = blockIdx.x + (u64)k * gridDim.x;
+        const u64 r = rt_row(k);
         rt_wait(&bars[s], (k / RT_STAGES) & 1u);
         uint4 v[RT_WPT];
         float ss = 0.0f;
@@ -176,24 +194,20 @@ extern "C" __global__ void rt_rms_bwd(u16* dx, float* part, const u16* dy, const
 #pragma unroll
         for (u32 j = 0; j < 8; ++j) acc[i][j] = 0.0f;
     }
-    const u32 mine = blockIdx.x < rows ? (rows - blockIdx.x + gridDim.x - 1) / gridDim.x : 0u;
+    const u32 mine = rt_mine(rows);
     auto issue = [&](u32 k) {
         const u32 s = k % RT_STAGES;
-        const u64 r = blockIdx.x + (u64)k * gridDim.x;
+        const u64 r = rt_row(k);
         rt_expect(&bars[s], 2 * bytes);
         rt_bulk(rt_ring + (u64)(2 * s) * words, dy + r * d, bytes, &bars[s]);
         rt_bulk(rt_ring + (u64)(2 * s + 1) * words, x + r * d, bytes, &bars[s]);
     };
-    if (threadIdx.x == 0) {
-        for (u32 k = 0; k < RT_STAGES && k < mine; ++k) issue(k);
-    }
-    // This row's rstd, loaded a row ahead.
-    float rs_next = mine > 0 ? rstd[blockIdx.x] : 0.0f;
+    rt_fill(issue, mine);
+    RtAhead rs_ahead(rstd, mine);
     for (u32 k = 0; k < mine; ++k) {
         const u32 s = k % RT_STAGES;
-        const u64 r = blockIdx.x + (u64)k * gridDim.x;
-        const float rs = rs_next;
-        if (k + 1 < mine) rs_next = rstd[r + gridDim.x];
+        const u64 r = rt_row(k);
+        const float rs = rs_ahead.take(k, mine);
         rt_wait(&bars[s], (k / RT_STAGES) & 1u);
         float gv[RT_WPT][8], xh[RT_WPT][8];
         float dot = 0.0f;
@@ -267,25 +281,17 @@ extern "C" __global__ void rt_col_sum(float* out, const float* part, u32 blocks,
 extern "C" __global__ void rt_xent_fwd(u16* probs, float* row_loss, const u16* logits, const float* labels, u32 rows, u32 c) {
     __shared__ __align__(8) u64 bars[RT_STAGES];
     __shared__ float red[64];
-    const u32 words = c / 8, bytes = c * 2;
+    const u32 words = c / 8;
     const float L2E = 1.4426950408889634f;
     rt_init(bars);
-    const u32 mine = blockIdx.x < rows ? (rows - blockIdx.x + gridDim.x - 1) / gridDim.x : 0u;
-    auto issue = [&](u32 k) {
-        const u32 s = k % RT_STAGES;
-        const u64 r = blockIdx.x + (u64)k * gridDim.x;
-        rt_expect(&bars[s], bytes);
-        rt_bulk(rt_ring + (u64)s * words, logits + r * c, bytes, &bars[s]);
-    };
-    if (threadIdx.x == 0) {
-        for (u32 k = 0; k < RT_STAGES && k < mine; ++k) issue(k);
-    }
-    float lab_next = mine > 0 ? labels[blockIdx.x] : 0.0f;
+    const u32 mine = rt_mine(rows);
+    auto issue = [&](u32 k) { rt_issue_row(bars, logits, k, c); };
+    rt_fill(issue, mine);
+    RtAhead lab_ahead(labels, mine);
     for (u32 k = 0; k < mine; ++k) {
         const u32 s = k % RT_STAGES;
-        const u64 r = blockIdx.x + (u64)k * gridDim.x;
-        const float lab = lab_next;
-        if (k + 1 < mine) lab_next = labels[r + gridDim.x];
+        const u64 r = rt_row(k);
+        const float lab = lab_ahead.take(k, mine);
         rt_wait(&bars[s], (k / RT_STAGES) & 1u);
         const bool lok = lab >= 0.0f && lab < (float)c && lab == floorf(lab);
         // Thread 0 takes the label's logit from the slot before the slot goes back.
