@@ -47,19 +47,28 @@ def build(stages, wpt):
     return cp.RawModule(code=open(SOURCE).read(), options=opts)
 
 
+ELEM = {"fwd": 2, "bwd": 2, "xent": 2, "xbwd": 2, "lnbwd": 4}  # bytes a value (bf16; LayerNorm's f32)
+
+
+def words_of(op, d):
+    """16-byte words a row of d values."""
+    return d * ELEM[op] // 16
+
+
 def fits(op, stages, threads, per_sm, d):
     """Whether a variant can take rows of d: the row within the threads' words, the ring within
     a multiprocessor's shared memory (the grad's elementwise kernel: rows of whole words)."""
-    words = d // 8
+    if (d * ELEM[op]) % 16:
+        return False
     if op == "xbwd":
-        return d % 8 == 0
-    if d % 8 or words > WPT * threads:
+        return True
+    if words_of(op, d) > WPT * threads:
         return False
     return smem_bytes(op, stages, d) * per_sm <= SMEM_SM
 
 
 def smem_bytes(op, stages, d):
-    return 0 if op == "xbwd" else stages * d * 2 * (2 if op == "bwd" else 1)
+    return 0 if op == "xbwd" else stages * d * ELEM[op] * (2 if op in ("bwd", "lnbwd") else 1)
 
 
 SCALE = 0.75  # the grad's dloss_scale
@@ -71,22 +80,27 @@ def run_tma(mods, op, v, b, rows, d, sms):
     stages, threads, per_sm = v
     if not fits(op, stages, threads, per_sm, d):
         return False
-    words = d // 8
+    words = words_of(op, d)
     mod = mods[(max(stages, 2), min([w for w in WPTS if w * threads >= words] or [WPT]))]
     grid = max(1, min(rows, per_sm * sms))
     sm = smem_bytes(op, stages, d)
-    name = {"fwd": "rt_rms_fwd", "bwd": "rt_rms_bwd", "xent": "rt_xent_fwd", "xbwd": "rt_xent_bwd"}[op]
+    name = {"fwd": "rt_rms_fwd", "bwd": "rt_rms_bwd", "xent": "rt_xent_fwd", "xbwd": "rt_xent_bwd", "lnbwd": "rt_ln_bwd"}[op]
     fn = mod.get_function(name)
     if sm > 48 << 10 and fn.max_dynamic_shared_size_bytes < sm:
         fn.max_dynamic_shared_size_bytes = sm
-    if op == "bwd" and b["part"].shape[0] < grid:
+    if op in ("bwd", "lnbwd") and b["part"].shape[0] < grid:
         return False
+    col = (((d + 255) // 256,), (256,))
     try:
         if op == "fwd":
             fn((grid,), (threads,), (b["y"], b["rstd"], b["x"], b["g"], U(rows), U(d), F(rs.EPS)), shared_mem=sm)
         elif op == "bwd":
             fn((grid,), (threads,), (b["dx"], b["part"], b["dy"], b["x"], b["g"], b["rstd"], U(rows), U(d)), shared_mem=sm)
-            mod.get_function("rt_col_sum")(((d + 255) // 256,), (256,), (b["dg"], b["part"], U(grid), U(d)))
+            mod.get_function("rt_col_sum")(*col, (b["dg"], b["part"], U(grid), U(d), U(0)))
+        elif op == "lnbwd":
+            fn((grid,), (threads,), (b["dx"], b["part"], b["pb"], b["dy"], b["x"], b["g"], b["mean"], b["rstd"], U(rows), U(d)), shared_mem=sm)
+            mod.get_function("rt_col_sum")(*col, (b["dg"], b["part"], U(grid), U(d), U(1)))
+            mod.get_function("rt_col_sum")(*col, (b["db"], b["pb"], U(grid), U(d), U(1)))
         elif op == "xent":
             fn((grid,), (threads,), (b["p"], b["rl"], b["x"], b["l"], U(rows), U(d)), shared_mem=sm)
         else:
@@ -102,6 +116,19 @@ def run_runtime(progs, op, b, rows, d, sms):
         return rs.rms_fwd(progs[4], ("ring", (256, 4 * sms)), b, rows, d)
     if op == "bwd":
         return rs.rms_bwd(progs[2], ("ring", (256, 2 * sms)), b, rows, d)
+    if op == "lnbwd":
+        # ops::layer_norm_backward on CUDA: the row kernel on the forward's row shape (4 words a
+        # thread, 256 threads a block, at most 4 blocks a multiprocessor) where a row fits it,
+        # then the parameters' column kernel (col_dims), which adds onto dgamma and dbeta.
+        P = progs[4]
+        tpr = rs.next_pow2(max(1, -(-d // 16)))
+        if tpr > 256:
+            return False
+        rpb = 256 // tpr
+        args = (b["dx"], b["dy"], b["x"], b["g"], b["mean"], b["rstd"], U(rows), U(d))
+        P.f("ln_rows_bwd_f32")((max(1, min(-(-rows // rpb), 4 * sms)),), (tpr, rpb, 1), args)
+        P.f("layer_norm_bwd_params_f32")((-(-d // 32),), (32, 16, 1), (b["dg"], b["db"], b["dy"], b["x"], b["mean"], b["rstd"], U(rows), U(d)))
+        return True
     if op == "xbwd":
         # ops::softmax_cross_entropy_backward: the count (xent_mean_f32 without losses, one
         # block, up to 16384 rows), then the grad (LaunchDims::vectorized).
@@ -129,12 +156,22 @@ def bufs(op, rows, d, seed, sms):
             lab[3] = d + 0.5  # not a class id: NaN grads
         probs = rs.to_bf16(rng.random((rows, d), dtype=np.float32)).reshape(rows, d)
         return None, {"p": cp.asarray(probs), "l": cp.asarray(lab), "dl": cp.zeros((rows, d), cp.uint16), "cnt": cp.zeros(1, cp.float32)}
+    if op == "lnbwd":
+        rng = np.random.default_rng(seed)
+        x = (rng.standard_normal((rows, d)) * 2 + 0.5).astype(np.float32)
+        h = {"x": x, "dy": rng.standard_normal((rows, d)).astype(np.float32), "g": rng.standard_normal(d).astype(np.float32),
+             "mean": x.mean(1).astype(np.float32)}
+        h["rstd"] = (1 / np.sqrt(((x - h["mean"][:, None]) ** 2).mean(1) + rs.EPS)).astype(np.float32)
+        dev = {k: cp.asarray(v) for k, v in h.items()}
+        dev.update(dx=cp.zeros((rows, d), cp.float32), part=cp.zeros((8 * sms, d), cp.float32), pb=cp.zeros((8 * sms, d), cp.float32),
+                   dg=cp.zeros(d, cp.float32), db=cp.zeros(d, cp.float32))
+        return h, dev
     host = rs.host_inputs("fwd" if op == "fwd" else "bwd", rows, d, seed)
     return host, rs.device_bufs(host, rows, d, parts=8 * sms)
 
 
 def outputs(op, b):
-    keys = {"fwd": ("y", "rstd"), "bwd": ("dx", "dg"), "xent": ("p", "rl"), "xbwd": ("dl",)}[op]
+    keys = {"fwd": ("y", "rstd"), "bwd": ("dx", "dg"), "xent": ("p", "rl"), "xbwd": ("dl",), "lnbwd": ("dx", "dg", "db")}[op]
     return {k: cp.asnumpy(b[k]) for k in keys}
 
 
@@ -143,6 +180,9 @@ def check(run, op, rows, d, sms, progs):
     host, b = bufs(op, rows, d, rows * 31 + d, sms)
     outs = []
     for _ in range(2):
+        if op == "lnbwd":
+            b["dg"].fill(0)  # the parameters' grads accumulate
+            b["db"].fill(0)
         if not run(b):
             return None
         cp.cuda.Device().synchronize()
@@ -156,6 +196,13 @@ def check(run, op, rows, d, sms, progs):
         cp.cuda.Device().synchronize()
         same = np.array_equal(o["dl"], cp.asnumpy(b2["dl"]))
         return same and det, dict(same_bits_as_runtime=float(same))
+    if op == "lnbwd":
+        x, dy, g = (host[k].astype(np.float64) for k in ("x", "dy", "g"))
+        xh = (x - host["mean"][:, None]) * host["rstd"][:, None]
+        gg = dy * g[None, :]
+        dx = host["rstd"][:, None] * (gg - gg.mean(1, keepdims=True) - xh * (gg * xh).mean(1, keepdims=True))
+        errs = dict(dx=rs.rel(o["dx"], dx), dgamma=rs.rel(o["dg"], (dy * xh).sum(0)), dbeta=rs.rel(o["db"], dy.sum(0)))
+        return all(e < 1e-4 for e in errs.values()) and det, errs
     if op == "fwd":
         y, rstd, _ = rs.ref_fwd(host, False)
         errs = dict(y=rs.rel(rs.from_bf16(o["y"]), y), rstd=rs.rel(o["rstd"], rstd))
@@ -174,7 +221,12 @@ def check(run, op, rows, d, sms, progs):
     return ok and det, errs
 
 
-FLOOR_BYTES = {"fwd": 2 * 2, "bwd": 3 * 2, "xent": 2 * 2, "xbwd": 2 * 2}  # bytes an element: reads + writes (bf16)
+# Bytes an element as op_bench counts them: reads + writes (bf16); LayerNorm's f32 backward as
+# op_bench's five tensors (dy and x read twice, dx written), though one pass moves three.
+FLOOR_BYTES = {"fwd": 2 * 2, "bwd": 3 * 2, "xent": 2 * 2, "xbwd": 2 * 2, "lnbwd": 5 * 4}
+
+
+OPS = ("fwd", "bwd", "xent", "xbwd", "lnbwd")
 
 
 def main():
@@ -196,7 +248,7 @@ def main():
     ok_all = True
     small = ((19, 64), (257, 512), (33, 1032), (300, 2048), (5, 4096), (1000, 4096))
     grad_variants = [(0, t, k) for t in (256, 512) for k in (1, 2, 4, 8, 16)]
-    for op in ("fwd", "bwd", "xent", "xbwd"):
+    for op in OPS:
         bad = 0
         ran = 0
         for rows, d in small:
@@ -217,9 +269,10 @@ def main():
         log(f"correctness {op}: {ran - bad} of {ran} variant-shapes OK")
 
     shapes = {"fwd": ((4096, 4096), (4096, 512), (16384, 1024)), "bwd": ((4096, 4096), (4096, 512), (16384, 1024)),
-              "xent": ((4096, 4096), (16384, 1024), (2048, 8192)), "xbwd": ((4096, 4096), (16384, 1024), (4096, 32768))}
+              "xent": ((4096, 4096), (16384, 1024), (2048, 8192)), "xbwd": ((4096, 4096), (16384, 1024), (4096, 32768)),
+              "lnbwd": ((4096, 4096), (16384, 1024), (4096, 1024))}
     results = []
-    for op in ("fwd", "bwd", "xent", "xbwd"):
+    for op in OPS:
         for rows, d in shapes[op]:
             per_call = FLOOR_BYTES[op] * rows * d
             nsets = max(1, min(16, -(-rs.L2_BYTES // per_call)))
@@ -235,7 +288,7 @@ def main():
                 results.append(dict(op=op, rows=rows, d=d, stages=v[0], threads=v[1], per_sm=v[2], us=us, ratio=us / floor_us))
             results.append(dict(op=op, rows=rows, d=d, runtime=True, us=base, ratio=base / floor_us))
             out.sort()
-            log(f"\n{op} bf16 {rows}x{d}: floor {floor_us:.1f} us ({per_call / 1e6:.1f} MB), {nsets} buffer sets; "
+            log(f"\n{op} {'f32' if ELEM[op] == 4 else 'bf16'} {rows}x{d}: floor {floor_us:.1f} us ({per_call / 1e6:.1f} MB), {nsets} buffer sets; "
                 f"the runtime's kernel {base:.1f} us, {base / floor_us:.2f}x")
             for ratio, us, v in out[: (6 if q else 10)]:
                 log(f"  {ratio:5.2f}x  {us:8.1f} us  {base / us:5.2f}x faster  stages={v[0]} threads={v[1]} blocks/SM={v[2]}")
