@@ -83,7 +83,8 @@ __device__ __forceinline__ u32 rt_mine(u32 rows) { return blockIdx.x < rows ? (r
 __device__ __forceinline__ u64 rt_row(u32 k) { return blockIdx.x + (u64)k * gridDim.x; }
 // Thread 0 fills the ring: the block's first RT_STAGES rows.
 template <typename Issue> __device__ __forceinline__ void rt_fill(Issue issue, u32 mine) {
-    rt_fill(issue, mine);
+    if (threadIdx.x == 0)
+        for (u32 k = 0; k < RT_STAGES && k < mine; ++k) issue(k);
 }
 // Thread 0: the block's row k of `src` (rows of d bf16 values) into slot k % RT_STAGES.
 __device__ __forceinline__ void rt_issue_row(u64* bars, const u16* src, u32 k, u32 d) {
