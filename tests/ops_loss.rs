@@ -284,6 +284,25 @@ fn the_mean_over_wide_rows_is_repeatable() {
                 Ok(vec![a, b])
             })?;
             assert_eq!(ops::softmax_cross_entropy(&x, &l)?.0.to_vec()?, first, "{what}: after the replays");
+            // The backward on both sides of the batch whose blocks count the rows themselves
+            // (ops/loss.rs): every fifth row ignored, the grad (p - onehot) * (0.5 / kept) as the
+            // host computes it, bit for bit.
+            let lv5: Vec<f32> =
+                lv.iter().enumerate().map(|(r, v)| if r % 5 == 2 { ops::IGNORE_LABEL } else { *v }).collect();
+            let l5 = Tensor::from_slice(dev, &lv5, &[n])?;
+            let probs = ops::softmax_cross_entropy(&x, &l5)?.1;
+            let d = ops::softmax_cross_entropy_backward(&probs, &l5, 0.5)?.to_vec()?;
+            let scale = 0.5 / lv5.iter().filter(|v| **v != ops::IGNORE_LABEL).count() as f32;
+            let pv = probs.to_vec()?;
+            for (j, v) in d.iter().enumerate() {
+                let lab = lv5[j / c];
+                let want = if lab == ops::IGNORE_LABEL {
+                    0.0
+                } else {
+                    (pv[j] - if j % c == lab as usize { 1.0 } else { 0.0 }) * scale
+                };
+                assert_eq!(v.to_bits(), want.to_bits(), "{what}: grad element {j}");
+            }
         }
         Ok(())
     });

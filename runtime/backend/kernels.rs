@@ -107,6 +107,7 @@ kernels! {
     LayerNormBwdParamsF32 = "layer_norm_bwd_params_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     SoftmaxXentF32 = "softmax_xent_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SoftmaxXentBwdF32 = "softmax_xent_bwd_f32" (Ptr, Ptr, Ptr, F32, Ptr, U32, U32);
+    SoftmaxXentBwdCountedF32 = "softmax_xent_bwd_counted_f32" (Ptr, Ptr, Ptr, F32, U32, U32);
     MseBwdF32 = "mse_bwd_f32" (Ptr, Ptr, Ptr, F32, U32);
     SgdStepF32 = "sgd_step_f32" (Ptr, Ptr, Ptr, Ptr, F32, F32, U32, U32);
     AdamwPrepareF32 = "adamw_prepare_f32" (Ptr, F32, F32);
@@ -184,6 +185,8 @@ kernels! {
     SoftmaxXentF16 = "softmax_xent_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SoftmaxXentBwdBf16 = "softmax_xent_bwd_bf16" (Ptr, Ptr, Ptr, F32, Ptr, U32, U32);
     SoftmaxXentBwdF16 = "softmax_xent_bwd_f16" (Ptr, Ptr, Ptr, F32, Ptr, U32, U32);
+    SoftmaxXentBwdCountedBf16 = "softmax_xent_bwd_counted_bf16" (Ptr, Ptr, Ptr, F32, U32, U32);
+    SoftmaxXentBwdCountedF16 = "softmax_xent_bwd_counted_f16" (Ptr, Ptr, Ptr, F32, U32, U32);
     // Transformer (#13): kernels/transformer.cu.
     EmbeddingF32 = "embedding_f32" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);
     EmbeddingBf16 = "embedding_bf16" (Ptr, Ptr, Ptr, U32, U32, U32, Ptr);

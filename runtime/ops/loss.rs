@@ -14,6 +14,11 @@ use crate::{Device, Error, Result, ShapeProblem, Tensor};
 /// 65,536.
 const XENT_ONE_BLOCK_ROWS: usize = 1 << 14;
 
+/// Blocks a multiprocessor of the cross-entropy's backward where every block counts the rows
+/// itself (batches up to [`XENT_ONE_BLOCK_ROWS`] rows): each block reads the labels once, so
+/// fewer blocks read less, and strides over the grad's words.
+const XENT_BWD_BLOCKS_PER_SM: usize = 4;
+
 /// `out[0]` = the mean of `row_loss` over the rows whose label is not ignored (0 when all are),
 /// or with `row_loss` `None`, the count of those rows: in an order fixed by `rows` either way.
 fn xent_mean(
@@ -274,22 +279,21 @@ pub fn softmax_cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss_sca
             })?;
         }
         Exec::Cuda(c) => {
-            // The rows the mean counts, on the device: the grad divides by them.
-            let count = Tensor::empty(probs.device(), &[1])?;
-            xent_mean(c, probs.device(), &count, None, labels, rows)?;
-            c.launch(
-                k::SOFTMAX_XENT_BWD.get(probs.dtype()),
-                LaunchDims::vectorized(rows * classes, probs.dtype()),
-                &[
-                    KArg::Ptr(d.cuda_ptr()?),
-                    KArg::Ptr(probs.cuda_ptr()?),
-                    KArg::Ptr(labels.cuda_ptr()?),
-                    KArg::F32(dloss_scale),
-                    KArg::Ptr(count.cuda_ptr()?),
-                    KArg::U32(rows as u32),
-                    KArg::U32(classes as u32),
-                ],
-            )?
+            let (dp, pp, lp) = (KArg::Ptr(d.cuda_ptr()?), KArg::Ptr(probs.cuda_ptr()?), KArg::Ptr(labels.cuda_ptr()?));
+            let (scale, r32, c32) = (KArg::F32(dloss_scale), KArg::U32(rows as u32), KArg::U32(classes as u32));
+            let dims = LaunchDims::vectorized(rows * classes, probs.dtype());
+            if rows <= XENT_ONE_BLOCK_ROWS {
+                // Every block counts the rows the mean divides by (one launch, the same bits).
+                let blocks = dims.grid.0.min((XENT_BWD_BLOCKS_PER_SM * c.sm_count) as u32);
+                let dims = LaunchDims { grid: (blocks, 1, 1), ..dims };
+                c.launch(k::SOFTMAX_XENT_BWD_COUNTED.get(probs.dtype()), dims, &[dp, pp, lp, scale, r32, c32])?;
+            } else {
+                // The rows the mean counts, on the device: the grad divides by them.
+                let count = Tensor::empty(probs.device(), &[1])?;
+                xent_mean(c, probs.device(), &count, None, labels, rows)?;
+                let args = [dp, pp, lp, scale, KArg::Ptr(count.cuda_ptr()?), r32, c32];
+                c.launch(k::SOFTMAX_XENT_BWD.get(probs.dtype()), dims, &args)?;
+            }
         }
     }
     Ok(d)

@@ -263,6 +263,8 @@ pub(crate) mod k {
         Typed(B::LayerNormBwdParamsF32, B::LayerNormBwdParamsBf16, B::LayerNormBwdParamsF16);
     pub(crate) const SOFTMAX_XENT: Typed = Typed(B::SoftmaxXentF32, B::SoftmaxXentBf16, B::SoftmaxXentF16);
     pub(crate) const SOFTMAX_XENT_BWD: Typed = Typed(B::SoftmaxXentBwdF32, B::SoftmaxXentBwdBf16, B::SoftmaxXentBwdF16);
+    pub(crate) const SOFTMAX_XENT_BWD_COUNTED: Typed =
+        Typed(B::SoftmaxXentBwdCountedF32, B::SoftmaxXentBwdCountedBf16, B::SoftmaxXentBwdCountedF16);
     pub(crate) const EMBEDDING: Typed = Typed(B::EmbeddingF32, B::EmbeddingBf16, B::EmbeddingF16);
     pub(crate) const EMBEDDING_BWD: Typed = Typed(B::EmbeddingBwdF32, B::EmbeddingBwdBf16, B::EmbeddingBwdF16);
     /// Into an f32 grad, by the dtype of `dy`.

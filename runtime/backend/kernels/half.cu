@@ -932,13 +932,12 @@ __device__ __forceinline__ float xent_grad(float p, u32 j, float l, u32 c, float
     return (p - hot) * scale;
 }
 
+// The grad with its scale given (dloss_scale / the rows not ignored, rounded as the host rounds
+// dloss / rows): softmax_xent_bwd_t and softmax_xent_bwd_counted_t below.
 template <typename T>
-__device__ __forceinline__ void softmax_xent_bwd_t(T* dlogits, const T* probs, const float* labels, float dloss_scale,
-                                                   const float* count, u32 rows, u32 c) {
+__device__ __forceinline__ void softmax_xent_grad_t(T* dlogits, const T* probs, const float* labels, float scale, u32 rows, u32 c) {
     constexpr u32 W = 16 / sizeof(T);
     const u32 n = rows * c;
-    // The grad of a mean over the rows not ignored, rounded as the host rounds dloss/rows.
-    const float scale = __fdiv_rn(dloss_scale, *count);
     u32 done = 0;
     if (c >= W && al16(dlogits) && al16(probs)) {
         // A word may straddle two rows (c not a multiple of W): its values past the row's end
@@ -967,11 +966,47 @@ __device__ __forceinline__ void softmax_xent_bwd_t(T* dlogits, const T* probs, c
     }
 }
 
+// The grad of a mean over the rows not ignored, their count in `count` (xent_mean_f32 before it).
+template <typename T>
+__device__ __forceinline__ void softmax_xent_bwd_t(T* dlogits, const T* probs, const float* labels, float dloss_scale,
+                                                   const float* count, u32 rows, u32 c) {
+    softmax_xent_grad_t(dlogits, probs, labels, __fdiv_rn(dloss_scale, *count), rows, c);
+}
+
+// The same grad with the rows not ignored counted by every block of the launch, not by a launch
+// of one block before it (ops/loss.rs launches a few blocks a multiprocessor, which then stride
+// over the tensor; for batches up to XENT_ONE_BLOCK_ROWS rows, which a block reads from L2 in
+// a few round trips: each thread 8 labels a trip). An integer count, exact as xent_mean_f32's
+// f32 count is below 2^24 rows: the same divisor, so the same bits, and one launch and its gap
+// fewer.
+template <typename T>
+__device__ __forceinline__ void softmax_xent_bwd_counted_t(T* dlogits, const T* probs, const float* labels, float dloss_scale, u32 rows, u32 c) {
+    constexpr u32 U = 8;
+    __shared__ u32 counted;
+    if (threadIdx.x == 0) counted = 0;
+    __syncthreads();
+    u32 n = 0, r = threadIdx.x;
+    for (; r + (U - 1) * blockDim.x < rows; r += U * blockDim.x) {
+        float lb[U];
+#pragma unroll
+        for (u32 k = 0; k < U; ++k) lb[k] = labels[r + k * blockDim.x];
+#pragma unroll
+        for (u32 k = 0; k < U; ++k) n += lb[k] != IGNORE_LABEL ? 1u : 0u;
+    }
+    for (; r < rows; r += blockDim.x) n += labels[r] != IGNORE_LABEL ? 1u : 0u;
+#pragma unroll
+    for (u32 o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+    if ((threadIdx.x & 31) == 0) atomicAdd(&counted, n);
+    __syncthreads();
+    softmax_xent_grad_t(dlogits, probs, labels, __fdiv_rn(dloss_scale, (float)counted), rows, c);
+}
+
 extern "C" __global__ void layer_norm_f32(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma, const float* beta, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
 extern "C" __global__ void layer_norm_bwd_f32(float* dx, const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
 extern "C" __global__ void layer_norm_bwd_params_f32(float* dgamma, float* dbeta, const float* dy, const float* x, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_params_t(dgamma, dbeta, dy, x, mean, rstd, rows, d); }
 extern "C" __global__ void softmax_xent_f32(float* probs, float* row_loss, const float* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void softmax_xent_bwd_f32(float* dlogits, const float* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_counted_f32(float* dlogits, const float* probs, const float* labels, float dloss_scale, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_bwd_counted_t(dlogits, probs, labels, dloss_scale, rows, c); }
 extern "C" __global__ void layer_norm_bf16(bf16_t* y, float* mean_out, float* rstd_out, const bf16_t* x, const bf16_t* gamma, const bf16_t* beta, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
 extern "C" __global__ void layer_norm_f16(f16_t* y, float* mean_out, float* rstd_out, const f16_t* x, const f16_t* gamma, const f16_t* beta, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); layer_norm_t(y, mean_out, rstd_out, x, gamma, beta, rows, d, eps); }
 extern "C" __global__ void layer_norm_bwd_bf16(bf16_t* dx, const bf16_t* dy, const bf16_t* x, const bf16_t* gamma, const float* mean, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); layer_norm_bwd_t(dx, dy, x, gamma, mean, rstd, rows, d); }
@@ -988,3 +1023,5 @@ extern "C" __global__ void softmax_xent_bf16(bf16_t* probs, float* row_loss, con
 extern "C" __global__ void softmax_xent_f16(f16_t* probs, float* row_loss, const f16_t* logits, const float* labels, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_t(probs, row_loss, logits, labels, rows, c); }
 extern "C" __global__ void softmax_xent_bwd_bf16(bf16_t* dlogits, const bf16_t* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }
 extern "C" __global__ void softmax_xent_bwd_f16(f16_t* dlogits, const f16_t* probs, const float* labels, float dloss_scale, const float* count, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_bwd_t(dlogits, probs, labels, dloss_scale, count, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_counted_bf16(bf16_t* dlogits, const bf16_t* probs, const float* labels, float dloss_scale, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_bwd_counted_t(dlogits, probs, labels, dloss_scale, rows, c); }
+extern "C" __global__ void softmax_xent_bwd_counted_f16(f16_t* dlogits, const f16_t* probs, const float* labels, float dloss_scale, u32 rows, u32 c) { GR_PDL_ENTRY(); softmax_xent_bwd_counted_t(dlogits, probs, labels, dloss_scale, rows, c); }
