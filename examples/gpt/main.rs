@@ -15,7 +15,8 @@
 //! backend the tiny configuration (3 layers, d_model 96, context 96, f32) trains 500 steps in
 //! about a minute; on a GPU the default is 8 layers, d_model 512, 8 heads, context 256, batch
 //! 16, in bf16 with f32 master weights and grads (`MixedAdamW`). Prints step, loss, tokens/s and
-//! ETA, the validation loss every `--eval-every` steps, 200 sampled bytes at the end, and draws
+//! ETA, the validation loss every `--eval-every` steps (4 batches; 32 after the last step), 200
+//! sampled bytes at the end, and draws
 //! the loss chart as a PNG (`--plot`, default in the temp directory).
 //!
 //! `--mode`: `graphed` (default) captures the embedding, every block and the head (the chunks
@@ -394,7 +395,12 @@ struct Measured {
     device_bytes: usize,
 }
 
-/// The training loop: progress lines, validation every `eval_every` steps.
+/// Batches of the validation text at each evaluation, and at the last one.
+const VAL_BATCHES: usize = 4;
+const FINAL_VAL_BATCHES: usize = 32;
+
+/// The training loop: progress lines, validation every `eval_every` steps ([`VAL_BATCHES`]
+/// batches; [`FINAL_VAL_BATCHES`] after the last step).
 fn train(
     trainer: &mut Trainer,
     splits: &corpus::Splits,
@@ -469,13 +475,18 @@ fn train(
             if step > 10.min(steps) {
                 m.steady_secs += lap.elapsed().as_secs_f64();
             }
+            // The last evaluation takes more batches: four random windows a batch wander by
+            // several hundredths from one evaluation to the next.
+            let batches = if step == steps { FINAL_VAL_BATCHES } else { VAL_BATCHES };
             let mut total = 0.0;
-            for _ in 0..4 {
+            for _ in 0..batches {
                 let (ids, labels) = corpus::batch(&dev, &splits.val, cfg.batch, cfg.context, &mut val_rng)?;
                 total += trainer.eval_loss(&ids, &labels)?;
             }
-            println!("step {step:>5}/{steps}  validation loss {:.4}", total / 4.0);
-            m.val_curve.push((step, total / 4.0));
+            let val = total / batches as f32;
+            let note = if step == steps { format!(" ({batches} batches)") } else { String::new() };
+            println!("step {step:>5}/{steps}  validation loss {val:.4}{note}");
+            m.val_curve.push((step, val));
             lap = Instant::now();
         }
     }

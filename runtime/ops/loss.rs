@@ -14,10 +14,18 @@ use crate::{Device, Error, Result, ShapeProblem, Tensor};
 /// 65,536.
 const XENT_ONE_BLOCK_ROWS: usize = 1 << 14;
 
-/// Blocks a multiprocessor of the cross-entropy's backward where every block counts the rows
-/// itself (batches up to [`XENT_ONE_BLOCK_ROWS`] rows): each block reads the labels once, so
-/// fewer blocks read less, and strides over the grad's words.
+/// The launch of the cross-entropy's backward where every block counts the rows itself
+/// (batches up to [`XENT_ONE_BLOCK_ROWS`] rows): [`XENT_BWD_THREADS`] threads a block and
+/// [`XENT_BWD_BLOCKS_PER_SM`] blocks a multiprocessor (one wave that fills every
+/// multiprocessor: each block reads the labels once, so a bigger grid reads them more often),
+/// striding over the grad's words. On the H100 (bench/row_tma.py kind xbwd, 2026-12-07) against
+/// the count's launch and the grad's: bf16 4096 x 4096 26.5 us against 30.4, 16384 x 1024 28.2
+/// against 29.9, 4096 x 32768 199.2 against 204.5; 256-thread blocks at 4 a multiprocessor ran
+/// 28.8, 32.0 and 197.4.
 const XENT_BWD_BLOCKS_PER_SM: usize = 4;
+
+/// Threads a block of the counting backward (see [`XENT_BWD_BLOCKS_PER_SM`]).
+const XENT_BWD_THREADS: u32 = 512;
 
 /// `out[0]` = the mean of `row_loss` over the rows whose label is not ignored (0 when all are),
 /// or with `row_loss` `None`, the count of those rows: in an order fixed by `rows` either way.
@@ -281,17 +289,18 @@ pub fn softmax_cross_entropy_backward(probs: &Tensor, labels: &Tensor, dloss_sca
         Exec::Cuda(c) => {
             let (dp, pp, lp) = (KArg::Ptr(d.cuda_ptr()?), KArg::Ptr(probs.cuda_ptr()?), KArg::Ptr(labels.cuda_ptr()?));
             let (scale, r32, c32) = (KArg::F32(dloss_scale), KArg::U32(rows as u32), KArg::U32(classes as u32));
-            let dims = LaunchDims::vectorized(rows * classes, probs.dtype());
             if rows <= XENT_ONE_BLOCK_ROWS {
                 // Every block counts the rows the mean divides by (one launch, the same bits).
-                let blocks = dims.grid.0.min((XENT_BWD_BLOCKS_PER_SM * c.sm_count) as u32);
-                let dims = LaunchDims { grid: (blocks, 1, 1), ..dims };
+                let words = (rows * classes).div_ceil(16 / probs.dtype().size());
+                let blocks = words.div_ceil(XENT_BWD_THREADS as usize).clamp(1, XENT_BWD_BLOCKS_PER_SM * c.sm_count);
+                let dims = LaunchDims { grid: (blocks as u32, 1, 1), block: (XENT_BWD_THREADS, 1, 1), shared: 0 };
                 c.launch(k::SOFTMAX_XENT_BWD_COUNTED.get(probs.dtype()), dims, &[dp, pp, lp, scale, r32, c32])?;
             } else {
                 // The rows the mean counts, on the device: the grad divides by them.
                 let count = Tensor::empty(probs.device(), &[1])?;
                 xent_mean(c, probs.device(), &count, None, labels, rows)?;
                 let args = [dp, pp, lp, scale, KArg::Ptr(count.cuda_ptr()?), r32, c32];
+                let dims = LaunchDims::vectorized(rows * classes, probs.dtype());
                 c.launch(k::SOFTMAX_XENT_BWD.get(probs.dtype()), dims, &args)?;
             }
         }
