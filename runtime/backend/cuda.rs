@@ -418,6 +418,7 @@ impl CudaBackend {
                     && *k != BuiltinKernel::FlashBwdPrepBf16
                     && *k != BuiltinKernel::FlashBwdPrepF16)
                     || k.name().starts_with("rms_ring")
+                    || k.name().starts_with("ln_ring")
                     || k.name().starts_with("rms_smem")
                     || k.name().starts_with("sx_smem")
                     || k.name().starts_with("sx_cluster");

@@ -248,6 +248,7 @@ kernels! {
     LnRowsBwdF32 = "ln_rows_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     LnRowsBwdBf16 = "ln_rows_bwd_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     LnRowsBwdF16 = "ln_rows_bwd_f16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
+    LnRingBwdF32 = "ln_ring_bwd_f32" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32);
     SxRowsF32 = "sx_rows_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SxRowsBf16 = "sx_rows_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SxRowsF16 = "sx_rows_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);

@@ -1,12 +1,12 @@
 //! Layer normalization over the last dimension.
 
-use crate::backend::KArg;
+use crate::backend::{BuiltinKernel as B, CudaBackend, KArg, LaunchDims};
 use crate::error::OpError;
 use crate::ops::{
     as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, row_kernel,
     Exec,
 };
-use crate::{Error, Result, ShapeProblem, Tensor};
+use crate::{DType, Error, Result, ShapeProblem, Tensor};
 
 /// Layer norm over the last dimension: `y = (x - mean) · rstd · gamma + beta` per row, with
 /// `rstd = 1 / sqrt(var + eps)` and the biased variance (PyTorch's `F.layer_norm`).
@@ -137,6 +137,23 @@ pub fn layer_norm_backward(
         }
         Exec::Cuda(c) => {
             let (dyp, xp, mp, rp) = (dy.cuda_ptr()?, x.cuda_ptr()?, mean.cuda_ptr()?, rstd.cuda_ptr()?);
+            if let Some(dims) = ln_ring_bwd_launch(c, dtype, rows, d, [dx.cuda_ptr()?, dyp, xp, gamma.cuda_ptr()?]) {
+                // One pass: dx and each block's sums of the parameters' grads, then their sums
+                // in block order onto dgamma and dbeta.
+                let blocks = dims.grid.0 as usize;
+                let partial = Tensor::empty(x.device(), &[2 * blocks, d])?;
+                let (pg, pb) = (partial.cuda_ptr()?, partial.cuda_ptr()? + (blocks * d * 4) as u64);
+                let ptrs = [dx.cuda_ptr()?, pg, pb, dyp, xp, gamma.cuda_ptr()?, mp, rp];
+                let mut args: Vec<KArg> = ptrs.into_iter().map(KArg::Ptr).collect();
+                args.extend([KArg::U32(rows as u32), KArg::U32(d as u32)]);
+                c.launch(B::LnRingBwdF32, dims, &args)?;
+                for (out, part) in [(dgamma, pg), (dbeta, pb)] {
+                    let args =
+                        [KArg::Ptr(out.cuda_ptr()?), KArg::Ptr(part), KArg::U32(blocks as u32), KArg::U32(d as u32)];
+                    c.launch(k::COL_PARTIALS_ACC.get(DType::F32), col_dims(d), &args)?;
+                }
+                return Ok(dx);
+            }
             let (kernel, dims) = row_kernel(rows, d, dtype, k::LN_ROWS_BWD, k::LAYER_NORM_BWD);
             c.launch(
                 kernel,
@@ -169,6 +186,34 @@ pub fn layer_norm_backward(
         }
     }
     Ok(dx)
+}
+
+/// Blocks of LayerNorm's one-pass f32 backward (`ln_ring_bwd_f32`): a fixed number, not the
+/// GPU's, so the parameters' grads (a block's rows, then the blocks in order) get the same bits
+/// on every GPU; one a multiprocessor on the H100 and H200, the bench's best
+/// (bench/row_tma.py, H100, 2026-12-07: 4096 x 4096 95.9 us, 16384 x 1024 107.8 us, 4096 x 1024
+/// 42.9 us, each at 2 ring slots).
+const LN_RING_BLOCKS: usize = 132;
+
+/// The launch of `ln_ring_bwd_f32` for `[rows, d]`, where it applies: f32 on sm_90 or later
+/// (bulk copies), rows of whole 16-byte words with every tensor (`[dx, dy, x, gamma]`)
+/// 16-byte aligned, at most `LN_RING_WPT` (4) words a thread of 256, and the ring's two slots of
+/// (dy, x) rows within a block's shared memory. Threads: the row's words over 2, 128 to 256.
+fn ln_ring_bwd_launch(c: &CudaBackend, dtype: DType, rows: usize, d: usize, ptrs: [u64; 4]) -> Option<LaunchDims> {
+    const STAGES: usize = 2;
+    const WPT: usize = 4;
+    let words = d / 4;
+    let shared = STAGES * 2 * d * 4;
+    let fits = dtype == DType::F32
+        && c.capability.0 >= 9
+        && rows > 0
+        && d.is_multiple_of(4)
+        && ptrs.iter().all(|p| p.is_multiple_of(16))
+        && words <= WPT * 256
+        && shared <= c.dynamic_shared_limit(B::LnRingBwdF32);
+    let threads = (words / 2).clamp(128, 256) as u32;
+    let blocks = rows.min(LN_RING_BLOCKS) as u32;
+    fits.then_some(LaunchDims { grid: (blocks, 1, 1), block: (threads, 1, 1), shared: shared as u32 })
 }
 
 /// The checks of [`layer_norm_backward`] on its arguments, in order: (dtype, rows, row length).

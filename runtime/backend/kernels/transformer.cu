@@ -987,6 +987,151 @@ __device__ __forceinline__ void ln_rows_bwd_t(T* dx, const T* dy, const T* x, co
     }
 }
 
+// LayerNorm's f32 backward in one pass over dy and x (sm_90; ops/norm.rs launches it where it
+// applies, ln_rows_bwd_t and layer_norm_bwd_params_t elsewhere, which read dy and x twice): a
+// persistent grid whose blocks each keep a ring of LN_RING_STAGES slots of (dy's row, x's row)
+// in shared memory, every slot filled by two bulk copies (cp.async.bulk, completing on the
+// slot's mbarrier) that thread 0 issues LN_RING_STAGES rows ahead. A thread owns the same
+// 16-byte words of every row (word w = threadIdx.x + i * blockDim.x, at most LN_RING_WPT of
+// them), so gamma and its sums of the parameters' grads stay in its registers: at the end the
+// block writes its sums of dy * xhat and of dy over its rows as its rows of pg and pb, which
+// col_partials_acc adds in block order (a fixed grid, ops/norm.rs: the same bits on every run).
+// Rows k = blockIdx.x + j * gridDim.x. On the H100 (bench/row_tma.py, 2026-12-07) the form ran
+// 4096 x 4096 in 95.9 us against the two kernels' 141.1, 16384 x 1024 in 107.8 against 300.6.
+#ifndef LN_RING_STAGES
+#define LN_RING_STAGES 2
+#endif
+#define LN_RING_WPT 4
+__device__ __forceinline__ u32 lr_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void lr_wait(u64* bar, u32 parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    u32 done = 0;
+    while (!done) {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(lr_smem(bar)), "r"(parity)
+                     : "memory");
+    }
+#endif
+}
+// Thread 0: row k of the block's rows of dy and x (rows of `bytes` bytes) into the two halves of
+// slot k % LN_RING_STAGES, both copies completing on the slot's mbarrier.
+__device__ __forceinline__ void lr_issue(u64* bars, float4* ring, const float* dy, const float* x, u32 k, u32 bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const u32 s = k % LN_RING_STAGES, words = bytes / 16;
+    const u64 off = (blockIdx.x + (u64)k * gridDim.x) * bytes;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(lr_smem(&bars[s])), "r"(2 * bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(lr_smem(ring + (u64)(2 * s) * words)),
+                 "l"(reinterpret_cast<const char*>(dy) + off), "r"(bytes), "r"(lr_smem(&bars[s]))
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(lr_smem(ring + (u64)(2 * s + 1) * words)),
+                 "l"(reinterpret_cast<const char*>(x) + off), "r"(bytes), "r"(lr_smem(&bars[s]))
+                 : "memory");
+#endif
+}
+// The block's sums of a and b over its threads (every thread gets them), warps in order; `par`
+// alternates between red's halves so that the next row's stores cannot overtake this row's reads.
+__device__ __forceinline__ float2 lr_block_sum2(float a, float b, float2* red, u32 par) {
+#pragma unroll
+    for (u32 o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    float2* r = red + par * 32;
+    if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = make_float2(a, b);
+    __syncthreads();
+    float2 t = make_float2(0.0f, 0.0f);
+    for (u32 w = 0; w < (blockDim.x + 31) / 32; ++w) {
+        t.x += r[w].x;
+        t.y += r[w].y;
+    }
+    return t;
+}
+// dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma, xhat = (x - mean) rstd, as
+// ln_rows_bwd_t computes it; rows of d f32 values, d % 4 == 0, d / 4 <= LN_RING_WPT * blockDim.x,
+// every row 16-byte aligned. Dynamic shared memory: LN_RING_STAGES * 2 * d floats.
+extern "C" __global__ void ln_ring_bwd_f32(float* dx, float* pg, float* pb, const float* dy, const float* x, const float* gamma, const float* mean,
+                                           const float* rstd, u32 rows, u32 d) {
+    GR_PDL_ENTRY();
+    __shared__ __align__(8) u64 bars[LN_RING_STAGES];
+    __shared__ float2 red[64];
+    float4* ring = reinterpret_cast<float4*>(gr_row_smem);
+    const u32 words = d / 4, bytes = d * 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+        for (u32 s = 0; s < LN_RING_STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(lr_smem(&bars[s])) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
+    __syncthreads();
+    float4 g[LN_RING_WPT], ag[LN_RING_WPT], ab[LN_RING_WPT];
+#pragma unroll
+    for (u32 i = 0; i < LN_RING_WPT; ++i) {
+        const u32 w = threadIdx.x + i * blockDim.x;
+        g[i] = w < words ? reinterpret_cast<const float4*>(gamma)[w] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ag[i] = ab[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    const u32 mine = blockIdx.x < rows ? (rows - blockIdx.x + gridDim.x - 1) / gridDim.x : 0u;
+    if (threadIdx.x == 0)
+        for (u32 k = 0; k < LN_RING_STAGES && k < mine; ++k) lr_issue(bars, ring, dy, x, k, bytes);
+    // Each row's mean and rstd, read a row ahead.
+    float mu_next = mine > 0 ? mean[blockIdx.x] : 0.0f, rs_next = mine > 0 ? rstd[blockIdx.x] : 0.0f;
+    for (u32 k = 0; k < mine; ++k) {
+        const u32 s = k % LN_RING_STAGES;
+        const u64 r = blockIdx.x + (u64)k * gridDim.x;
+        const float mu = mu_next, rs = rs_next;
+        if (k + 1 < mine) {
+            mu_next = mean[r + gridDim.x];
+            rs_next = rstd[r + gridDim.x];
+        }
+        lr_wait(&bars[s], (k / LN_RING_STAGES) & 1u);
+        float4 gv[LN_RING_WPT], xh[LN_RING_WPT];
+        float a = 0.0f, b = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < LN_RING_WPT; ++i) {
+            const u32 w = threadIdx.x + i * blockDim.x;
+            const bool in = w < words;
+            const float4 e = in ? ring[(u64)(2 * s) * words + w] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float4 v = in ? ring[(u64)(2 * s + 1) * words + w] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            xh[i] = in ? make_float4((v.x - mu) * rs, (v.y - mu) * rs, (v.z - mu) * rs, (v.w - mu) * rs) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            gv[i] = make_float4(e.x * g[i].x, e.y * g[i].y, e.z * g[i].z, e.w * g[i].w);
+            ag[i].x += e.x * xh[i].x;
+            ag[i].y += e.y * xh[i].y;
+            ag[i].z += e.z * xh[i].z;
+            ag[i].w += e.w * xh[i].w;
+            ab[i].x += e.x;
+            ab[i].y += e.y;
+            ab[i].z += e.z;
+            ab[i].w += e.w;
+            a += gv[i].x + gv[i].y + gv[i].z + gv[i].w;
+            b += gv[i].x * xh[i].x + gv[i].y * xh[i].y + gv[i].z * xh[i].z + gv[i].w * xh[i].w;
+        }
+        // Its barrier: every read of slot s is done, so thread 0 hands it back to the async
+        // proxy and refills it.
+        const float2 t = lr_block_sum2(a, b, red, k & 1u);
+        if (threadIdx.x == 0 && k + LN_RING_STAGES < mine) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            lr_issue(bars, ring, dy, x, k + LN_RING_STAGES, bytes);
+        }
+        const float ma = t.x / (float)d, mb = t.y / (float)d;
+#pragma unroll
+        for (u32 i = 0; i < LN_RING_WPT; ++i) {
+            const u32 w = threadIdx.x + i * blockDim.x;
+            if (w >= words) break;
+            reinterpret_cast<float4*>(dx + r * d)[w] =
+                make_float4(rs * (gv[i].x - ma - xh[i].x * mb), rs * (gv[i].y - ma - xh[i].y * mb), rs * (gv[i].z - ma - xh[i].z * mb),
+                            rs * (gv[i].w - ma - xh[i].w * mb));
+        }
+    }
+#pragma unroll
+    for (u32 i = 0; i < LN_RING_WPT; ++i) {
+        const u32 w = threadIdx.x + i * blockDim.x;
+        if (w >= words) break;
+        reinterpret_cast<float4*>(pg + (u64)blockIdx.x * d)[w] = ag[i];
+        reinterpret_cast<float4*>(pb + (u64)blockIdx.x * d)[w] = ab[i];
+    }
+}
+
 // probs = softmax(logits) per row, row_loss = logsumexp - logit[label] (0 for an ignored row,
 // NaN for a label that is not a class id); each exp computed once, as ex2(x log2(e) - max
 // log2(e)) (one FFMA and the SFU; bf16 rows are compute-bound). Thread 0 reads the label's
