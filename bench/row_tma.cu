@@ -15,8 +15,8 @@
 // a block, from dy, x, gamma, rstd; rt_col_sum adds the partials in block order), rt_xent_fwd
 // (softmax probabilities and each row's loss from logits and labels), rt_xent_bwd (the
 // cross-entropy's grad with the count of rows not ignored taken by every block, not by a
-// launch of its own before it), rt_ln_bwd (LayerNorm's f32 backward in one pass, the
-// parameters' grads as partials a block).
+// launch of its own before it). LayerNorm's f32 backward in this form is the runtime's own
+// now (ln_ring_bwd_f32, kernels/transformer.cu), which bench/row_tma.py times from there.
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -388,95 +388,5 @@ extern "C" __global__ void rt_xent_bwd(u16* dlogits, const u16* probs, const flo
         for (u32 k = 0; k < 4; ++k)
             o[k] = rt_bf16(rt_xent_grad(rt_lo(e[k]), j + 2 * k, l, c, scale)) | (rt_bf16(rt_xent_grad(rt_hi(e[k]), j + 2 * k + 1, l, c, scale)) << 16);
         reinterpret_cast<uint4*>(dlogits)[v] = make_uint4(o[0], o[1], o[2], o[3]);
-    }
-}
-
-// ------------------------------------------------------------------------ LayerNorm backward, f32
-// One pass over dy and x (the runtime's wide-row path reads both twice: the dx kernel, then the
-// parameters' column kernel): dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma,
-// xhat = (x - mean) rstd; the block's sums of dy xhat and dy over its rows into its rows of
-// pg and pb, which rt_col_sum adds (in block order) onto dgamma and dbeta (+=, as the
-// runtime accumulates them). Rows of d f32 (d % 4 == 0), the ring: RT_STAGES slots of (dy, x).
-__device__ __forceinline__ float2 rt_block_sum2(float a, float b, float2* red, u32 par) {
-#pragma unroll
-    for (u32 o = 16; o > 0; o >>= 1) {
-        a += __shfl_xor_sync(0xffffffffu, a, o);
-        b += __shfl_xor_sync(0xffffffffu, b, o);
-    }
-    float2* r = red + par * 32;
-    if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = make_float2(a, b);
-    __syncthreads();
-    float2 s = make_float2(0.0f, 0.0f);
-    for (u32 w = 0; w < (blockDim.x + 31) / 32; ++w) {
-        s.x += r[w].x;
-        s.y += r[w].y;
-    }
-    return s;
-}
-extern "C" __global__ void rt_ln_bwd(float* dx, float* pg, float* pb, const float* dy, const float* x, const float* gamma, const float* mean,
-                                     const float* rstd, u32 rows, u32 d) {
-    __shared__ __align__(8) u64 bars[RT_STAGES];
-    __shared__ float2 red[64];
-    const u32 words = d / 4, bytes = d * 4;
-    rt_init(bars);
-    float4 g[RT_WPT], ag[RT_WPT], ab[RT_WPT];
-#pragma unroll
-    for (u32 i = 0; i < RT_WPT; ++i) {
-        const u32 w = threadIdx.x + i * blockDim.x;
-        g[i] = w < words ? reinterpret_cast<const float4*>(gamma)[w] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        ag[i] = ab[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    const u32 mine = rt_mine(rows);
-    const float4* ring = reinterpret_cast<const float4*>(rt_ring);
-    auto issue = [&](u32 k) { rt_issue_pair(bars, dy, x, k, bytes); };
-    rt_fill(issue, mine);
-    RtAhead mu_ahead(mean, mine), rs_ahead(rstd, mine);
-    for (u32 k = 0; k < mine; ++k) {
-        const u32 s = k % RT_STAGES;
-        const u64 r = rt_row(k);
-        const float mu = mu_ahead.take(k, mine), rs = rs_ahead.take(k, mine);
-        rt_wait(&bars[s], (k / RT_STAGES) & 1u);
-        float4 gv[RT_WPT], xh[RT_WPT];
-        float a = 0.0f, b = 0.0f;
-#pragma unroll
-        for (u32 i = 0; i < RT_WPT; ++i) {
-            const u32 w = threadIdx.x + i * blockDim.x;
-            const bool in = w < words;
-            const float4 e = in ? ring[(u64)(2 * s) * words + w] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            const float4 v = in ? ring[(u64)(2 * s + 1) * words + w] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            xh[i] = in ? make_float4((v.x - mu) * rs, (v.y - mu) * rs, (v.z - mu) * rs, (v.w - mu) * rs) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            gv[i] = make_float4(e.x * g[i].x, e.y * g[i].y, e.z * g[i].z, e.w * g[i].w);
-            ag[i].x += e.x * xh[i].x;
-            ag[i].y += e.y * xh[i].y;
-            ag[i].z += e.z * xh[i].z;
-            ag[i].w += e.w * xh[i].w;
-            ab[i].x += e.x;
-            ab[i].y += e.y;
-            ab[i].z += e.z;
-            ab[i].w += e.w;
-            a += gv[i].x + gv[i].y + gv[i].z + gv[i].w;
-            b += gv[i].x * xh[i].x + gv[i].y * xh[i].y + gv[i].z * xh[i].z + gv[i].w * xh[i].w;
-        }
-        const float2 t = rt_block_sum2(a, b, red, k & 1u);
-        if (threadIdx.x == 0 && k + RT_STAGES < mine) {
-            rt_release();
-            issue(k + RT_STAGES);
-        }
-        const float ma = t.x / (float)d, mb = t.y / (float)d;
-#pragma unroll
-        for (u32 i = 0; i < RT_WPT; ++i) {
-            const u32 w = threadIdx.x + i * blockDim.x;
-            if (w >= words) break;
-            reinterpret_cast<float4*>(dx + r * d)[w] =
-                make_float4(rs * (gv[i].x - ma - xh[i].x * mb), rs * (gv[i].y - ma - xh[i].y * mb), rs * (gv[i].z - ma - xh[i].z * mb),
-                            rs * (gv[i].w - ma - xh[i].w * mb));
-        }
-    }
-#pragma unroll
-    for (u32 i = 0; i < RT_WPT; ++i) {
-        const u32 w = threadIdx.x + i * blockDim.x;
-        if (w >= words) break;
-        reinterpret_cast<float4*>(pg + (u64)blockIdx.x * d)[w] = ag[i];
-        reinterpret_cast<float4*>(pb + (u64)blockIdx.x * d)[w] = ab[i];
     }
 }
