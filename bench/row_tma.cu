@@ -13,10 +13,10 @@
 // results rounded to nearest even) but its own summation order. Rows of 16-byte multiples.
 // Kernels: rt_rms_fwd (y, rstd from x, gamma), rt_rms_bwd (dx and a row of gamma-grad partials
 // a block, from dy, x, gamma, rstd; rt_col_sum adds the partials in block order), rt_xent_fwd
-// (softmax probabilities and each row's loss from logits and labels), rt_xent_bwd (the
-// cross-entropy's grad with the count of rows not ignored taken by every block, not by a
-// launch of its own before it). LayerNorm's f32 backward in this form is the runtime's own
-// now (ln_ring_bwd_f32, kernels/transformer.cu), which bench/row_tma.py times from there.
+// (softmax probabilities and each row's loss from logits and labels). Two forms measured here
+// are the runtime's own now, which bench/row_tma.py times from there: LayerNorm's f32 backward
+// in one pass (ln_ring_bwd_f32, kernels/transformer.cu) and the cross-entropy's grad with the
+// rows counted by every block (softmax_xent_bwd_counted_bf16, kernels/half.cu).
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -348,45 +348,3 @@ extern "C" __global__ void rt_xent_fwd(u16* probs, float* row_loss, const u16* l
     }
 }
 
-// ------------------------------------------------------------------------ cross-entropy backward
-// dlogits = (probs - onehot(label)) scale, scale = dloss_scale / (rows whose label is not -100),
-// as the runtime's softmax_xent_bwd (half.cu) computes it after xent_mean_f32 counted the rows
-// in a launch of its own: here every block of a persistent grid counts them itself (each
-// thread 8 labels a round trip; an integer count, so the same divisor and the same bits), then
-// takes 16-byte words of the tensor in a grid-stride loop. Rows of whole 16-byte words.
-__device__ __forceinline__ float rt_xent_grad(float p, u32 j, float l, u32 c, float scale) {
-    const bool ok = l >= 0.0f && l < (float)c && l == floorf(l);
-    if (!ok) return l == -100.0f ? 0.0f : __int_as_float(0x7fc00000);
-    return (p - (j == (u32)l ? 1.0f : 0.0f)) * scale;
-}
-extern "C" __global__ void rt_xent_bwd(u16* dlogits, const u16* probs, const float* labels, float dloss_scale, u32 rows, u32 c) {
-    __shared__ u32 cnt;
-    if (threadIdx.x == 0) cnt = 0;
-    __syncthreads();
-    u32 n = 0, r = threadIdx.x;
-    for (; r + 7 * blockDim.x < rows; r += 8 * blockDim.x) {
-        float lb[8];
-#pragma unroll
-        for (u32 k = 0; k < 8; ++k) lb[k] = labels[r + k * blockDim.x];
-#pragma unroll
-        for (u32 k = 0; k < 8; ++k) n += lb[k] != -100.0f ? 1u : 0u;
-    }
-    for (; r < rows; r += blockDim.x) n += labels[r] != -100.0f ? 1u : 0u;
-#pragma unroll
-    for (u32 o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
-    if ((threadIdx.x & 31) == 0) atomicAdd(&cnt, n);
-    __syncthreads();
-    const float scale = __fdiv_rn(dloss_scale, (float)cnt);
-    const u32 nv = rows * c / 8;
-    for (u32 v = blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += gridDim.x * blockDim.x) {
-        const u32 i = v * 8, row = i / c, j = i - row * c;
-        const float l = labels[row];
-        const uint4 pv = reinterpret_cast<const uint4*>(probs)[v];
-        const u32 e[4] = {pv.x, pv.y, pv.z, pv.w};
-        u32 o[4];
-#pragma unroll
-        for (u32 k = 0; k < 4; ++k)
-            o[k] = rt_bf16(rt_xent_grad(rt_lo(e[k]), j + 2 * k, l, c, scale)) | (rt_bf16(rt_xent_grad(rt_hi(e[k]), j + 2 * k + 1, l, c, scale)) << 16);
-        reinterpret_cast<uint4*>(dlogits)[v] = make_uint4(o[0], o[1], o[2], o[3]);
-    }
-}

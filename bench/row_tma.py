@@ -11,7 +11,10 @@ over ring depths, threads a block and blocks a multiprocessor, beside the runtim
 the runtime launches them (RowTiles: the RMSNorm forward's ring at 4 words a thread, 256 threads,
 4 blocks a multiprocessor; its backward's at 2 words, 256 threads, 2 blocks a multiprocessor and
 the partials' sum; the cross-entropy's row in shared memory for rows of 8 KB and more, its
-register kernel below), in one call:
+register kernel below), in one call. (For RMSNorm rows of 8 KB and more the runtime runs
+rms_smem_bf16, not the ring this compares with: op_bench times that one.) LayerNorm's one-pass
+backward and the cross-entropy's counting grad are the runtime's own kernels since session 36:
+their variants here are launch shapes of those, against the runtime's former kernels.
 
 - checks every variant against the numpy references of bench/row_sweep.py and
   bench/xent_sweep.py on small shapes, and two runs' bits against each other;
@@ -80,7 +83,8 @@ SCALE = 0.75  # the grad's dloss_scale
 def run_tma(mods, op, v, b, rows, d, sms):
     """One launch of variant v = (stages, threads, blocks a multiprocessor); False where it does
     not fit. LayerNorm's backward is the runtime's ln_ring_bwd_f32 (mods["runtime"], built as the
-    runtime builds it: a ring of 2 slots, 4 words a thread at most)."""
+    runtime builds it: a ring of 2 slots, 4 words a thread at most), the cross-entropy's grad its
+    softmax_xent_bwd_counted_bf16 (the runtime launches 512 threads, 4 blocks a multiprocessor)."""
     stages, threads, per_sm = v
     if not fits(op, stages, threads, per_sm, d) or (op == "lnbwd" and stages != RUNTIME_LN_STAGES):
         return False
@@ -88,10 +92,10 @@ def run_tma(mods, op, v, b, rows, d, sms):
     mod = mods[(max(stages, 2), min([w for w in WPTS if w * threads >= words] or [WPT]))]
     grid = max(1, min(rows, per_sm * sms))
     sm = smem_bytes(op, stages, d)
-    if op == "lnbwd":
-        fn = mods["runtime"].f("ln_ring_bwd_f32")
+    if op in ("lnbwd", "xbwd"):
+        fn = mods["runtime"].f("ln_ring_bwd_f32" if op == "lnbwd" else "softmax_xent_bwd_counted_bf16")
     else:
-        fn = mod.get_function({"fwd": "rt_rms_fwd", "bwd": "rt_rms_bwd", "xent": "rt_xent_fwd", "xbwd": "rt_xent_bwd"}[op])
+        fn = mod.get_function({"fwd": "rt_rms_fwd", "bwd": "rt_rms_bwd", "xent": "rt_xent_fwd"}[op])
     if sm > 48 << 10 and fn.max_dynamic_shared_size_bytes < sm:
         fn.max_dynamic_shared_size_bytes = sm
     if op in ("bwd", "lnbwd") and b["part"].shape[0] < grid:
