@@ -487,6 +487,10 @@ impl RowTiles {
     /// in hand and the ones in flight).
     pub(crate) const RING_SLOTS: usize = 2;
 
+    /// Slots of LayerNorm's one-pass f32 backward's ring (`LN_RING_STAGES` in
+    /// kernels/transformer.cu: each a row of dy and one of x, filled by bulk copies).
+    pub(crate) const LN_RING_STAGES: usize = 2;
+
     /// Whether the bf16 RMSNorm kernels (and their residual-add forms) run as their ring forms,
     /// `rms_ring_bf16` and `rms_ring_bwd_bf16` (the row groups in flight in shared memory; the
     /// same math, with the row sums in another order): the default since they measured faster
@@ -546,6 +550,7 @@ impl RowTiles {
             format!("-DRN_PREFETCH_FWD={}", u8::from(fwd)),
             format!("-DRN_PREFETCH={}", u8::from(bwd)),
             format!("-DRN_RING={}", Self::RING_SLOTS),
+            format!("-DLN_RING_STAGES={}", Self::LN_RING_STAGES),
         ]
     }
 }
@@ -641,6 +646,7 @@ mod tests {
         assert_eq!(RowTiles::ring_fwd(fwd, 512, 2, false).grid, fwd.dims.grid);
         assert_eq!(RowTiles::ring_bwd(bwd, 512, 2, true).block, bwd.dims.block);
         assert!(RowTiles::nvrtc_defines().contains(&format!("-DRN_RING={}", RowTiles::RING_SLOTS)));
+        assert!(RowTiles::nvrtc_defines().contains(&format!("-DLN_RING_STAGES={}", RowTiles::LN_RING_STAGES)));
     }
 
     /// (name, parameter kinds) of every `extern "C" __global__` function in a CUDA source.

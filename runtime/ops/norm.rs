@@ -1,6 +1,6 @@
 //! Layer normalization over the last dimension.
 
-use crate::backend::{BuiltinKernel as B, CudaBackend, KArg, LaunchDims};
+use crate::backend::{BuiltinKernel as B, CudaBackend, KArg, LaunchDims, RowTiles};
 use crate::error::OpError;
 use crate::ops::{
     as_rows, check_f32_on, check_like, check_rank1, check_shape, check_vector, col_dims, cpu, exec, k, n32, row_kernel,
@@ -137,13 +137,15 @@ pub fn layer_norm_backward(
         }
         Exec::Cuda(c) => {
             let (dyp, xp, mp, rp) = (dy.cuda_ptr()?, x.cuda_ptr()?, mean.cuda_ptr()?, rstd.cuda_ptr()?);
-            if let Some(dims) = ln_ring_bwd_launch(c, dtype, rows, d, [dx.cuda_ptr()?, dyp, xp, gamma.cuda_ptr()?]) {
+            let (dxp, gp) = (dx.cuda_ptr()?, gamma.cuda_ptr()?);
+            if let Some(dims) = ln_ring_bwd_launch(c, dtype, rows, d, [dxp, dyp, xp, gp]) {
                 // One pass: dx and each block's sums of the parameters' grads, then their sums
                 // in block order onto dgamma and dbeta.
                 let blocks = dims.grid.0 as usize;
                 let partial = Tensor::empty(x.device(), &[2 * blocks, d])?;
-                let (pg, pb) = (partial.cuda_ptr()?, partial.cuda_ptr()? + (blocks * d * 4) as u64);
-                let ptrs = [dx.cuda_ptr()?, pg, pb, dyp, xp, gamma.cuda_ptr()?, mp, rp];
+                let pg = partial.cuda_ptr()?;
+                let pb = pg + (blocks * d * 4) as u64;
+                let ptrs = [dxp, pg, pb, dyp, xp, gp, mp, rp];
                 let mut args: Vec<KArg> = ptrs.into_iter().map(KArg::Ptr).collect();
                 args.extend([KArg::U32(rows as u32), KArg::U32(d as u32)]);
                 c.launch(B::LnRingBwdF32, dims, &args)?;
@@ -159,10 +161,10 @@ pub fn layer_norm_backward(
                 kernel,
                 dims,
                 &[
-                    KArg::Ptr(dx.cuda_ptr()?),
+                    KArg::Ptr(dxp),
                     KArg::Ptr(dyp),
                     KArg::Ptr(xp),
-                    KArg::Ptr(gamma.cuda_ptr()?),
+                    KArg::Ptr(gp),
                     KArg::Ptr(mp),
                     KArg::Ptr(rp),
                     KArg::U32(rows as u32),
@@ -198,12 +200,11 @@ const LN_RING_BLOCKS: usize = 132;
 /// The launch of `ln_ring_bwd_f32` for `[rows, d]`, where it applies: f32 on sm_90 or later
 /// (bulk copies), rows of whole 16-byte words with every tensor (`[dx, dy, x, gamma]`)
 /// 16-byte aligned, at most `LN_RING_WPT` (4) words a thread of 256, and the ring's two slots of
-/// (dy, x) rows within a block's shared memory. Threads: the row's words over 2, 128 to 256.
+/// (dy, x) rows ([`RowTiles::LN_RING_STAGES`]) within a block's shared memory. Threads: the row's words over 2, 128 to 256.
 fn ln_ring_bwd_launch(c: &CudaBackend, dtype: DType, rows: usize, d: usize, ptrs: [u64; 4]) -> Option<LaunchDims> {
-    const STAGES: usize = 2;
     const WPT: usize = 4;
     let words = d / 4;
-    let shared = STAGES * 2 * d * 4;
+    let shared = RowTiles::LN_RING_STAGES * 2 * d * 4;
     let fits = dtype == DType::F32
         && c.capability.0 >= 9
         && rows > 0

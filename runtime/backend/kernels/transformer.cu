@@ -996,7 +996,8 @@ __device__ __forceinline__ void ln_rows_bwd_t(T* dx, const T* dy, const T* x, co
 // them), so gamma and its sums of the parameters' grads stay in its registers: at the end the
 // block writes its sums of dy * xhat and of dy over its rows as its rows of pg and pb, which
 // col_partials_acc adds in block order (a fixed grid, ops/norm.rs: the same bits on every run).
-// Rows k = blockIdx.x + j * gridDim.x. On the H100 (bench/row_tma.py, 2026-12-07) the form ran
+// Rows k = blockIdx.x + j * gridDim.x; LN_RING_STAGES from RowTiles::LN_RING_STAGES (kernels.rs).
+// On the H100 (bench/row_tma.py, 2026-12-07) the form ran
 // 4096 x 4096 in 95.9 us against the two kernels' 141.1, 16384 x 1024 in 107.8 against 300.6.
 #ifndef LN_RING_STAGES
 #define LN_RING_STAGES 2
