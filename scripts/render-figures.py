@@ -38,7 +38,7 @@ BF16 = ("ours-2026-11-30.json", "ours-bf16-2026-11-30.json", "torch-bf16-2026-11
 GEMM = ("ours-gemm-2026-11-30.json", "torch-gemm-2026-11-30.json")
 DIST = ("dist-2026-11-30.json", "torch-ddp-2026-11-30.json")
 MLP = "train-2026-11-29.txt"
-GPT_MAIN = "gpt-main-2026-12-03d.txt"
+GPT_MAIN = "gpt-main-2026-12-07-h100-s36b.txt"
 GPT_OURS, GPT_TORCH = "gpt-ours-bf16-2026-11-30.jsonl", "gpt-torch-bf16-2026-11-30.json"
 GPT_SHAPES = "gpt-shapes-2026-12-01.json"
 # The fused attention's call of 2026-12-01: the GPT at three shapes next to torch.compile, and
