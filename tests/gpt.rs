@@ -89,7 +89,7 @@ fn train_ragged(
 ) -> Result<(Vec<u32>, Vec<usize>, Trainer)> {
     let splits = corpus::Splits::new(b"a line\nand a longer line of text\nshort\n".repeat(40), cfg.context)?;
     let graphed = mode != Mode::Eager;
-    let mut trainer = Trainer::with_buckets(dev, cfg, 5, 3e-3, mode, true, graphed.then(|| buckets.to_vec()))?;
+    let mut trainer = Trainer::with_buckets(dev, cfg, 5, (3e-3, 0.0), mode, true, graphed.then(|| buckets.to_vec()))?;
     dev.rng()?.manual_seed(99)?;
     let mut rng = Rng(11);
     let (mut losses, mut used) = (Vec::new(), Vec::new());

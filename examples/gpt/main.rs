@@ -3,7 +3,7 @@
 //! `cargo run --release --example gpt -- --help` lists the flags: `--steps`, `--data`,
 //! `--size tiny|gpu`, `--context`, `--batch`, `--dtype f32|bf16`,
 //! `--mode eager|graphed|fused|floor|pipeline|pipeline-eager` (`--eager` is `--mode eager`),
-//! `--no-checkpoint`, `--recompute nothing|swiglu|all`, `--dropout`, `--eval-every`, `--warmup`, `--plot FILE.png`,
+//! `--no-checkpoint`, `--recompute nothing|swiglu|all`, `--dropout`, `--weight-decay`, `--eval-every`, `--warmup`, `--plot FILE.png`,
 //! `--json FILE`, `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`, `--estimate`; and for generation
 //! `--save PATH`, `--load PATH`, `--generate`, `--prompts N`, `--prompt-len N`,
 //! `--max-new-tokens N`, `--temperature T`, `--top-k K`, `--max-batch N`, `--decode-bench`, `--bench-min-batch N`,
@@ -216,6 +216,10 @@ struct Args {
     /// Dropout probability on each block's two residual branches while training.
     #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = probability)]
     dropout: f32,
+    /// AdamW's decoupled weight decay (`p *= 1 - lr·W` a step, every parameter; AdamW rejects a
+    /// negative or non-finite W).
+    #[arg(long, value_name = "W", default_value_t = 0.0)]
+    weight_decay: f32,
     /// Validation loss every N steps [default: a tenth of --steps].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     eval_every: Option<u64>,
@@ -583,7 +587,8 @@ fn run() -> Result<()> {
         }
         _ => None,
     };
-    let mut trainer = Trainer::with_buckets(&dev, cfg, 7, peak, mode, checkpoint, buckets)?.with_schedule(schedule)?;
+    let mut trainer = Trainer::with_buckets(&dev, cfg, 7, (peak, args.weight_decay), mode, checkpoint, buckets)?
+        .with_schedule(schedule)?;
     let setup = t0.elapsed().as_secs_f64();
     let pool_at_start = trainer.pool_bytes();
     if graphed_mode {

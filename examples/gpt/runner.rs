@@ -61,8 +61,8 @@ pub enum Optimizer {
 }
 
 impl Optimizer {
-    fn new(gpt: &Gpt, lr: f32, dtype: DType) -> Result<Optimizer> {
-        let cfg = AdamWConfig { lr, weight_decay: 0.0, ..Default::default() };
+    fn new(gpt: &Gpt, lr: f32, weight_decay: f32, dtype: DType) -> Result<Optimizer> {
+        let cfg = AdamWConfig { lr, weight_decay, ..Default::default() };
         Ok(match dtype {
             DType::F32 => Optimizer::F32(AdamW::from_module(gpt, cfg)?),
             _ => Optimizer::Mixed(MixedAdamW::new(&gpt.trainable_params(), cfg, None)?),
@@ -199,17 +199,18 @@ impl Trainer {
     /// A fresh model from `seed`, run as `mode` (graphs are captured here; `checkpoint`
     /// checkpoints blocks 1, 3, 5, ... in the graphed modes).
     pub fn new(dev: &Device, cfg: Config, seed: u64, lr: f32, mode: Mode, checkpoint: bool) -> Result<Trainer> {
-        Trainer::with_buckets(dev, cfg, seed, lr, mode, checkpoint, None)
+        Trainer::with_buckets(dev, cfg, seed, (lr, 0.0), mode, checkpoint, None)
     }
 
     /// [`Trainer::new`] for sequences of any length up to the context: the graphed modes
     /// capture one bucket per length in `buckets` (ascending, the last the context) into one
-    /// pool, and a step of a shorter batch replays the smallest bucket that holds it.
+    /// pool, and a step of a shorter batch replays the smallest bucket that holds it. `(lr,
+    /// weight_decay)` configure AdamW (its decoupled decay applies to every parameter).
     pub fn with_buckets(
         dev: &Device,
         cfg: Config,
         seed: u64,
-        lr: f32,
+        (lr, weight_decay): (f32, f32),
         mode: Mode,
         checkpoint: bool,
         buckets: Option<Vec<usize>>,
@@ -218,7 +219,7 @@ impl Trainer {
             return Err(Error::msg(format!("the largest sequence bucket must be the context, {}", cfg.context)));
         }
         let gpt = Gpt::new(dev, &cfg, seed)?;
-        let opt = Optimizer::new(&gpt, lr, cfg.dtype)?;
+        let opt = Optimizer::new(&gpt, lr, weight_decay, cfg.dtype)?;
         let modules = match mode {
             Mode::Eager | Mode::Floor => Modules::Eager(Box::new(gpt)),
             Mode::Graphed | Mode::Fused => {
