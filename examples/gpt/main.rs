@@ -3,7 +3,7 @@
 //! `cargo run --release --example gpt -- --help` lists the flags: `--steps`, `--data`,
 //! `--size tiny|gpu`, `--context`, `--batch`, `--dtype f32|bf16`,
 //! `--mode eager|graphed|fused|floor|pipeline|pipeline-eager` (`--eager` is `--mode eager`),
-//! `--no-checkpoint`, `--recompute nothing|swiglu|all`, `--dropout`, `--weight-decay`, `--eval-every`, `--warmup`, `--plot FILE.png`,
+//! `--no-checkpoint`, `--recompute nothing|swiglu|all`, `--dropout`, `--lr`, `--weight-decay`, `--eval-every`, `--warmup`, `--plot FILE.png`,
 //! `--json FILE`, `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`, `--estimate`; and for generation
 //! `--save PATH`, `--load PATH`, `--generate`, `--prompts N`, `--prompt-len N`,
 //! `--max-new-tokens N`, `--temperature T`, `--top-k K`, `--max-batch N`, `--decode-bench`, `--bench-min-batch N`,
@@ -216,6 +216,9 @@ struct Args {
     /// Dropout probability on each block's two residual branches while training.
     #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = probability)]
     dropout: f32,
+    /// The peak learning rate [default: 6e-4 for d_model 512 and up, 3e-3 below].
+    #[arg(long, value_name = "LR")]
+    lr: Option<f32>,
     /// AdamW's decoupled weight decay (`p *= 1 - lr·W` a step, every parameter; AdamW rejects a
     /// negative or non-finite W).
     #[arg(long, value_name = "W", default_value_t = 0.0)]
@@ -561,7 +564,8 @@ fn run() -> Result<()> {
     );
     let t0 = Instant::now();
     let warmup = args.warmup.unwrap_or((steps / 20).max(1)).min(steps);
-    let (peak, total) = (peak_lr(&cfg), u32::try_from(steps).map_err(|e| Error::msg(format!("--steps: {e}")))?);
+    let (peak, total) =
+        (args.lr.unwrap_or(peak_lr(&cfg)), u32::try_from(steps).map_err(|e| Error::msg(format!("--steps: {e}")))?);
     let schedule = WarmupCosine { peak, floor: peak / 10.0, warmup: warmup as u32, total };
     let graphed_mode = matches!(mode, Mode::Graphed | Mode::Fused);
     let lengths = match args.lengths {
