@@ -20,17 +20,8 @@
 # tool brings back at most 8 files). Exit status: 0 when every step that ran passed.
 # STEPS="1 5" runs only those steps (default: all, "1 2 3 4 4s 4b 4c 5").
 #   bash scripts/gpu-validate-pending.sh [seconds, default 540]
-set -uo pipefail
-cd "$(dirname "$0")/.."
-. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
-[ -d gpu-bin ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
-export GRAPHED_REQUIRE_CUDA=1 NCCL_NVLS_ENABLE=0
-budget=${1:-540}
-work=$(mktemp -d)/validate-pending; mkdir -p "$work"
-t0=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - t0) )); }
-say() { echo "[+$(( $(date +%s) - t0 ))s] $*" | tee -a "$work/summary.txt"; }
-pack() { [ -n "${OUT:-}" ] && tar -czf "$OUT/validate-pending.tgz" -C "$(dirname "$work")" validate-pending; }
+NAME=validate-pending BUDGET=${1:-540}
+. "$(dirname "$0")/device-call.sh"
 fail=0
 steps=" ${STEPS:-1 2 3 4 4s 4b 4c 5} "
 want() { [[ "$steps" == *" $1 "* ]]; }

@@ -13,16 +13,8 @@
 # The first main-job run compiles the runtime's kernels (about 50 s on a fresh machine), so it
 # gets a longer limit. Logs and a summary go to $OUT/h200-rows.tgz.
 #   bash scripts/h200-rows.sh [seconds, default 540]
-set -uo pipefail
-cd "$(dirname "$0")/.."
-. "$(dirname "${BASH_SOURCE[0]}")/cuda-env.sh"
-[ -d gpu-bin ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu-bin.tar.xz').extractall()"
-export GRAPHED_REQUIRE_CUDA=1 NCCL_NVLS_ENABLE=0
-budget=${1:-540}
-work=$(mktemp -d)/h200-rows; mkdir -p "$work"
-t0=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - t0) )); }
-say() { echo "[+$(( $(date +%s) - t0 ))s] $*" | tee -a "$work/summary.txt"; }
+NAME=h200-rows BUDGET=${1:-540}
+. "$(dirname "$0")/device-call.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$work/device.txt"
 main_job() {
   local name=$1 limit=$2; shift 2
@@ -43,4 +35,4 @@ if [ "$(left)" -gt 60 ]; then
   grep -A2 "floor" "$work/row_tma.txt" | tee -a "$work/summary.txt" > /dev/null
 fi
 say "done"
-[ -n "${OUT:-}" ] && tar -czf "$OUT/h200-rows.tgz" -C "$(dirname "$work")" h200-rows
+pack
