@@ -137,8 +137,9 @@ def gpt_main_log():
         "```\n" + "\n".join(keep) + "\n```\n\n"
         f"The training loss falls from {train[0][1]:.2f} to {train[-1][1]:.2f} and the validation loss "
         f"from {val[0][1]:.2f} (step {val[0][0]}) to {val[-1][1]:.2f} at step {last} (it wanders between "
-        f"{min(tail):.2f} and {max(tail):.2f} over the last 800 steps: the model starts to fit its "
-        f"{train_bytes(lines) / 1e6:.1f} MB of text; {rel(GPT_MAIN)})."
+        f"{min(tail):.2f} and {max(tail):.2f} over the last 800 steps, four batches an evaluation; "
+        f"it trains on {train_bytes(lines) / 1e6:.1f} MB of text, and the validation text, the last tenth of the corpus, is "
+        f"the examples' Rust sources, which the training part does not hold; {rel(GPT_MAIN)})."
     )
 
 

@@ -200,7 +200,8 @@ const LN_RING_BLOCKS: usize = 132;
 /// The launch of `ln_ring_bwd_f32` for `[rows, d]`, where it applies: f32 on sm_90 or later
 /// (bulk copies), rows of whole 16-byte words with every tensor (`[dx, dy, x, gamma]`)
 /// 16-byte aligned, at most `LN_RING_WPT` (4) words a thread of 256, and the ring's two slots of
-/// (dy, x) rows ([`RowTiles::LN_RING_STAGES`]) within a block's shared memory. Threads: the row's words over 2, 128 to 256.
+/// (dy, x) rows ([`RowTiles::LN_RING_STAGES`]) within a block's shared memory. Threads: the
+/// row's words over 2, 128 to 256.
 fn ln_ring_bwd_launch(c: &CudaBackend, dtype: DType, rows: usize, d: usize, ptrs: [u64; 4]) -> Option<LaunchDims> {
     const WPT: usize = 4;
     let words = d / 4;
