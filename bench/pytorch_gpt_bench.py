@@ -39,13 +39,18 @@ import torch.nn.functional as F
 L, D, HEADS, CTX, BATCH, HIDDEN, VOCAB, EPS = 8, 512, 8, 256, 16, 1368, 256, 1e-5
 
 
-def corpus():
+def corpus_parts():
+    """The training (first 90%) and validation (the rest) bytes of examples/gpt's text."""
     paths = ["README.md"] + sorted(glob.glob("docs/**/*.md", recursive=True))
     for d in ["runtime", "macros", "examples"]:
         paths += sorted(glob.glob(f"{d}/**/*.rs", recursive=True))
     data = b"".join(open(p, "rb").read() for p in paths if os.path.isfile(p))
     cut = len(data) * 9 // 10
-    return torch.frombuffer(bytearray(data[:cut]), dtype=torch.uint8)
+    return tuple(torch.frombuffer(bytearray(part), dtype=torch.uint8) for part in (data[:cut], data[cut:]))
+
+
+def corpus():
+    return corpus_parts()[0]
 
 
 class RMSNorm(nn.Module):

@@ -3,7 +3,7 @@
 //! `cargo run --release --example gpt -- --help` lists the flags: `--steps`, `--data`,
 //! `--size tiny|gpu`, `--context`, `--batch`, `--dtype f32|bf16`,
 //! `--mode eager|graphed|fused|floor|pipeline|pipeline-eager` (`--eager` is `--mode eager`),
-//! `--no-checkpoint`, `--recompute nothing|swiglu|all`, `--dropout`, `--lr`, `--weight-decay`, `--eval-every`, `--warmup`, `--plot FILE.png`,
+//! `--no-checkpoint`, `--recompute nothing|swiglu|all`, `--dropout`, `--lr`, `--weight-decay`, `--seed`, `--eval-every`, `--warmup`, `--plot FILE.png`,
 //! `--json FILE`, `--lengths fixed|ragged`, `--buckets N`, `--bucket-min N`, `--estimate`; and for generation
 //! `--save PATH`, `--load PATH`, `--generate`, `--prompts N`, `--prompt-len N`,
 //! `--max-new-tokens N`, `--temperature T`, `--top-k K`, `--max-batch N`, `--decode-bench`, `--bench-min-batch N`,
@@ -223,6 +223,10 @@ struct Args {
     /// negative or non-finite W).
     #[arg(long, value_name = "W", default_value_t = 0.0)]
     weight_decay: f32,
+    /// Another draw of the run: N > 0 draws other initial weights and other training batches
+    /// (the validation batches stay the same); 0 is the run docs/BENCHMARKS.md reports.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    seed: u64,
     /// Validation loss every N steps [default: a tenth of --steps].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     eval_every: Option<u64>,
@@ -414,9 +418,10 @@ fn train(
     steps: usize,
     eval_every: usize,
     lengths: Lengths,
+    seed: u64,
 ) -> Result<Measured> {
     let (cfg, dev) = (trainer.cfg, trainer.device().clone());
-    let (mut rng, mut val_rng) = (Rng(0x9E37_79B9_7F4A_7C15), Rng(42));
+    let (mut rng, mut val_rng) = (Rng((0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0x2545_F491_4F6C_DD1D)) | 1), Rng(42));
     let mut m = Measured {
         train_curve: Vec::new(),
         val_curve: Vec::new(),
@@ -591,8 +596,16 @@ fn run() -> Result<()> {
         }
         _ => None,
     };
-    let mut trainer = Trainer::with_buckets(&dev, cfg, 7, (peak, args.weight_decay), mode, checkpoint, buckets)?
-        .with_schedule(schedule)?;
+    let mut trainer = Trainer::with_buckets(
+        &dev,
+        cfg,
+        7u64.wrapping_add(1000u64.wrapping_mul(args.seed)),
+        (peak, args.weight_decay),
+        mode,
+        checkpoint,
+        buckets,
+    )?
+    .with_schedule(schedule)?;
     let setup = t0.elapsed().as_secs_f64();
     let pool_at_start = trainer.pool_bytes();
     if graphed_mode {
@@ -612,7 +625,7 @@ fn run() -> Result<()> {
             );
         }
     }
-    let m = train(&mut trainer, &splits, steps, eval_every, lengths)?;
+    let m = train(&mut trainer, &splits, steps, eval_every, lengths, args.seed)?;
     dev.synchronize()?;
     let pool_mb = trainer.pool_bytes() as f64 / 1e6;
     let device_mb = m.device_bytes as f64 / 1e6;
