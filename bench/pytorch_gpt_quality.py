@@ -15,8 +15,12 @@ Rust sources for training, of the last 10% for validation (4 batches every tenth
 after the last step).
 
     python3 bench/pytorch_gpt_quality.py [--steps 2000] [--lr 6e-4] [--seed 0] [--json out.json]
+        [--beta2 0.999] [--weight-decay 0] [--clip 0]
 
-Prints the validation losses and the last one over 32 batches; with `--json`, writes them too.
+`--beta2`, `--weight-decay` and `--clip` (the largest global L2 norm of the grads, 0 for none:
+`torch.nn.utils.clip_grad_norm_` before each step, as nanoGPT clips at 1.0) try what the main
+job does not do yet. Prints the validation losses and the last one over 32 batches; with
+`--json`, writes them too.
 """
 
 import argparse
@@ -65,6 +69,9 @@ def main():
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--beta2", type=float, default=0.999)
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--clip", type=float, default=0.0)
     ap.add_argument("--json")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -74,7 +81,8 @@ def main():
     ends = g.Ends().cuda()
     init_(blocks, ends)
     params = list(blocks.parameters()) + list(ends.parameters())
-    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused=True)
+    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, a.beta2), eps=1e-8, weight_decay=a.weight_decay,
+                            fused=True)
     warmup = max(a.steps // 20, 1)
     pos = torch.arange(g.CTX, device="cuda")
 
@@ -88,13 +96,15 @@ def main():
 
     gen, val_gen = torch.Generator().manual_seed(1000 + a.seed), torch.Generator().manual_seed(42)
     curve, t0 = [], time.perf_counter()
-    tag = f"[torch quality seed {a.seed} lr {a.lr:g}]"
+    tag = f"[torch quality seed {a.seed} lr {a.lr:g} beta2 {a.beta2:g} wd {a.weight_decay:g} clip {a.clip:g}]"
     print(f"{tag} {len(train)} training / {len(val)} validation bytes, {a.steps} steps", flush=True)
     for step in range(1, a.steps + 1):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, a.lr, warmup, a.steps)
         loss = loss_of(*windows(train, gen))
         loss.backward()
+        if a.clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, a.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % max(a.steps // 10, 1) == 0 or step == a.steps:
@@ -105,7 +115,7 @@ def main():
             print(f"{tag} step {step:>5}/{a.steps}  loss {loss.item():.4f}  validation loss {v:.4f}"
                   f"{f' ({n} batches)' if n == 32 else ''}  {time.perf_counter() - t0:.0f} s", flush=True)
     if a.json:
-        json.dump({"seed": a.seed, "lr": a.lr, "steps": a.steps, "val_curve": curve, "train_loss": loss.item(),
+        json.dump({"seed": a.seed, "lr": a.lr, "beta2": a.beta2, "weight_decay": a.weight_decay, "clip": a.clip, "steps": a.steps, "val_curve": curve, "train_loss": loss.item(),
                    "device": torch.cuda.get_device_name(), "torch": torch.__version__}, open(a.json, "w"))
 
 
