@@ -39,6 +39,8 @@ GEMM = ("ours-gemm-2026-11-30.json", "torch-gemm-2026-11-30.json")
 DIST = ("dist-2026-11-30.json", "torch-ddp-2026-11-30.json")
 MLP = "train-2026-11-29.txt"
 GPT_MAIN = "gpt-main-2026-12-07-h100-s36b.txt"
+# The same model trained in PyTorch (bench/pytorch_gpt_quality.py), beside the main job's seeds.
+VAL_LOSS = "val-loss-2026-12-07-h100-s38.txt"
 GPT_OURS, GPT_TORCH = "gpt-ours-bf16-2026-11-30.jsonl", "gpt-torch-bf16-2026-11-30.json"
 GPT_SHAPES = "gpt-shapes-2026-12-01.json"
 # The fused attention's call of 2026-12-01: the GPT at three shapes next to torch.compile, and
@@ -133,13 +135,22 @@ def gpt_main_log():
     val = [(int(m.group(1)), float(m.group(2))) for m in map(re.compile(r"step +(\d+)/\d+ +validation loss ([\d.]+)").match, lines) if m]
     last = val[-1][0]
     tail = [v for s, v in val if s > last - 800]
+    final = r"step  2000/2000 .*validation loss ([\d.]+) \(32 batches\)"
+    vl = text(VAL_LOSS)
+    # Each seed's default run (its last line appears in the summary and in its own log).
+    torch = list({m.group(1): float(m.group(2)) for m in re.finditer(
+        r"\[torch quality seed (\d+) lr 0.0006 beta2 0.999 wd 0 clip 0\] " + final, vl)}.values())
+    ours = [val[-1][1]] + [float(m.group(1)) for m in re.finditer(r"## gpt_seed\d+\.txt\n(?:.*\n)*?" + final, vl)]
     return (
         "```\n" + "\n".join(keep) + "\n```\n\n"
         f"The training loss falls from {train[0][1]:.2f} to {train[-1][1]:.2f} and the validation loss "
         f"from {val[0][1]:.2f} (step {val[0][0]}) to {val[-1][1]:.2f} at step {last} (it wanders between "
         f"{min(tail):.2f} and {max(tail):.2f} over the last 800 steps, four batches an evaluation; "
         f"it trains on {train_bytes(lines) / 1e6:.1f} MB of text, and the validation text, the last tenth of the corpus, is "
-        f"the examples' Rust sources, which the training part does not hold; {rel(GPT_MAIN)})."
+        f"the examples' Rust sources, which the training part does not hold; {rel(GPT_MAIN)}). "
+        f"PyTorch training the same model on the same text (`bench/pytorch_gpt_quality.py`: the same "
+        f"initialisation, optimizer and schedule) ends at {min(torch):.2f} to {max(torch):.2f} over 32 batches "
+        f"(seeds 0 to {len(torch) - 1}), the main job at {min(ours):.2f} to {max(ours):.2f} ({rel(VAL_LOSS)})."
     )
 
 
