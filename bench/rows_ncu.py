@@ -6,8 +6,8 @@ On the H200 (session 35) these kernels took about the H100's time (RMSNorm 27.8 
 H200's floor; its backward 1.73x; the loss head's forward 1.84x) while the elementwise ops
 followed the H200's bandwidth: something on the multiprocessors' side bounds them, the same on
 both cards. A profile on either card says what: DRAM throughput against its peak, achieved
-occupancy, and what the warps stall on. Launched twice each (the first warms the module; ncu
-flushes the caches before each profiled pass, so the rows come from DRAM as in a training step):
+occupancy, and what the warps stall on. Launched twice each, both profiled (ncu flushes the
+caches before each profiled pass, so the rows come from DRAM as in a training step):
 
 - rms_smem_bf16 (ops::rms_norm for rows of 8 KB and more: a block of 256 threads a row, the row
   in 8 KB of dynamic shared memory);

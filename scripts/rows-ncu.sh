@@ -12,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 work=$(mktemp -d)/$NAME; mkdir -p "$work"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$work/device.txt"
 rep="$work/rows"
-# Launch 2 of each kernel is profiled (the second pass of bench/rows_ncu.py).
+# Both passes of bench/rows_ncu.py are profiled (ncu flushes the caches before each kernel), 12 kernels.
 timeout "$BUDGET" ncu --set full --clock-control none --import-source no \
   --kernel-name regex:"rms_smem_bf16|rms_ring_bwd_bf16|col_partials_acc_f32|sx_smem_bf16|xent_mean_f32|copy" \
   --launch-skip 0 --launch-count 16 --export "$rep" --force-overwrite \
