@@ -223,9 +223,10 @@ struct Args {
     /// negative or non-finite W).
     #[arg(long, value_name = "W", default_value_t = 0.0)]
     weight_decay: f32,
-    /// Another draw of the run: N > 0 draws other initial weights and other training batches
-    /// (the validation batches stay the same); 0 is the run docs/BENCHMARKS.md reports.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// Another draw of the run: N > 0 (at most 1,000,000) draws other initial weights and other
+    /// training batches (the validation batches stay the same); 0 is the run docs/BENCHMARKS.md
+    /// reports.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     seed: u64,
     /// Validation loss every N steps [default: a tenth of --steps].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
