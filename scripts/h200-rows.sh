@@ -1,38 +1,35 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine after scripts/gpu-build.sh (carry gpu-pack; GPU_EXAMPLES="gpt op_bench"
-# is enough): the measurements session 37 wrote down and could not get a device for, most
-# important first, inside one call.
-#   1. the main job (2,000 steps, its last validation over 32 batches) at peak learning rates
-#      1e-3 and 1.5e-3 (the default 6e-4 ends at 1.19; dropout and weight decay did not move it,
-#      docs/results/callB-2026-12-07-h100-s37.txt);
-#   2. op_bench, every op (on an H200: session 36's two kernels, LayerNorm's one-pass f32
-#      backward and the counting cross-entropy grad, have not run there);
-#   3. bench/row_tma.py --quick: the row kernels' bulk-copy forms against the runtime's on this
-#      GPU (on an H200 the runtime's row kernels sit at 1.67x to 1.84x of the floor, latency-bound;
-#      the forms keep rows in flight a block, which the H100 did not need).
-# The first main-job run compiles the runtime's kernels (about 50 s on a fresh machine), so it
-# gets a longer limit. Logs and a summary go to $OUT/h200-rows.tgz.
+# Runs on the GPU machine after scripts/gpu-build.sh (carry gpu-pack; GPU_EXAMPLES=op_bench is
+# enough): what the row kernels need measured on an H200, most important first, inside one call.
+# On the H200 (session 35) the bf16 row kernels took the H100's time (RMSNorm 27.8 us at
+# 4096 x 4096, 1.67x the floor) while the residual-add form, the same kernel with two rows of
+# 8 KB in flight a block, ran at 1.11x: the plain form is short of bytes in flight (docs/
+# BENCHMARKS.md, session 38).
+#   1. op_bench, every op (session 36's two kernels have not run on an H200 either);
+#   2. bench/row_sweep.py --quick: the RMSNorm kernels' launch shapes, among them the row in
+#      shared memory at 32 to 256 threads a block (at 128, twice the rows in flight a
+#      multiprocessor of the runtime's 256);
+#   3. bench/row_tma.py --quick: the bulk-copy forms against the runtime's;
+#   4. scripts/rows-ncu.sh: the row kernels under Nsight Compute, while time is left.
+# Logs and a summary go to $OUT/h200-rows.tgz.
 #   bash scripts/h200-rows.sh [seconds, default 540]
 NAME=h200-rows BUDGET=${1:-540}
 . "$(dirname "$0")/device-call.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$work/device.txt"
-main_job() {
-  local name=$1 limit=$2; shift 2
-  say "main job $name: $*"
-  timeout "$limit" gpu-bin/examples/gpt "$@" --plot "$work/gpt_$name.png" --json "$work/gpt_$name.json" \
-    > "$work/gpt_$name.txt" 2>&1 || say "  FAILED or out of time"
-  grep -E "validation loss .*batches|^trained" "$work/gpt_$name.txt" | tee -a "$work/summary.txt"
-}
-main_job lr1e-3 150 --lr 1e-3
-main_job lr1.5e-3 40 --lr 1.5e-3
 say "op_bench"
-timeout 60 gpu-bin/examples/op_bench > "$work/op_bench.txt" 2>&1 || say "  op_bench failed or out of time"
-grep -E "^copy:|worst|IF node:" "$work/op_bench.txt" | tee -a "$work/summary.txt"
-if [ "$(left)" -gt 60 ]; then
-  say "row_tma"
-  timeout "$(( $(left) - 10 ))" python3 -u bench/row_tma.py --quick --out "$work" > "$work/row_tma.txt" 2>&1 \
-    || say "  row_tma failed or out of time"
-  grep -A2 "floor" "$work/row_tma.txt" | tee -a "$work/summary.txt" > /dev/null
+timeout 90 gpu-bin/examples/op_bench > "$work/op_bench.txt" 2>&1 || say "  op_bench failed or out of time"
+grep -E "^copy:|worst|IF node:|^rms_norm|^add_rms|^softmax_cross_entropy +bf16" "$work/op_bench.txt" | tee -a "$work/summary.txt"
+for sweep in row_sweep row_tma; do
+  if [ "$(left)" -gt 60 ]; then
+    say "$sweep"
+    timeout "$(( $(left) - 40 ))" python3 -u "bench/$sweep.py" --quick --out "$work" > "$work/$sweep.txt" 2>&1 \
+      || say "  $sweep failed or out of time"
+    grep -A3 "floor" "$work/$sweep.txt" | tee -a "$work/summary.txt" > /dev/null
+  fi
+done
+if [ "$(left)" -gt 90 ]; then
+  say "rows-ncu"
+  OUT="$work" bash scripts/rows-ncu.sh "$(( $(left) - 30 ))" > "$work/rows-ncu.txt" 2>&1 || say "  rows-ncu failed or out of time"
 fi
 say "done"
 pack
