@@ -253,6 +253,7 @@ kernels! {
     SxRowsBf16 = "sx_rows_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SxRowsF16 = "sx_rows_f16" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     RmsSmemBf16 = "rms_smem_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
+    RmsSmem2Bf16 = "rms_smem2_bf16" (Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, F32);
     SxSmemF32 = "sx_smem_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SxClusterF32 = "sx_cluster_f32" (Ptr, Ptr, Ptr, Ptr, U32, U32);
     SxSmemBf16 = "sx_smem_bf16" (Ptr, Ptr, Ptr, Ptr, U32, U32);

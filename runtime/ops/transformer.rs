@@ -292,11 +292,24 @@ fn ring_bwd_clusters(c: &CudaBackend, kernel: B, dims: LaunchDims) -> Result<(B,
 /// was within 2% of the ring, so narrower rows (the GPT's) keep the ring.
 const RMS_SMEM_MIN_BYTES: usize = 8 << 10;
 
+/// Whether the plain RMSNorm forward's row in shared memory runs a thread for two of its lanes
+/// (`rms_smem2_bf16`: half the threads a row, so twice the rows in flight a multiprocessor, and
+/// the same bits) instead of one (`rms_smem_bf16`). Off by default until it is measured on an
+/// H200, where the plain form ran at 1.67x of its floor and the residual-add form, the same
+/// kernel with twice the bytes in flight a block, at 1.11x (session 35; docs/BENCHMARKS.md,
+/// session 38). `GRAPHED_RMS_SMEM_SPLIT=2` turns it on, for measurements.
+fn rms_smem_split() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GRAPHED_RMS_SMEM_SPLIT").is_ok_and(|v| v == "2"))
+}
+
 /// The RMSNorm forward's row in shared memory, where it applies: bf16 rows of whole aligned
 /// words of at least [`RMS_SMEM_MIN_BYTES`], whose residual-add form fits a block's shared
 /// memory too (so that `add_rms_norm` and `add` then `rms_norm` take the same kernel and give
-/// the same bits). A block a row, about two 16-byte words a thread (the sweep's best); the
-/// shared memory the row and, with `add`, the residual's.
+/// the same bits). A block a row; the row's lanes (the kernel's sum of squares is taken over
+/// them, kernels/transformer.cu) about two 16-byte words each (the sweep's best), a thread a
+/// lane, or two in the plain form with [`rms_smem_split`]; the shared memory the row and, with
+/// `add`, the residual's.
 fn rms_smem_launch(
     c: &CudaBackend,
     dtype: DType,
@@ -306,13 +319,17 @@ fn rms_smem_launch(
     add: bool,
 ) -> Option<(B, LaunchDims)> {
     let row_words = d.div_ceil(8);
-    let fits = 2 * row_words * 16 <= c.dynamic_shared_limit(B::RmsSmemBf16);
-    if dtype != DType::BF16 || !words || d * 2 < RMS_SMEM_MIN_BYTES || !fits {
+    let lanes = row_words.div_ceil(2).next_power_of_two().clamp(32, 1024) as u32;
+    let split = !add && lanes >= 64 && rms_smem_split();
+    let kernel = if split { B::RmsSmem2Bf16 } else { B::RmsSmemBf16 };
+    // Both forms' room against the kernel that would run each (the same bits need both).
+    let limit = c.dynamic_shared_limit(B::RmsSmemBf16).min(c.dynamic_shared_limit(kernel));
+    if dtype != DType::BF16 || !words || d * 2 < RMS_SMEM_MIN_BYTES || 2 * row_words * 16 > limit {
         return None;
     }
-    let threads = row_words.div_ceil(2).next_power_of_two().clamp(32, 1024) as u32;
     let shared = (row_words * 16 * if add { 2 } else { 1 }) as u32;
-    Some((B::RmsSmemBf16, LaunchDims { shared, ..LaunchDims::rows(rows.min(1 << 20), threads) }))
+    let threads = if split { lanes / 2 } else { lanes };
+    Some((kernel, LaunchDims { shared, ..LaunchDims::rows(rows.min(1 << 20), threads) }))
 }
 
 /// Whether rows of `d` values of `elem` bytes at these addresses (0: an absent tensor) are whole

@@ -43,6 +43,26 @@ __device__ float block_sum(float v, float* sh) {
     return warp_sum(v);
 }
 
+// block_sum over twice the block's threads, each thread holding two lanes' values: a (lane t)
+// and b (lane t + blockDim.x). The same sums in the same order as block_sum in a block of
+// 2 x blockDim.x threads whose thread t holds a and thread t + blockDim.x b, so the same bits.
+// At most 512 threads (the lanes' warps fit one warp's lanes).
+__device__ float block_sum_lanes2(float a, float b, float* sh) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    a = warp_sum(a);
+    b = warp_sum(b);
+    __syncthreads();
+    if (lane == 0) {
+        sh[warp] = a;
+        sh[warp + nwarps] = b;
+    }
+    __syncthreads();
+    float v = (lane < 2 * nwarps) ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+
 __device__ float block_max(float v, float* sh) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;

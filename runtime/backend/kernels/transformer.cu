@@ -721,8 +721,15 @@ __device__ __forceinline__ void rms_rows_bwd_t(T* dx, float* partial, const T* d
 // 4096 x 4096 in bf16 against the ring's 1.26x at the runtime's launch, and 1.04x with the
 // residual add. The runtime launches it for bf16 rows of 8 KB and more (ops/transformer.rs);
 // other bits than rms_rows_t (the sum of squares in another order), the same for the plain and
-// the add forms (the same threads a row). Rows of whole aligned words only.
-template <typename T>
+// the add forms (the same lanes a row). Rows of whole aligned words only.
+//
+// The lanes: the sum of squares is taken over the launch's lanes (the host's thread count for
+// the row, rms_smem_lanes in ops/transformer.rs), each lane summing its words w = lane + i *
+// lanes in order, then block_sum's tree. K = 1 runs a thread a lane; K = 2 (rms_smem2_bf16, the
+// plain form at half the threads: twice the rows in flight a multiprocessor) a thread two
+// lanes, t and t + blockDim.x, in that order's sums and tree (block_sum_lanes2), so the bits
+// are those of K = 1.
+template <typename T, u32 K>
 __device__ __forceinline__ void rms_smem_t(T* y, float* rstd_out, T* sum_out, const T* x, const T* res, const T* gamma, u32 rows, u32 d, float eps) {
     constexpr u32 W = 16 / sizeof(T);
     if (!rn_fwd_vec(y, sum_out, x, res, gamma, d)) return;
@@ -738,7 +745,7 @@ __device__ __forceinline__ void rms_smem_t(T* y, float* rstd_out, T* sum_out, co
             gr_cp16(row + w, xw + w);
             if (add) gr_cp16(row + words + w, rw + w);
         });
-        float s = 0.0f;
+        float s = 0.0f, s2 = 0.0f;
         stg.land([&](u32 w) {
             Pack<T> p;
             p.raw = row[w];
@@ -750,13 +757,23 @@ __device__ __forceinline__ void rms_smem_t(T* y, float* rstd_out, T* sum_out, co
                 row[w] = p.raw;
                 reinterpret_cast<uint4*>(sum_out + r * d)[w] = p.raw;
             }
+            if (K == 2 && w % (2u * blockDim.x) >= blockDim.x) {
+                // The second lane's word (lane t + blockDim.x).
 #pragma unroll
-            for (u32 k = 0; k < W; ++k) {
-                const float v = ld(p.e, k);
-                s += v * v;
+                for (u32 k = 0; k < W; ++k) {
+                    const float v = ld(p.e, k);
+                    s2 += v * v;
+                }
+            } else {
+#pragma unroll
+                for (u32 k = 0; k < W; ++k) {
+                    const float v = ld(p.e, k);
+                    s += v * v;
+                }
             }
         });
-        const float rstd = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
+        const float tot = K == 2 ? block_sum_lanes2(s, s2, red) : block_sum(s, red);
+        const float rstd = 1.0f / sqrtf(tot / (float)d + eps);
         for (u32 w = threadIdx.x; w < words; w += blockDim.x) {
             Pack<T> p, gg;
             p.raw = row[w];
@@ -1461,7 +1478,8 @@ extern "C" __global__ void rms_rows_bf16(bf16_t* y, float* rstd_out, bf16_t* sum
 extern "C" __global__ void rms_ring_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_ring_bwd_t<bf16_t, false>(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 // The same in thread block clusters (sm_90): one row of gamma-grad partials a cluster.
 extern "C" __global__ void rms_ring_bwd_cl_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_ring_bwd_t<bf16_t, true>(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
-extern "C" __global__ void __launch_bounds__(1024) rms_smem_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_smem_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
+extern "C" __global__ void __launch_bounds__(1024) rms_smem_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_smem_t<bf16_t, 1>(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
+extern "C" __global__ void __launch_bounds__(512) rms_smem2_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_smem_t<bf16_t, 2>(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_ring_bf16(bf16_t* y, float* rstd_out, bf16_t* sum_out, const bf16_t* x, const bf16_t* res, const bf16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_ring_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
 extern "C" __global__ void rms_rows_bwd_bf16(bf16_t* dx, float* partial, const bf16_t* dy, const bf16_t* dsum, const bf16_t* x, const bf16_t* gamma, const float* rstd, u32 rows, u32 d) { GR_PDL_ENTRY(); rms_rows_bwd_t(dx, partial, dy, dsum, x, gamma, rstd, rows, d); }
 extern "C" __global__ void rms_rows_f16(f16_t* y, float* rstd_out, f16_t* sum_out, const f16_t* x, const f16_t* res, const f16_t* gamma, u32 rows, u32 d, float eps) { GR_PDL_ENTRY(); rms_rows_t(y, rstd_out, sum_out, x, res, gamma, rows, d, eps); }
