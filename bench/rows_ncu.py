@@ -11,7 +11,7 @@ caches before each profiled pass, so the rows come from DRAM as in a training st
 
 - rms_smem_bf16 (ops::rms_norm for rows of 8 KB and more: a block of 256 threads a row, the row
   in 8 KB of dynamic shared memory);
-- rms_ring_bwd_bf16 then rn_col_sum (ops::rms_norm_backward: RowTiles' backward, 2 words a
+- rms_ring_bwd_bf16 then col_partials_acc_f32 (ops::rms_norm_backward: RowTiles' backward, 2 words a
   thread, 264 blocks, a ring of 2 slots; the gamma grad's partials added by a second kernel);
 - sx_smem_bf16 then xent_mean_f32 (ops::softmax_cross_entropy for rows of 8 KB and more: a block
   of 128 threads a row, the row in shared memory; the mean over the rows by one block);
@@ -49,9 +49,11 @@ def main():
     dst = cp.empty_like(src)
     sx = p4.f("sx_smem_bf16")
     words = -(-d // rs.W)
-    threads = min(max(1 << max(0, (-(-words // 8) - 1).bit_length()), 128), 1024)
+    # The runtime's threads a row: rms_smem_launch (ops/transformer.rs), xent_launch (ops/loss.rs).
+    rms_threads = min(max(rs.next_pow2(-(-words // 2)), 32), 1024)
+    threads = min(max(rs.next_pow2(-(-words // 8)), 128), 1024)
     for it in range(2):
-        rs.rms_fwd(p4, ("smem", (max(32, min(1024, 1 << max(0, (-(-words // 2) - 1).bit_length()))),)), fwd, rows, d)
+        rs.rms_fwd(p4, ("smem", (rms_threads,)), fwd, rows, d)
         rs.rms_bwd(p2, ("ring", (256, 2 * sms)), bwd, rows, d)
         sx((min(rows, 1 << 20),), (threads,), (probs, row_loss, x, lab, np.uint32(rows), np.uint32(d)), shared_mem=words * 16)
         p4.f("xent_mean_f32")((1,), (1024,), (loss, row_loss, lab, np.uint32(rows)))

@@ -6,10 +6,7 @@
 # profiled kernel goes to $OUT/rows-ncu.tgz.
 #   bash scripts/rows-ncu.sh [seconds, default 240]
 NAME=rows-ncu BUDGET=${1:-240}
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-. scripts/cuda-env.sh
-work=$(mktemp -d)/$NAME; mkdir -p "$work"
+. "$(dirname "$0")/device-call.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$work/device.txt"
 rep="$work/rows"
 # Both passes of bench/rows_ncu.py are profiled (ncu flushes the caches before each kernel), 12 kernels.
@@ -24,4 +21,4 @@ if [ -f "$rep.ncu-rep" ]; then
   grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit|One or More Eligible|stalled|Stall" "$rep.txt" | head -150
   rm -f "$rep.ncu-rep"
 fi
-[ -n "${OUT:-}" ] && tar -czf "$OUT/$NAME.tgz" -C "$(dirname "$work")" "$NAME"
+pack

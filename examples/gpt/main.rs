@@ -597,16 +597,10 @@ fn run() -> Result<()> {
         }
         _ => None,
     };
-    let mut trainer = Trainer::with_buckets(
-        &dev,
-        cfg,
-        7u64.wrapping_add(1000u64.wrapping_mul(args.seed)),
-        (peak, args.weight_decay),
-        mode,
-        checkpoint,
-        buckets,
-    )?
-    .with_schedule(schedule)?;
+    // --seed is at most 1,000,000 (its parser), so the weights' seeds cannot overflow.
+    let seed = 7 + 1000 * args.seed;
+    let mut trainer = Trainer::with_buckets(&dev, cfg, seed, (peak, args.weight_decay), mode, checkpoint, buckets)?
+        .with_schedule(schedule)?;
     let setup = t0.elapsed().as_secs_f64();
     let pool_at_start = trainer.pool_bytes();
     if graphed_mode {

@@ -724,7 +724,7 @@ __device__ __forceinline__ void rms_rows_bwd_t(T* dx, float* partial, const T* d
 // the add forms (the same lanes a row). Rows of whole aligned words only.
 //
 // The lanes: the sum of squares is taken over the launch's lanes (the host's thread count for
-// the row, rms_smem_lanes in ops/transformer.rs), each lane summing its words w = lane + i *
+// the row, `lanes` in rms_smem_launch, ops/transformer.rs), each lane summing its words w = lane + i *
 // lanes in order, then block_sum's tree. K = 1 runs a thread a lane; K = 2 (rms_smem2_bf16, the
 // plain form at half the threads: twice the rows in flight a multiprocessor) a thread two
 // lanes, t and t + blockDim.x, in that order's sums and tree (block_sum_lanes2), so the bits
