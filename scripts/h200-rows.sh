@@ -15,8 +15,8 @@
 #      multiprocessor of the runtime's 256);
 #   3. bench/xent_sweep.py --quick: the cross-entropy's row kernels over launch shapes (the
 #      row in shared memory at 4096 x 4096 among them);
-#   4. bench/row_tma.py --quick: the bulk-copy forms against the runtime's;
-#   5. scripts/rows-ncu.sh: the row kernels under Nsight Compute, while time is left.
+#   4. scripts/rows-ncu.sh: the row kernels under Nsight Compute;
+#   5. bench/row_tma.py --quick: the bulk-copy forms against the runtime's, while time is left.
 # Logs and a summary go to $OUT/h200-rows.tgz.
 #   bash scripts/h200-rows.sh [seconds, default 540]
 NAME=h200-rows BUDGET=${1:-540}
@@ -36,18 +36,20 @@ for t in ops_transformer ops_norm; do
 done
 GRAPHED_RMS_SMEM_SPLIT=2 timeout 90 gpu-bin/examples/op_bench > "$work/op_bench_split.txt" 2>&1 || say "  op_bench failed or out of time"
 grep -E "^copy:|^rms_norm |^add_rms_norm " "$work/op_bench_split.txt" | tee -a "$work/summary.txt"
-for sweep in row_sweep xent_sweep row_tma; do
-  if [ "$(left)" -gt 60 ]; then
-    say "$sweep"
-    cap=$(( $(left) - 40 )); [ "$cap" -le 150 ] || cap=150
-    timeout "$cap" python3 -u "bench/$sweep.py" --quick --out "$work" > "$work/$sweep.txt" 2>&1 \
-      || say "  $sweep failed or out of time"
-    grep -A3 "floor" "$work/$sweep.txt" | tee -a "$work/summary.txt" > /dev/null
-  fi
-done
+# One bench/*.py sweep at --quick, up to 150 s, while a minute is left.
+sweep() {
+  [ "$(left)" -gt 60 ] || return 0
+  say "$1"
+  local cap=$(( $(left) - 40 )); [ "$cap" -le 150 ] || cap=150
+  timeout "$cap" python3 -u "bench/$1.py" --quick --out "$work" > "$work/$1.txt" 2>&1 || say "  $1 failed or out of time"
+  grep -A3 "floor" "$work/$1.txt" | tee -a "$work/summary.txt" > /dev/null
+}
+sweep row_sweep
+sweep xent_sweep
 if [ "$(left)" -gt 90 ]; then
   say "rows-ncu"
   OUT="$work" bash scripts/rows-ncu.sh "$(( $(left) - 30 ))" > "$work/rows-ncu.txt" 2>&1 || say "  rows-ncu failed or out of time"
 fi
+sweep row_tma
 say "done"
 pack
