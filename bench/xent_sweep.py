@@ -20,12 +20,12 @@ bench/row_sweep.py does) with NVRTC through CuPy once per "16-byte words a threa
 It checks every variant against a numpy reference (and old == early bit for bit), times the
 row kernels over launch shapes (words a thread, threads a block, grid cap) in f32 and bf16 at
 several shapes, the wide-row kernels (the runtime's row in shared memory, `sx_smem_*`, over
-threads a block; its two-read one-block-a-row kernel for rows past the shared memory; the
+threads a block; the same with the row's sum of exps taken as its stages land,
+`online_sx_smem_*`; its two-read one-block-a-row kernel for rows past the shared memory; the
 three-read form before session 22, old_softmax_xent_*) with rows that are whole 16-byte words
 and rows that are not (32771, 131071 classes), beside the register kernel where it holds the
-row, and the
-mean's two forms (the partial sums' three launches against one block's
-one), each over a CUDA graph of many launches rotating buffers past the L2, and prints
+row (--quick: bf16 at the four shapes op_bench finds furthest from the floor, first), and the
+mean's two forms (the partial sums' three launches against one block's one), each over a CUDA graph of many launches rotating buffers past the L2, and prints
 x-of-floor (the op's bytes: logits read, probabilities written, over the copy bandwidth).
 
     python3 bench/xent_sweep.py [--quick] [--out DIR]
@@ -77,22 +77,23 @@ def run_wide(P, kind, dt, b, rows, c, threads=None, grid=None):
     """The wide-row kernels: `new` the runtime's one block a row (two reads of the row), `old`
     the previous (three), launched as the runtime launches them (ops::row_dims: a block a row,
     row_threads(c) threads); `smem` the runtime's row in shared memory (one read), at `threads`
-    and `grid` (default: the runtime's threads, a block a row). Returns False where the kind
+    and `grid` (default: the runtime's threads, a block a row), `osmem` the same with the row's sum
+    of exps taken as its stages land (online_sx_smem_*, xent_variants.cu). Returns False where the kind
     cannot take the shape (smem: the row within a block's shared memory)."""
     elem = 4 if dt == "f32" else 2
-    name = {"old": "old_softmax_xent", "new": "softmax_xent", "smem": "sx_smem"}[kind] + "_" + dt
+    name = {"old": "old_softmax_xent", "new": "softmax_xent", "smem": "sx_smem", "osmem": "online_sx_smem"}[kind] + "_" + dt
     threads = threads or min(512, max(32, -(-c // 32) * 32))
     grid = min(rows, grid or (1 << 20))
     args = (b["p"], b["rl"], b["x"], b["l"], np.uint32(rows), np.uint32(c))
-    if kind == "smem":
+    if kind in ("smem", "osmem"):
         sm = 16 * -(-(c + (0 if c % (16 // elem) == 0 else 16 // elem - 1)) // (16 // elem))
         if sm > SMEM_MAX:
             return False
         f = P.f(name)
         if f.max_dynamic_shared_size_bytes < sm:
             f.max_dynamic_shared_size_bytes = sm
-        # No folded mean (null loss and fold state), no cluster: the row kernel alone.
-        f((grid,), (threads,), args + (np.uint64(0), np.uint64(0)), shared_mem=sm)
+        # No cluster: the row kernel alone.
+        f((grid,), (threads,), args, shared_mem=sm)
         return True
     P.f(name)((grid,), (threads,), args)
     return True
@@ -214,7 +215,8 @@ def main():
             if lab[0] < 700:
                 lab[0] = 700
             p_ref, rl_ref = reference(x, lab)
-            for kind, threads, grid in (("old", None, None), ("new", None, None), ("smem", 256, None), ("smem", 1024, 2)):
+            for kind, threads, grid in (("old", None, None), ("new", None, None), ("smem", 256, None), ("smem", 1024, 2),
+                                         ("osmem", 256, None), ("osmem", 1024, 2)):
                 b = device_case(xb, lab, rows, c, dt)
                 if not run_wide(progs[0], kind, dt, b, rows, c, threads, grid):
                     continue
@@ -234,11 +236,16 @@ def main():
     # Wide rows: the one-block-a-row kernels (two reads, three, 16-byte words), the row in shared
     # memory (one read) and three reads with L2 hints, over threads a block and grids; and the same
     # kernels at the register kernels' widths beside sx_rows at the runtime's launch.
+    # --quick: the bf16 shapes op_bench finds furthest from the floor on the H200 (session 35:
+    # 1.84x at 4096 x 4096, 1.68x at 1024 x 131072, 1.52x at 16384 x 1024, 1.37x at 4096 x 32768).
     wide = []
-    for dt in ("f32", "bf16"):
+    wide_shapes = ((4096, 32768), (4096, 32771), (1024, 131072), (1024, 131071), (4096, 4096), (2048, 8192), (8192, 2048),
+                   (16384, 1024))
+    if a.quick:
+        wide_shapes = ((4096, 4096), (1024, 131072), (16384, 1024), (4096, 32768))
+    for dt in (("bf16",) if a.quick else ("f32", "bf16")):
         elem = 4 if dt == "f32" else 2
-        for rows, c in ((4096, 32768), (4096, 32771), (1024, 131072), (1024, 131071), (4096, 4096), (2048, 8192), (8192, 2048),
-                        (16384, 1024)):
+        for rows, c in wide_shapes:
             per_call = 2 * rows * c * elem
             nsets = max(1, min(16, -(-rs.L2_BYTES // per_call)))
             _, xb, lab = host_case(rows, c, rows + c, dt)
@@ -246,7 +253,7 @@ def main():
             floor_us = per_call / bw * 1e6
             out = []
             cands = [("old", None, None), ("new", None, None)]
-            cands += [("smem", t, None) for t in (128, 256, 512, 1024)]
+            cands += [(k, t, None) for k in ("smem", "osmem") for t in (128, 256, 512, 1024)]
             for kind, threads, grid in cands:
                 if kind in ("old", "new") and c <= 8192:
                     continue
