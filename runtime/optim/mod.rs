@@ -37,7 +37,7 @@ pub use schedule::WarmupCosine;
 
 use crate::backend::{BuiltinKernel, KArg, LaunchDims};
 use crate::error::OptimError;
-use crate::ops::{check_same, check_shape, cpu, exec, fill_, n32, Exec};
+use crate::ops::{check_same, check_shape, cpu, exec, n32, Exec};
 use crate::tensor::restoring;
 use crate::{Device, Param, Parameters, Result, Tensor};
 use multi_tensor::{Tables, G, M, MODEL, P, V};
@@ -394,13 +394,7 @@ impl Sgd {
     /// Sets every parameter's grad to zero (capturable): one launch (one per parameter with
     /// [`Launches::PerTensor`]).
     pub fn zero_grad(&self) -> Result<()> {
-        match self.launches {
-            Launches::MultiTensor => self.tables.zero_grads(),
-            // Every grad fresh before the first is zeroed.
-            Launches::PerTensor => {
-                self.check_tables().and_then(|()| self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0)))
-            }
-        }
+        self.tables.zero_grads(self.launches, &self.params)
     }
 
     /// Checks every table before a launch reads one (no device work).
@@ -719,13 +713,7 @@ impl AdamW {
     /// Sets every parameter's grad to zero (capturable): one launch (one per parameter with
     /// [`Launches::PerTensor`]).
     pub fn zero_grad(&self) -> Result<()> {
-        match self.launches {
-            Launches::MultiTensor => self.tables.zero_grads(),
-            // Every grad fresh before the first is zeroed.
-            Launches::PerTensor => {
-                self.check_tables().and_then(|()| self.params.iter().try_for_each(|p| fill_(&p.grad, 0.0)))
-            }
-        }
+        self.tables.zero_grads(self.launches, &self.params)
     }
 
     /// Checks every table before a launch reads one (no device work).

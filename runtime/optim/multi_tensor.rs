@@ -11,10 +11,11 @@
 //! change (the optimizer holds the tensors), so a captured launch reads the same table at every
 //! replay.
 
+use super::Launches;
 use crate::backend::{BuiltinKernel, CudaBackend, HostPtr, KArg, MultiTensor};
 use crate::error::{DeviceError, OpError};
-use crate::ops::{exec, Exec};
-use crate::{Device, Result, Tensor};
+use crate::ops::{exec, fill_, Exec};
+use crate::{Device, Param, Result, Tensor};
 
 /// The slot of the f32 weights (the master weights in mixed precision).
 pub(super) const P: usize = 0;
@@ -46,8 +47,8 @@ impl Tables {
     pub(super) fn build(
         op: &'static str,
         device: &Device,
-        params: &[crate::Param],
-        model: Option<&[crate::Param]>,
+        params: &[Param],
+        model: Option<&[Param]>,
         kernels: [BuiltinKernel; 3],
         state: impl Fn(usize, &mut Row),
     ) -> Result<Tables> {
@@ -78,10 +79,15 @@ impl Tables {
         self.0.iter().try_for_each(|(_, t)| t.check())
     }
 
-    /// Zeroes every grad, one launch a table (checked first).
-    pub(super) fn zero_grads(&self) -> Result<()> {
+    /// Zeroes the grads of `params` (the tables' rows) as `launches` says: one launch a table,
+    /// or one fill a grad. Every table is checked first, so every grad is fresh before the first
+    /// is zeroed either way.
+    pub(super) fn zero_grads(&self, launches: Launches, params: &[Param]) -> Result<()> {
         self.check()?;
-        self.0.iter().try_for_each(|(_, t)| t.zero_grads(None))
+        match launches {
+            Launches::MultiTensor => self.0.iter().try_for_each(|(_, t)| t.zero_grads(None)),
+            Launches::PerTensor => params.iter().try_for_each(|p| fill_(&p.grad, 0.0)),
+        }
     }
 
     /// Each table with its kernel.
