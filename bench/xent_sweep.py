@@ -21,7 +21,8 @@ It checks every variant against a numpy reference (and old == early bit for bit)
 row kernels over launch shapes (words a thread, threads a block, grid cap) in f32 and bf16 at
 several shapes, the wide-row kernels (the runtime's row in shared memory, `sx_smem_*`, over
 threads a block; the same with the row's sum of exps taken as its stages land,
-`online_sx_smem_*`; its two-read one-block-a-row kernel for rows past the shared memory; the
+`online_sx_smem_*`, and with each exp computed once, `reg_sx_smem_*` (checked bit for bit
+against sx_smem); its two-read one-block-a-row kernel for rows past the shared memory; the
 three-read form before session 22, old_softmax_xent_*) with rows that are whole 16-byte words
 and rows that are not (32771, 131071 classes), beside the register kernel where it holds the
 row (--quick: bf16 at the four shapes op_bench finds furthest from the floor, first), and the
@@ -43,6 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import row_sweep as rs  # noqa: E402
 
 IGNORE = -100.0
+# reg_sx_smem_*'s 16-byte words a thread (its MAXW, xent_variants.cu).
+RSMEM_WORDS = 4
 
 # The previous row kernel and the one-reduction variant (bench/xent_variants.cu).
 EXTRA = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "xent_variants.cu")).read()
@@ -77,17 +80,20 @@ def run_wide(P, kind, dt, b, rows, c, threads=None, grid=None):
     """The wide-row kernels: `new` the runtime's one block a row (two reads of the row), `old`
     the previous (three), launched as the runtime launches them (ops::row_dims: a block a row,
     row_threads(c) threads); `smem` the runtime's row in shared memory (one read), at `threads`
-    and `grid` (default: the runtime's threads, a block a row), `osmem` the same with the row's sum
-    of exps taken as its stages land (online_sx_smem_*, xent_variants.cu). Returns False where the kind
-    cannot take the shape (smem: the row within a block's shared memory)."""
+    and `grid` (default: the runtime's threads, a block a row), `osmem` the same with the row's
+    sum of exps taken as its stages land (online_sx_smem_*, xent_variants.cu), `rsmem` the same
+    with each exp computed once, kept in registers (reg_sx_smem_*: at most RSMEM_WORDS 16-byte
+    words a thread). Returns False where the kind cannot take the shape (the row within a
+    block's shared memory; rsmem: within the block's registers)."""
     elem = 4 if dt == "f32" else 2
-    name = {"old": "old_softmax_xent", "new": "softmax_xent", "smem": "sx_smem", "osmem": "online_sx_smem"}[kind] + "_" + dt
+    name = {"old": "old_softmax_xent", "new": "softmax_xent", "smem": "sx_smem", "osmem": "online_sx_smem",
+            "rsmem": "reg_sx_smem"}[kind] + "_" + dt
     threads = threads or min(512, max(32, -(-c // 32) * 32))
     grid = min(rows, grid or (1 << 20))
     args = (b["p"], b["rl"], b["x"], b["l"], np.uint32(rows), np.uint32(c))
-    if kind in ("smem", "osmem"):
+    if kind in ("smem", "osmem", "rsmem"):
         sm = 16 * -(-(c + (0 if c % (16 // elem) == 0 else 16 // elem - 1)) // (16 // elem))
-        if sm > SMEM_MAX:
+        if sm > SMEM_MAX or (kind == "rsmem" and sm // 16 > RSMEM_WORDS * threads):
             return False
         f = P.f(name)
         if f.max_dynamic_shared_size_bytes < sm:
@@ -207,7 +213,7 @@ def main():
                             log(f"FAIL {twin} != old bit for bit: {dt} vpt {P.vpt} {rows}x{c}")
     # The one-block-a-row kernels on wide rows, with masked (-inf) logits at the start of rows.
     for dt in ("f32", "bf16"):
-        for rows, c in ((5, 20000), (3, 70001), (4, 40000), (6, 4096)):
+        for rows, c in ((5, 20000), (3, 70001), (4, 40000), (6, 4096), (5, 4099)):
             x, xb, lab = host_case(rows, c, rows + c, dt)
             x[0, :700] = -np.inf
             x[2, 5:9] = -np.inf
@@ -216,11 +222,20 @@ def main():
                 lab[0] = 700
             p_ref, rl_ref = reference(x, lab)
             for kind, threads, grid in (("old", None, None), ("new", None, None), ("smem", 256, None), ("smem", 1024, 2),
-                                         ("osmem", 256, None), ("osmem", 1024, 2)):
+                                         ("osmem", 256, None), ("osmem", 1024, 2), ("rsmem", 256, None), ("rsmem", 1024, 2)):
                 b = device_case(xb, lab, rows, c, dt)
                 if not run_wide(progs[0], kind, dt, b, rows, c, threads, grid):
                     continue
                 cp.cuda.Device().synchronize()
+                if kind == "rsmem":
+                    # The same exps, sums and products as sx_smem at the same launch: its bits.
+                    b2 = device_case(xb, lab, rows, c, dt)
+                    run_wide(progs[0], "smem", dt, b2, rows, c, threads, grid)
+                    cp.cuda.Device().synchronize()
+                    same = all(np.array_equal(cp.asnumpy(b[k]).view(np.uint8), cp.asnumpy(b2[k]).view(np.uint8)) for k in ("p", "rl"))
+                    ok &= same
+                    if not same:
+                        log(f"FAIL rsmem != smem bit for bit: threads {threads} grid {grid} {dt} {rows}x{c}")
                 p = cp.asnumpy(b["p"])
                 p = p if dt == "f32" else rs.from_bf16(p).reshape(rows, c)
                 rl = cp.asnumpy(b["rl"])
@@ -231,7 +246,7 @@ def main():
                 ok &= good
                 if not good:
                     log(f"FAIL wide {kind} threads {threads} grid {grid} {dt} {rows}x{c}: probs {e_p:.1e} row loss {e_l:.1e}")
-    log(f"correctness (numpy reference; early == old bit for bit): {'ALL OK' if ok else 'FAILURES'}")
+    log(f"correctness (numpy reference; early == old and rsmem == smem bit for bit): {'ALL OK' if ok else 'FAILURES'}")
 
     # Wide rows: the one-block-a-row kernels (two reads, three, 16-byte words), the row in shared
     # memory (one read) and three reads with L2 hints, over threads a block and grids; and the same
@@ -253,7 +268,7 @@ def main():
             floor_us = per_call / bw * 1e6
             out = []
             cands = [("old", None, None), ("new", None, None)]
-            cands += [(k, t, None) for k in ("smem", "osmem") for t in (128, 256, 512, 1024)]
+            cands += [(k, t, None) for k in ("smem", "osmem", "rsmem") for t in (128, 256, 512, 1024)]
             for kind, threads, grid in cands:
                 if kind in ("old", "new") and c <= 8192:
                     continue

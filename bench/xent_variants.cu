@@ -282,3 +282,89 @@ __device__ __forceinline__ void online_sx_smem_t(T* probs, float* row_loss, cons
 }
 extern "C" __global__ void __launch_bounds__(1024) online_sx_smem_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { online_sx_smem_t(p, rl, x, l, rows, c); }
 extern "C" __global__ void __launch_bounds__(1024) online_sx_smem_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { online_sx_smem_t(p, rl, x, l, rows, c); }
+
+// The runtime's row in shared memory (sx_smem_t, one block a row, no cluster) with each exp
+// computed once (reg_sx_smem_*): the sum's pass keeps this thread's exps in registers (at most
+// MAXW words a thread: the kernel returns where a row has more, and the sweep launches it only
+// where it fits), and the probabilities' pass scales them instead of reading shared memory and
+// taking the exps again. The same exps, the same sum in the same order and the same products
+// as sx_smem_t: the same bits. A measurement variant (session 39), for the same reason as
+// online_sx_smem_t: half the exps, and one pass over shared memory fewer.
+template <typename T, u32 MAXW>
+__device__ __forceinline__ void reg_sx_smem_t(T* probs, float* row_loss, const T* logits, const float* labels, u32 rows, u32 c) {
+    constexpr u32 W = 16 / sizeof(T);
+    uint4* sx_row = gr_sx_row;
+    __shared__ float red[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = logits + r * c;
+        T* pr = probs + r * c;
+        const u32 off = (u32)(((unsigned long long)xr & 15ull) / sizeof(T));
+        const uint4* xw = reinterpret_cast<const uint4*>(xr - off);
+        uint4* pw = reinterpret_cast<uint4*>(pr - off);
+        const SxStages stg((off + c + W - 1) / W);
+        const u32 words = stg.words;
+        if (words > MAXW * blockDim.x) return;  // the same for every thread of the block
+        const float l = labels[r];
+        stg.issue([&](u32 w) {
+            if (sx_whole(w, off, c, W)) {
+                gr_cp16(sx_row + w, xw + w);
+            } else {
+                T* sv = reinterpret_cast<T*>(sx_row + w);
+                for (u32 k = 0; k < W; ++k) {
+                    if (sx_in(w, k, off, c, W)) sv[k] = xr[w * W + k - off];
+                }
+            }
+        });
+        float m = gr_neg_inf();
+        stg.land([&](u32 w) {
+            Pack<T> p;
+            p.raw = sx_row[w];
+            const bool whole = sx_whole(w, off, c, W);
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                if (whole || sx_in(w, k, off, c, W)) m = fmaxf(m, ld(p.e, k));
+            }
+        });
+        m = block_max(m, red);
+        const bool lok = label_ok(l, c);
+        const float xl = (threadIdx.x == 0 && lok) ? ld(reinterpret_cast<const T*>(sx_row), off + (u32)l) : 0.0f;
+        const float ml = -m * GR_LOG2E;
+        float e[MAXW][W];
+        float s = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < MAXW; ++i) {
+            const u32 w = threadIdx.x + i * blockDim.x;
+            Pack<T> p;
+            p.raw = w < words ? sx_row[w] : make_uint4(0u, 0u, 0u, 0u);
+            const bool whole = sx_whole(w, off, c, W);
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) {
+                const bool in = w < words && (whole || sx_in(w, k, off, c, W));
+                e[i][k] = in ? sx_exp(ld(p.e, k), ml) : 0.0f;
+                if (in) s += e[i][k];
+            }
+        }
+        s = block_sum(s, red);
+        const float inv = 1.0f / s;
+#pragma unroll
+        for (u32 i = 0; i < MAXW; ++i) {
+            const u32 w = threadIdx.x + i * blockDim.x;
+            if (w >= words) break;
+            Pack<T> q;
+            float o[W];
+#pragma unroll
+            for (u32 k = 0; k < W; ++k) o[k] = e[i][k] * inv;
+            if (sx_whole(w, off, c, W)) {
+                st_all(q.e, o);
+                pw[w] = q.raw;
+            } else {
+                for (u32 k = 0; k < W; ++k) {
+                    if (sx_in(w, k, off, c, W)) st(pr, w * W + k - off, o[k]);
+                }
+            }
+        }
+        if (threadIdx.x == 0) row_loss[r] = lok ? (m + logf(s)) - xl : l == IGNORE_LABEL ? 0.0f : gr_nan();
+    }
+}
+extern "C" __global__ void __launch_bounds__(1024) reg_sx_smem_f32(float* p, float* rl, const float* x, const float* l, u32 rows, u32 c) { reg_sx_smem_t<float, 4>(p, rl, x, l, rows, c); }
+extern "C" __global__ void __launch_bounds__(1024) reg_sx_smem_bf16(bf16_t* p, float* rl, const bf16_t* x, const float* l, u32 rows, u32 c) { reg_sx_smem_t<bf16_t, 4>(p, rl, x, l, rows, c); }
