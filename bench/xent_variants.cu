@@ -198,6 +198,47 @@ extern "C" __global__ void xent_mean_at_once_f32(float* out, const float* row_lo
     if (threadIdx.x == 0) out[0] = c > 0.0f ? s * __fdiv_rn(1.0f, c) : 0.0f;
 }
 
+// Row r of the variants below in shared memory as sx_smem_t holds it (no cluster): the row's
+// first aligned word and on, `off` values into it; the whole words copied with cp.async in
+// SxStages' groups, the partial ones value by value (issue), and a word of probabilities stored
+// (store: 16 bytes, or value by value in a partial word).
+template <typename T>
+struct SxRow {
+    static constexpr u32 W = 16 / sizeof(T);
+    const T* xr;
+    T* pr;
+    u32 off, c;
+    __device__ __forceinline__ SxRow(const T* logits, T* probs, u64 r, u32 c_)
+        : xr(logits + r * c_), pr(probs + r * c_), off((u32)(((unsigned long long)xr & 15ull) / sizeof(T))), c(c_) {}
+    __device__ __forceinline__ u32 words() const { return (off + c + W - 1) / W; }
+    __device__ __forceinline__ bool whole(u32 w) const { return sx_whole(w, off, c, W); }
+    __device__ __forceinline__ bool in(u32 w, u32 k) const { return sx_in(w, k, off, c, W); }
+    __device__ __forceinline__ void issue(const SxStages& stg, uint4* row) const {
+        const uint4* xw = reinterpret_cast<const uint4*>(xr - off);
+        stg.issue([&](u32 w) {
+            if (whole(w)) {
+                gr_cp16(row + w, xw + w);
+            } else {
+                T* sv = reinterpret_cast<T*>(row + w);
+                for (u32 k = 0; k < W; ++k) {
+                    if (in(w, k)) sv[k] = xr[w * W + k - off];
+                }
+            }
+        });
+    }
+    __device__ __forceinline__ void store(u32 w, const float (&o)[W]) const {
+        if (whole(w)) {
+            Pack<T> q;
+            st_all(q.e, o);
+            reinterpret_cast<uint4*>(pr - off)[w] = q.raw;
+        } else {
+            for (u32 k = 0; k < W; ++k) {
+                if (in(w, k)) st(pr, w * W + k - off, o[k]);
+            }
+        }
+    }
+};
+
 // The runtime's row in shared memory (sx_smem_t, one block a row, no cluster) with the row's
 // sum of exps taken as its stages land (online_sx_smem_*): each thread keeps a running (max,
 // sum) over its words, one rescale a word (the word's max first, then its exps against the
@@ -213,40 +254,27 @@ __device__ __forceinline__ void online_sx_smem_t(T* probs, float* row_loss, cons
     uint4* sx_row = gr_sx_row;
     __shared__ float sh_m[32], sh_s[32];
     for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T* xr = logits + r * c;
-        T* pr = probs + r * c;
-        const u32 off = (u32)(((unsigned long long)xr & 15ull) / sizeof(T));
-        const uint4* xw = reinterpret_cast<const uint4*>(xr - off);
-        uint4* pw = reinterpret_cast<uint4*>(pr - off);
-        const SxStages stg((off + c + W - 1) / W);
+        const SxRow<T> row(logits, probs, r, c);
+        const SxStages stg(row.words());
         const u32 words = stg.words;
         const float l = labels[r];
-        stg.issue([&](u32 w) {
-            if (sx_whole(w, off, c, W)) {
-                gr_cp16(sx_row + w, xw + w);
-            } else {
-                T* sv = reinterpret_cast<T*>(sx_row + w);
-                for (u32 k = 0; k < W; ++k) {
-                    if (sx_in(w, k, off, c, W)) sv[k] = xr[w * W + k - off];
-                }
-            }
-        });
+        row.issue(stg, sx_row);
         float m = gr_neg_inf(), s = 0.0f;
         stg.land([&](u32 w) {
             Pack<T> p;
             p.raw = sx_row[w];
-            const bool whole = sx_whole(w, off, c, W);
+            const bool whole = row.whole(w);
             float wm = gr_neg_inf();
 #pragma unroll
             for (u32 k = 0; k < W; ++k) {
-                if (whole || sx_in(w, k, off, c, W)) wm = fmaxf(wm, ld(p.e, k));
+                if (whole || row.in(w, k)) wm = fmaxf(wm, ld(p.e, k));
             }
             if (wm == gr_neg_inf()) return;  // every value masked: nothing to add
             const float mx = fmaxf(m, wm), ml = -mx * GR_LOG2E;
             float ws = 0.0f;
 #pragma unroll
             for (u32 k = 0; k < W; ++k) {
-                if (whole || sx_in(w, k, off, c, W)) ws += sx_exp(ld(p.e, k), ml);
+                if (whole || row.in(w, k)) ws += sx_exp(ld(p.e, k), ml);
             }
             // exp(m - mx): 1 when the max stays, 0 from nothing yet (m = -inf).
             s = s * gr_ex2((m - mx) * GR_LOG2E) + ws;
@@ -257,25 +285,18 @@ __device__ __forceinline__ void online_sx_smem_t(T* probs, float* row_loss, cons
         // label): a thread reads only the words it copied, so the block reduction is the only
         // barrier, as in sx_smem_t.
         const bool lok = label_ok(l, c);
-        const u32 at = lok ? off + (u32)l : 0u;
+        const u32 at = lok ? row.off + (u32)l : 0u;
         const bool mine = (at / W) % blockDim.x == threadIdx.x;
         const float xl = (mine && lok) ? ld(reinterpret_cast<const T*>(sx_row), at) : 0.0f;
         const float ml = -m * GR_LOG2E;
         const float inv = 1.0f / s;
         for (u32 w = threadIdx.x; w < words; w += blockDim.x) {
-            Pack<T> p, q;
+            Pack<T> p;
             p.raw = sx_row[w];
             float o[W];
 #pragma unroll
             for (u32 k = 0; k < W; ++k) o[k] = sx_exp(ld(p.e, k), ml) * inv;
-            if (sx_whole(w, off, c, W)) {
-                st_all(q.e, o);
-                pw[w] = q.raw;
-            } else {
-                for (u32 k = 0; k < W; ++k) {
-                    if (sx_in(w, k, off, c, W)) st(pr, w * W + k - off, o[k]);
-                }
-            }
+            row.store(w, o);
         }
         if (mine) row_loss[r] = lok ? (m + logf(s)) - xl : l == IGNORE_LABEL ? 0.0f : gr_nan();
     }
@@ -296,38 +317,25 @@ __device__ __forceinline__ void reg_sx_smem_t(T* probs, float* row_loss, const T
     uint4* sx_row = gr_sx_row;
     __shared__ float red[32];
     for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T* xr = logits + r * c;
-        T* pr = probs + r * c;
-        const u32 off = (u32)(((unsigned long long)xr & 15ull) / sizeof(T));
-        const uint4* xw = reinterpret_cast<const uint4*>(xr - off);
-        uint4* pw = reinterpret_cast<uint4*>(pr - off);
-        const SxStages stg((off + c + W - 1) / W);
+        const SxRow<T> row(logits, probs, r, c);
+        const SxStages stg(row.words());
         const u32 words = stg.words;
         if (words > MAXW * blockDim.x) return;  // the same for every thread of the block
         const float l = labels[r];
-        stg.issue([&](u32 w) {
-            if (sx_whole(w, off, c, W)) {
-                gr_cp16(sx_row + w, xw + w);
-            } else {
-                T* sv = reinterpret_cast<T*>(sx_row + w);
-                for (u32 k = 0; k < W; ++k) {
-                    if (sx_in(w, k, off, c, W)) sv[k] = xr[w * W + k - off];
-                }
-            }
-        });
+        row.issue(stg, sx_row);
         float m = gr_neg_inf();
         stg.land([&](u32 w) {
             Pack<T> p;
             p.raw = sx_row[w];
-            const bool whole = sx_whole(w, off, c, W);
+            const bool whole = row.whole(w);
 #pragma unroll
             for (u32 k = 0; k < W; ++k) {
-                if (whole || sx_in(w, k, off, c, W)) m = fmaxf(m, ld(p.e, k));
+                if (whole || row.in(w, k)) m = fmaxf(m, ld(p.e, k));
             }
         });
         m = block_max(m, red);
         const bool lok = label_ok(l, c);
-        const float xl = (threadIdx.x == 0 && lok) ? ld(reinterpret_cast<const T*>(sx_row), off + (u32)l) : 0.0f;
+        const float xl = (threadIdx.x == 0 && lok) ? ld(reinterpret_cast<const T*>(sx_row), row.off + (u32)l) : 0.0f;
         const float ml = -m * GR_LOG2E;
         float e[MAXW][W];
         float s = 0.0f;
@@ -336,10 +344,10 @@ __device__ __forceinline__ void reg_sx_smem_t(T* probs, float* row_loss, const T
             const u32 w = threadIdx.x + i * blockDim.x;
             Pack<T> p;
             p.raw = w < words ? sx_row[w] : make_uint4(0u, 0u, 0u, 0u);
-            const bool whole = sx_whole(w, off, c, W);
+            const bool whole = row.whole(w);
 #pragma unroll
             for (u32 k = 0; k < W; ++k) {
-                const bool in = w < words && (whole || sx_in(w, k, off, c, W));
+                const bool in = w < words && (whole || row.in(w, k));
                 e[i][k] = in ? sx_exp(ld(p.e, k), ml) : 0.0f;
                 if (in) s += e[i][k];
             }
@@ -350,18 +358,10 @@ __device__ __forceinline__ void reg_sx_smem_t(T* probs, float* row_loss, const T
         for (u32 i = 0; i < MAXW; ++i) {
             const u32 w = threadIdx.x + i * blockDim.x;
             if (w >= words) break;
-            Pack<T> q;
             float o[W];
 #pragma unroll
             for (u32 k = 0; k < W; ++k) o[k] = e[i][k] * inv;
-            if (sx_whole(w, off, c, W)) {
-                st_all(q.e, o);
-                pw[w] = q.raw;
-            } else {
-                for (u32 k = 0; k < W; ++k) {
-                    if (sx_in(w, k, off, c, W)) st(pr, w * W + k - off, o[k]);
-                }
-            }
+            row.store(w, o);
         }
         if (threadIdx.x == 0) row_loss[r] = lok ? (m + logf(s)) - xl : l == IGNORE_LABEL ? 0.0f : gr_nan();
     }
